@@ -1,0 +1,358 @@
+//! Configuration: one TOML file with documented defaults, overridden by flags and
+//! environment variables, validated into a [`Config`] before anything starts.
+//!
+//! Precedence (lowest to highest): built-in defaults → TOML file → env vars → flags.
+//! Flags and env vars are declared on the `serve` subcommand in `main.rs` (clap
+//! `env = ...`), so both arrive here as one [`Overrides`] value.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration. Every field has a default, so an empty file is valid.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Directory holding the store, the API token and other state.
+    pub state_dir: PathBuf,
+    pub api: ApiConfig,
+    pub http: HttpConfig,
+    pub dhcp: DhcpConfig,
+    pub tftp: TftpConfig,
+    pub boot: BootConfig,
+    pub controller: ControllerConfig,
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: PathBuf::from("./var/bootplane"),
+            api: ApiConfig::default(),
+            http: HttpConfig::default(),
+            dhcp: DhcpConfig::default(),
+            tftp: TftpConfig::default(),
+            boot: BootConfig::default(),
+            controller: ControllerConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// The operator-facing listener: REST API, `/metrics`, `/healthz`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    pub listen: SocketAddr,
+    /// Bearer token. When absent, one is generated into `<state_dir>/api-token` (mode 0600).
+    pub token: Option<String>,
+    /// Maximum concurrent API connections.
+    pub max_connections: usize,
+    /// Maximum request body size in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: "127.0.0.1:9090".parse().unwrap(),
+            token: None,
+            max_connections: 1024,
+            max_body_bytes: 8 << 20,
+        }
+    }
+}
+
+/// The machine-facing HTTP boot listener.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    pub listen: SocketAddr,
+    /// URL machines use to reach this listener (e.g. `http://10.0.0.1:8080`); when
+    /// absent it is derived from the listen address.
+    pub public_url: Option<String>,
+    /// Root of `/assets/` (iPXE binaries, image files).
+    pub assets_dir: PathBuf,
+    pub max_connections: usize,
+    pub max_header_bytes: usize,
+    pub header_read_timeout_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            public_url: None,
+            assets_dir: PathBuf::from("ipxe"),
+            max_connections: 4096,
+            max_header_bytes: 16 << 10,
+            header_read_timeout_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DhcpMode {
+    #[default]
+    Proxy,
+    Authoritative,
+}
+
+impl std::str::FromStr for DhcpMode {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "proxy" => Ok(DhcpMode::Proxy),
+            "authoritative" => Ok(DhcpMode::Authoritative),
+            other => bail!("unknown dhcp mode {other:?} (expected proxy or authoritative)"),
+        }
+    }
+}
+
+/// DHCP server (disabled unless `enabled` or `--dhcp-interface` is given).
+/// The DHCP module owns the meaning of the finer-grained keys under `[dhcp]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DhcpConfig {
+    pub enabled: bool,
+    pub interface: Option<String>,
+    pub mode: DhcpMode,
+    /// Authoritative pool range `START-END` for the interface's subnet (shorthand for one subnet).
+    pub range: Option<String>,
+    /// Everything else (subnets, router, dns, lease time, boot file mapping) lives in
+    /// module-owned keys; see `dhcp::DhcpSettings`.
+    #[serde(flatten)]
+    pub extra: toml::Table,
+}
+
+impl Default for DhcpConfig {
+    fn default() -> Self {
+        DhcpConfig { enabled: false, interface: None, mode: DhcpMode::Proxy, range: None, extra: toml::Table::new() }
+    }
+}
+
+/// TFTP server (disabled unless `enabled` or `--tftp-listen` is given).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TftpConfig {
+    pub enabled: bool,
+    pub listen: SocketAddr,
+    pub root: PathBuf,
+    /// Module-owned keys (max transfers, blksize cap, single-port mode ...).
+    #[serde(flatten)]
+    pub extra: toml::Table,
+}
+
+impl Default for TftpConfig {
+    fn default() -> Self {
+        TftpConfig { enabled: false, listen: "0.0.0.0:69".parse().unwrap(), root: PathBuf::from("ipxe"), extra: toml::Table::new() }
+    }
+}
+
+/// What the boot side renders and serves.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct BootConfig {
+    /// iPXE script templates.
+    pub ipxe_templates: PathBuf,
+    /// Ignition/Butane templates.
+    pub ignition_templates: PathBuf,
+    /// Image catalog directory.
+    pub images_dir: PathBuf,
+}
+
+impl Default for BootConfig {
+    fn default() -> Self {
+        BootConfig {
+            ipxe_templates: PathBuf::from("ipxe"),
+            ignition_templates: PathBuf::from("ignition"),
+            images_dir: PathBuf::from("images"),
+        }
+    }
+}
+
+/// Embedded controller settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Run the reconcilers inside `serve`.
+    pub enabled: bool,
+    /// Concurrent reconciles per controller.
+    pub workers: usize,
+    /// Power driver for servers: `manual` or `test` (accepts every request at once).
+    pub power_driver: String,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig { enabled: true, workers: 4, power_driver: "manual".into() }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `tracing` filter, e.g. `info,bootplane=debug`. `RUST_LOG` wins when set.
+    pub filter: String,
+    /// `text` or `json`.
+    pub format: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { filter: "info".into(), format: "text".into() }
+    }
+}
+
+/// Values from flags/env that override the file. `None` = not given.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub state_dir: Option<PathBuf>,
+    pub api_listen: Option<SocketAddr>,
+    pub api_token: Option<String>,
+    pub http_listen: Option<SocketAddr>,
+    pub http_public_url: Option<String>,
+    pub assets_dir: Option<PathBuf>,
+    pub dhcp_interface: Option<String>,
+    pub dhcp_mode: Option<DhcpMode>,
+    pub dhcp_range: Option<String>,
+    pub tftp_listen: Option<SocketAddr>,
+    pub tftp_root: Option<PathBuf>,
+    pub power_driver: Option<String>,
+    pub log_filter: Option<String>,
+    pub log_format: Option<String>,
+}
+
+impl Config {
+    /// Parse TOML text (no overrides, no validation).
+    pub fn from_toml(text: &str) -> Result<Config> {
+        toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))
+    }
+
+    /// Read and parse a config file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
+        Config::from_toml(&text).with_context(|| format!("parsing config {}", path.display()))
+    }
+
+    /// File (optional) + overrides → validated config.
+    pub fn resolve(path: Option<&Path>, o: Overrides) -> Result<Config> {
+        let mut c = match path {
+            Some(p) => Config::load(p)?,
+            None => Config::default(),
+        };
+        c.apply(o);
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn apply(&mut self, o: Overrides) {
+        if let Some(v) = o.state_dir { self.state_dir = v; }
+        if let Some(v) = o.api_listen { self.api.listen = v; }
+        if let Some(v) = o.api_token { self.api.token = Some(v); }
+        if let Some(v) = o.http_listen { self.http.listen = v; }
+        if let Some(v) = o.http_public_url { self.http.public_url = Some(v); }
+        if let Some(v) = o.assets_dir { self.http.assets_dir = v; }
+        if let Some(v) = o.dhcp_interface { self.dhcp.interface = Some(v); self.dhcp.enabled = true; }
+        if let Some(v) = o.dhcp_mode { self.dhcp.mode = v; }
+        if let Some(v) = o.dhcp_range { self.dhcp.range = Some(v); }
+        if let Some(v) = o.tftp_listen { self.tftp.listen = v; self.tftp.enabled = true; }
+        if let Some(v) = o.tftp_root { self.tftp.root = v; }
+        if let Some(v) = o.power_driver { self.controller.power_driver = v; }
+        if let Some(v) = o.log_filter { self.log.filter = v; }
+        if let Some(v) = o.log_format { self.log.format = v; }
+    }
+
+    /// Semantic checks that TOML typing cannot express.
+    pub fn validate(&self) -> Result<()> {
+        if self.state_dir.as_os_str().is_empty() {
+            bail!("state_dir must not be empty");
+        }
+        if self.api.listen == self.http.listen {
+            bail!("api.listen and http.listen must differ (both {})", self.api.listen);
+        }
+        if let Some(t) = &self.api.token {
+            if t.len() < 16 {
+                bail!("api.token must be at least 16 characters");
+            }
+        }
+        if let Some(u) = &self.http.public_url {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                bail!("http.public_url must start with http:// or https:// (got {u:?})");
+            }
+        }
+        if self.dhcp.enabled && self.dhcp.interface.is_none() {
+            bail!("dhcp.enabled needs dhcp.interface");
+        }
+        if self.dhcp.mode == DhcpMode::Authoritative && self.dhcp.enabled && self.dhcp.range.is_none() && !self.dhcp.extra.contains_key("subnets") {
+            bail!("authoritative dhcp needs dhcp.range or [[dhcp.subnets]]");
+        }
+        if self.controller.workers == 0 {
+            bail!("controller.workers must be at least 1");
+        }
+        match self.controller.power_driver.as_str() {
+            "manual" | "test" | "qemu" => {}
+            other => bail!("unknown controller.power_driver {other:?} (expected manual, test or qemu)"),
+        }
+        match self.log.format.as_str() {
+            "text" | "json" => {}
+            other => bail!("unknown log.format {other:?} (expected text or json)"),
+        }
+        Ok(())
+    }
+
+    /// The URL machines use to reach the boot listener.
+    pub fn public_http_url(&self) -> String {
+        if let Some(u) = &self.http.public_url {
+            return u.trim_end_matches('/').to_string();
+        }
+        let addr = self.http.listen;
+        let host = if addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { addr.ip().to_string() };
+        format!("http://{}:{}", host, addr.port())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_defaults() {
+        assert_eq!(Config::from_toml("").unwrap(), Config::default());
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn example_config_parses_and_validates() {
+        let text = include_str!("../examples/bootplane.toml");
+        let c = Config::from_toml(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.api.listen, "127.0.0.1:9090".parse().unwrap());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_toml("[api]\nlisten_addr = \"1.2.3.4:5\"\n").unwrap_err();
+        assert!(err.to_string().contains("listen_addr"), "{err}");
+    }
+
+    #[test]
+    fn overrides_win() {
+        let mut c = Config::from_toml("state_dir = \"/a\"\n").unwrap();
+        c.apply(Overrides { state_dir: Some("/b".into()), ..Default::default() });
+        assert_eq!(c.state_dir, PathBuf::from("/b"));
+    }
+
+    #[test]
+    fn bad_values_rejected() {
+        let mut c = Config::default();
+        c.controller.power_driver = "ipmi".into();
+        assert!(c.validate().unwrap_err().to_string().contains("ipmi"));
+        let mut c = Config::default();
+        c.http.listen = c.api.listen;
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Reconcilers and the small work-queue runtime they run on.

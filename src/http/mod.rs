@@ -1,0 +1,1 @@
+//! The machine-facing HTTP boot listener. Owned by issue 3.

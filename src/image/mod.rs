@@ -1,0 +1,2 @@
+//! Image format, packing and streaming (read → decode → verify → write). Owned by issue 7.
+pub mod cli;

@@ -1,0 +1,21 @@
+//! bootplane: a boot and image-serving appliance for bare-metal fleets.
+//!
+//! See `ARCHITECTURE.md` for the code map. The binary (`src/main.rs`) only parses
+//! the command line and dispatches into the modules below.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod controller;
+pub mod dhcp;
+pub mod http;
+pub mod ignition;
+pub mod image;
+pub mod ipxe;
+pub mod nfs;
+pub mod power;
+pub mod provision;
+pub mod serve;
+pub mod shutdown;
+pub mod store;
+pub mod tftp;

@@ -1,0 +1,156 @@
+//! The `bootplane` binary: command-line parsing and dispatch only.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+use bootplane::config::{Config, DhcpMode, Overrides};
+
+#[derive(Parser)]
+#[command(name = "bootplane", version, about = "Boot and image-serving appliance for bare-metal fleets")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the appliance (API, boot HTTP, controllers; DHCP/TFTP when configured).
+    Serve(ServeArgs),
+    /// Validate a config file (and flags) and print the effective config.
+    CheckConfig(CheckArgs),
+    /// Create or update objects from YAML/JSON files (multi-document), a directory or `-`.
+    Apply(bootplane::cli::ApplyArgs),
+    /// List or show objects.
+    Get(bootplane::cli::GetArgs),
+    /// Delete an object.
+    Delete(bootplane::cli::DeleteArgs),
+    /// Image tools.
+    #[command(subcommand)]
+    Image(bootplane::image::cli::ImageCmd),
+    /// Stream an image onto a disk or file, verified.
+    Provision(bootplane::image::cli::ProvisionArgs),
+}
+
+/// Every config key that has a flag. Each flag also reads a BOOTPLANE_* env var.
+#[derive(Args, Default)]
+struct ConfigFlags {
+    /// TOML config file.
+    #[arg(long, env = "BOOTPLANE_CONFIG")]
+    config: Option<PathBuf>,
+    #[arg(long, env = "BOOTPLANE_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    #[arg(long, env = "BOOTPLANE_API_LISTEN")]
+    api_listen: Option<SocketAddr>,
+    #[arg(long, env = "BOOTPLANE_API_TOKEN", hide_env_values = true)]
+    api_token: Option<String>,
+    #[arg(long, env = "BOOTPLANE_HTTP_LISTEN")]
+    http_listen: Option<SocketAddr>,
+    #[arg(long, env = "BOOTPLANE_HTTP_PUBLIC_URL")]
+    http_public_url: Option<String>,
+    #[arg(long, env = "BOOTPLANE_ASSETS_DIR")]
+    assets_dir: Option<PathBuf>,
+    #[arg(long, env = "BOOTPLANE_DHCP_INTERFACE")]
+    dhcp_interface: Option<String>,
+    #[arg(long, env = "BOOTPLANE_DHCP_MODE")]
+    dhcp_mode: Option<DhcpMode>,
+    #[arg(long, env = "BOOTPLANE_DHCP_RANGE")]
+    dhcp_range: Option<String>,
+    #[arg(long, env = "BOOTPLANE_TFTP_LISTEN")]
+    tftp_listen: Option<SocketAddr>,
+    #[arg(long, env = "BOOTPLANE_TFTP_ROOT")]
+    tftp_root: Option<PathBuf>,
+    #[arg(long, env = "BOOTPLANE_POWER_DRIVER")]
+    power_driver: Option<String>,
+    #[arg(long, env = "BOOTPLANE_LOG")]
+    log_filter: Option<String>,
+    #[arg(long, env = "BOOTPLANE_LOG_FORMAT")]
+    log_format: Option<String>,
+}
+
+impl ConfigFlags {
+    fn resolve(self) -> Result<Config> {
+        let o = Overrides {
+            state_dir: self.state_dir,
+            api_listen: self.api_listen,
+            api_token: self.api_token,
+            http_listen: self.http_listen,
+            http_public_url: self.http_public_url,
+            assets_dir: self.assets_dir,
+            dhcp_interface: self.dhcp_interface,
+            dhcp_mode: self.dhcp_mode,
+            dhcp_range: self.dhcp_range,
+            tftp_listen: self.tftp_listen,
+            tftp_root: self.tftp_root,
+            power_driver: self.power_driver,
+            log_filter: self.log_filter,
+            log_format: self.log_format,
+        };
+        Config::resolve(self.config.as_deref(), o)
+    }
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    flags: ConfigFlags,
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    /// Config file to check.
+    file: Option<PathBuf>,
+    #[command(flatten)]
+    flags: ConfigFlags,
+}
+
+fn init_logging(cfg: &Config) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.log.filter));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if cfg.log.format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<u8> {
+    match cli.cmd {
+        Command::Serve(a) => {
+            let cfg = a.flags.resolve()?;
+            init_logging(&cfg);
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(bootplane::serve::run(cfg))?;
+            Ok(0)
+        }
+        Command::CheckConfig(mut a) => {
+            if a.file.is_some() {
+                a.flags.config = a.file.take();
+            }
+            let cfg = a.flags.resolve()?;
+            print!("{}", toml::to_string_pretty(&cfg)?);
+            eprintln!("config ok");
+            Ok(0)
+        }
+        Command::Apply(a) => bootplane::cli::apply(a),
+        Command::Get(a) => bootplane::cli::get(a),
+        Command::Delete(a) => bootplane::cli::delete(a),
+        Command::Image(c) => bootplane::image::cli::run_image(c).map(|_| 0),
+        Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),
+    }
+}

@@ -1,0 +1,1 @@
+//! NFS export backends and export-policy enforcement. Owned by issue 8.

@@ -1,0 +1,1 @@
+//! Power drivers behind one trait (manual, test; QEMU and Redfish later).

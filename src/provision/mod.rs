@@ -1,0 +1,1 @@
+//! Provisioning job runner (local process, Kubernetes Job). Owned by issue 8.

@@ -1,0 +1,113 @@
+//! Graceful shutdown: one broadcast that every listener and worker watches, and a
+//! drain that waits (bounded) for in-flight work, as in mini-redis.
+
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc};
+
+/// Handed to every task. `recv` resolves once shutdown begins; dropping the
+/// `Shutdown` (and its `_drain` sender) tells [`Coordinator::drain`] the task ended.
+#[derive(Debug)]
+pub struct Shutdown {
+    is_shutdown: bool,
+    notify: broadcast::Receiver<()>,
+    _drain: mpsc::Sender<()>,
+}
+
+impl Shutdown {
+    pub fn is_shutdown(&self) -> bool {
+        self.is_shutdown
+    }
+
+    /// Wait for the shutdown signal.
+    pub async fn recv(&mut self) {
+        if self.is_shutdown {
+            return;
+        }
+        let _ = self.notify.recv().await;
+        self.is_shutdown = true;
+    }
+
+    /// Another handle to the same signal (for a spawned per-connection task).
+    pub fn child(&self) -> Shutdown {
+        Shutdown { is_shutdown: self.is_shutdown, notify: self.notify.resubscribe(), _drain: self._drain.clone() }
+    }
+}
+
+/// Owns the signal. `trigger` starts shutdown; `drain` waits for all handles to drop.
+pub struct Coordinator {
+    notify: broadcast::Sender<()>,
+    drain_tx: Option<mpsc::Sender<()>>,
+    drain_rx: mpsc::Receiver<()>,
+}
+
+impl Default for Coordinator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Coordinator {
+    pub fn new() -> Self {
+        let (notify, _) = broadcast::channel(1);
+        let (drain_tx, drain_rx) = mpsc::channel(1);
+        Coordinator { notify, drain_tx: Some(drain_tx), drain_rx }
+    }
+
+    pub fn handle(&self) -> Shutdown {
+        Shutdown {
+            is_shutdown: false,
+            notify: self.notify.subscribe(),
+            _drain: self.drain_tx.clone().expect("handle after drain"),
+        }
+    }
+
+    pub fn trigger(&self) {
+        let _ = self.notify.send(());
+    }
+
+    /// Trigger, then wait for every handle to be dropped or `timeout` to pass.
+    /// Returns false on timeout.
+    pub async fn drain(mut self, timeout: Duration) -> bool {
+        self.trigger();
+        drop(self.drain_tx.take());
+        tokio::time::timeout(timeout, self.drain_rx.recv()).await.is_ok()
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn drain_waits_for_handles() {
+        let c = Coordinator::new();
+        let mut h = c.handle();
+        let t = tokio::spawn(async move {
+            h.recv().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(h);
+        });
+        assert!(c.drain(Duration::from_secs(5)).await);
+        t.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn drain_times_out_on_stuck_task() {
+        let c = Coordinator::new();
+        let h = c.handle();
+        assert!(!c.drain(Duration::from_millis(30)).await);
+        drop(h);
+    }
+}

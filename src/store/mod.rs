@@ -1,0 +1,1 @@
+//! The store: objects with etcd semantics (global revision, compare-and-swap, watch).
