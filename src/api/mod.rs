@@ -1,1 +1,7 @@
-//! Resource types (serde) and the kube-style REST API on the operator listener.
+//! Resource types (registry, schema validation, selectors) and the kube-style REST
+//! API served on the operator listener.
+
+pub mod resource;
+pub mod schema;
+pub mod selector;
+pub mod rest;

@@ -1,32 +1,347 @@
 //! The command-line client (`apply`, `get`, `delete`) that talks to the REST API.
+//!
+//! It finds the API from `--server`/`BOOTPLANE_SERVER` (default
+//! `http://127.0.0.1:9090`) and the token from `--token`/`BOOTPLANE_TOKEN` or the
+//! local state dir's `api-token`. Resource names resolve as kubectl's do (plural,
+//! singular, kind or short name). `apply` creates what is missing and merge-patches
+//! what exists, so fields set by controllers (a claim's chosen `serverRef`) survive
+//! a re-apply.
 
+pub mod table;
+
+use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use serde_json::Value;
+
+use crate::api::resource::{Registry, ResourceType};
+
+#[derive(Debug, Args, Clone)]
+pub struct Conn {
+    /// API server URL.
+    #[arg(long, env = "BOOTPLANE_SERVER", default_value = "http://127.0.0.1:9090", global = true)]
+    pub server: String,
+    /// Bearer token (default: the local state dir's api-token).
+    #[arg(long, env = "BOOTPLANE_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// State dir to read the token from.
+    #[arg(long = "state-dir", env = "BOOTPLANE_STATE_DIR", default_value = "./var/bootplane", global = true)]
+    pub state_dir: PathBuf,
+}
 
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
     /// File, directory or `-` for stdin (repeatable).
     #[arg(short = 'f', long = "filename", required = true)]
     pub files: Vec<String>,
+    #[command(flatten)]
+    pub conn: Conn,
 }
 
 #[derive(Debug, Args)]
 pub struct GetArgs {
+    /// Resource type(s), comma-separated (`servers`, `scl`, `images,storagevolumes`).
     pub kind: String,
     pub name: Option<String>,
+    #[arg(short = 'l', long = "selector")]
+    pub selector: Option<String>,
+    /// Output: wide, yaml or json.
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<String>,
+    #[arg(short = 'n', long = "namespace", default_value = "default")]
+    pub namespace: String,
+    #[arg(short = 'A', long = "all-namespaces")]
+    pub all_namespaces: bool,
+    /// Keep watching for changes.
+    #[arg(short = 'w', long = "watch")]
+    pub watch: bool,
+    #[command(flatten)]
+    pub conn: Conn,
 }
 
 #[derive(Debug, Args)]
 pub struct DeleteArgs {
     pub kind: String,
     pub name: String,
+    #[arg(short = 'n', long = "namespace", default_value = "default")]
+    pub namespace: String,
+    #[command(flatten)]
+    pub conn: Conn,
 }
 
-pub fn apply(_a: ApplyArgs) -> anyhow::Result<u8> {
-    anyhow::bail!("not built yet")
+/// A small blocking client for the REST API.
+pub struct Client {
+    base: String,
+    token: String,
+    agent: ureq::Agent,
 }
-pub fn get(_a: GetArgs) -> anyhow::Result<u8> {
-    anyhow::bail!("not built yet")
+
+/// An API failure as the server described it.
+#[derive(Debug)]
+pub struct ApiFailure {
+    pub code: u16,
+    pub reason: String,
+    pub message: String,
 }
-pub fn delete(_a: DeleteArgs) -> anyhow::Result<u8> {
-    anyhow::bail!("not built yet")
+
+impl std::fmt::Display for ApiFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Error from server ({}): {}", self.reason, self.message)
+    }
+}
+impl std::error::Error for ApiFailure {}
+
+impl Client {
+    pub fn new(conn: &Conn) -> Result<Client> {
+        let token = match &conn.token {
+            Some(t) => t.clone(),
+            None => {
+                let p = conn.state_dir.join("api-token");
+                std::fs::read_to_string(&p)
+                    .with_context(|| format!("reading API token {} (pass --token or --state-dir)", p.display()))?
+                    .trim()
+                    .to_string()
+            }
+        };
+        Ok(Client { base: conn.server.trim_end_matches('/').to_string(), token, agent: ureq::AgentBuilder::new().build() })
+    }
+
+    pub fn path(rt: &ResourceType, ns: Option<&str>, name: Option<&str>) -> String {
+        let mut p = if rt.group.is_empty() { format!("/api/{}", rt.version) } else { format!("/apis/{}/{}", rt.group, rt.version) };
+        if rt.namespaced {
+            if let Some(ns) = ns {
+                p.push_str(&format!("/namespaces/{ns}"));
+            }
+        }
+        p.push('/');
+        p.push_str(&rt.plural);
+        if let Some(n) = name {
+            p.push('/');
+            p.push_str(n);
+        }
+        p
+    }
+
+    pub fn request(&self, method: &str, path: &str, body: Option<(&str, &Value)>) -> Result<Value> {
+        let url = format!("{}{}", self.base, path);
+        let req = self.agent.request(method, &url).set("Authorization", &format!("Bearer {}", self.token));
+        let res = match body {
+            Some((ct, b)) => req.set("Content-Type", ct).send_string(&b.to_string()),
+            None => req.call(),
+        };
+        match res {
+            Ok(r) => {
+                let text = r.into_string().context("reading response")?;
+                serde_json::from_str(&text).context("decoding response")
+            }
+            Err(ureq::Error::Status(code, r)) => {
+                let text = r.into_string().unwrap_or_default();
+                let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                Err(ApiFailure {
+                    code,
+                    reason: v.get("reason").and_then(Value::as_str).unwrap_or("Unknown").to_string(),
+                    message: v.get("message").and_then(Value::as_str).map(String::from).unwrap_or(text),
+                }
+                .into())
+            }
+            Err(e) => Err(anyhow::anyhow!("connecting to {}: {e}", self.base)),
+        }
+    }
+
+    /// Open a watch stream; yields one event per line.
+    pub fn watch(&self, path: &str, query: &str) -> Result<impl Iterator<Item = Result<Value>>> {
+        let url = format!("{}{}?watch=true{}", self.base, path, query);
+        let r = self
+            .agent
+            .get(&url)
+            .set("Authorization", &format!("Bearer {}", self.token))
+            .call()
+            .map_err(|e| anyhow::anyhow!("watching {url}: {e}"))?;
+        let reader = std::io::BufReader::new(r.into_reader());
+        Ok(reader.lines().map(|l| {
+            let l = l.context("reading watch stream")?;
+            serde_json::from_str(&l).context("decoding watch event")
+        }))
+    }
+}
+
+/// Read every document from a file, a directory (its .yaml/.yml/.json files, sorted)
+/// or stdin (`-`).
+pub fn read_documents(spec: &str) -> Result<Vec<(String, Value)>> {
+    let mut out = Vec::new();
+    let mut sources: Vec<(String, String)> = Vec::new();
+    if spec == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
+        sources.push(("<stdin>".into(), s));
+    } else {
+        let p = Path::new(spec);
+        if p.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading directory {spec}"))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "yaml" || x == "yml" || x == "json"))
+                .collect();
+            files.sort();
+            for f in files {
+                let s = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+                sources.push((f.display().to_string(), s));
+            }
+        } else {
+            let s = std::fs::read_to_string(p).with_context(|| format!("reading {spec}"))?;
+            sources.push((spec.to_string(), s));
+        }
+    }
+    for (name, text) in sources {
+        for doc in parse_documents(&text).with_context(|| format!("parsing {name}"))? {
+            out.push((name.clone(), doc));
+        }
+    }
+    Ok(out)
+}
+
+/// Split multi-document YAML (or one JSON document) into values; empty documents are skipped.
+pub fn parse_documents(text: &str) -> Result<Vec<Value>> {
+    use serde::Deserialize;
+    let mut docs = Vec::new();
+    for d in serde_norway::Deserializer::from_str(text) {
+        let v = Value::deserialize(d).map_err(|e| anyhow::anyhow!("malformed YAML: {e}"))?;
+        if v.is_null() {
+            continue;
+        }
+        if !v.is_object() {
+            bail!("document is not a mapping");
+        }
+        docs.push(v);
+    }
+    Ok(docs)
+}
+
+fn resolve(reg: &Registry, kind: &str) -> Result<Arc<ResourceType>> {
+    reg.resolve(kind).ok_or_else(|| anyhow::anyhow!("the server doesn't have a resource type \"{kind}\""))
+}
+
+pub fn apply(a: ApplyArgs) -> Result<u8> {
+    let client = Client::new(&a.conn)?;
+    let reg = Registry::global();
+    let mut failed = 0;
+    let mut docs = Vec::new();
+    for f in &a.files {
+        docs.extend(read_documents(f)?);
+    }
+    for (src, doc) in docs {
+        match apply_one(&client, reg, &doc) {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                failed += 1;
+                eprintln!("{src}: {e:#}");
+            }
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+/// Create or merge-patch one object. Returns kubectl's line (`x/y created`).
+pub fn apply_one(client: &Client, reg: &Registry, doc: &Value) -> Result<String> {
+    let api_version = doc.get("apiVersion").and_then(Value::as_str).ok_or_else(|| anyhow::anyhow!("apiVersion is missing"))?;
+    let kind = doc.get("kind").and_then(Value::as_str).ok_or_else(|| anyhow::anyhow!("kind is missing"))?;
+    let rt = reg
+        .by_kind(api_version, kind)
+        .ok_or_else(|| anyhow::anyhow!("no matches for kind \"{kind}\" in version \"{api_version}\""))?;
+    let name = doc.pointer("/metadata/name").and_then(Value::as_str).ok_or_else(|| anyhow::anyhow!("metadata.name is missing"))?;
+    let ns = doc.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
+    let ns = if rt.namespaced { Some(ns) } else { None };
+    let label = format!("{}/{}", rt.singular.clone() + &if rt.group.is_empty() { String::new() } else { format!(".{}", rt.group) }, name);
+    match client.request("GET", &Client::path(&rt, ns, Some(name)), None) {
+        Ok(cur) => {
+            let mut patch = doc.clone();
+            if let Some(m) = patch.as_object_mut() {
+                m.remove("status");
+            }
+            let res = client.request("PATCH", &Client::path(&rt, ns, Some(name)), Some(("application/merge-patch+json", &patch)))?;
+            let same = res.pointer("/metadata/resourceVersion") == cur.pointer("/metadata/resourceVersion");
+            Ok(format!("{label} {}", if same { "unchanged" } else { "configured" }))
+        }
+        Err(e) if e.downcast_ref::<ApiFailure>().is_some_and(|f| f.code == 404) => {
+            client.request("POST", &Client::path(&rt, ns, None), Some(("application/json", doc)))?;
+            Ok(format!("{label} created"))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub fn get(a: GetArgs) -> Result<u8> {
+    let client = Client::new(&a.conn)?;
+    let reg = Registry::global();
+    let kinds: Vec<Arc<ResourceType>> = a.kind.split(',').map(|k| resolve(reg, k.trim())).collect::<Result<_>>()?;
+    let ns = if a.all_namespaces { None } else { Some(a.namespace.as_str()) };
+    let mut q = String::new();
+    if let Some(s) = &a.selector {
+        q = format!("labelSelector={}", percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC));
+    }
+    let mut first = true;
+    for rt in kinds {
+        let path = Client::path(&rt, ns, a.name.as_deref());
+        if a.watch {
+            let path = Client::path(&rt, ns, None);
+            let mut t = table::Table::new(&rt, a.output.as_deref() == Some("wide"), a.all_namespaces);
+            let query = if q.is_empty() { String::new() } else { format!("&{q}") };
+            for ev in client.watch(&path, &query)? {
+                let ev = ev?;
+                let obj = ev.get("object").cloned().unwrap_or(Value::Null);
+                if let Some(n) = &a.name {
+                    if obj.pointer("/metadata/name").and_then(Value::as_str) != Some(n) {
+                        continue;
+                    }
+                }
+                match a.output.as_deref() {
+                    Some("json") => println!("{}", serde_json::to_string(&ev)?),
+                    Some("yaml") => println!("---\n{}", serde_norway::to_string(&ev)?.trim_end()),
+                    _ => {
+                        let line = t.row_line(&obj, ev.get("type").and_then(Value::as_str) == Some("DELETED"));
+                        println!("{line}");
+                    }
+                }
+            }
+            return Ok(0);
+        }
+        let full = if q.is_empty() || a.name.is_some() { path } else { format!("{path}?{q}") };
+        let v = client.request("GET", &full, None)?;
+        match a.output.as_deref() {
+            Some("json") => println!("{}", serde_json::to_string_pretty(&v)?),
+            Some("yaml") => print!("{}", serde_norway::to_string(&v)?),
+            Some("wide") | None => {
+                let items: Vec<Value> = match v.get("items").and_then(Value::as_array) {
+                    Some(items) => items.clone(),
+                    None => vec![v.clone()],
+                };
+                if items.is_empty() {
+                    if first {
+                        eprintln!("No resources found{}.", ns.map(|n| format!(" in {n} namespace")).unwrap_or_default());
+                    }
+                    continue;
+                }
+                if !first {
+                    println!();
+                }
+                let t = table::Table::new(&rt, a.output.as_deref() == Some("wide"), a.all_namespaces);
+                print!("{}", t.render(&items));
+            }
+            Some(o) => bail!("unknown output format {o:?} (expected wide, yaml or json)"),
+        }
+        first = false;
+    }
+    Ok(0)
+}
+
+pub fn delete(a: DeleteArgs) -> Result<u8> {
+    let client = Client::new(&a.conn)?;
+    let rt = resolve(Registry::global(), &a.kind)?;
+    let ns = if rt.namespaced { Some(a.namespace.as_str()) } else { None };
+    client.request("DELETE", &Client::path(&rt, ns, Some(&a.name)), None)?;
+    println!("{} \"{}\" deleted", rt.qualified(), a.name);
+    Ok(0)
 }

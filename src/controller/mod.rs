@@ -1,1 +1,299 @@
-//! Reconcilers and the small work-queue runtime they run on.
+//! Reconcilers and the small runtime they run on.
+//!
+//! One watch task per resource type lists, then watches from the list's revision
+//! (re-listing after a 410), keeps in-memory indexes current (claimable servers,
+//! claim → bound server) and enqueues the keys each event concerns. Worker tasks
+//! take keys off per-controller [`queue::WorkQueue`]s and call the reconcilers,
+//! which are level-triggered and idempotent: they read the current objects, act,
+//! and write with compare-and-swap; a failed reconcile is retried with backoff, and
+//! a restart at any point just reconciles again from what is stored.
+
+pub mod claim;
+pub mod queue;
+pub mod server;
+pub mod bootconfig;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::api::resource::ResourceType;
+use crate::power::PowerDriver;
+use crate::shutdown::Shutdown;
+use crate::store::{meta, Store, StoreError};
+use queue::WorkQueue;
+
+/// `(namespace, name)`.
+pub type Key = (String, String);
+
+/// Finalizer the claim reconciler puts on every ServerClaim.
+pub const CLAIM_FINALIZER: &str = "metal.ironcore.dev/serverclaim";
+
+/// What a reconcile asks of the runtime afterwards.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    Done,
+    After(Duration),
+}
+
+/// Decides whether a ServerBootConfiguration can be `Ready`: the boot side plugs in
+/// the image catalog and Ignition validation here.
+pub trait BootResolver: Send + Sync {
+    /// `Ok(())` when the configuration can boot, or `Err((reason, message))`.
+    fn resolve(&self, store: &Store, sbc: &Value) -> Result<(), (String, String)>;
+}
+
+/// In-memory indexes kept current by the watches.
+#[derive(Default)]
+pub struct Indexes {
+    /// Servers that a claim could take now (state Available, unclaimed, Off, not
+    /// unclaimable), by name.
+    pub claimable: BTreeMap<String, Arc<Value>>,
+    /// Claim → the server whose `spec.serverClaimRef` names it.
+    pub bound: HashMap<Key, String>,
+    /// Claims waiting for a server.
+    pub waiting: BTreeSet<Key>,
+}
+
+pub struct Controllers {
+    pub store: Store,
+    pub power: Arc<dyn PowerDriver>,
+    pub resolver: Arc<dyn BootResolver>,
+    pub claims: Arc<WorkQueue<Key>>,
+    pub servers: Arc<WorkQueue<String>>,
+    pub sbcs: Arc<WorkQueue<Key>>,
+    pub idx: Mutex<Indexes>,
+    pub t_server: Arc<ResourceType>,
+    pub t_claim: Arc<ResourceType>,
+    pub t_sbc: Arc<ResourceType>,
+    pub t_secret: Arc<ResourceType>,
+}
+
+pub fn is_claimable(s: &Value) -> bool {
+    s.pointer("/status/state").and_then(Value::as_str) == Some("Available")
+        && !s.pointer("/spec/unclaimable").and_then(Value::as_bool).unwrap_or(false)
+        && s.pointer("/status/powerState").and_then(Value::as_str) == Some("Off")
+        && s.pointer("/spec/serverClaimRef").is_none_or(Value::is_null)
+        && !meta::is_deleting(s)
+}
+
+pub fn claim_ref(s: &Value) -> Option<Key> {
+    let r = s.pointer("/spec/serverClaimRef")?;
+    Some((r.get("namespace")?.as_str()?.to_string(), r.get("name")?.as_str()?.to_string()))
+}
+
+impl Controllers {
+    pub fn new(store: Store, power: Arc<dyn PowerDriver>, resolver: Arc<dyn BootResolver>) -> Arc<Controllers> {
+        let reg = store.registry();
+        Arc::new(Controllers {
+            power,
+            resolver,
+            claims: WorkQueue::new(),
+            servers: WorkQueue::new(),
+            sbcs: WorkQueue::new(),
+            idx: Mutex::new(Indexes::default()),
+            t_server: reg.resolve("server").expect("server type"),
+            t_claim: reg.resolve("serverclaim").expect("claim type"),
+            t_sbc: reg.resolve("serverbootconfiguration").expect("sbc type"),
+            t_secret: reg.resolve("secret").expect("secret type"),
+            store,
+        })
+    }
+
+    fn on_server(&self, s: &Arc<Value>, deleted: bool) {
+        let name = meta::name(s).to_string();
+        let mut idx = self.idx.lock().unwrap();
+        let became_claimable = !deleted && is_claimable(s);
+        if became_claimable {
+            idx.claimable.insert(name.clone(), s.clone());
+        } else {
+            idx.claimable.remove(&name);
+        }
+        idx.bound.retain(|_, v| *v != name);
+        if !deleted {
+            if let Some(k) = claim_ref(s) {
+                idx.bound.insert(k.clone(), name.clone());
+                self.claims.add(k);
+            }
+        }
+        if became_claimable {
+            for k in idx.waiting.iter() {
+                self.claims.add(k.clone());
+            }
+        }
+        drop(idx);
+        self.servers.add(name);
+    }
+
+    fn on_claim(&self, c: &Value) {
+        let key = (meta::namespace(c).unwrap_or("default").to_string(), meta::name(c).to_string());
+        self.claims.add(key);
+    }
+
+    fn on_sbc(&self, b: &Value) {
+        let ns = meta::namespace(b).unwrap_or("default").to_string();
+        self.sbcs.add((ns, meta::name(b).to_string()));
+        if let Some(s) = b.pointer("/spec/serverRef/name").and_then(Value::as_str) {
+            self.servers.add(s.to_string());
+        }
+    }
+
+    fn on_secret(&self, s: &Value) {
+        let ns = meta::namespace(s).unwrap_or("default");
+        let name = meta::name(s);
+        let (sbcs, _) = self.store.list(&self.t_sbc, Some(ns), None);
+        for b in sbcs {
+            if b.pointer("/spec/ignitionSecretRef/name").and_then(Value::as_str) == Some(name) {
+                self.sbcs.add((ns.to_string(), meta::name(&b).to_string()));
+            }
+        }
+    }
+
+    /// Start watches and workers; returns when shutdown is signalled.
+    pub async fn run(self: Arc<Self>, workers: usize, mut shutdown: Shutdown) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in [self.t_server.clone(), self.t_claim.clone(), self.t_sbc.clone(), self.t_secret.clone()] {
+            let c = self.clone();
+            tasks.spawn(async move { c.watch_loop(t).await });
+        }
+        for _ in 0..workers {
+            let c = self.clone();
+            tasks.spawn(async move {
+                while let Some(k) = c.claims.get().await {
+                    let r = claim::reconcile(&c, &k).await;
+                    c.finish(&c.claims, k, r, "serverclaim");
+                }
+            });
+            let c = self.clone();
+            tasks.spawn(async move {
+                while let Some(k) = c.servers.get().await {
+                    let r = server::reconcile(&c, &k).await;
+                    c.finish(&c.servers, k, r, "server");
+                }
+            });
+            let c = self.clone();
+            tasks.spawn(async move {
+                while let Some(k) = c.sbcs.get().await {
+                    let r = bootconfig::reconcile(&c, &k).await;
+                    c.finish(&c.sbcs, k, r, "serverbootconfiguration");
+                }
+            });
+        }
+        shutdown.recv().await;
+        self.claims.shutdown();
+        self.servers.shutdown();
+        self.sbcs.shutdown();
+        // Workers finish their current reconcile (bounded by the drain timeout).
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+
+    fn finish<K: Clone + Eq + std::hash::Hash + Send + std::fmt::Debug + 'static>(
+        &self,
+        q: &Arc<WorkQueue<K>>,
+        k: K,
+        r: Result<Next, StoreError>,
+        what: &str,
+    ) {
+        match r {
+            Ok(Next::Done) => q.forget(&k),
+            Ok(Next::After(d)) => {
+                q.forget(&k);
+                q.add_after(k.clone(), d);
+            }
+            Err(e) => {
+                if matches!(e, StoreError::Conflict { .. }) {
+                    tracing::debug!(kind = what, key = ?k, error = %e, "reconcile conflict, retrying");
+                } else {
+                    tracing::warn!(kind = what, key = ?k, error = %e, "reconcile failed, retrying with backoff");
+                }
+                q.add_rate_limited(k.clone());
+            }
+        }
+        q.done(&k);
+    }
+
+    async fn watch_loop(self: Arc<Self>, t: Arc<ResourceType>) {
+        loop {
+            let (items, rev) = self.store.list(&t, None, None);
+            for o in &items {
+                self.dispatch(&t, o, false);
+            }
+            let mut w = match self.store.watch(&t, None, rev) {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(kind = %t.kind, error = %e, "watch failed, re-listing");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            loop {
+                match w.next().await {
+                    Ok(ev) => self.dispatch(&t, &ev.object, ev.kind == "DELETED"),
+                    Err(StoreError::Gone(m)) => {
+                        tracing::info!(kind = %t.kind, "watch expired ({m}), re-listing");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(kind = %t.kind, error = %e, "watch ended");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn dispatch(&self, t: &ResourceType, o: &Arc<Value>, deleted: bool) {
+        match t.kind.as_str() {
+            "Server" => self.on_server(o, deleted),
+            "ServerClaim" => self.on_claim(o),
+            "ServerBootConfiguration" => self.on_sbc(o),
+            "Secret" => self.on_secret(o),
+            _ => {}
+        }
+    }
+}
+
+/// Set (or refresh) a condition in a `status.conditions` list; the transition time
+/// changes only when the condition's status does. Returns whether anything changed.
+pub fn set_condition(status: &mut Value, ty: &str, st: bool, reason: &str, message: &str) -> bool {
+    if !status.is_object() {
+        *status = json!({});
+    }
+    let conds = status.as_object_mut().expect("object").entry("conditions").or_insert_with(|| json!([]));
+    if !conds.is_array() {
+        *conds = json!([]);
+    }
+    let list = conds.as_array_mut().expect("array");
+    let s = if st { "True" } else { "False" };
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    if let Some(c) = list.iter_mut().find(|c| c.get("type").and_then(Value::as_str) == Some(ty)) {
+        let same = c.get("status").and_then(Value::as_str) == Some(s)
+            && c.get("reason").and_then(Value::as_str) == Some(reason)
+            && c.get("message").and_then(Value::as_str) == Some(message);
+        if same {
+            return false;
+        }
+        if c.get("status").and_then(Value::as_str) != Some(s) {
+            c["lastTransitionTime"] = json!(now);
+        }
+        c["status"] = json!(s);
+        c["reason"] = json!(reason);
+        c["message"] = json!(message);
+        return true;
+    }
+    list.push(json!({"type": ty, "status": s, "reason": reason, "message": message, "lastTransitionTime": now}));
+    true
+}
+
+/// The default resolver until the boot side plugs in its image catalog: the
+/// ignition secret must exist and carry an `ignition` key.
+pub struct SecretOnly;
+
+impl BootResolver for SecretOnly {
+    fn resolve(&self, store: &Store, sbc: &Value) -> Result<(), (String, String)> {
+        bootconfig::check_secret(store, sbc)
+    }
+}

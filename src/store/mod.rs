@@ -1,1 +1,702 @@
-//! The store: objects with etcd semantics (global revision, compare-and-swap, watch).
+//! The object store: Kubernetes object semantics on top of the revisioned KV
+//! ([`kv`], etcd semantics). This is where `metadata` is owned: `uid`,
+//! `creationTimestamp`, `generation`, `resourceVersion` (= the KV `mod_rev`),
+//! finalizers and `deletionTimestamp`, and cascading deletion of dependents named
+//! by `ownerReferences`. Every write is validated against the type's schema first.
+//!
+//! Controllers and the REST API both go through [`Store`]; nothing else writes the KV.
+
+pub mod kv;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::api::resource::{Registry, ResourceType};
+use crate::api::schema::{FieldError, Reason};
+use crate::api::selector::Selector;
+use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
+
+/// Errors callers branch on; each maps to one HTTP status (see `api::status`).
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum StoreError {
+    #[error("{qualified} \"{name}\" not found")]
+    NotFound { qualified: String, name: String },
+    #[error("{qualified} \"{name}\" already exists")]
+    AlreadyExists { qualified: String, name: String },
+    #[error("Operation cannot be fulfilled on {qualified} \"{name}\": {message}")]
+    Conflict { qualified: String, name: String, message: String },
+    #[error("{kind} \"{name}\" is invalid: {}", causes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "))]
+    Invalid { kind: String, name: String, causes: Vec<FieldError> },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Gone(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Which part of an object an update may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// metadata + spec (status is kept from the stored object).
+    Main,
+    /// status only (the `/status` subresource).
+    Status,
+}
+
+/// A change seen by a watch.
+#[derive(Debug, Clone)]
+pub struct ObjectEvent {
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub kind: &'static str,
+    pub object: Arc<Value>,
+    pub rev: Rev,
+}
+
+pub struct ObjectWatch {
+    inner: kv::Watch,
+}
+
+impl ObjectWatch {
+    pub async fn next(&mut self) -> Result<ObjectEvent> {
+        let e = self.inner.next().await.map_err(map_kv)?;
+        let kind = match (e.kind, e.prev.is_some()) {
+            (EventKind::Delete, _) => "DELETED",
+            (EventKind::Put, false) => "ADDED",
+            (EventKind::Put, true) => "MODIFIED",
+        };
+        let rev = e.rev();
+        let object = if e.kind == EventKind::Delete {
+            let mut v = (*e.kv.value).clone();
+            if let Some(Value::Object(m)) = v.get_mut("metadata") {
+                m.insert("resourceVersion".into(), Value::String(rev.to_string()));
+            }
+            Arc::new(v)
+        } else {
+            e.kv.value
+        };
+        Ok(ObjectEvent { kind, object, rev })
+    }
+}
+
+fn map_kv(e: KvError) -> StoreError {
+    match e {
+        KvError::Compacted { requested, oldest } => StoreError::Gone(format!(
+            "too old resource version: {requested} ({oldest})"
+        )),
+        KvError::Lagged => StoreError::Gone("watch closed: client too slow, re-list".into()),
+        other => StoreError::Internal(other.to_string()),
+    }
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Accessors for `metadata` fields of a JSON object.
+pub mod meta {
+    use serde_json::Value;
+
+    pub fn name(o: &Value) -> &str {
+        o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+    }
+    pub fn namespace(o: &Value) -> Option<&str> {
+        o.pointer("/metadata/namespace").and_then(Value::as_str)
+    }
+    pub fn uid(o: &Value) -> &str {
+        o.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("")
+    }
+    pub fn resource_version(o: &Value) -> Option<u64> {
+        o.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|s| s.parse().ok())
+    }
+    pub fn finalizers(o: &Value) -> Vec<String> {
+        o.pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    }
+    pub fn is_deleting(o: &Value) -> bool {
+        o.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
+    }
+    pub fn labels(o: &Value) -> Option<&serde_json::Map<String, Value>> {
+        o.pointer("/metadata/labels").and_then(Value::as_object)
+    }
+    pub fn owner_uids(o: &Value) -> Vec<&str> {
+        o.pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|r| r.get("uid").and_then(Value::as_str)).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The object store. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    kv: Kv,
+    reg: &'static Registry,
+}
+
+fn err_invalid(rt: &ResourceType, name: &str, causes: Vec<FieldError>) -> StoreError {
+    StoreError::Invalid { kind: rt.kind.clone(), name: name.to_string(), causes }
+}
+
+fn field(f: &str, reason: Reason, message: impl Into<String>) -> FieldError {
+    FieldError { field: f.into(), reason, message: message.into() }
+}
+
+/// RFC 1123 subdomain, as kube requires for most object names.
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 253
+        && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && n.as_bytes()[0].is_ascii_alphanumeric()
+        && n.as_bytes()[n.len() - 1].is_ascii_alphanumeric()
+}
+
+impl Store {
+    /// Open the store in `dir` (created if needed).
+    pub fn open(dir: &Path) -> anyhow::Result<Store> {
+        use anyhow::Context;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join("store.redb");
+        let kv = Kv::open(&path).with_context(|| format!("opening store {}", path.display()))?;
+        Ok(Store { kv, reg: Registry::global() })
+    }
+
+    pub fn registry(&self) -> &'static Registry {
+        self.reg
+    }
+
+    pub fn kv(&self) -> &Kv {
+        &self.kv
+    }
+
+    pub fn revision(&self) -> Rev {
+        self.kv.revision()
+    }
+
+    /// Flush and close (waits for queued writes).
+    pub fn close(&self) {
+        self.kv.close()
+    }
+
+    fn namespace_of<'a>(rt: &ResourceType, ns: Option<&'a str>) -> Option<&'a str> {
+        if rt.namespaced {
+            Some(ns.filter(|n| !n.is_empty()).unwrap_or("default"))
+        } else {
+            None
+        }
+    }
+
+    pub fn get(&self, rt: &ResourceType, ns: Option<&str>, name: &str) -> Result<Arc<Value>> {
+        let ns = Self::namespace_of(rt, ns);
+        self.kv
+            .get(&rt.key(ns, name))
+            .map(|kv| kv.value)
+            .ok_or_else(|| StoreError::NotFound { qualified: rt.qualified(), name: name.into() })
+    }
+
+    /// Objects of a type (all namespaces when `ns` is None), filtered by labels.
+    pub fn list(&self, rt: &ResourceType, ns: Option<&str>, sel: Option<&Selector>) -> (Vec<Arc<Value>>, Rev) {
+        let ns = if rt.namespaced { ns } else { None };
+        let mut out = Vec::new();
+        let rev = self.kv.scan(&rt.prefix(ns), |kv| {
+            if sel.is_none_or(|s| s.matches(meta::labels(&kv.value))) {
+                out.push(kv.value.clone());
+            }
+        });
+        (out, rev)
+    }
+
+    pub fn watch(&self, rt: &ResourceType, ns: Option<&str>, from: Rev) -> Result<ObjectWatch> {
+        let ns = if rt.namespaced { ns } else { None };
+        Ok(ObjectWatch { inner: self.kv.watch(&rt.prefix(ns), from).map_err(map_kv)? })
+    }
+
+    /// Normalise and validate an object for `rt`; `old` is the stored object on update.
+    fn check(&self, rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<()> {
+        let Value::Object(map) = obj else {
+            return Err(StoreError::BadRequest("object must be a JSON/YAML mapping".into()));
+        };
+        let name = map.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("").to_string();
+        match map.get("apiVersion").and_then(Value::as_str) {
+            Some(v) if v == rt.api_version() => {}
+            Some(v) => {
+                return Err(StoreError::BadRequest(format!(
+                    "apiVersion {v:?} does not match {} for kind {}",
+                    rt.api_version(),
+                    rt.kind
+                )))
+            }
+            None => {
+                map.insert("apiVersion".into(), Value::String(rt.api_version()));
+            }
+        }
+        match map.get("kind").and_then(Value::as_str) {
+            Some(k) if k == rt.kind => {}
+            Some(k) => return Err(StoreError::BadRequest(format!("kind {k:?} does not match {}", rt.kind))),
+            None => {
+                map.insert("kind".into(), Value::String(rt.kind.clone()));
+            }
+        }
+        let mut causes = Vec::new();
+        match map.get_mut("metadata") {
+            Some(Value::Object(m)) => {
+                if !valid_name(&name) {
+                    causes.push(field(
+                        "metadata.name",
+                        if name.is_empty() { Reason::Required } else { Reason::Invalid },
+                        if name.is_empty() {
+                            "Required value: name is required".to_string()
+                        } else {
+                            format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")
+                        },
+                    ));
+                }
+                if rt.namespaced {
+                    let ns = m.get("namespace").and_then(Value::as_str).unwrap_or("default").to_string();
+                    if !valid_name(&ns) {
+                        causes.push(field("metadata.namespace", Reason::Invalid, format!("Invalid value: {ns:?}")));
+                    }
+                    m.insert("namespace".into(), Value::String(ns));
+                } else {
+                    m.remove("namespace");
+                }
+                for f in ["labels", "annotations"] {
+                    match m.get(f) {
+                        None | Some(Value::Null) => {}
+                        Some(Value::Object(l)) => {
+                            for (k, v) in l {
+                                if !v.is_string() {
+                                    causes.push(field(&format!("metadata.{f}.{k}"), Reason::TypeInvalid, "must be a string"));
+                                }
+                            }
+                        }
+                        Some(_) => causes.push(field(&format!("metadata.{f}"), Reason::TypeInvalid, "must be a map of strings")),
+                    }
+                }
+            }
+            _ => causes.push(field("metadata", Reason::Required, "Required value")),
+        }
+        if rt.kind == "Secret" && rt.group.is_empty() {
+            check_secret(map, &mut causes);
+        }
+        if let Some(schema) = &rt.schema {
+            schema.apply_defaults(obj);
+            schema.validate("", obj, old, &mut causes);
+        }
+        // Stricter than the CRD (which has no enum here): the controllers can only act
+        // on On and Off, so anything else is refused up front.
+        if rt.group == "metal.ironcore.dev" && (rt.kind == "Server" || rt.kind == "ServerClaim") {
+            if let Some(p) = obj.pointer("/spec/power").filter(|p| !p.is_null()) {
+                if p != "On" && p != "Off" {
+                    causes.push(field("spec.power", Reason::NotSupported, format!("Unsupported value: {p}: supported values: \"On\", \"Off\"")));
+                }
+            }
+        }
+        if causes.is_empty() {
+            Ok(())
+        } else {
+            Err(err_invalid(rt, &name, causes))
+        }
+    }
+
+    /// Create an object. Its namespace defaults to `default`.
+    pub async fn create(&self, rt: &ResourceType, mut obj: Value) -> Result<Arc<Value>> {
+        if obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").is_empty() {
+            if let Some(prefix) = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(String::from) {
+                let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..5].to_string();
+                obj["metadata"]["name"] = Value::String(format!("{prefix}{suffix}"));
+            }
+        }
+        self.check(rt, &mut obj, None)?;
+        let m = obj["metadata"].as_object_mut().expect("checked");
+        m.insert("uid".into(), Value::String(uuid::Uuid::new_v4().to_string()));
+        m.insert("creationTimestamp".into(), Value::String(now()));
+        m.insert("generation".into(), Value::from(1));
+        m.remove("resourceVersion");
+        m.remove("deletionTimestamp");
+        m.remove("deletionGracePeriodSeconds");
+        let name = meta::name(&obj).to_string();
+        let key = rt.key(meta::namespace(&obj), &name);
+        match self.kv.txn(vec![Op::put(key, Compare::Absent, obj)]).await {
+            Ok(mut r) => Ok(r.kvs.pop().flatten().expect("put returns its value").value),
+            Err(KvError::AlreadyExists { .. }) => Err(StoreError::AlreadyExists { qualified: rt.qualified(), name }),
+            Err(e) => Err(map_kv(e)),
+        }
+    }
+
+    fn conflict(rt: &ResourceType, name: &str) -> StoreError {
+        StoreError::Conflict {
+            qualified: rt.qualified(),
+            name: name.into(),
+            message: "the object has been modified; please apply your changes to the latest version and try again".into(),
+        }
+    }
+
+    /// Replace an object (or its status). With `metadata.resourceVersion` set this is a
+    /// compare-and-swap; without, it applies to whatever is stored now.
+    pub async fn update(&self, rt: &ResourceType, obj: Value, part: Part) -> Result<Arc<Value>> {
+        let name = meta::name(&obj).to_string();
+        let ns = Self::namespace_of(rt, meta::namespace(&obj)).map(String::from);
+        let cur = self.get(rt, ns.as_deref(), &name)?;
+        let cur_rv = meta::resource_version(&cur).unwrap_or(0);
+        if let Some(rv) = meta::resource_version(&obj) {
+            if rv != cur_rv {
+                return Err(Self::conflict(rt, &name));
+            }
+        }
+        let mut new = match part {
+            Part::Main => {
+                let mut n = obj;
+                if rt.status_subresource {
+                    match cur.get("status") {
+                        Some(s) => {
+                            n.as_object_mut().map(|m| m.insert("status".into(), s.clone()));
+                        }
+                        None => {
+                            n.as_object_mut().map(|m| m.remove("status"));
+                        }
+                    }
+                }
+                n
+            }
+            Part::Status => {
+                let mut n = (*cur).clone();
+                match obj.get("status") {
+                    Some(s) => {
+                        n["status"] = s.clone();
+                    }
+                    None => {
+                        n.as_object_mut().map(|m| m.remove("status"));
+                    }
+                }
+                n
+            }
+        };
+        // Server-owned metadata is kept from the stored object.
+        if !new.get("metadata").is_some_and(Value::is_object) {
+            return Err(err_invalid(rt, &name, vec![field("metadata", Reason::Required, "Required value")]));
+        }
+        for f in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+            let m = new["metadata"].as_object_mut().expect("object");
+            match cur["metadata"].get(f) {
+                Some(v) => {
+                    m.insert(f.into(), v.clone());
+                }
+                None => {
+                    m.remove(f);
+                }
+            }
+        }
+        self.check(rt, &mut new, Some(&cur))?;
+        new["metadata"]["resourceVersion"] = Value::String(cur_rv.to_string());
+        if new == *cur {
+            return Ok(cur);
+        }
+        if spec_changed(&cur, &new) {
+            let g = cur.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(1);
+            new["metadata"]["generation"] = Value::from(g + 1);
+        }
+        let key = rt.key(ns.as_deref(), &name);
+        if meta::is_deleting(&new) && meta::finalizers(&new).is_empty() {
+            self.remove(rt, &cur, &name).await?;
+            return Ok(Arc::new(new));
+        }
+        match self.kv.txn(vec![Op::put(key, Compare::ModRev(cur_rv), new)]).await {
+            Ok(mut r) => Ok(r.kvs.pop().flatten().expect("put").value),
+            Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => Err(Self::conflict(rt, &name)),
+            Err(e) => Err(map_kv(e)),
+        }
+    }
+
+    /// JSON merge patch (RFC 7386). Retries on conflict unless the patch pins a
+    /// resourceVersion.
+    pub async fn patch(&self, rt: &ResourceType, ns: Option<&str>, name: &str, patch: &Value, part: Part) -> Result<Arc<Value>> {
+        if !patch.is_object() {
+            return Err(StoreError::BadRequest("merge patch must be a JSON object".into()));
+        }
+        let pinned = patch.pointer("/metadata/resourceVersion").is_some();
+        for _ in 0..16 {
+            let cur = self.get(rt, ns, name)?;
+            let mut obj = (*cur).clone();
+            merge_patch(&mut obj, patch);
+            if !pinned {
+                obj["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"].clone();
+            }
+            obj["metadata"]["name"] = Value::String(name.into());
+            match self.update(rt, obj, part).await {
+                Err(StoreError::Conflict { .. }) if !pinned => continue,
+                other => return other,
+            }
+        }
+        Err(Self::conflict(rt, name))
+    }
+
+    /// Delete an object. With finalizers it is only marked (`deletionTimestamp`) and
+    /// returned; without, it is removed along with its dependents (cascading).
+    /// Returns the object as it was, marked or removed.
+    pub async fn delete(&self, rt: &ResourceType, ns: Option<&str>, name: &str, precondition: Option<Rev>) -> Result<Arc<Value>> {
+        for _ in 0..16 {
+            let cur = self.get(rt, ns, name)?;
+            let rv = meta::resource_version(&cur).unwrap_or(0);
+            if precondition.is_some_and(|p| p != rv) {
+                return Err(Self::conflict(rt, name));
+            }
+            if !meta::finalizers(&cur).is_empty() {
+                if meta::is_deleting(&cur) {
+                    return Ok(cur);
+                }
+                let mut marked = (*cur).clone();
+                marked["metadata"]["deletionTimestamp"] = Value::String(now());
+                marked["metadata"]["deletionGracePeriodSeconds"] = Value::from(0);
+                let key = rt.key(Self::namespace_of(rt, ns), name);
+                match self.kv.txn(vec![Op::put(key, Compare::ModRev(rv), marked)]).await {
+                    Ok(mut r) => return Ok(r.kvs.pop().flatten().expect("put").value),
+                    Err(KvError::Conflict { .. }) => continue,
+                    Err(KvError::NotFound { .. }) => {
+                        return Err(StoreError::NotFound { qualified: rt.qualified(), name: name.into() })
+                    }
+                    Err(e) => return Err(map_kv(e)),
+                }
+            }
+            match self.remove(rt, &cur, name).await {
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e),
+                Ok(()) => return Ok(cur),
+            }
+        }
+        Err(Self::conflict(rt, name))
+    }
+
+    /// Remove `cur` and, in the same transaction, its dependents: those whose every
+    /// owner is being removed. Dependents with finalizers are marked instead.
+    async fn remove(&self, rt: &ResourceType, cur: &Value, name: &str) -> Result<()> {
+        let key = rt.key(meta::namespace(cur), name);
+        let rv = meta::resource_version(cur).unwrap_or(0);
+        let mut ops = vec![Op::delete(key.clone(), Compare::ModRev(rv))];
+        let mut gone: HashSet<String> = HashSet::from([meta::uid(cur).to_string()]);
+        let mut seen: HashSet<String> = HashSet::from([key]);
+        // Fixed point: objects whose owners are all gone go too.
+        loop {
+            let mut uids = HashSet::new();
+            let mut found = Vec::new();
+            self.kv.scan("/", |kv| {
+                uids.insert(meta::uid(&kv.value).to_string());
+                let owners = meta::owner_uids(&kv.value);
+                if !owners.is_empty() && !seen.contains(&*kv.key) && owners.iter().any(|u| gone.contains(*u)) {
+                    found.push(kv.clone());
+                }
+            });
+            let mut progressed = false;
+            for d in found {
+                let owners = meta::owner_uids(&d.value);
+                let all_gone = owners.iter().all(|u| gone.contains(*u) || !uids.contains(*u));
+                if !all_gone {
+                    continue;
+                }
+                seen.insert(d.key.to_string());
+                progressed = true;
+                if meta::finalizers(&d.value).is_empty() {
+                    gone.insert(meta::uid(&d.value).to_string());
+                    ops.push(Op::delete(d.key.to_string(), Compare::ModRev(d.mod_rev)));
+                } else if !meta::is_deleting(&d.value) {
+                    let mut marked = (*d.value).clone();
+                    marked["metadata"]["deletionTimestamp"] = Value::String(now());
+                    ops.push(Op::put(d.key.to_string(), Compare::ModRev(d.mod_rev), marked));
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        match self.kv.txn(ops).await {
+            Ok(_) => Ok(()),
+            Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => Err(Self::conflict(rt, name)),
+            Err(e) => Err(map_kv(e)),
+        }
+    }
+}
+
+fn spec_changed(a: &Value, b: &Value) -> bool {
+    let strip = |v: &Value| -> Map<String, Value> {
+        let mut m = v.as_object().cloned().unwrap_or_default();
+        m.remove("metadata");
+        m.remove("status");
+        m
+    };
+    strip(a) != strip(b)
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = Value::Object(Map::new());
+            }
+            let t = target.as_object_mut().expect("object");
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+fn check_secret(map: &mut Map<String, Value>, causes: &mut Vec<FieldError>) {
+    use base64::Engine;
+    const ALLOWED: &[&str] = &["apiVersion", "kind", "metadata", "data", "stringData", "type", "immutable"];
+    for k in map.keys() {
+        if !ALLOWED.contains(&k.as_str()) {
+            causes.push(field(k, Reason::Unknown, format!("unknown field \"{k}\"")));
+        }
+    }
+    if let Some(Value::Object(sd)) = map.remove("stringData") {
+        let data = map.entry("data").or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(d) = data {
+            for (k, v) in sd {
+                match v {
+                    Value::String(s) => {
+                        d.insert(k, Value::String(base64::engine::general_purpose::STANDARD.encode(s)));
+                    }
+                    _ => causes.push(field(&format!("stringData.{k}"), Reason::TypeInvalid, "must be a string")),
+                }
+            }
+        }
+    }
+    match map.get("data") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(d)) => {
+            for (k, v) in d {
+                match v.as_str() {
+                    Some(s) => {
+                        if let Err(e) = base64::engine::general_purpose::STANDARD.decode(s) {
+                            causes.push(field(&format!("data.{k}"), Reason::Invalid, format!("illegal base64 data: {e}")));
+                        }
+                    }
+                    None => causes.push(field(&format!("data.{k}"), Reason::TypeInvalid, "must be a base64 string")),
+                }
+                if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)) {
+                    causes.push(field(&format!("data.{k}"), Reason::Invalid, "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"));
+                }
+            }
+        }
+        Some(_) => causes.push(field("data", Reason::TypeInvalid, "must be a map of base64 strings")),
+    }
+    if !map.contains_key("type") {
+        map.insert("type".into(), Value::String("Opaque".into()));
+    }
+}
+
+/// Base64-decoded value of one key of a Secret's `data`.
+pub fn secret_data(secret: &Value, key: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
+    let s = secret.pointer(&format!("/data/{key}"))?.as_str()?;
+    base64::engine::general_purpose::STANDARD.decode(s).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path()).unwrap();
+        (d, s)
+    }
+
+    fn rt(name: &str) -> Arc<ResourceType> {
+        Registry::global().resolve(name).unwrap()
+    }
+
+    #[tokio::test]
+    async fn create_sets_metadata_and_update_is_cas() {
+        let (_d, s) = store();
+        let srv = rt("server");
+        let o = s.create(&srv, json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u1"}})).await.unwrap();
+        assert_eq!(o["apiVersion"], "metal.ironcore.dev/v1alpha1");
+        assert_eq!(o["metadata"]["generation"], 1);
+        assert_eq!(o["spec"]["reclaimPolicy"], "Recycle", "default applied");
+        assert!(o["metadata"]["uid"].as_str().unwrap().len() > 10);
+        let mut stale = (*o).clone();
+        let mut upd = (*o).clone();
+        upd["spec"]["power"] = json!("On");
+        let o2 = s.update(&srv, upd, Part::Main).await.unwrap();
+        assert_eq!(o2["metadata"]["generation"], 2);
+        stale["spec"]["power"] = json!("Off");
+        let err = s.update(&srv, stale, Part::Main).await.unwrap_err();
+        assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+        // Status through the main endpoint is ignored; through Status it lands.
+        let mut st = (*o2).clone();
+        st["status"] = json!({"state": "Available"});
+        let o3 = s.update(&srv, st.clone(), Part::Main).await.unwrap();
+        assert!(o3.get("status").is_none());
+        let o4 = s.update(&srv, st, Part::Status).await.unwrap();
+        assert_eq!(o4["status"]["state"], "Available");
+        assert_eq!(o4["metadata"]["generation"], 2, "status does not bump generation");
+    }
+
+    #[tokio::test]
+    async fn finalizers_and_cascade() {
+        let (_d, s) = store();
+        let claim = rt("serverclaim");
+        let sbc = rt("sbc");
+        let c = s
+            .create(&claim, json!({"metadata": {"name": "c", "finalizers": ["x/f"]}, "spec": {"image": "i", "power": "On"}}))
+            .await
+            .unwrap();
+        let owner = json!([{"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim", "name": "c", "uid": c["metadata"]["uid"]}]);
+        s.create(&sbc, json!({"metadata": {"name": "c", "ownerReferences": owner}, "spec": {"serverRef": {"name": "s"}}}))
+            .await
+            .unwrap();
+        let marked = s.delete(&claim, None, "c", None).await.unwrap();
+        assert!(meta::is_deleting(&marked));
+        assert!(s.get(&sbc, None, "c").is_ok(), "dependent stays while owner is only marked");
+        let mut f = (*s.get(&claim, None, "c").unwrap()).clone();
+        f["metadata"]["finalizers"] = json!([]);
+        s.update(&claim, f, Part::Main).await.unwrap();
+        assert!(matches!(s.get(&claim, None, "c"), Err(StoreError::NotFound { .. })));
+        assert!(matches!(s.get(&sbc, None, "c"), Err(StoreError::NotFound { .. })), "cascaded");
+    }
+
+    #[tokio::test]
+    async fn validation_names_problems_and_stores_nothing() {
+        let (_d, s) = store();
+        let claim = rt("serverclaim");
+        let err = s.create(&claim, json!({"metadata": {"name": "c"}, "spec": {"power": "Sideways", "bogus": 1}})).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("spec.image: Required value"), "{msg}");
+        assert!(msg.contains("spec.power"), "{msg}");
+        assert!(msg.contains("unknown field \"spec.bogus\""), "{msg}");
+        assert_eq!(s.revision(), 0);
+        let c = s
+            .create(&claim, json!({"metadata": {"name": "c"}, "spec": {"image": "i", "power": "On", "serverRef": {"name": "a"}}}))
+            .await
+            .unwrap();
+        let mut u = (*c).clone();
+        u["spec"]["serverRef"]["name"] = json!("b");
+        let err = s.update(&claim, u, Part::Main).await.unwrap_err();
+        assert!(err.to_string().contains("serverRef is immutable"), "{err}");
+        let secret = rt("secret");
+        let err = s.create(&secret, json!({"metadata": {"name": "x"}, "data": {"k": "not base64!"}})).await.unwrap_err();
+        assert!(err.to_string().contains("data.k: illegal base64"), "{err}");
+    }
+
+    #[test]
+    fn merge_patch_rfc7386() {
+        let mut t = json!({"a": "b", "c": {"d": "e", "f": "g"}});
+        merge_patch(&mut t, &json!({"a": "z", "c": {"f": null}}));
+        assert_eq!(t, json!({"a": "z", "c": {"d": "e"}}));
+    }
+}

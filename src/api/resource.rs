@@ -1,0 +1,261 @@
+//! The registry of resource types the API serves: each type's group, version, kind,
+//! plural, scope, schema and printer columns. CRD-defined kinds are loaded from the
+//! CRD YAML embedded in the binary (`src/api/crds/`), so validation follows the CRDs
+//! exactly; core kinds (`v1 Secret`) are declared here.
+
+use std::sync::{Arc, OnceLock};
+
+use serde::Deserialize;
+
+use super::schema::Schema;
+
+#[derive(Debug)]
+pub struct ResourceType {
+    /// API group; empty for the core group (`v1`).
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    pub plural: String,
+    pub singular: String,
+    pub short_names: Vec<String>,
+    pub namespaced: bool,
+    /// Whole-object schema (apiVersion, kind, metadata, spec, status).
+    pub schema: Option<Schema>,
+    pub status_subresource: bool,
+    /// `(header, jsonPath)` pairs, from the CRD's additionalPrinterColumns.
+    pub columns: Vec<(String, String)>,
+    /// Columns added by `-o wide` (CRD columns with priority > 0, and ours).
+    pub wide_columns: Vec<(String, String)>,
+}
+
+impl ResourceType {
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    fn group_key(&self) -> &str {
+        if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        }
+    }
+
+    /// Store key of one object.
+    pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        match (self.namespaced, namespace) {
+            (true, Some(ns)) => format!("/{}/{}/{}/{}", self.group_key(), self.plural, ns, name),
+            _ => format!("/{}/{}/{}", self.group_key(), self.plural, name),
+        }
+    }
+
+    /// Store key prefix of all objects of this type (in one namespace if given).
+    pub fn prefix(&self, namespace: Option<&str>) -> String {
+        match (self.namespaced, namespace) {
+            (true, Some(ns)) => format!("/{}/{}/{}/", self.group_key(), self.plural, ns),
+            _ => format!("/{}/{}/", self.group_key(), self.plural),
+        }
+    }
+
+    /// `plural.group` as kubectl prints it (`servers.metal.ironcore.dev`).
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Crd {
+    spec: CrdSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CrdSpec {
+    group: String,
+    names: CrdNames,
+    scope: String,
+    versions: Vec<CrdVersion>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CrdNames {
+    kind: String,
+    plural: String,
+    singular: Option<String>,
+    #[serde(default)]
+    short_names: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CrdVersion {
+    name: String,
+    #[serde(default)]
+    storage: bool,
+    schema: Option<CrdSchema>,
+    #[serde(default)]
+    subresources: Option<serde_json::Value>,
+    #[serde(default)]
+    additional_printer_columns: Vec<PrinterColumn>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CrdSchema {
+    #[serde(rename = "openAPIV3Schema")]
+    open_api_v3_schema: Schema,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PrinterColumn {
+    name: String,
+    json_path: String,
+    #[serde(default)]
+    priority: i32,
+}
+
+/// Parse one CRD document into a resource type (storage version).
+pub fn from_crd(yaml: &str) -> Result<ResourceType, String> {
+    let crd: Crd = serde_norway::from_str(yaml).map_err(|e| format!("parsing crd: {e}"))?;
+    let v = crd
+        .spec
+        .versions
+        .iter()
+        .find(|v| v.storage)
+        .or(crd.spec.versions.first())
+        .ok_or_else(|| format!("crd {} has no versions", crd.spec.names.plural))?;
+    let mut schema = v.schema.as_ref().map(|s| s.open_api_v3_schema.clone());
+    if let Some(s) = &mut schema {
+        s.prepare()?;
+    }
+    let mut columns = Vec::new();
+    let mut wide = Vec::new();
+    for c in &v.additional_printer_columns {
+        if c.priority > 0 {
+            wide.push((c.name.to_uppercase(), c.json_path.clone()));
+        } else if c.name != "Age" {
+            columns.push((c.name.to_uppercase(), c.json_path.clone()));
+        }
+    }
+    Ok(ResourceType {
+        group: crd.spec.group,
+        version: v.name.clone(),
+        kind: crd.spec.names.kind.clone(),
+        singular: crd.spec.names.singular.clone().unwrap_or_else(|| crd.spec.names.kind.to_lowercase()),
+        plural: crd.spec.names.plural,
+        short_names: crd.spec.names.short_names,
+        namespaced: crd.spec.scope == "Namespaced",
+        status_subresource: v.subresources.as_ref().and_then(|s| s.get("status")).is_some(),
+        schema,
+        columns,
+        wide_columns: wide,
+    })
+}
+
+pub struct Registry {
+    pub types: Vec<Arc<ResourceType>>,
+}
+
+const CRDS: &[&str] = &[
+    include_str!("crds/metal.ironcore.dev_servers.yaml"),
+    include_str!("crds/metal.ironcore.dev_serverclaims.yaml"),
+    include_str!("crds/metal.ironcore.dev_serverbootconfigurations.yaml"),
+];
+
+impl Registry {
+    /// The built-in registry (parsed once).
+    pub fn global() -> &'static Registry {
+        static R: OnceLock<Registry> = OnceLock::new();
+        R.get_or_init(|| Registry::build().expect("embedded CRDs are valid"))
+    }
+
+    fn build() -> Result<Registry, String> {
+        let mut types = vec![Arc::new(ResourceType {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Secret".into(),
+            plural: "secrets".into(),
+            singular: "secret".into(),
+            short_names: vec![],
+            namespaced: true,
+            schema: None,
+            status_subresource: false,
+            columns: vec![("TYPE".into(), ".type".into())],
+            wide_columns: vec![],
+        })];
+        for c in CRDS {
+            let mut t = from_crd(c)?;
+            if t.kind == "ServerBootConfiguration" {
+                t.wide_columns.push(("SCRIPT".into(), ".status.conditions[?(@.type==\"IPXEScriptFetched\")].lastTransitionTime".into()));
+                t.wide_columns.push(("IGNITION".into(), ".status.conditions[?(@.type==\"IgnitionDataFetched\")].lastTransitionTime".into()));
+            }
+            if t.kind == "Server" {
+                t.wide_columns.push(("CLAIM".into(), ".spec.serverClaimRef.name".into()));
+            }
+            types.push(Arc::new(t));
+        }
+        Ok(Registry { types })
+    }
+
+    pub fn by_kind(&self, api_version: &str, kind: &str) -> Option<Arc<ResourceType>> {
+        self.types.iter().find(|t| t.kind == kind && t.api_version() == api_version).cloned()
+    }
+
+    pub fn by_plural(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceType>> {
+        self.types.iter().find(|t| t.group == group && t.version == version && t.plural == plural).cloned()
+    }
+
+    /// Resolve a name as the CLI accepts it: plural, singular, kind, short name, or
+    /// `plural.group` — case-insensitive.
+    pub fn resolve(&self, name: &str) -> Option<Arc<ResourceType>> {
+        let n = name.to_ascii_lowercase();
+        self.types
+            .iter()
+            .find(|t| {
+                t.plural == n
+                    || t.singular == n
+                    || t.kind.to_ascii_lowercase() == n
+                    || t.short_names.iter().any(|s| *s == n)
+                    || t.qualified() == n
+                    || format!("{}.{}", t.singular, t.group) == n
+            })
+            .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_types() {
+        let r = Registry::global();
+        let s = r.resolve("srv").unwrap();
+        assert_eq!((s.kind.as_str(), s.namespaced, s.status_subresource), ("Server", false, true));
+        assert_eq!(s.key(None, "a"), "/metal.ironcore.dev/servers/a");
+        let c = r.resolve("ServerClaim").unwrap();
+        assert!(c.namespaced);
+        assert_eq!(c.key(Some("default"), "x"), "/metal.ironcore.dev/serverclaims/default/x");
+        assert_eq!(r.resolve("secrets").unwrap().api_version(), "v1");
+        assert!(r.resolve("sbc").is_some());
+        assert!(r.resolve("nope").is_none());
+        let mut unsupported = Vec::new();
+        for t in &r.types {
+            if let Some(s) = &t.schema {
+                s.unsupported_rules(&t.kind, &mut unsupported);
+            }
+        }
+        assert!(unsupported.is_empty(), "{unsupported:?}");
+    }
+}

@@ -1,0 +1,442 @@
+//! The kube-style REST API on the operator listener:
+//!
+//! ```text
+//! /api/v1/namespaces/{ns}/{plural}[/{name}[/status]]        core group (Secret)
+//! /apis/{group}/{version}/{plural}[/{name}[/status]]        cluster-scoped, or list across namespaces
+//! /apis/{group}/{version}/namespaces/{ns}/{plural}[/{name}[/status]]
+//! ```
+//!
+//! GET (one or list, `labelSelector=`), POST, PUT, PATCH (JSON merge patch), DELETE,
+//! and `?watch=true[&resourceVersion=R]` streaming newline-delimited JSON events.
+//! Bodies are JSON or YAML (by `Content-Type`; sniffed when absent); responses are
+//! JSON unless `Accept` asks for YAML. Every failure is a `Status` object with the
+//! HTTP code kube would use. Every route but `/healthz` needs the bearer token.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use serde_json::{json, Value};
+
+use crate::api::resource::ResourceType;
+use crate::api::selector::Selector;
+use crate::store::{meta, Part, Store, StoreError};
+
+/// What the API handlers share.
+pub struct ApiState {
+    pub store: Store,
+    pub token: String,
+    pub max_body_bytes: usize,
+    /// Extra text appended to `/metrics` (other subsystems' metrics).
+    pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
+}
+
+/// An API failure, rendered as a kube `Status`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub code: StatusCode,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    pub fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { code, reason, message: message.into(), details: None }
+    }
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "NotFound", message)
+    }
+    pub fn status_body(&self) -> Value {
+        let mut s = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code.as_u16(),
+        });
+        if let Some(d) = &self.details {
+            s["details"] = d.clone();
+        }
+        s
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            StoreError::NotFound { name, .. } => {
+                let mut a = ApiError::new(StatusCode::NOT_FOUND, "NotFound", message);
+                a.details = Some(json!({"name": name}));
+                a
+            }
+            StoreError::AlreadyExists { name, .. } => {
+                let mut a = ApiError::new(StatusCode::CONFLICT, "AlreadyExists", message);
+                a.details = Some(json!({"name": name}));
+                a
+            }
+            StoreError::Conflict { name, .. } => {
+                let mut a = ApiError::new(StatusCode::CONFLICT, "Conflict", message);
+                a.details = Some(json!({"name": name}));
+                a
+            }
+            StoreError::Invalid { kind, name, causes } => {
+                let mut a = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
+                a.details = Some(json!({
+                    "name": name,
+                    "kind": kind,
+                    "causes": causes.iter().map(|c| json!({"reason": c.reason.as_str(), "message": c.message, "field": c.field})).collect::<Vec<_>>(),
+                }));
+                a
+            }
+            StoreError::BadRequest(_) => ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message),
+            StoreError::Gone(_) => ApiError::new(StatusCode::GONE, "Expired", message),
+            StoreError::Internal(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.status_body()).unwrap_or_default();
+        (self.code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The router for the API listener.
+pub fn router(state: Arc<ApiState>) -> Router {
+    let authed = Router::new()
+        .route("/api/{*rest}", any(dispatch))
+        .route("/apis/{*rest}", any(dispatch))
+        .route("/apis", get(discovery))
+        .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .merge(authed)
+        .fallback(|| async { ApiError::not_found("the server could not find the requested resource") })
+        .with_state(state)
+}
+
+/// Constant-time comparison of the presented bearer token.
+async fn auth(State(st): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
+    let ok = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .is_some_and(|t| {
+            let (a, b) = (t.trim().as_bytes(), st.token.as_bytes());
+            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        });
+    if !ok {
+        tracing::warn!(path = %req.uri().path(), "api request without a valid bearer token");
+        return ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "missing or invalid bearer token").into_response();
+    }
+    next.run(req).await
+}
+
+async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
+    let mut out = String::new();
+    out.push_str("# TYPE bootplane_store_revision gauge\n");
+    out.push_str(&format!("bootplane_store_revision {}\n", st.store.revision()));
+    out.push_str(&(st.metrics)());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+async fn discovery(State(st): State<Arc<ApiState>>) -> Response {
+    let res: Vec<Value> = st
+        .store
+        .registry()
+        .types
+        .iter()
+        .map(|t| json!({"name": t.plural, "singularName": t.singular, "kind": t.kind, "namespaced": t.namespaced,
+                        "group": t.group, "version": t.version, "shortNames": t.short_names}))
+        .collect();
+    axum::Json(json!({"kind": "APIResourceList", "resources": res})).into_response()
+}
+
+/// A parsed resource path.
+#[derive(Debug)]
+struct Target {
+    rt: Arc<ResourceType>,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn parse_path(store: &Store, path: &str) -> ApiResult<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Err(ApiError::not_found("the server could not find the requested resource")),
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        _ => (None, rest),
+    };
+    let (plural, name, sub) = match rest {
+        [p] => (*p, None, None),
+        [p, n] => (*p, Some(n.to_string()), None),
+        [p, n, s] => (*p, Some(n.to_string()), Some(s.to_string())),
+        _ => return Err(ApiError::not_found(format!("the server could not find the requested resource ({path})"))),
+    };
+    let rt = store.registry().by_plural(group, version, plural).ok_or_else(|| {
+        let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+        ApiError::not_found(format!("the server could not find the requested resource: unknown resource \"{plural}\" in {gv}"))
+    })?;
+    if !rt.namespaced && ns.is_some() {
+        return Err(ApiError::not_found(format!("{} is cluster-scoped; use /apis/{}/{}", rt.kind, rt.api_version(), rt.plural)));
+    }
+    if let Some(s) = &sub {
+        if s != "status" || !rt.status_subresource {
+            return Err(ApiError::not_found(format!("{} has no subresource \"{s}\"", rt.kind)));
+        }
+    }
+    Ok(Target { rt, ns, name, sub })
+}
+
+fn wants_yaml(h: &HeaderMap) -> bool {
+    h.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("yaml"))
+}
+
+fn respond(h: &HeaderMap, code: StatusCode, v: &Value) -> Response {
+    if wants_yaml(h) {
+        let text = serde_norway::to_string(v).unwrap_or_default();
+        (code, [(header::CONTENT_TYPE, "application/yaml")], text).into_response()
+    } else {
+        (code, [(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(v).unwrap_or_default()).into_response()
+    }
+}
+
+/// Decode a request body as JSON or YAML.
+pub fn decode_body(h: &HeaderMap, body: &[u8]) -> ApiResult<Value> {
+    let ct = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("request body is not valid UTF-8"))?;
+    if text.trim().is_empty() {
+        return Err(ApiError::bad_request("request body is empty"));
+    }
+    let v: Value = if ct.contains("yaml") {
+        serde_norway::from_str(text).map_err(|e| ApiError::bad_request(format!("malformed YAML: {e}")))?
+    } else if ct.contains("json") {
+        serde_json::from_str(text).map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?
+    } else {
+        match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(_) => serde_norway::from_str(text).map_err(|e| ApiError::bad_request(format!("malformed YAML: {e}")))?,
+        }
+    };
+    if !v.is_object() {
+        return Err(ApiError::bad_request("request body must be an object"));
+    }
+    Ok(v)
+}
+
+fn query_map(q: Option<&str>) -> std::collections::HashMap<String, String> {
+    q.map(|q| {
+        url_pairs(q).collect()
+    })
+    .unwrap_or_default()
+}
+
+fn url_pairs(q: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    q.split('&').filter(|p| !p.is_empty()).map(|p| {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        let dec = |s: &str| percent_encoding::percent_decode_str(&s.replace('+', " ")).decode_utf8_lossy().into_owned();
+        (dec(k), dec(v))
+    })
+}
+
+async fn dispatch(State(st): State<Arc<ApiState>>, method: Method, headers: HeaderMap, req: Request) -> Response {
+    let uri = req.uri().clone();
+    let body = match axum::body::to_bytes(req.into_body(), st.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", format!("reading request body: {e}"))
+                .into_response()
+        }
+    };
+    match handle(&st, &method, &headers, uri.path(), uri.query(), body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn handle(st: &ApiState, method: &Method, h: &HeaderMap, path: &str, query: Option<&str>, body: Bytes) -> ApiResult<Response> {
+    let t = parse_path(&st.store, path)?;
+    let q = query_map(query);
+    let rt = &t.rt;
+    let part = if t.sub.is_some() { Part::Status } else { Part::Main };
+    match (method.clone(), &t.name) {
+        (Method::GET, None) => {
+            let sel = match q.get("labelSelector") {
+                Some(s) => Some(Selector::parse(s).map_err(ApiError::bad_request)?),
+                None => None,
+            };
+            if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+                return watch(st, rt.clone(), t.ns.clone(), sel, q.get("resourceVersion").cloned());
+            }
+            let (items, rev) = st.store.list(rt, t.ns.as_deref(), sel.as_ref());
+            let list = json!({
+                "apiVersion": rt.api_version(),
+                "kind": format!("{}List", rt.kind),
+                "metadata": {"resourceVersion": rev.to_string()},
+                "items": items.iter().map(|i| (**i).clone()).collect::<Vec<_>>(),
+            });
+            Ok(respond(h, StatusCode::OK, &list))
+        }
+        (Method::GET, Some(name)) => {
+            let o = st.store.get(rt, t.ns.as_deref(), name)?;
+            Ok(respond(h, StatusCode::OK, &o))
+        }
+        (Method::POST, None) => {
+            let mut obj = decode_body(h, &body)?;
+            set_namespace(rt, &mut obj, t.ns.as_deref())?;
+            let o = st.store.create(rt, obj).await?;
+            Ok(respond(h, StatusCode::CREATED, &o))
+        }
+        (Method::PUT, Some(name)) => {
+            let mut obj = decode_body(h, &body)?;
+            set_namespace(rt, &mut obj, t.ns.as_deref())?;
+            match obj.pointer("/metadata/name").and_then(Value::as_str) {
+                Some(n) if n != name => {
+                    return Err(ApiError::bad_request(format!("the name of the object ({n}) does not match the name on the URL ({name})")))
+                }
+                Some(_) => {}
+                None => obj["metadata"]["name"] = Value::String(name.clone()),
+            }
+            let o = st.store.update(rt, obj, part).await?;
+            Ok(respond(h, StatusCode::OK, &o))
+        }
+        (Method::PATCH, Some(name)) => {
+            let ct = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            if ct.contains("strategic-merge-patch") || ct.contains("json-patch") || ct.contains("apply-patch") {
+                return Err(ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "UnsupportedMediaType",
+                    format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json (got {ct})"),
+                ));
+            }
+            let patch = decode_body(h, &body)?;
+            let o = st.store.patch(rt, t.ns.as_deref(), name, &patch, part).await?;
+            Ok(respond(h, StatusCode::OK, &o))
+        }
+        (Method::DELETE, Some(name)) => {
+            let pre = if body.is_empty() {
+                None
+            } else {
+                decode_body(h, &body)?
+                    .pointer("/preconditions/resourceVersion")
+                    .and_then(Value::as_str)
+                    .and_then(|s| s.parse().ok())
+            };
+            let o = st.store.delete(rt, t.ns.as_deref(), name, pre).await?;
+            Ok(respond(h, StatusCode::OK, &o))
+        }
+        (m, _) => Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("method {m} is not supported on {path}"))),
+    }
+}
+
+fn set_namespace(rt: &ResourceType, obj: &mut Value, ns: Option<&str>) -> ApiResult<()> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    if !rt.namespaced {
+        return Ok(());
+    }
+    let body_ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).map(String::from);
+    match (ns, body_ns) {
+        (Some(u), Some(b)) if u != b => Err(ApiError::bad_request(format!(
+            "the namespace of the provided object ({b}) does not match the namespace sent on the request ({u})"
+        ))),
+        (Some(u), None) => {
+            obj["metadata"]["namespace"] = Value::String(u.into());
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Stream watch events as newline-delimited JSON. Without a resourceVersion (or "0")
+/// the current objects come first as ADDED events, then changes, as kube does.
+fn watch(st: &ApiState, rt: Arc<ResourceType>, ns: Option<String>, sel: Option<Selector>, rv: Option<String>) -> ApiResult<Response> {
+    let mut initial = Vec::new();
+    let from = match rv.as_deref() {
+        None | Some("") | Some("0") => {
+            let (items, rev) = st.store.list(&rt, ns.as_deref(), sel.as_ref());
+            initial = items;
+            rev
+        }
+        Some(r) => r.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {r:?}")))?,
+    };
+    let w = st.store.watch(&rt, ns.as_deref(), from)?;
+    let head = futures::stream::iter(initial.into_iter().map(|o| Ok::<_, std::io::Error>(line("ADDED", &o))));
+    let tail = futures::stream::unfold((w, sel, false), |(mut w, sel, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            match w.next().await {
+                Ok(ev) => {
+                    if sel.as_ref().is_some_and(|s| !s.matches(meta::labels(&ev.object))) {
+                        continue;
+                    }
+                    return Some((Ok(line(ev.kind, &ev.object)), (w, sel, false)));
+                }
+                Err(e) => {
+                    let status = ApiError::from(e).status_body();
+                    return Some((Ok(line("ERROR", &status)), (w, sel, true)));
+                }
+            }
+        }
+    });
+    let stream = futures::StreamExt::chain(head, tail);
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("transfer-encoding", "chunked")
+        .body(Body::from_stream(stream))
+        .expect("valid response"))
+}
+
+fn line(kind: &str, obj: &Value) -> Bytes {
+    let mut v = serde_json::to_vec(&json!({"type": kind, "object": obj})).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path()).unwrap();
+        let t = parse_path(&s, "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims/x").unwrap();
+        assert_eq!((t.rt.kind.as_str(), t.ns.as_deref(), t.name.as_deref()), ("ServerClaim", Some("default"), Some("x")));
+        let t = parse_path(&s, "/apis/metal.ironcore.dev/v1alpha1/servers/a/status").unwrap();
+        assert_eq!(t.sub.as_deref(), Some("status"));
+        let t = parse_path(&s, "/api/v1/namespaces/default/secrets").unwrap();
+        assert_eq!(t.rt.kind, "Secret");
+        let e = parse_path(&s, "/apis/metal.ironcore.dev/v1alpha1/widgets").unwrap_err();
+        assert_eq!(e.code, StatusCode::NOT_FOUND);
+        assert!(e.message.contains("widgets"));
+        assert!(parse_path(&s, "/apis/metal.ironcore.dev/v1alpha1/servers/a/scale").is_err());
+    }
+}

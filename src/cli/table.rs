@@ -1,0 +1,165 @@
+//! kubectl-style aligned tables, with columns from the CRD's printer columns and a
+//! tiny JSONPath subset (`.a.b`, `.list[0]`, `.list[?(@.k=="v")].f`).
+
+use serde_json::Value;
+
+use crate::api::resource::ResourceType;
+
+pub struct Table {
+    headers: Vec<String>,
+    paths: Vec<String>,
+    namespaced: bool,
+    widths: Vec<usize>,
+    printed_header: bool,
+}
+
+/// Evaluate the JSONPath subset against `v`.
+pub fn jsonpath<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = v;
+    let mut rest = path.trim_start_matches('.');
+    while !rest.is_empty() {
+        let end = rest.find(['.', '[']).unwrap_or(rest.len());
+        let (field, tail) = rest.split_at(end);
+        if !field.is_empty() {
+            cur = cur.get(field)?;
+        }
+        rest = tail;
+        if let Some(t) = rest.strip_prefix('[') {
+            let close = t.find(']')?;
+            let inner = &t[..close];
+            rest = &t[close + 1..];
+            if let Some(filter) = inner.strip_prefix("?(@.").and_then(|f| f.strip_suffix(')')) {
+                let (k, want) = filter.split_once("==")?;
+                let want = want.trim().trim_matches('"').trim_matches('\'');
+                cur = cur.as_array()?.iter().find(|e| e.get(k.trim()).and_then(Value::as_str) == Some(want))?;
+            } else {
+                cur = cur.get(inner.parse::<usize>().ok()?)?;
+            }
+        }
+        rest = rest.trim_start_matches('.');
+    }
+    Some(cur)
+}
+
+fn cell(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "<none>".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// `5m`, `3h`, `2d` as kubectl prints ages.
+pub fn age(ts: Option<&str>) -> String {
+    let Some(t) = ts.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) else {
+        return "<unknown>".into();
+    };
+    let s = (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds().max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
+impl Table {
+    pub fn new(rt: &ResourceType, wide: bool, all_namespaces: bool) -> Table {
+        let mut headers = Vec::new();
+        let mut paths = Vec::new();
+        let namespaced = rt.namespaced && all_namespaces;
+        if namespaced {
+            headers.push("NAMESPACE".to_string());
+            paths.push(".metadata.namespace".to_string());
+        }
+        headers.push("NAME".into());
+        paths.push(".metadata.name".into());
+        for (h, p) in rt.columns.iter().chain(if wide { rt.wide_columns.iter() } else { [].iter() }) {
+            headers.push(h.clone());
+            paths.push(p.clone());
+        }
+        headers.push("AGE".into());
+        paths.push(".metadata.creationTimestamp".into());
+        let widths = headers.iter().map(|h| h.len()).collect();
+        Table { headers, paths, namespaced, widths, printed_header: false }
+    }
+
+    fn cells(&self, o: &Value) -> Vec<String> {
+        self.paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                if i == self.paths.len() - 1 {
+                    age(o.pointer("/metadata/creationTimestamp").and_then(Value::as_str))
+                } else {
+                    cell(jsonpath(o, p))
+                }
+            })
+            .collect()
+    }
+
+    /// All rows, aligned, header first.
+    pub fn render(&self, items: &[Value]) -> String {
+        let rows: Vec<Vec<String>> = items.iter().map(|o| self.cells(o)).collect();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.len()).collect();
+        for r in &rows {
+            for (i, c) in r.iter().enumerate() {
+                widths[i] = widths[i].max(c.len());
+            }
+        }
+        let mut out = String::new();
+        for r in std::iter::once(&self.headers).chain(rows.iter()) {
+            out.push_str(&line(r, &widths));
+            out.push('\n');
+        }
+        let _ = self.namespaced;
+        out
+    }
+
+    /// One row for a watch stream (header before the first).
+    pub fn row_line(&mut self, o: &Value, deleted: bool) -> String {
+        let mut cells = self.cells(o);
+        if deleted {
+            if let Some(last) = cells.last_mut() {
+                *last = format!("{last} (deleted)");
+            }
+        }
+        for (i, c) in cells.iter().enumerate() {
+            self.widths[i] = self.widths[i].max(c.len() + 2);
+        }
+        let mut out = String::new();
+        if !self.printed_header {
+            self.printed_header = true;
+            out.push_str(&line(&self.headers, &self.widths));
+            out.push('\n');
+        }
+        out.push_str(&line(&cells, &self.widths));
+        out
+    }
+}
+
+fn line(cells: &[String], widths: &[usize]) -> String {
+    let mut s = String::new();
+    for (i, c) in cells.iter().enumerate() {
+        if i + 1 == cells.len() {
+            s.push_str(c);
+        } else {
+            s.push_str(&format!("{:<w$}   ", c, w = widths[i]));
+        }
+    }
+    s.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn jsonpath_subset() {
+        let v = json!({"status": {"conditions": [{"type": "A", "t": "1"}, {"type": "B", "t": "2"}]}, "l": [5]});
+        assert_eq!(jsonpath(&v, ".status.conditions[?(@.type==\"B\")].t"), Some(&json!("2")));
+        assert_eq!(jsonpath(&v, ".l[0]"), Some(&json!(5)));
+        assert_eq!(jsonpath(&v, ".status.missing"), None);
+    }
+}

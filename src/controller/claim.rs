@@ -1,0 +1,271 @@
+//! The ServerClaim reconciler: binds a claim to a server, creates its
+//! ServerBootConfiguration, and on deletion undoes both.
+//!
+//! Choice of server (deterministic): with `spec.serverRef`, that server; otherwise
+//! the claimable server with the lowest name that matches `spec.serverSelector` and
+//! whose NoBind taints the claim tolerates. A server already bound to this claim is
+//! always preferred, so a restart mid-way finishes the same binding.
+//!
+//! Binding is a compare-and-swap on the server (`spec.serverClaimRef` set against the
+//! resourceVersion that was read), so two claims can never take one server. Write
+//! order, chosen so that a crash between any two steps is finished by the next
+//! reconcile: bind server → claim finalizer + `spec.serverRef` → boot configuration
+//! → claim `status.phase: Bound`.
+
+use serde_json::{json, Value};
+
+use super::{claim_ref, is_claimable, Controllers, Key, Next, CLAIM_FINALIZER};
+use crate::api::selector::Selector;
+use crate::store::{meta, Part, StoreError};
+
+fn tolerates(claim: &Value, server: &Value) -> bool {
+    let taints = server.pointer("/spec/taints").and_then(Value::as_array);
+    let tols = claim.pointer("/spec/tolerations").and_then(Value::as_array);
+    taints.into_iter().flatten().all(|t| {
+        let effect = t.get("effect").and_then(Value::as_str).unwrap_or("NoBind");
+        if effect != "NoBind" {
+            return true;
+        }
+        let key = t.get("key").and_then(Value::as_str);
+        let val = t.get("value").and_then(Value::as_str);
+        tols.into_iter().flatten().any(|tol| {
+            let teff = tol.get("effect").and_then(Value::as_str);
+            if teff.is_some_and(|e| e != effect) {
+                return false;
+            }
+            match tol.get("operator").and_then(Value::as_str).unwrap_or("Equal") {
+                "Exists" => tol.get("key").and_then(Value::as_str).is_none_or(|k| Some(k) == key),
+                _ => tol.get("key").and_then(Value::as_str) == key && tol.get("value").and_then(Value::as_str) == val,
+            }
+        })
+    })
+}
+
+async fn set_phase(c: &Controllers, claim: &Value, phase: &str) -> Result<(), StoreError> {
+    if claim.pointer("/status/phase").and_then(Value::as_str) == Some(phase) {
+        return Ok(());
+    }
+    let mut o = claim.clone();
+    o["status"] = json!({"phase": phase});
+    c.store.update(&c.t_claim, o, Part::Status).await?;
+    Ok(())
+}
+
+pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
+    let (ns, name) = key;
+    let claim = match c.store.get(&c.t_claim, Some(ns), name) {
+        Ok(o) => o,
+        Err(StoreError::NotFound { .. }) => {
+            c.idx.lock().unwrap().waiting.remove(key);
+            return Ok(Next::Done);
+        }
+        Err(e) => return Err(e),
+    };
+    if meta::is_deleting(&claim) {
+        return finalize(c, key, &claim).await;
+    }
+
+    // Find the server bound to this claim, or bind one.
+    let bound = find_bound(c, key, &claim);
+    let server = match bound {
+        Some(s) => s,
+        None => match bind(c, key, &claim).await? {
+            Some(s) => s,
+            None => {
+                c.idx.lock().unwrap().waiting.insert(key.clone());
+                set_phase(c, &claim, "Unbound").await?;
+                return Ok(Next::Done); // re-queued when a server becomes claimable
+            }
+        },
+    };
+    c.idx.lock().unwrap().waiting.remove(key);
+    let server_name = meta::name(&server).to_string();
+
+    // Finalizer and the pinned serverRef in one write.
+    let mut fins = meta::finalizers(&claim);
+    let has_ref = claim.pointer("/spec/serverRef/name").and_then(Value::as_str) == Some(server_name.as_str());
+    let claim = if !fins.iter().any(|f| f == CLAIM_FINALIZER) || !has_ref {
+        let mut o = (*claim).clone();
+        if !fins.iter().any(|f| f == CLAIM_FINALIZER) {
+            fins.push(CLAIM_FINALIZER.into());
+            o["metadata"]["finalizers"] = json!(fins);
+        }
+        if !has_ref {
+            o["spec"]["serverRef"] = json!({"name": server_name});
+        }
+        c.store.update(&c.t_claim, o, Part::Main).await?
+    } else {
+        claim
+    };
+
+    ensure_boot_configuration(c, ns, name, &claim, &server_name).await?;
+
+    // Keep the server's wanted power in step with the claim.
+    let want = claim.pointer("/spec/power").and_then(Value::as_str).unwrap_or("Off");
+    if server.pointer("/spec/power").and_then(Value::as_str) != Some(want) {
+        c.store.patch(&c.t_server, None, &server_name, &json!({"spec": {"power": want}}), Part::Main).await?;
+    }
+    set_phase(c, &claim, "Bound").await?;
+    Ok(Next::Done)
+}
+
+fn find_bound(c: &Controllers, key: &Key, claim: &Value) -> Option<std::sync::Arc<Value>> {
+    let by_ref = claim.pointer("/spec/serverRef/name").and_then(Value::as_str).map(String::from);
+    let by_idx = c.idx.lock().unwrap().bound.get(key).cloned();
+    for n in by_ref.into_iter().chain(by_idx) {
+        if let Ok(s) = c.store.get(&c.t_server, None, &n) {
+            if claim_ref(&s).as_ref() == Some(key) {
+                return Some(s);
+            }
+        }
+    }
+    None
+}
+
+/// Try to bind a server. `Ok(None)` when none is available.
+async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::sync::Arc<Value>>, StoreError> {
+    let (ns, name) = key;
+    let selector = match claim.pointer("/spec/serverSelector") {
+        Some(s) if !s.is_null() => Some(Selector::from_label_selector(s).map_err(StoreError::BadRequest)?),
+        _ => None,
+    };
+    let candidates: Vec<String> = match claim.pointer("/spec/serverRef/name").and_then(Value::as_str) {
+        Some(n) => vec![n.to_string()],
+        None => {
+            let idx = c.idx.lock().unwrap();
+            idx.claimable
+                .iter()
+                .filter(|(_, s)| selector.as_ref().is_none_or(|sel| sel.matches(meta::labels(s))) && tolerates(claim, s))
+                .take(8)
+                .map(|(n, _)| n.clone())
+                .collect()
+        }
+    };
+    for n in candidates {
+        let s = match c.store.get(&c.t_server, None, &n) {
+            Ok(s) => s,
+            Err(StoreError::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        if !is_claimable(&s)
+            || !tolerates(claim, &s)
+            || selector.as_ref().is_some_and(|sel| !sel.matches(meta::labels(&s)))
+        {
+            c.idx.lock().unwrap().claimable.remove(&n);
+            continue;
+        }
+        let mut o = (*s).clone();
+        o["spec"]["serverClaimRef"] = json!({"name": name, "namespace": ns});
+        o["spec"]["bootConfigurationRef"] = json!({"name": name, "namespace": ns});
+        match c.store.update(&c.t_server, o, Part::Main).await {
+            Ok(s) => {
+                let mut idx = c.idx.lock().unwrap();
+                idx.claimable.remove(&n);
+                idx.bound.insert(key.clone(), n.clone());
+                tracing::info!(claim = %format!("{ns}/{name}"), server = %n, "claim bound");
+                return Ok(Some(s));
+            }
+            Err(StoreError::Conflict { .. }) => {
+                // Someone else changed it first; it is no longer ours to take.
+                c.idx.lock().unwrap().claimable.remove(&n);
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // Lost every race on the candidates we saw: look again (the index has moved on).
+    let more = claim.pointer("/spec/serverRef").is_none() && !c.idx.lock().unwrap().claimable.is_empty();
+    if more {
+        return Err(StoreError::Conflict {
+            qualified: "servers.metal.ironcore.dev".into(),
+            name: "(candidates)".into(),
+            message: "all candidate servers were taken concurrently".into(),
+        });
+    }
+    Ok(None)
+}
+
+async fn ensure_boot_configuration(c: &Controllers, ns: &str, name: &str, claim: &Value, server: &str) -> Result<(), StoreError> {
+    let spec = json!({
+        "serverRef": {"name": server},
+        "image": claim.pointer("/spec/image").cloned().unwrap_or(json!("")),
+        "ignitionSecretRef": claim.pointer("/spec/ignitionSecretRef").cloned().unwrap_or(Value::Null),
+    });
+    let mut spec = spec;
+    if spec["ignitionSecretRef"].is_null() {
+        spec.as_object_mut().map(|m| m.remove("ignitionSecretRef"));
+    }
+    match c.store.get(&c.t_sbc, Some(ns), name) {
+        Ok(b) => {
+            if b.get("spec") != Some(&spec) {
+                let mut o = (*b).clone();
+                o["spec"] = spec;
+                c.store.update(&c.t_sbc, o, Part::Main).await?;
+            }
+            Ok(())
+        }
+        Err(StoreError::NotFound { .. }) => {
+            let obj = json!({
+                "apiVersion": c.t_sbc.api_version(),
+                "kind": "ServerBootConfiguration",
+                "metadata": {
+                    "name": name,
+                    "namespace": ns,
+                    "ownerReferences": [{
+                        "apiVersion": c.t_claim.api_version(),
+                        "kind": "ServerClaim",
+                        "name": name,
+                        "uid": meta::uid(claim),
+                        "controller": true,
+                        "blockOwnerDeletion": true,
+                    }],
+                },
+                "spec": spec,
+            });
+            match c.store.create(&c.t_sbc, obj).await {
+                Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Claim deletion: remove the boot configuration, release the server (the server
+/// reconciler powers it off and applies its reclaim policy), drop the finalizer.
+async fn finalize(c: &Controllers, key: &Key, claim: &Value) -> Result<Next, StoreError> {
+    let (ns, name) = key;
+    match c.store.delete(&c.t_sbc, Some(ns), name, None).await {
+        Ok(_) | Err(StoreError::NotFound { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    if let Some(s) = find_bound(c, key, claim) {
+        let patch = json!({"spec": {"serverClaimRef": null, "bootConfigurationRef": null, "power": "Off"}});
+        c.store.patch(&c.t_server, None, meta::name(&s), &patch, Part::Main).await?;
+        c.idx.lock().unwrap().bound.remove(key);
+    }
+    let fins: Vec<String> = meta::finalizers(claim).into_iter().filter(|f| f != CLAIM_FINALIZER).collect();
+    if fins.len() != meta::finalizers(claim).len() {
+        let mut o = claim.clone();
+        o["metadata"]["finalizers"] = json!(fins);
+        c.store.update(&c.t_claim, o, Part::Main).await?;
+    }
+    c.idx.lock().unwrap().waiting.remove(key);
+    Ok(Next::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taints_need_tolerations() {
+        let s = json!({"spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoBind"}]}});
+        assert!(!tolerates(&json!({"spec": {}}), &s));
+        assert!(tolerates(&json!({"spec": {"tolerations": [{"key": "gpu", "operator": "Exists"}]}}), &s));
+        assert!(tolerates(&json!({"spec": {"tolerations": [{"key": "gpu", "value": "yes"}]}}), &s));
+        assert!(!tolerates(&json!({"spec": {"tolerations": [{"key": "gpu", "value": "no"}]}}), &s));
+        let evict = json!({"spec": {"taints": [{"key": "x", "effect": "Evict"}]}});
+        assert!(tolerates(&json!({"spec": {}}), &evict));
+    }
+}

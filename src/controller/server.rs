@@ -1,0 +1,123 @@
+//! The Server reconciler: the server state machine as far as the embedded mode
+//! reaches it, and power.
+//!
+//! - no state yet → `Initial` (discovery is not built in; an operator registers the
+//!   inventory, with `status.state: Available`, through the API);
+//! - `Available` + `spec.serverClaimRef` → `Reserved`;
+//! - `Reserved`: wait for the ServerBootConfiguration to be `Ready` (condition
+//!   `BootConfigurationReady` says why not), then apply `spec.power` through the power
+//!   driver (condition `PowerReady` says what is pending);
+//! - `Reserved` without a claim (claim deleted), or whose claim no longer exists →
+//!   power off, then `Available` (reclaimPolicy `Recycle`) or `Released` (`Retain`).
+
+use serde_json::{json, Value};
+
+use super::{claim_ref, set_condition, Controllers, Next};
+use crate::power::{Outcome, Power};
+use crate::store::{meta, Part, StoreError};
+
+pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreError> {
+    let s = match c.store.get(&c.t_server, None, name) {
+        Ok(s) => s,
+        Err(StoreError::NotFound { .. }) => return Ok(Next::Done),
+        Err(e) => return Err(e),
+    };
+    if meta::is_deleting(&s) {
+        return Ok(Next::Done);
+    }
+    // A claim reference to a claim that no longer exists (deleted before it could
+    // finalize, e.g. across a crash) is dropped.
+    if let Some((ns, cn)) = claim_ref(&s) {
+        if let Err(StoreError::NotFound { .. }) = c.store.get(&c.t_claim, Some(&ns), &cn) {
+            let patch = json!({"spec": {"serverClaimRef": null, "bootConfigurationRef": null, "power": "Off"}});
+            c.store.patch(&c.t_server, None, name, &patch, Part::Main).await?;
+            return Ok(Next::Done);
+        }
+    }
+    let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
+    let state = status.get("state").and_then(Value::as_str).unwrap_or("").to_string();
+    let power = status.get("powerState").and_then(Value::as_str).unwrap_or("").to_string();
+    let claimed = claim_ref(&s).is_some();
+    let mut next = Next::Done;
+    match state.as_str() {
+        "" => {
+            status["state"] = json!("Initial");
+            set_condition(&mut status, "Discovered", false, "AwaitingRegistration",
+                "discovery is not built in; register the inventory with status.state Available");
+        }
+        "Available" if claimed => {
+            status["state"] = json!("Reserved");
+        }
+        "Reserved" if !claimed => {
+            if power != "Off" {
+                apply_power(c, &s, &mut status, Power::Off)?;
+            }
+            if status.get("powerState").and_then(Value::as_str) == Some("Off") {
+                let policy = s.pointer("/spec/reclaimPolicy").and_then(Value::as_str).unwrap_or("Recycle");
+                status["state"] = json!(if policy == "Retain" { "Released" } else { "Available" });
+                set_condition(&mut status, "PowerReady", true, "Released", "server released from its claim");
+                if let Some(l) = status.get_mut("conditions").and_then(Value::as_array_mut) {
+                    l.retain(|c| c.get("type").and_then(Value::as_str) != Some("BootConfigurationReady"));
+                }
+            }
+        }
+        "Reserved" => {
+            let sbc_ref = s.pointer("/spec/bootConfigurationRef").cloned().unwrap_or(Value::Null);
+            let ns = sbc_ref.get("namespace").and_then(Value::as_str).unwrap_or("default");
+            let bn = sbc_ref.get("name").and_then(Value::as_str).unwrap_or("");
+            let sbc_state = c
+                .store
+                .get(&c.t_sbc, Some(ns), bn)
+                .ok()
+                .and_then(|b| b.pointer("/status/state").and_then(Value::as_str).map(String::from));
+            let want = Power::parse(s.pointer("/spec/power").and_then(Value::as_str).unwrap_or("Off")).unwrap_or(Power::Off);
+            match sbc_state.as_deref() {
+                Some("Ready") => {
+                    set_condition(&mut status, "BootConfigurationReady", true, "Ready", &format!("ServerBootConfiguration {ns}/{bn} is Ready"));
+                    if power != want.as_str() {
+                        apply_power(c, &s, &mut status, want)?;
+                    }
+                }
+                other => {
+                    set_condition(&mut status, "BootConfigurationReady", false, "Waiting", &format!(
+                        "waiting for ServerBootConfiguration {ns}/{bn} to become Ready (now {})",
+                        other.unwrap_or("absent")
+                    ));
+                    if want == Power::Off && power != "Off" {
+                        apply_power(c, &s, &mut status, Power::Off)?;
+                    }
+                }
+            }
+        }
+        _ => {
+            // Available without claim, Released, Error, Parked, Initial: an unclaimed
+            // server is kept powered as its spec says only when it asks for Off.
+            if !claimed && s.pointer("/spec/power").and_then(Value::as_str) == Some("Off") && power == "On" {
+                apply_power(c, &s, &mut status, Power::Off)?;
+            }
+        }
+    }
+    if Some(&status) != s.get("status") {
+        let mut o = (*s).clone();
+        o["status"] = status;
+        c.store.update(&c.t_server, o, Part::Status).await?;
+        next = Next::Done;
+    }
+    Ok(next)
+}
+
+fn apply_power(c: &Controllers, s: &Value, status: &mut Value, want: Power) -> Result<(), StoreError> {
+    match c.power.set_power(s, want) {
+        Ok(Outcome::Done) => {
+            status["powerState"] = json!(want.as_str());
+            set_condition(status, "PowerReady", true, "Applied", &format!("power {} applied by the {} driver", want.as_str(), c.power.name()));
+        }
+        Ok(Outcome::Pending(msg)) => {
+            set_condition(status, "PowerReady", false, "Pending", &msg);
+        }
+        Err(e) => {
+            set_condition(status, "PowerReady", false, "DriverError", &format!("{e:#}"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,621 @@
+//! A revisioned key-value store with etcd's semantics, embedded on redb.
+//!
+//! - One global revision, bumped once per committed transaction; every key records
+//!   the revision that created it and the one that last modified it (`mod_rev`,
+//!   which the object layer exposes as `metadata.resourceVersion`).
+//! - Transactions are all-or-nothing lists of puts/deletes, each guarded by a
+//!   comparison (absent, exists, mod_rev equals): compare-and-swap.
+//! - Watches start from a revision and see every later change exactly once, in
+//!   order: the last [`EVENT_LOG_CAP`] events are kept in memory for replay, and a
+//!   watch from an older revision fails with [`KvError::Compacted`] (kube's 410 Gone),
+//!   after which a client re-lists.
+//!
+//! Durability and throughput: a single writer thread takes every pending transaction
+//! off a queue, validates them in order against the committed state, writes the whole
+//! batch in one redb transaction (fsync'd, `Durability::Immediate`), and only then
+//! publishes it to readers and watchers and acknowledges the callers (group commit).
+//! So an acknowledged write survives `kill -9`, and no reader ever sees a write that
+//! could still be lost.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::thread;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde_json::Value;
+use tokio::sync::{broadcast, oneshot};
+
+/// A global revision (etcd's `revision`).
+pub type Rev = u64;
+
+/// How many past events are kept for watch replay.
+pub const EVENT_LOG_CAP: usize = 200_000;
+/// Most transactions written in one redb commit.
+const MAX_BATCH: usize = 2048;
+
+const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// One stored value with its revisions.
+#[derive(Debug, Clone)]
+pub struct KeyValue {
+    pub key: Arc<str>,
+    pub value: Arc<Value>,
+    pub create_rev: Rev,
+    pub mod_rev: Rev,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+/// A committed change. For deletes, `kv` holds the last value with `mod_rev` set to
+/// the deleting revision.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub kind: EventKind,
+    pub kv: KeyValue,
+    /// The value before this change (absent for creates).
+    pub prev: Option<KeyValue>,
+}
+
+impl Event {
+    pub fn rev(&self) -> Rev {
+        self.kv.mod_rev
+    }
+}
+
+/// The guard of one operation in a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    /// No condition.
+    Any,
+    /// The key must not exist.
+    Absent,
+    /// The key must exist.
+    Exists,
+    /// The key must exist with this `mod_rev`.
+    ModRev(Rev),
+}
+
+#[derive(Debug, Clone)]
+pub enum Action {
+    Put(Arc<Value>),
+    Delete,
+}
+
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub key: String,
+    pub compare: Compare,
+    pub action: Action,
+}
+
+impl Op {
+    pub fn put(key: impl Into<String>, compare: Compare, value: Value) -> Op {
+        Op { key: key.into(), compare, action: Action::Put(Arc::new(value)) }
+    }
+    pub fn delete(key: impl Into<String>, compare: Compare) -> Op {
+        Op { key: key.into(), compare, action: Action::Delete }
+    }
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum KvError {
+    #[error("{key} already exists")]
+    AlreadyExists { key: String },
+    #[error("{key} not found")]
+    NotFound { key: String },
+    #[error("{key} was modified (expected revision {expected}, found {actual})")]
+    Conflict { key: String, expected: Rev, actual: Rev },
+    #[error("revision {requested} has been compacted (oldest available is {oldest})")]
+    Compacted { requested: Rev, oldest: Rev },
+    #[error("watch fell too far behind and was closed")]
+    Lagged,
+    #[error("store is closed")]
+    Closed,
+    #[error("storage error: {0}")]
+    Storage(String),
+}
+
+/// Result of a committed transaction: its revision and the new value of each op
+/// (`None` for deletes).
+#[derive(Debug, Clone)]
+pub struct TxnResult {
+    pub rev: Rev,
+    pub kvs: Vec<Option<KeyValue>>,
+}
+
+struct State {
+    map: BTreeMap<Arc<str>, KeyValue>,
+    rev: Rev,
+    log: VecDeque<Event>,
+    /// Watches may start at any revision >= this one.
+    oldest_watchable: Rev,
+}
+
+struct Request {
+    ops: Vec<Op>,
+    reply: oneshot::Sender<Result<TxnResult, KvError>>,
+}
+
+enum Msg {
+    Txn(Request),
+    Close(oneshot::Sender<()>),
+}
+
+/// The embedded store. Cheap to clone (all clones share one database and writer).
+#[derive(Clone)]
+pub struct Kv {
+    state: Arc<RwLock<State>>,
+    tx: std::sync::mpsc::SyncSender<Msg>,
+    events: broadcast::Sender<Arc<Vec<Event>>>,
+    writer: Arc<std::sync::Mutex<Option<thread::JoinHandle<()>>>>,
+}
+
+fn encode(kv: &KeyValue) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(&kv.mod_rev.to_le_bytes());
+    out.extend_from_slice(&kv.create_rev.to_le_bytes());
+    serde_json::to_writer(&mut out, &*kv.value).expect("serializing a json value cannot fail");
+    out
+}
+
+fn decode(key: &str, b: &[u8]) -> Result<KeyValue, KvError> {
+    if b.len() < 16 {
+        return Err(KvError::Storage(format!("record for {key} is truncated")));
+    }
+    let mod_rev = u64::from_le_bytes(b[0..8].try_into().unwrap());
+    let create_rev = u64::from_le_bytes(b[8..16].try_into().unwrap());
+    let value: Value = serde_json::from_slice(&b[16..])
+        .map_err(|e| KvError::Storage(format!("record for {key} is corrupt: {e}")))?;
+    Ok(KeyValue { key: Arc::from(key), value: Arc::new(value), create_rev, mod_rev })
+}
+
+fn storage<E: std::fmt::Display>(e: E) -> KvError {
+    KvError::Storage(e.to_string())
+}
+
+impl Kv {
+    /// Open (or create) the store at `path`, loading every key into memory.
+    pub fn open(path: &Path) -> Result<Kv, KvError> {
+        let db = Database::create(path).map_err(storage)?;
+        let mut map = BTreeMap::new();
+        let mut rev = 0;
+        {
+            let w = db.begin_write().map_err(storage)?;
+            w.open_table(KV).map_err(storage)?;
+            w.open_table(META).map_err(storage)?;
+            w.commit().map_err(storage)?;
+            let r = db.begin_read().map_err(storage)?;
+            let t = r.open_table(KV).map_err(storage)?;
+            for item in t.iter().map_err(storage)? {
+                let (k, v) = item.map_err(storage)?;
+                let kv = decode(k.value(), v.value())?;
+                map.insert(kv.key.clone(), kv);
+            }
+            let m = r.open_table(META).map_err(storage)?;
+            if let Some(v) = m.get("rev").map_err(storage)? {
+                rev = v.value();
+            }
+        }
+        let state = Arc::new(RwLock::new(State { map, rev, log: VecDeque::new(), oldest_watchable: rev }));
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(8192);
+        let (events, _) = broadcast::channel(16384);
+        let writer = {
+            let state = state.clone();
+            let events = events.clone();
+            thread::Builder::new()
+                .name("store-writer".into())
+                .spawn(move || writer_loop(db, state, rx, events))
+                .map_err(storage)?
+        };
+        Ok(Kv { state, tx, events, writer: Arc::new(std::sync::Mutex::new(Some(writer))) })
+    }
+
+    /// The current (latest committed) revision.
+    pub fn revision(&self) -> Rev {
+        self.state.read().unwrap().rev
+    }
+
+    pub fn get(&self, key: &str) -> Option<KeyValue> {
+        self.state.read().unwrap().map.get(key).cloned()
+    }
+
+    /// Every key with `prefix`, in key order, and the revision the list was read at.
+    pub fn list(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
+        let st = self.state.read().unwrap();
+        let items = st
+            .map
+            .range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v.clone())
+            .collect();
+        (items, st.rev)
+    }
+
+    /// Visit every key with `prefix` without cloning the list (read lock held).
+    pub fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, mut f: F) -> Rev {
+        let st = self.state.read().unwrap();
+        for (_, v) in st
+            .map
+            .range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+        {
+            f(v)
+        }
+        st.rev
+    }
+
+    /// Commit `ops` atomically (waits until durable).
+    pub async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
+        let (reply, rx) = oneshot::channel();
+        let tx = self.tx.clone();
+        // The queue is bounded; a full queue must not block the async runtime.
+        match tx.try_send(Msg::Txn(Request { ops, reply })) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::TrySendError::Full(req)) => {
+                tokio::task::spawn_blocking(move || tx.send(req))
+                    .await
+                    .map_err(|_| KvError::Closed)?
+                    .map_err(|_| KvError::Closed)?;
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => return Err(KvError::Closed),
+        }
+        rx.await.map_err(|_| KvError::Closed)?
+    }
+
+    /// Blocking variant of [`Kv::txn`] for non-async callers.
+    pub fn txn_blocking(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Msg::Txn(Request { ops, reply })).map_err(|_| KvError::Closed)?;
+        rx.blocking_recv().map_err(|_| KvError::Closed)?
+    }
+
+    /// Watch keys with `prefix` for changes after revision `from`.
+    pub fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
+        let st = self.state.read().unwrap();
+        if from < st.oldest_watchable {
+            return Err(KvError::Compacted { requested: from, oldest: st.oldest_watchable });
+        }
+        // Subscribing while holding the read lock closes the gap between replay and
+        // live events: the writer publishes under the write lock.
+        let rx = self.events.subscribe();
+        let start = st.log.partition_point(|e| e.rev() <= from);
+        let backlog: VecDeque<Event> =
+            st.log.iter().skip(start).filter(|e| e.kv.key.starts_with(prefix)).cloned().collect();
+        Ok(Watch { prefix: prefix.to_string(), backlog, rx })
+    }
+
+    /// Stop the writer after it has committed everything queued before this call,
+    /// and close the database. Later transactions fail with [`KvError::Closed`].
+    pub fn close(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Msg::Close(reply)).is_ok() {
+            let _ = rx.blocking_recv();
+        }
+        if let Some(h) = self.writer.lock().unwrap().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A stream of events after a revision, for keys with a prefix.
+pub struct Watch {
+    prefix: String,
+    backlog: VecDeque<Event>,
+    rx: broadcast::Receiver<Arc<Vec<Event>>>,
+}
+
+impl Watch {
+    /// The next event, in revision order. `Err(Lagged)` if this watcher fell more than
+    /// the broadcast capacity behind; `Err(Closed)` when the store shut down.
+    pub async fn next(&mut self) -> Result<Event, KvError> {
+        loop {
+            if let Some(e) = self.backlog.pop_front() {
+                return Ok(e);
+            }
+            match self.rx.recv().await {
+                Ok(batch) => {
+                    self.backlog.extend(batch.iter().filter(|e| e.kv.key.starts_with(&self.prefix)).cloned());
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => return Err(KvError::Lagged),
+                Err(broadcast::error::RecvError::Closed) => return Err(KvError::Closed),
+            }
+        }
+    }
+}
+
+fn writer_loop(
+    db: Database,
+    state: Arc<RwLock<State>>,
+    rx: std::sync::mpsc::Receiver<Msg>,
+    events: broadcast::Sender<Arc<Vec<Event>>>,
+) {
+    let mut closing = None;
+    while let Ok(first) = rx.recv() {
+        let mut batch = Vec::new();
+        match first {
+            Msg::Txn(r) => batch.push(r),
+            Msg::Close(done) => closing = Some(done),
+        }
+        while closing.is_none() && batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(Msg::Txn(r)) => batch.push(r),
+                Ok(Msg::Close(done)) => closing = Some(done),
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() {
+            commit_batch(&db, &state, &events, batch);
+        }
+        if closing.is_some() {
+            break;
+        }
+    }
+    drop(rx);
+    drop(db);
+    tracing::debug!("store closed");
+    if let Some(done) = closing {
+        let _ = done.send(());
+    }
+}
+
+fn commit_batch(
+    db: &Database,
+    state: &Arc<RwLock<State>>,
+    events: &broadcast::Sender<Arc<Vec<Event>>>,
+    mut batch: Vec<Request>,
+) {
+    // 1. Validate in order against committed state + what this batch already changed.
+    let mut overlay: HashMap<Arc<str>, Option<KeyValue>> = HashMap::new();
+    let mut results: Vec<Result<TxnResult, KvError>> = Vec::with_capacity(batch.len());
+    let mut evs: Vec<Event> = Vec::new();
+    let base_rev;
+    {
+        let st = state.read().unwrap();
+        base_rev = st.rev;
+        let mut rev = st.rev;
+        for req in batch.iter_mut() {
+            let current = |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
+                match overlay.get(k) {
+                    Some(v) => v.clone(),
+                    None => st.map.get(k).cloned(),
+                }
+            };
+            let mut check = Ok(());
+            for op in &req.ops {
+                let cur = current(&op.key, &overlay);
+                let r = match (op.compare, &cur) {
+                    (Compare::Any, _) => Ok(()),
+                    (Compare::Absent, None) => Ok(()),
+                    (Compare::Absent, Some(_)) => Err(KvError::AlreadyExists { key: op.key.clone() }),
+                    (Compare::Exists, Some(_)) => Ok(()),
+                    (Compare::Exists | Compare::ModRev(_), None) => Err(KvError::NotFound { key: op.key.clone() }),
+                    (Compare::ModRev(want), Some(c)) if c.mod_rev == want => Ok(()),
+                    (Compare::ModRev(want), Some(c)) => {
+                        Err(KvError::Conflict { key: op.key.clone(), expected: want, actual: c.mod_rev })
+                    }
+                };
+                if matches!(op.action, Action::Delete) && cur.is_none() && r.is_ok() {
+                    check = Err(KvError::NotFound { key: op.key.clone() });
+                    break;
+                }
+                if r.is_err() {
+                    check = r;
+                    break;
+                }
+            }
+            if let Err(e) = check {
+                results.push(Err(e));
+                continue;
+            }
+            rev += 1;
+            let mut kvs = Vec::with_capacity(req.ops.len());
+            let current = |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
+                match overlay.get(k) {
+                    Some(v) => v.clone(),
+                    None => st.map.get(k).cloned(),
+                }
+            };
+            for op in req.ops.iter_mut() {
+                let key: Arc<str> = Arc::from(op.key.as_str());
+                let prev = current(&op.key, &overlay);
+                match &mut op.action {
+                    Action::Put(v) => {
+                        let mut v = std::mem::replace(v, Arc::new(Value::Null));
+                        stamp(Arc::make_mut(&mut v), rev);
+                        let kv = KeyValue {
+                            key: key.clone(),
+                            value: v,
+                            create_rev: prev.as_ref().map(|p| p.create_rev).unwrap_or(rev),
+                            mod_rev: rev,
+                        };
+                        evs.push(Event { kind: EventKind::Put, kv: kv.clone(), prev });
+                        overlay.insert(key, Some(kv.clone()));
+                        kvs.push(Some(kv));
+                    }
+                    Action::Delete => {
+                        let p = prev.expect("checked above");
+                        let kv = KeyValue { mod_rev: rev, ..p.clone() };
+                        evs.push(Event { kind: EventKind::Delete, kv, prev: Some(p) });
+                        overlay.insert(key, None);
+                        kvs.push(None);
+                    }
+                }
+            }
+            results.push(Ok(TxnResult { rev, kvs }));
+        }
+        let _ = base_rev;
+        drop(st);
+        // 2. Persist the batch in one durable transaction.
+        if rev > base_rev {
+            if let Err(e) = persist(db, &overlay, rev) {
+                tracing::error!(error = %e, "store commit failed");
+                for (req, _) in batch.into_iter().zip(results) {
+                    let _ = req.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+            // 3. Publish, then acknowledge.
+            let mut st = state.write().unwrap();
+            for (k, v) in overlay {
+                match v {
+                    Some(kv) => {
+                        st.map.insert(k, kv);
+                    }
+                    None => {
+                        st.map.remove(&k);
+                    }
+                }
+            }
+            st.rev = rev;
+            for e in &evs {
+                if st.log.len() >= EVENT_LOG_CAP {
+                    if let Some(old) = st.log.pop_front() {
+                        st.oldest_watchable = old.rev();
+                    }
+                }
+                st.log.push_back(e.clone());
+            }
+            let _ = events.send(Arc::new(evs));
+        }
+    }
+    for (req, res) in batch.into_iter().zip(results) {
+        let _ = req.reply.send(res);
+    }
+}
+
+/// Objects (JSON maps with a `metadata` map) carry their `mod_rev` as
+/// `metadata.resourceVersion`, set here at commit like kube's etcd3 versioner.
+fn stamp(v: &mut Value, rev: Rev) {
+    if let Some(Value::Object(meta)) = v.get_mut("metadata") {
+        meta.insert("resourceVersion".into(), Value::String(rev.to_string()));
+    }
+}
+
+fn persist(db: &Database, overlay: &HashMap<Arc<str>, Option<KeyValue>>, rev: Rev) -> Result<(), KvError> {
+    let w = db.begin_write().map_err(storage)?;
+    {
+        let mut t = w.open_table(KV).map_err(storage)?;
+        for (k, v) in overlay {
+            match v {
+                Some(kv) => {
+                    t.insert(&**k, encode(kv).as_slice()).map_err(storage)?;
+                }
+                None => {
+                    t.remove(&**k).map_err(storage)?;
+                }
+            }
+        }
+        let mut m = w.open_table(META).map_err(storage)?;
+        m.insert("rev", rev).map_err(storage)?;
+    }
+    w.commit().map_err(storage)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(n: i64) -> Value {
+        json!({"metadata": {"name": "x"}, "n": n})
+    }
+
+    #[tokio::test]
+    async fn cas_and_revisions() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        let r1 = kv.txn(vec![Op::put("/a", Compare::Absent, obj(1))]).await.unwrap();
+        assert_eq!(r1.rev, 1);
+        assert_eq!(kv.get("/a").unwrap().value["metadata"]["resourceVersion"], "1");
+        let err = kv.txn(vec![Op::put("/a", Compare::Absent, obj(2))]).await.unwrap_err();
+        assert!(matches!(err, KvError::AlreadyExists { .. }));
+        let err = kv.txn(vec![Op::put("/a", Compare::ModRev(7), obj(2))]).await.unwrap_err();
+        assert_eq!(err, KvError::Conflict { key: "/a".into(), expected: 7, actual: 1 });
+        let r2 = kv.txn(vec![Op::put("/a", Compare::ModRev(1), obj(2))]).await.unwrap();
+        assert_eq!(r2.rev, 2);
+        let a = kv.get("/a").unwrap();
+        assert_eq!((a.create_rev, a.mod_rev), (1, 2));
+        // A failed op aborts the whole transaction.
+        let err = kv
+            .txn(vec![Op::put("/b", Compare::Absent, obj(1)), Op::delete("/zz", Compare::Any)])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, KvError::NotFound { .. }));
+        assert!(kv.get("/b").is_none());
+        assert_eq!(kv.revision(), 2);
+    }
+
+    #[tokio::test]
+    async fn survives_reopen_and_revisions_keep_growing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        {
+            let kv = Kv::open(&path).unwrap();
+            for i in 0..10 {
+                kv.txn(vec![Op::put(format!("/k/{i}"), Compare::Absent, obj(i))]).await.unwrap();
+            }
+            kv.txn(vec![Op::delete("/k/3", Compare::Exists)]).await.unwrap();
+            let kv2 = kv.clone();
+            tokio::task::spawn_blocking(move || kv2.close()).await.unwrap();
+            assert_eq!(kv.txn(vec![Op::put("/late", Compare::Any, obj(0))]).await.unwrap_err(), KvError::Closed);
+        }
+        let kv = Kv::open(&path).unwrap();
+        assert_eq!(kv.revision(), 11);
+        let (items, rev) = kv.list("/k/");
+        assert_eq!((items.len(), rev), (9, 11));
+        let r = kv.txn(vec![Op::put("/k/3", Compare::Absent, obj(3))]).await.unwrap();
+        assert_eq!(r.rev, 12);
+        // History is not persisted: an old revision is compacted after restart.
+        assert!(matches!(kv.watch("/", 5), Err(KvError::Compacted { .. })));
+    }
+
+    #[tokio::test]
+    async fn watch_replays_then_follows_in_order_exactly_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        for i in 0..50 {
+            kv.txn(vec![Op::put(format!("/w/{}", i % 7), Compare::Any, obj(i))]).await.unwrap();
+        }
+        let mut w = kv.watch("/w/", 20).unwrap();
+        let writer = {
+            let kv = kv.clone();
+            tokio::spawn(async move {
+                for i in 50..200 {
+                    kv.txn(vec![Op::put(format!("/w/{}", i % 7), Compare::Any, obj(i))]).await.unwrap();
+                    kv.txn(vec![Op::put("/other", Compare::Any, obj(i))]).await.unwrap();
+                }
+            })
+        };
+        let mut seen = Vec::new();
+        while seen.len() < 180 {
+            let e = w.next().await.unwrap();
+            seen.push(e.kv.value["n"].as_i64().unwrap());
+        }
+        writer.await.unwrap();
+        assert_eq!(seen, (20..200).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn concurrent_cas_has_one_winner() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        kv.txn(vec![Op::put("/s", Compare::Absent, obj(0))]).await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let kv = kv.clone();
+            tasks.push(tokio::spawn(async move { kv.txn(vec![Op::put("/s", Compare::ModRev(1), obj(i))]).await.is_ok() }));
+        }
+        let mut wins = 0;
+        for t in tasks {
+            wins += t.await.unwrap() as usize;
+        }
+        assert_eq!(wins, 1);
+    }
+}
