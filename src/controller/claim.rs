@@ -141,6 +141,7 @@ async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::s
                 .collect()
         }
     };
+    let tried_any = !candidates.is_empty();
     for n in candidates {
         let s = match c.store.get(&c.t_server, None, &n) {
             Ok(s) => s,
@@ -173,9 +174,12 @@ async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::s
             Err(e) => return Err(e),
         }
     }
-    // Lost every race on the candidates we saw: look again (the index has moved on).
-    let more = claim.pointer("/spec/serverRef").is_none() && !c.idx.lock().unwrap().claimable.is_empty();
-    if more {
+    // Every candidate we saw was taken or changed meanwhile: look again soon (the
+    // index has been pruned of them). With no candidates at all, the claim waits.
+    if !tried_any {
+        return Ok(None);
+    }
+    if claim.pointer("/spec/serverRef").is_none() {
         return Err(StoreError::Conflict {
             qualified: "servers.metal.ironcore.dev".into(),
             name: "(candidates)".into(),

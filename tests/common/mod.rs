@@ -1,0 +1,231 @@
+//! Shared helpers for integration tests: run the real `bootplane` binary on free
+//! loopback ports with a private state dir, and talk to its API.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub struct Bootplane {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub api: String,
+    pub api_port: u16,
+    pub http_port: u16,
+    pub token: String,
+    pub extra: Vec<String>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_bootplane")
+}
+
+impl Bootplane {
+    /// Start with a fresh state dir and the `test` power driver.
+    pub fn start(extra: &[&str]) -> Bootplane {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let mut b = Bootplane {
+            child: None,
+            dir,
+            api: String::new(),
+            api_port: free_port(),
+            http_port: free_port(),
+            token: String::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            _tmp: Some(tmp),
+        };
+        b.spawn();
+        b
+    }
+
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("log")).unwrap();
+        let mut cmd = Command::new(bin());
+        cmd.arg("serve")
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .arg("--api-listen")
+            .arg(format!("127.0.0.1:{}", self.api_port))
+            .arg("--http-listen")
+            .arg(format!("127.0.0.1:{}", self.http_port))
+            .arg("--power-driver")
+            .arg("test")
+            .args(&self.extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        self.child = Some(cmd.spawn().expect("spawning bootplane"));
+        self.api = format!("http://127.0.0.1:{}", self.api_port);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if ureq::get(&format!("{}/healthz", self.api)).call().is_ok() {
+                break;
+            }
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("bootplane exited early ({st}); log:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "bootplane did not become healthy; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.token = std::fs::read_to_string(self.dir.join("api-token")).unwrap().trim().to_string();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "bootplane did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Run the CLI against this instance. Returns (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        self.cli_stdin(args, None)
+    }
+
+    pub fn cli_stdin(&self, args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+        use std::io::Write;
+        let mut c = Command::new(bin())
+            .args(args)
+            .arg("--server")
+            .arg(&self.api)
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(s) = stdin {
+            c.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+        }
+        let out = c.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    pub fn req(&self, method: &str, path: &str) -> ureq::Request {
+        ureq::request(method, &format!("{}{}", self.api, path)).set("Authorization", &format!("Bearer {}", self.token))
+    }
+
+    /// (status, body as JSON).
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let r = self.req(method, path);
+        let res = match body {
+            Some(b) => r.set("Content-Type", "application/json").send_string(&b.to_string()),
+            None => r.call(),
+        };
+        match res {
+            Ok(r) => (r.status(), serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null)),
+            Err(ureq::Error::Status(c, r)) => (c, serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null)),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Value {
+        let (c, v) = self.call("GET", path, None);
+        assert_eq!(c, 200, "GET {path}: {v}");
+        v
+    }
+
+    /// Poll `f` until it returns Some, or panic after `secs`.
+    pub fn wait_for<T>(&self, secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(t) = f() {
+                return t;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; log tail:\n{}", tail(&self.log(), 40));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Bootplane {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+pub const SERVERS: &str = "/apis/metal.ironcore.dev/v1alpha1/servers";
+
+pub fn claims(ns: &str) -> String {
+    format!("/apis/metal.ironcore.dev/v1alpha1/namespaces/{ns}/serverclaims")
+}
+
+pub fn sbcs(ns: &str) -> String {
+    format!("/apis/metal.ironcore.dev/v1alpha1/namespaces/{ns}/serverbootconfigurations")
+}
+
+/// A registered, claimable server (inventory given through the API).
+pub fn server(name: &str, labels: Value, policy: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "metal.ironcore.dev/v1alpha1",
+        "kind": "Server",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"systemUUID": format!("00000000-0000-0000-0000-{:012x}", fxhash(name)), "reclaimPolicy": policy},
+        "status": {"state": "Available", "powerState": "Off",
+                   "networkInterfaces": [{"name": "eth0", "macAddress": format!("52:54:00:{:02x}:{:02x}:{:02x}", fxhash(name) as u8, (fxhash(name) >> 8) as u8, (fxhash(name) >> 16) as u8), "ip": "10.0.0.1"}]},
+    })
+}
+
+pub fn claim(name: &str, selector: Option<Value>, server_ref: Option<&str>) -> Value {
+    let mut spec = serde_json::json!({"image": "os-image:latest", "power": "On"});
+    if let Some(s) = selector {
+        spec["serverSelector"] = s;
+    }
+    if let Some(r) = server_ref {
+        spec["serverRef"] = serde_json::json!({"name": r});
+    }
+    serde_json::json!({
+        "apiVersion": "metal.ironcore.dev/v1alpha1",
+        "kind": "ServerClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    })
+}
+
+pub fn fxhash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+pub fn fixtures() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"))
+}
