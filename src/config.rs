@@ -224,6 +224,11 @@ pub struct Overrides {
     pub power_driver: Option<String>,
     pub log_filter: Option<String>,
     pub log_format: Option<String>,
+    pub controller_enabled: Option<bool>,
+    pub controller_workers: Option<usize>,
+    /// Generic `section.key=value` overrides (values parsed as TOML, else strings),
+    /// so that every key has a flag (`--set`) and an env var (`BOOTPLANE_SET`).
+    pub set: Vec<String>,
 }
 
 impl Config {
@@ -240,10 +245,25 @@ impl Config {
 
     /// File (optional) + overrides → validated config.
     pub fn resolve(path: Option<&Path>, o: Overrides) -> Result<Config> {
-        let mut c = match path {
-            Some(p) => Config::load(p)?,
-            None => Config::default(),
+        let mut table: toml::Table = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("reading config {}", p.display()))?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))
+                    .with_context(|| format!("parsing config {}", p.display()))?
+            }
+            None => toml::Table::new(),
         };
+        for kv in &o.set {
+            set_key(&mut table, kv).with_context(|| format!("applying --set {kv}"))?;
+        }
+        let mut c: Config = table
+            .try_into()
+            .map_err(|e: toml::de::Error| anyhow::anyhow!("{}", e.to_string().trim_end()))
+            .with_context(|| match path {
+                Some(p) => format!("parsing config {}", p.display()),
+                None => "parsing overrides".to_string(),
+            })?;
         c.apply(o);
         c.validate()?;
         Ok(c)
@@ -264,6 +284,8 @@ impl Config {
         if let Some(v) = o.power_driver { self.controller.power_driver = v; }
         if let Some(v) = o.log_filter { self.log.filter = v; }
         if let Some(v) = o.log_format { self.log.format = v; }
+        if let Some(v) = o.controller_enabled { self.controller.enabled = v; }
+        if let Some(v) = o.controller_workers { self.controller.workers = v; }
     }
 
     /// Semantic checks that TOML typing cannot express.
@@ -315,6 +337,27 @@ impl Config {
     }
 }
 
+/// Apply one `a.b.c=value` override to a TOML table.
+fn set_key(table: &mut toml::Table, kv: &str) -> Result<()> {
+    let (key, raw) = kv.split_once('=').ok_or_else(|| anyhow::anyhow!("expected section.key=value"))?;
+    let parts: Vec<&str> = key.trim().split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        bail!("bad key {key:?}");
+    }
+    let value: toml::Value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let mut cur = table;
+    for p in &parts[..parts.len() - 1] {
+        let e = cur.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = e.as_table_mut().ok_or_else(|| anyhow::anyhow!("{p} is not a section"))?;
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,6 +387,17 @@ mod tests {
         let mut c = Config::from_toml("state_dir = \"/a\"\n").unwrap();
         c.apply(Overrides { state_dir: Some("/b".into()), ..Default::default() });
         assert_eq!(c.state_dir, PathBuf::from("/b"));
+    }
+
+    #[test]
+    fn generic_set_reaches_every_key() {
+        let o = Overrides { set: vec!["api.max_connections=7".into(), "log.format=json".into(), "http.public_url=http://10.0.0.1:8080".into()], ..Default::default() };
+        let c = Config::resolve(None, o).unwrap();
+        assert_eq!(c.api.max_connections, 7);
+        assert_eq!(c.log.format, "json");
+        assert_eq!(c.http.public_url.as_deref(), Some("http://10.0.0.1:8080"));
+        let o = Overrides { set: vec!["api.nope=1".into()], ..Default::default() };
+        assert!(format!("{:#}", Config::resolve(None, o).unwrap_err()).contains("nope"));
     }
 
     #[test]

@@ -28,6 +28,8 @@ enum Command {
     Get(bootplane::cli::GetArgs),
     /// Delete an object.
     Delete(bootplane::cli::DeleteArgs),
+    /// Confirm a power change made by hand (manual power driver).
+    Power(bootplane::cli::PowerArgs),
     /// Image tools.
     #[command(subcommand)]
     Image(bootplane::image::cli::ImageCmd),
@@ -69,6 +71,14 @@ struct ConfigFlags {
     log_filter: Option<String>,
     #[arg(long, env = "BOOTPLANE_LOG_FORMAT")]
     log_format: Option<String>,
+    #[arg(long, env = "BOOTPLANE_CONTROLLER_ENABLED")]
+    controller_enabled: Option<bool>,
+    #[arg(long, env = "BOOTPLANE_CONTROLLER_WORKERS")]
+    controller_workers: Option<usize>,
+    /// Set any config key: `--set section.key=value` (repeatable; env BOOTPLANE_SET,
+    /// `;`-separated).
+    #[arg(long = "set", env = "BOOTPLANE_SET", value_delimiter = ';')]
+    set: Vec<String>,
 }
 
 impl ConfigFlags {
@@ -88,6 +98,9 @@ impl ConfigFlags {
             power_driver: self.power_driver,
             log_filter: self.log_filter,
             log_format: self.log_format,
+            controller_enabled: self.controller_enabled,
+            controller_workers: self.controller_workers,
+            set: self.set,
         };
         Config::resolve(self.config.as_deref(), o)
     }
@@ -150,7 +163,17 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Apply(a) => bootplane::cli::apply(a),
         Command::Get(a) => bootplane::cli::get(a),
         Command::Delete(a) => bootplane::cli::delete(a),
+        Command::Power(a) => bootplane::cli::power(a),
         Command::Image(c) => bootplane::image::cli::run_image(c).map(|_| 0),
         Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

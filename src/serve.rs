@@ -72,6 +72,7 @@ pub async fn run(config: Config) -> Result<()> {
         store: store.clone(),
         token,
         max_body_bytes: ctx.config.api.max_body_bytes,
+        shutdown: coord.handle(),
         metrics: Arc::new(String::new),
     });
     let listener = tokio::net::TcpListener::bind(ctx.config.api.listen)

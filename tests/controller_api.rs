@@ -405,3 +405,56 @@ fn check_config_validates_and_names_the_problem() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("127.0.0.1:7777") && text.contains("/tmp/elsewhere"), "{text}");
 }
+
+#[test]
+fn manual_power_driver_waits_for_an_operator() {
+    let b = Bootplane::start(&["--power-driver", "manual"]);
+    let (c, _) = b.call("POST", SERVERS, Some(&server("m1", json!({}), "Recycle")));
+    assert_eq!(c, 201);
+    let (c, _) = b.call("POST", &claims("default"), Some(&claim("mc", None, Some("m1"))));
+    assert_eq!(c, 201);
+    let cond = |s: &Value, ty: &str| -> Option<Value> {
+        s["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == ty).cloned()
+    };
+    let spath = format!("{SERVERS}/m1");
+    let pending = b.wait_for(20, "power pending", || {
+        let s = b.get(&spath);
+        cond(&s, "PowerReady").filter(|c| c["reason"] == "Pending")
+    });
+    assert!(pending["message"].as_str().unwrap().contains("operator"), "{pending}");
+    assert_eq!(b.get(&spath)["status"]["powerState"], "Off");
+    let (code, out, err) = b.cli(&["power", "confirm", "m1", "On"]);
+    assert_eq!(code, 0, "{out}{err}");
+    b.wait_for(20, "power confirmed", || {
+        let s = b.get(&spath);
+        (s["status"]["powerState"] == "On" && cond(&s, "PowerReady").is_some_and(|c| c["status"] == "True")).then_some(())
+    });
+    // Release: wants Off, waits for the operator again, then Available.
+    let (c, _) = b.call("DELETE", &format!("{}/mc", claims("default")), None);
+    assert_eq!(c, 200);
+    b.wait_for(20, "power-off pending", || {
+        let s = b.get(&spath);
+        cond(&s, "PowerReady").filter(|c| c["reason"] == "Pending" && c["message"].as_str().unwrap().contains("Off"))
+    });
+    assert_eq!(b.get(&spath)["status"]["state"], "Reserved", "not released before it is off");
+    let (code, _, _) = b.cli(&["power", "confirm", "m1", "Off"]);
+    assert_eq!(code, 0);
+    b.wait_for(20, "available", || (b.get(&spath)["status"]["state"] == "Available").then_some(()));
+}
+
+#[test]
+fn sigterm_ends_open_watches_and_exits_cleanly() {
+    let mut b = Bootplane::start(&[]);
+    let r = ureq::get(&format!("{}{}?watch=true", b.api, SERVERS)).set("Authorization", &format!("Bearer {}", b.token)).call().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut s = String::new();
+        let _ = r.into_reader().read_to_string(&mut s);
+    });
+    let t = std::time::Instant::now();
+    let st = b.stop();
+    assert!(st.success(), "{st}");
+    assert!(t.elapsed() < Duration::from_secs(5), "shutdown took {:?}", t.elapsed());
+    reader.join().unwrap();
+    assert!(b.log().contains("bootplane stopped"));
+}

@@ -32,6 +32,8 @@ pub struct ApiState {
     pub store: Store,
     pub token: String,
     pub max_body_bytes: usize,
+    /// Open watch streams end when this fires.
+    pub shutdown: crate::shutdown::Shutdown,
     /// Extra text appended to `/metrics` (other subsystems' metrics).
     pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
 }
@@ -385,22 +387,27 @@ fn watch(st: &ApiState, rt: Arc<ResourceType>, ns: Option<String>, sel: Option<S
         Some(r) => r.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {r:?}")))?,
     };
     let w = st.store.watch(&rt, ns.as_deref(), from)?;
+    let sd = st.shutdown.child();
     let head = futures::stream::iter(initial.into_iter().map(|o| Ok::<_, std::io::Error>(line("ADDED", &o))));
-    let tail = futures::stream::unfold((w, sel, false), |(mut w, sel, done)| async move {
+    let tail = futures::stream::unfold((w, sel, sd, false), |(mut w, sel, mut sd, done)| async move {
         if done {
             return None;
         }
         loop {
-            match w.next().await {
+            let next = tokio::select! {
+                ev = w.next() => ev,
+                _ = sd.recv() => return None,
+            };
+            match next {
                 Ok(ev) => {
                     if sel.as_ref().is_some_and(|s| !s.matches(meta::labels(&ev.object))) {
                         continue;
                     }
-                    return Some((Ok(line(ev.kind, &ev.object)), (w, sel, false)));
+                    return Some((Ok(line(ev.kind, &ev.object)), (w, sel, sd, false)));
                 }
                 Err(e) => {
                     let status = ApiError::from(e).status_body();
-                    return Some((Ok(line("ERROR", &status)), (w, sel, true)));
+                    return Some((Ok(line("ERROR", &status)), (w, sel, sd, true)));
                 }
             }
         }

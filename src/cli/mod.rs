@@ -337,6 +337,34 @@ pub fn get(a: GetArgs) -> Result<u8> {
     Ok(0)
 }
 
+#[derive(Debug, Args)]
+pub struct PowerArgs {
+    /// `confirm`: record that a server's power state was changed by hand.
+    pub action: String,
+    #[arg(value_name = "SERVER")]
+    pub target: String,
+    /// `On` or `Off`.
+    pub state: String,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `bootplane power confirm SERVER On|Off`: the manual power driver's confirmation.
+pub fn power(a: PowerArgs) -> Result<u8> {
+    if a.action != "confirm" {
+        bail!("unknown power action {:?} (expected confirm)", a.action);
+    }
+    if a.state != "On" && a.state != "Off" {
+        bail!("power state must be On or Off, not {:?}", a.state);
+    }
+    let client = Client::new(&a.conn)?;
+    let rt = resolve(Registry::global(), "server")?;
+    let path = format!("{}/status", Client::path(&rt, None, Some(&a.target)));
+    client.request("PATCH", &path, Some(("application/merge-patch+json", &serde_json::json!({"status": {"powerState": a.state}}))))?;
+    println!("server.metal.ironcore.dev/{} power {} confirmed", a.target, a.state);
+    Ok(0)
+}
+
 pub fn delete(a: DeleteArgs) -> Result<u8> {
     let client = Client::new(&a.conn)?;
     let rt = resolve(Registry::global(), &a.kind)?;

@@ -76,6 +76,8 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
                     set_condition(&mut status, "BootConfigurationReady", true, "Ready", &format!("ServerBootConfiguration {ns}/{bn} is Ready"));
                     if power != want.as_str() {
                         apply_power(c, &s, &mut status, want)?;
+                    } else {
+                        set_condition(&mut status, "PowerReady", true, "InState", &format!("server is powered {}", want.as_str()));
                     }
                 }
                 other => {
