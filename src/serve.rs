@@ -80,14 +80,10 @@ pub async fn run(config: Config) -> Result<()> {
         .with_context(|| format!("binding api listener {}", ctx.config.api.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     {
-        let mut s = coord.handle();
+        let s = coord.handle();
         let app = crate::api::rest::router(api_state);
-        tasks.spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { s.recv().await })
-                .await
-                .context("api server")
-        });
+        let max = ctx.config.api.max_connections;
+        tasks.spawn(async move { serve_router(listener, app, max, s).await.context("api server") });
     }
 
     if ctx.config.controller.enabled {
@@ -125,6 +121,55 @@ pub async fn run(config: Config) -> Result<()> {
         anyhow::bail!("a service stopped unexpectedly");
     }
     tracing::info!("bootplane stopped");
+    Ok(())
+}
+
+/// Accept loop for an axum router: at most `max_conns` connections at once (further
+/// clients wait in the listen backlog), and on shutdown stop accepting, let open
+/// connections finish (bounded by the caller's drain timeout).
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    max_conns: usize,
+    mut shutdown: Shutdown,
+) -> Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto;
+    use hyper_util::service::TowerToHyperService;
+    let sem = Arc::new(tokio::sync::Semaphore::new(max_conns.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let permit = tokio::select! {
+            p = sem.clone().acquire_owned() => p.context("connection limit closed")?,
+            _ = shutdown.recv() => break,
+        };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.recv() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = TowerToHyperService::new(app.clone());
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(Duration::from_secs(8)) => tracing::warn!("connections still open after 8s, closing"),
+    }
     Ok(())
 }
 
