@@ -102,6 +102,9 @@ struct ExportEntry {
 struct Inner {
     table: ExportTable,
     child: Option<Child>,
+    /// The child's pid, which is also its process group id (tokio forgets the pid once
+    /// the child has been reaped, but rpcbind may still live in the group).
+    pgid: Option<u32>,
     /// Why the last run ended, for health reporting.
     last_exit: Option<String>,
 }
@@ -133,7 +136,7 @@ impl Ganesha {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => ExportTable { next_id: 1, exports: BTreeMap::new() },
             Err(e) => return Err(e).with_context(|| format!("reading {}", table_path.display())),
         };
-        Ok(Ganesha { cfg, dir, inner: Mutex::new(Inner { table, child: None, last_exit: None }) })
+        Ok(Ganesha { cfg, dir, inner: Mutex::new(Inner { table, child: None, pgid: None, last_exit: None }) })
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -187,6 +190,7 @@ impl Ganesha {
         let mut cmd = self.command();
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true).process_group(0);
         let mut child = cmd.spawn().map_err(|e| NfsError::Down(format!("spawning {}: {e}", self.cfg.ganesha_bin)))?;
+        let pid = child.id();
         let stderr = child.stderr.take();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.start_timeout_ms);
         loop {
@@ -196,7 +200,7 @@ impl Ganesha {
                     use tokio::io::AsyncReadExt as _;
                     let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut err)).await;
                 }
-                kill_group(child.id(), libc::SIGKILL);
+                kill_group(pid, libc::SIGKILL);
                 let why = format!("ganesha exited during startup ({status}): {} {}", err.trim(), tail_problems(&log, offset));
                 inner.last_exit = Some(why.clone());
                 return Err(NfsError::Down(why));
@@ -206,7 +210,7 @@ impl Ganesha {
                 break;
             }
             if Instant::now() > deadline {
-                kill_group(child.id(), libc::SIGKILL);
+                kill_group(pid, libc::SIGKILL);
                 let _ = child.wait().await;
                 let why = format!("ganesha did not finish starting within {} ms; log {}: {}", self.cfg.start_timeout_ms, log.display(), tail_problems(&log, offset));
                 inner.last_exit = Some(why.clone());
@@ -215,6 +219,7 @@ impl Ganesha {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tracing::info!(pid = child.id(), exports = inner.table.exports.len(), "nfs-ganesha started");
+        inner.pgid = pid;
         inner.child = Some(child);
         inner.last_exit = None;
         Ok(())
@@ -309,9 +314,7 @@ impl Ganesha {
 impl Drop for Ganesha {
     fn drop(&mut self) {
         if let Ok(inner) = self.inner.try_lock() {
-            if let Some(c) = &inner.child {
-                kill_group(c.id(), libc::SIGKILL);
-            }
+            kill_group(inner.pgid, libc::SIGKILL);
         }
     }
 }
@@ -321,7 +324,7 @@ fn child_running(inner: &mut Inner) -> bool {
     match c.try_wait() {
         Ok(None) => true,
         Ok(Some(status)) => {
-            kill_group(c.id(), libc::SIGKILL); // rpcbind too
+            kill_group(inner.pgid.take(), libc::SIGKILL); // rpcbind too
             inner.last_exit = Some(format!("ganesha exited ({status})"));
             inner.child = None;
             false
@@ -334,13 +337,17 @@ fn child_running(inner: &mut Inner) -> bool {
 }
 
 async fn stop_child(inner: &mut Inner) {
-    let Some(mut c) = inner.child.take() else { return };
-    kill_group(c.id(), libc::SIGTERM);
+    let pgid = inner.pgid.take();
+    let Some(mut c) = inner.child.take() else {
+        kill_group(pgid, libc::SIGKILL);
+        return;
+    };
+    kill_group(pgid, libc::SIGTERM);
     if tokio::time::timeout(Duration::from_secs(5), c.wait()).await.is_err() {
-        kill_group(c.id(), libc::SIGKILL);
+        kill_group(pgid, libc::SIGKILL);
         let _ = c.wait().await;
     }
-    kill_group(c.id(), libc::SIGKILL);
+    kill_group(pgid, libc::SIGKILL);
     inner.last_exit = Some("stopped by bootplane".into());
 }
 
