@@ -29,7 +29,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use futures::future::BoxFuture;
 use futures::FutureExt as _;
-use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -129,8 +129,11 @@ impl Ontap {
     }
 }
 
+/// Everything but RFC 3986 unreserved characters is escaped.
+const ESCAPE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 fn enc(s: &str) -> String {
-    utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
+    utf8_percent_encode(s, ESCAPE).to_string()
 }
 
 impl Client {
