@@ -22,13 +22,29 @@ struct Netns(String);
 
 impl Netns {
     fn new() -> Netns {
-        let name = format!("bpnfs-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        let name = format!(
+            "bpnfs-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
         run(&["ip", "netns", "add", &name]);
         let ns = Netns(name);
         ns.exec(&["ip", "link", "set", "lo", "up"]);
         for n in 2..=4 {
             let a = format!("127.0.0.{n}");
-            ns.exec(&["ip", "route", "add", "local", &format!("{a}/32"), "dev", "lo", "src", &a, "table", "local"]);
+            ns.exec(&[
+                "ip",
+                "route",
+                "add",
+                "local",
+                &format!("{a}/32"),
+                "dev",
+                "lo",
+                "src",
+                &a,
+                "table",
+                "local",
+            ]);
         }
         ns
     }
@@ -52,17 +68,35 @@ impl Drop for Netns {
 }
 
 fn run(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("running {args:?}: {e}"));
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn require_tools() {
-    for t in ["ganesha.nfsd", "rpcbind", "nfs-cat", "nfs-ls", "ip", "unshare", "timeout"] {
+    for t in [
+        "ganesha.nfsd",
+        "rpcbind",
+        "nfs-cat",
+        "nfs-ls",
+        "ip",
+        "unshare",
+        "timeout",
+    ] {
         let found = std::env::var_os("PATH")
             .map(|p| std::env::split_paths(&p).any(|d| d.join(t).is_file()))
             .unwrap_or(false)
             || Path::new("/usr/sbin").join(t).is_file();
-        assert!(found, "{t} is not installed (scripts/test.sh installs scripts/test-packages.txt)");
+        assert!(
+            found,
+            "{t} is not installed (scripts/test.sh installs scripts/test-packages.txt)"
+        );
     }
 }
 
@@ -75,21 +109,31 @@ fn client(ns: &Netns, tool: &str, url: &str) -> Result<String, String> {
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!("{} (status {})", String::from_utf8_lossy(&out.stderr).trim(), out.status))
+        Err(format!(
+            "{} (status {})",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            out.status
+        ))
     }
 }
 
 fn assert_denied(r: Result<String, String>, what: &str) {
     match r {
         Ok(out) => panic!("{what}: expected access denied, got {out:?}"),
-        Err(e) => assert!(e.contains("Permission denied") || e.contains("ACCES") || e.contains("PERM"), "{what}: expected a permission error, got {e}"),
+        Err(e) => assert!(
+            e.contains("Permission denied") || e.contains("ACCES") || e.contains("PERM"),
+            "{what}: expected a permission error, got {e}"
+        ),
     }
 }
 
 /// ganesha's warnings and errors, for failure messages.
 fn log_problems(g: &Ganesha) -> String {
     let text = std::fs::read_to_string(g.log_path()).unwrap_or_default();
-    text.lines().filter(|l| l.contains(":CRIT") || l.contains(":MAJ") || l.contains(":WARN")).collect::<Vec<_>>().join("\n")
+    text.lines()
+        .filter(|l| l.contains(":CRIT") || l.contains(":MAJ") || l.contains(":WARN"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 struct Setup {
@@ -106,9 +150,18 @@ fn setup() -> Setup {
     let data = tmp.path().join("images");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("disk.img"), b"bootplane-image-bytes\n").unwrap();
-    let cfg = GaneshaConfig { dir: Some(tmp.path().join("ganesha")), netns: Some(ns.0.clone()), ..Default::default() };
+    let cfg = GaneshaConfig {
+        dir: Some(tmp.path().join("ganesha")),
+        netns: Some(ns.0.clone()),
+        ..Default::default()
+    };
     let g = Ganesha::new(cfg, tmp.path()).unwrap();
-    Setup { ns, data, g, _tmp: tmp }
+    Setup {
+        ns,
+        data,
+        g,
+        _tmp: tmp,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,50 +176,114 @@ async fn rules_grant_and_revoke_access_for_real_clients() {
         let v4 = |a: &str| format!("nfs://{a}/images/test/disk.img?version=4");
 
         // No rule yet: denied.
-        assert_denied(client(&s.ns, "nfs-cat", &v3("127.0.0.2")), "nfs-cat before the rule");
-        assert_denied(client(&s.ns, "nfs-ls", &v3dir("127.0.0.2")), "nfs-ls before the rule");
+        assert_denied(
+            client(&s.ns, "nfs-cat", &v3("127.0.0.2")),
+            "nfs-cat before the rule",
+        );
+        assert_denied(
+            client(&s.ns, "nfs-ls", &v3dir("127.0.0.2")),
+            "nfs-ls before the rule",
+        );
 
         // A read-only rule for 127.0.0.2 only.
-        s.g.set_rules("/images/test", vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())]).await.unwrap();
-        assert_eq!(client(&s.ns, "nfs-cat", &v3("127.0.0.2")).expect("nfs-cat with the rule"), "bootplane-image-bytes\n");
+        s.g.set_rules(
+            "/images/test",
+            vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            client(&s.ns, "nfs-cat", &v3("127.0.0.2")).expect("nfs-cat with the rule"),
+            "bootplane-image-bytes\n"
+        );
         let ls = client(&s.ns, "nfs-ls", &v3dir("127.0.0.2")).expect("nfs-ls with the rule");
         assert!(ls.contains("disk.img"), "{ls}");
-        assert_eq!(client(&s.ns, "nfs-cat", &v4("127.0.0.2")).expect("NFSv4 read with the rule"), "bootplane-image-bytes\n");
+        assert_eq!(
+            client(&s.ns, "nfs-cat", &v4("127.0.0.2")).expect("NFSv4 read with the rule"),
+            "bootplane-image-bytes\n"
+        );
         // Other addresses still have no access.
-        assert_denied(client(&s.ns, "nfs-cat", &v3("127.0.0.3")), "nfs-cat from an address without a rule");
-        assert!(client(&s.ns, "nfs-cat", &v4("127.0.0.3")).is_err(), "NFSv4 from an address without a rule");
+        assert_denied(
+            client(&s.ns, "nfs-cat", &v3("127.0.0.3")),
+            "nfs-cat from an address without a rule",
+        );
+        assert!(
+            client(&s.ns, "nfs-cat", &v4("127.0.0.3")).is_err(),
+            "NFSv4 from an address without a rule"
+        );
 
         // Rule order: an explicit deny for .3 before a /29 allow; .4 gets in via the network.
         s.g.set_rules(
             "/images/test",
             vec![
-                ExportRule { index: 1, client: "127.0.0.3".parse().unwrap(), access: Access::None, protocols: vec![], superuser: false },
-                ExportRule { index: 2, client: "127.0.0.0/29".parse().unwrap(), access: Access::Ro, protocols: vec![Protocol::Nfs3], superuser: false },
+                ExportRule {
+                    index: 1,
+                    client: "127.0.0.3".parse().unwrap(),
+                    access: Access::None,
+                    protocols: vec![],
+                    superuser: false,
+                },
+                ExportRule {
+                    index: 2,
+                    client: "127.0.0.0/29".parse().unwrap(),
+                    access: Access::Ro,
+                    protocols: vec![Protocol::Nfs3],
+                    superuser: false,
+                },
             ],
         )
         .await
         .unwrap();
-        assert_denied(client(&s.ns, "nfs-cat", &v3("127.0.0.3")), "explicit deny before a broader allow");
-        assert_eq!(client(&s.ns, "nfs-cat", &v3("127.0.0.4")).expect("allowed by CIDR"), "bootplane-image-bytes\n");
-        assert!(client(&s.ns, "nfs-cat", &v4("127.0.0.4")).is_err(), "rule limited to NFSv3 must not allow NFSv4");
+        assert_denied(
+            client(&s.ns, "nfs-cat", &v3("127.0.0.3")),
+            "explicit deny before a broader allow",
+        );
+        assert_eq!(
+            client(&s.ns, "nfs-cat", &v3("127.0.0.4")).expect("allowed by CIDR"),
+            "bootplane-image-bytes\n"
+        );
+        assert!(
+            client(&s.ns, "nfs-cat", &v4("127.0.0.4")).is_err(),
+            "rule limited to NFSv3 must not allow NFSv4"
+        );
 
         // Rule deleted: denied again, at once.
         s.g.set_rules("/images/test", vec![]).await.unwrap();
-        assert_denied(client(&s.ns, "nfs-cat", &v3("127.0.0.2")), "nfs-cat after the rule was deleted");
-        assert_denied(client(&s.ns, "nfs-ls", &v3dir("127.0.0.4")), "nfs-ls after the rule was deleted");
+        assert_denied(
+            client(&s.ns, "nfs-cat", &v3("127.0.0.2")),
+            "nfs-cat after the rule was deleted",
+        );
+        assert_denied(
+            client(&s.ns, "nfs-ls", &v3dir("127.0.0.4")),
+            "nfs-ls after the rule was deleted",
+        );
 
         // Export removed while a rule exists: gone for everyone.
-        s.g.set_rules("/images/test", vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())]).await.unwrap();
+        s.g.set_rules(
+            "/images/test",
+            vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())],
+        )
+        .await
+        .unwrap();
         client(&s.ns, "nfs-cat", &v3("127.0.0.2")).expect("re-granted");
         s.g.remove_export("/images/test").await.unwrap();
-        assert!(client(&s.ns, "nfs-cat", &v3("127.0.0.2")).is_err(), "read after remove_export");
+        assert!(
+            client(&s.ns, "nfs-cat", &v3("127.0.0.2")).is_err(),
+            "read after remove_export"
+        );
         s.g.remove_export("/images/test").await.unwrap();
-        assert!(matches!(s.g.set_rules("/images/test", vec![]).await, Err(NfsError::UnknownExport(_))));
+        assert!(matches!(
+            s.g.set_rules("/images/test", vec![]).await,
+            Err(NfsError::UnknownExport(_))
+        ));
 
         // The server going away is reported with a reason.
         s.g.stop().await;
         let err = s.g.health().await.unwrap_err();
-        assert!(matches!(err, NfsError::Down(_)) && err.to_string().contains("not running"), "{err}");
+        assert!(
+            matches!(err, NfsError::Down(_)) && err.to_string().contains("not running"),
+            "{err}"
+        );
     })
     .await;
     s.g.stop().await;
@@ -178,7 +295,12 @@ async fn killed_server_is_reported_and_restarted_on_next_change() {
     let s = setup();
     let t = tokio::time::timeout(Duration::from_secs(120), async {
         s.g.ensure_export("/images/k", &s.data).await.unwrap(); // starts ganesha
-        s.g.set_rules("/images/k", vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())]).await.unwrap();
+        s.g.set_rules(
+            "/images/k",
+            vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())],
+        )
+        .await
+        .unwrap();
         let url = format!("nfs://127.0.0.2{}/disk.img", s.data.display());
         client(&s.ns, "nfs-cat", &url).expect("read with rule");
 
@@ -191,11 +313,26 @@ async fn killed_server_is_reported_and_restarted_on_next_change() {
         assert!(client(&s.ns, "nfs-cat", &url).is_err(), "server is down");
 
         // The next change starts it again, with the persisted exports and new rules.
-        s.g.set_rules("/images/k", vec![ExportRule::read_only(1, "127.0.0.3".parse().unwrap())]).await.unwrap();
+        s.g.set_rules(
+            "/images/k",
+            vec![ExportRule::read_only(1, "127.0.0.3".parse().unwrap())],
+        )
+        .await
+        .unwrap();
         s.g.health().await.expect("restarted");
-        let r = client(&s.ns, "nfs-cat", &format!("nfs://127.0.0.3{}/disk.img", s.data.display()));
-        assert_eq!(r.unwrap_or_else(|e| panic!("read after restart: {e}; log: {}", log_problems(&s.g))), "bootplane-image-bytes\n");
-        assert_denied(client(&s.ns, "nfs-cat", &url), "old rule gone after restart");
+        let r = client(
+            &s.ns,
+            "nfs-cat",
+            &format!("nfs://127.0.0.3{}/disk.img", s.data.display()),
+        );
+        assert_eq!(
+            r.unwrap_or_else(|e| panic!("read after restart: {e}; log: {}", log_problems(&s.g))),
+            "bootplane-image-bytes\n"
+        );
+        assert_denied(
+            client(&s.ns, "nfs-cat", &url),
+            "old rule gone after restart",
+        );
     })
     .await;
     s.g.stop().await;

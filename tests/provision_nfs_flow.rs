@@ -33,8 +33,15 @@ impl Drop for Netns {
 }
 
 fn run(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("running {args:?}: {e}"));
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Provisioner stand-in: `--source URL --target PATH --sha256 HEX`, copies with nfs-cp,
@@ -71,7 +78,10 @@ async fn wait_done(r: &dyn JobRunner, id: &str) -> JobStatus {
         if s.state.is_finished() {
             return s;
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "job not finished: {s:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "job not finished: {s:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -83,13 +93,39 @@ fn sha256_hex(p: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
     for t in ["ganesha.nfsd", "rpcbind", "nfs-cp", "sha256sum"] {
-        assert!(Command::new("sh").args(["-c", &format!("command -v {t}")]).output().unwrap().status.success(), "{t} is not installed");
+        assert!(
+            Command::new("sh")
+                .args(["-c", &format!("command -v {t}")])
+                .output()
+                .unwrap()
+                .status
+                .success(),
+            "{t} is not installed"
+        );
     }
     let ns = Netns(format!("bpflow-{}-0", std::process::id()));
     run(&["ip", "netns", "add", &ns.0]);
-    run(&["ip", "netns", "exec", &ns.0, "ip", "link", "set", "lo", "up"]);
+    run(&[
+        "ip", "netns", "exec", &ns.0, "ip", "link", "set", "lo", "up",
+    ]);
     for a in ["127.0.0.2", "127.0.0.3"] {
-        run(&["ip", "netns", "exec", &ns.0, "ip", "route", "add", "local", &format!("{a}/32"), "dev", "lo", "src", a, "table", "local"]);
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            &ns.0,
+            "ip",
+            "route",
+            "add",
+            "local",
+            &format!("{a}/32"),
+            "dev",
+            "lo",
+            "src",
+            a,
+            "table",
+            "local",
+        ]);
     }
 
     let tmp = tempfile::tempdir().unwrap();
@@ -110,11 +146,29 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
     let script = tmp.path().join("provisioner.sh");
     std::fs::write(&script, PROVISIONER).unwrap();
 
-    let g = Ganesha::new(GaneshaConfig { dir: Some(tmp.path().join("ganesha")), netns: Some(ns.0.clone()), ..Default::default() }, tmp.path()).unwrap();
+    let g = Ganesha::new(
+        GaneshaConfig {
+            dir: Some(tmp.path().join("ganesha")),
+            netns: Some(ns.0.clone()),
+            ..Default::default()
+        },
+        tmp.path(),
+    )
+    .unwrap();
     let runner = LocalRunner::new(LocalConfig {
-        command: vec!["ip".into(), "netns".into(), "exec".into(), ns.0.clone(), "sh".into(), script.display().to_string()],
+        command: vec![
+            "ip".into(),
+            "netns".into(),
+            "exec".into(),
+            ns.0.clone(),
+            "sh".into(),
+            script.display().to_string(),
+        ],
         timeout_secs: 60,
-        retry: RetryPolicy { max_retries: 0, ..Default::default() },
+        retry: RetryPolicy {
+            max_retries: 0,
+            ..Default::default()
+        },
         ..Default::default()
     })
     .unwrap();
@@ -122,7 +176,11 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
         id: Some(id.into()),
         server: "s390-01".into(),
         image: Some("disk".into()),
-        nfs: Some(NfsSource { server: "127.0.0.2".into(), export: images.display().to_string(), path: "disk.img".into() }),
+        nfs: Some(NfsSource {
+            server: "127.0.0.2".into(),
+            export: images.display().to_string(),
+            path: "disk.img".into(),
+        }),
         source: None,
         sha256: Some(sha.into()),
         manifest: None,
@@ -133,42 +191,110 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
         // Image import: export with no rules. The job's address (127.0.0.2) is denied.
         g.ensure_export("/images/disk", &images).await.unwrap();
         let target = tmp.path().join("target-0.img");
-        let s = wait_done(&runner, &runner.start(request("before-rule", &target, &want)).await.unwrap()).await;
+        let s = wait_done(
+            &runner,
+            &runner
+                .start(request("before-rule", &target, &want))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(s.state, JobState::Failed);
         let reason = s.reason.unwrap();
-        assert!(reason.starts_with("exit code 4: reading nfs://127.0.0.2") && reason.contains("Permission denied"), "{reason}");
+        assert!(
+            reason.starts_with("exit code 4: reading nfs://127.0.0.2")
+                && reason.contains("Permission denied"),
+            "{reason}"
+        );
 
         // Server controller: rule for the job's address → the job streams the image.
-        g.set_rules("/images/disk", vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())]).await.unwrap();
+        g.set_rules(
+            "/images/disk",
+            vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())],
+        )
+        .await
+        .unwrap();
         let target = tmp.path().join("target-1.img");
-        let s = wait_done(&runner, &runner.start(request("with-rule", &target, &want)).await.unwrap()).await;
+        let s = wait_done(
+            &runner,
+            &runner
+                .start(request("with-rule", &target, &want))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(s.state, JobState::Succeeded, "{s:?}");
         assert_eq!(sha256_hex(&target), want);
-        assert_eq!((s.progress.bytes, s.progress.total), (img.len() as u64, Some(img.len() as u64)));
+        assert_eq!(
+            (s.progress.bytes, s.progress.total),
+            (img.len() as u64, Some(img.len() as u64))
+        );
 
         // Checksum mismatch: Failed with the reason, first MiB of the target zeroed.
         let target = tmp.path().join("target-2.img");
         let wrong = "0".repeat(64);
-        let s = wait_done(&runner, &runner.start(request("bad-sum", &target, &wrong)).await.unwrap()).await;
+        let s = wait_done(
+            &runner,
+            &runner
+                .start(request("bad-sum", &target, &wrong))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(s.state, JobState::Failed);
-        assert!(s.reason.as_deref().unwrap().starts_with(&format!("exit code 3: sha256 mismatch: expected {wrong}, got {want}")), "{s:?}");
+        assert!(
+            s.reason.as_deref().unwrap().starts_with(&format!(
+                "exit code 3: sha256 mismatch: expected {wrong}, got {want}"
+            )),
+            "{s:?}"
+        );
         let written = std::fs::read(&target).unwrap();
         assert!(written[..1 << 20].iter().all(|b| *b == 0));
 
         // BareMetalServer deleted: rule gone → access revoked at once.
         g.set_rules("/images/disk", vec![]).await.unwrap();
         let target = tmp.path().join("target-3.img");
-        let s = wait_done(&runner, &runner.start(request("after-delete", &target, &want)).await.unwrap()).await;
+        let s = wait_done(
+            &runner,
+            &runner
+                .start(request("after-delete", &target, &want))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(s.state, JobState::Failed);
         assert!(s.reason.unwrap().contains("Permission denied"));
 
         // NFS server down: the job fails with the client's error, health says why.
-        g.set_rules("/images/disk", vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())]).await.unwrap();
+        g.set_rules(
+            "/images/disk",
+            vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())],
+        )
+        .await
+        .unwrap();
         g.stop().await;
-        let s = wait_done(&runner, &runner.start(request("server-down", &tmp.path().join("t4"), &want)).await.unwrap()).await;
+        let s = wait_done(
+            &runner,
+            &runner
+                .start(request("server-down", &tmp.path().join("t4"), &want))
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(s.state, JobState::Failed);
-        assert!(s.reason.as_deref().unwrap().starts_with("exit code 4: reading nfs://127.0.0.2"), "{s:?}");
-        assert!(g.health().await.unwrap_err().to_string().contains("nfs-ganesha is not running"));
+        assert!(
+            s.reason
+                .as_deref()
+                .unwrap()
+                .starts_with("exit code 4: reading nfs://127.0.0.2"),
+            "{s:?}"
+        );
+        assert!(g
+            .health()
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("nfs-ganesha is not running"));
     })
     .await;
     g.stop().await;

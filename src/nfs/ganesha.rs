@@ -45,7 +45,10 @@ use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
-use super::{normalize_rules, validate_export_name, validate_fs_path, Access, ExportBackend, ExportRule, Health, NfsError, Protocol};
+use super::{
+    normalize_rules, validate_export_name, validate_fs_path, Access, ExportBackend, ExportRule,
+    Health, NfsError, Protocol,
+};
 
 /// `[nfs.ganesha]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -127,16 +130,33 @@ impl Ganesha {
             anyhow::bail!("nfs.ganesha.protocols must not be empty");
         }
         let dir_s = dir.to_str().context("ganesha dir is not UTF-8")?;
-        super::validate_path_chars(dir_s).map_err(|why| anyhow::anyhow!("ganesha dir {dir_s:?} {why}"))?;
-        std::fs::create_dir_all(dir.join("recovery")).with_context(|| format!("creating {}", dir.display()))?;
-        let dir = dir.canonicalize().with_context(|| format!("resolving {}", dir.display()))?;
+        super::validate_path_chars(dir_s)
+            .map_err(|why| anyhow::anyhow!("ganesha dir {dir_s:?} {why}"))?;
+        std::fs::create_dir_all(dir.join("recovery"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("resolving {}", dir.display()))?;
         let table_path = dir.join("exports.json");
         let table = match std::fs::read(&table_path) {
-            Ok(b) => serde_json::from_slice(&b).with_context(|| format!("parsing {}", table_path.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ExportTable { next_id: 1, exports: BTreeMap::new() },
+            Ok(b) => serde_json::from_slice(&b)
+                .with_context(|| format!("parsing {}", table_path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ExportTable {
+                next_id: 1,
+                exports: BTreeMap::new(),
+            },
             Err(e) => return Err(e).with_context(|| format!("reading {}", table_path.display())),
         };
-        Ok(Ganesha { cfg, dir, inner: Mutex::new(Inner { table, child: None, pgid: None, last_exit: None }) })
+        Ok(Ganesha {
+            cfg,
+            dir,
+            inner: Mutex::new(Inner {
+                table,
+                child: None,
+                pgid: None,
+                last_exit: None,
+            }),
+        })
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -188,8 +208,14 @@ impl Ganesha {
         let log = self.log_path();
         let offset = file_len(&log);
         let mut cmd = self.command();
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true).process_group(0);
-        let mut child = cmd.spawn().map_err(|e| NfsError::Down(format!("spawning {}: {e}", self.cfg.ganesha_bin)))?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| NfsError::Down(format!("spawning {}: {e}", self.cfg.ganesha_bin)))?;
         let pid = child.id();
         let stderr = child.stderr.take();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.start_timeout_ms);
@@ -198,10 +224,16 @@ impl Ganesha {
                 let mut err = String::new();
                 if let Some(mut s) = stderr {
                     use tokio::io::AsyncReadExt as _;
-                    let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut err)).await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut err))
+                            .await;
                 }
                 kill_group(pid, libc::SIGKILL);
-                let why = format!("ganesha exited during startup ({status}): {} {}", err.trim(), tail_problems(&log, offset));
+                let why = format!(
+                    "ganesha exited during startup ({status}): {} {}",
+                    err.trim(),
+                    tail_problems(&log, offset)
+                );
                 inner.last_exit = Some(why.clone());
                 return Err(NfsError::Down(why));
             }
@@ -212,13 +244,22 @@ impl Ganesha {
             if Instant::now() > deadline {
                 kill_group(pid, libc::SIGKILL);
                 let _ = child.wait().await;
-                let why = format!("ganesha did not finish starting within {} ms; log {}: {}", self.cfg.start_timeout_ms, log.display(), tail_problems(&log, offset));
+                let why = format!(
+                    "ganesha did not finish starting within {} ms; log {}: {}",
+                    self.cfg.start_timeout_ms,
+                    log.display(),
+                    tail_problems(&log, offset)
+                );
                 inner.last_exit = Some(why.clone());
                 return Err(NfsError::Down(why));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tracing::info!(pid = child.id(), exports = inner.table.exports.len(), "nfs-ganesha started");
+        tracing::info!(
+            pid = child.id(),
+            exports = inner.table.exports.len(),
+            "nfs-ganesha started"
+        );
         inner.pgid = pid;
         inner.child = Some(child);
         inner.last_exit = None;
@@ -243,7 +284,12 @@ impl Ganesha {
             script.push_str("\"$1\" -f -w &\ni=0\nwhile [ ! -S /run/rpcbind.sock ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n");
         }
         script.push_str("exec \"$2\" -F -f \"$3\" -L \"$4\" -p \"$5\" -N NIV_EVENT\n");
-        argv.extend(["sh".to_string(), "-c".to_string(), script, "bootplane-ganesha".to_string()]);
+        argv.extend([
+            "sh".to_string(),
+            "-c".to_string(),
+            script,
+            "bootplane-ganesha".to_string(),
+        ]);
         argv.push(self.cfg.rpcbind_bin.clone());
         argv.push(self.cfg.ganesha_bin.clone());
         argv.push(self.config_path().display().to_string());
@@ -286,10 +332,17 @@ impl Ganesha {
     async fn reload(&self, inner: &mut Inner) -> Result<(), String> {
         let log = self.log_path();
         let offset = file_len(&log);
-        let pid = inner.child.as_ref().and_then(|c| c.id()).ok_or("ganesha has no pid")?;
+        let pid = inner
+            .child
+            .as_ref()
+            .and_then(|c| c.id())
+            .ok_or("ganesha has no pid")?;
         // SAFETY: plain kill(2) on our own child.
         if unsafe { libc::kill(pid as i32, libc::SIGHUP) } != 0 {
-            return Err(format!("sending SIGHUP to ganesha: {}", std::io::Error::last_os_error()));
+            return Err(format!(
+                "sending SIGHUP to ganesha: {}",
+                std::io::Error::last_os_error()
+            ));
         }
         let deadline = Instant::now() + Duration::from_millis(self.cfg.reload_timeout_ms);
         loop {
@@ -304,7 +357,11 @@ impl Ganesha {
                 return Err("ganesha exited during reload".into());
             }
             if Instant::now() > deadline {
-                return Err(format!("no \"Reread exports complete\" in {} within {} ms", log.display(), self.cfg.reload_timeout_ms));
+                return Err(format!(
+                    "no \"Reread exports complete\" in {} within {} ms",
+                    log.display(),
+                    self.cfg.reload_timeout_ms
+                ));
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
@@ -320,7 +377,9 @@ impl Drop for Ganesha {
 }
 
 fn child_running(inner: &mut Inner) -> bool {
-    let Some(c) = inner.child.as_mut() else { return false };
+    let Some(c) = inner.child.as_mut() else {
+        return false;
+    };
     match c.try_wait() {
         Ok(None) => true,
         Ok(Some(status)) => {
@@ -343,7 +402,10 @@ async fn stop_child(inner: &mut Inner) {
         return;
     };
     kill_group(pgid, libc::SIGTERM);
-    if tokio::time::timeout(Duration::from_secs(5), c.wait()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), c.wait())
+        .await
+        .is_err()
+    {
         kill_group(pgid, libc::SIGKILL);
         let _ = c.wait().await;
     }
@@ -366,7 +428,9 @@ fn file_len(p: &Path) -> u64 {
 
 /// Log text from `offset` (bounded to 1 MiB).
 fn read_from(p: &Path, offset: u64) -> String {
-    let Ok(mut f) = std::fs::File::open(p) else { return String::new() };
+    let Ok(mut f) = std::fs::File::open(p) else {
+        return String::new();
+    };
     if f.seek(SeekFrom::Start(offset)).is_err() {
         return String::new();
     }
@@ -378,7 +442,10 @@ fn read_from(p: &Path, offset: u64) -> String {
 /// The CRIT/MAJ/FATAL lines logged since `offset` (for error messages).
 fn tail_problems(p: &Path, offset: u64) -> String {
     let text = read_from(p, offset);
-    let lines: Vec<&str> = text.lines().filter(|l| is_problem_line(l) && !is_benign(l)).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| is_problem_line(l) && !is_benign(l))
+        .collect();
     lines[lines.len().saturating_sub(3)..].join(" | ")
 }
 
@@ -388,37 +455,61 @@ fn is_problem_line(l: &str) -> bool {
 
 /// CRIT lines ganesha always logs without DBus or Kerberos; not our problem.
 fn is_benign(l: &str) -> bool {
-    l.contains(":DBUS :") || l.contains("krb5") || l.contains("keytab") || l.contains("credentials for principal")
+    l.contains(":DBUS :")
+        || l.contains("krb5")
+        || l.contains("keytab")
+        || l.contains("credentials for principal")
 }
 
 /// A config error logged while re-reading exports.
 fn reload_problem(text: &str) -> Option<String> {
-    text.lines().find(|l| is_problem_line(l) && !is_benign(l) && (l.contains(":CONFIG :") || l.contains(":EXPORT :"))).map(|l| l.to_string())
+    text.lines()
+        .find(|l| {
+            is_problem_line(l)
+                && !is_benign(l)
+                && (l.contains(":CONFIG :") || l.contains(":EXPORT :"))
+        })
+        .map(|l| l.to_string())
 }
 
 fn write_atomic(path: &Path, data: &[u8]) -> Result<(), NfsError> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data).map_err(|e| NfsError::Backend(format!("writing {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(|e| NfsError::Backend(format!("renaming {}: {e}", path.display())))
+    std::fs::write(&tmp, data)
+        .map_err(|e| NfsError::Backend(format!("writing {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| NfsError::Backend(format!("renaming {}: {e}", path.display())))
 }
 
 fn protocols_list(p: &[Protocol]) -> String {
-    let v: Vec<&str> = p.iter().map(|p| match p {
-        Protocol::Nfs3 => "3",
-        Protocol::Nfs4 => "4",
-    }).collect();
+    let v: Vec<&str> = p
+        .iter()
+        .map(|p| match p {
+            Protocol::Nfs3 => "3",
+            Protocol::Nfs4 => "4",
+        })
+        .collect();
     v.join(", ")
 }
 
 /// Render the complete ganesha.conf for `table` (pure).
 fn render_config(cfg: &GaneshaConfig, dir: &Path, table: &ExportTable) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "# Written by bootplane; edits are overwritten on the next export change.");
+    let _ = writeln!(
+        out,
+        "# Written by bootplane; edits are overwritten on the next export change."
+    );
     let _ = writeln!(out, "NFS_CORE_PARAM {{\n    NFS_Port = {};\n    Protocols = {};\n    Enable_NLM = false;\n    Enable_RQUOTA = false;\n}}", cfg.nfs_port, protocols_list(&cfg.protocols));
-    let _ = writeln!(out, "NFSv4 {{\n    Graceless = true;\n    RecoveryRoot = \"{}\";\n}}", dir.join("recovery").display());
+    let _ = writeln!(
+        out,
+        "NFSv4 {{\n    Graceless = true;\n    RecoveryRoot = \"{}\";\n}}",
+        dir.join("recovery").display()
+    );
     let _ = writeln!(out, "NFS_KRB5 {{\n    Active_krb5 = false;\n}}");
     // Deny by default: a client that matches no CLIENT block gets nothing.
-    let _ = writeln!(out, "EXPORT_DEFAULTS {{\n    Access_Type = None;\n    Squash = Root_Squash;\n}}");
+    let _ = writeln!(
+        out,
+        "EXPORT_DEFAULTS {{\n    Access_Type = None;\n    Squash = Root_Squash;\n}}"
+    );
     for (name, e) in &table.exports {
         let _ = writeln!(out, "EXPORT {{");
         let _ = writeln!(out, "    Export_Id = {};", e.id);
@@ -433,7 +524,11 @@ fn render_config(cfg: &GaneshaConfig, dir: &Path, table: &ExportTable) -> String
             let protos: Vec<Protocol> = if r.protocols.is_empty() {
                 cfg.protocols.clone()
             } else {
-                r.protocols.iter().copied().filter(|p| cfg.protocols.contains(p)).collect()
+                r.protocols
+                    .iter()
+                    .copied()
+                    .filter(|p| cfg.protocols.contains(p))
+                    .collect()
             };
             if protos.is_empty() && r.access != Access::None {
                 continue; // the rule only names protocols this server does not serve
@@ -450,7 +545,15 @@ fn render_config(cfg: &GaneshaConfig, dir: &Path, table: &ExportTable) -> String
             if !protos.is_empty() {
                 let _ = writeln!(out, "        Protocols = {};", protocols_list(&protos));
             }
-            let _ = writeln!(out, "        Squash = {};", if r.superuser { "No_Root_Squash" } else { "Root_Squash" });
+            let _ = writeln!(
+                out,
+                "        Squash = {};",
+                if r.superuser {
+                    "No_Root_Squash"
+                } else {
+                    "Root_Squash"
+                }
+            );
             let _ = writeln!(out, "    }}");
         }
         let _ = writeln!(out, "}}");
@@ -463,18 +566,34 @@ impl ExportBackend for Ganesha {
         "ganesha"
     }
 
-    fn ensure_export<'a>(&'a self, export: &'a str, fs_path: &'a Path) -> BoxFuture<'a, Result<(), NfsError>> {
+    fn ensure_export<'a>(
+        &'a self,
+        export: &'a str,
+        fs_path: &'a Path,
+    ) -> BoxFuture<'a, Result<(), NfsError>> {
         async move {
             validate_export_name(export)?;
             validate_fs_path(export, fs_path)?;
             let mut inner = self.inner.lock().await;
             if let Some(e) = inner.table.exports.get(export) {
                 if e.fs_path == fs_path {
-                    return if child_running(&mut inner) { Ok(()) } else { self.start_locked(&mut inner).await };
+                    return if child_running(&mut inner) {
+                        Ok(())
+                    } else {
+                        self.start_locked(&mut inner).await
+                    };
                 }
             }
-            if let Some((other, _)) = inner.table.exports.iter().find(|(n, e)| n.as_str() != export && e.fs_path == fs_path) {
-                return Err(NfsError::InvalidExport(export.into(), format!("{} is already exported as {other}", fs_path.display())));
+            if let Some((other, _)) = inner
+                .table
+                .exports
+                .iter()
+                .find(|(n, e)| n.as_str() != export && e.fs_path == fs_path)
+            {
+                return Err(NfsError::InvalidExport(
+                    export.into(),
+                    format!("{} is already exported as {other}", fs_path.display()),
+                ));
             }
             let id = match inner.table.exports.get(export) {
                 Some(e) => e.id,
@@ -484,20 +603,44 @@ impl ExportBackend for Ganesha {
                     id
                 }
             };
-            let rules = inner.table.exports.get(export).map(|e| e.rules.clone()).unwrap_or_default();
-            inner.table.exports.insert(export.to_string(), ExportEntry { id, fs_path: fs_path.to_path_buf(), rules });
+            let rules = inner
+                .table
+                .exports
+                .get(export)
+                .map(|e| e.rules.clone())
+                .unwrap_or_default();
+            inner.table.exports.insert(
+                export.to_string(),
+                ExportEntry {
+                    id,
+                    fs_path: fs_path.to_path_buf(),
+                    rules,
+                },
+            );
             self.apply(&mut inner).await
         }
         .boxed()
     }
 
-    fn set_rules<'a>(&'a self, export: &'a str, rules: Vec<ExportRule>) -> BoxFuture<'a, Result<(), NfsError>> {
+    fn set_rules<'a>(
+        &'a self,
+        export: &'a str,
+        rules: Vec<ExportRule>,
+    ) -> BoxFuture<'a, Result<(), NfsError>> {
         async move {
             let rules = normalize_rules(rules)?;
             let mut inner = self.inner.lock().await;
-            let e = inner.table.exports.get_mut(export).ok_or_else(|| NfsError::UnknownExport(export.into()))?;
+            let e = inner
+                .table
+                .exports
+                .get_mut(export)
+                .ok_or_else(|| NfsError::UnknownExport(export.into()))?;
             if e.rules == rules {
-                return if child_running(&mut inner) { Ok(()) } else { self.start_locked(&mut inner).await };
+                return if child_running(&mut inner) {
+                    Ok(())
+                } else {
+                    self.start_locked(&mut inner).await
+                };
             }
             e.rules = rules;
             self.apply(&mut inner).await
@@ -521,10 +664,22 @@ impl ExportBackend for Ganesha {
             let mut inner = self.inner.lock().await;
             if child_running(&mut inner) {
                 let pid = inner.child.as_ref().and_then(|c| c.id()).unwrap_or(0);
-                Ok(Health { backend: "ganesha", detail: format!("nfs-ganesha pid {pid}, {} exports", inner.table.exports.len()) })
+                Ok(Health {
+                    backend: "ganesha",
+                    detail: format!(
+                        "nfs-ganesha pid {pid}, {} exports",
+                        inner.table.exports.len()
+                    ),
+                })
             } else {
-                let why = inner.last_exit.clone().unwrap_or_else(|| "not started".into());
-                Err(NfsError::Down(format!("nfs-ganesha is not running: {why} (log {})", self.log_path().display())))
+                let why = inner
+                    .last_exit
+                    .clone()
+                    .unwrap_or_else(|| "not started".into());
+                Err(NfsError::Down(format!(
+                    "nfs-ganesha is not running: {why} (log {})",
+                    self.log_path().display()
+                )))
             }
         }
         .boxed()
@@ -536,26 +691,58 @@ mod tests {
     use super::*;
 
     fn table() -> ExportTable {
-        let mut t = ExportTable { next_id: 3, exports: BTreeMap::new() };
+        let mut t = ExportTable {
+            next_id: 3,
+            exports: BTreeMap::new(),
+        };
         t.exports.insert(
             "/images/a".into(),
             ExportEntry {
                 id: 1,
                 fs_path: "/srv/a".into(),
                 rules: vec![
-                    ExportRule { index: 1, client: "10.0.0.5".parse().unwrap(), access: Access::None, protocols: vec![], superuser: false },
-                    ExportRule { index: 2, client: "10.0.0.0/24".parse().unwrap(), access: Access::Ro, protocols: vec![Protocol::Nfs3], superuser: false },
-                    ExportRule { index: 3, client: "fd00::/64".parse().unwrap(), access: Access::Rw, protocols: vec![], superuser: true },
+                    ExportRule {
+                        index: 1,
+                        client: "10.0.0.5".parse().unwrap(),
+                        access: Access::None,
+                        protocols: vec![],
+                        superuser: false,
+                    },
+                    ExportRule {
+                        index: 2,
+                        client: "10.0.0.0/24".parse().unwrap(),
+                        access: Access::Ro,
+                        protocols: vec![Protocol::Nfs3],
+                        superuser: false,
+                    },
+                    ExportRule {
+                        index: 3,
+                        client: "fd00::/64".parse().unwrap(),
+                        access: Access::Rw,
+                        protocols: vec![],
+                        superuser: true,
+                    },
                 ],
             },
         );
-        t.exports.insert("/images/b".into(), ExportEntry { id: 2, fs_path: "/srv/b".into(), rules: vec![] });
+        t.exports.insert(
+            "/images/b".into(),
+            ExportEntry {
+                id: 2,
+                fs_path: "/srv/b".into(),
+                rules: vec![],
+            },
+        );
         t
     }
 
     #[test]
     fn renders_deny_by_default_and_rules_in_order() {
-        let text = render_config(&GaneshaConfig::default(), Path::new("/var/lib/bp/ganesha"), &table());
+        let text = render_config(
+            &GaneshaConfig::default(),
+            Path::new("/var/lib/bp/ganesha"),
+            &table(),
+        );
         assert!(text.contains("EXPORT_DEFAULTS {\n    Access_Type = None;"));
         assert!(text.contains("RecoveryRoot = \"/var/lib/bp/ganesha/recovery\";"));
         assert!(text.contains("NFS_Port = 2049;"));
@@ -569,9 +756,17 @@ mod tests {
         let block1 = &text[i1..i2];
         assert!(block1.contains("Access_Type = None;"));
         let block2 = &text[i2..i3];
-        assert!(block2.contains("Access_Type = RO;") && block2.contains("Protocols = 3;") && block2.contains("Squash = Root_Squash;"));
+        assert!(
+            block2.contains("Access_Type = RO;")
+                && block2.contains("Protocols = 3;")
+                && block2.contains("Squash = Root_Squash;")
+        );
         let block3 = &text[i3..b];
-        assert!(block3.contains("Access_Type = RW;") && block3.contains("Protocols = 3, 4;") && block3.contains("No_Root_Squash"));
+        assert!(
+            block3.contains("Access_Type = RW;")
+                && block3.contains("Protocols = 3, 4;")
+                && block3.contains("No_Root_Squash")
+        );
         // Export b has no CLIENT block at all: nobody has access.
         assert!(!text[b..].contains("CLIENT"));
         assert!(text[b..].contains("Access_Type = None;"));
@@ -581,10 +776,18 @@ mod tests {
 
     #[test]
     fn rule_for_unserved_protocol_is_dropped() {
-        let cfg = GaneshaConfig { protocols: vec![Protocol::Nfs3], ..Default::default() };
+        let cfg = GaneshaConfig {
+            protocols: vec![Protocol::Nfs3],
+            ..Default::default()
+        };
         let mut t = table();
-        t.exports.get_mut("/images/b").unwrap().rules =
-            vec![ExportRule { index: 1, client: "10.0.0.9".parse().unwrap(), access: Access::Ro, protocols: vec![Protocol::Nfs4], superuser: false }];
+        t.exports.get_mut("/images/b").unwrap().rules = vec![ExportRule {
+            index: 1,
+            client: "10.0.0.9".parse().unwrap(),
+            access: Access::Ro,
+            protocols: vec![Protocol::Nfs4],
+            superuser: false,
+        }];
         let text = render_config(&cfg, Path::new("/x"), &t);
         assert!(!text.contains("10.0.0.9"));
         assert!(text.contains("Protocols = 3;"));
@@ -612,12 +815,24 @@ mod tests {
             ..Default::default()
         };
         let g = Ganesha::new(cfg.clone(), dir.path()).unwrap();
-        let err = g.ensure_export("/images/a", Path::new("/srv/a")).await.unwrap_err();
+        let err = g
+            .ensure_export("/images/a", Path::new("/srv/a"))
+            .await
+            .unwrap_err();
         assert!(matches!(err, NfsError::Down(_)), "{err}");
         assert!(err.to_string().contains("exited during startup"), "{err}");
-        assert!(matches!(g.ensure_export("relative", Path::new("/srv/a")).await, Err(NfsError::InvalidExport(..))));
-        assert!(matches!(g.ensure_export("/images/c", Path::new("srv")).await, Err(NfsError::InvalidExport(..))));
-        assert!(matches!(g.set_rules("/nope", vec![]).await, Err(NfsError::UnknownExport(_))));
+        assert!(matches!(
+            g.ensure_export("relative", Path::new("/srv/a")).await,
+            Err(NfsError::InvalidExport(..))
+        ));
+        assert!(matches!(
+            g.ensure_export("/images/c", Path::new("srv")).await,
+            Err(NfsError::InvalidExport(..))
+        ));
+        assert!(matches!(
+            g.set_rules("/nope", vec![]).await,
+            Err(NfsError::UnknownExport(_))
+        ));
         let h = g.health().await.unwrap_err();
         assert!(h.to_string().contains("not running"), "{h}");
         drop(g);

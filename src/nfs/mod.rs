@@ -92,11 +92,19 @@ impl ClientMatch {
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - self.prefix as u32) };
+                let mask = if self.prefix == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - self.prefix as u32)
+                };
                 u32::from(n) & mask == u32::from(a) & mask
             }
             (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let mask = if self.prefix == 0 { 0 } else { u128::MAX << (128 - self.prefix as u32) };
+                let mask = if self.prefix == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - self.prefix as u32)
+                };
                 u128::from(n) & mask == u128::from(a) & mask
             }
             _ => false,
@@ -120,18 +128,33 @@ impl FromStr for ClientMatch {
         };
         let m = ClientMatch { addr, prefix };
         // Normalise a CIDR to its network address so equal networks compare equal.
-        Ok(if m.is_host() { m } else { ClientMatch { addr: network_of(addr, prefix), prefix } })
+        Ok(if m.is_host() {
+            m
+        } else {
+            ClientMatch {
+                addr: network_of(addr, prefix),
+                prefix,
+            }
+        })
     }
 }
 
 fn network_of(addr: IpAddr, prefix: u8) -> IpAddr {
     match addr {
         IpAddr::V4(a) => {
-            let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix as u32) };
+            let mask = if prefix == 0 {
+                0
+            } else {
+                u32::MAX << (32 - prefix as u32)
+            };
             IpAddr::V4((u32::from(a) & mask).into())
         }
         IpAddr::V6(a) => {
-            let mask = if prefix == 0 { 0 } else { u128::MAX << (128 - prefix as u32) };
+            let mask = if prefix == 0 {
+                0
+            } else {
+                u128::MAX << (128 - prefix as u32)
+            };
             IpAddr::V6((u128::from(a) & mask).into())
         }
     }
@@ -180,7 +203,13 @@ pub struct ExportRule {
 impl ExportRule {
     /// A read-only, root-squashed rule for one host.
     pub fn read_only(index: u32, client: ClientMatch) -> Self {
-        ExportRule { index, client, access: Access::Ro, protocols: Vec::new(), superuser: false }
+        ExportRule {
+            index,
+            client,
+            access: Access::Ro,
+            protocols: Vec::new(),
+            superuser: false,
+        }
     }
 
     pub fn applies_to(&self, p: Protocol) -> bool {
@@ -194,7 +223,10 @@ pub fn normalize_rules(mut rules: Vec<ExportRule>) -> Result<Vec<ExportRule>, Nf
     rules.sort_by_key(|r| r.index);
     for w in rules.windows(2) {
         if w[0].index == w[1].index {
-            return Err(NfsError::InvalidRule(format!("two rules with index {}", w[0].index)));
+            return Err(NfsError::InvalidRule(format!(
+                "two rules with index {}",
+                w[0].index
+            )));
         }
     }
     for r in &mut rules {
@@ -239,18 +271,30 @@ pub fn validate_export_name(export: &str) -> Result<(), NfsError> {
 
 /// Characters that would break out of a quoted value in ganesha.conf or /etc/exports.
 pub(crate) fn validate_path_chars(p: &str) -> Result<(), String> {
-    if let Some(c) = p.chars().find(|c| c.is_control() || matches!(c, '"' | '\\' | '{' | '}' | ';' | '#' | ' ' | '\'' | '(' | ')' | ',')) {
+    if let Some(c) = p.chars().find(|c| {
+        c.is_control()
+            || matches!(
+                c,
+                '"' | '\\' | '{' | '}' | ';' | '#' | ' ' | '\'' | '(' | ')' | ','
+            )
+    }) {
         return Err(format!("contains {c:?}"));
     }
     Ok(())
 }
 
 pub(crate) fn validate_fs_path(export: &str, fs_path: &Path) -> Result<(), NfsError> {
-    let s = fs_path.to_str().ok_or_else(|| NfsError::InvalidExport(export.into(), "fs path is not UTF-8".into()))?;
+    let s = fs_path
+        .to_str()
+        .ok_or_else(|| NfsError::InvalidExport(export.into(), "fs path is not UTF-8".into()))?;
     if !fs_path.is_absolute() {
-        return Err(NfsError::InvalidExport(export.into(), format!("fs path {s:?} is not absolute")));
+        return Err(NfsError::InvalidExport(
+            export.into(),
+            format!("fs path {s:?} is not absolute"),
+        ));
     }
-    validate_path_chars(s).map_err(|why| NfsError::InvalidExport(export.into(), format!("fs path {why}")))
+    validate_path_chars(s)
+        .map_err(|why| NfsError::InvalidExport(export.into(), format!("fs path {why}")))
 }
 
 /// Health as reported by a backend.
@@ -270,10 +314,18 @@ pub trait ExportBackend: Send + Sync {
 
     /// Create the export `export` (an absolute path-like name; the NFSv4 pseudo path)
     /// serving `fs_path`, with no rules yet (nobody has access), or update its path.
-    fn ensure_export<'a>(&'a self, export: &'a str, fs_path: &'a Path) -> BoxFuture<'a, Result<(), NfsError>>;
+    fn ensure_export<'a>(
+        &'a self,
+        export: &'a str,
+        fs_path: &'a Path,
+    ) -> BoxFuture<'a, Result<(), NfsError>>;
 
     /// Replace the export's rules. Takes effect before the future resolves.
-    fn set_rules<'a>(&'a self, export: &'a str, rules: Vec<ExportRule>) -> BoxFuture<'a, Result<(), NfsError>>;
+    fn set_rules<'a>(
+        &'a self,
+        export: &'a str,
+        rules: Vec<ExportRule>,
+    ) -> BoxFuture<'a, Result<(), NfsError>>;
 
     /// Stop exporting. Removing an export that does not exist is not an error.
     fn remove_export<'a>(&'a self, export: &'a str) -> BoxFuture<'a, Result<(), NfsError>>;
@@ -309,7 +361,9 @@ impl NfsConfig {
         match self.backend.as_str() {
             "ganesha" | "knfsd" => Ok(()),
             "ontap" => self.ontap.validate(),
-            other => anyhow::bail!("unknown nfs.backend {other:?} (expected ganesha, knfsd or ontap)"),
+            other => {
+                anyhow::bail!("unknown nfs.backend {other:?} (expected ganesha, knfsd or ontap)")
+            }
         }
     }
 }
@@ -346,7 +400,14 @@ mod tests {
         let v6: ClientMatch = "fd00::1/64".parse().unwrap();
         assert_eq!(v6.to_string(), "fd00::/64");
         assert!(v6.contains("fd00::abcd".parse().unwrap()));
-        for bad in ["", "host.example", "10.0.0.1/33", "10.0.0.1/x", "::1/129", "10.0.0.0/8/1"] {
+        for bad in [
+            "",
+            "host.example",
+            "10.0.0.1/33",
+            "10.0.0.1/x",
+            "::1/129",
+            "10.0.0.0/8/1",
+        ] {
             assert!(bad.parse::<ClientMatch>().is_err(), "{bad}");
         }
     }
@@ -354,22 +415,61 @@ mod tests {
     #[test]
     fn first_match_wins_and_default_is_deny() {
         let rules = vec![
-            ExportRule { index: 2, client: "10.0.0.0/8".parse().unwrap(), access: Access::Ro, protocols: vec![], superuser: false },
-            ExportRule { index: 1, client: "10.0.0.5".parse().unwrap(), access: Access::None, protocols: vec![], superuser: false },
-            ExportRule { index: 3, client: "192.0.2.0/24".parse().unwrap(), access: Access::Rw, protocols: vec![Protocol::Nfs4], superuser: true },
+            ExportRule {
+                index: 2,
+                client: "10.0.0.0/8".parse().unwrap(),
+                access: Access::Ro,
+                protocols: vec![],
+                superuser: false,
+            },
+            ExportRule {
+                index: 1,
+                client: "10.0.0.5".parse().unwrap(),
+                access: Access::None,
+                protocols: vec![],
+                superuser: false,
+            },
+            ExportRule {
+                index: 3,
+                client: "192.0.2.0/24".parse().unwrap(),
+                access: Access::Rw,
+                protocols: vec![Protocol::Nfs4],
+                superuser: true,
+            },
         ];
-        assert_eq!(decide(&rules, "10.0.0.5".parse().unwrap(), Protocol::Nfs3), Access::None);
-        assert_eq!(decide(&rules, "10.0.0.6".parse().unwrap(), Protocol::Nfs3), Access::Ro);
-        assert_eq!(decide(&rules, "192.0.2.9".parse().unwrap(), Protocol::Nfs4), Access::Rw);
-        assert_eq!(decide(&rules, "192.0.2.9".parse().unwrap(), Protocol::Nfs3), Access::None);
-        assert_eq!(decide(&rules, "172.16.0.1".parse().unwrap(), Protocol::Nfs3), Access::None);
-        assert_eq!(decide(&[], "10.0.0.5".parse().unwrap(), Protocol::Nfs3), Access::None);
+        assert_eq!(
+            decide(&rules, "10.0.0.5".parse().unwrap(), Protocol::Nfs3),
+            Access::None
+        );
+        assert_eq!(
+            decide(&rules, "10.0.0.6".parse().unwrap(), Protocol::Nfs3),
+            Access::Ro
+        );
+        assert_eq!(
+            decide(&rules, "192.0.2.9".parse().unwrap(), Protocol::Nfs4),
+            Access::Rw
+        );
+        assert_eq!(
+            decide(&rules, "192.0.2.9".parse().unwrap(), Protocol::Nfs3),
+            Access::None
+        );
+        assert_eq!(
+            decide(&rules, "172.16.0.1".parse().unwrap(), Protocol::Nfs3),
+            Access::None
+        );
+        assert_eq!(
+            decide(&[], "10.0.0.5".parse().unwrap(), Protocol::Nfs3),
+            Access::None
+        );
     }
 
     #[test]
     fn duplicate_index_rejected() {
         let r = ExportRule::read_only(1, "10.0.0.1".parse().unwrap());
-        assert!(matches!(normalize_rules(vec![r.clone(), r]), Err(NfsError::InvalidRule(_))));
+        assert!(matches!(
+            normalize_rules(vec![r.clone(), r]),
+            Err(NfsError::InvalidRule(_))
+        ));
     }
 
     #[test]
@@ -385,7 +485,9 @@ mod tests {
     #[test]
     fn export_names_validated() {
         validate_export_name("/images/ubuntu-22.04").unwrap();
-        for bad in ["images", "/", "/a/../b", "/a b", "/a\"b", "/a;b", "/a/", "/a//b", "/a{b", "/a\nb"] {
+        for bad in [
+            "images", "/", "/a/../b", "/a b", "/a\"b", "/a;b", "/a/", "/a//b", "/a{b", "/a\nb",
+        ] {
             assert!(validate_export_name(bad).is_err(), "{bad:?}");
         }
     }

@@ -33,7 +33,10 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{normalize_rules, validate_export_name, Access, ExportBackend, ExportRule, Health, NfsError, Protocol};
+use super::{
+    normalize_rules, validate_export_name, Access, ExportBackend, ExportRule, Health, NfsError,
+    Protocol,
+};
 
 /// `[nfs.ontap]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -111,10 +114,23 @@ impl Ontap {
                 .to_string(),
             (None, None) => unreachable!("validated"),
         };
-        let auth = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", cfg.username, password)));
-        let agent = ureq::AgentBuilder::new().timeout(Duration::from_millis(cfg.timeout_ms)).redirects(0).build();
+        let auth = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{}", cfg.username, password))
+        );
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_millis(cfg.timeout_ms))
+            .redirects(0)
+            .build();
         Ok(Ontap {
-            client: Client { agent, base: cfg.url.trim_end_matches('/').to_string(), auth, svm: cfg.svm, prefix: cfg.policy_prefix },
+            client: Client {
+                agent,
+                base: cfg.url.trim_end_matches('/').to_string(),
+                auth,
+                svm: cfg.svm,
+                prefix: cfg.policy_prefix,
+            },
         })
     }
 
@@ -123,14 +139,23 @@ impl Ontap {
         self.client.policy_name(export)
     }
 
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Client) -> Result<T, NfsError> + Send + 'static) -> Result<T, NfsError> {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Client) -> Result<T, NfsError> + Send + 'static,
+    ) -> Result<T, NfsError> {
         let c = self.client.clone();
-        tokio::task::spawn_blocking(move || f(&c)).await.map_err(|e| NfsError::Backend(format!("ontap worker: {e}")))?
+        tokio::task::spawn_blocking(move || f(&c))
+            .await
+            .map_err(|e| NfsError::Backend(format!("ontap worker: {e}")))?
     }
 }
 
 /// Everything but RFC 3986 unreserved characters is escaped.
-const ESCAPE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const ESCAPE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 fn enc(s: &str) -> String {
     utf8_percent_encode(s, ESCAPE).to_string()
@@ -138,34 +163,66 @@ fn enc(s: &str) -> String {
 
 impl Client {
     fn policy_name(&self, export: &str) -> String {
-        let body: String = export.trim_matches('/').chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+        let body: String = export
+            .trim_matches('/')
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         format!("{}_{}", self.prefix, body)
     }
 
     /// One request; `Ok(None)` for 404.
-    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Option<Value>, NfsError> {
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Option<Value>, NfsError> {
         let url = format!("{}{}", self.base, path);
-        let req = self.agent.request(method, &url).set("Authorization", &self.auth).set("Accept", "application/json");
+        let req = self
+            .agent
+            .request(method, &url)
+            .set("Authorization", &self.auth)
+            .set("Accept", "application/json");
         let res = match body {
-            Some(b) => req.set("Content-Type", "application/json").send_string(&b.to_string()),
+            Some(b) => req
+                .set("Content-Type", "application/json")
+                .send_string(&b.to_string()),
             None => req.call(),
         };
         match res {
             Ok(r) => {
-                let text = r.into_string().map_err(|e| NfsError::Backend(format!("ontap {method} {path}: reading response: {e}")))?;
+                let text = r.into_string().map_err(|e| {
+                    NfsError::Backend(format!("ontap {method} {path}: reading response: {e}"))
+                })?;
                 if text.trim().is_empty() {
                     return Ok(Some(Value::Null));
                 }
-                serde_json::from_str(&text).map(Some).map_err(|e| NfsError::Backend(format!("ontap {method} {path}: bad json: {e}")))
+                serde_json::from_str(&text)
+                    .map(Some)
+                    .map_err(|e| NfsError::Backend(format!("ontap {method} {path}: bad json: {e}")))
             }
             Err(ureq::Error::Status(404, _)) => Ok(None),
             Err(ureq::Error::Status(code, r)) => {
                 let text = r.into_string().unwrap_or_default();
                 let msg = serde_json::from_str::<Value>(&text)
                     .ok()
-                    .and_then(|v| v.pointer("/error/message").and_then(|m| m.as_str()).map(String::from))
+                    .and_then(|v| {
+                        v.pointer("/error/message")
+                            .and_then(|m| m.as_str())
+                            .map(String::from)
+                    })
                     .unwrap_or(text);
-                Err(NfsError::Backend(format!("ontap {method} {path}: http {code}: {}", msg.trim())))
+                Err(NfsError::Backend(format!(
+                    "ontap {method} {path}: http {code}: {}",
+                    msg.trim()
+                )))
             }
             Err(e) => Err(NfsError::Down(format!("ontap {method} {url}: {e}"))),
         }
@@ -173,7 +230,15 @@ impl Client {
 
     fn policy_id(&self, name: &str) -> Result<Option<u64>, NfsError> {
         let v = self
-            .call("GET", &format!("/api/protocols/nfs/export-policies?name={}&svm.name={}&fields=id", enc(name), enc(&self.svm)), None)?
+            .call(
+                "GET",
+                &format!(
+                    "/api/protocols/nfs/export-policies?name={}&svm.name={}&fields=id",
+                    enc(name),
+                    enc(&self.svm)
+                ),
+                None,
+            )?
             .unwrap_or(Value::Null);
         Ok(v.pointer("/records/0/id").and_then(Value::as_u64))
     }
@@ -181,36 +246,71 @@ impl Client {
     fn ensure_export(&self, export: &str) -> Result<(), NfsError> {
         let name = self.policy_name(export);
         if self.policy_id(&name)?.is_none() {
-            self.call("POST", "/api/protocols/nfs/export-policies", Some(&json!({"name": name, "svm": {"name": self.svm}})))?;
+            self.call(
+                "POST",
+                "/api/protocols/nfs/export-policies",
+                Some(&json!({"name": name, "svm": {"name": self.svm}})),
+            )?;
             if self.policy_id(&name)?.is_none() {
-                return Err(NfsError::Backend(format!("ontap: export policy {name} not found after creating it")));
+                return Err(NfsError::Backend(format!(
+                    "ontap: export policy {name} not found after creating it"
+                )));
             }
         }
         let vols = self
             .call("GET", &format!("/api/storage/volumes?svm.name={}&nas.path={}&fields=uuid,name,nas.export_policy.name", enc(&self.svm), enc(export)), None)?
             .unwrap_or(Value::Null);
         let Some(vol) = vols.pointer("/records/0") else {
-            return Err(NfsError::InvalidExport(export.into(), format!("no ONTAP volume in svm {} has junction path {export}", self.svm)));
+            return Err(NfsError::InvalidExport(
+                export.into(),
+                format!(
+                    "no ONTAP volume in svm {} has junction path {export}",
+                    self.svm
+                ),
+            ));
         };
-        let uuid = vol.get("uuid").and_then(Value::as_str).ok_or_else(|| NfsError::Backend("ontap: volume record without uuid".into()))?;
-        if vol.pointer("/nas/export_policy/name").and_then(Value::as_str) != Some(name.as_str()) {
-            self.call("PATCH", &format!("/api/storage/volumes/{}", enc(uuid)), Some(&json!({"nas": {"export_policy": {"name": name}}})))?;
+        let uuid = vol
+            .get("uuid")
+            .and_then(Value::as_str)
+            .ok_or_else(|| NfsError::Backend("ontap: volume record without uuid".into()))?;
+        if vol
+            .pointer("/nas/export_policy/name")
+            .and_then(Value::as_str)
+            != Some(name.as_str())
+        {
+            self.call(
+                "PATCH",
+                &format!("/api/storage/volumes/{}", enc(uuid)),
+                Some(&json!({"nas": {"export_policy": {"name": name}}})),
+            )?;
         }
         Ok(())
     }
 
     fn set_rules(&self, export: &str, rules: &[ExportRule]) -> Result<(), NfsError> {
         let name = self.policy_name(export);
-        let id = self.policy_id(&name)?.ok_or_else(|| NfsError::UnknownExport(export.into()))?;
+        let id = self
+            .policy_id(&name)?
+            .ok_or_else(|| NfsError::UnknownExport(export.into()))?;
         let base = format!("/api/protocols/nfs/export-policies/{id}/rules");
         let existing = self
-            .call("GET", &format!("{base}?fields=index,clients,ro_rule,rw_rule,superuser,protocols"), None)?
+            .call(
+                "GET",
+                &format!("{base}?fields=index,clients,ro_rule,rw_rule,superuser,protocols"),
+                None,
+            )?
             .unwrap_or(Value::Null);
-        let existing: Vec<Value> = existing.get("records").and_then(Value::as_array).cloned().unwrap_or_default();
+        let existing: Vec<Value> = existing
+            .get("records")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let desired: Vec<Value> = rules.iter().map(rule_json).collect();
         let mut keep = Vec::new();
         for e in &existing {
-            let Some(idx) = e.get("index").and_then(Value::as_u64) else { continue };
+            let Some(idx) = e.get("index").and_then(Value::as_u64) else {
+                continue;
+            };
             if desired.iter().any(|d| same_rule(d, e)) {
                 keep.push(idx);
             } else {
@@ -227,10 +327,19 @@ impl Client {
 
     fn remove_export(&self, export: &str) -> Result<(), NfsError> {
         let name = self.policy_name(export);
-        let Some(id) = self.policy_id(&name)? else { return Ok(()) };
+        let Some(id) = self.policy_id(&name)? else {
+            return Ok(());
+        };
         let base = format!("/api/protocols/nfs/export-policies/{id}/rules");
-        let existing = self.call("GET", &format!("{base}?fields=index"), None)?.unwrap_or(Value::Null);
-        for e in existing.get("records").and_then(Value::as_array).cloned().unwrap_or_default() {
+        let existing = self
+            .call("GET", &format!("{base}?fields=index"), None)?
+            .unwrap_or(Value::Null);
+        for e in existing
+            .get("records")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+        {
             if let Some(idx) = e.get("index").and_then(Value::as_u64) {
                 self.call("DELETE", &format!("{base}/{idx}"), None)?;
             }
@@ -239,24 +348,50 @@ impl Client {
     }
 
     fn health(&self) -> Result<Health, NfsError> {
-        let v = self.call("GET", "/api/cluster?fields=version,name", None)?.unwrap_or(Value::Null);
-        let version = v.pointer("/version/full").and_then(Value::as_str).unwrap_or("unknown version");
-        Ok(Health { backend: "ontap", detail: format!("{} ({version})", v.get("name").and_then(Value::as_str).unwrap_or("cluster")) })
+        let v = self
+            .call("GET", "/api/cluster?fields=version,name", None)?
+            .unwrap_or(Value::Null);
+        let version = v
+            .pointer("/version/full")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown version");
+        Ok(Health {
+            backend: "ontap",
+            detail: format!(
+                "{} ({version})",
+                v.get("name").and_then(Value::as_str).unwrap_or("cluster")
+            ),
+        })
     }
 }
 
 /// The ONTAP `export_rule` body for one rule.
 pub fn rule_json(r: &ExportRule) -> Value {
-    let ro = if r.access == Access::None { "never" } else { "sys" };
-    let rw = if r.access == Access::Rw { "sys" } else { "never" };
-    let su = if r.superuser && r.access != Access::None { "sys" } else { "none" };
+    let ro = if r.access == Access::None {
+        "never"
+    } else {
+        "sys"
+    };
+    let rw = if r.access == Access::Rw {
+        "sys"
+    } else {
+        "never"
+    };
+    let su = if r.superuser && r.access != Access::None {
+        "sys"
+    } else {
+        "none"
+    };
     let protocols: Vec<&str> = if r.protocols.is_empty() {
         vec!["any"]
     } else {
-        r.protocols.iter().map(|p| match p {
-            Protocol::Nfs3 => "nfs3",
-            Protocol::Nfs4 => "nfs4",
-        }).collect()
+        r.protocols
+            .iter()
+            .map(|p| match p {
+                Protocol::Nfs3 => "nfs3",
+                Protocol::Nfs4 => "nfs4",
+            })
+            .collect()
     };
     json!({
         "index": r.index,
@@ -274,17 +409,23 @@ fn same_rule(desired: &Value, existing: &Value) -> bool {
     fn set(v: Option<&Value>, key: Option<&str>) -> Vec<String> {
         let mut out: Vec<String> = v
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|x| match key {
-                Some(k) => x.get(k).and_then(Value::as_str).map(String::from),
-                None => x.as_str().map(String::from),
-            }).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| match key {
+                        Some(k) => x.get(k).and_then(Value::as_str).map(String::from),
+                        None => x.as_str().map(String::from),
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         out.sort();
         out
     }
     desired.get("index") == existing.get("index")
         && set(desired.get("clients"), Some("match")) == set(existing.get("clients"), Some("match"))
-        && ["ro_rule", "rw_rule", "superuser", "protocols"].iter().all(|k| set(desired.get(*k), None) == set(existing.get(*k), None))
+        && ["ro_rule", "rw_rule", "superuser", "protocols"]
+            .iter()
+            .all(|k| set(desired.get(*k), None) == set(existing.get(*k), None))
 }
 
 impl ExportBackend for Ontap {
@@ -292,7 +433,11 @@ impl ExportBackend for Ontap {
         "ontap"
     }
 
-    fn ensure_export<'a>(&'a self, export: &'a str, _fs_path: &'a std::path::Path) -> BoxFuture<'a, Result<(), NfsError>> {
+    fn ensure_export<'a>(
+        &'a self,
+        export: &'a str,
+        _fs_path: &'a std::path::Path,
+    ) -> BoxFuture<'a, Result<(), NfsError>> {
         async move {
             validate_export_name(export)?;
             let export = export.to_string();
@@ -301,7 +446,11 @@ impl ExportBackend for Ontap {
         .boxed()
     }
 
-    fn set_rules<'a>(&'a self, export: &'a str, rules: Vec<ExportRule>) -> BoxFuture<'a, Result<(), NfsError>> {
+    fn set_rules<'a>(
+        &'a self,
+        export: &'a str,
+        rules: Vec<ExportRule>,
+    ) -> BoxFuture<'a, Result<(), NfsError>> {
         async move {
             let rules = normalize_rules(rules)?;
             let export = export.to_string();
@@ -326,7 +475,13 @@ mod tests {
 
     #[test]
     fn rule_bodies() {
-        let r = ExportRule { index: 3, client: "10.0.0.0/24".parse().unwrap(), access: Access::Rw, protocols: vec![Protocol::Nfs3], superuser: true };
+        let r = ExportRule {
+            index: 3,
+            client: "10.0.0.0/24".parse().unwrap(),
+            access: Access::Rw,
+            protocols: vec![Protocol::Nfs3],
+            superuser: true,
+        };
         assert_eq!(
             rule_json(&r),
             json!({"index":3,"clients":[{"match":"10.0.0.0/24"}],"ro_rule":["sys"],"rw_rule":["sys"],"superuser":["sys"],"protocols":["nfs3"]})
@@ -346,7 +501,12 @@ mod tests {
 
     #[test]
     fn config_validation() {
-        let mut c = OntapConfig { url: "https://cluster".into(), svm: "svm1".into(), password: Some("x".into()), ..Default::default() };
+        let mut c = OntapConfig {
+            url: "https://cluster".into(),
+            svm: "svm1".into(),
+            password: Some("x".into()),
+            ..Default::default()
+        };
         assert!(c.validate().unwrap_err().to_string().contains("TLS"));
         c.url = "http://127.0.0.1:1".into();
         c.validate().unwrap();

@@ -39,10 +39,18 @@ fn job_error(e: JobError) -> Response {
     error(code, e.to_string())
 }
 
-async fn create(State(runner): State<Runner>, body: Result<Json<ProvisionRequest>, JsonRejection>) -> Response {
+async fn create(
+    State(runner): State<Runner>,
+    body: Result<Json<ProvisionRequest>, JsonRejection>,
+) -> Response {
     let Json(req) = match body {
         Ok(b) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid provisioning request: {}", e.body_text())),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid provisioning request: {}", e.body_text()),
+            )
+        }
     };
     let existed = match &req.id {
         Some(id) => runner.status(id).await.is_ok(),
@@ -53,7 +61,15 @@ async fn create(State(runner): State<Runner>, body: Result<Json<ProvisionRequest
         Err(e) => return job_error(e),
     };
     match runner.status(&id).await {
-        Ok(s) => (if existed { StatusCode::OK } else { StatusCode::CREATED }, Json(s)).into_response(),
+        Ok(s) => (
+            if existed {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            },
+            Json(s),
+        )
+            .into_response(),
         Err(e) => job_error(e),
     }
 }

@@ -56,7 +56,10 @@ impl Default for KubernetesConfig {
             image: "ghcr.io/bootplane/bootplane:latest".into(),
             image_pull_policy: "IfNotPresent".into(),
             service_account: None,
-            node_selector: BTreeMap::from([("genctl.role.service".to_string(), "true".to_string())]),
+            node_selector: BTreeMap::from([(
+                "genctl.role.service".to_string(),
+                "true".to_string(),
+            )]),
             cpu_request: "500m".into(),
             cpu_limit: "2".into(),
             memory_request: "256Mi".into(),
@@ -74,12 +77,18 @@ impl KubernetesConfig {
             anyhow::bail!("provision.kubernetes.api_url must be http:// (e.g. kubectl proxy; no TLS client in this build)");
         }
         if !is_dns_label(&self.namespace) {
-            anyhow::bail!("provision.kubernetes.namespace {:?} is not a DNS label", self.namespace);
+            anyhow::bail!(
+                "provision.kubernetes.namespace {:?} is not a DNS label",
+                self.namespace
+            );
         }
         if self.image.is_empty() {
             anyhow::bail!("provision.kubernetes.image is required");
         }
-        if self.backoff_limit < 0 || self.ttl_seconds_after_finished < 0 || self.active_deadline_seconds <= 0 {
+        if self.backoff_limit < 0
+            || self.ttl_seconds_after_finished < 0
+            || self.active_deadline_seconds <= 0
+        {
             anyhow::bail!("provision.kubernetes backoff_limit/ttl must be >= 0 and active_deadline_seconds > 0");
         }
         Ok(())
@@ -89,30 +98,52 @@ impl KubernetesConfig {
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
 
 /// A DNS-1123 label built from `s` (lowercase, `[a-z0-9-]`, at most `max` chars).
 fn label_safe(s: &str, max: usize) -> String {
-    let mut out: String = s.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let mut out: String = s
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
     out.truncate(max);
     let out = out.trim_matches('-').to_string();
-    if out.is_empty() { "x".into() } else { out }
+    if out.is_empty() {
+        "x".into()
+    } else {
+        out
+    }
 }
 
 /// Label values allow `[A-Za-z0-9._-]`, at most 63, alphanumeric at both ends.
 fn label_value(s: &str) -> String {
-    let mut out: String = s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+    let mut out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     out.truncate(63);
-    out.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_string()
+    out.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
 }
 
 /// The Job name for a job id: `provision-<server>-<8 hex of sha256(id)>`.
 pub fn job_name(req: &ProvisionRequest, id: &str) -> String {
     let h = hex::encode(&Sha256::digest(id.as_bytes())[..4]);
-    format!("provision-{}-{h}", label_safe(&req.server, 63 - "provision-".len() - 9))
+    format!(
+        "provision-{}-{h}",
+        label_safe(&req.server, 63 - "provision-".len() - 9)
+    )
 }
 
 /// Render the `batch/v1` Job (pure).
@@ -139,7 +170,13 @@ pub fn render_job(cfg: &KubernetesConfig, req: &ProvisionRequest, id: &str) -> V
     };
     volumes.push(json!({"name": "target", "hostPath": {"path": req.target}}));
     mounts.push(json!({"name": "target", "mountPath": req.target}));
-    let mut args = vec!["provision".to_string(), "--source".into(), source, "--target".into(), req.target.clone()];
+    let mut args = vec![
+        "provision".to_string(),
+        "--source".into(),
+        source,
+        "--target".into(),
+        req.target.clone(),
+    ];
     if let Some(h) = &req.sha256 {
         args.extend(["--sha256".into(), h.clone()]);
     }
@@ -196,11 +233,20 @@ pub fn job_state(job: &Value) -> (JobState, Option<String>) {
                 continue;
             }
             match c.get("type").and_then(Value::as_str) {
-                Some("Complete") | Some("SuccessCriteriaMet") => return (JobState::Succeeded, None),
+                Some("Complete") | Some("SuccessCriteriaMet") => {
+                    return (JobState::Succeeded, None)
+                }
                 Some("Failed") | Some("FailureTarget") => {
                     let reason = c.get("reason").and_then(Value::as_str).unwrap_or("Failed");
                     let msg = c.get("message").and_then(Value::as_str).unwrap_or("");
-                    return (JobState::Failed, Some(format!("{reason}: {msg}").trim_end_matches(": ").to_string()));
+                    return (
+                        JobState::Failed,
+                        Some(
+                            format!("{reason}: {msg}")
+                                .trim_end_matches(": ")
+                                .to_string(),
+                        ),
+                    );
                 }
                 _ => {}
             }
@@ -227,27 +273,53 @@ impl KubernetesRunner {
         use anyhow::Context as _;
         cfg.validate()?;
         let token = match &cfg.token_file {
-            Some(f) => Some(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?.trim().to_string()),
+            Some(f) => Some(
+                std::fs::read_to_string(f)
+                    .with_context(|| format!("reading {}", f.display()))?
+                    .trim()
+                    .to_string(),
+            ),
             None => None,
         };
-        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(15)).redirects(0).build();
-        Ok(KubernetesRunner { cfg, agent, token, jobs: std::sync::Mutex::new(BTreeMap::new()) })
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(15))
+            .redirects(0)
+            .build();
+        Ok(KubernetesRunner {
+            cfg,
+            agent,
+            token,
+            jobs: std::sync::Mutex::new(BTreeMap::new()),
+        })
     }
 
     fn jobs_url(&self) -> String {
-        format!("{}/apis/batch/v1/namespaces/{}/jobs", self.cfg.api_url.trim_end_matches('/'), self.cfg.namespace)
+        format!(
+            "{}/apis/batch/v1/namespaces/{}/jobs",
+            self.cfg.api_url.trim_end_matches('/'),
+            self.cfg.namespace
+        )
     }
 
-    async fn request(&self, method: &'static str, url: String, body: Option<Value>) -> Result<(u16, Value), JobError> {
+    async fn request(
+        &self,
+        method: &'static str,
+        url: String,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), JobError> {
         let agent = self.agent.clone();
         let token = self.token.clone();
         tokio::task::spawn_blocking(move || {
-            let mut req = agent.request(method, &url).set("Accept", "application/json");
+            let mut req = agent
+                .request(method, &url)
+                .set("Accept", "application/json");
             if let Some(t) = &token {
                 req = req.set("Authorization", &format!("Bearer {t}"));
             }
             let res = match &body {
-                Some(b) => req.set("Content-Type", "application/json").send_string(&b.to_string()),
+                Some(b) => req
+                    .set("Content-Type", "application/json")
+                    .send_string(&b.to_string()),
                 None => req.call(),
             };
             let (code, text) = match res {
@@ -263,7 +335,10 @@ impl KubernetesRunner {
 }
 
 fn api_message(v: &Value) -> String {
-    v.get("message").and_then(Value::as_str).unwrap_or("no message").to_string()
+    v.get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("no message")
+        .to_string()
 }
 
 impl JobRunner for KubernetesRunner {
@@ -274,15 +349,27 @@ impl JobRunner for KubernetesRunner {
     fn start(&self, req: ProvisionRequest) -> BoxFuture<'_, Result<JobId, JobError>> {
         async move {
             req.validate()?;
-            let id = req.id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            let id = req
+                .id
+                .clone()
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
             let body = render_job(&self.cfg, &req, &id);
-            let name = body["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let name = body["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             let (code, resp) = self.request("POST", self.jobs_url(), Some(body)).await?;
             // 409: the Job exists already (same id → same name): idempotent start.
             if !(200..300).contains(&code) && code != 409 {
-                return Err(JobError::Backend(format!("creating Job {name}: http {code}: {}", api_message(&resp))));
+                return Err(JobError::Backend(format!(
+                    "creating Job {name}: http {code}: {}",
+                    api_message(&resp)
+                )));
             }
-            self.jobs.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), (name, req.server.clone()));
+            self.jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.clone(), (name, req.server.clone()));
             Ok(id)
         }
         .boxed()
@@ -290,20 +377,35 @@ impl JobRunner for KubernetesRunner {
 
     fn status<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<JobStatus, JobError>> {
         async move {
-            let (name, server) = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned().ok_or_else(|| JobError::NotFound(id.into()))?;
-            let (code, job) = self.request("GET", format!("{}/{name}", self.jobs_url()), None).await?;
+            let (name, server) = self
+                .jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(id)
+                .cloned()
+                .ok_or_else(|| JobError::NotFound(id.into()))?;
+            let (code, job) = self
+                .request("GET", format!("{}/{name}", self.jobs_url()), None)
+                .await?;
             if code == 404 {
-                return Err(JobError::NotFound(format!("{id} (Job {name} is gone; ttlSecondsAfterFinished may have removed it)")));
+                return Err(JobError::NotFound(format!(
+                    "{id} (Job {name} is gone; ttlSecondsAfterFinished may have removed it)"
+                )));
             }
             if !(200..300).contains(&code) {
-                return Err(JobError::Backend(format!("reading Job {name}: http {code}: {}", api_message(&job))));
+                return Err(JobError::Backend(format!(
+                    "reading Job {name}: http {code}: {}",
+                    api_message(&job)
+                )));
             }
             let (state, reason) = job_state(&job);
             let mut s = JobStatus::pending(id.to_string(), server);
             s.state = state;
             s.reason = reason;
             s.job_ref = Some(format!("{}/{name}", self.cfg.namespace));
-            s.attempts = (job["status"]["failed"].as_u64().unwrap_or(0) + job["status"]["active"].as_u64().unwrap_or(0) + job["status"]["succeeded"].as_u64().unwrap_or(0)) as u32;
+            s.attempts = (job["status"]["failed"].as_u64().unwrap_or(0)
+                + job["status"]["active"].as_u64().unwrap_or(0)
+                + job["status"]["succeeded"].as_u64().unwrap_or(0)) as u32;
             Ok(s)
         }
         .boxed()
@@ -333,7 +435,11 @@ mod tests {
             id: Some("action-7f3a".into()),
             server: "S390_Server.01".into(),
             image: Some("ubuntu 22.04".into()),
-            nfs: Some(NfsSource { server: "10.0.0.1".into(), export: "/srv/images/ubuntu".into(), path: "ubuntu.img.zst".into() }),
+            nfs: Some(NfsSource {
+                server: "10.0.0.1".into(),
+                export: "/srv/images/ubuntu".into(),
+                path: "ubuntu.img.zst".into(),
+            }),
             source: None,
             sha256: Some("b".repeat(64)),
             manifest: None,
@@ -345,15 +451,27 @@ mod tests {
     fn job_shape() {
         let j = render_job(&KubernetesConfig::default(), &req(), "action-7f3a");
         let name = j["metadata"]["name"].as_str().unwrap();
-        assert!(name.starts_with("provision-s390-server-01-") && name.len() <= 63, "{name}");
-        assert_eq!(j["spec"]["template"]["spec"]["nodeSelector"]["genctl.role.service"], "true");
-        assert_eq!(j["spec"]["template"]["spec"]["volumes"][0]["nfs"], json!({"server":"10.0.0.1","path":"/srv/images/ubuntu","readOnly":true}));
+        assert!(
+            name.starts_with("provision-s390-server-01-") && name.len() <= 63,
+            "{name}"
+        );
+        assert_eq!(
+            j["spec"]["template"]["spec"]["nodeSelector"]["genctl.role.service"],
+            "true"
+        );
+        assert_eq!(
+            j["spec"]["template"]["spec"]["volumes"][0]["nfs"],
+            json!({"server":"10.0.0.1","path":"/srv/images/ubuntu","readOnly":true})
+        );
         let c = &j["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["args"][2], "/image/ubuntu.img.zst");
         assert_eq!(c["resources"]["limits"]["memory"], "1Gi");
         assert_eq!(j["spec"]["ttlSecondsAfterFinished"], 3600);
         assert_eq!(j["spec"]["backoffLimit"], 2);
-        assert_eq!(j["metadata"]["labels"]["bootplane.dev/image"], "ubuntu_22.04");
+        assert_eq!(
+            j["metadata"]["labels"]["bootplane.dev/image"],
+            "ubuntu_22.04"
+        );
         assert_eq!(j["spec"]["template"]["spec"]["restartPolicy"], "Never");
     }
 
@@ -369,10 +487,21 @@ mod tests {
     #[test]
     fn states_from_job_status() {
         assert_eq!(job_state(&json!({"status": {}})).0, JobState::Pending);
-        assert_eq!(job_state(&json!({"status": {"active": 1}})).0, JobState::Running);
-        assert_eq!(job_state(&json!({"status": {"conditions": [{"type":"Complete","status":"True"}]}})), (JobState::Succeeded, None));
-        let (s, r) = job_state(&json!({"status": {"failed": 3, "conditions": [{"type":"Failed","status":"True","reason":"BackoffLimitExceeded","message":"Job has reached the specified backoff limit"}]}}));
+        assert_eq!(
+            job_state(&json!({"status": {"active": 1}})).0,
+            JobState::Running
+        );
+        assert_eq!(
+            job_state(&json!({"status": {"conditions": [{"type":"Complete","status":"True"}]}})),
+            (JobState::Succeeded, None)
+        );
+        let (s, r) = job_state(
+            &json!({"status": {"failed": 3, "conditions": [{"type":"Failed","status":"True","reason":"BackoffLimitExceeded","message":"Job has reached the specified backoff limit"}]}}),
+        );
         assert_eq!(s, JobState::Failed);
-        assert_eq!(r.unwrap(), "BackoffLimitExceeded: Job has reached the specified backoff limit");
+        assert_eq!(
+            r.unwrap(),
+            "BackoffLimitExceeded: Job has reached the specified backoff limit"
+        );
     }
 }

@@ -46,7 +46,13 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { max_retries: 2, backoff_ms: 2_000, on_signal: true, on_timeout: true, exit_codes: Vec::new() }
+        RetryPolicy {
+            max_retries: 2,
+            backoff_ms: 2_000,
+            on_signal: true,
+            on_timeout: true,
+            exit_codes: Vec::new(),
+        }
     }
 }
 
@@ -68,7 +74,13 @@ pub struct LocalConfig {
 
 impl Default for LocalConfig {
     fn default() -> Self {
-        LocalConfig { command: Vec::new(), timeout_secs: 3600, max_concurrent: 4, max_jobs: 1000, retry: RetryPolicy::default() }
+        LocalConfig {
+            command: Vec::new(),
+            timeout_secs: 3600,
+            max_concurrent: 4,
+            max_jobs: 1000,
+            retry: RetryPolicy::default(),
+        }
     }
 }
 
@@ -99,7 +111,10 @@ impl Job {
     }
 
     fn snapshot(&self) -> JobStatus {
-        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -134,16 +149,33 @@ impl LocalRunner {
             cfg.command.clone()
         };
         let slots = Arc::new(Semaphore::new(cfg.max_concurrent));
-        Ok(LocalRunner { cfg, argv, table: Mutex::new(Table::default()), slots })
+        Ok(LocalRunner {
+            cfg,
+            argv,
+            table: Mutex::new(Table::default()),
+            slots,
+        })
     }
 
     fn get(&self, id: &str) -> Option<Arc<Job>> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner()).jobs.get(id).cloned()
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .jobs
+            .get(id)
+            .cloned()
     }
 
     /// Cancel every job and wait (bounded) for them to end.
     pub async fn shutdown(&self) {
-        let jobs: Vec<Arc<Job>> = self.table.lock().unwrap_or_else(|e| e.into_inner()).jobs.values().cloned().collect();
+        let jobs: Vec<Arc<Job>> = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .jobs
+            .values()
+            .cloned()
+            .collect();
         for j in &jobs {
             j.cancel.cancel();
         }
@@ -154,7 +186,12 @@ impl LocalRunner {
 
     fn args_for(&self, req: &ProvisionRequest) -> Vec<String> {
         let mut a = self.argv[1..].to_vec();
-        a.extend(["--source".into(), req.source_arg(), "--target".into(), req.target.clone()]);
+        a.extend([
+            "--source".into(),
+            req.source_arg(),
+            "--target".into(),
+            req.target.clone(),
+        ]);
         if let Some(h) = &req.sha256 {
             a.extend(["--sha256".into(), h.clone()]);
         }
@@ -194,7 +231,14 @@ fn signal_name(s: i32) -> &'static str {
     }
 }
 
-async fn run_attempt(job: &Job, program: &str, args: &[String], id: &str, timeout: Duration, policy: &RetryPolicy) -> Outcome {
+async fn run_attempt(
+    job: &Job,
+    program: &str,
+    args: &[String],
+    id: &str,
+    timeout: Duration,
+    policy: &RetryPolicy,
+) -> Outcome {
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .env("BOOTPLANE_JOB_ID", id)
@@ -206,12 +250,20 @@ async fn run_attempt(job: &Job, program: &str, args: &[String], id: &str, timeou
         .process_group(0);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => return Outcome::Failed { reason: format!("starting {program}: {e}"), retryable: false },
+        Err(e) => {
+            return Outcome::Failed {
+                reason: format!("starting {program}: {e}"),
+                retryable: false,
+            }
+        }
     };
     let pid = child.id();
     let Some(stderr) = child.stderr.take() else {
         kill_group(pid);
-        return Outcome::Failed { reason: "child has no stderr pipe".into(), retryable: false };
+        return Outcome::Failed {
+            reason: "child has no stderr pipe".into(),
+            retryable: false,
+        };
     };
     let mut lines = FramedRead::new(stderr, LinesCodec::new_with_max_length(64 * 1024));
     let mut last_error: Option<String> = None;
@@ -266,20 +318,40 @@ async fn run_attempt(job: &Job, program: &str, args: &[String], id: &str, timeou
     kill_group(pid);
     let status = match status {
         Ok(s) => s,
-        Err(e) => return Outcome::Failed { reason: format!("waiting for the job process: {e}"), retryable: false },
+        Err(e) => {
+            return Outcome::Failed {
+                reason: format!("waiting for the job process: {e}"),
+                retryable: false,
+            }
+        }
     };
-    let detail = last_error.or(last_text).unwrap_or_else(|| "no error output".into());
+    let detail = last_error
+        .or(last_text)
+        .unwrap_or_else(|| "no error output".into());
     if status.success() {
         Outcome::Succeeded
     } else if let Some(code) = status.code() {
-        Outcome::Failed { reason: format!("exit code {code}: {detail}"), retryable: policy.exit_codes.contains(&code) }
+        Outcome::Failed {
+            reason: format!("exit code {code}: {detail}"),
+            retryable: policy.exit_codes.contains(&code),
+        }
     } else {
         let sig = status.signal().unwrap_or(0);
-        Outcome::Failed { reason: format!("killed by {} ({sig}): {detail}", signal_name(sig)), retryable: policy.on_signal }
+        Outcome::Failed {
+            reason: format!("killed by {} ({sig}): {detail}", signal_name(sig)),
+            retryable: policy.on_signal,
+        }
     }
 }
 
-async fn run_job(job: Arc<Job>, slots: Arc<Semaphore>, program: String, args: Vec<String>, id: String, cfg: LocalConfig) {
+async fn run_job(
+    job: Arc<Job>,
+    slots: Arc<Semaphore>,
+    program: String,
+    args: Vec<String>,
+    id: String,
+    cfg: LocalConfig,
+) {
     let permit = tokio::select! {
         p = slots.acquire_owned() => p.ok(),
         _ = job.cancel.cancelled() => None,
@@ -314,11 +386,17 @@ async fn run_job(job: Arc<Job>, slots: Arc<Semaphore>, program: String, args: Ve
                 return;
             }
             Outcome::Cancelled => ("cancelled".to_string(), false),
-            Outcome::Failed { reason, retryable } => (reason, retryable && attempt <= cfg.retry.max_retries),
+            Outcome::Failed { reason, retryable } => {
+                (reason, retryable && attempt <= cfg.retry.max_retries)
+            }
         };
         if !retry {
             tracing::warn!(job = %id, attempts = attempt, %reason, "provisioning job failed");
-            let reason = if attempt > 1 { format!("{reason} (after {attempt} attempts)") } else { reason };
+            let reason = if attempt > 1 {
+                format!("{reason} (after {attempt} attempts)")
+            } else {
+                reason
+            };
             job.update(|s| {
                 s.state = JobState::Failed;
                 s.reason = Some(reason);
@@ -379,7 +457,12 @@ impl JobRunner for LocalRunner {
     }
 
     fn status<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<JobStatus, JobError>> {
-        async move { self.get(id).map(|j| j.snapshot()).ok_or_else(|| JobError::NotFound(id.into())) }.boxed()
+        async move {
+            self.get(id)
+                .map(|j| j.snapshot())
+                .ok_or_else(|| JobError::NotFound(id.into()))
+        }
+        .boxed()
     }
 
     fn cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), JobError>> {

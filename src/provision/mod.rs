@@ -46,8 +46,17 @@ pub struct NfsSource {
 impl NfsSource {
     /// `nfs://server/export/path`, the form libnfs and `bootplane provision` take.
     pub fn url(&self) -> String {
-        let host = if self.server.contains(':') && !self.server.starts_with('[') { format!("[{}]", self.server) } else { self.server.clone() };
-        format!("nfs://{}{}/{}", host, self.export.trim_end_matches('/'), self.path.trim_start_matches('/'))
+        let host = if self.server.contains(':') && !self.server.starts_with('[') {
+            format!("[{}]", self.server)
+        } else {
+            self.server.clone()
+        };
+        format!(
+            "nfs://{}{}/{}",
+            host,
+            self.export.trim_end_matches('/'),
+            self.path.trim_start_matches('/')
+        )
     }
 }
 
@@ -90,25 +99,46 @@ impl ProvisionRequest {
     pub fn validate(&self) -> Result<(), JobError> {
         let bad = |m: String| Err(JobError::Invalid(m));
         if let Some(id) = &self.id {
-            if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-                return bad(format!("id {id:?} must be 1-128 characters of [A-Za-z0-9._-]"));
+            if id.is_empty()
+                || id.len() > 128
+                || !id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return bad(format!(
+                    "id {id:?} must be 1-128 characters of [A-Za-z0-9._-]"
+                ));
             }
         }
-        if self.server.is_empty() || self.server.len() > 253 || self.server.chars().any(|c| c.is_control() || c == '/') {
+        if self.server.is_empty()
+            || self.server.len() > 253
+            || self.server.chars().any(|c| c.is_control() || c == '/')
+        {
             return bad(format!("server {:?} is not a valid name", self.server));
         }
         match (&self.nfs, &self.source) {
             (Some(_), Some(_)) => return bad("give either nfs or source, not both".into()),
             (None, None) => return bad("nfs or source is required".into()),
             (Some(n), None) => {
-                if n.server.is_empty() || n.server.contains('/') || n.server.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                if n.server.is_empty()
+                    || n.server.contains('/')
+                    || n.server
+                        .chars()
+                        .any(|c| c.is_control() || c.is_whitespace())
+                {
                     return bad(format!("nfs.server {:?} is not a host", n.server));
                 }
                 if !n.export.starts_with('/') || n.export.split('/').any(|c| c == "..") {
-                    return bad(format!("nfs.export {:?} must be an absolute path without ..", n.export));
+                    return bad(format!(
+                        "nfs.export {:?} must be an absolute path without ..",
+                        n.export
+                    ));
                 }
                 if n.path.is_empty() || n.path.split('/').any(|c| c == "..") {
-                    return bad(format!("nfs.path {:?} must be a relative file path without ..", n.path));
+                    return bad(format!(
+                        "nfs.path {:?} must be a relative file path without ..",
+                        n.path
+                    ));
                 }
             }
             (None, Some(s)) => {
@@ -177,7 +207,17 @@ pub struct JobStatus {
 
 impl JobStatus {
     pub fn pending(id: JobId, server: String) -> Self {
-        JobStatus { id, server, state: JobState::Pending, reason: None, progress: Progress::default(), attempts: 0, job_ref: None, started_at: None, finished_at: None }
+        JobStatus {
+            id,
+            server,
+            state: JobState::Pending,
+            reason: None,
+            progress: Progress::default(),
+            attempts: 0,
+            job_ref: None,
+            started_at: None,
+            finished_at: None,
+        }
     }
 }
 
@@ -216,7 +256,11 @@ pub struct ProvisionConfig {
 
 impl Default for ProvisionConfig {
     fn default() -> Self {
-        ProvisionConfig { runner: "local".into(), local: local::LocalConfig::default(), kubernetes: kubernetes::KubernetesConfig::default() }
+        ProvisionConfig {
+            runner: "local".into(),
+            local: local::LocalConfig::default(),
+            kubernetes: kubernetes::KubernetesConfig::default(),
+        }
     }
 }
 
@@ -225,7 +269,9 @@ impl ProvisionConfig {
         match self.runner.as_str() {
             "local" => self.local.validate(),
             "kubernetes" => self.kubernetes.validate(),
-            other => anyhow::bail!("unknown provision.runner {other:?} (expected local or kubernetes)"),
+            other => {
+                anyhow::bail!("unknown provision.runner {other:?} (expected local or kubernetes)")
+            }
         }
     }
 }
@@ -248,7 +294,11 @@ mod tests {
             id: None,
             server: "s390-01".into(),
             image: Some("ubuntu".into()),
-            nfs: Some(NfsSource { server: "10.0.0.1".into(), export: "/srv/images/ubuntu".into(), path: "ubuntu.img.zst".into() }),
+            nfs: Some(NfsSource {
+                server: "10.0.0.1".into(),
+                export: "/srv/images/ubuntu".into(),
+                path: "ubuntu.img.zst".into(),
+            }),
             source: None,
             sha256: Some("a".repeat(64)),
             manifest: None,
@@ -258,16 +308,23 @@ mod tests {
 
     #[test]
     fn nfs_url() {
-        assert_eq!(req().source_arg(), "nfs://10.0.0.1/srv/images/ubuntu/ubuntu.img.zst");
+        assert_eq!(
+            req().source_arg(),
+            "nfs://10.0.0.1/srv/images/ubuntu/ubuntu.img.zst"
+        );
         let mut r = req();
         r.nfs.as_mut().unwrap().server = "fd00::1".into();
-        assert_eq!(r.source_arg(), "nfs://[fd00::1]/srv/images/ubuntu/ubuntu.img.zst");
+        assert_eq!(
+            r.source_arg(),
+            "nfs://[fd00::1]/srv/images/ubuntu/ubuntu.img.zst"
+        );
     }
 
     #[test]
     fn validation() {
         req().validate().unwrap();
-        let cases: Vec<Box<dyn Fn(&mut ProvisionRequest)>> = vec![
+        type Mutation = Box<dyn Fn(&mut ProvisionRequest)>;
+        let cases: Vec<Mutation> = vec![
             Box::new(|r| r.sha256 = Some("xyz".into())),
             Box::new(|r| r.target = "dasda".into()),
             Box::new(|r| r.nfs = None),
@@ -284,7 +341,10 @@ mod tests {
         for (i, c) in cases.iter().enumerate() {
             let mut r = req();
             c(&mut r);
-            assert!(matches!(r.validate(), Err(JobError::Invalid(_))), "case {i}");
+            assert!(
+                matches!(r.validate(), Err(JobError::Invalid(_))),
+                "case {i}"
+            );
         }
     }
 
@@ -293,7 +353,10 @@ mod tests {
         let j = r#"{"server":"s1","source":"/img","target":"/dev/x","bogus":1}"#;
         assert!(serde_json::from_str::<ProvisionRequest>(j).is_err());
         let j = r#"{"server":"s1","source":"/img","target":"/dev/x"}"#;
-        serde_json::from_str::<ProvisionRequest>(j).unwrap().validate().unwrap();
+        serde_json::from_str::<ProvisionRequest>(j)
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 
     #[test]

@@ -36,7 +36,13 @@ pub struct Progress {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Line {
     /// A progress object (fields not present are `None`).
-    Progress { bytes: Option<u64>, total: Option<u64>, rate: Option<f64>, stage: Option<String>, error: Option<String> },
+    Progress {
+        bytes: Option<u64>,
+        total: Option<u64>,
+        rate: Option<f64>,
+        stage: Option<String>,
+        error: Option<String>,
+    },
     /// Anything else (trimmed, non-empty).
     Text(String),
     Empty,
@@ -55,7 +61,9 @@ fn first<'a>(o: &'a serde_json::Map<String, Value>, keys: &[&str]) -> Option<&'a
 }
 
 fn count(v: Option<&Value>) -> Option<u64> {
-    v.and_then(num).filter(|f| f.is_finite() && *f >= 0.0).map(|f| f as u64)
+    v.and_then(num)
+        .filter(|f| f.is_finite() && *f >= 0.0)
+        .map(|f| f as u64)
 }
 
 /// Parse one line (never fails).
@@ -70,19 +78,29 @@ pub fn parse_line(line: &str) -> Line {
     let Ok(Value::Object(o)) = serde_json::from_str::<Value>(t) else {
         return Line::Text(t.to_string());
     };
-    let stage = first(&o, &["stage", "phase", "state"]).and_then(Value::as_str).map(String::from);
-    let is_error = stage.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("error") || s.eq_ignore_ascii_case("failed"))
-        || o.get("level").and_then(Value::as_str).is_some_and(|l| l.eq_ignore_ascii_case("error"))
+    let stage = first(&o, &["stage", "phase", "state"])
+        .and_then(Value::as_str)
+        .map(String::from);
+    let is_error = stage
+        .as_deref()
+        .is_some_and(|s| s.eq_ignore_ascii_case("error") || s.eq_ignore_ascii_case("failed"))
+        || o.get("level")
+            .and_then(Value::as_str)
+            .is_some_and(|l| l.eq_ignore_ascii_case("error"))
         || o.get("error").is_some_and(|e| e.is_string());
     let error = if is_error {
-        first(&o, &["error", "reason", "message", "msg"]).and_then(Value::as_str).map(String::from)
+        first(&o, &["error", "reason", "message", "msg"])
+            .and_then(Value::as_str)
+            .map(String::from)
     } else {
         None
     };
     Line::Progress {
         bytes: count(first(&o, &["bytes", "written", "bytes_written", "done"])),
         total: count(first(&o, &["total", "total_bytes", "size"])),
-        rate: first(&o, &["rate", "rate_bps", "bytes_per_sec"]).and_then(num).filter(|f| f.is_finite() && *f >= 0.0),
+        rate: first(&o, &["rate", "rate_bps", "bytes_per_sec"])
+            .and_then(num)
+            .filter(|f| f.is_finite() && *f >= 0.0),
         stage,
         error,
     }
@@ -91,7 +109,14 @@ pub fn parse_line(line: &str) -> Line {
 impl Progress {
     /// Fold a parsed line in; returns an error message the line carried, if any.
     pub fn apply(&mut self, line: &Line) -> Option<String> {
-        if let Line::Progress { bytes, total, rate, stage, error } = line {
+        if let Line::Progress {
+            bytes,
+            total,
+            rate,
+            stage,
+            error,
+        } = line
+        {
             if let Some(b) = bytes {
                 self.bytes = *b;
             }
@@ -118,7 +143,15 @@ mod tests {
     fn progress_fields_and_aliases() {
         let mut p = Progress::default();
         p.apply(&parse_line(r#"{"stage":"write","bytes":1048576,"total":4194304,"rate":52428800.5,"eta":3.2,"frame":7}"#));
-        assert_eq!(p, Progress { bytes: 1 << 20, total: Some(4 << 20), rate: Some(52428800.5), stage: Some("write".into()) });
+        assert_eq!(
+            p,
+            Progress {
+                bytes: 1 << 20,
+                total: Some(4 << 20),
+                rate: Some(52428800.5),
+                stage: Some("write".into())
+            }
+        );
         p.apply(&parse_line(r#"{"written":"2097152","size":4194304.0}"#));
         assert_eq!(p.bytes, 2 << 20);
         assert_eq!(p.stage.as_deref(), Some("write"));
@@ -130,17 +163,38 @@ mod tests {
     #[test]
     fn errors_and_noise() {
         let mut p = Progress::default();
-        let e = p.apply(&parse_line(r#"{"stage":"error","message":"sha256 mismatch: expected ab, got cd"}"#));
+        let e = p.apply(&parse_line(
+            r#"{"stage":"error","message":"sha256 mismatch: expected ab, got cd"}"#,
+        ));
         assert_eq!(e.as_deref(), Some("sha256 mismatch: expected ab, got cd"));
-        assert_eq!(p.apply(&parse_line(r#"{"level":"info","message":"opening source"}"#)), None);
+        assert_eq!(
+            p.apply(&parse_line(
+                r#"{"level":"info","message":"opening source"}"#
+            )),
+            None
+        );
         assert_eq!(parse_line("   "), Line::Empty);
-        assert_eq!(parse_line("Error: disk too small"), Line::Text("Error: disk too small".into()));
+        assert_eq!(
+            parse_line("Error: disk too small"),
+            Line::Text("Error: disk too small".into())
+        );
         assert_eq!(parse_line("{not json"), Line::Text("{not json".into()));
         assert_eq!(parse_line("[1,2]"), Line::Text("[1,2]".into()));
         // Bad values are ignored, not fatal.
         let l = parse_line(r#"{"bytes":-5,"total":"lots","rate":null,"stage":7}"#);
-        assert_eq!(l, Line::Progress { bytes: None, total: None, rate: None, stage: None, error: None });
+        assert_eq!(
+            l,
+            Line::Progress {
+                bytes: None,
+                total: None,
+                rate: None,
+                stage: None,
+                error: None
+            }
+        );
         let l = parse_line(r#"{"error":"nfs: connection refused"}"#);
-        assert!(matches!(l, Line::Progress { error: Some(ref e), .. } if e == "nfs: connection refused"));
+        assert!(
+            matches!(l, Line::Progress { error: Some(ref e), .. } if e == "nfs: connection refused")
+        );
     }
 }
