@@ -138,8 +138,9 @@ fn log_problems(g: &Ganesha) -> String {
 
 struct Setup {
     ns: Netns,
-    _tmp: tempfile::TempDir,
+    tmp: tempfile::TempDir,
     data: PathBuf,
+    cfg: GaneshaConfig,
     g: Ganesha,
 }
 
@@ -155,12 +156,13 @@ fn setup() -> Setup {
         netns: Some(ns.0.clone()),
         ..Default::default()
     };
-    let g = Ganesha::new(cfg, tmp.path()).unwrap();
+    let g = Ganesha::new(cfg.clone(), tmp.path()).unwrap();
     Setup {
         ns,
         data,
+        cfg,
         g,
-        _tmp: tmp,
+        tmp,
     }
 }
 
@@ -337,4 +339,59 @@ async fn killed_server_is_reported_and_restarted_on_next_change() {
     .await;
     s.g.stop().await;
     t.expect("test timed out");
+}
+
+/// bootplane killed without stopping ganesha (simulated by leaking the manager): a new
+/// bootplane process finds the leftover server, replaces it, and restores the exports
+/// and rules from its state dir; later changes apply to the new server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_replaces_leftover_server_and_restores_exports() {
+    let Setup {
+        ns,
+        tmp,
+        data,
+        cfg,
+        g,
+    } = setup();
+    let url = format!("nfs://127.0.0.2{}/disk.img", data.display());
+    let result = tokio::time::timeout(Duration::from_secs(120), async {
+        g.ensure_export("/images/r", &data).await.unwrap();
+        g.set_rules(
+            "/images/r",
+            vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())],
+        )
+        .await
+        .unwrap();
+        client(&ns, "nfs-cat", &url).expect("read with rule");
+        let old_pid: i32 = std::fs::read_to_string(g.log_path().with_file_name("ganesha.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::mem::forget(g); // "crash": nothing stops the old ganesha
+
+        let g2 = Ganesha::new(cfg, tmp.path()).unwrap();
+        assert!(
+            g2.health().await.is_err(),
+            "a new manager has not started anything yet"
+        );
+        g2.start()
+            .await
+            .expect("start replaces the leftover server");
+        let stat = std::fs::read_to_string(format!("/proc/{old_pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z "),
+            "old ganesha still running"
+        );
+        assert_eq!(
+            client(&ns, "nfs-cat", &url).expect("rule restored"),
+            "bootplane-image-bytes\n"
+        );
+        g2.set_rules("/images/r", vec![]).await.unwrap();
+        assert_denied(client(&ns, "nfs-cat", &url), "revoked on the new server");
+        g2.stop().await;
+    })
+    .await;
+    drop(ns);
+    result.expect("test timed out");
 }

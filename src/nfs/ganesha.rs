@@ -204,6 +204,7 @@ impl Ganesha {
         if child_running(inner) {
             return Ok(());
         }
+        self.kill_stale().await;
         self.write_config(&inner.table)?;
         let log = self.log_path();
         let offset = file_len(&log);
@@ -213,6 +214,18 @@ impl Ganesha {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
+        // If bootplane dies, ganesha dies with it: exports must not outlive the process
+        // that revokes them (rpcbind, its child, is cleaned up by `kill_stale` on the
+        // next start).
+        // SAFETY: prctl(2) is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| NfsError::Down(format!("spawning {}: {e}", self.cfg.ganesha_bin)))?;
@@ -264,6 +277,39 @@ impl Ganesha {
         inner.child = Some(child);
         inner.last_exit = None;
         Ok(())
+    }
+
+    /// A ganesha left running by an earlier bootplane process that was killed (its pid
+    /// file is in our dir and its command line names our config): kill its process group
+    /// (rpcbind included) so the new one can bind its ports and no stale rule survives.
+    async fn kill_stale(&self) {
+        let Ok(pid) = std::fs::read_to_string(self.dir.join("ganesha.pid")) else {
+            return;
+        };
+        let Ok(pid) = pid.trim().parse::<i32>() else {
+            return;
+        };
+        if pid <= 1 {
+            return;
+        }
+        let conf = self.config_path().display().to_string();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline)
+            .split('\0')
+            .any(|a| a == conf)
+        {
+            return;
+        }
+        tracing::warn!(pid, "killing nfs-ganesha left over from an earlier run");
+        // SAFETY: kill(2) on a process (group) verified above to be our ganesha.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(pid, libc::SIGKILL);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while is_live(pid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn command(&self) -> Command {
@@ -420,6 +466,16 @@ fn kill_group(pid: Option<u32>, sig: i32) {
             libc::kill(-(pid as i32), sig);
         }
     }
+}
+
+/// Running (not a zombie).
+fn is_live(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 fn file_len(p: &Path) -> u64 {
