@@ -39,8 +39,10 @@ pub struct RetryPolicy {
     pub on_signal: bool,
     /// Retry after a timeout.
     pub on_timeout: bool,
-    /// Non-zero exit codes that mean a transient failure (e.g. the streamer's I/O or
-    /// network-error code).
+    /// Non-zero exit codes that mean a transient failure. Default `[10]`: in
+    /// `bootplane provision`'s exit-code table (src/image/error.rs) 10 is "source cannot
+    /// be opened or read" (NFS server restarting, network), and the streamer resumes from
+    /// its checkpoint; integrity (13), target (20-22) and usage (2) failures are final.
     pub exit_codes: Vec<i32>,
 }
 
@@ -51,7 +53,7 @@ impl Default for RetryPolicy {
             backoff_ms: 2_000,
             on_signal: true,
             on_timeout: true,
-            exit_codes: Vec::new(),
+            exit_codes: vec![10],
         }
     }
 }

@@ -12,8 +12,12 @@
 //!   `done`, `error`;
 //! - `error` / `reason` / `message` (string): kept as the failure reason when the line
 //!   has `stage: "error"`, `level: "error"`, or an `error` field;
-//! - numbers may be integers, floats or numeric strings; anything else, and every
-//!   unknown field (`eta`, `frame`, ...), is ignored.
+//! - numbers may be integers, floats or numeric strings; anything else (`null`), and
+//!   every unknown field (`eta`, `elapsed`, `code`, `class`, `sha256`, ...), is ignored.
+//!
+//! The streamer's own schema (src/image/progress.rs: `stage` open/resume/copy/
+//! finalize/done/error, `bytes`, `total` or null, `rate`, `eta`, `elapsed`, and on error
+//! `code`/`class`/`error`) is a subset of this; see the `streamer_lines` test.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -158,6 +162,38 @@ mod tests {
         p.apply(&parse_line(r#"{"phase":"verify"}"#));
         assert_eq!(p.stage.as_deref(), Some("verify"));
         assert_eq!(p.bytes, 2 << 20);
+    }
+
+    #[test]
+    fn streamer_lines() {
+        let mut p = Progress::default();
+        for l in [
+            r#"{"stage":"open","bytes":0,"total":null,"rate":0.0,"eta":null,"elapsed":0.01}"#,
+            r#"{"stage":"copy","bytes":123,"total":456,"rate":1.2e9,"eta":0.5,"elapsed":1.0}"#,
+            r#"{"stage":"resume","bytes":200,"total":456,"rate":0.0,"eta":null,"elapsed":1.1}"#,
+        ] {
+            assert_eq!(p.apply(&parse_line(l)), None);
+        }
+        assert_eq!(
+            p,
+            Progress {
+                bytes: 200,
+                total: Some(456),
+                rate: Some(0.0),
+                stage: Some("resume".into())
+            }
+        );
+        let e = p.apply(&parse_line(
+            r#"{"stage":"error","bytes":300,"total":456,"rate":1e9,"eta":null,"elapsed":2.0,"code":13,"class":"integrity","error":"verification failed: frame 3 sha256 mismatch"}"#,
+        ));
+        assert_eq!(
+            e.as_deref(),
+            Some("verification failed: frame 3 sha256 mismatch")
+        );
+        assert_eq!(p.bytes, 300);
+        let done = r#"{"stage":"done","bytes":456,"total":456,"rate":1e9,"eta":0,"elapsed":2.5,"sha256":"ab","cpu":{"read":0.1}}"#;
+        assert_eq!(p.apply(&parse_line(done)), None);
+        assert_eq!((p.bytes, p.stage.as_deref()), (456, Some("done")));
     }
 
     #[test]
