@@ -395,3 +395,51 @@ async fn restart_replaces_leftover_server_and_restores_exports() {
     drop(ns);
     result.expect("test timed out");
 }
+
+/// `supervise` restarts a ganesha that died (no rule change needed) and stops it on
+/// shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn supervisor_restarts_a_dead_server_and_stops_on_shutdown() {
+    let s = std::sync::Arc::new(setup());
+    let url = format!("nfs://127.0.0.2{}/disk.img", s.data.display());
+    let coord = bootplane::shutdown::Coordinator::new();
+    let result = tokio::time::timeout(Duration::from_secs(120), async {
+        s.g.ensure_export("/images/s", &s.data).await.unwrap();
+        s.g.set_rules(
+            "/images/s",
+            vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())],
+        )
+        .await
+        .unwrap();
+        let sup = {
+            let (s, h) = (s.clone(), coord.handle());
+            tokio::spawn(async move { s.g.supervise(h).await })
+        };
+        let pid_file = s.g.log_path().with_file_name("ganesha.pid");
+        let old = std::fs::read_to_string(&pid_file).unwrap();
+        run(&["kill", "-9", old.trim()]);
+        let start = std::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = std::fs::read_to_string(&pid_file).unwrap_or_default();
+            if s.g.health().await.is_ok() && now.trim() != old.trim() && !now.trim().is_empty() {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "not restarted");
+        }
+        assert_eq!(
+            client(&s.ns, "nfs-cat", &url).expect("served again"),
+            "bootplane-image-bytes\n"
+        );
+        assert!(
+            coord.drain(Duration::from_secs(15)).await,
+            "supervisor did not stop"
+        );
+        sup.await.unwrap();
+        assert!(s.g.health().await.is_err(), "stopped on shutdown");
+        assert!(client(&s.ns, "nfs-cat", &url).is_err());
+    })
+    .await;
+    s.g.stop().await;
+    result.expect("test timed out");
+}

@@ -207,6 +207,10 @@ impl Ganesha {
         self.kill_stale().await;
         self.write_config(&inner.table)?;
         let log = self.log_path();
+        // ganesha appends forever; keep one old generation across restarts.
+        if file_len(&log) > 16 << 20 {
+            let _ = std::fs::rename(&log, log.with_extension("log.1"));
+        }
         let offset = file_len(&log);
         let mut cmd = self.command();
         cmd.stdin(Stdio::null())
