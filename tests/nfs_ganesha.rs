@@ -173,8 +173,8 @@ async fn rules_grant_and_revoke_access_for_real_clients() {
         s.g.start().await.expect("starting ganesha");
         s.g.health().await.expect("healthy after start");
         s.g.ensure_export("/images/test", &s.data).await.unwrap();
-        let v3 = |a: &str| format!("nfs://{a}{}/disk.img", s.data.display());
-        let v3dir = |a: &str| format!("nfs://{a}{}", s.data.display());
+        let v3 = |a: &str| format!("nfs://{a}/images/test/disk.img");
+        let v3dir = |a: &str| format!("nfs://{a}/images/test");
         let v4 = |a: &str| format!("nfs://{a}/images/test/disk.img?version=4");
 
         // No rule yet: denied.
@@ -303,7 +303,7 @@ async fn killed_server_is_reported_and_restarted_on_next_change() {
         )
         .await
         .unwrap();
-        let url = format!("nfs://127.0.0.2{}/disk.img", s.data.display());
+        let url = "nfs://127.0.0.2/images/k/disk.img".to_string();
         client(&s.ns, "nfs-cat", &url).expect("read with rule");
 
         // Kill ganesha behind bootplane's back.
@@ -322,11 +322,7 @@ async fn killed_server_is_reported_and_restarted_on_next_change() {
         .await
         .unwrap();
         s.g.health().await.expect("restarted");
-        let r = client(
-            &s.ns,
-            "nfs-cat",
-            &format!("nfs://127.0.0.3{}/disk.img", s.data.display()),
-        );
+        let r = client(&s.ns, "nfs-cat", "nfs://127.0.0.3/images/k/disk.img");
         assert_eq!(
             r.unwrap_or_else(|e| panic!("read after restart: {e}; log: {}", log_problems(&s.g))),
             "bootplane-image-bytes\n"
@@ -353,7 +349,7 @@ async fn restart_replaces_leftover_server_and_restores_exports() {
         cfg,
         g,
     } = setup();
-    let url = format!("nfs://127.0.0.2{}/disk.img", data.display());
+    let url = "nfs://127.0.0.2/images/r/disk.img".to_string();
     let result = tokio::time::timeout(Duration::from_secs(120), async {
         g.ensure_export("/images/r", &data).await.unwrap();
         g.set_rules(
@@ -401,7 +397,7 @@ async fn restart_replaces_leftover_server_and_restores_exports() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn supervisor_restarts_a_dead_server_and_stops_on_shutdown() {
     let s = std::sync::Arc::new(setup());
-    let url = format!("nfs://127.0.0.2{}/disk.img", s.data.display());
+    let url = "nfs://127.0.0.2/images/s/disk.img".to_string();
     let coord = bootplane::shutdown::Coordinator::new();
     let result = tokio::time::timeout(Duration::from_secs(120), async {
         s.g.ensure_export("/images/s", &s.data).await.unwrap();

@@ -178,7 +178,7 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
         image: Some("disk".into()),
         nfs: Some(NfsSource {
             server: "127.0.0.2".into(),
-            export: images.display().to_string(),
+            export: "/images/disk".into(),
             path: "disk.img".into(),
         }),
         source: None,

@@ -10,6 +10,10 @@
 //! image sequentially; the server is not the bottleneck). No kernel nfsd is needed.
 //!
 //! How it is driven:
+//! - Clients address an export by its name for NFSv3 and NFSv4 alike
+//!   (`nfs://server/images/ubuntu/disk.img`): the name is the `Pseudo` path and
+//!   `Mount_Path_Pseudo = true` makes the NFSv3 MOUNT use it too, so where the image
+//!   lives on the appliance's disk is not part of the address.
 //! - bootplane keeps an export table (`exports.json`, so a restart restores it) and
 //!   renders the whole `ganesha.conf` from it: one `EXPORT` block per export with
 //!   `Access_Type = None` and root squash, and one `CLIENT` block per rule in rule
@@ -558,7 +562,7 @@ fn render_config(cfg: &GaneshaConfig, dir: &Path, table: &ExportTable) -> String
         out,
         "# Written by bootplane; edits are overwritten on the next export change."
     );
-    let _ = writeln!(out, "NFS_CORE_PARAM {{\n    NFS_Port = {};\n    Protocols = {};\n    Enable_NLM = false;\n    Enable_RQUOTA = false;\n}}", cfg.nfs_port, protocols_list(&cfg.protocols));
+    let _ = writeln!(out, "NFS_CORE_PARAM {{\n    NFS_Port = {};\n    Protocols = {};\n    Enable_NLM = false;\n    Enable_RQUOTA = false;\n    Mount_Path_Pseudo = true;\n}}", cfg.nfs_port, protocols_list(&cfg.protocols));
     let _ = writeln!(
         out,
         "NFSv4 {{\n    Graceless = true;\n    RecoveryRoot = \"{}\";\n}}",
@@ -806,6 +810,7 @@ mod tests {
         assert!(text.contains("EXPORT_DEFAULTS {\n    Access_Type = None;"));
         assert!(text.contains("RecoveryRoot = \"/var/lib/bp/ganesha/recovery\";"));
         assert!(text.contains("NFS_Port = 2049;"));
+        assert!(text.contains("Mount_Path_Pseudo = true;"));
         let a = text.find("Pseudo = \"/images/a\";").unwrap();
         let b = text.find("Pseudo = \"/images/b\";").unwrap();
         assert!(a < b);
