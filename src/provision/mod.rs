@@ -37,7 +37,8 @@ pub type JobId = String;
 pub struct NfsSource {
     /// NFS server address (IP or host name).
     pub server: String,
-    /// Export path as mounted (e.g. `/srv/images/ubuntu`).
+    /// Export path clients mount: the export name on the ganesha backend (e.g.
+    /// `/images/ubuntu`), the directory path on knfsd, the junction path on ONTAP.
     pub export: String,
     /// File inside the export (e.g. `ubuntu.img.zst`).
     pub path: String,
