@@ -2,9 +2,9 @@
 //!
 //! Why ganesha rather than an NFSv3 server built into bootplane: enforcement by client
 //! address is the point of export policies, and it has to hold for every NFS and MOUNT
-//! call, for NFSv3 and NFSv4, including handles a client obtained before its rule was
-//! removed. nfs-ganesha (Debian `nfs-ganesha` + `nfs-ganesha-vfs`) does that per request
-//! and is a mature, widely deployed user-space server; a built-in server would have to
+//! call, for NFSv3 and NFSv4. nfs-ganesha (Debian `nfs-ganesha` + `nfs-ganesha-vfs`)
+//! checks the client's export permissions per request (not only at MOUNT) and is a
+//! mature, widely deployed user-space server; a built-in server would have to
 //! reimplement MOUNT, NFSv3, file-handle security and portmapper registration before it
 //! could enforce anything, for no gain in the copy path (the provisioning job reads the
 //! image sequentially; the server is not the bottleneck). No kernel nfsd is needed.
