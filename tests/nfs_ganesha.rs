@@ -439,3 +439,51 @@ async fn supervisor_restarts_a_dead_server_and_stops_on_shutdown() {
     s.g.stop().await;
     result.expect("test timed out");
 }
+
+/// Revoking a rule also stops a client that mounted while it had access: ganesha checks
+/// the client's export permissions on each READ, not only at MOUNT. The client is held
+/// mid-file by a pipe whose reader starts late, the rule is removed, then the rest of
+/// the reads must fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_stops_a_client_in_the_middle_of_a_file() {
+    let s = setup();
+    let size: u64 = 64 << 20;
+    let f = std::fs::File::create(s.data.join("big.img")).unwrap();
+    f.set_len(size).unwrap(); // sparse: reads as zeros
+    drop(f);
+    let result = tokio::time::timeout(Duration::from_secs(120), async {
+        s.g.ensure_export("/images/big", &s.data).await.unwrap();
+        s.g.set_rules(
+            "/images/big",
+            vec![ExportRule::read_only(1, "127.0.0.2".parse().unwrap())],
+        )
+        .await
+        .unwrap();
+        let script = format!(
+            "set -o pipefail; timeout 60 ip netns exec {} nfs-cat nfs://127.0.0.2/images/big/big.img | (sleep 3; wc -c)",
+            s.ns.0
+        );
+        let child = tokio::process::Command::new("bash")
+            .args(["-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // Let the client mount and fill the pipe, then revoke.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        s.g.set_rules("/images/big", vec![]).await.unwrap();
+        let out = child.wait_with_output().await.unwrap();
+        let got: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
+        assert!(got > 0, "the client never read anything: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            got < size && !out.status.success(),
+            "client read {got} of {size} bytes after its rule was removed (status {}, stderr {})",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    })
+    .await;
+    s.g.stop().await;
+    result.expect("test timed out");
+}

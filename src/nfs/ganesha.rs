@@ -3,7 +3,8 @@
 //! Why ganesha rather than an NFSv3 server built into bootplane: enforcement by client
 //! address is the point of export policies, and it has to hold for every NFS and MOUNT
 //! call, for NFSv3 and NFSv4. nfs-ganesha (Debian `nfs-ganesha` + `nfs-ganesha-vfs`)
-//! checks the client's export permissions per request (not only at MOUNT) and is a
+//! checks the client's export permissions per request, not only at MOUNT (a client
+//! reading a file when its rule is removed fails on its next READ; tested), and is a
 //! mature, widely deployed user-space server; a built-in server would have to
 //! reimplement MOUNT, NFSv3, file-handle security and portmapper registration before it
 //! could enforce anything, for no gain in the copy path (the provisioning job reads the
