@@ -409,7 +409,7 @@ async fn supervisor_restarts_a_dead_server_and_stops_on_shutdown() {
         .unwrap();
         let sup = {
             let (s, h) = (s.clone(), coord.handle());
-            tokio::spawn(async move { s.g.supervise(h).await })
+            tokio::spawn(async move { s.g.run(h).await })
         };
         let pid_file = s.g.log_path().with_file_name("ganesha.pid");
         let old = std::fs::read_to_string(&pid_file).unwrap();

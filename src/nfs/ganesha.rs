@@ -724,6 +724,10 @@ impl ExportBackend for Ganesha {
         .boxed()
     }
 
+    fn run(&self, shutdown: crate::shutdown::Shutdown) -> BoxFuture<'_, ()> {
+        self.supervise(shutdown).boxed()
+    }
+
     fn health(&self) -> BoxFuture<'_, Result<Health, NfsError>> {
         async move {
             let mut inner = self.inner.lock().await;

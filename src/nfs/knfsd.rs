@@ -367,6 +367,16 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn run_returns_on_shutdown() {
+        let c = crate::shutdown::Coordinator::new();
+        let h = c.handle();
+        let k = std::sync::Arc::new(Knfsd::new(KnfsdConfig::default()));
+        let t = tokio::spawn(async move { k.run(h).await });
+        assert!(c.drain(std::time::Duration::from_secs(5)).await);
+        t.await.unwrap();
+    }
+
+    #[tokio::test]
     async fn lifecycle_writes_and_removes_files() {
         let dir = tempfile::tempdir().unwrap();
         let k = Knfsd::new(KnfsdConfig {

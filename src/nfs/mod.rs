@@ -332,6 +332,13 @@ pub trait ExportBackend: Send + Sync {
 
     /// Whether the server is serving; `Err(NfsError::Down(reason))` when not.
     fn health(&self) -> BoxFuture<'_, Result<Health, NfsError>>;
+
+    /// Long-running part of the backend, for `serve` to spawn: the ganesha backend starts
+    /// and supervises its server and stops it on shutdown; the others have nothing to
+    /// run and just wait.
+    fn run(&self, mut shutdown: crate::shutdown::Shutdown) -> BoxFuture<'_, ()> {
+        Box::pin(async move { shutdown.recv().await })
+    }
 }
 
 /// `[nfs]` section of the config file.
