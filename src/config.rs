@@ -24,6 +24,10 @@ pub struct Config {
     pub boot: BootConfig,
     pub controller: ControllerConfig,
     pub log: LogConfig,
+    /// NFS export backend (`[nfs]`, see `crate::nfs`).
+    pub nfs: crate::nfs::NfsConfig,
+    /// Provisioning job runner (`[provision]`, see `crate::provision`).
+    pub provision: crate::provision::ProvisionConfig,
 }
 
 impl Default for Config {
@@ -37,6 +41,8 @@ impl Default for Config {
             boot: BootConfig::default(),
             controller: ControllerConfig::default(),
             log: LogConfig::default(),
+            nfs: crate::nfs::NfsConfig::default(),
+            provision: crate::provision::ProvisionConfig::default(),
         }
     }
 }
@@ -319,6 +325,8 @@ impl Config {
             "manual" | "test" | "qemu" => {}
             other => bail!("unknown controller.power_driver {other:?} (expected manual, test or qemu)"),
         }
+        self.nfs.validate()?;
+        self.provision.validate()?;
         match self.log.format.as_str() {
             "text" | "json" => {}
             other => bail!("unknown log.format {other:?} (expected text or json)"),

@@ -1,0 +1,915 @@
+//! The default export backend: an nfs-ganesha server that bootplane runs and configures.
+//!
+//! Why ganesha rather than an NFSv3 server built into bootplane: enforcement by client
+//! address is the point of export policies, and it has to hold for every NFS and MOUNT
+//! call, for NFSv3 and NFSv4. nfs-ganesha (Debian `nfs-ganesha` + `nfs-ganesha-vfs`)
+//! checks the client's export permissions per request, not only at MOUNT (a client
+//! reading a file when its rule is removed fails on its next READ; tested), and is a
+//! mature, widely deployed user-space server; a built-in server would have to
+//! reimplement MOUNT, NFSv3, file-handle security and portmapper registration before it
+//! could enforce anything, for no gain in the copy path (the provisioning job reads the
+//! image sequentially; the server is not the bottleneck). No kernel nfsd is needed.
+//!
+//! How it is driven:
+//! - Clients address an export by its name for NFSv3 and NFSv4 alike
+//!   (`nfs://server/images/ubuntu/disk.img`): the name is the `Pseudo` path and
+//!   `Mount_Path_Pseudo = true` makes the NFSv3 MOUNT use it too, so where the image
+//!   lives on the appliance's disk is not part of the address.
+//! - bootplane keeps an export table (`exports.json`, so a restart restores it) and
+//!   renders the whole `ganesha.conf` from it: one `EXPORT` block per export with
+//!   `Access_Type = None` and root squash, and one `CLIENT` block per rule in rule
+//!   order (ganesha uses the first matching `CLIENT` block), so a client without a
+//!   rule is denied.
+//! - Every change writes the file atomically and sends SIGHUP. Debian's ganesha 4.3
+//!   reloads exports on SIGHUP ("SIGHUP_HANDLER: ... initiating export list reload",
+//!   then "Reread exports complete" in its log): added, changed and removed `EXPORT`
+//!   blocks and `CLIENT` lists all take effect, checked with real clients in
+//!   `tests/nfs_ganesha.rs`. bootplane waits for that log line, so a rule change has
+//!   taken effect when `set_rules` returns. The DBus admin interface
+//!   (`org.ganesha.nfsd.exportmgr`) needs a system bus, which an appliance (or a
+//!   container) often lacks (ganesha logs "DBUS not initialized" here), so it is not used.
+//! - Restart is the last resort: only when ganesha is not running, or when a reload is
+//!   not confirmed in time or the log reports a config error during the reload. A
+//!   restart drops NFS connections, but an unconfirmed reload could leave a revoked
+//!   client with access, which is worse.
+//! - ganesha registers with rpcbind over rpcbind's Unix socket in `/run`. With
+//!   `private_run` (default) ganesha and the rpcbind bootplane starts run in their own
+//!   mount namespace with a private tmpfs on `/run`, so they never collide with a host
+//!   rpcbind's socket; `netns` runs both inside a named network namespace.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use serde::{Deserialize, Serialize};
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+
+use super::{
+    normalize_rules, validate_export_name, validate_fs_path, Access, ExportBackend, ExportRule,
+    Health, NfsError, Protocol,
+};
+
+/// `[nfs.ganesha]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct GaneshaConfig {
+    /// Directory for ganesha.conf, the log, the pid file, recovery state and the export
+    /// table. Default: `<state_dir>/ganesha`.
+    pub dir: Option<PathBuf>,
+    pub ganesha_bin: String,
+    pub rpcbind_bin: String,
+    /// Start rpcbind (`rpcbind -f -w`) next to ganesha. Turn off when the host runs one.
+    pub manage_rpcbind: bool,
+    /// Run in a private mount namespace with its own `/run` (see the module doc).
+    pub private_run: bool,
+    /// Run inside this named network namespace (`ip netns exec`).
+    pub netns: Option<String>,
+    pub nfs_port: u16,
+    /// Protocol versions served at all (rules can narrow them per client).
+    pub protocols: Vec<Protocol>,
+    pub start_timeout_ms: u64,
+    pub reload_timeout_ms: u64,
+}
+
+impl Default for GaneshaConfig {
+    fn default() -> Self {
+        GaneshaConfig {
+            dir: None,
+            ganesha_bin: "ganesha.nfsd".into(),
+            rpcbind_bin: "rpcbind".into(),
+            manage_rpcbind: true,
+            private_run: true,
+            netns: None,
+            nfs_port: 2049,
+            protocols: vec![Protocol::Nfs3, Protocol::Nfs4],
+            start_timeout_ms: 20_000,
+            reload_timeout_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+struct ExportTable {
+    next_id: u32,
+    exports: BTreeMap<String, ExportEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct ExportEntry {
+    id: u32,
+    fs_path: PathBuf,
+    rules: Vec<ExportRule>,
+}
+
+struct Inner {
+    table: ExportTable,
+    child: Option<Child>,
+    /// The child's pid, which is also its process group id (tokio forgets the pid once
+    /// the child has been reaped, but rpcbind may still live in the group).
+    pgid: Option<u32>,
+    /// Why the last run ended, for health reporting.
+    last_exit: Option<String>,
+}
+
+/// A ganesha server managed by bootplane. Create with [`Ganesha::new`], then
+/// [`Ganesha::start`]; [`Ganesha::stop`] (or dropping it) ends the processes.
+pub struct Ganesha {
+    cfg: GaneshaConfig,
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+impl Ganesha {
+    /// Loads the export table from `<dir>/exports.json` when it exists. Does not start
+    /// the server.
+    pub fn new(cfg: GaneshaConfig, state_dir: &Path) -> anyhow::Result<Ganesha> {
+        use anyhow::Context as _;
+        let dir = cfg.dir.clone().unwrap_or_else(|| state_dir.join("ganesha"));
+        if cfg.protocols.is_empty() {
+            anyhow::bail!("nfs.ganesha.protocols must not be empty");
+        }
+        let dir_s = dir.to_str().context("ganesha dir is not UTF-8")?;
+        super::validate_path_chars(dir_s)
+            .map_err(|why| anyhow::anyhow!("ganesha dir {dir_s:?} {why}"))?;
+        std::fs::create_dir_all(dir.join("recovery"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("resolving {}", dir.display()))?;
+        let table_path = dir.join("exports.json");
+        let table = match std::fs::read(&table_path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .with_context(|| format!("parsing {}", table_path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ExportTable {
+                next_id: 1,
+                exports: BTreeMap::new(),
+            },
+            Err(e) => return Err(e).with_context(|| format!("reading {}", table_path.display())),
+        };
+        Ok(Ganesha {
+            cfg,
+            dir,
+            inner: Mutex::new(Inner {
+                table,
+                child: None,
+                pgid: None,
+                last_exit: None,
+            }),
+        })
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("ganesha.conf")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("ganesha.log")
+    }
+
+    /// Start ganesha (and rpcbind) unless running; resolves once ganesha reports
+    /// "NFS SERVER INITIALIZED".
+    pub async fn start(&self) -> Result<(), NfsError> {
+        let mut inner = self.inner.lock().await;
+        self.start_locked(&mut inner).await
+    }
+
+    /// Stop ganesha and rpcbind (SIGTERM to the process group, SIGKILL after 5 s).
+    pub async fn stop(&self) {
+        let mut inner = self.inner.lock().await;
+        stop_child(&mut inner).await;
+    }
+
+    /// Run until shutdown: start, restart (with backoff) if ganesha dies, stop at the end.
+    pub async fn supervise(&self, mut shutdown: crate::shutdown::Shutdown) {
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            if let Err(e) = self.start().await {
+                tracing::error!(error = %e, "starting nfs-ganesha");
+            }
+            tokio::select! {
+                _ = shutdown.recv() => break,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            if self.health().await.is_ok() {
+                backoff = Duration::from_secs(1);
+            } else {
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+        self.stop().await;
+    }
+
+    async fn start_locked(&self, inner: &mut Inner) -> Result<(), NfsError> {
+        if child_running(inner) {
+            return Ok(());
+        }
+        self.kill_stale().await;
+        self.write_config(&inner.table)?;
+        let log = self.log_path();
+        // ganesha appends forever; keep one old generation across restarts.
+        if file_len(&log) > 16 << 20 {
+            let _ = std::fs::rename(&log, log.with_extension("log.1"));
+        }
+        let offset = file_len(&log);
+        let mut cmd = self.command();
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        // If bootplane dies, ganesha dies with it: exports must not outlive the process
+        // that revokes them (rpcbind, its child, is cleaned up by `kill_stale` on the
+        // next start).
+        // SAFETY: prctl(2) is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| NfsError::Down(format!("spawning {}: {e}", self.cfg.ganesha_bin)))?;
+        let pid = child.id();
+        let stderr = child.stderr.take();
+        let deadline = Instant::now() + Duration::from_millis(self.cfg.start_timeout_ms);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let mut err = String::new();
+                if let Some(mut s) = stderr {
+                    use tokio::io::AsyncReadExt as _;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut err))
+                            .await;
+                }
+                kill_group(pid, libc::SIGKILL);
+                let why = format!(
+                    "ganesha exited during startup ({status}): {} {}",
+                    err.trim(),
+                    tail_problems(&log, offset)
+                );
+                inner.last_exit = Some(why.clone());
+                return Err(NfsError::Down(why));
+            }
+            let text = read_from(&log, offset);
+            if text.contains("NFS SERVER INITIALIZED") {
+                break;
+            }
+            if Instant::now() > deadline {
+                kill_group(pid, libc::SIGKILL);
+                let _ = child.wait().await;
+                let why = format!(
+                    "ganesha did not finish starting within {} ms; log {}: {}",
+                    self.cfg.start_timeout_ms,
+                    log.display(),
+                    tail_problems(&log, offset)
+                );
+                inner.last_exit = Some(why.clone());
+                return Err(NfsError::Down(why));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tracing::info!(
+            pid = child.id(),
+            exports = inner.table.exports.len(),
+            "nfs-ganesha started"
+        );
+        inner.pgid = pid;
+        inner.child = Some(child);
+        inner.last_exit = None;
+        Ok(())
+    }
+
+    /// A ganesha left running by an earlier bootplane process that was killed (its pid
+    /// file is in our dir and its command line names our config): kill its process group
+    /// (rpcbind included) so the new one can bind its ports and no stale rule survives.
+    async fn kill_stale(&self) {
+        let Ok(pid) = std::fs::read_to_string(self.dir.join("ganesha.pid")) else {
+            return;
+        };
+        let Ok(pid) = pid.trim().parse::<i32>() else {
+            return;
+        };
+        if pid <= 1 {
+            return;
+        }
+        let conf = self.config_path().display().to_string();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline)
+            .split('\0')
+            .any(|a| a == conf)
+        {
+            return;
+        }
+        tracing::warn!(pid, "killing nfs-ganesha left over from an earlier run");
+        // SAFETY: kill(2) on a process (group) verified above to be our ganesha.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+            libc::kill(pid, libc::SIGKILL);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while is_live(pid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut argv: Vec<String> = Vec::new();
+        if let Some(ns) = &self.cfg.netns {
+            argv.extend(["ip", "netns", "exec", ns.as_str()].map(String::from));
+        }
+        if self.cfg.private_run {
+            argv.extend(["unshare", "--mount", "--propagation", "private", "--"].map(String::from));
+        }
+        let mut script = String::from("set -e\n");
+        if self.cfg.private_run {
+            script.push_str("mount -t tmpfs -o mode=0755 bootplane-run /run\n");
+        }
+        script.push_str("mkdir -p /run/ganesha\n");
+        if self.cfg.manage_rpcbind {
+            // -w: warm start; -f: foreground (so it stays in our process group).
+            script.push_str("\"$1\" -f -w &\ni=0\nwhile [ ! -S /run/rpcbind.sock ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n");
+        }
+        script.push_str("exec \"$2\" -F -f \"$3\" -L \"$4\" -p \"$5\" -N NIV_EVENT\n");
+        argv.extend([
+            "sh".to_string(),
+            "-c".to_string(),
+            script,
+            "bootplane-ganesha".to_string(),
+        ]);
+        argv.push(self.cfg.rpcbind_bin.clone());
+        argv.push(self.cfg.ganesha_bin.clone());
+        argv.push(self.config_path().display().to_string());
+        argv.push(self.log_path().display().to_string());
+        argv.push(self.dir.join("ganesha.pid").display().to_string());
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
+        cmd
+    }
+
+    fn write_config(&self, table: &ExportTable) -> Result<(), NfsError> {
+        let text = render_config(&self.cfg, &self.dir, table);
+        write_atomic(&self.config_path(), text.as_bytes())
+    }
+
+    fn save_table(&self, table: &ExportTable) -> Result<(), NfsError> {
+        let json = serde_json::to_vec_pretty(table).map_err(NfsError::backend)?;
+        write_atomic(&self.dir.join("exports.json"), &json)
+    }
+
+    /// Persist the table, rewrite ganesha.conf and make ganesha apply it.
+    async fn apply(&self, inner: &mut Inner) -> Result<(), NfsError> {
+        self.save_table(&inner.table)?;
+        self.write_config(&inner.table)?;
+        if !child_running(inner) {
+            // Not started (or died): starting it reads the new config.
+            return self.start_locked(inner).await;
+        }
+        match self.reload(inner).await {
+            Ok(()) => Ok(()),
+            Err(why) => {
+                tracing::warn!(reason = %why, "nfs-ganesha export reload not confirmed; restarting it so the new rules are in force");
+                stop_child(inner).await;
+                self.start_locked(inner).await
+            }
+        }
+    }
+
+    /// SIGHUP and wait for "Reread exports complete" in the log.
+    async fn reload(&self, inner: &mut Inner) -> Result<(), String> {
+        let log = self.log_path();
+        let offset = file_len(&log);
+        let pid = inner
+            .child
+            .as_ref()
+            .and_then(|c| c.id())
+            .ok_or("ganesha has no pid")?;
+        // SAFETY: plain kill(2) on our own child.
+        if unsafe { libc::kill(pid as i32, libc::SIGHUP) } != 0 {
+            return Err(format!(
+                "sending SIGHUP to ganesha: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.cfg.reload_timeout_ms);
+        loop {
+            let text = read_from(&log, offset);
+            if let Some(problem) = reload_problem(&text) {
+                return Err(format!("ganesha reported during reload: {problem}"));
+            }
+            if text.contains("Reread exports complete") {
+                return Ok(());
+            }
+            if !child_running(inner) {
+                return Err("ganesha exited during reload".into());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no \"Reread exports complete\" in {} within {} ms",
+                    log.display(),
+                    self.cfg.reload_timeout_ms
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Ganesha {
+    fn drop(&mut self) {
+        if let Ok(inner) = self.inner.try_lock() {
+            kill_group(inner.pgid, libc::SIGKILL);
+        }
+    }
+}
+
+fn child_running(inner: &mut Inner) -> bool {
+    let Some(c) = inner.child.as_mut() else {
+        return false;
+    };
+    match c.try_wait() {
+        Ok(None) => true,
+        Ok(Some(status)) => {
+            kill_group(inner.pgid.take(), libc::SIGKILL); // rpcbind too
+            inner.last_exit = Some(format!("ganesha exited ({status})"));
+            inner.child = None;
+            false
+        }
+        Err(e) => {
+            inner.last_exit = Some(format!("checking ganesha: {e}"));
+            false
+        }
+    }
+}
+
+async fn stop_child(inner: &mut Inner) {
+    let pgid = inner.pgid.take();
+    let Some(mut c) = inner.child.take() else {
+        kill_group(pgid, libc::SIGKILL);
+        return;
+    };
+    kill_group(pgid, libc::SIGTERM);
+    if tokio::time::timeout(Duration::from_secs(5), c.wait())
+        .await
+        .is_err()
+    {
+        kill_group(pgid, libc::SIGKILL);
+        let _ = c.wait().await;
+    }
+    kill_group(pgid, libc::SIGKILL);
+    inner.last_exit = Some("stopped by bootplane".into());
+}
+
+fn kill_group(pid: Option<u32>, sig: i32) {
+    if let Some(pid) = pid {
+        // SAFETY: kill(2) on the process group we created with process_group(0).
+        unsafe {
+            libc::kill(-(pid as i32), sig);
+        }
+    }
+}
+
+/// Running (not a zombie).
+fn is_live(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn file_len(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Log text from `offset` (bounded to 1 MiB).
+fn read_from(p: &Path, offset: u64) -> String {
+    let Ok(mut f) = std::fs::File::open(p) else {
+        return String::new();
+    };
+    if f.seek(SeekFrom::Start(offset)).is_err() {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    let _ = f.take(1 << 20).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// The CRIT/MAJ/FATAL lines logged since `offset` (for error messages).
+fn tail_problems(p: &Path, offset: u64) -> String {
+    let text = read_from(p, offset);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| is_problem_line(l) && !is_benign(l))
+        .collect();
+    lines[lines.len().saturating_sub(3)..].join(" | ")
+}
+
+fn is_problem_line(l: &str) -> bool {
+    l.contains(" :CRIT :") || l.contains(" :MAJ :") || l.contains(" :FATAL :")
+}
+
+/// CRIT lines ganesha always logs without DBus or Kerberos; not our problem.
+fn is_benign(l: &str) -> bool {
+    l.contains(":DBUS :")
+        || l.contains("krb5")
+        || l.contains("keytab")
+        || l.contains("credentials for principal")
+}
+
+/// A config error logged while re-reading exports.
+fn reload_problem(text: &str) -> Option<String> {
+    text.lines()
+        .find(|l| {
+            is_problem_line(l)
+                && !is_benign(l)
+                && (l.contains(":CONFIG :") || l.contains(":EXPORT :"))
+        })
+        .map(|l| l.to_string())
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> Result<(), NfsError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)
+        .map_err(|e| NfsError::Backend(format!("writing {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| NfsError::Backend(format!("renaming {}: {e}", path.display())))
+}
+
+fn protocols_list(p: &[Protocol]) -> String {
+    let v: Vec<&str> = p
+        .iter()
+        .map(|p| match p {
+            Protocol::Nfs3 => "3",
+            Protocol::Nfs4 => "4",
+        })
+        .collect();
+    v.join(", ")
+}
+
+/// Render the complete ganesha.conf for `table` (pure).
+fn render_config(cfg: &GaneshaConfig, dir: &Path, table: &ExportTable) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Written by bootplane; edits are overwritten on the next export change."
+    );
+    let _ = writeln!(out, "NFS_CORE_PARAM {{\n    NFS_Port = {};\n    Protocols = {};\n    Enable_NLM = false;\n    Enable_RQUOTA = false;\n    Mount_Path_Pseudo = true;\n}}", cfg.nfs_port, protocols_list(&cfg.protocols));
+    let _ = writeln!(
+        out,
+        "NFSv4 {{\n    Graceless = true;\n    RecoveryRoot = \"{}\";\n}}",
+        dir.join("recovery").display()
+    );
+    let _ = writeln!(out, "NFS_KRB5 {{\n    Active_krb5 = false;\n}}");
+    // Deny by default: a client that matches no CLIENT block gets nothing.
+    let _ = writeln!(
+        out,
+        "EXPORT_DEFAULTS {{\n    Access_Type = None;\n    Squash = Root_Squash;\n}}"
+    );
+    for (name, e) in &table.exports {
+        let _ = writeln!(out, "EXPORT {{");
+        let _ = writeln!(out, "    Export_Id = {};", e.id);
+        let _ = writeln!(out, "    Path = \"{}\";", e.fs_path.display());
+        let _ = writeln!(out, "    Pseudo = \"{name}\";");
+        let _ = writeln!(out, "    Access_Type = None;");
+        let _ = writeln!(out, "    Squash = Root_Squash;");
+        let _ = writeln!(out, "    Protocols = {};", protocols_list(&cfg.protocols));
+        let _ = writeln!(out, "    SecType = sys;");
+        let _ = writeln!(out, "    FSAL {{\n        Name = VFS;\n    }}");
+        for r in &e.rules {
+            let protos: Vec<Protocol> = if r.protocols.is_empty() {
+                cfg.protocols.clone()
+            } else {
+                r.protocols
+                    .iter()
+                    .copied()
+                    .filter(|p| cfg.protocols.contains(p))
+                    .collect()
+            };
+            if protos.is_empty() && r.access != Access::None {
+                continue; // the rule only names protocols this server does not serve
+            }
+            let access = match r.access {
+                Access::Ro => "RO",
+                Access::Rw => "RW",
+                Access::None => "None",
+            };
+            let _ = writeln!(out, "    CLIENT {{");
+            let _ = writeln!(out, "        # rule index {}", r.index);
+            let _ = writeln!(out, "        Clients = {};", r.client);
+            let _ = writeln!(out, "        Access_Type = {access};");
+            if !protos.is_empty() {
+                let _ = writeln!(out, "        Protocols = {};", protocols_list(&protos));
+            }
+            let _ = writeln!(
+                out,
+                "        Squash = {};",
+                if r.superuser {
+                    "No_Root_Squash"
+                } else {
+                    "Root_Squash"
+                }
+            );
+            let _ = writeln!(out, "    }}");
+        }
+        let _ = writeln!(out, "}}");
+    }
+    out
+}
+
+impl ExportBackend for Ganesha {
+    fn name(&self) -> &'static str {
+        "ganesha"
+    }
+
+    fn ensure_export<'a>(
+        &'a self,
+        export: &'a str,
+        fs_path: &'a Path,
+    ) -> BoxFuture<'a, Result<(), NfsError>> {
+        async move {
+            validate_export_name(export)?;
+            validate_fs_path(export, fs_path)?;
+            let mut inner = self.inner.lock().await;
+            if let Some(e) = inner.table.exports.get(export) {
+                if e.fs_path == fs_path {
+                    return if child_running(&mut inner) {
+                        Ok(())
+                    } else {
+                        self.start_locked(&mut inner).await
+                    };
+                }
+            }
+            if let Some((other, _)) = inner
+                .table
+                .exports
+                .iter()
+                .find(|(n, e)| n.as_str() != export && e.fs_path == fs_path)
+            {
+                return Err(NfsError::InvalidExport(
+                    export.into(),
+                    format!("{} is already exported as {other}", fs_path.display()),
+                ));
+            }
+            let id = match inner.table.exports.get(export) {
+                Some(e) => e.id,
+                None => {
+                    let id = inner.table.next_id.max(1);
+                    inner.table.next_id = id + 1;
+                    id
+                }
+            };
+            let rules = inner
+                .table
+                .exports
+                .get(export)
+                .map(|e| e.rules.clone())
+                .unwrap_or_default();
+            inner.table.exports.insert(
+                export.to_string(),
+                ExportEntry {
+                    id,
+                    fs_path: fs_path.to_path_buf(),
+                    rules,
+                },
+            );
+            self.apply(&mut inner).await
+        }
+        .boxed()
+    }
+
+    fn set_rules<'a>(
+        &'a self,
+        export: &'a str,
+        rules: Vec<ExportRule>,
+    ) -> BoxFuture<'a, Result<(), NfsError>> {
+        async move {
+            let rules = normalize_rules(rules)?;
+            let mut inner = self.inner.lock().await;
+            let e = inner
+                .table
+                .exports
+                .get_mut(export)
+                .ok_or_else(|| NfsError::UnknownExport(export.into()))?;
+            if e.rules == rules {
+                return if child_running(&mut inner) {
+                    Ok(())
+                } else {
+                    self.start_locked(&mut inner).await
+                };
+            }
+            e.rules = rules;
+            self.apply(&mut inner).await
+        }
+        .boxed()
+    }
+
+    fn remove_export<'a>(&'a self, export: &'a str) -> BoxFuture<'a, Result<(), NfsError>> {
+        async move {
+            let mut inner = self.inner.lock().await;
+            if inner.table.exports.remove(export).is_none() {
+                return Ok(());
+            }
+            self.apply(&mut inner).await
+        }
+        .boxed()
+    }
+
+    fn run(&self, shutdown: crate::shutdown::Shutdown) -> BoxFuture<'_, ()> {
+        self.supervise(shutdown).boxed()
+    }
+
+    fn health(&self) -> BoxFuture<'_, Result<Health, NfsError>> {
+        async move {
+            let mut inner = self.inner.lock().await;
+            if child_running(&mut inner) {
+                let pid = inner.child.as_ref().and_then(|c| c.id()).unwrap_or(0);
+                Ok(Health {
+                    backend: "ganesha",
+                    detail: format!(
+                        "nfs-ganesha pid {pid}, {} exports",
+                        inner.table.exports.len()
+                    ),
+                })
+            } else {
+                let why = inner
+                    .last_exit
+                    .clone()
+                    .unwrap_or_else(|| "not started".into());
+                Err(NfsError::Down(format!(
+                    "nfs-ganesha is not running: {why} (log {})",
+                    self.log_path().display()
+                )))
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> ExportTable {
+        let mut t = ExportTable {
+            next_id: 3,
+            exports: BTreeMap::new(),
+        };
+        t.exports.insert(
+            "/images/a".into(),
+            ExportEntry {
+                id: 1,
+                fs_path: "/srv/a".into(),
+                rules: vec![
+                    ExportRule {
+                        index: 1,
+                        client: "10.0.0.5".parse().unwrap(),
+                        access: Access::None,
+                        protocols: vec![],
+                        superuser: false,
+                    },
+                    ExportRule {
+                        index: 2,
+                        client: "10.0.0.0/24".parse().unwrap(),
+                        access: Access::Ro,
+                        protocols: vec![Protocol::Nfs3],
+                        superuser: false,
+                    },
+                    ExportRule {
+                        index: 3,
+                        client: "fd00::/64".parse().unwrap(),
+                        access: Access::Rw,
+                        protocols: vec![],
+                        superuser: true,
+                    },
+                ],
+            },
+        );
+        t.exports.insert(
+            "/images/b".into(),
+            ExportEntry {
+                id: 2,
+                fs_path: "/srv/b".into(),
+                rules: vec![],
+            },
+        );
+        t
+    }
+
+    #[test]
+    fn renders_deny_by_default_and_rules_in_order() {
+        let text = render_config(
+            &GaneshaConfig::default(),
+            Path::new("/var/lib/bp/ganesha"),
+            &table(),
+        );
+        assert!(text.contains("EXPORT_DEFAULTS {\n    Access_Type = None;"));
+        assert!(text.contains("RecoveryRoot = \"/var/lib/bp/ganesha/recovery\";"));
+        assert!(text.contains("NFS_Port = 2049;"));
+        assert!(text.contains("Mount_Path_Pseudo = true;"));
+        let a = text.find("Pseudo = \"/images/a\";").unwrap();
+        let b = text.find("Pseudo = \"/images/b\";").unwrap();
+        assert!(a < b);
+        let i1 = text.find("Clients = 10.0.0.5;").unwrap();
+        let i2 = text.find("Clients = 10.0.0.0/24;").unwrap();
+        let i3 = text.find("Clients = fd00::/64;").unwrap();
+        assert!(i1 < i2 && i2 < i3 && i3 < b);
+        let block1 = &text[i1..i2];
+        assert!(block1.contains("Access_Type = None;"));
+        let block2 = &text[i2..i3];
+        assert!(
+            block2.contains("Access_Type = RO;")
+                && block2.contains("Protocols = 3;")
+                && block2.contains("Squash = Root_Squash;")
+        );
+        let block3 = &text[i3..b];
+        assert!(
+            block3.contains("Access_Type = RW;")
+                && block3.contains("Protocols = 3, 4;")
+                && block3.contains("No_Root_Squash")
+        );
+        // Export b has no CLIENT block at all: nobody has access.
+        assert!(!text[b..].contains("CLIENT"));
+        assert!(text[b..].contains("Access_Type = None;"));
+        // Balanced braces.
+        assert_eq!(text.matches('{').count(), text.matches('}').count());
+    }
+
+    #[test]
+    fn rule_for_unserved_protocol_is_dropped() {
+        let cfg = GaneshaConfig {
+            protocols: vec![Protocol::Nfs3],
+            ..Default::default()
+        };
+        let mut t = table();
+        t.exports.get_mut("/images/b").unwrap().rules = vec![ExportRule {
+            index: 1,
+            client: "10.0.0.9".parse().unwrap(),
+            access: Access::Ro,
+            protocols: vec![Protocol::Nfs4],
+            superuser: false,
+        }];
+        let text = render_config(&cfg, Path::new("/x"), &t);
+        assert!(!text.contains("10.0.0.9"));
+        assert!(text.contains("Protocols = 3;"));
+    }
+
+    #[test]
+    fn reload_problems_ignore_benign_noise() {
+        let noise = "x : vm : nfs-ganesha-1[main] gsh_dbus_register_path :DBUS :CRIT :no DBUS connection\n\
+                     x : vm : nfs-ganesha-1[sigmgr] reread_exports :CONFIG :EVENT :Reread exports complete\n";
+        assert_eq!(reload_problem(noise), None);
+        let bad = "x : vm : nfs-ganesha-1[sigmgr] reread_exports :CONFIG :CRIT :Error while parsing new configuration file\n";
+        assert!(reload_problem(bad).unwrap().contains("Error while parsing"));
+    }
+
+    #[tokio::test]
+    async fn table_persists_and_validates() {
+        let dir = tempfile::tempdir().unwrap();
+        // A backend whose binaries do not exist: table changes are saved, then start fails
+        // with a clear reason.
+        let cfg = GaneshaConfig {
+            ganesha_bin: "/nonexistent/ganesha.nfsd".into(),
+            private_run: false,
+            manage_rpcbind: false,
+            start_timeout_ms: 2_000,
+            ..Default::default()
+        };
+        let g = Ganesha::new(cfg.clone(), dir.path()).unwrap();
+        let err = g
+            .ensure_export("/images/a", Path::new("/srv/a"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, NfsError::Down(_)), "{err}");
+        assert!(err.to_string().contains("exited during startup"), "{err}");
+        assert!(matches!(
+            g.ensure_export("relative", Path::new("/srv/a")).await,
+            Err(NfsError::InvalidExport(..))
+        ));
+        assert!(matches!(
+            g.ensure_export("/images/c", Path::new("srv")).await,
+            Err(NfsError::InvalidExport(..))
+        ));
+        assert!(matches!(
+            g.set_rules("/nope", vec![]).await,
+            Err(NfsError::UnknownExport(_))
+        ));
+        let h = g.health().await.unwrap_err();
+        assert!(h.to_string().contains("not running"), "{h}");
+        drop(g);
+        let g2 = Ganesha::new(cfg, dir.path()).unwrap();
+        let inner = g2.inner.lock().await;
+        assert_eq!(inner.table.exports.len(), 1);
+        assert_eq!(inner.table.exports["/images/a"].id, 1);
+        assert_eq!(inner.table.next_id, 2);
+    }
+}
