@@ -76,8 +76,25 @@ pub struct HttpConfig {
     /// Root of `/assets/` (iPXE binaries, image files).
     pub assets_dir: PathBuf,
     pub max_connections: usize,
+    /// Request head limit (431 beyond it); at least 8192.
     pub max_header_bytes: usize,
     pub header_read_timeout_ms: u64,
+    /// Script for unknown / unclaimed / failed machines: `exit` (local disk), `retry`
+    /// (sleep `retry_secs`, chain `/boot.ipxe` again) or `discovery` (boot `discovery_image`).
+    pub unknown_action: String,
+    pub retry_secs: u32,
+    /// Image catalog reference booted by `unknown_action = "discovery"`.
+    pub discovery_image: Option<String>,
+    /// Console arguments appended to every kernel command line.
+    pub console: String,
+    /// Lifetime of the signed per-boot URLs minted into scripts.
+    pub token_ttl_secs: u64,
+    /// HMAC key file for per-boot tokens; default `<state_dir>/http-token-key` (created, 0600).
+    pub token_key_file: Option<PathBuf>,
+    /// How file data reaches the socket: `mmap` (default) or `read`.
+    pub file_io: String,
+    /// Memory budget for file data in flight across all downloads (chunk size adapts).
+    pub stream_budget_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -89,6 +106,14 @@ impl Default for HttpConfig {
             max_connections: 4096,
             max_header_bytes: 16 << 10,
             header_read_timeout_ms: 5_000,
+            unknown_action: "exit".into(),
+            retry_secs: 10,
+            discovery_image: None,
+            console: "console=tty0 console=ttyS0,115200".into(),
+            token_ttl_secs: 3600,
+            token_key_file: None,
+            file_io: "mmap".into(),
+            stream_budget_bytes: 32 << 20,
         }
     }
 }
