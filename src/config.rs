@@ -89,6 +89,9 @@ pub struct HttpConfig {
     pub console: String,
     /// Lifetime of the signed per-boot URLs minted into scripts.
     pub token_ttl_secs: u64,
+    /// Put a signed per-boot token into each script's Ignition URL, so the machine can
+    /// fetch its Ignition even from an address not registered for it (default true).
+    pub sign_ignition_urls: bool,
     /// HMAC key file for per-boot tokens; default `<state_dir>/http-token-key` (created, 0600).
     pub token_key_file: Option<PathBuf>,
     /// How file data reaches the socket: `mmap` (default) or `read`.
@@ -111,6 +114,7 @@ impl Default for HttpConfig {
             discovery_image: None,
             console: "console=tty0 console=ttyS0,115200".into(),
             token_ttl_secs: 3600,
+            sign_ignition_urls: true,
             token_key_file: None,
             file_io: "mmap".into(),
             stream_budget_bytes: 32 << 20,

@@ -39,6 +39,9 @@ pub struct Settings {
     pub ipxe_fallback_dir: Option<PathBuf>,
     pub file_io: FileIo,
     pub stream_budget_bytes: usize,
+    /// Put a signed token into the Ignition URL of every script (default). Without it the
+    /// Ignition is served to the machine's registered addresses only.
+    pub sign_ignition_urls: bool,
 }
 
 /// The boot listener's application state.
@@ -56,6 +59,7 @@ pub struct BootHttp {
     ipxe_fallback: Option<Root>,
     budget: Arc<StreamBudget>,
     boot_script: Bytes,
+    sign_ignition_urls: bool,
 }
 
 /// Route names used in metrics and logs.
@@ -100,6 +104,7 @@ impl BootHttp {
             token_ttl: s.token_ttl_secs,
             budget: Arc::new(StreamBudget::new(s.stream_budget_bytes, s.file_io)),
             boot_script,
+            sign_ignition_urls: s.sign_ignition_urls,
         })
     }
 
@@ -152,6 +157,7 @@ impl BootHttp {
             ipxe_fallback_dir: Some(PathBuf::from(IPXE_SYSTEM_DIR)),
             file_io,
             stream_budget_bytes: h.stream_budget_bytes.max(files::MIN_CHUNK),
+            sign_ignition_urls: h.sign_ignition_urls,
         };
         BootHttp::new(settings, index, metrics)
     }
@@ -296,8 +302,12 @@ impl BootHttp {
         }
         match (&m.state, &m.files) {
             (BootState::Ready, Some(files)) => {
-                let token = self.signer.mint(Purpose::Ignition, &m.server, unix_now(), self.token_ttl);
-                let ignition_url = format!("{}/ignition/{}/{}", self.base_url, m.server, token);
+                let ignition_url = if self.sign_ignition_urls {
+                    let token = self.signer.mint(Purpose::Ignition, &m.server, unix_now(), self.token_ttl);
+                    format!("{}/ignition/{}/{}", self.base_url, m.server, token)
+                } else {
+                    format!("{}/ignition/{}", self.base_url, m.server)
+                };
                 let ms = MachineScript {
                     server: &m.server,
                     image: &files.image,
@@ -580,6 +590,7 @@ mod tests {
             ipxe_fallback_dir: None,
             file_io: FileIo::Mmap,
             stream_budget_bytes: 1 << 20,
+            sign_ignition_urls: true,
         };
         BootHttp::new(s, index, Arc::new(Metrics::new())).unwrap()
     }
