@@ -112,17 +112,26 @@ impl Root {
         if !canonical.starts_with(&self.canonical) {
             return Ok(None);
         }
-        let file = match File::open(&canonical) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let m = file.metadata()?;
-        if !m.is_file() {
-            return Ok(None);
-        }
-        Ok(Some(OpenFile { file, meta: FileMeta::new(m.len(), m.modified().unwrap_or(UNIX_EPOCH)), path: canonical }))
+        open_file(canonical)
     }
+}
+
+/// Open a trusted path (no root check; for fixed names such as the system iPXE
+/// binaries, which Debian ships as symlinks into /boot). `Ok(None)` when absent or not
+/// a regular file.
+pub fn open_file(canonical: PathBuf) -> io::Result<Option<OpenFile>> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // O_NONBLOCK: opening a FIFO planted in the tree must not hang; no effect on files.
+    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&canonical) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let m = file.metadata()?;
+    if !m.is_file() {
+        return Ok(None);
+    }
+    Ok(Some(OpenFile { file, meta: FileMeta::new(m.len(), m.modified().unwrap_or(UNIX_EPOCH)), path: canonical }))
 }
 
 /// Content type by file extension.

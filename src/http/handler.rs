@@ -56,7 +56,7 @@ pub struct BootHttp {
     token_ttl: u64,
     assets: Option<Root>,
     images: Option<Root>,
-    ipxe_fallback: Option<Root>,
+    ipxe_fallback: Option<PathBuf>,
     budget: Arc<StreamBudget>,
     boot_script: Bytes,
     sign_ignition_urls: bool,
@@ -94,7 +94,7 @@ impl BootHttp {
             index,
             assets: root(&s.assets_dir, "assets"),
             images: root(&s.images_dir, "images"),
-            ipxe_fallback: s.ipxe_fallback_dir.as_ref().filter(|d| d.is_dir()).and_then(|d| Root::new(d).ok()),
+            ipxe_fallback: s.ipxe_fallback_dir.clone(),
             renderer,
             signer: s.signer,
             metrics,
@@ -382,13 +382,19 @@ impl BootHttp {
             Some(r) => (self.images.clone(), r.to_string()),
             None => (self.assets.clone(), rel),
         };
-        let fallback = if IPXE_BINARIES.contains(&rel.as_str()) { self.ipxe_fallback.clone() } else { None };
+        let fallback = match &self.ipxe_fallback {
+            Some(d) if IPXE_BINARIES.contains(&rel.as_str()) => Some(d.join(&rel)),
+            _ => None,
+        };
         let rel2 = rel.clone();
         let opened = tokio::task::spawn_blocking(move || -> std::io::Result<Option<files::OpenFile>> {
             if let Some(f) = root.as_ref().map(|r| r.open(&rel2)).transpose()?.flatten() {
                 return Ok(Some(f));
             }
-            Ok(fallback.as_ref().map(|r| r.open(&rel2)).transpose()?.flatten())
+            match fallback {
+                Some(p) => files::open_file(p),
+                None => Ok(None),
+            }
         })
         .await;
         let f = match opened {
