@@ -87,7 +87,8 @@ pub struct HttpConfig {
     pub discovery_image: Option<String>,
     /// Console arguments appended to every kernel command line.
     pub console: String,
-    /// Lifetime of the signed per-boot URLs minted into scripts.
+    /// Lifetime of the signed per-boot URLs minted into scripts (a rendered script, and so
+    /// its token, is reused for at most half of this).
     pub token_ttl_secs: u64,
     /// Put a signed per-boot token into each script's Ignition URL, so the machine can
     /// fetch its Ignition even from an address not registered for it (default true).
@@ -96,7 +97,8 @@ pub struct HttpConfig {
     pub token_key_file: Option<PathBuf>,
     /// How file data reaches the socket: `mmap` (default) or `read`.
     pub file_io: String,
-    /// Memory budget for file data in flight across all downloads (chunk size adapts).
+    /// Memory budget for file data in flight across all downloads: each download's chunk
+    /// is this divided by the number of downloads, clamped to 16 KiB..1 MiB.
     pub stream_budget_bytes: usize,
 }
 
@@ -117,7 +119,7 @@ impl Default for HttpConfig {
             sign_ignition_urls: true,
             token_key_file: None,
             file_io: "mmap".into(),
-            stream_budget_bytes: 32 << 20,
+            stream_budget_bytes: 16 << 20,
         }
     }
 }

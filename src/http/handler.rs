@@ -60,7 +60,20 @@ pub struct BootHttp {
     budget: Arc<StreamBudget>,
     boot_script: Bytes,
     sign_ignition_urls: bool,
+    scripts: std::sync::RwLock<std::collections::HashMap<String, CachedScript>>,
 }
+
+/// A rendered per-machine script, reused while the machine entry is unchanged (same
+/// `Arc`) and its token has at least half its lifetime left: rendering and signing per
+/// request would cost more than the request itself.
+struct CachedScript {
+    machine: Arc<MachineBoot>,
+    body: Bytes,
+    minted: u64,
+}
+
+/// Cached scripts beyond this are dropped wholesale (entries are per machine).
+const SCRIPT_CACHE_MAX: usize = 100_000;
 
 /// Route names used in metrics and logs.
 pub mod route {
@@ -105,6 +118,7 @@ impl BootHttp {
             budget: Arc::new(StreamBudget::new(s.stream_budget_bytes, s.file_io)),
             boot_script,
             sign_ignition_urls: s.sign_ignition_urls,
+            scripts: Default::default(),
         })
     }
 
@@ -301,36 +315,16 @@ impl BootHttp {
             }
         }
         match (&m.state, &m.files) {
-            (BootState::Ready, Some(files)) => {
-                let ignition_url = if self.sign_ignition_urls {
-                    let token = self.signer.mint(Purpose::Ignition, &m.server, unix_now(), self.token_ttl);
-                    format!("{}/ignition/{}/{}", self.base_url, m.server, token)
-                } else {
-                    format!("{}/ignition/{}", self.base_url, m.server)
-                };
-                let ms = MachineScript {
-                    server: &m.server,
-                    image: &files.image,
-                    arch: &files.arch,
-                    kernel_url: &files.kernel_url,
-                    initrd_url: &files.initrd_url,
-                    rootfs_url: &files.rootfs_url,
-                    cmdline: &files.cmdline,
-                    ignition_url: &ignition_url,
-                    console: &self.console,
-                    base_url: &self.base_url,
-                };
-                match self.renderer.machine_script(&ms) {
-                    Ok(s) => {
-                        self.record(&m.server, BootEvent::IpxeScriptFetched, client);
-                        script_response(StatusCode::OK, Bytes::from(s))
-                    }
-                    Err(e) => {
-                        tracing::error!(server = %m.server, error = %e, "rendering machine script");
-                        self.default_script(&format!("cannot render the script of {}", m.server))
-                    }
+            (BootState::Ready, Some(files)) => match self.cached_script(&m, files) {
+                Ok(body) => {
+                    self.record(&m.server, BootEvent::IpxeScriptFetched, client);
+                    script_response(StatusCode::OK, body)
                 }
-            }
+                Err(e) => {
+                    tracing::error!(server = %m.server, error = %e, "rendering machine script");
+                    self.default_script(&format!("cannot render the script of {}", m.server))
+                }
+            },
             (BootState::Ready, None) => self.default_script(&format!("{} has no boot files", m.server)),
             (BootState::NotClaimed, _) => self.default_script(&format!("{} is not claimed", m.server)),
             (BootState::Error(r), _) => {
@@ -338,6 +332,45 @@ impl BootHttp {
                 self.default_script(&format!("boot configuration of {} is not ready: {r}", m.server))
             }
         }
+    }
+
+    /// The machine's rendered script, from the cache when still fresh.
+    fn cached_script(&self, m: &Arc<MachineBoot>, files: &super::BootFiles) -> Result<Bytes, crate::ipxe::RenderError> {
+        let now = unix_now();
+        let fresh_for = self.token_ttl / 2;
+        {
+            let cache = self.scripts.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = cache.get(&m.server) {
+                if Arc::ptr_eq(&c.machine, m) && now >= c.minted && now - c.minted < fresh_for {
+                    return Ok(c.body.clone());
+                }
+            }
+        }
+        let ignition_url = if self.sign_ignition_urls {
+            let token = self.signer.mint(Purpose::Ignition, &m.server, now, self.token_ttl);
+            format!("{}/ignition/{}/{}", self.base_url, m.server, token)
+        } else {
+            format!("{}/ignition/{}", self.base_url, m.server)
+        };
+        let ms = MachineScript {
+            server: &m.server,
+            image: &files.image,
+            arch: &files.arch,
+            kernel_url: &files.kernel_url,
+            initrd_url: &files.initrd_url,
+            rootfs_url: &files.rootfs_url,
+            cmdline: &files.cmdline,
+            ignition_url: &ignition_url,
+            console: &self.console,
+            base_url: &self.base_url,
+        };
+        let body = Bytes::from(self.renderer.machine_script(&ms)?);
+        let mut cache = self.scripts.write().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= SCRIPT_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(m.server.clone(), CachedScript { machine: m.clone(), body: body.clone(), minted: now });
+        Ok(body)
     }
 
     fn ignition(&self, rest: &str, client: IpAddr, server_out: &mut Option<String>) -> Resp {
