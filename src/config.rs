@@ -98,7 +98,7 @@ pub struct HttpConfig {
     /// How file data reaches the socket: `mmap` (default) or `read`.
     pub file_io: String,
     /// Memory budget for file data in flight across all downloads: each download's chunk
-    /// is this divided by the number of downloads, clamped to 16 KiB..1 MiB.
+    /// is this divided by the number of downloads, clamped to 8 KiB..1 MiB.
     pub stream_budget_bytes: usize,
 }
 
@@ -119,7 +119,7 @@ impl Default for HttpConfig {
             sign_ignition_urls: true,
             token_key_file: None,
             file_io: "mmap".into(),
-            stream_budget_bytes: 16 << 20,
+            stream_budget_bytes: 8 << 20,
         }
     }
 }

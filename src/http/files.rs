@@ -12,7 +12,7 @@
 //! cache to the socket with the one copy `write` makes and no user-space buffer. The
 //! window is unmapped as soon as hyper has written it, so resident memory stays bounded
 //! by the in-flight windows: the chunk size adapts to the number of concurrent streams
-//! (a fixed memory budget divided among them, 16 KiB..1 MiB). (`read` mode uses `pread`
+//! (a fixed memory budget divided among them, 8 KiB..1 MiB). (`read` mode uses `pread`
 //! into fresh buffers instead: one more copy, but immune to a file being truncated in
 //! place while mapped, which would raise SIGBUS. mmap is the default; replace image files
 //! by rename, never by truncating them in place.)
@@ -314,7 +314,7 @@ pub struct StreamBudget {
     pub bytes_out: AtomicU64,
 }
 
-pub const MIN_CHUNK: usize = 16 << 10;
+pub const MIN_CHUNK: usize = 8 << 10;
 pub const MAX_CHUNK: usize = 1 << 20;
 
 impl StreamBudget {
@@ -437,8 +437,14 @@ fn map_window(file: &File, pos: u64, len: usize) -> io::Result<Bytes> {
     // SAFETY: the map is read-only and private to this body; the bytes are only read
     // (copied into the socket by write). A file truncated in place while mapped would
     // fault; the module doc says image files are replaced by rename.
-    let map = unsafe { memmap2::MmapOptions::new().offset(pos).len(len).map(file)? };
-    let _ = map.advise(memmap2::Advice::Sequential);
+    // Large windows are populated in one call (fewer page faults inside `write`); small
+    // ones (many concurrent streams) are left to fault so only sent pages become resident.
+    let mut opts = memmap2::MmapOptions::new();
+    opts.offset(pos).len(len);
+    if len >= 256 << 10 {
+        opts.populate();
+    }
+    let map = unsafe { opts.map(file)? };
     Ok(Bytes::from_owner(map))
 }
 
