@@ -60,13 +60,22 @@ fn main() {
     println!("http_bench: asset {size_mib} MiB, wrk {secs}s, {rounds} round(s), script {} bytes", script.len());
 
     // (a) requests/s
-    let (mut a_ours, mut a_nginx) = (Vec::new(), Vec::new());
+    let (mut a_ours, mut a_nginx, mut c_ours, mut c_nginx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        a_ours.push(wrk_rps(&format!("http://{}{}", ours.addr, script_path), 64, secs));
-        a_nginx.push(wrk_rps(&format!("http://{}/script.ipxe", nginx.addr), 64, secs));
+        let (r, c) = wrk_rps(&ours, &format!("http://{}{}", ours.addr, script_path), 64, secs);
+        a_ours.push(r);
+        c_ours.push(c);
+        let (r, c) = wrk_rps(&nginx, &format!("http://{}/script.ipxe", nginx.addr), 64, secs);
+        a_nginx.push(r);
+        c_nginx.push(c);
     }
     let (ra, na) = (median(&mut a_ours), median(&mut a_nginx));
+    let (ca, cn) = (median(&mut c_ours), median(&mut c_nginx));
     println!("(a) per-machine script req/s: bootplane {ra:.0}  nginx static {na:.0}  ratio {:.2}x (goal >= 1.0x)", ra / na);
+    println!(
+        "    server CPU per request: bootplane {ca:.1} us  nginx {cn:.1} us  (CPU-time ratio nginx/bootplane {:.2}x; steadier than req/s on a shared machine)",
+        cn / ca
+    );
 
     // (b) 8 parallel downloads
     let (mut b_ours, mut b_nginx) = (Vec::new(), Vec::new());
@@ -239,17 +248,43 @@ impl Drop for Server {
 
 // ---------------------------------------------------------------- measurements
 
-fn wrk_rps(url: &str, conns: u32, secs: u64) -> f64 {
+/// wrk against `url`: (requests/s, server CPU microseconds per request).
+fn wrk_rps(srv: &Server, url: &str, conns: u32, secs: u64) -> (f64, f64) {
+    let cpu0 = cpu_ticks(srv);
     let out = Command::new("wrk")
         .args(["-t2", &format!("-c{conns}"), &format!("-d{secs}s"), "--timeout", "10s", url])
         .output()
         .expect("running wrk");
+    let cpu1 = cpu_ticks(srv);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("Non-2xx"), "wrk saw errors: {text}");
-    text.lines()
+    let rps: f64 = text
+        .lines()
         .find_map(|l| l.strip_prefix("Requests/sec:"))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no Requests/sec in wrk output: {text}"))
+        .unwrap_or_else(|| panic!("no Requests/sec in wrk output: {text}"));
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let us_per_req = (cpu1 - cpu0) as f64 / hz * 1e6 / (rps * secs as f64);
+    (rps, us_per_req)
+}
+
+/// utime + stime of the server (nginx: master + workers) in clock ticks.
+fn cpu_ticks(srv: &Server) -> u64 {
+    let mut pids = vec![srv.pid()];
+    if srv.nginx {
+        if let Ok(c) = std::fs::read_to_string(format!("/proc/{}/task/{}/children", srv.pid(), srv.pid())) {
+            pids.extend(c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+        }
+    }
+    pids.iter()
+        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+        .map(|s| {
+            // Fields after the `(comm)`: state is field 3; utime/stime are 14/15.
+            let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        })
+        .sum()
 }
 
 /// `n` curls in parallel, each downloading the whole file; aggregate bytes/s.

@@ -2,6 +2,7 @@
 //! then one access log line and the metrics. Independent of the socket loop
 //! ([`super::server`]), so tests can drive it with any hyper connection.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -503,28 +504,28 @@ impl BootHttp {
 }
 
 /// Query parameters of `/ipxe/script`. Empty values count as absent (iPXE expands an
-/// unset setting to nothing).
+/// unset setting to nothing). Values borrow from the request unless percent-decoded.
 #[derive(Debug, Default)]
-struct Query {
-    uuid: Option<String>,
-    mac: Option<String>,
-    server: Option<String>,
-    token: Option<String>,
+struct Query<'a> {
+    uuid: Option<Cow<'a, str>>,
+    mac: Option<Cow<'a, str>>,
+    server: Option<Cow<'a, str>>,
+    token: Option<Cow<'a, str>>,
 }
 
-impl Query {
-    fn parse(q: &str) -> Result<Query, String> {
+impl<'a> Query<'a> {
+    fn parse(q: &'a str) -> Result<Query<'a>, String> {
         if q.len() > 2048 {
             return Err("query too long".into());
         }
         let mut out = Query::default();
         for pair in q.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_encoding::percent_decode_str(v)
-                .decode_utf8()
-                .map_err(|_| format!("query parameter {k} is not valid utf-8"))?
-                .trim()
-                .to_string();
+            let v = percent_encoding::percent_decode_str(v).decode_utf8().map_err(|_| format!("query parameter {k} is not valid utf-8"))?;
+            let v = match v {
+                Cow::Borrowed(b) => Cow::Borrowed(b.trim()),
+                Cow::Owned(o) => Cow::Owned(o.trim().to_string()),
+            };
             if v.is_empty() {
                 continue;
             }

@@ -94,13 +94,20 @@ impl BootIndex for MemoryIndex {
     }
 
     fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr) {
-        let rec = ProgressRecord { server: server.to_string(), event, client, at: SystemTime::now() };
+        let now = SystemTime::now();
         let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        // Bounded: a machine re-fetching in a loop must not grow memory without end.
+        // A repeat of the newest record (a machine re-fetching in a loop) only moves its time.
+        if let Some(last) = ev.last_mut() {
+            if last.server == server && last.event == event && last.client == client {
+                last.at = now;
+                return;
+            }
+        }
+        // Bounded: many machines looping must not grow memory without end.
         if ev.len() >= 10_000 {
             ev.drain(..5_000);
         }
-        ev.push(rec);
+        ev.push(ProgressRecord { server: server.to_string(), event, client, at: now });
     }
 }
 
@@ -138,6 +145,7 @@ mod tests {
     #[test]
     fn progress_is_recorded() {
         let idx = MemoryIndex::new();
+        idx.record_progress("a", BootEvent::IgnitionDataFetched, "127.0.0.2".parse().unwrap());
         idx.record_progress("a", BootEvent::IgnitionDataFetched, "127.0.0.2".parse().unwrap());
         let ev = idx.events();
         assert_eq!(ev.len(), 1);
