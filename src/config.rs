@@ -82,8 +82,30 @@ pub struct HttpConfig {
     /// Root of `/assets/` (iPXE binaries, image files).
     pub assets_dir: PathBuf,
     pub max_connections: usize,
+    /// Request head limit (431 beyond it); at least 8192.
     pub max_header_bytes: usize,
     pub header_read_timeout_ms: u64,
+    /// Script for unknown / unclaimed / failed machines: `exit` (local disk), `retry`
+    /// (sleep `retry_secs`, chain `/boot.ipxe` again) or `discovery` (boot `discovery_image`).
+    pub unknown_action: String,
+    pub retry_secs: u32,
+    /// Image catalog reference booted by `unknown_action = "discovery"`.
+    pub discovery_image: Option<String>,
+    /// Console arguments appended to every kernel command line.
+    pub console: String,
+    /// Lifetime of the signed per-boot URLs minted into scripts (a rendered script, and so
+    /// its token, is reused for at most half of this).
+    pub token_ttl_secs: u64,
+    /// Put a signed per-boot token into each script's Ignition URL, so the machine can
+    /// fetch its Ignition even from an address not registered for it (default true).
+    pub sign_ignition_urls: bool,
+    /// HMAC key file for per-boot tokens; default `<state_dir>/http-token-key` (created, 0600).
+    pub token_key_file: Option<PathBuf>,
+    /// How file data reaches the socket: `mmap` (default) or `read`.
+    pub file_io: String,
+    /// Memory budget for file data in flight across all downloads: each download's chunk
+    /// is this divided by the number of downloads, clamped to 8 KiB..1 MiB.
+    pub stream_budget_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -95,6 +117,15 @@ impl Default for HttpConfig {
             max_connections: 4096,
             max_header_bytes: 16 << 10,
             header_read_timeout_ms: 5_000,
+            unknown_action: "exit".into(),
+            retry_secs: 10,
+            discovery_image: None,
+            console: "console=tty0 console=ttyS0,115200".into(),
+            token_ttl_secs: 3600,
+            sign_ignition_urls: true,
+            token_key_file: None,
+            file_io: "mmap".into(),
+            stream_budget_bytes: 8 << 20,
         }
     }
 }

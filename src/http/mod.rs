@@ -1,1 +1,140 @@
 //! The machine-facing HTTP boot listener. Owned by issue 3.
+//!
+//! Routes (all `GET`, `HEAD` also on assets):
+//! - `/boot.ipxe`: chainload script that sends iPXE to its per-machine script with its
+//!   identity (`uuid`, `mac`, `buildarch`, `platform` query parameters).
+//! - `/ipxe/script?uuid=&mac=&buildarch=&platform=[&token=]`: the per-machine script for a
+//!   machine whose boot configuration is ready, else the configurable default script.
+//! - `/ignition/<server>[/<token>]`: the machine's Ignition payload, as given by the index.
+//! - `/assets/<path>`: iPXE binaries and image files (`/assets/images/...` comes from the
+//!   image catalog directory), with `HEAD`, `Range`, conditionals and no redirects.
+//!
+//! Identity: a script or Ignition payload is given only to the machine it belongs to: the
+//! request's source address must be one of the machine's registered addresses, or the URL
+//! must carry a valid signed, expiring token ([`token`]) minted into that machine's
+//! script. Anyone else gets 403 (known machine, wrong client) and the refusal is logged
+//! and counted.
+//!
+//! The hot path never waits on the store: it asks a [`BootIndex`] answered from memory.
+//! [`index::MemoryIndex`] is the in-memory implementation; the store-backed one keeps it
+//! current by watch.
+//!
+//! Routing is a `match` on four fixed prefixes rather than a router crate: the asset
+//! route needs the raw (still percent-encoded) path to reject traversal in every
+//! encoding before anything is decoded, and the per-request cost stays minimal.
+
+pub mod catalog;
+pub mod files;
+pub mod handler;
+pub mod ident;
+pub mod index;
+pub mod metrics;
+pub mod server;
+pub mod token;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+pub use handler::BootHttp;
+pub use ident::MachineId;
+pub use metrics::Metrics;
+
+/// Where a machine's boot configuration stands, as the boot listener needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BootState {
+    /// The ServerBootConfiguration is `Ready`: files resolved, Ignition present.
+    Ready,
+    /// The server exists but no claim (no boot configuration) is bound to it.
+    NotClaimed,
+    /// The boot configuration is in `Error` (the reason names what is missing).
+    Error(String),
+}
+
+/// Kernel, initrd and rootfs URLs plus the default command line of the claimed image.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BootFiles {
+    /// The image reference (e.g. `os-image:latest`).
+    pub image: String,
+    pub arch: String,
+    pub kernel_url: String,
+    pub initrd_url: String,
+    /// Optional rootfs/squashfs URL; empty when the image has none.
+    pub rootfs_url: String,
+    /// Default kernel arguments from the image catalog.
+    pub cmdline: String,
+}
+
+/// The Ignition payload to hand out as-is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IgnitionData {
+    pub data: Bytes,
+    pub content_type: String,
+}
+
+/// Everything the boot listener knows about one machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineBoot {
+    /// The Server's name.
+    pub server: String,
+    /// SMBIOS system UUID, lowercase hyphenated, when known.
+    pub uuid: Option<String>,
+    /// Registered addresses: the only sources allowed to fetch script and Ignition
+    /// without a token.
+    pub ips: Vec<IpAddr>,
+    pub macs: Vec<[u8; 6]>,
+    pub state: BootState,
+    /// Present when `state` is `Ready`.
+    pub files: Option<BootFiles>,
+    pub ignition: Option<IgnitionData>,
+}
+
+/// A boot progress step recorded on the ServerBootConfiguration's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BootEvent {
+    IpxeScriptFetched,
+    IgnitionDataFetched,
+}
+
+impl BootEvent {
+    /// The condition type used on the ServerBootConfiguration's status.
+    pub fn condition_type(self) -> &'static str {
+        match self {
+            BootEvent::IpxeScriptFetched => "IPXEScriptFetched",
+            BootEvent::IgnitionDataFetched => "IgnitionDataFetched",
+        }
+    }
+}
+
+/// The boot listener's view of the desired state. Implementations answer from memory
+/// and never block on a store; `record_progress` must return at once (queue the status
+/// write, do not perform it inline).
+pub trait BootIndex: Send + Sync {
+    /// Find a machine by UUID (case-insensitive), MAC, IP address or server name.
+    fn lookup(&self, id: &MachineId) -> Option<Arc<MachineBoot>>;
+    /// Note that `server` fetched its script or Ignition from `client`.
+    fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr);
+}
+
+/// Run the boot listener on `http.listen` until shutdown. Metrics go to a fresh
+/// [`Metrics`]; use [`serve_with_metrics`] to share them with the API's `/metrics`.
+pub async fn serve(ctx: Arc<crate::serve::Context>, index: Arc<dyn BootIndex>, shutdown: crate::shutdown::Shutdown) -> anyhow::Result<()> {
+    serve_with_metrics(ctx, index, Arc::new(Metrics::new()), shutdown).await
+}
+
+/// [`serve`] with caller-owned metrics.
+pub async fn serve_with_metrics(
+    ctx: Arc<crate::serve::Context>,
+    index: Arc<dyn BootIndex>,
+    metrics: Arc<Metrics>,
+    shutdown: crate::shutdown::Shutdown,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let app = Arc::new(BootHttp::from_config(&ctx.config, index, metrics)?);
+    let listener = tokio::net::TcpListener::bind(ctx.config.http.listen)
+        .await
+        .with_context(|| format!("binding boot http listener {}", ctx.config.http.listen))?;
+    tracing::info!(listen = %ctx.config.http.listen, public_url = %app.base_url(), "boot http listening");
+    server::run(listener, app, server::Limits::from_config(&ctx.config.http), shutdown).await
+}

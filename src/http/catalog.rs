@@ -1,0 +1,352 @@
+//! The image catalog (`images/catalog.toml`): maps an image reference such as
+//! `os-image:latest` (a claim's `image`) to its kernel, initrd, optional rootfs, default
+//! kernel arguments, architecture and the SHA-256 of each file. Paths are relative to the
+//! catalog's directory, which the boot listener serves at `/assets/images/`.
+//!
+//! ```toml
+//! [[image]]
+//! ref = "os-image:latest"
+//! arch = "amd64"
+//! cmdline = "rd.neednet=1"
+//! kernel = { path = "os-image/vmlinuz", sha256 = "<64 hex>" }
+//! initrd = { path = "os-image/initrd.img", sha256 = "<64 hex>" }
+//! # rootfs = { path = "os-image/root.squashfs", sha256 = "<64 hex>" }
+//! ```
+//!
+//! Resolution is pure ([`Catalog::resolve`] over [`FileFacts`]); the one I/O step,
+//! hashing files, is [`FileHasher`], which caches each file's digest by (size, mtime) so
+//! a reconcile loop does not re-read gigabytes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// File name of the catalog inside the images directory.
+pub const CATALOG_FILE: &str = "catalog.toml";
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileRef {
+    pub path: String,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ImageEntry {
+    #[serde(rename = "ref")]
+    pub reference: String,
+    #[serde(default = "default_arch")]
+    pub arch: String,
+    #[serde(default)]
+    pub cmdline: String,
+    pub kernel: FileRef,
+    pub initrd: FileRef,
+    #[serde(default)]
+    pub rootfs: Option<FileRef>,
+}
+
+fn default_arch() -> String {
+    "amd64".into()
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Catalog {
+    #[serde(default, rename = "image")]
+    pub images: Vec<ImageEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogError {
+    #[error("parsing image catalog: {0}")]
+    Parse(String),
+    #[error("image {image}: {role} path {path:?} must be relative, without `..`, `\\` or empty segments")]
+    BadPath { image: String, role: &'static str, path: String },
+    #[error("image {image}: {role} sha256 must be 64 hex digits")]
+    BadDigest { image: String, role: &'static str },
+    #[error("image {0} is listed twice")]
+    Duplicate(String),
+}
+
+/// Why an image cannot be booted; the message is what the boot configuration's `Error`
+/// condition shows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    #[error("unknown image {0:?} (not in the image catalog)")]
+    UnknownImage(String),
+    #[error("image {image}: {role} file {path} is missing")]
+    MissingFile { image: String, role: &'static str, path: String },
+    #[error("image {image}: {role} file {path} has sha256 {actual}, catalog says {expected}")]
+    ChecksumMismatch { image: String, role: &'static str, path: String, expected: String, actual: String },
+}
+
+impl ImageError {
+    /// A short machine-readable reason for status conditions.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ImageError::UnknownImage(_) => "UnknownImage",
+            ImageError::MissingFile { .. } => "MissingFile",
+            ImageError::ChecksumMismatch { .. } => "ChecksumMismatch",
+        }
+    }
+}
+
+/// A bootable image: catalog-relative paths, verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedImage {
+    pub reference: String,
+    pub arch: String,
+    pub cmdline: String,
+    pub kernel: String,
+    pub initrd: String,
+    pub rootfs: Option<String>,
+}
+
+impl ResolvedImage {
+    /// URLs under `<base_url>/assets/images/`.
+    pub fn boot_files(&self, base_url: &str) -> super::BootFiles {
+        let url = |p: &str| format!("{}/assets/images/{}", base_url.trim_end_matches('/'), encode_path(p));
+        super::BootFiles {
+            image: self.reference.clone(),
+            arch: self.arch.clone(),
+            kernel_url: url(&self.kernel),
+            initrd_url: url(&self.initrd),
+            rootfs_url: self.rootfs.as_deref().map(url).unwrap_or_default(),
+            cmdline: self.cmdline.clone(),
+        }
+    }
+}
+
+fn encode_path(p: &str) -> String {
+    const SET: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    percent_encoding::utf8_percent_encode(p, SET).to_string()
+}
+
+/// What is known about one catalog file: absent, or present with this digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileFact {
+    Missing,
+    Present { sha256: String },
+}
+
+/// Answers "what is at this catalog-relative path?".
+pub trait FileFacts {
+    fn fact(&self, path: &str) -> FileFact;
+}
+
+impl FileFacts for HashMap<String, FileFact> {
+    fn fact(&self, path: &str) -> FileFact {
+        self.get(path).cloned().unwrap_or(FileFact::Missing)
+    }
+}
+
+impl Catalog {
+    /// Parse and validate catalog text.
+    pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
+        let c: Catalog = toml::from_str(text).map_err(|e| CatalogError::Parse(e.to_string().trim_end().to_string()))?;
+        let mut seen = std::collections::HashSet::new();
+        for img in &c.images {
+            if !seen.insert(img.reference.as_str()) {
+                return Err(CatalogError::Duplicate(img.reference.clone()));
+            }
+            for (role, f) in img.files() {
+                if !safe_relative(&f.path) {
+                    return Err(CatalogError::BadPath { image: img.reference.clone(), role, path: f.path.clone() });
+                }
+                if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(CatalogError::BadDigest { image: img.reference.clone(), role });
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn get(&self, reference: &str) -> Option<&ImageEntry> {
+        self.images.iter().find(|i| i.reference == reference)
+    }
+
+    /// Ready (every file present with the listed digest) or the first thing missing.
+    pub fn resolve(&self, reference: &str, facts: &dyn FileFacts) -> Result<ResolvedImage, ImageError> {
+        let img = self.get(reference).ok_or_else(|| ImageError::UnknownImage(reference.to_string()))?;
+        for (role, f) in img.files() {
+            match facts.fact(&f.path) {
+                FileFact::Missing => {
+                    return Err(ImageError::MissingFile { image: img.reference.clone(), role, path: f.path.clone() })
+                }
+                FileFact::Present { sha256 } if !sha256.eq_ignore_ascii_case(&f.sha256) => {
+                    return Err(ImageError::ChecksumMismatch {
+                        image: img.reference.clone(),
+                        role,
+                        path: f.path.clone(),
+                        expected: f.sha256.to_ascii_lowercase(),
+                        actual: sha256,
+                    })
+                }
+                FileFact::Present { .. } => {}
+            }
+        }
+        Ok(ResolvedImage {
+            reference: img.reference.clone(),
+            arch: img.arch.clone(),
+            cmdline: img.cmdline.clone(),
+            kernel: img.kernel.path.clone(),
+            initrd: img.initrd.path.clone(),
+            rootfs: img.rootfs.as_ref().map(|f| f.path.clone()),
+        })
+    }
+}
+
+impl ImageEntry {
+    fn files(&self) -> Vec<(&'static str, &FileRef)> {
+        let mut v = vec![("kernel", &self.kernel), ("initrd", &self.initrd)];
+        if let Some(r) = &self.rootfs {
+            v.push(("rootfs", r));
+        }
+        v
+    }
+}
+
+fn safe_relative(p: &str) -> bool {
+    !p.is_empty() && !p.starts_with('/') && !p.contains('\\') && !p.contains('\0') && p.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+}
+
+/// Hashes catalog files under one directory, caching by (size, mtime).
+pub struct FileHasher {
+    root: PathBuf,
+    cache: Mutex<HashMap<PathBuf, (u64, SystemTime, String)>>,
+}
+
+impl FileHasher {
+    pub fn new(root: impl Into<PathBuf>) -> FileHasher {
+        FileHasher { root: root.into(), cache: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// SHA-256 (lowercase hex) of a catalog-relative path; `Ok(None)` when absent.
+    pub fn sha256(&self, rel: &str) -> std::io::Result<Option<String>> {
+        if !safe_relative(rel) {
+            return Ok(None);
+        }
+        let path = self.root.join(rel);
+        let meta = match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => m,
+            Ok(_) => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let key = (meta.len(), meta.modified()?);
+        if let Some((len, mtime, digest)) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&path) {
+            if (*len, *mtime) == key {
+                return Ok(Some(digest.clone()));
+            }
+        }
+        let mut f = std::fs::File::open(&path)?;
+        let mut h = Sha256::new();
+        std::io::copy(&mut f, &mut h)?;
+        let digest = hex::encode(h.finalize());
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(path, (key.0, key.1, digest.clone()));
+        Ok(Some(digest))
+    }
+
+    /// Resolve `reference` against the files on disk (hashing what changed).
+    pub fn resolve(&self, catalog: &Catalog, reference: &str) -> std::io::Result<Result<ResolvedImage, ImageError>> {
+        let mut facts = HashMap::new();
+        if let Some(img) = catalog.get(reference) {
+            for (_, f) in img.files() {
+                let fact = match self.sha256(&f.path)? {
+                    Some(sha256) => FileFact::Present { sha256 },
+                    None => FileFact::Missing,
+                };
+                facts.insert(f.path.clone(), fact);
+            }
+        }
+        Ok(catalog.resolve(reference, &facts))
+    }
+}
+
+/// Read and parse `<dir>/catalog.toml` (an absent file is an empty catalog).
+pub fn load(dir: &Path) -> anyhow::Result<Catalog> {
+    use anyhow::Context as _;
+    let path = dir.join(CATALOG_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Catalog::parse(&text).with_context(|| format!("reading image catalog {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Catalog::default()),
+        Err(e) => Err(e).with_context(|| format!("reading image catalog {}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    fn text() -> String {
+        format!(
+            "[[image]]\nref = \"os-image:latest\"\ncmdline = \"rd.neednet=1\"\nkernel = {{ path = \"os/vmlinuz\", sha256 = \"{A}\" }}\ninitrd = {{ path = \"os/initrd\", sha256 = \"{B}\" }}\n"
+        )
+    }
+
+    #[test]
+    fn resolve_ready_and_each_error() {
+        let c = Catalog::parse(&text()).unwrap();
+        let mut facts: HashMap<String, FileFact> = HashMap::new();
+        assert_eq!(c.resolve("nope:1", &facts), Err(ImageError::UnknownImage("nope:1".into())));
+        let e = c.resolve("os-image:latest", &facts).unwrap_err();
+        assert_eq!(e.reason(), "MissingFile");
+        assert!(e.to_string().contains("kernel file os/vmlinuz is missing"), "{e}");
+        facts.insert("os/vmlinuz".into(), FileFact::Present { sha256: A.into() });
+        facts.insert("os/initrd".into(), FileFact::Present { sha256: A.into() });
+        let e = c.resolve("os-image:latest", &facts).unwrap_err();
+        assert_eq!(e.reason(), "ChecksumMismatch");
+        assert!(e.to_string().contains("initrd"), "{e}");
+        facts.insert("os/initrd".into(), FileFact::Present { sha256: B.to_uppercase() });
+        let r = c.resolve("os-image:latest", &facts).unwrap();
+        assert_eq!(r.arch, "amd64");
+        let f = r.boot_files("http://h:1/");
+        assert_eq!(f.kernel_url, "http://h:1/assets/images/os/vmlinuz");
+        assert_eq!(f.rootfs_url, "");
+    }
+
+    #[test]
+    fn bad_catalogs_are_named() {
+        assert!(matches!(Catalog::parse("[[image]]\nref = 1\n"), Err(CatalogError::Parse(_))));
+        let bad = text().replace("os/vmlinuz", "../etc/passwd");
+        assert!(matches!(Catalog::parse(&bad), Err(CatalogError::BadPath { role: "kernel", .. })));
+        let bad = text().replace(A, "abc");
+        assert!(matches!(Catalog::parse(&bad), Err(CatalogError::BadDigest { .. })));
+        let twice = format!("{}{}", text(), text());
+        assert!(matches!(Catalog::parse(&twice), Err(CatalogError::Duplicate(_))));
+    }
+
+    #[test]
+    fn hasher_hashes_and_caches() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("os")).unwrap();
+        std::fs::write(dir.path().join("os/vmlinuz"), b"kernel").unwrap();
+        let h = FileHasher::new(dir.path());
+        let want = hex::encode(Sha256::digest(b"kernel"));
+        assert_eq!(h.sha256("os/vmlinuz").unwrap(), Some(want.clone()));
+        assert_eq!(h.sha256("os/vmlinuz").unwrap(), Some(want));
+        assert_eq!(h.sha256("os/initrd").unwrap(), None);
+        assert_eq!(h.sha256("../x").unwrap(), None);
+        let c = Catalog::parse(&text()).unwrap();
+        assert_eq!(h.resolve(&c, "os-image:latest").unwrap().unwrap_err().reason(), "ChecksumMismatch");
+    }
+
+    #[test]
+    fn shipped_catalog_parses() {
+        let c = Catalog::parse(include_str!("../../images/catalog.toml")).unwrap();
+        assert!(c.get("os-image:latest").is_some());
+    }
+}

@@ -1,0 +1,728 @@
+//! Request handling for the boot listener: route, identity check, render or stream,
+//! then one access log line and the metrics. Independent of the socket loop
+//! ([`super::server`]), so tests can drive it with any hyper connection.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+
+use super::files::{self, Conditions, FileBody, FileIo, Plan, Root, StreamBudget};
+use super::ident::{parse_mac, parse_uuid, MacFmt};
+use super::metrics::{EventLabels, RouteLabels};
+use super::token::{unix_now, Purpose, TokenSigner};
+use super::{BootEvent, BootIndex, BootState, MachineBoot, MachineId, Metrics};
+use crate::ipxe::{DefaultAction, MachineScript, Renderer};
+
+/// Where iPXE binaries come from when the assets directory lacks them.
+pub const IPXE_SYSTEM_DIR: &str = "/usr/lib/ipxe";
+/// The iPXE binaries served from [`IPXE_SYSTEM_DIR`] as a fallback.
+pub const IPXE_BINARIES: [&str; 3] = ["undionly.kpxe", "ipxe.efi", "snponly.efi"];
+
+/// Everything [`BootHttp`] needs, explicit so tests can build one without a config file.
+pub struct Settings {
+    /// URL machines use to reach this listener, without a trailing slash.
+    pub base_url: String,
+    pub console: String,
+    pub default_action: DefaultAction,
+    pub token_ttl_secs: u64,
+    pub signer: TokenSigner,
+    /// Operator templates (name, text) overriding the built-in ones.
+    pub templates: Vec<(String, String)>,
+    pub assets_dir: Option<PathBuf>,
+    pub images_dir: Option<PathBuf>,
+    pub ipxe_fallback_dir: Option<PathBuf>,
+    pub file_io: FileIo,
+    pub stream_budget_bytes: usize,
+    /// Put a signed token into the Ignition URL of every script (default). Without it the
+    /// Ignition is served to the machine's registered addresses only.
+    pub sign_ignition_urls: bool,
+}
+
+/// The boot listener's application state.
+pub struct BootHttp {
+    index: Arc<dyn BootIndex>,
+    renderer: Renderer,
+    signer: TokenSigner,
+    metrics: Arc<Metrics>,
+    base_url: String,
+    console: String,
+    default_action: DefaultAction,
+    token_ttl: u64,
+    assets: Option<Root>,
+    images: Option<Root>,
+    ipxe_fallback: Option<PathBuf>,
+    budget: Arc<StreamBudget>,
+    boot_script: Bytes,
+    sign_ignition_urls: bool,
+    scripts: std::sync::RwLock<std::collections::HashMap<String, CachedScript>>,
+}
+
+/// A rendered per-machine script, reused while the machine entry is unchanged (same
+/// `Arc`) and its token has at least half its lifetime left: rendering and signing per
+/// request would cost more than the request itself.
+struct CachedScript {
+    machine: Arc<MachineBoot>,
+    body: Bytes,
+    minted: u64,
+}
+
+/// Cached scripts beyond this are dropped wholesale (entries are per machine).
+const SCRIPT_CACHE_MAX: usize = 100_000;
+
+/// Route names used in metrics and logs.
+pub mod route {
+    pub const BOOT: &str = "boot_ipxe";
+    pub const SCRIPT: &str = "script";
+    pub const IGNITION: &str = "ignition";
+    pub const ASSETS: &str = "assets";
+    pub const OTHER: &str = "other";
+}
+
+type Resp = Response<FileBody>;
+
+impl BootHttp {
+    pub fn new(s: Settings, index: Arc<dyn BootIndex>, metrics: Arc<Metrics>) -> anyhow::Result<BootHttp> {
+        let renderer = Renderer::new(&s.templates).context("compiling ipxe templates")?;
+        let base_url = s.base_url.trim_end_matches('/').to_string();
+        let boot_script = Bytes::from(renderer.boot_script(&base_url).context("rendering boot.ipxe")?);
+        // Probe the default script once so a broken template fails at start, not per request.
+        renderer.default_script(&s.default_action, "probe", &base_url, &s.console).context("rendering default.ipxe")?;
+        let root = |d: &Option<PathBuf>, what: &str| -> Option<Root> {
+            let d = d.as_ref()?;
+            match Root::new(d) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(dir = %d.display(), error = %e, "{what} directory not usable, not serving it");
+                    None
+                }
+            }
+        };
+        Ok(BootHttp {
+            index,
+            assets: root(&s.assets_dir, "assets"),
+            images: root(&s.images_dir, "images"),
+            ipxe_fallback: s.ipxe_fallback_dir.clone(),
+            renderer,
+            signer: s.signer,
+            metrics,
+            base_url,
+            console: s.console,
+            default_action: s.default_action,
+            token_ttl: s.token_ttl_secs,
+            budget: Arc::new(StreamBudget::new(s.stream_budget_bytes, s.file_io)),
+            boot_script,
+            sign_ignition_urls: s.sign_ignition_urls,
+            scripts: Default::default(),
+        })
+    }
+
+    /// Settings from the config: templates from `boot.ipxe_templates`, token key from
+    /// `http.token_key_file` (created when absent), discovery image from the catalog.
+    pub fn from_config(cfg: &crate::config::Config, index: Arc<dyn BootIndex>, metrics: Arc<Metrics>) -> anyhow::Result<BootHttp> {
+        let h = &cfg.http;
+        let base_url = cfg.public_http_url();
+        let default_action = match h.unknown_action.as_str() {
+            "exit" => DefaultAction::Exit,
+            "retry" => DefaultAction::Retry { secs: h.retry_secs.max(1) },
+            "discovery" => {
+                let r = h.discovery_image.as_deref().context("http.unknown_action = \"discovery\" needs http.discovery_image")?;
+                let catalog = super::catalog::load(&cfg.boot.images_dir)?;
+                let hasher = super::catalog::FileHasher::new(&cfg.boot.images_dir);
+                let img = hasher
+                    .resolve(&catalog, r)
+                    .with_context(|| format!("hashing discovery image {r}"))?
+                    .with_context(|| format!("resolving discovery image {r}"))?;
+                let f = img.boot_files(&base_url);
+                DefaultAction::Discovery { kernel_url: f.kernel_url, initrd_url: f.initrd_url, cmdline: f.cmdline }
+            }
+            other => anyhow::bail!("unknown http.unknown_action {other:?} (expected exit, retry or discovery)"),
+        };
+        let file_io = match h.file_io.as_str() {
+            "mmap" => FileIo::Mmap,
+            "read" => FileIo::Read,
+            other => anyhow::bail!("unknown http.file_io {other:?} (expected mmap or read)"),
+        };
+        let key_file = h.token_key_file.clone().unwrap_or_else(|| cfg.state_dir.join("http-token-key"));
+        let key = load_or_create_key(&key_file)?;
+        let mut templates = Vec::new();
+        for (name, _) in crate::ipxe::BUILTIN_TEMPLATES {
+            let p = cfg.boot.ipxe_templates.join(name);
+            match std::fs::read_to_string(&p) {
+                Ok(t) => templates.push((name.to_string(), t)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("reading ipxe template {}", p.display())),
+            }
+        }
+        let settings = Settings {
+            base_url,
+            console: h.console.clone(),
+            default_action,
+            token_ttl_secs: h.token_ttl_secs,
+            signer: TokenSigner::new(&key),
+            templates,
+            assets_dir: Some(h.assets_dir.clone()),
+            images_dir: Some(cfg.boot.images_dir.clone()),
+            ipxe_fallback_dir: Some(PathBuf::from(IPXE_SYSTEM_DIR)),
+            file_io,
+            stream_budget_bytes: h.stream_budget_bytes.max(files::MIN_CHUNK),
+            sign_ignition_urls: h.sign_ignition_urls,
+        };
+        BootHttp::new(settings, index, metrics)
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// A script URL carrying a signed token for `server` (for DHCP boot-file names when the
+    /// machine's address is not known in advance).
+    pub fn signed_script_url(&self, server: &str) -> String {
+        let t = self.signer.mint(Purpose::Script, server, unix_now(), self.token_ttl);
+        format!("{}/ipxe/script?server={}&token={}", self.base_url, server, t)
+    }
+
+    /// Handle one request from `client`.
+    pub async fn handle<B>(&self, req: Request<B>, client: IpAddr) -> Resp {
+        let start = Instant::now();
+        let path = req.uri().path();
+        let route = if path == "/boot.ipxe" {
+            route::BOOT
+        } else if path == "/ipxe/script" {
+            route::SCRIPT
+        } else if path.starts_with("/ignition/") {
+            route::IGNITION
+        } else if path.starts_with("/assets/") {
+            route::ASSETS
+        } else {
+            route::OTHER
+        };
+        let mut server: Option<String> = None;
+        let resp = if req.method() != Method::GET && req.method() != Method::HEAD {
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            r
+        } else {
+            match route {
+                route::BOOT => script_response(StatusCode::OK, self.boot_script.clone()),
+                route::SCRIPT => self.machine_script(req.uri().query().unwrap_or(""), client, &mut server),
+                route::IGNITION => self.ignition(&path["/ignition/".len()..], client, &mut server),
+                route::ASSETS => self.asset(&req, &path["/assets/".len()..]).await,
+                _ => text(StatusCode::NOT_FOUND, "not found\n"),
+            }
+        };
+        let resp = if req.method() == Method::HEAD { strip_body(resp) } else { resp };
+        let code = resp.status().as_u16();
+        let bytes = resp
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|_| req.method() == Method::GET)
+            .unwrap_or(0);
+        let elapsed = start.elapsed();
+        self.metrics.observe(route, code, bytes, elapsed.as_secs_f64());
+        let shown: String = req.uri().path().chars().take(200).collect();
+        tracing::info!(
+            target: "bootplane::http::access",
+            client = %client,
+            method = %req.method(),
+            path = %shown,
+            status = code,
+            bytes,
+            micros = elapsed.as_micros() as u64,
+            server = server.as_deref().unwrap_or("-"),
+        );
+        resp
+    }
+
+    fn refuse(&self, route: &'static str, m: &MachineBoot, client: IpAddr, why: &str) -> Resp {
+        self.metrics.identity_refused.get_or_create(&RouteLabels { route }).inc();
+        tracing::warn!(server = %m.server, client = %client, route, why, "identity check refused a request");
+        text(StatusCode::FORBIDDEN, "forbidden\n")
+    }
+
+    fn record(&self, server: &str, event: BootEvent, client: IpAddr) {
+        self.metrics.boot_progress.get_or_create(&EventLabels { event: event.condition_type() }).inc();
+        self.index.record_progress(server, event, client);
+    }
+
+    fn default_script(&self, reason: &str) -> Resp {
+        match self.renderer.default_script(&self.default_action, reason, &self.base_url, &self.console) {
+            Ok(s) => script_response(StatusCode::OK, Bytes::from(s)),
+            Err(e) => {
+                tracing::error!(error = %e, "rendering default ipxe script");
+                // Still a runnable script: leave network boot.
+                script_response(StatusCode::OK, Bytes::from_static(b"#!ipxe\necho bootplane: internal error\nexit\n"))
+            }
+        }
+    }
+
+    fn machine_script(&self, query: &str, client: IpAddr, server_out: &mut Option<String>) -> Resp {
+        let q = match Query::parse(query) {
+            Ok(q) => q,
+            Err(msg) => return bad_request(&msg),
+        };
+        let mut ids = Vec::new();
+        if let Some(s) = q.server.as_deref() {
+            if !valid_name(s) {
+                return bad_request("malformed server name");
+            }
+            ids.push(MachineId::Server(s.to_string()));
+        }
+        if let Some(u) = q.uuid.as_deref() {
+            match parse_uuid(u) {
+                Ok(u) => ids.push(MachineId::Uuid(u)),
+                Err(e) => return bad_request(&e.to_string()),
+            }
+        }
+        let mut mac = None;
+        if let Some(m) = q.mac.as_deref() {
+            match parse_mac(m) {
+                Ok(m) => {
+                    mac = Some(m);
+                    ids.push(MachineId::Mac(m));
+                }
+                Err(e) => return bad_request(&e.to_string()),
+            }
+        }
+        ids.push(MachineId::Ip(client));
+        let Some(m) = ids.iter().find_map(|id| self.index.lookup(id)) else {
+            let who = match (&q.uuid, mac) {
+                (Some(u), _) => format!("uuid {u}"),
+                (None, Some(m)) => format!("mac {}", MacFmt(&m)),
+                _ => format!("address {client}"),
+            };
+            tracing::info!(client = %client, who = %who, "unknown machine, serving default script");
+            return self.default_script(&format!("unknown machine ({who})"));
+        };
+        *server_out = Some(m.server.clone());
+        if !m.ips.contains(&client) {
+            let ok = q.token.as_deref().map(|t| self.signer.verify(t, Purpose::Script, &m.server, unix_now()));
+            match ok {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return self.refuse(route::SCRIPT, &m, client, &e.to_string()),
+                None => return self.refuse(route::SCRIPT, &m, client, "source address not registered and no token"),
+            }
+        }
+        match (&m.state, &m.files) {
+            (BootState::Ready, Some(files)) => match self.cached_script(&m, files) {
+                Ok(body) => {
+                    self.record(&m.server, BootEvent::IpxeScriptFetched, client);
+                    script_response(StatusCode::OK, body)
+                }
+                Err(e) => {
+                    tracing::error!(server = %m.server, error = %e, "rendering machine script");
+                    self.default_script(&format!("cannot render the script of {}", m.server))
+                }
+            },
+            (BootState::Ready, None) => self.default_script(&format!("{} has no boot files", m.server)),
+            (BootState::NotClaimed, _) => self.default_script(&format!("{} is not claimed", m.server)),
+            (BootState::Error(r), _) => {
+                tracing::info!(server = %m.server, reason = %r, "boot configuration in error, serving default script");
+                self.default_script(&format!("boot configuration of {} is not ready: {r}", m.server))
+            }
+        }
+    }
+
+    /// The machine's rendered script, from the cache when still fresh.
+    fn cached_script(&self, m: &Arc<MachineBoot>, files: &super::BootFiles) -> Result<Bytes, crate::ipxe::RenderError> {
+        let now = unix_now();
+        let fresh_for = self.token_ttl / 2;
+        {
+            let cache = self.scripts.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = cache.get(&m.server) {
+                if Arc::ptr_eq(&c.machine, m) && now >= c.minted && now - c.minted < fresh_for {
+                    return Ok(c.body.clone());
+                }
+            }
+        }
+        let ignition_url = if self.sign_ignition_urls {
+            let token = self.signer.mint(Purpose::Ignition, &m.server, now, self.token_ttl);
+            format!("{}/ignition/{}/{}", self.base_url, m.server, token)
+        } else {
+            format!("{}/ignition/{}", self.base_url, m.server)
+        };
+        let ms = MachineScript {
+            server: &m.server,
+            image: &files.image,
+            arch: &files.arch,
+            kernel_url: &files.kernel_url,
+            initrd_url: &files.initrd_url,
+            rootfs_url: &files.rootfs_url,
+            cmdline: &files.cmdline,
+            ignition_url: &ignition_url,
+            console: &self.console,
+            base_url: &self.base_url,
+        };
+        let body = Bytes::from(self.renderer.machine_script(&ms)?);
+        let mut cache = self.scripts.write().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= SCRIPT_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(m.server.clone(), CachedScript { machine: m.clone(), body: body.clone(), minted: now });
+        Ok(body)
+    }
+
+    fn ignition(&self, rest: &str, client: IpAddr, server_out: &mut Option<String>) -> Resp {
+        let (name, token) = match rest.split_once('/') {
+            Some((n, t)) => (n, Some(t)),
+            None => (rest, None),
+        };
+        if !valid_name(name) {
+            return bad_request("malformed server name");
+        }
+        let Some(m) = self.index.lookup(&MachineId::Server(name.to_string())) else {
+            return text(StatusCode::NOT_FOUND, "not found\n");
+        };
+        *server_out = Some(m.server.clone());
+        if !m.ips.contains(&client) {
+            match token.map(|t| self.signer.verify(t, Purpose::Ignition, &m.server, unix_now())) {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return self.refuse(route::IGNITION, &m, client, &e.to_string()),
+                None => return self.refuse(route::IGNITION, &m, client, "source address not registered and no token"),
+            }
+        }
+        match (&m.state, &m.ignition) {
+            (BootState::Ready, Some(ign)) => {
+                self.record(&m.server, BootEvent::IgnitionDataFetched, client);
+                let mut r = Response::new(FileBody::bytes(ign.data.clone()));
+                let h = r.headers_mut();
+                h.insert(header::CONTENT_TYPE, header_value(&ign.content_type, "application/json"));
+                h.insert(header::CONTENT_LENGTH, HeaderValue::from(ign.data.len() as u64));
+                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                r
+            }
+            _ => text(StatusCode::NOT_FOUND, "no ignition for this machine\n"),
+        }
+    }
+
+    async fn asset<B>(&self, req: &Request<B>, raw: &str) -> Resp {
+        let rel = match files::sanitize(raw) {
+            Ok(r) => r,
+            Err(e) => return bad_request(&e.to_string()),
+        };
+        let (root, rel) = match rel.strip_prefix("images/") {
+            Some(r) => (self.images.clone(), r.to_string()),
+            None => (self.assets.clone(), rel),
+        };
+        let fallback = match &self.ipxe_fallback {
+            Some(d) if IPXE_BINARIES.contains(&rel.as_str()) => Some(d.join(&rel)),
+            _ => None,
+        };
+        let rel2 = rel.clone();
+        let opened = tokio::task::spawn_blocking(move || -> std::io::Result<Option<files::OpenFile>> {
+            if let Some(f) = root.as_ref().map(|r| r.open(&rel2)).transpose()?.flatten() {
+                return Ok(Some(f));
+            }
+            match fallback {
+                Some(p) => files::open_file(p),
+                None => Ok(None),
+            }
+        })
+        .await;
+        let f = match opened {
+            Ok(Ok(Some(f))) => f,
+            Ok(Ok(None)) => return text(StatusCode::NOT_FOUND, "not found\n"),
+            Ok(Err(e)) => {
+                tracing::warn!(path = %rel, error = %e, "opening asset");
+                return text(StatusCode::NOT_FOUND, "not found\n");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "asset open task failed");
+                return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
+            }
+        };
+        let h = req.headers();
+        let get = |n: header::HeaderName| h.get(n).and_then(|v| v.to_str().ok());
+        let cond = Conditions {
+            if_match: get(header::IF_MATCH),
+            if_none_match: get(header::IF_NONE_MATCH),
+            if_modified_since: get(header::IF_MODIFIED_SINCE),
+            if_unmodified_since: get(header::IF_UNMODIFIED_SINCE),
+            range: get(header::RANGE),
+            if_range: get(header::IF_RANGE),
+        };
+        let meta = f.meta.clone();
+        let ctype = files::content_type(&rel);
+        let plan = files::plan(req.method() == Method::GET, &cond, &meta);
+        let mut hm = HeaderMap::new();
+        hm.insert(header::ETAG, header_value(&meta.etag, "\"0\""));
+        hm.insert(header::LAST_MODIFIED, header_value(&meta.last_modified(), "Thu, 01 Jan 1970 00:00:00 GMT"));
+        hm.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        let (status, body) = match plan {
+            Plan::NotModified => (StatusCode::NOT_MODIFIED, FileBody::empty()),
+            Plan::PreconditionFailed => {
+                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+                (StatusCode::PRECONDITION_FAILED, FileBody::empty())
+            }
+            Plan::Unsatisfiable => {
+                hm.insert(header::CONTENT_RANGE, header_value(&format!("bytes */{}", meta.len), "bytes */0"));
+                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+                (StatusCode::RANGE_NOT_SATISFIABLE, FileBody::empty())
+            }
+            Plan::Full => {
+                hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.len));
+                let body = if meta.len == 0 || req.method() == Method::HEAD {
+                    FileBody::empty()
+                } else {
+                    FileBody::range(f.file, 0, meta.len - 1, self.budget.clone())
+                };
+                (StatusCode::OK, body)
+            }
+            Plan::Partial(ranges) if ranges.len() == 1 => {
+                let (s, e) = ranges[0];
+                hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+                hm.insert(header::CONTENT_RANGE, header_value(&format!("bytes {s}-{e}/{}", meta.len), "bytes */0"));
+                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(e - s + 1));
+                (StatusCode::PARTIAL_CONTENT, FileBody::range(f.file, s, e, self.budget.clone()))
+            }
+            Plan::Partial(ranges) => {
+                let (body, boundary) = FileBody::multipart(f.file, &ranges, meta.len, ctype, self.budget.clone());
+                let len = http_body::Body::size_hint(&body).exact().unwrap_or(0);
+                hm.insert(header::CONTENT_TYPE, header_value(&format!("multipart/byteranges; boundary={boundary}"), "multipart/byteranges"));
+                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+                (StatusCode::PARTIAL_CONTENT, body)
+            }
+        };
+        let mut r = Response::new(body);
+        *r.status_mut() = status;
+        *r.headers_mut() = hm;
+        r
+    }
+}
+
+/// Query parameters of `/ipxe/script`. Empty values count as absent (iPXE expands an
+/// unset setting to nothing). Values borrow from the request unless percent-decoded.
+#[derive(Debug, Default)]
+struct Query<'a> {
+    uuid: Option<Cow<'a, str>>,
+    mac: Option<Cow<'a, str>>,
+    server: Option<Cow<'a, str>>,
+    token: Option<Cow<'a, str>>,
+}
+
+impl<'a> Query<'a> {
+    fn parse(q: &'a str) -> Result<Query<'a>, String> {
+        if q.len() > 2048 {
+            return Err("query too long".into());
+        }
+        let mut out = Query::default();
+        for pair in q.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_encoding::percent_decode_str(v).decode_utf8().map_err(|_| format!("query parameter {k} is not valid utf-8"))?;
+            let v = match v {
+                Cow::Borrowed(b) => Cow::Borrowed(b.trim()),
+                Cow::Owned(o) => Cow::Owned(o.trim().to_string()),
+            };
+            if v.is_empty() {
+                continue;
+            }
+            match k {
+                "uuid" => out.uuid = Some(v),
+                "mac" => out.mac = Some(v),
+                "server" => out.server = Some(v),
+                "token" => out.token = Some(v),
+                _ => {} // buildarch, platform: informational
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A Kubernetes object name (DNS subdomain).
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+}
+
+fn header_value(s: &str, fallback: &'static str) -> HeaderValue {
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(fallback))
+}
+
+fn script_response(status: StatusCode, body: Bytes) -> Resp {
+    let len = body.len() as u64;
+    let mut r = Response::new(FileBody::bytes(body));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn text(status: StatusCode, msg: &str) -> Resp {
+    let mut r = Response::new(FileBody::bytes(Bytes::copy_from_slice(msg.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(msg.len() as u64));
+    r
+}
+
+fn bad_request(msg: &str) -> Resp {
+    let m: String = msg.chars().filter(|c| !c.is_control()).take(200).collect();
+    text(StatusCode::BAD_REQUEST, &format!("bad request: {m}\n"))
+}
+
+/// HEAD: same headers, no body.
+fn strip_body(r: Resp) -> Resp {
+    let (parts, _) = r.into_parts();
+    Response::from_parts(parts, FileBody::empty())
+}
+
+/// Read the token key, or create 32 random bytes (mode 0600) when the file is absent.
+fn load_or_create_key(path: &Path) -> anyhow::Result<Vec<u8>> {
+    match std::fs::read(path) {
+        Ok(k) if k.len() >= 32 => return Ok(k),
+        Ok(_) => anyhow::bail!("token key {} is shorter than 32 bytes", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading token key {}", path.display())),
+    }
+    use rand::RngCore;
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut key = vec![0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut key);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating token key {}", path.display()))?;
+    f.write_all(&key).with_context(|| format!("writing token key {}", path.display()))?;
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::index::MemoryIndex;
+    use crate::http::{BootFiles, IgnitionData};
+    use http_body_util::BodyExt;
+
+    fn app(index: Arc<MemoryIndex>) -> BootHttp {
+        let s = Settings {
+            base_url: "http://10.0.0.1:8080/".into(),
+            console: "console=ttyS0".into(),
+            default_action: DefaultAction::Exit,
+            token_ttl_secs: 60,
+            signer: TokenSigner::new(&[7u8; 32]),
+            templates: vec![],
+            assets_dir: None,
+            images_dir: None,
+            ipxe_fallback_dir: None,
+            file_io: FileIo::Mmap,
+            stream_budget_bytes: 1 << 20,
+            sign_ignition_urls: true,
+        };
+        BootHttp::new(s, index, Arc::new(Metrics::new())).unwrap()
+    }
+
+    fn machine() -> MachineBoot {
+        MachineBoot {
+            server: "server-a".into(),
+            uuid: Some("4c4c4544-0042-3510-8052-b4c04f4e4d32".into()),
+            ips: vec!["127.0.0.2".parse().unwrap()],
+            macs: vec![[0x52, 0x54, 0, 0xab, 0xcd, 0xef]],
+            state: BootState::Ready,
+            files: Some(BootFiles {
+                image: "os-image:latest".into(),
+                arch: "amd64".into(),
+                kernel_url: "http://10.0.0.1:8080/assets/images/k".into(),
+                initrd_url: "http://10.0.0.1:8080/assets/images/i".into(),
+                rootfs_url: String::new(),
+                cmdline: "rd.neednet=1".into(),
+            }),
+            ignition: Some(IgnitionData { data: Bytes::from_static(b"{\"ignition\":{}}"), content_type: "application/json".into() }),
+        }
+    }
+
+    async fn get(app: &BootHttp, uri: &str, client: &str) -> (StatusCode, String) {
+        let req = Request::get(uri).body(()).unwrap();
+        let r = app.handle(req, client.parse().unwrap()).await;
+        let status = r.status();
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn script_identity_and_tokens() {
+        let idx = Arc::new(MemoryIndex::new());
+        idx.upsert(machine());
+        let a = app(idx.clone());
+        let (s, body) = get(&a, "/ipxe/script?uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32&mac=52-54-00-ab-cd-ef", "127.0.0.2").await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(body.contains("ignition.config.url=http://10.0.0.1:8080/ignition/server-a/"), "{body}");
+        assert_eq!(idx.events().len(), 1);
+        let (s, _) = get(&a, "/ipxe/script?uuid=4c4c4544-0042-3510-8052-b4c04f4e4d32", "127.0.0.3").await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        // The token minted into the script opens the Ignition from any address.
+        let url = body.split_whitespace().find_map(|w| w.strip_prefix("ignition.config.url=")).unwrap();
+        let path = url.strip_prefix("http://10.0.0.1:8080").unwrap();
+        let (s, ign) = get(&a, path, "127.0.0.9").await;
+        assert_eq!((s, ign.as_str()), (StatusCode::OK, "{\"ignition\":{}}"));
+        let (s, _) = get(&a, "/ignition/server-a", "127.0.0.9").await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let (s, _) = get(&a, "/ignition/server-a/1.AAAA", "127.0.0.9").await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let (s, _) = get(&a, "/ignition/server-a", "127.0.0.2").await;
+        assert_eq!(s, StatusCode::OK);
+        // Signed script URL for a machine fetching from elsewhere.
+        let su = a.signed_script_url("server-a");
+        let (s, _) = get(&a, su.strip_prefix("http://10.0.0.1:8080").unwrap(), "127.0.0.9").await;
+        assert_eq!(s, StatusCode::OK);
+        let t = a.metrics().encode();
+        assert!(t.contains("bootplane_http_identity_refused_total{route=\"script\"} 1"), "{t}");
+    }
+
+    #[tokio::test]
+    async fn unknown_unclaimed_and_malformed() {
+        let idx = Arc::new(MemoryIndex::new());
+        let mut m = machine();
+        m.state = BootState::NotClaimed;
+        idx.upsert(m);
+        let a = app(idx);
+        let (s, body) = get(&a, "/ipxe/script?uuid=00000000-0000-0000-0000-000000000001", "127.0.0.5").await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(body.starts_with("#!ipxe\n") && body.contains("unknown machine") && body.contains("\nexit\n"), "{body}");
+        let (s, body) = get(&a, "/ipxe/script?mac=52:54:00:ab:cd:ef", "127.0.0.2").await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(body.contains("server-a is not claimed"), "{body}");
+        for bad in ["/ipxe/script?uuid=nope", "/ipxe/script?mac=12-34", "/ipxe/script?uuid=%ff", "/ignition/..", "/ignition/A_B"] {
+            let (s, _) = get(&a, bad, "127.0.0.2").await;
+            assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}");
+        }
+        let (s, body) = get(&a, "/boot.ipxe", "127.0.0.2").await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(body.contains("http://10.0.0.1:8080/ipxe/script?uuid=${uuid:uristring}"), "{body}");
+        let (s, _) = get(&a, "/nothing", "127.0.0.2").await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn key_file_created_once() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("sub/key");
+        let k1 = load_or_create_key(&p).unwrap();
+        assert_eq!(k1, load_or_create_key(&p).unwrap());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+}

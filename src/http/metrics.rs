@@ -1,0 +1,119 @@
+//! Prometheus metrics of the boot listener, for the API listener's `/metrics`.
+//! The metric handles are cheap clones over shared atomics: [`Metrics::register`] adds
+//! them to any registry (the API's), [`Metrics::encode`] renders a standalone text page.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: &'static str,
+    pub code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    pub event: &'static str,
+}
+
+type LatencyFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~26 s
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 20))
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    /// Requests by route and status code.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Response body bytes (as declared by Content-Length) by route.
+    pub bytes: Family<RouteLabels, Counter>,
+    /// Time to response headers, by route.
+    pub latency: LatencyFamily,
+    /// Boot progress events (IPXEScriptFetched, IgnitionDataFetched).
+    pub boot_progress: Family<EventLabels, Counter>,
+    /// Script/Ignition requests refused by the identity check, by route.
+    pub identity_refused: Family<RouteLabels, Counter>,
+    /// Connections accepted and closed at once because `max_connections` was reached.
+    pub connections_rejected: Counter,
+    /// Connections currently open.
+    pub connections_open: Gauge,
+    /// Connections that ended with a protocol error or a header read timeout.
+    pub connection_errors: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        Metrics {
+            requests: Family::default(),
+            bytes: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            boot_progress: Family::default(),
+            identity_refused: Family::default(),
+            connections_rejected: Counter::default(),
+            connections_open: Gauge::default(),
+            connection_errors: Counter::default(),
+        }
+    }
+
+    /// Add every metric to `reg` under the `bootplane_http_` prefix.
+    pub fn register(&self, reg: &mut Registry) {
+        let r = reg.sub_registry_with_prefix("bootplane_http");
+        r.register("requests", "Boot HTTP requests by route and status code", self.requests.clone());
+        r.register("response_bytes", "Boot HTTP response body bytes by route", self.bytes.clone());
+        r.register("request_duration_seconds", "Time to response headers by route", self.latency.clone());
+        r.register("boot_progress", "Boot progress events recorded", self.boot_progress.clone());
+        r.register("identity_refused", "Script/Ignition requests refused by the identity check", self.identity_refused.clone());
+        r.register("connections_rejected", "Connections closed at once because max_connections was reached", self.connections_rejected.clone());
+        r.register("connections_open", "Open boot HTTP connections", self.connections_open.clone());
+        r.register("connection_errors", "Connections ended by a protocol error or header read timeout", self.connection_errors.clone());
+    }
+
+    /// Prometheus text exposition of these metrics alone.
+    pub fn encode(&self) -> String {
+        let mut reg = Registry::default();
+        self.register(&mut reg);
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        out
+    }
+
+    pub fn observe(&self, route: &'static str, code: u16, bytes: u64, secs: f64) {
+        self.requests.get_or_create(&RequestLabels { route, code }).inc();
+        self.bytes.get_or_create(&RouteLabels { route }).inc_by(bytes);
+        self.latency.get_or_create(&RouteLabels { route }).observe(secs);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_prometheus_text() {
+        let m = Metrics::new();
+        m.observe("script", 200, 321, 0.001);
+        m.boot_progress.get_or_create(&EventLabels { event: "IPXEScriptFetched" }).inc();
+        let t = m.encode();
+        assert!(t.contains("bootplane_http_requests_total{route=\"script\",code=\"200\"} 1"), "{t}");
+        assert!(t.contains("bootplane_http_response_bytes_total{route=\"script\"} 321"), "{t}");
+        assert!(t.contains("bootplane_http_request_duration_seconds_bucket"), "{t}");
+        assert!(t.contains("bootplane_http_boot_progress_total{event=\"IPXEScriptFetched\"} 1"), "{t}");
+    }
+}

@@ -1,0 +1,124 @@
+//! Signed, expiring per-boot tokens (HMAC-SHA256) minted into a machine's script, so a
+//! machine whose source address is not registered (NAT, relay, a lease not yet known)
+//! can still fetch its own Ignition, and nobody else can.
+//!
+//! Format: `<expiry unix seconds>.<base64url(HMAC(key, "bootplane-v1|purpose|server|expiry"))>`.
+//! The MAC binds the server name and the purpose, so a token for one machine or one
+//! route is worthless for another. Verification is constant time (`hmac::verify_slice`).
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// What a token grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Script,
+    Ignition,
+}
+
+impl Purpose {
+    fn tag(self) -> &'static str {
+        match self {
+            Purpose::Script => "script",
+            Purpose::Ignition => "ignition",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("malformed token")]
+    Malformed,
+    #[error("token expired")]
+    Expired,
+    #[error("bad token signature")]
+    BadSignature,
+}
+
+/// Holds the key; cheap to share.
+#[derive(Clone)]
+pub struct TokenSigner {
+    key: Vec<u8>,
+}
+
+impl TokenSigner {
+    /// `key` should be at least 32 random bytes.
+    pub fn new(key: &[u8]) -> TokenSigner {
+        TokenSigner { key: key.to_vec() }
+    }
+
+    /// A signer with a fresh random key (tokens die with the process).
+    pub fn random() -> TokenSigner {
+        use rand::RngCore;
+        let mut key = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut key);
+        TokenSigner::new(&key)
+    }
+
+    fn mac(&self, purpose: Purpose, server: &str, expiry: u64) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(&self.key).expect("hmac accepts any key length");
+        mac.update(b"bootplane-v1|");
+        mac.update(purpose.tag().as_bytes());
+        mac.update(b"|");
+        mac.update(server.as_bytes());
+        mac.update(b"|");
+        mac.update(expiry.to_string().as_bytes());
+        mac
+    }
+
+    /// Mint a token valid until `now + ttl_secs` (unix seconds).
+    pub fn mint(&self, purpose: Purpose, server: &str, now: u64, ttl_secs: u64) -> String {
+        let expiry = now.saturating_add(ttl_secs);
+        let tag = self.mac(purpose, server, expiry).finalize().into_bytes();
+        format!("{expiry}.{}", URL_SAFE_NO_PAD.encode(tag))
+    }
+
+    /// Check a token for `server` and `purpose` at time `now` (unix seconds).
+    pub fn verify(&self, token: &str, purpose: Purpose, server: &str, now: u64) -> Result<(), TokenError> {
+        let (exp, sig) = token.split_once('.').ok_or(TokenError::Malformed)?;
+        if exp.is_empty() || exp.len() > 20 || !exp.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(TokenError::Malformed);
+        }
+        let expiry: u64 = exp.parse().map_err(|_| TokenError::Malformed)?;
+        let sig = URL_SAFE_NO_PAD.decode(sig).map_err(|_| TokenError::Malformed)?;
+        // Check the signature first so an attacker learns nothing from the expiry path.
+        self.mac(purpose, server, expiry).verify_slice(&sig).map_err(|_| TokenError::BadSignature)?;
+        if now > expiry {
+            return Err(TokenError::Expired);
+        }
+        Ok(())
+    }
+}
+
+/// Current unix time in seconds.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_binding() {
+        let s = TokenSigner::new(b"0123456789abcdef0123456789abcdef");
+        let t = s.mint(Purpose::Ignition, "server-a", 1000, 60);
+        assert!(t.starts_with("1060."));
+        assert_eq!(s.verify(&t, Purpose::Ignition, "server-a", 1059), Ok(()));
+        assert_eq!(s.verify(&t, Purpose::Ignition, "server-a", 1061), Err(TokenError::Expired));
+        assert_eq!(s.verify(&t, Purpose::Ignition, "server-b", 1000), Err(TokenError::BadSignature));
+        assert_eq!(s.verify(&t, Purpose::Script, "server-a", 1000), Err(TokenError::BadSignature));
+        let other = TokenSigner::new(b"another key another key another!");
+        assert_eq!(other.verify(&t, Purpose::Ignition, "server-a", 1000), Err(TokenError::BadSignature));
+        // Extending the expiry invalidates the signature.
+        let forged = t.replacen("1060", "9999", 1);
+        assert_eq!(s.verify(&forged, Purpose::Ignition, "server-a", 1000), Err(TokenError::BadSignature));
+        for bad in ["", ".", "abc", "12.!!", "x1.abc", "99999999999999999999999.aa"] {
+            assert!(s.verify(bad, Purpose::Ignition, "server-a", 0).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Shared fixture for the boot HTTP integration tests: an in-process listener on
+//! 127.0.0.1 with a temp directory of assets and images, an in-memory index, and
+//! helpers to run the real `curl` from a chosen loopback source address.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bootplane::http::catalog::{self, FileHasher};
+use bootplane::http::files::FileIo;
+use bootplane::http::handler::{BootHttp, Settings};
+use bootplane::http::index::MemoryIndex;
+use bootplane::http::server::{self, Limits};
+use bootplane::http::token::TokenSigner;
+use bootplane::http::{BootState, IgnitionData, MachineBoot, Metrics};
+use bootplane::ipxe::DefaultAction;
+use bootplane::shutdown::Coordinator;
+
+pub const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+pub const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xab, 0xcd, 0xef];
+pub const MACHINE_IP: &str = "127.0.0.2";
+pub const OTHER_IP: &str = "127.0.0.3";
+pub const IGNITION: &str = "{\"ignition\":{\"version\":\"3.4.0\"}}";
+
+pub struct Srv {
+    pub addr: SocketAddr,
+    pub base: String,
+    pub index: Arc<MemoryIndex>,
+    pub metrics: Arc<Metrics>,
+    pub dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Srv {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub fn images_dir(root: &Path) -> PathBuf {
+    root.join("images")
+}
+
+/// Write assets (an `.efi` file, a 3 MB blob), demo image files and their catalog.
+fn populate(root: &Path) {
+    let assets = root.join("assets");
+    std::fs::create_dir_all(assets.join("sub")).unwrap();
+    let efi: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(assets.join("tool.efi"), efi).unwrap();
+    let blob: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+    std::fs::write(assets.join("sub/blob.bin"), blob).unwrap();
+    std::fs::write(root.join("secret.txt"), b"TOP-SECRET-OUTSIDE-ROOT").unwrap();
+    let img = images_dir(root);
+    std::fs::create_dir_all(img.join("os-image")).unwrap();
+    std::fs::write(img.join("os-image/vmlinuz"), vec![b'K'; 70_000]).unwrap();
+    std::fs::write(img.join("os-image/initrd.img"), vec![b'I'; 90_000]).unwrap();
+    let sha = |p: &str| FileHasher::new(&img).sha256(p).unwrap().unwrap();
+    let cat = format!(
+        "[[image]]\nref = \"os-image:latest\"\ncmdline = \"rd.neednet=1\"\nkernel = {{ path = \"os-image/vmlinuz\", sha256 = \"{}\" }}\ninitrd = {{ path = \"os-image/initrd.img\", sha256 = \"{}\" }}\n",
+        sha("os-image/vmlinuz"),
+        sha("os-image/initrd.img")
+    );
+    std::fs::write(img.join(catalog::CATALOG_FILE), cat).unwrap();
+}
+
+/// The claimed machine, resolved through the catalog like the boot-side reconciler does.
+pub fn ready_machine(root: &Path, base: &str) -> MachineBoot {
+    let img = images_dir(root);
+    let cat = catalog::load(&img).unwrap();
+    let resolved = FileHasher::new(&img).resolve(&cat, "os-image:latest").unwrap().expect("demo image resolves");
+    MachineBoot {
+        server: "server-a".into(),
+        uuid: Some(UUID.into()),
+        ips: vec![MACHINE_IP.parse().unwrap()],
+        macs: vec![MAC],
+        state: BootState::Ready,
+        files: Some(resolved.boot_files(base)),
+        ignition: Some(IgnitionData { data: IGNITION.into(), content_type: "application/json".into() }),
+    }
+}
+
+pub fn start(limits: Limits, tweak: impl FnOnce(&mut Settings) + Send + 'static) -> Srv {
+    let dir = tempfile::tempdir().unwrap();
+    populate(dir.path());
+    let root = dir.path().to_path_buf();
+    let index = Arc::new(MemoryIndex::new());
+    let metrics = Arc::new(Metrics::new());
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (idx, m) = (index.clone(), metrics.clone());
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let base = format!("http://{addr}");
+            let mut s = Settings {
+                base_url: base.clone(),
+                console: "console=ttyS0,115200".into(),
+                default_action: DefaultAction::Exit,
+                token_ttl_secs: 600,
+                signer: TokenSigner::new(&[42u8; 32]),
+                templates: vec![],
+                assets_dir: Some(root.join("assets")),
+                images_dir: Some(images_dir(&root)),
+                ipxe_fallback_dir: Some("/usr/lib/ipxe".into()),
+                file_io: FileIo::Mmap,
+                stream_budget_bytes: 8 << 20,
+                sign_ignition_urls: true,
+            };
+            tweak(&mut s);
+            let app = Arc::new(BootHttp::new(s, idx, m).unwrap());
+            let coord = Coordinator::new();
+            let task = tokio::spawn(server::run(listener, app, limits, coord.handle()));
+            addr_tx.send(addr).unwrap();
+            let _ = stop_rx.await;
+            coord.drain(Duration::from_secs(5)).await;
+            let _ = task.await;
+        });
+    });
+    let addr = addr_rx.recv_timeout(Duration::from_secs(20)).expect("test server started");
+    Srv { addr, base: format!("http://{addr}"), index, metrics, dir, stop: Some(stop_tx), thread: Some(thread) }
+}
+
+pub struct CurlOut {
+    pub code: u16,
+    pub headers: String,
+    pub body: Vec<u8>,
+    pub redirects: u32,
+}
+
+impl CurlOut {
+    pub fn header(&self, name: &str) -> Option<String> {
+        // The last response's headers (curl prints one block per response).
+        let block = self.headers.split("\r\n\r\n").filter(|b| !b.trim().is_empty()).last()?;
+        block.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Run the real curl from `source` (a 127.x address) with extra args against `url`.
+/// Never follows redirects (`num_redirects` must stay 0 anyway). Panics when curl is
+/// missing: the test must fail, not skip.
+pub fn curl(source: &str, url: &str, extra: &[&str]) -> CurlOut {
+    let tmp = tempfile::tempdir().unwrap();
+    let (h, b) = (tmp.path().join("h"), tmp.path().join("b"));
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--interface", source, "-D"])
+        .arg(&h)
+        .arg("-o")
+        .arg(&b)
+        .args(["-w", "%{http_code} %{num_redirects}"])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("running curl (apt-get install curl)");
+    let w = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut it = w.split_whitespace();
+    let code = it.next().and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("curl failed: {w} {}", String::from_utf8_lossy(&out.stderr)));
+    let redirects = it.next().and_then(|c| c.parse().ok()).unwrap_or(0);
+    CurlOut {
+        code,
+        headers: std::fs::read_to_string(&h).unwrap_or_default(),
+        body: std::fs::read(&b).unwrap_or_default(),
+        redirects,
+    }
+}
