@@ -446,10 +446,12 @@ fn decode_stream(plan: &Plan, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -
             fill = 0;
             continue;
         }
-        at_boundary = hint == 0;
+        // With no input and nothing left to flush, zstd asks for the next frame's
+        // header: that is not "inside a frame", so only count calls that produced output.
         if w == 0 {
             break;
         }
+        at_boundary = hint == 0;
     }
     if !at_boundary {
         return Err(ProvisionError::Truncated(format!("{} ends in the middle of a zstd frame", plan.src.describe())));
