@@ -15,7 +15,9 @@
 //! | 22 | `TargetIo` | opening, writing, reading back or syncing the target failed |
 //! | 23 | `Checkpoint` | the resume checkpoint cannot be written or read |
 //!
-//! Whatever the code, when it is not 0 the first MiB of the target is zero.
+//! After a failure with code 1, 10-14, 22 or 23 the first MiB of the target (when it
+//! exists) is zero, so it does not look bootable. Codes 2, 20 and 21 are refusals made
+//! before anything is written: the target is left untouched (it may be mounted).
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionError {

@@ -334,6 +334,39 @@ fn read_framed(plan: &Plan, m: &Manifest, start: u64, tx: SyncSender<(u64, Vec<u
     }
 }
 
+fn decode_one(
+    d: &mut zstd::bulk::Decompressor<'static>,
+    m: &Manifest,
+    i: u64,
+    comp: &[u8],
+    pool: &Pool,
+    frame_sha: bool,
+) -> PResult<Chunk> {
+    let f = &m.frames[i as usize];
+    let len = f.raw_size as usize;
+    let mut buf = pool.get();
+    let n = d
+        .decompress_to_buffer(comp, &mut buf.as_mut_slice()[..len])
+        .map_err(|e| ProvisionError::Integrity(format!("frame {i} (raw offset {}): zstd: {e}", f.raw_offset)))?;
+    if n != len {
+        return Err(ProvisionError::Integrity(format!("frame {i}: decoded {n} bytes, manifest says {len}")));
+    }
+    if frame_sha {
+        let got = Sha256::digest(&buf.as_slice()[..len]);
+        if hex::encode(got) != f.sha256 {
+            return Err(ProvisionError::Integrity(format!(
+                "frame {i} (raw offset {}): sha256 {} does not match the manifest's {}",
+                f.raw_offset,
+                hex::encode(got),
+                f.sha256
+            )));
+        }
+    }
+    Ok(Chunk { idx: i, buf, len })
+}
+
+/// Decoder thread. After a failure anywhere it keeps draining its input (discarding),
+/// so no producer stays blocked on a full channel; it ends when the reader is done.
 fn decode_worker(
     m: &Manifest,
     rx: &Mutex<Receiver<(u64, Vec<u8>)>>,
@@ -341,39 +374,31 @@ fn decode_worker(
     pool: &Pool,
     frame_sha: bool,
     sh: &Shared,
-) -> PResult<()> {
-    let mut d = zstd::bulk::Decompressor::new().map_err(|e| ProvisionError::Internal(format!("zstd context: {e}")))?;
+) {
+    let mut d = match zstd::bulk::Decompressor::new() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            sh.fail(ProvisionError::Internal(format!("zstd context: {e}")));
+            None
+        }
+    };
     loop {
         let job = match rx.lock() {
             Ok(r) => r.recv(),
-            Err(_) => return Ok(()),
+            Err(_) => return,
         };
-        let Ok((i, comp)) = job else { return Ok(()) };
+        let Ok((i, comp)) = job else { return };
+        let Some(d) = d.as_mut() else { continue };
         if sh.aborted() {
-            return Ok(());
+            continue;
         }
-        let f = &m.frames[i as usize];
-        let len = f.raw_size as usize;
-        let mut buf = pool.get();
-        let n = d
-            .decompress_to_buffer(&comp, &mut buf.as_mut_slice()[..len])
-            .map_err(|e| ProvisionError::Integrity(format!("frame {i} (raw offset {}): zstd: {e}", f.raw_offset)))?;
-        if n != len {
-            return Err(ProvisionError::Integrity(format!("frame {i}: decoded {n} bytes, manifest says {len}")));
-        }
-        if frame_sha {
-            let got = Sha256::digest(&buf.as_slice()[..len]);
-            if hex::encode(got) != f.sha256 {
-                return Err(ProvisionError::Integrity(format!(
-                    "frame {i} (raw offset {}): sha256 {} does not match the manifest's {}",
-                    f.raw_offset,
-                    hex::encode(got),
-                    f.sha256
-                )));
+        match decode_one(d, m, i, &comp, pool, frame_sha) {
+            Ok(c) => {
+                if tx.send(c).is_err() {
+                    sh.fail(ProvisionError::Internal("sequencer ended early".into()));
+                }
             }
-        }
-        if tx.send(Chunk { idx: i, buf, len }).is_err() {
-            return Ok(());
+            Err(e) => sh.fail(e),
         }
     }
 }
@@ -512,17 +537,38 @@ impl Seq<'_> {
         let mut seq = 0u64;
         let t0 = Instant::now();
         let mut rate_bytes = 0u64;
-        let block = self.target.block;
         for c in rx {
+            // After a failure, keep draining so the decoders are never blocked.
             if sh.aborted() {
-                return Ok(());
+                continue;
             }
             pending.insert(c.idx, c);
-            while let Some(c) = pending.remove(&next) {
-                next = if next == 0 && self.start > 1 && matches!(self.plan.kind, Kind::Framed(_) | Kind::Raw) {
+            if let Err(e) = self.ready(&mut pending, &mut next, &mut seq, &tx, t0, &mut rate_bytes) {
+                sh.fail(e);
+            }
+        }
+        if !pending.is_empty() && !sh.aborted() {
+            return Err(ProvisionError::Internal("frames missing at the end of the stream".into()));
+        }
+        Ok(())
+    }
+
+    fn ready(
+        &mut self,
+        pending: &mut BTreeMap<u64, Chunk>,
+        next: &mut u64,
+        seq: &mut u64,
+        tx: &SyncSender<WriteJob>,
+        t0: Instant,
+        rate_bytes: &mut u64,
+    ) -> PResult<()> {
+        let block = self.target.block;
+        {
+            while let Some(c) = pending.remove(next) {
+                *next = if *next == 0 && self.start > 1 && matches!(self.plan.kind, Kind::Framed(_) | Kind::Raw) {
                     self.start
                 } else {
-                    next + 1
+                    *next + 1
                 };
                 let Chunk { idx, mut buf, len } = c;
                 let raw_off = idx * self.plan.chunk;
@@ -558,15 +604,15 @@ impl Seq<'_> {
                         _ => false,
                     };
                 if let Some(rate) = self.opts.max_rate {
-                    rate_bytes += len as u64;
-                    let due = Duration::from_secs_f64(rate_bytes as f64 / rate.max(1) as f64);
+                    *rate_bytes += len as u64;
+                    let due = Duration::from_secs_f64(*rate_bytes as f64 / rate.max(1) as f64);
                     let el = t0.elapsed();
                     if due > el {
                         std::thread::sleep(due - el);
                     }
                 }
                 let job = WriteJob {
-                    seq,
+                    seq: *seq,
                     idx,
                     buf,
                     start: w_start,
@@ -575,14 +621,11 @@ impl Seq<'_> {
                     zero,
                     state: self.hasher.save(),
                 };
-                seq += 1;
+                *seq += 1;
                 if tx.send(job).is_err() {
-                    return Ok(());
+                    return Err(ProvisionError::Internal("writers ended early".into()));
                 }
             }
-        }
-        if !pending.is_empty() && !sh.aborted() {
-            return Err(ProvisionError::Internal("frames missing at the end of the stream".into()));
         }
         Ok(())
     }
@@ -594,7 +637,8 @@ struct Tracker {
     last_ckpt: Instant,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Writer thread: one positional write per job, then progress and checkpoint
+/// bookkeeping. After a failure it keeps draining (without writing) until the end.
 fn write_worker(
     rx: &Mutex<Receiver<WriteJob>>,
     target: &Target,
@@ -602,51 +646,64 @@ fn write_worker(
     ckpt: &(dyn Fn(u64, &str) -> PResult<()> + Sync),
     progress: &Progress,
     sh: &Shared,
-) -> PResult<()> {
+) {
     loop {
         let job = match rx.lock() {
             Ok(r) => r.recv(),
-            Err(_) => return Ok(()),
+            Err(_) => return,
         };
-        let Ok(j) = job else { return Ok(()) };
+        let Ok(j) = job else { return };
         if sh.aborted() {
-            return Ok(());
+            continue;
         }
-        if j.start < j.end {
-            let zeroed = j.zero && target.zero_range(j.off, (j.end - j.start) as u64)?;
-            if !zeroed {
-                target.write_at(&j.buf.as_slice()[j.start..j.end], j.off)?;
-            }
-        }
-        let raw_len = (j.end - j.start) as u64;
-        drop(j.buf);
-        let mut do_ckpt = None;
-        if let Ok(mut t) = tracker.lock() {
-            t.done.insert(j.seq, (j.idx, j.state, raw_len));
-            let mut last = None;
-            loop {
-                let n = t.next_seq;
-                match t.done.remove(&n) {
-                    Some(v) => {
-                        t.next_seq += 1;
-                        last = Some(v);
-                    }
-                    None => break,
-                }
-            }
-            if let Some((idx, state, _)) = last {
-                if t.last_ckpt.elapsed() >= Duration::from_secs(1) {
-                    t.last_ckpt = Instant::now();
-                    do_ckpt = Some((idx + 1, state));
-                }
-            }
-        }
-        progress.bytes.fetch_add(raw_len, Ordering::Relaxed);
-        if let Some((done, state)) = do_ckpt {
-            target.sync()?;
-            ckpt(done, &state)?;
+        if let Err(e) = write_one(j, target, tracker, ckpt, progress) {
+            sh.fail(e);
         }
     }
+}
+
+fn write_one(
+    j: WriteJob,
+    target: &Target,
+    tracker: &Mutex<Tracker>,
+    ckpt: &(dyn Fn(u64, &str) -> PResult<()> + Sync),
+    progress: &Progress,
+) -> PResult<()> {
+    if j.start < j.end {
+        let zeroed = j.zero && target.zero_range(j.off, (j.end - j.start) as u64)?;
+        if !zeroed {
+            target.write_at(&j.buf.as_slice()[j.start..j.end], j.off)?;
+        }
+    }
+    let raw_len = (j.end - j.start) as u64;
+    drop(j.buf);
+    let mut do_ckpt = None;
+    if let Ok(mut t) = tracker.lock() {
+        t.done.insert(j.seq, (j.idx, j.state, raw_len));
+        let mut last = None;
+        loop {
+            let n = t.next_seq;
+            match t.done.remove(&n) {
+                Some(v) => {
+                    t.next_seq += 1;
+                    last = Some(v);
+                }
+                None => break,
+            }
+        }
+        if let Some((idx, state, _)) = last {
+            if t.last_ckpt.elapsed() >= Duration::from_secs(1) {
+                t.last_ckpt = Instant::now();
+                do_ckpt = Some((idx + 1, state));
+            }
+        }
+    }
+    progress.bytes.fetch_add(raw_len, Ordering::Relaxed);
+    if let Some((done, state)) = do_ckpt {
+        target.sync()?;
+        ckpt(done, &state)?;
+    }
+    Ok(())
 }
 
 /// Run a provisioning copy. On error the first MiB of the target is zero.
@@ -681,7 +738,19 @@ pub fn provision(opts: &Options) -> PResult<Outcome> {
 }
 
 fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome> {
-    let plan = plan(opts)?;
+    let plan = match plan(opts) {
+        Ok(p) => p,
+        Err(e) => {
+            // The source or image is bad: an existing target (that passes the busy checks)
+            // must not stay bootable with whatever it held before.
+            if !matches!(e, ProvisionError::Usage(_) | ProvisionError::Internal(_)) && opts.target.exists() {
+                if let Ok(t) = Target::open(&opts.target, None) {
+                    let _ = t.zero_head(HELD);
+                }
+            }
+            return Err(e);
+        }
+    };
     progress.set_total(plan.raw_size);
     let min_size = match plan.kind {
         Kind::Zstd => zstd_min_size(plan.src.as_ref()),
@@ -770,9 +839,7 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     std::thread::scope(|s| {
         for _ in 0..writers {
             s.spawn(|| {
-                if let Err(e) = write_worker(&job_rx, &target, &tracker, &ckpt, progress, &sh) {
-                    sh.fail(e);
-                }
+                write_worker(&job_rx, &target, &tracker, &ckpt, progress, &sh);
                 sh.add_cpu(3);
             });
         }
@@ -789,9 +856,7 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
                     let tx = chunk_tx.clone();
                     let (pool, comp_rx, sh) = (&pool, &comp_rx, &sh);
                     s.spawn(move || {
-                        if let Err(e) = decode_worker(m, comp_rx, &tx, pool, frame_sha, sh) {
-                            sh.fail(e);
-                        }
+                        decode_worker(m, comp_rx, &tx, pool, frame_sha, sh);
                         sh.add_cpu(1);
                     });
                 }
