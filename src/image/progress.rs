@@ -17,6 +17,9 @@
 //!   or `null`; `elapsed`: seconds since start.
 //! - `done` adds `"sha256":"<hex>"`; `error` adds `"code":<exit code>`, `"class"` (see
 //!   [`ProvisionError::class`](super::error::ProvisionError::class)) and `"error":"<message>"`.
+//!
+//! The bar is a dozen lines written here rather than `indicatif`: one status line does
+//! not justify a new dependency in the shared lock file.
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +36,7 @@ pub struct Progress {
     tty: bool,
     quiet: bool,
     stop: AtomicBool,
+    stop_tx: Mutex<Option<std::sync::mpsc::Sender<()>>>,
 }
 
 impl Progress {
@@ -47,6 +51,7 @@ impl Progress {
             tty: std::io::stderr().is_terminal(),
             quiet,
             stop: AtomicBool::new(false),
+            stop_tx: Mutex::new(None),
         })
     }
 
@@ -137,22 +142,28 @@ impl Progress {
         let _ = err.flush();
     }
 
-    /// Start the periodic reporter; it stops when [`finish`](Self::finish) is called.
+    /// Start the periodic reporter (every 500 ms); it stops as soon as
+    /// [`finish`](Self::finish) is called.
     pub fn spawn_ticker(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
         let me = self.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        if let Ok(mut g) = self.stop_tx.lock() {
+            *g = Some(tx);
+        }
         std::thread::spawn(move || {
-            let mut n = 0u32;
-            while !me.stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(100));
-                n += 1;
-                if n % 5 == 0 && !me.stop.load(Ordering::Relaxed) {
-                    me.emit(None);
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_millis(500)) {
+                if me.stop.load(Ordering::Relaxed) {
+                    break;
                 }
+                me.emit(None);
             }
         })
     }
 
     pub fn finish(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Ok(mut g) = self.stop_tx.lock() {
+            g.take();
+        }
     }
 }

@@ -789,10 +789,11 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     }
     let head = plan.raw_size.map(|r| r.min(HELD)).unwrap_or(HELD);
     target.zero_head(head)?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let frame_sha = match opts.frame_sha256 {
         FrameSha::On => true,
         FrameSha::Off => false,
-        FrameSha::Auto => std::thread::available_parallelism().map(|n| n.get() >= 4).unwrap_or(false),
+        FrameSha::Auto => cores >= 4,
     };
     if start > 0 {
         progress.bytes.store(start * plan.chunk, Ordering::Relaxed);
@@ -801,7 +802,6 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     progress.set_stage("copy");
 
     let sh = Shared { err: Mutex::new(None), abort: AtomicBool::new(false), cpu: Default::default() };
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let decoders = opts.decoders.unwrap_or(cores).max(1);
     let writers = opts.writers.max(1);
     let pool = Pool::new(plan.chunk as usize);
@@ -831,10 +831,12 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     };
 
     let mut seqr = Seq { plan: &plan, target: &target, opts, start, hasher, held: Vec::with_capacity(HELD as usize) };
-    let (chunk_tx, chunk_rx) = sync_channel::<Chunk>(decoders + 2);
-    let (job_tx, job_rx) = sync_channel::<WriteJob>(writers * 2);
+    // Queue depths in frames: deep enough to ride out scheduling hiccups on a busy
+    // machine, small enough to keep memory bounded (about 16 raw frames in flight).
+    let (chunk_tx, chunk_rx) = sync_channel::<Chunk>(decoders.max(4));
+    let (job_tx, job_rx) = sync_channel::<WriteJob>(writers.max(4));
     let job_rx = Mutex::new(job_rx);
-    let (comp_tx, comp_rx) = sync_channel::<(u64, Vec<u8>)>(decoders * 2);
+    let (comp_tx, comp_rx) = sync_channel::<(u64, Vec<u8>)>((decoders * 2).max(6));
     let comp_rx = Mutex::new(comp_rx);
     std::thread::scope(|s| {
         for _ in 0..writers {
