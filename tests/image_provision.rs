@@ -109,6 +109,20 @@ fn loop_device_round_trip_keeps_bytes_past_the_image() {
     assert_eq!(code, 21, "{lines:?}");
     assert_eq!(last_stage(&lines)["class"], "too_small");
     assert_eq!(&fs::read(&lo.dev).unwrap()[..data.len()], &data[..]);
+
+    // --zero-skip on a device: all-zero frames become BLKZEROOUT over old non-zero data.
+    fs::write(&lo.dev, vec![0x77u8; 16 * MIB]).unwrap();
+    let mut z = mixed(10 * MIB + 100, 12);
+    z[2 * MIB..7 * MIB].fill(0);
+    let zraw = d.path().join("zraw");
+    fs::write(&zraw, &z).unwrap();
+    let zimg = d.path().join("z.bpz");
+    pack(&zraw, &zimg, 1);
+    let (code, lines) = provision(&["--source", s(&zimg), "--target", s(&lo.dev), "--checkpoint", s(&ck), "--zero-skip"]);
+    assert_eq!(code, 0, "{lines:?}");
+    let disk = fs::read(&lo.dev).unwrap();
+    assert_eq!(&disk[..z.len()], &z[..]);
+    assert!(disk[z.len()..].iter().all(|&b| b == 0x77));
 }
 
 #[test]

@@ -597,8 +597,10 @@ impl Seq<'_> {
                         s[len / block * block + k] = old.get(k).copied().unwrap_or(0);
                     }
                 }
+                // Only whole, unpadded ranges: BLKZEROOUT must not touch bytes past the image.
                 let zero = self.opts.zero_skip
                     && w_start < len
+                    && end == len
                     && match &self.plan.kind {
                         Kind::Framed(m) => m.is_zero(raw_off + w_start as u64, (len - w_start) as u64),
                         _ => false,
