@@ -96,6 +96,7 @@ struct Sample {
     stderr: String,
 }
 
+#[allow(clippy::zombie_processes)] // reaped with wait4 below, to get its rusage
 /// Run a command, return wall time and the rusage of its whole (waited-for) tree.
 fn timed(cmd: &mut Command) -> Sample {
     let t = Instant::now();
@@ -157,7 +158,8 @@ fn main() {
     };
     let o = out.display().to_string();
     let i = img.display().to_string();
-    let methods: Vec<(&str, Box<dyn Fn() -> Command>)> = vec![
+    type Method<'a> = (&'a str, Box<dyn Fn() -> Command + 'a>);
+    let methods: Vec<Method> = vec![
         ("bootplane provision", Box::new(|| {
             let mut c = Command::new(bin);
             c.args(["provision", "--source", &i, "--target", &o, "--no-resume"]);
@@ -193,7 +195,7 @@ fn main() {
         }
         let m = median(v);
         if name.starts_with("bootplane") {
-            let done = m.stderr.lines().filter(|l| l.contains("\"stage\":\"done\"")).last().unwrap_or("").to_string();
+            let done = m.stderr.lines().rfind(|l| l.contains("\"stage\":\"done\"")).unwrap_or("").to_string();
             assert!(done.contains(&sha), "bootplane did not report the image sha256: {}", m.stderr);
             let j: serde_json::Value = serde_json::from_str(&done).unwrap_or_default();
             stage_cpu.push_str(&format!("  {name}: cpu per stage {} direct={} frame_sha256={}\n", j["cpu"], j["direct"], j["frame_sha256"]));

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::error::{PResult, ProvisionError};
 
+#[allow(clippy::len_without_is_empty)]
 pub trait Source: Send + Sync {
     fn describe(&self) -> String;
     /// Total length in bytes when the source knows it.
