@@ -60,6 +60,9 @@ pub struct ProvisionArgs {
     /// Ignore any checkpoint and start from the beginning.
     #[arg(long)]
     pub no_resume: bool,
+    /// On resume, skip re-reading the target to check it against the checkpoint.
+    #[arg(long)]
+    pub trust_checkpoint: bool,
     /// Checkpoint file (default: TARGET.bootplane-checkpoint, or /var/tmp/bootplane-DEV.checkpoint for devices).
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
@@ -108,6 +111,7 @@ pub fn run_provision(a: ProvisionArgs) -> anyhow::Result<i32> {
         frame_sha256: a.frame_sha256,
         zero_skip: a.zero_skip,
         resume: !a.no_resume,
+        verify_resume: !a.trust_checkpoint,
         checkpoint: a.checkpoint,
         max_rate: a.max_rate,
         decoders: a.decoders,

@@ -21,7 +21,9 @@
 //! Resume: after a durable prefix (`fdatasync`, at most once a second) a checkpoint file
 //! records how many frames are on the target and the SHA-256 midstate after them; a rerun
 //! with the same image and target continues from there (frame 0 is re-read for the held
-//! first MiB). Per-frame SHA-256 is on by default with 4+ cores (`--frame-sha256`); with
+//! first MiB). Before continuing it re-reads the target up to the checkpoint and checks
+//! it hashes to the recorded midstate (`--trust-checkpoint` skips that), so a target
+//! changed in between is caught (exit 23, checkpoint dropped) rather than trusted. Per-frame SHA-256 is on by default with 4+ cores (`--frame-sha256`); with
 //! fewer cores it would cost the serial hash its core, and zstd's per-frame checksum plus
 //! the whole-image SHA-256 already reject any corruption before the first MiB is written.
 
@@ -66,6 +68,9 @@ pub struct Options {
     pub frame_sha256: FrameSha,
     pub zero_skip: bool,
     pub resume: bool,
+    /// On resume, re-read what the checkpoint says is on the target and check it
+    /// against the checkpoint's SHA-256 midstate before continuing.
+    pub verify_resume: bool,
     pub checkpoint: Option<PathBuf>,
     pub max_rate: Option<u64>,
     pub decoders: Option<usize>,
@@ -83,6 +88,7 @@ impl Options {
             frame_sha256: FrameSha::Auto,
             zero_skip: false,
             resume: true,
+            verify_resume: true,
             checkpoint: None,
             max_rate: None,
             decoders: None,
@@ -553,6 +559,33 @@ impl Seq<'_> {
         Ok(())
     }
 
+    /// Resume check: the first MiB of frame 0 (from the source) followed by what the
+    /// target holds up to the checkpoint must hash to the checkpoint's midstate.
+    fn verify_prefix(&self, frame0: &[u8]) -> PResult<()> {
+        let end = self.start * self.plan.chunk;
+        let mut h = ResumableSha256::new();
+        let held = (HELD as usize).min(frame0.len());
+        h.update(&frame0[..held]);
+        let step = 4usize << 20;
+        let mut tb = super::target::AlignedBuf::new(step);
+        let mut off = held as u64;
+        while off < end {
+            let n = step.min((end - off) as usize);
+            let got = self.target.read_at(&mut tb.as_mut_slice()[..n], off)?;
+            if got < n {
+                return Err(ProvisionError::Checkpoint(format!("target ends at {} before the checkpointed {end} bytes", off + got as u64)));
+            }
+            h.update(&tb.as_slice()[..n]);
+            off += n as u64;
+        }
+        if h != self.hasher {
+            return Err(ProvisionError::Checkpoint(format!(
+                "the target's first {end} bytes are not what the checkpoint recorded (changed since the interrupted copy); checkpoint dropped, rerun starts over"
+            )));
+        }
+        Ok(())
+    }
+
     fn ready(
         &mut self,
         pending: &mut BTreeMap<u64, Chunk>,
@@ -575,6 +608,9 @@ impl Seq<'_> {
                 if raw_off < HELD {
                     let h = (HELD - raw_off).min(len as u64) as usize;
                     self.held.extend_from_slice(&buf.as_slice()[..h]);
+                }
+                if idx == 0 && self.start > 0 && self.opts.verify_resume {
+                    self.verify_prefix(&buf.as_slice()[..len])?;
                 }
                 if idx < self.start {
                     continue;
@@ -900,7 +936,7 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         .collect();
     let fail = |e: ProvisionError| -> ProvisionError {
         let _ = target.zero_head(head);
-        if matches!(e, ProvisionError::Integrity(_) | ProvisionError::Manifest(_)) {
+        if matches!(e, ProvisionError::Integrity(_) | ProvisionError::Manifest(_) | ProvisionError::Checkpoint(_)) {
             let _ = std::fs::remove_file(&ckpt_path);
         }
         e
@@ -1005,13 +1041,32 @@ mod tests {
         assert_eq!(std::fs::read(&out).unwrap(), v);
         assert!(!ck.exists());
 
-        // A checkpoint whose midstate does not match the data fails the whole-image check.
+        // A target changed since the checkpoint is caught before resuming (23), the
+        // checkpoint is dropped and the next run starts over.
+        std::fs::write(&ck, serde_json::to_vec(&c).unwrap()).unwrap();
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&out).unwrap();
+            f.write_all_at(b"tampered", (2 << 20) + 5).unwrap();
+        }
+        let e = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap_err();
+        assert_eq!(e.exit_code(), 23, "{e}");
+        assert!(std::fs::read(&out).unwrap()[..1 << 20].iter().all(|&b| b == 0));
+        assert!(!ck.exists(), "a checkpoint that does not match the target is dropped");
+        let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
+        assert_eq!(o.resumed_from, 0);
+        assert_eq!(std::fs::read(&out).unwrap(), v);
+
+        // Trusting a checkpoint whose midstate is wrong still cannot pass: the
+        // whole-image SHA-256 fails (13).
         let mut c = c;
         let mut h = ResumableSha256::new();
         h.update(&vec![1u8; 3 << 20]);
         c.hash_state = h.save();
         std::fs::write(&ck, serde_json::to_vec(&c).unwrap()).unwrap();
-        let e = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap_err();
+        let mut trust = Options::new(img.to_str().unwrap(), &out);
+        trust.verify_resume = false;
+        let e = provision(&trust).unwrap_err();
         assert_eq!(e.exit_code(), 13);
         assert!(std::fs::read(&out).unwrap()[..1 << 20].iter().all(|&b| b == 0));
         assert!(!ck.exists(), "a checkpoint that led to a mismatch is dropped");
