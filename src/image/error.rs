@@ -13,7 +13,7 @@
 //! | 20 | `TargetBusy` | the target is mounted, has holders, or is held open exclusively |
 //! | 21 | `TooSmall` | the target is smaller than the image |
 //! | 22 | `TargetIo` | opening, writing, reading back or syncing the target failed |
-//! | 23 | `Checkpoint` | the resume checkpoint cannot be written or read |
+//! | 23 | `Checkpoint` | the resume checkpoint cannot be written, or the target no longer holds what it records (the checkpoint is dropped; a rerun starts over) |
 //!
 //! After a failure with code 1, 10-14, 22 or 23 the first MiB of the target (when it
 //! exists) is zero, so it does not look bootable. Codes 2, 20 and 21 are refusals made
