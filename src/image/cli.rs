@@ -1,6 +1,14 @@
 //! `bootplane image ...` and `bootplane provision` command-line entry points.
+//!
+//! `run_provision` returns the process exit code; the codes are listed in
+//! [`super::error`] (0 success, 2 usage, 10-14 source/image problems, 20-23 target
+//! problems, 1 internal).
+
+use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+
+use super::stream::FrameSha;
 
 #[derive(Debug, Subcommand)]
 pub enum ImageCmd {
@@ -11,30 +19,112 @@ pub enum ImageCmd {
 #[derive(Debug, Args)]
 pub struct PackArgs {
     /// Raw input image.
-    pub input: std::path::PathBuf,
-    /// Output file.
+    pub input: PathBuf,
+    /// Output file (a multi-frame .zst with a seek table).
     #[arg(short, long)]
-    pub output: std::path::PathBuf,
+    pub output: PathBuf,
+    /// Manifest path (default: OUTPUT.manifest.json).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Raw bytes per frame, in MiB (1-64).
+    #[arg(long, default_value_t = 4)]
+    pub frame_mib: u64,
+    /// zstd compression level.
+    #[arg(long, default_value_t = 3)]
+    pub level: i32,
+    /// Compression threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, Args)]
 pub struct ProvisionArgs {
-    /// Image source: a path, nfs://host/export/path or http(s)://...
+    /// Image source: a path, nfs://host[:port]/export/path or http://...
     #[arg(long)]
     pub source: String,
     /// Target block device or file.
     #[arg(long)]
-    pub target: std::path::PathBuf,
+    pub target: PathBuf,
+    /// Manifest (path or URL); default: SOURCE.manifest.json when it exists.
     #[arg(long)]
     pub manifest: Option<String>,
+    /// Expected SHA-256 of the raw image (required without a manifest; must match it otherwise).
     #[arg(long)]
     pub sha256: Option<String>,
+    /// Check each frame's SHA-256 from the manifest in parallel (auto: with 4+ cores).
+    #[arg(long, value_enum, default_value_t = FrameSha::Auto)]
+    pub frame_sha256: FrameSha,
+    /// Skip writing all-zero ranges where the target reads back zeros (new file, BLKZEROOUT).
+    #[arg(long)]
+    pub zero_skip: bool,
+    /// Ignore any checkpoint and start from the beginning.
+    #[arg(long)]
+    pub no_resume: bool,
+    /// On resume, skip re-reading the target to check it against the checkpoint.
+    #[arg(long)]
+    pub trust_checkpoint: bool,
+    /// Checkpoint file (default: TARGET.bootplane-checkpoint, or /var/tmp/bootplane-DEV.checkpoint for devices).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Limit the copy to this many bytes per second (spare a shared source).
+    #[arg(long)]
+    pub max_rate: Option<u64>,
+    /// Decoder threads (default: all cores).
+    #[arg(long)]
+    pub decoders: Option<usize>,
+    /// Writes in flight.
+    #[arg(long, default_value_t = 3)]
+    pub writers: usize,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
-pub fn run_image(_cmd: ImageCmd) -> anyhow::Result<()> {
-    anyhow::bail!("image packing is not built yet")
+pub fn run_image(cmd: ImageCmd) -> anyhow::Result<()> {
+    match cmd {
+        ImageCmd::Pack(a) => {
+            let manifest = a.manifest.clone().unwrap_or_else(|| super::pack::manifest_path(&a.output));
+            let mut opts = super::pack::PackOptions { frame_size: a.frame_mib << 20, level: a.level, ..Default::default() };
+            if let Some(t) = a.threads {
+                opts.threads = t;
+            }
+            let m = super::pack::pack(&a.input, &a.output, &manifest, &opts)?;
+            eprintln!(
+                "packed {} raw bytes into {} bytes, {} frames, sha256 {}; manifest {}",
+                m.raw_size,
+                m.compressed_size,
+                m.frames.len(),
+                m.sha256,
+                manifest.display()
+            );
+            Ok(())
+        }
+    }
 }
 
-pub fn run_provision(_args: ProvisionArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("provisioning is not built yet")
+pub fn run_provision(a: ProvisionArgs) -> anyhow::Result<i32> {
+    let opts = super::stream::Options {
+        source: a.source,
+        target: a.target,
+        manifest: a.manifest,
+        sha256: a.sha256,
+        frame_sha256: a.frame_sha256,
+        zero_skip: a.zero_skip,
+        resume: !a.no_resume,
+        verify_resume: !a.trust_checkpoint,
+        checkpoint: a.checkpoint,
+        max_rate: a.max_rate,
+        decoders: a.decoders,
+        writers: a.writers,
+        quiet: a.quiet,
+    };
+    match super::stream::provision(&opts) {
+        Ok(_) => Ok(0),
+        Err(e) => {
+            if a.quiet {
+                eprintln!("error: {e}");
+            }
+            Ok(e.exit_code())
+        }
+    }
 }

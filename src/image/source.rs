@@ -1,0 +1,162 @@
+//! Image sources: a local path, `http://` (Range requests), `nfs://host/export/path`.
+//!
+//! Every source is read sequentially from an offset (resume starts mid-file), so the
+//! interface is "length, and a reader from offset N".
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::error::{PResult, ProvisionError};
+
+#[allow(clippy::len_without_is_empty)]
+pub trait Source: Send + Sync {
+    fn describe(&self) -> String;
+    /// Total length in bytes when the source knows it.
+    fn len(&self) -> Option<u64>;
+    /// A sequential reader starting at `offset`.
+    fn open_at(&self, offset: u64) -> PResult<Box<dyn Read + Send>>;
+}
+
+/// Open a source by its spec (path or URL).
+pub fn open(spec: &str) -> PResult<Arc<dyn Source>> {
+    if spec.starts_with("http://") || spec.starts_with("https://") {
+        Ok(Arc::new(HttpSource::open(spec)?))
+    } else if spec.starts_with("nfs://") {
+        Ok(Arc::new(super::nfs::NfsSource::open(spec)?))
+    } else {
+        Ok(Arc::new(LocalSource::open(spec)?))
+    }
+}
+
+/// Read a small object (a manifest) at `spec`; `Ok(None)` when it does not exist.
+pub fn fetch_small(spec: &str, max: u64) -> PResult<Option<Vec<u8>>> {
+    if spec.starts_with("http://") || spec.starts_with("https://") {
+        return HttpSource::fetch_small(spec, max);
+    }
+    let src: Arc<dyn Source> = if spec.starts_with("nfs://") {
+        match super::nfs::NfsSource::open(spec) {
+            Ok(s) => Arc::new(s),
+            Err(ProvisionError::Source(m)) if m.contains("not found") => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    } else {
+        match File::open(spec) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            _ => Arc::new(LocalSource::open(spec)?),
+        }
+    };
+    if src.len().is_some_and(|l| l > max) {
+        return Err(ProvisionError::Manifest(format!("{spec} is larger than {max} bytes")));
+    }
+    let mut v = Vec::new();
+    src.open_at(0)?
+        .take(max + 1)
+        .read_to_end(&mut v)
+        .map_err(|e| ProvisionError::Source(format!("reading {spec}: {e}")))?;
+    Ok(Some(v))
+}
+
+pub struct LocalSource {
+    path: String,
+    len: u64,
+}
+
+impl LocalSource {
+    pub fn open(path: &str) -> PResult<Self> {
+        let md = std::fs::metadata(path).map_err(|e| ProvisionError::Source(format!("opening {path}: {e}")))?;
+        let len = if md.file_type().is_file() {
+            md.len()
+        } else {
+            // A block device as source: its size comes from seeking to the end.
+            let mut f = File::open(path).map_err(|e| ProvisionError::Source(format!("opening {path}: {e}")))?;
+            f.seek(SeekFrom::End(0)).map_err(|e| ProvisionError::Source(format!("sizing {path}: {e}")))?
+        };
+        Ok(LocalSource { path: path.to_string(), len })
+    }
+}
+
+impl Source for LocalSource {
+    fn describe(&self) -> String {
+        self.path.clone()
+    }
+    fn len(&self) -> Option<u64> {
+        Some(self.len)
+    }
+    fn open_at(&self, offset: u64) -> PResult<Box<dyn Read + Send>> {
+        let mut f = File::open(&self.path).map_err(|e| ProvisionError::Source(format!("opening {}: {e}", self.path)))?;
+        f.seek(SeekFrom::Start(offset)).map_err(|e| ProvisionError::Source(format!("seeking {}: {e}", self.path)))?;
+        Ok(Box::new(f))
+    }
+}
+
+pub struct HttpSource {
+    url: String,
+    agent: ureq::Agent,
+    len: Option<u64>,
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10)).timeout_read(Duration::from_secs(60)).build()
+}
+
+fn http_err(url: &str, e: ureq::Error) -> ProvisionError {
+    match e {
+        ureq::Error::Status(code, _) => ProvisionError::Source(format!("GET {url}: http status {code}")),
+        ureq::Error::Transport(t) => ProvisionError::Source(format!("GET {url}: {t}")),
+    }
+}
+
+impl HttpSource {
+    pub fn open(url: &str) -> PResult<Self> {
+        if url.starts_with("https://") {
+            return Err(ProvisionError::Usage(format!(
+                "{url}: this build has no TLS client; serve the image over http:// on the provisioning network or mount it"
+            )));
+        }
+        let agent = agent();
+        let resp = agent.head(url).call().map_err(|e| http_err(url, e))?;
+        let len = resp.header("content-length").and_then(|v| v.trim().parse().ok());
+        Ok(HttpSource { url: url.to_string(), agent, len })
+    }
+
+    fn fetch_small(url: &str, max: u64) -> PResult<Option<Vec<u8>>> {
+        match agent().get(url).call() {
+            Ok(r) => {
+                let mut v = Vec::new();
+                r.into_reader()
+                    .take(max + 1)
+                    .read_to_end(&mut v)
+                    .map_err(|e| ProvisionError::Source(format!("reading {url}: {e}")))?;
+                Ok(Some(v))
+            }
+            Err(ureq::Error::Status(404, _)) => Ok(None),
+            Err(e) => Err(http_err(url, e)),
+        }
+    }
+}
+
+impl Source for HttpSource {
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+    fn len(&self) -> Option<u64> {
+        self.len
+    }
+    fn open_at(&self, offset: u64) -> PResult<Box<dyn Read + Send>> {
+        let mut req = self.agent.get(&self.url);
+        if offset > 0 {
+            req = req.set("Range", &format!("bytes={offset}-"));
+        }
+        let resp = req.call().map_err(|e| http_err(&self.url, e))?;
+        if offset > 0 && resp.status() != 206 {
+            return Err(ProvisionError::Source(format!(
+                "GET {}: server ignored the range request (status {})",
+                self.url,
+                resp.status()
+            )));
+        }
+        Ok(Box::new(resp.into_reader()))
+    }
+}

@@ -1,0 +1,1074 @@
+//! The streamer behind `bootplane provision`: read → decode → verify → write.
+//!
+//! Stages run on their own threads joined by bounded channels:
+//!
+//! 1. **read** (1 thread): sequential large reads from the source (a packed image is read
+//!    frame by frame; a plain `.zst` is decoded right here, serially, since its frames
+//!    are not indexed; a raw image is read straight into aligned buffers).
+//! 2. **decode** (one thread per core, packed images only): each frame is decompressed
+//!    into a pooled, 4096-aligned buffer; zstd checks the frame's XXH64 checksum and, when
+//!    enabled, the frame's SHA-256 is compared with the manifest — in parallel.
+//! 3. **hash** (1 thread): puts frames back in order and feeds the whole-image SHA-256,
+//!    the one serial computation, so it gets a core of its own.
+//! 4. **write** (several threads, so several O_DIRECT writes are in flight): positional
+//!    writes of whole aligned frames; the last partial block is padded (read-modify-write
+//!    on fixed-size targets).
+//!
+//! Safety: the first MiB of the target is zeroed and synced before anything else is
+//! written, and is written from memory only after every other byte is written, synced
+//! and the whole-image SHA-256 matched; any failure (or a kill) leaves it zero.
+//!
+//! Resume: after a durable prefix (`fdatasync`, at most once a second) a checkpoint file
+//! records how many frames are on the target and the SHA-256 midstate after them; a rerun
+//! with the same image and target continues from there (frame 0 is re-read for the held
+//! first MiB). Before continuing it re-reads the target up to the checkpoint and checks
+//! it hashes to the recorded midstate (`--trust-checkpoint` skips that), so a target
+//! changed in between is caught (exit 23, checkpoint dropped) rather than trusted. Per-frame SHA-256 is on by default with 4+ cores (`--frame-sha256`); with
+//! fewer cores it would cost the serial hash its core, and zstd's per-frame checksum plus
+//! the whole-image SHA-256 already reject any corruption before the first MiB is written.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::error::{PResult, ProvisionError};
+use super::format::{self, Manifest};
+use super::hash::ResumableSha256;
+use super::progress::Progress;
+use super::source::{self, Source};
+use super::target::{Pool, PooledBuf, Target, TargetKind};
+
+/// Bytes at the start of the target written last.
+pub const HELD: u64 = 1 << 20;
+/// Chunk size for plain zstd and raw sources.
+pub const STREAM_CHUNK: u64 = 4 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum FrameSha {
+    /// On when the machine has at least 4 cores.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub source: String,
+    pub target: PathBuf,
+    pub manifest: Option<String>,
+    pub sha256: Option<String>,
+    pub frame_sha256: FrameSha,
+    pub zero_skip: bool,
+    pub resume: bool,
+    /// On resume, re-read what the checkpoint says is on the target and check it
+    /// against the checkpoint's SHA-256 midstate before continuing.
+    pub verify_resume: bool,
+    pub checkpoint: Option<PathBuf>,
+    pub max_rate: Option<u64>,
+    pub decoders: Option<usize>,
+    pub writers: usize,
+    pub quiet: bool,
+}
+
+impl Options {
+    pub fn new(source: &str, target: impl Into<PathBuf>) -> Self {
+        Options {
+            source: source.to_string(),
+            target: target.into(),
+            manifest: None,
+            sha256: None,
+            frame_sha256: FrameSha::Auto,
+            zero_skip: false,
+            resume: true,
+            verify_resume: true,
+            checkpoint: None,
+            max_rate: None,
+            decoders: None,
+            writers: 3,
+            quiet: true,
+        }
+    }
+}
+
+/// What a successful run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub raw_size: u64,
+    pub sha256: String,
+    pub resumed_from: u64,
+    pub direct: bool,
+    pub frame_sha256: bool,
+    pub format: &'static str,
+    /// CPU seconds per stage: read, decode, hash, write.
+    pub cpu: BTreeMap<&'static str, f64>,
+}
+
+enum Kind {
+    Framed(Arc<Manifest>),
+    Zstd,
+    Raw,
+}
+
+struct Plan {
+    kind: Kind,
+    src: Arc<dyn Source>,
+    expected: [u8; 32],
+    raw_size: Option<u64>,
+    chunk: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct Checkpoint {
+    version: u32,
+    image_sha256: String,
+    chunk_size: u64,
+    chunks_done: u64,
+    hash_state: String,
+    /// The target was a new file in the first run (so it may grow and is cut to size).
+    target_fresh: bool,
+}
+
+fn default_checkpoint(target: &std::path::Path, kind: TargetKind) -> PathBuf {
+    match kind {
+        TargetKind::File { .. } => {
+            let mut s = target.as_os_str().to_owned();
+            s.push(".bootplane-checkpoint");
+            s.into()
+        }
+        TargetKind::Block => {
+            let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "disk".into());
+            PathBuf::from(format!("/var/tmp/bootplane-{name}.checkpoint"))
+        }
+    }
+}
+
+fn plan(opts: &Options) -> PResult<Plan> {
+    let src = source::open(&opts.source)?;
+    let want = match &opts.sha256 {
+        Some(h) => Some(
+            format::parse_sha256(h).ok_or_else(|| ProvisionError::Usage(format!("--sha256 {h:?} is not 64 hex digits")))?,
+        ),
+        None => None,
+    };
+    let mbytes = match &opts.manifest {
+        Some(m) => Some(
+            source::fetch_small(m, 64 << 20)?.ok_or_else(|| ProvisionError::Manifest(format!("{m} not found")))?,
+        ),
+        None => source::fetch_small(&format!("{}.manifest.json", opts.source), 64 << 20)?,
+    };
+    if let Some(b) = mbytes {
+        let m = Manifest::parse(&b).map_err(|e| ProvisionError::Manifest(e.0))?;
+        let expected = format::parse_sha256(&m.sha256).ok_or_else(|| ProvisionError::Manifest("bad sha256".into()))?;
+        if let Some(w) = want {
+            if w != expected {
+                return Err(ProvisionError::Manifest(format!(
+                    "manifest is for image {} but --sha256 is {}",
+                    m.sha256,
+                    hex::encode(w)
+                )));
+            }
+        }
+        if let Some(len) = src.len() {
+            if len < m.compressed_size {
+                return Err(ProvisionError::Truncated(format!(
+                    "{} has {len} bytes, the manifest expects {}",
+                    src.describe(),
+                    m.compressed_size
+                )));
+            }
+            if len > m.compressed_size {
+                return Err(ProvisionError::Trailing(format!(
+                    "{} has {} bytes after the image's {}",
+                    src.describe(),
+                    len - m.compressed_size,
+                    m.compressed_size
+                )));
+            }
+        }
+        return Ok(Plan { raw_size: Some(m.raw_size), chunk: m.frame_size, kind: Kind::Framed(Arc::new(m)), src, expected });
+    }
+    let expected = want.ok_or_else(|| {
+        ProvisionError::Usage(format!("no manifest for {} (give --manifest) and no --sha256 to verify against", opts.source))
+    })?;
+    let mut head = [0u8; 18];
+    let mut r = src.open_at(0)?;
+    let mut n = 0;
+    while n < head.len() {
+        match r.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) => return Err(ProvisionError::Source(format!("reading {}: {e}", src.describe()))),
+        }
+    }
+    if format::is_zstd_magic(&head[..n]) {
+        Ok(Plan { kind: Kind::Zstd, raw_size: None, chunk: STREAM_CHUNK, src, expected })
+    } else {
+        Ok(Plan { raw_size: src.len(), kind: Kind::Raw, chunk: STREAM_CHUNK, src, expected })
+    }
+}
+
+/// A lower bound of the raw size of a plain zstd stream (its first frame's content size).
+fn zstd_min_size(src: &dyn Source) -> Option<u64> {
+    let mut head = vec![0u8; 18];
+    let mut r = src.open_at(0).ok()?;
+    let n = r.read(&mut head).ok()?;
+    zstd::zstd_safe::get_frame_content_size(&head[..n]).ok().flatten()
+}
+
+struct Shared {
+    err: Mutex<Option<ProvisionError>>,
+    abort: AtomicBool,
+    cpu: [AtomicU64; 4],
+}
+
+impl Shared {
+    fn fail(&self, e: ProvisionError) {
+        if let Ok(mut g) = self.err.lock() {
+            if g.is_none() {
+                *g = Some(e);
+            }
+        }
+        self.abort.store(true, Ordering::SeqCst);
+    }
+    fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Relaxed)
+    }
+    fn add_cpu(&self, stage: usize) {
+        self.cpu[stage].fetch_add(thread_cpu_ns(), Ordering::Relaxed);
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+struct Chunk {
+    idx: u64,
+    buf: PooledBuf,
+    len: usize,
+}
+
+struct WriteJob {
+    seq: u64,
+    idx: u64,
+    buf: PooledBuf,
+    start: usize,
+    end: usize,
+    off: u64,
+    zero: bool,
+    state: String,
+}
+
+fn read_exact_or(r: &mut dyn Read, buf: &mut [u8], what: impl Fn() -> String) -> PResult<()> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => return Err(ProvisionError::Truncated(format!("{}: source ended after {n} of {} bytes", what(), buf.len()))),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ProvisionError::Source(format!("{}: {e}", what()))),
+        }
+    }
+    Ok(())
+}
+
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Reader for packed images: frame 0, then frames `start..`, then the seek table.
+fn read_framed(plan: &Plan, m: &Manifest, start: u64, tx: SyncSender<(u64, Vec<u8>)>, sh: &Shared) -> PResult<()> {
+    let order: Vec<u64> = if start > 0 {
+        std::iter::once(0).chain(start..m.frames.len() as u64).collect()
+    } else {
+        (0..m.frames.len() as u64).collect()
+    };
+    let mut r: Option<(Box<dyn Read + Send>, u64)> = None;
+    for i in order {
+        if sh.aborted() {
+            return Ok(());
+        }
+        let f = &m.frames[i as usize];
+        if r.as_ref().is_none_or(|(_, pos)| *pos != f.offset) {
+            r = Some((plan.src.open_at(f.offset)?, f.offset));
+        }
+        let (rd, pos) = r.as_mut().expect("reader opened above");
+        let mut v = vec![0u8; f.compressed_size as usize];
+        read_exact_or(rd.as_mut(), &mut v, || format!("reading frame {i} at offset {}", f.offset))?;
+        *pos += f.compressed_size;
+        if tx.send((i, v)).is_err() {
+            return Ok(());
+        }
+    }
+    // The seek table, then nothing.
+    let end = m.frames_end();
+    let (rd, pos) = match r {
+        Some((rd, pos)) if pos == end => (rd, pos),
+        _ => (plan.src.open_at(end)?, end),
+    };
+    let mut rd = rd;
+    let mut tail = vec![0u8; (m.compressed_size - pos) as usize];
+    read_exact_or(rd.as_mut(), &mut tail, || "reading the seek table".into())?;
+    if !tail.is_empty() && format::parse_seek_table(&tail).is_none_or(|t| t.len() != m.frames.len()) {
+        return Err(ProvisionError::Trailing(format!("{} bytes after the last frame are not a seek table", tail.len())));
+    }
+    let mut one = [0u8; 1];
+    match rd.read(&mut one) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(ProvisionError::Trailing(format!("data after the image's {} bytes", m.compressed_size))),
+        Err(e) => Err(ProvisionError::Source(format!("reading past the end: {e}"))),
+    }
+}
+
+fn decode_one(
+    d: &mut zstd::bulk::Decompressor<'static>,
+    m: &Manifest,
+    i: u64,
+    comp: &[u8],
+    pool: &Pool,
+    frame_sha: bool,
+) -> PResult<Chunk> {
+    let f = &m.frames[i as usize];
+    let len = f.raw_size as usize;
+    let mut buf = pool.get();
+    let n = d
+        .decompress_to_buffer(comp, &mut buf.as_mut_slice()[..len])
+        .map_err(|e| ProvisionError::Integrity(format!("frame {i} (raw offset {}): zstd: {e}", f.raw_offset)))?;
+    if n != len {
+        return Err(ProvisionError::Integrity(format!("frame {i}: decoded {n} bytes, manifest says {len}")));
+    }
+    if frame_sha {
+        let got = Sha256::digest(&buf.as_slice()[..len]);
+        if hex::encode(got) != f.sha256 {
+            return Err(ProvisionError::Integrity(format!(
+                "frame {i} (raw offset {}): sha256 {} does not match the manifest's {}",
+                f.raw_offset,
+                hex::encode(got),
+                f.sha256
+            )));
+        }
+    }
+    Ok(Chunk { idx: i, buf, len })
+}
+
+/// Decoder thread. After a failure anywhere it keeps draining its input (discarding),
+/// so no producer stays blocked on a full channel; it ends when the reader is done.
+fn decode_worker(
+    m: &Manifest,
+    rx: &Mutex<Receiver<(u64, Vec<u8>)>>,
+    tx: &SyncSender<Chunk>,
+    pool: &Pool,
+    frame_sha: bool,
+    sh: &Shared,
+) {
+    let mut d = match zstd::bulk::Decompressor::new() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            sh.fail(ProvisionError::Internal(format!("zstd context: {e}")));
+            None
+        }
+    };
+    loop {
+        let job = match rx.lock() {
+            Ok(r) => r.recv(),
+            Err(_) => return,
+        };
+        let Ok((i, comp)) = job else { return };
+        let Some(d) = d.as_mut() else { continue };
+        if sh.aborted() {
+            continue;
+        }
+        match decode_one(d, m, i, &comp, pool, frame_sha) {
+            Ok(c) => {
+                if tx.send(c).is_err() {
+                    sh.fail(ProvisionError::Internal("sequencer ended early".into()));
+                }
+            }
+            Err(e) => sh.fail(e),
+        }
+    }
+}
+
+/// Reader+decoder for a plain zstd stream: fills chunk-sized buffers in order.
+fn decode_stream(plan: &Plan, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -> PResult<()> {
+    use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
+    let mut r = plan.src.open_at(0)?;
+    let mut dec = Decoder::new().map_err(|e| ProvisionError::Internal(format!("zstd context: {e}")))?;
+    let chunk = plan.chunk as usize;
+    let mut inbuf = vec![0u8; 1 << 20];
+    let mut at_boundary = true;
+    let mut idx = 0u64;
+    let mut consumed = 0u64;
+    let mut out = pool.get();
+    let mut fill = 0usize;
+    loop {
+        if sh.aborted() {
+            return Ok(());
+        }
+        let n = match r.read(&mut inbuf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(ProvisionError::Source(format!("reading {}: {e}", plan.src.describe()))),
+        };
+        if n == 0 {
+            break;
+        }
+        let mut input = InBuffer::around(&inbuf[..n]);
+        while input.pos < n {
+            let before = input.pos;
+            let mut o = OutBuffer::around(&mut out.as_mut_slice()[fill..chunk]);
+            let res = dec.run(&mut input, &mut o);
+            let written = o.pos();
+            fill += written;
+            match res {
+                Ok(hint) => at_boundary = hint == 0,
+                Err(e) => {
+                    let off = consumed + before as u64;
+                    return Err(if at_boundary && (idx > 0 || fill > 0) {
+                        ProvisionError::Trailing(format!("data after the last zstd frame at compressed offset {off}: {e}"))
+                    } else {
+                        ProvisionError::Integrity(format!("zstd data near compressed offset {off}: {e}"))
+                    });
+                }
+            }
+            if fill == chunk {
+                let full = std::mem::replace(&mut out, pool.get());
+                if tx.send(Chunk { idx, buf: full, len: chunk }).is_err() {
+                    return Ok(());
+                }
+                idx += 1;
+                fill = 0;
+            }
+        }
+        consumed += n as u64;
+    }
+    // Drain output still buffered inside the decoder.
+    loop {
+        let mut o = OutBuffer::around(&mut out.as_mut_slice()[fill..chunk]);
+        let hint = dec.run(&mut InBuffer::around(&[]), &mut o).map_err(|e| ProvisionError::Integrity(format!("zstd: {e}")))?;
+        let w = o.pos();
+        fill += w;
+        if fill == chunk {
+            let full = std::mem::replace(&mut out, pool.get());
+            if tx.send(Chunk { idx, buf: full, len: chunk }).is_err() {
+                return Ok(());
+            }
+            idx += 1;
+            fill = 0;
+            continue;
+        }
+        // With no input and nothing left to flush, zstd asks for the next frame's
+        // header: that is not "inside a frame", so only count calls that produced output.
+        if w == 0 {
+            break;
+        }
+        at_boundary = hint == 0;
+    }
+    if !at_boundary {
+        return Err(ProvisionError::Truncated(format!("{} ends in the middle of a zstd frame", plan.src.describe())));
+    }
+    if consumed == 0 {
+        return Err(ProvisionError::Truncated(format!("{} is empty", plan.src.describe())));
+    }
+    if fill > 0 {
+        let _ = tx.send(Chunk { idx, buf: out, len: fill });
+    }
+    Ok(())
+}
+
+/// Reader for raw images: chunk 0, then chunks from `start`.
+fn read_raw(plan: &Plan, start: u64, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -> PResult<()> {
+    let chunk = plan.chunk as usize;
+    let mut idx = 0u64;
+    let mut r = plan.src.open_at(0)?;
+    loop {
+        if sh.aborted() {
+            return Ok(());
+        }
+        if idx == 1 && start > 1 {
+            idx = start;
+            r = plan.src.open_at(start * plan.chunk)?;
+        }
+        let mut buf = pool.get();
+        let n = read_full(r.as_mut(), &mut buf.as_mut_slice()[..chunk])
+            .map_err(|e| ProvisionError::Source(format!("reading {}: {e}", plan.src.describe())))?;
+        if n == 0 {
+            break;
+        }
+        if tx.send(Chunk { idx, buf, len: n }).is_err() {
+            return Ok(());
+        }
+        idx += 1;
+        if n < chunk {
+            break;
+        }
+    }
+    Ok(())
+}
+
+struct Seq<'a> {
+    plan: &'a Plan,
+    target: &'a Target,
+    opts: &'a Options,
+    start: u64,
+    hasher: ResumableSha256,
+    held: Vec<u8>,
+}
+
+impl Seq<'_> {
+    /// In-order stage: keep the first MiB, hash, pad the tail, hand to the writers.
+    fn run(&mut self, rx: Receiver<Chunk>, tx: SyncSender<WriteJob>, sh: &Shared) -> PResult<()> {
+        let mut pending: BTreeMap<u64, Chunk> = BTreeMap::new();
+        let mut next = 0u64;
+        let mut seq = 0u64;
+        let t0 = Instant::now();
+        let mut rate_bytes = 0u64;
+        for c in rx {
+            // After a failure, keep draining so the decoders are never blocked.
+            if sh.aborted() {
+                continue;
+            }
+            pending.insert(c.idx, c);
+            if let Err(e) = self.ready(&mut pending, &mut next, &mut seq, &tx, t0, &mut rate_bytes) {
+                sh.fail(e);
+            }
+        }
+        if !pending.is_empty() && !sh.aborted() {
+            return Err(ProvisionError::Internal("frames missing at the end of the stream".into()));
+        }
+        Ok(())
+    }
+
+    /// Resume check: the first MiB of frame 0 (from the source) followed by what the
+    /// target holds up to the checkpoint must hash to the checkpoint's midstate.
+    fn verify_prefix(&self, frame0: &[u8]) -> PResult<()> {
+        let end = self.start * self.plan.chunk;
+        let mut h = ResumableSha256::new();
+        let held = (HELD as usize).min(frame0.len());
+        h.update(&frame0[..held]);
+        let step = 4usize << 20;
+        let mut tb = super::target::AlignedBuf::new(step);
+        let mut off = held as u64;
+        while off < end {
+            let n = step.min((end - off) as usize);
+            let got = self.target.read_at(&mut tb.as_mut_slice()[..n], off)?;
+            if got < n {
+                return Err(ProvisionError::Checkpoint(format!("target ends at {} before the checkpointed {end} bytes", off + got as u64)));
+            }
+            h.update(&tb.as_slice()[..n]);
+            off += n as u64;
+        }
+        if h != self.hasher {
+            return Err(ProvisionError::Checkpoint(format!(
+                "the target's first {end} bytes are not what the checkpoint recorded (changed since the interrupted copy); checkpoint dropped, rerun starts over"
+            )));
+        }
+        Ok(())
+    }
+
+    fn ready(
+        &mut self,
+        pending: &mut BTreeMap<u64, Chunk>,
+        next: &mut u64,
+        seq: &mut u64,
+        tx: &SyncSender<WriteJob>,
+        t0: Instant,
+        rate_bytes: &mut u64,
+    ) -> PResult<()> {
+        let block = self.target.block;
+        {
+            while let Some(c) = pending.remove(next) {
+                *next = if *next == 0 && self.start > 1 && matches!(self.plan.kind, Kind::Framed(_) | Kind::Raw) {
+                    self.start
+                } else {
+                    *next + 1
+                };
+                let Chunk { idx, mut buf, len } = c;
+                let raw_off = idx * self.plan.chunk;
+                if raw_off < HELD {
+                    let h = (HELD - raw_off).min(len as u64) as usize;
+                    self.held.extend_from_slice(&buf.as_slice()[..h]);
+                }
+                if idx == 0 && self.start > 0 && self.opts.verify_resume {
+                    self.verify_prefix(&buf.as_slice()[..len])?;
+                }
+                if idx < self.start {
+                    continue;
+                }
+                self.hasher.update(&buf.as_slice()[..len]);
+                let w_start = (HELD.saturating_sub(raw_off) as usize).min(len);
+                let mut end = len;
+                if len % block != 0 && w_start < len {
+                    end = len.div_ceil(block) * block;
+                    let tail_off = raw_off + (len / block * block) as u64;
+                    let keep = len % block;
+                    let mut old = vec![0u8; 0];
+                    if !matches!(self.target.kind, TargetKind::File { fresh: true }) && tail_off < self.target.size {
+                        let mut tb = super::target::AlignedBuf::new(block);
+                        let n = self.target.read_at(&mut tb.as_mut_slice()[..block], tail_off)?;
+                        old = tb.as_slice()[..n].to_vec();
+                    }
+                    let s = buf.as_mut_slice();
+                    for k in keep..block {
+                        s[len / block * block + k] = old.get(k).copied().unwrap_or(0);
+                    }
+                }
+                // Only whole, unpadded ranges: BLKZEROOUT must not touch bytes past the image.
+                let zero = self.opts.zero_skip
+                    && w_start < len
+                    && end == len
+                    && match &self.plan.kind {
+                        Kind::Framed(m) => m.is_zero(raw_off + w_start as u64, (len - w_start) as u64),
+                        _ => false,
+                    };
+                if let Some(rate) = self.opts.max_rate {
+                    *rate_bytes += len as u64;
+                    let due = Duration::from_secs_f64(*rate_bytes as f64 / rate.max(1) as f64);
+                    let el = t0.elapsed();
+                    if due > el {
+                        std::thread::sleep(due - el);
+                    }
+                }
+                let job = WriteJob {
+                    seq: *seq,
+                    idx,
+                    buf,
+                    start: w_start,
+                    end: end.max(w_start),
+                    off: raw_off + w_start as u64,
+                    zero,
+                    state: self.hasher.save(),
+                };
+                *seq += 1;
+                if tx.send(job).is_err() {
+                    return Err(ProvisionError::Internal("writers ended early".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Tracker {
+    done: BTreeMap<u64, (u64, String, u64)>, // seq -> (idx, state, bytes)
+    next_seq: u64,
+    last_ckpt: Instant,
+}
+
+/// Writer thread: one positional write per job, then progress and checkpoint
+/// bookkeeping. After a failure it keeps draining (without writing) until the end.
+fn write_worker(
+    rx: &Mutex<Receiver<WriteJob>>,
+    target: &Target,
+    tracker: &Mutex<Tracker>,
+    ckpt: &(dyn Fn(u64, &str) -> PResult<()> + Sync),
+    progress: &Progress,
+    sh: &Shared,
+) {
+    loop {
+        let job = match rx.lock() {
+            Ok(r) => r.recv(),
+            Err(_) => return,
+        };
+        let Ok(j) = job else { return };
+        if sh.aborted() {
+            continue;
+        }
+        if let Err(e) = write_one(j, target, tracker, ckpt, progress) {
+            sh.fail(e);
+        }
+    }
+}
+
+fn write_one(
+    j: WriteJob,
+    target: &Target,
+    tracker: &Mutex<Tracker>,
+    ckpt: &(dyn Fn(u64, &str) -> PResult<()> + Sync),
+    progress: &Progress,
+) -> PResult<()> {
+    if j.start < j.end {
+        let zeroed = j.zero && target.zero_range(j.off, (j.end - j.start) as u64)?;
+        if !zeroed {
+            target.write_at(&j.buf.as_slice()[j.start..j.end], j.off)?;
+        }
+    }
+    let raw_len = (j.end - j.start) as u64;
+    drop(j.buf);
+    let mut do_ckpt = None;
+    if let Ok(mut t) = tracker.lock() {
+        t.done.insert(j.seq, (j.idx, j.state, raw_len));
+        let mut last = None;
+        loop {
+            let n = t.next_seq;
+            match t.done.remove(&n) {
+                Some(v) => {
+                    t.next_seq += 1;
+                    last = Some(v);
+                }
+                None => break,
+            }
+        }
+        if let Some((idx, state, _)) = last {
+            if t.last_ckpt.elapsed() >= Duration::from_secs(1) {
+                t.last_ckpt = Instant::now();
+                do_ckpt = Some((idx + 1, state));
+            }
+        }
+    }
+    progress.bytes.fetch_add(raw_len, Ordering::Relaxed);
+    if let Some((done, state)) = do_ckpt {
+        target.sync()?;
+        ckpt(done, &state)?;
+    }
+    Ok(())
+}
+
+/// Run a provisioning copy. On error the first MiB of the target is zero.
+pub fn provision(opts: &Options) -> PResult<Outcome> {
+    let progress = Progress::new(opts.quiet);
+    let ticker = progress.spawn_ticker();
+    let r = provision_inner(opts, &progress);
+    progress.finish();
+    let _ = ticker.join();
+    match &r {
+        Ok(o) => {
+            let mut x = serde_json::Map::new();
+            x.insert("sha256".into(), o.sha256.clone().into());
+            x.insert("resumed_from".into(), o.resumed_from.into());
+            x.insert("direct".into(), o.direct.into());
+            x.insert("frame_sha256".into(), o.frame_sha256.into());
+            x.insert("cpu".into(), serde_json::to_value(&o.cpu).unwrap_or_default());
+            progress.set_total(Some(o.raw_size));
+            progress.set_stage_silent("done");
+            progress.emit(Some(x));
+        }
+        Err(e) => {
+            let mut x = serde_json::Map::new();
+            x.insert("code".into(), e.exit_code().into());
+            x.insert("class".into(), e.class().into());
+            x.insert("error".into(), e.to_string().into());
+            progress.set_stage_silent("error");
+            progress.emit(Some(x));
+        }
+    }
+    r
+}
+
+fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome> {
+    let plan = match plan(opts) {
+        Ok(p) => p,
+        Err(e) => {
+            // The source or image is bad: an existing target (that passes the busy checks)
+            // must not stay bootable with whatever it held before.
+            if !matches!(e, ProvisionError::Usage(_) | ProvisionError::Internal(_)) && opts.target.exists() {
+                if let Ok(t) = Target::open(&opts.target, None) {
+                    let _ = t.zero_head(HELD);
+                }
+            }
+            return Err(e);
+        }
+    };
+    progress.set_total(plan.raw_size);
+    let min_size = match plan.kind {
+        Kind::Zstd => zstd_min_size(plan.src.as_ref()),
+        _ => plan.raw_size,
+    };
+    let mut target = Target::open(&opts.target, min_size)?;
+    let fresh_at_start = target.kind == (TargetKind::File { fresh: true });
+    if fresh_at_start {
+        target.presize(min_size.unwrap_or(0))?;
+    }
+    let ckpt_path = opts.checkpoint.clone().unwrap_or_else(|| default_checkpoint(&opts.target, target.kind));
+    let image_hex = hex::encode(plan.expected);
+
+    // Resume point.
+    let mut start = 0u64;
+    let mut hasher = ResumableSha256::new();
+    if opts.resume {
+        if let Ok(b) = std::fs::read(&ckpt_path) {
+            match serde_json::from_slice::<Checkpoint>(&b) {
+                Ok(c) if c.version == 1 && c.image_sha256 == image_hex && c.chunk_size == plan.chunk && c.chunks_done > 0 => {
+                    if let Some(h) = ResumableSha256::restore(&c.hash_state).filter(|h| h.len() == c.chunks_done * plan.chunk) {
+                        start = c.chunks_done;
+                        hasher = h;
+                        if c.target_fresh {
+                            target.mark_fresh();
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    if start > 0 && plan.raw_size.is_some_and(|r| start * plan.chunk >= r) {
+        start = 0;
+        hasher = ResumableSha256::new();
+    }
+    let head = plan.raw_size.map(|r| r.min(HELD)).unwrap_or(HELD);
+    target.zero_head(head)?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let frame_sha = match opts.frame_sha256 {
+        FrameSha::On => true,
+        FrameSha::Off => false,
+        FrameSha::Auto => cores >= 4,
+    };
+    if start > 0 {
+        progress.bytes.store(start * plan.chunk, Ordering::Relaxed);
+        progress.set_stage("resume");
+    }
+    progress.set_stage("copy");
+
+    let sh = Shared { err: Mutex::new(None), abort: AtomicBool::new(false), cpu: Default::default() };
+    let decoders = opts.decoders.unwrap_or(cores).max(1);
+    let writers = opts.writers.max(1);
+    let pool = Pool::new(plan.chunk as usize);
+    let tracker = Mutex::new(Tracker { done: BTreeMap::new(), next_seq: 0, last_ckpt: Instant::now() });
+    let ckpt_lock = Mutex::new(());
+    let target = target;
+    let ckpt = |done: u64, state: &str| -> PResult<()> {
+        let c = Checkpoint {
+            version: 1,
+            image_sha256: image_hex.clone(),
+            chunk_size: plan.chunk,
+            chunks_done: done,
+            hash_state: state.to_string(),
+            target_fresh: fresh_at_start,
+        };
+        let _g = ckpt_lock.lock();
+        let tmp = ckpt_path.with_extension("tmp");
+        let data = serde_json::to_vec(&c).map_err(|e| ProvisionError::Internal(e.to_string()))?;
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&data)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &ckpt_path)
+        };
+        write().map_err(|e| ProvisionError::Checkpoint(format!("writing {}: {e}", ckpt_path.display())))
+    };
+
+    let mut seqr = Seq { plan: &plan, target: &target, opts, start, hasher, held: Vec::with_capacity(HELD as usize) };
+    // Queue depths in frames: deep enough to ride out scheduling hiccups on a busy
+    // machine, small enough to keep memory bounded (about 16 raw frames in flight).
+    let (chunk_tx, chunk_rx) = sync_channel::<Chunk>(decoders.max(4));
+    let (job_tx, job_rx) = sync_channel::<WriteJob>(writers.max(4));
+    let job_rx = Mutex::new(job_rx);
+    let (comp_tx, comp_rx) = sync_channel::<(u64, Vec<u8>)>((decoders * 2).max(6));
+    let comp_rx = Mutex::new(comp_rx);
+    std::thread::scope(|s| {
+        for _ in 0..writers {
+            s.spawn(|| {
+                write_worker(&job_rx, &target, &tracker, &ckpt, progress, &sh);
+                sh.add_cpu(3);
+            });
+        }
+        match &plan.kind {
+            Kind::Framed(m) => {
+                let (plan, sh2) = (&plan, &sh);
+                s.spawn(move || {
+                    if let Err(e) = read_framed(plan, m, start, comp_tx, sh2) {
+                        sh2.fail(e);
+                    }
+                    sh2.add_cpu(0);
+                });
+                for _ in 0..decoders {
+                    let tx = chunk_tx.clone();
+                    let (pool, comp_rx, sh) = (&pool, &comp_rx, &sh);
+                    s.spawn(move || {
+                        decode_worker(m, comp_rx, &tx, pool, frame_sha, sh);
+                        sh.add_cpu(1);
+                    });
+                }
+                drop(chunk_tx);
+            }
+            Kind::Zstd => {
+                drop(comp_tx);
+                let (plan, pool, sh) = (&plan, &pool, &sh);
+                s.spawn(move || {
+                    if let Err(e) = decode_stream(plan, chunk_tx, pool, sh) {
+                        sh.fail(e);
+                    }
+                    sh.add_cpu(1);
+                });
+            }
+            Kind::Raw => {
+                drop(comp_tx);
+                let (plan, pool, sh) = (&plan, &pool, &sh);
+                s.spawn(move || {
+                    if let Err(e) = read_raw(plan, start, chunk_tx, pool, sh) {
+                        sh.fail(e);
+                    }
+                    sh.add_cpu(0);
+                });
+            }
+        }
+        if let Err(e) = seqr.run(chunk_rx, job_tx, &sh) {
+            sh.fail(e);
+        }
+        sh.add_cpu(2);
+    });
+
+    let cpu: BTreeMap<&'static str, f64> = ["read", "decode", "hash", "write"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (*n, (sh.cpu[i].load(Ordering::Relaxed) as f64 / 1e6).round() / 1e3))
+        .collect();
+    let fail = |e: ProvisionError| -> ProvisionError {
+        let _ = target.zero_head(head);
+        if matches!(e, ProvisionError::Integrity(_) | ProvisionError::Manifest(_) | ProvisionError::Checkpoint(_)) {
+            let _ = std::fs::remove_file(&ckpt_path);
+        }
+        e
+    };
+    if let Some(e) = sh.err.lock().ok().and_then(|mut g| g.take()) {
+        return Err(fail(e));
+    }
+    progress.set_stage("finalize");
+    let raw_size = seqr.hasher.len();
+    if let Some(r) = plan.raw_size {
+        if r != raw_size {
+            return Err(fail(ProvisionError::Truncated(format!("got {raw_size} raw bytes, expected {r}"))));
+        }
+    }
+    let digest = seqr.hasher.clone().finalize();
+    if digest != plan.expected {
+        return Err(fail(ProvisionError::Integrity(format!(
+            "image sha256 is {}, expected {}",
+            hex::encode(digest),
+            image_hex
+        ))));
+    }
+    if let Err(e) = target.check_fits(raw_size) {
+        if target.kind != (TargetKind::File { fresh: true }) {
+            return Err(fail(e));
+        }
+    }
+    // Everything but the first MiB is verified: make it durable, then write the head.
+    let r = (|| -> PResult<()> {
+        target.sync()?;
+        let held = &seqr.held;
+        if held.len() as u64 != raw_size.min(HELD) {
+            return Err(ProvisionError::Internal(format!("held {} bytes of the first MiB", held.len())));
+        }
+        if !held.is_empty() {
+            let n = held.len().div_ceil(target.block) * target.block;
+            let mut b = super::target::AlignedBuf::new(n);
+            b.as_mut_slice()[..held.len()].copy_from_slice(held);
+            target.write_at(&b.as_slice()[..n], 0)?;
+        }
+        target.sync()?;
+        target.trim_file(raw_size)?;
+        target.sync()
+    })();
+    if let Err(e) = r {
+        return Err(fail(e));
+    }
+    let _ = std::fs::remove_file(&ckpt_path);
+    progress.bytes.store(raw_size, Ordering::Relaxed);
+    Ok(Outcome {
+        raw_size,
+        sha256: hex::encode(digest),
+        resumed_from: start * plan.chunk,
+        direct: target.direct,
+        frame_sha256: frame_sha && matches!(plan.kind, Kind::Framed(_)),
+        format: match plan.kind {
+            Kind::Framed(_) => "packed",
+            Kind::Zstd => "zstd",
+            Kind::Raw => "raw",
+        },
+        cpu,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize) -> Vec<u8> {
+        (0..n).map(|i| if (i / 100_000) % 3 == 0 { 0 } else { (i * 7 % 251) as u8 }).collect()
+    }
+
+    #[test]
+    fn library_round_trip_and_resume_from_a_checkpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let raw = d.path().join("raw");
+        let v = data(5 * (1 << 20) + 333);
+        std::fs::write(&raw, &v).unwrap();
+        let img = d.path().join("img.zst");
+        let opts = crate::image::pack::PackOptions { frame_size: 1 << 20, level: 1, threads: 2 };
+        let m = crate::image::pack::pack(&raw, &img, &crate::image::pack::manifest_path(&img), &opts).unwrap();
+        let out = d.path().join("out");
+        let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
+        assert_eq!(o.resumed_from, 0);
+        assert_eq!(std::fs::read(&out).unwrap(), v);
+
+        // A checkpoint saying 3 frames are done (with the matching midstate) resumes at frame 3.
+        let mut h = ResumableSha256::new();
+        h.update(&v[..3 << 20]);
+        let c = Checkpoint {
+            version: 1,
+            image_sha256: m.sha256.clone(),
+            chunk_size: 1 << 20,
+            chunks_done: 3,
+            hash_state: h.save(),
+            target_fresh: false,
+        };
+        let ck = d.path().join("out.bootplane-checkpoint");
+        std::fs::write(&ck, serde_json::to_vec(&c).unwrap()).unwrap();
+        let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
+        assert_eq!(o.resumed_from, 3 << 20);
+        assert_eq!(std::fs::read(&out).unwrap(), v);
+        assert!(!ck.exists());
+
+        // A target changed since the checkpoint is caught before resuming (23), the
+        // checkpoint is dropped and the next run starts over.
+        std::fs::write(&ck, serde_json::to_vec(&c).unwrap()).unwrap();
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&out).unwrap();
+            f.write_all_at(b"tampered", (2 << 20) + 5).unwrap();
+        }
+        let e = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap_err();
+        assert_eq!(e.exit_code(), 23, "{e}");
+        assert!(std::fs::read(&out).unwrap()[..1 << 20].iter().all(|&b| b == 0));
+        assert!(!ck.exists(), "a checkpoint that does not match the target is dropped");
+        let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
+        assert_eq!(o.resumed_from, 0);
+        assert_eq!(std::fs::read(&out).unwrap(), v);
+
+        // Trusting a checkpoint whose midstate is wrong still cannot pass: the
+        // whole-image SHA-256 fails (13).
+        let mut c = c;
+        let mut h = ResumableSha256::new();
+        h.update(&vec![1u8; 3 << 20]);
+        c.hash_state = h.save();
+        std::fs::write(&ck, serde_json::to_vec(&c).unwrap()).unwrap();
+        let mut trust = Options::new(img.to_str().unwrap(), &out);
+        trust.verify_resume = false;
+        let e = provision(&trust).unwrap_err();
+        assert_eq!(e.exit_code(), 13);
+        assert!(std::fs::read(&out).unwrap()[..1 << 20].iter().all(|&b| b == 0));
+        assert!(!ck.exists(), "a checkpoint that led to a mismatch is dropped");
+    }
+}
