@@ -217,7 +217,8 @@ impl Default for BootConfig {
 pub struct ControllerConfig {
     /// Run the reconcilers inside `serve`.
     pub enabled: bool,
-    /// Concurrent reconciles per controller.
+    /// Concurrent reconciles per controller (cheap async tasks; more of them means
+    /// bigger group commits).
     pub workers: usize,
     /// Power driver for servers: `manual` or `test` (accepts every request at once).
     pub power_driver: String,
@@ -225,7 +226,7 @@ pub struct ControllerConfig {
 
 impl Default for ControllerConfig {
     fn default() -> Self {
-        ControllerConfig { enabled: true, workers: 4, power_driver: "manual".into() }
+        ControllerConfig { enabled: true, workers: 16, power_driver: "manual".into() }
     }
 }
 

@@ -2,8 +2,10 @@
 //! ServerBootConfiguration, and on deletion undoes both.
 //!
 //! Choice of server (deterministic): with `spec.serverRef`, that server; otherwise
-//! the claimable server with the lowest name that matches `spec.serverSelector` and
-//! whose NoBind taints the claim tolerates. A server already bound to this claim is
+//! the claimable server with the lowest name that matches `spec.serverSelector`,
+//! whose NoBind taints the claim tolerates, and that no concurrent reconcile is
+//! trying at that moment (candidates are reserved in memory while tried, so parallel
+//! workers spread instead of colliding). A server already bound to this claim is
 //! always preferred, so a restart mid-way finishes the same binding.
 //!
 //! Binding is a compare-and-swap on the server (`spec.serverClaimRef` set against the
@@ -129,20 +131,35 @@ async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::s
         Some(s) if !s.is_null() => Some(Selector::from_label_selector(s).map_err(StoreError::BadRequest)?),
         _ => None,
     };
-    let candidates: Vec<String> = match claim.pointer("/spec/serverRef/name").and_then(Value::as_str) {
-        Some(n) => vec![n.to_string()],
-        None => {
-            let idx = c.idx.lock().unwrap();
-            idx.claimable
-                .iter()
-                .filter(|(_, s)| selector.as_ref().is_none_or(|sel| sel.matches(meta::labels(s))) && tolerates(claim, s))
-                .take(8)
-                .map(|(n, _)| n.clone())
-                .collect()
-        }
-    };
-    let tried_any = !candidates.is_empty();
-    for n in candidates {
+    // Candidates are taken out of the claimable index as they are tried (a tentative,
+    // in-memory reservation), so concurrent reconciles spread over different servers
+    // instead of all racing for the lowest name. Exclusivity itself still comes only
+    // from the compare-and-swap below; a server that stays claimable is put back by
+    // its next watch event, or here when the attempt failed for another reason.
+    let by_ref = claim.pointer("/spec/serverRef/name").and_then(Value::as_str).map(String::from);
+    let mut tried_any = false;
+    for attempt in 0.. {
+        let n = match (&by_ref, attempt) {
+            (Some(n), 0) => n.clone(),
+            (Some(_), _) => break,
+            (None, _) if attempt >= 8 => break,
+            (None, _) => {
+                let mut idx = c.idx.lock().unwrap();
+                let pick = idx
+                    .claimable
+                    .iter()
+                    .find(|(_, s)| selector.as_ref().is_none_or(|sel| sel.matches(meta::labels(s))) && tolerates(claim, s))
+                    .map(|(n, _)| n.clone());
+                match pick {
+                    Some(n) => {
+                        idx.claimable.remove(&n);
+                        n
+                    }
+                    None => break,
+                }
+            }
+        };
+        tried_any = true;
         let s = match c.store.get(&c.t_server, None, &n) {
             Ok(s) => s,
             Err(StoreError::NotFound { .. }) => continue,
@@ -152,26 +169,34 @@ async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::s
             || !tolerates(claim, &s)
             || selector.as_ref().is_some_and(|sel| !sel.matches(meta::labels(&s)))
         {
-            c.idx.lock().unwrap().claimable.remove(&n);
+            if by_ref.is_none() && is_claimable(&s) {
+                // Claimable, just not for this claim: give it back.
+                c.idx.lock().unwrap().claimable.insert(n.clone(), s.clone());
+            }
             continue;
         }
         let mut o = (*s).clone();
         o["spec"]["serverClaimRef"] = json!({"name": name, "namespace": ns});
         o["spec"]["bootConfigurationRef"] = json!({"name": name, "namespace": ns});
+        o["spec"]["power"] = claim.pointer("/spec/power").cloned().unwrap_or(json!("Off"));
         match c.store.update(&c.t_server, o, Part::Main).await {
             Ok(s) => {
                 let mut idx = c.idx.lock().unwrap();
                 idx.claimable.remove(&n);
                 idx.bound.insert(key.clone(), n.clone());
+                idx.bound_by_server.insert(n.clone(), key.clone());
                 tracing::info!(claim = %format!("{ns}/{name}"), server = %n, "claim bound");
                 return Ok(Some(s));
             }
-            Err(StoreError::Conflict { .. }) => {
-                // Someone else changed it first; it is no longer ours to take.
-                c.idx.lock().unwrap().claimable.remove(&n);
-                continue;
+            Err(StoreError::Conflict { .. }) => continue, // changed under us: its watch event re-indexes it
+            Err(e) => {
+                if let Ok(s) = c.store.get(&c.t_server, None, &n) {
+                    if is_claimable(&s) {
+                        c.idx.lock().unwrap().claimable.insert(n.clone(), s);
+                    }
+                }
+                return Err(e);
             }
-            Err(e) => return Err(e),
         }
     }
     // Every candidate we saw was taken or changed meanwhile: look again soon (the

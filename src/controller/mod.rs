@@ -53,6 +53,8 @@ pub struct Indexes {
     pub claimable: BTreeMap<String, Arc<Value>>,
     /// Claim → the server whose `spec.serverClaimRef` names it.
     pub bound: HashMap<Key, String>,
+    /// The reverse of `bound`.
+    pub bound_by_server: HashMap<String, Key>,
     /// Claims waiting for a server.
     pub waiting: BTreeSet<Key>,
 }
@@ -111,10 +113,15 @@ impl Controllers {
         } else {
             idx.claimable.remove(&name);
         }
-        idx.bound.retain(|_, v| *v != name);
+        if let Some(old) = idx.bound_by_server.remove(&name) {
+            if idx.bound.get(&old) == Some(&name) {
+                idx.bound.remove(&old);
+            }
+        }
         if !deleted {
             if let Some(k) = claim_ref(s) {
                 idx.bound.insert(k.clone(), name.clone());
+                idx.bound_by_server.insert(name.clone(), k.clone());
                 self.claims.add(k);
             }
         }
