@@ -78,18 +78,26 @@ fn main() {
     );
 
     // (b) 8 parallel downloads
-    let (mut b_ours, mut b_nginx) = (Vec::new(), Vec::new());
+    let (mut b_ours, mut b_nginx, mut g_ours, mut g_nginx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let gib = (8 * big_len) as f64 / (1u64 << 30) as f64;
     for _ in 0..rounds {
+        let c0 = cpu_ticks(&ours);
         b_ours.push(parallel_downloads(&format!("http://{}/assets/big.bin", ours.addr), 8, big_len));
+        g_ours.push((cpu_ticks(&ours) - c0) as f64 / hz / gib);
+        let c0 = cpu_ticks(&nginx);
         b_nginx.push(parallel_downloads(&format!("http://{}/big.bin", nginx.addr), 8, big_len));
+        g_nginx.push((cpu_ticks(&nginx) - c0) as f64 / hz / gib);
     }
     let (rb, nb) = (median(&mut b_ours), median(&mut b_nginx));
+    let (gb, gn) = (median(&mut g_ours), median(&mut g_nginx));
     println!(
         "(b) 8 parallel downloads, aggregate MiB/s: bootplane {:.0}  nginx sendfile {:.0}  ratio {:.2}x (goal >= 0.9x)",
         rb / 1048576.0,
         nb / 1048576.0,
         rb / nb
     );
+    println!("    server CPU seconds per GiB sent: bootplane {gb:.3}  nginx {gn:.3}");
     drop(ours);
 
     // (c) RSS with 1,000 concurrent downloads, on a fresh child.

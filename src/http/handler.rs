@@ -232,7 +232,13 @@ impl BootHttp {
             .unwrap_or(0);
         let elapsed = start.elapsed();
         self.metrics.observe(route, code, bytes, elapsed.as_secs_f64());
-        let shown: String = req.uri().path().chars().take(200).collect();
+        // Never log a token: it is a bearer credential for the machine's Ignition.
+        let p = req.uri().path();
+        let p = match route {
+            route::IGNITION => p.splitn(4, '/').take(3).collect::<Vec<_>>().join("/"),
+            _ => p.to_string(),
+        };
+        let shown: String = p.chars().take(200).collect();
         tracing::info!(
             target: "bootplane::http::access",
             client = %client,
