@@ -24,7 +24,10 @@ pub mod transfer;
 
 use std::sync::Arc;
 
-use anyhow::{ensure, Context as _};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::ensure;
 use serde::{Deserialize, Serialize};
 
 use crate::serve::Context;
@@ -33,10 +36,14 @@ use crate::shutdown::Shutdown;
 pub use metrics::Metrics;
 pub use server::Server;
 
-/// Module-owned keys of the `[tftp]` config section (`config::TftpConfig::extra`).
+/// The `[tftp]` config section (re-exported as `config::TftpConfig`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
-pub struct TftpSettings {
+pub struct TftpConfig {
+    pub enabled: bool,
+    pub listen: SocketAddr,
+    /// Directory served (the iPXE assets by default).
+    pub root: PathBuf,
     /// Concurrent transfers; further requests are dropped (clients retransmit).
     pub max_transfers: usize,
     /// Largest blksize granted (also capped by the path MTU to the client).
@@ -46,8 +53,11 @@ pub struct TftpSettings {
     /// Serve every transfer from the listening port (for NAT/firewalls) instead of
     /// a per-transfer ephemeral port.
     pub single_port: bool,
-    /// First retransmission timeout when the client sends no `timeout` option.
+    /// Retransmission timeout before the first RTT sample, when the client sends no
+    /// `timeout` option. Afterwards the timeout follows the measured RTT
+    /// (srtt + 4 rttvar) between `retransmit_min_ms` and `retransmit_max_ms`.
     pub retransmit_initial_ms: u64,
+    pub retransmit_min_ms: u64,
     /// Cap of the exponential retransmission backoff.
     pub retransmit_max_ms: u64,
     /// Consecutive timeouts before a transfer is abandoned.
@@ -60,14 +70,18 @@ pub struct TftpSettings {
     pub netascii_max_bytes: u64,
 }
 
-impl Default for TftpSettings {
+impl Default for TftpConfig {
     fn default() -> Self {
-        TftpSettings {
+        TftpConfig {
+            enabled: false,
+            listen: SocketAddr::from(([0, 0, 0, 0], 69)),
+            root: PathBuf::from("ipxe"),
             max_transfers: 2048,
             max_blksize: 65464,
             max_windowsize: 64,
             single_port: false,
             retransmit_initial_ms: 250,
+            retransmit_min_ms: 20,
             retransmit_max_ms: 4000,
             max_retries: 6,
             small_file_max_bytes: 4 << 20,
@@ -77,19 +91,16 @@ impl Default for TftpSettings {
     }
 }
 
-impl TftpSettings {
-    /// Parse the module-owned keys of `[tftp]`.
-    pub fn from_table(extra: &toml::Table) -> anyhow::Result<TftpSettings> {
-        let s: TftpSettings = toml::Value::Table(extra.clone()).try_into().context("parsing [tftp] settings")?;
-        s.validate()?;
-        Ok(s)
-    }
-
+impl TftpConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         ensure!(self.max_transfers >= 1, "tftp.max_transfers must be at least 1");
         ensure!((8..=65464).contains(&self.max_blksize), "tftp.max_blksize must be within 8..=65464");
         ensure!(self.max_windowsize >= 1, "tftp.max_windowsize must be at least 1");
-        ensure!(self.retransmit_initial_ms >= 1, "tftp.retransmit_initial_ms must be at least 1");
+        ensure!(self.retransmit_min_ms >= 1, "tftp.retransmit_min_ms must be at least 1");
+        ensure!(
+            self.retransmit_initial_ms >= self.retransmit_min_ms,
+            "tftp.retransmit_initial_ms must be at least retransmit_min_ms"
+        );
         ensure!(
             self.retransmit_max_ms >= self.retransmit_initial_ms,
             "tftp.retransmit_max_ms must be at least retransmit_initial_ms"
@@ -101,32 +112,23 @@ impl TftpSettings {
 /// Run the TFTP server until shutdown.
 pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> anyhow::Result<()> {
     let c = &ctx.config.tftp;
-    let settings = TftpSettings::from_table(&c.extra)?;
-    let server = Server::bind(c.listen, &c.root, settings, Arc::new(Metrics::default())).await?;
+    let server = Server::bind(c, Arc::new(Metrics::default())).await?;
     tracing::info!(listen = %server.local_addr()?, root = %c.root.display(), "tftp server listening");
     server.run(shutdown).await
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::config::Config;
 
     #[test]
-    fn settings_parse_and_reject_unknown() {
-        let t: toml::Table = toml::from_str("max_transfers = 10\nsingle_port = true\n").unwrap();
-        let s = TftpSettings::from_table(&t).unwrap();
-        assert_eq!((s.max_transfers, s.single_port), (10, true));
-        let t: toml::Table = toml::from_str("max_transfer = 10\n").unwrap();
-        let e = format!("{:#}", TftpSettings::from_table(&t).unwrap_err());
+    fn section_parses_and_rejects_unknown() {
+        let c = Config::from_toml("[tftp]\nenabled = true\nmax_transfers = 10\nsingle_port = true\nmax_windowsize = 8\n").unwrap();
+        assert_eq!((c.tftp.max_transfers, c.tftp.single_port, c.tftp.max_windowsize), (10, true, 8));
+        let e = Config::from_toml("[tftp]\nmax_transfer = 10\n").unwrap_err().to_string();
         assert!(e.contains("max_transfer"), "{e}");
-        let t: toml::Table = toml::from_str("max_blksize = 4\n").unwrap();
-        assert!(TftpSettings::from_table(&t).is_err());
-        assert_eq!(TftpSettings::from_table(&toml::Table::new()).unwrap(), TftpSettings::default());
-    }
-
-    #[test]
-    fn config_section_carries_settings() {
-        let c = crate::config::Config::from_toml("[tftp]\nenabled = true\nmax_windowsize = 8\n").unwrap();
-        assert_eq!(TftpSettings::from_table(&c.tftp.extra).unwrap().max_windowsize, 8);
+        let c = Config::from_toml("[tftp]\nmax_blksize = 4\n").unwrap();
+        assert!(c.tftp.validate().is_err());
+        crate::config::Config::default().tftp.validate().unwrap();
     }
 }

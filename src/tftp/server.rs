@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,7 @@ use super::files::{to_netascii, FileData, FileError, FileStore};
 use super::metrics::{ErrorKind, Metrics};
 use super::packet::{self, ErrorCode, Mode, Packet, Request};
 use super::transfer::{negotiate, Event, Limits, Outcome, Send, Transfer};
-use super::TftpSettings;
+use super::TftpConfig;
 use crate::shutdown::Shutdown;
 
 /// Largest DATA packet (65464 + 4) plus slack; requests are far smaller.
@@ -31,7 +30,7 @@ const RECV_BUF: usize = 65536;
 const BATCH: usize = 64;
 
 struct Shared {
-    settings: TftpSettings,
+    settings: TftpConfig,
     files: FileStore,
     metrics: Arc<Metrics>,
     permits: Arc<Semaphore>,
@@ -54,10 +53,12 @@ pub struct Server {
 }
 
 impl Server {
-    /// Bind the listening socket and open the root.
-    pub async fn bind(listen: SocketAddr, root: &Path, settings: TftpSettings, metrics: Arc<Metrics>) -> anyhow::Result<Server> {
+    /// Bind `settings.listen` and open `settings.root`.
+    pub async fn bind(settings: &TftpConfig, metrics: Arc<Metrics>) -> anyhow::Result<Server> {
         settings.validate()?;
-        let files = FileStore::new(root, settings.small_file_max_bytes, settings.cache_max_bytes)?;
+        let settings = settings.clone();
+        let listen = settings.listen;
+        let files = FileStore::new(&settings.root, settings.small_file_max_bytes, settings.cache_max_bytes)?;
         let sock = UdpSocket::bind(listen).await.with_context(|| format!("binding tftp socket {listen}"))?;
         raise_nofile(settings.max_transfers as u64 + 256);
         let shared = Shared {
@@ -279,7 +280,7 @@ struct RawAddr {
 }
 
 // The storage is plain bytes; it is only read by the kernel during sendmmsg.
-unsafe impl Send for RawAddr {}
+unsafe impl std::marker::Send for RawAddr {}
 unsafe impl Sync for RawAddr {}
 
 impl RawAddr {
@@ -414,6 +415,7 @@ async fn session(shared: Arc<Shared>, kind: LinkKind, peer: SocketAddr, req: Req
         max_blksize: s.max_blksize.min(mtu_cap),
         max_windowsize: s.max_windowsize,
         initial_rto: Duration::from_millis(s.retransmit_initial_ms),
+        min_rto: Duration::from_millis(s.retransmit_min_ms),
         max_rto: Duration::from_millis(s.retransmit_max_ms),
         max_retries: s.max_retries,
     };
@@ -468,7 +470,7 @@ async fn drive(
     shutdown: &mut Shutdown,
 ) -> io::Result<Outcome> {
     let mut buf = vec![0u8; 2048];
-    let mut step = t.start();
+    let mut step = t.start(Instant::now());
     let mut deadline = tokio::time::Instant::now();
     loop {
         if let Some(send) = step.send.take() {
@@ -518,6 +520,6 @@ async fn drive(
                 }
             },
         };
-        step = t.on_event(ev);
+        step = t.on_event(ev, Instant::now());
     }
 }

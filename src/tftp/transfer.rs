@@ -9,7 +9,7 @@
 //! a block already acknowledged (duplicate or late) is ignored, so duplicated ACKs
 //! never duplicate data (no Sorcerer's Apprentice); only a timeout retransmits.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::packet::ErrorCode;
 
@@ -20,8 +20,11 @@ pub struct Limits {
     pub max_blksize: u16,
     /// Largest windowsize granted.
     pub max_windowsize: u16,
-    /// Initial retransmission timeout when the client sends no `timeout` option.
+    /// Retransmission timeout before the first RTT sample, when the client sends
+    /// no `timeout` option.
     pub initial_rto: Duration,
+    /// Floor of the RTT-derived timeout.
+    pub min_rto: Duration,
     /// Cap of the exponential backoff.
     pub max_rto: Duration,
     /// Consecutive timeouts before the transfer is abandoned.
@@ -66,7 +69,11 @@ pub fn negotiate(options: &[(String, String)], size: u64, limits: &Limits) -> Re
             }
             "tsize" => {
                 let _: u64 = value.trim().parse().map_err(|_| refuse(name, value))?;
-                n.oack.push(("tsize", size.to_string()));
+                // An empty file's tsize is left out of the OACK: curl (7.88) rejects
+                // `tsize 0` as invalid and aborts; declining an option is allowed.
+                if size > 0 {
+                    n.oack.push(("tsize", size.to_string()));
+                }
             }
             "timeout" => {
                 let v: u32 = value.trim().parse().map_err(|_| refuse(name, value))?;
@@ -141,9 +148,19 @@ pub struct Transfer {
     base: u64,
     /// Highest block sent so far (base-1 when nothing is outstanding).
     sent: u64,
+    /// Retransmission timeout currently armed (after backoff).
     rto: Duration,
-    initial_rto: Duration,
+    /// Timeout without backoff: the client's `timeout`, or the RTT estimate.
+    base_rto: Duration,
+    min_rto: Duration,
     max_rto: Duration,
+    /// RTT estimation (Jacobson/Karels); off when the client fixed `timeout`.
+    adaptive: bool,
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// When the outstanding window was first sent; `None` once it was retransmitted
+    /// (Karn: no RTT sample from retransmitted data).
+    sent_at: Option<Instant>,
     retries: u32,
     max_retries: u32,
     done: bool,
@@ -162,8 +179,13 @@ impl Transfer {
             base: 1,
             sent: 0,
             rto,
-            initial_rto: rto,
+            base_rto: rto,
+            min_rto: limits.min_rto.min(rto),
             max_rto: limits.max_rto.max(rto),
+            adaptive: n.timeout.is_none(),
+            srtt: None,
+            rttvar: Duration::ZERO,
+            sent_at: None,
             retries: 0,
             max_retries: limits.max_retries,
             done: false,
@@ -171,7 +193,8 @@ impl Transfer {
     }
 
     /// The first transmission: the OACK, or the first window of DATA.
-    pub fn start(&mut self) -> Step {
+    pub fn start(&mut self, now: Instant) -> Step {
+        self.sent_at = Some(now);
         if self.awaiting_oack_ack {
             Step { send: Some(Send::Oack), ..Step::default() }
         } else {
@@ -217,7 +240,7 @@ impl Transfer {
         (abs <= self.sent).then_some(abs)
     }
 
-    pub fn on_event(&mut self, ev: Event) -> Step {
+    pub fn on_event(&mut self, ev: Event, now: Instant) -> Step {
         if self.done {
             return Step::default();
         }
@@ -228,6 +251,7 @@ impl Transfer {
                 if self.retries > self.max_retries {
                     return self.finish(Outcome::TimedOut);
                 }
+                self.sent_at = None;
                 self.rto = (self.rto * 2).min(self.max_rto);
                 if self.awaiting_oack_ack {
                     return Step { send: Some(Send::Oack), retransmitted: 1, outcome: None };
@@ -242,7 +266,7 @@ impl Transfer {
                         return Step::default();
                     }
                     self.awaiting_oack_ack = false;
-                    self.progress();
+                    self.progress(now);
                     return Step { send: Some(self.send_window()), ..Step::default() };
                 }
                 let Some(abs) = self.ack_to_abs(wire) else { return Step::default() };
@@ -251,7 +275,7 @@ impl Transfer {
                     return Step::default();
                 }
                 self.base = abs + 1;
-                self.progress();
+                self.progress(now);
                 if self.base > self.nblocks {
                     return self.finish(Outcome::Complete);
                 }
@@ -260,9 +284,27 @@ impl Transfer {
         }
     }
 
-    fn progress(&mut self) {
+    /// An ACK moved the transfer forward: take an RTT sample (Karn), reset backoff.
+    fn progress(&mut self, now: Instant) {
+        if let (true, Some(t0)) = (self.adaptive, self.sent_at) {
+            let sample = now.saturating_duration_since(t0);
+            match self.srtt {
+                None => {
+                    self.srtt = Some(sample);
+                    self.rttvar = sample / 2;
+                }
+                Some(srtt) => {
+                    let diff = if srtt > sample { srtt - sample } else { sample - srtt };
+                    self.rttvar = (self.rttvar * 3 + diff) / 4;
+                    self.srtt = Some((srtt * 7 + sample) / 8);
+                }
+            }
+            let est = self.srtt.unwrap_or(sample) + self.rttvar * 4;
+            self.base_rto = est.clamp(self.min_rto, self.max_rto);
+        }
+        self.sent_at = Some(now);
         self.retries = 0;
-        self.rto = self.initial_rto;
+        self.rto = self.base_rto;
     }
 
     fn finish(&mut self, o: Outcome) -> Step {
@@ -275,11 +317,16 @@ impl Transfer {
 mod tests {
     use super::*;
 
+    fn now() -> Instant {
+        Instant::now()
+    }
+
     fn limits() -> Limits {
         Limits {
             max_blksize: 65464,
             max_windowsize: 64,
             initial_rto: Duration::from_millis(100),
+            min_rto: Duration::from_millis(100),
             max_rto: Duration::from_millis(800),
             max_retries: 3,
         }
@@ -300,7 +347,7 @@ mod tests {
         assert!(n.oack.is_empty());
         assert_eq!(n.blksize, 512);
         let mut t = Transfer::new(10, &n, &limits());
-        assert_eq!(t.start().send, Some(Send::Blocks { first: 1, last: 1 }));
+        assert_eq!(t.start(now()).send, Some(Send::Blocks { first: 1, last: 1 }));
     }
 
     #[test]
@@ -322,6 +369,8 @@ mod tests {
             let e = negotiate(&opts(&[(k, v)]), 0, &l).unwrap_err();
             assert_eq!(e.0, ErrorCode::OptionRefused, "{k}={v}");
         }
+        // tsize of an empty file is not acknowledged (curl rejects "tsize 0")
+        assert!(negotiate(&opts(&[("tsize", "0")]), 0, &l).unwrap().oack.is_empty());
         // duplicates: first wins
         let n = negotiate(&opts(&[("blksize", "1024"), ("blksize", "9")]), 0, &l).unwrap();
         assert_eq!(n.blksize, 1024);
@@ -343,18 +392,18 @@ mod tests {
     #[test]
     fn lockstep_transfer_and_duplicate_acks() {
         let mut t = plain(1024);
-        assert_eq!(t.start().send, Some(Send::Blocks { first: 1, last: 1 }));
-        assert_eq!(t.on_event(Event::Ack(1)).send, Some(Send::Blocks { first: 2, last: 2 }));
+        assert_eq!(t.start(now()).send, Some(Send::Blocks { first: 1, last: 1 }));
+        assert_eq!(t.on_event(Event::Ack(1), now()).send, Some(Send::Blocks { first: 2, last: 2 }));
         // duplicate ACK 1: no resend (Sorcerer's Apprentice)
-        assert_eq!(t.on_event(Event::Ack(1)), Step::default());
-        assert_eq!(t.on_event(Event::Ack(0)), Step::default());
+        assert_eq!(t.on_event(Event::Ack(1), now()), Step::default());
+        assert_eq!(t.on_event(Event::Ack(0), now()), Step::default());
         // ACK from the future: ignored
-        assert_eq!(t.on_event(Event::Ack(7)), Step::default());
-        assert_eq!(t.on_event(Event::Ack(2)).send, Some(Send::Blocks { first: 3, last: 3 }));
-        let s = t.on_event(Event::Ack(3));
+        assert_eq!(t.on_event(Event::Ack(7), now()), Step::default());
+        assert_eq!(t.on_event(Event::Ack(2), now()).send, Some(Send::Blocks { first: 3, last: 3 }));
+        let s = t.on_event(Event::Ack(3), now());
         assert_eq!(s.outcome, Some(Outcome::Complete));
         assert!(t.is_done());
-        assert_eq!(t.on_event(Event::Ack(3)), Step::default());
+        assert_eq!(t.on_event(Event::Ack(3), now()), Step::default());
     }
 
     #[test]
@@ -362,17 +411,17 @@ mod tests {
         let l = limits();
         let n = negotiate(&opts(&[("blksize", "1024")]), 3000, &l).unwrap();
         let mut t = Transfer::new(3000, &n, &l);
-        assert_eq!(t.start().send, Some(Send::Oack));
-        assert_eq!(t.on_event(Event::Ack(5)), Step::default());
-        let s = t.on_event(Event::Timeout);
+        assert_eq!(t.start(now()).send, Some(Send::Oack));
+        assert_eq!(t.on_event(Event::Ack(5), now()), Step::default());
+        let s = t.on_event(Event::Timeout, now());
         assert_eq!((s.send, s.retransmitted), (Some(Send::Oack), 1));
-        assert_eq!(t.on_event(Event::Ack(0)).send, Some(Send::Blocks { first: 1, last: 1 }));
+        assert_eq!(t.on_event(Event::Ack(0), now()).send, Some(Send::Blocks { first: 1, last: 1 }));
         // a duplicate ACK 0 after the OACK was acknowledged is ignored
-        assert_eq!(t.on_event(Event::Ack(0)), Step::default());
+        assert_eq!(t.on_event(Event::Ack(0), now()), Step::default());
 
         let mut t = Transfer::new(3000, &n, &l);
-        t.start();
-        let s = t.on_event(Event::PeerError { code: 8, message: "no".into() });
+        t.start(now());
+        let s = t.on_event(Event::PeerError { code: 8, message: "no".into() }, now());
         assert_eq!(s.outcome, Some(Outcome::PeerError { code: 8, message: "no".into() }));
     }
 
@@ -382,45 +431,71 @@ mod tests {
         let n = negotiate(&opts(&[("windowsize", "4")]), 512 * 10, &l).unwrap();
         let mut t = Transfer::new(512 * 10, &n, &l);
         assert_eq!(t.nblocks(), 11);
-        t.start();
-        assert_eq!(t.on_event(Event::Ack(0)).send, Some(Send::Blocks { first: 1, last: 4 }));
+        t.start(now());
+        assert_eq!(t.on_event(Event::Ack(0), now()).send, Some(Send::Blocks { first: 1, last: 4 }));
         // receiver saw a gap after 2: resend from 3
-        assert_eq!(t.on_event(Event::Ack(2)).send, Some(Send::Blocks { first: 3, last: 6 }));
+        assert_eq!(t.on_event(Event::Ack(2), now()).send, Some(Send::Blocks { first: 3, last: 6 }));
         // timeout resends the outstanding window
-        let s = t.on_event(Event::Timeout);
+        let s = t.on_event(Event::Timeout, now());
         assert_eq!((s.send, s.retransmitted), (Some(Send::Blocks { first: 3, last: 6 }), 4));
-        assert_eq!(t.on_event(Event::Ack(6)).send, Some(Send::Blocks { first: 7, last: 10 }));
-        assert_eq!(t.on_event(Event::Ack(10)).send, Some(Send::Blocks { first: 11, last: 11 }));
-        assert_eq!(t.on_event(Event::Ack(11)).outcome, Some(Outcome::Complete));
+        assert_eq!(t.on_event(Event::Ack(6), now()).send, Some(Send::Blocks { first: 7, last: 10 }));
+        assert_eq!(t.on_event(Event::Ack(10), now()).send, Some(Send::Blocks { first: 11, last: 11 }));
+        assert_eq!(t.on_event(Event::Ack(11), now()).outcome, Some(Outcome::Complete));
     }
 
     #[test]
     fn rollover_past_65535() {
         let len = 512 * 70_000u64;
         let mut t = plain(len);
-        t.start();
+        t.start(now());
         for b in 1..=70_000u64 {
-            let s = t.on_event(Event::Ack(b as u16));
+            let s = t.on_event(Event::Ack(b as u16), now());
             assert_eq!(s.send, Some(Send::Blocks { first: b + 1, last: b + 1 }), "block {b}");
             // a stale ACK from 65536 blocks ago is not confused with the current one
             if b > 3 {
-                assert_eq!(t.on_event(Event::Ack((b - 1) as u16)), Step::default());
+                assert_eq!(t.on_event(Event::Ack((b - 1) as u16), now()), Step::default());
             }
         }
-        assert_eq!(t.on_event(Event::Ack(70_001u64 as u16)).outcome, Some(Outcome::Complete));
+        assert_eq!(t.on_event(Event::Ack(70_001u64 as u16), now()).outcome, Some(Outcome::Complete));
     }
 
     #[test]
     fn backoff_and_give_up() {
         let mut t = plain(100);
-        t.start();
+        t.start(now());
         assert_eq!(t.rto(), Duration::from_millis(100));
-        t.on_event(Event::Timeout);
+        t.on_event(Event::Timeout, now());
         assert_eq!(t.rto(), Duration::from_millis(200));
-        t.on_event(Event::Timeout);
-        t.on_event(Event::Timeout);
+        t.on_event(Event::Timeout, now());
+        t.on_event(Event::Timeout, now());
         assert_eq!(t.rto(), Duration::from_millis(800));
-        assert_eq!(t.on_event(Event::Timeout).outcome, Some(Outcome::TimedOut));
+        assert_eq!(t.on_event(Event::Timeout, now()).outcome, Some(Outcome::TimedOut));
+    }
+
+    #[test]
+    fn rto_follows_rtt_with_floor_and_karn() {
+        let l = Limits { min_rto: Duration::from_millis(10), ..limits() };
+        let mut t = Transfer::new(512 * 10, &negotiate(&[], 0, &l).unwrap(), &l);
+        let t0 = Instant::now();
+        t.start(t0);
+        assert_eq!(t.rto(), Duration::from_millis(100));
+        // fast ACKs: the timeout falls to the floor
+        for b in 1..=5u16 {
+            t.on_event(Event::Ack(b), t0 + Duration::from_micros(200 * b as u64));
+        }
+        assert_eq!(t.rto(), Duration::from_millis(10));
+        // a slow RTT raises it
+        let mut at = t0 + Duration::from_millis(1);
+        for b in 6..=8u16 {
+            at += Duration::from_millis(40);
+            t.on_event(Event::Ack(b), at);
+        }
+        assert!(t.rto() > Duration::from_millis(40), "{:?}", t.rto());
+        // after a retransmission no sample is taken (Karn), backoff is reset on progress
+        let before = t.base_rto;
+        t.on_event(Event::Timeout, at);
+        t.on_event(Event::Ack(9), at + Duration::from_secs(3));
+        assert_eq!(t.base_rto, before);
     }
 
     #[test]
