@@ -234,9 +234,14 @@ impl Link {
     }
 
     async fn send(&self, pkt: &[u8]) -> io::Result<()> {
-        match self {
-            Link::Own(s) => s.send(pkt).await.map(|_| ()),
-            Link::Shared { sock, peer, .. } => sock.send_to(pkt, *peer).await.map(|_| ()),
+        let r = match self {
+            Link::Own(s) => s.send(pkt).await,
+            Link::Shared { sock, peer, .. } => sock.send_to(pkt, *peer).await,
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if transient(&e) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -262,15 +267,24 @@ impl Link {
             }
             let mut off = 0;
             while off < n {
-                let sent = sock
-                    .async_io(Interest::WRITABLE, || sendmmsg(fd, raw, &hdrs[off..n], &slices[off..n]))
-                    .await?;
-                off += sent.max(1);
+                match sock.async_io(Interest::WRITABLE, || sendmmsg(fd, raw, &hdrs[off..n], &slices[off..n])).await {
+                    Ok(sent) => off += sent.max(1),
+                    // A transient local error (ENOBUFS, EPERM from a firewall, no route)
+                    // loses this datagram like the network would; retransmission covers it.
+                    Err(e) if transient(&e) => off += 1,
+                    Err(e) => return Err(e),
+                }
             }
             b += n as u64;
         }
         Ok(bytes)
     }
+}
+
+/// Send errors that mean "this datagram is lost" rather than "the peer is gone".
+fn transient(e: &io::Error) -> bool {
+    e.kind() != io::ErrorKind::ConnectionRefused
+        && matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EPERM | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EMSGSIZE))
 }
 
 /// A socket address in the kernel's layout, for sendmmsg on an unconnected socket.
