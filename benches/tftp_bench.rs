@@ -32,10 +32,10 @@ struct Opts {
 
 fn parse_opts() -> Opts {
     let args: Vec<String> = std::env::args().collect();
-    let mut o = Opts { window: 16, big_mib: 64, clients: 1000, storm_kib: 1024, runs: 3 };
+    let mut o = Opts { window: 16, big_mib: 64, clients: 1000, storm_kib: 1024, runs: 7 };
     let val = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok());
     if args.iter().any(|a| a == "--quick") {
-        o = Opts { window: 16, big_mib: 16, clients: 200, storm_kib: 1024, runs: 1 };
+        o = Opts { window: 16, big_mib: 16, clients: 200, storm_kib: 1024, runs: 3 };
     }
     if let Some(v) = val("--big-mib") {
         o.big_mib = v;
@@ -235,6 +235,15 @@ impl Srv {
         (get("VmHWM:"), get("VmRSS:"))
     }
 
+    /// Current anonymous and file-backed RSS (KiB).
+    fn rss_parts_kib(&self) -> (u64, u64) {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let get = |k: &str| {
+            s.lines().find(|l| l.starts_with(k)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+        };
+        (get("RssAnon:"), get("RssFile:"))
+    }
+
     /// User+system CPU seconds of the server process so far.
     fn cpu_secs(&self) -> f64 {
         let s = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
@@ -348,21 +357,22 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn single(rt: &tokio::runtime::Runtime, srv: &Srv, o: ReqOpts, expect: &Arc<Vec<u8>>, runs: usize) -> f64 {
-    let mut secs = Vec::new();
+/// Interleaved runs (server A, B, C, A, B, C, ...) so load changes on a shared
+/// machine hit every server alike. Returns the median seconds per case.
+fn singles(rt: &tokio::runtime::Runtime, cases: &[(&Srv, ReqOpts)], expect: &Arc<Vec<u8>>, runs: usize) -> Vec<f64> {
+    let mut secs: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for _ in 0..runs {
-        let t0 = Instant::now();
-        let r = rt.block_on(fetch(srv.addr, "big.bin", o, expect.clone()));
-        let dt = t0.elapsed().as_secs_f64();
-        match r {
-            Ok(_) => secs.push(dt),
-            Err(e) => println!("  {} single transfer FAILED: {e}", srv.name),
+        for (i, (srv, o)) in cases.iter().enumerate() {
+            let t0 = Instant::now();
+            let r = rt.block_on(fetch(srv.addr, "big.bin", *o, expect.clone()));
+            let dt = t0.elapsed().as_secs_f64();
+            match r {
+                Ok(_) => secs[i].push(dt),
+                Err(e) => println!("  {} single transfer FAILED: {e}", srv.name),
+            }
         }
     }
-    if secs.is_empty() {
-        return f64::NAN;
-    }
-    median(&mut secs)
+    secs.iter_mut().map(|v| if v.is_empty() { f64::NAN } else { median(v) }).collect()
 }
 
 struct StormResult {
@@ -426,49 +436,53 @@ fn main() {
     let dm = start_dnsmasq(&root, o.clients.max(50) + 50);
 
     // (a) single large transfer, best options per server
-    println!("\n(a) single transfer of {} MiB (median of {})", o.big_mib, o.runs);
+    println!("\n(a) single transfer of {} MiB, best options per server (median of {} interleaved runs)", o.big_mib, o.runs);
     let mb = (o.big_mib << 20) as f64 / 1e6;
     let big_buf = 8 << 20;
-    let mut results = Vec::new();
-    for (srv, opts, label) in [
-        (&bp, ReqOpts { blksize: 65464, windowsize: o.window, rcvbuf: big_buf }, "blksize 65464 + windowsize (--window)"),
-        (&hpa, ReqOpts { blksize: 65464, windowsize: 1, rcvbuf: big_buf }, "blksize 65464 (no windowsize support)"),
-        (&dm, ReqOpts { blksize: 65464, windowsize: 1, rcvbuf: big_buf }, "blksize 65464 (no windowsize support)"),
-    ] {
-        let s = single(&rt, srv, opts, &big, o.runs);
+    let w = o.window;
+    let cases = [
+        (&bp, ReqOpts { blksize: 65464, windowsize: w, rcvbuf: big_buf }, format!("blksize 65464 windowsize {w}")),
+        (&hpa, ReqOpts { blksize: 65464, windowsize: 1, rcvbuf: big_buf }, "blksize 65464 (no windowsize support)".to_string()),
+        (&dm, ReqOpts { blksize: 65464, windowsize: 1, rcvbuf: big_buf }, "blksize 65464 (no windowsize support)".to_string()),
+        (&bp, ReqOpts { blksize: 65464, windowsize: 1, rcvbuf: big_buf }, "blksize 65464 lockstep (reference)".to_string()),
+    ];
+    let r = singles(&rt, &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(), &big, o.runs);
+    for ((srv, _, label), s) in cases.iter().zip(&r) {
         println!("  {:<10} {:>8.3} s  {:>8.1} MB/s   [{label}]", srv.name, s, mb / s);
-        results.push(s);
     }
-    // lockstep bootplane too, to show what the window buys
-    let s_lock = single(&rt, &bp, ReqOpts { blksize: 65464, windowsize: 1, rcvbuf: big_buf }, &big, o.runs);
-    println!("  {:<10} {:>8.3} s  {:>8.1} MB/s   [blksize 65464, lockstep, for reference]", "bootplane", s_lock, mb / s_lock);
-    println!("  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)", results[1] / results[0]);
-    println!("  speed ratio bootplane/dnsmasq   = {:.2}x", results[2] / results[0]);
+    println!("  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)", r[1] / r[0]);
+    println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r[2] / r[0]);
 
     // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
-    println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; median of {})", o.big_mib, o.runs);
-    let mut r2 = Vec::new();
-    for (srv, opts, label) in [
+    println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; median of {} interleaved runs)", o.big_mib, o.runs);
+    let cases = [
         (&bp, ReqOpts { blksize: 1468, windowsize: 64, rcvbuf: big_buf }, "blksize 1468 windowsize 64"),
         (&hpa, ReqOpts { blksize: 1468, windowsize: 1, rcvbuf: big_buf }, "blksize 1468 (no windowsize support)"),
         (&dm, ReqOpts { blksize: 1468, windowsize: 1, rcvbuf: big_buf }, "blksize 1468 (no windowsize support)"),
-    ] {
-        let s = single(&rt, srv, opts, &big, o.runs);
+    ];
+    let r2 = singles(&rt, &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(), &big, o.runs);
+    for ((srv, _, label), s) in cases.iter().zip(&r2) {
         println!("  {:<10} {:>8.3} s  {:>8.1} MB/s   [{label}]", srv.name, s, mb / s);
-        r2.push(s);
     }
     println!("  speed ratio bootplane/tftpd-hpa = {:.2}x", r2[1] / r2[0]);
     println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r2[2] / r2[0]);
+    let (hwm, _) = bp.rss_kib();
+    println!("  (bootplane RSS after (a): peak {:.1} MiB, mostly the mapped 64 MiB file's page-cache pages)", hwm as f64 / 1024.0);
+    drop(bp);
+    drop(hpa);
+    // a fresh bootplane process for the storm, so its RSS is the storm's
+    let bp = start_bootplane(&root);
 
     // (b) storm
-    println!("\n(b) storm: {} concurrent clients x {} KiB, blksize 1468, windowsize 8 offered (median of {})", o.clients, o.storm_kib, o.runs);
+    let storm_runs = o.runs.min(3);
+    println!("\n(b) storm: {} concurrent clients x {} KiB, blksize 1468, windowsize 8 offered (median of {})", o.clients, o.storm_kib, storm_runs);
     let mut totals = Vec::new();
     for srv in [&bp, &dm] {
         let cpu0 = srv.cpu_secs();
         let mut secs = Vec::new();
         let mut fails = 0;
         let mut err = None;
-        for _ in 0..o.runs {
+        for _ in 0..storm_runs {
             let r = storm(&rt, srv, o.clients, &small);
             secs.push(r.secs);
             fails += r.failures;
@@ -476,23 +490,24 @@ fn main() {
                 err = r.first_error;
             }
         }
-        let cpu = (srv.cpu_secs() - cpu0) / o.runs as f64;
+        let cpu = (srv.cpu_secs() - cpu0) / storm_runs as f64;
         let m = median(&mut secs);
-        let (hwm, rss) = srv.rss_kib();
+        let (hwm, _) = srv.rss_kib();
+        let (anon, file) = srv.rss_parts_kib();
         println!(
-            "  {:<10} total {:>7.3} s  failures {:>4}  server CPU {:>6.2} s/run  server RSS peak {:>6.1} MiB (now {:.1} MiB){}",
+            "  {:<10} total {:>7.3} s  failures {:>4}  server CPU {:>6.2} s/run  server RSS peak {:>6.1} MiB (now anon {:.1} + file {:.1} MiB){}",
             srv.name,
             m,
             fails,
             cpu,
             hwm as f64 / 1024.0,
-            rss as f64 / 1024.0,
+            anon as f64 / 1024.0,
+            file as f64 / 1024.0,
             err.map(|e| format!("  first error: {e}")).unwrap_or_default()
         );
         totals.push(m);
     }
     println!("  time ratio bootplane/dnsmasq = {:.2} (goal <= 0.5)", totals[0] / totals[1]);
     drop(bp);
-    drop(hpa);
     drop(dm);
 }
