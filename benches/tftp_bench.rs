@@ -32,10 +32,27 @@ struct Opts {
 
 fn parse_opts() -> Opts {
     let args: Vec<String> = std::env::args().collect();
-    let mut o = Opts { window: 16, big_mib: 64, clients: 1000, storm_kib: 1024, runs: 7 };
-    let val = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok());
+    let mut o = Opts {
+        window: 16,
+        big_mib: 64,
+        clients: 1000,
+        storm_kib: 1024,
+        runs: 7,
+    };
+    let val = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+    };
     if args.iter().any(|a| a == "--quick") {
-        o = Opts { window: 16, big_mib: 16, clients: 200, storm_kib: 1024, runs: 3 };
+        o = Opts {
+            window: 16,
+            big_mib: 16,
+            clients: 200,
+            storm_kib: 1024,
+            runs: 3,
+        };
     }
     if let Some(v) = val("--big-mib") {
         o.big_mib = v;
@@ -79,7 +96,13 @@ fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
     let v = bytes as libc::c_int;
     // SAFETY: setsockopt with a valid fd and a c_int value.
     unsafe {
-        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, &v as *const _ as *const _, std::mem::size_of::<libc::c_int>() as u32);
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &v as *const _ as *const _,
+            std::mem::size_of::<libc::c_int>() as u32,
+        );
     }
 }
 
@@ -121,11 +144,20 @@ fn parse_oack(p: &[u8]) -> (u16, u16) {
 /// Returns (bytes, negotiated blksize, negotiated windowsize). Gives up after
 /// `max_timeouts` consecutive 1 s timeouts (retransmitting the RRQ or the last ACK
 /// each time, as firmware does).
-async fn fetch(server: SocketAddr, name: &str, o: ReqOpts, expect: Arc<Vec<u8>>) -> Result<(usize, usize, u16), String> {
-    let sock = UdpSocket::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+async fn fetch(
+    server: SocketAddr,
+    name: &str,
+    o: ReqOpts,
+    expect: Arc<Vec<u8>>,
+) -> Result<(usize, usize, u16), String> {
+    let sock = UdpSocket::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
     set_rcvbuf(&sock, o.rcvbuf);
     let req = rrq(name, o);
-    sock.send_to(&req, server).await.map_err(|e| e.to_string())?;
+    sock.send_to(&req, server)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 65536 + 64];
     let mut peer: Option<SocketAddr> = None;
     let (mut blksize, mut window) = (512usize, 1u16);
@@ -146,11 +178,15 @@ async fn fetch(server: SocketAddr, name: &str, o: ReqOpts, expect: Arc<Vec<u8>>)
                 }
                 match peer {
                     None => {
-                        sock.send_to(&req, server).await.map_err(|e| e.to_string())?;
+                        sock.send_to(&req, server)
+                            .await
+                            .map_err(|e| e.to_string())?;
                     }
                     Some(p) => {
                         let ack = ((expected - 1) as u16).to_be_bytes();
-                        sock.send_to(&[0, 4, ack[0], ack[1]], p).await.map_err(|e| e.to_string())?;
+                        sock.send_to(&[0, 4, ack[0], ack[1]], p)
+                            .await
+                            .map_err(|e| e.to_string())?;
                     }
                 }
                 continue;
@@ -174,7 +210,9 @@ async fn fetch(server: SocketAddr, name: &str, o: ReqOpts, expect: Arc<Vec<u8>>)
                 blksize = b as usize;
                 window = w;
                 started = true;
-                sock.send_to(&[0, 4, 0, 0], from).await.map_err(|e| e.to_string())?;
+                sock.send_to(&[0, 4, 0, 0], from)
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
             3 => {
                 started = true;
@@ -192,7 +230,9 @@ async fn fetch(server: SocketAddr, name: &str, o: ReqOpts, expect: Arc<Vec<u8>>)
                     if last || in_window >= window {
                         in_window = 0;
                         let ack = ((expected - 1) as u16).to_be_bytes();
-                        sock.send_to(&[0, 4, ack[0], ack[1]], from).await.map_err(|e| e.to_string())?;
+                        sock.send_to(&[0, 4, ack[0], ack[1]], from)
+                            .await
+                            .map_err(|e| e.to_string())?;
                     }
                     if last {
                         if offset != expect.len() {
@@ -205,10 +245,17 @@ async fn fetch(server: SocketAddr, name: &str, o: ReqOpts, expect: Arc<Vec<u8>>)
                     resync_sent_for = expected;
                     in_window = 0;
                     let ack = ((expected - 1) as u16).to_be_bytes();
-                    sock.send_to(&[0, 4, ack[0], ack[1]], from).await.map_err(|e| e.to_string())?;
+                    sock.send_to(&[0, 4, ack[0], ack[1]], from)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 }
             }
-            5 => return Err(format!("server error: {}", String::from_utf8_lossy(&p[4..]))),
+            5 => {
+                return Err(format!(
+                    "server error: {}",
+                    String::from_utf8_lossy(&p[4..])
+                ))
+            }
             _ => {}
         }
     }
@@ -232,25 +279,36 @@ impl Drop for Srv {
 impl Srv {
     /// Peak and current RSS of the server process (KiB).
     fn rss_kib(&self) -> (u64, u64) {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
         let get = |k: &str| {
-            s.lines().find(|l| l.starts_with(k)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+            s.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
         };
         (get("VmHWM:"), get("VmRSS:"))
     }
 
     /// Current anonymous and file-backed RSS (KiB).
     fn rss_parts_kib(&self) -> (u64, u64) {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
         let get = |k: &str| {
-            s.lines().find(|l| l.starts_with(k)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+            s.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
         };
         (get("RssAnon:"), get("RssFile:"))
     }
 
     /// User+system CPU seconds of the server process so far.
     fn cpu_secs(&self) -> f64 {
-        let s = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        let s =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
         let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
         let f: Vec<&str> = after.split_whitespace().collect();
         let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
@@ -261,7 +319,11 @@ impl Srv {
 }
 
 fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn wait_udp_bound(port: u16) {
@@ -284,32 +346,56 @@ fn start_bootplane(root: &Path) -> Srv {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let addr: SocketAddr = line.trim().parse().expect("bootplane server address");
-    Srv { name: "bootplane", addr, child }
+    Srv {
+        name: "bootplane",
+        addr,
+        child,
+    }
 }
 
 fn require(tool: &str) {
-    assert!(Path::new(tool).exists(), "{tool} is missing: install the Debian packages in scripts/test-packages.txt");
+    assert!(
+        Path::new(tool).exists(),
+        "{tool} is missing: install the Debian packages in scripts/test-packages.txt"
+    );
 }
 
 fn start_tftpd_hpa(root: &Path) -> Srv {
     require("/usr/sbin/in.tftpd");
     let port = free_port();
     let child = Command::new("/usr/sbin/in.tftpd")
-        .args(["-L", "-u", "root", "-p", "-a", &format!("127.0.0.1:{port}"), "-s"])
+        .args([
+            "-L",
+            "-u",
+            "root",
+            "-p",
+            "-a",
+            &format!("127.0.0.1:{port}"),
+            "-s",
+        ])
         .arg(root)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     wait_udp_bound(port);
-    Srv { name: "tftpd-hpa", addr: format!("127.0.0.1:{port}").parse().unwrap(), child }
+    Srv {
+        name: "tftpd-hpa",
+        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        child,
+    }
 }
 
 fn start_dnsmasq(root: &Path, max: usize) -> Srv {
     require("/usr/sbin/dnsmasq");
-    assert!(std::net::UdpSocket::bind("127.0.0.1:69").is_ok(), "127.0.0.1:69 is busy; dnsmasq can only serve TFTP on port 69");
+    assert!(
+        std::net::UdpSocket::bind("127.0.0.1:69").is_ok(),
+        "127.0.0.1:69 is busy; dnsmasq can only serve TFTP on port 69"
+    );
     let child = Command::new("/usr/sbin/dnsmasq")
         .args([
             "--keep-in-foreground",
@@ -329,12 +415,19 @@ fn start_dnsmasq(root: &Path, max: usize) -> Srv {
         .spawn()
         .unwrap();
     wait_udp_bound(69);
-    Srv { name: "dnsmasq", addr: "127.0.0.1:69".parse().unwrap(), child }
+    Srv {
+        name: "dnsmasq",
+        addr: "127.0.0.1:69".parse().unwrap(),
+        child,
+    }
 }
 
 /// Child mode: run the bootplane TFTP server on 127.0.0.1:0 and print its address.
 fn serve_child(root: PathBuf) {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let cfg = bootplane::tftp::TftpConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -342,7 +435,10 @@ fn serve_child(root: PathBuf) {
             max_transfers: 4096,
             ..Default::default()
         };
-        let server = bootplane::tftp::Server::bind(&cfg, Arc::new(bootplane::tftp::Metrics::default())).await.unwrap();
+        let server =
+            bootplane::tftp::Server::bind(&cfg, Arc::new(bootplane::tftp::Metrics::default()))
+                .await
+                .unwrap();
         println!("{}", server.local_addr().unwrap());
         let coord = bootplane::shutdown::Coordinator::new();
         let h = coord.handle();
@@ -363,7 +459,12 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Interleaved runs (server A, B, C, A, B, C, ...) so load changes on a shared
 /// machine hit every server alike. Returns the median seconds per case.
-fn singles(rt: &tokio::runtime::Runtime, cases: &[(&Srv, ReqOpts)], expect: &Arc<Vec<u8>>, runs: usize) -> Vec<(f64, String)> {
+fn singles(
+    rt: &tokio::runtime::Runtime,
+    cases: &[(&Srv, ReqOpts)],
+    expect: &Arc<Vec<u8>>,
+    runs: usize,
+) -> Vec<(f64, String)> {
     let mut secs: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     let mut neg = vec![String::from("failed"); cases.len()];
     for _ in 0..runs {
@@ -380,7 +481,10 @@ fn singles(rt: &tokio::runtime::Runtime, cases: &[(&Srv, ReqOpts)], expect: &Arc
             }
         }
     }
-    secs.iter_mut().map(|v| if v.is_empty() { f64::NAN } else { median(v) }).zip(neg).collect()
+    secs.iter_mut()
+        .map(|v| if v.is_empty() { f64::NAN } else { median(v) })
+        .zip(neg)
+        .collect()
 }
 
 struct StormResult {
@@ -389,9 +493,19 @@ struct StormResult {
     first_error: Option<String>,
 }
 
-fn storm(rt: &tokio::runtime::Runtime, srv: &Srv, clients: usize, expect: &Arc<Vec<u8>>) -> StormResult {
+fn storm(
+    rt: &tokio::runtime::Runtime,
+    srv: &Srv,
+    clients: usize,
+    expect: &Arc<Vec<u8>>,
+) -> StormResult {
     // firmware keeps retrying its RRQ for a long time; so do these clients (60 s)
-    let o = ReqOpts { max_timeouts: 60, blksize: 1468, windowsize: 8, rcvbuf: 212_992 };
+    let o = ReqOpts {
+        max_timeouts: 60,
+        blksize: 1468,
+        windowsize: 8,
+        rcvbuf: 212_992,
+    };
     rt.block_on(async {
         let t0 = Instant::now();
         let mut set = tokio::task::JoinSet::new();
@@ -415,7 +529,11 @@ fn storm(rt: &tokio::runtime::Runtime, srv: &Srv, clients: usize, expect: &Arc<V
                 }
             }
         }
-        StormResult { secs: t0.elapsed().as_secs_f64(), failures, first_error }
+        StormResult {
+            secs: t0.elapsed().as_secs_f64(),
+            failures,
+            first_error,
+        }
     })
 }
 
@@ -427,7 +545,10 @@ fn main() {
     let o = parse_opts();
     // one socket per transfer on both sides
     unsafe {
-        let r = libc::rlimit { rlim_cur: 65536, rlim_max: 65536 };
+        let r = libc::rlimit {
+            rlim_cur: 65536,
+            rlim_max: 65536,
+        };
         libc::setrlimit(libc::RLIMIT_NOFILE, &r);
     }
     let dir = tempfile::tempdir().unwrap();
@@ -437,42 +558,138 @@ fn main() {
     let small = Arc::new(pattern(o.storm_kib << 10, 2));
     std::fs::write(root.join("big.bin"), &*big).unwrap();
     std::fs::write(root.join("ipxe.efi"), &*small).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
 
-    println!("tftp bench: single {} MiB transfer x{} runs; storm of {} clients x {} KiB", o.big_mib, o.runs, o.clients, o.storm_kib);
+    println!(
+        "tftp bench: single {} MiB transfer x{} runs; storm of {} clients x {} KiB",
+        o.big_mib, o.runs, o.clients, o.storm_kib
+    );
     let bp = start_bootplane(&root);
     let hpa = start_tftpd_hpa(&root);
     let dm = start_dnsmasq(&root, o.clients.max(50) + 50);
 
     // (a) single large transfer, best options per server
-    println!("\n(a) single transfer of {} MiB, best options per server (median of {} interleaved runs)", o.big_mib, o.runs);
+    println!(
+        "\n(a) single transfer of {} MiB, best options per server (median of {} interleaved runs)",
+        o.big_mib, o.runs
+    );
     let mb = (o.big_mib << 20) as f64 / 1e6;
     let big_buf = 8 << 20;
     let w = o.window;
     let cases = [
-        (&bp, ReqOpts { max_timeouts: 10, blksize: 65464, windowsize: w, rcvbuf: big_buf }, format!("blksize 65464 windowsize {w}")),
-        (&hpa, ReqOpts { max_timeouts: 10, blksize: 65464, windowsize: 1, rcvbuf: big_buf }, "blksize 65464".to_string()),
-        (&dm, ReqOpts { max_timeouts: 10, blksize: 65464, windowsize: 1, rcvbuf: big_buf }, "blksize 65464".to_string()),
-        (&bp, ReqOpts { max_timeouts: 10, blksize: 65464, windowsize: 1, rcvbuf: big_buf }, "blksize 65464 lockstep (reference)".to_string()),
+        (
+            &bp,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 65464,
+                windowsize: w,
+                rcvbuf: big_buf,
+            },
+            format!("blksize 65464 windowsize {w}"),
+        ),
+        (
+            &hpa,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 65464,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 65464".to_string(),
+        ),
+        (
+            &dm,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 65464,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 65464".to_string(),
+        ),
+        (
+            &bp,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 65464,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 65464 lockstep (reference)".to_string(),
+        ),
     ];
-    let r = singles(&rt, &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(), &big, o.runs);
+    let r = singles(
+        &rt,
+        &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
+        &big,
+        o.runs,
+    );
     for ((srv, _, label), (s, n)) in cases.iter().zip(&r) {
-        println!("  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]", srv.name, s, mb / s);
+        println!(
+            "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
+            srv.name,
+            s,
+            mb / s
+        );
     }
     let r: Vec<f64> = r.into_iter().map(|x| x.0).collect();
-    println!("  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)", r[1] / r[0]);
+    println!(
+        "  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)",
+        r[1] / r[0]
+    );
     println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r[2] / r[0]);
 
     // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
     println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; median of {} interleaved runs)", o.big_mib, o.runs);
     let cases = [
-        (&bp, ReqOpts { max_timeouts: 10, blksize: 1468, windowsize: 64, rcvbuf: big_buf }, "blksize 1468 windowsize 64"),
-        (&hpa, ReqOpts { max_timeouts: 10, blksize: 1468, windowsize: 1, rcvbuf: big_buf }, "blksize 1468"),
-        (&dm, ReqOpts { max_timeouts: 10, blksize: 1468, windowsize: 1, rcvbuf: big_buf }, "blksize 1468"),
+        (
+            &bp,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 1468,
+                windowsize: 64,
+                rcvbuf: big_buf,
+            },
+            "blksize 1468 windowsize 64",
+        ),
+        (
+            &hpa,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 1468,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 1468",
+        ),
+        (
+            &dm,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 1468,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 1468",
+        ),
     ];
-    let r2 = singles(&rt, &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(), &big, o.runs);
+    let r2 = singles(
+        &rt,
+        &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
+        &big,
+        o.runs,
+    );
     for ((srv, _, label), (s, n)) in cases.iter().zip(&r2) {
-        println!("  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]", srv.name, s, mb / s);
+        println!(
+            "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
+            srv.name,
+            s,
+            mb / s
+        );
     }
     let r2: Vec<f64> = r2.into_iter().map(|x| x.0).collect();
     println!("  speed ratio bootplane/tftpd-hpa = {:.2}x", r2[1] / r2[0]);
@@ -518,7 +735,10 @@ fn main() {
         );
         totals.push(m);
     }
-    println!("  time ratio bootplane/dnsmasq = {:.2} (goal <= 0.5)", totals[0] / totals[1]);
+    println!(
+        "  time ratio bootplane/dnsmasq = {:.2} (goal <= 0.5)",
+        totals[0] / totals[1]
+    );
     drop(bp);
     drop(dm);
 }

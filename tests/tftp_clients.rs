@@ -15,7 +15,14 @@ const LIMIT: Duration = Duration::from_secs(120);
 const BIG: usize = 33 << 20;
 
 fn sizes() -> Vec<(&'static str, usize)> {
-    vec![("s0", 0), ("s511", 511), ("s512", 512), ("s513", 513), ("s1m", 1 << 20), ("s33m", BIG)]
+    vec![
+        ("s0", 0),
+        ("s511", 511),
+        ("s512", 512),
+        ("s513", 513),
+        ("s1m", 1 << 20),
+        ("s33m", BIG),
+    ]
 }
 
 fn setup() -> (tempfile::TempDir, TestServer) {
@@ -28,8 +35,16 @@ fn setup() -> (tempfile::TempDir, TestServer) {
 }
 
 fn check(root: &Path, name: &str, got: &Path, run: &Run, what: &str) {
-    assert!(run.ok, "{what} {name} failed\nstdout: {}\nstderr: {}", run.stdout, run.stderr);
-    assert_eq!(sha256_file(got), sha256_file(&root.join(name)), "{what} {name}: content differs");
+    assert!(
+        run.ok,
+        "{what} {name} failed\nstdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
+    assert_eq!(
+        sha256_file(got),
+        sha256_file(&root.join(name)),
+        "{what} {name}: content differs"
+    );
 }
 
 #[test]
@@ -40,7 +55,16 @@ fn tftp_hpa_all_sizes() {
     for (name, _) in sizes() {
         let out = out_path(d.path(), &format!("hpa-{name}"));
         let mut c = Command::new("tftp");
-        c.args(["-m", "binary", "127.0.0.1", &s.addr.port().to_string(), "-c", "get", name, out.to_str().unwrap()]);
+        c.args([
+            "-m",
+            "binary",
+            "127.0.0.1",
+            &s.addr.port().to_string(),
+            "-c",
+            "get",
+            name,
+            out.to_str().unwrap(),
+        ]);
         let r = run_bounded(&mut c, LIMIT);
         check(&root, name, &out, &r, "tftp-hpa");
     }
@@ -57,8 +81,26 @@ fn atftp_all_sizes_with_blksize_512_and_windowsize() {
     for (name, _) in sizes() {
         let out = out_path(d.path(), &format!("at-{name}"));
         let mut c = Command::new("atftp");
-        c.args(["-g", "-r", name, "-l", out.to_str().unwrap(), "--option", "blksize 512", "--option", "tsize 0", "127.0.0.1", &port]);
-        check(&root, name, &out, &run_bounded(&mut c, LIMIT), "atftp blksize 512");
+        c.args([
+            "-g",
+            "-r",
+            name,
+            "-l",
+            out.to_str().unwrap(),
+            "--option",
+            "blksize 512",
+            "--option",
+            "tsize 0",
+            "127.0.0.1",
+            &port,
+        ]);
+        check(
+            &root,
+            name,
+            &out,
+            &run_bounded(&mut c, LIMIT),
+            "atftp blksize 512",
+        );
     }
     // big blocks and a window (RFC 7440). Not 8192 x 16: atftp 0.8 itself stalls there
     // under CPU contention (its socket queue fills while it stops reading).
@@ -67,11 +109,25 @@ fn atftp_all_sizes_with_blksize_512_and_windowsize() {
             let out = out_path(d.path(), &format!("atw-{blk}-{win}-{name}"));
             let mut c = Command::new("atftp");
             c.args([
-                "-g", "-r", name, "-l", out.to_str().unwrap(),
-                "--option", &format!("blksize {blk}"), "--option", &format!("windowsize {win}"),
-                "127.0.0.1", &port,
+                "-g",
+                "-r",
+                name,
+                "-l",
+                out.to_str().unwrap(),
+                "--option",
+                &format!("blksize {blk}"),
+                "--option",
+                &format!("windowsize {win}"),
+                "127.0.0.1",
+                &port,
             ]);
-            check(&root, name, &out, &run_bounded(&mut c, LIMIT), &format!("atftp blksize {blk} windowsize {win}"));
+            check(
+                &root,
+                name,
+                &out,
+                &run_bounded(&mut c, LIMIT),
+                &format!("atftp blksize {blk} windowsize {win}"),
+            );
         }
     }
 }
@@ -85,9 +141,23 @@ fn curl_all_sizes() {
         for blk in ["512", "1468"] {
             let out = out_path(d.path(), &format!("curl-{blk}-{name}"));
             let mut c = Command::new("curl");
-            c.args(["-sS", "--max-time", "100", "--tftp-blksize", blk, "-o", out.to_str().unwrap()]);
+            c.args([
+                "-sS",
+                "--max-time",
+                "100",
+                "--tftp-blksize",
+                blk,
+                "-o",
+                out.to_str().unwrap(),
+            ]);
             c.arg(format!("tftp://127.0.0.1:{}/{name}", s.addr.port()));
-            check(&root, name, &out, &run_bounded(&mut c, LIMIT), &format!("curl blksize {blk}"));
+            check(
+                &root,
+                name,
+                &out,
+                &run_bounded(&mut c, LIMIT),
+                &format!("curl blksize {blk}"),
+            );
         }
     }
 }
@@ -106,7 +176,13 @@ fn busybox_all_sizes() {
                 c.args(["-b", b]);
             }
             c.args(["127.0.0.1", &s.addr.port().to_string()]);
-            check(&root, name, &out, &run_bounded(&mut c, LIMIT), &format!("busybox blksize {blk:?}"));
+            check(
+                &root,
+                name,
+                &out,
+                &run_bounded(&mut c, LIMIT),
+                &format!("busybox blksize {blk:?}"),
+            );
         }
     }
 }
@@ -128,17 +204,44 @@ fn netascii_mac_prefix_and_backslash_paths_with_real_clients() {
     // netascii: tftp-hpa converts CRLF back; the result equals the original.
     let out = d.path().join("text.out");
     let mut c = Command::new("tftp");
-    c.args(["-m", "netascii", "127.0.0.1", &port, "-c", "get", "text.txt", out.to_str().unwrap()]);
+    c.args([
+        "-m",
+        "netascii",
+        "127.0.0.1",
+        &port,
+        "-c",
+        "get",
+        "text.txt",
+        out.to_str().unwrap(),
+    ]);
     let r = run_bounded(&mut c, LIMIT);
     assert!(r.ok, "{} {}", r.stdout, r.stderr);
     assert_eq!(std::fs::read(&out).unwrap(), text);
 
     // MAC-prefixed name resolves to the shared file; backslashes map to slashes.
-    for (req, real) in [("52:54:00:12:34:56/ipxe.efi", "ipxe.efi"), ("01-52-54-00-12-34-56/ipxe.efi", "ipxe.efi"), ("efi\\boot\\bootx64.efi", "efi/boot/bootx64.efi")] {
+    for (req, real) in [
+        ("52:54:00:12:34:56/ipxe.efi", "ipxe.efi"),
+        ("01-52-54-00-12-34-56/ipxe.efi", "ipxe.efi"),
+        ("efi\\boot\\bootx64.efi", "efi/boot/bootx64.efi"),
+    ] {
         let out = out_path(d.path(), req).with_extension("out");
         let mut c = Command::new("atftp");
-        c.args(["-g", "-r", req, "-l", out.to_str().unwrap(), "127.0.0.1", &port]);
-        check(&root, real, &out, &run_bounded(&mut c, LIMIT), &format!("atftp {req}"));
+        c.args([
+            "-g",
+            "-r",
+            req,
+            "-l",
+            out.to_str().unwrap(),
+            "127.0.0.1",
+            &port,
+        ]);
+        check(
+            &root,
+            real,
+            &out,
+            &run_bounded(&mut c, LIMIT),
+            &format!("atftp {req}"),
+        );
     }
 }
 
@@ -150,16 +253,40 @@ fn single_port_mode_with_real_clients() {
     let root = d.path().join("root");
     std::fs::create_dir(&root).unwrap();
     write_files(&root, &[("a", 200_000), ("b", 1 << 20)]);
-    let settings = TftpConfig { single_port: true, ..TftpConfig::default() };
+    let settings = TftpConfig {
+        single_port: true,
+        ..TftpConfig::default()
+    };
     let s = start_server("127.0.0.1:0", &root, settings, None);
     let port = s.addr.port().to_string();
     // Two clients at once through the one port.
     let out_a = d.path().join("a.out");
     let out_b = d.path().join("b.out");
     let mut ca = Command::new("tftp");
-    ca.args(["-m", "binary", "127.0.0.1", &port, "-c", "get", "a", out_a.to_str().unwrap()]);
+    ca.args([
+        "-m",
+        "binary",
+        "127.0.0.1",
+        &port,
+        "-c",
+        "get",
+        "a",
+        out_a.to_str().unwrap(),
+    ]);
     let mut cb = Command::new("atftp");
-    cb.args(["-g", "-r", "b", "-l", out_b.to_str().unwrap(), "--option", "blksize 1428", "--option", "windowsize 8", "127.0.0.1", &port]);
+    cb.args([
+        "-g",
+        "-r",
+        "b",
+        "-l",
+        out_b.to_str().unwrap(),
+        "--option",
+        "blksize 1428",
+        "--option",
+        "windowsize 8",
+        "127.0.0.1",
+        &port,
+    ]);
     let t = std::thread::spawn(move || run_bounded(&mut cb, LIMIT));
     let ra = run_bounded(&mut ca, LIMIT);
     let rb = t.join().unwrap();

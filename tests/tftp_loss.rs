@@ -21,19 +21,42 @@ const LIMIT: Duration = Duration::from_secs(150);
 fn add_loss(ns: &Netns, percent: u32) -> &'static str {
     let netem = ns
         .command("tc")
-        .args(["qdisc", "add", "dev", "lo", "root", "netem", "loss", &format!("{percent}%")])
+        .args([
+            "qdisc",
+            "add",
+            "dev",
+            "lo",
+            "root",
+            "netem",
+            "loss",
+            &format!("{percent}%"),
+        ])
         .output()
         .unwrap();
     if netem.status.success() {
         return "netem";
     }
     let err = String::from_utf8_lossy(&netem.stderr);
-    assert!(err.contains("qdisc kind is unknown"), "tc netem failed: {err}");
+    assert!(
+        err.contains("qdisc kind is unknown"),
+        "tc netem failed: {err}"
+    );
     require("nft");
     ns.exec_ok(&["nft", "add", "table", "inet", "bploss"]);
-    ns.exec_ok(&["nft", "add", "chain", "inet", "bploss", "out", "{ type filter hook input priority 0 ; policy accept ; }"]);
+    ns.exec_ok(&[
+        "nft",
+        "add",
+        "chain",
+        "inet",
+        "bploss",
+        "out",
+        "{ type filter hook input priority 0 ; policy accept ; }",
+    ]);
     let n = percent.to_string();
-    ns.exec_ok(&["nft", "add", "rule", "inet", "bploss", "out", "meta", "l4proto", "udp", "numgen", "random", "mod", "100", "<", &n, "drop"]);
+    ns.exec_ok(&[
+        "nft", "add", "rule", "inet", "bploss", "out", "meta", "l4proto", "udp", "numgen",
+        "random", "mod", "100", "<", &n, "drop",
+    ]);
     "nftables"
 }
 
@@ -43,11 +66,19 @@ fn lossy(percent: u32) -> (tempfile::TempDir, Netns, TestServer) {
     let d = tmpdir();
     let root = d.path().join("root");
     std::fs::create_dir(&root).unwrap();
-    write_files(&root, &[("f300k", 300_000), ("f1m", 1 << 20), ("f513", 513)]);
+    write_files(
+        &root,
+        &[("f300k", 300_000), ("f1m", 1 << 20), ("f513", 513)],
+    );
     let ns = Netns::new("loss");
     let how = add_loss(&ns, percent);
     eprintln!("{percent}% loss via {how} in {}", ns.name);
-    let cfg = TftpConfig { retransmit_min_ms: 20, retransmit_initial_ms: 100, max_retries: 10, ..TftpConfig::default() };
+    let cfg = TftpConfig {
+        retransmit_min_ms: 20,
+        retransmit_initial_ms: 100,
+        max_retries: 10,
+        ..TftpConfig::default()
+    };
     let srv = start_server("127.0.0.1:0", &root, cfg, Some(&ns.name));
     (d, ns, srv)
 }
@@ -64,8 +95,17 @@ fn fetch_all(percent: u32, files: &[&str]) {
         let mut c = ns.command("sh");
         c.args(["-c", &format!("printf 'mode binary\\nrexmt 1\\ntimeout 60\\nget {name} {}\\nquit\\n' | tftp 127.0.0.1 {port}", out.display())]);
         let r = run_bounded(&mut c, LIMIT);
-        assert!(r.ok && out.exists(), "tftp-hpa {name} at {percent}%: {} {}", r.stdout, r.stderr);
-        assert_eq!(sha256_file(&out), sha256_file(&root.join(name)), "tftp-hpa {name} at {percent}% loss");
+        assert!(
+            r.ok && out.exists(),
+            "tftp-hpa {name} at {percent}%: {} {}",
+            r.stdout,
+            r.stderr
+        );
+        assert_eq!(
+            sha256_file(&out),
+            sha256_file(&root.join(name)),
+            "tftp-hpa {name} at {percent}% loss"
+        );
 
         // atftp: blksize + windowsize (go-back-N on loss). atftp 0.8 aborts with
         // "unexpected OACK" when its ACK 0 is lost and the server (correctly, RFC 2347)
@@ -77,14 +117,39 @@ fn fetch_all(percent: u32, files: &[&str]) {
             attempts += 1;
             let _ = std::fs::remove_file(&out);
             let mut c = ns.command("atftp");
-            c.args(["--tftp-timeout", "1", "-g", "-r", name, "-l", out.to_str().unwrap(), "--option", "blksize 1428", "--option", "windowsize 8", "127.0.0.1", &port]);
+            c.args([
+                "--tftp-timeout",
+                "1",
+                "-g",
+                "-r",
+                name,
+                "-l",
+                out.to_str().unwrap(),
+                "--option",
+                "blksize 1428",
+                "--option",
+                "windowsize 8",
+                "127.0.0.1",
+                &port,
+            ]);
             let r = run_bounded(&mut c, LIMIT);
             if r.ok {
-                assert_eq!(sha256_file(&out), sha256_file(&root.join(name)), "atftp {name} at {percent}% loss");
+                assert_eq!(
+                    sha256_file(&out),
+                    sha256_file(&root.join(name)),
+                    "atftp {name} at {percent}% loss"
+                );
                 break;
             }
-            assert!(r.stderr.contains("unexpected OACK") && attempts < 8, "atftp {name} at {percent}% (attempt {attempts}): {} {}", r.stdout, r.stderr);
-            eprintln!("atftp {name} at {percent}%: client aborted on a retransmitted OACK, retrying");
+            assert!(
+                r.stderr.contains("unexpected OACK") && attempts < 8,
+                "atftp {name} at {percent}% (attempt {attempts}): {} {}",
+                r.stdout,
+                r.stderr
+            );
+            eprintln!(
+                "atftp {name} at {percent}%: client aborted on a retransmitted OACK, retrying"
+            );
         }
     }
     assert!(srv.metrics.retransmits.get() > 0, "loss was not in effect");

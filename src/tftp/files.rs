@@ -65,7 +65,9 @@ pub fn is_mac(c: &str) -> bool {
     let c = c.strip_prefix("01-").filter(|r| r.len() == 17).unwrap_or(c);
     let hex: String = c.chars().filter(|ch| *ch != ':' && *ch != '-').collect();
     let seps = c.len() - hex.len();
-    hex.len() == 12 && hex.chars().all(|ch| ch.is_ascii_hexdigit()) && (seps == 0 || (seps == 5 && c.len() == 17))
+    hex.len() == 12
+        && hex.chars().all(|ch| ch.is_ascii_hexdigit())
+        && (seps == 0 || (seps == 5 && c.len() == 17))
 }
 
 /// File contents shared between transfers.
@@ -100,7 +102,12 @@ struct Stamp {
 
 impl Stamp {
     fn of(m: &std::fs::Metadata) -> Stamp {
-        Stamp { len: m.len(), mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128, ino: m.ino(), dev: m.dev() }
+        Stamp {
+            len: m.len(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+            ino: m.ino(),
+            dev: m.dev(),
+        }
     }
 }
 
@@ -125,9 +132,20 @@ impl FileStore {
     /// cost only address space).
     pub fn new(root: &Path, small_max: u64, cache_max: u64) -> anyhow::Result<FileStore> {
         use anyhow::Context as _;
-        let root = root.canonicalize().with_context(|| format!("opening tftp root {}", root.display()))?;
-        anyhow::ensure!(root.is_dir(), "tftp root {} is not a directory", root.display());
-        Ok(FileStore { root, small_max, cache_max, cache: Mutex::new(Cache::default()) })
+        let root = root
+            .canonicalize()
+            .with_context(|| format!("opening tftp root {}", root.display()))?;
+        anyhow::ensure!(
+            root.is_dir(),
+            "tftp root {} is not a directory",
+            root.display()
+        );
+        Ok(FileStore {
+            root,
+            small_max,
+            cache_max,
+            cache: Mutex::new(Cache::default()),
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -152,7 +170,9 @@ impl FileStore {
             Ok(p) => p,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(FileError::NotFound),
             Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Err(FileError::NotFound),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(FileError::Refused("permission denied")),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(FileError::Refused("permission denied"))
+            }
             Err(e) => return Err(FileError::Io(e.to_string())),
         };
         if !p.starts_with(&self.root) {
@@ -184,7 +204,10 @@ impl FileStore {
         } else if meta.len() <= self.small_max {
             let mut v = Vec::with_capacity(meta.len() as usize);
             use std::io::Read as _;
-            (&file).take(meta.len()).read_to_end(&mut v).map_err(|e| FileError::Io(e.to_string()))?;
+            (&file)
+                .take(meta.len())
+                .read_to_end(&mut v)
+                .map_err(|e| FileError::Io(e.to_string()))?;
             FileData::Mem(Bytes::from(v))
         } else {
             // SAFETY: the map is read-only; a file truncated by someone else while it is
@@ -198,10 +221,8 @@ impl FileStore {
             FileData::Mem(b) => b.len() as u64,
             FileData::Map(_) => 0,
         };
-        if let Some((_, old)) = c.entries.remove(&path) {
-            if let FileData::Mem(b) = old {
-                c.bytes -= b.len() as u64;
-            }
+        if let Some((_, FileData::Mem(b))) = c.entries.remove(&path) {
+            c.bytes -= b.len() as u64;
         }
         if c.bytes + cost <= self.cache_max {
             c.bytes += cost;
@@ -236,19 +257,50 @@ mod tests {
     #[test]
     fn sanitize_rules() {
         assert_eq!(sanitize("ipxe.efi").unwrap(), vec!["ipxe.efi"]);
-        assert_eq!(sanitize("efi\\boot\\x.efi").unwrap(), vec!["efi", "boot", "x.efi"]);
+        assert_eq!(
+            sanitize("efi\\boot\\x.efi").unwrap(),
+            vec!["efi", "boot", "x.efi"]
+        );
         assert_eq!(sanitize("a/./b//c").unwrap(), vec!["a", "b", "c"]);
-        for bad in ["", "/etc/passwd", "\\etc\\passwd", "../x", "a/../../x", "a\\..\\..\\x", "..", "C:\\x", "c:/x", "a/..", ".", "a\nb"] {
-            assert!(matches!(sanitize(bad), Err(FileError::Refused(_))), "{bad:?}");
+        for bad in [
+            "",
+            "/etc/passwd",
+            "\\etc\\passwd",
+            "../x",
+            "a/../../x",
+            "a\\..\\..\\x",
+            "..",
+            "C:\\x",
+            "c:/x",
+            "a/..",
+            ".",
+            "a\nb",
+        ] {
+            assert!(
+                matches!(sanitize(bad), Err(FileError::Refused(_))),
+                "{bad:?}"
+            );
         }
     }
 
     #[test]
     fn mac_forms() {
-        for m in ["52:54:00:12:34:56", "52-54-00-12-34-56", "01-52-54-00-12-34-56", "525400123456", "AA:bb:CC:dd:EE:ff"] {
+        for m in [
+            "52:54:00:12:34:56",
+            "52-54-00-12-34-56",
+            "01-52-54-00-12-34-56",
+            "525400123456",
+            "AA:bb:CC:dd:EE:ff",
+        ] {
             assert!(is_mac(m), "{m}");
         }
-        for m in ["ipxe", "52:54:00:12:34", "52:54:00:12:34:5g", "5254:0012:3456", "01-5254001234"] {
+        for m in [
+            "ipxe",
+            "52:54:00:12:34",
+            "52:54:00:12:34:5g",
+            "5254:0012:3456",
+            "01-5254001234",
+        ] {
             assert!(!is_mac(m), "{m}");
         }
     }
@@ -265,7 +317,10 @@ mod tests {
         let s = FileStore::new(&root, 1000, 1 << 20).unwrap();
         assert!(matches!(s.open("small").unwrap(), FileData::Mem(ref b) if &b[..] == b"hello"));
         assert!(matches!(s.open("sub\\big").unwrap(), FileData::Map(ref m) if m.len() == 5000));
-        assert_eq!(s.open("52:54:00:12:34:56/small").unwrap().as_slice(), b"hello");
+        assert_eq!(
+            s.open("52:54:00:12:34:56/small").unwrap().as_slice(),
+            b"hello"
+        );
         assert_eq!(s.open("01-52-54-00-12-34-56/sub/big").unwrap().len(), 5000);
         assert_eq!(s.open("nothere").unwrap_err(), FileError::NotFound);
         assert_eq!(s.open("small/x").unwrap_err(), FileError::NotFound);

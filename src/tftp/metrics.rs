@@ -83,14 +83,42 @@ impl Metrics {
     /// Register clones of every metric under the `tftp_` prefix.
     pub fn register(&self, reg: &mut Registry) {
         let r = reg.sub_registry_with_prefix("tftp");
-        r.register("transfers_started", "read requests accepted", self.transfers_started.clone());
-        r.register("transfers_completed", "transfers whose last block was acknowledged", self.transfers_completed.clone());
-        r.register("transfers_failed", "transfers ended by timeout or a client error", self.transfers_failed.clone());
-        r.register("transfers_active", "transfers in progress", self.transfers_active.clone());
-        r.register("bytes_sent", "DATA payload bytes sent, retransmissions included", self.bytes_sent.clone());
-        r.register("retransmits", "packets retransmitted after a timeout", self.retransmits.clone());
+        r.register(
+            "transfers_started",
+            "read requests accepted",
+            self.transfers_started.clone(),
+        );
+        r.register(
+            "transfers_completed",
+            "transfers whose last block was acknowledged",
+            self.transfers_completed.clone(),
+        );
+        r.register(
+            "transfers_failed",
+            "transfers ended by timeout or a client error",
+            self.transfers_failed.clone(),
+        );
+        r.register(
+            "transfers_active",
+            "transfers in progress",
+            self.transfers_active.clone(),
+        );
+        r.register(
+            "bytes_sent",
+            "DATA payload bytes sent, retransmissions included",
+            self.bytes_sent.clone(),
+        );
+        r.register(
+            "retransmits",
+            "packets retransmitted after a timeout",
+            self.retransmits.clone(),
+        );
         r.register("errors", "errors by kind", self.errors.clone());
-        r.register("transfer_duration_seconds", "duration of completed transfers", self.duration_seconds.clone());
+        r.register(
+            "transfer_duration_seconds",
+            "duration of completed transfers",
+            self.duration_seconds.clone(),
+        );
     }
 }
 

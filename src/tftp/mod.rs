@@ -93,10 +93,22 @@ impl Default for TftpConfig {
 
 impl TftpConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
-        ensure!(self.max_transfers >= 1, "tftp.max_transfers must be at least 1");
-        ensure!((8..=65464).contains(&self.max_blksize), "tftp.max_blksize must be within 8..=65464");
-        ensure!(self.max_windowsize >= 1, "tftp.max_windowsize must be at least 1");
-        ensure!(self.retransmit_min_ms >= 1, "tftp.retransmit_min_ms must be at least 1");
+        ensure!(
+            self.max_transfers >= 1,
+            "tftp.max_transfers must be at least 1"
+        );
+        ensure!(
+            (8..=65464).contains(&self.max_blksize),
+            "tftp.max_blksize must be within 8..=65464"
+        );
+        ensure!(
+            self.max_windowsize >= 1,
+            "tftp.max_windowsize must be at least 1"
+        );
+        ensure!(
+            self.retransmit_min_ms >= 1,
+            "tftp.retransmit_min_ms must be at least 1"
+        );
         ensure!(
             self.retransmit_initial_ms >= self.retransmit_min_ms,
             "tftp.retransmit_initial_ms must be at least retransmit_min_ms"
@@ -123,9 +135,21 @@ mod tests {
 
     #[test]
     fn section_parses_and_rejects_unknown() {
-        let c = Config::from_toml("[tftp]\nenabled = true\nmax_transfers = 10\nsingle_port = true\nmax_windowsize = 8\n").unwrap();
-        assert_eq!((c.tftp.max_transfers, c.tftp.single_port, c.tftp.max_windowsize), (10, true, 8));
-        let e = Config::from_toml("[tftp]\nmax_transfer = 10\n").unwrap_err().to_string();
+        let c = Config::from_toml(
+            "[tftp]\nenabled = true\nmax_transfers = 10\nsingle_port = true\nmax_windowsize = 8\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.tftp.max_transfers,
+                c.tftp.single_port,
+                c.tftp.max_windowsize
+            ),
+            (10, true, 8)
+        );
+        let e = Config::from_toml("[tftp]\nmax_transfer = 10\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("max_transfer"), "{e}");
         let c = Config::from_toml("[tftp]\nmax_blksize = 4\n").unwrap();
         assert!(c.tftp.validate().is_err());

@@ -71,14 +71,19 @@ impl ParseError {
     pub fn reply_code(&self) -> Option<ErrorCode> {
         match self {
             ParseError::Truncated | ParseError::BadString => None,
-            ParseError::UnknownOpcode(_) | ParseError::BadMode(_) => Some(ErrorCode::IllegalOperation),
+            ParseError::UnknownOpcode(_) | ParseError::BadMode(_) => {
+                Some(ErrorCode::IllegalOperation)
+            }
         }
     }
 }
 
 fn take_str<'a>(buf: &'a [u8], pos: &mut usize) -> Result<&'a str, ParseError> {
     let rest = buf.get(*pos..).ok_or(ParseError::Truncated)?;
-    let end = rest.iter().position(|&b| b == 0).ok_or(ParseError::BadString)?;
+    let end = rest
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or(ParseError::BadString)?;
     let s = std::str::from_utf8(&rest[..end]).map_err(|_| ParseError::BadString)?;
     *pos += end + 1;
     Ok(s)
@@ -97,14 +102,22 @@ fn parse_request(buf: &[u8]) -> Result<Request, ParseError> {
     // Options come in name/value pairs; a trailing unpaired string (some firmware
     // pads with NULs) ends the list.
     while pos < buf.len() {
-        let Ok(name) = take_str(buf, &mut pos) else { break };
+        let Ok(name) = take_str(buf, &mut pos) else {
+            break;
+        };
         if name.is_empty() {
             break;
         }
-        let Ok(value) = take_str(buf, &mut pos) else { break };
+        let Ok(value) = take_str(buf, &mut pos) else {
+            break;
+        };
         options.push((name.to_ascii_lowercase(), value.to_string()));
     }
-    Ok(Request { filename, mode, options })
+    Ok(Request {
+        filename,
+        mode,
+        options,
+    })
 }
 
 /// Parse one datagram.
@@ -114,7 +127,9 @@ pub fn parse(buf: &[u8]) -> Result<Packet, ParseError> {
     }
     let op = u16::from_be_bytes([buf[0], buf[1]]);
     let block = || -> Result<u16, ParseError> {
-        buf.get(2..4).map(|b| u16::from_be_bytes([b[0], b[1]])).ok_or(ParseError::Truncated)
+        buf.get(2..4)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]))
+            .ok_or(ParseError::Truncated)
     };
     match op {
         OP_RRQ => parse_request(buf).map(Packet::Rrq),
@@ -127,7 +142,9 @@ pub fn parse(buf: &[u8]) -> Result<Packet, ParseError> {
             // Some clients omit the message terminator; accept what is there.
             let message = take_str(buf, &mut pos)
                 .map(str::to_string)
-                .unwrap_or_else(|_| String::from_utf8_lossy(buf.get(4..).unwrap_or_default()).into_owned());
+                .unwrap_or_else(|_| {
+                    String::from_utf8_lossy(buf.get(4..).unwrap_or_default()).into_owned()
+                });
             Ok(Packet::Error { code, message })
         }
         OP_OACK => Ok(Packet::Oack),
@@ -189,20 +206,32 @@ mod tests {
 
     #[test]
     fn parses_rrq_with_options() {
-        let p = parse(&rrq(&["ipxe.efi", "OCTET", "BlkSize", "1468", "tsize", "0"])).unwrap();
+        let p = parse(&rrq(&[
+            "ipxe.efi", "OCTET", "BlkSize", "1468", "tsize", "0",
+        ]))
+        .unwrap();
         assert_eq!(
             p,
             Packet::Rrq(Request {
                 filename: "ipxe.efi".into(),
                 mode: Mode::Octet,
-                options: vec![("blksize".into(), "1468".into()), ("tsize".into(), "0".into())],
+                options: vec![
+                    ("blksize".into(), "1468".into()),
+                    ("tsize".into(), "0".into())
+                ],
             })
         );
     }
 
     #[test]
     fn netascii_and_bad_mode() {
-        assert!(matches!(parse(&rrq(&["f", "netascii"])), Ok(Packet::Rrq(Request { mode: Mode::Netascii, .. }))));
+        assert!(matches!(
+            parse(&rrq(&["f", "netascii"])),
+            Ok(Packet::Rrq(Request {
+                mode: Mode::Netascii,
+                ..
+            }))
+        ));
         let e = parse(&rrq(&["f", "mail"])).unwrap_err();
         assert_eq!(e.reply_code(), Some(ErrorCode::IllegalOperation));
     }
@@ -228,10 +257,28 @@ mod tests {
 
     #[test]
     fn ack_error_and_encoders() {
-        assert_eq!(parse(&[0, 4, 0x12, 0x34]), Ok(Packet::Ack { block: 0x1234 }));
-        assert_eq!(parse(&error(ErrorCode::OptionRefused, "no")), Ok(Packet::Error { code: 8, message: "no".into() }));
-        assert_eq!(parse(&[0, 5, 0, 8, b'x']), Ok(Packet::Error { code: 8, message: "x".into() }));
-        assert_eq!(oack(&[("blksize", "1428".into())]), b"\0\x06blksize\01428\0".to_vec());
+        assert_eq!(
+            parse(&[0, 4, 0x12, 0x34]),
+            Ok(Packet::Ack { block: 0x1234 })
+        );
+        assert_eq!(
+            parse(&error(ErrorCode::OptionRefused, "no")),
+            Ok(Packet::Error {
+                code: 8,
+                message: "no".into()
+            })
+        );
+        assert_eq!(
+            parse(&[0, 5, 0, 8, b'x']),
+            Ok(Packet::Error {
+                code: 8,
+                message: "x".into()
+            })
+        );
+        assert_eq!(
+            oack(&[("blksize", "1428".into())]),
+            b"\0\x06blksize\x001428\0".to_vec()
+        );
         assert_eq!(data_header(0x0102), [0, 3, 1, 2]);
     }
 
@@ -239,9 +286,13 @@ mod tests {
     fn trailing_padding_and_unpaired_option_ignored() {
         let mut v = rrq(&["f", "octet", "tsize", "0"]);
         v.extend_from_slice(&[0, 0, 0]);
-        let Packet::Rrq(r) = parse(&v).unwrap() else { panic!() };
+        let Packet::Rrq(r) = parse(&v).unwrap() else {
+            panic!()
+        };
         assert_eq!(r.options.len(), 1);
-        let Packet::Rrq(r) = parse(&rrq(&["f", "octet", "blksize"])).unwrap() else { panic!() };
+        let Packet::Rrq(r) = parse(&rrq(&["f", "octet", "blksize"])).unwrap() else {
+            panic!()
+        };
         assert!(r.options.is_empty());
     }
 }

@@ -41,7 +41,9 @@ struct Shared {
 }
 
 impl Shared {
-    fn active(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Option<mpsc::Sender<Bytes>>>> {
+    fn active(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Option<mpsc::Sender<Bytes>>>> {
         self.active.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -58,8 +60,14 @@ impl Server {
         settings.validate()?;
         let settings = settings.clone();
         let listen = settings.listen;
-        let files = FileStore::new(&settings.root, settings.small_file_max_bytes, settings.cache_max_bytes)?;
-        let sock = UdpSocket::bind(listen).await.with_context(|| format!("binding tftp socket {listen}"))?;
+        let files = FileStore::new(
+            &settings.root,
+            settings.small_file_max_bytes,
+            settings.cache_max_bytes,
+        )?;
+        let sock = UdpSocket::bind(listen)
+            .await
+            .with_context(|| format!("binding tftp socket {listen}"))?;
         raise_nofile(settings.max_transfers as u64 + 256);
         let shared = Shared {
             permits: Arc::new(Semaphore::new(settings.max_transfers)),
@@ -69,7 +77,10 @@ impl Server {
             active: Mutex::new(HashMap::new()),
             local_ip: listen.ip(),
         };
-        Ok(Server { sock: Arc::new(sock), shared: Arc::new(shared) })
+        Ok(Server {
+            sock: Arc::new(sock),
+            shared: Arc::new(shared),
+        })
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -124,7 +135,11 @@ impl Server {
             },
             Ok(Packet::Wrq(_)) => {
                 m.error(ErrorKind::WriteRefused);
-                self.reply_error(peer, ErrorCode::AccessViolation, "write requests are not allowed");
+                self.reply_error(
+                    peer,
+                    ErrorCode::AccessViolation,
+                    "write requests are not allowed",
+                );
             }
             Ok(Packet::Rrq(req)) => self.start(req, peer, shutdown),
             Ok(_) => m.error(ErrorKind::Unexpected),
@@ -155,7 +170,11 @@ impl Server {
         let shared = self.shared.clone();
         let sd = shutdown.child();
         tokio::spawn(async move {
-            let _guard = ActiveGuard { shared: shared.clone(), peer, _permit: permit };
+            let _guard = ActiveGuard {
+                shared: shared.clone(),
+                peer,
+                _permit: permit,
+            };
             session(shared, link, peer, req, sd).await;
         });
     }
@@ -181,7 +200,12 @@ enum LinkKind {
 /// The transfer's path to its peer.
 enum Link {
     Own(UdpSocket),
-    Shared { sock: Arc<UdpSocket>, peer: SocketAddr, raw: RawAddr, rx: mpsc::Receiver<Bytes> },
+    Shared {
+        sock: Arc<UdpSocket>,
+        peer: SocketAddr,
+        raw: RawAddr,
+        rx: mpsc::Receiver<Bytes>,
+    },
 }
 
 impl Link {
@@ -202,7 +226,12 @@ impl Link {
                 s.connect(peer).await?;
                 Ok(Link::Own(s))
             }
-            LinkKind::Shared(sock, rx) => Ok(Link::Shared { sock, peer, raw: RawAddr::new(&peer), rx }),
+            LinkKind::Shared(sock, rx) => Ok(Link::Shared {
+                sock,
+                peer,
+                raw: RawAddr::new(&peer),
+                rx,
+            }),
         }
     }
 
@@ -211,7 +240,11 @@ impl Link {
         match self {
             Link::Own(s) => socket_mtu(s.as_raw_fd(), peer.is_ipv4()),
             Link::Shared { .. } => {
-                let any: SocketAddr = if peer.is_ipv4() { "0.0.0.0:0".parse().ok()? } else { "[::]:0".parse().ok()? };
+                let any: SocketAddr = if peer.is_ipv4() {
+                    "0.0.0.0:0".parse().ok()?
+                } else {
+                    "[::]:0".parse().ok()?
+                };
                 let s = std::net::UdpSocket::bind(any).ok()?;
                 s.connect(peer).ok()?;
                 socket_mtu(s.as_raw_fd(), peer.is_ipv4())
@@ -246,7 +279,13 @@ impl Link {
     }
 
     /// Send DATA for blocks `first..=last` in batches of sendmmsg. Returns payload bytes.
-    async fn send_blocks(&self, data: &[u8], t: &Transfer, first: u64, last: u64) -> io::Result<u64> {
+    async fn send_blocks(
+        &self,
+        data: &[u8],
+        t: &Transfer,
+        first: u64,
+        last: u64,
+    ) -> io::Result<u64> {
         let (sock, raw) = match self {
             Link::Own(s) => (s, None),
             Link::Shared { sock, raw, .. } => (&**sock, Some(raw)),
@@ -267,7 +306,12 @@ impl Link {
             }
             let mut off = 0;
             while off < n {
-                match sock.async_io(Interest::WRITABLE, || sendmmsg(fd, raw, &hdrs[off..n], &slices[off..n])).await {
+                match sock
+                    .async_io(Interest::WRITABLE, || {
+                        sendmmsg(fd, raw, &hdrs[off..n], &slices[off..n])
+                    })
+                    .await
+                {
                     Ok(sent) => off += sent.max(1),
                     // A transient local error (ENOBUFS, EPERM from a firewall, no route)
                     // loses this datagram like the network would; retransmission covers it.
@@ -284,7 +328,17 @@ impl Link {
 /// Send errors that mean "this datagram is lost" rather than "the peer is gone".
 fn transient(e: &io::Error) -> bool {
     e.kind() != io::ErrorKind::ConnectionRefused
-        && matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EPERM | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EMSGSIZE))
+        && matches!(
+            e.raw_os_error(),
+            Some(
+                libc::ENOBUFS
+                    | libc::ENOMEM
+                    | libc::EPERM
+                    | libc::EHOSTUNREACH
+                    | libc::ENETUNREACH
+                    | libc::EMSGSIZE
+            )
+        )
 }
 
 /// A socket address in the kernel's layout, for sendmmsg on an unconnected socket.
@@ -306,7 +360,9 @@ impl RawAddr {
                 let sin = libc::sockaddr_in {
                     sin_family: libc::AF_INET as libc::sa_family_t,
                     sin_port: v4.port().to_be(),
-                    sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                    },
                     sin_zero: [0; 8],
                 };
                 // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
@@ -318,7 +374,9 @@ impl RawAddr {
                     sin6_family: libc::AF_INET6 as libc::sa_family_t,
                     sin6_port: v6.port().to_be(),
                     sin6_flowinfo: v6.flowinfo(),
-                    sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: v6.ip().octets(),
+                    },
                     sin6_scope_id: v6.scope_id(),
                 };
                 // SAFETY: as above, for sockaddr_in6.
@@ -326,20 +384,36 @@ impl RawAddr {
                 std::mem::size_of::<libc::sockaddr_in6>()
             }
         };
-        RawAddr { storage, len: len as libc::socklen_t }
+        RawAddr {
+            storage,
+            len: len as libc::socklen_t,
+        }
     }
 }
 
 /// One sendmmsg(2) of header+payload pairs. Returns how many messages went out.
-fn sendmmsg(fd: i32, dest: Option<&RawAddr>, hdrs: &[[u8; 4]], payloads: &[&[u8]]) -> io::Result<usize> {
+fn sendmmsg(
+    fd: i32,
+    dest: Option<&RawAddr>,
+    hdrs: &[[u8; 4]],
+    payloads: &[&[u8]],
+) -> io::Result<usize> {
     let n = hdrs.len().min(payloads.len()).min(BATCH);
-    let mut iov: [[libc::iovec; 2]; BATCH] =
-        [[libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2]; BATCH];
+    let mut iov: [[libc::iovec; 2]; BATCH] = [[libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 2]; BATCH];
     // SAFETY: mmsghdr is plain old data; zero is a valid bit pattern.
     let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
     for i in 0..n {
-        iov[i][0] = libc::iovec { iov_base: hdrs[i].as_ptr() as *mut _, iov_len: 4 };
-        iov[i][1] = libc::iovec { iov_base: payloads[i].as_ptr() as *mut _, iov_len: payloads[i].len() };
+        iov[i][0] = libc::iovec {
+            iov_base: hdrs[i].as_ptr() as *mut _,
+            iov_len: 4,
+        };
+        iov[i][1] = libc::iovec {
+            iov_base: payloads[i].as_ptr() as *mut _,
+            iov_len: payloads[i].len(),
+        };
         let h = &mut msgs[i].msg_hdr;
         h.msg_iov = iov[i].as_mut_ptr();
         h.msg_iovlen = 2;
@@ -359,7 +433,11 @@ fn sendmmsg(fd: i32, dest: Option<&RawAddr>, hdrs: &[[u8; 4]], payloads: &[&[u8]
 }
 
 fn socket_mtu(fd: i32, v4: bool) -> Option<u32> {
-    let (level, name) = if v4 { (libc::IPPROTO_IP, libc::IP_MTU) } else { (libc::IPPROTO_IPV6, libc::IPV6_MTU) };
+    let (level, name) = if v4 {
+        (libc::IPPROTO_IP, libc::IP_MTU)
+    } else {
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU)
+    };
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: v and len are valid for writes of the sizes given.
@@ -371,7 +449,10 @@ fn socket_mtu(fd: i32, v4: bool) -> Option<u32> {
 fn raise_nofile(want: u64) {
     // SAFETY: plain getrlimit/setrlimit on a local struct.
     unsafe {
-        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < want {
             r.rlim_cur = want.min(r.rlim_max);
             libc::setrlimit(libc::RLIMIT_NOFILE, &r);
@@ -387,7 +468,13 @@ fn file_error_kind(e: &FileError) -> (ErrorKind, ErrorCode) {
     }
 }
 
-async fn session(shared: Arc<Shared>, kind: LinkKind, peer: SocketAddr, req: Request, mut shutdown: Shutdown) {
+async fn session(
+    shared: Arc<Shared>,
+    kind: LinkKind,
+    peer: SocketAddr,
+    req: Request,
+    mut shutdown: Shutdown,
+) {
     let m = shared.metrics.clone();
     let link = match Link::open(kind, shared.local_ip, peer).await {
         Ok(l) => l,
@@ -417,14 +504,22 @@ async fn session(shared: Arc<Shared>, kind: LinkKind, peer: SocketAddr, req: Req
         Mode::Octet => data,
         Mode::Netascii => {
             if data.len() as u64 > shared.settings.netascii_max_bytes {
-                return fail(ErrorKind::Io, ErrorCode::NotDefined, "file too large for netascii mode, use octet".into()).await;
+                return fail(
+                    ErrorKind::Io,
+                    ErrorCode::NotDefined,
+                    "file too large for netascii mode, use octet".into(),
+                )
+                .await;
             }
             FileData::Mem(Bytes::from(to_netascii(data.as_slice())))
         }
     };
     let s = &shared.settings;
     let overhead = if peer.is_ipv4() { 32 } else { 52 };
-    let mtu_cap = link.path_mtu(peer).map(|mtu| mtu.saturating_sub(overhead).clamp(8, 65464) as u16).unwrap_or(65464);
+    let mtu_cap = link
+        .path_mtu(peer)
+        .map(|mtu| mtu.saturating_sub(overhead).clamp(8, 65464) as u16)
+        .unwrap_or(65464);
     let limits = Limits {
         max_blksize: s.max_blksize.min(mtu_cap),
         max_windowsize: s.max_windowsize,
@@ -517,8 +612,16 @@ async fn drive(
         };
         let ev = match got {
             Got::Shutdown => {
-                let _ = link.send(&packet::error(ErrorCode::NotDefined, "server shutting down")).await;
-                return Ok(Outcome::PeerError { code: 0, message: "server shutting down".into() });
+                let _ = link
+                    .send(&packet::error(
+                        ErrorCode::NotDefined,
+                        "server shutting down",
+                    ))
+                    .await;
+                return Ok(Outcome::PeerError {
+                    code: 0,
+                    message: "server shutting down".into(),
+                });
             }
             Got::Timeout => Event::Timeout,
             Got::Packet(r) => match packet::parse(&buf[..r?]) {

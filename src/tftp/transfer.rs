@@ -46,10 +46,24 @@ pub struct Negotiated {
 /// Negotiate the options of a read request for a file of `size` bytes (as sent,
 /// i.e. after netascii conversion). Unknown options are ignored; a malformed or
 /// out-of-range value of a known option refuses the request with error 8.
-pub fn negotiate(options: &[(String, String)], size: u64, limits: &Limits) -> Result<Negotiated, (ErrorCode, String)> {
-    let mut n = Negotiated { blksize: 512, windowsize: 1, timeout: None, oack: Vec::new() };
+pub fn negotiate(
+    options: &[(String, String)],
+    size: u64,
+    limits: &Limits,
+) -> Result<Negotiated, (ErrorCode, String)> {
+    let mut n = Negotiated {
+        blksize: 512,
+        windowsize: 1,
+        timeout: None,
+        oack: Vec::new(),
+    };
     let mut seen: Vec<&str> = Vec::new();
-    let refuse = |name: &str, value: &str| (ErrorCode::OptionRefused, format!("invalid {name} value {value:?}"));
+    let refuse = |name: &str, value: &str| {
+        (
+            ErrorCode::OptionRefused,
+            format!("invalid {name} value {value:?}"),
+        )
+    };
     for (name, value) in options {
         let name = name.as_str();
         if seen.contains(&name) {
@@ -196,16 +210,25 @@ impl Transfer {
     pub fn start(&mut self, now: Instant) -> Step {
         self.sent_at = Some(now);
         if self.awaiting_oack_ack {
-            Step { send: Some(Send::Oack), ..Step::default() }
+            Step {
+                send: Some(Send::Oack),
+                ..Step::default()
+            }
         } else {
-            Step { send: Some(self.send_window()), ..Step::default() }
+            Step {
+                send: Some(self.send_window()),
+                ..Step::default()
+            }
         }
     }
 
     fn send_window(&mut self) -> Send {
         let last = (self.base + self.window - 1).min(self.nblocks);
         self.sent = last;
-        Send::Blocks { first: self.base, last }
+        Send::Blocks {
+            first: self.base,
+            last,
+        }
     }
 
     /// Current retransmission timeout (the socket layer arms its timer with it after every send).
@@ -254,11 +277,19 @@ impl Transfer {
                 self.sent_at = None;
                 self.rto = (self.rto * 2).min(self.max_rto);
                 if self.awaiting_oack_ack {
-                    return Step { send: Some(Send::Oack), retransmitted: 1, outcome: None };
+                    return Step {
+                        send: Some(Send::Oack),
+                        retransmitted: 1,
+                        outcome: None,
+                    };
                 }
                 let first = self.base;
                 let last = self.sent.max(first);
-                Step { send: Some(Send::Blocks { first, last }), retransmitted: last - first + 1, outcome: None }
+                Step {
+                    send: Some(Send::Blocks { first, last }),
+                    retransmitted: last - first + 1,
+                    outcome: None,
+                }
             }
             Event::Ack(wire) => {
                 if self.awaiting_oack_ack {
@@ -267,9 +298,14 @@ impl Transfer {
                     }
                     self.awaiting_oack_ack = false;
                     self.progress(now);
-                    return Step { send: Some(self.send_window()), ..Step::default() };
+                    return Step {
+                        send: Some(self.send_window()),
+                        ..Step::default()
+                    };
                 }
-                let Some(abs) = self.ack_to_abs(wire) else { return Step::default() };
+                let Some(abs) = self.ack_to_abs(wire) else {
+                    return Step::default();
+                };
                 if abs < self.base {
                     // Duplicate or late ACK: never triggers a resend.
                     return Step::default();
@@ -279,7 +315,10 @@ impl Transfer {
                 if self.base > self.nblocks {
                     return self.finish(Outcome::Complete);
                 }
-                Step { send: Some(self.send_window()), ..Step::default() }
+                Step {
+                    send: Some(self.send_window()),
+                    ..Step::default()
+                }
             }
         }
     }
@@ -294,7 +333,7 @@ impl Transfer {
                     self.rttvar = sample / 2;
                 }
                 Some(srtt) => {
-                    let diff = if srtt > sample { srtt - sample } else { sample - srtt };
+                    let diff = srtt.abs_diff(sample);
                     self.rttvar = (self.rttvar * 3 + diff) / 4;
                     self.srtt = Some((srtt * 7 + sample) / 8);
                 }
@@ -309,7 +348,11 @@ impl Transfer {
 
     fn finish(&mut self, o: Outcome) -> Step {
         self.done = true;
-        Step { send: None, retransmitted: 0, outcome: Some(o) }
+        Step {
+            send: None,
+            retransmitted: 0,
+            outcome: Some(o),
+        }
     }
 }
 
@@ -333,7 +376,9 @@ mod tests {
     }
 
     fn opts(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
     }
 
     fn plain(len: u64) -> Transfer {
@@ -347,30 +392,67 @@ mod tests {
         assert!(n.oack.is_empty());
         assert_eq!(n.blksize, 512);
         let mut t = Transfer::new(10, &n, &limits());
-        assert_eq!(t.start(now()).send, Some(Send::Blocks { first: 1, last: 1 }));
+        assert_eq!(
+            t.start(now()).send,
+            Some(Send::Blocks { first: 1, last: 1 })
+        );
     }
 
     #[test]
     fn option_values() {
         let l = limits();
-        let n = negotiate(&opts(&[("blksize", "1468"), ("tsize", "0"), ("timeout", "3"), ("windowsize", "16")]), 99, &l).unwrap();
+        let n = negotiate(
+            &opts(&[
+                ("blksize", "1468"),
+                ("tsize", "0"),
+                ("timeout", "3"),
+                ("windowsize", "16"),
+            ]),
+            99,
+            &l,
+        )
+        .unwrap();
         assert_eq!(n.blksize, 1468);
         assert_eq!(n.windowsize, 16);
         assert_eq!(n.timeout, Some(Duration::from_secs(3)));
         assert_eq!(
             n.oack,
-            vec![("blksize", "1468".into()), ("tsize", "99".into()), ("timeout", "3".into()), ("windowsize", "16".into())]
+            vec![
+                ("blksize", "1468".into()),
+                ("tsize", "99".into()),
+                ("timeout", "3".into()),
+                ("windowsize", "16".into())
+            ]
         );
         // capped
-        let n = negotiate(&opts(&[("blksize", "70000"), ("windowsize", "1000")]), 0, &Limits { max_blksize: 1428, ..l }).unwrap();
+        let n = negotiate(
+            &opts(&[("blksize", "70000"), ("windowsize", "1000")]),
+            0,
+            &Limits {
+                max_blksize: 1428,
+                ..l
+            },
+        )
+        .unwrap();
         assert_eq!((n.blksize, n.windowsize), (1428, 64));
         // refused
-        for (k, v) in [("blksize", "7"), ("blksize", "x"), ("blksize", "-1"), ("timeout", "0"), ("timeout", "256"), ("windowsize", "0"), ("tsize", "abc")] {
+        for (k, v) in [
+            ("blksize", "7"),
+            ("blksize", "x"),
+            ("blksize", "-1"),
+            ("timeout", "0"),
+            ("timeout", "256"),
+            ("windowsize", "0"),
+            ("tsize", "abc"),
+        ] {
             let e = negotiate(&opts(&[(k, v)]), 0, &l).unwrap_err();
             assert_eq!(e.0, ErrorCode::OptionRefused, "{k}={v}");
         }
         // tsize of an empty file is not acknowledged (curl rejects "tsize 0")
-        assert!(negotiate(&opts(&[("tsize", "0")]), 0, &l).unwrap().oack.is_empty());
+        assert!(negotiate(&opts(&[("tsize", "0")]), 0, &l)
+            .unwrap()
+            .oack
+            .is_empty());
         // duplicates: first wins
         let n = negotiate(&opts(&[("blksize", "1024"), ("blksize", "9")]), 0, &l).unwrap();
         assert_eq!(n.blksize, 1024);
@@ -392,14 +474,23 @@ mod tests {
     #[test]
     fn lockstep_transfer_and_duplicate_acks() {
         let mut t = plain(1024);
-        assert_eq!(t.start(now()).send, Some(Send::Blocks { first: 1, last: 1 }));
-        assert_eq!(t.on_event(Event::Ack(1), now()).send, Some(Send::Blocks { first: 2, last: 2 }));
+        assert_eq!(
+            t.start(now()).send,
+            Some(Send::Blocks { first: 1, last: 1 })
+        );
+        assert_eq!(
+            t.on_event(Event::Ack(1), now()).send,
+            Some(Send::Blocks { first: 2, last: 2 })
+        );
         // duplicate ACK 1: no resend (Sorcerer's Apprentice)
         assert_eq!(t.on_event(Event::Ack(1), now()), Step::default());
         assert_eq!(t.on_event(Event::Ack(0), now()), Step::default());
         // ACK from the future: ignored
         assert_eq!(t.on_event(Event::Ack(7), now()), Step::default());
-        assert_eq!(t.on_event(Event::Ack(2), now()).send, Some(Send::Blocks { first: 3, last: 3 }));
+        assert_eq!(
+            t.on_event(Event::Ack(2), now()).send,
+            Some(Send::Blocks { first: 3, last: 3 })
+        );
         let s = t.on_event(Event::Ack(3), now());
         assert_eq!(s.outcome, Some(Outcome::Complete));
         assert!(t.is_done());
@@ -415,14 +506,29 @@ mod tests {
         assert_eq!(t.on_event(Event::Ack(5), now()), Step::default());
         let s = t.on_event(Event::Timeout, now());
         assert_eq!((s.send, s.retransmitted), (Some(Send::Oack), 1));
-        assert_eq!(t.on_event(Event::Ack(0), now()).send, Some(Send::Blocks { first: 1, last: 1 }));
+        assert_eq!(
+            t.on_event(Event::Ack(0), now()).send,
+            Some(Send::Blocks { first: 1, last: 1 })
+        );
         // a duplicate ACK 0 after the OACK was acknowledged is ignored
         assert_eq!(t.on_event(Event::Ack(0), now()), Step::default());
 
         let mut t = Transfer::new(3000, &n, &l);
         t.start(now());
-        let s = t.on_event(Event::PeerError { code: 8, message: "no".into() }, now());
-        assert_eq!(s.outcome, Some(Outcome::PeerError { code: 8, message: "no".into() }));
+        let s = t.on_event(
+            Event::PeerError {
+                code: 8,
+                message: "no".into(),
+            },
+            now(),
+        );
+        assert_eq!(
+            s.outcome,
+            Some(Outcome::PeerError {
+                code: 8,
+                message: "no".into()
+            })
+        );
     }
 
     #[test]
@@ -432,15 +538,36 @@ mod tests {
         let mut t = Transfer::new(512 * 10, &n, &l);
         assert_eq!(t.nblocks(), 11);
         t.start(now());
-        assert_eq!(t.on_event(Event::Ack(0), now()).send, Some(Send::Blocks { first: 1, last: 4 }));
+        assert_eq!(
+            t.on_event(Event::Ack(0), now()).send,
+            Some(Send::Blocks { first: 1, last: 4 })
+        );
         // receiver saw a gap after 2: resend from 3
-        assert_eq!(t.on_event(Event::Ack(2), now()).send, Some(Send::Blocks { first: 3, last: 6 }));
+        assert_eq!(
+            t.on_event(Event::Ack(2), now()).send,
+            Some(Send::Blocks { first: 3, last: 6 })
+        );
         // timeout resends the outstanding window
         let s = t.on_event(Event::Timeout, now());
-        assert_eq!((s.send, s.retransmitted), (Some(Send::Blocks { first: 3, last: 6 }), 4));
-        assert_eq!(t.on_event(Event::Ack(6), now()).send, Some(Send::Blocks { first: 7, last: 10 }));
-        assert_eq!(t.on_event(Event::Ack(10), now()).send, Some(Send::Blocks { first: 11, last: 11 }));
-        assert_eq!(t.on_event(Event::Ack(11), now()).outcome, Some(Outcome::Complete));
+        assert_eq!(
+            (s.send, s.retransmitted),
+            (Some(Send::Blocks { first: 3, last: 6 }), 4)
+        );
+        assert_eq!(
+            t.on_event(Event::Ack(6), now()).send,
+            Some(Send::Blocks { first: 7, last: 10 })
+        );
+        assert_eq!(
+            t.on_event(Event::Ack(10), now()).send,
+            Some(Send::Blocks {
+                first: 11,
+                last: 11
+            })
+        );
+        assert_eq!(
+            t.on_event(Event::Ack(11), now()).outcome,
+            Some(Outcome::Complete)
+        );
     }
 
     #[test]
@@ -450,13 +577,26 @@ mod tests {
         t.start(now());
         for b in 1..=70_000u64 {
             let s = t.on_event(Event::Ack(b as u16), now());
-            assert_eq!(s.send, Some(Send::Blocks { first: b + 1, last: b + 1 }), "block {b}");
+            assert_eq!(
+                s.send,
+                Some(Send::Blocks {
+                    first: b + 1,
+                    last: b + 1
+                }),
+                "block {b}"
+            );
             // a stale ACK from 65536 blocks ago is not confused with the current one
             if b > 3 {
-                assert_eq!(t.on_event(Event::Ack((b - 1) as u16), now()), Step::default());
+                assert_eq!(
+                    t.on_event(Event::Ack((b - 1) as u16), now()),
+                    Step::default()
+                );
             }
         }
-        assert_eq!(t.on_event(Event::Ack(70_001u64 as u16), now()).outcome, Some(Outcome::Complete));
+        assert_eq!(
+            t.on_event(Event::Ack(70_001u64 as u16), now()).outcome,
+            Some(Outcome::Complete)
+        );
     }
 
     #[test]
@@ -469,12 +609,18 @@ mod tests {
         t.on_event(Event::Timeout, now());
         t.on_event(Event::Timeout, now());
         assert_eq!(t.rto(), Duration::from_millis(800));
-        assert_eq!(t.on_event(Event::Timeout, now()).outcome, Some(Outcome::TimedOut));
+        assert_eq!(
+            t.on_event(Event::Timeout, now()).outcome,
+            Some(Outcome::TimedOut)
+        );
     }
 
     #[test]
     fn rto_follows_rtt_with_floor_and_karn() {
-        let l = Limits { min_rto: Duration::from_millis(10), ..limits() };
+        let l = Limits {
+            min_rto: Duration::from_millis(10),
+            ..limits()
+        };
         let mut t = Transfer::new(512 * 10, &negotiate(&[], 0, &l).unwrap(), &l);
         let t0 = Instant::now();
         t.start(t0);

@@ -35,7 +35,12 @@ impl Drop for TestServer {
 
 /// Start a server on `listen` (port 0 for any) serving `root`, optionally inside the
 /// network namespace `netns` (the runtime thread joins it before creating sockets).
-pub fn start_server(listen: &str, root: &Path, mut settings: TftpConfig, netns: Option<&str>) -> TestServer {
+pub fn start_server(
+    listen: &str,
+    root: &Path,
+    mut settings: TftpConfig,
+    netns: Option<&str>,
+) -> TestServer {
     settings.listen = listen.parse().unwrap();
     settings.root = root.to_path_buf();
     let netns = netns.map(str::to_string);
@@ -49,11 +54,18 @@ pub fn start_server(listen: &str, root: &Path, mut settings: TftpConfig, netns: 
             let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
             assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
         }
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let metrics = Arc::new(Metrics::default());
-            let server = Server::bind(&settings, metrics.clone()).await.expect("binding test server");
-            ready_tx.send((server.local_addr().unwrap(), metrics)).unwrap();
+            let server = Server::bind(&settings, metrics.clone())
+                .await
+                .expect("binding test server");
+            ready_tx
+                .send((server.local_addr().unwrap(), metrics))
+                .unwrap();
             let coord = Coordinator::new();
             let h = coord.handle();
             let run = tokio::spawn(server.run(h));
@@ -62,8 +74,15 @@ pub fn start_server(listen: &str, root: &Path, mut settings: TftpConfig, netns: 
             let _ = run.await;
         });
     });
-    let (addr, metrics) = ready_rx.recv_timeout(Duration::from_secs(10)).expect("server did not start");
-    TestServer { addr, metrics, stop: Some(stop_tx), thread: Some(thread) }
+    let (addr, metrics) = ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("server did not start");
+    TestServer {
+        addr,
+        metrics,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    }
 }
 
 /// Deterministic pseudo-random bytes (xorshift), different per seed.
@@ -116,7 +135,9 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Run {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {desc} (is the client installed? scripts/test.sh installs it): {e}"));
+        .unwrap_or_else(|e| {
+            panic!("cannot run {desc} (is the client installed? scripts/test.sh installs it): {e}")
+        });
     loop {
         if let Some(_status) = child.try_wait().unwrap() {
             let out = child.wait_with_output().unwrap();
@@ -142,8 +163,17 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Run {
 
 /// Fail (not skip) when a required tool is missing.
 pub fn require(tool: &str) {
-    let ok = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status().map(|s| s.success()).unwrap_or(false);
-    assert!(ok, "{tool} is not installed; run scripts/test.sh (it installs scripts/test-packages.txt)");
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "{tool} is not installed; run scripts/test.sh (it installs scripts/test-packages.txt)"
+    );
 }
 
 static NS_COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -155,7 +185,11 @@ pub struct Netns {
 
 impl Netns {
     pub fn new(tag: &str) -> Netns {
-        let name = format!("bp-tftp-{tag}-{}-{}", std::process::id(), NS_COUNTER.fetch_add(1, Ordering::SeqCst));
+        let name = format!(
+            "bp-tftp-{tag}-{}-{}",
+            std::process::id(),
+            NS_COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
         sh(&["ip", "netns", "add", &name]);
         let ns = Netns { name };
         ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
@@ -179,13 +213,22 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
 pub fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("running {args:?}: {e}"));
-    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 pub fn tmpdir() -> tempfile::TempDir {
