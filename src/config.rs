@@ -171,23 +171,10 @@ impl Default for DhcpConfig {
     }
 }
 
-/// TFTP server (disabled unless `enabled` or `--tftp-listen` is given).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct TftpConfig {
-    pub enabled: bool,
-    pub listen: SocketAddr,
-    pub root: PathBuf,
-    /// Module-owned keys (max transfers, blksize cap, single-port mode ...).
-    #[serde(flatten)]
-    pub extra: toml::Table,
-}
-
-impl Default for TftpConfig {
-    fn default() -> Self {
-        TftpConfig { enabled: false, listen: "0.0.0.0:69".parse().unwrap(), root: PathBuf::from("ipxe"), extra: toml::Table::new() }
-    }
-}
+/// TFTP server (disabled unless `enabled` or `--tftp-listen` is given). Typed keys
+/// are defined next to the server in `tftp::TftpConfig` (serde's `flatten` cannot be
+/// combined with `deny_unknown_fields`, so the section is one typed struct).
+pub use crate::tftp::TftpConfig;
 
 /// What the boot side renders and serves.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

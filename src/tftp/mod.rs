@@ -1,12 +1,158 @@
-//! TFTP server (RFC 1350/2347/2348/2349/7440): a pure transfer state machine and a
-//! thin tokio socket layer. Owned by issue 5.
+//! TFTP server (RFC 1350/2347/2348/2349/7440) for firmware fetching iPXE: read
+//! requests only, octet and netascii, `blksize`/`tsize`/`timeout`/`windowsize`.
+//!
+//! Layout: [`packet`] (wire format), [`transfer`] (pure negotiation and the
+//! `event + state -> step` transfer machine), [`files`] (path sanitising, MAC-prefix
+//! fallback, in-memory and memory-mapped file cache), [`server`] (thin tokio socket
+//! layer), [`metrics`].
+//!
+//! Why not the `async-tftp` crate (0.4, which does implement blksize/tsize/timeout/
+//! windowsize): it is built on smol's `async-io`/`blocking` rather than tokio, reads
+//! each block from an `AsyncRead` handle into a per-transfer buffer (a copy per packet
+//! and a file handle per transfer), has no single-port mode, no exponential backoff,
+//! no transfer limit and no metrics hooks, and its handler trait cannot share one
+//! cached/mapped file among a thousand concurrent transfers. The goals here (3x
+//! tftpd-hpa on one large file, a 1,000-client storm in under 64 MiB) are met by
+//! sending a whole window with one `sendmmsg` whose iovecs point into the shared
+//! file bytes, so the engine is written here; it is small and fully unit-tested.
+
+pub mod files;
+pub mod metrics;
+pub mod packet;
+pub mod server;
+pub mod transfer;
 
 use std::sync::Arc;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::ensure;
+use serde::{Deserialize, Serialize};
 
 use crate::serve::Context;
 use crate::shutdown::Shutdown;
 
+pub use metrics::Metrics;
+pub use server::Server;
+
+/// The `[tftp]` config section (re-exported as `config::TftpConfig`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TftpConfig {
+    pub enabled: bool,
+    pub listen: SocketAddr,
+    /// Directory served (the iPXE assets by default).
+    pub root: PathBuf,
+    /// Concurrent transfers; further requests are dropped (clients retransmit).
+    pub max_transfers: usize,
+    /// Largest blksize granted (also capped by the path MTU to the client).
+    pub max_blksize: u16,
+    /// Largest windowsize granted (RFC 7440).
+    pub max_windowsize: u16,
+    /// Serve every transfer from the listening port (for NAT/firewalls) instead of
+    /// a per-transfer ephemeral port.
+    pub single_port: bool,
+    /// Retransmission timeout before the first RTT sample, when the client sends no
+    /// `timeout` option. Afterwards the timeout follows the measured RTT
+    /// (srtt + 4 rttvar) between `retransmit_min_ms` and `retransmit_max_ms`.
+    pub retransmit_initial_ms: u64,
+    pub retransmit_min_ms: u64,
+    /// Cap of the exponential retransmission backoff.
+    pub retransmit_max_ms: u64,
+    /// Consecutive timeouts before a transfer is abandoned.
+    pub max_retries: u32,
+    /// Files up to this size are served from memory; larger ones are memory-mapped.
+    pub small_file_max_bytes: u64,
+    /// Total bytes of small files kept in memory.
+    pub cache_max_bytes: u64,
+    /// Largest file served in netascii mode (converted in memory per request).
+    pub netascii_max_bytes: u64,
+}
+
+impl Default for TftpConfig {
+    fn default() -> Self {
+        TftpConfig {
+            enabled: false,
+            listen: SocketAddr::from(([0, 0, 0, 0], 69)),
+            root: PathBuf::from("ipxe"),
+            max_transfers: 2048,
+            max_blksize: 65464,
+            max_windowsize: 64,
+            single_port: false,
+            retransmit_initial_ms: 250,
+            retransmit_min_ms: 20,
+            retransmit_max_ms: 4000,
+            max_retries: 6,
+            small_file_max_bytes: 4 << 20,
+            cache_max_bytes: 32 << 20,
+            netascii_max_bytes: 16 << 20,
+        }
+    }
+}
+
+impl TftpConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        ensure!(
+            self.max_transfers >= 1,
+            "tftp.max_transfers must be at least 1"
+        );
+        ensure!(
+            (8..=65464).contains(&self.max_blksize),
+            "tftp.max_blksize must be within 8..=65464"
+        );
+        ensure!(
+            self.max_windowsize >= 1,
+            "tftp.max_windowsize must be at least 1"
+        );
+        ensure!(
+            self.retransmit_min_ms >= 1,
+            "tftp.retransmit_min_ms must be at least 1"
+        );
+        ensure!(
+            self.retransmit_initial_ms >= self.retransmit_min_ms,
+            "tftp.retransmit_initial_ms must be at least retransmit_min_ms"
+        );
+        ensure!(
+            self.retransmit_max_ms >= self.retransmit_initial_ms,
+            "tftp.retransmit_max_ms must be at least retransmit_initial_ms"
+        );
+        Ok(())
+    }
+}
+
 /// Run the TFTP server until shutdown.
-pub async fn serve(_ctx: Arc<Context>, _shutdown: Shutdown) -> anyhow::Result<()> {
-    anyhow::bail!("tftp server is not built yet")
+pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> anyhow::Result<()> {
+    let c = &ctx.config.tftp;
+    let server = Server::bind(c, Arc::new(Metrics::default())).await?;
+    tracing::info!(listen = %server.local_addr()?, root = %c.root.display(), "tftp server listening");
+    server.run(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn section_parses_and_rejects_unknown() {
+        let c = Config::from_toml(
+            "[tftp]\nenabled = true\nmax_transfers = 10\nsingle_port = true\nmax_windowsize = 8\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.tftp.max_transfers,
+                c.tftp.single_port,
+                c.tftp.max_windowsize
+            ),
+            (10, true, 8)
+        );
+        let e = Config::from_toml("[tftp]\nmax_transfer = 10\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_transfer"), "{e}");
+        let c = Config::from_toml("[tftp]\nmax_blksize = 4\n").unwrap();
+        assert!(c.tftp.validate().is_err());
+        crate::config::Config::default().tftp.validate().unwrap();
+    }
 }

@@ -1,0 +1,744 @@
+//! TFTP throughput and boot-storm benchmark: bootplane vs tftpd-hpa (`in.tftpd -L`)
+//! and dnsmasq (`--enable-tftp --port=0`), side by side in one run, on loopback.
+//!
+//! (a) one large transfer (64 MiB by default) with the best options each server
+//!     supports (bootplane: blksize 65464 + windowsize; the peers ignore windowsize);
+//! (b) a storm of N concurrent clients (1,000 by default) each fetching a 1 MiB file
+//!     with firmware-like options (blksize 1468, windowsize 8 offered to everyone).
+//! The client is written here (tokio); every byte is checked against the file.
+//! Prints medians, ratios, failures and server RSS.
+//!
+//! `cargo bench --bench tftp_bench` (full) or `cargo bench --bench tftp_bench -- --quick`
+//! (16 MiB, 200 clients, 1 run). Needs root (in.tftpd and dnsmasq; dnsmasq serves
+//! TFTP on 127.0.0.1:69 only).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::UdpSocket;
+
+struct Opts {
+    window: u16,
+    big_mib: usize,
+    clients: usize,
+    storm_kib: usize,
+    runs: usize,
+}
+
+fn parse_opts() -> Opts {
+    let args: Vec<String> = std::env::args().collect();
+    let mut o = Opts {
+        window: 16,
+        big_mib: 64,
+        clients: 1000,
+        storm_kib: 1024,
+        runs: 7,
+    };
+    let val = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+    };
+    if args.iter().any(|a| a == "--quick") {
+        o = Opts {
+            window: 16,
+            big_mib: 16,
+            clients: 200,
+            storm_kib: 1024,
+            runs: 3,
+        };
+    }
+    if let Some(v) = val("--big-mib") {
+        o.big_mib = v;
+    }
+    if let Some(v) = val("--window") {
+        o.window = v as u16;
+    }
+    if let Some(v) = val("--clients") {
+        o.clients = v;
+    }
+    if let Some(v) = val("--runs") {
+        o.runs = v;
+    }
+    o
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+// ---------------------------------------------------------------- client
+
+#[derive(Clone, Copy)]
+struct ReqOpts {
+    max_timeouts: u32,
+    blksize: u16,
+    windowsize: u16,
+    rcvbuf: usize,
+}
+
+fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
+    let v = bytes as libc::c_int;
+    // SAFETY: setsockopt with a valid fd and a c_int value.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &v as *const _ as *const _,
+            std::mem::size_of::<libc::c_int>() as u32,
+        );
+    }
+}
+
+fn rrq(name: &str, o: ReqOpts) -> Vec<u8> {
+    let mut v = vec![0, 1];
+    let bs = o.blksize.to_string();
+    let ws = o.windowsize.to_string();
+    let mut parts = vec![name, "octet", "tsize", "0", "blksize", &bs];
+    if o.windowsize > 1 {
+        parts.extend_from_slice(&["windowsize", &ws]);
+    }
+    for p in parts {
+        v.extend_from_slice(p.as_bytes());
+        v.push(0);
+    }
+    v
+}
+
+fn parse_oack(p: &[u8]) -> (u16, u16) {
+    let mut blk = 512u16;
+    let mut win = 1u16;
+    let parts: Vec<&[u8]> = p[2..].split(|&b| b == 0).collect();
+    for kv in parts.chunks(2) {
+        if kv.len() < 2 {
+            break;
+        }
+        let k = String::from_utf8_lossy(kv[0]).to_ascii_lowercase();
+        let v: u16 = String::from_utf8_lossy(kv[1]).parse().unwrap_or(0);
+        match k.as_str() {
+            "blksize" => blk = v,
+            "windowsize" => win = v.max(1),
+            _ => {}
+        }
+    }
+    (blk, win)
+}
+
+/// Fetch `name` and check it against `expect`. Returns bytes received.
+/// Returns (bytes, negotiated blksize, negotiated windowsize). Gives up after
+/// `max_timeouts` consecutive 1 s timeouts (retransmitting the RRQ or the last ACK
+/// each time, as firmware does).
+async fn fetch(
+    server: SocketAddr,
+    name: &str,
+    o: ReqOpts,
+    expect: Arc<Vec<u8>>,
+) -> Result<(usize, usize, u16), String> {
+    let sock = UdpSocket::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    set_rcvbuf(&sock, o.rcvbuf);
+    let req = rrq(name, o);
+    sock.send_to(&req, server)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 65536 + 64];
+    let mut peer: Option<SocketAddr> = None;
+    let (mut blksize, mut window) = (512usize, 1u16);
+    let mut expected: u64 = 1; // next absolute block wanted
+    let mut offset = 0usize;
+    let mut in_window = 0u16;
+    let mut started = false;
+    let mut resync_sent_for = 0u64;
+    let mut timeouts = 0;
+    let tmo = Duration::from_millis(1000);
+    loop {
+        let r = tokio::time::timeout(tmo, sock.recv_from(&mut buf)).await;
+        let (n, from) = match r {
+            Err(_) => {
+                timeouts += 1;
+                if timeouts > o.max_timeouts {
+                    return Err(format!("timed out at block {expected}"));
+                }
+                match peer {
+                    None => {
+                        sock.send_to(&req, server)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Some(p) => {
+                        let ack = ((expected - 1) as u16).to_be_bytes();
+                        sock.send_to(&[0, 4, ack[0], ack[1]], p)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+                continue;
+            }
+            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Ok(x)) => x,
+        };
+        if n < 4 {
+            continue;
+        }
+        match peer {
+            None => peer = Some(from),
+            Some(p) if p != from => continue,
+            _ => {}
+        }
+        let p = &buf[..n];
+        let op = u16::from_be_bytes([p[0], p[1]]);
+        match op {
+            6 if !started => {
+                let (b, w) = parse_oack(p);
+                blksize = b as usize;
+                window = w;
+                started = true;
+                sock.send_to(&[0, 4, 0, 0], from)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            3 => {
+                started = true;
+                let blk = u16::from_be_bytes([p[2], p[3]]);
+                if blk == expected as u16 {
+                    timeouts = 0;
+                    let data = &p[4..];
+                    if expect.get(offset..offset + data.len()) != Some(data) {
+                        return Err(format!("wrong content in block {expected}"));
+                    }
+                    offset += data.len();
+                    expected += 1;
+                    in_window += 1;
+                    let last = data.len() < blksize;
+                    if last || in_window >= window {
+                        in_window = 0;
+                        let ack = ((expected - 1) as u16).to_be_bytes();
+                        sock.send_to(&[0, 4, ack[0], ack[1]], from)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                    if last {
+                        if offset != expect.len() {
+                            return Err(format!("short file: {offset} of {}", expect.len()));
+                        }
+                        return Ok((offset, blksize, window));
+                    }
+                } else if resync_sent_for != expected {
+                    // gap or duplicate: ACK what we have once, so the sender resumes there
+                    resync_sent_for = expected;
+                    in_window = 0;
+                    let ack = ((expected - 1) as u16).to_be_bytes();
+                    sock.send_to(&[0, 4, ack[0], ack[1]], from)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            5 => {
+                return Err(format!(
+                    "server error: {}",
+                    String::from_utf8_lossy(&p[4..])
+                ))
+            }
+            _ => {}
+        }
+    }
+}
+
+// ---------------------------------------------------------------- servers
+
+struct Srv {
+    name: &'static str,
+    addr: SocketAddr,
+    child: Child,
+}
+
+impl Drop for Srv {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Srv {
+    /// Peak and current RSS of the server process (KiB).
+    fn rss_kib(&self) -> (u64, u64) {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let get = |k: &str| {
+            s.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (get("VmHWM:"), get("VmRSS:"))
+    }
+
+    /// Current anonymous and file-backed RSS (KiB).
+    fn rss_parts_kib(&self) -> (u64, u64) {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let get = |k: &str| {
+            s.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (get("RssAnon:"), get("RssFile:"))
+    }
+
+    /// User+system CPU seconds of the server process so far.
+    fn cpu_secs(&self) -> f64 {
+        let s =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        // fields 14 and 15 (utime, stime) are at 11 and 12 after the ')'
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        (t(11) + t(12)) / ticks
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_udp_bound(port: u16) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("server did not bind port {port}");
+}
+
+fn start_bootplane(root: &Path) -> Srv {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .arg("__tftp_server")
+        .arg(root)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr: SocketAddr = line.trim().parse().expect("bootplane server address");
+    Srv {
+        name: "bootplane",
+        addr,
+        child,
+    }
+}
+
+fn require(tool: &str) {
+    assert!(
+        Path::new(tool).exists(),
+        "{tool} is missing: install the Debian packages in scripts/test-packages.txt"
+    );
+}
+
+fn start_tftpd_hpa(root: &Path) -> Srv {
+    require("/usr/sbin/in.tftpd");
+    let port = free_port();
+    let child = Command::new("/usr/sbin/in.tftpd")
+        .args([
+            "-L",
+            "-u",
+            "root",
+            "-p",
+            "-a",
+            &format!("127.0.0.1:{port}"),
+            "-s",
+        ])
+        .arg(root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_udp_bound(port);
+    Srv {
+        name: "tftpd-hpa",
+        addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        child,
+    }
+}
+
+fn start_dnsmasq(root: &Path, max: usize) -> Srv {
+    require("/usr/sbin/dnsmasq");
+    assert!(
+        std::net::UdpSocket::bind("127.0.0.1:69").is_ok(),
+        "127.0.0.1:69 is busy; dnsmasq can only serve TFTP on port 69"
+    );
+    let child = Command::new("/usr/sbin/dnsmasq")
+        .args([
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--port=0",
+            "--enable-tftp",
+            "--listen-address=127.0.0.1",
+            "--bind-interfaces",
+            "--user=root",
+            "--pid-file",
+            &format!("--tftp-max={max}"),
+            "--log-facility=/dev/null",
+        ])
+        .arg(format!("--tftp-root={}", root.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_udp_bound(69);
+    Srv {
+        name: "dnsmasq",
+        addr: "127.0.0.1:69".parse().unwrap(),
+        child,
+    }
+}
+
+/// Child mode: run the bootplane TFTP server on 127.0.0.1:0 and print its address.
+fn serve_child(root: PathBuf) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let cfg = bootplane::tftp::TftpConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            root,
+            max_transfers: 4096,
+            ..Default::default()
+        };
+        let server =
+            bootplane::tftp::Server::bind(&cfg, Arc::new(bootplane::tftp::Metrics::default()))
+                .await
+                .unwrap();
+        println!("{}", server.local_addr().unwrap());
+        let coord = bootplane::shutdown::Coordinator::new();
+        let h = coord.handle();
+        tokio::spawn(server.run(h));
+        // run until the parent closes our stdin
+        let mut sink = String::new();
+        let _ = tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut sink)).await;
+        coord.drain(Duration::from_secs(2)).await;
+    });
+}
+
+// ---------------------------------------------------------------- benches
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Interleaved runs (server A, B, C, A, B, C, ...) so load changes on a shared
+/// machine hit every server alike. Returns the median seconds per case.
+fn singles(
+    rt: &tokio::runtime::Runtime,
+    cases: &[(&Srv, ReqOpts)],
+    expect: &Arc<Vec<u8>>,
+    runs: usize,
+) -> Vec<(f64, String)> {
+    let mut secs: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut neg = vec![String::from("failed"); cases.len()];
+    for _ in 0..runs {
+        for (i, (srv, o)) in cases.iter().enumerate() {
+            let t0 = Instant::now();
+            let r = rt.block_on(fetch(srv.addr, "big.bin", *o, expect.clone()));
+            let dt = t0.elapsed().as_secs_f64();
+            match r {
+                Ok((_, b, w)) => {
+                    secs[i].push(dt);
+                    neg[i] = format!("got blksize {b} windowsize {w}");
+                }
+                Err(e) => println!("  {} single transfer FAILED: {e}", srv.name),
+            }
+        }
+    }
+    secs.iter_mut()
+        .map(|v| if v.is_empty() { f64::NAN } else { median(v) })
+        .zip(neg)
+        .collect()
+}
+
+struct StormResult {
+    secs: f64,
+    failures: usize,
+    first_error: Option<String>,
+}
+
+fn storm(
+    rt: &tokio::runtime::Runtime,
+    srv: &Srv,
+    clients: usize,
+    expect: &Arc<Vec<u8>>,
+) -> StormResult {
+    // firmware keeps retrying its RRQ for a long time; so do these clients (60 s)
+    let o = ReqOpts {
+        max_timeouts: 60,
+        blksize: 1468,
+        windowsize: 8,
+        rcvbuf: 212_992,
+    };
+    rt.block_on(async {
+        let t0 = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..clients {
+            let e = expect.clone();
+            let a = srv.addr;
+            set.spawn(async move { fetch(a, "ipxe.efi", o, e).await });
+        }
+        let mut failures = 0;
+        let mut first_error = None;
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    failures += 1;
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => {
+                    failures += 1;
+                    first_error.get_or_insert(e.to_string());
+                }
+            }
+        }
+        StormResult {
+            secs: t0.elapsed().as_secs_f64(),
+            failures,
+            first_error,
+        }
+    })
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("__tftp_server") {
+        return serve_child(PathBuf::from(&args[2]));
+    }
+    let o = parse_opts();
+    // one socket per transfer on both sides
+    unsafe {
+        let r = libc::rlimit {
+            rlim_cur: 65536,
+            rlim_max: 65536,
+        };
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let big = Arc::new(pattern(o.big_mib << 20, 1));
+    let small = Arc::new(pattern(o.storm_kib << 10, 2));
+    std::fs::write(root.join("big.bin"), &*big).unwrap();
+    std::fs::write(root.join("ipxe.efi"), &*small).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    println!(
+        "tftp bench: single {} MiB transfer x{} runs; storm of {} clients x {} KiB",
+        o.big_mib, o.runs, o.clients, o.storm_kib
+    );
+    let bp = start_bootplane(&root);
+    let hpa = start_tftpd_hpa(&root);
+    let dm = start_dnsmasq(&root, o.clients.max(50) + 50);
+
+    // (a) single large transfer, best options per server
+    println!(
+        "\n(a) single transfer of {} MiB, best options per server (median of {} interleaved runs)",
+        o.big_mib, o.runs
+    );
+    let mb = (o.big_mib << 20) as f64 / 1e6;
+    let big_buf = 8 << 20;
+    let w = o.window;
+    let cases = [
+        (
+            &bp,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 65464,
+                windowsize: w,
+                rcvbuf: big_buf,
+            },
+            format!("blksize 65464 windowsize {w}"),
+        ),
+        (
+            &hpa,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 65464,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 65464".to_string(),
+        ),
+        (
+            &dm,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 65464,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 65464".to_string(),
+        ),
+        (
+            &bp,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 65464,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 65464 lockstep (reference)".to_string(),
+        ),
+    ];
+    let r = singles(
+        &rt,
+        &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
+        &big,
+        o.runs,
+    );
+    for ((srv, _, label), (s, n)) in cases.iter().zip(&r) {
+        println!(
+            "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
+            srv.name,
+            s,
+            mb / s
+        );
+    }
+    let r: Vec<f64> = r.into_iter().map(|x| x.0).collect();
+    println!(
+        "  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)",
+        r[1] / r[0]
+    );
+    println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r[2] / r[0]);
+
+    // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
+    println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; median of {} interleaved runs)", o.big_mib, o.runs);
+    let cases = [
+        (
+            &bp,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 1468,
+                windowsize: 64,
+                rcvbuf: big_buf,
+            },
+            "blksize 1468 windowsize 64",
+        ),
+        (
+            &hpa,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 1468,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 1468",
+        ),
+        (
+            &dm,
+            ReqOpts {
+                max_timeouts: 10,
+                blksize: 1468,
+                windowsize: 1,
+                rcvbuf: big_buf,
+            },
+            "blksize 1468",
+        ),
+    ];
+    let r2 = singles(
+        &rt,
+        &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
+        &big,
+        o.runs,
+    );
+    for ((srv, _, label), (s, n)) in cases.iter().zip(&r2) {
+        println!(
+            "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
+            srv.name,
+            s,
+            mb / s
+        );
+    }
+    let r2: Vec<f64> = r2.into_iter().map(|x| x.0).collect();
+    println!("  speed ratio bootplane/tftpd-hpa = {:.2}x", r2[1] / r2[0]);
+    println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r2[2] / r2[0]);
+    let (hwm, _) = bp.rss_kib();
+    println!("  (bootplane RSS after (a): peak {:.1} MiB, mostly the mapped 64 MiB file's page-cache pages)", hwm as f64 / 1024.0);
+    drop(bp);
+    drop(hpa);
+    // a fresh bootplane process for the storm, so its RSS is the storm's
+    let bp = start_bootplane(&root);
+
+    // (b) storm
+    let storm_runs = o.runs.min(3);
+    println!("\n(b) storm: {} concurrent clients x {} KiB, blksize 1468, windowsize 8 offered (median of {})", o.clients, o.storm_kib, storm_runs);
+    let mut totals = Vec::new();
+    for srv in [&bp, &dm] {
+        let cpu0 = srv.cpu_secs();
+        let mut secs = Vec::new();
+        let mut fails = 0;
+        let mut err = None;
+        for _ in 0..storm_runs {
+            let r = storm(&rt, srv, o.clients, &small);
+            secs.push(r.secs);
+            fails += r.failures;
+            if err.is_none() {
+                err = r.first_error;
+            }
+        }
+        let cpu = (srv.cpu_secs() - cpu0) / storm_runs as f64;
+        let m = median(&mut secs);
+        let (hwm, _) = srv.rss_kib();
+        let (anon, file) = srv.rss_parts_kib();
+        println!(
+            "  {:<10} total {:>7.3} s  failures {:>4}  server CPU {:>6.2} s/run  server RSS peak {:>6.1} MiB (now anon {:.1} + file {:.1} MiB){}",
+            srv.name,
+            m,
+            fails,
+            cpu,
+            hwm as f64 / 1024.0,
+            anon as f64 / 1024.0,
+            file as f64 / 1024.0,
+            err.map(|e| format!("  first error: {e}")).unwrap_or_default()
+        );
+        totals.push(m);
+    }
+    println!(
+        "  time ratio bootplane/dnsmasq = {:.2} (goal <= 0.5)",
+        totals[0] / totals[1]
+    );
+    drop(bp);
+    drop(dm);
+}

@@ -1,0 +1,341 @@
+//! Request path → file bytes under the TFTP root.
+//!
+//! [`sanitize`] is pure: `\` becomes `/`, absolute paths and any `..` component are
+//! refused, `.` and empty components are dropped. [`FileStore::open`] then resolves
+//! the path (with an optional leading MAC-address component that falls back to the
+//! shared file), canonicalises it and refuses anything that escapes the root through
+//! a symlink. Small files are kept in memory (shared by every transfer and revalidated
+//! by size/mtime/inode on each request); large ones are memory-mapped, so no transfer
+//! copies a file into its own buffer.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use memmap2::Mmap;
+
+/// Why a request path cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FileError {
+    #[error("access violation: {0}")]
+    Refused(&'static str),
+    #[error("file not found")]
+    NotFound,
+    #[error("read error: {0}")]
+    Io(String),
+}
+
+/// Normalise a request path to components relative to the root.
+pub fn sanitize(name: &str) -> Result<Vec<String>, FileError> {
+    if name.is_empty() {
+        return Err(FileError::Refused("empty file name"));
+    }
+    if name.chars().any(|c| c.is_control()) {
+        return Err(FileError::Refused("control character in file name"));
+    }
+    let name = name.replace('\\', "/");
+    if name.starts_with('/') {
+        return Err(FileError::Refused("absolute path"));
+    }
+    // Windows drive letters (`C:/...`) are absolute too.
+    let b = name.as_bytes();
+    if b.len() >= 2 && b[1] == b':' && b[0].is_ascii_alphabetic() {
+        return Err(FileError::Refused("absolute path"));
+    }
+    let mut parts = Vec::new();
+    for c in name.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => return Err(FileError::Refused("path traversal")),
+            c => parts.push(c.to_string()),
+        }
+    }
+    if parts.is_empty() {
+        return Err(FileError::Refused("empty file name"));
+    }
+    Ok(parts)
+}
+
+/// Whether a path component is a MAC address (`aa:bb:cc:dd:ee:ff`, `aa-bb-...`,
+/// pxelinux's `01-aa-bb-...`, or 12 bare hex digits).
+pub fn is_mac(c: &str) -> bool {
+    let c = c.strip_prefix("01-").filter(|r| r.len() == 17).unwrap_or(c);
+    let hex: String = c.chars().filter(|ch| *ch != ':' && *ch != '-').collect();
+    let seps = c.len() - hex.len();
+    hex.len() == 12
+        && hex.chars().all(|ch| ch.is_ascii_hexdigit())
+        && (seps == 0 || (seps == 5 && c.len() == 17))
+}
+
+/// File contents shared between transfers.
+#[derive(Clone, Debug)]
+pub enum FileData {
+    Mem(Bytes),
+    Map(Arc<Mmap>),
+}
+
+impl FileData {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            FileData::Mem(b) => b,
+            FileData::Map(m) => m,
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct Stamp {
+    len: u64,
+    mtime_ns: i128,
+    ino: u64,
+    dev: u64,
+}
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            len: m.len(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+            ino: m.ino(),
+            dev: m.dev(),
+        }
+    }
+}
+
+/// Resolves and loads files under one root.
+#[derive(Debug)]
+pub struct FileStore {
+    root: PathBuf,
+    small_max: u64,
+    cache_max: u64,
+    cache: Mutex<Cache>,
+}
+
+#[derive(Debug, Default)]
+struct Cache {
+    bytes: u64,
+    entries: HashMap<PathBuf, (Stamp, FileData)>,
+}
+
+impl FileStore {
+    /// `small_max`: files up to this size are held in memory; `cache_max`: total
+    /// bytes of in-memory files kept (mappings of large files are cached too but
+    /// cost only address space).
+    pub fn new(root: &Path, small_max: u64, cache_max: u64) -> anyhow::Result<FileStore> {
+        use anyhow::Context as _;
+        let root = root
+            .canonicalize()
+            .with_context(|| format!("opening tftp root {}", root.display()))?;
+        anyhow::ensure!(
+            root.is_dir(),
+            "tftp root {} is not a directory",
+            root.display()
+        );
+        Ok(FileStore {
+            root,
+            small_max,
+            cache_max,
+            cache: Mutex::new(Cache::default()),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Resolve a request name to a canonical file path inside the root.
+    pub fn resolve(&self, name: &str) -> Result<PathBuf, FileError> {
+        let parts = sanitize(name)?;
+        let full: PathBuf = parts.iter().collect();
+        match self.check(&full) {
+            Err(FileError::NotFound) if parts.len() > 1 && is_mac(&parts[0]) => {
+                let shared: PathBuf = parts[1..].iter().collect();
+                self.check(&shared)
+            }
+            r => r,
+        }
+    }
+
+    fn check(&self, rel: &Path) -> Result<PathBuf, FileError> {
+        let p = match self.root.join(rel).canonicalize() {
+            Ok(p) => p,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(FileError::NotFound),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Err(FileError::NotFound),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(FileError::Refused("permission denied"))
+            }
+            Err(e) => return Err(FileError::Io(e.to_string())),
+        };
+        if !p.starts_with(&self.root) {
+            return Err(FileError::Refused("outside the tftp root"));
+        }
+        Ok(p)
+    }
+
+    /// Resolve and load a file.
+    pub fn open(&self, name: &str) -> Result<FileData, FileError> {
+        let path = self.resolve(name)?;
+        let file = File::open(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => FileError::NotFound,
+            std::io::ErrorKind::PermissionDenied => FileError::Refused("permission denied"),
+            _ => FileError::Io(e.to_string()),
+        })?;
+        let meta = file.metadata().map_err(|e| FileError::Io(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(FileError::NotFound);
+        }
+        let stamp = Stamp::of(&meta);
+        if let Some((s, d)) = self.lock().entries.get(&path) {
+            if *s == stamp {
+                return Ok(d.clone());
+            }
+        }
+        let data = if meta.len() == 0 {
+            FileData::Mem(Bytes::new())
+        } else if meta.len() <= self.small_max {
+            let mut v = Vec::with_capacity(meta.len() as usize);
+            use std::io::Read as _;
+            (&file)
+                .take(meta.len())
+                .read_to_end(&mut v)
+                .map_err(|e| FileError::Io(e.to_string()))?;
+            FileData::Mem(Bytes::from(v))
+        } else {
+            // SAFETY: the map is read-only; a file truncated by someone else while it is
+            // served could fault the process, which is why operators replace boot assets
+            // by rename (a new inode gets a new map) rather than rewriting them in place.
+            let m = unsafe { Mmap::map(&file) }.map_err(|e| FileError::Io(e.to_string()))?;
+            FileData::Map(Arc::new(m))
+        };
+        let mut c = self.lock();
+        let cost = match &data {
+            FileData::Mem(b) => b.len() as u64,
+            FileData::Map(_) => 0,
+        };
+        if let Some((_, FileData::Mem(b))) = c.entries.remove(&path) {
+            c.bytes -= b.len() as u64;
+        }
+        if c.bytes + cost <= self.cache_max {
+            c.bytes += cost;
+            c.entries.insert(path, (stamp, data.clone()));
+        }
+        Ok(data)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Convert bytes to netascii (RFC 764): LF → CR LF, CR → CR NUL.
+pub fn to_netascii(data: &[u8]) -> Vec<u8> {
+    let extra = data.iter().filter(|&&b| b == b'\n' || b == b'\r').count();
+    let mut out = Vec::with_capacity(data.len() + extra);
+    for &b in data {
+        match b {
+            b'\n' => out.extend_from_slice(b"\r\n"),
+            b'\r' => out.extend_from_slice(b"\r\0"),
+            b => out.push(b),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitize_rules() {
+        assert_eq!(sanitize("ipxe.efi").unwrap(), vec!["ipxe.efi"]);
+        assert_eq!(
+            sanitize("efi\\boot\\x.efi").unwrap(),
+            vec!["efi", "boot", "x.efi"]
+        );
+        assert_eq!(sanitize("a/./b//c").unwrap(), vec!["a", "b", "c"]);
+        for bad in [
+            "",
+            "/etc/passwd",
+            "\\etc\\passwd",
+            "../x",
+            "a/../../x",
+            "a\\..\\..\\x",
+            "..",
+            "C:\\x",
+            "c:/x",
+            "a/..",
+            ".",
+            "a\nb",
+        ] {
+            assert!(
+                matches!(sanitize(bad), Err(FileError::Refused(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn mac_forms() {
+        for m in [
+            "52:54:00:12:34:56",
+            "52-54-00-12-34-56",
+            "01-52-54-00-12-34-56",
+            "525400123456",
+            "AA:bb:CC:dd:EE:ff",
+        ] {
+            assert!(is_mac(m), "{m}");
+        }
+        for m in [
+            "ipxe",
+            "52:54:00:12:34",
+            "52:54:00:12:34:5g",
+            "5254:0012:3456",
+            "01-5254001234",
+        ] {
+            assert!(!is_mac(m), "{m}");
+        }
+    }
+
+    #[test]
+    fn store_resolves_caches_and_confines() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("small"), b"hello").unwrap();
+        std::fs::write(root.join("sub/big"), vec![7u8; 5000]).unwrap();
+        std::fs::write(d.path().join("secret"), b"s").unwrap();
+        std::os::unix::fs::symlink(d.path().join("secret"), root.join("link")).unwrap();
+        let s = FileStore::new(&root, 1000, 1 << 20).unwrap();
+        assert!(matches!(s.open("small").unwrap(), FileData::Mem(ref b) if &b[..] == b"hello"));
+        assert!(matches!(s.open("sub\\big").unwrap(), FileData::Map(ref m) if m.len() == 5000));
+        assert_eq!(
+            s.open("52:54:00:12:34:56/small").unwrap().as_slice(),
+            b"hello"
+        );
+        assert_eq!(s.open("01-52-54-00-12-34-56/sub/big").unwrap().len(), 5000);
+        assert_eq!(s.open("nothere").unwrap_err(), FileError::NotFound);
+        assert_eq!(s.open("small/x").unwrap_err(), FileError::NotFound);
+        assert_eq!(s.open("sub").unwrap_err(), FileError::NotFound);
+        assert!(matches!(s.open("link"), Err(FileError::Refused(_))));
+        assert!(matches!(s.open("../secret"), Err(FileError::Refused(_))));
+        // revalidated after a change
+        std::fs::write(root.join("small"), b"changed!").unwrap();
+        assert_eq!(s.open("small").unwrap().as_slice(), b"changed!");
+        std::fs::write(root.join("empty"), b"").unwrap();
+        assert!(s.open("empty").unwrap().is_empty());
+    }
+
+    #[test]
+    fn netascii_conversion() {
+        assert_eq!(to_netascii(b"a\nb\rc\r\n"), b"a\r\nb\r\0c\r\0\r\n".to_vec());
+    }
+}
