@@ -67,13 +67,23 @@ pub async fn run(config: Config) -> Result<()> {
     let coord = Coordinator::new();
     let mut tasks = tokio::task::JoinSet::new();
 
+    // Boot side: catalog, store-backed boot index, metrics shared with /metrics.
+    let catalog = crate::http::catalog::load(&ctx.config.boot.images_dir)?;
+    let resolver = Arc::new(crate::controller::bootside::CatalogResolver {
+        catalog,
+        hasher: crate::http::catalog::FileHasher::new(&ctx.config.boot.images_dir),
+    });
+    let http_metrics = Arc::new(crate::http::Metrics::new());
+    let runner = crate::provision::from_config(&ctx.config.provision)?;
+
     // Operator API.
+    let hm = http_metrics.clone();
     let api_state = Arc::new(crate::api::rest::ApiState {
         store: store.clone(),
         token,
         max_body_bytes: ctx.config.api.max_body_bytes,
         shutdown: coord.handle(),
-        metrics: Arc::new(String::new),
+        metrics: Arc::new(move || hm.encode()),
     });
     let listener = tokio::net::TcpListener::bind(ctx.config.api.listen)
         .await
@@ -81,19 +91,24 @@ pub async fn run(config: Config) -> Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     {
         let s = coord.handle();
-        let app = crate::api::rest::router(api_state);
+        let app = crate::api::rest::router(api_state, Some(crate::provision::router(runner)));
         let max = ctx.config.api.max_connections;
         tasks.spawn(async move { serve_router(listener, app, max, s).await.context("api server") });
     }
 
     if ctx.config.controller.enabled {
         let power = crate::power::from_name(&ctx.config.controller.power_driver)?;
-        let ctrl = crate::controller::Controllers::new(store.clone(), power, Arc::new(crate::controller::SecretOnly));
+        let ctrl = crate::controller::Controllers::new(store.clone(), power, resolver.clone());
         let (s, workers) = (coord.handle(), ctx.config.controller.workers);
         tasks.spawn(async move {
             ctrl.run(workers, s).await;
             Ok(())
         });
+    }
+    {
+        let index = crate::controller::bootside::StoreBootIndex::start(store.clone(), resolver, ctx.config.public_http_url(), coord.handle());
+        let (c, s, m) = (ctx.clone(), coord.handle(), http_metrics);
+        tasks.spawn(async move { crate::http::serve_with_metrics(c, index, m, s).await.context("boot http server") });
     }
     if ctx.config.dhcp.enabled {
         let (c, s) = (ctx.clone(), coord.handle());

@@ -119,19 +119,32 @@ impl IntoResponse for ApiError {
 type ApiResult<T> = Result<T, ApiError>;
 
 /// The router for the API listener.
-pub fn router(state: Arc<ApiState>) -> Router {
-    let authed = Router::new()
+/// `extra` routes (e.g. the job runner's) are mounted behind the same bearer auth.
+pub fn router(state: Arc<ApiState>, extra: Option<Router>) -> Router {
+    let mut authed: Router = Router::new()
         .route("/api/{*rest}", any(dispatch))
-        .route("/apis/{*rest}", any(dispatch))
         .route("/apis", get(discovery))
         .route("/metrics", get(metrics))
+        .with_state(state.clone());
+    if let Some(x) = extra {
+        authed = authed.merge(x);
+    }
+    // Everything under /apis that no extra router claimed goes to the resource API.
+    let authed = authed
+        .fallback(any(dispatch_fallback).with_state(state.clone()))
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }))
         .merge(authed)
-        .fallback(|| async { ApiError::not_found("the server could not find the requested resource") })
-        .with_state(state)
+}
+
+async fn dispatch_fallback(st: State<Arc<ApiState>>, method: Method, headers: HeaderMap, req: Request) -> Response {
+    if req.uri().path().starts_with("/apis/") {
+        dispatch(st, method, headers, req).await
+    } else {
+        ApiError::not_found("the server could not find the requested resource").into_response()
+    }
 }
 
 /// Constant-time comparison of the presented bearer token.

@@ -17,6 +17,7 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         return Ok(Next::Done);
     }
     let mut status = b.get("status").cloned().unwrap_or_else(|| json!({}));
+    let mut next = Next::Done;
     match c.resolver.resolve(&c.store, &b) {
         Ok(()) => {
             status["state"] = json!("Ready");
@@ -25,6 +26,8 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         Err((reason, message)) => {
             status["state"] = json!("Error");
             set_condition(&mut status, "Ready", false, &reason, &message);
+            // Files may appear or be fixed on disk without any store event: look again.
+            next = Next::After(std::time::Duration::from_secs(15));
         }
     }
     if Some(&status) != b.get("status") {
@@ -32,7 +35,7 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         o["status"] = status;
         c.store.update(&c.t_sbc, o, Part::Status).await?;
     }
-    Ok(Next::Done)
+    Ok(next)
 }
 
 /// The ignition secret named by the configuration exists and has an `ignition` key.

@@ -12,6 +12,7 @@ pub mod claim;
 pub mod queue;
 pub mod server;
 pub mod bootconfig;
+pub mod bootside;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};

@@ -47,7 +47,23 @@ impl Bootplane {
         b
     }
 
+    /// A private image catalog with `os-image:latest` (small real files with their
+    /// SHA-256), so boot configurations can become Ready.
+    fn write_images(&self) -> PathBuf {
+        use sha2::{Digest, Sha256};
+        let dir = self.dir.join("images");
+        std::fs::create_dir_all(dir.join("os")).unwrap();
+        let mut entries = String::new();
+        for (role, body) in [("kernel", &b"test kernel\n"[..]), ("initrd", &b"test initrd\n"[..])] {
+            std::fs::write(dir.join("os").join(role), body).unwrap();
+            entries.push_str(&format!("{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n", hex::encode(Sha256::digest(body))));
+        }
+        std::fs::write(dir.join("catalog.toml"), format!("[[image]]\nref = \"os-image:latest\"\ncmdline = \"quiet\"\n{entries}")).unwrap();
+        dir
+    }
+
     pub fn spawn(&mut self) {
+        let images = self.write_images();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("log")).unwrap();
         let mut cmd = Command::new(bin());
         cmd.arg("serve")
@@ -58,6 +74,8 @@ impl Bootplane {
             .arg("--http-listen")
             .arg(format!("127.0.0.1:{}", self.http_port))
             .args(if self.extra.iter().any(|a| a == "--power-driver") { vec![] } else { vec!["--power-driver", "test"] })
+            .arg("--set")
+            .arg(format!("boot.images_dir={:?}", images.display().to_string()))
             .args(&self.extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
