@@ -524,13 +524,12 @@ impl Store {
 }
 
 fn spec_changed(a: &Value, b: &Value) -> bool {
-    let strip = |v: &Value| -> Map<String, Value> {
-        let mut m = v.as_object().cloned().unwrap_or_default();
-        m.remove("metadata");
-        m.remove("status");
-        m
-    };
-    strip(a) != strip(b)
+    // Everything but metadata and status counts as spec (compared without copying).
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return a != b };
+    let skip = |k: &String| k == "metadata" || k == "status";
+    let ka = a.keys().filter(|k| !skip(k)).count();
+    let kb = b.keys().filter(|k| !skip(k)).count();
+    ka != kb || a.iter().filter(|(k, _)| !skip(k)).any(|(k, v)| b.get(k) != Some(v))
 }
 
 /// RFC 7386 JSON merge patch.
