@@ -46,7 +46,8 @@ fn serve_from_config_uses_templates_catalog_and_key() {
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let coord = Coordinator::new();
-    let ctx = Arc::new(bootplane::serve::Context { config: cfg.clone() });
+    let store = bootplane::store::Store::open(&cfg.state_dir.join("store")).unwrap();
+    let ctx = Arc::new(bootplane::serve::Context { config: cfg.clone(), store });
     let task = rt.spawn(bootplane::http::serve(ctx, Arc::new(MemoryIndex::new()), coord.handle()));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
