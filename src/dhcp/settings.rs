@@ -264,8 +264,8 @@ impl DhcpSettings {
         let raw = d;
         let public = cfg.public_http_url();
         let lease_time = raw.lease_time_secs.unwrap_or(3600);
-        if lease_time < 60 {
-            return Err(invalid("lease_time_secs must be at least 60"));
+        if lease_time < 10 {
+            return Err(invalid("lease_time_secs must be at least 10"));
         }
         let interface = d.interface.clone().unwrap_or_default();
 
