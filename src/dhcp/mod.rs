@@ -83,7 +83,9 @@ fn udp_socket(interface: &str, port: u16) -> Result<UdpSocket> {
     setsockopt(&fd, sockopt::BindToDevice, &std::ffi::OsString::from(interface))
         .with_context(|| format!("binding to interface {interface} (SO_BINDTODEVICE)"))?;
     // Room for a boot storm's burst while a batch is being committed.
-    let _ = setsockopt(&fd, sockopt::RcvBuf, &(8 << 20));
+    if setsockopt(&fd, sockopt::RcvBufForce, &(8 << 20)).is_err() {
+        let _ = setsockopt(&fd, sockopt::RcvBuf, &(8 << 20));
+    }
     let _ = setsockopt(&fd, sockopt::SndBuf, &(4 << 20));
     bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::new(0, 0, 0, 0, port))
         .with_context(|| format!("binding udp port {port} on {interface}"))?;
