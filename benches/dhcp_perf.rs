@@ -72,7 +72,7 @@ fn start(s: &Setup, which: &str, run: usize) -> Proc {
                 &cfg,
                 format!(
                     r#"{{"Dhcp4": {{
-  "interfaces-config": {{"interfaces": ["vs"], "dhcp-socket-type": "udp"}},
+  "interfaces-config": {{"interfaces": ["vs"], "dhcp-socket-type": "raw"}},
   "lease-database": {{"type": "memfile", "persist": true, "name": "{leases}", "lfc-interval": 0}},
   "valid-lifetime": 3600,
   "subnet4": [{{"id": 1, "subnet": "10.199.0.0/16", "pools": [{{"pool": "{POOL_START} - {POOL_END}"}}],

@@ -2,13 +2,18 @@
 //! a pure core ([`core::Server::handle`]: `request + state → reply`) and the thin
 //! socket loop in this file.
 //!
-//! The loop is one task that owns all state, so the hot path takes no locks:
-//! it waits for a packet, drains whatever else is already queued (up to
-//! `max_batch`, the bound on in-flight work), handles the batch, makes the
-//! batch's lease changes durable with one append + fdatasync ([`persist`], group
-//! commit), publishes them to the [`LeaseIndex`], and only then sends the replies.
-//! So an ACK is never on the wire before its lease is on disk. A per-MAC token
-//! bucket drops floods from one client before they cost a decode.
+//! The loop is one task that owns all state, so the hot path takes no locks. It
+//! reads a packet, drains whatever else is already queued (up to `max_batch`),
+//! handles the batch and sends every reply at once, except ACKs: those wait for
+//! their lease changes to be durable. Lease changes are written by one commit at a
+//! time on the blocking pool (one append + one fdatasync, see [`persist`]); while it
+//! runs, the loop keeps answering, and everything that accumulates is the next
+//! commit (group commit that grows with disk latency). A commit's ACKs are sent
+//! when it returns, after its changes are published to the [`LeaseIndex`], so an
+//! ACK is never on the wire before its lease is on disk. At most `4 × max_batch`
+//! ACKs may wait for disk; beyond that the loop stops reading (the bound on
+//! in-flight work; the kernel buffer absorbs the rest). A per-MAC token bucket
+//! drops floods from one client before they cost a decode.
 //!
 //! Sockets: UDP 0.0.0.0:67 (and :4011 in proxy mode, for UEFI PXE and iPXE boot
 //! file requests), bound to the interface with SO_BINDTODEVICE, SO_BROADCAST for
@@ -130,6 +135,48 @@ fn v4(a: SocketAddr) -> Option<SocketAddrV4> {
     }
 }
 
+/// One durable write of lease changes (runs on the blocking pool).
+struct Commit {
+    log: LeaseLog,
+    journal: Vec<leases::Change>,
+    result: std::io::Result<()>,
+}
+
+fn commit(mut log: LeaseLog, journal: Vec<leases::Change>) -> Commit {
+    let result = log.append(&journal);
+    Commit { log, journal, result }
+}
+
+struct Sockets<'a> {
+    s67: &'a UdpSocket,
+    s4011: Option<&'a UdpSocket>,
+}
+
+impl Sockets<'_> {
+    /// Send a reply from the port its request arrived on; count it.
+    async fn send(&self, r: &Reply, port: u16, metrics: &Metrics) {
+        let Some(bytes) = self::core::encode(&r.msg) else {
+            metrics.drop(DropReason::SendFailed);
+            return;
+        };
+        let sock = if port == PXE_PORT { self.s4011.unwrap_or(self.s67) } else { self.s67 };
+        match sock.send_to(&bytes, SocketAddr::V4(r.dest)).await {
+            Ok(_) => match r.kind {
+                ReplyKind::Offer => metrics.offers.inc(),
+                ReplyKind::Ack => metrics.acks.inc(),
+                ReplyKind::Nak => metrics.naks.inc(),
+                ReplyKind::Inform => metrics.informs.inc(),
+                ReplyKind::ProxyOffer | ReplyKind::ProxyAck => metrics.proxy_replies.inc(),
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, dest = %r.dest, "dhcp send failed");
+                metrics.drop(DropReason::SendFailed);
+                0
+            }
+        };
+    }
+}
+
 /// Bind the sockets, load the leases, and serve until shutdown.
 pub async fn run(settings: DhcpSettings, state_dir: &Path, mut shutdown: Shutdown, metrics: Metrics, index: LeaseIndex) -> Result<()> {
     let iface = settings.interface.clone();
@@ -164,154 +211,159 @@ pub async fn run(settings: DhcpSettings, state_dir: &Path, mut shutdown: Shutdow
     let mut buf2 = vec![0u8; 2048];
     let mut last_gauge = Instant::now() - Duration::from_secs(10);
     let mut batch: Vec<Packet> = Vec::with_capacity(max_batch);
+    // Lease changes and the ACKs that wait for them, not yet handed to the writer.
+    let mut pending_journal: Vec<leases::Change> = Vec::new();
+    let mut pending_acks: Vec<(Reply, u16)> = Vec::new();
+    // The commit being written (at most one) and the ACKs it releases.
+    let mut inflight: Option<tokio::task::JoinHandle<Commit>> = None;
+    let mut inflight_acks: Vec<(Reply, u16)> = Vec::new();
+    // Bound on in-flight work: stop reading while this many ACKs wait for disk.
+    let max_waiting = max_batch * 4;
+    let sockets = Sockets { s67: &s67, s4011: s4011.as_ref() };
 
     loop {
         batch.clear();
-        // Wait for the first packet (or shutdown).
-        let first = tokio::select! {
+        let reading = pending_acks.len() + inflight_acks.len() < max_waiting;
+        tokio::select! {
             _ = shutdown.recv() => break,
-            r = s67.recv_from(&mut buf) => r.map(|(n, a)| (buf[..n].to_vec(), a, SERVER_PORT)),
+            done = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
+                inflight = None;
+                let c = done.context("lease log writer panicked")?;
+                log = Some(c.log);
+                let acks = std::mem::take(&mut inflight_acks);
+                match c.result {
+                    Ok(()) => {
+                        metrics.commits.inc();
+                        index.apply(&c.journal);
+                        for (r, port) in acks {
+                            sockets.send(&r, port, &metrics).await;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, path = %log_path.display(), "writing leases failed; not acknowledging");
+                        for _ in acks {
+                            metrics.drop(DropReason::PersistFailed);
+                        }
+                    }
+                }
+                let live = server.table.leases().filter(|l| l.state != LeaseState::Offered).count();
+                if let Some(l) = log.as_mut() {
+                    if l.wants_compaction(live) {
+                        let snapshot: Vec<Lease> = server.table.leases().filter(|l| l.state != LeaseState::Offered).cloned().collect();
+                        if let Err(e) = l.compact(&snapshot) {
+                            tracing::warn!(error = %e, "compacting lease log failed");
+                        }
+                    }
+                }
+            }
+            r = s67.recv_from(&mut buf), if reading => match r {
+                Ok((n, a)) => {
+                    if let Some(src) = v4(a) {
+                        batch.push(Packet { data: buf[..n].to_vec(), src, port: SERVER_PORT });
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "dhcp receive failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
             r = async {
                 match &s4011 {
                     Some(s) => s.recv_from(&mut buf2).await,
                     None => std::future::pending().await,
                 }
-            } => r.map(|(n, a)| (buf2[..n].to_vec(), a, PXE_PORT)),
-        };
-        match first {
-            Ok((data, a, port)) => {
-                if let Some(src) = v4(a) {
-                    batch.push(Packet { data, src, port });
+            }, if reading => match r {
+                Ok((n, a)) => {
+                    if let Some(src) = v4(a) {
+                        batch.push(Packet { data: buf2[..n].to_vec(), src, port: PXE_PORT });
+                    }
                 }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "dhcp receive failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
+                Err(e) => {
+                    tracing::warn!(error = %e, "dhcp receive failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
         }
-        // Drain what is already queued, up to the batch bound.
-        for (sock, port) in [(Some(&s67), SERVER_PORT), (s4011.as_ref(), PXE_PORT)] {
-            let Some(sock) = sock else { continue };
-            while batch.len() < max_batch {
-                match sock.try_recv_from(&mut buf) {
-                    Ok((n, a)) => {
-                        if let Some(src) = v4(a) {
-                            batch.push(Packet { data: buf[..n].to_vec(), src, port });
+
+        if !batch.is_empty() {
+            // Drain what is already queued, up to the batch bound.
+            for (sock, port) in [(Some(&s67), SERVER_PORT), (s4011.as_ref(), PXE_PORT)] {
+                let Some(sock) = sock else { continue };
+                while batch.len() < max_batch {
+                    match sock.try_recv_from(&mut buf) {
+                        Ok((n, a)) => {
+                            if let Some(src) = v4(a) {
+                                batch.push(Packet { data: buf[..n].to_vec(), src, port });
+                            }
                         }
+                        Err(_) => break,
                     }
-                    Err(_) => break,
                 }
             }
-        }
-
-        let now_unix = unix_now();
-        let now_i = Instant::now();
-        let mut replies: Vec<(Reply, u16)> = Vec::with_capacity(batch.len());
-        for p in &batch {
-            metrics.received.inc();
-            if p.data.len() >= 34 {
-                let mut mac = [0u8; 6];
-                mac.copy_from_slice(&p.data[28..34]);
-                if !limiter.allow(mac, now_i) {
-                    metrics.drop(DropReason::RateLimited);
+            let now_unix = unix_now();
+            let now_i = Instant::now();
+            for p in batch.drain(..) {
+                metrics.received.inc();
+                if p.data.len() >= 34 {
+                    let mut mac = [0u8; 6];
+                    mac.copy_from_slice(&p.data[28..34]);
+                    if !limiter.allow(mac, now_i) {
+                        metrics.drop(DropReason::RateLimited);
+                        continue;
+                    }
+                }
+                let Some(msg) = self::core::decode(&p.data) else {
+                    metrics.drop(DropReason::Malformed);
                     continue;
+                };
+                let meta = Meta { now: now_unix, src: p.src, local_port: p.port };
+                match server.handle(&msg, &meta) {
+                    // An ACK waits for its lease to be durable; everything else leaves now.
+                    Outcome::Reply(r) if r.kind == ReplyKind::Ack => pending_acks.push((r, p.port)),
+                    Outcome::Reply(r) => sockets.send(&r, p.port, &metrics).await,
+                    Outcome::Silent => match msg.opts().msg_type() {
+                        Some(dhcproto::v4::MessageType::Release) => {
+                            metrics.releases.inc();
+                        }
+                        Some(dhcproto::v4::MessageType::Decline) => {
+                            metrics.declines.inc();
+                        }
+                        _ => {}
+                    },
+                    Outcome::Drop(reason) => metrics.drop(reason),
                 }
             }
-            let Some(msg) = self::core::decode(&p.data) else {
-                metrics.drop(DropReason::Malformed);
-                continue;
-            };
-            let meta = Meta { now: now_unix, src: p.src, local_port: p.port };
-            match server.handle(&msg, &meta) {
-                Outcome::Reply(r) => replies.push((r, p.port)),
-                Outcome::Silent => match msg.opts().msg_type() {
-                    Some(dhcproto::v4::MessageType::Release) => {
-                        metrics.releases.inc();
-                    }
-                    Some(dhcproto::v4::MessageType::Decline) => {
-                        metrics.declines.inc();
-                    }
-                    _ => {}
-                },
-                Outcome::Drop(reason) => metrics.drop(reason),
-            }
-        }
-
-        // Group commit: make this batch's lease changes durable before any reply leaves.
-        let journal = server.table.take_journal();
-        let mut durable = true;
-        if !journal.is_empty() {
-            let Some(mut l) = log.take() else { bail!("lease log lost") };
-            let (l, res, journal) = tokio::task::spawn_blocking(move || {
-                let r = l.append(&journal);
-                (l, r, journal)
-            })
-            .await
-            .context("lease log writer panicked")?;
-            log = Some(l);
-            match res {
-                Ok(()) => {
-                    metrics.commits.inc();
-                    index.apply(&journal);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, path = %log_path.display(), "writing leases failed; not acknowledging");
-                    durable = false;
-                }
-            }
-            let live = server.table.leases().filter(|l| l.state != LeaseState::Offered).count();
-            if let Some(l) = log.as_mut() {
-                if l.wants_compaction(live) {
-                    let snapshot: Vec<Lease> = server.table.leases().filter(|l| l.state != LeaseState::Offered).cloned().collect();
-                    if let Err(e) = l.compact(&snapshot) {
-                        tracing::warn!(error = %e, "compacting lease log failed");
-                    }
+            pending_journal.extend(server.table.take_journal());
+            if now_i.duration_since(last_gauge) > Duration::from_secs(2) {
+                last_gauge = now_i;
+                for (net, used, size) in server.table.utilisation(now_unix) {
+                    let l = metrics::SubnetLabels { subnet: net.to_string() };
+                    metrics.pool_used.get_or_create(&l).set(used as i64);
+                    metrics.pool_size.get_or_create(&l).set(size as i64);
                 }
             }
         }
 
-        for (r, port) in replies {
-            if !durable && r.kind == ReplyKind::Ack {
-                metrics.drop(DropReason::PersistFailed);
-                continue;
-            }
-            let Some(bytes) = self::core::encode(&r.msg) else {
-                metrics.drop(DropReason::SendFailed);
-                continue;
-            };
-            let sock = if port == PXE_PORT { s4011.as_ref().unwrap_or(&s67) } else { &s67 };
-            match sock.send_to(&bytes, SocketAddr::V4(r.dest)).await {
-                Ok(_) => match r.kind {
-                    ReplyKind::Offer => {
-                        metrics.offers.inc();
-                    }
-                    ReplyKind::Ack => {
-                        metrics.acks.inc();
-                    }
-                    ReplyKind::Nak => {
-                        metrics.naks.inc();
-                    }
-                    ReplyKind::Inform => {
-                        metrics.informs.inc();
-                    }
-                    ReplyKind::ProxyOffer | ReplyKind::ProxyAck => {
-                        metrics.proxy_replies.inc();
-                    }
-                },
-                Err(e) => {
-                    tracing::debug!(error = %e, dest = %r.dest, "dhcp send failed");
-                    metrics.drop(DropReason::SendFailed);
+        // Group commit: everything that accumulated while the previous write ran.
+        if inflight.is_none() {
+            if pending_journal.is_empty() {
+                for (r, port) in pending_acks.drain(..) {
+                    sockets.send(&r, port, &metrics).await;
                 }
-            };
+            } else if let Some(l) = log.take() {
+                let journal = std::mem::take(&mut pending_journal);
+                inflight_acks = std::mem::take(&mut pending_acks);
+                inflight = Some(tokio::task::spawn_blocking(move || commit(l, journal)));
+            }
         }
-
-        if now_i.duration_since(last_gauge) > Duration::from_secs(2) {
-            last_gauge = now_i;
-            for (net, used, size) in server.table.utilisation(now_unix) {
-                let l = metrics::SubnetLabels { subnet: net.to_string() };
-                metrics.pool_used.get_or_create(&l).set(used as i64);
-                metrics.pool_size.get_or_create(&l).set(size as i64);
+    }
+    // Finish the write in flight so its ACKs are not lost without a trace.
+    if let Some(h) = inflight.take() {
+        if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(5), h).await {
+            if c.result.is_ok() {
+                for (r, port) in inflight_acks.drain(..) {
+                    sockets.send(&r, port, &metrics).await;
+                }
             }
         }
     }
