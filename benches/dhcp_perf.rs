@@ -146,7 +146,7 @@ fn main() {
     let rates: Vec<u32> = std::env::var("DHCP_BENCH_RATES")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![250, 500, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 8000, 10000, 12000, 16000]);
+        .unwrap_or_else(|| vec![100, 200, 400, 700, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 7000, 8000, 10000, 12000, 16000]);
     let servers: Vec<String> = std::env::var("DHCP_BENCH_SERVERS")
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
         .unwrap_or_else(|_| vec!["bootplane".into(), "kea".into(), "dnsmasq".into()]);
@@ -185,11 +185,12 @@ fn main() {
         println!("  {w:>9}: {r:>9.1} leases/s (offered {o}/s)");
     }
     let get = |n: &str| best.iter().find(|b| b.0 == n).map(|b| b.1);
-    if let (Some(b), Some(k)) = (get("bootplane"), get("kea")) {
-        println!("  ratio bootplane/kea     = {:.2}x", b / k.max(1e-9));
-    }
-    if let (Some(b), Some(d)) = (get("bootplane"), get("dnsmasq")) {
-        println!("  ratio bootplane/dnsmasq = {:.2}x", b / d.max(1e-9));
+    for peer in ["kea", "dnsmasq"] {
+        match (get("bootplane"), get(peer)) {
+            (Some(b), Some(p)) if p > 0.0 => println!("  ratio bootplane/{peer:<7} = {:.2}x", b / p),
+            (Some(_), Some(_)) => println!("  ratio bootplane/{peer:<7} = n/a ({peer} had no step under 1% loss)"),
+            _ => {}
+        }
     }
     drop(s);
 }
