@@ -2,11 +2,14 @@
 //! against bootplane (authoritative, leases fsync'd), `kea-dhcp4` (memfile with a
 //! lease file) and dnsmasq (lease file), one after another in the same run, the
 //! same namespaces, veth, subnet, pool and lease time. For each server the offered
-//! rate climbs until loss reaches 1%; the highest rate with < 1% loss is its score,
-//! printed with the ratios.
+//! rate climbs (interleaved across servers, so load drift hits all alike) until loss
+//! reaches 1% twice in a row; the highest rate with < 1% loss is its score, printed
+//! with the ratios and with where packets were dropped (perfdhcp's or the server's
+//! socket buffer).
 //!
 //! `cargo bench --bench dhcp_perf` (defaults: 4 s per step). Environment:
-//! `DHCP_BENCH_SECS` (seconds per step), `DHCP_BENCH_RATES` (comma list of offered
+//! `DHCP_BENCH_SECS` (seconds per step), `DHCP_BENCH_ATTEMPTS` (tries per step,
+//! default 2), `DHCP_BENCH_RATES` (comma list of offered
 //! rates), `DHCP_BENCH_SERVERS` (subset of `bootplane,kea,dnsmasq`).
 //! Traffic stays on a veth between two network namespaces this bench creates.
 
@@ -138,11 +141,21 @@ fn perfdhcp(s: &Setup, rate: u32, secs: u32) -> Step {
     Step { offered: rate, rate: rate_done, loss_pct }
 }
 
+/// `Udp: ... RcvbufErrors` of a namespace (absolute).
+fn rcvbuf_errors(ns: &Netns) -> u64 {
+    let out = run("ip", &["netns", "exec", &ns.name, "cat", "/proc/net/snmp"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (Some(h), Some(v)) = (lines.next(), lines.next()) else { return 0 };
+    h.split_whitespace().zip(v.split_whitespace()).find(|(k, _)| *k == "RcvbufErrors").and_then(|(_, v)| v.parse().ok()).unwrap_or(0)
+}
+
 fn main() {
     for t in ["perfdhcp", "kea-dhcp4", "dnsmasq"] {
         require(t);
     }
     let secs: u32 = std::env::var("DHCP_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
+    let attempts: u32 = std::env::var("DHCP_BENCH_ATTEMPTS").ok().and_then(|v| v.parse().ok()).unwrap_or(2).max(1);
     let rates: Vec<u32> = std::env::var("DHCP_BENCH_RATES")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
@@ -152,36 +165,55 @@ fn main() {
         .unwrap_or_else(|_| vec!["bootplane".into(), "kea".into(), "dnsmasq".into()]);
 
     let s = setup();
-    let mut best: Vec<(String, f64, u32)> = Vec::new();
-    for (i, which) in servers.iter().enumerate() {
-        println!("== {which} ==");
-        let mut clean = 0.0f64;
-        let mut clean_offered = 0;
-        let mut failures = 0;
-        for (k, &r) in rates.iter().enumerate() {
-            // a fresh server (empty lease state) per step, so steps do not see each other's leases
-            let mut p = start(&s, which, i * 100 + k);
-            let step = perfdhcp(&s, r, secs);
-            p.kill9();
-            println!("{which:>9}: offered {:>6}/s  completed {:>9.1} leases/s  loss {:>6.2}%", step.offered, step.rate, step.loss_pct);
-            if step.loss_pct < 1.0 {
-                if step.rate > clean {
-                    clean = step.rate;
-                    clean_offered = step.offered;
+    // (server, best clean rate, offered, consecutive failures)
+    let mut best: Vec<(String, f64, u32, u32)> = servers.iter().map(|w| (w.clone(), 0.0, 0, 0)).collect();
+    let mut run_no = 0;
+    // Interleaved: each offered rate is tried on every server back to back, so
+    // drifting load on the machine hits all of them alike. A step that loses >= 1%
+    // is retried (attempts, default 2) and the best attempt counts.
+    for &r in &rates {
+        if best.iter().all(|b| b.3 >= 2) {
+            break;
+        }
+        for b in best.iter_mut() {
+            if b.3 >= 2 {
+                continue;
+            }
+            let mut got: Option<Step> = None;
+            for _ in 0..attempts {
+                run_no += 1;
+                let mut p = start(&s, &b.0, run_no);
+                let (c0, s0) = (rcvbuf_errors(&s.client), rcvbuf_errors(&s.server));
+                let step = perfdhcp(&s, r, secs);
+                let (c1, s1) = (rcvbuf_errors(&s.client), rcvbuf_errors(&s.server));
+                p.kill9();
+                println!(
+                    "{:>9}: offered {:>6}/s  completed {:>9.1} leases/s  loss {:>6.2}%  (socket-buffer drops: perfdhcp {}, server {})",
+                    b.0, step.offered, step.rate, step.loss_pct, c1 - c0, s1 - s0
+                );
+                let better = got.as_ref().map_or(true, |g| step.loss_pct < g.loss_pct);
+                if better {
+                    got = Some(step);
                 }
-                failures = 0;
-            } else {
-                failures += 1;
-                if failures >= 2 {
+                if got.as_ref().is_some_and(|g| g.loss_pct < 1.0) {
                     break;
                 }
             }
+            let g = got.expect("at least one attempt");
+            if g.loss_pct < 1.0 {
+                if g.rate > b.1 {
+                    b.1 = g.rate;
+                    b.2 = g.offered;
+                }
+                b.3 = 0;
+            } else {
+                b.3 += 1;
+            }
         }
-        best.push((which.clone(), clean, clean_offered));
     }
     println!();
-    println!("leases/s at < 1% loss ({secs} s per step, {CLIENTS} distinct clients, pool {POOL_START}-{POOL_END}):");
-    for (w, r, o) in &best {
+    println!("leases/s at < 1% loss ({secs} s per step, best of {attempts}, {CLIENTS} distinct clients, pool {POOL_START}-{POOL_END}):");
+    for (w, r, o, _) in &best {
         println!("  {w:>9}: {r:>9.1} leases/s (offered {o}/s)");
     }
     let get = |n: &str| best.iter().find(|b| b.0 == n).map(|b| b.1);
