@@ -139,7 +139,7 @@ pub struct DhcpConfig {
     pub boot: crate::dhcp::settings::BootFilesConfig,
     /// Packets per second accepted from one MAC (default 20, burst 2x).
     pub rate_limit_per_mac: Option<u32>,
-    /// Most packets handled (and committed) per batch (default 1024).
+    /// Most packets read and handled per wakeup before replies go out (default 64).
     pub max_batch: Option<usize>,
 }
 

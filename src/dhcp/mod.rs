@@ -10,8 +10,8 @@
 //! runs, the loop keeps answering, and everything that accumulates is the next
 //! commit (group commit that grows with disk latency). A commit's ACKs are sent
 //! when it returns, after its changes are published to the [`LeaseIndex`], so an
-//! ACK is never on the wire before its lease is on disk. At most `4 × max_batch`
-//! ACKs may wait for disk; beyond that the loop stops reading (the bound on
+//! ACK is never on the wire before its lease is on disk. At most `max(4 × max_batch,
+//! 4096)` ACKs may wait for disk; beyond that the loop stops reading (the bound on
 //! in-flight work; the kernel buffer absorbs the rest). A per-MAC token bucket
 //! drops floods from one client before they cost a decode.
 //!
@@ -218,7 +218,7 @@ pub async fn run(settings: DhcpSettings, state_dir: &Path, mut shutdown: Shutdow
     let mut inflight: Option<tokio::task::JoinHandle<Commit>> = None;
     let mut inflight_acks: Vec<(Reply, u16)> = Vec::new();
     // Bound on in-flight work: stop reading while this many ACKs wait for disk.
-    let max_waiting = max_batch * 4;
+    let max_waiting = (max_batch * 4).max(4096);
     let sockets = Sockets { s67: &s67, s4011: s4011.as_ref() };
 
     loop {

@@ -353,7 +353,7 @@ impl DhcpSettings {
             boot: BootSettings { by_arch, script_url, tftp_server: raw.boot.tftp_server },
             offer_hold_secs: raw.offer_hold_secs.unwrap_or(30),
             rate_limit_per_mac: raw.rate_limit_per_mac.unwrap_or(20).max(1),
-            max_batch: raw.max_batch.unwrap_or(1024).clamp(1, 8192),
+            max_batch: raw.max_batch.unwrap_or(64).clamp(1, 8192),
             default_prefix_len: raw.prefix_len,
         })
     }
