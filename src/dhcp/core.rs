@@ -466,13 +466,15 @@ impl Server {
 
 /// Walk the option TLVs and refuse shapes that make dhcproto 0.15 assert or
 /// underflow (found by the fuzz target): wrong lengths for options it reads with
-/// fixed sizes (80, 81, 93, 94, 151-155), options running past the packet, or no
-/// magic cookie.
+/// fixed sizes (80, 81, 93, 94, 151-155), those options repeated (dhcproto joins
+/// repeats, RFC 3396, and then asserts on the joined length), options running
+/// past the packet, or no magic cookie.
 fn prevalidate(buf: &[u8]) -> bool {
     const MAGIC: [u8; 4] = [99, 130, 83, 99];
     if buf.len() < 240 || buf[236..240] != MAGIC || buf[2] > 16 {
         return false;
     }
+    let mut seen = [false; 256];
     let mut i = 240;
     while i < buf.len() {
         let code = buf[i];
@@ -498,9 +500,11 @@ fn prevalidate(buf: &[u8]) -> bool {
             152..=155 => l == 4,
             _ => true,
         };
-        if !ok {
+        let fixed = matches!(code, 80 | 81 | 93 | 94 | 151..=155);
+        if !ok || (fixed && seen[usize::from(code)]) {
             return false;
         }
+        seen[usize::from(code)] = true;
         i += 2 + l;
     }
     true

@@ -507,6 +507,12 @@ fn malformed_input_never_panics() {
     let mut b = good.clone();
     b[2] = 200;
     assert!(decode(&b).is_none());
+    // option 94 twice (fuzz finding): dhcproto joins repeats and asserts on the length
+    let mut b = encode(&bios_pxe(MessageType::Discover)).unwrap();
+    let end = b.len() - 1;
+    assert_eq!(b[end], 255);
+    b.splice(end..end, [94u8, 3, 1, 2, 1]);
+    assert!(decode(&b).is_none());
     // a BOOTREPLY is not a request
     let mut m = ipxe_bios(MessageType::Discover);
     m.set_opcode(Opcode::BootReply);
