@@ -2,7 +2,15 @@
 //! authoritative, ports 67 and 4011, state kept across inputs so pools fill up,
 //! expire and get reclaimed) → encode the reply. Any panic is a bug.
 //!
-//! `cargo +nightly fuzz run dhcp_handle` (from the repo root).
+//! `cargo +nightly fuzz run dhcp_handle fuzz/seeds` (from the repo root). Without
+//! cargo-fuzz, the same build by hand (from `fuzz/`):
+//! `RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
+//! -Cllvm-args=-sanitizer-coverage-inline-8bit-counters
+//! -Cllvm-args=-sanitizer-coverage-pc-table -Cllvm-args=-sanitizer-coverage-trace-compares
+//! --cfg fuzzing -Cdebug-assertions -Coverflow-checks" cargo +nightly build --release
+//! --target x86_64-unknown-linux-gnu --bin dhcp_handle`, then
+//! `target/x86_64-unknown-linux-gnu/release/dhcp_handle corpus/ seeds/ -max_total_time=600 -max_len=1500`.
+//! `seeds/` holds one packet per firmware/message shape (first byte: mode/port/clock selector).
 #![no_main]
 
 use std::cell::RefCell;
