@@ -40,14 +40,34 @@ struct Setup {
 fn setup() -> Setup {
     let server = Netns::new("ps");
     let client = Netns::new("pc");
-    must("ip", &["link", "add", "vs", "netns", &server.name, "type", "veth", "peer", "name", "vc", "netns", &client.name]);
+    must(
+        "ip",
+        &[
+            "link",
+            "add",
+            "vs",
+            "netns",
+            &server.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vc",
+            "netns",
+            &client.name,
+        ],
+    );
     server.ip(&["addr", "add", "10.199.0.1/16", "dev", "vs"]);
     server.ip(&["link", "set", "vs", "up"]);
     client.ip(&["addr", "add", "10.199.0.2/16", "dev", "vc"]);
     // perfdhcp's clients have made-up MACs: take every frame.
     client.ip(&["link", "set", "vc", "promisc", "on"]);
     client.ip(&["link", "set", "vc", "up"]);
-    Setup { server, client, dir: tempfile::tempdir().unwrap() }
+    Setup {
+        server,
+        client,
+        dir: tempfile::tempdir().unwrap(),
+    }
 }
 
 fn start(s: &Setup, which: &str, run: usize) -> Proc {
@@ -63,10 +83,20 @@ fn start(s: &Setup, which: &str, run: usize) -> Proc {
             )
             .unwrap();
             let mut c = s.server.cmd(env!("CARGO_BIN_EXE_bootplane"));
-            c.args(["serve", "--config", cfg.to_str().unwrap(), "--dhcp-interface", "vs", "--dhcp-mode", "authoritative", "--dhcp-range", &format!("{POOL_START}-{POOL_END}")])
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(log);
+            c.args([
+                "serve",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--dhcp-interface",
+                "vs",
+                "--dhcp-mode",
+                "authoritative",
+                "--dhcp-range",
+                &format!("{POOL_START}-{POOL_END}"),
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log);
             Proc::spawn(c)
         }
         "kea" => {
@@ -88,7 +118,11 @@ fn start(s: &Setup, which: &str, run: usize) -> Proc {
             )
             .unwrap();
             let mut c = s.server.cmd("kea-dhcp4");
-            c.args(["-c", cfg.to_str().unwrap()]).env("KEA_PIDFILE_DIR", &d).env("KEA_LOCKFILE_DIR", &d).stdout(Stdio::null()).stderr(log);
+            c.args(["-c", cfg.to_str().unwrap()])
+                .env("KEA_PIDFILE_DIR", &d)
+                .env("KEA_LOCKFILE_DIR", &d)
+                .stdout(Stdio::null())
+                .stderr(log);
             Proc::spawn(c)
         }
         "dnsmasq" => {
@@ -128,17 +162,41 @@ fn num_after(text: &str, key: &str, nth: usize) -> f64 {
 
 fn perfdhcp(s: &Setup, rate: u32, secs: u32) -> Step {
     let mut c = s.client.cmd("perfdhcp");
-    c.args(["-4", "-l", "vc", "-B", "-r", &rate.to_string(), "-p", &secs.to_string(), "-R", &CLIENTS.to_string(), "-W", "500000"]);
+    c.args([
+        "-4",
+        "-l",
+        "vc",
+        "-B",
+        "-r",
+        &rate.to_string(),
+        "-p",
+        &secs.to_string(),
+        "-R",
+        &CLIENTS.to_string(),
+        "-W",
+        "500000",
+    ]);
     let out = run_bounded(c, secs + 30);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let rate_done = num_after(&text, "Rate:", 0);
     let sent_do = num_after(&text, "sent packets:", 0);
     let drops = num_after(&text, "drops:", 0) + num_after(&text, "drops:", 1);
-    let loss_pct = if sent_do > 0.0 { 100.0 * drops / sent_do } else { 100.0 };
+    let loss_pct = if sent_do > 0.0 {
+        100.0 * drops / sent_do
+    } else {
+        100.0
+    };
     if sent_do == 0.0 {
-        eprintln!("perfdhcp output: {text}{}", String::from_utf8_lossy(&out.stderr));
+        eprintln!(
+            "perfdhcp output: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    Step { offered: rate, rate: rate_done, loss_pct }
+    Step {
+        offered: rate,
+        rate: rate_done,
+        loss_pct,
+    }
 }
 
 /// `Udp: ... RcvbufErrors` of a namespace (absolute).
@@ -146,27 +204,46 @@ fn rcvbuf_errors(ns: &Netns) -> u64 {
     let out = run("ip", &["netns", "exec", &ns.name, "cat", "/proc/net/snmp"]);
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = text.lines().filter(|l| l.starts_with("Udp:"));
-    let (Some(h), Some(v)) = (lines.next(), lines.next()) else { return 0 };
-    h.split_whitespace().zip(v.split_whitespace()).find(|(k, _)| *k == "RcvbufErrors").and_then(|(_, v)| v.parse().ok()).unwrap_or(0)
+    let (Some(h), Some(v)) = (lines.next(), lines.next()) else {
+        return 0;
+    };
+    h.split_whitespace()
+        .zip(v.split_whitespace())
+        .find(|(k, _)| *k == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }
 
 fn main() {
     for t in ["perfdhcp", "kea-dhcp4", "dnsmasq"] {
         require(t);
     }
-    let secs: u32 = std::env::var("DHCP_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
-    let attempts: u32 = std::env::var("DHCP_BENCH_ATTEMPTS").ok().and_then(|v| v.parse().ok()).unwrap_or(2).max(1);
+    let secs: u32 = std::env::var("DHCP_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let attempts: u32 = std::env::var("DHCP_BENCH_ATTEMPTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+        .max(1);
     let rates: Vec<u32> = std::env::var("DHCP_BENCH_RATES")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![100, 200, 400, 700, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 7000, 8000, 10000, 12000, 16000]);
+        .unwrap_or_else(|| {
+            vec![
+                100, 200, 400, 700, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 7000,
+                8000, 10000, 12000, 16000,
+            ]
+        });
     let servers: Vec<String> = std::env::var("DHCP_BENCH_SERVERS")
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
         .unwrap_or_else(|_| vec!["bootplane".into(), "kea".into(), "dnsmasq".into()]);
 
     let s = setup();
     // (server, best clean rate, offered, consecutive failures)
-    let mut best: Vec<(String, f64, u32, u32)> = servers.iter().map(|w| (w.clone(), 0.0, 0, 0)).collect();
+    let mut best: Vec<(String, f64, u32, u32)> =
+        servers.iter().map(|w| (w.clone(), 0.0, 0, 0)).collect();
     let mut run_no = 0;
     // Interleaved: each offered rate is tried on every server back to back, so
     // drifting load on the machine hits all of them alike. A step that loses >= 1%
@@ -191,7 +268,7 @@ fn main() {
                     "{:>9}: offered {:>6}/s  completed {:>9.1} leases/s  loss {:>6.2}%  (socket-buffer drops: perfdhcp {}, server {})",
                     b.0, step.offered, step.rate, step.loss_pct, c1 - c0, s1 - s0
                 );
-                let better = got.as_ref().map_or(true, |g| step.loss_pct < g.loss_pct);
+                let better = got.as_ref().is_none_or(|g| step.loss_pct < g.loss_pct);
                 if better {
                     got = Some(step);
                 }
@@ -219,8 +296,12 @@ fn main() {
     let get = |n: &str| best.iter().find(|b| b.0 == n).map(|b| b.1);
     for peer in ["kea", "dnsmasq"] {
         match (get("bootplane"), get(peer)) {
-            (Some(b), Some(p)) if p > 0.0 => println!("  ratio bootplane/{peer:<7} = {:.2}x", b / p),
-            (Some(_), Some(_)) => println!("  ratio bootplane/{peer:<7} = n/a ({peer} had no step under 1% loss)"),
+            (Some(b), Some(p)) if p > 0.0 => {
+                println!("  ratio bootplane/{peer:<7} = {:.2}x", b / p)
+            }
+            (Some(_), Some(_)) => {
+                println!("  ratio bootplane/{peer:<7} = n/a ({peer} had no step under 1% loss)")
+            }
             _ => {}
         }
     }

@@ -10,7 +10,9 @@ use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use dhcproto::v4::{Architecture, DhcpOption, Flags, HType, Message, MessageType, Opcode, OptionCode};
+use dhcproto::v4::{
+    Architecture, DhcpOption, Flags, HType, Message, MessageType, Opcode, OptionCode,
+};
 use dhcproto::{Decodable, Decoder, Encodable};
 
 use dhcp_support::*;
@@ -33,22 +35,40 @@ fn client_socket(port: u16) -> UdpSocket {
     use nix::sys::socket::{setsockopt, sockopt};
     let s = UdpSocket::bind(("0.0.0.0", port)).expect("binding client port");
     s.set_broadcast(true).unwrap();
-    setsockopt(&s, sockopt::BindToDevice, &std::ffi::OsString::from("vc")).expect("SO_BINDTODEVICE");
-    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    setsockopt(&s, sockopt::BindToDevice, &std::ffi::OsString::from("vc"))
+        .expect("SO_BINDTODEVICE");
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     s
 }
 
 fn pxe_packet(mac: [u8; 6], t: MessageType, arch: u16, class: &str) -> Message {
-    let mut m = Message::new_with_id(0x5eed_0000 | u32::from(arch), Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, &mac);
-    m.set_opcode(Opcode::BootRequest).set_htype(HType::Eth).set_flags(Flags::default().set_broadcast());
+    let mut m = Message::new_with_id(
+        0x5eed_0000 | u32::from(arch),
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        &mac,
+    );
+    m.set_opcode(Opcode::BootRequest)
+        .set_htype(HType::Eth)
+        .set_flags(Flags::default().set_broadcast());
     let o = m.opts_mut();
     o.insert(DhcpOption::MessageType(t));
     o.insert(DhcpOption::MaxMessageSize(1472));
     o.insert(DhcpOption::ClientSystemArchitecture(Architecture(arch)));
     o.insert(DhcpOption::ClientNetworkInterface(1, 2, 1));
-    o.insert(DhcpOption::ClientMachineIdentifier(vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]));
+    o.insert(DhcpOption::ClientMachineIdentifier(vec![
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+    ]));
     o.insert(DhcpOption::ClassIdentifier(class.as_bytes().to_vec()));
-    o.insert(DhcpOption::ParameterRequestList([1u8, 3, 43, 54, 60, 66, 67].iter().map(|&c| OptionCode::from(c)).collect()));
+    o.insert(DhcpOption::ParameterRequestList(
+        [1u8, 3, 43, 54, 60, 66, 67]
+            .iter()
+            .map(|&c| OptionCode::from(c))
+            .collect(),
+    ));
     m
 }
 
@@ -107,18 +127,45 @@ fn proxy_mode_alongside_dnsmasq() {
     ]);
     c.stderr(std::fs::File::create(lab.path("dnsmasq.log")).unwrap());
     let _dnsmasq = Proc::spawn(c);
-    wait_for(Duration::from_secs(10), || read(&lab.path("dnsmasq.log")).contains("DHCP, IP range"), || read(&lab.path("dnsmasq.log")));
+    wait_for(
+        Duration::from_secs(10),
+        || read(&lab.path("dnsmasq.log")).contains("DHCP, IP range"),
+        || read(&lab.path("dnsmasq.log")),
+    );
 
     let mac = [0x02, 0, 0, 0, 0x43, 0x01];
     let ns = lab.client.name.clone();
     let (offers, acks) = in_netns(&ns, move || {
         let s = client_socket(68);
         let bcast = SocketAddrV4::new(Ipv4Addr::BROADCAST, 67);
-        let offers = exchange(&s, &pxe_packet(mac, MessageType::Discover, 0, "PXEClient:Arch:00000:UNDI:002001"), bcast, Duration::from_secs(3));
-        let lease = offers.iter().find(|o| !o.yiaddr().is_unspecified()).map(|o| (o.yiaddr(), o.opts().get(OptionCode::ServerIdentifier).cloned()));
+        let offers = exchange(
+            &s,
+            &pxe_packet(
+                mac,
+                MessageType::Discover,
+                0,
+                "PXEClient:Arch:00000:UNDI:002001",
+            ),
+            bcast,
+            Duration::from_secs(3),
+        );
+        let lease = offers
+            .iter()
+            .find(|o| !o.yiaddr().is_unspecified())
+            .map(|o| {
+                (
+                    o.yiaddr(),
+                    o.opts().get(OptionCode::ServerIdentifier).cloned(),
+                )
+            });
         let mut acks = Vec::new();
         if let Some((ip, Some(sid))) = lease {
-            let mut req = pxe_packet(mac, MessageType::Request, 0, "PXEClient:Arch:00000:UNDI:002001");
+            let mut req = pxe_packet(
+                mac,
+                MessageType::Request,
+                0,
+                "PXEClient:Arch:00000:UNDI:002001",
+            );
             req.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
             req.opts_mut().insert(sid);
             acks = exchange(&s, &req, bcast, Duration::from_secs(1));
@@ -127,40 +174,90 @@ fn proxy_mode_alongside_dnsmasq() {
     });
 
     // dnsmasq gives the address, without boot information
-    let dns_offer = offers.iter().find(|o| !o.yiaddr().is_unspecified()).unwrap_or_else(|| panic!("no offer from dnsmasq: {offers:?}\n{}", read(&lab.path("dnsmasq.log"))));
+    let dns_offer = offers
+        .iter()
+        .find(|o| !o.yiaddr().is_unspecified())
+        .unwrap_or_else(|| {
+            panic!(
+                "no offer from dnsmasq: {offers:?}\n{}",
+                read(&lab.path("dnsmasq.log"))
+            )
+        });
     let ip = dns_offer.yiaddr();
     assert!((50..=60).contains(&ip.octets()[3]), "{ip}");
     assert_eq!(file(dns_offer), "");
     // bootplane gives the boot file, without an address
-    let proxy = offers.iter().find(|o| o.yiaddr().is_unspecified()).unwrap_or_else(|| panic!("no proxy offer: {offers:?}\n{}", read(&lab.path("bootplane.log"))));
+    let proxy = offers
+        .iter()
+        .find(|o| o.yiaddr().is_unspecified())
+        .unwrap_or_else(|| {
+            panic!(
+                "no proxy offer: {offers:?}\n{}",
+                read(&lab.path("bootplane.log"))
+            )
+        });
     assert_eq!(proxy.opts().msg_type(), Some(MessageType::Offer));
     assert_eq!(file(proxy), "undionly.kpxe");
     assert_eq!(proxy.siaddr(), Ipv4Addr::new(10, 199, 43, 1));
     assert_eq!(class(proxy), b"PXEClient");
-    assert_eq!(proxy.opts().get(OptionCode::VendorExtensions), Some(&DhcpOption::VendorExtensions(vec![6, 1, 8, 255])));
-    assert_eq!(proxy.opts().get(OptionCode::ServerIdentifier), Some(&DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 199, 43, 1))));
-    assert_eq!(offers.len(), 2, "exactly one offer from each server: {offers:?}");
+    assert_eq!(
+        proxy.opts().get(OptionCode::VendorExtensions),
+        Some(&DhcpOption::VendorExtensions(vec![6, 1, 8, 255]))
+    );
+    assert_eq!(
+        proxy.opts().get(OptionCode::ServerIdentifier),
+        Some(&DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 199, 43, 1)))
+    );
+    assert_eq!(
+        offers.len(),
+        2,
+        "exactly one offer from each server: {offers:?}"
+    );
     // the REQUEST is acknowledged by dnsmasq only
     assert_eq!(acks.len(), 1, "{acks:?}");
     assert_eq!(acks[0].opts().msg_type(), Some(MessageType::Ack));
     assert_eq!(acks[0].yiaddr(), ip);
-    assert!(read(&lab.path("dnsmasq.leases")).contains("02:00:00:00:43:01"), "dnsmasq holds the lease");
+    assert!(
+        read(&lab.path("dnsmasq.leases")).contains("02:00:00:00:43:01"),
+        "dnsmasq holds the lease"
+    );
 
     // UEFI PXE (arch 7): with its address configured, it asks bootplane on port 4011
-    lab.client.ip(&["addr", "add", &format!("{ip}/24"), "dev", "vc"]);
+    lab.client
+        .ip(&["addr", "add", &format!("{ip}/24"), "dev", "vc"]);
     let replies = in_netns(&ns, move || {
         let s = client_socket(4011);
-        let mut req = pxe_packet(mac, MessageType::Request, 7, "PXEClient:Arch:00007:UNDI:003000");
+        let mut req = pxe_packet(
+            mac,
+            MessageType::Request,
+            7,
+            "PXEClient:Arch:00007:UNDI:003000",
+        );
         req.set_ciaddr(ip);
         req.set_flags(Flags::default());
-        exchange(&s, &req, SocketAddrV4::new(Ipv4Addr::new(10, 199, 43, 1), 4011), Duration::from_millis(1500))
+        exchange(
+            &s,
+            &req,
+            SocketAddrV4::new(Ipv4Addr::new(10, 199, 43, 1), 4011),
+            Duration::from_millis(1500),
+        )
     });
-    assert_eq!(replies.len(), 1, "{replies:?}\n{}", read(&lab.path("bootplane.log")));
+    assert_eq!(
+        replies.len(),
+        1,
+        "{replies:?}\n{}",
+        read(&lab.path("bootplane.log"))
+    );
     let r = &replies[0];
     assert_eq!(r.opts().msg_type(), Some(MessageType::Ack));
     assert_eq!(r.yiaddr(), Ipv4Addr::UNSPECIFIED);
     assert_eq!(file(r), "ipxe.efi");
     assert_eq!(r.siaddr(), Ipv4Addr::new(10, 199, 43, 1));
     assert_eq!(class(r), b"PXEClient");
-    assert_eq!(r.opts().get(OptionCode::ClientMachineIdentifier), Some(&DhcpOption::ClientMachineIdentifier(vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16])));
+    assert_eq!(
+        r.opts().get(OptionCode::ClientMachineIdentifier),
+        Some(&DhcpOption::ClientMachineIdentifier(vec![
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
+        ]))
+    );
 }

@@ -28,7 +28,10 @@ fn server(mode: &str) -> Server {
          [[dhcp.reservations]]\nmac = \"52:54:00:00:00:01\"\nip = \"10.0.0.50\"\nhostname = \"r1\"\n"
     );
     let cfg = Config::from_toml(&text).expect("fuzz config");
-    Server::new(DhcpSettings::from_config(&cfg).expect("fuzz settings"), Ipv4Addr::new(10, 0, 0, 1))
+    Server::new(
+        DhcpSettings::from_config(&cfg).expect("fuzz settings"),
+        Ipv4Addr::new(10, 0, 0, 1),
+    )
 }
 
 thread_local! {
@@ -36,7 +39,9 @@ thread_local! {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&sel, pkt)) = data.split_first() else { return };
+    let Some((&sel, pkt)) = data.split_first() else {
+        return;
+    };
     let Some(msg) = decode(pkt) else { return };
     STATE.with(|st| {
         let mut st = st.borrow_mut();

@@ -16,7 +16,9 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use dhcproto::v4::{self, DhcpOption, HType, Message, MessageType, Opcode, OptionCode, UnknownOption};
+use dhcproto::v4::{
+    self, DhcpOption, HType, Message, MessageType, Opcode, OptionCode, UnknownOption,
+};
 
 use super::leases::{AllocError, LeaseTable};
 use super::metrics::DropReason;
@@ -168,7 +170,11 @@ fn hostname(req: &Message) -> Option<String> {
 impl Server {
     pub fn new(settings: DhcpSettings, server_ip: Ipv4Addr) -> Server {
         let table = LeaseTable::new(settings.subnets.clone(), settings.reservations.clone());
-        Server { settings, server_ip, table }
+        Server {
+            settings,
+            server_ip,
+            table,
+        }
     }
 
     /// Replace static reservations (hook for registered Servers' MACs).
@@ -180,12 +186,21 @@ impl Server {
     /// Which boot file this client gets, if any.
     pub fn boot_choice(&self, c: &ClientInfo) -> Option<BootChoice> {
         if c.ipxe {
-            return Some(BootChoice { file: self.settings.boot.script_url.clone(), tftp: false });
+            return Some(BootChoice {
+                file: self.settings.boot.script_url.clone(),
+                tftp: false,
+            });
         }
         let arch = c.arch.unwrap_or(if c.http { 16 } else { 0 });
         match self.settings.boot.by_arch.get(&arch)? {
-            BootTarget::Tftp(f) if c.pxe => Some(BootChoice { file: f.clone(), tftp: true }),
-            BootTarget::Http(u) if c.http => Some(BootChoice { file: u.clone(), tftp: false }),
+            BootTarget::Tftp(f) if c.pxe => Some(BootChoice {
+                file: f.clone(),
+                tftp: true,
+            }),
+            BootTarget::Http(u) if c.http => Some(BootChoice {
+                file: u.clone(),
+                tftp: false,
+            }),
             _ => None,
         }
     }
@@ -199,8 +214,12 @@ impl Server {
         if req.opcode() != Opcode::BootRequest {
             return Outcome::Drop(DropReason::NotRequest);
         }
-        let Some(mac) = mac_of(req) else { return Outcome::Drop(DropReason::NotRequest) };
-        let Some(mtype) = req.opts().msg_type() else { return Outcome::Drop(DropReason::Malformed) };
+        let Some(mac) = mac_of(req) else {
+            return Outcome::Drop(DropReason::NotRequest);
+        };
+        let Some(mtype) = req.opts().msg_type() else {
+            return Outcome::Drop(DropReason::Malformed);
+        };
         let client = ClientInfo::of(req);
         if meta.local_port == PXE_PORT {
             return self.handle_pxe_port(req, meta, &client, mtype);
@@ -226,23 +245,50 @@ impl Server {
         if mtype != MessageType::Discover || !client.is_boot_client() {
             return Outcome::Drop(DropReason::Ignored);
         }
-        let Some(boot) = self.boot_choice(client) else { return Outcome::Drop(DropReason::Ignored) };
+        let Some(boot) = self.boot_choice(client) else {
+            return Outcome::Drop(DropReason::Ignored);
+        };
         let mut m = self.base_reply(req, MessageType::Offer);
         self.add_boot(&mut m, req, client, &boot, true);
         let (dest, broadcast) = self.dest_for(req, None, false);
-        Outcome::Reply(Reply { msg: m, dest, broadcast, kind: ReplyKind::ProxyOffer })
+        Outcome::Reply(Reply {
+            msg: m,
+            dest,
+            broadcast,
+            kind: ReplyKind::ProxyOffer,
+        })
     }
 
     /// Port 4011: a boot client that already has an address asks for its boot file.
-    fn handle_pxe_port(&mut self, req: &Message, meta: &Meta, client: &ClientInfo, mtype: MessageType) -> Outcome {
-        if !matches!(mtype, MessageType::Request | MessageType::Inform) || !client.is_boot_client() {
+    fn handle_pxe_port(
+        &mut self,
+        req: &Message,
+        meta: &Meta,
+        client: &ClientInfo,
+        mtype: MessageType,
+    ) -> Outcome {
+        if !matches!(mtype, MessageType::Request | MessageType::Inform) || !client.is_boot_client()
+        {
             return Outcome::Drop(DropReason::Ignored);
         }
-        let Some(boot) = self.boot_choice(client) else { return Outcome::Drop(DropReason::Ignored) };
+        let Some(boot) = self.boot_choice(client) else {
+            return Outcome::Drop(DropReason::Ignored);
+        };
         let mut m = self.base_reply(req, MessageType::Ack);
         m.set_ciaddr(req.ciaddr());
-        self.add_boot(&mut m, req, client, &boot, self.settings.mode == DhcpMode::Proxy);
-        Outcome::Reply(Reply { msg: m, dest: meta.src, broadcast: false, kind: ReplyKind::ProxyAck })
+        self.add_boot(
+            &mut m,
+            req,
+            client,
+            &boot,
+            self.settings.mode == DhcpMode::Proxy,
+        );
+        Outcome::Reply(Reply {
+            msg: m,
+            dest: meta.src,
+            broadcast: false,
+            kind: ReplyKind::ProxyAck,
+        })
     }
 
     // ---- authoritative mode --------------------------------------------------
@@ -258,21 +304,43 @@ impl Server {
                 return Some(i);
             }
         }
-        self.table.subnet_index_for(self.server_ip).or(if self.table.subnets().len() == 1 { Some(0) } else { None })
+        self.table
+            .subnet_index_for(self.server_ip)
+            .or(if self.table.subnets().len() == 1 {
+                Some(0)
+            } else {
+                None
+            })
     }
 
-    fn handle_authoritative(&mut self, req: &Message, meta: &Meta, mac: Mac, client: &ClientInfo, mtype: MessageType) -> Outcome {
+    fn handle_authoritative(
+        &mut self,
+        req: &Message,
+        meta: &Meta,
+        mac: Mac,
+        client: &ClientInfo,
+        mtype: MessageType,
+    ) -> Outcome {
         let now = meta.now;
         match mtype {
             MessageType::Discover => {
-                let Some(si) = self.subnet_for(req) else { return Outcome::Drop(DropReason::NoSubnet) };
+                let Some(si) = self.subnet_for(req) else {
+                    return Outcome::Drop(DropReason::NoSubnet);
+                };
                 let ip = match self.table.choose(si, &mac, requested_ip(req), now) {
                     Ok(ip) => ip,
                     Err(AllocError::NoSubnet) => return Outcome::Drop(DropReason::NoSubnet),
-                    Err(AllocError::PoolExhausted) => return Outcome::Drop(DropReason::PoolExhausted),
+                    Err(AllocError::PoolExhausted) => {
+                        return Outcome::Drop(DropReason::PoolExhausted)
+                    }
                 };
                 let host = self.host_for(req, &mac);
-                self.table.offer(ip, mac, host, now + u64::from(self.settings.offer_hold_secs));
+                self.table.offer(
+                    ip,
+                    mac,
+                    host,
+                    now + u64::from(self.settings.offer_hold_secs),
+                );
                 let mut m = self.base_reply(req, MessageType::Offer);
                 m.set_yiaddr(ip);
                 self.add_lease_opts(&mut m, si, true);
@@ -280,7 +348,12 @@ impl Server {
                     self.add_boot(&mut m, req, client, &b, false);
                 }
                 let (dest, broadcast) = self.dest_for(req, None, false);
-                Outcome::Reply(Reply { msg: m, dest, broadcast, kind: ReplyKind::Offer })
+                Outcome::Reply(Reply {
+                    msg: m,
+                    dest,
+                    broadcast,
+                    kind: ReplyKind::Offer,
+                })
             }
             MessageType::Request => self.handle_request(req, meta, mac, client),
             MessageType::Release => {
@@ -298,13 +371,17 @@ impl Server {
                     return Outcome::Drop(DropReason::Ignored);
                 }
                 match requested_ip(req) {
-                    Some(ip) if self.table.decline(ip, &mac, now + DECLINE_HOLD_SECS) => Outcome::Silent,
+                    Some(ip) if self.table.decline(ip, &mac, now + DECLINE_HOLD_SECS) => {
+                        Outcome::Silent
+                    }
                     _ => Outcome::Drop(DropReason::Ignored),
                 }
             }
             MessageType::Inform => {
                 let ci = req.ciaddr();
-                let Some(si) = self.subnet_for(req) else { return Outcome::Drop(DropReason::NoSubnet) };
+                let Some(si) = self.subnet_for(req) else {
+                    return Outcome::Drop(DropReason::NoSubnet);
+                };
                 let mut m = self.base_reply(req, MessageType::Ack);
                 m.set_ciaddr(ci);
                 self.add_lease_opts(&mut m, si, false);
@@ -313,17 +390,31 @@ impl Server {
                 }
                 let unicast = (!ci.is_unspecified()).then_some(ci);
                 let (dest, broadcast) = self.dest_for(req, unicast, false);
-                Outcome::Reply(Reply { msg: m, dest, broadcast, kind: ReplyKind::Inform })
+                Outcome::Reply(Reply {
+                    msg: m,
+                    dest,
+                    broadcast,
+                    kind: ReplyKind::Inform,
+                })
             }
             _ => Outcome::Drop(DropReason::Ignored),
         }
     }
 
     fn host_for(&self, req: &Message, mac: &Mac) -> Option<String> {
-        self.table.reservation(mac).and_then(|r| r.hostname.clone()).or_else(|| hostname(req))
+        self.table
+            .reservation(mac)
+            .and_then(|r| r.hostname.clone())
+            .or_else(|| hostname(req))
     }
 
-    fn handle_request(&mut self, req: &Message, meta: &Meta, mac: Mac, client: &ClientInfo) -> Outcome {
+    fn handle_request(
+        &mut self,
+        req: &Message,
+        meta: &Meta,
+        mac: Mac,
+        client: &ClientInfo,
+    ) -> Outcome {
         let now = meta.now;
         let sid = server_id(req);
         if let Some(s) = sid {
@@ -347,20 +438,34 @@ impl Server {
             .table
             .reservation(&mac)
             .is_some_and(|r| r.ip != wanted && self.table.subnets()[si].contains(r.ip));
-        let ok = !reserved_elsewhere && self.table.subnets()[si].contains(wanted) && self.can_have(si, wanted, &mac, now);
+        let ok = !reserved_elsewhere
+            && self.table.subnets()[si].contains(wanted)
+            && self.can_have(si, wanted, &mac, now);
         if !ok {
-            if sid.is_none() && ci.is_unspecified() && !self.table.subnets()[si].contains(wanted) && !req.giaddr().is_unspecified() {
+            if sid.is_none()
+                && ci.is_unspecified()
+                && !self.table.subnets()[si].contains(wanted)
+                && !req.giaddr().is_unspecified()
+            {
                 // INIT-REBOOT from a network we do not serve behind a relay: stay silent.
                 return Outcome::Drop(DropReason::Ignored);
             }
             let mut m = self.base_reply(req, MessageType::Nak);
-            m.opts_mut().insert(DhcpOption::Message("requested address not available".into()));
+            m.opts_mut().insert(DhcpOption::Message(
+                "requested address not available".into(),
+            ));
             let (dest, broadcast) = self.dest_for(req, None, true);
-            return Outcome::Reply(Reply { msg: m, dest, broadcast, kind: ReplyKind::Nak });
+            return Outcome::Reply(Reply {
+                msg: m,
+                dest,
+                broadcast,
+                kind: ReplyKind::Nak,
+            });
         }
         let lease_time = self.table.subnets()[si].lease_time_secs;
         let host = self.host_for(req, &mac);
-        self.table.bind(wanted, mac, host, now + u64::from(lease_time));
+        self.table
+            .bind(wanted, mac, host, now + u64::from(lease_time));
         let mut m = self.base_reply(req, MessageType::Ack);
         m.set_yiaddr(wanted);
         m.set_ciaddr(ci);
@@ -370,7 +475,12 @@ impl Server {
         }
         let unicast = (!ci.is_unspecified()).then_some(ci);
         let (dest, broadcast) = self.dest_for(req, unicast, false);
-        Outcome::Reply(Reply { msg: m, dest, broadcast, kind: ReplyKind::Ack })
+        Outcome::Reply(Reply {
+            msg: m,
+            dest,
+            broadcast,
+            kind: ReplyKind::Ack,
+        })
     }
 
     fn can_have(&mut self, si: usize, ip: Ipv4Addr, mac: &Mac, now: u64) -> bool {
@@ -422,7 +532,14 @@ impl Server {
         }
     }
 
-    fn add_boot(&self, m: &mut Message, req: &Message, client: &ClientInfo, boot: &BootChoice, proxy: bool) {
+    fn add_boot(
+        &self,
+        m: &mut Message,
+        req: &Message,
+        client: &ClientInfo,
+        boot: &BootChoice,
+        proxy: bool,
+    ) {
         let next = self.next_server();
         m.set_siaddr(next);
         if boot.file.len() < 128 {
@@ -438,7 +555,9 @@ impl Server {
         } else if client.pxe {
             o.insert(DhcpOption::ClassIdentifier(b"PXEClient".to_vec()));
         }
-        if let Some(DhcpOption::ClientMachineIdentifier(id)) = req.opts().get(OptionCode::ClientMachineIdentifier) {
+        if let Some(DhcpOption::ClientMachineIdentifier(id)) =
+            req.opts().get(OptionCode::ClientMachineIdentifier)
+        {
             o.insert(DhcpOption::ClientMachineIdentifier(id.clone()));
         }
         if proxy && client.pxe && !client.ipxe && client.arch.unwrap_or(0) == 0 {
@@ -447,12 +566,20 @@ impl Server {
         }
         if !proxy && client.ipxe {
             // iPXE encapsulated option 176 (no-pxedhcp) = 1: do not wait for proxyDHCP.
-            o.insert(DhcpOption::Unknown(UnknownOption::new(OptionCode::Unknown(175), vec![176, 1, 1])));
+            o.insert(DhcpOption::Unknown(UnknownOption::new(
+                OptionCode::Unknown(175),
+                vec![176, 1, 1],
+            )));
         }
     }
 
     /// RFC 2131 4.1: relay → giaddr; NAK → broadcast; ciaddr → unicast; else broadcast.
-    fn dest_for(&self, req: &Message, unicast: Option<Ipv4Addr>, nak: bool) -> (SocketAddrV4, bool) {
+    fn dest_for(
+        &self,
+        req: &Message,
+        unicast: Option<Ipv4Addr>,
+        nak: bool,
+    ) -> (SocketAddrV4, bool) {
         let gi = req.giaddr();
         if !gi.is_unspecified() {
             return (SocketAddrV4::new(gi, SERVER_PORT), false);
@@ -486,7 +613,9 @@ fn prevalidate(buf: &[u8]) -> bool {
             255 => return true,
             _ => {}
         }
-        let Some(&l) = buf.get(i + 1) else { return false };
+        let Some(&l) = buf.get(i + 1) else {
+            return false;
+        };
         let l = usize::from(l);
         if i + 2 + l > buf.len() {
             return false;
@@ -517,7 +646,8 @@ pub fn decode(buf: &[u8]) -> Option<Message> {
     if !prevalidate(buf) {
         return None;
     }
-    let m = std::panic::catch_unwind(|| v4::Message::decode(&mut dhcproto::Decoder::new(buf)).ok()).ok()??;
+    let m = std::panic::catch_unwind(|| v4::Message::decode(&mut dhcproto::Decoder::new(buf)).ok())
+        .ok()??;
     if m.hlen() > 16 {
         return None;
     }

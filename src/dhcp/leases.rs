@@ -102,7 +102,9 @@ impl LeaseIndex {
 
     /// Apply persisted changes (called by the DHCP loop only).
     pub(crate) fn apply(&self, changes: &[Change]) {
-        let Ok(mut g) = self.inner.write() else { return };
+        let Ok(mut g) = self.inner.write() else {
+            return;
+        };
         for c in changes {
             match c {
                 Change::Put(l) if l.state == LeaseState::Bound => {
@@ -187,7 +189,10 @@ impl LeaseTable {
             for r in &s.ranges {
                 for v in u32::from(r.0)..=u32::from(r.1) {
                     let ip = Ipv4Addr::from(v);
-                    if s.in_pool(ip) && !self.reserved_ips.contains(&ip) && !self.by_ip.contains_key(&ip) {
+                    if s.in_pool(ip)
+                        && !self.reserved_ips.contains(&ip)
+                        && !self.by_ip.contains_key(&ip)
+                    {
                         f.insert(v);
                     }
                 }
@@ -230,7 +235,11 @@ impl LeaseTable {
         self.subnets
             .iter()
             .map(|s| {
-                let used = self.by_ip.values().filter(|l| s.contains(l.ip) && l.active(now)).count() as u64;
+                let used = self
+                    .by_ip
+                    .values()
+                    .filter(|l| s.contains(l.ip) && l.active(now))
+                    .count() as u64;
                 (s.network, used, s.pool_size())
             })
             .collect()
@@ -290,7 +299,13 @@ impl LeaseTable {
 
     /// Pick an address for `mac` in subnet `si`: reservation, its current lease,
     /// the requested address, a free one, then the longest-expired one.
-    pub fn choose(&mut self, si: usize, mac: &Mac, requested: Option<Ipv4Addr>, now: u64) -> Result<Ipv4Addr, AllocError> {
+    pub fn choose(
+        &mut self,
+        si: usize,
+        mac: &Mac,
+        requested: Option<Ipv4Addr>,
+        now: u64,
+    ) -> Result<Ipv4Addr, AllocError> {
         if si >= self.subnets.len() {
             return Err(AllocError::NoSubnet);
         }
@@ -325,7 +340,12 @@ impl LeaseTable {
         let victim = self
             .by_ip
             .values()
-            .filter(|l| s.contains(l.ip) && !l.active(now) && s.in_pool(l.ip) && !self.reserved_ips.contains(&l.ip))
+            .filter(|l| {
+                s.contains(l.ip)
+                    && !l.active(now)
+                    && s.in_pool(l.ip)
+                    && !self.reserved_ips.contains(&l.ip)
+            })
             .min_by_key(|l| (l.state != LeaseState::Released, l.expires))
             .map(|l| l.ip);
         match victim {
@@ -344,7 +364,13 @@ impl LeaseTable {
                 self.forget(ip);
             }
         }
-        self.insert_lease(Lease { ip, mac, hostname, expires, state: LeaseState::Offered });
+        self.insert_lease(Lease {
+            ip,
+            mac,
+            hostname,
+            expires,
+            state: LeaseState::Offered,
+        });
     }
 
     /// Drop an unanswered offer for `mac` (it chose another server).
@@ -362,7 +388,13 @@ impl LeaseTable {
         if self.by_ip.get(&ip).is_some_and(|l| l.mac != mac) {
             self.forget(ip);
         }
-        let l = Lease { ip, mac, hostname, expires, state: LeaseState::Bound };
+        let l = Lease {
+            ip,
+            mac,
+            hostname,
+            expires,
+            state: LeaseState::Bound,
+        };
         self.insert_lease(l.clone());
         self.journal.push(Change::Put(l));
     }
@@ -385,7 +417,13 @@ impl LeaseTable {
     pub fn decline(&mut self, ip: Ipv4Addr, mac: &Mac, until: u64) -> bool {
         match self.by_ip.get(&ip) {
             Some(l) if l.mac == *mac => {
-                let l = Lease { ip, mac: *mac, hostname: None, expires: until, state: LeaseState::Declined };
+                let l = Lease {
+                    ip,
+                    mac: *mac,
+                    hostname: None,
+                    expires: until,
+                    state: LeaseState::Declined,
+                };
                 if self.by_mac.get(mac) == Some(&ip) {
                     self.by_mac.remove(mac);
                 }
@@ -424,7 +462,10 @@ mod tests {
         let b = t.choose(0, &[2; 6], None, 100).unwrap();
         assert_eq!(b, Ipv4Addr::new(10, 0, 0, 12), "10.0.0.11 is excluded");
         t.bind(b, [2; 6], None, 250);
-        assert_eq!(t.choose(0, &[3; 6], None, 100), Err(AllocError::PoolExhausted));
+        assert_eq!(
+            t.choose(0, &[3; 6], None, 100),
+            Err(AllocError::PoolExhausted)
+        );
         // the same client gets its address again
         assert_eq!(t.choose(0, &[1; 6], None, 150).unwrap(), a);
         // after expiry, the address is reused
@@ -441,26 +482,50 @@ mod tests {
         t.bind(Ipv4Addr::new(10, 0, 0, 12), [2; 6], None, 1000);
         assert!(t.release(Ipv4Addr::new(10, 0, 0, 12), &[2; 6], 100));
         assert!(!t.release(Ipv4Addr::new(10, 0, 0, 10), &[9; 6], 100));
-        assert_eq!(t.choose(0, &[3; 6], None, 101).unwrap(), Ipv4Addr::new(10, 0, 0, 12));
+        assert_eq!(
+            t.choose(0, &[3; 6], None, 101).unwrap(),
+            Ipv4Addr::new(10, 0, 0, 12)
+        );
         let j = t.take_journal();
         assert_eq!(j.len(), 3);
         let idx = LeaseIndex::default();
         idx.apply(&j);
         assert_eq!(idx.by_ip(Ipv4Addr::new(10, 0, 0, 10)).unwrap().mac, [1; 6]);
-        assert!(idx.by_ip(Ipv4Addr::new(10, 0, 0, 12)).is_none(), "released leaves the index");
+        assert!(
+            idx.by_ip(Ipv4Addr::new(10, 0, 0, 12)).is_none(),
+            "released leaves the index"
+        );
         assert_eq!(idx.by_mac(&[1; 6]).unwrap().ip, Ipv4Addr::new(10, 0, 0, 10));
         assert_eq!(idx.all().len(), 1);
     }
 
     #[test]
     fn reservations_win_and_are_kept_from_others() {
-        let r = Reservation { mac: [7; 6], ip: Ipv4Addr::new(10, 0, 0, 12), hostname: Some("n7".into()) };
+        let r = Reservation {
+            mac: [7; 6],
+            ip: Ipv4Addr::new(10, 0, 0, 12),
+            hostname: Some("n7".into()),
+        };
         let mut t = LeaseTable::new(vec![subnet()], vec![r]);
-        assert_eq!(t.choose(0, &[7; 6], None, 0).unwrap(), Ipv4Addr::new(10, 0, 0, 12));
-        assert_eq!(t.choose(0, &[1; 6], Some(Ipv4Addr::new(10, 0, 0, 12)), 0).unwrap(), Ipv4Addr::new(10, 0, 0, 10));
+        assert_eq!(
+            t.choose(0, &[7; 6], None, 0).unwrap(),
+            Ipv4Addr::new(10, 0, 0, 12)
+        );
+        assert_eq!(
+            t.choose(0, &[1; 6], Some(Ipv4Addr::new(10, 0, 0, 12)), 0)
+                .unwrap(),
+            Ipv4Addr::new(10, 0, 0, 10)
+        );
         // a reservation outside the pool is still given
-        t.set_reservations(vec![Reservation { mac: [8; 6], ip: Ipv4Addr::new(10, 0, 0, 99), hostname: None }]);
-        assert_eq!(t.choose(0, &[8; 6], None, 0).unwrap(), Ipv4Addr::new(10, 0, 0, 99));
+        t.set_reservations(vec![Reservation {
+            mac: [8; 6],
+            ip: Ipv4Addr::new(10, 0, 0, 99),
+            hostname: None,
+        }]);
+        assert_eq!(
+            t.choose(0, &[8; 6], None, 0).unwrap(),
+            Ipv4Addr::new(10, 0, 0, 99)
+        );
     }
 
     #[test]
@@ -468,7 +533,14 @@ mod tests {
         let mut t = LeaseTable::new(vec![subnet()], vec![]);
         t.bind(Ipv4Addr::new(10, 0, 0, 10), [1; 6], None, 1000);
         assert!(t.decline(Ipv4Addr::new(10, 0, 0, 10), &[1; 6], 500));
-        assert_eq!(t.choose(0, &[1; 6], None, 100).unwrap(), Ipv4Addr::new(10, 0, 0, 12));
-        assert_eq!(t.choose(0, &[2; 6], Some(Ipv4Addr::new(10, 0, 0, 10)), 100).unwrap(), Ipv4Addr::new(10, 0, 0, 12));
+        assert_eq!(
+            t.choose(0, &[1; 6], None, 100).unwrap(),
+            Ipv4Addr::new(10, 0, 0, 12)
+        );
+        assert_eq!(
+            t.choose(0, &[2; 6], Some(Ipv4Addr::new(10, 0, 0, 10)), 100)
+                .unwrap(),
+            Ipv4Addr::new(10, 0, 0, 12)
+        );
     }
 }

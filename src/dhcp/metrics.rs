@@ -77,10 +77,22 @@ impl Metrics {
         r.register("releases", "DHCPRELEASEs processed", self.releases.clone());
         r.register("declines", "DHCPDECLINEs processed", self.declines.clone());
         r.register("informs", "DHCPINFORMs answered", self.informs.clone());
-        r.register("proxy_replies", "proxyDHCP replies sent", self.proxy_replies.clone());
+        r.register(
+            "proxy_replies",
+            "proxyDHCP replies sent",
+            self.proxy_replies.clone(),
+        );
         r.register("drops", "packets dropped, by reason", self.drops.clone());
-        r.register("pool_used", "active leases per subnet", self.pool_used.clone());
-        r.register("pool_size", "dynamic pool size per subnet", self.pool_size.clone());
+        r.register(
+            "pool_used",
+            "active leases per subnet",
+            self.pool_used.clone(),
+        );
+        r.register(
+            "pool_size",
+            "dynamic pool size per subnet",
+            self.pool_size.clone(),
+        );
         r.register("commits", "durable lease-log commits", self.commits.clone());
     }
 }

@@ -55,13 +55,21 @@ pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> Result<()> {
 }
 
 /// Like [`serve`], with the metrics and lease index the rest of the appliance reads.
-pub async fn serve_with(ctx: Arc<Context>, shutdown: Shutdown, metrics: Metrics, index: LeaseIndex) -> Result<()> {
+pub async fn serve_with(
+    ctx: Arc<Context>,
+    shutdown: Shutdown,
+    metrics: Metrics,
+    index: LeaseIndex,
+) -> Result<()> {
     let settings = DhcpSettings::from_config(&ctx.config)?;
     run(settings, &ctx.config.state_dir, shutdown, metrics, index).await
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// The interface's first IPv4 address and prefix length.
@@ -71,29 +79,55 @@ pub fn interface_ipv4(name: &str) -> Result<(Ipv4Addr, u8)> {
         if a.interface_name != name {
             continue;
         }
-        let Some(ip) = a.address.as_ref().and_then(|s| s.as_sockaddr_in()).map(|s| s.ip()) else { continue };
-        let prefix = a.netmask.as_ref().and_then(|s| s.as_sockaddr_in()).map(|s| u32::from(s.ip()).count_ones() as u8).unwrap_or(24);
+        let Some(ip) = a
+            .address
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|s| s.ip())
+        else {
+            continue;
+        };
+        let prefix = a
+            .netmask
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|s| u32::from(s.ip()).count_ones() as u8)
+            .unwrap_or(24);
         return Ok((ip, prefix));
     }
     bail!("interface {name:?} has no IPv4 address (set dhcp.server_ip or add an address)")
 }
 
 fn udp_socket(interface: &str, port: u16) -> Result<UdpSocket> {
-    use nix::sys::socket::{bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
-    let fd = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)
-        .context("creating udp socket")?;
+    use nix::sys::socket::{
+        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .context("creating udp socket")?;
     setsockopt(&fd, sockopt::ReuseAddr, &true).context("setting SO_REUSEADDR")?;
     setsockopt(&fd, sockopt::ReusePort, &true).context("setting SO_REUSEPORT")?;
     setsockopt(&fd, sockopt::Broadcast, &true).context("setting SO_BROADCAST")?;
-    setsockopt(&fd, sockopt::BindToDevice, &std::ffi::OsString::from(interface))
-        .with_context(|| format!("binding to interface {interface} (SO_BINDTODEVICE)"))?;
+    setsockopt(
+        &fd,
+        sockopt::BindToDevice,
+        &std::ffi::OsString::from(interface),
+    )
+    .with_context(|| format!("binding to interface {interface} (SO_BINDTODEVICE)"))?;
     // Room for a boot storm's burst while a batch is being committed.
     if setsockopt(&fd, sockopt::RcvBufForce, &(8 << 20)).is_err() {
         let _ = setsockopt(&fd, sockopt::RcvBuf, &(8 << 20));
     }
     let _ = setsockopt(&fd, sockopt::SndBuf, &(4 << 20));
-    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::new(0, 0, 0, 0, port))
-        .with_context(|| format!("binding udp port {port} on {interface}"))?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::new(0, 0, 0, 0, port),
+    )
+    .with_context(|| format!("binding udp port {port} on {interface}"))?;
     let std_sock = std::net::UdpSocket::from(fd);
     UdpSocket::from_std(std_sock).context("registering udp socket")
 }
@@ -108,7 +142,8 @@ impl RateLimiter {
     fn allow(&mut self, mac: Mac, now: Instant) -> bool {
         let burst = self.rate * 2.0;
         if self.buckets.len() > 200_000 {
-            self.buckets.retain(|_, (_, t)| now.duration_since(*t) < Duration::from_secs(10));
+            self.buckets
+                .retain(|_, (_, t)| now.duration_since(*t) < Duration::from_secs(10));
         }
         let (tokens, last) = self.buckets.entry(mac).or_insert((burst, now));
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(burst);
@@ -144,7 +179,11 @@ struct Commit {
 
 fn commit(mut log: LeaseLog, journal: Vec<leases::Change>) -> Commit {
     let result = log.append(&journal);
-    Commit { log, journal, result }
+    Commit {
+        log,
+        journal,
+        result,
+    }
 }
 
 struct Sockets<'a> {
@@ -159,7 +198,11 @@ impl Sockets<'_> {
             metrics.drop(DropReason::SendFailed);
             return;
         };
-        let sock = if port == PXE_PORT { self.s4011.unwrap_or(self.s67) } else { self.s67 };
+        let sock = if port == PXE_PORT {
+            self.s4011.unwrap_or(self.s67)
+        } else {
+            self.s67
+        };
         match sock.send_to(&bytes, SocketAddr::V4(r.dest)).await {
             Ok(_) => match r.kind {
                 ReplyKind::Offer => metrics.offers.inc(),
@@ -178,7 +221,13 @@ impl Sockets<'_> {
 }
 
 /// Bind the sockets, load the leases, and serve until shutdown.
-pub async fn run(settings: DhcpSettings, state_dir: &Path, mut shutdown: Shutdown, metrics: Metrics, index: LeaseIndex) -> Result<()> {
+pub async fn run(
+    settings: DhcpSettings,
+    state_dir: &Path,
+    mut shutdown: Shutdown,
+    metrics: Metrics,
+    index: LeaseIndex,
+) -> Result<()> {
     let iface = settings.interface.clone();
     if iface.is_empty() {
         bail!("dhcp needs an interface (dhcp.interface or --dhcp-interface)");
@@ -202,11 +251,18 @@ pub async fn run(settings: DhcpSettings, state_dir: &Path, mut shutdown: Shutdow
     index.apply(&loaded);
 
     let s67 = udp_socket(&iface, SERVER_PORT)?;
-    let s4011 = if mode == DhcpMode::Proxy { Some(udp_socket(&iface, PXE_PORT)?) } else { None };
+    let s4011 = if mode == DhcpMode::Proxy {
+        Some(udp_socket(&iface, PXE_PORT)?)
+    } else {
+        None
+    };
     tracing::info!(interface = %iface, %server_ip, ?mode, leases = loaded.len(), log = %log_path.display(), "dhcp server listening");
 
     let mut log = Some(log);
-    let mut limiter = RateLimiter { rate, buckets: HashMap::new() };
+    let mut limiter = RateLimiter {
+        rate,
+        buckets: HashMap::new(),
+    };
     let mut buf = vec![0u8; 2048];
     let mut buf2 = vec![0u8; 2048];
     let mut last_gauge = Instant::now() - Duration::from_secs(10);
@@ -219,7 +275,10 @@ pub async fn run(settings: DhcpSettings, state_dir: &Path, mut shutdown: Shutdow
     let mut inflight_acks: Vec<(Reply, u16)> = Vec::new();
     // Bound on in-flight work: stop reading while this many ACKs wait for disk.
     let max_waiting = (max_batch * 4).max(4096);
-    let sockets = Sockets { s67: &s67, s4011: s4011.as_ref() };
+    let sockets = Sockets {
+        s67: &s67,
+        s4011: s4011.as_ref(),
+    };
 
     loop {
         batch.clear();
@@ -293,7 +352,11 @@ pub async fn run(settings: DhcpSettings, state_dir: &Path, mut shutdown: Shutdow
                     match sock.try_recv_from(&mut buf) {
                         Ok((n, a)) => {
                             if let Some(src) = v4(a) {
-                                batch.push(Packet { data: buf[..n].to_vec(), src, port });
+                                batch.push(Packet {
+                                    data: buf[..n].to_vec(),
+                                    src,
+                                    port,
+                                });
                             }
                         }
                         Err(_) => break,
@@ -316,7 +379,11 @@ pub async fn run(settings: DhcpSettings, state_dir: &Path, mut shutdown: Shutdow
                     metrics.drop(DropReason::Malformed);
                     continue;
                 };
-                let meta = Meta { now: now_unix, src: p.src, local_port: p.port };
+                let meta = Meta {
+                    now: now_unix,
+                    src: p.src,
+                    local_port: p.port,
+                };
                 match server.handle(&msg, &meta) {
                     // An ACK waits for its lease to be durable; everything else leaves now.
                     Outcome::Reply(r) if r.kind == ReplyKind::Ack => pending_acks.push((r, p.port)),
@@ -337,7 +404,9 @@ pub async fn run(settings: DhcpSettings, state_dir: &Path, mut shutdown: Shutdow
             if now_i.duration_since(last_gauge) > Duration::from_secs(2) {
                 last_gauge = now_i;
                 for (net, used, size) in server.table.utilisation(now_unix) {
-                    let l = metrics::SubnetLabels { subnet: net.to_string() };
+                    let l = metrics::SubnetLabels {
+                        subnet: net.to_string(),
+                    };
                     metrics.pool_used.get_or_create(&l).set(used as i64);
                     metrics.pool_size.get_or_create(&l).set(size as i64);
                 }

@@ -29,7 +29,11 @@ pub struct LeaseLog {
 }
 
 fn clean_hostname(h: &str) -> Option<String> {
-    let s: String = h.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')).take(63).collect();
+    let s: String = h
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        .take(63)
+        .collect();
     if s.is_empty() {
         None
     } else {
@@ -46,8 +50,20 @@ fn encode(c: &Change, out: &mut String) {
                 LeaseState::Released => 'R',
                 LeaseState::Declined => 'D',
             };
-            let h = l.hostname.as_deref().and_then(clean_hostname).unwrap_or_else(|| "-".into());
-            let _ = writeln!(out, "P {} {} {} {} {}", l.ip, fmt_mac(&l.mac), l.expires, st, h);
+            let h = l
+                .hostname
+                .as_deref()
+                .and_then(clean_hostname)
+                .unwrap_or_else(|| "-".into());
+            let _ = writeln!(
+                out,
+                "P {} {} {} {} {}",
+                l.ip,
+                fmt_mac(&l.mac),
+                l.expires,
+                st,
+                h
+            );
         }
         Change::Forget(ip) => {
             let _ = writeln!(out, "F {ip}");
@@ -72,7 +88,13 @@ fn decode(line: &str) -> Option<Change> {
                 "-" => None,
                 h => Some(h.to_string()),
             };
-            Some(Change::Put(Lease { ip, mac, hostname, expires, state }))
+            Some(Change::Put(Lease {
+                ip,
+                mac,
+                hostname,
+                expires,
+                state,
+            }))
         }
         "F" => Some(Change::Forget(it.next()?.parse().ok()?)),
         _ => None,
@@ -80,7 +102,9 @@ fn decode(line: &str) -> Option<Change> {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing directory {}", dir.display()))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing directory {}", dir.display()))
 }
 
 impl LeaseLog {
@@ -92,12 +116,21 @@ impl LeaseLog {
         let mut leases: HashMap<Ipv4Addr, Lease> = HashMap::new();
         let mut bad = 0usize;
         if path.exists() {
-            let mut f = File::open(path).with_context(|| format!("reading lease log {}", path.display()))?;
+            let mut f = File::open(path)
+                .with_context(|| format!("reading lease log {}", path.display()))?;
             let mut buf = Vec::new();
-            f.read_to_end(&mut buf).with_context(|| format!("reading lease log {}", path.display()))?;
-            let end = buf.iter().rposition(|&b| b == b'\n').map(|p| p + 1).unwrap_or(0);
+            f.read_to_end(&mut buf)
+                .with_context(|| format!("reading lease log {}", path.display()))?;
+            let end = buf
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map(|p| p + 1)
+                .unwrap_or(0);
             if end < buf.len() {
-                tracing::warn!(bytes = buf.len() - end, "lease log ends in a torn record; dropping it");
+                tracing::warn!(
+                    bytes = buf.len() - end,
+                    "lease log ends in a torn record; dropping it"
+                );
             }
             for line in buf[..end].split(|&b| b == b'\n') {
                 if line.is_empty() {
@@ -129,14 +162,27 @@ impl LeaseLog {
         }
         {
             let mut t = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-            t.write_all(text.as_bytes()).with_context(|| format!("writing {}", tmp.display()))?;
-            t.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+            t.write_all(text.as_bytes())
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            t.sync_all()
+                .with_context(|| format!("syncing {}", tmp.display()))?;
         }
-        std::fs::rename(&tmp, path).with_context(|| format!("replacing lease log {}", path.display()))?;
+        std::fs::rename(&tmp, path)
+            .with_context(|| format!("replacing lease log {}", path.display()))?;
         sync_dir(dir)?;
-        let mut file = OpenOptions::new().append(true).open(path).with_context(|| format!("opening lease log {}", path.display()))?;
+        let mut file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening lease log {}", path.display()))?;
         file.seek(SeekFrom::End(0)).context("seeking lease log")?;
-        Ok((LeaseLog { file, path: path.to_path_buf(), appended: 0 }, live))
+        Ok((
+            LeaseLog {
+                file,
+                path: path.to_path_buf(),
+                appended: 0,
+            },
+            live,
+        ))
     }
 
     /// Append `changes` and fdatasync. Returns after the data is on disk.
@@ -168,12 +214,18 @@ impl LeaseLog {
         }
         {
             let mut t = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-            t.write_all(text.as_bytes()).with_context(|| format!("writing {}", tmp.display()))?;
-            t.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+            t.write_all(text.as_bytes())
+                .with_context(|| format!("writing {}", tmp.display()))?;
+            t.sync_all()
+                .with_context(|| format!("syncing {}", tmp.display()))?;
         }
-        std::fs::rename(&tmp, &self.path).with_context(|| format!("replacing lease log {}", self.path.display()))?;
+        std::fs::rename(&tmp, &self.path)
+            .with_context(|| format!("replacing lease log {}", self.path.display()))?;
         sync_dir(self.path.parent().unwrap_or(Path::new(".")))?;
-        self.file = OpenOptions::new().append(true).open(&self.path).with_context(|| format!("opening lease log {}", self.path.display()))?;
+        self.file = OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .with_context(|| format!("opening lease log {}", self.path.display()))?;
         self.appended = 0;
         Ok(())
     }
@@ -184,7 +236,13 @@ mod tests {
     use super::*;
 
     fn lease(last: u8, mac: u8, exp: u64) -> Lease {
-        Lease { ip: Ipv4Addr::new(10, 0, 0, last), mac: [mac; 6], hostname: Some("h x".into()), expires: exp, state: LeaseState::Bound }
+        Lease {
+            ip: Ipv4Addr::new(10, 0, 0, last),
+            mac: [mac; 6],
+            hostname: Some("h x".into()),
+            expires: exp,
+            state: LeaseState::Bound,
+        }
     }
 
     #[test]
@@ -193,7 +251,12 @@ mod tests {
         let p = d.path().join("dhcp-leases.log");
         let (mut log, live) = LeaseLog::open(&p, 100, 0).unwrap();
         assert!(live.is_empty());
-        log.append(&[Change::Put(lease(1, 1, 1000)), Change::Put(lease(2, 2, 1000)), Change::Forget(Ipv4Addr::new(10, 0, 0, 2))]).unwrap();
+        log.append(&[
+            Change::Put(lease(1, 1, 1000)),
+            Change::Put(lease(2, 2, 1000)),
+            Change::Forget(Ipv4Addr::new(10, 0, 0, 2)),
+        ])
+        .unwrap();
         log.append(&[Change::Put(lease(3, 3, 50))]).unwrap();
         drop(log);
         // simulate a crash mid-write

@@ -210,17 +210,23 @@ pub fn prefix_mask(len: u8) -> u32 {
 pub fn parse_mac(s: &str) -> Result<Mac, SettingsError> {
     let parts: Vec<&str> = s.split([':', '-']).collect();
     if parts.len() != 6 {
-        return Err(invalid(format!("bad mac address {s:?} (expected aa:bb:cc:dd:ee:ff)")));
+        return Err(invalid(format!(
+            "bad mac address {s:?} (expected aa:bb:cc:dd:ee:ff)"
+        )));
     }
     let mut mac = [0u8; 6];
     for (i, p) in parts.iter().enumerate() {
-        mac[i] = u8::from_str_radix(p, 16).map_err(|_| invalid(format!("bad mac address {s:?}")))?;
+        mac[i] =
+            u8::from_str_radix(p, 16).map_err(|_| invalid(format!("bad mac address {s:?}")))?;
     }
     Ok(mac)
 }
 
 pub fn fmt_mac(m: &Mac) -> String {
-    format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
 }
 
 /// `A-B` (inclusive) or a single address.
@@ -229,18 +235,30 @@ pub fn parse_range(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), SettingsError> {
         Some((a, b)) => (a.trim(), b.trim()),
         None => (s.trim(), s.trim()),
     };
-    let a: Ipv4Addr = a.parse().map_err(|_| invalid(format!("bad address range {s:?} (expected START-END)")))?;
-    let b: Ipv4Addr = b.parse().map_err(|_| invalid(format!("bad address range {s:?} (expected START-END)")))?;
+    let a: Ipv4Addr = a
+        .parse()
+        .map_err(|_| invalid(format!("bad address range {s:?} (expected START-END)")))?;
+    let b: Ipv4Addr = b
+        .parse()
+        .map_err(|_| invalid(format!("bad address range {s:?} (expected START-END)")))?;
     if u32::from(a) > u32::from(b) {
-        return Err(invalid(format!("address range {s:?} ends before it starts")));
+        return Err(invalid(format!(
+            "address range {s:?} ends before it starts"
+        )));
     }
     Ok((a, b))
 }
 
 fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), SettingsError> {
-    let (a, l) = s.split_once('/').ok_or_else(|| invalid(format!("bad network {s:?} (expected A.B.C.D/LEN)")))?;
-    let ip: Ipv4Addr = a.parse().map_err(|_| invalid(format!("bad network {s:?}")))?;
-    let len: u8 = l.parse().map_err(|_| invalid(format!("bad prefix length in {s:?}")))?;
+    let (a, l) = s
+        .split_once('/')
+        .ok_or_else(|| invalid(format!("bad network {s:?} (expected A.B.C.D/LEN)")))?;
+    let ip: Ipv4Addr = a
+        .parse()
+        .map_err(|_| invalid(format!("bad network {s:?}")))?;
+    let len: u8 = l
+        .parse()
+        .map_err(|_| invalid(format!("bad prefix length in {s:?}")))?;
     if len > 32 {
         return Err(invalid(format!("bad prefix length in {s:?}")));
     }
@@ -284,7 +302,9 @@ impl DhcpSettings {
                 lease_time_secs: lease_time,
             });
             if !subnets[0].contains(b) {
-                return Err(invalid(format!("range {r:?} crosses its /{len} subnet (set dhcp.prefix_len)")));
+                return Err(invalid(format!(
+                    "range {r:?} crosses its /{len} subnet (set dhcp.prefix_len)"
+                )));
             }
         }
         for s in &raw.subnets {
@@ -295,14 +315,21 @@ impl DhcpSettings {
                 ranges: vec![],
                 exclude: vec![],
                 router: s.router.or(raw.router),
-                dns: if s.dns.is_empty() { raw.dns.clone() } else { s.dns.clone() },
+                dns: if s.dns.is_empty() {
+                    raw.dns.clone()
+                } else {
+                    s.dns.clone()
+                },
                 domain: s.domain.clone().or(raw.domain.clone()),
                 lease_time_secs: s.lease_time_secs.unwrap_or(lease_time),
             };
             for r in &s.ranges {
                 let (a, b) = parse_range(r)?;
                 if !sub.contains(a) || !sub.contains(b) {
-                    return Err(invalid(format!("range {r:?} is outside subnet {}", s.network)));
+                    return Err(invalid(format!(
+                        "range {r:?} is outside subnet {}",
+                        s.network
+                    )));
                 }
                 sub.ranges.push((a, b));
             }
@@ -312,20 +339,40 @@ impl DhcpSettings {
             subnets.push(sub);
         }
         if d.mode == DhcpMode::Authoritative && subnets.is_empty() {
-            return Err(invalid("authoritative mode needs dhcp.range or [[dhcp.subnets]]"));
+            return Err(invalid(
+                "authoritative mode needs dhcp.range or [[dhcp.subnets]]",
+            ));
         }
-        let total: u64 = subnets.iter().map(|s| s.ranges.iter().map(|r| u64::from(u32::from(r.1) - u32::from(r.0)) + 1).sum::<u64>()).sum();
+        let total: u64 = subnets
+            .iter()
+            .map(|s| {
+                s.ranges
+                    .iter()
+                    .map(|r| u64::from(u32::from(r.1) - u32::from(r.0)) + 1)
+                    .sum::<u64>()
+            })
+            .sum();
         if total > 1 << 20 {
-            return Err(invalid("dynamic pools larger than 1048576 addresses are not supported"));
+            return Err(invalid(
+                "dynamic pools larger than 1048576 addresses are not supported",
+            ));
         }
 
         let mut reservations = Vec::new();
         for r in &raw.reservations {
-            reservations.push(Reservation { mac: parse_mac(&r.mac)?, ip: r.ip, hostname: r.hostname.clone() });
+            reservations.push(Reservation {
+                mac: parse_mac(&r.mac)?,
+                ip: r.ip,
+                hostname: r.hostname.clone(),
+            });
         }
 
         let mut by_arch = BTreeMap::new();
-        let bios = raw.boot.bios.clone().unwrap_or_else(|| "undionly.kpxe".into());
+        let bios = raw
+            .boot
+            .bios
+            .clone()
+            .unwrap_or_else(|| "undionly.kpxe".into());
         let uefi = raw.boot.uefi.clone().unwrap_or_else(|| "ipxe.efi".into());
         let http = raw.boot.http.clone().unwrap_or_else(|| "ipxe.efi".into());
         by_arch.insert(0, boot_target(&bios, &public));
@@ -339,10 +386,16 @@ impl DhcpSettings {
         by_arch.insert(15, http_target.clone());
         by_arch.insert(16, http_target);
         for (k, v) in &raw.boot.arch {
-            let code: u16 = k.parse().map_err(|_| invalid(format!("boot.arch key {k:?} is not an architecture number")))?;
+            let code: u16 = k.parse().map_err(|_| {
+                invalid(format!("boot.arch key {k:?} is not an architecture number"))
+            })?;
             by_arch.insert(code, boot_target(v, &public));
         }
-        let script_url = raw.boot.script_url.clone().unwrap_or_else(|| format!("{public}/boot.ipxe"));
+        let script_url = raw
+            .boot
+            .script_url
+            .clone()
+            .unwrap_or_else(|| format!("{public}/boot.ipxe"));
 
         Ok(DhcpSettings {
             interface,
@@ -350,7 +403,11 @@ impl DhcpSettings {
             server_ip: raw.server_ip,
             subnets,
             reservations,
-            boot: BootSettings { by_arch, script_url, tftp_server: raw.boot.tftp_server },
+            boot: BootSettings {
+                by_arch,
+                script_url,
+                tftp_server: raw.boot.tftp_server,
+            },
             offer_hold_secs: raw.offer_hold_secs.unwrap_or(30),
             rate_limit_per_mac: raw.rate_limit_per_mac.unwrap_or(20).max(1),
             max_batch: raw.max_batch.unwrap_or(64).clamp(1, 8192),
@@ -376,7 +433,10 @@ mod tests {
         assert_eq!(s.subnets[0].pool_size(), 101);
         assert_eq!(s.boot.by_arch[&0], BootTarget::Tftp("undionly.kpxe".into()));
         assert_eq!(s.boot.by_arch[&7], BootTarget::Tftp("ipxe.efi".into()));
-        assert_eq!(s.boot.by_arch[&16], BootTarget::Http("http://10.0.0.1:8080/assets/ipxe.efi".into()));
+        assert_eq!(
+            s.boot.by_arch[&16],
+            BootTarget::Http("http://10.0.0.1:8080/assets/ipxe.efi".into())
+        );
         assert_eq!(s.boot.script_url, "http://10.0.0.1:8080/boot.ipxe");
     }
 
@@ -403,21 +463,40 @@ uefi = "snponly.efi"
         assert!(!s.subnets[0].in_pool(Ipv4Addr::new(10, 1, 0, 15)));
         assert_eq!(s.reservations[0].mac, [0x52, 0x54, 0, 0x12, 0x34, 0x56]);
         assert_eq!(s.boot.by_arch[&7], BootTarget::Tftp("snponly.efi".into()));
-        assert_eq!(s.boot.by_arch[&11], BootTarget::Tftp("ipxe-arm64.efi".into()));
-        assert!(matches!(&s.boot.by_arch[&19], BootTarget::Http(u) if u.ends_with("/assets/ipxe-arm64.efi")));
+        assert_eq!(
+            s.boot.by_arch[&11],
+            BootTarget::Tftp("ipxe-arm64.efi".into())
+        );
+        assert!(
+            matches!(&s.boot.by_arch[&19], BootTarget::Http(u) if u.ends_with("/assets/ipxe-arm64.efi"))
+        );
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
-        let e = Config::from_toml("[dhcp]\nleasetime = 5\n").unwrap_err().to_string();
+        let e = Config::from_toml("[dhcp]\nleasetime = 5\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("leasetime"), "{e}");
-        let e = Config::from_toml("[dhcp.boot]\nbio = \"x\"\n").unwrap_err().to_string();
+        let e = Config::from_toml("[dhcp.boot]\nbio = \"x\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bio"), "{e}");
-        let e = DhcpSettings::from_config(&cfg("[dhcp]\nmode = \"authoritative\"\nrange = \"10.0.0.9-10.0.0.1\"\n")).unwrap_err().to_string();
+        let e = DhcpSettings::from_config(&cfg(
+            "[dhcp]\nmode = \"authoritative\"\nrange = \"10.0.0.9-10.0.0.1\"\n",
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("ends before"), "{e}");
-        let e = DhcpSettings::from_config(&cfg("[dhcp]\n[[dhcp.reservations]]\nmac = \"zz\"\nip = \"10.0.0.1\"\n")).unwrap_err().to_string();
+        let e = DhcpSettings::from_config(&cfg(
+            "[dhcp]\n[[dhcp.reservations]]\nmac = \"zz\"\nip = \"10.0.0.1\"\n",
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("mac"), "{e}");
-        let e = DhcpSettings::from_config(&cfg("[dhcp]\nmode = \"authoritative\"\n")).unwrap_err().to_string();
+        let e = DhcpSettings::from_config(&cfg("[dhcp]\nmode = \"authoritative\"\n"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("needs"), "{e}");
     }
 }

@@ -12,18 +12,35 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// Fail (never skip) when a tool the test needs is missing.
 pub fn require(tool: &str) {
-    let ok = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status().map(|s| s.success()).unwrap_or(false);
-    assert!(ok, "{tool} is not installed (scripts/test.sh installs scripts/test-packages.txt)");
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "{tool} is not installed (scripts/test.sh installs scripts/test-packages.txt)"
+    );
 }
 
 pub fn run(cmd: &str, args: &[&str]) -> Output {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("running {cmd}: {e}"));
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd}: {e}"));
     out
 }
 
 pub fn must(cmd: &str, args: &[&str]) -> String {
     let out = run(cmd, args);
-    assert!(out.status.success(), "{cmd} {args:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -34,7 +51,11 @@ pub struct Netns {
 
 impl Netns {
     pub fn new(tag: &str) -> Netns {
-        let name = format!("bpd{tag}{}x{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        let name = format!(
+            "bpd{tag}{}x{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
         must("ip", &["netns", "add", &name]);
         let ns = Netns { name };
         ns.ip(&["link", "set", "lo", "up"]);
@@ -59,12 +80,17 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         // Kill whatever still runs in the namespace, then delete it.
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 let _ = Command::new("kill").args(["-9", pid]).status();
             }
         }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
@@ -107,11 +133,32 @@ impl Lab {
     pub fn new(net: u8) -> Lab {
         let server = Netns::new("s");
         let client = Netns::new("c");
-        must("ip", &["link", "add", "vs", "netns", &server.name, "type", "veth", "peer", "name", "vc", "netns", &client.name]);
+        must(
+            "ip",
+            &[
+                "link",
+                "add",
+                "vs",
+                "netns",
+                &server.name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "vc",
+                "netns",
+                &client.name,
+            ],
+        );
         server.ip(&["addr", "add", &format!("10.199.{net}.1/24"), "dev", "vs"]);
         server.ip(&["link", "set", "vs", "up"]);
         client.ip(&["link", "set", "vc", "up"]);
-        Lab { server, client, dir: tempfile::tempdir().unwrap(), net }
+        Lab {
+            server,
+            client,
+            dir: tempfile::tempdir().unwrap(),
+            net,
+        }
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -127,12 +174,25 @@ impl Lab {
     pub fn start_bootplane(&self, config: &str, args: &[&str], log_name: &str) -> Proc {
         let cfg = self.path("bootplane.toml");
         let state = self.path("state");
-        std::fs::write(&cfg, format!("state_dir = \"{}\"\n{config}", state.display())).unwrap();
+        std::fs::write(
+            &cfg,
+            format!("state_dir = \"{}\"\n{config}", state.display()),
+        )
+        .unwrap();
         let log = std::fs::File::create(self.path(log_name)).unwrap();
         let mut c = self.server.cmd(env!("CARGO_BIN_EXE_bootplane"));
-        c.args(["serve", "--config", cfg.to_str().unwrap()]).args(args).env("RUST_LOG", "info,bootplane=debug").env("NO_COLOR", "1").stdout(Stdio::null()).stderr(log);
+        c.args(["serve", "--config", cfg.to_str().unwrap()])
+            .args(args)
+            .env("RUST_LOG", "info,bootplane=debug")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log);
         let p = Proc::spawn(c);
-        wait_for(Duration::from_secs(15), || read(&self.path(log_name)).contains("dhcp server listening"), || format!("bootplane did not start: {}", read(&self.path(log_name))));
+        wait_for(
+            Duration::from_secs(15),
+            || read(&self.path(log_name)).contains("dhcp server listening"),
+            || format!("bootplane did not start: {}", read(&self.path(log_name))),
+        );
         p
     }
 
@@ -187,7 +247,11 @@ pub fn run_bounded(mut c: Command, secs: u32) -> Output {
     let prog = c.get_program().to_owned();
     let args: Vec<_> = c.get_args().map(|a| a.to_owned()).collect();
     let mut t = Command::new("timeout");
-    t.arg("-s").arg("KILL").arg(secs.to_string()).arg(prog).args(args);
+    t.arg("-s")
+        .arg("KILL")
+        .arg(secs.to_string())
+        .arg(prog)
+        .args(args);
     for (k, v) in c.get_envs() {
         if let Some(v) = v {
             t.env(k, v);
