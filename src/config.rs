@@ -150,8 +150,9 @@ impl std::str::FromStr for DhcpMode {
 }
 
 /// DHCP server (disabled unless `enabled` or `--dhcp-interface` is given).
-/// The DHCP module owns the meaning of the finer-grained keys under `[dhcp]`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// The DHCP module owns the meaning of these keys; see `dhcp::settings` for the
+/// full example and `dhcp::DhcpSettings` for the validated form.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct DhcpConfig {
     pub enabled: bool,
@@ -159,16 +160,24 @@ pub struct DhcpConfig {
     pub mode: DhcpMode,
     /// Authoritative pool range `START-END` for the interface's subnet (shorthand for one subnet).
     pub range: Option<String>,
-    /// Everything else (subnets, router, dns, lease time, boot file mapping) lives in
-    /// module-owned keys; see `dhcp::DhcpSettings`.
-    #[serde(flatten)]
-    pub extra: toml::Table,
-}
-
-impl Default for DhcpConfig {
-    fn default() -> Self {
-        DhcpConfig { enabled: false, interface: None, mode: DhcpMode::Proxy, range: None, extra: toml::Table::new() }
-    }
+    /// Our address (option 54); default: the interface's first IPv4 address.
+    pub server_ip: Option<std::net::Ipv4Addr>,
+    /// Prefix length of the `range` subnet (default 24).
+    pub prefix_len: Option<u8>,
+    /// Lease time in seconds (default 3600).
+    pub lease_time_secs: Option<u32>,
+    /// How long an offered address is held (default 30 s).
+    pub offer_hold_secs: Option<u32>,
+    pub router: Option<std::net::Ipv4Addr>,
+    pub dns: Vec<std::net::Ipv4Addr>,
+    pub domain: Option<String>,
+    pub subnets: Vec<crate::dhcp::settings::SubnetConfig>,
+    pub reservations: Vec<crate::dhcp::settings::ReservationConfig>,
+    pub boot: crate::dhcp::settings::BootFilesConfig,
+    /// Packets per second accepted from one MAC (default 20, burst 2x).
+    pub rate_limit_per_mac: Option<u32>,
+    /// Most packets read and handled per wakeup before replies go out (default 64).
+    pub max_batch: Option<usize>,
 }
 
 /// TFTP server (disabled unless `enabled` or `--tftp-listen` is given). Typed keys
@@ -334,7 +343,7 @@ impl Config {
         if self.dhcp.enabled && self.dhcp.interface.is_none() {
             bail!("dhcp.enabled needs dhcp.interface");
         }
-        if self.dhcp.mode == DhcpMode::Authoritative && self.dhcp.enabled && self.dhcp.range.is_none() && !self.dhcp.extra.contains_key("subnets") {
+        if self.dhcp.mode == DhcpMode::Authoritative && self.dhcp.enabled && self.dhcp.range.is_none() && self.dhcp.subnets.is_empty() {
             bail!("authoritative dhcp needs dhcp.range or [[dhcp.subnets]]");
         }
         if self.controller.workers == 0 {

@@ -1,12 +1,441 @@
-//! DHCP server (proxyDHCP and authoritative) on dhcproto: a pure core
-//! (`request + state → reply`) and a thin socket loop. Owned by issue 4.
+//! DHCP server (proxyDHCP and authoritative, PXE / UEFI / iPXE aware) on dhcproto:
+//! a pure core ([`core::Server::handle`]: `request + state → reply`) and the thin
+//! socket loop in this file.
+//!
+//! The loop is one task that owns all state, so the hot path takes no locks. It
+//! reads a packet, drains whatever else is already queued (up to `max_batch`),
+//! handles the batch and sends every reply at once, except ACKs: those wait for
+//! their lease changes to be durable. Lease changes are written by one commit at a
+//! time on the blocking pool (one append + one fdatasync, see [`persist`]); while it
+//! runs, the loop keeps answering, and everything that accumulates is the next
+//! commit (group commit that grows with disk latency). A commit's ACKs are sent
+//! when it returns, after its changes are published to the [`LeaseIndex`], so an
+//! ACK is never on the wire before its lease is on disk. At most `max(4 × max_batch,
+//! 4096)` ACKs may wait for disk; beyond that the loop stops reading (the bound on
+//! in-flight work; the kernel buffer absorbs the rest). A per-MAC token bucket
+//! drops floods from one client before they cost a decode.
+//!
+//! Sockets: UDP 0.0.0.0:67 (and :4011 in proxy mode, for UEFI PXE and iPXE boot
+//! file requests), bound to the interface with SO_BINDTODEVICE, SO_BROADCAST for
+//! replies to clients without an address, SO_REUSEADDR/SO_REUSEPORT so a proxy can
+//! share the port with the authoritative server of the segment.
 
+pub mod core;
+pub mod leases;
+pub mod metrics;
+pub mod persist;
+pub mod settings;
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use anyhow::{bail, Context as _, Result};
+use tokio::net::UdpSocket;
+
+pub use self::core::{ClientInfo, Meta, Outcome, Reply, ReplyKind, Server};
+pub use self::leases::{Lease, LeaseIndex, LeaseState};
+pub use self::metrics::{DropReason, Metrics};
+pub use self::settings::{DhcpSettings, Mac, Reservation};
+
+use self::core::{PXE_PORT, SERVER_PORT};
+use self::persist::LeaseLog;
+use crate::config::DhcpMode;
 use crate::serve::Context;
 use crate::shutdown::Shutdown;
 
+/// Lease log file name inside the state directory.
+pub const LEASE_FILE: &str = "dhcp-leases.log";
+
 /// Run the DHCP server until shutdown.
-pub async fn serve(_ctx: Arc<Context>, _shutdown: Shutdown) -> anyhow::Result<()> {
-    anyhow::bail!("dhcp server is not built yet")
+pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> Result<()> {
+    serve_with(ctx, shutdown, Metrics::default(), LeaseIndex::default()).await
+}
+
+/// Like [`serve`], with the metrics and lease index the rest of the appliance reads.
+pub async fn serve_with(
+    ctx: Arc<Context>,
+    shutdown: Shutdown,
+    metrics: Metrics,
+    index: LeaseIndex,
+) -> Result<()> {
+    let settings = DhcpSettings::from_config(&ctx.config)?;
+    run(settings, &ctx.config.state_dir, shutdown, metrics, index).await
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The interface's first IPv4 address and prefix length.
+pub fn interface_ipv4(name: &str) -> Result<(Ipv4Addr, u8)> {
+    let addrs = nix::ifaddrs::getifaddrs().context("listing interface addresses")?;
+    for a in addrs {
+        if a.interface_name != name {
+            continue;
+        }
+        let Some(ip) = a
+            .address
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|s| s.ip())
+        else {
+            continue;
+        };
+        let prefix = a
+            .netmask
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .map(|s| u32::from(s.ip()).count_ones() as u8)
+            .unwrap_or(24);
+        return Ok((ip, prefix));
+    }
+    bail!("interface {name:?} has no IPv4 address (set dhcp.server_ip or add an address)")
+}
+
+fn udp_socket(interface: &str, port: u16) -> Result<UdpSocket> {
+    use nix::sys::socket::{
+        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .context("creating udp socket")?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true).context("setting SO_REUSEADDR")?;
+    setsockopt(&fd, sockopt::ReusePort, &true).context("setting SO_REUSEPORT")?;
+    setsockopt(&fd, sockopt::Broadcast, &true).context("setting SO_BROADCAST")?;
+    setsockopt(
+        &fd,
+        sockopt::BindToDevice,
+        &std::ffi::OsString::from(interface),
+    )
+    .with_context(|| format!("binding to interface {interface} (SO_BINDTODEVICE)"))?;
+    // Room for a boot storm's burst while a batch is being committed.
+    if setsockopt(&fd, sockopt::RcvBufForce, &(8 << 20)).is_err() {
+        let _ = setsockopt(&fd, sockopt::RcvBuf, &(8 << 20));
+    }
+    let _ = setsockopt(&fd, sockopt::SndBuf, &(4 << 20));
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::new(0, 0, 0, 0, port),
+    )
+    .with_context(|| format!("binding udp port {port} on {interface}"))?;
+    let std_sock = std::net::UdpSocket::from(fd);
+    UdpSocket::from_std(std_sock).context("registering udp socket")
+}
+
+/// Per-MAC token bucket: `rate` packets/s, burst `2 × rate`.
+struct RateLimiter {
+    rate: f64,
+    buckets: HashMap<Mac, (f64, Instant)>,
+}
+
+impl RateLimiter {
+    fn allow(&mut self, mac: Mac, now: Instant) -> bool {
+        let burst = self.rate * 2.0;
+        if self.buckets.len() > 200_000 {
+            self.buckets
+                .retain(|_, (_, t)| now.duration_since(*t) < Duration::from_secs(10));
+        }
+        let (tokens, last) = self.buckets.entry(mac).or_insert((burst, now));
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(burst);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+struct Packet {
+    data: Vec<u8>,
+    src: SocketAddrV4,
+    port: u16,
+}
+
+fn v4(a: SocketAddr) -> Option<SocketAddrV4> {
+    match a {
+        SocketAddr::V4(a) => Some(a),
+        SocketAddr::V6(_) => None,
+    }
+}
+
+/// One durable write of lease changes (runs on the blocking pool).
+struct Commit {
+    log: LeaseLog,
+    journal: Vec<leases::Change>,
+    result: std::io::Result<()>,
+}
+
+fn commit(mut log: LeaseLog, journal: Vec<leases::Change>) -> Commit {
+    let result = log.append(&journal);
+    Commit {
+        log,
+        journal,
+        result,
+    }
+}
+
+struct Sockets<'a> {
+    s67: &'a UdpSocket,
+    s4011: Option<&'a UdpSocket>,
+}
+
+impl Sockets<'_> {
+    /// Send a reply from the port its request arrived on; count it.
+    async fn send(&self, r: &Reply, port: u16, metrics: &Metrics) {
+        let Some(bytes) = self::core::encode(&r.msg) else {
+            metrics.drop(DropReason::SendFailed);
+            return;
+        };
+        let sock = if port == PXE_PORT {
+            self.s4011.unwrap_or(self.s67)
+        } else {
+            self.s67
+        };
+        match sock.send_to(&bytes, SocketAddr::V4(r.dest)).await {
+            Ok(_) => match r.kind {
+                ReplyKind::Offer => metrics.offers.inc(),
+                ReplyKind::Ack => metrics.acks.inc(),
+                ReplyKind::Nak => metrics.naks.inc(),
+                ReplyKind::Inform => metrics.informs.inc(),
+                ReplyKind::ProxyOffer | ReplyKind::ProxyAck => metrics.proxy_replies.inc(),
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, dest = %r.dest, "dhcp send failed");
+                metrics.drop(DropReason::SendFailed);
+                0
+            }
+        };
+    }
+}
+
+/// Bind the sockets, load the leases, and serve until shutdown.
+pub async fn run(
+    settings: DhcpSettings,
+    state_dir: &Path,
+    mut shutdown: Shutdown,
+    metrics: Metrics,
+    index: LeaseIndex,
+) -> Result<()> {
+    let iface = settings.interface.clone();
+    if iface.is_empty() {
+        bail!("dhcp needs an interface (dhcp.interface or --dhcp-interface)");
+    }
+    let server_ip = match settings.server_ip {
+        Some(ip) => ip,
+        None => interface_ipv4(&iface)?.0,
+    };
+    let max_batch = settings.max_batch;
+    let rate = f64::from(settings.rate_limit_per_mac);
+    let mode = settings.mode;
+    let mut server = Server::new(settings, server_ip);
+
+    let now = unix_now();
+    let log_path = state_dir.join(LEASE_FILE);
+    let (log, leases) = LeaseLog::open(&log_path, now, 7 * 86_400)?;
+    let loaded: Vec<leases::Change> = leases.iter().cloned().map(leases::Change::Put).collect();
+    for l in leases {
+        server.table.load(l);
+    }
+    index.apply(&loaded);
+
+    let s67 = udp_socket(&iface, SERVER_PORT)?;
+    let s4011 = if mode == DhcpMode::Proxy {
+        Some(udp_socket(&iface, PXE_PORT)?)
+    } else {
+        None
+    };
+    tracing::info!(interface = %iface, %server_ip, ?mode, leases = loaded.len(), log = %log_path.display(), "dhcp server listening");
+
+    let mut log = Some(log);
+    let mut limiter = RateLimiter {
+        rate,
+        buckets: HashMap::new(),
+    };
+    let mut buf = vec![0u8; 2048];
+    let mut buf2 = vec![0u8; 2048];
+    let mut last_gauge = Instant::now() - Duration::from_secs(10);
+    let mut batch: Vec<Packet> = Vec::with_capacity(max_batch);
+    // Lease changes and the ACKs that wait for them, not yet handed to the writer.
+    let mut pending_journal: Vec<leases::Change> = Vec::new();
+    let mut pending_acks: Vec<(Reply, u16)> = Vec::new();
+    // The commit being written (at most one) and the ACKs it releases.
+    let mut inflight: Option<tokio::task::JoinHandle<Commit>> = None;
+    let mut inflight_acks: Vec<(Reply, u16)> = Vec::new();
+    // Bound on in-flight work: stop reading while this many ACKs wait for disk.
+    let max_waiting = (max_batch * 4).max(4096);
+    let sockets = Sockets {
+        s67: &s67,
+        s4011: s4011.as_ref(),
+    };
+
+    loop {
+        batch.clear();
+        let reading = pending_acks.len() + inflight_acks.len() < max_waiting;
+        tokio::select! {
+            _ = shutdown.recv() => break,
+            done = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
+                inflight = None;
+                let c = done.context("lease log writer panicked")?;
+                log = Some(c.log);
+                let acks = std::mem::take(&mut inflight_acks);
+                match c.result {
+                    Ok(()) => {
+                        metrics.commits.inc();
+                        index.apply(&c.journal);
+                        for (r, port) in acks {
+                            sockets.send(&r, port, &metrics).await;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, path = %log_path.display(), "writing leases failed; not acknowledging");
+                        for _ in acks {
+                            metrics.drop(DropReason::PersistFailed);
+                        }
+                    }
+                }
+                let live = server.table.leases().filter(|l| l.state != LeaseState::Offered).count();
+                if let Some(l) = log.as_mut() {
+                    if l.wants_compaction(live) {
+                        let snapshot: Vec<Lease> = server.table.leases().filter(|l| l.state != LeaseState::Offered).cloned().collect();
+                        if let Err(e) = l.compact(&snapshot) {
+                            tracing::warn!(error = %e, "compacting lease log failed");
+                        }
+                    }
+                }
+            }
+            r = s67.recv_from(&mut buf), if reading => match r {
+                Ok((n, a)) => {
+                    if let Some(src) = v4(a) {
+                        batch.push(Packet { data: buf[..n].to_vec(), src, port: SERVER_PORT });
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "dhcp receive failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            r = async {
+                match &s4011 {
+                    Some(s) => s.recv_from(&mut buf2).await,
+                    None => std::future::pending().await,
+                }
+            }, if reading => match r {
+                Ok((n, a)) => {
+                    if let Some(src) = v4(a) {
+                        batch.push(Packet { data: buf2[..n].to_vec(), src, port: PXE_PORT });
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "dhcp receive failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+        }
+
+        if !batch.is_empty() {
+            // Drain what is already queued, up to the batch bound.
+            for (sock, port) in [(Some(&s67), SERVER_PORT), (s4011.as_ref(), PXE_PORT)] {
+                let Some(sock) = sock else { continue };
+                while batch.len() < max_batch {
+                    match sock.try_recv_from(&mut buf) {
+                        Ok((n, a)) => {
+                            if let Some(src) = v4(a) {
+                                batch.push(Packet {
+                                    data: buf[..n].to_vec(),
+                                    src,
+                                    port,
+                                });
+                            }
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            let now_unix = unix_now();
+            let now_i = Instant::now();
+            for p in batch.drain(..) {
+                metrics.received.inc();
+                if p.data.len() >= 34 {
+                    let mut mac = [0u8; 6];
+                    mac.copy_from_slice(&p.data[28..34]);
+                    if !limiter.allow(mac, now_i) {
+                        metrics.drop(DropReason::RateLimited);
+                        continue;
+                    }
+                }
+                let Some(msg) = self::core::decode(&p.data) else {
+                    metrics.drop(DropReason::Malformed);
+                    continue;
+                };
+                let meta = Meta {
+                    now: now_unix,
+                    src: p.src,
+                    local_port: p.port,
+                };
+                match server.handle(&msg, &meta) {
+                    // An ACK waits for its lease to be durable; everything else leaves now.
+                    Outcome::Reply(r) if r.kind == ReplyKind::Ack => pending_acks.push((r, p.port)),
+                    Outcome::Reply(r) => sockets.send(&r, p.port, &metrics).await,
+                    Outcome::Silent => match msg.opts().msg_type() {
+                        Some(dhcproto::v4::MessageType::Release) => {
+                            metrics.releases.inc();
+                        }
+                        Some(dhcproto::v4::MessageType::Decline) => {
+                            metrics.declines.inc();
+                        }
+                        _ => {}
+                    },
+                    Outcome::Drop(reason) => metrics.drop(reason),
+                }
+            }
+            pending_journal.extend(server.table.take_journal());
+            if now_i.duration_since(last_gauge) > Duration::from_secs(2) {
+                last_gauge = now_i;
+                for (net, used, size) in server.table.utilisation(now_unix) {
+                    let l = metrics::SubnetLabels {
+                        subnet: net.to_string(),
+                    };
+                    metrics.pool_used.get_or_create(&l).set(used as i64);
+                    metrics.pool_size.get_or_create(&l).set(size as i64);
+                }
+            }
+        }
+
+        // Group commit: everything that accumulated while the previous write ran.
+        if inflight.is_none() {
+            if pending_journal.is_empty() {
+                for (r, port) in pending_acks.drain(..) {
+                    sockets.send(&r, port, &metrics).await;
+                }
+            } else if let Some(l) = log.take() {
+                let journal = std::mem::take(&mut pending_journal);
+                inflight_acks = std::mem::take(&mut pending_acks);
+                inflight = Some(tokio::task::spawn_blocking(move || commit(l, journal)));
+            }
+        }
+    }
+    // Finish the write in flight so its ACKs are not lost without a trace.
+    if let Some(h) = inflight.take() {
+        if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(5), h).await {
+            if c.result.is_ok() {
+                for (r, port) in inflight_acks.drain(..) {
+                    sockets.send(&r, port, &metrics).await;
+                }
+            }
+        }
+    }
+    tracing::info!("dhcp server stopped");
+    Ok(())
 }

@@ -1,0 +1,664 @@
+//! The pure DHCP core: `request + meta + state → outcome`, no sockets, no clock,
+//! no files. The socket loop decodes, calls [`Server::handle`], makes the lease
+//! journal durable, then sends.
+//!
+//! Boot logic (RFC 4578, PXE 2.1, UEFI HTTP Boot, iPXE):
+//! - a client is a *boot client* when option 60 starts with `PXEClient` or
+//!   `HTTPClient`, or it is iPXE (user class 77 `iPXE`, or option 175 present);
+//! - iPXE gets the HTTP URL of `/boot.ipxe` (breaks the chainload loop); others get
+//!   the file mapped from their architecture (option 93): TFTP name with siaddr,
+//!   `file`, options 66/67; HTTP Boot a URL with option 60 `HTTPClient`;
+//! - PXE replies carry option 60 `PXEClient`, echo option 97, and BIOS proxy replies
+//!   carry option 43 with PXE discovery control = 8 (boot from this reply);
+//! - authoritative replies to iPXE carry 175.176 = 1 so iPXE skips waiting for proxyDHCP;
+//! - proxy mode answers boot clients only, with `yiaddr = 0`: DISCOVER on port 67 gets
+//!   a proxy OFFER, REQUEST/INFORM on port 4011 (UEFI PXE, iPXE) a proxy ACK unicast back.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use dhcproto::v4::{
+    self, DhcpOption, HType, Message, MessageType, Opcode, OptionCode, UnknownOption,
+};
+
+use super::leases::{AllocError, LeaseTable};
+use super::metrics::DropReason;
+use super::settings::{BootTarget, DhcpSettings, Mac, Reservation};
+use crate::config::DhcpMode;
+
+pub const SERVER_PORT: u16 = 67;
+pub const CLIENT_PORT: u16 = 68;
+pub const PXE_PORT: u16 = 4011;
+
+/// Seconds a declined address stays parked.
+const DECLINE_HOLD_SECS: u64 = 600;
+
+/// Facts about one received packet that are not in the packet.
+#[derive(Debug, Clone, Copy)]
+pub struct Meta {
+    /// Unix seconds.
+    pub now: u64,
+    /// Sender's address and port.
+    pub src: SocketAddrV4,
+    /// Our port it arrived on (67 or 4011).
+    pub local_port: u16,
+}
+
+/// What a reply is, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyKind {
+    Offer,
+    Ack,
+    Nak,
+    Inform,
+    ProxyOffer,
+    ProxyAck,
+}
+
+/// A reply and where to send it.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub msg: Message,
+    pub dest: SocketAddrV4,
+    /// `dest` is the limited broadcast address.
+    pub broadcast: bool,
+    pub kind: ReplyKind,
+}
+
+/// The result of handling one packet.
+#[derive(Debug)]
+pub enum Outcome {
+    Reply(Reply),
+    /// Processed, nothing to send (RELEASE, DECLINE, REQUEST for another server).
+    Silent,
+    Drop(DropReason),
+}
+
+impl Outcome {
+    pub fn reply(self) -> Option<Reply> {
+        match self {
+            Outcome::Reply(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// What the firmware told us about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientInfo {
+    pub pxe: bool,
+    pub http: bool,
+    pub ipxe: bool,
+    pub arch: Option<u16>,
+}
+
+impl ClientInfo {
+    pub fn of(req: &Message) -> ClientInfo {
+        let opts = req.opts();
+        let class = match opts.get(OptionCode::ClassIdentifier) {
+            Some(DhcpOption::ClassIdentifier(v)) => v.as_slice(),
+            _ => &[],
+        };
+        let user_class_ipxe = match opts.get(OptionCode::UserClass) {
+            Some(DhcpOption::UserClass(v)) => v.windows(4).any(|w| w == b"iPXE"),
+            _ => false,
+        };
+        let arch = match opts.get(OptionCode::ClientSystemArchitecture) {
+            Some(DhcpOption::ClientSystemArchitecture(a)) => Some(a.0),
+            _ => None,
+        };
+        ClientInfo {
+            pxe: class.starts_with(b"PXEClient"),
+            http: class.starts_with(b"HTTPClient"),
+            ipxe: user_class_ipxe || opts.contains(OptionCode::Unknown(175)),
+            arch,
+        }
+    }
+
+    pub fn is_boot_client(&self) -> bool {
+        self.pxe || self.http || self.ipxe
+    }
+}
+
+/// The boot answer chosen for a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootChoice {
+    pub file: String,
+    /// Via TFTP from `next_server`; false = HTTP URL.
+    pub tftp: bool,
+}
+
+/// The DHCP server state: settings, our address and the lease table.
+#[derive(Debug)]
+pub struct Server {
+    pub settings: DhcpSettings,
+    pub server_ip: Ipv4Addr,
+    pub table: LeaseTable,
+}
+
+fn mac_of(req: &Message) -> Option<Mac> {
+    // chaddr() slices by hlen, which comes from the wire: check before calling it.
+    if req.htype() != HType::Eth || req.hlen() != 6 {
+        return None;
+    }
+    let c = req.chaddr();
+    let mut m = [0u8; 6];
+    m.copy_from_slice(c.get(..6)?);
+    Some(m)
+}
+
+fn requested_ip(req: &Message) -> Option<Ipv4Addr> {
+    match req.opts().get(OptionCode::RequestedIpAddress) {
+        Some(DhcpOption::RequestedIpAddress(ip)) => Some(*ip),
+        _ => None,
+    }
+}
+
+fn server_id(req: &Message) -> Option<Ipv4Addr> {
+    match req.opts().get(OptionCode::ServerIdentifier) {
+        Some(DhcpOption::ServerIdentifier(ip)) => Some(*ip),
+        _ => None,
+    }
+}
+
+fn hostname(req: &Message) -> Option<String> {
+    match req.opts().get(OptionCode::Hostname) {
+        Some(DhcpOption::Hostname(h)) if !h.is_empty() => Some(h.chars().take(63).collect()),
+        _ => None,
+    }
+}
+
+impl Server {
+    pub fn new(settings: DhcpSettings, server_ip: Ipv4Addr) -> Server {
+        let table = LeaseTable::new(settings.subnets.clone(), settings.reservations.clone());
+        Server {
+            settings,
+            server_ip,
+            table,
+        }
+    }
+
+    /// Replace static reservations (hook for registered Servers' MACs).
+    pub fn set_reservations(&mut self, list: Vec<Reservation>) {
+        self.settings.reservations = list.clone();
+        self.table.set_reservations(list);
+    }
+
+    /// Which boot file this client gets, if any.
+    pub fn boot_choice(&self, c: &ClientInfo) -> Option<BootChoice> {
+        if c.ipxe {
+            return Some(BootChoice {
+                file: self.settings.boot.script_url.clone(),
+                tftp: false,
+            });
+        }
+        let arch = c.arch.unwrap_or(if c.http { 16 } else { 0 });
+        match self.settings.boot.by_arch.get(&arch)? {
+            BootTarget::Tftp(f) if c.pxe => Some(BootChoice {
+                file: f.clone(),
+                tftp: true,
+            }),
+            BootTarget::Http(u) if c.http => Some(BootChoice {
+                file: u.clone(),
+                tftp: false,
+            }),
+            _ => None,
+        }
+    }
+
+    fn next_server(&self) -> Ipv4Addr {
+        self.settings.boot.tftp_server.unwrap_or(self.server_ip)
+    }
+
+    /// Handle one decoded request.
+    pub fn handle(&mut self, req: &Message, meta: &Meta) -> Outcome {
+        if req.opcode() != Opcode::BootRequest {
+            return Outcome::Drop(DropReason::NotRequest);
+        }
+        let Some(mac) = mac_of(req) else {
+            return Outcome::Drop(DropReason::NotRequest);
+        };
+        let Some(mtype) = req.opts().msg_type() else {
+            return Outcome::Drop(DropReason::Malformed);
+        };
+        let client = ClientInfo::of(req);
+        if meta.local_port == PXE_PORT {
+            return self.handle_pxe_port(req, meta, &client, mtype);
+        }
+        let mut out = match self.settings.mode {
+            DhcpMode::Proxy => self.handle_proxy(req, &client, mtype),
+            DhcpMode::Authoritative => self.handle_authoritative(req, meta, mac, &client, mtype),
+        };
+        // A relay that sent from a port other than 67 (RFC 8357 style, or a load tool
+        // acting as relay) gets the reply on that port.
+        if let Outcome::Reply(r) = &mut out {
+            let gi = req.giaddr();
+            if !gi.is_unspecified() && *meta.src.ip() == gi && r.dest.ip() == &gi {
+                r.dest.set_port(meta.src.port());
+            }
+        }
+        out
+    }
+
+    // ---- proxy mode ----------------------------------------------------------
+
+    fn handle_proxy(&mut self, req: &Message, client: &ClientInfo, mtype: MessageType) -> Outcome {
+        if mtype != MessageType::Discover || !client.is_boot_client() {
+            return Outcome::Drop(DropReason::Ignored);
+        }
+        let Some(boot) = self.boot_choice(client) else {
+            return Outcome::Drop(DropReason::Ignored);
+        };
+        let mut m = self.base_reply(req, MessageType::Offer);
+        self.add_boot(&mut m, req, client, &boot, true);
+        let (dest, broadcast) = self.dest_for(req, None, false);
+        Outcome::Reply(Reply {
+            msg: m,
+            dest,
+            broadcast,
+            kind: ReplyKind::ProxyOffer,
+        })
+    }
+
+    /// Port 4011: a boot client that already has an address asks for its boot file.
+    fn handle_pxe_port(
+        &mut self,
+        req: &Message,
+        meta: &Meta,
+        client: &ClientInfo,
+        mtype: MessageType,
+    ) -> Outcome {
+        if !matches!(mtype, MessageType::Request | MessageType::Inform) || !client.is_boot_client()
+        {
+            return Outcome::Drop(DropReason::Ignored);
+        }
+        let Some(boot) = self.boot_choice(client) else {
+            return Outcome::Drop(DropReason::Ignored);
+        };
+        let mut m = self.base_reply(req, MessageType::Ack);
+        m.set_ciaddr(req.ciaddr());
+        self.add_boot(
+            &mut m,
+            req,
+            client,
+            &boot,
+            self.settings.mode == DhcpMode::Proxy,
+        );
+        Outcome::Reply(Reply {
+            msg: m,
+            dest: meta.src,
+            broadcast: false,
+            kind: ReplyKind::ProxyAck,
+        })
+    }
+
+    // ---- authoritative mode --------------------------------------------------
+
+    fn subnet_for(&self, req: &Message) -> Option<usize> {
+        let gi = req.giaddr();
+        if !gi.is_unspecified() {
+            return self.table.subnet_index_for(gi);
+        }
+        let ci = req.ciaddr();
+        if !ci.is_unspecified() {
+            if let Some(i) = self.table.subnet_index_for(ci) {
+                return Some(i);
+            }
+        }
+        self.table
+            .subnet_index_for(self.server_ip)
+            .or(if self.table.subnets().len() == 1 {
+                Some(0)
+            } else {
+                None
+            })
+    }
+
+    fn handle_authoritative(
+        &mut self,
+        req: &Message,
+        meta: &Meta,
+        mac: Mac,
+        client: &ClientInfo,
+        mtype: MessageType,
+    ) -> Outcome {
+        let now = meta.now;
+        match mtype {
+            MessageType::Discover => {
+                let Some(si) = self.subnet_for(req) else {
+                    return Outcome::Drop(DropReason::NoSubnet);
+                };
+                let ip = match self.table.choose(si, &mac, requested_ip(req), now) {
+                    Ok(ip) => ip,
+                    Err(AllocError::NoSubnet) => return Outcome::Drop(DropReason::NoSubnet),
+                    Err(AllocError::PoolExhausted) => {
+                        return Outcome::Drop(DropReason::PoolExhausted)
+                    }
+                };
+                let host = self.host_for(req, &mac);
+                self.table.offer(
+                    ip,
+                    mac,
+                    host,
+                    now + u64::from(self.settings.offer_hold_secs),
+                );
+                let mut m = self.base_reply(req, MessageType::Offer);
+                m.set_yiaddr(ip);
+                self.add_lease_opts(&mut m, si, true);
+                if let Some(b) = self.boot_choice(client) {
+                    self.add_boot(&mut m, req, client, &b, false);
+                }
+                let (dest, broadcast) = self.dest_for(req, None, false);
+                Outcome::Reply(Reply {
+                    msg: m,
+                    dest,
+                    broadcast,
+                    kind: ReplyKind::Offer,
+                })
+            }
+            MessageType::Request => self.handle_request(req, meta, mac, client),
+            MessageType::Release => {
+                if server_id(req).is_some_and(|s| s != self.server_ip) {
+                    return Outcome::Drop(DropReason::Ignored);
+                }
+                if self.table.release(req.ciaddr(), &mac, now) {
+                    Outcome::Silent
+                } else {
+                    Outcome::Drop(DropReason::Ignored)
+                }
+            }
+            MessageType::Decline => {
+                if server_id(req).is_some_and(|s| s != self.server_ip) {
+                    return Outcome::Drop(DropReason::Ignored);
+                }
+                match requested_ip(req) {
+                    Some(ip) if self.table.decline(ip, &mac, now + DECLINE_HOLD_SECS) => {
+                        Outcome::Silent
+                    }
+                    _ => Outcome::Drop(DropReason::Ignored),
+                }
+            }
+            MessageType::Inform => {
+                let ci = req.ciaddr();
+                let Some(si) = self.subnet_for(req) else {
+                    return Outcome::Drop(DropReason::NoSubnet);
+                };
+                let mut m = self.base_reply(req, MessageType::Ack);
+                m.set_ciaddr(ci);
+                self.add_lease_opts(&mut m, si, false);
+                if let Some(b) = self.boot_choice(client) {
+                    self.add_boot(&mut m, req, client, &b, false);
+                }
+                let unicast = (!ci.is_unspecified()).then_some(ci);
+                let (dest, broadcast) = self.dest_for(req, unicast, false);
+                Outcome::Reply(Reply {
+                    msg: m,
+                    dest,
+                    broadcast,
+                    kind: ReplyKind::Inform,
+                })
+            }
+            _ => Outcome::Drop(DropReason::Ignored),
+        }
+    }
+
+    fn host_for(&self, req: &Message, mac: &Mac) -> Option<String> {
+        self.table
+            .reservation(mac)
+            .and_then(|r| r.hostname.clone())
+            .or_else(|| hostname(req))
+    }
+
+    fn handle_request(
+        &mut self,
+        req: &Message,
+        meta: &Meta,
+        mac: Mac,
+        client: &ClientInfo,
+    ) -> Outcome {
+        let now = meta.now;
+        let sid = server_id(req);
+        if let Some(s) = sid {
+            if s != self.server_ip {
+                // The client chose another server: drop our offer.
+                self.table.cancel_offer(&mac);
+                return Outcome::Drop(DropReason::Ignored);
+            }
+        }
+        let ci = req.ciaddr();
+        let wanted = match requested_ip(req) {
+            Some(ip) => ip,
+            None if !ci.is_unspecified() => ci,
+            None => return Outcome::Drop(DropReason::Malformed),
+        };
+        let si = match self.subnet_for(req) {
+            Some(si) => si,
+            None => return Outcome::Drop(DropReason::NoSubnet),
+        };
+        let reserved_elsewhere = self
+            .table
+            .reservation(&mac)
+            .is_some_and(|r| r.ip != wanted && self.table.subnets()[si].contains(r.ip));
+        let ok = !reserved_elsewhere
+            && self.table.subnets()[si].contains(wanted)
+            && self.can_have(si, wanted, &mac, now);
+        if !ok {
+            if sid.is_none()
+                && ci.is_unspecified()
+                && !self.table.subnets()[si].contains(wanted)
+                && !req.giaddr().is_unspecified()
+            {
+                // INIT-REBOOT from a network we do not serve behind a relay: stay silent.
+                return Outcome::Drop(DropReason::Ignored);
+            }
+            let mut m = self.base_reply(req, MessageType::Nak);
+            m.opts_mut().insert(DhcpOption::Message(
+                "requested address not available".into(),
+            ));
+            let (dest, broadcast) = self.dest_for(req, None, true);
+            return Outcome::Reply(Reply {
+                msg: m,
+                dest,
+                broadcast,
+                kind: ReplyKind::Nak,
+            });
+        }
+        let lease_time = self.table.subnets()[si].lease_time_secs;
+        let host = self.host_for(req, &mac);
+        self.table
+            .bind(wanted, mac, host, now + u64::from(lease_time));
+        let mut m = self.base_reply(req, MessageType::Ack);
+        m.set_yiaddr(wanted);
+        m.set_ciaddr(ci);
+        self.add_lease_opts(&mut m, si, true);
+        if let Some(b) = self.boot_choice(client) {
+            self.add_boot(&mut m, req, client, &b, false);
+        }
+        let unicast = (!ci.is_unspecified()).then_some(ci);
+        let (dest, broadcast) = self.dest_for(req, unicast, false);
+        Outcome::Reply(Reply {
+            msg: m,
+            dest,
+            broadcast,
+            kind: ReplyKind::Ack,
+        })
+    }
+
+    fn can_have(&mut self, si: usize, ip: Ipv4Addr, mac: &Mac, now: u64) -> bool {
+        // choose() returns `ip` itself when it is available to this client
+        // (reservation, own lease, or requested and free).
+        matches!(self.table.choose(si, mac, Some(ip), now), Ok(got) if got == ip)
+    }
+
+    // ---- reply building ------------------------------------------------------
+
+    fn base_reply(&self, req: &Message, mtype: MessageType) -> Message {
+        let mut m = Message::default();
+        m.set_opcode(Opcode::BootReply)
+            .set_htype(req.htype())
+            .set_xid(req.xid())
+            .set_flags(req.flags())
+            .set_giaddr(req.giaddr())
+            .set_chaddr(req.chaddr());
+        m.clear_addrs();
+        m.set_giaddr(req.giaddr());
+        let o = m.opts_mut();
+        o.insert(DhcpOption::MessageType(mtype));
+        o.insert(DhcpOption::ServerIdentifier(self.server_ip));
+        if let Some(ra) = req.opts().get(OptionCode::RelayAgentInformation) {
+            o.insert(ra.clone());
+        }
+        m
+    }
+
+    fn add_lease_opts(&self, m: &mut Message, si: usize, with_lease: bool) {
+        let s = &self.table.subnets()[si];
+        let o = m.opts_mut();
+        o.insert(DhcpOption::SubnetMask(s.mask()));
+        o.insert(DhcpOption::BroadcastAddr(s.broadcast()));
+        if let Some(r) = s.router {
+            o.insert(DhcpOption::Router(vec![r]));
+        }
+        if !s.dns.is_empty() {
+            o.insert(DhcpOption::DomainNameServer(s.dns.clone()));
+        }
+        if let Some(d) = &s.domain {
+            o.insert(DhcpOption::DomainName(d.clone()));
+        }
+        if with_lease {
+            let t = s.lease_time_secs;
+            o.insert(DhcpOption::AddressLeaseTime(t));
+            o.insert(DhcpOption::Renewal(t / 2));
+            o.insert(DhcpOption::Rebinding(t / 8 * 7));
+        }
+    }
+
+    fn add_boot(
+        &self,
+        m: &mut Message,
+        req: &Message,
+        client: &ClientInfo,
+        boot: &BootChoice,
+        proxy: bool,
+    ) {
+        let next = self.next_server();
+        m.set_siaddr(next);
+        if boot.file.len() < 128 {
+            m.set_fname_str(&boot.file);
+        }
+        let o = m.opts_mut();
+        o.insert(DhcpOption::BootfileName(boot.file.as_bytes().to_vec()));
+        if boot.tftp {
+            o.insert(DhcpOption::TFTPServerName(next.to_string().into_bytes()));
+        }
+        if client.http && !client.ipxe {
+            o.insert(DhcpOption::ClassIdentifier(b"HTTPClient".to_vec()));
+        } else if client.pxe {
+            o.insert(DhcpOption::ClassIdentifier(b"PXEClient".to_vec()));
+        }
+        if let Some(DhcpOption::ClientMachineIdentifier(id)) =
+            req.opts().get(OptionCode::ClientMachineIdentifier)
+        {
+            o.insert(DhcpOption::ClientMachineIdentifier(id.clone()));
+        }
+        if proxy && client.pxe && !client.ipxe && client.arch.unwrap_or(0) == 0 {
+            // PXE_DISCOVERY_CONTROL (6) = 8: boot from the file in this reply, no discovery.
+            o.insert(DhcpOption::VendorExtensions(vec![6, 1, 8, 255]));
+        }
+        if !proxy && client.ipxe {
+            // iPXE encapsulated option 176 (no-pxedhcp) = 1: do not wait for proxyDHCP.
+            o.insert(DhcpOption::Unknown(UnknownOption::new(
+                OptionCode::Unknown(175),
+                vec![176, 1, 1],
+            )));
+        }
+    }
+
+    /// RFC 2131 4.1: relay → giaddr; NAK → broadcast; ciaddr → unicast; else broadcast.
+    fn dest_for(
+        &self,
+        req: &Message,
+        unicast: Option<Ipv4Addr>,
+        nak: bool,
+    ) -> (SocketAddrV4, bool) {
+        let gi = req.giaddr();
+        if !gi.is_unspecified() {
+            return (SocketAddrV4::new(gi, SERVER_PORT), false);
+        }
+        match unicast {
+            Some(ip) if !nak => (SocketAddrV4::new(ip, CLIENT_PORT), false),
+            _ => (SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT), true),
+        }
+    }
+}
+
+/// Walk the option TLVs and refuse shapes that make dhcproto 0.15 assert or
+/// underflow (found by the fuzz target): wrong lengths for options it reads with
+/// fixed sizes (80, 81, 93, 94, 151-155), those options repeated (dhcproto joins
+/// repeats, RFC 3396, and then asserts on the joined length), options running
+/// past the packet, or no magic cookie.
+fn prevalidate(buf: &[u8]) -> bool {
+    const MAGIC: [u8; 4] = [99, 130, 83, 99];
+    if buf.len() < 240 || buf[236..240] != MAGIC || buf[2] > 16 {
+        return false;
+    }
+    let mut seen = [false; 256];
+    let mut i = 240;
+    while i < buf.len() {
+        let code = buf[i];
+        match code {
+            0 => {
+                i += 1;
+                continue;
+            }
+            255 => return true,
+            _ => {}
+        }
+        let Some(&l) = buf.get(i + 1) else {
+            return false;
+        };
+        let l = usize::from(l);
+        if i + 2 + l > buf.len() {
+            return false;
+        }
+        let ok = match code {
+            80 => l == 0,
+            81 => l >= 3,
+            93 => l >= 2,
+            94 => l == 3,
+            151 => l >= 1,
+            152..=155 => l == 4,
+            _ => true,
+        };
+        let fixed = matches!(code, 80 | 81 | 93 | 94 | 151..=155);
+        if !ok || (fixed && seen[usize::from(code)]) {
+            return false;
+        }
+        seen[usize::from(code)] = true;
+        i += 2 + l;
+    }
+    true
+}
+
+/// Decode a packet; `None` if it is not valid DHCPv4. Never panics: shapes known
+/// to trip dhcproto are refused first, and a panic inside the decoder is caught.
+pub fn decode(buf: &[u8]) -> Option<Message> {
+    use dhcproto::Decodable;
+    if !prevalidate(buf) {
+        return None;
+    }
+    let m = std::panic::catch_unwind(|| v4::Message::decode(&mut dhcproto::Decoder::new(buf)).ok())
+        .ok()??;
+    if m.hlen() > 16 {
+        return None;
+    }
+    Some(m)
+}
+
+/// Encode a reply.
+pub fn encode(m: &Message) -> Option<Vec<u8>> {
+    use dhcproto::Encodable;
+    m.to_vec().ok()
+}
+
+#[cfg(test)]
+mod tests;

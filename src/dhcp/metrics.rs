@@ -1,0 +1,98 @@
+//! DHCP metrics (prometheus-client): replies by kind, drops by reason, pool
+//! utilisation. [`Metrics::register`] adds them to the API's `/metrics` registry.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Why a packet got no answer.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum DropReason {
+    /// Could not be decoded as DHCP.
+    Malformed,
+    /// A reply, not a request (op != BOOTREQUEST), or unsupported hardware type.
+    NotRequest,
+    /// Over the per-MAC rate limit.
+    RateLimited,
+    /// Not for us (other server chosen, non-PXE client in proxy mode, ...).
+    Ignored,
+    /// No address left in the pool.
+    PoolExhausted,
+    /// No configured subnet for the client's network.
+    NoSubnet,
+    /// The lease could not be made durable (no ACK sent).
+    PersistFailed,
+    /// Sending the reply failed.
+    SendFailed,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    pub reason: DropReason,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SubnetLabels {
+    pub subnet: String,
+}
+
+/// Counters shared by the loop (cheap: atomics; clone shares them).
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    pub received: Counter,
+    pub offers: Counter,
+    pub acks: Counter,
+    pub naks: Counter,
+    pub releases: Counter,
+    pub declines: Counter,
+    pub informs: Counter,
+    /// Proxy replies (boot information only, yiaddr 0).
+    pub proxy_replies: Counter,
+    pub drops: Family<DropLabels, Counter>,
+    /// Active leases per subnet.
+    pub pool_used: Family<SubnetLabels, Gauge>,
+    /// Dynamic pool size per subnet.
+    pub pool_size: Family<SubnetLabels, Gauge>,
+    /// Durable lease-log commits (one per batch with changes).
+    pub commits: Counter,
+}
+
+impl Metrics {
+    pub fn drop(&self, reason: DropReason) {
+        self.drops.get_or_create(&DropLabels { reason }).inc();
+    }
+
+    pub fn dropped(&self, reason: DropReason) -> u64 {
+        self.drops.get_or_create(&DropLabels { reason }).get()
+    }
+
+    pub fn register(&self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("bootplane_dhcp");
+        r.register("received", "DHCP packets received", self.received.clone());
+        r.register("offers", "DHCPOFFERs sent", self.offers.clone());
+        r.register("acks", "DHCPACKs sent", self.acks.clone());
+        r.register("naks", "DHCPNAKs sent", self.naks.clone());
+        r.register("releases", "DHCPRELEASEs processed", self.releases.clone());
+        r.register("declines", "DHCPDECLINEs processed", self.declines.clone());
+        r.register("informs", "DHCPINFORMs answered", self.informs.clone());
+        r.register(
+            "proxy_replies",
+            "proxyDHCP replies sent",
+            self.proxy_replies.clone(),
+        );
+        r.register("drops", "packets dropped, by reason", self.drops.clone());
+        r.register(
+            "pool_used",
+            "active leases per subnet",
+            self.pool_used.clone(),
+        );
+        r.register(
+            "pool_size",
+            "dynamic pool size per subnet",
+            self.pool_size.clone(),
+        );
+        r.register("commits", "durable lease-log commits", self.commits.clone());
+    }
+}
