@@ -87,12 +87,12 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
     let mut tx = Tx { ver, variant, files, issues: Vec::new() };
     let config = tx.config(&cfg);
     let mut issues = tx.issues;
-    if issues.is_empty() {
-        // Ignition's own rules on the result, reported at the Butane field paths.
-        issues = validate::check(&config, ver).into_iter().map(|mut i| {
-            i.path = to_butane_path(&i.path);
-            i
-        }).collect();
+    // Ignition's own rules on the result, reported at the Butane field paths.
+    for mut i in validate::check(&config, ver) {
+        i.path = to_butane_path(&i.path);
+        if !issues.iter().any(|x| x.path == i.path && x.message == i.message) {
+            issues.push(i);
+        }
     }
     if !issues.is_empty() {
         return Err(Error::Invalid(located(src, issues)));
@@ -716,7 +716,8 @@ impl Tx<'_> {
             self.issue(path, format!("local file {rel:?} given but no files dir was provided"));
             return None;
         }
-        match self.files.get(rel) {
+        let files = self.files;
+        match files.get(rel) {
             Some(LocalEntry::File { data, .. }) => Some(data.clone()),
             Some(_) => {
                 self.issue(path, format!("local path {rel:?} is not a regular file"));
@@ -777,11 +778,8 @@ impl Tx<'_> {
         }
     }
 
-    fn node(&mut self, path: &str, overwrite: Option<bool>, user: &Option<NodeOwner>, group: &Option<NodeOwner>, at: &str) -> Map<String, Value> {
+    fn node(&self, path: &str, overwrite: Option<bool>, user: &Option<NodeOwner>, group: &Option<NodeOwner>) -> Map<String, Value> {
         let mut m = Map::new();
-        if !path.starts_with('/') {
-            self.issue(format!("{at}.path"), format!("path {path:?} must be absolute"));
-        }
         m.insert("path".into(), json!(path));
         put(&mut m, "overwrite", overwrite.map(Value::Bool));
         put(&mut m, "user", user.as_ref().map(pass));
@@ -801,7 +799,7 @@ impl Tx<'_> {
         let mut links: Vec<Value> = Vec::new();
         for (i, f) in s.files.iter().flatten().enumerate() {
             let at = format!("storage.files[{i}]");
-            let mut m = self.node(&f.path, f.overwrite, &f.user, &f.group, &at);
+            let mut m = self.node(&f.path, f.overwrite, &f.user, &f.group);
             if let Some(c) = &f.contents {
                 let v = self.resource(c, &format!("{at}.contents"));
                 m.insert("contents".into(), v);
@@ -815,13 +813,12 @@ impl Tx<'_> {
         }
         for (i, d) in s.directories.iter().flatten().enumerate() {
             let at = format!("storage.directories[{i}]");
-            let mut m = self.node(&d.path, d.overwrite, &d.user, &d.group, &at);
+            let mut m = self.node(&d.path, d.overwrite, &d.user, &d.group);
             put(&mut m, "mode", self.mode(&d.mode, &at));
             dirs.push(Value::Object(m));
         }
-        for (i, l) in s.links.iter().flatten().enumerate() {
-            let at = format!("storage.links[{i}]");
-            let mut m = self.node(&l.path, l.overwrite, &l.user, &l.group, &at);
+        for l in s.links.iter().flatten() {
+            let mut m = self.node(&l.path, l.overwrite, &l.user, &l.group);
             put(&mut m, "target", l.target.as_ref().map(|t| json!(t)));
             put(&mut m, "hard", l.hard.map(Value::Bool));
             links.push(Value::Object(m));
@@ -894,7 +891,8 @@ impl Tx<'_> {
             self.issue(format!("{at}.local"), "storage.trees needs a files dir");
             return;
         }
-        match self.files.get(&t.local) {
+        let fd = self.files;
+        match fd.get(&t.local) {
             Some(LocalEntry::Dir) => {}
             None if t.local.is_empty() || t.local == "." => {}
             _ => {
@@ -908,7 +906,7 @@ impl Tx<'_> {
             return;
         }
         let base = base.trim_end_matches('/');
-        for (rel, e) in self.files.under(&t.local) {
+        for (rel, e) in fd.under(&t.local) {
             let dest = format!("{base}/{rel}");
             match e {
                 LocalEntry::File { data, executable } => {

@@ -146,6 +146,6 @@ mod tests {
     #[test]
     fn broken_yaml_is_partial_not_panic() {
         let ix = index("a: [\n  b: {");
-        assert!(ix.len() <= 2);
+        assert_eq!(ix.get("a"), Some(&(1, 1)));
     }
 }

@@ -411,6 +411,20 @@ mod tests {
     }
 
     #[test]
+    fn shipped_default_template_renders_with_and_without_labels() {
+        let mut r = Renderer::new();
+        r.add_template(Template::new("default.bu", include_str!("../../ignition/default.bu"))).unwrap();
+        let out = r.render(Some("default.bu"), &facts(), None).unwrap();
+        let env = out.config["storage"]["files"][1]["contents"]["source"].as_str().unwrap().to_string();
+        assert!(env.contains("BOOTPLANE_RACK%3Dr1") || env.contains("BOOTPLANE_RACK=r1"), "{env}");
+        let mut f = facts();
+        f.labels.clear();
+        f.uuid = None;
+        let out = r.render(Some("default.bu"), &f, None).unwrap();
+        assert_eq!(out.config["storage"]["files"][0]["contents"]["source"], "data:,server-a%0A");
+    }
+
+    #[test]
     fn strict_undefined_and_syntax_errors() {
         let mut r = Renderer::new();
         r.add_template(Template::new("t.bu", "variant: fcos\nversion: 1.5.0\n# {{ nosuchvar }}\n")).unwrap();
