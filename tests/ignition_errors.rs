@@ -32,7 +32,7 @@ fn unknown_variant_and_unsupported_versions() {
     has(&err("variant: fcos\nversion: 1.2.0\n"), &["unsupported fcos version \"1.2.0\"", "1.3.0"]);
     has(&err("variant: fcos\nversion: 1.7.0-experimental\n"), &["unsupported fcos version"]);
     has(&err("variant: flatcar\nversion: 1.4.0\n"), &["unsupported flatcar version"]);
-    has(&err("version: 1.5.0\n"), &["variant (line"]);
+    has(&err("version: 1.5.0\n"), &["variant: missing"]);
     has(&err("variant: fcos\n"), &["version", "missing"]);
 }
 
@@ -87,7 +87,7 @@ fn bad_urls_hashes_and_sources() {
     let m = err("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /a\n      contents:\n        source: http://h/x\n        verification:\n          hash: md5-abc\n");
     has(&m, &["storage.files[0].contents.verification.hash (line 9", "sha512"]);
     let m = err("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /a\n      contents:\n        source: http://h/x\n        inline: y\n");
-    has(&m, &["storage.files[0].contents (line 7", "only one of"]);
+    has(&m, &["storage.files[0].contents (line 6", "only one of"]);
     let m = err("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /a\n      contents:\n        local: ../../etc/shadow\n");
     has(&m, &["storage.files[0].contents.local (line 7", "stay inside"]);
 }
