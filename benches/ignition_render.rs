@@ -17,7 +17,9 @@
 
 use std::time::{Duration, Instant};
 
-use bootplane::ignition::{IgnitionSecret, MachineFacts, RenderCache, RenderKey, Renderer, Template};
+use bootplane::ignition::{
+    IgnitionSecret, MachineFacts, RenderCache, RenderKey, Renderer, Template,
+};
 
 fn template() -> String {
     let mut t = String::from(
@@ -28,7 +30,9 @@ fn template() -> String {
             "    - path: /etc/app/conf.d/{i:02}-part.conf\n      mode: 0644\n      contents:\n        inline: |\n"
         ));
         for j in 0..(4 + i * 3) {
-            t.push_str(&format!("          key{j} = value-{j}-for-{{{{ name }}}}\n"));
+            t.push_str(&format!(
+                "          key{j} = value-{j}-for-{{{{ name }}}}\n"
+            ));
         }
     }
     t
@@ -41,7 +45,12 @@ fn facts(i: usize) -> MachineFacts {
         name: format!("server-{i:05}"),
         uuid: Some(format!("00000000-0000-4000-8000-{i:012}")),
         hostname: Some(format!("node-{i:05}")),
-        macs: vec![format!("52:54:00:{:02x}:{:02x}:{:02x}", (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff)],
+        macs: vec![format!(
+            "52:54:00:{:02x}:{:02x}:{:02x}",
+            (i >> 16) & 0xff,
+            (i >> 8) & 0xff,
+            i & 0xff
+        )],
         ips: vec![format!("10.199.{}.{}", (i >> 8) & 0xff, i & 0xff)],
         labels: [("rack".to_string(), format!("r{}", i % 40))].into(),
         claim_name: Some(format!("claim-{i}")),
@@ -55,7 +64,11 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn main() {
@@ -68,22 +81,39 @@ fn main() {
     let t = Template::new("default.bu", template());
     let trev = t.revision.clone();
     r.add_template(t).expect("template compiles");
-    let secret = IgnitionSecret { ignition: SECRET.to_string(), format: Some("fcos".into()) };
+    let secret = IgnitionSecret {
+        ignition: SECRET.to_string(),
+        format: Some("fcos".into()),
+    };
     let cache = RenderCache::new();
 
     // Warm-up (schema compilation, allocator), not measured.
-    let sample = r.render(Some("default.bu"), &facts(0), Some(&secret)).expect("renders");
-    let nfiles = sample.config["storage"]["files"].as_array().map_or(0, |a| a.len());
-    println!("config: {nfiles} files, {} bytes of JSON, ignition {}", sample.json.len(), sample.version);
+    let sample = r
+        .render(Some("default.bu"), &facts(0), Some(&secret))
+        .expect("renders");
+    let nfiles = sample.config["storage"]["files"]
+        .as_array()
+        .map_or(0, |a| a.len());
+    println!(
+        "config: {nfiles} files, {} bytes of JSON, ignition {}",
+        sample.json.len(),
+        sample.version
+    );
 
     // Cold renders.
     let mut lat = Vec::with_capacity(machines);
     let t0 = Instant::now();
     for i in 0..machines {
         let f = facts(i);
-        let key = RenderKey { server: f.name.clone(), secret_revision: "1".into(), template_revision: trev.clone() };
+        let key = RenderKey {
+            server: f.name.clone(),
+            secret_revision: "1".into(),
+            template_revision: trev.clone(),
+        };
         let s = Instant::now();
-        let out = cache.get_or_render(&key, || r.render(Some("default.bu"), &f, Some(&secret))).expect("renders");
+        let out = cache
+            .get_or_render(&key, || r.render(Some("default.bu"), &f, Some(&secret)))
+            .expect("renders");
         lat.push(s.elapsed());
         std::hint::black_box(out);
     }
@@ -123,7 +153,10 @@ fn main() {
         std::hint::black_box(serde_json::to_vec(&hit.config).expect("serializes"));
     }
     let ser = t0.elapsed();
-    println!("warm + serialize: {n2} hits re-serializing the config, {:.0} req/s", n2 as f64 / ser.as_secs_f64());
+    println!(
+        "warm + serialize: {n2} hits re-serializing the config, {:.0} req/s",
+        n2 as f64 / ser.as_secs_f64()
+    );
 
     // Peer: Debian's ignition-validate on the same rendered config (3.3).
     let dir = std::env::temp_dir().join(format!("bootplane-bench-ign-{}", std::process::id()));
@@ -133,10 +166,16 @@ fn main() {
     let mut peer = Vec::new();
     for _ in 0..peer_runs {
         let s = Instant::now();
-        match std::process::Command::new("ignition-validate").arg(&p).output() {
+        match std::process::Command::new("ignition-validate")
+            .arg(&p)
+            .output()
+        {
             Ok(o) if o.status.success() => peer.push(s.elapsed()),
             Ok(o) => {
-                println!("peer: ignition-validate rejected the config: {}", String::from_utf8_lossy(&o.stderr));
+                println!(
+                    "peer: ignition-validate rejected the config: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
                 break;
             }
             Err(e) => {

@@ -36,9 +36,13 @@ fn render_butane_file_prints_ignition() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let got: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let want: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/butane/trees-1_4.ign.json")).unwrap())
-            .unwrap();
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/butane/trees-1_4.ign.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
     assert_eq!(got, want);
 }
 
@@ -60,7 +64,10 @@ fn render_template_with_facts_and_sample_secret() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["ignition"]["version"], "3.3.0");
-    assert_eq!(v["storage"]["files"][0]["contents"]["source"], "data:,host-x%0A");
+    assert_eq!(
+        v["storage"]["files"][0]["contents"]["source"],
+        "data:,host-x%0A"
+    );
     assert_eq!(v["systemd"]["units"].as_array().unwrap().len(), 3);
     assert_eq!(v["passwd"]["users"][0]["name"], "metal");
 }
@@ -69,11 +76,20 @@ fn render_template_with_facts_and_sample_secret() {
 fn render_errors_are_located_and_exit_nonzero() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.bu");
-    std::fs::write(&bad, "variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: relative/x\n").unwrap();
+    std::fs::write(
+        &bad,
+        "variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: relative/x\n",
+    )
+    .unwrap();
     let o = bootplane(&["render", "ignition", "--butane", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("storage.files[0].path (line 5, column 7): path \"relative/x\" must be absolute"), "{err}");
+    assert!(
+        err.contains(
+            "storage.files[0].path (line 5, column 7): path \"relative/x\" must be absolute"
+        ),
+        "{err}"
+    );
     let o = bootplane(&["render", "ignition", "--server", "server-a"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs a running server"));

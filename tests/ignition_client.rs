@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bootplane::ignition::{FilesDir, IgnitionSecret, MachineFacts, RenderCache, RenderKey, Renderer, Template};
+use bootplane::ignition::{
+    FilesDir, IgnitionSecret, MachineFacts, RenderCache, RenderKey, Renderer, Template,
+};
 
 const IGNITION: &str = "/usr/lib/dracut/modules.d/30ignition/ignition";
 
@@ -132,7 +134,9 @@ fn serve(cache: Arc<RenderCache>, secret_rev: &'static str, template_rev: String
                 }
             }
             let path = line.split_whitespace().nth(1).unwrap_or("");
-            let body = path.strip_prefix("/ignition/").and_then(|srv| cache.get(srv, secret_rev, &template_rev));
+            let body = path
+                .strip_prefix("/ignition/")
+                .and_then(|srv| cache.get(srv, secret_rev, &template_rev));
             let resp = match body {
                 Some(r) => {
                     h2.fetch_add(1, Ordering::SeqCst);
@@ -145,11 +149,20 @@ fn serve(cache: Arc<RenderCache>, secret_rev: &'static str, template_rev: String
             let _ = sock.write_all(&resp);
         }
     });
-    Server { port, stop, hits, handle: Some(handle) }
+    Server {
+        port,
+        stop,
+        hits,
+        handle: Some(handle),
+    }
 }
 
 fn run(stage: &str, dir: &Path, local: &Path, shim: &Path) -> String {
-    let path = format!("{}:{}", shim.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        shim.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut child = Command::new(IGNITION)
         .args(["-platform", "file", "-stage", stage, "-log-to-stdout"])
         .arg("-root")
@@ -176,15 +189,29 @@ fn run(stage: &str, dir: &Path, local: &Path, shim: &Path) -> String {
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    child.stderr.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     let st = child.wait().unwrap();
     assert!(st.success(), "ignition -stage {stage} failed:\n{out}");
     out
 }
 
 fn mode(p: &Path) -> u32 {
-    std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())).permissions().mode() & 0o7777
+    std::fs::symlink_metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
 }
 
 #[test]
@@ -192,17 +219,37 @@ fn real_ignition_client_fetches_over_http_and_applies_files() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     std::fs::create_dir_all(dir.join("root/etc/selinux")).unwrap();
-    std::fs::write(dir.join("root/etc/selinux/config"), "SELINUX=disabled\nSELINUXTYPE=targeted\n").unwrap();
+    std::fs::write(
+        dir.join("root/etc/selinux/config"),
+        "SELINUX=disabled\nSELINUXTYPE=targeted\n",
+    )
+    .unwrap();
     std::fs::create_dir_all(dir.join("shim")).unwrap();
-    std::fs::write(dir.join("shim/setfiles"), "#!/bin/sh\ncat >/dev/null\nexit 0\n").unwrap();
-    std::fs::set_permissions(dir.join("shim/setfiles"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        dir.join("shim/setfiles"),
+        "#!/bin/sh\ncat >/dev/null\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        dir.join("shim/setfiles"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
 
     // Render what server-a gets: template (facts) + claim secret, through the cache.
-    let big: String = (0..200).map(|i| format!("          option{i} = value{i}\n")).collect();
-    let secret = IgnitionSecret { ignition: SECRET.replace("REPEAT\n", &big), format: Some("fcos".into()) };
+    let big: String = (0..200)
+        .map(|i| format!("          option{i} = value{i}\n"))
+        .collect();
+    let secret = IgnitionSecret {
+        ignition: SECRET.replace("REPEAT\n", &big),
+        format: Some("fcos".into()),
+    };
     let mut r = Renderer::new();
     let mut files = FilesDir::new();
-    files.dir("tree").file("tree/bin/hello", "#!/bin/sh\necho hello\n", true).file("tree/README", "tools\n", false);
+    files
+        .dir("tree")
+        .file("tree/bin/hello", "#!/bin/sh\necho hello\n", true)
+        .file("tree/README", "tools\n", false);
     r.set_files(files);
     let t = Template::new("default.bu", TEMPLATE);
     let trev = t.revision.clone();
@@ -218,11 +265,21 @@ fn real_ignition_client_fetches_over_http_and_applies_files() {
         claim_namespace: Some("team".into()),
     };
     let cache = Arc::new(RenderCache::new());
-    let key = RenderKey { server: "server-a".into(), secret_revision: "42".into(), template_revision: trev.clone() };
-    let rendered = cache.get_or_render(&key, || r.render(Some("default.bu"), &facts, Some(&secret))).unwrap();
+    let key = RenderKey {
+        server: "server-a".into(),
+        secret_revision: "42".into(),
+        template_revision: trev.clone(),
+    };
+    let rendered = cache
+        .get_or_render(&key, || r.render(Some("default.bu"), &facts, Some(&secret)))
+        .unwrap();
     assert_eq!(rendered.version.as_str(), "3.3.0");
     // The big file is auto-compressed; check the client decompresses it.
-    assert!(rendered.config["storage"]["files"].as_array().unwrap().iter().any(|f| f["contents"]["compression"] == "gzip"));
+    assert!(rendered.config["storage"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["contents"]["compression"] == "gzip"));
 
     let srv = serve(cache.clone(), "42", trev);
     let local = dir.join("local.ign");
@@ -233,12 +290,19 @@ fn real_ignition_client_fetches_over_http_and_applies_files() {
     .unwrap();
 
     let fetch_log = run("fetch", dir, &local, &dir.join("shim"));
-    assert!(fetch_log.contains(&format!("GET http://127.0.0.1:{}/ignition/server-a", srv.port)), "{fetch_log}");
+    assert!(
+        fetch_log.contains(&format!(
+            "GET http://127.0.0.1:{}/ignition/server-a",
+            srv.port
+        )),
+        "{fetch_log}"
+    );
     assert!(srv.hits.load(Ordering::SeqCst) >= 1);
     run("files", dir, &local, &dir.join("shim"));
 
     let root = dir.join("root");
-    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let read =
+        |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
     // Secret overrides the template's hostname (merge order: template, then secret).
     assert_eq!(read("etc/hostname"), "overridden-by-secret\n");
     assert_eq!(mode(&root.join("etc/hostname")), 0o644);
@@ -247,7 +311,12 @@ fn real_ignition_client_fetches_over_http_and_applies_files() {
         "NAME=server-a\nUUID=38947555-7742-3448-3784-823347823834\nMAC=52:54:00:aa:bb:cc\nCLAIM=team/claim-a\nRACK=r7\n"
     );
     assert_eq!(mode(&root.join("etc/bootplane/machine.env")), 0o600);
-    assert_eq!(read("etc/app/big.conf"), big.lines().map(|l| format!("{}\n", l.trim_start())).collect::<String>());
+    assert_eq!(
+        read("etc/app/big.conf"),
+        big.lines()
+            .map(|l| format!("{}\n", l.trim_start()))
+            .collect::<String>()
+    );
     assert_eq!(mode(&root.join("etc/app/big.conf")), 0o640);
     assert_eq!(read("opt/tools/bin/hello"), "#!/bin/sh\necho hello\n");
     assert_eq!(mode(&root.join("opt/tools/bin/hello")), 0o755);
@@ -255,9 +324,18 @@ fn real_ignition_client_fetches_over_http_and_applies_files() {
     assert_eq!(mode(&root.join("opt/tools/README")), 0o644);
     assert!(root.join("var/lib/app").is_dir());
     assert_eq!(mode(&root.join("var/lib/app")), 0o750);
-    assert_eq!(std::fs::read_link(root.join("etc/app/current")).unwrap(), Path::new("/etc/app/big.conf"));
+    assert_eq!(
+        std::fs::read_link(root.join("etc/app/current")).unwrap(),
+        Path::new("/etc/app/big.conf")
+    );
     assert!(read("etc/systemd/system/app.service").contains("ExecStart=/usr/bin/sleep infinity"));
-    assert_eq!(read("etc/systemd/system/app.service.d/10-env.conf"), "[Service]\nEnvironmentFile=/etc/bootplane/machine.env\n");
-    assert_eq!(std::fs::read_link(root.join("etc/systemd/system/unwanted.service")).unwrap(), Path::new("/dev/null"));
+    assert_eq!(
+        read("etc/systemd/system/app.service.d/10-env.conf"),
+        "[Service]\nEnvironmentFile=/etc/bootplane/machine.env\n"
+    );
+    assert_eq!(
+        std::fs::read_link(root.join("etc/systemd/system/unwanted.service")).unwrap(),
+        Path::new("/dev/null")
+    );
     assert!(read("etc/systemd/system-preset/20-ignition.preset").contains("enable app.service"));
 }

@@ -24,7 +24,12 @@ fn corpus() -> Vec<(String, String)> {
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "bu"))
-        .map(|p| (p.file_stem().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(&p).unwrap()))
+        .map(|p| {
+            (
+                p.file_stem().unwrap().to_string_lossy().into_owned(),
+                std::fs::read_to_string(&p).unwrap(),
+            )
+        })
         .collect();
     v.sort();
     v
@@ -38,7 +43,11 @@ fn keys(v: &Value, p: &str, out: &mut BTreeSet<String>) {
     match v {
         Value::Object(m) => {
             for (k, x) in m {
-                let q = if p.is_empty() { k.clone() } else { format!("{p}.{k}") };
+                let q = if p.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{p}.{k}")
+                };
                 out.insert(q.clone());
                 keys(x, &q, out);
             }
@@ -72,7 +81,11 @@ fn corpus_translates_to_golden_output() {
     let bless = std::env::var_os("BOOTPLANE_BLESS").is_some();
     let files = files_dir();
     let corpus = corpus();
-    assert!(corpus.len() >= 30, "corpus has only {} inputs", corpus.len());
+    assert!(
+        corpus.len() >= 30,
+        "corpus has only {} inputs",
+        corpus.len()
+    );
     let mut failures = Vec::new();
     for (name, src) in &corpus {
         let out = match ignition::translate_with(src, &files) {
@@ -173,7 +186,10 @@ fn corpus_outputs_pass_schema_and_real_ignition_validate() {
         if t.version <= IgnVersion::V3_3 {
             let p = dir.path().join(format!("{name}.ign"));
             std::fs::write(&p, serde_json::to_vec(&t.config).unwrap()).unwrap();
-            let out = run_with_timeout(Command::new("ignition-validate").arg(&p), Duration::from_secs(20));
+            let out = run_with_timeout(
+                Command::new("ignition-validate").arg(&p),
+                Duration::from_secs(20),
+            );
             assert!(
                 out.status.success(),
                 "{name}: ignition-validate failed: {}{}",
@@ -183,7 +199,10 @@ fn corpus_outputs_pass_schema_and_real_ignition_validate() {
             checked_by_real += 1;
         }
     }
-    assert!(checked_by_real >= 15, "only {checked_by_real} configs were checked by ignition-validate");
+    assert!(
+        checked_by_real >= 15,
+        "only {checked_by_real} configs were checked by ignition-validate"
+    );
 }
 
 #[test]
@@ -203,18 +222,27 @@ fn real_ignition_validate_rejects_what_we_reject() {
         assert!(ignition::validate(&v).is_err(), "we accepted {b}");
         let p = dir.path().join(format!("bad{i}.ign"));
         std::fs::write(&p, b).unwrap();
-        let out = run_with_timeout(Command::new("ignition-validate").arg(&p), Duration::from_secs(20));
+        let out = run_with_timeout(
+            Command::new("ignition-validate").arg(&p),
+            Duration::from_secs(20),
+        );
         assert!(!out.status.success(), "ignition-validate accepted {b}");
     }
 }
 
 #[test]
 fn metal_operator_sample_secret_renders_and_validates() {
-    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ignition_secret.yaml")).unwrap();
+    let src = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ignition_secret.yaml"),
+    )
+    .unwrap();
     let secret = ignition::IgnitionSecret::from_manifest(&src).unwrap();
     assert_eq!(secret.format.as_deref(), Some("fcos"));
     let r = ignition::Renderer::new();
-    let facts = ignition::MachineFacts { name: "server-sample".into(), ..Default::default() };
+    let facts = ignition::MachineFacts {
+        name: "server-sample".into(),
+        ..Default::default()
+    };
     let out = r.render(None, &facts, Some(&secret)).unwrap();
     assert_eq!(out.version, IgnVersion::V3_2);
     let units = out.config["systemd"]["units"].as_array().unwrap();
@@ -224,6 +252,14 @@ fn metal_operator_sample_secret_renders_and_validates() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("sample.ign");
     std::fs::write(&p, &out.json).unwrap();
-    let o = run_with_timeout(Command::new("ignition-validate").arg(&p), Duration::from_secs(20));
-    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = run_with_timeout(
+        Command::new("ignition-validate").arg(&p),
+        Duration::from_secs(20),
+    );
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

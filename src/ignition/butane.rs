@@ -55,12 +55,22 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
     let variant = match h.variant {
         Some(Value::String(s)) => s,
         Some(other) => return Err(Error::UnknownVariant(other.to_string())),
-        None => return Err(Error::Invalid(located(src, vec![Issue::new("variant", "missing (use variant: fcos)")]))),
+        None => {
+            return Err(Error::Invalid(located(
+                src,
+                vec![Issue::new("variant", "missing (use variant: fcos)")],
+            )))
+        }
     };
     let version = match h.version {
         Some(Value::String(s)) => s,
         Some(other) => other.to_string(),
-        None => return Err(Error::Invalid(located(src, vec![Issue::new("version", "missing (e.g. version: 1.5.0)")]))),
+        None => {
+            return Err(Error::Invalid(located(
+                src,
+                vec![Issue::new("version", "missing (e.g. version: 1.5.0)")],
+            )))
+        }
     };
     let variant = match variant.as_str() {
         "fcos" => Variant::Fcos,
@@ -80,24 +90,39 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
             })
         }
         (Variant::Flatcar, _) => {
-            return Err(Error::UnsupportedVersion { variant: "flatcar".into(), version, supported: "1.0.0, 1.1.0" })
+            return Err(Error::UnsupportedVersion {
+                variant: "flatcar".into(),
+                version,
+                supported: "1.0.0, 1.1.0",
+            })
         }
     };
     let cfg: Config = serde_norway::from_str(src).map_err(|e| Error::Yaml(e.to_string()))?;
-    let mut tx = Tx { ver, variant, files, issues: Vec::new() };
+    let mut tx = Tx {
+        ver,
+        variant,
+        files,
+        issues: Vec::new(),
+    };
     let config = tx.config(&cfg);
     let mut issues = tx.issues;
     // Ignition's own rules on the result, reported at the Butane field paths.
     for mut i in validate::check(&config, ver) {
         i.path = to_butane_path(&i.path);
-        if !issues.iter().any(|x| x.path == i.path && x.message == i.message) {
+        if !issues
+            .iter()
+            .any(|x| x.path == i.path && x.message == i.message)
+        {
             issues.push(i);
         }
     }
     if !issues.is_empty() {
         return Err(Error::Invalid(located(src, issues)));
     }
-    Ok(Translated { version: ver, config })
+    Ok(Translated {
+        version: ver,
+        config,
+    })
 }
 
 fn located(src: &str, mut issues: Vec<Issue>) -> Vec<Issue> {
@@ -556,7 +581,10 @@ fn put(m: &mut Map<String, Value>, k: &str, v: Option<Value>) {
 }
 
 fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(Vec::with_capacity(data.len() / 2 + 32), flate2::Compression::best());
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(data.len() / 2 + 32),
+        flate2::Compression::best(),
+    );
     // Writing into a Vec cannot fail.
     let _ = enc.write_all(data);
     enc.finish().unwrap_or_default()
@@ -567,8 +595,17 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 pub fn data_url(data: &[u8], auto_gzip: bool) -> (String, &'static str) {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut best = match std::str::from_utf8(data) {
-        Ok(text) => (format!("data:,{}", utf8_percent_encode(text, DATA_URL_KEEP)), ""),
-        Err(_) => (format!("data:,{}", percent_encoding::percent_encode(data, DATA_URL_KEEP)), ""),
+        Ok(text) => (
+            format!("data:,{}", utf8_percent_encode(text, DATA_URL_KEEP)),
+            "",
+        ),
+        Err(_) => (
+            format!(
+                "data:,{}",
+                percent_encoding::percent_encode(data, DATA_URL_KEEP)
+            ),
+            "",
+        ),
     };
     // base64 is 4/3 of the input: only worth computing if it can win.
     if data.len() * 4 / 3 + 16 < best.0.len() {
@@ -591,12 +628,16 @@ fn octal_mode(m: &ModeIn) -> Result<i64, String> {
         ModeIn::Int(i) => Ok(*i),
         ModeIn::Str(s) => {
             let t = s.trim();
-            let digits = t.strip_prefix("0o").or_else(|| t.strip_prefix('0').filter(|r| !r.is_empty()));
+            let digits = t
+                .strip_prefix("0o")
+                .or_else(|| t.strip_prefix('0').filter(|r| !r.is_empty()));
             match digits {
                 Some(d) if d.bytes().all(|b| (b'0'..=b'7').contains(&b)) => {
                     i64::from_str_radix(d, 8).map_err(|_| format!("invalid mode {s:?}"))
                 }
-                _ => Err(format!("invalid mode {s:?}: expected an octal number such as 0644")),
+                _ => Err(format!(
+                    "invalid mode {s:?}: expected an octal number such as 0644"
+                )),
             }
         }
     }
@@ -676,8 +717,11 @@ impl Tx<'_> {
         if let Some(c) = &i.config {
             let mut m = Map::new();
             if let Some(list) = &c.merge {
-                let v: Vec<Value> =
-                    list.iter().enumerate().map(|(n, r)| self.resource(r, &format!("ignition.config.merge[{n}]"))).collect();
+                let v: Vec<Value> = list
+                    .iter()
+                    .enumerate()
+                    .map(|(n, r)| self.resource(r, &format!("ignition.config.merge[{n}]")))
+                    .collect();
                 m.insert("merge".into(), Value::Array(v));
             }
             if let Some(r) = &c.replace {
@@ -691,11 +735,20 @@ impl Tx<'_> {
         }
         if let Some(sec) = &i.security {
             let mut tls = Map::new();
-            if let Some(cas) = sec.tls.as_ref().and_then(|t| t.certificate_authorities.as_ref()) {
+            if let Some(cas) = sec
+                .tls
+                .as_ref()
+                .and_then(|t| t.certificate_authorities.as_ref())
+            {
                 let v: Vec<Value> = cas
                     .iter()
                     .enumerate()
-                    .map(|(n, r)| self.resource(r, &format!("ignition.security.tls.certificate_authorities[{n}]")))
+                    .map(|(n, r)| {
+                        self.resource(
+                            r,
+                            &format!("ignition.security.tls.certificate_authorities[{n}]"),
+                        )
+                    })
                     .collect();
                 tls.insert("certificateAuthorities".into(), Value::Array(v));
             }
@@ -709,11 +762,17 @@ impl Tx<'_> {
     /// Reads a `local` file from the files dir.
     fn local(&mut self, rel: &str, path: &str) -> Option<Vec<u8>> {
         if rel.starts_with('/') || rel.split('/').any(|s| s == "..") {
-            self.issue(path, format!("local path {rel:?} must be relative to the files dir and stay inside it"));
+            self.issue(
+                path,
+                format!("local path {rel:?} must be relative to the files dir and stay inside it"),
+            );
             return None;
         }
         if self.files.is_empty() {
-            self.issue(path, format!("local file {rel:?} given but no files dir was provided"));
+            self.issue(
+                path,
+                format!("local file {rel:?} given but no files dir was provided"),
+            );
             return None;
         }
         let files = self.files;
@@ -724,7 +783,10 @@ impl Tx<'_> {
                 None
             }
             None => {
-                self.issue(path, format!("local file {rel:?} not found in the files dir"));
+                self.issue(
+                    path,
+                    format!("local file {rel:?} not found in the files dir"),
+                );
                 None
             }
         }
@@ -732,13 +794,23 @@ impl Tx<'_> {
 
     /// Translates a resource (file contents, append, config, CA).
     fn resource(&mut self, r: &Resource, path: &str) -> Value {
-        let given = [r.source.is_some(), r.inline.is_some(), r.local.is_some()].iter().filter(|b| **b).count();
+        let given = [r.source.is_some(), r.inline.is_some(), r.local.is_some()]
+            .iter()
+            .filter(|b| **b)
+            .count();
         if given > 1 {
             self.issue(path, "only one of source, inline and local may be given");
         }
         let mut m = Map::new();
-        if let Some(c) = r.compression.as_deref().filter(|c| !c.is_empty() && *c != "gzip") {
-            self.issue(format!("{path}.compression"), format!("unsupported compression {c:?} (supported: gzip)"));
+        if let Some(c) = r
+            .compression
+            .as_deref()
+            .filter(|c| !c.is_empty() && *c != "gzip")
+        {
+            self.issue(
+                format!("{path}.compression"),
+                format!("unsupported compression {c:?} (supported: gzip)"),
+            );
         }
         let data = match (&r.inline, &r.local) {
             (Some(s), _) => Some(s.as_bytes().to_vec()),
@@ -747,15 +819,29 @@ impl Tx<'_> {
         };
         if let Some(data) = data {
             let (url, comp) = if r.compression.as_deref() == Some("gzip") {
-                let gz = if data.starts_with(&[0x1f, 0x8b]) { data } else { gzip(&data) };
-                (format!("data:;base64,{}", base64::engine::general_purpose::STANDARD.encode(gz)), "gzip")
+                let gz = if data.starts_with(&[0x1f, 0x8b]) {
+                    data
+                } else {
+                    gzip(&data)
+                };
+                (
+                    format!(
+                        "data:;base64,{}",
+                        base64::engine::general_purpose::STANDARD.encode(gz)
+                    ),
+                    "gzip",
+                )
             } else {
                 data_url(&data, true)
             };
             m.insert("compression".into(), json!(comp));
             m.insert("source".into(), json!(url));
         } else {
-            put(&mut m, "compression", r.compression.as_ref().map(|c| json!(c)));
+            put(
+                &mut m,
+                "compression",
+                r.compression.as_ref().map(|c| json!(c)),
+            );
             put(&mut m, "source", r.source.as_ref().map(|c| json!(c)));
         }
         if let Some(h) = &r.http_headers {
@@ -778,7 +864,13 @@ impl Tx<'_> {
         }
     }
 
-    fn node(&self, path: &str, overwrite: Option<bool>, user: &Option<NodeOwner>, group: &Option<NodeOwner>) -> Map<String, Value> {
+    fn node(
+        &self,
+        path: &str,
+        overwrite: Option<bool>,
+        user: &Option<NodeOwner>,
+        group: &Option<NodeOwner>,
+    ) -> Map<String, Value> {
         let mut m = Map::new();
         m.insert("path".into(), json!(path));
         put(&mut m, "overwrite", overwrite.map(Value::Bool));
@@ -805,7 +897,11 @@ impl Tx<'_> {
                 m.insert("contents".into(), v);
             }
             if let Some(a) = &f.append {
-                let v: Vec<Value> = a.iter().enumerate().map(|(n, r)| self.resource(r, &format!("{at}.append[{n}]"))).collect();
+                let v: Vec<Value> = a
+                    .iter()
+                    .enumerate()
+                    .map(|(n, r)| self.resource(r, &format!("{at}.append[{n}]")))
+                    .collect();
                 m.insert("append".into(), Value::Array(v));
             }
             put(&mut m, "mode", self.mode(&f.mode, &at));
@@ -831,7 +927,10 @@ impl Tx<'_> {
                 if f.with_mount_unit == Some(true) {
                     match self.mount_unit(f) {
                         Some(u) => units.push(u),
-                        None => self.issue(format!("storage.filesystems[{i}].with_mount_unit"), "needs path (or format: swap) to generate a mount unit"),
+                        None => self.issue(
+                            format!("storage.filesystems[{i}].with_mount_unit"),
+                            "needs path (or format: swap) to generate a mount unit",
+                        ),
                     }
                 }
             }
@@ -856,11 +955,28 @@ impl Tx<'_> {
     }
 
     fn luks(&mut self, l: &Luks, at: &str) -> Value {
-        self.need(l.discard.is_some(), &format!("{at}.discard"), IgnVersion::V3_4);
-        self.need(l.open_options.is_some(), &format!("{at}.open_options"), IgnVersion::V3_4);
+        self.need(
+            l.discard.is_some(),
+            &format!("{at}.discard"),
+            IgnVersion::V3_4,
+        );
+        self.need(
+            l.open_options.is_some(),
+            &format!("{at}.open_options"),
+            IgnVersion::V3_4,
+        );
         self.need(l.cex.is_some(), &format!("{at}.cex"), IgnVersion::V3_5);
-        for (j, t) in l.clevis.iter().flat_map(|c| c.tang.iter().flatten()).enumerate() {
-            self.need(t.advertisement.is_some(), &format!("{at}.clevis.tang[{j}].advertisement"), IgnVersion::V3_4);
+        for (j, t) in l
+            .clevis
+            .iter()
+            .flat_map(|c| c.tang.iter().flatten())
+            .enumerate()
+        {
+            self.need(
+                t.advertisement.is_some(),
+                &format!("{at}.clevis.tang[{j}].advertisement"),
+                IgnVersion::V3_4,
+            );
         }
         let mut m = Map::new();
         m.insert("name".into(), json!(l.name));
@@ -875,7 +991,11 @@ impl Tx<'_> {
         put(&mut m, "wipeVolume", l.wipe_volume.map(Value::Bool));
         put(&mut m, "clevis", l.clevis.as_ref().map(pass));
         put(&mut m, "discard", l.discard.map(Value::Bool));
-        put(&mut m, "openOptions", l.open_options.as_ref().map(|d| json!(d)));
+        put(
+            &mut m,
+            "openOptions",
+            l.open_options.as_ref().map(|d| json!(d)),
+        );
         put(&mut m, "cex", l.cex.as_ref().map(pass));
         Value::Object(m)
     }
@@ -884,7 +1004,13 @@ impl Tx<'_> {
     /// if executable, else 0644) or a link under `path` (default `/`).
     fn tree(&mut self, t: &Tree, at: &str, files: &mut Vec<Value>, links: &mut Vec<Value>) {
         if t.local.starts_with('/') || t.local.split('/').any(|s| s == "..") {
-            self.issue(format!("{at}.local"), format!("local path {:?} must be relative to the files dir and stay inside it", t.local));
+            self.issue(
+                format!("{at}.local"),
+                format!(
+                    "local path {:?} must be relative to the files dir and stay inside it",
+                    t.local
+                ),
+            );
             return;
         }
         if self.files.is_empty() {
@@ -896,13 +1022,19 @@ impl Tx<'_> {
             Some(LocalEntry::Dir) => {}
             None if t.local.is_empty() || t.local == "." => {}
             _ => {
-                self.issue(format!("{at}.local"), format!("{:?} is not a directory in the files dir", t.local));
+                self.issue(
+                    format!("{at}.local"),
+                    format!("{:?} is not a directory in the files dir", t.local),
+                );
                 return;
             }
         }
         let base = t.path.clone().unwrap_or_else(|| "/".to_string());
         if !base.starts_with('/') {
-            self.issue(format!("{at}.path"), format!("path {base:?} must be absolute"));
+            self.issue(
+                format!("{at}.path"),
+                format!("path {base:?} must be absolute"),
+            );
             return;
         }
         let base = base.trim_end_matches('/');
@@ -917,7 +1049,9 @@ impl Tx<'_> {
                         "mode": if *executable { 0o755 } else { 0o644 },
                     }));
                 }
-                LocalEntry::Symlink { target } => links.push(json!({ "path": dest, "target": target })),
+                LocalEntry::Symlink { target } => {
+                    links.push(json!({ "path": dest, "target": target }))
+                }
                 LocalEntry::Dir => {}
             }
         }
@@ -940,7 +1074,9 @@ impl Tx<'_> {
         let path = f.path.as_deref()?;
         let name = format!("{}.mount", systemd_escape_path(path));
         let mut c = String::from("# Generated by Butane\n[Unit]\n");
-        c.push_str(&format!("Requires=systemd-fsck@{dev_unit}.service\nAfter=systemd-fsck@{dev_unit}.service\n\n"));
+        c.push_str(&format!(
+            "Requires=systemd-fsck@{dev_unit}.service\nAfter=systemd-fsck@{dev_unit}.service\n\n"
+        ));
         c.push_str(&format!("[Mount]\nWhere={path}\nWhat={what}\n"));
         if !fmt.is_empty() {
             c.push_str(&format!("Type={fmt}\n"));
@@ -980,7 +1116,12 @@ impl Tx<'_> {
     }
 
     /// Unit/drop-in text from `contents` or `contents_local` (fcos 1.6+).
-    fn text(&mut self, inline: &Option<String>, local: &Option<String>, at: &str) -> Option<String> {
+    fn text(
+        &mut self,
+        inline: &Option<String>,
+        local: &Option<String>,
+        at: &str,
+    ) -> Option<String> {
         match (inline, local) {
             (Some(_), Some(_)) => {
                 self.issue(at, "only one of contents and contents_local may be given");
@@ -1011,11 +1152,21 @@ impl Tx<'_> {
                 if let Some(locals) = &u.ssh_authorized_keys_local {
                     let at = format!("passwd.users[{i}].ssh_authorized_keys_local");
                     self.need(true, &at, IgnVersion::V3_3);
-                    let mut keys: Vec<Value> = u.ssh_authorized_keys.iter().flatten().map(|k| json!(k)).collect();
+                    let mut keys: Vec<Value> = u
+                        .ssh_authorized_keys
+                        .iter()
+                        .flatten()
+                        .map(|k| json!(k))
+                        .collect();
                     for (j, l) in locals.iter().enumerate() {
                         if let Some(data) = self.local(l, &format!("{at}[{j}]")) {
                             let text = String::from_utf8_lossy(&data).into_owned();
-                            keys.extend(text.lines().map(str::trim).filter(|k| !k.is_empty() && !k.starts_with('#')).map(|k| json!(k)));
+                            keys.extend(
+                                text.lines()
+                                    .map(str::trim)
+                                    .filter(|k| !k.is_empty() && !k.starts_with('#'))
+                                    .map(|k| json!(k)),
+                            );
                         }
                     }
                     if let Value::Object(m) = &mut x {
@@ -1037,12 +1188,22 @@ impl Tx<'_> {
     fn boot_device(&mut self, b: &BootDevice, storage: &mut Map<String, Value>) {
         let layout = b.layout.as_deref().unwrap_or("x86_64");
         if !matches!(layout, "x86_64" | "aarch64") {
-            self.issue("boot_device.layout", format!("layout {layout:?} is not supported (supported: x86_64, aarch64)"));
+            self.issue(
+                "boot_device.layout",
+                format!("layout {layout:?} is not supported (supported: x86_64, aarch64)"),
+            );
             return;
         }
-        let mirror: Vec<String> = b.mirror.as_ref().and_then(|m| m.devices.clone()).unwrap_or_default();
+        let mirror: Vec<String> = b
+            .mirror
+            .as_ref()
+            .and_then(|m| m.devices.clone())
+            .unwrap_or_default();
         if b.mirror.is_some() && mirror.len() < 2 {
-            self.issue("boot_device.mirror.devices", "a mirror needs at least two devices");
+            self.issue(
+                "boot_device.mirror.devices",
+                "a mirror needs at least two devices",
+            );
             return;
         }
         let mut disks = Vec::new();
@@ -1073,7 +1234,11 @@ impl Tx<'_> {
         }
         let mut luks = Vec::new();
         if let Some(l) = &b.luks {
-            self.need(l.discard.is_some(), "boot_device.luks.discard", IgnVersion::V3_4);
+            self.need(
+                l.discard.is_some(),
+                "boot_device.luks.discard",
+                IgnVersion::V3_4,
+            );
             self.need(l.cex.is_some(), "boot_device.luks.cex", IgnVersion::V3_5);
             if let Some(d) = &l.device {
                 self.need(true, "boot_device.luks.device", IgnVersion::V3_5);
@@ -1082,9 +1247,14 @@ impl Tx<'_> {
                 }
             }
             for (j, t) in l.tang.iter().flatten().enumerate() {
-                self.need(t.advertisement.is_some(), &format!("boot_device.luks.tang[{j}].advertisement"), IgnVersion::V3_4);
+                self.need(
+                    t.advertisement.is_some(),
+                    &format!("boot_device.luks.tang[{j}].advertisement"),
+                    IgnVersion::V3_4,
+                );
             }
-            if l.tang.as_ref().is_none_or(Vec::is_empty) && l.tpm2 != Some(true) && l.cex.is_none() {
+            if l.tang.as_ref().is_none_or(Vec::is_empty) && l.tpm2 != Some(true) && l.cex.is_none()
+            {
                 self.issue("boot_device.luks", "needs tang servers, tpm2: true or cex");
             }
             let mut clevis = Map::new();
@@ -1138,7 +1308,10 @@ pub fn systemd_escape_path(p: &str) -> String {
             out.push('-');
         }
         for (j, b) in seg.bytes().enumerate() {
-            let keep = b.is_ascii_alphanumeric() || b == b'_' || b == b':' || (b == b'.' && !(i == 0 && j == 0));
+            let keep = b.is_ascii_alphanumeric()
+                || b == b'_'
+                || b == b':'
+                || (b == b'.' && !(i == 0 && j == 0));
             if keep {
                 out.push(b as char);
             } else {
@@ -1155,7 +1328,12 @@ mod tests {
 
     #[test]
     fn minimal_per_version() {
-        for (v, want) in [("1.3.0", "3.2.0"), ("1.4.0", "3.3.0"), ("1.5.0", "3.4.0"), ("1.6.0", "3.5.0")] {
+        for (v, want) in [
+            ("1.3.0", "3.2.0"),
+            ("1.4.0", "3.3.0"),
+            ("1.5.0", "3.4.0"),
+            ("1.6.0", "3.5.0"),
+        ] {
             let t = translate(&format!("variant: fcos\nversion: {v}\n")).unwrap();
             assert_eq!(t.config, json!({"ignition": {"version": want}}));
         }
@@ -1165,7 +1343,10 @@ mod tests {
 
     #[test]
     fn data_urls_like_butane() {
-        assert_eq!(data_url(b"hello world\n", true), ("data:,hello%20world%0A".to_string(), ""));
+        assert_eq!(
+            data_url(b"hello world\n", true),
+            ("data:,hello%20world%0A".to_string(), "")
+        );
         let bin = [0u8, 1, 2, 250, 251, 252, 253, 254, 255, 0, 1, 2, 3];
         assert!(data_url(&bin, false).0.starts_with("data:;base64,"));
         let big = "all work and no play\n".repeat(100);
@@ -1177,10 +1358,22 @@ mod tests {
     #[test]
     fn modes_octal_strings_and_errors() {
         let t = translate("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /a\n      mode: 0644\n    - path: /b\n      mode: 0o755\n    - path: /c\n      mode: 420\n").unwrap();
-        let modes: Vec<i64> = t.config["storage"]["files"].as_array().unwrap().iter().map(|f| f["mode"].as_i64().unwrap()).collect();
+        let modes: Vec<i64> = t.config["storage"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["mode"].as_i64().unwrap())
+            .collect();
         assert_eq!(modes, vec![0o644, 0o755, 420]);
-        let e = translate("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /a\n      mode: 0999\n").unwrap_err();
-        assert!(e.to_string().contains("storage.files[0].mode (line 6, column 7)"), "{e}");
+        let e = translate(
+            "variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /a\n      mode: 0999\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("storage.files[0].mode (line 6, column 7)"),
+            "{e}"
+        );
         let e = translate("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /a\n      mode: 99999\n").unwrap_err();
         assert!(e.to_string().contains("must be between 0 and 07777"), "{e}");
     }
@@ -1189,8 +1382,14 @@ mod tests {
     fn unknown_and_unsupported_fields_name_path_and_line() {
         let e = translate("variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /a\n      colour: blue\n").unwrap_err();
         let s = e.to_string();
-        assert!(s.contains("storage.files[0]") && s.contains("colour") && s.contains("line 6"), "{s}");
-        let e = translate("variant: fcos\nversion: 1.3.0\nkernel_arguments:\n  should_exist: [quiet]\n").unwrap_err();
+        assert!(
+            s.contains("storage.files[0]") && s.contains("colour") && s.contains("line 6"),
+            "{s}"
+        );
+        let e = translate(
+            "variant: fcos\nversion: 1.3.0\nkernel_arguments:\n  should_exist: [quiet]\n",
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("kernel_arguments (line 3, column 1): not supported in fcos 1.3.0 (needs fcos 1.4.0"), "{e}");
         let e = translate("variant: fcos\nversion: 1.5.0\ngrub:\n  users: []\n").unwrap_err();
         assert!(e.to_string().contains("grub (line 3"), "{e}");
@@ -1198,10 +1397,22 @@ mod tests {
 
     #[test]
     fn variant_version_errors() {
-        assert!(matches!(translate("variant: rhcos\nversion: 1.5.0\n"), Err(Error::UnknownVariant(_))));
-        assert!(matches!(translate("variant: fcos\nversion: 1.7.0\n"), Err(Error::UnsupportedVersion { .. })));
-        assert!(matches!(translate("variant: fcos\nversion: 1.2.0\n"), Err(Error::UnsupportedVersion { .. })));
-        assert!(matches!(translate("variant: fcos\n"), Err(Error::Invalid(_))));
+        assert!(matches!(
+            translate("variant: rhcos\nversion: 1.5.0\n"),
+            Err(Error::UnknownVariant(_))
+        ));
+        assert!(matches!(
+            translate("variant: fcos\nversion: 1.7.0\n"),
+            Err(Error::UnsupportedVersion { .. })
+        ));
+        assert!(matches!(
+            translate("variant: fcos\nversion: 1.2.0\n"),
+            Err(Error::UnsupportedVersion { .. })
+        ));
+        assert!(matches!(
+            translate("variant: fcos\n"),
+            Err(Error::Invalid(_))
+        ));
         assert!(matches!(translate("variant: [fcos\n"), Err(Error::Yaml(_))));
         assert!(matches!(translate(""), Err(_)));
         assert!(matches!(translate("- a\n- b\n"), Err(Error::Yaml(_))));
@@ -1212,36 +1423,64 @@ mod tests {
         let y = "variant: fcos\nversion: 1.4.0\nstorage:\n  files:\n    - path: /etc/a\n  directories:\n    - path: /etc/a\n  links:\n    - path: etc/b\n      target: /x\n";
         let e = translate(y).unwrap_err();
         let s = e.to_string();
-        assert!(s.contains("storage.directories[0].path (line 7, column 7): duplicate path \"/etc/a\""), "{s}");
-        assert!(s.contains("storage.links[0].path (line 9, column 7): path \"etc/b\" must be absolute"), "{s}");
+        assert!(
+            s.contains("storage.directories[0].path (line 7, column 7): duplicate path \"/etc/a\""),
+            "{s}"
+        );
+        assert!(
+            s.contains("storage.links[0].path (line 9, column 7): path \"etc/b\" must be absolute"),
+            "{s}"
+        );
     }
 
     #[test]
     fn local_contents_and_trees_come_from_files_dir() {
         let mut fd = FilesDir::new();
-        fd.file("motd", "hi\n", false).dir("tree").file("tree/bin/run", "#!/bin/sh\n", true).symlink("tree/cur", "bin/run");
+        fd.file("motd", "hi\n", false)
+            .dir("tree")
+            .file("tree/bin/run", "#!/bin/sh\n", true)
+            .symlink("tree/cur", "bin/run");
         let y = "variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /etc/motd\n      contents:\n        local: motd\n  trees:\n    - local: tree\n      path: /opt/t\n";
         let t = translate_with(y, &fd).unwrap();
         let st = &t.config["storage"];
         assert_eq!(st["files"][0]["contents"]["source"], "data:,hi%0A");
         assert_eq!(st["files"][1]["path"], "/opt/t/bin/run");
         assert_eq!(st["files"][1]["mode"], 0o755);
-        assert_eq!(st["links"][0], json!({"path": "/opt/t/cur", "target": "bin/run"}));
+        assert_eq!(
+            st["links"][0],
+            json!({"path": "/opt/t/cur", "target": "bin/run"})
+        );
         let e = translate(y).unwrap_err();
-        assert!(e.to_string().contains("storage.files[0].contents.local (line 7"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("storage.files[0].contents.local (line 7"),
+            "{e}"
+        );
     }
 
     #[test]
     fn escape() {
         assert_eq!(systemd_escape_path("/var/lib/x-y"), "var-lib-x\\x2dy");
-        assert_eq!(systemd_escape_path("/dev/disk/by-label/var"), "dev-disk-by\\x2dlabel-var");
+        assert_eq!(
+            systemd_escape_path("/dev/disk/by-label/var"),
+            "dev-disk-by\\x2dlabel-var"
+        );
         assert_eq!(systemd_escape_path("/"), "-");
     }
 
     #[test]
     fn butane_paths() {
-        assert_eq!(to_butane_path("storage.disks[0].partitions[1].sizeMiB"), "storage.disks[0].partitions[1].size_mib");
-        assert_eq!(to_butane_path("systemd.units[3].dropins[0].name"), "systemd.units[3].dropins[0].name");
-        assert_eq!(to_butane_path("passwd.users[0].sshAuthorizedKeys"), "passwd.users[0].ssh_authorized_keys");
+        assert_eq!(
+            to_butane_path("storage.disks[0].partitions[1].sizeMiB"),
+            "storage.disks[0].partitions[1].size_mib"
+        );
+        assert_eq!(
+            to_butane_path("systemd.units[3].dropins[0].name"),
+            "systemd.units[3].dropins[0].name"
+        );
+        assert_eq!(
+            to_butane_path("passwd.users[0].sshAuthorizedKeys"),
+            "passwd.users[0].ssh_authorized_keys"
+        );
     }
 }

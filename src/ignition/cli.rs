@@ -59,13 +59,18 @@ pub fn run(cmd: RenderCmd) -> Result<u8> {
         bail!("--server needs a running server (not wired yet); use --template/--facts/--secret to preview offline");
     }
     let files = match &a.files_dir {
-        Some(d) => FilesDir::read_dir(d).with_context(|| format!("reading files dir {}", d.display()))?,
+        Some(d) => {
+            FilesDir::read_dir(d).with_context(|| format!("reading files dir {}", d.display()))?
+        }
         None => FilesDir::new(),
     };
     let config = if let Some(p) = &a.butane {
-        super::translate_with(&read(p)?, &files).with_context(|| format!("translating {}", p.display()))?.config
+        super::translate_with(&read(p)?, &files)
+            .with_context(|| format!("translating {}", p.display()))?
+            .config
     } else if let Some(p) = &a.ignition {
-        let v = super::validate::parse_json(&read(p)?).with_context(|| format!("parsing {}", p.display()))?;
+        let v = super::validate::parse_json(&read(p)?)
+            .with_context(|| format!("parsing {}", p.display()))?;
         super::validate(&v).with_context(|| format!("validating {}", p.display()))?;
         v
     } else if a.template.is_some() || a.secret.is_some() {
@@ -73,23 +78,34 @@ pub fn run(cmd: RenderCmd) -> Result<u8> {
         r.set_files(files);
         let mut name = None;
         if let Some(p) = &a.template {
-            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "template".into());
+            let n = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "template".into());
             r.add_template(Template::new(&n, read(p)?))?;
             name = Some(n);
         }
         let facts: MachineFacts = match &a.facts {
-            Some(p) => serde_norway::from_str(&read(p)?).with_context(|| format!("parsing facts {}", p.display()))?,
+            Some(p) => serde_norway::from_str(&read(p)?)
+                .with_context(|| format!("parsing facts {}", p.display()))?,
             None => MachineFacts::default(),
         };
         let secret = match &a.secret {
-            Some(p) => Some(IgnitionSecret::from_manifest(&read(p)?).with_context(|| format!("reading secret {}", p.display()))?),
+            Some(p) => Some(
+                IgnitionSecret::from_manifest(&read(p)?)
+                    .with_context(|| format!("reading secret {}", p.display()))?,
+            ),
             None => None,
         };
         r.render(name.as_deref(), &facts, secret.as_ref())?.config
     } else {
         bail!("give --butane FILE, --ignition FILE, or --template FILE [--facts FILE] [--secret FILE]");
     };
-    let out = if a.pretty { serde_json::to_string_pretty(&config)? } else { serde_json::to_string(&config)? };
+    let out = if a.pretty {
+        serde_json::to_string_pretty(&config)?
+    } else {
+        serde_json::to_string(&config)?
+    };
     println!("{out}");
     Ok(0)
 }

@@ -10,8 +10,13 @@ use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::Marker;
 
 enum Frame {
-    Map { key: Option<String>, expecting_key: bool },
-    Seq { index: usize },
+    Map {
+        key: Option<String>,
+        expecting_key: bool,
+    },
+    Seq {
+        index: usize,
+    },
 }
 
 struct Indexer {
@@ -24,7 +29,12 @@ struct Indexer {
 impl Indexer {
     fn path_with(&self, last: &str) -> String {
         let mut p = String::new();
-        for s in self.segs.iter().map(String::as_str).chain(std::iter::once(last)) {
+        for s in self
+            .segs
+            .iter()
+            .map(String::as_str)
+            .chain(std::iter::once(last))
+        {
             if !s.starts_with('[') && !p.is_empty() {
                 p.push('.');
             }
@@ -81,10 +91,15 @@ impl MarkedEventReceiver for Indexer {
                 }
             }
             Event::MappingStart(..) | Event::SequenceStart(..) => {
-                let seg = self.begin_value(&ev, mark).unwrap_or_else(|| "?".to_string());
+                let seg = self
+                    .begin_value(&ev, mark)
+                    .unwrap_or_else(|| "?".to_string());
                 self.segs.push(seg);
                 self.stack.push(if matches!(ev, Event::MappingStart(..)) {
-                    Frame::Map { key: None, expecting_key: true }
+                    Frame::Map {
+                        key: None,
+                        expecting_key: true,
+                    }
                 } else {
                     Frame::Seq { index: 0 }
                 });
@@ -102,7 +117,12 @@ impl MarkedEventReceiver for Indexer {
 /// Line/column (1-based) of every key and sequence item of the first document in `src`,
 /// keyed by path (`storage.files[0].path`). Unparseable documents give a partial index.
 pub fn index(src: &str) -> HashMap<String, (usize, usize)> {
-    let mut ix = Indexer { stack: Vec::new(), segs: Vec::new(), out: HashMap::new(), done: false };
+    let mut ix = Indexer {
+        stack: Vec::new(),
+        segs: Vec::new(),
+        out: HashMap::new(),
+        done: false,
+    };
     let mut parser = Parser::new_from_str(src);
     let _ = parser.load(&mut ix, false);
     ix.out
@@ -135,7 +155,8 @@ mod tests {
 
     #[test]
     fn indexes_keys_and_items() {
-        let y = "variant: fcos\nstorage:\n  files:\n    - path: /a\n      mode: 0644\n    - path: b\n";
+        let y =
+            "variant: fcos\nstorage:\n  files:\n    - path: /a\n      mode: 0644\n    - path: b\n";
         let ix = index(y);
         assert_eq!(ix.get("variant"), Some(&(1, 1)));
         assert_eq!(ix.get("storage.files"), Some(&(3, 3)));

@@ -74,7 +74,9 @@ fn identity(e: &Value, keys: &'static [&'static str]) -> Option<(&'static str, S
 }
 
 fn merge_list(d: &mut Vec<Value>, s: &[Value], key: &str) {
-    if s.iter().all(|x| !x.is_object() && !x.is_array()) && d.iter().all(|x| !x.is_object() && !x.is_array()) {
+    if s.iter().all(|x| !x.is_object() && !x.is_array())
+        && d.iter().all(|x| !x.is_object() && !x.is_array())
+    {
         for x in s {
             if !d.contains(x) {
                 d.push(x.clone());
@@ -88,7 +90,10 @@ fn merge_list(d: &mut Vec<Value>, s: &[Value], key: &str) {
     };
     for x in s {
         let id = identity(x, keys);
-        let pos = id.as_ref().and_then(|id| d.iter().position(|y| identity(y, keys).as_ref() == Some(id)));
+        let pos = id.as_ref().and_then(|id| {
+            d.iter()
+                .position(|y| identity(y, keys).as_ref() == Some(id))
+        });
         match pos {
             Some(p) => merge_into(&mut d[p], x, ""),
             None => d.push(x.clone()),
@@ -113,15 +118,27 @@ mod tests {
             "passwd": {"users": [{"name": "core", "sshAuthorizedKeys": ["k1", "k2"]}]}});
         let m = merge(&parent, &child);
         assert_eq!(m["ignition"]["version"], "3.4.0");
-        assert_eq!(m["storage"]["files"][0], json!({"path": "/etc/hostname", "mode": 420, "contents": {"source": "data:,b"}}));
+        assert_eq!(
+            m["storage"]["files"][0],
+            json!({"path": "/etc/hostname", "mode": 420, "contents": {"source": "data:,b"}})
+        );
         assert_eq!(m["storage"]["files"].as_array().unwrap().len(), 3);
-        assert_eq!(m["systemd"]["units"][0], json!({"name": "a.service", "enabled": true, "mask": true}));
-        assert_eq!(m["passwd"]["users"][0]["sshAuthorizedKeys"], json!(["k1", "k2"]));
+        assert_eq!(
+            m["systemd"]["units"][0],
+            json!({"name": "a.service", "enabled": true, "mask": true})
+        );
+        assert_eq!(
+            m["passwd"]["users"][0]["sshAuthorizedKeys"],
+            json!(["k1", "k2"])
+        );
     }
 
     #[test]
     fn older_child_keeps_newer_version() {
-        let m = merge(&json!({"ignition": {"version": "3.5.0"}}), &json!({"ignition": {"version": "3.2.0"}}));
+        let m = merge(
+            &json!({"ignition": {"version": "3.5.0"}}),
+            &json!({"ignition": {"version": "3.2.0"}}),
+        );
         assert_eq!(m["ignition"]["version"], "3.5.0");
     }
 }

@@ -31,7 +31,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub use butane::{translate, translate_with, Translated};
-pub use render::{IgnitionSecret, MachineFacts, RenderCache, RenderKey, Rendered, Renderer, Template};
+pub use render::{
+    IgnitionSecret, MachineFacts, RenderCache, RenderKey, Rendered, Renderer, Template,
+};
 pub use validate::validate;
 
 /// An Ignition config spec version this module emits and validates.
@@ -45,7 +47,12 @@ pub enum IgnVersion {
 
 impl IgnVersion {
     /// Every supported version, oldest first.
-    pub const ALL: [IgnVersion; 4] = [IgnVersion::V3_2, IgnVersion::V3_3, IgnVersion::V3_4, IgnVersion::V3_5];
+    pub const ALL: [IgnVersion; 4] = [
+        IgnVersion::V3_2,
+        IgnVersion::V3_3,
+        IgnVersion::V3_4,
+        IgnVersion::V3_5,
+    ];
 
     /// The `ignition.version` string, e.g. `3.4.0`.
     pub fn as_str(self) -> &'static str {
@@ -81,13 +88,21 @@ pub struct Issue {
 
 impl Issue {
     pub fn new(path: impl Into<String>, message: impl Into<String>) -> Issue {
-        Issue { path: path.into(), line: None, message: message.into() }
+        Issue {
+            path: path.into(),
+            line: None,
+            message: message.into(),
+        }
     }
 }
 
 impl fmt::Display for Issue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let path = if self.path.is_empty() { "(root)" } else { &self.path };
+        let path = if self.path.is_empty() {
+            "(root)"
+        } else {
+            &self.path
+        };
         match self.line {
             Some((l, c)) => write!(f, "{path} (line {l}, column {c}): {}", self.message),
             None => write!(f, "{path}: {}", self.message),
@@ -108,7 +123,11 @@ pub enum Error {
     #[error("unknown butane variant {0:?} (supported: fcos, flatcar)")]
     UnknownVariant(String),
     #[error("unsupported {variant} version {version:?} (supported: {supported})")]
-    UnsupportedVersion { variant: String, version: String, supported: &'static str },
+    UnsupportedVersion {
+        variant: String,
+        version: String,
+        supported: &'static str,
+    },
     #[error("unsupported ignition version {0:?} (supported: 3.2.0, 3.3.0, 3.4.0, 3.5.0)")]
     UnsupportedIgnitionVersion(String),
     /// Structurally valid but semantically wrong (or unsupported) fields.
@@ -123,6 +142,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// A short CamelCase reason for a ServerBootConfiguration `Error` condition (the
+    /// message is `to_string()`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Yaml(_) | Error::UnknownVariant(_) | Error::UnsupportedVersion { .. } => {
+                "InvalidButane"
+            }
+            Error::Json(_) | Error::UnsupportedIgnitionVersion(_) => "InvalidIgnition",
+            Error::Invalid(_) => "InvalidConfig",
+            Error::Template { .. } => "TemplateError",
+            Error::Secret(_) => "InvalidIgnitionSecret",
+        }
+    }
+
     /// The individual issues, when this is an [`Error::Invalid`].
     pub fn issues(&self) -> &[Issue] {
         match self {
@@ -133,7 +166,10 @@ impl Error {
 }
 
 fn join_issues(v: &[Issue]) -> String {
-    v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("; ")
+    v.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// A local file the caller supplies for Butane's `local` references (`contents.local`,
@@ -164,13 +200,24 @@ impl FilesDir {
 
     /// Adds a regular file.
     pub fn file(&mut self, rel: &str, data: impl Into<Vec<u8>>, executable: bool) -> &mut Self {
-        self.entries.insert(clean_rel(rel), LocalEntry::File { data: data.into(), executable });
+        self.entries.insert(
+            clean_rel(rel),
+            LocalEntry::File {
+                data: data.into(),
+                executable,
+            },
+        );
         self
     }
 
     /// Adds a symbolic link.
     pub fn symlink(&mut self, rel: &str, target: &str) -> &mut Self {
-        self.entries.insert(clean_rel(rel), LocalEntry::Symlink { target: target.to_string() });
+        self.entries.insert(
+            clean_rel(rel),
+            LocalEntry::Symlink {
+                target: target.to_string(),
+            },
+        );
         self
     }
 
@@ -187,8 +234,16 @@ impl FilesDir {
     /// Every entry strictly below `dir` (relative path from `dir`, entry), sorted.
     pub fn under<'a>(&'a self, dir: &str) -> impl Iterator<Item = (&'a str, &'a LocalEntry)> + 'a {
         let d = clean_rel(dir);
-        let prefix = if d.is_empty() { String::new() } else { format!("{d}/") };
-        self.entries.iter().filter_map(move |(k, v)| k.strip_prefix(prefix.as_str()).filter(|r| !r.is_empty()).map(|r| (r, v)))
+        let prefix = if d.is_empty() {
+            String::new()
+        } else {
+            format!("{d}/")
+        };
+        self.entries.iter().filter_map(move |(k, v)| {
+            k.strip_prefix(prefix.as_str())
+                .filter(|r| !r.is_empty())
+                .map(|r| (r, v))
+        })
     }
 
     /// Reads a directory tree from disk into a `FilesDir` (used by the CLI, never by
@@ -199,20 +254,28 @@ impl FilesDir {
         let mut out = FilesDir::new();
         let mut stack = vec![root.to_path_buf()];
         while let Some(dir) = stack.pop() {
-            let rd = std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
+            let rd =
+                std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
             for ent in rd {
                 let ent = ent.with_context(|| format!("reading {}", dir.display()))?;
                 let p = ent.path();
-                let rel = p.strip_prefix(root).context("walking files dir")?.to_string_lossy().replace('\\', "/");
-                let md = std::fs::symlink_metadata(&p).with_context(|| format!("reading {}", p.display()))?;
+                let rel = p
+                    .strip_prefix(root)
+                    .context("walking files dir")?
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                let md = std::fs::symlink_metadata(&p)
+                    .with_context(|| format!("reading {}", p.display()))?;
                 if md.file_type().is_symlink() {
-                    let t = std::fs::read_link(&p).with_context(|| format!("reading link {}", p.display()))?;
+                    let t = std::fs::read_link(&p)
+                        .with_context(|| format!("reading link {}", p.display()))?;
                     out.symlink(&rel, &t.to_string_lossy());
                 } else if md.is_dir() {
                     out.dir(&rel);
                     stack.push(p);
                 } else {
-                    let data = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+                    let data =
+                        std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
                     out.file(&rel, data, md.permissions().mode() & 0o111 != 0);
                 }
             }
@@ -222,5 +285,8 @@ impl FilesDir {
 }
 
 fn clean_rel(p: &str) -> String {
-    p.split('/').filter(|s| !s.is_empty() && *s != ".").collect::<Vec<_>>().join("/")
+    p.split('/')
+        .filter(|s| !s.is_empty() && *s != ".")
+        .collect::<Vec<_>>()
+        .join("/")
 }

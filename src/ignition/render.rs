@@ -70,7 +70,11 @@ impl MachineFacts {
         Ctx {
             name: &self.name,
             uuid: self.uuid.as_deref().unwrap_or(""),
-            hostname: self.hostname.as_deref().filter(|h| !h.is_empty()).unwrap_or(&self.name),
+            hostname: self
+                .hostname
+                .as_deref()
+                .filter(|h| !h.is_empty())
+                .unwrap_or(&self.name),
             macs: &self.macs,
             mac: self.macs.first().map(String::as_str).unwrap_or(""),
             ips: &self.ips,
@@ -105,9 +109,18 @@ impl Template {
     /// A template named `name`; `.bu`, `.yaml`, `.yml` are Butane, anything else JSON.
     pub fn new(name: &str, source: impl Into<String>) -> Template {
         let source = source.into();
-        let format = if [".bu", ".yaml", ".yml"].iter().any(|e| name.ends_with(e)) { Format::Butane } else { Format::Ignition };
+        let format = if [".bu", ".yaml", ".yml"].iter().any(|e| name.ends_with(e)) {
+            Format::Butane
+        } else {
+            Format::Ignition
+        };
         let revision = hex::encode(&Sha256::digest(source.as_bytes())[..8]);
-        Template { name: name.to_string(), format, source, revision }
+        Template {
+            name: name.to_string(),
+            format,
+            source,
+            revision,
+        }
     }
 }
 
@@ -121,8 +134,11 @@ pub struct IgnitionSecret {
 impl IgnitionSecret {
     /// From a Secret's decoded `data` map.
     pub fn from_data(data: &BTreeMap<String, Vec<u8>>) -> Result<IgnitionSecret, Error> {
-        let ign = data.get("ignition").ok_or_else(|| Error::Secret("missing key \"ignition\"".into()))?;
-        let ignition = String::from_utf8(ign.clone()).map_err(|_| Error::Secret("key \"ignition\" is not utf-8".into()))?;
+        let ign = data
+            .get("ignition")
+            .ok_or_else(|| Error::Secret("missing key \"ignition\"".into()))?;
+        let ignition = String::from_utf8(ign.clone())
+            .map_err(|_| Error::Secret("key \"ignition\" is not utf-8".into()))?;
         let format = match data.get("format") {
             Some(f) => Some(
                 String::from_utf8(f.clone())
@@ -145,7 +161,8 @@ impl IgnitionSecret {
             string_data: BTreeMap<String, String>,
         }
         use base64::Engine;
-        let m: Manifest = serde_norway::from_str(src).map_err(|e| Error::Secret(format!("invalid manifest: {e}")))?;
+        let m: Manifest = serde_norway::from_str(src)
+            .map_err(|e| Error::Secret(format!("invalid manifest: {e}")))?;
         let mut data = BTreeMap::new();
         for (k, v) in m.data {
             let clean: String = v.chars().filter(|c| !c.is_whitespace()).collect();
@@ -169,7 +186,9 @@ impl IgnitionSecret {
                 validate::validate(&v)?;
                 Ok(v)
             }
-            other => Err(Error::Secret(format!("unknown format {other:?} (supported: fcos, or absent for ignition json)"))),
+            other => Err(Error::Secret(format!(
+                "unknown format {other:?} (supported: fcos, or absent for ignition json)"
+            ))),
         }
     }
 }
@@ -202,17 +221,29 @@ impl Renderer {
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.set_keep_trailing_newline(true);
-        env.add_filter("tojson", |v: minijinja::Value| -> Result<String, minijinja::Error> {
-            serde_json::to_string(&v).map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))
-        });
-        Renderer { env, templates: HashMap::new(), files: FilesDir::new() }
+        env.add_filter(
+            "tojson",
+            |v: minijinja::Value| -> Result<String, minijinja::Error> {
+                serde_json::to_string(&v).map_err(|e| {
+                    minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string())
+                })
+            },
+        );
+        Renderer {
+            env,
+            templates: HashMap::new(),
+            files: FilesDir::new(),
+        }
     }
 
     /// Adds (or replaces) a template; syntax errors are reported now, with the line.
     pub fn add_template(&mut self, t: Template) -> Result<(), Error> {
         self.env
             .add_template_owned(t.name.clone(), t.source.clone())
-            .map_err(|e| Error::Template { name: t.name.clone(), message: tmpl_msg(&e) })?;
+            .map_err(|e| Error::Template {
+                name: t.name.clone(),
+                message: tmpl_msg(&e),
+            })?;
         self.templates.insert(t.name.clone(), t);
         Ok(())
     }
@@ -240,12 +271,21 @@ impl Renderer {
             .filter_map(|e| e.ok())
             .map(|e| e.path())
             .filter(|p| p.is_file())
-            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("bu" | "yaml" | "yml" | "ign" | "json")))
+            .filter(|p| {
+                matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("bu" | "yaml" | "yml" | "ign" | "json")
+                )
+            })
             .collect();
         names.sort();
         for p in names {
-            let src = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let src =
+                std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             r.add_template(Template::new(&name, src))?;
         }
         let files = dir.join("files");
@@ -257,12 +297,26 @@ impl Renderer {
 
     /// Renders template `name` for `facts` into Ignition JSON (not yet merged).
     pub fn render_template(&self, name: &str, facts: &MachineFacts) -> Result<Value, Error> {
-        let t = self.templates.get(name).ok_or_else(|| Error::Template { name: name.into(), message: "no such template".into() })?;
-        let tmpl = self.env.get_template(name).map_err(|e| Error::Template { name: name.into(), message: tmpl_msg(&e) })?;
-        let text = tmpl.render(facts.ctx()).map_err(|e| Error::Template { name: name.into(), message: tmpl_msg(&e) })?;
-        let wrap = |e: Error| Error::Template { name: name.into(), message: format!("rendered output: {e}") };
+        let t = self.templates.get(name).ok_or_else(|| Error::Template {
+            name: name.into(),
+            message: "no such template".into(),
+        })?;
+        let tmpl = self.env.get_template(name).map_err(|e| Error::Template {
+            name: name.into(),
+            message: tmpl_msg(&e),
+        })?;
+        let text = tmpl.render(facts.ctx()).map_err(|e| Error::Template {
+            name: name.into(),
+            message: tmpl_msg(&e),
+        })?;
+        let wrap = |e: Error| Error::Template {
+            name: name.into(),
+            message: format!("rendered output: {e}"),
+        };
         match t.format {
-            Format::Butane => Ok(butane::translate_with(&text, &self.files).map_err(wrap)?.config),
+            Format::Butane => Ok(butane::translate_with(&text, &self.files)
+                .map_err(wrap)?
+                .config),
             Format::Ignition => {
                 let v = validate::parse_json(&text).map_err(wrap)?;
                 validate::validate(&v).map_err(wrap)?;
@@ -273,23 +327,44 @@ impl Renderer {
 
     /// The config machine `facts` gets: template (if any) with the secret (if any)
     /// merged on top, validated and serialized.
-    pub fn render(&self, template: Option<&str>, facts: &MachineFacts, secret: Option<&IgnitionSecret>) -> Result<Rendered, Error> {
-        let base = template.map(|t| self.render_template(t, facts)).transpose()?;
+    pub fn render(
+        &self,
+        template: Option<&str>,
+        facts: &MachineFacts,
+        secret: Option<&IgnitionSecret>,
+    ) -> Result<Rendered, Error> {
+        let base = template
+            .map(|t| self.render_template(t, facts))
+            .transpose()?;
         let user = secret.map(|s| s.to_config(&self.files)).transpose()?;
         let config = match (base, user) {
             (Some(b), Some(u)) => merge::merge(&b, &u),
             (Some(c), None) | (None, Some(c)) => c,
-            (None, None) => return Err(Error::Secret("neither a template nor an ignition secret to render".into())),
+            (None, None) => {
+                return Err(Error::Secret(
+                    "neither a template nor an ignition secret to render".into(),
+                ))
+            }
         };
         let version = validate::validate(&config)?;
-        let json = Bytes::from(serde_json::to_vec(&config).map_err(|e| Error::Json(e.to_string()))?);
-        Ok(Rendered { version, config, json })
+        let json =
+            Bytes::from(serde_json::to_vec(&config).map_err(|e| Error::Json(e.to_string()))?);
+        Ok(Rendered {
+            version,
+            config,
+            json,
+        })
     }
 }
 
 fn tmpl_msg(e: &minijinja::Error) -> String {
     match e.line() {
-        Some(l) => format!("line {l}: {}", e.detail().map(|d| format!("{}: {d}", e.kind())).unwrap_or_else(|| e.kind().to_string())),
+        Some(l) => format!(
+            "line {l}: {}",
+            e.detail()
+                .map(|d| format!("{}: {d}", e.kind()))
+                .unwrap_or_else(|| e.kind().to_string())
+        ),
         None => e.to_string(),
     }
 }
@@ -324,10 +399,17 @@ impl RenderCache {
     }
 
     /// The cached config for these revisions, if any (no allocation on a hit).
-    pub fn get(&self, server: &str, secret_revision: &str, template_revision: &str) -> Option<Arc<Rendered>> {
+    pub fn get(
+        &self,
+        server: &str,
+        secret_revision: &str,
+        template_revision: &str,
+    ) -> Option<Arc<Rendered>> {
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
         map.get(server)
-            .filter(|e| e.secret_revision == secret_revision && e.template_revision == template_revision)
+            .filter(|e| {
+                e.secret_revision == secret_revision && e.template_revision == template_revision
+            })
             .map(|e| e.rendered.clone())
     }
 
@@ -355,7 +437,10 @@ impl RenderCache {
 
     /// Drops a server's entry (its claim, secret or server object changed).
     pub fn invalidate(&self, server: &str) {
-        self.map.write().unwrap_or_else(|e| e.into_inner()).remove(server);
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(server);
     }
 
     /// Drops everything (templates reloaded).
@@ -399,48 +484,88 @@ mod tests {
             ignition: "variant: fcos\nversion: 1.4.0\nstorage:\n  files:\n    - path: /etc/hostname\n      contents:\n        inline: override\n".into(),
             format: Some("fcos".into()),
         };
-        let out = r.render(Some("default.bu"), &facts(), Some(&secret)).unwrap();
+        let out = r
+            .render(Some("default.bu"), &facts(), Some(&secret))
+            .unwrap();
         assert_eq!(out.version, IgnVersion::V3_4);
         let files = out.config["storage"]["files"].as_array().unwrap();
         assert_eq!(files[0]["contents"]["source"], "data:,override");
         assert_eq!(files[0]["mode"], 0o644);
         let facts_src = files[1]["contents"]["source"].as_str().unwrap();
-        assert!(facts_src.contains("r1") && facts_src.contains("default%2Fclaim-a") || facts_src.contains("default/claim-a"), "{facts_src}");
+        assert!(
+            facts_src.contains("r1") && facts_src.contains("default%2Fclaim-a")
+                || facts_src.contains("default/claim-a"),
+            "{facts_src}"
+        );
         let only = r.render(Some("default.bu"), &facts(), None).unwrap();
-        assert_eq!(only.config["storage"]["files"][0]["contents"]["source"], "data:,server-a");
+        assert_eq!(
+            only.config["storage"]["files"][0]["contents"]["source"],
+            "data:,server-a"
+        );
     }
 
     #[test]
     fn shipped_default_template_renders_with_and_without_labels() {
         let mut r = Renderer::new();
-        r.add_template(Template::new("default.bu", include_str!("../../ignition/default.bu"))).unwrap();
+        r.add_template(Template::new(
+            "default.bu",
+            include_str!("../../ignition/default.bu"),
+        ))
+        .unwrap();
         let out = r.render(Some("default.bu"), &facts(), None).unwrap();
-        let env = out.config["storage"]["files"][1]["contents"]["source"].as_str().unwrap().to_string();
-        assert!(env.contains("BOOTPLANE_RACK%3Dr1") || env.contains("BOOTPLANE_RACK=r1"), "{env}");
+        let env = out.config["storage"]["files"][1]["contents"]["source"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            env.contains("BOOTPLANE_RACK%3Dr1") || env.contains("BOOTPLANE_RACK=r1"),
+            "{env}"
+        );
         let mut f = facts();
         f.labels.clear();
         f.uuid = None;
         let out = r.render(Some("default.bu"), &f, None).unwrap();
-        assert_eq!(out.config["storage"]["files"][0]["contents"]["source"], "data:,server-a%0A");
+        assert_eq!(
+            out.config["storage"]["files"][0]["contents"]["source"],
+            "data:,server-a%0A"
+        );
     }
 
     #[test]
     fn strict_undefined_and_syntax_errors() {
         let mut r = Renderer::new();
-        r.add_template(Template::new("t.bu", "variant: fcos\nversion: 1.5.0\n# {{ nosuchvar }}\n")).unwrap();
+        r.add_template(Template::new(
+            "t.bu",
+            "variant: fcos\nversion: 1.5.0\n# {{ nosuchvar }}\n",
+        ))
+        .unwrap();
         let e = r.render(Some("t.bu"), &facts(), None).unwrap_err();
         assert!(e.to_string().contains("line 3"), "{e}");
-        let e = r.add_template(Template::new("u.bu", "a\n{% if %}\n")).unwrap_err();
+        let e = r
+            .add_template(Template::new("u.bu", "a\n{% if %}\n"))
+            .unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
     }
 
     #[test]
     fn secret_formats() {
         let r = Renderer::new();
-        let json = IgnitionSecret { ignition: r#"{"ignition":{"version":"3.3.0"}}"#.into(), format: None };
-        assert_eq!(r.render(None, &facts(), Some(&json)).unwrap().version, IgnVersion::V3_3);
-        let bad = IgnitionSecret { ignition: "x".into(), format: Some("yaml".into()) };
-        assert!(matches!(r.render(None, &facts(), Some(&bad)), Err(Error::Secret(_))));
+        let json = IgnitionSecret {
+            ignition: r#"{"ignition":{"version":"3.3.0"}}"#.into(),
+            format: None,
+        };
+        assert_eq!(
+            r.render(None, &facts(), Some(&json)).unwrap().version,
+            IgnVersion::V3_3
+        );
+        let bad = IgnitionSecret {
+            ignition: "x".into(),
+            format: Some("yaml".into()),
+        };
+        assert!(matches!(
+            r.render(None, &facts(), Some(&bad)),
+            Err(Error::Secret(_))
+        ));
         assert!(IgnitionSecret::from_data(&BTreeMap::new()).is_err());
     }
 
@@ -448,8 +573,15 @@ mod tests {
     fn cache_keys_and_invalidation() {
         let c = RenderCache::new();
         let r = Renderer::new();
-        let s = IgnitionSecret { ignition: r#"{"ignition":{"version":"3.3.0"}}"#.into(), format: None };
-        let k = RenderKey { server: "a".into(), secret_revision: "1".into(), template_revision: "t".into() };
+        let s = IgnitionSecret {
+            ignition: r#"{"ignition":{"version":"3.3.0"}}"#.into(),
+            format: None,
+        };
+        let k = RenderKey {
+            server: "a".into(),
+            secret_revision: "1".into(),
+            template_revision: "t".into(),
+        };
         let mut calls = 0;
         for _ in 0..3 {
             c.get_or_render(&k, || {

@@ -20,7 +20,8 @@ static SCHEMA_3_4: &str = include_str!("schema/v3_4.json");
 static SCHEMA_3_5: &str = include_str!("schema/v3_5.json");
 
 fn schema(v: IgnVersion) -> &'static jsonschema::Validator {
-    static S: [OnceLock<jsonschema::Validator>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static S: [OnceLock<jsonschema::Validator>; 3] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let (i, src) = match v {
         IgnVersion::V3_2 | IgnVersion::V3_3 => (0, SCHEMA_3_3),
         IgnVersion::V3_4 => (1, SCHEMA_3_4),
@@ -42,9 +43,17 @@ pub fn parse_json(src: &str) -> Result<Value, Error> {
 /// The spec version named by `ignition.version`.
 pub fn version_of(config: &Value) -> Result<IgnVersion, Error> {
     match config.pointer("/ignition/version") {
-        Some(Value::String(s)) => IgnVersion::parse(s).ok_or_else(|| Error::UnsupportedIgnitionVersion(s.clone())),
-        Some(other) => Err(Error::Invalid(vec![Issue::new("ignition.version", format!("must be a string, got {other}"))])),
-        None => Err(Error::Invalid(vec![Issue::new("ignition.version", "missing")])),
+        Some(Value::String(s)) => {
+            IgnVersion::parse(s).ok_or_else(|| Error::UnsupportedIgnitionVersion(s.clone()))
+        }
+        Some(other) => Err(Error::Invalid(vec![Issue::new(
+            "ignition.version",
+            format!("must be a string, got {other}"),
+        )])),
+        None => Err(Error::Invalid(vec![Issue::new(
+            "ignition.version",
+            "missing",
+        )])),
     }
 }
 
@@ -91,7 +100,11 @@ pub fn pointer_to_path(p: &str) -> String {
 }
 
 fn arr<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = (usize, &'a Value)> {
-    v.get(key).and_then(Value::as_array).map(|a| a.iter().enumerate()).into_iter().flatten()
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(|a| a.iter().enumerate())
+        .into_iter()
+        .flatten()
 }
 
 fn s<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
@@ -103,7 +116,9 @@ pub fn check_mode(mode: i64) -> Result<(), String> {
     if (0..=0o7777).contains(&mode) {
         Ok(())
     } else {
-        Err(format!("invalid mode {mode} (octal {mode:o}): must be between 0 and 07777 (octal)"))
+        Err(format!(
+            "invalid mode {mode} (octal {mode:o}): must be between 0 and 07777 (octal)"
+        ))
     }
 }
 
@@ -130,11 +145,17 @@ pub fn check_url(u: &str, v: IgnVersion) -> Result<(), String> {
         return Err(format!("invalid url {}: no scheme", short(u)));
     };
     if !matches!(scheme, "http" | "https" | "tftp" | "s3" | "gs") {
-        return Err(format!("invalid url {}: unsupported scheme {scheme:?} (http, https, tftp, s3, gs, data)", short(u)));
+        return Err(format!(
+            "invalid url {}: unsupported scheme {scheme:?} (http, https, tftp, s3, gs, data)",
+            short(u)
+        ));
     }
     let host = rest.split(['/', '?', '#']).next().unwrap_or("");
     if host.is_empty() || u.chars().any(|c| c.is_whitespace()) {
-        return Err(format!("invalid url {}: missing host or contains whitespace", short(u)));
+        return Err(format!(
+            "invalid url {}: missing host or contains whitespace",
+            short(u)
+        ));
     }
     Ok(())
 }
@@ -161,17 +182,36 @@ pub fn check_hash(h: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("invalid hash {h:?}: expected sha512-<128 hex digits> or sha256-<64 hex digits>"))
+        Err(format!(
+            "invalid hash {h:?}: expected sha512-<128 hex digits> or sha256-<64 hex digits>"
+        ))
     }
 }
 
-const UNIT_SUFFIXES: &[&str] =
-    &[".service", ".socket", ".device", ".mount", ".automount", ".swap", ".target", ".path", ".timer", ".slice", ".scope"];
+const UNIT_SUFFIXES: &[&str] = &[
+    ".service",
+    ".socket",
+    ".device",
+    ".mount",
+    ".automount",
+    ".swap",
+    ".target",
+    ".path",
+    ".timer",
+    ".slice",
+    ".scope",
+];
 
 /// Checks a systemd unit name has a unit type suffix and no path separator.
 pub fn check_unit_name(n: &str) -> Result<(), String> {
-    if n.contains('/') || !UNIT_SUFFIXES.iter().any(|s| n.len() > s.len() && n.ends_with(s)) {
-        return Err(format!("invalid unit name {n:?}: needs a unit type suffix such as .service and no '/'"));
+    if n.contains('/')
+        || !UNIT_SUFFIXES
+            .iter()
+            .any(|s| n.len() > s.len() && n.ends_with(s))
+    {
+        return Err(format!(
+            "invalid unit name {n:?}: needs a unit type suffix such as .service and no '/'"
+        ));
     }
     Ok(())
 }
@@ -184,7 +224,10 @@ fn check_resource(r: &Value, path: &str, v: IgnVersion, out: &mut Vec<Issue>) {
     }
     if let Some(c) = s(r, "compression") {
         if !c.is_empty() && c != "gzip" {
-            out.push(Issue::new(format!("{path}.compression"), format!("unsupported compression {c:?} (supported: gzip)")));
+            out.push(Issue::new(
+                format!("{path}.compression"),
+                format!("unsupported compression {c:?} (supported: gzip)"),
+            ));
         }
     }
     if let Some(h) = r.get("verification").and_then(|x| s(x, "hash")) {
@@ -192,7 +235,10 @@ fn check_resource(r: &Value, path: &str, v: IgnVersion, out: &mut Vec<Issue>) {
             out.push(Issue::new(format!("{path}.verification.hash"), e));
         }
         if s(r, "source").is_none() {
-            out.push(Issue::new(format!("{path}.verification.hash"), "a hash needs a source"));
+            out.push(Issue::new(
+                format!("{path}.verification.hash"),
+                "a hash needs a source",
+            ));
         }
     }
 }
@@ -200,8 +246,13 @@ fn check_resource(r: &Value, path: &str, v: IgnVersion, out: &mut Vec<Issue>) {
 fn check_owner(n: &Value, path: &str, out: &mut Vec<Issue>) {
     for key in ["user", "group"] {
         if let Some(o) = n.get(key) {
-            if o.get("id").is_some_and(|x| !x.is_null()) && o.get("name").is_some_and(|x| !x.is_null()) {
-                out.push(Issue::new(format!("{path}.{key}"), "set only one of id and name"));
+            if o.get("id").is_some_and(|x| !x.is_null())
+                && o.get("name").is_some_and(|x| !x.is_null())
+            {
+                out.push(Issue::new(
+                    format!("{path}.{key}"),
+                    "set only one of id and name",
+                ));
             }
         }
     }
@@ -226,7 +277,10 @@ fn dupes<'a>(
             _ => continue,
         };
         if let Some(first) = seen.get(&k) {
-            out.push(Issue::new(format!("{path}[{i}].{key}"), format!("duplicate {what} {k:?} (first at {path}[{first}])")));
+            out.push(Issue::new(
+                format!("{path}[{i}].{key}"),
+                format!("duplicate {what} {k:?} (first at {path}[{first}])"),
+            ));
         } else {
             seen.insert(k, i);
         }
@@ -262,12 +316,20 @@ pub fn semantic(c: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
     }
     if let Some(k) = c.get("kernelArguments") {
         if v < IgnVersion::V3_3 {
-            out.push(Issue::new("kernelArguments", "kernelArguments needs ignition 3.3.0 or newer"));
+            out.push(Issue::new(
+                "kernelArguments",
+                "kernelArguments needs ignition 3.3.0 or newer",
+            ));
         }
-        let want: HashSet<&str> = arr(k, "shouldExist").filter_map(|(_, x)| x.as_str()).collect();
+        let want: HashSet<&str> = arr(k, "shouldExist")
+            .filter_map(|(_, x)| x.as_str())
+            .collect();
         for (i, x) in arr(k, "shouldNotExist") {
             if let Some(a) = x.as_str().filter(|a| want.contains(a)) {
-                out.push(Issue::new(format!("kernelArguments.shouldNotExist[{i}]"), format!("{a:?} is also in shouldExist")));
+                out.push(Issue::new(
+                    format!("kernelArguments.shouldNotExist[{i}]"),
+                    format!("{a:?} is also in shouldExist"),
+                ));
             }
         }
     }
@@ -283,11 +345,20 @@ pub fn semantic(c: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
                     out.push(Issue::new(format!("{p}.name"), e));
                 }
             }
-            dupes(arr(u, "dropins"), "name", &format!("{p}.dropins"), "drop-in", out);
+            dupes(
+                arr(u, "dropins"),
+                "name",
+                &format!("{p}.dropins"),
+                "drop-in",
+                out,
+            );
             for (j, d) in arr(u, "dropins") {
                 if let Some(n) = s(d, "name") {
                     if !n.ends_with(".conf") || n.contains('/') {
-                        out.push(Issue::new(format!("{p}.dropins[{j}].name"), format!("invalid drop-in name {n:?}: must end in .conf")));
+                        out.push(Issue::new(
+                            format!("{p}.dropins[{j}].name"),
+                            format!("invalid drop-in name {n:?}: must end in .conf"),
+                        ));
                     }
                 }
             }
@@ -298,10 +369,16 @@ pub fn semantic(c: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
         dupes(arr(pw, "groups"), "name", "passwd.groups", "group", out);
         for (i, u) in arr(pw, "users") {
             if s(u, "name").is_some_and(str::is_empty) {
-                out.push(Issue::new(format!("passwd.users[{i}].name"), "must not be empty"));
+                out.push(Issue::new(
+                    format!("passwd.users[{i}].name"),
+                    "must not be empty",
+                ));
             }
             if let Some(h) = s(u, "homeDir").filter(|h| !abs(h)) {
-                out.push(Issue::new(format!("passwd.users[{i}].homeDir"), format!("path {h:?} must be absolute")));
+                out.push(Issue::new(
+                    format!("passwd.users[{i}].homeDir"),
+                    format!("path {h:?} must be absolute"),
+                ));
             }
         }
     }
@@ -315,11 +392,17 @@ fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
             let p = format!("storage.{kind}[{i}]");
             let Some(path) = s(n, "path") else { continue };
             if !abs(path) {
-                out.push(Issue::new(format!("{p}.path"), format!("path {path:?} must be absolute")));
+                out.push(Issue::new(
+                    format!("{p}.path"),
+                    format!("path {path:?} must be absolute"),
+                ));
             }
             let norm = normalize(path);
             if let Some(first) = seen.get(&norm) {
-                out.push(Issue::new(format!("{p}.path"), format!("duplicate path {path:?} (also at {first})")));
+                out.push(Issue::new(
+                    format!("{p}.path"),
+                    format!("duplicate path {path:?} (also at {first})"),
+                ));
             } else {
                 seen.insert(norm, format!("storage.{kind}[{i}]"));
             }
@@ -346,17 +429,40 @@ fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
     for (i, d) in arr(st, "disks") {
         let p = format!("storage.disks[{i}]");
         if let Some(dev) = s(d, "device").filter(|d| !abs(d)) {
-            out.push(Issue::new(format!("{p}.device"), format!("device {dev:?} must be an absolute path")));
+            out.push(Issue::new(
+                format!("{p}.device"),
+                format!("device {dev:?} must be an absolute path"),
+            ));
         }
-        dupes(arr(d, "partitions"), "number", &format!("{p}.partitions"), "partition number", out);
-        dupes(arr(d, "partitions"), "label", &format!("{p}.partitions"), "partition label", out);
+        dupes(
+            arr(d, "partitions"),
+            "number",
+            &format!("{p}.partitions"),
+            "partition number",
+            out,
+        );
+        dupes(
+            arr(d, "partitions"),
+            "label",
+            &format!("{p}.partitions"),
+            "partition label",
+            out,
+        );
         for (j, part) in arr(d, "partitions") {
             if let Some(l) = s(part, "label").filter(|l| l.chars().count() > 36) {
-                out.push(Issue::new(format!("{p}.partitions[{j}].label"), format!("label {l:?} is longer than 36 characters")));
+                out.push(Issue::new(
+                    format!("{p}.partitions[{j}].label"),
+                    format!("label {l:?} is longer than 36 characters"),
+                ));
             }
             for key in ["typeGuid", "guid"] {
-                if let Some(g) = s(part, key).filter(|g| !g.is_empty() && uuid::Uuid::parse_str(g).is_err()) {
-                    out.push(Issue::new(format!("{p}.partitions[{j}].{key}"), format!("{g:?} is not a guid")));
+                if let Some(g) =
+                    s(part, key).filter(|g| !g.is_empty() && uuid::Uuid::parse_str(g).is_err())
+                {
+                    out.push(Issue::new(
+                        format!("{p}.partitions[{j}].{key}"),
+                        format!("{g:?} is not a guid"),
+                    ));
                 }
             }
         }
@@ -364,23 +470,61 @@ fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
     dupes(arr(st, "raid"), "name", "storage.raid", "raid", out);
     for (i, r) in arr(st, "raid") {
         if let Some(l) = s(r, "level") {
-            if !matches!(l, "linear" | "raid0" | "0" | "stripe" | "raid1" | "1" | "mirror" | "raid4" | "4" | "raid5" | "5" | "raid6" | "6" | "raid10" | "10") {
-                out.push(Issue::new(format!("storage.raid[{i}].level"), format!("unknown raid level {l:?}")));
+            if !matches!(
+                l,
+                "linear"
+                    | "raid0"
+                    | "0"
+                    | "stripe"
+                    | "raid1"
+                    | "1"
+                    | "mirror"
+                    | "raid4"
+                    | "4"
+                    | "raid5"
+                    | "5"
+                    | "raid6"
+                    | "6"
+                    | "raid10"
+                    | "10"
+            ) {
+                out.push(Issue::new(
+                    format!("storage.raid[{i}].level"),
+                    format!("unknown raid level {l:?}"),
+                ));
             }
         }
     }
-    dupes(arr(st, "filesystems"), "device", "storage.filesystems", "filesystem device", out);
+    dupes(
+        arr(st, "filesystems"),
+        "device",
+        "storage.filesystems",
+        "filesystem device",
+        out,
+    );
     for (i, f) in arr(st, "filesystems") {
         let p = format!("storage.filesystems[{i}]");
         if let Some(dev) = s(f, "device").filter(|d| !abs(d)) {
-            out.push(Issue::new(format!("{p}.device"), format!("device {dev:?} must be an absolute path")));
+            out.push(Issue::new(
+                format!("{p}.device"),
+                format!("device {dev:?} must be an absolute path"),
+            ));
         }
         if let Some(path) = s(f, "path").filter(|d| !abs(d)) {
-            out.push(Issue::new(format!("{p}.path"), format!("path {path:?} must be absolute")));
+            out.push(Issue::new(
+                format!("{p}.path"),
+                format!("path {path:?} must be absolute"),
+            ));
         }
         if let Some(fmt) = s(f, "format") {
-            if !matches!(fmt, "" | "ext4" | "btrfs" | "xfs" | "vfat" | "swap" | "none") {
-                out.push(Issue::new(format!("{p}.format"), format!("unsupported filesystem format {fmt:?}")));
+            if !matches!(
+                fmt,
+                "" | "ext4" | "btrfs" | "xfs" | "vfat" | "swap" | "none"
+            ) {
+                out.push(Issue::new(
+                    format!("{p}.format"),
+                    format!("unsupported filesystem format {fmt:?}"),
+                ));
             }
         }
     }
@@ -388,7 +532,10 @@ fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
     for (i, l) in arr(st, "luks") {
         let p = format!("storage.luks[{i}]");
         if let Some(dev) = s(l, "device").filter(|d| !abs(d)) {
-            out.push(Issue::new(format!("{p}.device"), format!("device {dev:?} must be an absolute path")));
+            out.push(Issue::new(
+                format!("{p}.device"),
+                format!("device {dev:?} must be an absolute path"),
+            ));
         }
         if let Some(k) = l.get("keyFile") {
             check_resource(k, &format!("{p}.keyFile"), v, out);
@@ -402,10 +549,17 @@ fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
                 }
             }
         }
-        let gated = [("discard", IgnVersion::V3_4), ("openOptions", IgnVersion::V3_4), ("cex", IgnVersion::V3_5)];
+        let gated = [
+            ("discard", IgnVersion::V3_4),
+            ("openOptions", IgnVersion::V3_4),
+            ("cex", IgnVersion::V3_5),
+        ];
         for (key, min) in gated {
             if l.get(key).is_some() && v < min {
-                out.push(Issue::new(format!("{p}.{key}"), format!("{key} needs ignition {min} or newer")));
+                out.push(Issue::new(
+                    format!("{p}.{key}"),
+                    format!("{key} needs ignition {min} or newer"),
+                ));
             }
         }
     }
@@ -434,14 +588,23 @@ mod tests {
     #[test]
     fn minimal_configs_validate_for_every_version() {
         for v in IgnVersion::ALL {
-            assert_eq!(validate(&json!({"ignition": {"version": v.as_str()}})).unwrap(), v);
+            assert_eq!(
+                validate(&json!({"ignition": {"version": v.as_str()}})).unwrap(),
+                v
+            );
         }
     }
 
     #[test]
     fn rejects_unknown_version_and_schema_type_errors() {
-        assert!(matches!(validate(&json!({"ignition": {"version": "2.2.0"}})), Err(Error::UnsupportedIgnitionVersion(_))));
-        let e = validate(&json!({"ignition": {"version": "3.4.0"}, "storage": {"files": [{"path": 5}]}})).unwrap_err();
+        assert!(matches!(
+            validate(&json!({"ignition": {"version": "2.2.0"}})),
+            Err(Error::UnsupportedIgnitionVersion(_))
+        ));
+        let e = validate(
+            &json!({"ignition": {"version": "3.4.0"}, "storage": {"files": [{"path": 5}]}}),
+        )
+        .unwrap_err();
         assert_eq!(e.issues()[0].path, "storage.files[0].path", "{e}");
     }
 
@@ -468,7 +631,10 @@ mod tests {
 
     #[test]
     fn kernel_arguments_need_3_3() {
-        let e = validate(&json!({"ignition": {"version": "3.2.0"}, "kernelArguments": {"shouldExist": ["a"]}})).unwrap_err();
+        let e = validate(
+            &json!({"ignition": {"version": "3.2.0"}, "kernelArguments": {"shouldExist": ["a"]}}),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("needs ignition 3.3.0"));
     }
 
