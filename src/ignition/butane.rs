@@ -25,7 +25,7 @@
 use std::io::Write;
 
 use base64::Engine;
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -533,26 +533,18 @@ struct Tx<'a> {
     issues: Vec<Issue>,
 }
 
-/// Characters left as they are in a percent-encoded data URL (RFC 3986 pchar minus `%`).
+/// Bytes a percent-encoded data URL leaves as they are: RFC 2396 unreserved characters
+/// (`A-Za-z0-9-_.!~*'()`), the same set the Go `dataurl` package butane and Ignition use.
 const DATA_URL_KEEP: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'_')
     .remove(b'.')
-    .remove(b'~')
     .remove(b'!')
-    .remove(b'$')
-    .remove(b'&')
+    .remove(b'~')
+    .remove(b'*')
     .remove(b'\'')
     .remove(b'(')
-    .remove(b')')
-    .remove(b'*')
-    .remove(b'+')
-    .remove(b',')
-    .remove(b';')
-    .remove(b'=')
-    .remove(b':')
-    .remove(b'@')
-    .remove(b'/');
+    .remove(b')');
 
 /// Serialises a one-to-one structure and drops absent (null) fields.
 fn pass<T: Serialize>(v: &T) -> Value {
@@ -590,33 +582,24 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     enc.finish().unwrap_or_default()
 }
 
-/// Encodes contents as a data URL the way butane does: the shortest of percent-encoded,
-/// base64 and (when `auto_gzip`) gzip+base64. Returns (url, compression).
+/// Encodes contents as a data URL the way butane does: the shortest of percent-encoded
+/// and base64, and (when `auto_gzip`) gzip+base64 if that is shorter even after paying
+/// for the `gzip` compression value. Returns (url, compression).
 pub fn data_url(data: &[u8], auto_gzip: bool) -> (String, &'static str) {
     let b64 = base64::engine::general_purpose::STANDARD;
-    let mut best = match std::str::from_utf8(data) {
-        Ok(text) => (
-            format!("data:,{}", utf8_percent_encode(text, DATA_URL_KEEP)),
-            "",
-        ),
-        Err(_) => (
-            format!(
-                "data:,{}",
-                percent_encoding::percent_encode(data, DATA_URL_KEEP)
-            ),
-            "",
-        ),
-    };
+    let mut best = (format!("data:,{}", percent_encoding::percent_encode(data, DATA_URL_KEEP)), "");
     // base64 is 4/3 of the input: only worth computing if it can win.
-    if data.len() * 4 / 3 + 16 < best.0.len() {
+    if data.len().div_ceil(3) * 4 + 8 < best.0.len() {
         let u = format!("data:;base64,{}", b64.encode(data));
         if u.len() < best.0.len() {
             best = (u, "");
         }
     }
-    if auto_gzip && data.len() > 64 {
+    // The smallest gzip stream is 20 bytes (41 URL characters): skip hopeless cases.
+    if auto_gzip && best.0.len() > 45 {
         let gz = gzip(data);
-        if gz.len() * 4 / 3 + 16 < best.0.len() {
+        let len = "data:;base64,".len() + gz.len().div_ceil(3) * 4;
+        if len + "gzip".len() < best.0.len() {
             best = (format!("data:;base64,{}", b64.encode(&gz)), "gzip");
         }
     }

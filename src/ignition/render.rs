@@ -491,11 +491,11 @@ mod tests {
         let files = out.config["storage"]["files"].as_array().unwrap();
         assert_eq!(files[0]["contents"]["source"], "data:,override");
         assert_eq!(files[0]["mode"], 0o644);
-        let facts_src = files[1]["contents"]["source"].as_str().unwrap();
-        assert!(
-            facts_src.contains("r1") && facts_src.contains("default%2Fclaim-a")
-                || facts_src.contains("default/claim-a"),
-            "{facts_src}"
+        let facts_json =
+            String::from_utf8(validate::inline_contents(&files[1]["contents"]).unwrap()).unwrap();
+        assert_eq!(
+            facts_json,
+            r#"{"claim":"default/claim-a","mac":"52:54:00:12:34:56","rack":"r1","uuid":"38947555-7742-3448-3784-823347823834"}"#
         );
         let only = r.render(Some("default.bu"), &facts(), None).unwrap();
         assert_eq!(
@@ -513,13 +513,12 @@ mod tests {
         ))
         .unwrap();
         let out = r.render(Some("default.bu"), &facts(), None).unwrap();
-        let env = out.config["storage"]["files"][1]["contents"]["source"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        assert!(
-            env.contains("BOOTPLANE_RACK%3Dr1") || env.contains("BOOTPLANE_RACK=r1"),
-            "{env}"
+        let env = validate::inline_contents(&out.config["storage"]["files"][1]["contents"]).unwrap();
+        assert_eq!(
+            String::from_utf8(env).unwrap(),
+            "BOOTPLANE_SERVER=server-a\nBOOTPLANE_UUID=38947555-7742-3448-3784-823347823834\n\
+             BOOTPLANE_MAC=52:54:00:12:34:56\nBOOTPLANE_IP=10.199.0.10\n\
+             BOOTPLANE_CLAIM=default/claim-a\nBOOTPLANE_RACK=r1\n"
         );
         let mut f = facts();
         f.labels.clear();

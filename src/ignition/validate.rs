@@ -132,6 +132,23 @@ pub fn check_url(u: &str, v: IgnVersion) -> Result<(), String> {
             base64::engine::general_purpose::STANDARD
                 .decode(data)
                 .map_err(|e| format!("invalid data url {}: bad base64: {e}", short(u)))?;
+        } else {
+            // Ignition's decoder accepts only ASCII and well-formed %XX escapes.
+            let b = data.as_bytes();
+            let mut i = 0;
+            while i < b.len() {
+                if !b[i].is_ascii() {
+                    return Err(format!("invalid data url {}: non-ascii character, escape it", short(u)));
+                }
+                if b[i] == b'%' {
+                    if !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit) && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)) {
+                        return Err(format!("invalid data url {}: bad %-escape", short(u)));
+                    }
+                    i += 3;
+                } else {
+                    i += 1;
+                }
+            }
         }
         return Ok(());
     }
@@ -158,6 +175,25 @@ pub fn check_url(u: &str, v: IgnVersion) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Decodes the contents of an inline resource (`{"source": "data:...", "compression": ...}`),
+/// gunzipping when `compression` is `gzip`. None for remote sources or malformed data.
+pub fn inline_contents(resource: &Value) -> Option<Vec<u8>> {
+    let src = s(resource, "source")?.strip_prefix("data:")?;
+    let (meta, data) = src.split_once(',')?;
+    let raw = if meta.split(';').any(|p| p == "base64") {
+        base64::engine::general_purpose::STANDARD.decode(data).ok()?
+    } else {
+        percent_encoding::percent_decode_str(data).collect()
+    };
+    if s(resource, "compression") == Some("gzip") {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(raw.as_slice()), &mut out).ok()?;
+        Some(out)
+    } else {
+        Some(raw)
+    }
 }
 
 fn short(u: &str) -> String {
@@ -643,6 +679,9 @@ mod tests {
         assert!(check_url("data:,hello%20world", IgnVersion::V3_3).is_ok());
         assert!(check_url("data:;base64,aGVsbG8=", IgnVersion::V3_3).is_ok());
         assert!(check_url("data:;base64,!!!", IgnVersion::V3_3).is_err());
+        assert!(check_url("data:,100%", IgnVersion::V3_3).is_err());
+        assert!(check_url("data:,%zz", IgnVersion::V3_3).is_err());
+        assert!(check_url("data:,caf\u{e9}", IgnVersion::V3_3).is_err());
         assert!(check_url("http://127.0.0.1:8080/x", IgnVersion::V3_3).is_ok());
         assert!(check_url("http:///x", IgnVersion::V3_3).is_err());
         assert!(check_url("arn:aws:s3:::b/k", IgnVersion::V3_3).is_err());
