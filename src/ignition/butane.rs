@@ -29,7 +29,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::{locate, validate, Error, FilesDir, IgnVersion, Issue, LocalEntry};
+use super::{locate, merge, validate, Error, FilesDir, IgnVersion, Issue, LocalEntry};
 
 /// A translated config.
 #[derive(Debug, Clone)]
@@ -673,9 +673,10 @@ impl Tx<'_> {
             self.storage(s, &mut storage, &mut units);
         }
         if let Some(sd) = &c.systemd {
-            let mut own = self.systemd(sd);
-            own.append(&mut units);
-            units = own;
+            // Generated mount units are the parent; the user's units merge onto them by name.
+            let own = self.systemd(sd);
+            let merged = merge::merge(&json!({ "systemd": { "units": units } }), &json!({ "systemd": { "units": own } }));
+            units = merged.pointer("/systemd/units").and_then(Value::as_array).cloned().unwrap_or_default();
         }
         if let Some(b) = &c.boot_device {
             if self.variant == Variant::Flatcar {
@@ -797,7 +798,20 @@ impl Tx<'_> {
         }
         let data = match (&r.inline, &r.local) {
             (Some(s), _) => Some(s.as_bytes().to_vec()),
-            (None, Some(l)) => self.local(l, &format!("{path}.local")),
+            (None, Some(l)) => {
+                let data = self.local(l, &format!("{path}.local"));
+                // Like butane: a local child config must itself be a valid Ignition config.
+                if let Some(d) = data.as_ref().filter(|_| path.starts_with("ignition.config")) {
+                    let checked = std::str::from_utf8(d)
+                        .map_err(|_| Error::Json("not utf-8".into()))
+                        .and_then(validate::parse_json)
+                        .and_then(|v| validate::validate(&v));
+                    if let Err(e) = checked {
+                        self.issue(format!("{path}.local"), format!("{l:?} is not a valid ignition config: {e}"));
+                    }
+                }
+                data
+            }
             _ => None,
         };
         if let Some(data) = data {
@@ -903,16 +917,20 @@ impl Tx<'_> {
             links.push(Value::Object(m));
         }
         for (i, t) in s.trees.iter().flatten().enumerate() {
-            self.tree(t, &format!("storage.trees[{i}]"), &mut files, &mut links);
+            self.tree(t, &format!("storage.trees[{i}]"), &mut files, &dirs, &mut links);
         }
         if let Some(fs) = &s.filesystems {
             for (i, f) in fs.iter().enumerate() {
                 if f.with_mount_unit == Some(true) {
-                    match self.mount_unit(f) {
+                    let remote = s.luks.iter().flatten().any(|l| {
+                        (f.device == format!("/dev/mapper/{}", l.name) || f.device == format!("/dev/disk/by-id/dm-name-{}", l.name))
+                            && l.clevis.as_ref().and_then(|c| c.tang.as_ref()).is_some_and(|t| !t.is_empty())
+                    });
+                    match Self::mount_unit(f, remote) {
                         Some(u) => units.push(u),
                         None => self.issue(
                             format!("storage.filesystems[{i}].with_mount_unit"),
-                            "needs path (or format: swap) to generate a mount unit",
+                            "needs format and path (or format: swap) to generate a mount unit",
                         ),
                     }
                 }
@@ -985,7 +1003,7 @@ impl Tx<'_> {
 
     /// `storage.trees`: every file and symlink under `local` becomes a file (mode 0755
     /// if executable, else 0644) or a link under `path` (default `/`).
-    fn tree(&mut self, t: &Tree, at: &str, files: &mut Vec<Value>, links: &mut Vec<Value>) {
+    fn tree(&mut self, t: &Tree, at: &str, files: &mut Vec<Value>, dirs: &[Value], links: &mut Vec<Value>) {
         if t.local.starts_with('/') || t.local.split('/').any(|s| s == "..") {
             self.issue(
                 format!("{at}.local"),
@@ -1021,54 +1039,73 @@ impl Tx<'_> {
             return;
         }
         let base = base.trim_end_matches('/');
+        let find = |list: &[Value], p: &str| list.iter().position(|x| x["path"] == p);
         for (rel, e) in fd.under(&t.local) {
             let dest = format!("{base}/{rel}");
+            let exists = |files: &[Value], links: &[Value]| {
+                find(files, &dest).is_some() || find(links, &dest).is_some() || find(dirs, &dest).is_some()
+            };
             match e {
                 LocalEntry::File { data, executable } => {
                     let (url, comp) = data_url(data, true);
-                    files.push(json!({
-                        "path": dest,
-                        "contents": { "compression": comp, "source": url },
-                        "mode": if *executable { 0o755 } else { 0o644 },
-                    }));
+                    let mode = if *executable { 0o755 } else { 0o644 };
+                    match find(files, &dest) {
+                        // An explicit entry without contents gets the tree's contents (butane).
+                        Some(k) if files[k].pointer("/contents/source").is_none() => {
+                            if let Value::Object(m) = &mut files[k] {
+                                m.insert("contents".into(), json!({ "compression": comp, "source": url }));
+                                m.entry("mode").or_insert(json!(mode));
+                            }
+                        }
+                        _ if exists(files, links) => {
+                            self.issue(at, format!("a node already exists at {dest:?}"));
+                        }
+                        _ => files.push(json!({
+                            "path": dest,
+                            "contents": { "compression": comp, "source": url },
+                            "mode": mode,
+                        })),
+                    }
                 }
-                LocalEntry::Symlink { target } => {
-                    links.push(json!({ "path": dest, "target": target }))
-                }
+                LocalEntry::Symlink { target } => match find(links, &dest) {
+                    Some(k) if files_target_missing(&links[k]) => {
+                        if let Value::Object(m) = &mut links[k] {
+                            m.insert("target".into(), json!(target));
+                        }
+                    }
+                    _ if exists(files, links) => {
+                        self.issue(at, format!("a node already exists at {dest:?}"));
+                    }
+                    _ => links.push(json!({ "path": dest, "target": target })),
+                },
                 LocalEntry::Dir => {}
             }
         }
     }
 
-    fn mount_unit(&self, f: &Filesystem) -> Option<Value> {
-        let fmt = f.format.as_deref().unwrap_or("");
+    /// The unit butane's `with_mount_unit` generates (same text as butane's template:
+    /// no trailing newline; `_netdev` + `remote-fs.target` on a tang-bound LUKS device).
+    fn mount_unit(f: &Filesystem, remote: bool) -> Option<Value> {
+        let fmt = f.format.as_deref().filter(|f| !f.is_empty())?;
         let what = &f.device;
-        let dev_unit = systemd_escape_path(what);
+        let mut opts: Vec<&str> = f.mount_options.iter().flatten().map(String::as_str).collect();
+        if remote {
+            opts.push("_netdev");
+        }
+        let options = if opts.is_empty() { String::new() } else { format!("\nOptions={}", opts.join(",")) };
         if fmt == "swap" {
-            let name = format!("{dev_unit}.swap");
-            let mut c = String::from("# Generated by Butane\n[Swap]\n");
-            c.push_str(&format!("What={what}\n"));
-            if let Some(o) = f.mount_options.as_ref().filter(|o| !o.is_empty()) {
-                c.push_str(&format!("Options={}\n", o.join(",")));
-            }
-            c.push_str("\n[Install]\nRequiredBy=swap.target\n");
+            let name = format!("{}.swap", systemd_escape_path(what));
+            let c = format!("# Generated by Butane\n[Swap]\nWhat={what}{options}\n\n[Install]\nRequiredBy=swap.target");
             return Some(json!({ "name": name, "enabled": true, "contents": c }));
         }
         let path = f.path.as_deref()?;
-        let name = format!("{}.mount", systemd_escape_path(path));
-        let mut c = String::from("# Generated by Butane\n[Unit]\n");
-        c.push_str(&format!(
-            "Requires=systemd-fsck@{dev_unit}.service\nAfter=systemd-fsck@{dev_unit}.service\n\n"
-        ));
-        c.push_str(&format!("[Mount]\nWhere={path}\nWhat={what}\n"));
-        if !fmt.is_empty() {
-            c.push_str(&format!("Type={fmt}\n"));
-        }
-        if let Some(o) = f.mount_options.as_ref().filter(|o| !o.is_empty()) {
-            c.push_str(&format!("Options={}\n", o.join(",")));
-        }
-        c.push_str("\n[Install]\nRequiredBy=local-fs.target\n");
-        Some(json!({ "name": name, "enabled": true, "contents": c }))
+        let dev = systemd_escape_path(what);
+        let target = if remote { "remote-fs.target" } else { "local-fs.target" };
+        let c = format!(
+            "# Generated by Butane\n[Unit]\nRequires=systemd-fsck@{dev}.service\nAfter=systemd-fsck@{dev}.service\n\n\
+             [Mount]\nWhere={path}\nWhat={what}\nType={fmt}{options}\n\n[Install]\nRequiredBy={target}"
+        );
+        Some(json!({ "name": format!("{}.mount", systemd_escape_path(path)), "enabled": true, "contents": c }))
     }
 
     fn systemd(&mut self, s: &Systemd) -> Vec<Value> {
@@ -1144,12 +1181,7 @@ impl Tx<'_> {
                     for (j, l) in locals.iter().enumerate() {
                         if let Some(data) = self.local(l, &format!("{at}[{j}]")) {
                             let text = String::from_utf8_lossy(&data).into_owned();
-                            keys.extend(
-                                text.lines()
-                                    .map(str::trim)
-                                    .filter(|k| !k.is_empty() && !k.starts_with('#'))
-                                    .map(|k| json!(k)),
-                            );
+                            keys.extend(text.lines().filter(|k| !k.is_empty()).map(|k| json!(k)));
                         }
                     }
                     if let Value::Object(m) = &mut x {
@@ -1170,10 +1202,10 @@ impl Tx<'_> {
     /// root the rest, md RAID1 for boot and root).
     fn boot_device(&mut self, b: &BootDevice, storage: &mut Map<String, Value>) {
         let layout = b.layout.as_deref().unwrap_or("x86_64");
-        if !matches!(layout, "x86_64" | "aarch64") {
+        if !matches!(layout, "x86_64" | "aarch64" | "ppc64le") {
             self.issue(
                 "boot_device.layout",
-                format!("layout {layout:?} is not supported (supported: x86_64, aarch64)"),
+                format!("layout {layout:?} is not supported (supported: x86_64, aarch64, ppc64le)"),
             );
             return;
         }
@@ -1199,16 +1231,28 @@ impl Tx<'_> {
             for (n, dev) in mirror.iter().enumerate() {
                 let k = n + 1;
                 let mut parts = Vec::new();
-                if layout == "x86_64" {
-                    parts.push(json!({"label": format!("bios-{k}"), "sizeMiB": 1, "typeGuid": "21686148-6449-6E6F-744E-656564454649"}));
+                // Same sizes and type GUIDs as butane's v1 layout (replicating the
+                // CoreOS image), so the desugared partitions are never smaller.
+                const RESERVED: &str = "8DA63339-0007-60C0-C436-083AC8230908";
+                let reserved = json!({"label": format!("reserved-{k}"), "sizeMiB": 1, "typeGuid": RESERVED});
+                match layout {
+                    "x86_64" => parts.push(json!({"label": format!("bios-{k}"), "sizeMiB": 1, "typeGuid": "21686148-6449-6E6F-744E-656564454649"})),
+                    "ppc64le" => parts.push(json!({"label": format!("prep-{k}"), "sizeMiB": 4, "typeGuid": "9E1A2D38-C612-4316-AA26-8B49521E5A8B"})),
+                    _ => parts.push(reserved.clone()),
                 }
-                parts.push(json!({"label": format!("esp-{k}"), "sizeMiB": 127, "typeGuid": "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"}));
+                if layout == "ppc64le" {
+                    parts.push(reserved);
+                } else {
+                    parts.push(json!({"label": format!("esp-{k}"), "sizeMiB": 127, "typeGuid": "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"}));
+                }
                 parts.push(json!({"label": format!("boot-{k}"), "sizeMiB": 384}));
                 parts.push(json!({"label": format!("root-{k}")}));
                 disks.push(json!({"device": dev, "partitions": parts, "wipeTable": true}));
                 boots.push(format!("/dev/disk/by-partlabel/boot-{k}"));
                 roots.push(format!("/dev/disk/by-partlabel/root-{k}"));
-                filesystems.push(json!({"device": format!("/dev/disk/by-partlabel/esp-{k}"), "format": "vfat", "label": format!("esp-{k}"), "wipeFilesystem": true}));
+                if layout != "ppc64le" {
+                    filesystems.push(json!({"device": format!("/dev/disk/by-partlabel/esp-{k}"), "format": "vfat", "label": format!("esp-{k}"), "wipeFilesystem": true}));
+                }
             }
             raid.push(json!({"devices": boots, "level": "raid1", "name": "md-boot", "options": ["--metadata=1.0"]}));
             raid.push(json!({"devices": roots, "level": "raid1", "name": "md-root"}));
@@ -1260,11 +1304,23 @@ impl Tx<'_> {
         if !mirror.is_empty() || !luks.is_empty() {
             filesystems.push(json!({"device": root_dev, "format": "xfs", "label": "root", "wipeFilesystem": true}));
         }
-        append(storage, "disks", disks);
-        append(storage, "raid", raid);
-        append(storage, "filesystems", filesystems);
-        append(storage, "luks", luks);
+        // The sugar is the parent and the user's own storage is merged onto it by key,
+        // as butane does, so explicit entries can refine generated ones.
+        let mut sugar = Map::new();
+        append(&mut sugar, "disks", disks);
+        append(&mut sugar, "raid", raid);
+        append(&mut sugar, "filesystems", filesystems);
+        append(&mut sugar, "luks", luks);
+        let user = std::mem::take(storage);
+        let merged = merge::merge(&json!({ "storage": sugar }), &json!({ "storage": user }));
+        if let Some(Value::Object(m)) = merged.get("storage") {
+            *storage = m.clone();
+        }
     }
+}
+
+fn files_target_missing(link: &Value) -> bool {
+    link.get("target").and_then(Value::as_str).is_none_or(str::is_empty)
 }
 
 fn append(m: &mut Map<String, Value>, key: &str, v: Vec<Value>) {
