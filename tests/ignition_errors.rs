@@ -156,13 +156,28 @@ fn bad_urls_hashes_and_sources() {
 #[test]
 fn tree_conflicts_and_bad_local_child_configs() {
     let mut files = FilesDir::new();
-    files.dir("t").file("t/a", "x", false).file("child.ign", "{not json", false);
+    files
+        .dir("t")
+        .file("t/a", "x", false)
+        .file("child.ign", "{not json", false);
     let y = "variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /opt/a\n      contents:\n        inline: y\n  trees:\n    - local: t\n      path: /opt\n";
     let e = ignition::translate_with(y, &files).unwrap_err().to_string();
-    has(&e, &["storage.trees[0] (line 9", "a node already exists at \"/opt/a\""]);
+    has(
+        &e,
+        &[
+            "storage.trees[0] (line 9",
+            "a node already exists at \"/opt/a\"",
+        ],
+    );
     let y = "variant: fcos\nversion: 1.5.0\nignition:\n  config:\n    merge:\n      - local: child.ign\n";
     let e = ignition::translate_with(y, &files).unwrap_err().to_string();
-    has(&e, &["ignition.config.merge[0].local (line 6", "not a valid ignition config"]);
+    has(
+        &e,
+        &[
+            "ignition.config.merge[0].local (line 6",
+            "not a valid ignition config",
+        ],
+    );
 }
 
 #[test]

@@ -587,7 +587,13 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 /// for the `gzip` compression value. Returns (url, compression).
 pub fn data_url(data: &[u8], auto_gzip: bool) -> (String, &'static str) {
     let b64 = base64::engine::general_purpose::STANDARD;
-    let mut best = (format!("data:,{}", percent_encoding::percent_encode(data, DATA_URL_KEEP)), "");
+    let mut best = (
+        format!(
+            "data:,{}",
+            percent_encoding::percent_encode(data, DATA_URL_KEEP)
+        ),
+        "",
+    );
     // base64 is 4/3 of the input: only worth computing if it can win.
     if data.len().div_ceil(3) * 4 + 8 < best.0.len() {
         let u = format!("data:;base64,{}", b64.encode(data));
@@ -675,8 +681,15 @@ impl Tx<'_> {
         if let Some(sd) = &c.systemd {
             // Generated mount units are the parent; the user's units merge onto them by name.
             let own = self.systemd(sd);
-            let merged = merge::merge(&json!({ "systemd": { "units": units } }), &json!({ "systemd": { "units": own } }));
-            units = merged.pointer("/systemd/units").and_then(Value::as_array).cloned().unwrap_or_default();
+            let merged = merge::merge(
+                &json!({ "systemd": { "units": units } }),
+                &json!({ "systemd": { "units": own } }),
+            );
+            units = merged
+                .pointer("/systemd/units")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
         }
         if let Some(b) = &c.boot_device {
             if self.variant == Variant::Flatcar {
@@ -801,13 +814,19 @@ impl Tx<'_> {
             (None, Some(l)) => {
                 let data = self.local(l, &format!("{path}.local"));
                 // Like butane: a local child config must itself be a valid Ignition config.
-                if let Some(d) = data.as_ref().filter(|_| path.starts_with("ignition.config")) {
+                if let Some(d) = data
+                    .as_ref()
+                    .filter(|_| path.starts_with("ignition.config"))
+                {
                     let checked = std::str::from_utf8(d)
                         .map_err(|_| Error::Json("not utf-8".into()))
                         .and_then(validate::parse_json)
                         .and_then(|v| validate::validate(&v));
                     if let Err(e) = checked {
-                        self.issue(format!("{path}.local"), format!("{l:?} is not a valid ignition config: {e}"));
+                        self.issue(
+                            format!("{path}.local"),
+                            format!("{l:?} is not a valid ignition config: {e}"),
+                        );
                     }
                 }
                 data
@@ -917,14 +936,24 @@ impl Tx<'_> {
             links.push(Value::Object(m));
         }
         for (i, t) in s.trees.iter().flatten().enumerate() {
-            self.tree(t, &format!("storage.trees[{i}]"), &mut files, &dirs, &mut links);
+            self.tree(
+                t,
+                &format!("storage.trees[{i}]"),
+                &mut files,
+                &dirs,
+                &mut links,
+            );
         }
         if let Some(fs) = &s.filesystems {
             for (i, f) in fs.iter().enumerate() {
                 if f.with_mount_unit == Some(true) {
                     let remote = s.luks.iter().flatten().any(|l| {
-                        (f.device == format!("/dev/mapper/{}", l.name) || f.device == format!("/dev/disk/by-id/dm-name-{}", l.name))
-                            && l.clevis.as_ref().and_then(|c| c.tang.as_ref()).is_some_and(|t| !t.is_empty())
+                        (f.device == format!("/dev/mapper/{}", l.name)
+                            || f.device == format!("/dev/disk/by-id/dm-name-{}", l.name))
+                            && l.clevis
+                                .as_ref()
+                                .and_then(|c| c.tang.as_ref())
+                                .is_some_and(|t| !t.is_empty())
                     });
                     match Self::mount_unit(f, remote) {
                         Some(u) => units.push(u),
@@ -1003,7 +1032,14 @@ impl Tx<'_> {
 
     /// `storage.trees`: every file and symlink under `local` becomes a file (mode 0755
     /// if executable, else 0644) or a link under `path` (default `/`).
-    fn tree(&mut self, t: &Tree, at: &str, files: &mut Vec<Value>, dirs: &[Value], links: &mut Vec<Value>) {
+    fn tree(
+        &mut self,
+        t: &Tree,
+        at: &str,
+        files: &mut Vec<Value>,
+        dirs: &[Value],
+        links: &mut Vec<Value>,
+    ) {
         if t.local.starts_with('/') || t.local.split('/').any(|s| s == "..") {
             self.issue(
                 format!("{at}.local"),
@@ -1043,7 +1079,9 @@ impl Tx<'_> {
         for (rel, e) in fd.under(&t.local) {
             let dest = format!("{base}/{rel}");
             let exists = |files: &[Value], links: &[Value]| {
-                find(files, &dest).is_some() || find(links, &dest).is_some() || find(dirs, &dest).is_some()
+                find(files, &dest).is_some()
+                    || find(links, &dest).is_some()
+                    || find(dirs, &dest).is_some()
             };
             match e {
                 LocalEntry::File { data, executable } => {
@@ -1053,7 +1091,10 @@ impl Tx<'_> {
                         // An explicit entry without contents gets the tree's contents (butane).
                         Some(k) if files[k].pointer("/contents/source").is_none() => {
                             if let Value::Object(m) = &mut files[k] {
-                                m.insert("contents".into(), json!({ "compression": comp, "source": url }));
+                                m.insert(
+                                    "contents".into(),
+                                    json!({ "compression": comp, "source": url }),
+                                );
                                 m.entry("mode").or_insert(json!(mode));
                             }
                         }
@@ -1088,11 +1129,20 @@ impl Tx<'_> {
     fn mount_unit(f: &Filesystem, remote: bool) -> Option<Value> {
         let fmt = f.format.as_deref().filter(|f| !f.is_empty())?;
         let what = &f.device;
-        let mut opts: Vec<&str> = f.mount_options.iter().flatten().map(String::as_str).collect();
+        let mut opts: Vec<&str> = f
+            .mount_options
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
         if remote {
             opts.push("_netdev");
         }
-        let options = if opts.is_empty() { String::new() } else { format!("\nOptions={}", opts.join(",")) };
+        let options = if opts.is_empty() {
+            String::new()
+        } else {
+            format!("\nOptions={}", opts.join(","))
+        };
         if fmt == "swap" {
             let name = format!("{}.swap", systemd_escape_path(what));
             let c = format!("# Generated by Butane\n[Swap]\nWhat={what}{options}\n\n[Install]\nRequiredBy=swap.target");
@@ -1100,12 +1150,18 @@ impl Tx<'_> {
         }
         let path = f.path.as_deref()?;
         let dev = systemd_escape_path(what);
-        let target = if remote { "remote-fs.target" } else { "local-fs.target" };
+        let target = if remote {
+            "remote-fs.target"
+        } else {
+            "local-fs.target"
+        };
         let c = format!(
             "# Generated by Butane\n[Unit]\nRequires=systemd-fsck@{dev}.service\nAfter=systemd-fsck@{dev}.service\n\n\
              [Mount]\nWhere={path}\nWhat={what}\nType={fmt}{options}\n\n[Install]\nRequiredBy={target}"
         );
-        Some(json!({ "name": format!("{}.mount", systemd_escape_path(path)), "enabled": true, "contents": c }))
+        Some(
+            json!({ "name": format!("{}.mount", systemd_escape_path(path)), "enabled": true, "contents": c }),
+        )
     }
 
     fn systemd(&mut self, s: &Systemd) -> Vec<Value> {
@@ -1234,7 +1290,8 @@ impl Tx<'_> {
                 // Same sizes and type GUIDs as butane's v1 layout (replicating the
                 // CoreOS image), so the desugared partitions are never smaller.
                 const RESERVED: &str = "8DA63339-0007-60C0-C436-083AC8230908";
-                let reserved = json!({"label": format!("reserved-{k}"), "sizeMiB": 1, "typeGuid": RESERVED});
+                let reserved =
+                    json!({"label": format!("reserved-{k}"), "sizeMiB": 1, "typeGuid": RESERVED});
                 match layout {
                     "x86_64" => parts.push(json!({"label": format!("bios-{k}"), "sizeMiB": 1, "typeGuid": "21686148-6449-6E6F-744E-656564454649"})),
                     "ppc64le" => parts.push(json!({"label": format!("prep-{k}"), "sizeMiB": 4, "typeGuid": "9E1A2D38-C612-4316-AA26-8B49521E5A8B"})),
@@ -1320,7 +1377,9 @@ impl Tx<'_> {
 }
 
 fn files_target_missing(link: &Value) -> bool {
-    link.get("target").and_then(Value::as_str).is_none_or(str::is_empty)
+    link.get("target")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
 }
 
 fn append(m: &mut Map<String, Value>, key: &str, v: Vec<Value>) {

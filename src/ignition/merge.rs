@@ -88,10 +88,14 @@ fn merge_list(d: &mut Vec<Value>, s: &[Value], key: &str) {
         d.extend(s.iter().cloned());
         return;
     };
+    // Only the parent's entries are merge targets: duplicates inside the child stay
+    // duplicates, so validation still reports them (Ignition rejects them too).
+    let parent_len = d.len();
     for x in s {
         let id = identity(x, keys);
         let pos = id.as_ref().and_then(|id| {
-            d.iter()
+            d[..parent_len]
+                .iter()
                 .position(|y| identity(y, keys).as_ref() == Some(id))
         });
         match pos {

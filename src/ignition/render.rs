@@ -513,7 +513,8 @@ mod tests {
         ))
         .unwrap();
         let out = r.render(Some("default.bu"), &facts(), None).unwrap();
-        let env = validate::inline_contents(&out.config["storage"]["files"][1]["contents"]).unwrap();
+        let env =
+            validate::inline_contents(&out.config["storage"]["files"][1]["contents"]).unwrap();
         assert_eq!(
             String::from_utf8(env).unwrap(),
             "BOOTPLANE_SERVER=server-a\nBOOTPLANE_UUID=38947555-7742-3448-3784-823347823834\n\

@@ -138,10 +138,15 @@ pub fn check_url(u: &str, v: IgnVersion) -> Result<(), String> {
             let mut i = 0;
             while i < b.len() {
                 if !b[i].is_ascii() {
-                    return Err(format!("invalid data url {}: non-ascii character, escape it", short(u)));
+                    return Err(format!(
+                        "invalid data url {}: non-ascii character, escape it",
+                        short(u)
+                    ));
                 }
                 if b[i] == b'%' {
-                    if !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit) && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)) {
+                    if !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                        && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+                    {
                         return Err(format!("invalid data url {}: bad %-escape", short(u)));
                     }
                     i += 3;
@@ -183,13 +188,16 @@ pub fn inline_contents(resource: &Value) -> Option<Vec<u8>> {
     let src = s(resource, "source")?.strip_prefix("data:")?;
     let (meta, data) = src.split_once(',')?;
     let raw = if meta.split(';').any(|p| p == "base64") {
-        base64::engine::general_purpose::STANDARD.decode(data).ok()?
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .ok()?
     } else {
         percent_encoding::percent_decode_str(data).collect()
     };
     if s(resource, "compression") == Some("gzip") {
         let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(raw.as_slice()), &mut out).ok()?;
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(raw.as_slice()), &mut out)
+            .ok()?;
         Some(out)
     } else {
         Some(raw)
