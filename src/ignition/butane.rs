@@ -22,8 +22,6 @@
 //!
 //! The translator is pure: local files come from a [`FilesDir`] the caller supplies.
 
-use std::io::Write;
-
 use base64::Engine;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
@@ -51,7 +49,16 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
         variant: Option<Value>,
         version: Option<Value>,
     }
-    let h: Header = serde_norway::from_str(src).map_err(|e| Error::Yaml(e.to_string()))?;
+    // Parse once optimistically; only on failure parse the header alone, so that a
+    // wrong variant/version is reported as such rather than as a field error.
+    let parsed: Result<Config, _> = serde_norway::from_str(src);
+    let h = match &parsed {
+        Ok(c) => Header {
+            variant: Some(Value::String(c.variant.clone())),
+            version: Some(Value::String(c.version.clone())),
+        },
+        Err(_) => serde_norway::from_str::<Header>(src).map_err(|e| Error::Yaml(e.to_string()))?,
+    };
     let variant = match h.variant {
         Some(Value::String(s)) => s,
         Some(other) => return Err(Error::UnknownVariant(other.to_string())),
@@ -97,7 +104,7 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
             })
         }
     };
-    let cfg: Config = serde_norway::from_str(src).map_err(|e| Error::Yaml(e.to_string()))?;
+    let cfg: Config = parsed.map_err(|e| Error::Yaml(e.to_string()))?;
     let mut tx = Tx {
         ver,
         variant,
@@ -572,14 +579,35 @@ fn put(m: &mut Map<String, Value>, k: &str, v: Option<Value>) {
     }
 }
 
+/// gzip at best compression (butane's level), with a per-thread reused deflate state:
+/// allocating a fresh compressor per file dominated render time. Header as flate2's
+/// `GzEncoder` writes it (mtime 0, XFL 2, OS 255), so the output is byte-identical.
 fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut enc = flate2::write::GzEncoder::new(
-        Vec::with_capacity(data.len() / 2 + 32),
-        flate2::Compression::best(),
-    );
-    // Writing into a Vec cannot fail.
-    let _ = enc.write_all(data);
-    enc.finish().unwrap_or_default()
+    use flate2::{Compress, Compression, Crc, FlushCompress, Status};
+    thread_local! {
+        static DEFLATE: std::cell::RefCell<Compress> = std::cell::RefCell::new(Compress::new(Compression::best(), false));
+    }
+    let mut out = Vec::with_capacity(data.len() / 2 + 64);
+    out.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 2, 0xff]);
+    DEFLATE.with(|c| {
+        let mut c = c.borrow_mut();
+        c.reset();
+        loop {
+            out.reserve(data.len() / 2 + 64);
+            let consumed = usize::try_from(c.total_in())
+                .unwrap_or(data.len())
+                .min(data.len());
+            match c.compress_vec(&data[consumed..], &mut out, FlushCompress::Finish) {
+                Ok(Status::StreamEnd) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    });
+    let mut crc = Crc::new();
+    crc.update(data);
+    out.extend_from_slice(&crc.sum().to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out
 }
 
 /// Encodes contents as a data URL the way butane does: the shortest of percent-encoded

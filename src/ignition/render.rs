@@ -337,16 +337,21 @@ impl Renderer {
             .map(|t| self.render_template(t, facts))
             .transpose()?;
         let user = secret.map(|s| s.to_config(&self.files)).transpose()?;
-        let config = match (base, user) {
-            (Some(b), Some(u)) => merge::merge(&b, &u),
-            (Some(c), None) | (None, Some(c)) => c,
+        // Each part was validated on its own; only a merge produces something new to check.
+        let (config, merged) = match (base, user) {
+            (Some(b), Some(u)) => (merge::merge(&b, &u), true),
+            (Some(c), None) | (None, Some(c)) => (c, false),
             (None, None) => {
                 return Err(Error::Secret(
                     "neither a template nor an ignition secret to render".into(),
                 ))
             }
         };
-        let version = validate::validate(&config)?;
+        let version = if merged {
+            validate::validate(&config)?
+        } else {
+            validate::version_of(&config)?
+        };
         let json =
             Bytes::from(serde_json::to_vec(&config).map_err(|e| Error::Json(e.to_string()))?);
         Ok(Rendered {
