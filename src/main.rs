@@ -35,6 +35,9 @@ enum Command {
     Image(bootplane::image::cli::ImageCmd),
     /// Stream an image onto a disk or file, verified.
     Provision(bootplane::image::cli::ProvisionArgs),
+    /// Print what a machine would be served (Ignition config).
+    #[command(subcommand)]
+    Render(bootplane::ignition::cli::RenderCmd),
 }
 
 /// Every config key that has a flag. Each flag also reads a BOOTPLANE_* env var.
@@ -166,6 +169,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Power(a) => bootplane::cli::power(a),
         Command::Image(c) => bootplane::image::cli::run_image(c).map(|_| 0),
         Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),
+        Command::Render(c) => bootplane::ignition::cli::run(c),
     }
 }
 

@@ -1,0 +1,111 @@
+//! `bootplane render ignition`: print the Ignition JSON a Butane file, an Ignition
+//! file, or a template + machine facts + ignition secret translate to. All file reads
+//! happen here; the library it calls is pure.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+
+use super::{FilesDir, IgnitionSecret, MachineFacts, Renderer, Template};
+
+#[derive(Subcommand)]
+pub enum RenderCmd {
+    /// Print the Ignition JSON for a Butane file, an Ignition file, or a template + facts + secret.
+    Ignition(IgnitionArgs),
+}
+
+#[derive(Args)]
+pub struct IgnitionArgs {
+    /// Butane (YAML) file to translate (`-` = stdin).
+    #[arg(long, conflicts_with_all = ["ignition", "template", "server"])]
+    pub butane: Option<PathBuf>,
+    /// Ignition JSON file to validate and print.
+    #[arg(long, conflicts_with_all = ["template", "server"])]
+    pub ignition: Option<PathBuf>,
+    /// Template file (Butane `.bu`/`.yaml` or Ignition `.ign`/`.json`) to render.
+    #[arg(long, conflicts_with = "server")]
+    pub template: Option<PathBuf>,
+    /// Machine facts (JSON or YAML: name, uuid, hostname, macs, ips, labels, claim_name, claim_namespace).
+    #[arg(long, requires = "template")]
+    pub facts: Option<PathBuf>,
+    /// Kubernetes Secret manifest with the claim's `ignition` (and optional `format`) keys.
+    #[arg(long)]
+    pub secret: Option<PathBuf>,
+    /// Directory that Butane `local` references (contents.local, trees, ...) are resolved in.
+    #[arg(long)]
+    pub files_dir: Option<PathBuf>,
+    /// Render what server NAME would get (needs a running bootplane).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Pretty-print the JSON.
+    #[arg(long)]
+    pub pretty: bool,
+}
+
+fn read(p: &PathBuf) -> Result<String> {
+    if p.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading stdin")?;
+        return Ok(s);
+    }
+    std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+}
+
+/// Runs `bootplane render ...`; returns the exit code.
+pub fn run(cmd: RenderCmd) -> Result<u8> {
+    let RenderCmd::Ignition(a) = cmd;
+    if a.server.is_some() {
+        bail!("--server needs a running server (not wired yet); use --template/--facts/--secret to preview offline");
+    }
+    let files = match &a.files_dir {
+        Some(d) => {
+            FilesDir::read_dir(d).with_context(|| format!("reading files dir {}", d.display()))?
+        }
+        None => FilesDir::new(),
+    };
+    let config = if let Some(p) = &a.butane {
+        super::translate_with(&read(p)?, &files)
+            .with_context(|| format!("translating {}", p.display()))?
+            .config
+    } else if let Some(p) = &a.ignition {
+        let v = super::validate::parse_json(&read(p)?)
+            .with_context(|| format!("parsing {}", p.display()))?;
+        super::validate(&v).with_context(|| format!("validating {}", p.display()))?;
+        v
+    } else if a.template.is_some() || a.secret.is_some() {
+        let mut r = Renderer::new();
+        r.set_files(files);
+        let mut name = None;
+        if let Some(p) = &a.template {
+            let n = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "template".into());
+            r.add_template(Template::new(&n, read(p)?))?;
+            name = Some(n);
+        }
+        let facts: MachineFacts = match &a.facts {
+            Some(p) => serde_norway::from_str(&read(p)?)
+                .with_context(|| format!("parsing facts {}", p.display()))?,
+            None => MachineFacts::default(),
+        };
+        let secret = match &a.secret {
+            Some(p) => Some(
+                IgnitionSecret::from_manifest(&read(p)?)
+                    .with_context(|| format!("reading secret {}", p.display()))?,
+            ),
+            None => None,
+        };
+        r.render(name.as_deref(), &facts, secret.as_ref())?.config
+    } else {
+        bail!("give --butane FILE, --ignition FILE, or --template FILE [--facts FILE] [--secret FILE]");
+    };
+    let out = if a.pretty {
+        serde_json::to_string_pretty(&config)?
+    } else {
+        serde_json::to_string(&config)?
+    };
+    println!("{out}");
+    Ok(0)
+}
