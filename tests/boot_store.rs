@@ -127,3 +127,38 @@ fn missing_image_or_secret_key_puts_the_configuration_in_error() {
     let cond = s["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "BootConfigurationReady").unwrap().clone();
     assert!(cond["message"].as_str().unwrap().contains("Error"), "{cond}");
 }
+
+#[test]
+fn reference_butane_secret_is_served_as_validated_ignition() {
+    let b = Bootplane::start(&[]);
+    let mut srv = server("fc-1", json!({}), "Recycle");
+    srv["status"]["networkInterfaces"] = json!([{"name": "eth0", "macAddress": "52:54:00:42:00:09", "ip": "127.0.0.4"}]);
+    assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
+    let (code, out, err) = b.cli(&["apply", "-f", fixtures().join("metal-operator/ignition_secret.yaml").to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let mut c = claim("fc-claim", None, Some("fc-1"));
+    c["spec"]["ignitionSecretRef"] = json!({"name": "ignition-sample"});
+    assert_eq!(b.call("POST", &claims("default"), Some(&c)).0, 201);
+    let path = format!("{}/fc-claim", sbcs("default"));
+    b.wait_for(20, "Ready", || (b.call("GET", &path, None).1["status"]["state"] == "Ready").then_some(()));
+    let (code, body) = curl("127.0.0.4", &format!("http://127.0.0.1:{}/ignition/fc-1", b.http_port));
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ignition"]["version"], "3.2.0", "fcos 1.3.0 translates to Ignition 3.2.0");
+    assert_eq!(v["passwd"]["users"][0]["name"], "metal");
+    assert!(v["systemd"]["units"].as_array().unwrap().iter().any(|u| u["name"] == "docker-install.service"));
+    // A secret whose Butane is invalid turns the configuration to Error, naming the problem.
+    let bad = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bad-bu"},
+        "stringData": {"format": "fcos", "ignition": "variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: relative/path\n"}});
+    assert_eq!(b.call("POST", "/api/v1/namespaces/default/secrets", Some(&bad)).0, 201);
+    assert_eq!(b.call("POST", SERVERS, Some(&server("fc-2", json!({}), "Recycle"))).0, 201);
+    let mut c = claim("fc-bad", None, Some("fc-2"));
+    c["spec"]["ignitionSecretRef"] = json!({"name": "bad-bu"});
+    assert_eq!(b.call("POST", &claims("default"), Some(&c)).0, 201);
+    let s = b.wait_for(20, "Error", || {
+        let s = b.call("GET", &format!("{}/fc-bad", sbcs("default")), None).1;
+        (s["status"]["state"] == "Error").then_some(s)
+    });
+    let msg = s["status"]["conditions"][0]["message"].as_str().unwrap_or("").to_string();
+    assert!(msg.contains("relative/path"), "{s}");
+}

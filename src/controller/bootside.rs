@@ -57,16 +57,18 @@ pub fn ignition_payload(store: &Store, sbc: &Value) -> Result<Option<IgnitionDat
         .map_err(|_| ("IgnitionSecretMissing".to_string(), format!("secret {ns}/{name} not found")))?;
     let data = secret_data(&secret, "ignition")
         .ok_or_else(|| ("IgnitionKeyMissing".to_string(), format!("secret {ns}/{name} has no data key \"ignition\"")))?;
-    match secret_data(&secret, "format").map(|f| String::from_utf8_lossy(&f).trim().to_string()) {
-        None => Ok(Some(IgnitionData { data: Bytes::from(data), content_type: "application/json".into() })),
-        Some(f) if f.is_empty() => Ok(Some(IgnitionData { data: Bytes::from(data), content_type: "application/json".into() })),
-        Some(f) => crate::controller::bootside::render_format(&f, &data).map(Some),
-    }
-}
-
-/// Translate a non-JSON ignition secret (`format: fcos` = Butane).
-pub fn render_format(format: &str, _data: &[u8]) -> Result<IgnitionData, (String, String)> {
-    Err(("UnsupportedIgnitionFormat".into(), format!("ignition format {format:?} is not supported by this build")))
+    let format = secret_data(&secret, "format").map(|f| String::from_utf8_lossy(&f).trim().to_string()).filter(|f| !f.is_empty());
+    let text = String::from_utf8(data)
+        .map_err(|_| ("InvalidIgnition".to_string(), format!("secret {ns}/{name}: key \"ignition\" is not UTF-8")))?;
+    // Butane (`format: fcos`) is translated, plain Ignition JSON parsed; both are
+    // validated against their spec version's schema and Ignition's rules, so an invalid
+    // config puts the boot configuration into Error instead of being served.
+    let secret = crate::ignition::render::IgnitionSecret { ignition: text, format };
+    let config = secret
+        .to_config(&crate::ignition::FilesDir::default())
+        .map_err(|e| (e.reason().to_string(), format!("secret {ns}/{name}: {e}")))?;
+    let body = serde_json::to_vec(&config).map_err(|e| ("InvalidIgnition".to_string(), e.to_string()))?;
+    Ok(Some(IgnitionData { data: Bytes::from(body), content_type: "application/json".into() }))
 }
 
 fn parse_mac(s: &str) -> Option<[u8; 6]> {
