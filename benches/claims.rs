@@ -39,7 +39,8 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 fn main() {
     let count = arg("--count", 10_000);
     let clients = arg("--clients", 32);
-    let workers = arg("--workers", 8);
+    // 0 = the config default (controller.workers).
+    let workers = arg("--workers", 0);
     let dir = tempfile::tempdir().unwrap();
     let (api_port, http_port) = (port(), port());
     let api = format!("http://127.0.0.1:{api_port}");
@@ -52,7 +53,7 @@ fn main() {
         .arg("--http-listen")
         .arg(format!("127.0.0.1:{http_port}"))
         .env("BOOTPLANE_LOG", "warn")
-        .env("BOOTPLANE_CONTROLLER_WORKERS", workers.to_string())
+        .envs((workers > 0).then(|| ("BOOTPLANE_CONTROLLER_WORKERS", workers.to_string())))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

@@ -222,7 +222,7 @@ pub struct ControllerConfig {
 
 impl Default for ControllerConfig {
     fn default() -> Self {
-        ControllerConfig { enabled: true, workers: 16, power_driver: "manual".into() }
+        ControllerConfig { enabled: true, workers: 64, power_driver: "manual".into() }
     }
 }
 
