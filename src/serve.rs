@@ -75,6 +75,7 @@ pub async fn run(config: Config) -> Result<()> {
     });
     let http_metrics = Arc::new(crate::http::Metrics::new());
     let runner = crate::provision::from_config(&ctx.config.provision)?;
+    let leases = crate::dhcp::leases::LeaseIndex::default();
 
     // Operator API.
     let hm = http_metrics.clone();
@@ -91,7 +92,8 @@ pub async fn run(config: Config) -> Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     {
         let s = coord.handle();
-        let app = crate::api::rest::router(api_state, Some(crate::provision::router(runner)));
+        let extra = crate::provision::router(runner).merge(crate::api::rest::leases_router(leases.clone()));
+        let app = crate::api::rest::router(api_state, Some(extra));
         let max = ctx.config.api.max_connections;
         tasks.spawn(async move { serve_router(listener, app, max, s).await.context("api server") });
     }
@@ -106,13 +108,15 @@ pub async fn run(config: Config) -> Result<()> {
         });
     }
     {
-        let index = crate::controller::bootside::StoreBootIndex::start(store.clone(), resolver, ctx.config.public_http_url(), coord.handle());
+        let dhcp_leases = ctx.config.dhcp.enabled.then(|| leases.clone());
+        let index = crate::controller::bootside::StoreBootIndex::start(store.clone(), resolver, ctx.config.public_http_url(), dhcp_leases, coord.handle());
         let (c, s, m) = (ctx.clone(), coord.handle(), http_metrics);
         tasks.spawn(async move { crate::http::serve_with_metrics(c, index, m, s).await.context("boot http server") });
     }
     if ctx.config.dhcp.enabled {
         let (c, s) = (ctx.clone(), coord.handle());
-        tasks.spawn(async move { crate::dhcp::serve(c, s).await.context("dhcp server") });
+        let l = leases.clone();
+        tasks.spawn(async move { crate::dhcp::serve_with(c, s, crate::dhcp::metrics::Metrics::default(), l).await.context("dhcp server") });
     }
     if ctx.config.tftp.enabled {
         let (c, s) = (ctx.clone(), coord.handle());

@@ -139,6 +139,24 @@ pub fn router(state: Arc<ApiState>, extra: Option<Router>) -> Router {
         .merge(authed)
 }
 
+/// Path of the read-only DHCP lease list.
+pub const LEASES_PATH: &str = "/apis/dhcp.bootplane.dev/v1alpha1/leases";
+
+/// `GET /apis/dhcp.bootplane.dev/v1alpha1/leases`: the DHCP server's leases.
+pub fn leases_router(idx: crate::dhcp::leases::LeaseIndex) -> Router {
+    Router::new().route(
+        LEASES_PATH,
+        get(move || {
+            let idx = idx.clone();
+            async move {
+                let mut items = idx.all();
+                items.sort_by_key(|l| l.ip);
+                axum::Json(json!({"apiVersion": "dhcp.bootplane.dev/v1alpha1", "kind": "LeaseList", "items": items}))
+            }
+        }),
+    )
+}
+
 async fn dispatch_fallback(st: State<Arc<ApiState>>, method: Method, headers: HeaderMap, req: Request) -> Response {
     if req.uri().path().starts_with("/apis/") {
         dispatch(st, method, headers, req).await

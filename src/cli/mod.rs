@@ -275,6 +275,9 @@ pub fn apply_one(client: &Client, reg: &Registry, doc: &Value) -> Result<String>
 
 pub fn get(a: GetArgs) -> Result<u8> {
     let client = Client::new(&a.conn)?;
+    if matches!(a.kind.as_str(), "lease" | "leases") {
+        return get_leases(&client, a.output.as_deref());
+    }
     let reg = Registry::global();
     let kinds: Vec<Arc<ResourceType>> = a.kind.split(',').map(|k| resolve(reg, k.trim())).collect::<Result<_>>()?;
     let ns = if a.all_namespaces { None } else { Some(a.namespace.as_str()) };
@@ -362,6 +365,39 @@ pub fn power(a: PowerArgs) -> Result<u8> {
     let path = format!("{}/status", Client::path(&rt, None, Some(&a.target)));
     client.request("PATCH", &path, Some(("application/merge-patch+json", &serde_json::json!({"status": {"powerState": a.state}}))))?;
     println!("server.metal.ironcore.dev/{} power {} confirmed", a.target, a.state);
+    Ok(0)
+}
+
+/// `bootplane get leases`: the DHCP server's leases as a table (or JSON/YAML).
+fn get_leases(client: &Client, output: Option<&str>) -> Result<u8> {
+    let v = client.request("GET", crate::api::rest::LEASES_PATH, None)?;
+    match output {
+        Some("json") => println!("{}", serde_json::to_string_pretty(&v)?),
+        Some("yaml") => print!("{}", serde_norway::to_string(&v)?),
+        _ => {
+            let items = v.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+            if items.is_empty() {
+                eprintln!("No leases found.");
+                return Ok(0);
+            }
+            let mut rows = vec![["IP", "MAC", "HOSTNAME", "STATE", "EXPIRES"].map(String::from).to_vec()];
+            for l in &items {
+                let s = |k: &str| l.get(k).and_then(Value::as_str).unwrap_or("<none>").to_string();
+                let exp = l
+                    .get("expires")
+                    .and_then(Value::as_u64)
+                    .and_then(|e| chrono::DateTime::from_timestamp(e as i64, 0))
+                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                    .unwrap_or_default();
+                rows.push(vec![s("ip"), s("mac"), s("hostname"), s("state"), exp]);
+            }
+            let widths: Vec<usize> = (0..5).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+            for r in rows {
+                let line: Vec<String> = r.iter().enumerate().map(|(i, c)| format!("{:<w$}", c, w = widths[i])).collect();
+                println!("{}", line.join("   ").trim_end());
+            }
+        }
+    }
     Ok(0)
 }
 

@@ -94,13 +94,36 @@ pub struct StoreBootIndex {
     resolver: Arc<CatalogResolver>,
     base_url: String,
     progress: mpsc::Sender<(String, BootEvent, IpAddr)>,
+    /// DHCP leases (when bootplane's DHCP server runs): a machine's leased address
+    /// counts as its own for the identity check.
+    leases: Option<crate::dhcp::leases::LeaseIndex>,
     t_server: Arc<ResourceType>,
     t_sbc: Arc<ResourceType>,
 }
 
 impl BootIndex for StoreBootIndex {
     fn lookup(&self, id: &MachineId) -> Option<Arc<MachineBoot>> {
-        self.mem.lookup(id)
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let m = self.mem.lookup(id).or_else(|| {
+            let MachineId::Ip(IpAddr::V4(ip)) = id else { return None };
+            let l = self.leases.as_ref()?.by_ip(*ip).filter(|l| l.active(now))?;
+            self.mem.lookup(&MachineId::Mac(l.mac))
+        })?;
+        let Some(leases) = &self.leases else { return Some(m) };
+        let extra: Vec<IpAddr> = m
+            .macs
+            .iter()
+            .filter_map(|mac| leases.by_mac(mac))
+            .filter(|l| l.active(now))
+            .map(|l| IpAddr::V4(l.ip))
+            .filter(|ip| !m.ips.contains(ip))
+            .collect();
+        if extra.is_empty() {
+            return Some(m);
+        }
+        let mut with_lease = (*m).clone();
+        with_lease.ips.extend(extra);
+        Some(Arc::new(with_lease))
     }
 
     fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr) {
@@ -115,7 +138,13 @@ impl BootIndex for StoreBootIndex {
 
 impl StoreBootIndex {
     /// Build the index and start its watch and progress-writer tasks.
-    pub fn start(store: Store, resolver: Arc<CatalogResolver>, base_url: String, shutdown: Shutdown) -> Arc<StoreBootIndex> {
+    pub fn start(
+        store: Store,
+        resolver: Arc<CatalogResolver>,
+        base_url: String,
+        leases: Option<crate::dhcp::leases::LeaseIndex>,
+        shutdown: Shutdown,
+    ) -> Arc<StoreBootIndex> {
         let (tx, rx) = mpsc::channel(4096);
         let reg = store.registry();
         let idx = Arc::new(StoreBootIndex {
@@ -124,6 +153,7 @@ impl StoreBootIndex {
             resolver,
             base_url,
             progress: tx,
+            leases,
             t_server: reg.resolve("server").expect("server"),
             t_sbc: reg.resolve("sbc").expect("sbc"),
         });

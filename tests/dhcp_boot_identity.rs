@@ -1,0 +1,113 @@
+//! DHCP leases feed the rest of the appliance: `bootplane get leases` lists what the
+//! authoritative server handed out, and a machine registered only by its MAC may fetch
+//! its iPXE script from the address bootplane leased to it, while another address on
+//! the same link is refused. Real dhclient, real bootplane, in namespaces the test makes.
+
+mod dhcp_support;
+
+use std::io::Write;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use dhcp_support::*;
+use sha2::{Digest, Sha256};
+
+/// Run the bootplane CLI inside the server namespace against its API.
+fn cli(lab: &Lab, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut c = lab.server.cmd(env!("CARGO_BIN_EXE_bootplane"));
+    c.args(args)
+        .args(["--server", "http://127.0.0.1:9090", "--state-dir", lab.path("state").to_str().unwrap()])
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// HTTP status of a GET from the client namespace, from a given source address.
+fn curl_code(lab: &Lab, from: &str, url: &str) -> (u16, String) {
+    let mut c = lab.client.cmd("curl");
+    c.args(["-sS", "--interface", from, "--max-time", "10", "-o", "-", "-w", "\n%{http_code}", url]);
+    let out = run_bounded(c, 20);
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = t.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
+    require("dhclient");
+    require("curl");
+    let lab = Lab::new(44);
+    // A private image catalog so the claimed machine's boot configuration goes Ready.
+    let images = lab.path("images");
+    std::fs::create_dir_all(images.join("os")).unwrap();
+    let mut entries = String::new();
+    for (role, body) in [("kernel", &b"k\n"[..]), ("initrd", &b"i\n"[..])] {
+        std::fs::write(images.join("os").join(role), body).unwrap();
+        entries.push_str(&format!("{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n", hex::encode(Sha256::digest(body))));
+    }
+    std::fs::write(images.join("catalog.toml"), format!("[[image]]\nref = \"os-image:latest\"\n{entries}")).unwrap();
+    let config = format!(
+        "[dhcp]\nlease_time_secs = 60\n[http]\npublic_url = \"http://{}:8080\"\n[boot]\nimages_dir = \"{}\"\n[controller]\npower_driver = \"test\"\n",
+        lab.addr(1),
+        images.display()
+    );
+    let range = format!("{}-{}", lab.addr(100), lab.addr(150));
+    let _server = lab.start_bootplane(
+        &config,
+        &["--dhcp-interface", "vs", "--dhcp-mode", "authoritative", "--dhcp-range", &range],
+        "bootplane.log",
+    );
+    let mac = mac_of(&lab.client, "vc");
+
+    // Register the machine by MAC only (no IP), claim it.
+    let yaml = format!(
+        "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {{name: leased}}\nspec: {{systemUUID: 4c4c4544-0044-0044-0044-000000000044}}\n\
+         status: {{state: Available, powerState: \"Off\", networkInterfaces: [{{name: eth0, macAddress: \"{mac}\"}}]}}\n---\n\
+         apiVersion: metal.ironcore.dev/v1alpha1\nkind: ServerClaim\nmetadata: {{name: leased-claim}}\n\
+         spec: {{power: \"On\", image: \"os-image:latest\", serverRef: {{name: leased}}}}\n"
+    );
+    let out = cli(&lab, &["apply", "-f", "-"], Some(&yaml));
+    assert!(out.status.success(), "{}", text(&out));
+    wait_for(
+        Duration::from_secs(20),
+        || text(&cli(&lab, &["get", "sbc", "leased-claim", "-o", "json"], None)).contains("\"state\": \"Ready\""),
+        || format!("boot configuration not Ready: {}", read(&lab.path("bootplane.log"))),
+    );
+
+    // A real client takes a lease.
+    let script = lab.client_script();
+    let mut c = lab.client.cmd("dhclient");
+    c.args(["-4", "-1", "-lf", lab.path("dhclient.leases").to_str().unwrap(), "-pf", lab.path("dhclient.pid").to_str().unwrap()])
+        .args(["-sf", script.to_str().unwrap(), "vc"]);
+    let out = run_bounded(c, 30);
+    assert!(out.status.success(), "dhclient: {}", String::from_utf8_lossy(&out.stderr));
+    let leased = lab.addr(100);
+    assert!(lab.script_log().contains(&format!("BOUND {leased}")), "{}", lab.script_log());
+
+    // `bootplane get leases` shows it.
+    let out = cli(&lab, &["get", "leases"], None);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let row = t.lines().find(|l| l.starts_with(&leased)).unwrap_or_else(|| panic!("no lease row in:\n{t}"));
+    assert!(row.to_lowercase().contains(&mac.to_lowercase()) && row.contains("bound"), "{row}");
+
+    // The leased address is the machine's identity; another address on the link is not.
+    lab.client.ip(&["addr", "add", &format!("{}/24", lab.addr(77)), "dev", "vc"]);
+    let url = format!("http://{}:8080/ipxe/script?mac={}", lab.addr(1), mac.replace(':', "-"));
+    let (code, body) = curl_code(&lab, &leased, &url);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.lines().any(|l| l.starts_with("kernel ") && l.contains("/assets/images/os/kernel")), "{body}");
+    let (code, _) = curl_code(&lab, &lab.addr(77), &url);
+    assert!(code == 403 || code == 404, "script from an unleased address: {code}");
+    let (code, _) = curl_code(&lab, &lab.addr(77), &format!("http://{}:8080/ignition/leased", lab.addr(1)));
+    assert!(code == 403 || code == 404, "ignition from an unleased address: {code}");
+}
