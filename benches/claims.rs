@@ -21,12 +21,20 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 fn port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -63,7 +71,10 @@ fn main() {
         assert!(Instant::now() < deadline, "bootplane did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let token = std::fs::read_to_string(dir.path().join("api-token")).unwrap().trim().to_string();
+    let token = std::fs::read_to_string(dir.path().join("api-token"))
+        .unwrap()
+        .trim()
+        .to_string();
     let auth = format!("Bearer {token}");
     let servers = "/apis/metal.ironcore.dev/v1alpha1/servers";
     let claims = "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims";
@@ -82,31 +93,57 @@ fn main() {
                         "spec": {"systemUUID": format!("00000000-0000-0000-0000-{i:012}")},
                         "status": {"state": "Available", "powerState": "Off"},
                     });
-                    agent.post(&format!("{api}{servers}")).set("Authorization", auth).send_string(&body.to_string()).expect("register server");
+                    agent
+                        .post(&format!("{api}{servers}"))
+                        .set("Authorization", auth)
+                        .send_string(&body.to_string())
+                        .expect("register server");
                 }
             });
         }
     });
     let reg = t0.elapsed();
-    println!("registered {count} servers in {:.2}s ({:.0}/s)", reg.as_secs_f64(), count as f64 / reg.as_secs_f64());
+    println!(
+        "registered {count} servers in {:.2}s ({:.0}/s)",
+        reg.as_secs_f64(),
+        count as f64 / reg.as_secs_f64()
+    );
     // Let the controller see every server before claims arrive.
     std::thread::sleep(Duration::from_millis(500));
 
     // Watch claims from now on.
     let rv: String = {
-        let v: Value = serde_json::from_str(&ureq::get(&format!("{api}{claims}")).set("Authorization", &auth).call().unwrap().into_string().unwrap()).unwrap();
-        v["metadata"]["resourceVersion"].as_str().unwrap().to_string()
+        let v: Value = serde_json::from_str(
+            &ureq::get(&format!("{api}{claims}"))
+                .set("Authorization", &auth)
+                .call()
+                .unwrap()
+                .into_string()
+                .unwrap(),
+        )
+        .unwrap();
+        v["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string()
     };
     let bound_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let watcher = {
-        let (bound_at, url, auth) = (bound_at.clone(), format!("{api}{claims}?watch=true&resourceVersion={rv}"), auth.clone());
+        let (bound_at, url, auth) = (
+            bound_at.clone(),
+            format!("{api}{claims}?watch=true&resourceVersion={rv}"),
+            auth.clone(),
+        );
         std::thread::spawn(move || {
             let r = ureq::get(&url).set("Authorization", &auth).call().unwrap();
             for line in std::io::BufReader::new(r.into_reader()).lines() {
                 let Ok(line) = line else { return };
                 let ev: Value = serde_json::from_str(&line).unwrap();
                 if ev["object"]["status"]["phase"] == "Bound" {
-                    let n = ev["object"]["metadata"]["name"].as_str().unwrap().to_string();
+                    let n = ev["object"]["metadata"]["name"]
+                        .as_str()
+                        .unwrap()
+                        .to_string();
                     let mut b = bound_at.lock().unwrap();
                     b.entry(n).or_insert_with(Instant::now);
                     if b.len() == count {
@@ -142,23 +179,38 @@ fn main() {
     let deadline = Instant::now() + Duration::from_secs(300);
     while !watcher.is_finished() {
         if Instant::now() > deadline {
-            eprintln!("timed out: only {} of {count} bound", bound_at.lock().unwrap().len());
+            eprintln!(
+                "timed out: only {} of {count} bound",
+                bound_at.lock().unwrap().len()
+            );
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     let bound_at = bound_at.lock().unwrap();
     let applied_at = applied_at.lock().unwrap();
-    let last = bound_at.values().max().copied().unwrap_or_else(Instant::now);
+    let last = bound_at
+        .values()
+        .max()
+        .copied()
+        .unwrap_or_else(Instant::now);
     let total = last.duration_since(t1);
     let mut lat: Vec<f64> = bound_at
         .iter()
-        .filter_map(|(n, t)| applied_at.get(n).map(|a| t.saturating_duration_since(*a).as_secs_f64()))
+        .filter_map(|(n, t)| {
+            applied_at
+                .get(n)
+                .map(|a| t.saturating_duration_since(*a).as_secs_f64())
+        })
         .collect();
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let _ = child.kill();
     let _ = child.wait();
-    println!("applied {count} claims in {:.2}s ({:.0}/s) from {clients} clients", apply_done.as_secs_f64(), count as f64 / apply_done.as_secs_f64());
+    println!(
+        "applied {count} claims in {:.2}s ({:.0}/s) from {clients} clients",
+        apply_done.as_secs_f64(),
+        count as f64 / apply_done.as_secs_f64()
+    );
     println!(
         "bound {} of {count} claims in {:.2}s: {:.0} claims bound/s; apply->Bound p50 {:.3}s p99 {:.3}s max {:.3}s",
         bound_at.len(),
@@ -169,5 +221,8 @@ fn main() {
         lat.last().copied().unwrap_or(f64::NAN)
     );
     let ok = bound_at.len() == count && total <= Duration::from_secs(10) && pct(&lat, 0.99) <= 2.0;
-    println!("goal (all bound <= 10s, p99 <= 2s): {}", if ok { "met" } else { "NOT met" });
+    println!(
+        "goal (all bound <= 10s, p99 <= 2s): {}",
+        if ok { "met" } else { "NOT met" }
+    );
 }

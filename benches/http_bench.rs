@@ -31,15 +31,27 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let opt = |name: &str, default: u64| -> u64 {
-        args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
     };
     let size_mib = opt("--size-mib", if quick { 64 } else { 1024 });
     let secs = opt("--secs", if quick { 3 } else { 8 });
     let rounds = opt("--rounds", if quick { 1 } else { 3 }) as usize;
     raise_nofile();
     for tool in ["wrk", "curl", "nginx"] {
-        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool} || test -x /usr/sbin/{tool}")).status().map(|s| s.success()).unwrap_or(false);
-        assert!(found, "{tool} missing: apt-get install wrk curl nginx-light");
+        let found = Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {tool} || test -x /usr/sbin/{tool}"))
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(
+            found,
+            "{tool} missing: apt-get install wrk curl nginx-light"
+        );
     }
 
     let dir = tempfile::tempdir().unwrap();
@@ -50,22 +62,41 @@ fn main() {
     let big_len = size_mib << 20;
 
     let ours = Server::ours(dir.path());
-    let script_path = format!("/ipxe/script?uuid={UUID}&mac=52-54-00-ab-cd-ef&buildarch=x86_64&platform=pcbios");
+    let script_path =
+        format!("/ipxe/script?uuid={UUID}&mac=52-54-00-ab-cd-ef&buildarch=x86_64&platform=pcbios");
     let script = http_get(ours.addr, &script_path);
-    assert!(script.starts_with(b"#!ipxe\n"), "{}", String::from_utf8_lossy(&script));
+    assert!(
+        script.starts_with(b"#!ipxe\n"),
+        "{}",
+        String::from_utf8_lossy(&script)
+    );
     std::fs::write(assets.join("script.ipxe"), &script).unwrap();
     let nginx = Server::nginx(dir.path());
     assert_eq!(http_get(nginx.addr, "/script.ipxe"), script);
 
-    println!("http_bench: asset {size_mib} MiB, wrk {secs}s, {rounds} round(s), script {} bytes", script.len());
+    println!(
+        "http_bench: asset {size_mib} MiB, wrk {secs}s, {rounds} round(s), script {} bytes",
+        script.len()
+    );
 
     // (a) requests/s
-    let (mut a_ours, mut a_nginx, mut c_ours, mut c_nginx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut a_ours, mut a_nginx, mut c_ours, mut c_nginx) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let (r, c) = wrk_rps(&ours, &format!("http://{}{}", ours.addr, script_path), 64, secs);
+        let (r, c) = wrk_rps(
+            &ours,
+            &format!("http://{}{}", ours.addr, script_path),
+            64,
+            secs,
+        );
         a_ours.push(r);
         c_ours.push(c);
-        let (r, c) = wrk_rps(&nginx, &format!("http://{}/script.ipxe", nginx.addr), 64, secs);
+        let (r, c) = wrk_rps(
+            &nginx,
+            &format!("http://{}/script.ipxe", nginx.addr),
+            64,
+            secs,
+        );
         a_nginx.push(r);
         c_nginx.push(c);
     }
@@ -78,15 +109,24 @@ fn main() {
     );
 
     // (b) 8 parallel downloads
-    let (mut b_ours, mut b_nginx, mut g_ours, mut g_nginx) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut b_ours, mut b_nginx, mut g_ours, mut g_nginx) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let gib = (8 * big_len) as f64 / (1u64 << 30) as f64;
     for _ in 0..rounds {
         let c0 = cpu_ticks(&ours);
-        b_ours.push(parallel_downloads(&format!("http://{}/assets/big.bin", ours.addr), 8, big_len));
+        b_ours.push(parallel_downloads(
+            &format!("http://{}/assets/big.bin", ours.addr),
+            8,
+            big_len,
+        ));
         g_ours.push((cpu_ticks(&ours) - c0) as f64 / hz / gib);
         let c0 = cpu_ticks(&nginx);
-        b_nginx.push(parallel_downloads(&format!("http://{}/big.bin", nginx.addr), 8, big_len));
+        b_nginx.push(parallel_downloads(
+            &format!("http://{}/big.bin", nginx.addr),
+            8,
+            big_len,
+        ));
         g_nginx.push((cpu_ticks(&nginx) - c0) as f64 / hz / gib);
     }
     let (rb, nb) = (median(&mut b_ours), median(&mut b_nginx));
@@ -103,9 +143,17 @@ fn main() {
     // (c) RSS with 1,000 concurrent downloads, on a fresh child.
     let ours = Server::ours(dir.path());
     let base_rss = rss_kib(ours.pid()).unwrap_or(0);
-    let (peak, file_peak, ok) = rss_under_load(&ours, &format!("http://{}/assets/big.bin", ours.addr), secs.max(5));
+    let (peak, file_peak, ok) = rss_under_load(
+        &ours,
+        &format!("http://{}/assets/big.bin", ours.addr),
+        secs.max(5),
+    );
     let nginx_peak = {
-        let (p, _, _) = rss_under_load(&nginx, &format!("http://{}/big.bin", nginx.addr), secs.max(5));
+        let (p, _, _) = rss_under_load(
+            &nginx,
+            &format!("http://{}/big.bin", nginx.addr),
+            secs.max(5),
+        );
         p
     };
     println!(
@@ -126,7 +174,10 @@ fn child(dir: PathBuf) {
     use bootplane::http::index::MemoryIndex;
     use bootplane::http::server::{run, Limits};
     use bootplane::http::{BootFiles, BootState, IgnitionData, MachineBoot, Metrics};
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -146,9 +197,16 @@ fn child(dir: PathBuf) {
                 rootfs_url: String::new(),
                 cmdline: "rd.neednet=1 ip=dhcp".into(),
             }),
-            ignition: Some(IgnitionData { data: "{}".into(), content_type: "application/json".into() }),
+            ignition: Some(IgnitionData {
+                data: "{}".into(),
+                content_type: "application/json".into(),
+            }),
         });
-        let io = if std::env::var("BOOTPLANE_HTTP_BENCH_IO").as_deref() == Ok("read") { FileIo::Read } else { FileIo::Mmap };
+        let io = if std::env::var("BOOTPLANE_HTTP_BENCH_IO").as_deref() == Ok("read") {
+            FileIo::Read
+        } else {
+            FileIo::Mmap
+        };
         let s = Settings {
             base_url: base,
             console: "console=tty0 console=ttyS0,115200".into(),
@@ -196,9 +254,20 @@ impl Server {
             .spawn()
             .unwrap();
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("READY ").unwrap_or_else(|| panic!("child said {line:?}")).parse().unwrap();
-        Server { child, addr, nginx: false }
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("READY ")
+            .unwrap_or_else(|| panic!("child said {line:?}"))
+            .parse()
+            .unwrap();
+        Server {
+            child,
+            addr,
+            nginx: false,
+        }
     }
 
     fn nginx(dir: &Path) -> Server {
@@ -219,15 +288,34 @@ impl Server {
         );
         let conf_path = prefix.join("nginx.conf");
         std::fs::write(&conf_path, conf).unwrap();
-        let bin = if Path::new("/usr/sbin/nginx").exists() { "/usr/sbin/nginx" } else { "nginx" };
-        let child = Command::new(bin).arg("-p").arg(&prefix).arg("-c").arg(&conf_path).stdin(Stdio::null()).spawn().expect("starting nginx");
+        let bin = if Path::new("/usr/sbin/nginx").exists() {
+            "/usr/sbin/nginx"
+        } else {
+            "nginx"
+        };
+        let child = Command::new(bin)
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(&conf_path)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("starting nginx");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "nginx did not start (see {}/logs/error.log)", prefix.display());
+            assert!(
+                Instant::now() < deadline,
+                "nginx did not start (see {}/logs/error.log)",
+                prefix.display()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Server { child, addr, nginx: true }
+        Server {
+            child,
+            addr,
+            nginx: true,
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -238,7 +326,10 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if self.nginx {
-            let _ = Command::new("kill").arg("-QUIT").arg(self.child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-QUIT")
+                .arg(self.child.id().to_string())
+                .status();
         } else {
             drop(self.child.stdin.take());
         }
@@ -260,7 +351,14 @@ impl Drop for Server {
 fn wrk_rps(srv: &Server, url: &str, conns: u32, secs: u64) -> (f64, f64) {
     let cpu0 = cpu_ticks(srv);
     let out = Command::new("wrk")
-        .args(["-t2", &format!("-c{conns}"), &format!("-d{secs}s"), "--timeout", "10s", url])
+        .args([
+            "-t2",
+            &format!("-c{conns}"),
+            &format!("-d{secs}s"),
+            "--timeout",
+            "10s",
+            url,
+        ])
         .output()
         .expect("running wrk");
     let cpu1 = cpu_ticks(srv);
@@ -280,7 +378,9 @@ fn wrk_rps(srv: &Server, url: &str, conns: u32, secs: u64) -> (f64, f64) {
 fn cpu_ticks(srv: &Server) -> u64 {
     let mut pids = vec![srv.pid()];
     if srv.nginx {
-        if let Ok(c) = std::fs::read_to_string(format!("/proc/{}/task/{}/children", srv.pid(), srv.pid())) {
+        if let Ok(c) =
+            std::fs::read_to_string(format!("/proc/{}/task/{}/children", srv.pid(), srv.pid()))
+        {
             pids.extend(c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
         }
     }
@@ -290,7 +390,8 @@ fn cpu_ticks(srv: &Server) -> u64 {
             // Fields after the `(comm)`: state is field 3; utime/stime are 14/15.
             let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
             let f: Vec<&str> = rest.split_whitespace().collect();
-            f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
         })
         .sum()
 }
@@ -301,7 +402,16 @@ fn parallel_downloads(url: &str, n: usize, len: u64) -> f64 {
     let children: Vec<Child> = (0..n)
         .map(|_| {
             Command::new("curl")
-                .args(["-s", "-o", "/dev/null", "--max-time", "300", "-w", "%{http_code} %{size_download}", url])
+                .args([
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "--max-time",
+                    "300",
+                    "-w",
+                    "%{http_code} %{size_download}",
+                    url,
+                ])
                 .stdout(Stdio::piped())
                 .spawn()
                 .expect("running curl")
@@ -325,7 +435,10 @@ fn rss_under_load(srv: &Server, url: &str, secs: u64) -> (u64, u64, String) {
         let (stop, peak, file_peak) = (stop.clone(), peak.clone(), file_peak.clone());
         let pids = (srv.pid(), srv.nginx);
         std::thread::spawn(move || {
-            let probe = ProbeServer { pid: pids.0, nginx: pids.1 };
+            let probe = ProbeServer {
+                pid: pids.0,
+                nginx: pids.1,
+            };
             while !stop.load(Ordering::Relaxed) {
                 let (t, f) = probe.rss();
                 peak.fetch_max(t, Ordering::Relaxed);
@@ -335,15 +448,36 @@ fn rss_under_load(srv: &Server, url: &str, secs: u64) -> (u64, u64, String) {
         })
     };
     let out = Command::new("wrk")
-        .args(["-t2", "-c1000", &format!("-d{secs}s"), "--timeout", "60s", url])
+        .args([
+            "-t2",
+            "-c1000",
+            &format!("-d{secs}s"),
+            "--timeout",
+            "60s",
+            url,
+        ])
         .output()
         .expect("running wrk");
     stop.store(true, Ordering::Relaxed);
     sampler.join().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let transfer = text.lines().find(|l| l.starts_with("Transfer/sec")).unwrap_or("").trim().to_string();
-    let errors = text.lines().find(|l| l.contains("Socket errors")).unwrap_or("no socket errors").trim().to_string();
-    (peak.load(Ordering::Relaxed), file_peak.load(Ordering::Relaxed), format!("1000 ({transfer}; {errors})"))
+    let transfer = text
+        .lines()
+        .find(|l| l.starts_with("Transfer/sec"))
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let errors = text
+        .lines()
+        .find(|l| l.contains("Socket errors"))
+        .unwrap_or("no socket errors")
+        .trim()
+        .to_string();
+    (
+        peak.load(Ordering::Relaxed),
+        file_peak.load(Ordering::Relaxed),
+        format!("1000 ({transfer}; {errors})"),
+    )
 }
 
 struct ProbeServer {
@@ -355,11 +489,18 @@ impl ProbeServer {
     fn rss(&self) -> (u64, u64) {
         let mut pids = vec![self.pid];
         if self.nginx {
-            if let Ok(c) = std::fs::read_to_string(format!("/proc/{}/task/{}/children", self.pid, self.pid)) {
+            if let Ok(c) =
+                std::fs::read_to_string(format!("/proc/{}/task/{}/children", self.pid, self.pid))
+            {
                 pids.extend(c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
             }
         }
-        pids.iter().fold((0, 0), |(t, f), p| (t + rss_kib(*p).unwrap_or(0), f + status_kib(*p, "RssFile:").unwrap_or(0)))
+        pids.iter().fold((0, 0), |(t, f), p| {
+            (
+                t + rss_kib(*p).unwrap_or(0),
+                f + status_kib(*p, "RssFile:").unwrap_or(0),
+            )
+        })
     }
 }
 
@@ -369,7 +510,10 @@ fn rss_kib(pid: u32) -> Option<u64> {
 
 fn status_kib(pid: u32, key: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok())
+    s.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }
 
 // ---------------------------------------------------------------- helpers
@@ -377,10 +521,18 @@ fn status_kib(pid: u32, key: &str) -> Option<u64> {
 fn http_get(addr: SocketAddr, path: &str) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut out = Vec::new();
     s.read_to_end(&mut out).unwrap();
-    let split = out.windows(4).position(|w| w == b"\r\n\r\n").expect("http head") + 4;
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("http head")
+        + 4;
     let head = String::from_utf8_lossy(&out[..split]).to_string();
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     out[split..].to_vec()
@@ -408,7 +560,10 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn raise_nofile() {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: plain libc calls on a local struct.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {

@@ -28,11 +28,17 @@ fn parse_size(s: &str) -> u64 {
         Some('K') | Some('k') => (&s[..s.len() - 1], 1 << 10),
         _ => (s, 1),
     };
-    (num.parse::<f64>().unwrap_or_else(|_| panic!("bad size {s:?}")) * mul as f64) as u64
+    (num.parse::<f64>()
+        .unwrap_or_else(|_| panic!("bad size {s:?}"))
+        * mul as f64) as u64
 }
 
 fn args() -> Args {
-    let mut a = Args { size: 1 << 30, runs: 3, dir: PathBuf::from("target/image-bench") };
+    let mut a = Args {
+        size: 1 << 30,
+        runs: 3,
+        dir: PathBuf::from("target/image-bench"),
+    };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         match k.as_str() {
@@ -100,7 +106,12 @@ struct Sample {
 /// Run a command, return wall time and the rusage of its whole (waited-for) tree.
 fn timed(cmd: &mut Command) -> Sample {
     let t = Instant::now();
-    let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     let pid = child.id() as libc::pid_t;
     let mut err = child.stderr.unwrap();
     let reader = std::thread::spawn(move || {
@@ -114,9 +125,17 @@ fn timed(cmd: &mut Command) -> Sample {
     let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
     let secs = t.elapsed().as_secs_f64();
     let stderr = reader.join().unwrap();
-    assert!(r == pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{cmd:?} failed: {stderr}");
+    assert!(
+        r == pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{cmd:?} failed: {stderr}"
+    );
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Sample { secs, cpu: tv(ru.ru_utime) + tv(ru.ru_stime), rss_kib: ru.ru_maxrss, stderr }
+    Sample {
+        secs,
+        cpu: tv(ru.ru_utime) + tv(ru.ru_stime),
+        rss_kib: ru.ru_maxrss,
+        stderr,
+    }
 }
 
 fn median(mut v: Vec<Sample>) -> Sample {
@@ -139,50 +158,106 @@ fn main() {
     let img = dir.join("image.zst");
     let out = dir.join("target.img");
     let mb = a.size as f64 / 1e6;
-    println!("image_copy: {} MiB mixed image, {} runs each, dir {}", a.size >> 20, a.runs, dir.display());
-    if std::fs::metadata(&raw).map(|m| m.len()) .ok() != Some(a.size) {
+    println!(
+        "image_copy: {} MiB mixed image, {} runs each, dir {}",
+        a.size >> 20,
+        a.runs,
+        dir.display()
+    );
+    if std::fs::metadata(&raw).map(|m| m.len()).ok() != Some(a.size) {
         generate(&raw, a.size);
     }
-    let p = timed(Command::new(bin).args(["image", "pack"]).arg(&raw).arg("-o").arg(&img));
+    let p = timed(
+        Command::new(bin)
+            .args(["image", "pack"])
+            .arg(&raw)
+            .arg("-o")
+            .arg(&img),
+    );
     let packed = std::fs::metadata(&img).unwrap().len();
-    println!("pack: {:.0} MB/s ({:.2} s, cpu {:.2} s), {} -> {} bytes ({:.1}%)", mb / p.secs, p.secs, p.cpu, a.size, packed, packed as f64 * 100.0 / a.size as f64);
+    println!(
+        "pack: {:.0} MB/s ({:.2} s, cpu {:.2} s), {} -> {} bytes ({:.1}%)",
+        mb / p.secs,
+        p.secs,
+        p.cpu,
+        a.size,
+        packed,
+        packed as f64 * 100.0 / a.size as f64
+    );
     let bmap = dir.join("raw.bmap");
-    timed(Command::new("bmaptool").args(["create", "-o"]).arg(&bmap).arg(&raw));
+    timed(
+        Command::new("bmaptool")
+            .args(["create", "-o"])
+            .arg(&bmap)
+            .arg(&raw),
+    );
     // Warm the page cache for every input.
     for f in [&raw, &img] {
         let _ = timed(&mut sh(&format!("cat '{}' > /dev/null", f.display())));
     }
     let sha = {
-        let o = Command::new("openssl").args(["dgst", "-sha256", "-r"]).arg(&raw).output().unwrap();
-        String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap().to_string()
+        let o = Command::new("openssl")
+            .args(["dgst", "-sha256", "-r"])
+            .arg(&raw)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
     };
     let o = out.display().to_string();
     let i = img.display().to_string();
     type Method<'a> = (&'a str, Box<dyn Fn() -> Command + 'a>);
     let methods: Vec<Method> = vec![
-        ("bootplane provision", Box::new(|| {
-            let mut c = Command::new(bin);
-            c.args(["provision", "--source", &i, "--target", &o, "--no-resume"]);
-            c
-        })),
-        ("bootplane provision --frame-sha256 on", Box::new(|| {
-            let mut c = Command::new(bin);
-            c.args(["provision", "--source", &i, "--target", &o, "--no-resume", "--frame-sha256", "on"]);
-            c
-        })),
-        ("zstd -dc | dd oflag=direct", Box::new(|| {
-            sh(&format!("set -o pipefail; zstd -q -dc '{i}' | dd of='{o}' bs=4M iflag=fullblock oflag=direct conv=fsync status=none"))
-        })),
-        ("zstd -dc | tee >(openssl sha256) | dd oflag=direct", Box::new(|| {
-            sh(&format!(
+        (
+            "bootplane provision",
+            Box::new(|| {
+                let mut c = Command::new(bin);
+                c.args(["provision", "--source", &i, "--target", &o, "--no-resume"]);
+                c
+            }),
+        ),
+        (
+            "bootplane provision --frame-sha256 on",
+            Box::new(|| {
+                let mut c = Command::new(bin);
+                c.args([
+                    "provision",
+                    "--source",
+                    &i,
+                    "--target",
+                    &o,
+                    "--no-resume",
+                    "--frame-sha256",
+                    "on",
+                ]);
+                c
+            }),
+        ),
+        (
+            "zstd -dc | dd oflag=direct",
+            Box::new(|| {
+                sh(&format!("set -o pipefail; zstd -q -dc '{i}' | dd of='{o}' bs=4M iflag=fullblock oflag=direct conv=fsync status=none"))
+            }),
+        ),
+        (
+            "zstd -dc | tee >(openssl sha256) | dd oflag=direct",
+            Box::new(|| {
+                sh(&format!(
                 "set -o pipefail; zstd -q -dc '{i}' | tee >(openssl dgst -sha256 > '{o}.sha') | dd of='{o}' bs=4M iflag=fullblock oflag=direct conv=fsync status=none; wait"
             ))
-        })),
-        ("bmaptool copy", Box::new(|| {
-            let mut c = Command::new("bmaptool");
-            c.args(["-q", "copy", "--bmap", &bmap.display().to_string(), &i, &o]);
-            c
-        })),
+            }),
+        ),
+        (
+            "bmaptool copy",
+            Box::new(|| {
+                let mut c = Command::new("bmaptool");
+                c.args(["-q", "copy", "--bmap", &bmap.display().to_string(), &i, &o]);
+                c
+            }),
+        ),
     ];
     let mut results = Vec::new();
     let mut stage_cpu = String::new();
@@ -195,30 +270,68 @@ fn main() {
         }
         let m = median(v);
         if name.starts_with("bootplane") {
-            let done = m.stderr.lines().rfind(|l| l.contains("\"stage\":\"done\"")).unwrap_or("").to_string();
-            assert!(done.contains(&sha), "bootplane did not report the image sha256: {}", m.stderr);
+            let done = m
+                .stderr
+                .lines()
+                .rfind(|l| l.contains("\"stage\":\"done\""))
+                .unwrap_or("")
+                .to_string();
+            assert!(
+                done.contains(&sha),
+                "bootplane did not report the image sha256: {}",
+                m.stderr
+            );
             let j: serde_json::Value = serde_json::from_str(&done).unwrap_or_default();
-            stage_cpu.push_str(&format!("  {name}: cpu per stage {} direct={} frame_sha256={}\n", j["cpu"], j["direct"], j["frame_sha256"]));
+            stage_cpu.push_str(&format!(
+                "  {name}: cpu per stage {} direct={} frame_sha256={}\n",
+                j["cpu"], j["direct"], j["frame_sha256"]
+            ));
         }
         // Every method must have produced the image.
-        let got = Command::new("openssl").args(["dgst", "-sha256", "-r"]).arg(&out).output().unwrap();
-        assert!(String::from_utf8_lossy(&got.stdout).starts_with(&sha), "{name} wrote a different image");
+        let got = Command::new("openssl")
+            .args(["dgst", "-sha256", "-r"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&got.stdout).starts_with(&sha),
+            "{name} wrote a different image"
+        );
         results.push((name.to_string(), m));
     }
     let mut hv = Vec::new();
     for _ in 0..a.runs {
-        hv.push(timed(Command::new("openssl").args(["dgst", "-sha256"]).arg(&raw)));
+        hv.push(timed(
+            Command::new("openssl").args(["dgst", "-sha256"]).arg(&raw),
+        ));
     }
     let h = median(hv);
     let sha_rate = mb / h.secs;
     let base = mb / results[0].1.secs;
     println!();
-    println!("{:<52} {:>9} {:>10} {:>9} {:>9}", "method", "MB/s", "vs boot", "cpu s", "rss MiB");
+    println!(
+        "{:<52} {:>9} {:>10} {:>9} {:>9}",
+        "method", "MB/s", "vs boot", "cpu s", "rss MiB"
+    );
     for (name, s) in &results {
         let r = mb / s.secs;
-        println!("{:<52} {:>9.0} {:>9.2}x {:>9.2} {:>9.1}", name, r, base / r, s.cpu, s.rss_kib as f64 / 1024.0);
+        println!(
+            "{:<52} {:>9.0} {:>9.2}x {:>9.2} {:>9.1}",
+            name,
+            r,
+            base / r,
+            s.cpu,
+            s.rss_kib as f64 / 1024.0
+        );
     }
-    println!("{:<52} {:>9.0} {:>10} {:>9.2} {:>9.1}", "openssl dgst -sha256 (single core, hash only)", sha_rate, "", h.cpu, h.rss_kib as f64 / 1024.0);
+    println!(
+        "{:<52} {:>9.0} {:>10} {:>9.2} {:>9.1}",
+        "openssl dgst -sha256 (single core, hash only)",
+        sha_rate,
+        "",
+        h.cpu,
+        h.rss_kib as f64 / 1024.0
+    );
     println!();
     print!("{stage_cpu}");
     println!(
@@ -229,12 +342,30 @@ fn main() {
         base / (mb / results[4].1.secs),
         results[0].1.rss_kib as f64 / 1024.0
     );
-    println!("goals: >= 800 MB/s verified+O_DIRECT: {}; >= 85% of sha256 rate: {}; RSS <= 256 MiB: {}",
+    println!(
+        "goals: >= 800 MB/s verified+O_DIRECT: {}; >= 85% of sha256 rate: {}; RSS <= 256 MiB: {}",
         if base >= 800.0 { "met" } else { "NOT met" },
-        if base >= 0.85 * sha_rate { "met" } else { "NOT met" },
-        if results[0].1.rss_kib <= 256 * 1024 { "met" } else { "NOT met" });
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+        if base >= 0.85 * sha_rate {
+            "met"
+        } else {
+            "NOT met"
+        },
+        if results[0].1.rss_kib <= 256 * 1024 {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("machine: {cores} cores, loadavg {}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    println!(
+        "machine: {cores} cores, loadavg {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let _ = std::io::stdout().lock().flush();
 }

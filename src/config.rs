@@ -222,7 +222,11 @@ pub struct ControllerConfig {
 
 impl Default for ControllerConfig {
     fn default() -> Self {
-        ControllerConfig { enabled: true, workers: 64, power_driver: "manual".into() }
+        ControllerConfig {
+            enabled: true,
+            workers: 64,
+            power_driver: "manual".into(),
+        }
     }
 }
 
@@ -237,7 +241,10 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { filter: "info".into(), format: "text".into() }
+        LogConfig {
+            filter: "info".into(),
+            format: "text".into(),
+        }
     }
 }
 
@@ -273,7 +280,8 @@ impl Config {
 
     /// Read and parse a config file.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
         Config::from_toml(&text).with_context(|| format!("parsing config {}", path.display()))
     }
 
@@ -281,7 +289,8 @@ impl Config {
     pub fn resolve(path: Option<&Path>, o: Overrides) -> Result<Config> {
         let mut table: toml::Table = match path {
             Some(p) => {
-                let text = std::fs::read_to_string(p).with_context(|| format!("reading config {}", p.display()))?;
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading config {}", p.display()))?;
                 text.parse::<toml::Table>()
                     .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))
                     .with_context(|| format!("parsing config {}", p.display()))?
@@ -304,22 +313,56 @@ impl Config {
     }
 
     pub fn apply(&mut self, o: Overrides) {
-        if let Some(v) = o.state_dir { self.state_dir = v; }
-        if let Some(v) = o.api_listen { self.api.listen = v; }
-        if let Some(v) = o.api_token { self.api.token = Some(v); }
-        if let Some(v) = o.http_listen { self.http.listen = v; }
-        if let Some(v) = o.http_public_url { self.http.public_url = Some(v); }
-        if let Some(v) = o.assets_dir { self.http.assets_dir = v; }
-        if let Some(v) = o.dhcp_interface { self.dhcp.interface = Some(v); self.dhcp.enabled = true; }
-        if let Some(v) = o.dhcp_mode { self.dhcp.mode = v; }
-        if let Some(v) = o.dhcp_range { self.dhcp.range = Some(v); }
-        if let Some(v) = o.tftp_listen { self.tftp.listen = v; self.tftp.enabled = true; }
-        if let Some(v) = o.tftp_root { self.tftp.root = v; }
-        if let Some(v) = o.power_driver { self.controller.power_driver = v; }
-        if let Some(v) = o.log_filter { self.log.filter = v; }
-        if let Some(v) = o.log_format { self.log.format = v; }
-        if let Some(v) = o.controller_enabled { self.controller.enabled = v; }
-        if let Some(v) = o.controller_workers { self.controller.workers = v; }
+        if let Some(v) = o.state_dir {
+            self.state_dir = v;
+        }
+        if let Some(v) = o.api_listen {
+            self.api.listen = v;
+        }
+        if let Some(v) = o.api_token {
+            self.api.token = Some(v);
+        }
+        if let Some(v) = o.http_listen {
+            self.http.listen = v;
+        }
+        if let Some(v) = o.http_public_url {
+            self.http.public_url = Some(v);
+        }
+        if let Some(v) = o.assets_dir {
+            self.http.assets_dir = v;
+        }
+        if let Some(v) = o.dhcp_interface {
+            self.dhcp.interface = Some(v);
+            self.dhcp.enabled = true;
+        }
+        if let Some(v) = o.dhcp_mode {
+            self.dhcp.mode = v;
+        }
+        if let Some(v) = o.dhcp_range {
+            self.dhcp.range = Some(v);
+        }
+        if let Some(v) = o.tftp_listen {
+            self.tftp.listen = v;
+            self.tftp.enabled = true;
+        }
+        if let Some(v) = o.tftp_root {
+            self.tftp.root = v;
+        }
+        if let Some(v) = o.power_driver {
+            self.controller.power_driver = v;
+        }
+        if let Some(v) = o.log_filter {
+            self.log.filter = v;
+        }
+        if let Some(v) = o.log_format {
+            self.log.format = v;
+        }
+        if let Some(v) = o.controller_enabled {
+            self.controller.enabled = v;
+        }
+        if let Some(v) = o.controller_workers {
+            self.controller.workers = v;
+        }
     }
 
     /// Semantic checks that TOML typing cannot express.
@@ -328,7 +371,10 @@ impl Config {
             bail!("state_dir must not be empty");
         }
         if self.api.listen == self.http.listen {
-            bail!("api.listen and http.listen must differ (both {})", self.api.listen);
+            bail!(
+                "api.listen and http.listen must differ (both {})",
+                self.api.listen
+            );
         }
         if let Some(t) = &self.api.token {
             if t.len() < 16 {
@@ -343,7 +389,11 @@ impl Config {
         if self.dhcp.enabled && self.dhcp.interface.is_none() {
             bail!("dhcp.enabled needs dhcp.interface");
         }
-        if self.dhcp.mode == DhcpMode::Authoritative && self.dhcp.enabled && self.dhcp.range.is_none() && self.dhcp.subnets.is_empty() {
+        if self.dhcp.mode == DhcpMode::Authoritative
+            && self.dhcp.enabled
+            && self.dhcp.range.is_none()
+            && self.dhcp.subnets.is_empty()
+        {
             bail!("authoritative dhcp needs dhcp.range or [[dhcp.subnets]]");
         }
         if self.controller.workers == 0 {
@@ -351,7 +401,9 @@ impl Config {
         }
         match self.controller.power_driver.as_str() {
             "manual" | "test" | "qemu" => {}
-            other => bail!("unknown controller.power_driver {other:?} (expected manual, test or qemu)"),
+            other => {
+                bail!("unknown controller.power_driver {other:?} (expected manual, test or qemu)")
+            }
         }
         self.nfs.validate()?;
         self.provision.validate()?;
@@ -368,14 +420,20 @@ impl Config {
             return u.trim_end_matches('/').to_string();
         }
         let addr = self.http.listen;
-        let host = if addr.ip().is_unspecified() { "127.0.0.1".to_string() } else { addr.ip().to_string() };
+        let host = if addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            addr.ip().to_string()
+        };
         format!("http://{}:{}", host, addr.port())
     }
 }
 
 /// Apply one `a.b.c=value` override to a TOML table.
 fn set_key(table: &mut toml::Table, kv: &str) -> Result<()> {
-    let (key, raw) = kv.split_once('=').ok_or_else(|| anyhow::anyhow!("expected section.key=value"))?;
+    let (key, raw) = kv
+        .split_once('=')
+        .ok_or_else(|| anyhow::anyhow!("expected section.key=value"))?;
     let parts: Vec<&str> = key.trim().split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
         bail!("bad key {key:?}");
@@ -387,8 +445,12 @@ fn set_key(table: &mut toml::Table, kv: &str) -> Result<()> {
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
     let mut cur = table;
     for p in &parts[..parts.len() - 1] {
-        let e = cur.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        cur = e.as_table_mut().ok_or_else(|| anyhow::anyhow!("{p} is not a section"))?;
+        let e = cur
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = e
+            .as_table_mut()
+            .ok_or_else(|| anyhow::anyhow!("{p} is not a section"))?;
     }
     cur.insert(parts[parts.len() - 1].to_string(), value);
     Ok(())
@@ -421,18 +483,31 @@ mod tests {
     #[test]
     fn overrides_win() {
         let mut c = Config::from_toml("state_dir = \"/a\"\n").unwrap();
-        c.apply(Overrides { state_dir: Some("/b".into()), ..Default::default() });
+        c.apply(Overrides {
+            state_dir: Some("/b".into()),
+            ..Default::default()
+        });
         assert_eq!(c.state_dir, PathBuf::from("/b"));
     }
 
     #[test]
     fn generic_set_reaches_every_key() {
-        let o = Overrides { set: vec!["api.max_connections=7".into(), "log.format=json".into(), "http.public_url=http://10.0.0.1:8080".into()], ..Default::default() };
+        let o = Overrides {
+            set: vec![
+                "api.max_connections=7".into(),
+                "log.format=json".into(),
+                "http.public_url=http://10.0.0.1:8080".into(),
+            ],
+            ..Default::default()
+        };
         let c = Config::resolve(None, o).unwrap();
         assert_eq!(c.api.max_connections, 7);
         assert_eq!(c.log.format, "json");
         assert_eq!(c.http.public_url.as_deref(), Some("http://10.0.0.1:8080"));
-        let o = Overrides { set: vec!["api.nope=1".into()], ..Default::default() };
+        let o = Overrides {
+            set: vec!["api.nope=1".into()],
+            ..Default::default()
+        };
         assert!(format!("{:#}", Config::resolve(None, o).unwrap_err()).contains("nope"));
     }
 

@@ -10,7 +10,11 @@ use clap::{Args, Parser, Subcommand};
 use bootplane::config::{Config, DhcpMode, Overrides};
 
 #[derive(Parser)]
-#[command(name = "bootplane", version, about = "Boot and image-serving appliance for bare-metal fleets")]
+#[command(
+    name = "bootplane",
+    version,
+    about = "Boot and image-serving appliance for bare-metal fleets"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Command,
@@ -125,8 +129,11 @@ struct CheckArgs {
 
 fn init_logging(cfg: &Config) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.log.filter));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.log.filter));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if cfg.log.format == "json" {
         b.json().init();
     } else {
@@ -150,7 +157,9 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Serve(a) => {
             let cfg = a.flags.resolve()?;
             init_logging(&cfg);
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(bootplane::serve::run(cfg))?;
             Ok(0)
         }

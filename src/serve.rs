@@ -63,7 +63,10 @@ pub async fn run(config: Config) -> Result<()> {
         .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;
     let token = api_token(&config)?;
     let store = Store::open(&config.state_dir)?;
-    let ctx = Arc::new(Context { config, store: store.clone() });
+    let ctx = Arc::new(Context {
+        config,
+        store: store.clone(),
+    });
     let coord = Coordinator::new();
     let mut tasks = tokio::task::JoinSet::new();
 
@@ -92,10 +95,15 @@ pub async fn run(config: Config) -> Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     {
         let s = coord.handle();
-        let extra = crate::provision::router(runner).merge(crate::api::rest::leases_router(leases.clone()));
+        let extra =
+            crate::provision::router(runner).merge(crate::api::rest::leases_router(leases.clone()));
         let app = crate::api::rest::router(api_state, Some(extra));
         let max = ctx.config.api.max_connections;
-        tasks.spawn(async move { serve_router(listener, app, max, s).await.context("api server") });
+        tasks.spawn(async move {
+            serve_router(listener, app, max, s)
+                .await
+                .context("api server")
+        });
     }
 
     if ctx.config.controller.enabled {
@@ -109,14 +117,28 @@ pub async fn run(config: Config) -> Result<()> {
     }
     {
         let dhcp_leases = ctx.config.dhcp.enabled.then(|| leases.clone());
-        let index = crate::controller::bootside::StoreBootIndex::start(store.clone(), resolver, ctx.config.public_http_url(), dhcp_leases, coord.handle());
+        let index = crate::controller::bootside::StoreBootIndex::start(
+            store.clone(),
+            resolver,
+            ctx.config.public_http_url(),
+            dhcp_leases,
+            coord.handle(),
+        );
         let (c, s, m) = (ctx.clone(), coord.handle(), http_metrics);
-        tasks.spawn(async move { crate::http::serve_with_metrics(c, index, m, s).await.context("boot http server") });
+        tasks.spawn(async move {
+            crate::http::serve_with_metrics(c, index, m, s)
+                .await
+                .context("boot http server")
+        });
     }
     if ctx.config.dhcp.enabled {
         let (c, s) = (ctx.clone(), coord.handle());
         let l = leases.clone();
-        tasks.spawn(async move { crate::dhcp::serve_with(c, s, crate::dhcp::metrics::Metrics::default(), l).await.context("dhcp server") });
+        tasks.spawn(async move {
+            crate::dhcp::serve_with(c, s, crate::dhcp::metrics::Metrics::default(), l)
+                .await
+                .context("dhcp server")
+        });
     }
     if ctx.config.tftp.enabled {
         let (c, s) = (ctx.clone(), coord.handle());
@@ -177,7 +199,9 @@ pub async fn serve_router(
         };
         let _ = stream.set_nodelay(true);
         let svc = TowerToHyperService::new(app.clone());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned();
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+            .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _ = conn.await;

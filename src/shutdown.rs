@@ -30,7 +30,11 @@ impl Shutdown {
 
     /// Another handle to the same signal (for a spawned per-connection task).
     pub fn child(&self) -> Shutdown {
-        Shutdown { is_shutdown: self.is_shutdown, notify: self.notify.resubscribe(), _drain: self._drain.clone() }
+        Shutdown {
+            is_shutdown: self.is_shutdown,
+            notify: self.notify.resubscribe(),
+            _drain: self._drain.clone(),
+        }
     }
 }
 
@@ -51,7 +55,11 @@ impl Coordinator {
     pub fn new() -> Self {
         let (notify, _) = broadcast::channel(1);
         let (drain_tx, drain_rx) = mpsc::channel(1);
-        Coordinator { notify, drain_tx: Some(drain_tx), drain_rx }
+        Coordinator {
+            notify,
+            drain_tx: Some(drain_tx),
+            drain_rx,
+        }
     }
 
     pub fn handle(&self) -> Shutdown {
@@ -71,7 +79,9 @@ impl Coordinator {
     pub async fn drain(mut self, timeout: Duration) -> bool {
         self.trigger();
         drop(self.drain_tx.take());
-        tokio::time::timeout(timeout, self.drain_rx.recv()).await.is_ok()
+        tokio::time::timeout(timeout, self.drain_rx.recv())
+            .await
+            .is_ok()
     }
 }
 

@@ -13,7 +13,18 @@ use serde_json::{json, Value};
 /// GET with curl from a given loopback source address: (http code, body).
 fn curl(from: &str, url: &str) -> (u16, String) {
     let out = Command::new("curl")
-        .args(["-sS", "--interface", from, "-o", "-", "-w", "\n%{http_code}", "--max-time", "10", url])
+        .args([
+            "-sS",
+            "--interface",
+            from,
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            "--max-time",
+            "10",
+            url,
+        ])
         .output()
         .expect("curl is installed");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -22,7 +33,11 @@ fn curl(from: &str, url: &str) -> (u16, String) {
 }
 
 fn kernel_line(script: &str) -> String {
-    script.lines().find(|l| l.starts_with("kernel ")).unwrap_or_else(|| panic!("no kernel line in:\n{script}")).to_string()
+    script
+        .lines()
+        .find(|l| l.starts_with("kernel "))
+        .unwrap_or_else(|| panic!("no kernel line in:\n{script}"))
+        .to_string()
 }
 
 #[test]
@@ -30,17 +45,26 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
     let b = Bootplane::start(&[]);
     let mut srv = server("node-1", json!({}), "Recycle");
     srv["spec"]["systemUUID"] = json!("4C4C4544-0042-0042-0042-000000000042");
-    srv["status"]["networkInterfaces"] = json!([{"name": "eth0", "macAddress": "52:54:00:42:00:01", "ip": "127.0.0.2"}]);
+    srv["status"]["networkInterfaces"] =
+        json!([{"name": "eth0", "macAddress": "52:54:00:42:00:01", "ip": "127.0.0.2"}]);
     assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
     let ign = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/hostname","contents":{"source":"data:,node-1"}}]}}"#;
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "node-1-ign"}, "stringData": {"ignition": ign}});
-    assert_eq!(b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret)).0, 201);
+    assert_eq!(
+        b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret))
+            .0,
+        201
+    );
     let mut c = claim("node-1-claim", None, Some("node-1"));
     c["spec"]["ignitionSecretRef"] = json!({"name": "node-1-ign"});
     assert_eq!(b.call("POST", &claims("default"), Some(&c)).0, 201);
     let sbc_path = format!("{}/node-1-claim", sbcs("default"));
-    b.wait_for(20, "boot configuration Ready", || (b.call("GET", &sbc_path, None).1["status"]["state"] == "Ready").then_some(()));
-    b.wait_for(20, "server powered on", || (b.get(&format!("{SERVERS}/node-1"))["status"]["powerState"] == "On").then_some(()));
+    b.wait_for(20, "boot configuration Ready", || {
+        (b.call("GET", &sbc_path, None).1["status"]["state"] == "Ready").then_some(())
+    });
+    b.wait_for(20, "server powered on", || {
+        (b.get(&format!("{SERVERS}/node-1"))["status"]["powerState"] == "On").then_some(())
+    });
 
     let base = format!("http://127.0.0.1:{}", b.http_port);
     // Follow the chain as iPXE does: /boot.ipxe, substitute its variables, fetch on.
@@ -65,8 +89,15 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
     assert_eq!(code, 200, "{script}");
     let kernel = kernel_line(&script);
     assert!(kernel.contains("/assets/images/os/kernel"), "{kernel}");
-    assert!(kernel.contains("ignition.firstboot=1") && kernel.contains("ignition.platform.id=metal"), "{kernel}");
-    let ign_url = kernel.split_whitespace().find_map(|w| w.strip_prefix("ignition.config.url=")).unwrap().to_string();
+    assert!(
+        kernel.contains("ignition.firstboot=1") && kernel.contains("ignition.platform.id=metal"),
+        "{kernel}"
+    );
+    let ign_url = kernel
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ignition.config.url="))
+        .unwrap()
+        .to_string();
     let kernel_url = kernel.split_whitespace().nth(1).unwrap().to_string();
     let (code, body) = curl("127.0.0.2", &kernel_url);
     assert_eq!((code, body.as_str()), (200, "test kernel\n"));
@@ -76,89 +107,188 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
 
     // Another address gets neither the script nor (without the signed URL) the Ignition.
     let (code, _) = curl("127.0.0.3", &url);
-    assert!(code == 403 || code == 404, "script from a foreign address: {code}");
+    assert!(
+        code == 403 || code == 404,
+        "script from a foreign address: {code}"
+    );
     let (code, _) = curl("127.0.0.3", &format!("{base}/ignition/node-1"));
-    assert!(code == 403 || code == 404, "ignition from a foreign address: {code}");
+    assert!(
+        code == 403 || code == 404,
+        "ignition from a foreign address: {code}"
+    );
 
     // The fetches are on the boot configuration's status, and `get -o wide` shows them.
     let sbc = b.wait_for(20, "progress conditions", || {
         let s = b.get(&sbc_path);
-        let conds = s["status"]["conditions"].as_array().cloned().unwrap_or_default();
-        let has = |t: &str| conds.iter().any(|c| c["type"] == t && c["status"] == "True");
+        let conds = s["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let has = |t: &str| {
+            conds
+                .iter()
+                .any(|c| c["type"] == t && c["status"] == "True")
+        };
         (has("IPXEScriptFetched") && has("IgnitionDataFetched")).then_some(s)
     });
-    let c = sbc["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "IPXEScriptFetched").unwrap().clone();
+    let c = sbc["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "IPXEScriptFetched")
+        .unwrap()
+        .clone();
     assert!(c["message"].as_str().unwrap().contains("127.0.0.2"), "{c}");
     let (code, out, _) = b.cli(&["get", "sbc", "-o", "wide"]);
     assert_eq!(code, 0);
     let row = out.lines().find(|l| l.starts_with("node-1-claim")).unwrap();
-    assert_eq!(row.matches("20").count() >= 2, true, "script and ignition times shown: {out}");
+    assert_eq!(
+        row.matches("20").count() >= 2,
+        true,
+        "script and ignition times shown: {out}"
+    );
 
     // /metrics on the API listener carries the boot listener's counters.
-    let m = b.req("GET", "/metrics").call().unwrap().into_string().unwrap();
-    assert!(m.contains("bootplane_store_revision") && m.contains("http"), "{m}");
+    let m = b
+        .req("GET", "/metrics")
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        m.contains("bootplane_store_revision") && m.contains("http"),
+        "{m}"
+    );
 }
 
 #[test]
 fn missing_image_or_secret_key_puts_the_configuration_in_error() {
     let b = Bootplane::start(&[]);
-    assert_eq!(b.call("POST", SERVERS, Some(&server("e1", json!({}), "Recycle"))).0, 201);
-    assert_eq!(b.call("POST", SERVERS, Some(&server("e2", json!({}), "Recycle"))).0, 201);
+    assert_eq!(
+        b.call("POST", SERVERS, Some(&server("e1", json!({}), "Recycle")))
+            .0,
+        201
+    );
+    assert_eq!(
+        b.call("POST", SERVERS, Some(&server("e2", json!({}), "Recycle")))
+            .0,
+        201
+    );
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "nokey"}, "stringData": {"other": "x"}});
-    assert_eq!(b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret)).0, 201);
+    assert_eq!(
+        b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret))
+            .0,
+        201
+    );
     let mut c1 = claim("c-unknown-image", None, Some("e1"));
     c1["spec"]["image"] = json!("nosuch:1");
     assert_eq!(b.call("POST", &claims("default"), Some(&c1)).0, 201);
     let mut c2 = claim("c-no-key", None, Some("e2"));
     c2["spec"]["ignitionSecretRef"] = json!({"name": "nokey"});
     assert_eq!(b.call("POST", &claims("default"), Some(&c2)).0, 201);
-    for (name, reason, words) in [("c-unknown-image", "UnknownImage", "nosuch:1"), ("c-no-key", "IgnitionKeyMissing", "no data key \"ignition\"")] {
+    for (name, reason, words) in [
+        ("c-unknown-image", "UnknownImage", "nosuch:1"),
+        ("c-no-key", "IgnitionKeyMissing", "no data key \"ignition\""),
+    ] {
         let s: Value = b.wait_for(20, "Error", || {
-            let s = b.call("GET", &format!("{}/{name}", sbcs("default")), None).1;
+            let s = b
+                .call("GET", &format!("{}/{name}", sbcs("default")), None)
+                .1;
             (s["status"]["state"] == "Error").then_some(s)
         });
-        let ready = s["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap().clone();
+        let ready = s["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()
+            .clone();
         assert_eq!(ready["reason"], reason, "{s}");
-        assert!(ready["message"].as_str().unwrap().contains(words), "{ready}");
+        assert!(
+            ready["message"].as_str().unwrap().contains(words),
+            "{ready}"
+        );
     }
     // The servers wait, powered off, and say why.
     let s = b.get(&format!("{SERVERS}/e1"));
     assert_eq!(s["status"]["powerState"], "Off");
-    let cond = s["status"]["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "BootConfigurationReady").unwrap().clone();
-    assert!(cond["message"].as_str().unwrap().contains("Error"), "{cond}");
+    let cond = s["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "BootConfigurationReady")
+        .unwrap()
+        .clone();
+    assert!(
+        cond["message"].as_str().unwrap().contains("Error"),
+        "{cond}"
+    );
 }
 
 #[test]
 fn reference_butane_secret_is_served_as_validated_ignition() {
     let b = Bootplane::start(&[]);
     let mut srv = server("fc-1", json!({}), "Recycle");
-    srv["status"]["networkInterfaces"] = json!([{"name": "eth0", "macAddress": "52:54:00:42:00:09", "ip": "127.0.0.4"}]);
+    srv["status"]["networkInterfaces"] =
+        json!([{"name": "eth0", "macAddress": "52:54:00:42:00:09", "ip": "127.0.0.4"}]);
     assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
-    let (code, out, err) = b.cli(&["apply", "-f", fixtures().join("metal-operator/ignition_secret.yaml").to_str().unwrap()]);
+    let (code, out, err) = b.cli(&[
+        "apply",
+        "-f",
+        fixtures()
+            .join("metal-operator/ignition_secret.yaml")
+            .to_str()
+            .unwrap(),
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     let mut c = claim("fc-claim", None, Some("fc-1"));
     c["spec"]["ignitionSecretRef"] = json!({"name": "ignition-sample"});
     assert_eq!(b.call("POST", &claims("default"), Some(&c)).0, 201);
     let path = format!("{}/fc-claim", sbcs("default"));
-    b.wait_for(20, "Ready", || (b.call("GET", &path, None).1["status"]["state"] == "Ready").then_some(()));
-    let (code, body) = curl("127.0.0.4", &format!("http://127.0.0.1:{}/ignition/fc-1", b.http_port));
+    b.wait_for(20, "Ready", || {
+        (b.call("GET", &path, None).1["status"]["state"] == "Ready").then_some(())
+    });
+    let (code, body) = curl(
+        "127.0.0.4",
+        &format!("http://127.0.0.1:{}/ignition/fc-1", b.http_port),
+    );
     assert_eq!(code, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["ignition"]["version"], "3.2.0", "fcos 1.3.0 translates to Ignition 3.2.0");
+    assert_eq!(
+        v["ignition"]["version"], "3.2.0",
+        "fcos 1.3.0 translates to Ignition 3.2.0"
+    );
     assert_eq!(v["passwd"]["users"][0]["name"], "metal");
-    assert!(v["systemd"]["units"].as_array().unwrap().iter().any(|u| u["name"] == "docker-install.service"));
+    assert!(v["systemd"]["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|u| u["name"] == "docker-install.service"));
     // A secret whose Butane is invalid turns the configuration to Error, naming the problem.
     let bad = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bad-bu"},
         "stringData": {"format": "fcos", "ignition": "variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: relative/path\n"}});
-    assert_eq!(b.call("POST", "/api/v1/namespaces/default/secrets", Some(&bad)).0, 201);
-    assert_eq!(b.call("POST", SERVERS, Some(&server("fc-2", json!({}), "Recycle"))).0, 201);
+    assert_eq!(
+        b.call("POST", "/api/v1/namespaces/default/secrets", Some(&bad))
+            .0,
+        201
+    );
+    assert_eq!(
+        b.call("POST", SERVERS, Some(&server("fc-2", json!({}), "Recycle")))
+            .0,
+        201
+    );
     let mut c = claim("fc-bad", None, Some("fc-2"));
     c["spec"]["ignitionSecretRef"] = json!({"name": "bad-bu"});
     assert_eq!(b.call("POST", &claims("default"), Some(&c)).0, 201);
     let s = b.wait_for(20, "Error", || {
-        let s = b.call("GET", &format!("{}/fc-bad", sbcs("default")), None).1;
+        let s = b
+            .call("GET", &format!("{}/fc-bad", sbcs("default")), None)
+            .1;
         (s["status"]["state"] == "Error").then_some(s)
     });
-    let msg = s["status"]["conditions"][0]["message"].as_str().unwrap_or("").to_string();
+    let msg = s["status"]["conditions"][0]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     assert!(msg.contains("relative/path"), "{s}");
 }

@@ -16,8 +16,17 @@ use sha2::{Digest, Sha256};
 fn cli(lab: &Lab, args: &[&str], stdin: Option<&str>) -> Output {
     let mut c = lab.server.cmd(env!("CARGO_BIN_EXE_bootplane"));
     c.args(args)
-        .args(["--server", "http://127.0.0.1:9090", "--state-dir", lab.path("state").to_str().unwrap()])
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .args([
+            "--server",
+            "http://127.0.0.1:9090",
+            "--state-dir",
+            lab.path("state").to_str().unwrap(),
+        ])
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
@@ -28,13 +37,28 @@ fn cli(lab: &Lab, args: &[&str], stdin: Option<&str>) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// HTTP status of a GET from the client namespace, from a given source address.
 fn curl_code(lab: &Lab, from: &str, url: &str) -> (u16, String) {
     let mut c = lab.client.cmd("curl");
-    c.args(["-sS", "--interface", from, "--max-time", "10", "-o", "-", "-w", "\n%{http_code}", url]);
+    c.args([
+        "-sS",
+        "--interface",
+        from,
+        "--max-time",
+        "10",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+        url,
+    ]);
     let out = run_bounded(c, 20);
     let t = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = t.rsplit_once('\n').unwrap_or(("", "0"));
@@ -52,9 +76,16 @@ fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
     let mut entries = String::new();
     for (role, body) in [("kernel", &b"k\n"[..]), ("initrd", &b"i\n"[..])] {
         std::fs::write(images.join("os").join(role), body).unwrap();
-        entries.push_str(&format!("{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n", hex::encode(Sha256::digest(body))));
+        entries.push_str(&format!(
+            "{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n",
+            hex::encode(Sha256::digest(body))
+        ));
     }
-    std::fs::write(images.join("catalog.toml"), format!("[[image]]\nref = \"os-image:latest\"\n{entries}")).unwrap();
+    std::fs::write(
+        images.join("catalog.toml"),
+        format!("[[image]]\nref = \"os-image:latest\"\n{entries}"),
+    )
+    .unwrap();
     let config = format!(
         "[dhcp]\nlease_time_secs = 60\n[http]\npublic_url = \"http://{}:8080\"\n[boot]\nimages_dir = \"{}\"\n[controller]\npower_driver = \"test\"\n",
         lab.addr(1),
@@ -63,7 +94,14 @@ fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
     let range = format!("{}-{}", lab.addr(100), lab.addr(150));
     let _server = lab.start_bootplane(
         &config,
-        &["--dhcp-interface", "vs", "--dhcp-mode", "authoritative", "--dhcp-range", &range],
+        &[
+            "--dhcp-interface",
+            "vs",
+            "--dhcp-mode",
+            "authoritative",
+            "--dhcp-range",
+            &range,
+        ],
         "bootplane.log",
     );
     let mac = mac_of(&lab.client, "vc");
@@ -79,35 +117,87 @@ fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
     assert!(out.status.success(), "{}", text(&out));
     wait_for(
         Duration::from_secs(20),
-        || text(&cli(&lab, &["get", "sbc", "leased-claim", "-o", "json"], None)).contains("\"state\": \"Ready\""),
-        || format!("boot configuration not Ready: {}", read(&lab.path("bootplane.log"))),
+        || {
+            text(&cli(
+                &lab,
+                &["get", "sbc", "leased-claim", "-o", "json"],
+                None,
+            ))
+            .contains("\"state\": \"Ready\"")
+        },
+        || {
+            format!(
+                "boot configuration not Ready: {}",
+                read(&lab.path("bootplane.log"))
+            )
+        },
     );
 
     // A real client takes a lease.
     let script = lab.client_script();
     let mut c = lab.client.cmd("dhclient");
-    c.args(["-4", "-1", "-lf", lab.path("dhclient.leases").to_str().unwrap(), "-pf", lab.path("dhclient.pid").to_str().unwrap()])
-        .args(["-sf", script.to_str().unwrap(), "vc"]);
+    c.args([
+        "-4",
+        "-1",
+        "-lf",
+        lab.path("dhclient.leases").to_str().unwrap(),
+        "-pf",
+        lab.path("dhclient.pid").to_str().unwrap(),
+    ])
+    .args(["-sf", script.to_str().unwrap(), "vc"]);
     let out = run_bounded(c, 30);
-    assert!(out.status.success(), "dhclient: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "dhclient: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let leased = lab.addr(100);
-    assert!(lab.script_log().contains(&format!("BOUND {leased}")), "{}", lab.script_log());
+    assert!(
+        lab.script_log().contains(&format!("BOUND {leased}")),
+        "{}",
+        lab.script_log()
+    );
 
     // `bootplane get leases` shows it.
     let out = cli(&lab, &["get", "leases"], None);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    let row = t.lines().find(|l| l.starts_with(&leased)).unwrap_or_else(|| panic!("no lease row in:\n{t}"));
-    assert!(row.to_lowercase().contains(&mac.to_lowercase()) && row.contains("bound"), "{row}");
+    let row = t
+        .lines()
+        .find(|l| l.starts_with(&leased))
+        .unwrap_or_else(|| panic!("no lease row in:\n{t}"));
+    assert!(
+        row.to_lowercase().contains(&mac.to_lowercase()) && row.contains("bound"),
+        "{row}"
+    );
 
     // The leased address is the machine's identity; another address on the link is not.
-    lab.client.ip(&["addr", "add", &format!("{}/24", lab.addr(77)), "dev", "vc"]);
-    let url = format!("http://{}:8080/ipxe/script?mac={}", lab.addr(1), mac.replace(':', "-"));
+    lab.client
+        .ip(&["addr", "add", &format!("{}/24", lab.addr(77)), "dev", "vc"]);
+    let url = format!(
+        "http://{}:8080/ipxe/script?mac={}",
+        lab.addr(1),
+        mac.replace(':', "-")
+    );
     let (code, body) = curl_code(&lab, &leased, &url);
     assert_eq!(code, 200, "{body}");
-    assert!(body.lines().any(|l| l.starts_with("kernel ") && l.contains("/assets/images/os/kernel")), "{body}");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("kernel ") && l.contains("/assets/images/os/kernel")),
+        "{body}"
+    );
     let (code, _) = curl_code(&lab, &lab.addr(77), &url);
-    assert!(code == 403 || code == 404, "script from an unleased address: {code}");
-    let (code, _) = curl_code(&lab, &lab.addr(77), &format!("http://{}:8080/ignition/leased", lab.addr(1)));
-    assert!(code == 403 || code == 404, "ignition from an unleased address: {code}");
+    assert!(
+        code == 403 || code == 404,
+        "script from an unleased address: {code}"
+    );
+    let (code, _) = curl_code(
+        &lab,
+        &lab.addr(77),
+        &format!("http://{}:8080/ignition/leased", lab.addr(1)),
+    );
+    assert!(
+        code == 403 || code == 404,
+        "ignition from an unleased address: {code}"
+    );
 }

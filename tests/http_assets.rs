@@ -26,7 +26,10 @@ fn head_and_full_get() {
     assert_eq!(get.body, blob(&srv));
     assert_eq!(get.header("etag"), head.header("etag"));
     // HEAD ignores Range (defined for GET only).
-    assert_eq!(curl(OTHER_IP, &url, &["-I", "-H", "Range: bytes=0-9"]).code, 200);
+    assert_eq!(
+        curl(OTHER_IP, &url, &["-I", "-H", "Range: bytes=0-9"]).code,
+        200
+    );
 }
 
 #[test]
@@ -36,19 +39,36 @@ fn single_and_multipart_ranges() {
     let data = blob(&srv);
     let r = curl(OTHER_IP, &url, &["-r", "100-1099"]);
     assert_eq!(r.code, 206);
-    assert_eq!(r.header("content-range").as_deref(), Some("bytes 100-1099/3000000"));
+    assert_eq!(
+        r.header("content-range").as_deref(),
+        Some("bytes 100-1099/3000000")
+    );
     assert_eq!(r.header("content-length").as_deref(), Some("1000"));
     assert_eq!(r.body, &data[100..1100]);
     let suffix = curl(OTHER_IP, &url, &["-H", "Range: bytes=-500"]);
-    assert_eq!((suffix.code, suffix.body.as_slice()), (206, &data[2_999_500..]));
+    assert_eq!(
+        (suffix.code, suffix.body.as_slice()),
+        (206, &data[2_999_500..])
+    );
     let open = curl(OTHER_IP, &url, &["-H", "Range: bytes=2999990-"]);
-    assert_eq!(open.header("content-range").as_deref(), Some("bytes 2999990-2999999/3000000"));
+    assert_eq!(
+        open.header("content-range").as_deref(),
+        Some("bytes 2999990-2999999/3000000")
+    );
 
     let m = curl(OTHER_IP, &url, &["-r", "0-9,2000000-2000009"]);
     assert_eq!(m.code, 206);
     let ct = m.header("content-type").unwrap();
-    let boundary = ct.strip_prefix("multipart/byteranges; boundary=").unwrap_or_else(|| panic!("{ct}"));
-    assert_eq!(m.header("content-length").unwrap().parse::<usize>().unwrap(), m.body.len());
+    let boundary = ct
+        .strip_prefix("multipart/byteranges; boundary=")
+        .unwrap_or_else(|| panic!("{ct}"));
+    assert_eq!(
+        m.header("content-length")
+            .unwrap()
+            .parse::<usize>()
+            .unwrap(),
+        m.body.len()
+    );
     let body = m.body.clone();
     let mut parts = Vec::new();
     let delim = format!("--{boundary}");
@@ -58,8 +78,20 @@ fn single_and_multipart_ranges() {
             break;
         }
         let (head, payload) = chunk.split_once("\r\n\r\n").unwrap();
-        let range = head.lines().find_map(|l| l.strip_prefix("Content-Range: bytes ")).unwrap().to_string();
-        parts.push((range, payload.strip_suffix("\r\n").unwrap().chars().map(|c| c as u8).collect::<Vec<u8>>()));
+        let range = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Range: bytes "))
+            .unwrap()
+            .to_string();
+        parts.push((
+            range,
+            payload
+                .strip_suffix("\r\n")
+                .unwrap()
+                .chars()
+                .map(|c| c as u8)
+                .collect::<Vec<u8>>(),
+        ));
     }
     assert_eq!(parts.len(), 2);
     assert_eq!(parts[0].0, "0-9/3000000");
@@ -69,7 +101,10 @@ fn single_and_multipart_ranges() {
 
     let bad = curl(OTHER_IP, &url, &["-H", "Range: bytes=3000000-"]);
     assert_eq!(bad.code, 416);
-    assert_eq!(bad.header("content-range").as_deref(), Some("bytes */3000000"));
+    assert_eq!(
+        bad.header("content-range").as_deref(),
+        Some("bytes */3000000")
+    );
     // A syntactically invalid Range is ignored.
     let ignored = curl(OTHER_IP, &url, &["-H", "Range: bytes=9-1"]);
     assert_eq!((ignored.code, ignored.body.len()), (200, 3_000_000));
@@ -90,20 +125,52 @@ fn conditional_requests() {
     assert_eq!(nm.code, 304);
     assert!(nm.body.is_empty());
     assert_eq!(nm.header("etag").as_deref(), Some(etag.as_str()));
-    assert_eq!(curl(OTHER_IP, &url, &["-H", "If-None-Match: \"nope\""]).code, 200);
-    assert_eq!(curl(OTHER_IP, &url, &["-H", &format!("If-Modified-Since: {lm}")]).code, 304);
-    assert_eq!(curl(OTHER_IP, &url, &["-H", "If-Modified-Since: Sun, 06 Nov 1994 08:49:37 GMT", "-I"]).code, 200);
+    assert_eq!(
+        curl(OTHER_IP, &url, &["-H", "If-None-Match: \"nope\""]).code,
+        200
+    );
+    assert_eq!(
+        curl(OTHER_IP, &url, &["-H", &format!("If-Modified-Since: {lm}")]).code,
+        304
+    );
+    assert_eq!(
+        curl(
+            OTHER_IP,
+            &url,
+            &[
+                "-H",
+                "If-Modified-Since: Sun, 06 Nov 1994 08:49:37 GMT",
+                "-I"
+            ]
+        )
+        .code,
+        200
+    );
     // curl's own conditional flag (-z sends If-Modified-Since).
     assert_eq!(curl(OTHER_IP, &url, &["-z", &lm]).code, 304);
     // If-Range: current validator → 206, stale → full 200.
-    let ir = curl(OTHER_IP, &url, &["-r", "0-3", "-H", &format!("If-Range: {etag}")]);
+    let ir = curl(
+        OTHER_IP,
+        &url,
+        &["-r", "0-3", "-H", &format!("If-Range: {etag}")],
+    );
     assert_eq!((ir.code, ir.body.len()), (206, 4));
     let stale = curl(OTHER_IP, &url, &["-r", "0-3", "-H", "If-Range: \"old\""]);
     assert_eq!((stale.code, stale.body.len()), (200, 3_000_000));
-    let by_date = curl(OTHER_IP, &url, &["-r", "0-3", "-H", &format!("If-Range: {lm}")]);
+    let by_date = curl(
+        OTHER_IP,
+        &url,
+        &["-r", "0-3", "-H", &format!("If-Range: {lm}")],
+    );
     assert_eq!(by_date.code, 206);
-    assert_eq!(curl(OTHER_IP, &url, &["-H", "If-Match: \"nope\""]).code, 412);
-    assert_eq!(curl(OTHER_IP, &url, &["-H", &format!("If-Match: {etag}"), "-I"]).code, 200);
+    assert_eq!(
+        curl(OTHER_IP, &url, &["-H", "If-Match: \"nope\""]).code,
+        412
+    );
+    assert_eq!(
+        curl(OTHER_IP, &url, &["-H", &format!("If-Match: {etag}"), "-I"]).code,
+        200
+    );
 }
 
 #[test]
@@ -115,12 +182,21 @@ fn efi_without_redirect_with_type_and_length() {
     assert_eq!(r.header("content-length").as_deref(), Some("200000"));
     assert_eq!(r.body.len(), 200_000);
     // Debian's iPXE binaries, served from /usr/lib/ipxe when the assets dir lacks them.
-    for (name, ct) in [("ipxe.efi", "application/efi"), ("snponly.efi", "application/efi"), ("undionly.kpxe", "application/octet-stream")] {
-        let want = std::fs::read(format!("/usr/lib/ipxe/{name}")).expect("Debian package ipxe installed");
+    for (name, ct) in [
+        ("ipxe.efi", "application/efi"),
+        ("snponly.efi", "application/efi"),
+        ("undionly.kpxe", "application/octet-stream"),
+    ] {
+        let want =
+            std::fs::read(format!("/usr/lib/ipxe/{name}")).expect("Debian package ipxe installed");
         let r = curl(OTHER_IP, &format!("{}/assets/{name}", srv.base), &["-L"]);
         assert_eq!((r.code, r.redirects), (200, 0), "{name}");
         assert_eq!(r.header("content-type").as_deref(), Some(ct), "{name}");
-        assert_eq!(r.header("content-length"), Some(want.len().to_string()), "{name}");
+        assert_eq!(
+            r.header("content-length"),
+            Some(want.len().to_string()),
+            "{name}"
+        );
         assert_eq!(r.body, want, "{name}");
     }
     // A directory is never listed nor redirected to a slash URL.
@@ -131,8 +207,13 @@ fn efi_without_redirect_with_type_and_length() {
 
 #[test]
 fn read_mode_serves_identical_bytes() {
-    let srv = start(Limits::default(), |s| s.file_io = bootplane::http::files::FileIo::Read);
+    let srv = start(Limits::default(), |s| {
+        s.file_io = bootplane::http::files::FileIo::Read
+    });
     let url = format!("{}/assets/sub/blob.bin", srv.base);
     assert_eq!(curl(OTHER_IP, &url, &[]).body, blob(&srv));
-    assert_eq!(curl(OTHER_IP, &url, &["-r", "5-9"]).body, &blob(&srv)[5..10]);
+    assert_eq!(
+        curl(OTHER_IP, &url, &["-r", "5-9"]).body,
+        &blob(&srv)[5..10]
+    );
 }

@@ -13,7 +13,12 @@ use bootplane::http::server::Limits;
 use http_support::*;
 
 fn limits() -> Limits {
-    Limits { max_connections: 64, max_header_bytes: 8192, header_read_timeout: Duration::from_millis(600), drain_timeout: Duration::from_secs(2) }
+    Limits {
+        max_connections: 64,
+        max_header_bytes: 8192,
+        header_read_timeout: Duration::from_millis(600),
+        drain_timeout: Duration::from_secs(2),
+    }
 }
 
 /// Send raw bytes, read the whole reply (the request says Connection: close).
@@ -27,7 +32,11 @@ fn raw(srv: &Srv, request: &[u8]) -> String {
 }
 
 fn status(reply: &str) -> u16 {
-    reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("no status in {reply:?}"))
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {reply:?}"))
 }
 
 #[test]
@@ -67,49 +76,91 @@ fn traversal_in_every_encoding_reads_nothing_outside_the_roots() {
         "/assets/../../../../../../etc/passwd",
     ];
     for p in paths {
-        let reply = raw(&srv, format!("GET {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+        let reply = raw(
+            &srv,
+            format!("GET {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        );
         let code = status(&reply);
         assert!(code == 400 || code == 404, "{p}: {code}");
-        assert!(!reply.contains("TOP-SECRET") && !reply.contains("root:"), "{p} leaked: {reply}");
+        assert!(
+            !reply.contains("TOP-SECRET") && !reply.contains("root:"),
+            "{p} leaked: {reply}"
+        );
         let c = curl(OTHER_IP, &format!("{}{p}", srv.base), &["--path-as-is"]);
         assert!(c.code == 400 || c.code == 404, "curl {p}: {}", c.code);
-        assert!(!c.text().contains("TOP-SECRET") && !c.text().contains("root:"), "curl {p} leaked");
+        assert!(
+            !c.text().contains("TOP-SECRET") && !c.text().contains("root:"),
+            "curl {p} leaked"
+        );
     }
     // Absolute-form request target and absolute file paths.
-    for target in ["http://x/assets/../secret.txt", "http://x/assets/%2e%2e/secret.txt", "/etc/passwd", "*"] {
-        let reply = raw(&srv, format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes());
+    for target in [
+        "http://x/assets/../secret.txt",
+        "http://x/assets/%2e%2e/secret.txt",
+        "/etc/passwd",
+        "*",
+    ] {
+        let reply = raw(
+            &srv,
+            format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        );
         let code = status(&reply);
         assert!((400..500).contains(&code), "{target}: {code}");
-        assert!(!reply.contains("TOP-SECRET") && !reply.contains("root:"), "{target} leaked");
+        assert!(
+            !reply.contains("TOP-SECRET") && !reply.contains("root:"),
+            "{target} leaked"
+        );
     }
     // Legit files still work.
-    assert_eq!(curl(OTHER_IP, &format!("{}/assets/tool.efi", srv.base), &[]).code, 200);
+    assert_eq!(
+        curl(OTHER_IP, &format!("{}/assets/tool.efi", srv.base), &[]).code,
+        200
+    );
 }
 
 #[test]
 fn oversized_headers_get_431() {
     let srv = start(limits(), |_| {});
     let big = "a".repeat(20_000);
-    let reply = raw(&srv, format!("GET /boot.ipxe HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\nConnection: close\r\n\r\n").as_bytes());
+    let reply = raw(
+        &srv,
+        format!("GET /boot.ipxe HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    );
     assert_eq!(status(&reply), 431, "{reply}");
     let many: String = (0..200).map(|i| format!("X-H{i}: v\r\n")).collect();
-    let reply = raw(&srv, format!("GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n{many}Connection: close\r\n\r\n").as_bytes());
+    let reply = raw(
+        &srv,
+        format!("GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n{many}Connection: close\r\n\r\n").as_bytes(),
+    );
     assert_eq!(status(&reply), 431, "{reply}");
-    let c = curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &["-H", &format!("X-Big: {big}")]);
+    let c = curl(
+        OTHER_IP,
+        &format!("{}/boot.ipxe", srv.base),
+        &["-H", &format!("X-Big: {big}")],
+    );
     assert_eq!(c.code, 431);
-    assert_eq!(curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &[]).code, 200);
+    assert_eq!(
+        curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &[]).code,
+        200
+    );
 }
 
 /// Reads until EOF/reset; returns how long the server took to close.
 fn wait_closed(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
     let start = Instant::now();
-    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
     let mut buf = [0u8; 4096];
     while start.elapsed() < limit {
         match s.read(&mut buf) {
             Ok(0) => return Some(start.elapsed()),
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => return Some(start.elapsed()),
         }
     }
@@ -122,7 +173,8 @@ fn slow_and_idle_headers_are_closed() {
     // Slowloris: a byte every 150 ms never completes the head.
     let mut s = TcpStream::connect(srv.addr).unwrap();
     let start = Instant::now();
-    s.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n").unwrap();
+    s.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
     let mut closed = false;
     for _ in 0..40 {
         std::thread::sleep(Duration::from_millis(150));
@@ -137,26 +189,46 @@ fn slow_and_idle_headers_are_closed() {
             break;
         }
     }
-    assert!(closed, "slow header connection still open after {:?}", start.elapsed());
-    assert!(start.elapsed() < Duration::from_secs(4), "closed only after {:?}", start.elapsed());
+    assert!(
+        closed,
+        "slow header connection still open after {:?}",
+        start.elapsed()
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "closed only after {:?}",
+        start.elapsed()
+    );
     // Idle: connect and send nothing.
     let mut idle = TcpStream::connect(srv.addr).unwrap();
     let took = wait_closed(&mut idle, Duration::from_secs(5)).expect("idle connection closed");
     assert!(took < Duration::from_secs(3), "{took:?}");
-    assert_eq!(curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &[]).code, 200);
+    assert_eq!(
+        curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &[]).code,
+        200
+    );
 }
 
 #[test]
 fn connection_limit_closes_extra_connections() {
-    let l = Limits { max_connections: 3, header_read_timeout: Duration::from_secs(8), ..limits() };
+    let l = Limits {
+        max_connections: 3,
+        header_read_timeout: Duration::from_secs(8),
+        ..limits()
+    };
     let srv = start(l, |_| {});
-    let held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(srv.addr).unwrap()).collect();
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(srv.addr).unwrap())
+        .collect();
     std::thread::sleep(Duration::from_millis(200));
     let mut extra = TcpStream::connect(srv.addr).unwrap();
     let _ = extra.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n");
     let took = wait_closed(&mut extra, Duration::from_secs(3)).expect("extra connection closed");
     assert!(took < Duration::from_secs(2));
-    assert!(srv.metrics.encode().contains("bootplane_http_connections_rejected_total 1"));
+    assert!(srv
+        .metrics
+        .encode()
+        .contains("bootplane_http_connections_rejected_total 1"));
     drop(held);
     // Slots come back once the held connections go.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -193,14 +265,44 @@ fn malformed_identity_and_methods() {
     let c = curl(MACHINE_IP, &long, &[]);
     assert!((400..500).contains(&c.code), "{}", c.code);
     // Unknown machine (valid ids): default script, 200, nothing recorded.
-    let c = curl(OTHER_IP, &format!("{}/ipxe/script?uuid=11111111-2222-3333-4444-555555555555&mac=02-00-00-00-00-01", srv.base), &[]);
+    let c = curl(
+        OTHER_IP,
+        &format!(
+            "{}/ipxe/script?uuid=11111111-2222-3333-4444-555555555555&mac=02-00-00-00-00-01",
+            srv.base
+        ),
+        &[],
+    );
     assert_eq!(c.code, 200);
-    assert!(c.text().contains("unknown machine (uuid 11111111-2222-3333-4444-555555555555)"), "{}", c.text());
-    assert_eq!(curl(OTHER_IP, &format!("{}/ignition/nobody", srv.base), &[]).code, 404);
-    assert_eq!(curl(OTHER_IP, &format!("{}/ignition/", srv.base), &[]).code, 400);
-    let post = curl(MACHINE_IP, &format!("{}/ipxe/script?uuid={UUID}", srv.base), &["-X", "POST", "-d", "x"]);
+    assert!(
+        c.text()
+            .contains("unknown machine (uuid 11111111-2222-3333-4444-555555555555)"),
+        "{}",
+        c.text()
+    );
+    assert_eq!(
+        curl(OTHER_IP, &format!("{}/ignition/nobody", srv.base), &[]).code,
+        404
+    );
+    assert_eq!(
+        curl(OTHER_IP, &format!("{}/ignition/", srv.base), &[]).code,
+        400
+    );
+    let post = curl(
+        MACHINE_IP,
+        &format!("{}/ipxe/script?uuid={UUID}", srv.base),
+        &["-X", "POST", "-d", "x"],
+    );
     assert_eq!(post.code, 405);
     assert_eq!(post.header("allow").as_deref(), Some("GET, HEAD"));
     assert!(srv.index.events().is_empty());
-    assert_eq!(curl(MACHINE_IP, &format!("{}/ipxe/script?uuid={UUID}", srv.base), &[]).code, 200);
+    assert_eq!(
+        curl(
+            MACHINE_IP,
+            &format!("{}/ipxe/script?uuid={UUID}", srv.base),
+            &[]
+        )
+        .code,
+        200
+    );
 }

@@ -17,7 +17,11 @@ fn serve_from_config_uses_templates_catalog_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let tpl = dir.path().join("tpl");
     std::fs::create_dir_all(&tpl).unwrap();
-    std::fs::write(tpl.join("boot.ipxe.j2"), "#!ipxe\n# operator template\nchain {{ base_url }}/ipxe/script?mac=${net0/mac:hexhyp}\n").unwrap();
+    std::fs::write(
+        tpl.join("boot.ipxe.j2"),
+        "#!ipxe\n# operator template\nchain {{ base_url }}/ipxe/script?mac=${net0/mac:hexhyp}\n",
+    )
+    .unwrap();
     let images = dir.path().join("images");
     std::fs::create_dir_all(images.join("disc")).unwrap();
     std::fs::write(images.join("disc/k"), b"kernel").unwrap();
@@ -32,7 +36,11 @@ fn serve_from_config_uses_templates_catalog_and_key() {
         ),
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut cfg = Config::default();
     cfg.state_dir = dir.path().join("state");
     cfg.http.listen = format!("127.0.0.1:{port}").parse().unwrap();
@@ -44,24 +52,54 @@ fn serve_from_config_uses_templates_catalog_and_key() {
     cfg.validate().unwrap();
     let base = format!("http://127.0.0.1:{port}");
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let coord = Coordinator::new();
     let store = bootplane::store::Store::open(&cfg.state_dir.join("store")).unwrap();
-    let ctx = Arc::new(bootplane::serve::Context { config: cfg.clone(), store });
-    let task = rt.spawn(bootplane::http::serve(ctx, Arc::new(MemoryIndex::new()), coord.handle()));
+    let ctx = Arc::new(bootplane::serve::Context {
+        config: cfg.clone(),
+        store,
+    });
+    let task = rt.spawn(bootplane::http::serve(
+        ctx,
+        Arc::new(MemoryIndex::new()),
+        coord.handle(),
+    ));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "listener did not come up");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "listener did not come up"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let boot = curl("127.0.0.1", &format!("{base}/boot.ipxe"), &[]);
     assert_eq!(boot.code, 200);
-    assert!(boot.text().contains("# operator template"), "{}", boot.text());
-    let unknown = curl("127.0.0.1", &format!("{base}/ipxe/script?mac=02-00-00-00-00-07"), &[]);
+    assert!(
+        boot.text().contains("# operator template"),
+        "{}",
+        boot.text()
+    );
+    let unknown = curl(
+        "127.0.0.1",
+        &format!("{base}/ipxe/script?mac=02-00-00-00-00-07"),
+        &[],
+    );
     assert_eq!(unknown.code, 200);
     let t = unknown.text();
-    assert!(t.contains(&format!("kernel {base}/assets/images/disc/k initrd=initrd discover=1")), "{t}");
-    assert_eq!(curl("127.0.0.1", &format!("{base}/assets/images/disc/k"), &[]).text(), "kernel");
+    assert!(
+        t.contains(&format!(
+            "kernel {base}/assets/images/disc/k initrd=initrd discover=1"
+        )),
+        "{t}"
+    );
+    assert_eq!(
+        curl("127.0.0.1", &format!("{base}/assets/images/disc/k"), &[]).text(),
+        "kernel"
+    );
     let key = std::fs::read(cfg.state_dir.join("http-token-key")).unwrap();
     assert_eq!(key.len(), 32);
 

@@ -40,7 +40,16 @@ fn nfs_source_against_ganesha() {
     let raw = d.path().join("raw");
     fs::write(&raw, &data).unwrap();
     pack(&raw, &export.join("images/os.bpz"), 4);
-    tool("zstd", &["-q", "-f", raw.to_str().unwrap(), "-o", export.join("images/os.zst").to_str().unwrap()]);
+    tool(
+        "zstd",
+        &[
+            "-q",
+            "-f",
+            raw.to_str().unwrap(),
+            "-o",
+            export.join("images/os.zst").to_str().unwrap(),
+        ],
+    );
     let conf = d.path().join("ganesha.conf");
     fs::write(&conf, ganesha_conf(&export, &state)).unwrap();
 
@@ -63,11 +72,19 @@ fn nfs_source_against_ganesha() {
     let base = format!("nfs://127.0.0.1{}", export.display());
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
-        let o = ns.cmd("nfs-ls").arg(format!("{base}/images/")).output().expect("nfs-ls (libnfs-utils) missing");
+        let o = ns
+            .cmd("nfs-ls")
+            .arg(format!("{base}/images/"))
+            .output()
+            .expect("nfs-ls (libnfs-utils) missing");
         if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("os.bpz") {
             break;
         }
-        assert!(server.try_wait().unwrap().is_none(), "ganesha exited: {}", fs::read_to_string(d.path().join("ganesha.log")).unwrap_or_default());
+        assert!(
+            server.try_wait().unwrap().is_none(),
+            "ganesha exited: {}",
+            fs::read_to_string(d.path().join("ganesha.log")).unwrap_or_default()
+        );
         assert!(Instant::now() < deadline, "ganesha not serving within 40s");
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -79,7 +96,12 @@ fn nfs_source_against_ganesha() {
     };
     // Packed image, manifest found next to it on the export.
     let out = d.path().join("out1");
-    let (code, err) = run(&["--source", &format!("{base}/images/os.bpz"), "--target", out.to_str().unwrap()]);
+    let (code, err) = run(&[
+        "--source",
+        &format!("{base}/images/os.bpz"),
+        "--target",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(fs::read(&out).unwrap(), data);
     // A zstd CLI image with a whole-image checksum.
@@ -95,9 +117,19 @@ fn nfs_source_against_ganesha() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(fs::read(&out).unwrap(), data);
     // Missing file, and a path outside any export: source errors.
-    let (code, err) = run(&["--source", &format!("{base}/images/nope.bpz"), "--target", d.path().join("o3").to_str().unwrap()]);
+    let (code, err) = run(&[
+        "--source",
+        &format!("{base}/images/nope.bpz"),
+        "--target",
+        d.path().join("o3").to_str().unwrap(),
+    ]);
     assert_eq!(code, 10, "{err}");
-    let (code, err) = run(&["--source", "nfs://127.0.0.1/not/exported.bpz", "--target", d.path().join("o4").to_str().unwrap()]);
+    let (code, err) = run(&[
+        "--source",
+        "nfs://127.0.0.1/not/exported.bpz",
+        "--target",
+        d.path().join("o4").to_str().unwrap(),
+    ]);
     assert_eq!(code, 10, "{err}");
     let _ = server.kill();
     let _ = server.wait();

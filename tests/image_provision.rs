@@ -20,7 +20,12 @@ fn s(p: &Path) -> &str {
 #[test]
 fn packed_round_trip_to_files_at_odd_sizes() {
     let d = tempfile::tempdir().unwrap();
-    for (size, frame) in [(700_001usize, 1u64), (4 * MIB + 1, 4), (9 * MIB + 4097, 1), (13 * MIB - 511, 4)] {
+    for (size, frame) in [
+        (700_001usize, 1u64),
+        (4 * MIB + 1, 4),
+        (9 * MIB + 4097, 1),
+        (13 * MIB - 511, 4),
+    ] {
         let data = mixed(size, size as u64);
         let raw = d.path().join(format!("raw{size}"));
         let img = d.path().join(format!("img{size}.bpz"));
@@ -29,13 +34,24 @@ fn packed_round_trip_to_files_at_odd_sizes() {
         pack(&raw, &img, frame);
         for fsha in ["on", "off"] {
             let _ = fs::remove_file(&out);
-            let (code, lines) = provision(&["--source", s(&img), "--target", s(&out), "--frame-sha256", fsha]);
+            let (code, lines) = provision(&[
+                "--source",
+                s(&img),
+                "--target",
+                s(&out),
+                "--frame-sha256",
+                fsha,
+            ]);
             assert_eq!(code, 0, "size {size}: {lines:?}");
             let done = last_stage(&lines);
             assert_eq!(done["stage"], "done");
             assert_eq!(done["sha256"], sha256_hex(&data));
             assert_eq!(done["bytes"], size as u64);
-            assert_eq!(fs::read(&out).unwrap(), data, "size {size} frame {frame} MiB differs");
+            assert_eq!(
+                fs::read(&out).unwrap(),
+                data,
+                "size {size} frame {frame} MiB differs"
+            );
             assert!(!Path::new(&format!("{}.bootplane-checkpoint", s(&out))).exists());
         }
     }
@@ -83,19 +99,37 @@ fn loop_device_round_trip_keeps_bytes_past_the_image() {
     let img = d.path().join("img.bpz");
     pack(&raw, &img, 4);
     let ck = d.path().join("ckpt");
-    let (code, lines) = provision(&["--source", s(&img), "--target", s(&lo.dev), "--checkpoint", s(&ck)]);
+    let (code, lines) = provision(&[
+        "--source",
+        s(&img),
+        "--target",
+        s(&lo.dev),
+        "--checkpoint",
+        s(&ck),
+    ]);
     assert_eq!(code, 0, "{lines:?}");
     assert_eq!(last_stage(&lines)["direct"], true);
     let disk = fs::read(&lo.dev).unwrap();
     assert_eq!(&disk[..data.len()], &data[..]);
-    assert!(disk[data.len()..].iter().all(|&b| b == 0x5A), "bytes after the image were changed");
+    assert!(
+        disk[data.len()..].iter().all(|&b| b == 0x5A),
+        "bytes after the image were changed"
+    );
 
     // A zstd CLI image and a raw image onto the same device.
     let zst = d.path().join("img.zst");
     tool("zstd", &["-q", "-f", s(&raw), "-o", s(&zst)]);
     for src in [&zst, &raw] {
-        let (code, lines) =
-            provision(&["--source", s(src), "--target", s(&lo.dev), "--sha256", &sha256_hex(&data), "--checkpoint", s(&ck)]);
+        let (code, lines) = provision(&[
+            "--source",
+            s(src),
+            "--target",
+            s(&lo.dev),
+            "--sha256",
+            &sha256_hex(&data),
+            "--checkpoint",
+            s(&ck),
+        ]);
         assert_eq!(code, 0, "{lines:?}");
         assert_eq!(&fs::read(&lo.dev).unwrap()[..data.len()], &data[..]);
     }
@@ -105,7 +139,14 @@ fn loop_device_round_trip_keeps_bytes_past_the_image() {
     fs::write(&big, mixed(20 * MIB, 3)).unwrap();
     let bigimg = d.path().join("big.bpz");
     pack(&big, &bigimg, 4);
-    let (code, lines) = provision(&["--source", s(&bigimg), "--target", s(&lo.dev), "--checkpoint", s(&ck)]);
+    let (code, lines) = provision(&[
+        "--source",
+        s(&bigimg),
+        "--target",
+        s(&lo.dev),
+        "--checkpoint",
+        s(&ck),
+    ]);
     assert_eq!(code, 21, "{lines:?}");
     assert_eq!(last_stage(&lines)["class"], "too_small");
     assert_eq!(&fs::read(&lo.dev).unwrap()[..data.len()], &data[..]);
@@ -118,7 +159,15 @@ fn loop_device_round_trip_keeps_bytes_past_the_image() {
     fs::write(&zraw, &z).unwrap();
     let zimg = d.path().join("z.bpz");
     pack(&zraw, &zimg, 1);
-    let (code, lines) = provision(&["--source", s(&zimg), "--target", s(&lo.dev), "--checkpoint", s(&ck), "--zero-skip"]);
+    let (code, lines) = provision(&[
+        "--source",
+        s(&zimg),
+        "--target",
+        s(&lo.dev),
+        "--checkpoint",
+        s(&ck),
+        "--zero-skip",
+    ]);
     assert_eq!(code, 0, "{lines:?}");
     let disk = fs::read(&lo.dev).unwrap();
     assert_eq!(&disk[..z.len()], &z[..]);
@@ -140,8 +189,19 @@ fn mounted_or_exclusively_held_device_is_refused() {
 
     // Held open with O_EXCL (as a mounted filesystem or another provisioner would).
     {
-        let _held = fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(&lo.dev).unwrap();
-        let (code, lines) = provision(&["--source", s(&img), "--target", s(&lo.dev), "--checkpoint", s(&ck)]);
+        let _held = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(&lo.dev)
+            .unwrap();
+        let (code, lines) = provision(&[
+            "--source",
+            s(&img),
+            "--target",
+            s(&lo.dev),
+            "--checkpoint",
+            s(&ck),
+        ]);
         assert_eq!(code, 20, "{lines:?}");
         assert_eq!(last_stage(&lines)["class"], "target_busy");
     }
@@ -159,10 +219,28 @@ fn mounted_or_exclusively_held_device_is_refused() {
     fs::create_dir(&mnt).unwrap();
     tool("mount", &[s(&lo.dev), s(&mnt)]);
     let m = Mount { dir: mnt.clone() };
-    let (code, lines) = provision(&["--source", s(&img), "--target", s(&lo.dev), "--checkpoint", s(&ck)]);
+    let (code, lines) = provision(&[
+        "--source",
+        s(&img),
+        "--target",
+        s(&lo.dev),
+        "--checkpoint",
+        s(&ck),
+    ]);
     assert_eq!(code, 20, "{lines:?}");
-    assert!(last_stage(&lines)["error"].as_str().unwrap().contains("mounted"), "{lines:?}");
-    assert!(fs::read(&lo.dev).unwrap()[..1024].iter().all(|&b| b == 0xAA), "a refused target was written");
+    assert!(
+        last_stage(&lines)["error"]
+            .as_str()
+            .unwrap()
+            .contains("mounted"),
+        "{lines:?}"
+    );
+    assert!(
+        fs::read(&lo.dev).unwrap()[..1024]
+            .iter()
+            .all(|&b| b == 0xAA),
+        "a refused target was written"
+    );
     drop(m);
 }
 
@@ -178,20 +256,40 @@ fn corrupt_frames_fail_with_the_first_mib_zeroed() {
     fs::write(&raw, &data).unwrap();
     let img = d.path().join("img.bpz");
     pack(&raw, &img, 1);
-    let manifest: serde_json::Value = serde_json::from_slice(&fs::read(format!("{}.manifest.json", s(&img))).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(format!("{}.manifest.json", s(&img))).unwrap()).unwrap();
     let frames = manifest["frames"].as_array().unwrap();
     let packed = fs::read(&img).unwrap();
-    for (fi, fsha) in [(0usize, "on"), (5, "off"), (5, "on"), (frames.len() - 1, "off")] {
+    for (fi, fsha) in [
+        (0usize, "on"),
+        (5, "off"),
+        (5, "on"),
+        (frames.len() - 1, "off"),
+    ] {
         let f = &frames[fi];
-        let (off, len) = (f["offset"].as_u64().unwrap() as usize, f["compressed_size"].as_u64().unwrap() as usize);
+        let (off, len) = (
+            f["offset"].as_u64().unwrap() as usize,
+            f["compressed_size"].as_u64().unwrap() as usize,
+        );
         let mut bad = packed.clone();
         bad[off + len / 2] ^= 0x10;
         let badimg = d.path().join("bad.bpz");
         fs::write(&badimg, &bad).unwrap();
-        fs::copy(format!("{}.manifest.json", s(&img)), format!("{}.manifest.json", s(&badimg))).unwrap();
+        fs::copy(
+            format!("{}.manifest.json", s(&img)),
+            format!("{}.manifest.json", s(&badimg)),
+        )
+        .unwrap();
         let out = d.path().join("out");
         prefilled(&out, data.len());
-        let (code, lines) = provision(&["--source", s(&badimg), "--target", s(&out), "--frame-sha256", fsha]);
+        let (code, lines) = provision(&[
+            "--source",
+            s(&badimg),
+            "--target",
+            s(&out),
+            "--frame-sha256",
+            fsha,
+        ]);
         assert_eq!(code, 13, "frame {fi}: {lines:?}");
         assert_eq!(last_stage(&lines)["class"], "integrity");
         assert!(head_is_zero(&out, MIB), "frame {fi}: first MiB not zeroed");
@@ -203,11 +301,25 @@ fn corrupt_frames_fail_with_the_first_mib_zeroed() {
     fs::write(&fr, &flipped).unwrap();
     let out = d.path().join("out");
     prefilled(&out, data.len());
-    let (code, _) = provision(&["--source", s(&fr), "--target", s(&out), "--sha256", &sha256_hex(&data)]);
+    let (code, _) = provision(&[
+        "--source",
+        s(&fr),
+        "--target",
+        s(&out),
+        "--sha256",
+        &sha256_hex(&data),
+    ]);
     assert_eq!(code, 13);
     assert!(head_is_zero(&out, MIB));
     // A manifest for another image than --sha256 names.
-    let (code, lines) = provision(&["--source", s(&img), "--target", s(&out), "--sha256", &"ab".repeat(32)]);
+    let (code, lines) = provision(&[
+        "--source",
+        s(&img),
+        "--target",
+        s(&out),
+        "--sha256",
+        &"ab".repeat(32),
+    ]);
     assert_eq!(code, 14, "{lines:?}");
 }
 
@@ -226,10 +338,30 @@ fn truncated_source_and_trailing_garbage_have_their_own_codes() {
     let plain = fs::read(&zst).unwrap();
     let m = format!("{}.manifest.json", s(&img));
     let cases: Vec<(&str, Vec<u8>, bool, i32)> = vec![
-        ("packed-truncated", packed[..packed.len() / 2].to_vec(), true, 11),
-        ("packed-trailing", [packed.clone(), b"garbage!".to_vec()].concat(), true, 12),
-        ("zstd-truncated", plain[..plain.len() - 100].to_vec(), false, 11),
-        ("zstd-trailing", [plain.clone(), b"garbage!".to_vec()].concat(), false, 12),
+        (
+            "packed-truncated",
+            packed[..packed.len() / 2].to_vec(),
+            true,
+            11,
+        ),
+        (
+            "packed-trailing",
+            [packed.clone(), b"garbage!".to_vec()].concat(),
+            true,
+            12,
+        ),
+        (
+            "zstd-truncated",
+            plain[..plain.len() - 100].to_vec(),
+            false,
+            11,
+        ),
+        (
+            "zstd-trailing",
+            [plain.clone(), b"garbage!".to_vec()].concat(),
+            false,
+            12,
+        ),
     ];
     for (name, bytes, with_manifest, want) in cases {
         let src = d.path().join(name);
@@ -266,7 +398,16 @@ fn too_small_file_target_is_refused_untouched() {
 fn kill_and_resume(source: &str, raw: &[u8], out: &Path) {
     let ck = format!("{}.bootplane-checkpoint", s(out));
     let mut child = Command::new(bin())
-        .args(["provision", "--source", source, "--target", s(out), "--max-rate", "6000000", "-q"])
+        .args([
+            "provision",
+            "--source",
+            source,
+            "--target",
+            s(out),
+            "--max-rate",
+            "6000000",
+            "-q",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -281,7 +422,10 @@ fn kill_and_resume(source: &str, raw: &[u8], out: &Path) {
                 }
             }
         }
-        assert!(child.try_wait().unwrap().is_none(), "copy finished before it could be killed");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "copy finished before it could be killed"
+        );
         assert!(Instant::now() < deadline, "no checkpoint within 60s");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -308,12 +452,27 @@ fn kill_9_mid_copy_then_resume_from_file_and_http() {
     pack(&raw, &img, 1);
     kill_and_resume(s(&img), &data, &d.path().join("out-file"));
     let srv = http_server(d.path().to_path_buf());
-    kill_and_resume(&format!("{}/img.bpz", srv.base), &data, &d.path().join("out-http"));
+    kill_and_resume(
+        &format!("{}/img.bpz", srv.base),
+        &data,
+        &d.path().join("out-http"),
+    );
     // A raw source resumes too (whole-image checksum only).
     let sha = sha256_hex(&data);
     let out = d.path().join("out-raw");
     let mut child = Command::new(bin())
-        .args(["provision", "--source", s(&raw), "--target", s(&out), "--sha256", &sha, "--max-rate", "12000000", "-q"])
+        .args([
+            "provision",
+            "--source",
+            s(&raw),
+            "--target",
+            s(&out),
+            "--sha256",
+            &sha,
+            "--max-rate",
+            "12000000",
+            "-q",
+        ])
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -341,12 +500,29 @@ fn http_source_round_trip_and_errors() {
     pack(&raw, &d.path().join("img.bpz"), 4);
     let srv = http_server(d.path().to_path_buf());
     let out = d.path().join("out");
-    let (code, lines) = provision(&["--source", &format!("{}/img.bpz", srv.base), "--target", s(&out)]);
+    let (code, lines) = provision(&[
+        "--source",
+        &format!("{}/img.bpz", srv.base),
+        "--target",
+        s(&out),
+    ]);
     assert_eq!(code, 0, "{lines:?}");
     assert_eq!(fs::read(&out).unwrap(), data);
-    let (code, _) = provision(&["--source", &format!("{}/missing.bpz", srv.base), "--target", s(&d.path().join("o2"))]);
+    let (code, _) = provision(&[
+        "--source",
+        &format!("{}/missing.bpz", srv.base),
+        "--target",
+        s(&d.path().join("o2")),
+    ]);
     assert_eq!(code, 10);
-    let (code, _) = provision(&["--source", "/nonexistent/image", "--target", s(&d.path().join("o3")), "--sha256", &"00".repeat(32)]);
+    let (code, _) = provision(&[
+        "--source",
+        "/nonexistent/image",
+        "--target",
+        s(&d.path().join("o3")),
+        "--sha256",
+        &"00".repeat(32),
+    ]);
     assert_eq!(code, 10);
 }
 

@@ -2,6 +2,6 @@
 //! API served on the operator listener.
 
 pub mod resource;
+pub mod rest;
 pub mod schema;
 pub mod selector;
-pub mod rest;

@@ -152,11 +152,20 @@ pub fn from_crd(yaml: &str) -> Result<ResourceType, String> {
         group: crd.spec.group,
         version: v.name.clone(),
         kind: crd.spec.names.kind.clone(),
-        singular: crd.spec.names.singular.clone().unwrap_or_else(|| crd.spec.names.kind.to_lowercase()),
+        singular: crd
+            .spec
+            .names
+            .singular
+            .clone()
+            .unwrap_or_else(|| crd.spec.names.kind.to_lowercase()),
         plural: crd.spec.names.plural,
         short_names: crd.spec.names.short_names,
         namespaced: crd.spec.scope == "Namespaced",
-        status_subresource: v.subresources.as_ref().and_then(|s| s.get("status")).is_some(),
+        status_subresource: v
+            .subresources
+            .as_ref()
+            .and_then(|s| s.get("status"))
+            .is_some(),
         schema,
         columns,
         wide_columns: wide,
@@ -197,11 +206,20 @@ impl Registry {
         for c in CRDS {
             let mut t = from_crd(c)?;
             if t.kind == "ServerBootConfiguration" {
-                t.wide_columns.push(("SCRIPT".into(), ".status.conditions[?(@.type==\"IPXEScriptFetched\")].lastTransitionTime".into()));
-                t.wide_columns.push(("IGNITION".into(), ".status.conditions[?(@.type==\"IgnitionDataFetched\")].lastTransitionTime".into()));
+                t.wide_columns.push((
+                    "SCRIPT".into(),
+                    ".status.conditions[?(@.type==\"IPXEScriptFetched\")].lastTransitionTime"
+                        .into(),
+                ));
+                t.wide_columns.push((
+                    "IGNITION".into(),
+                    ".status.conditions[?(@.type==\"IgnitionDataFetched\")].lastTransitionTime"
+                        .into(),
+                ));
             }
             if t.kind == "Server" {
-                t.wide_columns.push(("CLAIM".into(), ".spec.serverClaimRef.name".into()));
+                t.wide_columns
+                    .push(("CLAIM".into(), ".spec.serverClaimRef.name".into()));
             }
             types.push(Arc::new(t));
         }
@@ -209,11 +227,17 @@ impl Registry {
     }
 
     pub fn by_kind(&self, api_version: &str, kind: &str) -> Option<Arc<ResourceType>> {
-        self.types.iter().find(|t| t.kind == kind && t.api_version() == api_version).cloned()
+        self.types
+            .iter()
+            .find(|t| t.kind == kind && t.api_version() == api_version)
+            .cloned()
     }
 
     pub fn by_plural(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceType>> {
-        self.types.iter().find(|t| t.group == group && t.version == version && t.plural == plural).cloned()
+        self.types
+            .iter()
+            .find(|t| t.group == group && t.version == version && t.plural == plural)
+            .cloned()
     }
 
     /// Resolve a name as the CLI accepts it: plural, singular, kind, short name, or
@@ -242,11 +266,17 @@ mod tests {
     fn builtin_types() {
         let r = Registry::global();
         let s = r.resolve("srv").unwrap();
-        assert_eq!((s.kind.as_str(), s.namespaced, s.status_subresource), ("Server", false, true));
+        assert_eq!(
+            (s.kind.as_str(), s.namespaced, s.status_subresource),
+            ("Server", false, true)
+        );
         assert_eq!(s.key(None, "a"), "/metal.ironcore.dev/servers/a");
         let c = r.resolve("ServerClaim").unwrap();
         assert!(c.namespaced);
-        assert_eq!(c.key(Some("default"), "x"), "/metal.ironcore.dev/serverclaims/default/x");
+        assert_eq!(
+            c.key(Some("default"), "x"),
+            "/metal.ironcore.dev/serverclaims/default/x"
+        );
         assert_eq!(r.resolve("secrets").unwrap().api_version(), "v1");
         assert!(r.resolve("sbc").is_some());
         assert!(r.resolve("nope").is_none());

@@ -49,7 +49,12 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { code, reason, message: message.into(), details: None }
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
@@ -102,9 +107,13 @@ impl From<StoreError> for ApiError {
                 }));
                 a
             }
-            StoreError::BadRequest(_) => ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message),
+            StoreError::BadRequest(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+            }
             StoreError::Gone(_) => ApiError::new(StatusCode::GONE, "Expired", message),
-            StoreError::Internal(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message),
+            StoreError::Internal(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
+            }
         }
     }
 }
@@ -112,7 +121,12 @@ impl From<StoreError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self.status_body()).unwrap_or_default();
-        (self.code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        (
+            self.code,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
     }
 }
 
@@ -157,7 +171,12 @@ pub fn leases_router(idx: crate::dhcp::leases::LeaseIndex) -> Router {
     )
 }
 
-async fn dispatch_fallback(st: State<Arc<ApiState>>, method: Method, headers: HeaderMap, req: Request) -> Response {
+async fn dispatch_fallback(
+    st: State<Arc<ApiState>>,
+    method: Method,
+    headers: HeaderMap,
+    req: Request,
+) -> Response {
     if req.uri().path().starts_with("/apis/") {
         dispatch(st, method, headers, req).await
     } else {
@@ -178,7 +197,12 @@ async fn auth(State(st): State<Arc<ApiState>>, req: Request, next: Next) -> Resp
         });
     if !ok {
         tracing::warn!(path = %req.uri().path(), "api request without a valid bearer token");
-        return ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", "missing or invalid bearer token").into_response();
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "missing or invalid bearer token",
+        )
+        .into_response();
     }
     next.run(req).await
 }
@@ -186,7 +210,10 @@ async fn auth(State(st): State<Arc<ApiState>>, req: Request, next: Next) -> Resp
 async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
     let mut out = String::new();
     out.push_str("# TYPE bootplane_store_revision gauge\n");
-    out.push_str(&format!("bootplane_store_revision {}\n", st.store.revision()));
+    out.push_str(&format!(
+        "bootplane_store_revision {}\n",
+        st.store.revision()
+    ));
     out.push_str(&(st.metrics)());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
@@ -217,7 +244,11 @@ fn parse_path(store: &Store, path: &str) -> ApiResult<Target> {
     let (group, version, rest) = match segs.as_slice() {
         ["api", v, rest @ ..] => ("", *v, rest),
         ["apis", g, v, rest @ ..] => (*g, *v, rest),
-        _ => return Err(ApiError::not_found("the server could not find the requested resource")),
+        _ => {
+            return Err(ApiError::not_found(
+                "the server could not find the requested resource",
+            ))
+        }
     };
     let (ns, rest) = match rest {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
@@ -227,25 +258,39 @@ fn parse_path(store: &Store, path: &str) -> ApiResult<Target> {
         [p] => (*p, None, None),
         [p, n] => (*p, Some(n.to_string()), None),
         [p, n, s] => (*p, Some(n.to_string()), Some(s.to_string())),
-        _ => return Err(ApiError::not_found(format!("the server could not find the requested resource ({path})"))),
+        _ => {
+            return Err(ApiError::not_found(format!(
+                "the server could not find the requested resource ({path})"
+            )))
+        }
     };
     let rt = store.registry().by_plural(group, version, plural).ok_or_else(|| {
         let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
         ApiError::not_found(format!("the server could not find the requested resource: unknown resource \"{plural}\" in {gv}"))
     })?;
     if !rt.namespaced && ns.is_some() {
-        return Err(ApiError::not_found(format!("{} is cluster-scoped; use /apis/{}/{}", rt.kind, rt.api_version(), rt.plural)));
+        return Err(ApiError::not_found(format!(
+            "{} is cluster-scoped; use /apis/{}/{}",
+            rt.kind,
+            rt.api_version(),
+            rt.plural
+        )));
     }
     if let Some(s) = &sub {
         if s != "status" || !rt.status_subresource {
-            return Err(ApiError::not_found(format!("{} has no subresource \"{s}\"", rt.kind)));
+            return Err(ApiError::not_found(format!(
+                "{} has no subresource \"{s}\"",
+                rt.kind
+            )));
         }
     }
     Ok(Target { rt, ns, name, sub })
 }
 
 fn wants_yaml(h: &HeaderMap) -> bool {
-    h.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("yaml"))
+    h.get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("yaml"))
 }
 
 fn respond(h: &HeaderMap, code: StatusCode, v: &Value) -> Response {
@@ -253,25 +298,37 @@ fn respond(h: &HeaderMap, code: StatusCode, v: &Value) -> Response {
         let text = serde_norway::to_string(v).unwrap_or_default();
         (code, [(header::CONTENT_TYPE, "application/yaml")], text).into_response()
     } else {
-        (code, [(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(v).unwrap_or_default()).into_response()
+        (
+            code,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_vec(v).unwrap_or_default(),
+        )
+            .into_response()
     }
 }
 
 /// Decode a request body as JSON or YAML.
 pub fn decode_body(h: &HeaderMap, body: &[u8]) -> ApiResult<Value> {
-    let ct = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("request body is not valid UTF-8"))?;
+    let ct = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::bad_request("request body is not valid UTF-8"))?;
     if text.trim().is_empty() {
         return Err(ApiError::bad_request("request body is empty"));
     }
     let v: Value = if ct.contains("yaml") {
-        serde_norway::from_str(text).map_err(|e| ApiError::bad_request(format!("malformed YAML: {e}")))?
+        serde_norway::from_str(text)
+            .map_err(|e| ApiError::bad_request(format!("malformed YAML: {e}")))?
     } else if ct.contains("json") {
-        serde_json::from_str(text).map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?
+        serde_json::from_str(text)
+            .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?
     } else {
         match serde_json::from_str(text) {
             Ok(v) => v,
-            Err(_) => serde_norway::from_str(text).map_err(|e| ApiError::bad_request(format!("malformed YAML: {e}")))?,
+            Err(_) => serde_norway::from_str(text)
+                .map_err(|e| ApiError::bad_request(format!("malformed YAML: {e}")))?,
         }
     };
     if !v.is_object() {
@@ -281,27 +338,37 @@ pub fn decode_body(h: &HeaderMap, body: &[u8]) -> ApiResult<Value> {
 }
 
 fn query_map(q: Option<&str>) -> std::collections::HashMap<String, String> {
-    q.map(|q| {
-        url_pairs(q).collect()
-    })
-    .unwrap_or_default()
+    q.map(|q| url_pairs(q).collect()).unwrap_or_default()
 }
 
 fn url_pairs(q: &str) -> impl Iterator<Item = (String, String)> + '_ {
     q.split('&').filter(|p| !p.is_empty()).map(|p| {
         let (k, v) = p.split_once('=').unwrap_or((p, ""));
-        let dec = |s: &str| percent_encoding::percent_decode_str(&s.replace('+', " ")).decode_utf8_lossy().into_owned();
+        let dec = |s: &str| {
+            percent_encoding::percent_decode_str(&s.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        };
         (dec(k), dec(v))
     })
 }
 
-async fn dispatch(State(st): State<Arc<ApiState>>, method: Method, headers: HeaderMap, req: Request) -> Response {
+async fn dispatch(
+    State(st): State<Arc<ApiState>>,
+    method: Method,
+    headers: HeaderMap,
+    req: Request,
+) -> Response {
     let uri = req.uri().clone();
     let body = match axum::body::to_bytes(req.into_body(), st.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => {
-            return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge", format!("reading request body: {e}"))
-                .into_response()
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "RequestEntityTooLarge",
+                format!("reading request body: {e}"),
+            )
+            .into_response()
         }
     };
     match handle(&st, &method, &headers, uri.path(), uri.query(), body).await {
@@ -310,11 +377,22 @@ async fn dispatch(State(st): State<Arc<ApiState>>, method: Method, headers: Head
     }
 }
 
-async fn handle(st: &ApiState, method: &Method, h: &HeaderMap, path: &str, query: Option<&str>, body: Bytes) -> ApiResult<Response> {
+async fn handle(
+    st: &ApiState,
+    method: &Method,
+    h: &HeaderMap,
+    path: &str,
+    query: Option<&str>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let t = parse_path(&st.store, path)?;
     let q = query_map(query);
     let rt = &t.rt;
-    let part = if t.sub.is_some() { Part::Status } else { Part::Main };
+    let part = if t.sub.is_some() {
+        Part::Status
+    } else {
+        Part::Main
+    };
     match (method.clone(), &t.name) {
         (Method::GET, None) => {
             let sel = match q.get("labelSelector") {
@@ -322,7 +400,13 @@ async fn handle(st: &ApiState, method: &Method, h: &HeaderMap, path: &str, query
                 None => None,
             };
             if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                return watch(st, rt.clone(), t.ns.clone(), sel, q.get("resourceVersion").cloned());
+                return watch(
+                    st,
+                    rt.clone(),
+                    t.ns.clone(),
+                    sel,
+                    q.get("resourceVersion").cloned(),
+                );
             }
             let (items, rev) = st.store.list(rt, t.ns.as_deref(), sel.as_ref());
             let list = json!({
@@ -348,7 +432,9 @@ async fn handle(st: &ApiState, method: &Method, h: &HeaderMap, path: &str, query
             set_namespace(rt, &mut obj, t.ns.as_deref())?;
             match obj.pointer("/metadata/name").and_then(Value::as_str) {
                 Some(n) if n != name => {
-                    return Err(ApiError::bad_request(format!("the name of the object ({n}) does not match the name on the URL ({name})")))
+                    return Err(ApiError::bad_request(format!(
+                        "the name of the object ({n}) does not match the name on the URL ({name})"
+                    )))
                 }
                 Some(_) => {}
                 None => obj["metadata"]["name"] = Value::String(name.clone()),
@@ -357,8 +443,14 @@ async fn handle(st: &ApiState, method: &Method, h: &HeaderMap, path: &str, query
             Ok(respond(h, StatusCode::OK, &o))
         }
         (Method::PATCH, Some(name)) => {
-            let ct = h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-            if ct.contains("strategic-merge-patch") || ct.contains("json-patch") || ct.contains("apply-patch") {
+            let ct = h
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if ct.contains("strategic-merge-patch")
+                || ct.contains("json-patch")
+                || ct.contains("apply-patch")
+            {
                 return Err(ApiError::new(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "UnsupportedMediaType",
@@ -366,7 +458,10 @@ async fn handle(st: &ApiState, method: &Method, h: &HeaderMap, path: &str, query
                 ));
             }
             let patch = decode_body(h, &body)?;
-            let o = st.store.patch(rt, t.ns.as_deref(), name, &patch, part).await?;
+            let o = st
+                .store
+                .patch(rt, t.ns.as_deref(), name, &patch, part)
+                .await?;
             Ok(respond(h, StatusCode::OK, &o))
         }
         (Method::DELETE, Some(name)) => {
@@ -381,7 +476,11 @@ async fn handle(st: &ApiState, method: &Method, h: &HeaderMap, path: &str, query
             let o = st.store.delete(rt, t.ns.as_deref(), name, pre).await?;
             Ok(respond(h, StatusCode::OK, &o))
         }
-        (m, _) => Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("method {m} is not supported on {path}"))),
+        (m, _) => Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("method {m} is not supported on {path}"),
+        )),
     }
 }
 
@@ -392,7 +491,10 @@ fn set_namespace(rt: &ResourceType, obj: &mut Value, ns: Option<&str>) -> ApiRes
     if !rt.namespaced {
         return Ok(());
     }
-    let body_ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).map(String::from);
+    let body_ns = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .map(String::from);
     match (ns, body_ns) {
         (Some(u), Some(b)) if u != b => Err(ApiError::bad_request(format!(
             "the namespace of the provided object ({b}) does not match the namespace sent on the request ({u})"
@@ -407,7 +509,13 @@ fn set_namespace(rt: &ResourceType, obj: &mut Value, ns: Option<&str>) -> ApiRes
 
 /// Stream watch events as newline-delimited JSON. Without a resourceVersion (or "0")
 /// the current objects come first as ADDED events, then changes, as kube does.
-fn watch(st: &ApiState, rt: Arc<ResourceType>, ns: Option<String>, sel: Option<Selector>, rv: Option<String>) -> ApiResult<Response> {
+fn watch(
+    st: &ApiState,
+    rt: Arc<ResourceType>,
+    ns: Option<String>,
+    sel: Option<Selector>,
+    rv: Option<String>,
+) -> ApiResult<Response> {
     let mut initial = Vec::new();
     let from = match rv.as_deref() {
         None | Some("") | Some("0") => {
@@ -415,34 +523,46 @@ fn watch(st: &ApiState, rt: Arc<ResourceType>, ns: Option<String>, sel: Option<S
             initial = items;
             rev
         }
-        Some(r) => r.parse().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {r:?}")))?,
+        Some(r) => r
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {r:?}")))?,
     };
     let w = st.store.watch(&rt, ns.as_deref(), from)?;
     let sd = st.shutdown.child();
-    let head = futures::stream::iter(initial.into_iter().map(|o| Ok::<_, std::io::Error>(line("ADDED", &o))));
-    let tail = futures::stream::unfold((w, sel, sd, false), |(mut w, sel, mut sd, done)| async move {
-        if done {
-            return None;
-        }
-        loop {
-            let next = tokio::select! {
-                ev = w.next() => ev,
-                _ = sd.recv() => return None,
-            };
-            match next {
-                Ok(ev) => {
-                    if sel.as_ref().is_some_and(|s| !s.matches(meta::labels(&ev.object))) {
-                        continue;
+    let head = futures::stream::iter(
+        initial
+            .into_iter()
+            .map(|o| Ok::<_, std::io::Error>(line("ADDED", &o))),
+    );
+    let tail = futures::stream::unfold(
+        (w, sel, sd, false),
+        |(mut w, sel, mut sd, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                let next = tokio::select! {
+                    ev = w.next() => ev,
+                    _ = sd.recv() => return None,
+                };
+                match next {
+                    Ok(ev) => {
+                        if sel
+                            .as_ref()
+                            .is_some_and(|s| !s.matches(meta::labels(&ev.object)))
+                        {
+                            continue;
+                        }
+                        return Some((Ok(line(ev.kind, &ev.object)), (w, sel, sd, false)));
                     }
-                    return Some((Ok(line(ev.kind, &ev.object)), (w, sel, sd, false)));
-                }
-                Err(e) => {
-                    let status = ApiError::from(e).status_body();
-                    return Some((Ok(line("ERROR", &status)), (w, sel, sd, true)));
+                    Err(e) => {
+                        let status = ApiError::from(e).status_body();
+                        return Some((Ok(line("ERROR", &status)), (w, sel, sd, true)));
+                    }
                 }
             }
-        }
-    });
+        },
+    );
     let stream = futures::StreamExt::chain(head, tail);
     Ok(Response::builder()
         .status(StatusCode::OK)
@@ -466,8 +586,15 @@ mod tests {
     fn paths() {
         let d = tempfile::tempdir().unwrap();
         let s = Store::open(d.path()).unwrap();
-        let t = parse_path(&s, "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims/x").unwrap();
-        assert_eq!((t.rt.kind.as_str(), t.ns.as_deref(), t.name.as_deref()), ("ServerClaim", Some("default"), Some("x")));
+        let t = parse_path(
+            &s,
+            "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims/x",
+        )
+        .unwrap();
+        assert_eq!(
+            (t.rt.kind.as_str(), t.ns.as_deref(), t.name.as_deref()),
+            ("ServerClaim", Some("default"), Some("x"))
+        );
         let t = parse_path(&s, "/apis/metal.ironcore.dev/v1alpha1/servers/a/status").unwrap();
         assert_eq!(t.sub.as_deref(), Some("status"));
         let t = parse_path(&s, "/api/v1/namespaces/default/secrets").unwrap();

@@ -105,7 +105,8 @@ impl Schema {
     /// Compile patterns once. Call after deserializing.
     pub fn prepare(&mut self) -> Result<(), String> {
         if let Some(p) = &self.pattern {
-            self.compiled_pattern = Some(regex::Regex::new(p).map_err(|e| format!("bad pattern {p:?}: {e}"))?);
+            self.compiled_pattern =
+                Some(regex::Regex::new(p).map_err(|e| format!("bad pattern {p:?}: {e}"))?);
         }
         for s in self.properties.values_mut() {
             s.prepare()?;
@@ -187,7 +188,10 @@ impl Schema {
                 errs.push(FieldError {
                     field: path.into(),
                     reason: Reason::NotSupported,
-                    message: format!("Unsupported value: {v}: supported values: {}", list.join(", ")),
+                    message: format!(
+                        "Unsupported value: {v}: supported values: {}",
+                        list.join(", ")
+                    ),
                 });
             }
         }
@@ -196,12 +200,20 @@ impl Schema {
                 let n = s.chars().count() as u64;
                 if let Some(m) = self.max_length {
                     if n > m {
-                        errs.push(invalid(path, v, &format!("must have at most {m} characters")));
+                        errs.push(invalid(
+                            path,
+                            v,
+                            &format!("must have at most {m} characters"),
+                        ));
                     }
                 }
                 if let Some(m) = self.min_length {
                     if n < m {
-                        errs.push(invalid(path, v, &format!("must have at least {m} characters")));
+                        errs.push(invalid(
+                            path,
+                            v,
+                            &format!("must have at least {m} characters"),
+                        ));
                     }
                 }
                 if let Some(re) = &self.compiled_pattern {
@@ -209,7 +221,9 @@ impl Schema {
                         errs.push(invalid(path, v, &format!("should match '{}'", re.as_str())));
                     }
                 }
-                if self.format.as_deref() == Some("date-time") && chrono::DateTime::parse_from_rfc3339(s).is_err() {
+                if self.format.as_deref() == Some("date-time")
+                    && chrono::DateTime::parse_from_rfc3339(s).is_err()
+                {
                     errs.push(invalid(path, v, "must be an RFC 3339 date-time"));
                 }
             }
@@ -217,24 +231,40 @@ impl Schema {
                 let f = num.as_f64().unwrap_or(0.0);
                 if let Some(m) = self.maximum {
                     if f > m {
-                        errs.push(invalid(path, v, &format!("must be less than or equal to {m}")));
+                        errs.push(invalid(
+                            path,
+                            v,
+                            &format!("must be less than or equal to {m}"),
+                        ));
                     }
                 }
                 if let Some(m) = self.minimum {
                     if f < m {
-                        errs.push(invalid(path, v, &format!("must be greater than or equal to {m}")));
+                        errs.push(invalid(
+                            path,
+                            v,
+                            &format!("must be greater than or equal to {m}"),
+                        ));
                     }
                 }
             }
             Value::Array(items) => {
                 if let Some(m) = self.max_items {
                     if items.len() as u64 > m {
-                        errs.push(invalid(path, &Value::from(items.len()), &format!("must have at most {m} items")));
+                        errs.push(invalid(
+                            path,
+                            &Value::from(items.len()),
+                            &format!("must have at most {m} items"),
+                        ));
                     }
                 }
                 if let Some(m) = self.min_items {
                     if (items.len() as u64) < m {
-                        errs.push(invalid(path, &Value::from(items.len()), &format!("must have at least {m} items")));
+                        errs.push(invalid(
+                            path,
+                            &Value::from(items.len()),
+                            &format!("must have at least {m} items"),
+                        ));
                     }
                 }
                 if let Some(s) = &self.items {
@@ -266,7 +296,9 @@ impl Schema {
                         s.validate(&cpath, child, old_child, errs);
                     } else {
                         match &self.additional_properties {
-                            Some(AdditionalProperties::Schema(s)) => s.validate(&cpath, child, old_child, errs),
+                            Some(AdditionalProperties::Schema(s)) => {
+                                s.validate(&cpath, child, old_child, errs)
+                            }
                             Some(AdditionalProperties::Bool(true)) => {}
                             _ if self.preserve_unknown_fields || self.embedded_resource => {}
                             _ => errs.push(FieldError {
@@ -327,7 +359,11 @@ fn join(path: &str, k: &str) -> String {
 }
 
 fn invalid(path: &str, v: &Value, why: &str) -> FieldError {
-    FieldError { field: path.into(), reason: Reason::Invalid, message: format!("Invalid value: {v}: {why}") }
+    FieldError {
+        field: path.into(),
+        reason: Reason::Invalid,
+        message: format!("Invalid value: {v}: {why}"),
+    }
 }
 
 fn type_err(path: &str, v: &Value, want: &str) -> FieldError {
@@ -342,7 +378,9 @@ fn type_err(path: &str, v: &Value, want: &str) -> FieldError {
     FieldError {
         field: path.into(),
         reason: Reason::TypeInvalid,
-        message: format!("Invalid value: \"{got}\": {path} in body must be of type {want}: \"{got}\""),
+        message: format!(
+            "Invalid value: \"{got}\": {path} in body must be of type {want}: \"{got}\""
+        ),
     }
 }
 
@@ -387,7 +425,9 @@ impl CelRule {
                 _ => None,
             },
             CelRule::RequiredOnceSet(f) => match old {
-                Some(o) if o.get(f).is_some() && v.get(f).is_none() => Some(format!("{f} is required once set")),
+                Some(o) if o.get(f).is_some() && v.get(f).is_none() => {
+                    Some(format!("{f} is required once set"))
+                }
                 _ => None,
             },
             CelRule::ExactlyOne(a, b) => {
@@ -398,7 +438,9 @@ impl CelRule {
                 }
             }
             CelRule::MaxSize(f, n) => match v.get(f).and_then(|x| x.as_str()) {
-                Some(s) if s.chars().count() > *n => Some(format!("{f} must be at most {n} characters")),
+                Some(s) if s.chars().count() > *n => {
+                    Some(format!("{f} must be at most {n} characters"))
+                }
                 _ => None,
             },
         }
@@ -446,15 +488,25 @@ mod tests {
 
     #[test]
     fn accepts_valid() {
-        assert!(errs(json!({"spec": {"image": "x", "power": "On", "labels": {"a": "b"}, "cap": "10Gi"}}), None).is_empty());
+        assert!(errs(
+            json!({"spec": {"image": "x", "power": "On", "labels": {"a": "b"}, "cap": "10Gi"}}),
+            None
+        )
+        .is_empty());
     }
 
     #[test]
     fn names_each_problem() {
-        let e = errs(json!({"spec": {"power": "Maybe", "bogus": 1, "uuid": "XYZ", "cap": 1.5}}), None);
+        let e = errs(
+            json!({"spec": {"power": "Maybe", "bogus": 1, "uuid": "XYZ", "cap": 1.5}}),
+            None,
+        );
         let fields: Vec<_> = e.iter().map(|e| (e.field.as_str(), e.reason)).collect();
         assert!(fields.contains(&("spec.image", Reason::Required)), "{e:?}");
-        assert!(fields.contains(&("spec.power", Reason::NotSupported)), "{e:?}");
+        assert!(
+            fields.contains(&("spec.power", Reason::NotSupported)),
+            "{e:?}"
+        );
         assert!(fields.contains(&("spec.bogus", Reason::Unknown)), "{e:?}");
         assert!(fields.contains(&("spec.uuid", Reason::Invalid)), "{e:?}");
         assert!(fields.contains(&("spec.cap", Reason::TypeInvalid)), "{e:?}");
@@ -464,7 +516,10 @@ mod tests {
     #[test]
     fn transition_rules() {
         let old = json!({"spec": {"image": "x", "serverRef": {"name": "a"}}});
-        let e = errs(json!({"spec": {"image": "x", "serverRef": {"name": "b"}}}), Some(old.clone()));
+        let e = errs(
+            json!({"spec": {"image": "x", "serverRef": {"name": "b"}}}),
+            Some(old.clone()),
+        );
         assert_eq!(e[0].message, "serverRef is immutable");
         let e = errs(json!({"spec": {"image": "x"}}), Some(old.clone()));
         assert_eq!(e[0].message, "serverRef is required once set");
@@ -481,8 +536,14 @@ mod tests {
     #[test]
     fn parses_reference_rule_shapes() {
         assert_eq!(parse_rule("self == oldSelf"), Some(CelRule::Immutable));
-        assert_eq!(parse_rule("has(self.access) != has(self.endpointRef)"), Some(CelRule::ExactlyOne("access".into(), "endpointRef".into())));
-        assert_eq!(parse_rule("self.key.size() <= 253"), Some(CelRule::MaxSize("key".into(), 253)));
+        assert_eq!(
+            parse_rule("has(self.access) != has(self.endpointRef)"),
+            Some(CelRule::ExactlyOne("access".into(), "endpointRef".into()))
+        );
+        assert_eq!(
+            parse_rule("self.key.size() <= 253"),
+            Some(CelRule::MaxSize("key".into(), 253))
+        );
         assert_eq!(parse_rule("self.x.startsWith('a')"), None);
     }
 }

@@ -52,23 +52,38 @@ impl Selector {
         let mut reqs = Vec::new();
         if let Some(ml) = v.get("matchLabels").and_then(Value::as_object) {
             for (k, val) in ml {
-                reqs.push(Req::Eq(k.clone(), val.as_str().ok_or("matchLabels values must be strings")?.to_string()));
+                reqs.push(Req::Eq(
+                    k.clone(),
+                    val.as_str()
+                        .ok_or("matchLabels values must be strings")?
+                        .to_string(),
+                ));
             }
         }
         if let Some(me) = v.get("matchExpressions").and_then(Value::as_array) {
             for e in me {
-                let k = e.get("key").and_then(Value::as_str).ok_or("matchExpressions[].key is required")?.to_string();
+                let k = e
+                    .get("key")
+                    .and_then(Value::as_str)
+                    .ok_or("matchExpressions[].key is required")?
+                    .to_string();
                 let vals: Vec<String> = e
                     .get("values")
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x.as_str().map(String::from))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 reqs.push(match e.get("operator").and_then(Value::as_str) {
                     Some("In") => Req::In(k, vals),
                     Some("NotIn") => Req::NotIn(k, vals),
                     Some("Exists") => Req::Exists(k),
                     Some("DoesNotExist") => Req::NotExists(k),
-                    other => return Err(format!("unsupported matchExpressions operator {other:?}")),
+                    other => {
+                        return Err(format!("unsupported matchExpressions operator {other:?}"))
+                    }
                 });
             }
         }
@@ -102,8 +117,15 @@ fn key(k: &str) -> Result<String, String> {
 
 fn set(s: &str) -> Result<Vec<String>, String> {
     let s = s.trim();
-    let inner = s.strip_prefix('(').and_then(|x| x.strip_suffix(')')).ok_or_else(|| format!("expected (values) in selector, got {s:?}"))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+    let inner = s
+        .strip_prefix('(')
+        .and_then(|x| x.strip_suffix(')'))
+        .ok_or_else(|| format!("expected (values) in selector, got {s:?}"))?;
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 /// Split on commas that are not inside parentheses.

@@ -22,13 +22,23 @@ use crate::api::resource::{Registry, ResourceType};
 #[derive(Debug, Args, Clone)]
 pub struct Conn {
     /// API server URL.
-    #[arg(long, env = "BOOTPLANE_SERVER", default_value = "http://127.0.0.1:9090", global = true)]
+    #[arg(
+        long,
+        env = "BOOTPLANE_SERVER",
+        default_value = "http://127.0.0.1:9090",
+        global = true
+    )]
     pub server: String,
     /// Bearer token (default: the local state dir's api-token).
     #[arg(long, env = "BOOTPLANE_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
     /// State dir to read the token from.
-    #[arg(long = "state-dir", env = "BOOTPLANE_STATE_DIR", default_value = "./var/bootplane", global = true)]
+    #[arg(
+        long = "state-dir",
+        env = "BOOTPLANE_STATE_DIR",
+        default_value = "./var/bootplane",
+        global = true
+    )]
     pub state_dir: PathBuf,
 }
 
@@ -101,16 +111,29 @@ impl Client {
             None => {
                 let p = conn.state_dir.join("api-token");
                 std::fs::read_to_string(&p)
-                    .with_context(|| format!("reading API token {} (pass --token or --state-dir)", p.display()))?
+                    .with_context(|| {
+                        format!(
+                            "reading API token {} (pass --token or --state-dir)",
+                            p.display()
+                        )
+                    })?
                     .trim()
                     .to_string()
             }
         };
-        Ok(Client { base: conn.server.trim_end_matches('/').to_string(), token, agent: ureq::AgentBuilder::new().build() })
+        Ok(Client {
+            base: conn.server.trim_end_matches('/').to_string(),
+            token,
+            agent: ureq::AgentBuilder::new().build(),
+        })
     }
 
     pub fn path(rt: &ResourceType, ns: Option<&str>, name: Option<&str>) -> String {
-        let mut p = if rt.group.is_empty() { format!("/api/{}", rt.version) } else { format!("/apis/{}/{}", rt.group, rt.version) };
+        let mut p = if rt.group.is_empty() {
+            format!("/api/{}", rt.version)
+        } else {
+            format!("/apis/{}/{}", rt.group, rt.version)
+        };
         if rt.namespaced {
             if let Some(ns) = ns {
                 p.push_str(&format!("/namespaces/{ns}"));
@@ -127,7 +150,10 @@ impl Client {
 
     pub fn request(&self, method: &str, path: &str, body: Option<(&str, &Value)>) -> Result<Value> {
         let url = format!("{}{}", self.base, path);
-        let req = self.agent.request(method, &url).set("Authorization", &format!("Bearer {}", self.token));
+        let req = self
+            .agent
+            .request(method, &url)
+            .set("Authorization", &format!("Bearer {}", self.token));
         let res = match body {
             Some((ct, b)) => req.set("Content-Type", ct).send_string(&b.to_string()),
             None => req.call(),
@@ -142,8 +168,16 @@ impl Client {
                 let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
                 Err(ApiFailure {
                     code,
-                    reason: v.get("reason").and_then(Value::as_str).unwrap_or("Unknown").to_string(),
-                    message: v.get("message").and_then(Value::as_str).map(String::from).unwrap_or(text),
+                    reason: v
+                        .get("reason")
+                        .and_then(Value::as_str)
+                        .unwrap_or("Unknown")
+                        .to_string(),
+                    message: v
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .map(String::from)
+                        .unwrap_or(text),
                 }
                 .into())
             }
@@ -175,7 +209,9 @@ pub fn read_documents(spec: &str) -> Result<Vec<(String, Value)>> {
     let mut sources: Vec<(String, String)> = Vec::new();
     if spec == "-" {
         let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).context("reading stdin")?;
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading stdin")?;
         sources.push(("<stdin>".into(), s));
     } else {
         let p = Path::new(spec);
@@ -183,11 +219,15 @@ pub fn read_documents(spec: &str) -> Result<Vec<(String, Value)>> {
             let mut files: Vec<PathBuf> = std::fs::read_dir(p)
                 .with_context(|| format!("reading directory {spec}"))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.extension().is_some_and(|x| x == "yaml" || x == "yml" || x == "json"))
+                .filter(|f| {
+                    f.extension()
+                        .is_some_and(|x| x == "yaml" || x == "yml" || x == "json")
+                })
                 .collect();
             files.sort();
             for f in files {
-                let s = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+                let s = std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading {}", f.display()))?;
                 sources.push((f.display().to_string(), s));
             }
         } else {
@@ -221,7 +261,8 @@ pub fn parse_documents(text: &str) -> Result<Vec<Value>> {
 }
 
 fn resolve(reg: &Registry, kind: &str) -> Result<Arc<ResourceType>> {
-    reg.resolve(kind).ok_or_else(|| anyhow::anyhow!("the server doesn't have a resource type \"{kind}\""))
+    reg.resolve(kind)
+        .ok_or_else(|| anyhow::anyhow!("the server doesn't have a resource type \"{kind}\""))
 }
 
 pub fn apply(a: ApplyArgs) -> Result<u8> {
@@ -246,27 +287,63 @@ pub fn apply(a: ApplyArgs) -> Result<u8> {
 
 /// Create or merge-patch one object. Returns kubectl's line (`x/y created`).
 pub fn apply_one(client: &Client, reg: &Registry, doc: &Value) -> Result<String> {
-    let api_version = doc.get("apiVersion").and_then(Value::as_str).ok_or_else(|| anyhow::anyhow!("apiVersion is missing"))?;
-    let kind = doc.get("kind").and_then(Value::as_str).ok_or_else(|| anyhow::anyhow!("kind is missing"))?;
-    let rt = reg
-        .by_kind(api_version, kind)
-        .ok_or_else(|| anyhow::anyhow!("no matches for kind \"{kind}\" in version \"{api_version}\""))?;
-    let name = doc.pointer("/metadata/name").and_then(Value::as_str).ok_or_else(|| anyhow::anyhow!("metadata.name is missing"))?;
-    let ns = doc.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
+    let api_version = doc
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow::anyhow!("apiVersion is missing"))?;
+    let kind = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow::anyhow!("kind is missing"))?;
+    let rt = reg.by_kind(api_version, kind).ok_or_else(|| {
+        anyhow::anyhow!("no matches for kind \"{kind}\" in version \"{api_version}\"")
+    })?;
+    let name = doc
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow::anyhow!("metadata.name is missing"))?;
+    let ns = doc
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
     let ns = if rt.namespaced { Some(ns) } else { None };
-    let label = format!("{}/{}", rt.singular.clone() + &if rt.group.is_empty() { String::new() } else { format!(".{}", rt.group) }, name);
+    let label = format!(
+        "{}/{}",
+        rt.singular.clone()
+            + &if rt.group.is_empty() {
+                String::new()
+            } else {
+                format!(".{}", rt.group)
+            },
+        name
+    );
     match client.request("GET", &Client::path(&rt, ns, Some(name)), None) {
         Ok(cur) => {
             let mut patch = doc.clone();
             if let Some(m) = patch.as_object_mut() {
                 m.remove("status");
             }
-            let res = client.request("PATCH", &Client::path(&rt, ns, Some(name)), Some(("application/merge-patch+json", &patch)))?;
-            let same = res.pointer("/metadata/resourceVersion") == cur.pointer("/metadata/resourceVersion");
-            Ok(format!("{label} {}", if same { "unchanged" } else { "configured" }))
+            let res = client.request(
+                "PATCH",
+                &Client::path(&rt, ns, Some(name)),
+                Some(("application/merge-patch+json", &patch)),
+            )?;
+            let same = res.pointer("/metadata/resourceVersion")
+                == cur.pointer("/metadata/resourceVersion");
+            Ok(format!(
+                "{label} {}",
+                if same { "unchanged" } else { "configured" }
+            ))
         }
-        Err(e) if e.downcast_ref::<ApiFailure>().is_some_and(|f| f.code == 404) => {
-            client.request("POST", &Client::path(&rt, ns, None), Some(("application/json", doc)))?;
+        Err(e)
+            if e.downcast_ref::<ApiFailure>()
+                .is_some_and(|f| f.code == 404) =>
+        {
+            client.request(
+                "POST",
+                &Client::path(&rt, ns, None),
+                Some(("application/json", doc)),
+            )?;
             Ok(format!("{label} created"))
         }
         Err(e) => Err(e),
@@ -279,19 +356,35 @@ pub fn get(a: GetArgs) -> Result<u8> {
         return get_leases(&client, a.output.as_deref());
     }
     let reg = Registry::global();
-    let kinds: Vec<Arc<ResourceType>> = a.kind.split(',').map(|k| resolve(reg, k.trim())).collect::<Result<_>>()?;
-    let ns = if a.all_namespaces { None } else { Some(a.namespace.as_str()) };
+    let kinds: Vec<Arc<ResourceType>> = a
+        .kind
+        .split(',')
+        .map(|k| resolve(reg, k.trim()))
+        .collect::<Result<_>>()?;
+    let ns = if a.all_namespaces {
+        None
+    } else {
+        Some(a.namespace.as_str())
+    };
     let mut q = String::new();
     if let Some(s) = &a.selector {
-        q = format!("labelSelector={}", percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC));
+        q = format!(
+            "labelSelector={}",
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
+        );
     }
     let mut first = true;
     for rt in kinds {
         let path = Client::path(&rt, ns, a.name.as_deref());
         if a.watch {
             let path = Client::path(&rt, ns, None);
-            let mut t = table::Table::new(&rt, a.output.as_deref() == Some("wide"), a.all_namespaces);
-            let query = if q.is_empty() { String::new() } else { format!("&{q}") };
+            let mut t =
+                table::Table::new(&rt, a.output.as_deref() == Some("wide"), a.all_namespaces);
+            let query = if q.is_empty() {
+                String::new()
+            } else {
+                format!("&{q}")
+            };
             for ev in client.watch(&path, &query)? {
                 let ev = ev?;
                 let obj = ev.get("object").cloned().unwrap_or(Value::Null);
@@ -304,14 +397,21 @@ pub fn get(a: GetArgs) -> Result<u8> {
                     Some("json") => println!("{}", serde_json::to_string(&ev)?),
                     Some("yaml") => println!("---\n{}", serde_norway::to_string(&ev)?.trim_end()),
                     _ => {
-                        let line = t.row_line(&obj, ev.get("type").and_then(Value::as_str) == Some("DELETED"));
+                        let line = t.row_line(
+                            &obj,
+                            ev.get("type").and_then(Value::as_str) == Some("DELETED"),
+                        );
                         println!("{line}");
                     }
                 }
             }
             return Ok(0);
         }
-        let full = if q.is_empty() || a.name.is_some() { path } else { format!("{path}?{q}") };
+        let full = if q.is_empty() || a.name.is_some() {
+            path
+        } else {
+            format!("{path}?{q}")
+        };
         let v = client.request("GET", &full, None)?;
         match a.output.as_deref() {
             Some("json") => println!("{}", serde_json::to_string_pretty(&v)?),
@@ -323,14 +423,18 @@ pub fn get(a: GetArgs) -> Result<u8> {
                 };
                 if items.is_empty() {
                     if first {
-                        eprintln!("No resources found{}.", ns.map(|n| format!(" in {n} namespace")).unwrap_or_default());
+                        eprintln!(
+                            "No resources found{}.",
+                            ns.map(|n| format!(" in {n} namespace")).unwrap_or_default()
+                        );
                     }
                     continue;
                 }
                 if !first {
                     println!();
                 }
-                let t = table::Table::new(&rt, a.output.as_deref() == Some("wide"), a.all_namespaces);
+                let t =
+                    table::Table::new(&rt, a.output.as_deref() == Some("wide"), a.all_namespaces);
                 print!("{}", t.render(&items));
             }
             Some(o) => bail!("unknown output format {o:?} (expected wide, yaml or json)"),
@@ -363,8 +467,18 @@ pub fn power(a: PowerArgs) -> Result<u8> {
     let client = Client::new(&a.conn)?;
     let rt = resolve(Registry::global(), "server")?;
     let path = format!("{}/status", Client::path(&rt, None, Some(&a.target)));
-    client.request("PATCH", &path, Some(("application/merge-patch+json", &serde_json::json!({"status": {"powerState": a.state}}))))?;
-    println!("server.metal.ironcore.dev/{} power {} confirmed", a.target, a.state);
+    client.request(
+        "PATCH",
+        &path,
+        Some((
+            "application/merge-patch+json",
+            &serde_json::json!({"status": {"powerState": a.state}}),
+        )),
+    )?;
+    println!(
+        "server.metal.ironcore.dev/{} power {} confirmed",
+        a.target, a.state
+    );
     Ok(0)
 }
 
@@ -375,14 +489,25 @@ fn get_leases(client: &Client, output: Option<&str>) -> Result<u8> {
         Some("json") => println!("{}", serde_json::to_string_pretty(&v)?),
         Some("yaml") => print!("{}", serde_norway::to_string(&v)?),
         _ => {
-            let items = v.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+            let items = v
+                .get("items")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             if items.is_empty() {
                 eprintln!("No leases found.");
                 return Ok(0);
             }
-            let mut rows = vec![["IP", "MAC", "HOSTNAME", "STATE", "EXPIRES"].map(String::from).to_vec()];
+            let mut rows = vec![["IP", "MAC", "HOSTNAME", "STATE", "EXPIRES"]
+                .map(String::from)
+                .to_vec()];
             for l in &items {
-                let s = |k: &str| l.get(k).and_then(Value::as_str).unwrap_or("<none>").to_string();
+                let s = |k: &str| {
+                    l.get(k)
+                        .and_then(Value::as_str)
+                        .unwrap_or("<none>")
+                        .to_string()
+                };
                 let exp = l
                     .get("expires")
                     .and_then(Value::as_u64)
@@ -391,9 +516,15 @@ fn get_leases(client: &Client, output: Option<&str>) -> Result<u8> {
                     .unwrap_or_default();
                 rows.push(vec![s("ip"), s("mac"), s("hostname"), s("state"), exp]);
             }
-            let widths: Vec<usize> = (0..5).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+            let widths: Vec<usize> = (0..5)
+                .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+                .collect();
             for r in rows {
-                let line: Vec<String> = r.iter().enumerate().map(|(i, c)| format!("{:<w$}", c, w = widths[i])).collect();
+                let line: Vec<String> = r
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| format!("{:<w$}", c, w = widths[i]))
+                    .collect();
                 println!("{}", line.join("   ").trim_end());
             }
         }
@@ -404,7 +535,11 @@ fn get_leases(client: &Client, output: Option<&str>) -> Result<u8> {
 pub fn delete(a: DeleteArgs) -> Result<u8> {
     let client = Client::new(&a.conn)?;
     let rt = resolve(Registry::global(), &a.kind)?;
-    let ns = if rt.namespaced { Some(a.namespace.as_str()) } else { None };
+    let ns = if rt.namespaced {
+        Some(a.namespace.as_str())
+    } else {
+        None
+    };
     client.request("DELETE", &Client::path(&rt, ns, Some(&a.name)), None)?;
     println!("{} \"{}\" deleted", rt.qualified(), a.name);
     Ok(0)

@@ -31,7 +31,10 @@ pub fn jsonpath<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
             if let Some(filter) = inner.strip_prefix("?(@.").and_then(|f| f.strip_suffix(')')) {
                 let (k, want) = filter.split_once("==")?;
                 let want = want.trim().trim_matches('"').trim_matches('\'');
-                cur = cur.as_array()?.iter().find(|e| e.get(k.trim()).and_then(Value::as_str) == Some(want))?;
+                cur = cur
+                    .as_array()?
+                    .iter()
+                    .find(|e| e.get(k.trim()).and_then(Value::as_str) == Some(want))?;
             } else {
                 cur = cur.get(inner.parse::<usize>().ok()?)?;
             }
@@ -54,7 +57,9 @@ pub fn age(ts: Option<&str>) -> String {
     let Some(t) = ts.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) else {
         return "<unknown>".into();
     };
-    let s = (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds().max(0);
+    let s = (chrono::Utc::now() - t.with_timezone(&chrono::Utc))
+        .num_seconds()
+        .max(0);
     match s {
         0..=119 => format!("{s}s"),
         120..=7199 => format!("{}m", s / 60),
@@ -74,14 +79,24 @@ impl Table {
         }
         headers.push("NAME".into());
         paths.push(".metadata.name".into());
-        for (h, p) in rt.columns.iter().chain(if wide { rt.wide_columns.iter() } else { [].iter() }) {
+        for (h, p) in rt.columns.iter().chain(if wide {
+            rt.wide_columns.iter()
+        } else {
+            [].iter()
+        }) {
             headers.push(h.clone());
             paths.push(p.clone());
         }
         headers.push("AGE".into());
         paths.push(".metadata.creationTimestamp".into());
         let widths = headers.iter().map(|h| h.len()).collect();
-        Table { headers, paths, namespaced, widths, printed_header: false }
+        Table {
+            headers,
+            paths,
+            namespaced,
+            widths,
+            printed_header: false,
+        }
     }
 
     fn cells(&self, o: &Value) -> Vec<String> {
@@ -90,7 +105,9 @@ impl Table {
             .enumerate()
             .map(|(i, p)| {
                 if i == self.paths.len() - 1 {
-                    age(o.pointer("/metadata/creationTimestamp").and_then(Value::as_str))
+                    age(o
+                        .pointer("/metadata/creationTimestamp")
+                        .and_then(Value::as_str))
                 } else {
                     cell(jsonpath(o, p))
                 }
@@ -158,7 +175,10 @@ mod tests {
     #[test]
     fn jsonpath_subset() {
         let v = json!({"status": {"conditions": [{"type": "A", "t": "1"}, {"type": "B", "t": "2"}]}, "l": [5]});
-        assert_eq!(jsonpath(&v, ".status.conditions[?(@.type==\"B\")].t"), Some(&json!("2")));
+        assert_eq!(
+            jsonpath(&v, ".status.conditions[?(@.type==\"B\")].t"),
+            Some(&json!("2"))
+        );
         assert_eq!(jsonpath(&v, ".l[0]"), Some(&json!(5)));
         assert_eq!(jsonpath(&v, ".status.missing"), None);
     }

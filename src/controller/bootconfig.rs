@@ -21,7 +21,13 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     match c.resolver.resolve(&c.store, &b) {
         Ok(()) => {
             status["state"] = json!("Ready");
-            set_condition(&mut status, "Ready", true, "Resolved", "image and ignition resolved");
+            set_condition(
+                &mut status,
+                "Ready",
+                true,
+                "Resolved",
+                "image and ignition resolved",
+            );
         }
         Err((reason, message)) => {
             status["state"] = json!("Error");
@@ -41,15 +47,24 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
 /// The ignition secret named by the configuration exists and has an `ignition` key.
 pub fn check_secret(store: &Store, sbc: &Value) -> Result<(), (String, String)> {
     let ns = meta::namespace(sbc).unwrap_or("default");
-    let Some(name) = sbc.pointer("/spec/ignitionSecretRef/name").and_then(Value::as_str) else {
+    let Some(name) = sbc
+        .pointer("/spec/ignitionSecretRef/name")
+        .and_then(Value::as_str)
+    else {
         return Ok(()); // no ignition wanted
     };
     let t = store.registry().resolve("secret").expect("secret type");
-    let secret = store
-        .get(&t, Some(ns), name)
-        .map_err(|_| ("IgnitionSecretMissing".to_string(), format!("secret {ns}/{name} not found")))?;
+    let secret = store.get(&t, Some(ns), name).map_err(|_| {
+        (
+            "IgnitionSecretMissing".to_string(),
+            format!("secret {ns}/{name} not found"),
+        )
+    })?;
     if secret_data(&secret, "ignition").is_none() {
-        return Err(("IgnitionKeyMissing".into(), format!("secret {ns}/{name} has no data key \"ignition\"")));
+        return Err((
+            "IgnitionKeyMissing".into(),
+            format!("secret {ns}/{name} has no data key \"ignition\""),
+        ));
     }
     Ok(())
 }

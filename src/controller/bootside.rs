@@ -17,7 +17,9 @@ use super::{set_condition, BootResolver};
 use crate::api::resource::ResourceType;
 use crate::http::catalog::{Catalog, FileHasher};
 use crate::http::index::MemoryIndex;
-use crate::http::{BootEvent, BootFiles, BootIndex, BootState, IgnitionData, MachineBoot, MachineId};
+use crate::http::{
+    BootEvent, BootFiles, BootIndex, BootState, IgnitionData, MachineBoot, MachineId,
+};
 use crate::shutdown::Shutdown;
 use crate::store::{meta, secret_data, Part, Store, StoreError};
 
@@ -30,7 +32,10 @@ pub struct CatalogResolver {
 
 impl BootResolver for CatalogResolver {
     fn resolve(&self, store: &Store, sbc: &Value) -> Result<(), (String, String)> {
-        let image = sbc.pointer("/spec/image").and_then(Value::as_str).unwrap_or("");
+        let image = sbc
+            .pointer("/spec/image")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if image.is_empty() {
             return Err(("NoImage".into(), "spec.image is empty".into()));
         }
@@ -46,29 +51,55 @@ impl BootResolver for CatalogResolver {
 
 /// The Ignition payload a boot configuration hands out. Without `format` the
 /// secret's `ignition` key is served as-is (Ignition JSON), as boot-operator does.
-pub fn ignition_payload(store: &Store, sbc: &Value) -> Result<Option<IgnitionData>, (String, String)> {
+pub fn ignition_payload(
+    store: &Store,
+    sbc: &Value,
+) -> Result<Option<IgnitionData>, (String, String)> {
     let ns = meta::namespace(sbc).unwrap_or("default");
-    let Some(name) = sbc.pointer("/spec/ignitionSecretRef/name").and_then(Value::as_str) else {
+    let Some(name) = sbc
+        .pointer("/spec/ignitionSecretRef/name")
+        .and_then(Value::as_str)
+    else {
         return Ok(None);
     };
     let t = store.registry().resolve("secret").expect("secret type");
-    let secret = store
-        .get(&t, Some(ns), name)
-        .map_err(|_| ("IgnitionSecretMissing".to_string(), format!("secret {ns}/{name} not found")))?;
-    let data = secret_data(&secret, "ignition")
-        .ok_or_else(|| ("IgnitionKeyMissing".to_string(), format!("secret {ns}/{name} has no data key \"ignition\"")))?;
-    let format = secret_data(&secret, "format").map(|f| String::from_utf8_lossy(&f).trim().to_string()).filter(|f| !f.is_empty());
-    let text = String::from_utf8(data)
-        .map_err(|_| ("InvalidIgnition".to_string(), format!("secret {ns}/{name}: key \"ignition\" is not UTF-8")))?;
+    let secret = store.get(&t, Some(ns), name).map_err(|_| {
+        (
+            "IgnitionSecretMissing".to_string(),
+            format!("secret {ns}/{name} not found"),
+        )
+    })?;
+    let data = secret_data(&secret, "ignition").ok_or_else(|| {
+        (
+            "IgnitionKeyMissing".to_string(),
+            format!("secret {ns}/{name} has no data key \"ignition\""),
+        )
+    })?;
+    let format = secret_data(&secret, "format")
+        .map(|f| String::from_utf8_lossy(&f).trim().to_string())
+        .filter(|f| !f.is_empty());
+    let text = String::from_utf8(data).map_err(|_| {
+        (
+            "InvalidIgnition".to_string(),
+            format!("secret {ns}/{name}: key \"ignition\" is not UTF-8"),
+        )
+    })?;
     // Butane (`format: fcos`) is translated, plain Ignition JSON parsed; both are
     // validated against their spec version's schema and Ignition's rules, so an invalid
     // config puts the boot configuration into Error instead of being served.
-    let secret = crate::ignition::render::IgnitionSecret { ignition: text, format };
+    let secret = crate::ignition::render::IgnitionSecret {
+        ignition: text,
+        format,
+    };
     let config = secret
         .to_config(&crate::ignition::FilesDir::default())
         .map_err(|e| (e.reason().to_string(), format!("secret {ns}/{name}: {e}")))?;
-    let body = serde_json::to_vec(&config).map_err(|e| ("InvalidIgnition".to_string(), e.to_string()))?;
-    Ok(Some(IgnitionData { data: Bytes::from(body), content_type: "application/json".into() }))
+    let body =
+        serde_json::to_vec(&config).map_err(|e| ("InvalidIgnition".to_string(), e.to_string()))?;
+    Ok(Some(IgnitionData {
+        data: Bytes::from(body),
+        content_type: "application/json".into(),
+    }))
 }
 
 fn parse_mac(s: &str) -> Option<[u8; 6]> {
@@ -84,7 +115,9 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
 }
 
 fn valid_uuid(s: &str) -> Option<String> {
-    uuid::Uuid::parse_str(s).ok().map(|u| u.hyphenated().to_string())
+    uuid::Uuid::parse_str(s)
+        .ok()
+        .map(|u| u.hyphenated().to_string())
 }
 
 /// Keeps a [`MemoryIndex`] equal to what the store says each machine should boot.
@@ -103,13 +136,20 @@ pub struct StoreBootIndex {
 
 impl BootIndex for StoreBootIndex {
     fn lookup(&self, id: &MachineId) -> Option<Arc<MachineBoot>> {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         let m = self.mem.lookup(id).or_else(|| {
-            let MachineId::Ip(IpAddr::V4(ip)) = id else { return None };
+            let MachineId::Ip(IpAddr::V4(ip)) = id else {
+                return None;
+            };
             let l = self.leases.as_ref()?.by_ip(*ip).filter(|l| l.active(now))?;
             self.mem.lookup(&MachineId::Mac(l.mac))
         })?;
-        let Some(leases) = &self.leases else { return Some(m) };
+        let Some(leases) = &self.leases else {
+            return Some(m);
+        };
         let extra: Vec<IpAddr> = m
             .macs
             .iter()
@@ -130,8 +170,15 @@ impl BootIndex for StoreBootIndex {
         self.mem.record_progress(server, event, client);
         // Never block the request: a full queue drops the status write (the fetch
         // itself is still logged and counted by the listener).
-        if self.progress.try_send((server.to_string(), event, client)).is_err() {
-            tracing::warn!(server, "boot progress queue full; status condition not recorded");
+        if self
+            .progress
+            .try_send((server.to_string(), event, client))
+            .is_err()
+        {
+            tracing::warn!(
+                server,
+                "boot progress queue full; status condition not recorded"
+            );
         }
     }
 }
@@ -173,30 +220,70 @@ impl StoreBootIndex {
         };
         let mut ips: Vec<IpAddr> = Vec::new();
         let mut macs = Vec::new();
-        for nic in s.pointer("/status/networkInterfaces").and_then(Value::as_array).into_iter().flatten() {
-            if let Some(m) = nic.get("macAddress").and_then(Value::as_str).and_then(parse_mac) {
+        for nic in s
+            .pointer("/status/networkInterfaces")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(m) = nic
+                .get("macAddress")
+                .and_then(Value::as_str)
+                .and_then(parse_mac)
+            {
                 macs.push(m);
             }
-            let more = nic.get("ips").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str);
-            for ip in nic.get("ip").and_then(Value::as_str).into_iter().chain(more) {
+            let more = nic
+                .get("ips")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str);
+            for ip in nic
+                .get("ip")
+                .and_then(Value::as_str)
+                .into_iter()
+                .chain(more)
+            {
                 if let Ok(a) = ip.parse() {
                     ips.push(a);
                 }
             }
         }
-        let uuid = s.pointer("/spec/systemUUID").and_then(Value::as_str).and_then(valid_uuid);
+        let uuid = s
+            .pointer("/spec/systemUUID")
+            .and_then(Value::as_str)
+            .and_then(valid_uuid);
         let (state, files, ignition) = self.boot_state(&s);
-        self.mem.upsert(MachineBoot { server: server.to_string(), uuid, ips, macs, state, files, ignition });
+        self.mem.upsert(MachineBoot {
+            server: server.to_string(),
+            uuid,
+            ips,
+            macs,
+            state,
+            files,
+            ignition,
+        });
     }
 
     fn boot_state(&self, s: &Value) -> (BootState, Option<BootFiles>, Option<IgnitionData>) {
-        let Some(r) = s.pointer("/spec/bootConfigurationRef").filter(|r| !r.is_null()) else {
+        let Some(r) = s
+            .pointer("/spec/bootConfigurationRef")
+            .filter(|r| !r.is_null())
+        else {
             return (BootState::NotClaimed, None, None);
         };
-        let ns = r.get("namespace").and_then(Value::as_str).unwrap_or("default");
+        let ns = r
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
         let name = r.get("name").and_then(Value::as_str).unwrap_or("");
         let Ok(sbc) = self.store.get(&self.t_sbc, Some(ns), name) else {
-            return (BootState::Error(format!("ServerBootConfiguration {ns}/{name} not found")), None, None);
+            return (
+                BootState::Error(format!("ServerBootConfiguration {ns}/{name} not found")),
+                None,
+                None,
+            );
         };
         match sbc.pointer("/status/state").and_then(Value::as_str) {
             Some("Ready") => {}
@@ -211,11 +298,20 @@ impl StoreBootIndex {
             }
             _ => return (BootState::NotClaimed, None, None),
         }
-        let image = sbc.pointer("/spec/image").and_then(Value::as_str).unwrap_or("");
+        let image = sbc
+            .pointer("/spec/image")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let files = match self.resolver.hasher.resolve(&self.resolver.catalog, image) {
             Ok(Ok(r)) => r.boot_files(&self.base_url),
             Ok(Err(e)) => return (BootState::Error(e.to_string()), None, None),
-            Err(e) => return (BootState::Error(format!("reading image files: {e}")), None, None),
+            Err(e) => {
+                return (
+                    BootState::Error(format!("reading image files: {e}")),
+                    None,
+                    None,
+                )
+            }
         };
         match ignition_payload(&self.store, &sbc) {
             Ok(ign) => (BootState::Ready, Some(files), ign),
@@ -225,7 +321,10 @@ impl StoreBootIndex {
 
     async fn watch(self: Arc<Self>, mut shutdown: Shutdown) {
         let reg = self.store.registry();
-        let types: Vec<Arc<ResourceType>> = ["server", "sbc", "secret"].iter().map(|k| reg.resolve(k).expect("type")).collect();
+        let types: Vec<Arc<ResourceType>> = ["server", "sbc", "secret"]
+            .iter()
+            .map(|k| reg.resolve(k).expect("type"))
+            .collect();
         'relist: loop {
             let rev = self.store.revision();
             let (servers, _) = self.store.list(&self.t_server, None, None);
@@ -243,7 +342,11 @@ impl StoreBootIndex {
                 }
             }
             let mut iter = watches.into_iter();
-            let (mut ws, mut wb, mut wsec) = (iter.next().unwrap(), iter.next().unwrap(), iter.next().unwrap());
+            let (mut ws, mut wb, mut wsec) = (
+                iter.next().unwrap(),
+                iter.next().unwrap(),
+                iter.next().unwrap(),
+            );
             loop {
                 let ev = tokio::select! {
                     e = ws.next() => e,
@@ -280,7 +383,10 @@ impl StoreBootIndex {
                 let ns = meta::namespace(o).unwrap_or("default");
                 let (sbcs, _) = self.store.list(&self.t_sbc, Some(ns), None);
                 for b in sbcs {
-                    if b.pointer("/spec/ignitionSecretRef/name").and_then(Value::as_str) == Some(meta::name(o)) {
+                    if b.pointer("/spec/ignitionSecretRef/name")
+                        .and_then(Value::as_str)
+                        == Some(meta::name(o))
+                    {
                         if let Some(s) = b.pointer("/spec/serverRef/name").and_then(Value::as_str) {
                             out.insert(s.to_string());
                         }
@@ -293,7 +399,11 @@ impl StoreBootIndex {
     }
 
     /// Write `IPXEScriptFetched` / `IgnitionDataFetched` onto the machine's boot configuration.
-    async fn write_progress(self: Arc<Self>, mut rx: mpsc::Receiver<(String, BootEvent, IpAddr)>, mut shutdown: Shutdown) {
+    async fn write_progress(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<(String, BootEvent, IpAddr)>,
+        mut shutdown: Shutdown,
+    ) {
         loop {
             let (server, event, client) = tokio::select! {
                 m = rx.recv() => match m { Some(m) => m, None => return },
@@ -305,16 +415,35 @@ impl StoreBootIndex {
         }
     }
 
-    async fn record_condition(&self, server: &str, event: BootEvent, client: IpAddr) -> Result<(), StoreError> {
+    async fn record_condition(
+        &self,
+        server: &str,
+        event: BootEvent,
+        client: IpAddr,
+    ) -> Result<(), StoreError> {
         let s = self.store.get(&self.t_server, None, server)?;
-        let Some(r) = s.pointer("/spec/bootConfigurationRef").filter(|r| !r.is_null()) else {
+        let Some(r) = s
+            .pointer("/spec/bootConfigurationRef")
+            .filter(|r| !r.is_null())
+        else {
             return Ok(());
         };
-        let ns = r.get("namespace").and_then(Value::as_str).unwrap_or("default").to_string();
-        let name = r.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+        let ns = r
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_string();
+        let name = r
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         for _ in 0..8 {
             let b = self.store.get(&self.t_sbc, Some(&ns), &name)?;
-            let mut status = b.get("status").cloned().unwrap_or_else(|| serde_json::json!({}));
+            let mut status = b
+                .get("status")
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!({}));
             let msg = format!("fetched by {client}");
             if !set_condition(&mut status, event.condition_type(), true, "Fetched", &msg) {
                 return Ok(());
@@ -336,10 +465,19 @@ mod tests {
 
     #[test]
     fn macs_and_uuids() {
-        assert_eq!(parse_mac("52:54:00:AB:cd:01"), Some([0x52, 0x54, 0, 0xab, 0xcd, 1]));
-        assert_eq!(parse_mac("52-54-00-ab-cd-01"), Some([0x52, 0x54, 0, 0xab, 0xcd, 1]));
+        assert_eq!(
+            parse_mac("52:54:00:AB:cd:01"),
+            Some([0x52, 0x54, 0, 0xab, 0xcd, 1])
+        );
+        assert_eq!(
+            parse_mac("52-54-00-ab-cd-01"),
+            Some([0x52, 0x54, 0, 0xab, 0xcd, 1])
+        );
         assert_eq!(parse_mac("52:54:00"), None);
-        assert_eq!(valid_uuid("4C4C4544-0001-0001-0001-000000000001").as_deref(), Some("4c4c4544-0001-0001-0001-000000000001"));
+        assert_eq!(
+            valid_uuid("4C4C4544-0001-0001-0001-000000000001").as_deref(),
+            Some("4c4c4544-0001-0001-0001-000000000001")
+        );
         assert_eq!(valid_uuid("1234"), None);
     }
 }

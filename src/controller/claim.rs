@@ -35,9 +35,19 @@ fn tolerates(claim: &Value, server: &Value) -> bool {
             if teff.is_some_and(|e| e != effect) {
                 return false;
             }
-            match tol.get("operator").and_then(Value::as_str).unwrap_or("Equal") {
-                "Exists" => tol.get("key").and_then(Value::as_str).is_none_or(|k| Some(k) == key),
-                _ => tol.get("key").and_then(Value::as_str) == key && tol.get("value").and_then(Value::as_str) == val,
+            match tol
+                .get("operator")
+                .and_then(Value::as_str)
+                .unwrap_or("Equal")
+            {
+                "Exists" => tol
+                    .get("key")
+                    .and_then(Value::as_str)
+                    .is_none_or(|k| Some(k) == key),
+                _ => {
+                    tol.get("key").and_then(Value::as_str) == key
+                        && tol.get("value").and_then(Value::as_str) == val
+                }
             }
         })
     })
@@ -85,7 +95,10 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
 
     // Finalizer and the pinned serverRef in one write.
     let mut fins = meta::finalizers(&claim);
-    let has_ref = claim.pointer("/spec/serverRef/name").and_then(Value::as_str) == Some(server_name.as_str());
+    let has_ref = claim
+        .pointer("/spec/serverRef/name")
+        .and_then(Value::as_str)
+        == Some(server_name.as_str());
     let claim = if !fins.iter().any(|f| f == CLAIM_FINALIZER) || !has_ref {
         let mut o = (*claim).clone();
         if !fins.iter().any(|f| f == CLAIM_FINALIZER) {
@@ -103,16 +116,30 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     ensure_boot_configuration(c, ns, name, &claim, &server_name).await?;
 
     // Keep the server's wanted power in step with the claim.
-    let want = claim.pointer("/spec/power").and_then(Value::as_str).unwrap_or("Off");
+    let want = claim
+        .pointer("/spec/power")
+        .and_then(Value::as_str)
+        .unwrap_or("Off");
     if server.pointer("/spec/power").and_then(Value::as_str) != Some(want) {
-        c.store.patch(&c.t_server, None, &server_name, &json!({"spec": {"power": want}}), Part::Main).await?;
+        c.store
+            .patch(
+                &c.t_server,
+                None,
+                &server_name,
+                &json!({"spec": {"power": want}}),
+                Part::Main,
+            )
+            .await?;
     }
     set_phase(c, &claim, "Bound").await?;
     Ok(Next::Done)
 }
 
 fn find_bound(c: &Controllers, key: &Key, claim: &Value) -> Option<std::sync::Arc<Value>> {
-    let by_ref = claim.pointer("/spec/serverRef/name").and_then(Value::as_str).map(String::from);
+    let by_ref = claim
+        .pointer("/spec/serverRef/name")
+        .and_then(Value::as_str)
+        .map(String::from);
     let by_idx = c.idx.lock().unwrap().bound.get(key).cloned();
     for n in by_ref.into_iter().chain(by_idx) {
         if let Ok(s) = c.store.get(&c.t_server, None, &n) {
@@ -125,10 +152,16 @@ fn find_bound(c: &Controllers, key: &Key, claim: &Value) -> Option<std::sync::Ar
 }
 
 /// Try to bind a server. `Ok(None)` when none is available.
-async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::sync::Arc<Value>>, StoreError> {
+async fn bind(
+    c: &Controllers,
+    key: &Key,
+    claim: &Value,
+) -> Result<Option<std::sync::Arc<Value>>, StoreError> {
     let (ns, name) = key;
     let selector = match claim.pointer("/spec/serverSelector") {
-        Some(s) if !s.is_null() => Some(Selector::from_label_selector(s).map_err(StoreError::BadRequest)?),
+        Some(s) if !s.is_null() => {
+            Some(Selector::from_label_selector(s).map_err(StoreError::BadRequest)?)
+        }
         _ => None,
     };
     // Candidates are taken out of the claimable index as they are tried (a tentative,
@@ -136,7 +169,10 @@ async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::s
     // instead of all racing for the lowest name. Exclusivity itself still comes only
     // from the compare-and-swap below; a server that stays claimable is put back by
     // its next watch event, or here when the attempt failed for another reason.
-    let by_ref = claim.pointer("/spec/serverRef/name").and_then(Value::as_str).map(String::from);
+    let by_ref = claim
+        .pointer("/spec/serverRef/name")
+        .and_then(Value::as_str)
+        .map(String::from);
     let mut tried_any = false;
     for attempt in 0.. {
         let n = match (&by_ref, attempt) {
@@ -148,7 +184,12 @@ async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::s
                 let pick = idx
                     .claimable
                     .iter()
-                    .find(|(_, s)| selector.as_ref().is_none_or(|sel| sel.matches(meta::labels(s))) && tolerates(claim, s))
+                    .find(|(_, s)| {
+                        selector
+                            .as_ref()
+                            .is_none_or(|sel| sel.matches(meta::labels(s)))
+                            && tolerates(claim, s)
+                    })
                     .map(|(n, _)| n.clone());
                 match pick {
                     Some(n) => {
@@ -167,7 +208,9 @@ async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::s
         };
         if !is_claimable(&s)
             || !tolerates(claim, &s)
-            || selector.as_ref().is_some_and(|sel| !sel.matches(meta::labels(&s)))
+            || selector
+                .as_ref()
+                .is_some_and(|sel| !sel.matches(meta::labels(&s)))
         {
             if by_ref.is_none() && is_claimable(&s) {
                 // Claimable, just not for this claim: give it back.
@@ -178,7 +221,10 @@ async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::s
         let mut o = (*s).clone();
         o["spec"]["serverClaimRef"] = json!({"name": name, "namespace": ns});
         o["spec"]["bootConfigurationRef"] = json!({"name": name, "namespace": ns});
-        o["spec"]["power"] = claim.pointer("/spec/power").cloned().unwrap_or(json!("Off"));
+        o["spec"]["power"] = claim
+            .pointer("/spec/power")
+            .cloned()
+            .unwrap_or(json!("Off"));
         match c.store.update(&c.t_server, o, Part::Main).await {
             Ok(s) => {
                 let mut idx = c.idx.lock().unwrap();
@@ -214,7 +260,13 @@ async fn bind(c: &Controllers, key: &Key, claim: &Value) -> Result<Option<std::s
     Ok(None)
 }
 
-async fn ensure_boot_configuration(c: &Controllers, ns: &str, name: &str, claim: &Value, server: &str) -> Result<(), StoreError> {
+async fn ensure_boot_configuration(
+    c: &Controllers,
+    ns: &str,
+    name: &str,
+    claim: &Value,
+    server: &str,
+) -> Result<(), StoreError> {
     let spec = json!({
         "serverRef": {"name": server},
         "image": claim.pointer("/spec/image").cloned().unwrap_or(json!("")),
@@ -269,11 +321,17 @@ async fn finalize(c: &Controllers, key: &Key, claim: &Value) -> Result<Next, Sto
         Err(e) => return Err(e),
     }
     if let Some(s) = find_bound(c, key, claim) {
-        let patch = json!({"spec": {"serverClaimRef": null, "bootConfigurationRef": null, "power": "Off"}});
-        c.store.patch(&c.t_server, None, meta::name(&s), &patch, Part::Main).await?;
+        let patch =
+            json!({"spec": {"serverClaimRef": null, "bootConfigurationRef": null, "power": "Off"}});
+        c.store
+            .patch(&c.t_server, None, meta::name(&s), &patch, Part::Main)
+            .await?;
         c.idx.lock().unwrap().bound.remove(key);
     }
-    let fins: Vec<String> = meta::finalizers(claim).into_iter().filter(|f| f != CLAIM_FINALIZER).collect();
+    let fins: Vec<String> = meta::finalizers(claim)
+        .into_iter()
+        .filter(|f| f != CLAIM_FINALIZER)
+        .collect();
     if fins.len() != meta::finalizers(claim).len() {
         let mut o = claim.clone();
         o["metadata"]["finalizers"] = json!(fins);
@@ -291,9 +349,18 @@ mod tests {
     fn taints_need_tolerations() {
         let s = json!({"spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoBind"}]}});
         assert!(!tolerates(&json!({"spec": {}}), &s));
-        assert!(tolerates(&json!({"spec": {"tolerations": [{"key": "gpu", "operator": "Exists"}]}}), &s));
-        assert!(tolerates(&json!({"spec": {"tolerations": [{"key": "gpu", "value": "yes"}]}}), &s));
-        assert!(!tolerates(&json!({"spec": {"tolerations": [{"key": "gpu", "value": "no"}]}}), &s));
+        assert!(tolerates(
+            &json!({"spec": {"tolerations": [{"key": "gpu", "operator": "Exists"}]}}),
+            &s
+        ));
+        assert!(tolerates(
+            &json!({"spec": {"tolerations": [{"key": "gpu", "value": "yes"}]}}),
+            &s
+        ));
+        assert!(!tolerates(
+            &json!({"spec": {"tolerations": [{"key": "gpu", "value": "no"}]}}),
+            &s
+        ));
         let evict = json!({"spec": {"taints": [{"key": "x", "effect": "Evict"}]}});
         assert!(tolerates(&json!({"spec": {}}), &evict));
     }

@@ -8,11 +8,11 @@
 //! and write with compare-and-swap; a failed reconcile is retried with backoff, and
 //! a restart at any point just reconciles again from what is stored.
 
+pub mod bootconfig;
+pub mod bootside;
 pub mod claim;
 pub mod queue;
 pub mod server;
-pub mod bootconfig;
-pub mod bootside;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -76,7 +76,10 @@ pub struct Controllers {
 
 pub fn is_claimable(s: &Value) -> bool {
     s.pointer("/status/state").and_then(Value::as_str) == Some("Available")
-        && !s.pointer("/spec/unclaimable").and_then(Value::as_bool).unwrap_or(false)
+        && !s
+            .pointer("/spec/unclaimable")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
         && s.pointer("/status/powerState").and_then(Value::as_str) == Some("Off")
         && s.pointer("/spec/serverClaimRef").is_none_or(Value::is_null)
         && !meta::is_deleting(s)
@@ -84,11 +87,18 @@ pub fn is_claimable(s: &Value) -> bool {
 
 pub fn claim_ref(s: &Value) -> Option<Key> {
     let r = s.pointer("/spec/serverClaimRef")?;
-    Some((r.get("namespace")?.as_str()?.to_string(), r.get("name")?.as_str()?.to_string()))
+    Some((
+        r.get("namespace")?.as_str()?.to_string(),
+        r.get("name")?.as_str()?.to_string(),
+    ))
 }
 
 impl Controllers {
-    pub fn new(store: Store, power: Arc<dyn PowerDriver>, resolver: Arc<dyn BootResolver>) -> Arc<Controllers> {
+    pub fn new(
+        store: Store,
+        power: Arc<dyn PowerDriver>,
+        resolver: Arc<dyn BootResolver>,
+    ) -> Arc<Controllers> {
         let reg = store.registry();
         Arc::new(Controllers {
             power,
@@ -136,7 +146,10 @@ impl Controllers {
     }
 
     fn on_claim(&self, c: &Value) {
-        let key = (meta::namespace(c).unwrap_or("default").to_string(), meta::name(c).to_string());
+        let key = (
+            meta::namespace(c).unwrap_or("default").to_string(),
+            meta::name(c).to_string(),
+        );
         self.claims.add(key);
     }
 
@@ -153,7 +166,10 @@ impl Controllers {
         let name = meta::name(s);
         let (sbcs, _) = self.store.list(&self.t_sbc, Some(ns), None);
         for b in sbcs {
-            if b.pointer("/spec/ignitionSecretRef/name").and_then(Value::as_str) == Some(name) {
+            if b.pointer("/spec/ignitionSecretRef/name")
+                .and_then(Value::as_str)
+                == Some(name)
+            {
                 self.sbcs.add((ns.to_string(), meta::name(&b).to_string()));
             }
         }
@@ -162,7 +178,12 @@ impl Controllers {
     /// Start watches and workers; returns when shutdown is signalled.
     pub async fn run(self: Arc<Self>, workers: usize, mut shutdown: Shutdown) {
         let mut tasks = tokio::task::JoinSet::new();
-        for t in [self.t_server.clone(), self.t_claim.clone(), self.t_sbc.clone(), self.t_secret.clone()] {
+        for t in [
+            self.t_server.clone(),
+            self.t_claim.clone(),
+            self.t_sbc.clone(),
+            self.t_secret.clone(),
+        ] {
             let c = self.clone();
             tasks.spawn(async move { c.watch_loop(t).await });
         }
@@ -270,14 +291,21 @@ pub fn set_condition(status: &mut Value, ty: &str, st: bool, reason: &str, messa
     if !status.is_object() {
         *status = json!({});
     }
-    let conds = status.as_object_mut().expect("object").entry("conditions").or_insert_with(|| json!([]));
+    let conds = status
+        .as_object_mut()
+        .expect("object")
+        .entry("conditions")
+        .or_insert_with(|| json!([]));
     if !conds.is_array() {
         *conds = json!([]);
     }
     let list = conds.as_array_mut().expect("array");
     let s = if st { "True" } else { "False" };
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    if let Some(c) = list.iter_mut().find(|c| c.get("type").and_then(Value::as_str) == Some(ty)) {
+    if let Some(c) = list
+        .iter_mut()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
+    {
         let same = c.get("status").and_then(Value::as_str) == Some(s)
             && c.get("reason").and_then(Value::as_str) == Some(reason)
             && c.get("message").and_then(Value::as_str) == Some(message);

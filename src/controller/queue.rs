@@ -132,7 +132,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 }
 
 pub fn backoff(failures: u32) -> Duration {
-    BASE_DELAY.saturating_mul(1u32 << failures.min(20)).min(MAX_DELAY)
+    BASE_DELAY
+        .saturating_mul(1u32 << failures.min(20))
+        .min(MAX_DELAY)
 }
 
 #[cfg(test)]

@@ -30,20 +30,35 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
     if let Some((ns, cn)) = claim_ref(&s) {
         if let Err(StoreError::NotFound { .. }) = c.store.get(&c.t_claim, Some(&ns), &cn) {
             let patch = json!({"spec": {"serverClaimRef": null, "bootConfigurationRef": null, "power": "Off"}});
-            c.store.patch(&c.t_server, None, name, &patch, Part::Main).await?;
+            c.store
+                .patch(&c.t_server, None, name, &patch, Part::Main)
+                .await?;
             return Ok(Next::Done);
         }
     }
     let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
-    let state = status.get("state").and_then(Value::as_str).unwrap_or("").to_string();
-    let power = status.get("powerState").and_then(Value::as_str).unwrap_or("").to_string();
+    let state = status
+        .get("state")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let power = status
+        .get("powerState")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let claimed = claim_ref(&s).is_some();
     let mut next = Next::Done;
     match state.as_str() {
         "" => {
             status["state"] = json!("Initial");
-            set_condition(&mut status, "Discovered", false, "AwaitingRegistration",
-                "discovery is not built in; register the inventory with status.state Available");
+            set_condition(
+                &mut status,
+                "Discovered",
+                false,
+                "AwaitingRegistration",
+                "discovery is not built in; register the inventory with status.state Available",
+            );
         }
         "Available" if claimed => {
             status["state"] = json!("Reserved");
@@ -53,38 +68,82 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
                 apply_power(c, &s, &mut status, Power::Off)?;
             }
             if status.get("powerState").and_then(Value::as_str) == Some("Off") {
-                let policy = s.pointer("/spec/reclaimPolicy").and_then(Value::as_str).unwrap_or("Recycle");
-                status["state"] = json!(if policy == "Retain" { "Released" } else { "Available" });
-                set_condition(&mut status, "PowerReady", true, "Released", "server released from its claim");
+                let policy = s
+                    .pointer("/spec/reclaimPolicy")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Recycle");
+                status["state"] = json!(if policy == "Retain" {
+                    "Released"
+                } else {
+                    "Available"
+                });
+                set_condition(
+                    &mut status,
+                    "PowerReady",
+                    true,
+                    "Released",
+                    "server released from its claim",
+                );
                 if let Some(l) = status.get_mut("conditions").and_then(Value::as_array_mut) {
-                    l.retain(|c| c.get("type").and_then(Value::as_str) != Some("BootConfigurationReady"));
+                    l.retain(|c| {
+                        c.get("type").and_then(Value::as_str) != Some("BootConfigurationReady")
+                    });
                 }
             }
         }
         "Reserved" => {
-            let sbc_ref = s.pointer("/spec/bootConfigurationRef").cloned().unwrap_or(Value::Null);
-            let ns = sbc_ref.get("namespace").and_then(Value::as_str).unwrap_or("default");
+            let sbc_ref = s
+                .pointer("/spec/bootConfigurationRef")
+                .cloned()
+                .unwrap_or(Value::Null);
+            let ns = sbc_ref
+                .get("namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("default");
             let bn = sbc_ref.get("name").and_then(Value::as_str).unwrap_or("");
-            let sbc_state = c
-                .store
-                .get(&c.t_sbc, Some(ns), bn)
-                .ok()
-                .and_then(|b| b.pointer("/status/state").and_then(Value::as_str).map(String::from));
-            let want = Power::parse(s.pointer("/spec/power").and_then(Value::as_str).unwrap_or("Off")).unwrap_or(Power::Off);
+            let sbc_state = c.store.get(&c.t_sbc, Some(ns), bn).ok().and_then(|b| {
+                b.pointer("/status/state")
+                    .and_then(Value::as_str)
+                    .map(String::from)
+            });
+            let want = Power::parse(
+                s.pointer("/spec/power")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Off"),
+            )
+            .unwrap_or(Power::Off);
             match sbc_state.as_deref() {
                 Some("Ready") => {
-                    set_condition(&mut status, "BootConfigurationReady", true, "Ready", &format!("ServerBootConfiguration {ns}/{bn} is Ready"));
+                    set_condition(
+                        &mut status,
+                        "BootConfigurationReady",
+                        true,
+                        "Ready",
+                        &format!("ServerBootConfiguration {ns}/{bn} is Ready"),
+                    );
                     if power != want.as_str() {
                         apply_power(c, &s, &mut status, want)?;
                     } else {
-                        set_condition(&mut status, "PowerReady", true, "InState", &format!("server is powered {}", want.as_str()));
+                        set_condition(
+                            &mut status,
+                            "PowerReady",
+                            true,
+                            "InState",
+                            &format!("server is powered {}", want.as_str()),
+                        );
                     }
                 }
                 other => {
-                    set_condition(&mut status, "BootConfigurationReady", false, "Waiting", &format!(
+                    set_condition(
+                        &mut status,
+                        "BootConfigurationReady",
+                        false,
+                        "Waiting",
+                        &format!(
                         "waiting for ServerBootConfiguration {ns}/{bn} to become Ready (now {})",
                         other.unwrap_or("absent")
-                    ));
+                    ),
+                    );
                     if want == Power::Off && power != "Off" {
                         apply_power(c, &s, &mut status, Power::Off)?;
                     }
@@ -94,7 +153,10 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
         _ => {
             // Available without claim, Released, Error, Parked, Initial: an unclaimed
             // server is kept powered as its spec says only when it asks for Off.
-            if !claimed && s.pointer("/spec/power").and_then(Value::as_str) == Some("Off") && power == "On" {
+            if !claimed
+                && s.pointer("/spec/power").and_then(Value::as_str) == Some("Off")
+                && power == "On"
+            {
                 apply_power(c, &s, &mut status, Power::Off)?;
             }
         }
@@ -108,17 +170,38 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
     Ok(next)
 }
 
-fn apply_power(c: &Controllers, s: &Value, status: &mut Value, want: Power) -> Result<(), StoreError> {
+fn apply_power(
+    c: &Controllers,
+    s: &Value,
+    status: &mut Value,
+    want: Power,
+) -> Result<(), StoreError> {
     match c.power.set_power(s, want) {
         Ok(Outcome::Done) => {
             status["powerState"] = json!(want.as_str());
-            set_condition(status, "PowerReady", true, "Applied", &format!("power {} applied by the {} driver", want.as_str(), c.power.name()));
+            set_condition(
+                status,
+                "PowerReady",
+                true,
+                "Applied",
+                &format!(
+                    "power {} applied by the {} driver",
+                    want.as_str(),
+                    c.power.name()
+                ),
+            );
         }
         Ok(Outcome::Pending(msg)) => {
             set_condition(status, "PowerReady", false, "Pending", &msg);
         }
         Err(e) => {
-            set_condition(status, "PowerReady", false, "DriverError", &format!("{e:#}"));
+            set_condition(
+                status,
+                "PowerReady",
+                false,
+                "DriverError",
+                &format!("{e:#}"),
+            );
         }
     }
     Ok(())

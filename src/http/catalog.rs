@@ -66,7 +66,11 @@ pub enum CatalogError {
     #[error("parsing image catalog: {0}")]
     Parse(String),
     #[error("image {image}: {role} path {path:?} must be relative, without `..`, `\\` or empty segments")]
-    BadPath { image: String, role: &'static str, path: String },
+    BadPath {
+        image: String,
+        role: &'static str,
+        path: String,
+    },
     #[error("image {image}: {role} sha256 must be 64 hex digits")]
     BadDigest { image: String, role: &'static str },
     #[error("image {0} is listed twice")]
@@ -80,9 +84,19 @@ pub enum ImageError {
     #[error("unknown image {0:?} (not in the image catalog)")]
     UnknownImage(String),
     #[error("image {image}: {role} file {path} is missing")]
-    MissingFile { image: String, role: &'static str, path: String },
+    MissingFile {
+        image: String,
+        role: &'static str,
+        path: String,
+    },
     #[error("image {image}: {role} file {path} has sha256 {actual}, catalog says {expected}")]
-    ChecksumMismatch { image: String, role: &'static str, path: String, expected: String, actual: String },
+    ChecksumMismatch {
+        image: String,
+        role: &'static str,
+        path: String,
+        expected: String,
+        actual: String,
+    },
 }
 
 impl ImageError {
@@ -110,7 +124,13 @@ pub struct ResolvedImage {
 impl ResolvedImage {
     /// URLs under `<base_url>/assets/images/`.
     pub fn boot_files(&self, base_url: &str) -> super::BootFiles {
-        let url = |p: &str| format!("{}/assets/images/{}", base_url.trim_end_matches('/'), encode_path(p));
+        let url = |p: &str| {
+            format!(
+                "{}/assets/images/{}",
+                base_url.trim_end_matches('/'),
+                encode_path(p)
+            )
+        };
         super::BootFiles {
             image: self.reference.clone(),
             arch: self.arch.clone(),
@@ -123,8 +143,12 @@ impl ResolvedImage {
 }
 
 fn encode_path(p: &str) -> String {
-    const SET: &percent_encoding::AsciiSet =
-        &percent_encoding::NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'/')
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
     percent_encoding::utf8_percent_encode(p, SET).to_string()
 }
 
@@ -149,7 +173,8 @@ impl FileFacts for HashMap<String, FileFact> {
 impl Catalog {
     /// Parse and validate catalog text.
     pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
-        let c: Catalog = toml::from_str(text).map_err(|e| CatalogError::Parse(e.to_string().trim_end().to_string()))?;
+        let c: Catalog = toml::from_str(text)
+            .map_err(|e| CatalogError::Parse(e.to_string().trim_end().to_string()))?;
         let mut seen = std::collections::HashSet::new();
         for img in &c.images {
             if !seen.insert(img.reference.as_str()) {
@@ -157,10 +182,17 @@ impl Catalog {
             }
             for (role, f) in img.files() {
                 if !safe_relative(&f.path) {
-                    return Err(CatalogError::BadPath { image: img.reference.clone(), role, path: f.path.clone() });
+                    return Err(CatalogError::BadPath {
+                        image: img.reference.clone(),
+                        role,
+                        path: f.path.clone(),
+                    });
                 }
                 if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(CatalogError::BadDigest { image: img.reference.clone(), role });
+                    return Err(CatalogError::BadDigest {
+                        image: img.reference.clone(),
+                        role,
+                    });
                 }
             }
         }
@@ -172,12 +204,22 @@ impl Catalog {
     }
 
     /// Ready (every file present with the listed digest) or the first thing missing.
-    pub fn resolve(&self, reference: &str, facts: &dyn FileFacts) -> Result<ResolvedImage, ImageError> {
-        let img = self.get(reference).ok_or_else(|| ImageError::UnknownImage(reference.to_string()))?;
+    pub fn resolve(
+        &self,
+        reference: &str,
+        facts: &dyn FileFacts,
+    ) -> Result<ResolvedImage, ImageError> {
+        let img = self
+            .get(reference)
+            .ok_or_else(|| ImageError::UnknownImage(reference.to_string()))?;
         for (role, f) in img.files() {
             match facts.fact(&f.path) {
                 FileFact::Missing => {
-                    return Err(ImageError::MissingFile { image: img.reference.clone(), role, path: f.path.clone() })
+                    return Err(ImageError::MissingFile {
+                        image: img.reference.clone(),
+                        role,
+                        path: f.path.clone(),
+                    })
                 }
                 FileFact::Present { sha256 } if !sha256.eq_ignore_ascii_case(&f.sha256) => {
                     return Err(ImageError::ChecksumMismatch {
@@ -213,7 +255,11 @@ impl ImageEntry {
 }
 
 fn safe_relative(p: &str) -> bool {
-    !p.is_empty() && !p.starts_with('/') && !p.contains('\\') && !p.contains('\0') && p.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+    !p.is_empty()
+        && !p.starts_with('/')
+        && !p.contains('\\')
+        && !p.contains('\0')
+        && p.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
 }
 
 /// Hashes catalog files under one directory, caching by (size, mtime).
@@ -224,7 +270,10 @@ pub struct FileHasher {
 
 impl FileHasher {
     pub fn new(root: impl Into<PathBuf>) -> FileHasher {
-        FileHasher { root: root.into(), cache: Mutex::new(HashMap::new()) }
+        FileHasher {
+            root: root.into(),
+            cache: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -244,7 +293,12 @@ impl FileHasher {
             Err(e) => return Err(e),
         };
         let key = (meta.len(), meta.modified()?);
-        if let Some((len, mtime, digest)) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&path) {
+        if let Some((len, mtime, digest)) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&path)
+        {
             if (*len, *mtime) == key {
                 return Ok(Some(digest.clone()));
             }
@@ -253,12 +307,19 @@ impl FileHasher {
         let mut h = Sha256::new();
         std::io::copy(&mut f, &mut h)?;
         let digest = hex::encode(h.finalize());
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(path, (key.0, key.1, digest.clone()));
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(path, (key.0, key.1, digest.clone()));
         Ok(Some(digest))
     }
 
     /// Resolve `reference` against the files on disk (hashing what changed).
-    pub fn resolve(&self, catalog: &Catalog, reference: &str) -> std::io::Result<Result<ResolvedImage, ImageError>> {
+    pub fn resolve(
+        &self,
+        catalog: &Catalog,
+        reference: &str,
+    ) -> std::io::Result<Result<ResolvedImage, ImageError>> {
         let mut facts = HashMap::new();
         if let Some(img) = catalog.get(reference) {
             for (_, f) in img.files() {
@@ -278,7 +339,8 @@ pub fn load(dir: &Path) -> anyhow::Result<Catalog> {
     use anyhow::Context as _;
     let path = dir.join(CATALOG_FILE);
     match std::fs::read_to_string(&path) {
-        Ok(text) => Catalog::parse(&text).with_context(|| format!("reading image catalog {}", path.display())),
+        Ok(text) => Catalog::parse(&text)
+            .with_context(|| format!("reading image catalog {}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Catalog::default()),
         Err(e) => Err(e).with_context(|| format!("reading image catalog {}", path.display())),
     }
@@ -301,16 +363,27 @@ mod tests {
     fn resolve_ready_and_each_error() {
         let c = Catalog::parse(&text()).unwrap();
         let mut facts: HashMap<String, FileFact> = HashMap::new();
-        assert_eq!(c.resolve("nope:1", &facts), Err(ImageError::UnknownImage("nope:1".into())));
+        assert_eq!(
+            c.resolve("nope:1", &facts),
+            Err(ImageError::UnknownImage("nope:1".into()))
+        );
         let e = c.resolve("os-image:latest", &facts).unwrap_err();
         assert_eq!(e.reason(), "MissingFile");
-        assert!(e.to_string().contains("kernel file os/vmlinuz is missing"), "{e}");
+        assert!(
+            e.to_string().contains("kernel file os/vmlinuz is missing"),
+            "{e}"
+        );
         facts.insert("os/vmlinuz".into(), FileFact::Present { sha256: A.into() });
         facts.insert("os/initrd".into(), FileFact::Present { sha256: A.into() });
         let e = c.resolve("os-image:latest", &facts).unwrap_err();
         assert_eq!(e.reason(), "ChecksumMismatch");
         assert!(e.to_string().contains("initrd"), "{e}");
-        facts.insert("os/initrd".into(), FileFact::Present { sha256: B.to_uppercase() });
+        facts.insert(
+            "os/initrd".into(),
+            FileFact::Present {
+                sha256: B.to_uppercase(),
+            },
+        );
         let r = c.resolve("os-image:latest", &facts).unwrap();
         assert_eq!(r.arch, "amd64");
         let f = r.boot_files("http://h:1/");
@@ -320,13 +393,25 @@ mod tests {
 
     #[test]
     fn bad_catalogs_are_named() {
-        assert!(matches!(Catalog::parse("[[image]]\nref = 1\n"), Err(CatalogError::Parse(_))));
+        assert!(matches!(
+            Catalog::parse("[[image]]\nref = 1\n"),
+            Err(CatalogError::Parse(_))
+        ));
         let bad = text().replace("os/vmlinuz", "../etc/passwd");
-        assert!(matches!(Catalog::parse(&bad), Err(CatalogError::BadPath { role: "kernel", .. })));
+        assert!(matches!(
+            Catalog::parse(&bad),
+            Err(CatalogError::BadPath { role: "kernel", .. })
+        ));
         let bad = text().replace(A, "abc");
-        assert!(matches!(Catalog::parse(&bad), Err(CatalogError::BadDigest { .. })));
+        assert!(matches!(
+            Catalog::parse(&bad),
+            Err(CatalogError::BadDigest { .. })
+        ));
         let twice = format!("{}{}", text(), text());
-        assert!(matches!(Catalog::parse(&twice), Err(CatalogError::Duplicate(_))));
+        assert!(matches!(
+            Catalog::parse(&twice),
+            Err(CatalogError::Duplicate(_))
+        ));
     }
 
     #[test]
@@ -341,7 +426,13 @@ mod tests {
         assert_eq!(h.sha256("os/initrd").unwrap(), None);
         assert_eq!(h.sha256("../x").unwrap(), None);
         let c = Catalog::parse(&text()).unwrap();
-        assert_eq!(h.resolve(&c, "os-image:latest").unwrap().unwrap_err().reason(), "ChecksumMismatch");
+        assert_eq!(
+            h.resolve(&c, "os-image:latest")
+                .unwrap()
+                .unwrap_err()
+                .reason(),
+            "ChecksumMismatch"
+        );
     }
 
     #[test]

@@ -50,7 +50,9 @@ pub fn sanitize(raw: &str) -> Result<String, PathError> {
     {
         return Err(PathError::Forbidden);
     }
-    let decoded = percent_encoding::percent_decode_str(raw).decode_utf8().map_err(|_| PathError::NotUtf8)?;
+    let decoded = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| PathError::NotUtf8)?;
     if decoded.contains(['%', '\\', '\0']) || decoded.chars().any(|c| c.is_control()) {
         return Err(PathError::Forbidden);
     }
@@ -87,7 +89,11 @@ pub struct FileMeta {
 impl FileMeta {
     pub fn new(len: u64, mtime: SystemTime) -> FileMeta {
         let d = mtime.duration_since(UNIX_EPOCH).unwrap_or_default();
-        FileMeta { len, mtime, etag: format!("\"{:x}-{:x}-{:x}\"", d.as_secs(), d.subsec_nanos(), len) }
+        FileMeta {
+            len,
+            mtime,
+            etag: format!("\"{:x}-{:x}-{:x}\"", d.as_secs(), d.subsec_nanos(), len),
+        }
     }
     /// `Last-Modified` value (seconds resolution).
     pub fn last_modified(&self) -> String {
@@ -97,7 +103,9 @@ impl FileMeta {
 
 impl Root {
     pub fn new(dir: &Path) -> io::Result<Root> {
-        Ok(Root { canonical: std::fs::canonicalize(dir)? })
+        Ok(Root {
+            canonical: std::fs::canonicalize(dir)?,
+        })
     }
 
     /// Open a sanitized relative path; `Ok(None)` when absent, a directory, or outside the
@@ -106,7 +114,14 @@ impl Root {
         let joined = self.canonical.join(rel);
         let canonical = match std::fs::canonicalize(&joined) {
             Ok(p) => p,
-            Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => return Ok(None),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                return Ok(None)
+            }
             Err(e) => return Err(e),
         };
         if !canonical.starts_with(&self.canonical) {
@@ -122,7 +137,11 @@ impl Root {
 pub fn open_file(canonical: PathBuf) -> io::Result<Option<OpenFile>> {
     use std::os::unix::fs::OpenOptionsExt as _;
     // O_NONBLOCK: opening a FIFO planted in the tree must not hang; no effect on files.
-    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&canonical) {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&canonical)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
@@ -131,12 +150,19 @@ pub fn open_file(canonical: PathBuf) -> io::Result<Option<OpenFile>> {
     if !m.is_file() {
         return Ok(None);
     }
-    Ok(Some(OpenFile { file, meta: FileMeta::new(m.len(), m.modified().unwrap_or(UNIX_EPOCH)), path: canonical }))
+    Ok(Some(OpenFile {
+        file,
+        meta: FileMeta::new(m.len(), m.modified().unwrap_or(UNIX_EPOCH)),
+        path: canonical,
+    }))
 }
 
 /// Content type by file extension.
 pub fn content_type(path: &str) -> &'static str {
-    let ext = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
+    let ext = path
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
     match ext.as_str() {
         "efi" => "application/efi",
         "ipxe" | "txt" | "cfg" => "text/plain; charset=utf-8",
@@ -184,7 +210,10 @@ pub fn plan(is_get: bool, c: &Conditions<'_>, meta: &FileMeta) -> Plan {
         if !etag_list_matches(im, &meta.etag, true) {
             return Plan::PreconditionFailed;
         }
-    } else if let Some(ius) = c.if_unmodified_since.and_then(|v| httpdate::parse_http_date(v).ok()) {
+    } else if let Some(ius) = c
+        .if_unmodified_since
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+    {
         if secs(meta.mtime) > secs(ius) {
             return Plan::PreconditionFailed;
         }
@@ -194,20 +223,27 @@ pub fn plan(is_get: bool, c: &Conditions<'_>, meta: &FileMeta) -> Plan {
         if etag_list_matches(inm, &meta.etag, false) {
             return Plan::NotModified;
         }
-    } else if let Some(ims) = c.if_modified_since.and_then(|v| httpdate::parse_http_date(v).ok()) {
+    } else if let Some(ims) = c
+        .if_modified_since
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+    {
         if secs(meta.mtime) <= secs(ims) {
             return Plan::NotModified;
         }
     }
     // 5. If-Range + Range.
-    let Some(range) = c.range.filter(|_| is_get) else { return Plan::Full };
+    let Some(range) = c.range.filter(|_| is_get) else {
+        return Plan::Full;
+    };
     if let Some(ir) = c.if_range {
         let ir = ir.trim();
         let fresh = if ir.starts_with('"') || ir.starts_with("W/") {
             // Strong comparison: a weak tag never matches.
             !ir.starts_with("W/") && ir == meta.etag
         } else {
-            httpdate::parse_http_date(ir).map(|d| secs(d) == secs(meta.mtime)).unwrap_or(false)
+            httpdate::parse_http_date(ir)
+                .map(|d| secs(d) == secs(meta.mtime))
+                .unwrap_or(false)
         };
         if !fresh {
             return Plan::Full;
@@ -221,7 +257,9 @@ pub fn plan(is_get: bool, c: &Conditions<'_>, meta: &FileMeta) -> Plan {
 }
 
 fn secs(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn etag_list_matches(list: &str, etag: &str, strong: bool) -> bool {
@@ -251,17 +289,25 @@ enum RangeSpec {
 fn parse_range(h: &str, len: u64) -> RangeSpec {
     let h = h.trim();
     let Some(set) = h.strip_prefix("bytes=").or_else(|| {
-        h.get(..6).filter(|p| p.eq_ignore_ascii_case("bytes=")).map(|_| &h[6..])
+        h.get(..6)
+            .filter(|p| p.eq_ignore_ascii_case("bytes="))
+            .map(|_| &h[6..])
     }) else {
         return RangeSpec::Ignore;
     };
-    let specs: Vec<&str> = set.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let specs: Vec<&str> = set
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
     if specs.is_empty() || specs.len() > MAX_RANGES {
         return RangeSpec::Ignore;
     }
     let mut out = Vec::new();
     for s in specs {
-        let Some((a, b)) = s.split_once('-') else { return RangeSpec::Ignore };
+        let Some((a, b)) = s.split_once('-') else {
+            return RangeSpec::Ignore;
+        };
         let (a, b) = (a.trim(), b.trim());
         let num = |x: &str| -> Option<u64> {
             if x.is_empty() || x.len() > 19 || !x.bytes().all(|c| c.is_ascii_digit()) {
@@ -271,12 +317,16 @@ fn parse_range(h: &str, len: u64) -> RangeSpec {
             }
         };
         if a.is_empty() {
-            let Some(n) = num(b) else { return RangeSpec::Ignore };
+            let Some(n) = num(b) else {
+                return RangeSpec::Ignore;
+            };
             if n > 0 && len > 0 {
                 out.push((len.saturating_sub(n), len - 1));
             }
         } else {
-            let Some(first) = num(a) else { return RangeSpec::Ignore };
+            let Some(first) = num(a) else {
+                return RangeSpec::Ignore;
+            };
             let last = if b.is_empty() {
                 u64::MAX
             } else {
@@ -319,7 +369,12 @@ pub const MAX_CHUNK: usize = 1 << 20;
 
 impl StreamBudget {
     pub fn new(budget_bytes: usize, io: FileIo) -> StreamBudget {
-        StreamBudget { active: AtomicUsize::new(0), budget: budget_bytes, io, bytes_out: AtomicU64::new(0) }
+        StreamBudget {
+            active: AtomicUsize::new(0),
+            budget: budget_bytes,
+            io,
+            bytes_out: AtomicU64::new(0),
+        }
     }
     pub fn active(&self) -> usize {
         self.active.load(Ordering::Relaxed)
@@ -345,7 +400,12 @@ pub struct FileBody {
 
 impl FileBody {
     pub fn empty() -> FileBody {
-        FileBody { parts: VecDeque::new(), file: None, remaining: 0, budget: None }
+        FileBody {
+            parts: VecDeque::new(),
+            file: None,
+            remaining: 0,
+            budget: None,
+        }
     }
 
     pub fn bytes(b: impl Into<Bytes>) -> FileBody {
@@ -355,18 +415,32 @@ impl FileBody {
         if !b.is_empty() {
             parts.push_back(Part::Data(b));
         }
-        FileBody { parts, file: None, remaining, budget: None }
+        FileBody {
+            parts,
+            file: None,
+            remaining,
+            budget: None,
+        }
     }
 
     /// One inclusive range of `file`.
     pub fn range(file: File, start: u64, end: u64, budget: Arc<StreamBudget>) -> FileBody {
         let mut parts = VecDeque::new();
-        parts.push_back(Part::File { pos: start, end: end + 1 });
+        parts.push_back(Part::File {
+            pos: start,
+            end: end + 1,
+        });
         FileBody::with_parts(parts, file, budget)
     }
 
     /// `multipart/byteranges` over inclusive `ranges`; returns the body and its boundary.
-    pub fn multipart(file: File, ranges: &[(u64, u64)], len: u64, content_type: &str, budget: Arc<StreamBudget>) -> (FileBody, String) {
+    pub fn multipart(
+        file: File,
+        ranges: &[(u64, u64)],
+        len: u64,
+        content_type: &str,
+        budget: Arc<StreamBudget>,
+    ) -> (FileBody, String) {
         let boundary = format!("bootplane-{:016x}", rand::random::<u64>());
         let mut parts = VecDeque::new();
         for &(s, e) in ranges {
@@ -387,7 +461,12 @@ impl FileBody {
             })
             .sum();
         budget.active.fetch_add(1, Ordering::Relaxed);
-        FileBody { parts, file: Some(Arc::new(file)), remaining, budget: Some(budget) }
+        FileBody {
+            parts,
+            file: Some(Arc::new(file)),
+            remaining,
+            budget: Some(budget),
+        }
     }
 
     fn next_chunk(&mut self) -> Option<io::Result<Bytes>> {
@@ -395,7 +474,9 @@ impl FileBody {
             let part = self.parts.front_mut()?;
             match part {
                 Part::Data(_) => {
-                    let Some(Part::Data(b)) = self.parts.pop_front() else { unreachable!() };
+                    let Some(Part::Data(b)) = self.parts.pop_front() else {
+                        unreachable!()
+                    };
                     return Some(Ok(b));
                 }
                 Part::File { pos, end } => {
@@ -415,7 +496,10 @@ impl FileBody {
                         if b.is_empty() {
                             // The file shrank under us: end the body short (hyper then
                             // closes the connection since Content-Length was not met).
-                            Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank while being served"))
+                            Err(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "file shrank while being served",
+                            ))
                         } else {
                             *pos += b.len() as u64;
                             Ok(b)
@@ -476,14 +560,19 @@ impl Body for FileBody {
     type Data = Bytes;
     type Error = io::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = self.get_mut();
         match this.next_chunk() {
             None => Poll::Ready(None),
             Some(Ok(b)) => {
                 this.remaining = this.remaining.saturating_sub(b.len() as u64);
                 if let Some(budget) = &this.budget {
-                    budget.bytes_out.fetch_add(b.len() as u64, Ordering::Relaxed);
+                    budget
+                        .bytes_out
+                        .fetch_add(b.len() as u64, Ordering::Relaxed);
                 }
                 Poll::Ready(Some(Ok(Frame::data(b))))
             }
@@ -508,7 +597,10 @@ mod tests {
     use super::*;
 
     fn meta() -> FileMeta {
-        FileMeta::new(1000, UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000))
+        FileMeta::new(
+            1000,
+            UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+        )
     }
 
     #[test]
@@ -537,14 +629,26 @@ mod tests {
         ] {
             assert!(sanitize(bad).is_err(), "{bad} accepted");
         }
-        assert_eq!(sanitize("images/os-image/vmlinuz").unwrap(), "images/os-image/vmlinuz");
+        assert_eq!(
+            sanitize("images/os-image/vmlinuz").unwrap(),
+            "images/os-image/vmlinuz"
+        );
         assert_eq!(sanitize("a%20b.efi").unwrap(), "a b.efi");
     }
 
     #[test]
     fn ranges_per_rfc9110() {
         let m = meta();
-        let p = |r: &str| plan(true, &Conditions { range: Some(r), ..Default::default() }, &m);
+        let p = |r: &str| {
+            plan(
+                true,
+                &Conditions {
+                    range: Some(r),
+                    ..Default::default()
+                },
+                &m,
+            )
+        };
         assert_eq!(p("bytes=0-99"), Plan::Partial(vec![(0, 99)]));
         assert_eq!(p("bytes=900-"), Plan::Partial(vec![(900, 999)]));
         assert_eq!(p("bytes=-100"), Plan::Partial(vec![(900, 999)]));
@@ -556,10 +660,26 @@ mod tests {
         assert_eq!(p("bytes=5-1"), Plan::Full);
         assert_eq!(p("items=0-1"), Plan::Full);
         assert_eq!(p("bytes=abc"), Plan::Full);
-        let many = format!("bytes={}", (0..40).map(|i| format!("{i}-{i}")).collect::<Vec<_>>().join(","));
+        let many = format!(
+            "bytes={}",
+            (0..40)
+                .map(|i| format!("{i}-{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
         assert_eq!(p(&many), Plan::Full);
         // HEAD ignores Range.
-        assert_eq!(plan(false, &Conditions { range: Some("bytes=0-1"), ..Default::default() }, &m), Plan::Full);
+        assert_eq!(
+            plan(
+                false,
+                &Conditions {
+                    range: Some("bytes=0-1"),
+                    ..Default::default()
+                },
+                &m
+            ),
+            Plan::Full
+        );
     }
 
     #[test]
@@ -569,24 +689,119 @@ mod tests {
         let weak = format!("W/{}", m.etag);
         let d = Conditions::default;
         let c = |c: Conditions<'_>| plan(true, &c, &m);
-        assert_eq!(c(Conditions { if_none_match: Some(&m.etag), ..d() }), Plan::NotModified);
-        assert_eq!(c(Conditions { if_none_match: Some("\"x\", W/\"y\""), ..d() }), Plan::Full);
-        assert_eq!(c(Conditions { if_none_match: Some(&weak), ..d() }), Plan::NotModified);
-        assert_eq!(c(Conditions { if_none_match: Some("*"), ..d() }), Plan::NotModified);
-        assert_eq!(c(Conditions { if_modified_since: Some(&lm), ..d() }), Plan::NotModified);
-        assert_eq!(c(Conditions { if_modified_since: Some("Sun, 06 Nov 1994 08:49:37 GMT"), ..d() }), Plan::Full);
+        assert_eq!(
+            c(Conditions {
+                if_none_match: Some(&m.etag),
+                ..d()
+            }),
+            Plan::NotModified
+        );
+        assert_eq!(
+            c(Conditions {
+                if_none_match: Some("\"x\", W/\"y\""),
+                ..d()
+            }),
+            Plan::Full
+        );
+        assert_eq!(
+            c(Conditions {
+                if_none_match: Some(&weak),
+                ..d()
+            }),
+            Plan::NotModified
+        );
+        assert_eq!(
+            c(Conditions {
+                if_none_match: Some("*"),
+                ..d()
+            }),
+            Plan::NotModified
+        );
+        assert_eq!(
+            c(Conditions {
+                if_modified_since: Some(&lm),
+                ..d()
+            }),
+            Plan::NotModified
+        );
+        assert_eq!(
+            c(Conditions {
+                if_modified_since: Some("Sun, 06 Nov 1994 08:49:37 GMT"),
+                ..d()
+            }),
+            Plan::Full
+        );
         // If-None-Match wins over If-Modified-Since.
-        assert_eq!(c(Conditions { if_none_match: Some("\"other\""), if_modified_since: Some(&lm), ..d() }), Plan::Full);
-        assert_eq!(c(Conditions { if_match: Some("\"other\""), ..d() }), Plan::PreconditionFailed);
-        assert_eq!(c(Conditions { if_match: Some(&weak), ..d() }), Plan::PreconditionFailed);
-        assert_eq!(c(Conditions { if_match: Some(&m.etag), ..d() }), Plan::Full);
-        assert_eq!(c(Conditions { if_unmodified_since: Some("Sun, 06 Nov 1994 08:49:37 GMT"), ..d() }), Plan::PreconditionFailed);
+        assert_eq!(
+            c(Conditions {
+                if_none_match: Some("\"other\""),
+                if_modified_since: Some(&lm),
+                ..d()
+            }),
+            Plan::Full
+        );
+        assert_eq!(
+            c(Conditions {
+                if_match: Some("\"other\""),
+                ..d()
+            }),
+            Plan::PreconditionFailed
+        );
+        assert_eq!(
+            c(Conditions {
+                if_match: Some(&weak),
+                ..d()
+            }),
+            Plan::PreconditionFailed
+        );
+        assert_eq!(
+            c(Conditions {
+                if_match: Some(&m.etag),
+                ..d()
+            }),
+            Plan::Full
+        );
+        assert_eq!(
+            c(Conditions {
+                if_unmodified_since: Some("Sun, 06 Nov 1994 08:49:37 GMT"),
+                ..d()
+            }),
+            Plan::PreconditionFailed
+        );
         // If-Range: matching validator -> partial; stale or weak -> full.
         let r = Some("bytes=0-9");
-        assert_eq!(c(Conditions { range: r, if_range: Some(&m.etag), ..d() }), Plan::Partial(vec![(0, 9)]));
-        assert_eq!(c(Conditions { range: r, if_range: Some("\"stale\""), ..d() }), Plan::Full);
-        assert_eq!(c(Conditions { range: r, if_range: Some(&lm), ..d() }), Plan::Partial(vec![(0, 9)]));
-        assert_eq!(c(Conditions { range: r, if_range: Some(&weak), ..d() }), Plan::Full);
+        assert_eq!(
+            c(Conditions {
+                range: r,
+                if_range: Some(&m.etag),
+                ..d()
+            }),
+            Plan::Partial(vec![(0, 9)])
+        );
+        assert_eq!(
+            c(Conditions {
+                range: r,
+                if_range: Some("\"stale\""),
+                ..d()
+            }),
+            Plan::Full
+        );
+        assert_eq!(
+            c(Conditions {
+                range: r,
+                if_range: Some(&lm),
+                ..d()
+            }),
+            Plan::Partial(vec![(0, 9)])
+        );
+        assert_eq!(
+            c(Conditions {
+                range: r,
+                if_range: Some(&weak),
+                ..d()
+            }),
+            Plan::Full
+        );
     }
 
     #[test]
@@ -620,7 +835,8 @@ mod tests {
             assert_eq!(collect(b).await, &data[5..=2_999_990]);
             assert_eq!(budget.active(), 0);
             let f = File::open(dir.path().join("f")).unwrap();
-            let (b, boundary) = FileBody::multipart(f, &[(0, 1), (10, 12)], 3_000_000, "x/y", budget.clone());
+            let (b, boundary) =
+                FileBody::multipart(f, &[(0, 1), (10, 12)], 3_000_000, "x/y", budget.clone());
             let n = b.size_hint().exact().unwrap();
             let out = collect(b).await;
             assert_eq!(out.len() as u64, n);

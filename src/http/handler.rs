@@ -88,12 +88,22 @@ pub mod route {
 type Resp = Response<FileBody>;
 
 impl BootHttp {
-    pub fn new(s: Settings, index: Arc<dyn BootIndex>, metrics: Arc<Metrics>) -> anyhow::Result<BootHttp> {
+    pub fn new(
+        s: Settings,
+        index: Arc<dyn BootIndex>,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<BootHttp> {
         let renderer = Renderer::new(&s.templates).context("compiling ipxe templates")?;
         let base_url = s.base_url.trim_end_matches('/').to_string();
-        let boot_script = Bytes::from(renderer.boot_script(&base_url).context("rendering boot.ipxe")?);
+        let boot_script = Bytes::from(
+            renderer
+                .boot_script(&base_url)
+                .context("rendering boot.ipxe")?,
+        );
         // Probe the default script once so a broken template fails at start, not per request.
-        renderer.default_script(&s.default_action, "probe", &base_url, &s.console).context("rendering default.ipxe")?;
+        renderer
+            .default_script(&s.default_action, "probe", &base_url, &s.console)
+            .context("rendering default.ipxe")?;
         let root = |d: &Option<PathBuf>, what: &str| -> Option<Root> {
             let d = d.as_ref()?;
             match Root::new(d) {
@@ -125,14 +135,23 @@ impl BootHttp {
 
     /// Settings from the config: templates from `boot.ipxe_templates`, token key from
     /// `http.token_key_file` (created when absent), discovery image from the catalog.
-    pub fn from_config(cfg: &crate::config::Config, index: Arc<dyn BootIndex>, metrics: Arc<Metrics>) -> anyhow::Result<BootHttp> {
+    pub fn from_config(
+        cfg: &crate::config::Config,
+        index: Arc<dyn BootIndex>,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<BootHttp> {
         let h = &cfg.http;
         let base_url = cfg.public_http_url();
         let default_action = match h.unknown_action.as_str() {
             "exit" => DefaultAction::Exit,
-            "retry" => DefaultAction::Retry { secs: h.retry_secs.max(1) },
+            "retry" => DefaultAction::Retry {
+                secs: h.retry_secs.max(1),
+            },
             "discovery" => {
-                let r = h.discovery_image.as_deref().context("http.unknown_action = \"discovery\" needs http.discovery_image")?;
+                let r = h
+                    .discovery_image
+                    .as_deref()
+                    .context("http.unknown_action = \"discovery\" needs http.discovery_image")?;
                 let catalog = super::catalog::load(&cfg.boot.images_dir)?;
                 let hasher = super::catalog::FileHasher::new(&cfg.boot.images_dir);
                 let img = hasher
@@ -140,16 +159,25 @@ impl BootHttp {
                     .with_context(|| format!("hashing discovery image {r}"))?
                     .with_context(|| format!("resolving discovery image {r}"))?;
                 let f = img.boot_files(&base_url);
-                DefaultAction::Discovery { kernel_url: f.kernel_url, initrd_url: f.initrd_url, cmdline: f.cmdline }
+                DefaultAction::Discovery {
+                    kernel_url: f.kernel_url,
+                    initrd_url: f.initrd_url,
+                    cmdline: f.cmdline,
+                }
             }
-            other => anyhow::bail!("unknown http.unknown_action {other:?} (expected exit, retry or discovery)"),
+            other => anyhow::bail!(
+                "unknown http.unknown_action {other:?} (expected exit, retry or discovery)"
+            ),
         };
         let file_io = match h.file_io.as_str() {
             "mmap" => FileIo::Mmap,
             "read" => FileIo::Read,
             other => anyhow::bail!("unknown http.file_io {other:?} (expected mmap or read)"),
         };
-        let key_file = h.token_key_file.clone().unwrap_or_else(|| cfg.state_dir.join("http-token-key"));
+        let key_file = h
+            .token_key_file
+            .clone()
+            .unwrap_or_else(|| cfg.state_dir.join("http-token-key"));
         let key = load_or_create_key(&key_file)?;
         let mut templates = Vec::new();
         for (name, _) in crate::ipxe::BUILTIN_TEMPLATES {
@@ -157,7 +185,9 @@ impl BootHttp {
             match std::fs::read_to_string(&p) {
                 Ok(t) => templates.push((name.to_string(), t)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e).with_context(|| format!("reading ipxe template {}", p.display())),
+                Err(e) => {
+                    return Err(e).with_context(|| format!("reading ipxe template {}", p.display()))
+                }
             }
         }
         let settings = Settings {
@@ -188,8 +218,13 @@ impl BootHttp {
     /// A script URL carrying a signed token for `server` (for DHCP boot-file names when the
     /// machine's address is not known in advance).
     pub fn signed_script_url(&self, server: &str) -> String {
-        let t = self.signer.mint(Purpose::Script, server, unix_now(), self.token_ttl);
-        format!("{}/ipxe/script?server={}&token={}", self.base_url, server, t)
+        let t = self
+            .signer
+            .mint(Purpose::Script, server, unix_now(), self.token_ttl);
+        format!(
+            "{}/ipxe/script?server={}&token={}",
+            self.base_url, server, t
+        )
     }
 
     /// Handle one request from `client`.
@@ -210,18 +245,25 @@ impl BootHttp {
         let mut server: Option<String> = None;
         let resp = if req.method() != Method::GET && req.method() != Method::HEAD {
             let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
-            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
             r
         } else {
             match route {
                 route::BOOT => script_response(StatusCode::OK, self.boot_script.clone()),
-                route::SCRIPT => self.machine_script(req.uri().query().unwrap_or(""), client, &mut server),
+                route::SCRIPT => {
+                    self.machine_script(req.uri().query().unwrap_or(""), client, &mut server)
+                }
                 route::IGNITION => self.ignition(&path["/ignition/".len()..], client, &mut server),
                 route::ASSETS => self.asset(&req, &path["/assets/".len()..]).await,
                 _ => text(StatusCode::NOT_FOUND, "not found\n"),
             }
         };
-        let resp = if req.method() == Method::HEAD { strip_body(resp) } else { resp };
+        let resp = if req.method() == Method::HEAD {
+            strip_body(resp)
+        } else {
+            resp
+        };
         let code = resp.status().as_u16();
         let bytes = resp
             .headers()
@@ -231,7 +273,8 @@ impl BootHttp {
             .filter(|_| req.method() == Method::GET)
             .unwrap_or(0);
         let elapsed = start.elapsed();
-        self.metrics.observe(route, code, bytes, elapsed.as_secs_f64());
+        self.metrics
+            .observe(route, code, bytes, elapsed.as_secs_f64());
         // Never log a token: it is a bearer credential for the machine's Ignition.
         let p = req.uri().path();
         let p = match route {
@@ -253,23 +296,39 @@ impl BootHttp {
     }
 
     fn refuse(&self, route: &'static str, m: &MachineBoot, client: IpAddr, why: &str) -> Resp {
-        self.metrics.identity_refused.get_or_create(&RouteLabels { route }).inc();
+        self.metrics
+            .identity_refused
+            .get_or_create(&RouteLabels { route })
+            .inc();
         tracing::warn!(server = %m.server, client = %client, route, why, "identity check refused a request");
         text(StatusCode::FORBIDDEN, "forbidden\n")
     }
 
     fn record(&self, server: &str, event: BootEvent, client: IpAddr) {
-        self.metrics.boot_progress.get_or_create(&EventLabels { event: event.condition_type() }).inc();
+        self.metrics
+            .boot_progress
+            .get_or_create(&EventLabels {
+                event: event.condition_type(),
+            })
+            .inc();
         self.index.record_progress(server, event, client);
     }
 
     fn default_script(&self, reason: &str) -> Resp {
-        match self.renderer.default_script(&self.default_action, reason, &self.base_url, &self.console) {
+        match self.renderer.default_script(
+            &self.default_action,
+            reason,
+            &self.base_url,
+            &self.console,
+        ) {
             Ok(s) => script_response(StatusCode::OK, Bytes::from(s)),
             Err(e) => {
                 tracing::error!(error = %e, "rendering default ipxe script");
                 // Still a runnable script: leave network boot.
-                script_response(StatusCode::OK, Bytes::from_static(b"#!ipxe\necho bootplane: internal error\nexit\n"))
+                script_response(
+                    StatusCode::OK,
+                    Bytes::from_static(b"#!ipxe\necho bootplane: internal error\nexit\n"),
+                )
             }
         }
     }
@@ -314,11 +373,21 @@ impl BootHttp {
         };
         *server_out = Some(m.server.clone());
         if !m.ips.contains(&client) {
-            let ok = q.token.as_deref().map(|t| self.signer.verify(t, Purpose::Script, &m.server, unix_now()));
+            let ok = q.token.as_deref().map(|t| {
+                self.signer
+                    .verify(t, Purpose::Script, &m.server, unix_now())
+            });
             match ok {
                 Some(Ok(())) => {}
                 Some(Err(e)) => return self.refuse(route::SCRIPT, &m, client, &e.to_string()),
-                None => return self.refuse(route::SCRIPT, &m, client, "source address not registered and no token"),
+                None => {
+                    return self.refuse(
+                        route::SCRIPT,
+                        &m,
+                        client,
+                        "source address not registered and no token",
+                    )
+                }
             }
         }
         match (&m.state, &m.files) {
@@ -332,17 +401,28 @@ impl BootHttp {
                     self.default_script(&format!("cannot render the script of {}", m.server))
                 }
             },
-            (BootState::Ready, None) => self.default_script(&format!("{} has no boot files", m.server)),
-            (BootState::NotClaimed, _) => self.default_script(&format!("{} is not claimed", m.server)),
+            (BootState::Ready, None) => {
+                self.default_script(&format!("{} has no boot files", m.server))
+            }
+            (BootState::NotClaimed, _) => {
+                self.default_script(&format!("{} is not claimed", m.server))
+            }
             (BootState::Error(r), _) => {
                 tracing::info!(server = %m.server, reason = %r, "boot configuration in error, serving default script");
-                self.default_script(&format!("boot configuration of {} is not ready: {r}", m.server))
+                self.default_script(&format!(
+                    "boot configuration of {} is not ready: {r}",
+                    m.server
+                ))
             }
         }
     }
 
     /// The machine's rendered script, from the cache when still fresh.
-    fn cached_script(&self, m: &Arc<MachineBoot>, files: &super::BootFiles) -> Result<Bytes, crate::ipxe::RenderError> {
+    fn cached_script(
+        &self,
+        m: &Arc<MachineBoot>,
+        files: &super::BootFiles,
+    ) -> Result<Bytes, crate::ipxe::RenderError> {
         let now = unix_now();
         let fresh_for = self.token_ttl / 2;
         {
@@ -354,7 +434,9 @@ impl BootHttp {
             }
         }
         let ignition_url = if self.sign_ignition_urls {
-            let token = self.signer.mint(Purpose::Ignition, &m.server, now, self.token_ttl);
+            let token = self
+                .signer
+                .mint(Purpose::Ignition, &m.server, now, self.token_ttl);
             format!("{}/ignition/{}/{}", self.base_url, m.server, token)
         } else {
             format!("{}/ignition/{}", self.base_url, m.server)
@@ -376,7 +458,14 @@ impl BootHttp {
         if cache.len() >= SCRIPT_CACHE_MAX {
             cache.clear();
         }
-        cache.insert(m.server.clone(), CachedScript { machine: m.clone(), body: body.clone(), minted: now });
+        cache.insert(
+            m.server.clone(),
+            CachedScript {
+                machine: m.clone(),
+                body: body.clone(),
+                minted: now,
+            },
+        );
         Ok(body)
     }
 
@@ -393,10 +482,20 @@ impl BootHttp {
         };
         *server_out = Some(m.server.clone());
         if !m.ips.contains(&client) {
-            match token.map(|t| self.signer.verify(t, Purpose::Ignition, &m.server, unix_now())) {
+            match token.map(|t| {
+                self.signer
+                    .verify(t, Purpose::Ignition, &m.server, unix_now())
+            }) {
                 Some(Ok(())) => {}
                 Some(Err(e)) => return self.refuse(route::IGNITION, &m, client, &e.to_string()),
-                None => return self.refuse(route::IGNITION, &m, client, "source address not registered and no token"),
+                None => {
+                    return self.refuse(
+                        route::IGNITION,
+                        &m,
+                        client,
+                        "source address not registered and no token",
+                    )
+                }
             }
         }
         match (&m.state, &m.ignition) {
@@ -404,8 +503,14 @@ impl BootHttp {
                 self.record(&m.server, BootEvent::IgnitionDataFetched, client);
                 let mut r = Response::new(FileBody::bytes(ign.data.clone()));
                 let h = r.headers_mut();
-                h.insert(header::CONTENT_TYPE, header_value(&ign.content_type, "application/json"));
-                h.insert(header::CONTENT_LENGTH, HeaderValue::from(ign.data.len() as u64));
+                h.insert(
+                    header::CONTENT_TYPE,
+                    header_value(&ign.content_type, "application/json"),
+                );
+                h.insert(
+                    header::CONTENT_LENGTH,
+                    HeaderValue::from(ign.data.len() as u64),
+                );
                 h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
                 r
             }
@@ -427,16 +532,17 @@ impl BootHttp {
             _ => None,
         };
         let rel2 = rel.clone();
-        let opened = tokio::task::spawn_blocking(move || -> std::io::Result<Option<files::OpenFile>> {
-            if let Some(f) = root.as_ref().map(|r| r.open(&rel2)).transpose()?.flatten() {
-                return Ok(Some(f));
-            }
-            match fallback {
-                Some(p) => files::open_file(p),
-                None => Ok(None),
-            }
-        })
-        .await;
+        let opened =
+            tokio::task::spawn_blocking(move || -> std::io::Result<Option<files::OpenFile>> {
+                if let Some(f) = root.as_ref().map(|r| r.open(&rel2)).transpose()?.flatten() {
+                    return Ok(Some(f));
+                }
+                match fallback {
+                    Some(p) => files::open_file(p),
+                    None => Ok(None),
+                }
+            })
+            .await;
         let f = match opened {
             Ok(Ok(Some(f))) => f,
             Ok(Ok(None)) => return text(StatusCode::NOT_FOUND, "not found\n"),
@@ -464,7 +570,10 @@ impl BootHttp {
         let plan = files::plan(req.method() == Method::GET, &cond, &meta);
         let mut hm = HeaderMap::new();
         hm.insert(header::ETAG, header_value(&meta.etag, "\"0\""));
-        hm.insert(header::LAST_MODIFIED, header_value(&meta.last_modified(), "Thu, 01 Jan 1970 00:00:00 GMT"));
+        hm.insert(
+            header::LAST_MODIFIED,
+            header_value(&meta.last_modified(), "Thu, 01 Jan 1970 00:00:00 GMT"),
+        );
         hm.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
         let (status, body) = match plan {
             Plan::NotModified => (StatusCode::NOT_MODIFIED, FileBody::empty()),
@@ -473,7 +582,10 @@ impl BootHttp {
                 (StatusCode::PRECONDITION_FAILED, FileBody::empty())
             }
             Plan::Unsatisfiable => {
-                hm.insert(header::CONTENT_RANGE, header_value(&format!("bytes */{}", meta.len), "bytes */0"));
+                hm.insert(
+                    header::CONTENT_RANGE,
+                    header_value(&format!("bytes */{}", meta.len), "bytes */0"),
+                );
                 hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
                 (StatusCode::RANGE_NOT_SATISFIABLE, FileBody::empty())
             }
@@ -490,14 +602,27 @@ impl BootHttp {
             Plan::Partial(ranges) if ranges.len() == 1 => {
                 let (s, e) = ranges[0];
                 hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-                hm.insert(header::CONTENT_RANGE, header_value(&format!("bytes {s}-{e}/{}", meta.len), "bytes */0"));
+                hm.insert(
+                    header::CONTENT_RANGE,
+                    header_value(&format!("bytes {s}-{e}/{}", meta.len), "bytes */0"),
+                );
                 hm.insert(header::CONTENT_LENGTH, HeaderValue::from(e - s + 1));
-                (StatusCode::PARTIAL_CONTENT, FileBody::range(f.file, s, e, self.budget.clone()))
+                (
+                    StatusCode::PARTIAL_CONTENT,
+                    FileBody::range(f.file, s, e, self.budget.clone()),
+                )
             }
             Plan::Partial(ranges) => {
-                let (body, boundary) = FileBody::multipart(f.file, &ranges, meta.len, ctype, self.budget.clone());
+                let (body, boundary) =
+                    FileBody::multipart(f.file, &ranges, meta.len, ctype, self.budget.clone());
                 let len = http_body::Body::size_hint(&body).exact().unwrap_or(0);
-                hm.insert(header::CONTENT_TYPE, header_value(&format!("multipart/byteranges; boundary={boundary}"), "multipart/byteranges"));
+                hm.insert(
+                    header::CONTENT_TYPE,
+                    header_value(
+                        &format!("multipart/byteranges; boundary={boundary}"),
+                        "multipart/byteranges",
+                    ),
+                );
                 hm.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
                 (StatusCode::PARTIAL_CONTENT, body)
             }
@@ -527,7 +652,9 @@ impl<'a> Query<'a> {
         let mut out = Query::default();
         for pair in q.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_encoding::percent_decode_str(v).decode_utf8().map_err(|_| format!("query parameter {k} is not valid utf-8"))?;
+            let v = percent_encoding::percent_decode_str(v)
+                .decode_utf8()
+                .map_err(|_| format!("query parameter {k} is not valid utf-8"))?;
             let v = match v {
                 Cow::Borrowed(b) => Cow::Borrowed(b.trim()),
                 Cow::Owned(o) => Cow::Owned(o.trim().to_string()),
@@ -551,7 +678,8 @@ impl<'a> Query<'a> {
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
         && s.as_bytes()[0].is_ascii_alphanumeric()
         && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
 }
@@ -565,7 +693,10 @@ fn script_response(status: StatusCode, body: Bytes) -> Resp {
     let mut r = Response::new(FileBody::bytes(body));
     *r.status_mut() = status;
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
@@ -574,8 +705,12 @@ fn script_response(status: StatusCode, body: Bytes) -> Resp {
 fn text(status: StatusCode, msg: &str) -> Resp {
     let mut r = Response::new(FileBody::bytes(Bytes::copy_from_slice(msg.as_bytes())));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(msg.len() as u64));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(msg.len() as u64));
     r
 }
 
@@ -612,7 +747,8 @@ fn load_or_create_key(path: &Path) -> anyhow::Result<Vec<u8>> {
         .mode(0o600)
         .open(path)
         .with_context(|| format!("creating token key {}", path.display()))?;
-    f.write_all(&key).with_context(|| format!("writing token key {}", path.display()))?;
+    f.write_all(&key)
+        .with_context(|| format!("writing token key {}", path.display()))?;
     Ok(key)
 }
 
@@ -656,7 +792,10 @@ mod tests {
                 rootfs_url: String::new(),
                 cmdline: "rd.neednet=1".into(),
             }),
-            ignition: Some(IgnitionData { data: Bytes::from_static(b"{\"ignition\":{}}"), content_type: "application/json".into() }),
+            ignition: Some(IgnitionData {
+                data: Bytes::from_static(b"{\"ignition\":{}}"),
+                content_type: "application/json".into(),
+            }),
         }
     }
 
@@ -673,14 +812,30 @@ mod tests {
         let idx = Arc::new(MemoryIndex::new());
         idx.upsert(machine());
         let a = app(idx.clone());
-        let (s, body) = get(&a, "/ipxe/script?uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32&mac=52-54-00-ab-cd-ef", "127.0.0.2").await;
+        let (s, body) = get(
+            &a,
+            "/ipxe/script?uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32&mac=52-54-00-ab-cd-ef",
+            "127.0.0.2",
+        )
+        .await;
         assert_eq!(s, StatusCode::OK);
-        assert!(body.contains("ignition.config.url=http://10.0.0.1:8080/ignition/server-a/"), "{body}");
+        assert!(
+            body.contains("ignition.config.url=http://10.0.0.1:8080/ignition/server-a/"),
+            "{body}"
+        );
         assert_eq!(idx.events().len(), 1);
-        let (s, _) = get(&a, "/ipxe/script?uuid=4c4c4544-0042-3510-8052-b4c04f4e4d32", "127.0.0.3").await;
+        let (s, _) = get(
+            &a,
+            "/ipxe/script?uuid=4c4c4544-0042-3510-8052-b4c04f4e4d32",
+            "127.0.0.3",
+        )
+        .await;
         assert_eq!(s, StatusCode::FORBIDDEN);
         // The token minted into the script opens the Ignition from any address.
-        let url = body.split_whitespace().find_map(|w| w.strip_prefix("ignition.config.url=")).unwrap();
+        let url = body
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("ignition.config.url="))
+            .unwrap();
         let path = url.strip_prefix("http://10.0.0.1:8080").unwrap();
         let (s, ign) = get(&a, path, "127.0.0.9").await;
         assert_eq!((s, ign.as_str()), (StatusCode::OK, "{\"ignition\":{}}"));
@@ -692,10 +847,18 @@ mod tests {
         assert_eq!(s, StatusCode::OK);
         // Signed script URL for a machine fetching from elsewhere.
         let su = a.signed_script_url("server-a");
-        let (s, _) = get(&a, su.strip_prefix("http://10.0.0.1:8080").unwrap(), "127.0.0.9").await;
+        let (s, _) = get(
+            &a,
+            su.strip_prefix("http://10.0.0.1:8080").unwrap(),
+            "127.0.0.9",
+        )
+        .await;
         assert_eq!(s, StatusCode::OK);
         let t = a.metrics().encode();
-        assert!(t.contains("bootplane_http_identity_refused_total{route=\"script\"} 1"), "{t}");
+        assert!(
+            t.contains("bootplane_http_identity_refused_total{route=\"script\"} 1"),
+            "{t}"
+        );
     }
 
     #[tokio::test]
@@ -705,19 +868,38 @@ mod tests {
         m.state = BootState::NotClaimed;
         idx.upsert(m);
         let a = app(idx);
-        let (s, body) = get(&a, "/ipxe/script?uuid=00000000-0000-0000-0000-000000000001", "127.0.0.5").await;
+        let (s, body) = get(
+            &a,
+            "/ipxe/script?uuid=00000000-0000-0000-0000-000000000001",
+            "127.0.0.5",
+        )
+        .await;
         assert_eq!(s, StatusCode::OK);
-        assert!(body.starts_with("#!ipxe\n") && body.contains("unknown machine") && body.contains("\nexit\n"), "{body}");
+        assert!(
+            body.starts_with("#!ipxe\n")
+                && body.contains("unknown machine")
+                && body.contains("\nexit\n"),
+            "{body}"
+        );
         let (s, body) = get(&a, "/ipxe/script?mac=52:54:00:ab:cd:ef", "127.0.0.2").await;
         assert_eq!(s, StatusCode::OK);
         assert!(body.contains("server-a is not claimed"), "{body}");
-        for bad in ["/ipxe/script?uuid=nope", "/ipxe/script?mac=12-34", "/ipxe/script?uuid=%ff", "/ignition/..", "/ignition/A_B"] {
+        for bad in [
+            "/ipxe/script?uuid=nope",
+            "/ipxe/script?mac=12-34",
+            "/ipxe/script?uuid=%ff",
+            "/ignition/..",
+            "/ignition/A_B",
+        ] {
             let (s, _) = get(&a, bad, "127.0.0.2").await;
             assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}");
         }
         let (s, body) = get(&a, "/boot.ipxe", "127.0.0.2").await;
         assert_eq!(s, StatusCode::OK);
-        assert!(body.contains("http://10.0.0.1:8080/ipxe/script?uuid=${uuid:uristring}"), "{body}");
+        assert!(
+            body.contains("http://10.0.0.1:8080/ipxe/script?uuid=${uuid:uristring}"),
+            "{body}"
+        );
         let (s, _) = get(&a, "/nothing", "127.0.0.2").await;
         assert_eq!(s, StatusCode::NOT_FOUND);
     }
@@ -729,6 +911,9 @@ mod tests {
         let k1 = load_or_create_key(&p).unwrap();
         assert_eq!(k1, load_or_create_key(&p).unwrap());
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 }

@@ -28,7 +28,9 @@ pub enum IdError {
 /// Parse a UUID in any case, with or without hyphens/braces, to lowercase hyphenated.
 pub fn parse_uuid(s: &str) -> Result<String, IdError> {
     let short: String = s.chars().take(64).collect();
-    uuid::Uuid::try_parse(s).map(|u| u.hyphenated().to_string()).map_err(|_| IdError::Uuid(short))
+    uuid::Uuid::try_parse(s)
+        .map(|u| u.hyphenated().to_string())
+        .map_err(|_| IdError::Uuid(short))
 }
 
 /// Parse `aa-bb-cc-dd-ee-ff`, `aa:bb:cc:dd:ee:ff` or `aabbccddeeff`.
@@ -63,7 +65,11 @@ pub struct MacFmt<'a>(pub &'a [u8; 6]);
 impl fmt::Display for MacFmt<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = self.0;
-        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
     }
 }
 
@@ -74,8 +80,14 @@ mod tests {
     #[test]
     fn uuid_any_case() {
         let want = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
-        assert_eq!(parse_uuid("4C4C4544-0042-3510-8052-B4C04F4E4D32").unwrap(), want);
-        assert_eq!(parse_uuid("4c4c4544004235108052b4c04f4e4d32").unwrap(), want);
+        assert_eq!(
+            parse_uuid("4C4C4544-0042-3510-8052-B4C04F4E4D32").unwrap(),
+            want
+        );
+        assert_eq!(
+            parse_uuid("4c4c4544004235108052b4c04f4e4d32").unwrap(),
+            want
+        );
         assert!(parse_uuid("1234").is_err());
         assert!(parse_uuid("4c4c4544-0042-3510-8052-b4c04f4e4dzz").is_err());
         assert!(parse_uuid("").is_err());
@@ -87,7 +99,14 @@ mod tests {
         assert_eq!(parse_mac("52-54-00-ab-cd-ef").unwrap(), want);
         assert_eq!(parse_mac("52:54:00:AB:CD:EF").unwrap(), want);
         assert_eq!(parse_mac("525400abcdef").unwrap(), want);
-        for bad in ["52-54-00-ab-cd", "52-54-00-ab-cd-eg", "52-54:00-ab-cd-ef", "5254-00-ab-cd-ef-", "", "zz"] {
+        for bad in [
+            "52-54-00-ab-cd",
+            "52-54-00-ab-cd-eg",
+            "52-54:00-ab-cd-ef",
+            "5254-00-ab-cd-ef-",
+            "",
+            "zz",
+        ] {
             assert!(parse_mac(bad).is_err(), "{bad}");
         }
         assert_eq!(MacFmt(&want).to_string(), "52:54:00:ab:cd:ef");

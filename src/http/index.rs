@@ -62,7 +62,10 @@ impl MemoryIndex {
 
     /// Every progress event recorded so far, oldest first.
     pub fn events(&self) -> Vec<ProgressRecord> {
-        self.events.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -84,7 +87,9 @@ impl BootIndex for MemoryIndex {
     fn lookup(&self, id: &MachineId) -> Option<Arc<MachineBoot>> {
         let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
         let name = match id {
-            MachineId::Uuid(u) if u.bytes().any(|b| b.is_ascii_uppercase()) => maps.by_uuid.get(&u.to_ascii_lowercase()),
+            MachineId::Uuid(u) if u.bytes().any(|b| b.is_ascii_uppercase()) => {
+                maps.by_uuid.get(&u.to_ascii_lowercase())
+            }
             MachineId::Uuid(u) => maps.by_uuid.get(u),
             MachineId::Mac(m) => maps.by_mac.get(m),
             MachineId::Ip(ip) => maps.by_ip.get(ip),
@@ -107,7 +112,12 @@ impl BootIndex for MemoryIndex {
         if ev.len() >= 10_000 {
             ev.drain(..5_000);
         }
-        ev.push(ProgressRecord { server: server.to_string(), event, client, at: now });
+        ev.push(ProgressRecord {
+            server: server.to_string(),
+            event,
+            client,
+            at: now,
+        });
     }
 }
 
@@ -132,12 +142,28 @@ mod tests {
     fn lookup_by_each_key_and_replace() {
         let idx = MemoryIndex::new();
         idx.upsert(m("a", "4c4c4544-0042-3510-8052-b4c04f4e4d32", "127.0.0.2"));
-        let by_uuid = idx.lookup(&MachineId::Uuid("4C4C4544-0042-3510-8052-B4C04F4E4D32".into())).unwrap();
+        let by_uuid = idx
+            .lookup(&MachineId::Uuid(
+                "4C4C4544-0042-3510-8052-B4C04F4E4D32".into(),
+            ))
+            .unwrap();
         assert_eq!(by_uuid.server, "a");
-        assert_eq!(idx.lookup(&MachineId::Mac([2, 0, 0, 0, 0, 1])).unwrap().server, "a");
-        assert_eq!(idx.lookup(&MachineId::Ip("127.0.0.2".parse().unwrap())).unwrap().server, "a");
+        assert_eq!(
+            idx.lookup(&MachineId::Mac([2, 0, 0, 0, 0, 1]))
+                .unwrap()
+                .server,
+            "a"
+        );
+        assert_eq!(
+            idx.lookup(&MachineId::Ip("127.0.0.2".parse().unwrap()))
+                .unwrap()
+                .server,
+            "a"
+        );
         idx.upsert(m("a", "4c4c4544-0042-3510-8052-b4c04f4e4d33", "127.0.0.3"));
-        assert!(idx.lookup(&MachineId::Ip("127.0.0.2".parse().unwrap())).is_none());
+        assert!(idx
+            .lookup(&MachineId::Ip("127.0.0.2".parse().unwrap()))
+            .is_none());
         idx.remove("a");
         assert!(idx.lookup(&MachineId::Mac([2, 0, 0, 0, 0, 1])).is_none());
     }
@@ -145,8 +171,16 @@ mod tests {
     #[test]
     fn progress_is_recorded() {
         let idx = MemoryIndex::new();
-        idx.record_progress("a", BootEvent::IgnitionDataFetched, "127.0.0.2".parse().unwrap());
-        idx.record_progress("a", BootEvent::IgnitionDataFetched, "127.0.0.2".parse().unwrap());
+        idx.record_progress(
+            "a",
+            BootEvent::IgnitionDataFetched,
+            "127.0.0.2".parse().unwrap(),
+        );
+        idx.record_progress(
+            "a",
+            BootEvent::IgnitionDataFetched,
+            "127.0.0.2".parse().unwrap(),
+        );
         let ev = idx.events();
         assert_eq!(ev.len(), 1);
         assert_eq!(ev[0].event.condition_type(), "IgnitionDataFetched");

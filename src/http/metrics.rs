@@ -75,14 +75,46 @@ impl Metrics {
     /// Add every metric to `reg` under the `bootplane_http_` prefix.
     pub fn register(&self, reg: &mut Registry) {
         let r = reg.sub_registry_with_prefix("bootplane_http");
-        r.register("requests", "Boot HTTP requests by route and status code", self.requests.clone());
-        r.register("response_bytes", "Boot HTTP response body bytes by route", self.bytes.clone());
-        r.register("request_duration_seconds", "Time to response headers by route", self.latency.clone());
-        r.register("boot_progress", "Boot progress events recorded", self.boot_progress.clone());
-        r.register("identity_refused", "Script/Ignition requests refused by the identity check", self.identity_refused.clone());
-        r.register("connections_rejected", "Connections closed at once because max_connections was reached", self.connections_rejected.clone());
-        r.register("connections_open", "Open boot HTTP connections", self.connections_open.clone());
-        r.register("connection_errors", "Connections ended by a protocol error or header read timeout", self.connection_errors.clone());
+        r.register(
+            "requests",
+            "Boot HTTP requests by route and status code",
+            self.requests.clone(),
+        );
+        r.register(
+            "response_bytes",
+            "Boot HTTP response body bytes by route",
+            self.bytes.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time to response headers by route",
+            self.latency.clone(),
+        );
+        r.register(
+            "boot_progress",
+            "Boot progress events recorded",
+            self.boot_progress.clone(),
+        );
+        r.register(
+            "identity_refused",
+            "Script/Ignition requests refused by the identity check",
+            self.identity_refused.clone(),
+        );
+        r.register(
+            "connections_rejected",
+            "Connections closed at once because max_connections was reached",
+            self.connections_rejected.clone(),
+        );
+        r.register(
+            "connections_open",
+            "Open boot HTTP connections",
+            self.connections_open.clone(),
+        );
+        r.register(
+            "connection_errors",
+            "Connections ended by a protocol error or header read timeout",
+            self.connection_errors.clone(),
+        );
     }
 
     /// Prometheus text exposition of these metrics alone.
@@ -95,9 +127,15 @@ impl Metrics {
     }
 
     pub fn observe(&self, route: &'static str, code: u16, bytes: u64, secs: f64) {
-        self.requests.get_or_create(&RequestLabels { route, code }).inc();
-        self.bytes.get_or_create(&RouteLabels { route }).inc_by(bytes);
-        self.latency.get_or_create(&RouteLabels { route }).observe(secs);
+        self.requests
+            .get_or_create(&RequestLabels { route, code })
+            .inc();
+        self.bytes
+            .get_or_create(&RouteLabels { route })
+            .inc_by(bytes);
+        self.latency
+            .get_or_create(&RouteLabels { route })
+            .observe(secs);
     }
 }
 
@@ -109,11 +147,27 @@ mod tests {
     fn encodes_prometheus_text() {
         let m = Metrics::new();
         m.observe("script", 200, 321, 0.001);
-        m.boot_progress.get_or_create(&EventLabels { event: "IPXEScriptFetched" }).inc();
+        m.boot_progress
+            .get_or_create(&EventLabels {
+                event: "IPXEScriptFetched",
+            })
+            .inc();
         let t = m.encode();
-        assert!(t.contains("bootplane_http_requests_total{route=\"script\",code=\"200\"} 1"), "{t}");
-        assert!(t.contains("bootplane_http_response_bytes_total{route=\"script\"} 321"), "{t}");
-        assert!(t.contains("bootplane_http_request_duration_seconds_bucket"), "{t}");
-        assert!(t.contains("bootplane_http_boot_progress_total{event=\"IPXEScriptFetched\"} 1"), "{t}");
+        assert!(
+            t.contains("bootplane_http_requests_total{route=\"script\",code=\"200\"} 1"),
+            "{t}"
+        );
+        assert!(
+            t.contains("bootplane_http_response_bytes_total{route=\"script\"} 321"),
+            "{t}"
+        );
+        assert!(
+            t.contains("bootplane_http_request_duration_seconds_bucket"),
+            "{t}"
+        );
+        assert!(
+            t.contains("bootplane_http_boot_progress_total{event=\"IPXEScriptFetched\"} 1"),
+            "{t}"
+        );
     }
 }

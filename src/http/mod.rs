@@ -119,7 +119,11 @@ pub trait BootIndex: Send + Sync {
 
 /// Run the boot listener on `http.listen` until shutdown. Metrics go to a fresh
 /// [`Metrics`]; use [`serve_with_metrics`] to share them with the API's `/metrics`.
-pub async fn serve(ctx: Arc<crate::serve::Context>, index: Arc<dyn BootIndex>, shutdown: crate::shutdown::Shutdown) -> anyhow::Result<()> {
+pub async fn serve(
+    ctx: Arc<crate::serve::Context>,
+    index: Arc<dyn BootIndex>,
+    shutdown: crate::shutdown::Shutdown,
+) -> anyhow::Result<()> {
     serve_with_metrics(ctx, index, Arc::new(Metrics::new()), shutdown).await
 }
 
@@ -136,5 +140,11 @@ pub async fn serve_with_metrics(
         .await
         .with_context(|| format!("binding boot http listener {}", ctx.config.http.listen))?;
     tracing::info!(listen = %ctx.config.http.listen, public_url = %app.base_url(), "boot http listening");
-    server::run(listener, app, server::Limits::from_config(&ctx.config.http), shutdown).await
+    server::run(
+        listener,
+        app,
+        server::Limits::from_config(&ctx.config.http),
+        shutdown,
+    )
+    .await
 }

@@ -47,7 +47,12 @@ impl Default for Limits {
 }
 
 /// Serve `listener` until `shutdown`, then let open connections finish (bounded).
-pub async fn run(listener: TcpListener, app: Arc<BootHttp>, limits: Limits, mut shutdown: Shutdown) -> anyhow::Result<()> {
+pub async fn run(
+    listener: TcpListener,
+    app: Arc<BootHttp>,
+    limits: Limits,
+    mut shutdown: Shutdown,
+) -> anyhow::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         tokio::select! {
@@ -77,7 +82,14 @@ pub async fn run(listener: TcpListener, app: Arc<BootHttp>, limits: Limits, mut 
     Ok(())
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, app: Arc<BootHttp>, limits: Limits, mut shutdown: Shutdown, _permit: OwnedSemaphorePermit) {
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: Arc<BootHttp>,
+    limits: Limits,
+    mut shutdown: Shutdown,
+    _permit: OwnedSemaphorePermit,
+) {
     let _ = stream.set_nodelay(true);
     let client = peer.ip().to_canonical();
     app.metrics().connections_open.inc();

@@ -78,15 +78,25 @@ impl TokenSigner {
     }
 
     /// Check a token for `server` and `purpose` at time `now` (unix seconds).
-    pub fn verify(&self, token: &str, purpose: Purpose, server: &str, now: u64) -> Result<(), TokenError> {
+    pub fn verify(
+        &self,
+        token: &str,
+        purpose: Purpose,
+        server: &str,
+        now: u64,
+    ) -> Result<(), TokenError> {
         let (exp, sig) = token.split_once('.').ok_or(TokenError::Malformed)?;
         if exp.is_empty() || exp.len() > 20 || !exp.bytes().all(|b| b.is_ascii_digit()) {
             return Err(TokenError::Malformed);
         }
         let expiry: u64 = exp.parse().map_err(|_| TokenError::Malformed)?;
-        let sig = URL_SAFE_NO_PAD.decode(sig).map_err(|_| TokenError::Malformed)?;
+        let sig = URL_SAFE_NO_PAD
+            .decode(sig)
+            .map_err(|_| TokenError::Malformed)?;
         // Check the signature first so an attacker learns nothing from the expiry path.
-        self.mac(purpose, server, expiry).verify_slice(&sig).map_err(|_| TokenError::BadSignature)?;
+        self.mac(purpose, server, expiry)
+            .verify_slice(&sig)
+            .map_err(|_| TokenError::BadSignature)?;
         if now > expiry {
             return Err(TokenError::Expired);
         }
@@ -96,7 +106,10 @@ impl TokenSigner {
 
 /// Current unix time in seconds.
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -109,16 +122,41 @@ mod tests {
         let t = s.mint(Purpose::Ignition, "server-a", 1000, 60);
         assert!(t.starts_with("1060."));
         assert_eq!(s.verify(&t, Purpose::Ignition, "server-a", 1059), Ok(()));
-        assert_eq!(s.verify(&t, Purpose::Ignition, "server-a", 1061), Err(TokenError::Expired));
-        assert_eq!(s.verify(&t, Purpose::Ignition, "server-b", 1000), Err(TokenError::BadSignature));
-        assert_eq!(s.verify(&t, Purpose::Script, "server-a", 1000), Err(TokenError::BadSignature));
+        assert_eq!(
+            s.verify(&t, Purpose::Ignition, "server-a", 1061),
+            Err(TokenError::Expired)
+        );
+        assert_eq!(
+            s.verify(&t, Purpose::Ignition, "server-b", 1000),
+            Err(TokenError::BadSignature)
+        );
+        assert_eq!(
+            s.verify(&t, Purpose::Script, "server-a", 1000),
+            Err(TokenError::BadSignature)
+        );
         let other = TokenSigner::new(b"another key another key another!");
-        assert_eq!(other.verify(&t, Purpose::Ignition, "server-a", 1000), Err(TokenError::BadSignature));
+        assert_eq!(
+            other.verify(&t, Purpose::Ignition, "server-a", 1000),
+            Err(TokenError::BadSignature)
+        );
         // Extending the expiry invalidates the signature.
         let forged = t.replacen("1060", "9999", 1);
-        assert_eq!(s.verify(&forged, Purpose::Ignition, "server-a", 1000), Err(TokenError::BadSignature));
-        for bad in ["", ".", "abc", "12.!!", "x1.abc", "99999999999999999999999.aa"] {
-            assert!(s.verify(bad, Purpose::Ignition, "server-a", 0).is_err(), "{bad}");
+        assert_eq!(
+            s.verify(&forged, Purpose::Ignition, "server-a", 1000),
+            Err(TokenError::BadSignature)
+        );
+        for bad in [
+            "",
+            ".",
+            "abc",
+            "12.!!",
+            "x1.abc",
+            "99999999999999999999999.aa",
+        ] {
+            assert!(
+                s.verify(bad, Purpose::Ignition, "server-a", 0).is_err(),
+                "{bad}"
+            );
         }
     }
 }

@@ -83,8 +83,15 @@ pub struct ProvisionArgs {
 pub fn run_image(cmd: ImageCmd) -> anyhow::Result<()> {
     match cmd {
         ImageCmd::Pack(a) => {
-            let manifest = a.manifest.clone().unwrap_or_else(|| super::pack::manifest_path(&a.output));
-            let mut opts = super::pack::PackOptions { frame_size: a.frame_mib << 20, level: a.level, ..Default::default() };
+            let manifest = a
+                .manifest
+                .clone()
+                .unwrap_or_else(|| super::pack::manifest_path(&a.output));
+            let mut opts = super::pack::PackOptions {
+                frame_size: a.frame_mib << 20,
+                level: a.level,
+                ..Default::default()
+            };
             if let Some(t) = a.threads {
                 opts.threads = t;
             }

@@ -66,8 +66,8 @@ pub fn parse_sha256(s: &str) -> Option<[u8; 32]> {
 impl Manifest {
     /// Parse and check that the frame table is consistent (contiguous, bounded, in order).
     pub fn parse(bytes: &[u8]) -> Result<Manifest, ManifestError> {
-        let m: Manifest =
-            serde_json::from_slice(bytes).map_err(|e| ManifestError(format!("manifest is not valid json: {e}")))?;
+        let m: Manifest = serde_json::from_slice(bytes)
+            .map_err(|e| ManifestError(format!("manifest is not valid json: {e}")))?;
         m.validate()?;
         Ok(m)
     }
@@ -80,22 +80,39 @@ impl Manifest {
         if parse_sha256(&self.sha256).is_none() {
             return bad("manifest sha256 is not 64 hex digits".into());
         }
-        if self.frame_size == 0 || self.frame_size % FRAME_ALIGN != 0 || self.frame_size > MAX_FRAME_SIZE {
-            return bad(format!("frame_size {} must be a multiple of 1 MiB and at most 64 MiB", self.frame_size));
+        if self.frame_size == 0
+            || self.frame_size % FRAME_ALIGN != 0
+            || self.frame_size > MAX_FRAME_SIZE
+        {
+            return bad(format!(
+                "frame_size {} must be a multiple of 1 MiB and at most 64 MiB",
+                self.frame_size
+            ));
         }
         let want_frames = self.raw_size.div_ceil(self.frame_size);
         if self.frames.len() as u64 != want_frames {
-            return bad(format!("{} frames listed, {} expected for raw_size {}", self.frames.len(), want_frames, self.raw_size));
+            return bad(format!(
+                "{} frames listed, {} expected for raw_size {}",
+                self.frames.len(),
+                want_frames,
+                self.raw_size
+            ));
         }
         let mut off = 0u64;
         for (i, f) in self.frames.iter().enumerate() {
             let raw_off = i as u64 * self.frame_size;
             let raw_len = self.frame_size.min(self.raw_size - raw_off);
             if f.raw_offset != raw_off || f.raw_size != raw_len {
-                return bad(format!("frame {i}: raw range {}+{} should be {raw_off}+{raw_len}", f.raw_offset, f.raw_size));
+                return bad(format!(
+                    "frame {i}: raw range {}+{} should be {raw_off}+{raw_len}",
+                    f.raw_offset, f.raw_size
+                ));
             }
             if f.offset != off || f.compressed_size == 0 || f.compressed_size > 2 * MAX_FRAME_SIZE {
-                return bad(format!("frame {i}: compressed range {}+{} does not follow offset {off}", f.offset, f.compressed_size));
+                return bad(format!(
+                    "frame {i}: compressed range {}+{} does not follow offset {off}",
+                    f.offset, f.compressed_size
+                ));
             }
             if parse_sha256(&f.sha256).is_none() {
                 return bad(format!("frame {i}: sha256 is not 64 hex digits"));
@@ -103,12 +120,17 @@ impl Manifest {
             off += f.compressed_size;
         }
         if self.compressed_size < off {
-            return bad(format!("compressed_size {} is smaller than the frames ({off})", self.compressed_size));
+            return bad(format!(
+                "compressed_size {} is smaller than the frames ({off})",
+                self.compressed_size
+            ));
         }
         let mut prev_end = 0u64;
         for &(s, l) in &self.zero_ranges {
             if s < prev_end || l == 0 || s.checked_add(l).is_none_or(|e| e > self.raw_size) {
-                return bad(format!("zero range {s}+{l} is out of order or out of bounds"));
+                return bad(format!(
+                    "zero range {s}+{l} is out of order or out of bounds"
+                ));
             }
             prev_end = s + l;
         }
@@ -117,7 +139,10 @@ impl Manifest {
 
     /// End of the last frame in the packed file (start of the seek table).
     pub fn frames_end(&self) -> u64 {
-        self.frames.last().map(|f| f.offset + f.compressed_size).unwrap_or(0)
+        self.frames
+            .last()
+            .map(|f| f.offset + f.compressed_size)
+            .unwrap_or(0)
     }
 
     /// True when `[start, start+len)` lies inside one zero range.
@@ -167,7 +192,10 @@ pub fn parse_seek_table(tail: &[u8]) -> Option<Vec<(u32, u32)>> {
         (0..frames)
             .map(|i| {
                 let e = &t[8 + i * entry..];
-                (u32::from_le_bytes([e[0], e[1], e[2], e[3]]), u32::from_le_bytes([e[4], e[5], e[6], e[7]]))
+                (
+                    u32::from_le_bytes([e[0], e[1], e[2], e[3]]),
+                    u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
+                )
             })
             .collect(),
     )

@@ -29,14 +29,22 @@ fn compress(h: &mut [u32; 8], data: &[u8]) {
     debug_assert_eq!(data.len() % 64, 0);
     // SAFETY: GenericArray<u8, U64> is a [u8; 64] with alignment 1, so any byte slice
     // whose length is a multiple of 64 is a valid slice of blocks.
-    let blocks: &[GenericArray<u8, U64>] =
-        unsafe { std::slice::from_raw_parts(data.as_ptr() as *const GenericArray<u8, U64>, data.len() / 64) };
+    let blocks: &[GenericArray<u8, U64>] = unsafe {
+        std::slice::from_raw_parts(
+            data.as_ptr() as *const GenericArray<u8, U64>,
+            data.len() / 64,
+        )
+    };
     sha2::compress256(h, blocks);
 }
 
 impl ResumableSha256 {
     pub fn new() -> Self {
-        ResumableSha256 { h: H0, len: 0, pending: Vec::with_capacity(64) }
+        ResumableSha256 {
+            h: H0,
+            len: 0,
+            pending: Vec::with_capacity(64),
+        }
     }
 
     /// Bytes hashed so far.
@@ -97,7 +105,11 @@ impl ResumableSha256 {
         let len: u64 = it.next()?.parse().ok()?;
         let words = it.next()?;
         let pending = hex::decode(it.next()?).ok()?;
-        if it.next().is_some() || words.len() != 64 || pending.len() >= 64 || len % 64 != pending.len() as u64 % 64 {
+        if it.next().is_some()
+            || words.len() != 64
+            || pending.len() >= 64
+            || len % 64 != pending.len() as u64 % 64
+        {
             return None;
         }
         let mut h = [0u32; 8];
@@ -122,9 +134,16 @@ mod tests {
             let h = ResumableSha256::restore(&h.save()).unwrap();
             let mut h2 = h.clone();
             h2.update(&data[split..]);
-            assert_eq!(h2.finalize().as_slice(), Sha256::digest(&data).as_slice(), "split {split}");
+            assert_eq!(
+                h2.finalize().as_slice(),
+                Sha256::digest(&data).as_slice(),
+                "split {split}"
+            );
         }
-        assert_eq!(ResumableSha256::new().finalize().as_slice(), Sha256::digest(b"").as_slice());
+        assert_eq!(
+            ResumableSha256::new().finalize().as_slice(),
+            Sha256::digest(b"").as_slice()
+        );
     }
 
     #[test]

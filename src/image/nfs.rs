@@ -62,7 +62,10 @@ impl<'a> Rd<'a> {
     }
     fn opaque(&mut self) -> PResult<&'a [u8]> {
         let n = self.u32()? as usize;
-        let s = self.b.get(self.p..self.p.checked_add(n).ok_or_else(short)?).ok_or_else(short)?;
+        let s = self
+            .b
+            .get(self.p..self.p.checked_add(n).ok_or_else(short)?)
+            .ok_or_else(short)?;
         self.p += n.div_ceil(4) * 4;
         Ok(s)
     }
@@ -120,7 +123,10 @@ impl Conn {
         s.set_read_timeout(Some(Duration::from_secs(60))).ok();
         s.set_write_timeout(Some(Duration::from_secs(60))).ok();
         s.set_nodelay(true).ok();
-        Ok(Conn { s, xid: std::process::id().wrapping_mul(2654435761) })
+        Ok(Conn {
+            s,
+            xid: std::process::id().wrapping_mul(2654435761),
+        })
     }
 
     fn send(&mut self, prog: u32, vers: u32, proc_: u32, args: &[u8]) -> PResult<u32> {
@@ -135,7 +141,9 @@ impl Conn {
         m.0.extend_from_slice(args);
         let len = (m.0.len() - 4) as u32 | 0x8000_0000;
         m.0[..4].copy_from_slice(&len.to_be_bytes());
-        self.s.write_all(&m.0).map_err(|e| ProvisionError::Source(format!("nfs: sending request: {e}")))?;
+        self.s
+            .write_all(&m.0)
+            .map_err(|e| ProvisionError::Source(format!("nfs: sending request: {e}")))?;
         Ok(self.xid)
     }
 
@@ -144,7 +152,9 @@ impl Conn {
         let mut rec = Vec::new();
         loop {
             let mut h = [0u8; 4];
-            self.s.read_exact(&mut h).map_err(|e| ProvisionError::Source(format!("nfs: reading reply: {e}")))?;
+            self.s
+                .read_exact(&mut h)
+                .map_err(|e| ProvisionError::Source(format!("nfs: reading reply: {e}")))?;
             let h = u32::from_be_bytes(h);
             let n = (h & 0x7fff_ffff) as usize;
             if rec.len() + n > MAX_RECORD {
@@ -152,7 +162,9 @@ impl Conn {
             }
             let at = rec.len();
             rec.resize(at + n, 0);
-            self.s.read_exact(&mut rec[at..]).map_err(|e| ProvisionError::Source(format!("nfs: reading reply: {e}")))?;
+            self.s
+                .read_exact(&mut rec[at..])
+                .map_err(|e| ProvisionError::Source(format!("nfs: reading reply: {e}")))?;
             if h & 0x8000_0000 != 0 {
                 break;
             }
@@ -166,14 +178,20 @@ impl Conn {
             let why = r.u32().unwrap_or(99);
             return Err(ProvisionError::Source(format!(
                 "nfs: rpc call denied ({})",
-                if why == 1 { "authentication error" } else { "rpc version mismatch" }
+                if why == 1 {
+                    "authentication error"
+                } else {
+                    "rpc version mismatch"
+                }
             )));
         }
         r.u32()?;
         r.opaque()?; // verifier
         let st = r.u32()?;
         if st != 0 {
-            return Err(ProvisionError::Source(format!("nfs: rpc call not accepted (accept_stat {st})")));
+            return Err(ProvisionError::Source(format!(
+                "nfs: rpc call not accepted (accept_stat {st})"
+            )));
         }
         let p = r.p;
         rec.drain(..p);
@@ -198,7 +216,9 @@ fn getport(host: &str, prog: u32, vers: u32) -> PResult<u16> {
     let b = c.call(PMAP_PROG, 2, 3, &a.0)?;
     let port = Rd { b: &b, p: 0 }.u32()?;
     if port == 0 || port > 65535 {
-        return Err(ProvisionError::Source(format!("nfs: program {prog} v{vers} is not registered on {host}")));
+        return Err(ProvisionError::Source(format!(
+            "nfs: program {prog} v{vers} is not registered on {host}"
+        )));
     }
     Ok(port as u16)
 }
@@ -217,7 +237,12 @@ pub fn parse_url(url: &str) -> PResult<NfsUrl> {
     let (hostport, path) = rest.split_once('/').ok_or_else(bad)?;
     let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
         let (h, p) = h.split_once(']').ok_or_else(bad)?;
-        (h.to_string(), p.strip_prefix(':').map(|p| p.parse().map_err(|_| bad())).transpose()?)
+        (
+            h.to_string(),
+            p.strip_prefix(':')
+                .map(|p| p.parse().map_err(|_| bad()))
+                .transpose()?,
+        )
     } else {
         match hostport.rsplit_once(':') {
             Some((h, p)) => (h.to_string(), Some(p.parse().map_err(|_| bad())?)),
@@ -227,7 +252,11 @@ pub fn parse_url(url: &str) -> PResult<NfsUrl> {
     let path: Vec<String> = path
         .split('/')
         .filter(|c| !c.is_empty())
-        .map(|c| percent_encoding::percent_decode_str(c).decode_utf8_lossy().into_owned())
+        .map(|c| {
+            percent_encoding::percent_decode_str(c)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
         .collect();
     if host.is_empty() || path.is_empty() || path.iter().any(|c| c == "..") {
         return Err(bad());
@@ -273,7 +302,11 @@ impl NfsSource {
             ProvisionError::Source(format!(
                 "nfs: no export of {} grants access to {url} (mount status {last_err}{})",
                 u.host,
-                if last_err == 13 { ", access denied" } else { "" }
+                if last_err == 13 {
+                    ", access denied"
+                } else {
+                    ""
+                }
             ))
         })?;
         let mut c = Conn::connect(&u.host, port)?;
@@ -315,7 +348,14 @@ impl NfsSource {
         } else {
             64 << 10
         };
-        Ok(NfsSource { url: url.to_string(), host: u.host, port, fh, size, rsize })
+        Ok(NfsSource {
+            url: url.to_string(),
+            host: u.host,
+            port,
+            fh,
+            size,
+            rsize,
+        })
     }
 }
 
@@ -373,7 +413,9 @@ impl NfsReader {
             self.inflight.push_back((xid, self.next_req, count));
             self.next_req += count as u64;
         }
-        let Some(&(xid, off, count)) = self.inflight.front() else { return Ok(false) };
+        let Some(&(xid, off, count)) = self.inflight.front() else {
+            return Ok(false);
+        };
         let body = loop {
             if let Some(b) = self.replies.remove(&xid) {
                 break b;
@@ -385,7 +427,10 @@ impl NfsReader {
         let mut r = Rd { b: &body, p: 0 };
         let st = r.u32()?;
         if st != 0 {
-            return Err(nfs_status(&format!("reading {} at offset {off}", self.url), st));
+            return Err(nfs_status(
+                &format!("reading {} at offset {off}", self.url),
+                st,
+            ));
         }
         r.post_op_attr()?;
         let n = r.u32()?;
@@ -396,7 +441,11 @@ impl NfsReader {
         }
         if n < count {
             if eof || n == 0 {
-                return Err(ProvisionError::Truncated(format!("{} ended at offset {}", self.url, off + n as u64)));
+                return Err(ProvisionError::Truncated(format!(
+                    "{} ended at offset {}",
+                    self.url,
+                    off + n as u64
+                )));
             }
             // Short read: ask for the rest before anything queued after it.
             let xid = self.request(off + n as u64, count - n)?;
@@ -414,7 +463,9 @@ impl Read for NfsReader {
             match self.fill() {
                 Ok(true) => {}
                 Ok(false) => return Ok(0),
-                Err(ProvisionError::Truncated(m)) => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, m)),
+                Err(ProvisionError::Truncated(m)) => {
+                    return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, m))
+                }
                 Err(e) => return Err(std::io::Error::other(e.to_string())),
             }
         }
@@ -433,23 +484,42 @@ mod tests {
     fn urls() {
         assert_eq!(
             parse_url("nfs://10.0.0.1/export/img/a%20b.zst").unwrap(),
-            NfsUrl { host: "10.0.0.1".into(), port: None, path: vec!["export".into(), "img".into(), "a b.zst".into()] }
+            NfsUrl {
+                host: "10.0.0.1".into(),
+                port: None,
+                path: vec!["export".into(), "img".into(), "a b.zst".into()]
+            }
         );
         assert_eq!(parse_url("nfs://h:2049/x").unwrap().port, Some(2049));
         assert_eq!(parse_url("nfs://[::1]:2049/x").unwrap().host, "::1");
-        for bad in ["nfs://h", "nfs:///x", "http://h/x", "nfs://h/../x", "nfs://h:99999/x"] {
+        for bad in [
+            "nfs://h",
+            "nfs:///x",
+            "http://h/x",
+            "nfs://h/../x",
+            "nfs://h:99999/x",
+        ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn malformed_replies_are_errors_not_panics() {
-        let mut r = Rd { b: &[0, 0, 0, 1, 0, 0], p: 0 };
+        let mut r = Rd {
+            b: &[0, 0, 0, 1, 0, 0],
+            p: 0,
+        };
         assert_eq!(r.u32().unwrap(), 1);
         assert!(r.u32().is_err());
-        let mut r = Rd { b: &[0xff, 0xff, 0xff, 0xff], p: 0 };
+        let mut r = Rd {
+            b: &[0xff, 0xff, 0xff, 0xff],
+            p: 0,
+        };
         assert!(r.opaque().is_err());
-        let mut r = Rd { b: &[0, 0, 0, 1, 0, 0], p: 0 };
+        let mut r = Rd {
+            b: &[0, 0, 0, 1, 0, 0],
+            p: 0,
+        };
         assert!(r.post_op_attr().is_err());
     }
 

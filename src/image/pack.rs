@@ -28,7 +28,9 @@ impl Default for PackOptions {
         PackOptions {
             frame_size: format::DEFAULT_FRAME_SIZE,
             level: 3,
-            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
         }
     }
 }
@@ -52,7 +54,11 @@ fn zero_runs(data: &[u8], base: u64) -> Vec<(u64, u64)> {
     let mut v = Vec::new();
     for (i, c) in data.chunks(format::ZERO_GRAIN).enumerate() {
         if c.len() == format::ZERO_GRAIN && is_all_zero(c) {
-            format::push_zero_range(&mut v, base + (i * format::ZERO_GRAIN) as u64, c.len() as u64);
+            format::push_zero_range(
+                &mut v,
+                base + (i * format::ZERO_GRAIN) as u64,
+                c.len() as u64,
+            );
         }
     }
     v
@@ -77,8 +83,16 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// Pack `input` into `output` and write the manifest to `manifest_out`.
-pub fn pack(input: &Path, output: &Path, manifest_out: &Path, opts: &PackOptions) -> Result<Manifest> {
-    if opts.frame_size == 0 || opts.frame_size % format::FRAME_ALIGN != 0 || opts.frame_size > format::MAX_FRAME_SIZE {
+pub fn pack(
+    input: &Path,
+    output: &Path,
+    manifest_out: &Path,
+    opts: &PackOptions,
+) -> Result<Manifest> {
+    if opts.frame_size == 0
+        || opts.frame_size % format::FRAME_ALIGN != 0
+        || opts.frame_size > format::MAX_FRAME_SIZE
+    {
         bail!("frame size must be a multiple of 1 MiB and at most 64 MiB");
     }
     let mut inp = File::open(input).with_context(|| format!("opening {}", input.display()))?;
@@ -116,9 +130,10 @@ pub fn pack(input: &Path, output: &Path, manifest_out: &Path, opts: &PackOptions
         let tx = done_tx.clone();
         let level = opts.level;
         workers.push(std::thread::spawn(move || {
-            let mut c = match zstd::bulk::Compressor::new(level)
-                .and_then(|mut c| c.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true)).map(|_| c))
-            {
+            let mut c = match zstd::bulk::Compressor::new(level).and_then(|mut c| {
+                c.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
+                    .map(|_| c)
+            }) {
                 Ok(c) => c,
                 Err(e) => {
                     let _ = tx.send(Err(anyhow::anyhow!("creating zstd compressor: {e}")));
@@ -128,13 +143,16 @@ pub fn pack(input: &Path, output: &Path, manifest_out: &Path, opts: &PackOptions
             loop {
                 let job = rx.lock().map(|r| r.recv());
                 let Ok(Ok((idx, raw))) = job else { return };
-                let r = c.compress(&raw).context("compressing frame").map(|comp| Done {
-                    idx,
-                    sha: Sha256::digest(&raw).into(),
-                    zeros: zero_runs(&raw, idx as u64 * fs as u64),
-                    raw,
-                    comp,
-                });
+                let r = c
+                    .compress(&raw)
+                    .context("compressing frame")
+                    .map(|comp| Done {
+                        idx,
+                        sha: Sha256::digest(&raw).into(),
+                        zeros: zero_runs(&raw, idx as u64 * fs as u64),
+                        raw,
+                        comp,
+                    });
                 if tx.send(r).is_err() {
                     return;
                 }
@@ -171,17 +189,25 @@ pub fn pack(input: &Path, output: &Path, manifest_out: &Path, opts: &PackOptions
             next += 1;
         }
     }
-    reader.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+    reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
     for w in workers {
-        w.join().map_err(|_| anyhow::anyhow!("worker thread panicked"))?;
+        w.join()
+            .map_err(|_| anyhow::anyhow!("worker thread panicked"))?;
     }
     if !pending.is_empty() {
         bail!("internal error: frames left unwritten");
     }
-    let table: Vec<(u32, u32)> = frames.iter().map(|f| (f.compressed_size as u32, f.raw_size as u32)).collect();
+    let table: Vec<(u32, u32)> = frames
+        .iter()
+        .map(|f| (f.compressed_size as u32, f.raw_size as u32))
+        .collect();
     let st = format::seek_table(&table);
     out.write_all(&st).context("writing seek table")?;
-    let f = out.into_inner().map_err(|e| anyhow::anyhow!("flushing packed image: {}", e.error()))?;
+    let f = out
+        .into_inner()
+        .map_err(|e| anyhow::anyhow!("flushing packed image: {}", e.error()))?;
     f.sync_all().context("syncing packed image")?;
     let m = Manifest {
         format: format::FORMAT.into(),
@@ -192,10 +218,13 @@ pub fn pack(input: &Path, output: &Path, manifest_out: &Path, opts: &PackOptions
         frames,
         zero_ranges,
     };
-    m.validate().map_err(|e| anyhow::anyhow!("internal error: packed manifest invalid: {e}"))?;
+    m.validate()
+        .map_err(|e| anyhow::anyhow!("internal error: packed manifest invalid: {e}"))?;
     let tmp = manifest_out.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(&m)?).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, manifest_out).with_context(|| format!("renaming to {}", manifest_out.display()))?;
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&m)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, manifest_out)
+        .with_context(|| format!("renaming to {}", manifest_out.display()))?;
     Ok(m)
 }
 
@@ -214,7 +243,11 @@ mod tests {
         std::fs::write(&inp, &data).unwrap();
         let out = dir.path().join("img.zst");
         let mp = manifest_path(&out);
-        let opts = PackOptions { frame_size: 1 << 20, level: 1, threads: 2 };
+        let opts = PackOptions {
+            frame_size: 1 << 20,
+            level: 1,
+            threads: 2,
+        };
         let m = pack(&inp, &out, &mp, &opts).unwrap();
         assert_eq!(m.frames.len(), 3);
         assert_eq!(m.raw_size, data.len() as u64);

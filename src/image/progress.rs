@@ -67,7 +67,8 @@ impl Progress {
             if let Ok(mut c) = self.copy_start.lock() {
                 *c = Some(Instant::now());
             }
-            self.start_bytes.store(self.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+            self.start_bytes
+                .store(self.bytes.load(Ordering::Relaxed), Ordering::Relaxed);
         }
         self.emit(None);
     }
@@ -83,20 +84,36 @@ impl Progress {
         let bytes = self.bytes.load(Ordering::Relaxed);
         let total = self.total.load(Ordering::Relaxed);
         let total = (total != u64::MAX).then_some(total);
-        let since = self.copy_start.lock().ok().and_then(|c| *c).map(|c| c.elapsed().as_secs_f64()).unwrap_or(0.0);
+        let since = self
+            .copy_start
+            .lock()
+            .ok()
+            .and_then(|c| *c)
+            .map(|c| c.elapsed().as_secs_f64())
+            .unwrap_or(0.0);
         let done = bytes.saturating_sub(self.start_bytes.load(Ordering::Relaxed));
-        let rate = if since > 0.0 { done as f64 / since } else { 0.0 };
+        let rate = if since > 0.0 {
+            done as f64 / since
+        } else {
+            0.0
+        };
         let eta = match total {
             Some(t) if rate > 0.0 => Some(t.saturating_sub(bytes) as f64 / rate),
             _ => None,
         };
         let mut m = serde_json::Map::new();
-        m.insert("stage".into(), (*self.stage.lock().map(|s| *s).as_ref().unwrap_or(&"?")).into());
+        m.insert(
+            "stage".into(),
+            (*self.stage.lock().map(|s| *s).as_ref().unwrap_or(&"?")).into(),
+        );
         m.insert("bytes".into(), bytes.into());
         m.insert("total".into(), total.into());
         m.insert("rate".into(), ((rate * 10.0).round() / 10.0).into());
         m.insert("eta".into(), eta.map(|e| (e * 10.0).round() / 10.0).into());
-        m.insert("elapsed".into(), ((self.start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0).into());
+        m.insert(
+            "elapsed".into(),
+            ((self.start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0).into(),
+        );
         m
     }
 
@@ -126,12 +143,24 @@ impl Progress {
                         b,
                         t as f64 / 1e6,
                         rate,
-                        m["eta"].as_f64().map(|e| format!("{e:.0}")).unwrap_or_else(|| "?".into())
+                        m["eta"]
+                            .as_f64()
+                            .map(|e| format!("{e:.0}"))
+                            .unwrap_or_else(|| "?".into())
                     )
                 }
-                _ => format!("{:>8} {:.0} MB {:.0} MB/s", m["stage"].as_str().unwrap_or(""), b, rate),
+                _ => format!(
+                    "{:>8} {:.0} MB {:.0} MB/s",
+                    m["stage"].as_str().unwrap_or(""),
+                    b,
+                    rate
+                ),
             };
-            let end = if matches!(m["stage"].as_str(), Some("done") | Some("error")) { "\n" } else { "" };
+            let end = if matches!(m["stage"].as_str(), Some("done") | Some("error")) {
+                "\n"
+            } else {
+                ""
+            };
             let _ = write!(err, "\r\x1b[2K{line}{end}");
             if let Some(e) = m.get("error") {
                 let _ = writeln!(err, "error: {}", e.as_str().unwrap_or(""));
@@ -151,7 +180,9 @@ impl Progress {
             *g = Some(tx);
         }
         std::thread::spawn(move || {
-            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_millis(500)) {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                rx.recv_timeout(Duration::from_millis(500))
+            {
                 if me.stop.load(Ordering::Relaxed) {
                     break;
                 }

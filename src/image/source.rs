@@ -48,7 +48,9 @@ pub fn fetch_small(spec: &str, max: u64) -> PResult<Option<Vec<u8>>> {
         }
     };
     if src.len().is_some_and(|l| l > max) {
-        return Err(ProvisionError::Manifest(format!("{spec} is larger than {max} bytes")));
+        return Err(ProvisionError::Manifest(format!(
+            "{spec} is larger than {max} bytes"
+        )));
     }
     let mut v = Vec::new();
     src.open_at(0)?
@@ -65,15 +67,21 @@ pub struct LocalSource {
 
 impl LocalSource {
     pub fn open(path: &str) -> PResult<Self> {
-        let md = std::fs::metadata(path).map_err(|e| ProvisionError::Source(format!("opening {path}: {e}")))?;
+        let md = std::fs::metadata(path)
+            .map_err(|e| ProvisionError::Source(format!("opening {path}: {e}")))?;
         let len = if md.file_type().is_file() {
             md.len()
         } else {
             // A block device as source: its size comes from seeking to the end.
-            let mut f = File::open(path).map_err(|e| ProvisionError::Source(format!("opening {path}: {e}")))?;
-            f.seek(SeekFrom::End(0)).map_err(|e| ProvisionError::Source(format!("sizing {path}: {e}")))?
+            let mut f = File::open(path)
+                .map_err(|e| ProvisionError::Source(format!("opening {path}: {e}")))?;
+            f.seek(SeekFrom::End(0))
+                .map_err(|e| ProvisionError::Source(format!("sizing {path}: {e}")))?
         };
-        Ok(LocalSource { path: path.to_string(), len })
+        Ok(LocalSource {
+            path: path.to_string(),
+            len,
+        })
     }
 }
 
@@ -85,8 +93,10 @@ impl Source for LocalSource {
         Some(self.len)
     }
     fn open_at(&self, offset: u64) -> PResult<Box<dyn Read + Send>> {
-        let mut f = File::open(&self.path).map_err(|e| ProvisionError::Source(format!("opening {}: {e}", self.path)))?;
-        f.seek(SeekFrom::Start(offset)).map_err(|e| ProvisionError::Source(format!("seeking {}: {e}", self.path)))?;
+        let mut f = File::open(&self.path)
+            .map_err(|e| ProvisionError::Source(format!("opening {}: {e}", self.path)))?;
+        f.seek(SeekFrom::Start(offset))
+            .map_err(|e| ProvisionError::Source(format!("seeking {}: {e}", self.path)))?;
         Ok(Box::new(f))
     }
 }
@@ -98,12 +108,17 @@ pub struct HttpSource {
 }
 
 fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10)).timeout_read(Duration::from_secs(60)).build()
+    ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(10))
+        .timeout_read(Duration::from_secs(60))
+        .build()
 }
 
 fn http_err(url: &str, e: ureq::Error) -> ProvisionError {
     match e {
-        ureq::Error::Status(code, _) => ProvisionError::Source(format!("GET {url}: http status {code}")),
+        ureq::Error::Status(code, _) => {
+            ProvisionError::Source(format!("GET {url}: http status {code}"))
+        }
         ureq::Error::Transport(t) => ProvisionError::Source(format!("GET {url}: {t}")),
     }
 }
@@ -117,8 +132,14 @@ impl HttpSource {
         }
         let agent = agent();
         let resp = agent.head(url).call().map_err(|e| http_err(url, e))?;
-        let len = resp.header("content-length").and_then(|v| v.trim().parse().ok());
-        Ok(HttpSource { url: url.to_string(), agent, len })
+        let len = resp
+            .header("content-length")
+            .and_then(|v| v.trim().parse().ok());
+        Ok(HttpSource {
+            url: url.to_string(),
+            agent,
+            len,
+        })
     }
 
     fn fetch_small(url: &str, max: u64) -> PResult<Option<Vec<u8>>> {

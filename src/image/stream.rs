@@ -144,7 +144,10 @@ fn default_checkpoint(target: &std::path::Path, kind: TargetKind) -> PathBuf {
             s.into()
         }
         TargetKind::Block => {
-            let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "disk".into());
+            let name = target
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "disk".into());
             PathBuf::from(format!("/var/tmp/bootplane-{name}.checkpoint"))
         }
     }
@@ -153,20 +156,22 @@ fn default_checkpoint(target: &std::path::Path, kind: TargetKind) -> PathBuf {
 fn plan(opts: &Options) -> PResult<Plan> {
     let src = source::open(&opts.source)?;
     let want = match &opts.sha256 {
-        Some(h) => Some(
-            format::parse_sha256(h).ok_or_else(|| ProvisionError::Usage(format!("--sha256 {h:?} is not 64 hex digits")))?,
-        ),
+        Some(h) => Some(format::parse_sha256(h).ok_or_else(|| {
+            ProvisionError::Usage(format!("--sha256 {h:?} is not 64 hex digits"))
+        })?),
         None => None,
     };
     let mbytes = match &opts.manifest {
         Some(m) => Some(
-            source::fetch_small(m, 64 << 20)?.ok_or_else(|| ProvisionError::Manifest(format!("{m} not found")))?,
+            source::fetch_small(m, 64 << 20)?
+                .ok_or_else(|| ProvisionError::Manifest(format!("{m} not found")))?,
         ),
         None => source::fetch_small(&format!("{}.manifest.json", opts.source), 64 << 20)?,
     };
     if let Some(b) = mbytes {
         let m = Manifest::parse(&b).map_err(|e| ProvisionError::Manifest(e.0))?;
-        let expected = format::parse_sha256(&m.sha256).ok_or_else(|| ProvisionError::Manifest("bad sha256".into()))?;
+        let expected = format::parse_sha256(&m.sha256)
+            .ok_or_else(|| ProvisionError::Manifest("bad sha256".into()))?;
         if let Some(w) = want {
             if w != expected {
                 return Err(ProvisionError::Manifest(format!(
@@ -193,10 +198,19 @@ fn plan(opts: &Options) -> PResult<Plan> {
                 )));
             }
         }
-        return Ok(Plan { raw_size: Some(m.raw_size), chunk: m.frame_size, kind: Kind::Framed(Arc::new(m)), src, expected });
+        return Ok(Plan {
+            raw_size: Some(m.raw_size),
+            chunk: m.frame_size,
+            kind: Kind::Framed(Arc::new(m)),
+            src,
+            expected,
+        });
     }
     let expected = want.ok_or_else(|| {
-        ProvisionError::Usage(format!("no manifest for {} (give --manifest) and no --sha256 to verify against", opts.source))
+        ProvisionError::Usage(format!(
+            "no manifest for {} (give --manifest) and no --sha256 to verify against",
+            opts.source
+        ))
     })?;
     let mut head = [0u8; 18];
     let mut r = src.open_at(0)?;
@@ -205,13 +219,30 @@ fn plan(opts: &Options) -> PResult<Plan> {
         match r.read(&mut head[n..]) {
             Ok(0) => break,
             Ok(k) => n += k,
-            Err(e) => return Err(ProvisionError::Source(format!("reading {}: {e}", src.describe()))),
+            Err(e) => {
+                return Err(ProvisionError::Source(format!(
+                    "reading {}: {e}",
+                    src.describe()
+                )))
+            }
         }
     }
     if format::is_zstd_magic(&head[..n]) {
-        Ok(Plan { kind: Kind::Zstd, raw_size: None, chunk: STREAM_CHUNK, src, expected })
+        Ok(Plan {
+            kind: Kind::Zstd,
+            raw_size: None,
+            chunk: STREAM_CHUNK,
+            src,
+            expected,
+        })
     } else {
-        Ok(Plan { raw_size: src.len(), kind: Kind::Raw, chunk: STREAM_CHUNK, src, expected })
+        Ok(Plan {
+            raw_size: src.len(),
+            kind: Kind::Raw,
+            chunk: STREAM_CHUNK,
+            src,
+            expected,
+        })
     }
 }
 
@@ -220,7 +251,9 @@ fn zstd_min_size(src: &dyn Source) -> Option<u64> {
     let mut head = vec![0u8; 18];
     let mut r = src.open_at(0).ok()?;
     let n = r.read(&mut head).ok()?;
-    zstd::zstd_safe::get_frame_content_size(&head[..n]).ok().flatten()
+    zstd::zstd_safe::get_frame_content_size(&head[..n])
+        .ok()
+        .flatten()
 }
 
 struct Shared {
@@ -247,7 +280,10 @@ impl Shared {
 }
 
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -274,7 +310,13 @@ fn read_exact_or(r: &mut dyn Read, buf: &mut [u8], what: impl Fn() -> String) ->
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..]) {
-            Ok(0) => return Err(ProvisionError::Truncated(format!("{}: source ended after {n} of {} bytes", what(), buf.len()))),
+            Ok(0) => {
+                return Err(ProvisionError::Truncated(format!(
+                    "{}: source ended after {n} of {} bytes",
+                    what(),
+                    buf.len()
+                )))
+            }
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(ProvisionError::Source(format!("{}: {e}", what()))),
@@ -297,9 +339,17 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// Reader for packed images: frame 0, then frames `start..`, then the seek table.
-fn read_framed(plan: &Plan, m: &Manifest, start: u64, tx: SyncSender<(u64, Vec<u8>)>, sh: &Shared) -> PResult<()> {
+fn read_framed(
+    plan: &Plan,
+    m: &Manifest,
+    start: u64,
+    tx: SyncSender<(u64, Vec<u8>)>,
+    sh: &Shared,
+) -> PResult<()> {
     let order: Vec<u64> = if start > 0 {
-        std::iter::once(0).chain(start..m.frames.len() as u64).collect()
+        std::iter::once(0)
+            .chain(start..m.frames.len() as u64)
+            .collect()
     } else {
         (0..m.frames.len() as u64).collect()
     };
@@ -314,7 +364,9 @@ fn read_framed(plan: &Plan, m: &Manifest, start: u64, tx: SyncSender<(u64, Vec<u
         }
         let (rd, pos) = r.as_mut().expect("reader opened above");
         let mut v = vec![0u8; f.compressed_size as usize];
-        read_exact_or(rd.as_mut(), &mut v, || format!("reading frame {i} at offset {}", f.offset))?;
+        read_exact_or(rd.as_mut(), &mut v, || {
+            format!("reading frame {i} at offset {}", f.offset)
+        })?;
         *pos += f.compressed_size;
         if tx.send((i, v)).is_err() {
             return Ok(());
@@ -329,13 +381,20 @@ fn read_framed(plan: &Plan, m: &Manifest, start: u64, tx: SyncSender<(u64, Vec<u
     let mut rd = rd;
     let mut tail = vec![0u8; (m.compressed_size - pos) as usize];
     read_exact_or(rd.as_mut(), &mut tail, || "reading the seek table".into())?;
-    if !tail.is_empty() && format::parse_seek_table(&tail).is_none_or(|t| t.len() != m.frames.len()) {
-        return Err(ProvisionError::Trailing(format!("{} bytes after the last frame are not a seek table", tail.len())));
+    if !tail.is_empty() && format::parse_seek_table(&tail).is_none_or(|t| t.len() != m.frames.len())
+    {
+        return Err(ProvisionError::Trailing(format!(
+            "{} bytes after the last frame are not a seek table",
+            tail.len()
+        )));
     }
     let mut one = [0u8; 1];
     match rd.read(&mut one) {
         Ok(0) => Ok(()),
-        Ok(_) => Err(ProvisionError::Trailing(format!("data after the image's {} bytes", m.compressed_size))),
+        Ok(_) => Err(ProvisionError::Trailing(format!(
+            "data after the image's {} bytes",
+            m.compressed_size
+        ))),
         Err(e) => Err(ProvisionError::Source(format!("reading past the end: {e}"))),
     }
 }
@@ -353,9 +412,16 @@ fn decode_one(
     let mut buf = pool.get();
     let n = d
         .decompress_to_buffer(comp, &mut buf.as_mut_slice()[..len])
-        .map_err(|e| ProvisionError::Integrity(format!("frame {i} (raw offset {}): zstd: {e}", f.raw_offset)))?;
+        .map_err(|e| {
+            ProvisionError::Integrity(format!(
+                "frame {i} (raw offset {}): zstd: {e}",
+                f.raw_offset
+            ))
+        })?;
     if n != len {
-        return Err(ProvisionError::Integrity(format!("frame {i}: decoded {n} bytes, manifest says {len}")));
+        return Err(ProvisionError::Integrity(format!(
+            "frame {i}: decoded {n} bytes, manifest says {len}"
+        )));
     }
     if frame_sha {
         let got = Sha256::digest(&buf.as_slice()[..len]);
@@ -413,7 +479,8 @@ fn decode_worker(
 fn decode_stream(plan: &Plan, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -> PResult<()> {
     use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
     let mut r = plan.src.open_at(0)?;
-    let mut dec = Decoder::new().map_err(|e| ProvisionError::Internal(format!("zstd context: {e}")))?;
+    let mut dec =
+        Decoder::new().map_err(|e| ProvisionError::Internal(format!("zstd context: {e}")))?;
     let chunk = plan.chunk as usize;
     let mut inbuf = vec![0u8; 1 << 20];
     let mut at_boundary = true;
@@ -428,7 +495,12 @@ fn decode_stream(plan: &Plan, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -
         let n = match r.read(&mut inbuf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(ProvisionError::Source(format!("reading {}: {e}", plan.src.describe()))),
+            Err(e) => {
+                return Err(ProvisionError::Source(format!(
+                    "reading {}: {e}",
+                    plan.src.describe()
+                )))
+            }
         };
         if n == 0 {
             break;
@@ -445,15 +517,26 @@ fn decode_stream(plan: &Plan, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -
                 Err(e) => {
                     let off = consumed + before as u64;
                     return Err(if at_boundary && (idx > 0 || fill > 0) {
-                        ProvisionError::Trailing(format!("data after the last zstd frame at compressed offset {off}: {e}"))
+                        ProvisionError::Trailing(format!(
+                            "data after the last zstd frame at compressed offset {off}: {e}"
+                        ))
                     } else {
-                        ProvisionError::Integrity(format!("zstd data near compressed offset {off}: {e}"))
+                        ProvisionError::Integrity(format!(
+                            "zstd data near compressed offset {off}: {e}"
+                        ))
                     });
                 }
             }
             if fill == chunk {
                 let full = std::mem::replace(&mut out, pool.get());
-                if tx.send(Chunk { idx, buf: full, len: chunk }).is_err() {
+                if tx
+                    .send(Chunk {
+                        idx,
+                        buf: full,
+                        len: chunk,
+                    })
+                    .is_err()
+                {
                     return Ok(());
                 }
                 idx += 1;
@@ -465,12 +548,21 @@ fn decode_stream(plan: &Plan, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -
     // Drain output still buffered inside the decoder.
     loop {
         let mut o = OutBuffer::around(&mut out.as_mut_slice()[fill..chunk]);
-        let hint = dec.run(&mut InBuffer::around(&[]), &mut o).map_err(|e| ProvisionError::Integrity(format!("zstd: {e}")))?;
+        let hint = dec
+            .run(&mut InBuffer::around(&[]), &mut o)
+            .map_err(|e| ProvisionError::Integrity(format!("zstd: {e}")))?;
         let w = o.pos();
         fill += w;
         if fill == chunk {
             let full = std::mem::replace(&mut out, pool.get());
-            if tx.send(Chunk { idx, buf: full, len: chunk }).is_err() {
+            if tx
+                .send(Chunk {
+                    idx,
+                    buf: full,
+                    len: chunk,
+                })
+                .is_err()
+            {
                 return Ok(());
             }
             idx += 1;
@@ -485,19 +577,35 @@ fn decode_stream(plan: &Plan, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -
         at_boundary = hint == 0;
     }
     if !at_boundary {
-        return Err(ProvisionError::Truncated(format!("{} ends in the middle of a zstd frame", plan.src.describe())));
+        return Err(ProvisionError::Truncated(format!(
+            "{} ends in the middle of a zstd frame",
+            plan.src.describe()
+        )));
     }
     if consumed == 0 {
-        return Err(ProvisionError::Truncated(format!("{} is empty", plan.src.describe())));
+        return Err(ProvisionError::Truncated(format!(
+            "{} is empty",
+            plan.src.describe()
+        )));
     }
     if fill > 0 {
-        let _ = tx.send(Chunk { idx, buf: out, len: fill });
+        let _ = tx.send(Chunk {
+            idx,
+            buf: out,
+            len: fill,
+        });
     }
     Ok(())
 }
 
 /// Reader for raw images: chunk 0, then chunks from `start`.
-fn read_raw(plan: &Plan, start: u64, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -> PResult<()> {
+fn read_raw(
+    plan: &Plan,
+    start: u64,
+    tx: SyncSender<Chunk>,
+    pool: &Pool,
+    sh: &Shared,
+) -> PResult<()> {
     let chunk = plan.chunk as usize;
     let mut idx = 0u64;
     let mut r = plan.src.open_at(0)?;
@@ -549,12 +657,15 @@ impl Seq<'_> {
                 continue;
             }
             pending.insert(c.idx, c);
-            if let Err(e) = self.ready(&mut pending, &mut next, &mut seq, &tx, t0, &mut rate_bytes) {
+            if let Err(e) = self.ready(&mut pending, &mut next, &mut seq, &tx, t0, &mut rate_bytes)
+            {
                 sh.fail(e);
             }
         }
         if !pending.is_empty() && !sh.aborted() {
-            return Err(ProvisionError::Internal("frames missing at the end of the stream".into()));
+            return Err(ProvisionError::Internal(
+                "frames missing at the end of the stream".into(),
+            ));
         }
         Ok(())
     }
@@ -573,7 +684,10 @@ impl Seq<'_> {
             let n = step.min((end - off) as usize);
             let got = self.target.read_at(&mut tb.as_mut_slice()[..n], off)?;
             if got < n {
-                return Err(ProvisionError::Checkpoint(format!("target ends at {} before the checkpointed {end} bytes", off + got as u64)));
+                return Err(ProvisionError::Checkpoint(format!(
+                    "target ends at {} before the checkpointed {end} bytes",
+                    off + got as u64
+                )));
             }
             h.update(&tb.as_slice()[..n]);
             off += n as u64;
@@ -598,7 +712,10 @@ impl Seq<'_> {
         let block = self.target.block;
         {
             while let Some(c) = pending.remove(next) {
-                *next = if *next == 0 && self.start > 1 && matches!(self.plan.kind, Kind::Framed(_) | Kind::Raw) {
+                *next = if *next == 0
+                    && self.start > 1
+                    && matches!(self.plan.kind, Kind::Framed(_) | Kind::Raw)
+                {
                     self.start
                 } else {
                     *next + 1
@@ -623,9 +740,13 @@ impl Seq<'_> {
                     let tail_off = raw_off + (len / block * block) as u64;
                     let keep = len % block;
                     let mut old = vec![0u8; 0];
-                    if !matches!(self.target.kind, TargetKind::File { fresh: true }) && tail_off < self.target.size {
+                    if !matches!(self.target.kind, TargetKind::File { fresh: true })
+                        && tail_off < self.target.size
+                    {
                         let mut tb = super::target::AlignedBuf::new(block);
-                        let n = self.target.read_at(&mut tb.as_mut_slice()[..block], tail_off)?;
+                        let n = self
+                            .target
+                            .read_at(&mut tb.as_mut_slice()[..block], tail_off)?;
                         old = tb.as_slice()[..n].to_vec();
                     }
                     let s = buf.as_mut_slice();
@@ -638,7 +759,9 @@ impl Seq<'_> {
                     && w_start < len
                     && end == len
                     && match &self.plan.kind {
-                        Kind::Framed(m) => m.is_zero(raw_off + w_start as u64, (len - w_start) as u64),
+                        Kind::Framed(m) => {
+                            m.is_zero(raw_off + w_start as u64, (len - w_start) as u64)
+                        }
                         _ => false,
                     };
                 if let Some(rate) = self.opts.max_rate {
@@ -758,7 +881,10 @@ pub fn provision(opts: &Options) -> PResult<Outcome> {
             x.insert("resumed_from".into(), o.resumed_from.into());
             x.insert("direct".into(), o.direct.into());
             x.insert("frame_sha256".into(), o.frame_sha256.into());
-            x.insert("cpu".into(), serde_json::to_value(&o.cpu).unwrap_or_default());
+            x.insert(
+                "cpu".into(),
+                serde_json::to_value(&o.cpu).unwrap_or_default(),
+            );
             progress.set_total(Some(o.raw_size));
             progress.set_stage_silent("done");
             progress.emit(Some(x));
@@ -781,7 +907,9 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         Err(e) => {
             // The source or image is bad: an existing target (that passes the busy checks)
             // must not stay bootable with whatever it held before.
-            if !matches!(e, ProvisionError::Usage(_) | ProvisionError::Internal(_)) && opts.target.exists() {
+            if !matches!(e, ProvisionError::Usage(_) | ProvisionError::Internal(_))
+                && opts.target.exists()
+            {
                 if let Ok(t) = Target::open(&opts.target, None) {
                     let _ = t.zero_head(HELD);
                 }
@@ -799,7 +927,10 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     if fresh_at_start {
         target.presize(min_size.unwrap_or(0))?;
     }
-    let ckpt_path = opts.checkpoint.clone().unwrap_or_else(|| default_checkpoint(&opts.target, target.kind));
+    let ckpt_path = opts
+        .checkpoint
+        .clone()
+        .unwrap_or_else(|| default_checkpoint(&opts.target, target.kind));
     let image_hex = hex::encode(plan.expected);
 
     // Resume point.
@@ -808,8 +939,15 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     if opts.resume {
         if let Ok(b) = std::fs::read(&ckpt_path) {
             match serde_json::from_slice::<Checkpoint>(&b) {
-                Ok(c) if c.version == 1 && c.image_sha256 == image_hex && c.chunk_size == plan.chunk && c.chunks_done > 0 => {
-                    if let Some(h) = ResumableSha256::restore(&c.hash_state).filter(|h| h.len() == c.chunks_done * plan.chunk) {
+                Ok(c)
+                    if c.version == 1
+                        && c.image_sha256 == image_hex
+                        && c.chunk_size == plan.chunk
+                        && c.chunks_done > 0 =>
+                {
+                    if let Some(h) = ResumableSha256::restore(&c.hash_state)
+                        .filter(|h| h.len() == c.chunks_done * plan.chunk)
+                    {
                         start = c.chunks_done;
                         hasher = h;
                         if c.target_fresh {
@@ -827,7 +965,9 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     }
     let head = plan.raw_size.map(|r| r.min(HELD)).unwrap_or(HELD);
     target.zero_head(head)?;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
     let frame_sha = match opts.frame_sha256 {
         FrameSha::On => true,
         FrameSha::Off => false,
@@ -839,11 +979,19 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     }
     progress.set_stage("copy");
 
-    let sh = Shared { err: Mutex::new(None), abort: AtomicBool::new(false), cpu: Default::default() };
+    let sh = Shared {
+        err: Mutex::new(None),
+        abort: AtomicBool::new(false),
+        cpu: Default::default(),
+    };
     let decoders = opts.decoders.unwrap_or(cores).max(1);
     let writers = opts.writers.max(1);
     let pool = Pool::new(plan.chunk as usize);
-    let tracker = Mutex::new(Tracker { done: BTreeMap::new(), next_seq: 0, last_ckpt: Instant::now() });
+    let tracker = Mutex::new(Tracker {
+        done: BTreeMap::new(),
+        next_seq: 0,
+        last_ckpt: Instant::now(),
+    });
     let ckpt_lock = Mutex::new(());
     let target = target;
     let ckpt = |done: u64, state: &str| -> PResult<()> {
@@ -865,10 +1013,19 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
             f.sync_all()?;
             std::fs::rename(&tmp, &ckpt_path)
         };
-        write().map_err(|e| ProvisionError::Checkpoint(format!("writing {}: {e}", ckpt_path.display())))
+        write().map_err(|e| {
+            ProvisionError::Checkpoint(format!("writing {}: {e}", ckpt_path.display()))
+        })
     };
 
-    let mut seqr = Seq { plan: &plan, target: &target, opts, start, hasher, held: Vec::with_capacity(HELD as usize) };
+    let mut seqr = Seq {
+        plan: &plan,
+        target: &target,
+        opts,
+        start,
+        hasher,
+        held: Vec::with_capacity(HELD as usize),
+    };
     // Queue depths in frames: deep enough to ride out scheduling hiccups on a busy
     // machine, small enough to keep memory bounded (about 16 raw frames in flight).
     let (chunk_tx, chunk_rx) = sync_channel::<Chunk>(decoders.max(4));
@@ -932,11 +1089,21 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     let cpu: BTreeMap<&'static str, f64> = ["read", "decode", "hash", "write"]
         .iter()
         .enumerate()
-        .map(|(i, n)| (*n, (sh.cpu[i].load(Ordering::Relaxed) as f64 / 1e6).round() / 1e3))
+        .map(|(i, n)| {
+            (
+                *n,
+                (sh.cpu[i].load(Ordering::Relaxed) as f64 / 1e6).round() / 1e3,
+            )
+        })
         .collect();
     let fail = |e: ProvisionError| -> ProvisionError {
         let _ = target.zero_head(head);
-        if matches!(e, ProvisionError::Integrity(_) | ProvisionError::Manifest(_) | ProvisionError::Checkpoint(_)) {
+        if matches!(
+            e,
+            ProvisionError::Integrity(_)
+                | ProvisionError::Manifest(_)
+                | ProvisionError::Checkpoint(_)
+        ) {
             let _ = std::fs::remove_file(&ckpt_path);
         }
         e
@@ -948,7 +1115,9 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     let raw_size = seqr.hasher.len();
     if let Some(r) = plan.raw_size {
         if r != raw_size {
-            return Err(fail(ProvisionError::Truncated(format!("got {raw_size} raw bytes, expected {r}"))));
+            return Err(fail(ProvisionError::Truncated(format!(
+                "got {raw_size} raw bytes, expected {r}"
+            ))));
         }
     }
     let digest = seqr.hasher.clone().finalize();
@@ -969,7 +1138,10 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         target.sync()?;
         let held = &seqr.held;
         if held.len() as u64 != raw_size.min(HELD) {
-            return Err(ProvisionError::Internal(format!("held {} bytes of the first MiB", held.len())));
+            return Err(ProvisionError::Internal(format!(
+                "held {} bytes of the first MiB",
+                held.len()
+            )));
         }
         if !held.is_empty() {
             let n = held.len().div_ceil(target.block) * target.block;
@@ -1006,7 +1178,15 @@ mod tests {
     use super::*;
 
     fn data(n: usize) -> Vec<u8> {
-        (0..n).map(|i| if (i / 100_000) % 3 == 0 { 0 } else { (i * 7 % 251) as u8 }).collect()
+        (0..n)
+            .map(|i| {
+                if (i / 100_000) % 3 == 0 {
+                    0
+                } else {
+                    (i * 7 % 251) as u8
+                }
+            })
+            .collect()
     }
 
     #[test]
@@ -1016,8 +1196,14 @@ mod tests {
         let v = data(5 * (1 << 20) + 333);
         std::fs::write(&raw, &v).unwrap();
         let img = d.path().join("img.zst");
-        let opts = crate::image::pack::PackOptions { frame_size: 1 << 20, level: 1, threads: 2 };
-        let m = crate::image::pack::pack(&raw, &img, &crate::image::pack::manifest_path(&img), &opts).unwrap();
+        let opts = crate::image::pack::PackOptions {
+            frame_size: 1 << 20,
+            level: 1,
+            threads: 2,
+        };
+        let m =
+            crate::image::pack::pack(&raw, &img, &crate::image::pack::manifest_path(&img), &opts)
+                .unwrap();
         let out = d.path().join("out");
         let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
         assert_eq!(o.resumed_from, 0);
@@ -1051,8 +1237,13 @@ mod tests {
         }
         let e = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap_err();
         assert_eq!(e.exit_code(), 23, "{e}");
-        assert!(std::fs::read(&out).unwrap()[..1 << 20].iter().all(|&b| b == 0));
-        assert!(!ck.exists(), "a checkpoint that does not match the target is dropped");
+        assert!(std::fs::read(&out).unwrap()[..1 << 20]
+            .iter()
+            .all(|&b| b == 0));
+        assert!(
+            !ck.exists(),
+            "a checkpoint that does not match the target is dropped"
+        );
         let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
         assert_eq!(o.resumed_from, 0);
         assert_eq!(std::fs::read(&out).unwrap(), v);
@@ -1068,7 +1259,12 @@ mod tests {
         trust.verify_resume = false;
         let e = provision(&trust).unwrap_err();
         assert_eq!(e.exit_code(), 13);
-        assert!(std::fs::read(&out).unwrap()[..1 << 20].iter().all(|&b| b == 0));
-        assert!(!ck.exists(), "a checkpoint that led to a mismatch is dropped");
+        assert!(std::fs::read(&out).unwrap()[..1 << 20]
+            .iter()
+            .all(|&b| b == 0));
+        assert!(
+            !ck.exists(),
+            "a checkpoint that led to a mismatch is dropped"
+        );
     }
 }

@@ -69,11 +69,22 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(size: usize) -> Self {
-        Pool { free: Arc::new(Mutex::new(Vec::new())), size }
+        Pool {
+            free: Arc::new(Mutex::new(Vec::new())),
+            size,
+        }
     }
     pub fn get(&self) -> PooledBuf {
-        let b = self.free.lock().ok().and_then(|mut f| f.pop()).unwrap_or_else(|| AlignedBuf::new(self.size));
-        PooledBuf { buf: Some(b), pool: self.free.clone() }
+        let b = self
+            .free
+            .lock()
+            .ok()
+            .and_then(|mut f| f.pop())
+            .unwrap_or_else(|| AlignedBuf::new(self.size));
+        PooledBuf {
+            buf: Some(b),
+            pool: self.free.clone(),
+        }
     }
 }
 
@@ -107,7 +118,9 @@ impl Drop for PooledBuf {
 pub enum TargetKind {
     Block,
     /// A regular file; `fresh` when it was new or empty (so it is sized to the image).
-    File { fresh: bool },
+    File {
+        fresh: bool,
+    },
 }
 
 pub struct Target {
@@ -173,7 +186,11 @@ pub fn mounted_on(mountinfo: &str, devs: &[(u64, u64)]) -> Option<String> {
 fn holders(rdev: u64) -> Vec<String> {
     let (ma, mi) = dev_id(rdev);
     std::fs::read_dir(format!("/sys/dev/block/{ma}:{mi}/holders"))
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -185,21 +202,34 @@ impl Target {
     /// Open and check the target. `raw_size` is the image size when known.
     pub fn open(path: &Path, raw_size: Option<u64>) -> PResult<Target> {
         let md = std::fs::metadata(path);
-        let is_block = md.as_ref().map(|m| m.file_type().is_block_device()).unwrap_or(false);
+        let is_block = md
+            .as_ref()
+            .map(|m| m.file_type().is_block_device())
+            .unwrap_or(false);
         if let Ok(m) = &md {
             if !is_block && !m.file_type().is_file() {
-                return Err(ProvisionError::Usage(format!("{} is neither a block device nor a regular file", path.display())));
+                return Err(ProvisionError::Usage(format!(
+                    "{} is neither a block device nor a regular file",
+                    path.display()
+                )));
             }
         }
         let t = if is_block {
             let rdev = md.as_ref().map(|m| m.rdev()).unwrap_or(0);
             let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
             if let Some(mp) = mounted_on(&mi, &device_family(rdev)) {
-                return Err(ProvisionError::TargetBusy(format!("{} (or a partition of it) is mounted on {mp}", path.display())));
+                return Err(ProvisionError::TargetBusy(format!(
+                    "{} (or a partition of it) is mounted on {mp}",
+                    path.display()
+                )));
             }
             let h = holders(rdev);
             if !h.is_empty() {
-                return Err(ProvisionError::TargetBusy(format!("{} is held by {}", path.display(), h.join(", "))));
+                return Err(ProvisionError::TargetBusy(format!(
+                    "{} is held by {}",
+                    path.display(),
+                    h.join(", ")
+                )));
             }
             let file = OpenOptions::new()
                 .read(true)
@@ -208,7 +238,10 @@ impl Target {
                 .open(path)
                 .map_err(|e| {
                     if e.raw_os_error() == Some(libc::EBUSY) {
-                        ProvisionError::TargetBusy(format!("{} is in use (opened exclusively elsewhere or mounted)", path.display()))
+                        ProvisionError::TargetBusy(format!(
+                            "{} is in use (opened exclusively elsewhere or mounted)",
+                            path.display()
+                        ))
                     } else {
                         io_err("opening", path, e)
                     }
@@ -218,10 +251,22 @@ impl Target {
             // SAFETY: valid fd and out-pointers of the sizes the ioctls expect.
             unsafe {
                 blkgetsize64(file.as_raw_fd(), &mut size).map_err(|e| io_err("sizing", path, e))?;
-                blksszget(file.as_raw_fd(), &mut bs).map_err(|e| io_err("reading block size of", path, e))?;
+                blksszget(file.as_raw_fd(), &mut bs)
+                    .map_err(|e| io_err("reading block size of", path, e))?;
             }
-            let block = if bs > 0 && (bs as usize) <= ALIGN { bs as usize } else { 512 };
-            Target { file, path: path.to_path_buf(), kind: TargetKind::Block, size, block, direct: true }
+            let block = if bs > 0 && (bs as usize) <= ALIGN {
+                bs as usize
+            } else {
+                512
+            };
+            Target {
+                file,
+                path: path.to_path_buf(),
+                kind: TargetKind::Block,
+                size,
+                block,
+                direct: true,
+            }
         } else {
             let open = |direct: bool| {
                 let mut o = OpenOptions::new();
@@ -233,12 +278,17 @@ impl Target {
             };
             let (file, direct) = match open(true) {
                 Ok(f) => (f, true),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false).map_err(|e| io_err("opening", path, e))?, false),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    (open(false).map_err(|e| io_err("opening", path, e))?, false)
+                }
                 Err(e) => return Err(io_err("opening", path, e)),
             };
             // SAFETY: flock on a valid fd.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                return Err(ProvisionError::TargetBusy(format!("{} is locked by another writer", path.display())));
+                return Err(ProvisionError::TargetBusy(format!(
+                    "{} is locked by another writer",
+                    path.display()
+                )));
             }
             let len = file.metadata().map_err(|e| io_err("stat", path, e))?.len();
             let fresh = len == 0;
@@ -269,7 +319,9 @@ impl Target {
     /// the image's size, which a resumed run accepts).
     pub fn presize(&self, len: u64) -> PResult<()> {
         if let TargetKind::File { fresh: true } = self.kind {
-            self.file.set_len(len).map_err(|e| io_err("resizing", &self.path, e))?;
+            self.file
+                .set_len(len)
+                .map_err(|e| io_err("resizing", &self.path, e))?;
         }
         Ok(())
     }
@@ -292,9 +344,16 @@ impl Target {
         }
         self.file.write_all_at(buf, off).map_err(|e| {
             if e.raw_os_error() == Some(libc::ENOSPC) {
-                ProvisionError::TooSmall(format!("{}: no space left at offset {off}", self.path.display()))
+                ProvisionError::TooSmall(format!(
+                    "{}: no space left at offset {off}",
+                    self.path.display()
+                ))
             } else {
-                io_err(&format!("writing {} bytes at offset {off} of", buf.len()), &self.path, e)
+                io_err(
+                    &format!("writing {} bytes at offset {off} of", buf.len()),
+                    &self.path,
+                    e,
+                )
             }
         })
     }
@@ -313,7 +372,9 @@ impl Target {
     }
 
     pub fn sync(&self) -> PResult<()> {
-        self.file.sync_data().map_err(|e| io_err("syncing", &self.path, e))
+        self.file
+            .sync_data()
+            .map_err(|e| io_err("syncing", &self.path, e))
     }
 
     /// For a file target, cut what the padded last block wrote past
@@ -321,9 +382,15 @@ impl Target {
     pub fn trim_file(&self, len: u64) -> PResult<()> {
         if let TargetKind::File { fresh } = self.kind {
             let keep = if fresh { len } else { self.size.max(len) };
-            let cur = self.file.metadata().map_err(|e| io_err("stat", &self.path, e))?.len();
+            let cur = self
+                .file
+                .metadata()
+                .map_err(|e| io_err("stat", &self.path, e))?
+                .len();
             if cur != keep {
-                self.file.set_len(keep).map_err(|e| io_err("resizing", &self.path, e))?;
+                self.file
+                    .set_len(keep)
+                    .map_err(|e| io_err("resizing", &self.path, e))?;
             }
         }
         Ok(())
@@ -350,7 +417,11 @@ impl Target {
         }
         let n = (len as usize).div_ceil(self.block) * self.block;
         let buf = AlignedBuf::new(n);
-        let n = if self.size == u64::MAX { n } else { n.min(self.size as usize) };
+        let n = if self.size == u64::MAX {
+            n
+        } else {
+            n.min(self.size as usize)
+        };
         self.write_at(&buf.as_slice()[..n], 0)?;
         self.sync()
     }
@@ -384,12 +455,18 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let small = d.path().join("small");
         std::fs::write(&small, vec![1u8; 8192]).unwrap();
-        assert!(matches!(Target::open(&small, Some(8193)), Err(ProvisionError::TooSmall(_))));
+        assert!(matches!(
+            Target::open(&small, Some(8193)),
+            Err(ProvisionError::TooSmall(_))
+        ));
         assert!(Target::open(&small, Some(8192)).is_ok());
         let fresh = d.path().join("fresh");
         let t = Target::open(&fresh, Some(1 << 30)).unwrap();
         assert_eq!(t.kind, TargetKind::File { fresh: true });
         // A second writer is refused while the first holds the lock.
-        assert!(matches!(Target::open(&fresh, None), Err(ProvisionError::TargetBusy(_))));
+        assert!(matches!(
+            Target::open(&fresh, None),
+            Err(ProvisionError::TargetBusy(_))
+        ));
     }
 }

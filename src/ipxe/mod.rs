@@ -33,7 +33,10 @@ pub const BUILTIN_TEMPLATES: [(&str, &str); 3] = [
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
     #[error("template {name}: {source}")]
-    Template { name: String, source: minijinja::Error },
+    Template {
+        name: String,
+        source: minijinja::Error,
+    },
     #[error("value for {field} contains a line break or control character")]
     UnsafeValue { field: &'static str },
 }
@@ -61,7 +64,11 @@ pub enum DefaultAction {
     /// Sleep, then chain `/boot.ipxe` again.
     Retry { secs: u32 },
     /// Boot a discovery image.
-    Discovery { kernel_url: String, initrd_url: String, cmdline: String },
+    Discovery {
+        kernel_url: String,
+        initrd_url: String,
+        cmdline: String,
+    },
 }
 
 /// Compiled templates. Cheap to share (`Arc`) and safe to use from many threads.
@@ -76,9 +83,16 @@ impl Renderer {
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
         env.set_keep_trailing_newline(true);
         for (name, text) in BUILTIN_TEMPLATES {
-            let text = overrides.iter().find(|(n, _)| n == name).map(|(_, t)| t.clone()).unwrap_or_else(|| text.to_string());
+            let text = overrides
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t.clone())
+                .unwrap_or_else(|| text.to_string());
             env.add_template_owned(name.to_string(), text)
-                .map_err(|source| RenderError::Template { name: name.to_string(), source })?;
+                .map_err(|source| RenderError::Template {
+                    name: name.to_string(),
+                    source,
+                })?;
         }
         Ok(Renderer { env })
     }
@@ -89,8 +103,17 @@ impl Renderer {
     }
 
     fn render(&self, name: &str, ctx: minijinja::Value) -> Result<String, RenderError> {
-        let t = self.env.get_template(name).map_err(|source| RenderError::Template { name: name.into(), source })?;
-        t.render(ctx).map_err(|source| RenderError::Template { name: name.into(), source })
+        let t = self
+            .env
+            .get_template(name)
+            .map_err(|source| RenderError::Template {
+                name: name.into(),
+                source,
+            })?;
+        t.render(ctx).map_err(|source| RenderError::Template {
+            name: name.into(),
+            source,
+        })
     }
 
     /// The chainload script served at `/boot.ipxe`.
@@ -120,14 +143,26 @@ impl Renderer {
 
     /// The script for a machine without a ready boot configuration. `reason` is shown
     /// with `echo`; it is reduced to safe printable characters first.
-    pub fn default_script(&self, action: &DefaultAction, reason: &str, base_url: &str, console: &str) -> Result<String, RenderError> {
+    pub fn default_script(
+        &self,
+        action: &DefaultAction,
+        reason: &str,
+        base_url: &str,
+        console: &str,
+    ) -> Result<String, RenderError> {
         check("base_url", base_url)?;
         check("console", console)?;
         let reason = sanitize_echo(reason);
         let ctx = match action {
             DefaultAction::Exit => context! { action => "exit", reason, base_url, console },
-            DefaultAction::Retry { secs } => context! { action => "retry", retry_secs => secs, reason, base_url, console },
-            DefaultAction::Discovery { kernel_url, initrd_url, cmdline } => {
+            DefaultAction::Retry { secs } => {
+                context! { action => "retry", retry_secs => secs, reason, base_url, console }
+            }
+            DefaultAction::Discovery {
+                kernel_url,
+                initrd_url,
+                cmdline,
+            } => {
                 check("kernel_url", kernel_url)?;
                 check("initrd_url", initrd_url)?;
                 check("cmdline", cmdline)?;
@@ -147,7 +182,16 @@ fn check(field: &'static str, v: &str) -> Result<(), RenderError> {
 
 /// Keep printable ASCII except `$` (iPXE expands `${...}` inside `echo`).
 fn sanitize_echo(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_graphic() && c != '$' || c == ' ' { c } else { '?' }).take(200).collect()
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '$' || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(200)
+        .collect()
 }
 
 #[cfg(test)]
@@ -171,20 +215,36 @@ mod tests {
 
     #[test]
     fn boot_script_chains_with_encoded_identity() {
-        let s = Renderer::builtin().boot_script("http://10.0.0.1:8080").unwrap();
+        let s = Renderer::builtin()
+            .boot_script("http://10.0.0.1:8080")
+            .unwrap();
         assert!(s.starts_with("#!ipxe\n"), "{s}");
         let chain = s.lines().find(|l| l.starts_with("chain ")).unwrap();
-        for v in ["uuid=${uuid:uristring}", "mac=${net0/mac:hexhyp}", "buildarch=${buildarch:uristring}", "platform=${platform:uristring}"] {
+        for v in [
+            "uuid=${uuid:uristring}",
+            "mac=${net0/mac:hexhyp}",
+            "buildarch=${buildarch:uristring}",
+            "platform=${platform:uristring}",
+        ] {
             assert!(chain.contains(v), "{chain}");
         }
-        assert!(chain.contains("http://10.0.0.1:8080/ipxe/script?"), "{chain}");
+        assert!(
+            chain.contains("http://10.0.0.1:8080/ipxe/script?"),
+            "{chain}"
+        );
     }
 
     #[test]
     fn machine_script_has_kernel_ignition_initrd_boot() {
         let s = Renderer::builtin().machine_script(&sample()).unwrap();
-        let lines: Vec<&str> = s.lines().filter(|l| !l.starts_with('#') && !l.starts_with("echo")).collect();
-        assert!(lines[0].starts_with("kernel http://10.0.0.1:8080/assets/images/os-image/vmlinuz "), "{s}");
+        let lines: Vec<&str> = s
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with("echo"))
+            .collect();
+        assert!(
+            lines[0].starts_with("kernel http://10.0.0.1:8080/assets/images/os-image/vmlinuz "),
+            "{s}"
+        );
         for a in [
             "rd.neednet=1",
             "ignition.config.url=http://10.0.0.1:8080/ignition/server-a/123.abc",
@@ -192,9 +252,16 @@ mod tests {
             "ignition.platform.id=metal",
             "console=ttyS0,115200",
         ] {
-            assert!(lines[0].split(' ').any(|w| w == a || a.contains(' ')), "missing {a} in {}", lines[0]);
+            assert!(
+                lines[0].split(' ').any(|w| w == a || a.contains(' ')),
+                "missing {a} in {}",
+                lines[0]
+            );
         }
-        assert_eq!(lines[1], "initrd --name initrd http://10.0.0.1:8080/assets/images/os-image/initrd.img");
+        assert_eq!(
+            lines[1],
+            "initrd --name initrd http://10.0.0.1:8080/assets/images/os-image/initrd.img"
+        );
         assert_eq!(lines[2], "boot");
     }
 
@@ -202,26 +269,70 @@ mod tests {
     fn injected_line_breaks_are_refused() {
         let mut m = sample();
         m.cmdline = "quiet\nshell";
-        assert!(matches!(Renderer::builtin().machine_script(&m), Err(RenderError::UnsafeValue { field: "cmdline" })));
+        assert!(matches!(
+            Renderer::builtin().machine_script(&m),
+            Err(RenderError::UnsafeValue { field: "cmdline" })
+        ));
     }
 
     #[test]
     fn default_scripts_are_runnable_ipxe() {
         let r = Renderer::builtin();
-        let exit = r.default_script(&DefaultAction::Exit, "unknown machine ${x}\n", "http://h", "").unwrap();
-        assert!(exit.starts_with("#!ipxe\n") && exit.contains("\nexit\n"), "{exit}");
-        assert!(!exit.contains("${x}") && exit.contains("echo bootplane: unknown machine ?{x}?"), "{exit}");
-        let retry = r.default_script(&DefaultAction::Retry { secs: 7 }, "not claimed", "http://h", "").unwrap();
-        assert!(retry.contains("sleep 7\n") && retry.contains("chain --autofree --replace http://h/boot.ipxe"), "{retry}");
-        let disc = DefaultAction::Discovery { kernel_url: "http://h/k".into(), initrd_url: "http://h/i".into(), cmdline: "x=1".into() };
-        let d = r.default_script(&disc, "unknown", "http://h", "console=ttyS0").unwrap();
-        assert!(d.contains("kernel http://h/k initrd=initrd x=1 console=ttyS0\n") && d.contains("\nboot\n"), "{d}");
+        let exit = r
+            .default_script(
+                &DefaultAction::Exit,
+                "unknown machine ${x}\n",
+                "http://h",
+                "",
+            )
+            .unwrap();
+        assert!(
+            exit.starts_with("#!ipxe\n") && exit.contains("\nexit\n"),
+            "{exit}"
+        );
+        assert!(
+            !exit.contains("${x}") && exit.contains("echo bootplane: unknown machine ?{x}?"),
+            "{exit}"
+        );
+        let retry = r
+            .default_script(
+                &DefaultAction::Retry { secs: 7 },
+                "not claimed",
+                "http://h",
+                "",
+            )
+            .unwrap();
+        assert!(
+            retry.contains("sleep 7\n")
+                && retry.contains("chain --autofree --replace http://h/boot.ipxe"),
+            "{retry}"
+        );
+        let disc = DefaultAction::Discovery {
+            kernel_url: "http://h/k".into(),
+            initrd_url: "http://h/i".into(),
+            cmdline: "x=1".into(),
+        };
+        let d = r
+            .default_script(&disc, "unknown", "http://h", "console=ttyS0")
+            .unwrap();
+        assert!(
+            d.contains("kernel http://h/k initrd=initrd x=1 console=ttyS0\n")
+                && d.contains("\nboot\n"),
+            "{d}"
+        );
     }
 
     #[test]
     fn operator_templates_override_builtin() {
-        let r = Renderer::new(&[(BOOT_TEMPLATE.to_string(), "#!ipxe\nchain {{ base_url }}/custom\n".to_string())]).unwrap();
-        assert_eq!(r.boot_script("http://h").unwrap(), "#!ipxe\nchain http://h/custom\n");
+        let r = Renderer::new(&[(
+            BOOT_TEMPLATE.to_string(),
+            "#!ipxe\nchain {{ base_url }}/custom\n".to_string(),
+        )])
+        .unwrap();
+        assert_eq!(
+            r.boot_script("http://h").unwrap(),
+            "#!ipxe\nchain http://h/custom\n"
+        );
         assert!(Renderer::new(&[(BOOT_TEMPLATE.to_string(), "{% if %}".to_string())]).is_err());
     }
 }

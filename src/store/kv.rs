@@ -96,10 +96,18 @@ pub struct Op {
 
 impl Op {
     pub fn put(key: impl Into<String>, compare: Compare, value: Value) -> Op {
-        Op { key: key.into(), compare, action: Action::Put(Arc::new(value)) }
+        Op {
+            key: key.into(),
+            compare,
+            action: Action::Put(Arc::new(value)),
+        }
     }
     pub fn delete(key: impl Into<String>, compare: Compare) -> Op {
-        Op { key: key.into(), compare, action: Action::Delete }
+        Op {
+            key: key.into(),
+            compare,
+            action: Action::Delete,
+        }
     }
 }
 
@@ -110,7 +118,11 @@ pub enum KvError {
     #[error("{key} not found")]
     NotFound { key: String },
     #[error("{key} was modified (expected revision {expected}, found {actual})")]
-    Conflict { key: String, expected: Rev, actual: Rev },
+    Conflict {
+        key: String,
+        expected: Rev,
+        actual: Rev,
+    },
     #[error("revision {requested} has been compacted (oldest available is {oldest})")]
     Compacted { requested: Rev, oldest: Rev },
     #[error("watch fell too far behind and was closed")]
@@ -172,7 +184,12 @@ fn decode(key: &str, b: &[u8]) -> Result<KeyValue, KvError> {
     let create_rev = u64::from_le_bytes(b[8..16].try_into().unwrap());
     let value: Value = serde_json::from_slice(&b[16..])
         .map_err(|e| KvError::Storage(format!("record for {key} is corrupt: {e}")))?;
-    Ok(KeyValue { key: Arc::from(key), value: Arc::new(value), create_rev, mod_rev })
+    Ok(KeyValue {
+        key: Arc::from(key),
+        value: Arc::new(value),
+        create_rev,
+        mod_rev,
+    })
 }
 
 fn storage<E: std::fmt::Display>(e: E) -> KvError {
@@ -202,7 +219,12 @@ impl Kv {
                 rev = v.value();
             }
         }
-        let state = Arc::new(RwLock::new(State { map, rev, log: VecDeque::new(), oldest_watchable: rev }));
+        let state = Arc::new(RwLock::new(State {
+            map,
+            rev,
+            log: VecDeque::new(),
+            oldest_watchable: rev,
+        }));
         let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(8192);
         let (events, _) = broadcast::channel(16384);
         let writer = {
@@ -213,7 +235,12 @@ impl Kv {
                 .spawn(move || writer_loop(db, state, rx, events))
                 .map_err(storage)?
         };
-        Ok(Kv { state, tx, events, writer: Arc::new(std::sync::Mutex::new(Some(writer))) })
+        Ok(Kv {
+            state,
+            tx,
+            events,
+            writer: Arc::new(std::sync::Mutex::new(Some(writer))),
+        })
     }
 
     /// The current (latest committed) revision.
@@ -230,7 +257,10 @@ impl Kv {
         let st = self.state.read().unwrap();
         let items = st
             .map
-            .range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(_, v)| v.clone())
             .collect();
@@ -242,7 +272,10 @@ impl Kv {
         let st = self.state.read().unwrap();
         for (_, v) in st
             .map
-            .range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
             .take_while(|(k, _)| k.starts_with(prefix))
         {
             f(v)
@@ -271,7 +304,9 @@ impl Kv {
     /// Blocking variant of [`Kv::txn`] for non-async callers.
     pub fn txn_blocking(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Msg::Txn(Request { ops, reply })).map_err(|_| KvError::Closed)?;
+        self.tx
+            .send(Msg::Txn(Request { ops, reply }))
+            .map_err(|_| KvError::Closed)?;
         rx.blocking_recv().map_err(|_| KvError::Closed)?
     }
 
@@ -279,15 +314,27 @@ impl Kv {
     pub fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
         let st = self.state.read().unwrap();
         if from < st.oldest_watchable {
-            return Err(KvError::Compacted { requested: from, oldest: st.oldest_watchable });
+            return Err(KvError::Compacted {
+                requested: from,
+                oldest: st.oldest_watchable,
+            });
         }
         // Subscribing while holding the read lock closes the gap between replay and
         // live events: the writer publishes under the write lock.
         let rx = self.events.subscribe();
         let start = st.log.partition_point(|e| e.rev() <= from);
-        let backlog: VecDeque<Event> =
-            st.log.iter().skip(start).filter(|e| e.kv.key.starts_with(prefix)).cloned().collect();
-        Ok(Watch { prefix: prefix.to_string(), backlog, rx })
+        let backlog: VecDeque<Event> = st
+            .log
+            .iter()
+            .skip(start)
+            .filter(|e| e.kv.key.starts_with(prefix))
+            .cloned()
+            .collect();
+        Ok(Watch {
+            prefix: prefix.to_string(),
+            backlog,
+            rx,
+        })
     }
 
     /// Stop the writer after it has committed everything queued before this call,
@@ -320,7 +367,12 @@ impl Watch {
             }
             match self.rx.recv().await {
                 Ok(batch) => {
-                    self.backlog.extend(batch.iter().filter(|e| e.kv.key.starts_with(&self.prefix)).cloned());
+                    self.backlog.extend(
+                        batch
+                            .iter()
+                            .filter(|e| e.kv.key.starts_with(&self.prefix))
+                            .cloned(),
+                    );
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => return Err(KvError::Lagged),
                 Err(broadcast::error::RecvError::Closed) => return Err(KvError::Closed),
@@ -380,28 +432,37 @@ fn commit_batch(
         base_rev = st.rev;
         let mut rev = st.rev;
         for req in batch.iter_mut() {
-            let current = |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
-                match overlay.get(k) {
-                    Some(v) => v.clone(),
-                    None => st.map.get(k).cloned(),
-                }
-            };
+            let current =
+                |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
+                    match overlay.get(k) {
+                        Some(v) => v.clone(),
+                        None => st.map.get(k).cloned(),
+                    }
+                };
             let mut check = Ok(());
             for op in &req.ops {
                 let cur = current(&op.key, &overlay);
                 let r = match (op.compare, &cur) {
                     (Compare::Any, _) => Ok(()),
                     (Compare::Absent, None) => Ok(()),
-                    (Compare::Absent, Some(_)) => Err(KvError::AlreadyExists { key: op.key.clone() }),
+                    (Compare::Absent, Some(_)) => Err(KvError::AlreadyExists {
+                        key: op.key.clone(),
+                    }),
                     (Compare::Exists, Some(_)) => Ok(()),
-                    (Compare::Exists | Compare::ModRev(_), None) => Err(KvError::NotFound { key: op.key.clone() }),
+                    (Compare::Exists | Compare::ModRev(_), None) => Err(KvError::NotFound {
+                        key: op.key.clone(),
+                    }),
                     (Compare::ModRev(want), Some(c)) if c.mod_rev == want => Ok(()),
-                    (Compare::ModRev(want), Some(c)) => {
-                        Err(KvError::Conflict { key: op.key.clone(), expected: want, actual: c.mod_rev })
-                    }
+                    (Compare::ModRev(want), Some(c)) => Err(KvError::Conflict {
+                        key: op.key.clone(),
+                        expected: want,
+                        actual: c.mod_rev,
+                    }),
                 };
                 if matches!(op.action, Action::Delete) && cur.is_none() && r.is_ok() {
-                    check = Err(KvError::NotFound { key: op.key.clone() });
+                    check = Err(KvError::NotFound {
+                        key: op.key.clone(),
+                    });
                     break;
                 }
                 if r.is_err() {
@@ -415,12 +476,13 @@ fn commit_batch(
             }
             rev += 1;
             let mut kvs = Vec::with_capacity(req.ops.len());
-            let current = |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
-                match overlay.get(k) {
-                    Some(v) => v.clone(),
-                    None => st.map.get(k).cloned(),
-                }
-            };
+            let current =
+                |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
+                    match overlay.get(k) {
+                        Some(v) => v.clone(),
+                        None => st.map.get(k).cloned(),
+                    }
+                };
             for op in req.ops.iter_mut() {
                 let key: Arc<str> = Arc::from(op.key.as_str());
                 let prev = current(&op.key, &overlay);
@@ -434,14 +496,25 @@ fn commit_batch(
                             create_rev: prev.as_ref().map(|p| p.create_rev).unwrap_or(rev),
                             mod_rev: rev,
                         };
-                        evs.push(Event { kind: EventKind::Put, kv: kv.clone(), prev });
+                        evs.push(Event {
+                            kind: EventKind::Put,
+                            kv: kv.clone(),
+                            prev,
+                        });
                         overlay.insert(key, Some(kv.clone()));
                         kvs.push(Some(kv));
                     }
                     Action::Delete => {
                         let p = prev.expect("checked above");
-                        let kv = KeyValue { mod_rev: rev, ..p.clone() };
-                        evs.push(Event { kind: EventKind::Delete, kv, prev: Some(p) });
+                        let kv = KeyValue {
+                            mod_rev: rev,
+                            ..p.clone()
+                        };
+                        evs.push(Event {
+                            kind: EventKind::Delete,
+                            kv,
+                            prev: Some(p),
+                        });
                         overlay.insert(key, None);
                         kvs.push(None);
                     }
@@ -497,7 +570,11 @@ fn stamp(v: &mut Value, rev: Rev) {
     }
 }
 
-fn persist(db: &Database, overlay: &HashMap<Arc<str>, Option<KeyValue>>, rev: Rev) -> Result<(), KvError> {
+fn persist(
+    db: &Database,
+    overlay: &HashMap<Arc<str>, Option<KeyValue>>,
+    rev: Rev,
+) -> Result<(), KvError> {
     let w = db.begin_write().map_err(storage)?;
     {
         let mut t = w.open_table(KV).map_err(storage)?;
@@ -531,20 +608,45 @@ mod tests {
     async fn cas_and_revisions() {
         let dir = tempfile::tempdir().unwrap();
         let kv = Kv::open(&dir.path().join("db")).unwrap();
-        let r1 = kv.txn(vec![Op::put("/a", Compare::Absent, obj(1))]).await.unwrap();
+        let r1 = kv
+            .txn(vec![Op::put("/a", Compare::Absent, obj(1))])
+            .await
+            .unwrap();
         assert_eq!(r1.rev, 1);
-        assert_eq!(kv.get("/a").unwrap().value["metadata"]["resourceVersion"], "1");
-        let err = kv.txn(vec![Op::put("/a", Compare::Absent, obj(2))]).await.unwrap_err();
+        assert_eq!(
+            kv.get("/a").unwrap().value["metadata"]["resourceVersion"],
+            "1"
+        );
+        let err = kv
+            .txn(vec![Op::put("/a", Compare::Absent, obj(2))])
+            .await
+            .unwrap_err();
         assert!(matches!(err, KvError::AlreadyExists { .. }));
-        let err = kv.txn(vec![Op::put("/a", Compare::ModRev(7), obj(2))]).await.unwrap_err();
-        assert_eq!(err, KvError::Conflict { key: "/a".into(), expected: 7, actual: 1 });
-        let r2 = kv.txn(vec![Op::put("/a", Compare::ModRev(1), obj(2))]).await.unwrap();
+        let err = kv
+            .txn(vec![Op::put("/a", Compare::ModRev(7), obj(2))])
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            KvError::Conflict {
+                key: "/a".into(),
+                expected: 7,
+                actual: 1
+            }
+        );
+        let r2 = kv
+            .txn(vec![Op::put("/a", Compare::ModRev(1), obj(2))])
+            .await
+            .unwrap();
         assert_eq!(r2.rev, 2);
         let a = kv.get("/a").unwrap();
         assert_eq!((a.create_rev, a.mod_rev), (1, 2));
         // A failed op aborts the whole transaction.
         let err = kv
-            .txn(vec![Op::put("/b", Compare::Absent, obj(1)), Op::delete("/zz", Compare::Any)])
+            .txn(vec![
+                Op::put("/b", Compare::Absent, obj(1)),
+                Op::delete("/zz", Compare::Any),
+            ])
             .await
             .unwrap_err();
         assert!(matches!(err, KvError::NotFound { .. }));
@@ -559,18 +661,32 @@ mod tests {
         {
             let kv = Kv::open(&path).unwrap();
             for i in 0..10 {
-                kv.txn(vec![Op::put(format!("/k/{i}"), Compare::Absent, obj(i))]).await.unwrap();
+                kv.txn(vec![Op::put(format!("/k/{i}"), Compare::Absent, obj(i))])
+                    .await
+                    .unwrap();
             }
-            kv.txn(vec![Op::delete("/k/3", Compare::Exists)]).await.unwrap();
+            kv.txn(vec![Op::delete("/k/3", Compare::Exists)])
+                .await
+                .unwrap();
             let kv2 = kv.clone();
-            tokio::task::spawn_blocking(move || kv2.close()).await.unwrap();
-            assert_eq!(kv.txn(vec![Op::put("/late", Compare::Any, obj(0))]).await.unwrap_err(), KvError::Closed);
+            tokio::task::spawn_blocking(move || kv2.close())
+                .await
+                .unwrap();
+            assert_eq!(
+                kv.txn(vec![Op::put("/late", Compare::Any, obj(0))])
+                    .await
+                    .unwrap_err(),
+                KvError::Closed
+            );
         }
         let kv = Kv::open(&path).unwrap();
         assert_eq!(kv.revision(), 11);
         let (items, rev) = kv.list("/k/");
         assert_eq!((items.len(), rev), (9, 11));
-        let r = kv.txn(vec![Op::put("/k/3", Compare::Absent, obj(3))]).await.unwrap();
+        let r = kv
+            .txn(vec![Op::put("/k/3", Compare::Absent, obj(3))])
+            .await
+            .unwrap();
         assert_eq!(r.rev, 12);
         // History is not persisted: an old revision is compacted after restart.
         assert!(matches!(kv.watch("/", 5), Err(KvError::Compacted { .. })));
@@ -581,15 +697,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let kv = Kv::open(&dir.path().join("db")).unwrap();
         for i in 0..50 {
-            kv.txn(vec![Op::put(format!("/w/{}", i % 7), Compare::Any, obj(i))]).await.unwrap();
+            kv.txn(vec![Op::put(format!("/w/{}", i % 7), Compare::Any, obj(i))])
+                .await
+                .unwrap();
         }
         let mut w = kv.watch("/w/", 20).unwrap();
         let writer = {
             let kv = kv.clone();
             tokio::spawn(async move {
                 for i in 50..200 {
-                    kv.txn(vec![Op::put(format!("/w/{}", i % 7), Compare::Any, obj(i))]).await.unwrap();
-                    kv.txn(vec![Op::put("/other", Compare::Any, obj(i))]).await.unwrap();
+                    kv.txn(vec![Op::put(format!("/w/{}", i % 7), Compare::Any, obj(i))])
+                        .await
+                        .unwrap();
+                    kv.txn(vec![Op::put("/other", Compare::Any, obj(i))])
+                        .await
+                        .unwrap();
                 }
             })
         };
@@ -606,11 +728,17 @@ mod tests {
     async fn concurrent_cas_has_one_winner() {
         let dir = tempfile::tempdir().unwrap();
         let kv = Kv::open(&dir.path().join("db")).unwrap();
-        kv.txn(vec![Op::put("/s", Compare::Absent, obj(0))]).await.unwrap();
+        kv.txn(vec![Op::put("/s", Compare::Absent, obj(0))])
+            .await
+            .unwrap();
         let mut tasks = Vec::new();
         for i in 0..64 {
             let kv = kv.clone();
-            tasks.push(tokio::spawn(async move { kv.txn(vec![Op::put("/s", Compare::ModRev(1), obj(i))]).await.is_ok() }));
+            tasks.push(tokio::spawn(async move {
+                kv.txn(vec![Op::put("/s", Compare::ModRev(1), obj(i))])
+                    .await
+                    .is_ok()
+            }));
         }
         let mut wins = 0;
         for t in tasks {

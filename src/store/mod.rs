@@ -27,9 +27,17 @@ pub enum StoreError {
     #[error("{qualified} \"{name}\" already exists")]
     AlreadyExists { qualified: String, name: String },
     #[error("Operation cannot be fulfilled on {qualified} \"{name}\": {message}")]
-    Conflict { qualified: String, name: String, message: String },
+    Conflict {
+        qualified: String,
+        name: String,
+        message: String,
+    },
     #[error("{kind} \"{name}\" is invalid: {}", causes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "))]
-    Invalid { kind: String, name: String, causes: Vec<FieldError> },
+    Invalid {
+        kind: String,
+        name: String,
+        causes: Vec<FieldError>,
+    },
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -86,9 +94,9 @@ impl ObjectWatch {
 
 fn map_kv(e: KvError) -> StoreError {
     match e {
-        KvError::Compacted { requested, oldest } => StoreError::Gone(format!(
-            "too old resource version: {requested} ({oldest})"
-        )),
+        KvError::Compacted { requested, oldest } => {
+            StoreError::Gone(format!("too old resource version: {requested} ({oldest})"))
+        }
         KvError::Lagged => StoreError::Gone("watch closed: client too slow, re-list".into()),
         other => StoreError::Internal(other.to_string()),
     }
@@ -103,25 +111,36 @@ pub mod meta {
     use serde_json::Value;
 
     pub fn name(o: &Value) -> &str {
-        o.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("")
+        o.pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
     }
     pub fn namespace(o: &Value) -> Option<&str> {
         o.pointer("/metadata/namespace").and_then(Value::as_str)
     }
     pub fn uid(o: &Value) -> &str {
-        o.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("")
+        o.pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or("")
     }
     pub fn resource_version(o: &Value) -> Option<u64> {
-        o.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|s| s.parse().ok())
+        o.pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse().ok())
     }
     pub fn finalizers(o: &Value) -> Vec<String> {
         o.pointer("/metadata/finalizers")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| f.as_str().map(String::from))
+                    .collect()
+            })
             .unwrap_or_default()
     }
     pub fn is_deleting(o: &Value) -> bool {
-        o.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
+        o.pointer("/metadata/deletionTimestamp")
+            .is_some_and(|v| !v.is_null())
     }
     pub fn labels(o: &Value) -> Option<&serde_json::Map<String, Value>> {
         o.pointer("/metadata/labels").and_then(Value::as_object)
@@ -129,7 +148,11 @@ pub mod meta {
     pub fn owner_uids(o: &Value) -> Vec<&str> {
         o.pointer("/metadata/ownerReferences")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|r| r.get("uid").and_then(Value::as_str)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|r| r.get("uid").and_then(Value::as_str))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -142,18 +165,27 @@ pub struct Store {
 }
 
 fn err_invalid(rt: &ResourceType, name: &str, causes: Vec<FieldError>) -> StoreError {
-    StoreError::Invalid { kind: rt.kind.clone(), name: name.to_string(), causes }
+    StoreError::Invalid {
+        kind: rt.kind.clone(),
+        name: name.to_string(),
+        causes,
+    }
 }
 
 fn field(f: &str, reason: Reason, message: impl Into<String>) -> FieldError {
-    FieldError { field: f.into(), reason, message: message.into() }
+    FieldError {
+        field: f.into(),
+        reason,
+        message: message.into(),
+    }
 }
 
 /// RFC 1123 subdomain, as kube requires for most object names.
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 253
-        && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
         && n.as_bytes()[0].is_ascii_alphanumeric()
         && n.as_bytes()[n.len() - 1].is_ascii_alphanumeric()
 }
@@ -165,7 +197,10 @@ impl Store {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join("store.redb");
         let kv = Kv::open(&path).with_context(|| format!("opening store {}", path.display()))?;
-        Ok(Store { kv, reg: Registry::global() })
+        Ok(Store {
+            kv,
+            reg: Registry::global(),
+        })
     }
 
     pub fn registry(&self) -> &'static Registry {
@@ -198,11 +233,19 @@ impl Store {
         self.kv
             .get(&rt.key(ns, name))
             .map(|kv| kv.value)
-            .ok_or_else(|| StoreError::NotFound { qualified: rt.qualified(), name: name.into() })
+            .ok_or_else(|| StoreError::NotFound {
+                qualified: rt.qualified(),
+                name: name.into(),
+            })
     }
 
     /// Objects of a type (all namespaces when `ns` is None), filtered by labels.
-    pub fn list(&self, rt: &ResourceType, ns: Option<&str>, sel: Option<&Selector>) -> (Vec<Arc<Value>>, Rev) {
+    pub fn list(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        sel: Option<&Selector>,
+    ) -> (Vec<Arc<Value>>, Rev) {
         let ns = if rt.namespaced { ns } else { None };
         let mut out = Vec::new();
         let rev = self.kv.scan(&rt.prefix(ns), |kv| {
@@ -215,15 +258,24 @@ impl Store {
 
     pub fn watch(&self, rt: &ResourceType, ns: Option<&str>, from: Rev) -> Result<ObjectWatch> {
         let ns = if rt.namespaced { ns } else { None };
-        Ok(ObjectWatch { inner: self.kv.watch(&rt.prefix(ns), from).map_err(map_kv)? })
+        Ok(ObjectWatch {
+            inner: self.kv.watch(&rt.prefix(ns), from).map_err(map_kv)?,
+        })
     }
 
     /// Normalise and validate an object for `rt`; `old` is the stored object on update.
     fn check(&self, rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<()> {
         let Value::Object(map) = obj else {
-            return Err(StoreError::BadRequest("object must be a JSON/YAML mapping".into()));
+            return Err(StoreError::BadRequest(
+                "object must be a JSON/YAML mapping".into(),
+            ));
         };
-        let name = map.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("").to_string();
+        let name = map
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         match map.get("apiVersion").and_then(Value::as_str) {
             Some(v) if v == rt.api_version() => {}
             Some(v) => {
@@ -239,7 +291,12 @@ impl Store {
         }
         match map.get("kind").and_then(Value::as_str) {
             Some(k) if k == rt.kind => {}
-            Some(k) => return Err(StoreError::BadRequest(format!("kind {k:?} does not match {}", rt.kind))),
+            Some(k) => {
+                return Err(StoreError::BadRequest(format!(
+                    "kind {k:?} does not match {}",
+                    rt.kind
+                )))
+            }
             None => {
                 map.insert("kind".into(), Value::String(rt.kind.clone()));
             }
@@ -259,9 +316,17 @@ impl Store {
                     ));
                 }
                 if rt.namespaced {
-                    let ns = m.get("namespace").and_then(Value::as_str).unwrap_or("default").to_string();
+                    let ns = m
+                        .get("namespace")
+                        .and_then(Value::as_str)
+                        .unwrap_or("default")
+                        .to_string();
                     if !valid_name(&ns) {
-                        causes.push(field("metadata.namespace", Reason::Invalid, format!("Invalid value: {ns:?}")));
+                        causes.push(field(
+                            "metadata.namespace",
+                            Reason::Invalid,
+                            format!("Invalid value: {ns:?}"),
+                        ));
                     }
                     m.insert("namespace".into(), Value::String(ns));
                 } else {
@@ -273,11 +338,19 @@ impl Store {
                         Some(Value::Object(l)) => {
                             for (k, v) in l {
                                 if !v.is_string() {
-                                    causes.push(field(&format!("metadata.{f}.{k}"), Reason::TypeInvalid, "must be a string"));
+                                    causes.push(field(
+                                        &format!("metadata.{f}.{k}"),
+                                        Reason::TypeInvalid,
+                                        "must be a string",
+                                    ));
                                 }
                             }
                         }
-                        Some(_) => causes.push(field(&format!("metadata.{f}"), Reason::TypeInvalid, "must be a map of strings")),
+                        Some(_) => causes.push(field(
+                            &format!("metadata.{f}"),
+                            Reason::TypeInvalid,
+                            "must be a map of strings",
+                        )),
                     }
                 }
             }
@@ -295,7 +368,11 @@ impl Store {
         if rt.group == "metal.ironcore.dev" && (rt.kind == "Server" || rt.kind == "ServerClaim") {
             if let Some(p) = obj.pointer("/spec/power").filter(|p| !p.is_null()) {
                 if p != "On" && p != "Off" {
-                    causes.push(field("spec.power", Reason::NotSupported, format!("Unsupported value: {p}: supported values: \"On\", \"Off\"")));
+                    causes.push(field(
+                        "spec.power",
+                        Reason::NotSupported,
+                        format!("Unsupported value: {p}: supported values: \"On\", \"Off\""),
+                    ));
                 }
             }
         }
@@ -308,15 +385,27 @@ impl Store {
 
     /// Create an object. Its namespace defaults to `default`.
     pub async fn create(&self, rt: &ResourceType, mut obj: Value) -> Result<Arc<Value>> {
-        if obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").is_empty() {
-            if let Some(prefix) = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(String::from) {
+        if obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .is_empty()
+        {
+            if let Some(prefix) = obj
+                .pointer("/metadata/generateName")
+                .and_then(Value::as_str)
+                .map(String::from)
+            {
                 let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..5].to_string();
                 obj["metadata"]["name"] = Value::String(format!("{prefix}{suffix}"));
             }
         }
         self.check(rt, &mut obj, None)?;
         let m = obj["metadata"].as_object_mut().expect("checked");
-        m.insert("uid".into(), Value::String(uuid::Uuid::new_v4().to_string()));
+        m.insert(
+            "uid".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
         m.insert("creationTimestamp".into(), Value::String(now()));
         m.insert("generation".into(), Value::from(1));
         m.remove("resourceVersion");
@@ -326,7 +415,10 @@ impl Store {
         let key = rt.key(meta::namespace(&obj), &name);
         match self.kv.txn(vec![Op::put(key, Compare::Absent, obj)]).await {
             Ok(mut r) => Ok(r.kvs.pop().flatten().expect("put returns its value").value),
-            Err(KvError::AlreadyExists { .. }) => Err(StoreError::AlreadyExists { qualified: rt.qualified(), name }),
+            Err(KvError::AlreadyExists { .. }) => Err(StoreError::AlreadyExists {
+                qualified: rt.qualified(),
+                name,
+            }),
             Err(e) => Err(map_kv(e)),
         }
     }
@@ -357,7 +449,8 @@ impl Store {
                 if rt.status_subresource {
                     match cur.get("status") {
                         Some(s) => {
-                            n.as_object_mut().map(|m| m.insert("status".into(), s.clone()));
+                            n.as_object_mut()
+                                .map(|m| m.insert("status".into(), s.clone()));
                         }
                         None => {
                             n.as_object_mut().map(|m| m.remove("status"));
@@ -381,9 +474,19 @@ impl Store {
         };
         // Server-owned metadata is kept from the stored object.
         if !new.get("metadata").is_some_and(Value::is_object) {
-            return Err(err_invalid(rt, &name, vec![field("metadata", Reason::Required, "Required value")]));
+            return Err(err_invalid(
+                rt,
+                &name,
+                vec![field("metadata", Reason::Required, "Required value")],
+            ));
         }
-        for f in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ] {
             let m = new["metadata"].as_object_mut().expect("object");
             match cur["metadata"].get(f) {
                 Some(v) => {
@@ -400,7 +503,10 @@ impl Store {
             return Ok(cur);
         }
         if spec_changed(&cur, &new) {
-            let g = cur.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(1);
+            let g = cur
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
             new["metadata"]["generation"] = Value::from(g + 1);
         }
         let key = rt.key(ns.as_deref(), &name);
@@ -408,18 +514,33 @@ impl Store {
             self.remove(rt, &cur, &name).await?;
             return Ok(Arc::new(new));
         }
-        match self.kv.txn(vec![Op::put(key, Compare::ModRev(cur_rv), new)]).await {
+        match self
+            .kv
+            .txn(vec![Op::put(key, Compare::ModRev(cur_rv), new)])
+            .await
+        {
             Ok(mut r) => Ok(r.kvs.pop().flatten().expect("put").value),
-            Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => Err(Self::conflict(rt, &name)),
+            Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => {
+                Err(Self::conflict(rt, &name))
+            }
             Err(e) => Err(map_kv(e)),
         }
     }
 
     /// JSON merge patch (RFC 7386). Retries on conflict unless the patch pins a
     /// resourceVersion.
-    pub async fn patch(&self, rt: &ResourceType, ns: Option<&str>, name: &str, patch: &Value, part: Part) -> Result<Arc<Value>> {
+    pub async fn patch(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+        part: Part,
+    ) -> Result<Arc<Value>> {
         if !patch.is_object() {
-            return Err(StoreError::BadRequest("merge patch must be a JSON object".into()));
+            return Err(StoreError::BadRequest(
+                "merge patch must be a JSON object".into(),
+            ));
         }
         let pinned = patch.pointer("/metadata/resourceVersion").is_some();
         for _ in 0..16 {
@@ -441,7 +562,13 @@ impl Store {
     /// Delete an object. With finalizers it is only marked (`deletionTimestamp`) and
     /// returned; without, it is removed along with its dependents (cascading).
     /// Returns the object as it was, marked or removed.
-    pub async fn delete(&self, rt: &ResourceType, ns: Option<&str>, name: &str, precondition: Option<Rev>) -> Result<Arc<Value>> {
+    pub async fn delete(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        precondition: Option<Rev>,
+    ) -> Result<Arc<Value>> {
         for _ in 0..16 {
             let cur = self.get(rt, ns, name)?;
             let rv = meta::resource_version(&cur).unwrap_or(0);
@@ -456,11 +583,18 @@ impl Store {
                 marked["metadata"]["deletionTimestamp"] = Value::String(now());
                 marked["metadata"]["deletionGracePeriodSeconds"] = Value::from(0);
                 let key = rt.key(Self::namespace_of(rt, ns), name);
-                match self.kv.txn(vec![Op::put(key, Compare::ModRev(rv), marked)]).await {
+                match self
+                    .kv
+                    .txn(vec![Op::put(key, Compare::ModRev(rv), marked)])
+                    .await
+                {
                     Ok(mut r) => return Ok(r.kvs.pop().flatten().expect("put").value),
                     Err(KvError::Conflict { .. }) => continue,
                     Err(KvError::NotFound { .. }) => {
-                        return Err(StoreError::NotFound { qualified: rt.qualified(), name: name.into() })
+                        return Err(StoreError::NotFound {
+                            qualified: rt.qualified(),
+                            name: name.into(),
+                        })
                     }
                     Err(e) => return Err(map_kv(e)),
                 }
@@ -489,14 +623,19 @@ impl Store {
             self.kv.scan("/", |kv| {
                 uids.insert(meta::uid(&kv.value).to_string());
                 let owners = meta::owner_uids(&kv.value);
-                if !owners.is_empty() && !seen.contains(&*kv.key) && owners.iter().any(|u| gone.contains(*u)) {
+                if !owners.is_empty()
+                    && !seen.contains(&*kv.key)
+                    && owners.iter().any(|u| gone.contains(*u))
+                {
                     found.push(kv.clone());
                 }
             });
             let mut progressed = false;
             for d in found {
                 let owners = meta::owner_uids(&d.value);
-                let all_gone = owners.iter().all(|u| gone.contains(*u) || !uids.contains(*u));
+                let all_gone = owners
+                    .iter()
+                    .all(|u| gone.contains(*u) || !uids.contains(*u));
                 if !all_gone {
                     continue;
                 }
@@ -508,7 +647,11 @@ impl Store {
                 } else if !meta::is_deleting(&d.value) {
                     let mut marked = (*d.value).clone();
                     marked["metadata"]["deletionTimestamp"] = Value::String(now());
-                    ops.push(Op::put(d.key.to_string(), Compare::ModRev(d.mod_rev), marked));
+                    ops.push(Op::put(
+                        d.key.to_string(),
+                        Compare::ModRev(d.mod_rev),
+                        marked,
+                    ));
                 }
             }
             if !progressed {
@@ -517,7 +660,9 @@ impl Store {
         }
         match self.kv.txn(ops).await {
             Ok(_) => Ok(()),
-            Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => Err(Self::conflict(rt, name)),
+            Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => {
+                Err(Self::conflict(rt, name))
+            }
             Err(e) => Err(map_kv(e)),
         }
     }
@@ -525,11 +670,16 @@ impl Store {
 
 fn spec_changed(a: &Value, b: &Value) -> bool {
     // Everything but metadata and status counts as spec (compared without copying).
-    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return a != b };
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a != b;
+    };
     let skip = |k: &String| k == "metadata" || k == "status";
     let ka = a.keys().filter(|k| !skip(k)).count();
     let kb = b.keys().filter(|k| !skip(k)).count();
-    ka != kb || a.iter().filter(|(k, _)| !skip(k)).any(|(k, v)| b.get(k) != Some(v))
+    ka != kb
+        || a.iter()
+            .filter(|(k, _)| !skip(k))
+            .any(|(k, v)| b.get(k) != Some(v))
 }
 
 /// RFC 7386 JSON merge patch.
@@ -554,21 +704,38 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 
 fn check_secret(map: &mut Map<String, Value>, causes: &mut Vec<FieldError>) {
     use base64::Engine;
-    const ALLOWED: &[&str] = &["apiVersion", "kind", "metadata", "data", "stringData", "type", "immutable"];
+    const ALLOWED: &[&str] = &[
+        "apiVersion",
+        "kind",
+        "metadata",
+        "data",
+        "stringData",
+        "type",
+        "immutable",
+    ];
     for k in map.keys() {
         if !ALLOWED.contains(&k.as_str()) {
             causes.push(field(k, Reason::Unknown, format!("unknown field \"{k}\"")));
         }
     }
     if let Some(Value::Object(sd)) = map.remove("stringData") {
-        let data = map.entry("data").or_insert_with(|| Value::Object(Map::new()));
+        let data = map
+            .entry("data")
+            .or_insert_with(|| Value::Object(Map::new()));
         if let Value::Object(d) = data {
             for (k, v) in sd {
                 match v {
                     Value::String(s) => {
-                        d.insert(k, Value::String(base64::engine::general_purpose::STANDARD.encode(s)));
+                        d.insert(
+                            k,
+                            Value::String(base64::engine::general_purpose::STANDARD.encode(s)),
+                        );
                     }
-                    _ => causes.push(field(&format!("stringData.{k}"), Reason::TypeInvalid, "must be a string")),
+                    _ => causes.push(field(
+                        &format!("stringData.{k}"),
+                        Reason::TypeInvalid,
+                        "must be a string",
+                    )),
                 }
             }
         }
@@ -580,17 +747,33 @@ fn check_secret(map: &mut Map<String, Value>, causes: &mut Vec<FieldError>) {
                 match v.as_str() {
                     Some(s) => {
                         if let Err(e) = base64::engine::general_purpose::STANDARD.decode(s) {
-                            causes.push(field(&format!("data.{k}"), Reason::Invalid, format!("illegal base64 data: {e}")));
+                            causes.push(field(
+                                &format!("data.{k}"),
+                                Reason::Invalid,
+                                format!("illegal base64 data: {e}"),
+                            ));
                         }
                     }
-                    None => causes.push(field(&format!("data.{k}"), Reason::TypeInvalid, "must be a base64 string")),
+                    None => causes.push(field(
+                        &format!("data.{k}"),
+                        Reason::TypeInvalid,
+                        "must be a base64 string",
+                    )),
                 }
-                if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)) {
+                if k.is_empty()
+                    || !k
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+                {
                     causes.push(field(&format!("data.{k}"), Reason::Invalid, "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"));
                 }
             }
         }
-        Some(_) => causes.push(field("data", Reason::TypeInvalid, "must be a map of base64 strings")),
+        Some(_) => causes.push(field(
+            "data",
+            Reason::TypeInvalid,
+            "must be a map of base64 strings",
+        )),
     }
     if !map.contains_key("type") {
         map.insert("type".into(), Value::String("Opaque".into()));
@@ -623,7 +806,13 @@ mod tests {
     async fn create_sets_metadata_and_update_is_cas() {
         let (_d, s) = store();
         let srv = rt("server");
-        let o = s.create(&srv, json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u1"}})).await.unwrap();
+        let o = s
+            .create(
+                &srv,
+                json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u1"}}),
+            )
+            .await
+            .unwrap();
         assert_eq!(o["apiVersion"], "metal.ironcore.dev/v1alpha1");
         assert_eq!(o["metadata"]["generation"], 1);
         assert_eq!(o["spec"]["reclaimPolicy"], "Recycle", "default applied");
@@ -643,7 +832,10 @@ mod tests {
         assert!(o3.get("status").is_none());
         let o4 = s.update(&srv, st, Part::Status).await.unwrap();
         assert_eq!(o4["status"]["state"], "Available");
-        assert_eq!(o4["metadata"]["generation"], 2, "status does not bump generation");
+        assert_eq!(
+            o4["metadata"]["generation"], 2,
+            "status does not bump generation"
+        );
     }
 
     #[tokio::test]
@@ -661,19 +853,34 @@ mod tests {
             .unwrap();
         let marked = s.delete(&claim, None, "c", None).await.unwrap();
         assert!(meta::is_deleting(&marked));
-        assert!(s.get(&sbc, None, "c").is_ok(), "dependent stays while owner is only marked");
+        assert!(
+            s.get(&sbc, None, "c").is_ok(),
+            "dependent stays while owner is only marked"
+        );
         let mut f = (*s.get(&claim, None, "c").unwrap()).clone();
         f["metadata"]["finalizers"] = json!([]);
         s.update(&claim, f, Part::Main).await.unwrap();
-        assert!(matches!(s.get(&claim, None, "c"), Err(StoreError::NotFound { .. })));
-        assert!(matches!(s.get(&sbc, None, "c"), Err(StoreError::NotFound { .. })), "cascaded");
+        assert!(matches!(
+            s.get(&claim, None, "c"),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert!(
+            matches!(s.get(&sbc, None, "c"), Err(StoreError::NotFound { .. })),
+            "cascaded"
+        );
     }
 
     #[tokio::test]
     async fn validation_names_problems_and_stores_nothing() {
         let (_d, s) = store();
         let claim = rt("serverclaim");
-        let err = s.create(&claim, json!({"metadata": {"name": "c"}, "spec": {"power": "Sideways", "bogus": 1}})).await.unwrap_err();
+        let err = s
+            .create(
+                &claim,
+                json!({"metadata": {"name": "c"}, "spec": {"power": "Sideways", "bogus": 1}}),
+            )
+            .await
+            .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("spec.image: Required value"), "{msg}");
         assert!(msg.contains("spec.power"), "{msg}");
@@ -688,7 +895,13 @@ mod tests {
         let err = s.update(&claim, u, Part::Main).await.unwrap_err();
         assert!(err.to_string().contains("serverRef is immutable"), "{err}");
         let secret = rt("secret");
-        let err = s.create(&secret, json!({"metadata": {"name": "x"}, "data": {"k": "not base64!"}})).await.unwrap_err();
+        let err = s
+            .create(
+                &secret,
+                json!({"metadata": {"name": "x"}, "data": {"k": "not base64!"}}),
+            )
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("data.k: illegal base64"), "{err}");
     }
 

@@ -10,7 +10,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub struct Bootplane {
@@ -54,17 +58,31 @@ impl Bootplane {
         let dir = self.dir.join("images");
         std::fs::create_dir_all(dir.join("os")).unwrap();
         let mut entries = String::new();
-        for (role, body) in [("kernel", &b"test kernel\n"[..]), ("initrd", &b"test initrd\n"[..])] {
+        for (role, body) in [
+            ("kernel", &b"test kernel\n"[..]),
+            ("initrd", &b"test initrd\n"[..]),
+        ] {
             std::fs::write(dir.join("os").join(role), body).unwrap();
-            entries.push_str(&format!("{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n", hex::encode(Sha256::digest(body))));
+            entries.push_str(&format!(
+                "{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n",
+                hex::encode(Sha256::digest(body))
+            ));
         }
-        std::fs::write(dir.join("catalog.toml"), format!("[[image]]\nref = \"os-image:latest\"\ncmdline = \"quiet\"\n{entries}")).unwrap();
+        std::fs::write(
+            dir.join("catalog.toml"),
+            format!("[[image]]\nref = \"os-image:latest\"\ncmdline = \"quiet\"\n{entries}"),
+        )
+        .unwrap();
         dir
     }
 
     pub fn spawn(&mut self) {
         let images = self.write_images();
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("log")).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("log"))
+            .unwrap();
         let mut cmd = Command::new(bin());
         cmd.arg("serve")
             .arg("--state-dir")
@@ -73,9 +91,16 @@ impl Bootplane {
             .arg(format!("127.0.0.1:{}", self.api_port))
             .arg("--http-listen")
             .arg(format!("127.0.0.1:{}", self.http_port))
-            .args(if self.extra.iter().any(|a| a == "--power-driver") { vec![] } else { vec!["--power-driver", "test"] })
+            .args(if self.extra.iter().any(|a| a == "--power-driver") {
+                vec![]
+            } else {
+                vec!["--power-driver", "test"]
+            })
             .arg("--set")
-            .arg(format!("boot.images_dir={:?}", images.display().to_string()))
+            .arg(format!(
+                "boot.images_dir={:?}",
+                images.display().to_string()
+            ))
             .args(&self.extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -91,10 +116,17 @@ impl Bootplane {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("bootplane exited early ({st}); log:\n{}", self.log());
             }
-            assert!(Instant::now() < deadline, "bootplane did not become healthy; log:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "bootplane did not become healthy; log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.token = std::fs::read_to_string(self.dir.join("api-token")).unwrap().trim().to_string();
+        self.token = std::fs::read_to_string(self.dir.join("api-token"))
+            .unwrap()
+            .trim()
+            .to_string();
     }
 
     pub fn log(&self) -> String {
@@ -117,7 +149,10 @@ impl Bootplane {
             if let Some(st) = c.try_wait().unwrap() {
                 return st;
             }
-            assert!(Instant::now() < deadline, "bootplane did not stop on SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "bootplane did not stop on SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -135,7 +170,11 @@ impl Bootplane {
             .arg(&self.api)
             .arg("--state-dir")
             .arg(&self.dir)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -152,19 +191,28 @@ impl Bootplane {
     }
 
     pub fn req(&self, method: &str, path: &str) -> ureq::Request {
-        ureq::request(method, &format!("{}{}", self.api, path)).set("Authorization", &format!("Bearer {}", self.token))
+        ureq::request(method, &format!("{}{}", self.api, path))
+            .set("Authorization", &format!("Bearer {}", self.token))
     }
 
     /// (status, body as JSON).
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
         let r = self.req(method, path);
         let res = match body {
-            Some(b) => r.set("Content-Type", "application/json").send_string(&b.to_string()),
+            Some(b) => r
+                .set("Content-Type", "application/json")
+                .send_string(&b.to_string()),
             None => r.call(),
         };
         match res {
-            Ok(r) => (r.status(), serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null)),
-            Err(ureq::Error::Status(c, r)) => (c, serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null)),
+            Ok(r) => (
+                r.status(),
+                serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null),
+            ),
+            Err(ureq::Error::Status(c, r)) => (
+                c,
+                serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null),
+            ),
             Err(e) => panic!("{method} {path}: {e}"),
         }
     }
@@ -183,7 +231,10 @@ impl Bootplane {
                 return t;
             }
             if Instant::now() > deadline {
-                panic!("timed out waiting for {what}; log tail:\n{}", tail(&self.log(), 40));
+                panic!(
+                    "timed out waiting for {what}; log tail:\n{}",
+                    tail(&self.log(), 40)
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -240,7 +291,9 @@ pub fn claim(name: &str, selector: Option<Value>, server_ref: Option<&str>) -> V
 }
 
 pub fn fxhash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 pub fn fixtures() -> &'static Path {

@@ -56,7 +56,9 @@ fn populate(root: &Path) {
     std::fs::create_dir_all(assets.join("sub")).unwrap();
     let efi: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
     std::fs::write(assets.join("tool.efi"), efi).unwrap();
-    let blob: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+    let blob: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
     std::fs::write(assets.join("sub/blob.bin"), blob).unwrap();
     std::fs::write(root.join("secret.txt"), b"TOP-SECRET-OUTSIDE-ROOT").unwrap();
     let img = images_dir(root);
@@ -76,7 +78,10 @@ fn populate(root: &Path) {
 pub fn ready_machine(root: &Path, base: &str) -> MachineBoot {
     let img = images_dir(root);
     let cat = catalog::load(&img).unwrap();
-    let resolved = FileHasher::new(&img).resolve(&cat, "os-image:latest").unwrap().expect("demo image resolves");
+    let resolved = FileHasher::new(&img)
+        .resolve(&cat, "os-image:latest")
+        .unwrap()
+        .expect("demo image resolves");
     MachineBoot {
         server: "server-a".into(),
         uuid: Some(UUID.into()),
@@ -84,7 +89,10 @@ pub fn ready_machine(root: &Path, base: &str) -> MachineBoot {
         macs: vec![MAC],
         state: BootState::Ready,
         files: Some(resolved.boot_files(base)),
-        ignition: Some(IgnitionData { data: IGNITION.into(), content_type: "application/json".into() }),
+        ignition: Some(IgnitionData {
+            data: IGNITION.into(),
+            content_type: "application/json".into(),
+        }),
     }
 }
 
@@ -98,7 +106,11 @@ pub fn start(limits: Limits, tweak: impl FnOnce(&mut Settings) + Send + 'static)
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (idx, m) = (index.clone(), metrics.clone());
     let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
@@ -127,8 +139,18 @@ pub fn start(limits: Limits, tweak: impl FnOnce(&mut Settings) + Send + 'static)
             let _ = task.await;
         });
     });
-    let addr = addr_rx.recv_timeout(Duration::from_secs(20)).expect("test server started");
-    Srv { addr, base: format!("http://{addr}"), index, metrics, dir, stop: Some(stop_tx), thread: Some(thread) }
+    let addr = addr_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("test server started");
+    Srv {
+        addr,
+        base: format!("http://{addr}"),
+        index,
+        metrics,
+        dir,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    }
 }
 
 pub struct CurlOut {
@@ -141,10 +163,16 @@ pub struct CurlOut {
 impl CurlOut {
     pub fn header(&self, name: &str) -> Option<String> {
         // The last response's headers (curl prints one block per response).
-        let block = self.headers.split("\r\n\r\n").filter(|b| !b.trim().is_empty()).last()?;
+        let block = self
+            .headers
+            .split("\r\n\r\n")
+            .filter(|b| !b.trim().is_empty())
+            .last()?;
         block.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
         })
     }
     pub fn text(&self) -> String {
@@ -170,7 +198,10 @@ pub fn curl(source: &str, url: &str, extra: &[&str]) -> CurlOut {
         .expect("running curl (apt-get install curl)");
     let w = String::from_utf8_lossy(&out.stdout).to_string();
     let mut it = w.split_whitespace();
-    let code = it.next().and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("curl failed: {w} {}", String::from_utf8_lossy(&out.stderr)));
+    let code = it
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("curl failed: {w} {}", String::from_utf8_lossy(&out.stderr)));
     let redirects = it.next().and_then(|c| c.parse().ok()).unwrap_or(0);
     CurlOut {
         code,

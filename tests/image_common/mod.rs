@@ -48,7 +48,9 @@ pub fn run_cmd(cmd: &mut Command, secs: u64) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (install it: scripts/test-packages.txt): {e}"));
+        .unwrap_or_else(|e| {
+            panic!("cannot run {cmd:?} (install it: scripts/test-packages.txt): {e}")
+        });
     wait_output(child, secs, &format!("{cmd:?}"))
 }
 
@@ -72,7 +74,11 @@ pub fn wait_output(mut child: Child, secs: u64, what: &str) -> Output {
     });
     loop {
         if let Some(status) = child.try_wait().expect("wait") {
-            return Output { status, stdout: to.join().unwrap(), stderr: te.join().unwrap() };
+            return Output {
+                status,
+                stdout: to.join().unwrap(),
+                stderr: te.join().unwrap(),
+            };
         }
         if Instant::now() > deadline {
             let _ = child.kill();
@@ -85,7 +91,11 @@ pub fn wait_output(mut child: Child, secs: u64, what: &str) -> Output {
 
 pub fn tool(name: &str, args: &[&str]) -> Output {
     let o = run_cmd(Command::new(name).args(args), 120);
-    assert!(o.status.success(), "{name} {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{name} {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     o
 }
 
@@ -112,10 +122,19 @@ pub fn last_stage(lines: &[serde_json::Value]) -> &serde_json::Value {
 
 pub fn pack(raw: &Path, out: &Path, frame_mib: u64) {
     let o = run_cmd(
-        Command::new(bin()).args(["image", "pack"]).arg(raw).arg("-o").arg(out).args(["--frame-mib", &frame_mib.to_string()]),
+        Command::new(bin())
+            .args(["image", "pack"])
+            .arg(raw)
+            .arg("-o")
+            .arg(out)
+            .args(["--frame-mib", &frame_mib.to_string()]),
         120,
     );
-    assert!(o.status.success(), "pack failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "pack failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 pub fn head_is_zero(path: &Path, n: usize) -> bool {
@@ -135,7 +154,11 @@ pub fn head_is_zero(path: &Path, n: usize) -> bool {
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}{}x{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "{prefix}{}x{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// A loop device over a backing file, detached on drop.
@@ -146,7 +169,9 @@ pub struct Loop {
 impl Loop {
     pub fn new(backing: &Path) -> Loop {
         let o = tool("losetup", &["-f", "--show", backing.to_str().unwrap()]);
-        Loop { dev: PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()) }
+        Loop {
+            dev: PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
+        }
     }
 }
 
@@ -190,9 +215,16 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         for _ in 0..50 {
-            let o = Command::new("ip").args(["netns", "pids", &self.name]).output();
+            let o = Command::new("ip")
+                .args(["netns", "pids", &self.name])
+                .output();
             let pids: Vec<String> = o
-                .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect())
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .map(String::from)
+                        .collect()
+                })
                 .unwrap_or_default();
             if pids.is_empty() {
                 break;
@@ -202,7 +234,9 @@ impl Drop for Netns {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
@@ -247,15 +281,28 @@ fn serve_conn(mut s: std::net::TcpStream, root: &Path) {
         let range: Option<u64> = lines
             .filter_map(|l| l.split_once(':'))
             .find(|(k, _)| k.eq_ignore_ascii_case("range"))
-            .and_then(|(_, v)| v.trim().strip_prefix("bytes=")?.strip_suffix('-')?.parse().ok());
+            .and_then(|(_, v)| {
+                v.trim()
+                    .strip_prefix("bytes=")?
+                    .strip_suffix('-')?
+                    .parse()
+                    .ok()
+            });
         let path = root.join(first[1].trim_start_matches('/'));
         let Ok(data) = std::fs::read(&path) else {
             let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n");
             continue;
         };
         let start = range.unwrap_or(0).min(data.len() as u64) as usize;
-        let status = if range.is_some() { "206 Partial Content" } else { "200 OK" };
-        let hdr = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\naccept-ranges: bytes\r\n\r\n", data.len() - start);
+        let status = if range.is_some() {
+            "206 Partial Content"
+        } else {
+            "200 OK"
+        };
+        let hdr = format!(
+            "HTTP/1.1 {status}\r\ncontent-length: {}\r\naccept-ranges: bytes\r\n\r\n",
+            data.len() - start
+        );
         if s.write_all(hdr.as_bytes()).is_err() {
             return;
         }
