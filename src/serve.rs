@@ -72,10 +72,10 @@ pub async fn run(config: Config) -> Result<()> {
 
     // Boot side: catalog, store-backed boot index, metrics shared with /metrics.
     let catalog = crate::http::catalog::load(&ctx.config.boot.images_dir)?;
-    let resolver = Arc::new(crate::controller::bootside::CatalogResolver {
+    let resolver = Arc::new(crate::controller::bootside::CatalogResolver::new(
         catalog,
-        hasher: crate::http::catalog::FileHasher::new(&ctx.config.boot.images_dir),
-    });
+        crate::http::catalog::FileHasher::new(&ctx.config.boot.images_dir),
+    ));
     let http_metrics = Arc::new(crate::http::Metrics::new());
     let runner = crate::provision::from_config(&ctx.config.provision)?;
     let leases = crate::dhcp::leases::LeaseIndex::default();

@@ -1,10 +1,10 @@
 //! The ServerBootConfiguration reconciler (boot side): decides `Ready` or `Error`
 //! through the configured [`super::BootResolver`] and records why.
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{set_condition, Controllers, Key, Next};
-use crate::store::{meta, secret_data, Part, Store, StoreError};
+use crate::store::{meta, Part, StoreError};
 
 pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     let (ns, name) = key;
@@ -42,29 +42,4 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         c.store.update(&c.t_sbc, o, Part::Status).await?;
     }
     Ok(next)
-}
-
-/// The ignition secret named by the configuration exists and has an `ignition` key.
-pub fn check_secret(store: &Store, sbc: &Value) -> Result<(), (String, String)> {
-    let ns = meta::namespace(sbc).unwrap_or("default");
-    let Some(name) = sbc
-        .pointer("/spec/ignitionSecretRef/name")
-        .and_then(Value::as_str)
-    else {
-        return Ok(()); // no ignition wanted
-    };
-    let t = store.registry().resolve("secret").expect("secret type");
-    let secret = store.get(&t, Some(ns), name).map_err(|_| {
-        (
-            "IgnitionSecretMissing".to_string(),
-            format!("secret {ns}/{name} not found"),
-        )
-    })?;
-    if secret_data(&secret, "ignition").is_none() {
-        return Err((
-            "IgnitionKeyMissing".into(),
-            format!("secret {ns}/{name} has no data key \"ignition\""),
-        ));
-    }
-    Ok(())
 }

@@ -4,9 +4,9 @@
 //! onto the ServerBootConfiguration off the hot path, and the catalog-based
 //! [`BootResolver`] that decides `Ready`/`Error`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,10 +24,58 @@ use crate::shutdown::Shutdown;
 use crate::store::{meta, secret_data, Part, Store, StoreError};
 
 /// Resolves a boot configuration's image against the catalog (every file present with
-/// its SHA-256) and checks its ignition secret.
+/// its SHA-256) and its ignition secret, translated and validated once per secret
+/// resourceVersion (the controller and the boot index share the result).
 pub struct CatalogResolver {
     pub catalog: Catalog,
     pub hasher: FileHasher,
+    ignition: Mutex<HashMap<(String, String), (u64, IgnitionResult)>>,
+}
+
+type IgnitionResult = Result<IgnitionData, (String, String)>;
+
+impl CatalogResolver {
+    pub fn new(catalog: Catalog, hasher: FileHasher) -> CatalogResolver {
+        CatalogResolver {
+            catalog,
+            hasher,
+            ignition: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The Ignition payload a boot configuration hands out (`None` when it names no
+    /// secret). Without `format` the secret's `ignition` key is Ignition JSON, as
+    /// boot-operator has it; `format: fcos` is Butane.
+    pub fn ignition_payload(
+        &self,
+        store: &Store,
+        sbc: &Value,
+    ) -> Result<Option<IgnitionData>, (String, String)> {
+        let ns = meta::namespace(sbc).unwrap_or("default");
+        let Some(name) = sbc
+            .pointer("/spec/ignitionSecretRef/name")
+            .and_then(Value::as_str)
+        else {
+            return Ok(None);
+        };
+        let t = store.registry().resolve("secret").expect("secret type");
+        let secret = store.get(&t, Some(ns), name).map_err(|_| {
+            (
+                "IgnitionSecretMissing".to_string(),
+                format!("secret {ns}/{name} not found"),
+            )
+        })?;
+        let rv = meta::resource_version(&secret).unwrap_or(0);
+        let key = (ns.to_string(), name.to_string());
+        if let Some((crv, r)) = self.ignition.lock().unwrap().get(&key) {
+            if *crv == rv {
+                return r.clone().map(Some);
+            }
+        }
+        let r = translate_secret(ns, name, &secret);
+        self.ignition.lock().unwrap().insert(key, (rv, r.clone()));
+        r.map(Some)
+    }
 }
 
 impl BootResolver for CatalogResolver {
@@ -44,31 +92,13 @@ impl BootResolver for CatalogResolver {
             Ok(Err(e)) => return Err((e.reason().into(), e.to_string())),
             Err(e) => return Err(("ImageIOError".into(), format!("reading image files: {e}"))),
         }
-        super::bootconfig::check_secret(store, sbc)?;
-        ignition_payload(store, sbc).map(|_| ())
+        self.ignition_payload(store, sbc).map(|_| ())
     }
 }
 
-/// The Ignition payload a boot configuration hands out. Without `format` the
-/// secret's `ignition` key is served as-is (Ignition JSON), as boot-operator does.
-pub fn ignition_payload(
-    store: &Store,
-    sbc: &Value,
-) -> Result<Option<IgnitionData>, (String, String)> {
-    let ns = meta::namespace(sbc).unwrap_or("default");
-    let Some(name) = sbc
-        .pointer("/spec/ignitionSecretRef/name")
-        .and_then(Value::as_str)
-    else {
-        return Ok(None);
-    };
-    let t = store.registry().resolve("secret").expect("secret type");
-    let secret = store.get(&t, Some(ns), name).map_err(|_| {
-        (
-            "IgnitionSecretMissing".to_string(),
-            format!("secret {ns}/{name} not found"),
-        )
-    })?;
+/// Decode, translate (Butane) or parse, and validate a secret's `ignition` key, so an
+/// invalid config puts the boot configuration into Error instead of being served.
+fn translate_secret(ns: &str, name: &str, secret: &Value) -> IgnitionResult {
     let data = secret_data(&secret, "ignition").ok_or_else(|| {
         (
             "IgnitionKeyMissing".to_string(),
@@ -87,19 +117,19 @@ pub fn ignition_payload(
     // Butane (`format: fcos`) is translated, plain Ignition JSON parsed; both are
     // validated against their spec version's schema and Ignition's rules, so an invalid
     // config puts the boot configuration into Error instead of being served.
-    let secret = crate::ignition::render::IgnitionSecret {
+    let parsed = crate::ignition::render::IgnitionSecret {
         ignition: text,
         format,
     };
-    let config = secret
+    let config = parsed
         .to_config(&crate::ignition::FilesDir::default())
         .map_err(|e| (e.reason().to_string(), format!("secret {ns}/{name}: {e}")))?;
     let body =
         serde_json::to_vec(&config).map_err(|e| ("InvalidIgnition".to_string(), e.to_string()))?;
-    Ok(Some(IgnitionData {
+    Ok(IgnitionData {
         data: Bytes::from(body),
         content_type: "application/json".into(),
-    }))
+    })
 }
 
 fn parse_mac(s: &str) -> Option<[u8; 6]> {
@@ -313,7 +343,7 @@ impl StoreBootIndex {
                 )
             }
         };
-        match ignition_payload(&self.store, &sbc) {
+        match self.resolver.ignition_payload(&self.store, &sbc) {
             Ok(ign) => (BootState::Ready, Some(files), ign),
             Err((_, msg)) => (BootState::Error(msg), None, None),
         }

@@ -323,13 +323,3 @@ pub fn set_condition(status: &mut Value, ty: &str, st: bool, reason: &str, messa
     list.push(json!({"type": ty, "status": s, "reason": reason, "message": message, "lastTransitionTime": now}));
     true
 }
-
-/// The default resolver until the boot side plugs in its image catalog: the
-/// ignition secret must exist and carry an `ignition` key.
-pub struct SecretOnly;
-
-impl BootResolver for SecretOnly {
-    fn resolve(&self, store: &Store, sbc: &Value) -> Result<(), (String, String)> {
-        bootconfig::check_secret(store, sbc)
-    }
-}

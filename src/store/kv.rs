@@ -431,14 +431,15 @@ fn commit_batch(
         let st = state.read().unwrap();
         base_rev = st.rev;
         let mut rev = st.rev;
+        // A key's value as this batch sees it: its own earlier writes, else committed.
+        let current =
+            |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
+                match overlay.get(k) {
+                    Some(v) => v.clone(),
+                    None => st.map.get(k).cloned(),
+                }
+            };
         for req in batch.iter_mut() {
-            let current =
-                |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
-                    match overlay.get(k) {
-                        Some(v) => v.clone(),
-                        None => st.map.get(k).cloned(),
-                    }
-                };
             let mut check = Ok(());
             for op in &req.ops {
                 let cur = current(&op.key, &overlay);
@@ -476,13 +477,6 @@ fn commit_batch(
             }
             rev += 1;
             let mut kvs = Vec::with_capacity(req.ops.len());
-            let current =
-                |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
-                    match overlay.get(k) {
-                        Some(v) => v.clone(),
-                        None => st.map.get(k).cloned(),
-                    }
-                };
             for op in req.ops.iter_mut() {
                 let key: Arc<str> = Arc::from(op.key.as_str());
                 let prev = current(&op.key, &overlay);
