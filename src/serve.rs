@@ -72,10 +72,19 @@ pub async fn run(config: Config) -> Result<()> {
 
     // Boot side: catalog, store-backed boot index, metrics shared with /metrics.
     let catalog = crate::http::catalog::load(&ctx.config.boot.images_dir)?;
-    let resolver = Arc::new(crate::controller::bootside::CatalogResolver::new(
+    let templates = crate::ignition::templates::TemplateSet::load(&ctx.config.boot.ignition_templates)
+        .with_context(|| {
+            format!(
+                "loading ignition templates from {}",
+                ctx.config.boot.ignition_templates.display()
+            )
+        })?;
+    let resolver = Arc::new(crate::controller::bootside::CatalogResolver::with_templates(
         catalog,
         crate::http::catalog::FileHasher::new(&ctx.config.boot.images_dir),
+        templates,
     ));
+    let boot_slot = crate::http::preview::BootSlot::default();
     let http_metrics = Arc::new(crate::http::Metrics::new());
     let runner = crate::provision::from_config(&ctx.config.provision)?;
     let leases = crate::dhcp::leases::LeaseIndex::default();
@@ -95,8 +104,9 @@ pub async fn run(config: Config) -> Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     {
         let s = coord.handle();
-        let extra =
-            crate::provision::router(runner).merge(crate::api::rest::leases_router(leases.clone()));
+        let extra = crate::provision::router(runner)
+            .merge(crate::api::rest::leases_router(leases.clone()))
+            .merge(crate::http::preview::router(boot_slot.clone()));
         let app = crate::api::rest::router(api_state, Some(extra));
         let max = ctx.config.api.max_connections;
         tasks.spawn(async move {
@@ -124,9 +134,15 @@ pub async fn run(config: Config) -> Result<()> {
             dhcp_leases,
             coord.handle(),
         );
-        let (c, s, m) = (ctx.clone(), coord.handle(), http_metrics);
+        let app = Arc::new(crate::http::BootHttp::from_config(
+            &ctx.config,
+            index,
+            http_metrics,
+        )?);
+        let _ = boot_slot.set(app.clone());
+        let (c, s) = (ctx.clone(), coord.handle());
         tasks.spawn(async move {
-            crate::http::serve_with_metrics(c, index, m, s)
+            crate::http::serve_app(c, app, s)
                 .await
                 .context("boot http server")
         });

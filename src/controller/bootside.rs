@@ -4,12 +4,12 @@
 //! onto the ServerBootConfiguration off the hot path, and the catalog-based
 //! [`BootResolver`] that decides `Ready`/`Error`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -17,6 +17,8 @@ use super::{set_condition, BootResolver};
 use crate::api::resource::ResourceType;
 use crate::http::catalog::{Catalog, FileHasher};
 use crate::http::index::MemoryIndex;
+use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
+use crate::ignition::{MachineFacts, RenderCache, RenderKey};
 use crate::http::{
     BootEvent, BootFiles, BootIndex, BootState, IgnitionData, MachineBoot, MachineId,
 };
@@ -24,33 +26,150 @@ use crate::shutdown::Shutdown;
 use crate::store::{meta, secret_data, Part, Store, StoreError};
 
 /// Resolves a boot configuration's image against the catalog (every file present with
-/// its SHA-256) and its ignition secret, translated and validated once per secret
-/// resourceVersion (the controller and the boot index share the result).
+/// its SHA-256) and renders the machine's Ignition: the operator template picked by
+/// [`crate::ignition::templates`] filled with the machine's facts, with the claim's
+/// ignition secret merged on top. The secret is translated and validated once per
+/// resourceVersion; the rendered config is cached per (server, secret resourceVersion,
+/// template revision) and the machine facts it came from. The controller and the boot
+/// index share both caches.
 pub struct CatalogResolver {
     pub catalog: Catalog,
     pub hasher: FileHasher,
-    ignition: Mutex<HashMap<(String, String), (u64, IgnitionResult)>>,
+    secrets: Mutex<HashMap<(String, String), (u64, SecretResult)>>,
+    templates: RwLock<Arc<TemplateSet>>,
+    renders: RenderCache,
 }
 
-type IgnitionResult = Result<IgnitionData, (String, String)>;
+type SecretResult = Result<Arc<Value>, (String, String)>;
 
 impl CatalogResolver {
+    /// A resolver without Ignition templates (the claim's secret alone is served).
     pub fn new(catalog: Catalog, hasher: FileHasher) -> CatalogResolver {
+        Self::with_templates(catalog, hasher, TemplateSet::empty(Path::new("")))
+    }
+
+    pub fn with_templates(
+        catalog: Catalog,
+        hasher: FileHasher,
+        templates: TemplateSet,
+    ) -> CatalogResolver {
         CatalogResolver {
             catalog,
             hasher,
-            ignition: Mutex::new(HashMap::new()),
+            secrets: Mutex::new(HashMap::new()),
+            templates: RwLock::new(Arc::new(templates)),
+            renders: RenderCache::new(),
         }
     }
 
-    /// The Ignition payload a boot configuration hands out (`None` when it names no
-    /// secret). Without `format` the secret's `ignition` key is Ignition JSON, as
-    /// boot-operator has it; `format: fcos` is Butane.
+    /// The rendered-config cache (the boot index invalidates it from its watch).
+    pub fn renders(&self) -> &RenderCache {
+        &self.renders
+    }
+
+    fn template_set(&self) -> Arc<TemplateSet> {
+        self.templates
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Re-reads the template directory when a file in it changed. Returns true when
+    /// the set was replaced (every cached render is then dropped). A directory that no
+    /// longer compiles keeps the previous set and logs why.
+    pub fn reload_templates_if_changed(&self) -> bool {
+        let cur = self.template_set();
+        if !cur.changed_on_disk() {
+            return false;
+        }
+        match TemplateSet::load(&cur.dir) {
+            Ok(t) => {
+                tracing::info!(dir = %cur.dir.display(), "ignition templates changed, reloaded");
+                *self.templates.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(t);
+                self.renders.clear();
+                true
+            }
+            Err(e) => {
+                tracing::error!(dir = %cur.dir.display(), error = %format!("{e:#}"), "ignition templates changed but do not load; keeping the previous ones");
+                false
+            }
+        }
+    }
+
+    /// The Ignition payload a boot configuration hands out (`None` when there is
+    /// neither a template nor a secret). Without `format` the secret's `ignition` key
+    /// is Ignition JSON, as boot-operator has it; `format: fcos` is Butane.
     pub fn ignition_payload(
         &self,
         store: &Store,
         sbc: &Value,
     ) -> Result<Option<IgnitionData>, (String, String)> {
+        let secret = self.secret_config(store, sbc)?;
+        let reg = store.registry();
+        let ns = meta::namespace(sbc).unwrap_or("default");
+        let server_name = sbc
+            .pointer("/spec/serverRef/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let server = reg
+            .resolve("server")
+            .and_then(|t| store.get(&t, None, server_name).ok());
+        let facts = machine_facts(server.as_deref(), sbc);
+        let claim_labels = match (&facts.claim_namespace, &facts.claim_name) {
+            (Some(cns), Some(cn)) => reg
+                .resolve("serverclaim")
+                .and_then(|t| store.get(&t, Some(cns), cn).ok())
+                .map(|c| labels(&c))
+                .unwrap_or_default(),
+            _ => BTreeMap::new(),
+        };
+        let set = self.template_set();
+        let template = set
+            .select(&claim_labels, &facts.labels)
+            .map_err(|e| ("IgnitionTemplateMissing".to_string(), e.message))?;
+        if template.is_none() && secret.is_none() {
+            return Ok(None);
+        }
+        let key = RenderKey {
+            server: if server_name.is_empty() {
+                format!("{ns}/{}", meta::name(sbc))
+            } else {
+                server_name.to_string()
+            },
+            secret_revision: secret
+                .as_ref()
+                .map(|(rv, _)| rv.to_string())
+                .unwrap_or_default(),
+            template_revision: template.map(|t| set.revision(t)).unwrap_or_default(),
+        };
+        let rendered = self
+            .renders
+            .get_or_render_for(&key, &facts, || {
+                set.renderer.render_with(
+                    template.map(|t| t.name.as_str()),
+                    &facts,
+                    secret.as_ref().map(|(_, c)| &**c),
+                )
+            })
+            .map_err(|e| {
+                (
+                    e.reason().to_string(),
+                    format!("rendering ignition for server {}: {e}", key.server),
+                )
+            })?;
+        Ok(Some(IgnitionData {
+            data: rendered.json.clone(),
+            content_type: "application/json".into(),
+        }))
+    }
+
+    /// The boot configuration's ignition secret, translated and validated (cached per
+    /// resourceVersion): `(resourceVersion, config)`, or `None` when it names none.
+    fn secret_config(
+        &self,
+        store: &Store,
+        sbc: &Value,
+    ) -> Result<Option<(u64, Arc<Value>)>, (String, String)> {
         let ns = meta::namespace(sbc).unwrap_or("default");
         let Some(name) = sbc
             .pointer("/spec/ignitionSecretRef/name")
@@ -67,15 +186,105 @@ impl CatalogResolver {
         })?;
         let rv = meta::resource_version(&secret).unwrap_or(0);
         let key = (ns.to_string(), name.to_string());
-        if let Some((crv, r)) = self.ignition.lock().unwrap().get(&key) {
+        if let Some((crv, r)) = self
+            .secrets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
             if *crv == rv {
-                return r.clone().map(Some);
+                return r.clone().map(|c| Some((rv, c)));
             }
         }
-        let r = translate_secret(ns, name, &secret);
-        self.ignition.lock().unwrap().insert(key, (rv, r.clone()));
-        r.map(Some)
+        let r = translate_secret(ns, name, &secret).map(Arc::new);
+        self.secrets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, (rv, r.clone()));
+        r.map(|c| Some((rv, c)))
     }
+}
+
+fn labels(o: &Value) -> BTreeMap<String, String> {
+    o.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What a template may use about a machine, from its Server (and, when the Server
+/// names no claim, the boot configuration's own name and namespace, which are the
+/// claim's). MACs are lowercase colon-separated, the boot NIC (first listed) first.
+pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
+    let mut f = MachineFacts {
+        name: sbc
+            .pointer("/spec/serverRef/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        claim_name: Some(meta::name(sbc).to_string()),
+        claim_namespace: Some(meta::namespace(sbc).unwrap_or("default").to_string()),
+        ..Default::default()
+    };
+    let Some(s) = server else {
+        return f;
+    };
+    f.name = meta::name(s).to_string();
+    f.uuid = s
+        .pointer("/spec/systemUUID")
+        .and_then(Value::as_str)
+        .map(|u| valid_uuid(u).unwrap_or_else(|| u.to_string()));
+    f.labels = labels(s);
+    f.hostname = f.labels.get(HOSTNAME_LABEL).cloned();
+    for nic in s
+        .pointer("/status/networkInterfaces")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(m) = nic
+            .get("macAddress")
+            .and_then(Value::as_str)
+            .and_then(parse_mac)
+        {
+            f.macs.push(
+                m.iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            );
+        }
+        let more = nic
+            .get("ips")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str);
+        for ip in nic.get("ip").and_then(Value::as_str).into_iter().chain(more) {
+            if let Ok(a) = ip.parse::<IpAddr>() {
+                let a = a.to_string();
+                if !f.ips.contains(&a) {
+                    f.ips.push(a);
+                }
+            }
+        }
+    }
+    if let Some(r) = s.pointer("/spec/serverClaimRef").filter(|r| !r.is_null()) {
+        if let Some(n) = r.get("name").and_then(Value::as_str) {
+            f.claim_name = Some(n.to_string());
+            f.claim_namespace = Some(
+                r.get("namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default")
+                    .to_string(),
+            );
+        }
+    }
+    f
 }
 
 impl BootResolver for CatalogResolver {
@@ -98,14 +307,14 @@ impl BootResolver for CatalogResolver {
 
 /// Decode, translate (Butane) or parse, and validate a secret's `ignition` key, so an
 /// invalid config puts the boot configuration into Error instead of being served.
-fn translate_secret(ns: &str, name: &str, secret: &Value) -> IgnitionResult {
-    let data = secret_data(&secret, "ignition").ok_or_else(|| {
+fn translate_secret(ns: &str, name: &str, secret: &Value) -> Result<Value, (String, String)> {
+    let data = secret_data(secret, "ignition").ok_or_else(|| {
         (
             "IgnitionKeyMissing".to_string(),
             format!("secret {ns}/{name} has no data key \"ignition\""),
         )
     })?;
-    let format = secret_data(&secret, "format")
+    let format = secret_data(secret, "format")
         .map(|f| String::from_utf8_lossy(&f).trim().to_string())
         .filter(|f| !f.is_empty());
     let text = String::from_utf8(data).map_err(|_| {
@@ -121,15 +330,9 @@ fn translate_secret(ns: &str, name: &str, secret: &Value) -> IgnitionResult {
         ignition: text,
         format,
     };
-    let config = parsed
+    parsed
         .to_config(&crate::ignition::FilesDir::default())
-        .map_err(|e| (e.reason().to_string(), format!("secret {ns}/{name}: {e}")))?;
-    let body =
-        serde_json::to_vec(&config).map_err(|e| ("InvalidIgnition".to_string(), e.to_string()))?;
-    Ok(IgnitionData {
-        data: Bytes::from(body),
-        content_type: "application/json".into(),
-    })
+        .map_err(|e| (e.reason().to_string(), format!("secret {ns}/{name}: {e}")))
 }
 
 fn parse_mac(s: &str) -> Option<[u8; 6]> {
@@ -149,6 +352,9 @@ fn valid_uuid(s: &str) -> Option<String> {
         .ok()
         .map(|u| u.hyphenated().to_string())
 }
+
+/// How often the Ignition template directory is checked for changes.
+pub const TEMPLATE_POLL: Duration = Duration::from_secs(2);
 
 /// Keeps a [`MemoryIndex`] equal to what the store says each machine should boot.
 pub struct StoreBootIndex {
@@ -351,10 +557,13 @@ impl StoreBootIndex {
 
     async fn watch(self: Arc<Self>, mut shutdown: Shutdown) {
         let reg = self.store.registry();
-        let types: Vec<Arc<ResourceType>> = ["server", "sbc", "secret"]
+        let types: Vec<Arc<ResourceType>> = ["server", "sbc", "secret", "serverclaim"]
             .iter()
             .map(|k| reg.resolve(k).expect("type"))
             .collect();
+        // Template files are not in the store: an mtime/size check of the directory.
+        let mut poll = tokio::time::interval(TEMPLATE_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         'relist: loop {
             let rev = self.store.revision();
             let (servers, _) = self.store.list(&self.t_server, None, None);
@@ -372,7 +581,8 @@ impl StoreBootIndex {
                 }
             }
             let mut iter = watches.into_iter();
-            let (mut ws, mut wb, mut wsec) = (
+            let (mut ws, mut wb, mut wsec, mut wc) = (
+                iter.next().unwrap(),
                 iter.next().unwrap(),
                 iter.next().unwrap(),
                 iter.next().unwrap(),
@@ -382,11 +592,30 @@ impl StoreBootIndex {
                     e = ws.next() => e,
                     e = wb.next() => e,
                     e = wsec.next() => e,
+                    e = wc.next() => e,
+                    _ = poll.tick() => {
+                        let r = self.resolver.clone();
+                        let reloaded = tokio::task::spawn_blocking(move || r.reload_templates_if_changed())
+                            .await
+                            .unwrap_or(false);
+                        if reloaded {
+                            continue 'relist;
+                        }
+                        continue;
+                    }
                     _ = shutdown.recv() => return,
                 };
                 match ev {
                     Ok(ev) => {
+                        let is_server = ev.object.get("kind").and_then(Value::as_str) == Some("Server");
                         for server in self.affected(&ev.object) {
+                            // A Server update keeps its render when the facts it was
+                            // rendered from are unchanged (checked by the cache); a
+                            // claim, boot configuration or secret change, or a deleted
+                            // Server, drops it.
+                            if !is_server || ev.kind == "DELETED" {
+                                self.resolver.renders().invalidate(&server);
+                            }
                             self.refresh(&server);
                         }
                     }
@@ -404,7 +633,7 @@ impl StoreBootIndex {
             Some("Server") => {
                 out.insert(meta::name(o).to_string());
             }
-            Some("ServerBootConfiguration") => {
+            Some("ServerBootConfiguration") | Some("ServerClaim") => {
                 if let Some(s) = o.pointer("/spec/serverRef/name").and_then(Value::as_str) {
                     out.insert(s.to_string());
                 }

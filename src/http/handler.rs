@@ -315,20 +315,21 @@ impl BootHttp {
     }
 
     fn default_script(&self, reason: &str) -> Resp {
+        script_response(StatusCode::OK, self.default_script_body(reason))
+    }
+
+    fn default_script_body(&self, reason: &str) -> Bytes {
         match self.renderer.default_script(
             &self.default_action,
             reason,
             &self.base_url,
             &self.console,
         ) {
-            Ok(s) => script_response(StatusCode::OK, Bytes::from(s)),
+            Ok(s) => Bytes::from(s),
             Err(e) => {
                 tracing::error!(error = %e, "rendering default ipxe script");
                 // Still a runnable script: leave network boot.
-                script_response(
-                    StatusCode::OK,
-                    Bytes::from_static(b"#!ipxe\necho bootplane: internal error\nexit\n"),
-                )
+                Bytes::from_static(b"#!ipxe\necho bootplane: internal error\nexit\n")
             }
         }
     }
@@ -390,31 +391,48 @@ impl BootHttp {
                 }
             }
         }
+        let (body, machine_specific) = self.script_for(&m);
+        if machine_specific {
+            self.record(&m.server, BootEvent::IpxeScriptFetched, client);
+        }
+        script_response(StatusCode::OK, body)
+    }
+
+    /// The script `m` gets once its identity is established, and whether it is its own
+    /// script (true) or the default one.
+    fn script_for(&self, m: &Arc<MachineBoot>) -> (Bytes, bool) {
+        let default = |reason: &str| (self.default_script_body(reason), false);
         match (&m.state, &m.files) {
-            (BootState::Ready, Some(files)) => match self.cached_script(&m, files) {
-                Ok(body) => {
-                    self.record(&m.server, BootEvent::IpxeScriptFetched, client);
-                    script_response(StatusCode::OK, body)
-                }
+            (BootState::Ready, Some(files)) => match self.cached_script(m, files) {
+                Ok(body) => (body, true),
                 Err(e) => {
                     tracing::error!(server = %m.server, error = %e, "rendering machine script");
-                    self.default_script(&format!("cannot render the script of {}", m.server))
+                    default(&format!("cannot render the script of {}", m.server))
                 }
             },
-            (BootState::Ready, None) => {
-                self.default_script(&format!("{} has no boot files", m.server))
-            }
-            (BootState::NotClaimed, _) => {
-                self.default_script(&format!("{} is not claimed", m.server))
-            }
+            (BootState::Ready, None) => default(&format!("{} has no boot files", m.server)),
+            (BootState::NotClaimed, _) => default(&format!("{} is not claimed", m.server)),
             (BootState::Error(r), _) => {
                 tracing::info!(server = %m.server, reason = %r, "boot configuration in error, serving default script");
-                self.default_script(&format!(
+                default(&format!(
                     "boot configuration of {} is not ready: {r}",
                     m.server
                 ))
             }
         }
+    }
+
+    /// What server `name` would be served at `/ipxe/script` (its script, or the
+    /// default script with the reason), for the operator's preview
+    /// (`bootplane render ipxe`). Records no boot progress. `None`: unknown server.
+    pub fn preview_script(&self, name: &str) -> Option<Bytes> {
+        let m = self.index.lookup(&MachineId::Server(name.to_string()))?;
+        Some(self.script_for(&m).0)
+    }
+
+    /// The machine index this listener answers from.
+    pub fn index(&self) -> &Arc<dyn BootIndex> {
+        &self.index
     }
 
     /// The machine's rendered script, from the cache when still fresh.

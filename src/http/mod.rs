@@ -29,6 +29,7 @@ pub mod handler;
 pub mod ident;
 pub mod index;
 pub mod metrics;
+pub mod preview;
 pub mod server;
 pub mod token;
 
@@ -134,8 +135,18 @@ pub async fn serve_with_metrics(
     metrics: Arc<Metrics>,
     shutdown: crate::shutdown::Shutdown,
 ) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     let app = Arc::new(BootHttp::from_config(&ctx.config, index, metrics)?);
+    serve_app(ctx, app, shutdown).await
+}
+
+/// [`serve`] with a caller-built application (shared, e.g., with the API's preview
+/// routes, [`preview`]).
+pub async fn serve_app(
+    ctx: Arc<crate::serve::Context>,
+    app: Arc<BootHttp>,
+    shutdown: crate::shutdown::Shutdown,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
     let listener = tokio::net::TcpListener::bind(ctx.config.http.listen)
         .await
         .with_context(|| format!("binding boot http listener {}", ctx.config.http.listen))?;

@@ -1,6 +1,8 @@
 //! `bootplane render ignition`: print the Ignition JSON a Butane file, an Ignition
-//! file, or a template + machine facts + ignition secret translate to. All file reads
-//! happen here; the library it calls is pure.
+//! file, or a template + machine facts + ignition secret translate to; with `--server
+//! NAME`, what that machine is served, asked from the running server's API (the store
+//! is locked by `serve`). `bootplane render ipxe --server NAME` likewise prints the
+//! machine's iPXE script. All file reads happen here; the library it calls is pure.
 
 use std::path::PathBuf;
 
@@ -11,8 +13,35 @@ use super::{FilesDir, IgnitionSecret, MachineFacts, Renderer, Template};
 
 #[derive(Subcommand)]
 pub enum RenderCmd {
-    /// Print the Ignition JSON for a Butane file, an Ignition file, or a template + facts + secret.
+    /// Print the Ignition JSON for a Butane file, an Ignition file, a template + facts +
+    /// secret, or what server NAME is served (`--server`, through the API).
     Ignition(IgnitionArgs),
+    /// Print the iPXE script server NAME is served (through the API).
+    Ipxe(IpxeArgs),
+}
+
+/// How to reach the running server's API (`--server` names the machine here, so the
+/// API URL is `--api`).
+#[derive(Args, Clone)]
+pub struct ApiConn {
+    /// API URL of the running bootplane.
+    #[arg(long, env = "BOOTPLANE_API_URL", default_value = "http://127.0.0.1:9090")]
+    pub api: String,
+    /// Bearer token (default: the state dir's api-token).
+    #[arg(long, env = "BOOTPLANE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// State dir to read the token from.
+    #[arg(long = "state-dir", env = "BOOTPLANE_STATE_DIR", default_value = "./var/bootplane")]
+    pub state_dir: PathBuf,
+}
+
+#[derive(Args)]
+pub struct IpxeArgs {
+    /// The Server whose script to print.
+    #[arg(long)]
+    pub server: String,
+    #[command(flatten)]
+    pub conn: ApiConn,
 }
 
 #[derive(Args)]
@@ -35,12 +64,63 @@ pub struct IgnitionArgs {
     /// Directory that Butane `local` references (contents.local, trees, ...) are resolved in.
     #[arg(long)]
     pub files_dir: Option<PathBuf>,
-    /// Render what server NAME would get (needs a running bootplane).
+    /// Print what server NAME is served (asks the running bootplane's API).
     #[arg(long)]
     pub server: Option<String>,
     /// Pretty-print the JSON.
     #[arg(long)]
     pub pretty: bool,
+    #[command(flatten)]
+    pub conn: ApiConn,
+}
+
+/// GET `path` on the API; the body, or the server's `Status` message as the error.
+fn api_get(conn: &ApiConn, path: &str) -> Result<String> {
+    let token = match &conn.token {
+        Some(t) => t.clone(),
+        None => {
+            let p = conn.state_dir.join("api-token");
+            std::fs::read_to_string(&p)
+                .with_context(|| {
+                    format!("reading API token {} (pass --token or --state-dir)", p.display())
+                })?
+                .trim()
+                .to_string()
+        }
+    };
+    let url = format!("{}{}", conn.api.trim_end_matches('/'), path);
+    let agent = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(30))
+        .build();
+    match agent
+        .get(&url)
+        .set("Authorization", &format!("Bearer {token}"))
+        .call()
+    {
+        Ok(r) => r.into_string().context("reading response"),
+        Err(ureq::Error::Status(code, r)) => {
+            let text = r.into_string().unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            let reason = v["reason"].as_str().unwrap_or("Unknown");
+            let msg = v["message"].as_str().unwrap_or(text.trim());
+            bail!("Error from server ({reason}, {code}): {msg}")
+        }
+        Err(e) => bail!("connecting to {}: {e}", conn.api),
+    }
+}
+
+fn server_path(kind: &str, server: &str) -> Result<String> {
+    if server.is_empty()
+        || !server
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        bail!("invalid server name {server:?}");
+    }
+    Ok(format!(
+        "{}/{kind}/{server}",
+        crate::http::preview::PREVIEW_PATH
+    ))
 }
 
 fn read(p: &PathBuf) -> Result<String> {
@@ -54,9 +134,24 @@ fn read(p: &PathBuf) -> Result<String> {
 
 /// Runs `bootplane render ...`; returns the exit code.
 pub fn run(cmd: RenderCmd) -> Result<u8> {
-    let RenderCmd::Ignition(a) = cmd;
-    if a.server.is_some() {
-        bail!("--server needs a running server (not wired yet); use --template/--facts/--secret to preview offline");
+    let a = match cmd {
+        RenderCmd::Ignition(a) => a,
+        RenderCmd::Ipxe(a) => {
+            let body = api_get(&a.conn, &server_path("ipxe", &a.server)?)?;
+            print!("{body}");
+            return Ok(0);
+        }
+    };
+    if let Some(server) = &a.server {
+        let body = api_get(&a.conn, &server_path("ignition", server)?)?;
+        if a.pretty {
+            let v: serde_json::Value =
+                serde_json::from_str(&body).context("decoding the served ignition")?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            println!("{body}");
+        }
+        return Ok(0);
     }
     let files = match &a.files_dir {
         Some(d) => {

@@ -11,7 +11,9 @@
 //! - [`render`] fills operator templates (`ignition/`) with [`MachineFacts`] via
 //!   minijinja, merges the claim's ignition secret on top and caches the result in a
 //!   [`RenderCache`].
-//! - [`cli`] is `bootplane render ignition`.
+//! - [`templates`] is the template directory as the boot side uses it: reload on
+//!   change, and the rule that picks a machine's template.
+//! - [`cli`] is `bootplane render ignition|ipxe`.
 //!
 //! Errors carry the field path (`storage.files[2].mode`) and, for YAML input, the line
 //! and column, so they can go straight into a ServerBootConfiguration's `Error` condition.
@@ -25,6 +27,7 @@ pub mod cli;
 mod locate;
 pub mod merge;
 pub mod render;
+pub mod templates;
 pub mod validate;
 
 use std::collections::BTreeMap;

@@ -333,14 +333,28 @@ impl Renderer {
         facts: &MachineFacts,
         secret: Option<&IgnitionSecret>,
     ) -> Result<Rendered, Error> {
+        let user = secret.map(|s| s.to_config(&self.files)).transpose()?;
+        self.render_with(template, facts, user.as_ref())
+    }
+
+    /// [`Renderer::render`] with the secret already translated and validated
+    /// ([`IgnitionSecret::to_config`]): the secret does not depend on the machine, so
+    /// the boot side translates it once per resourceVersion and renders every machine
+    /// that uses it from that.
+    pub fn render_with(
+        &self,
+        template: Option<&str>,
+        facts: &MachineFacts,
+        user: Option<&Value>,
+    ) -> Result<Rendered, Error> {
         let base = template
             .map(|t| self.render_template(t, facts))
             .transpose()?;
-        let user = secret.map(|s| s.to_config(&self.files)).transpose()?;
         // Each part was validated on its own; only a merge produces something new to check.
         let (config, merged) = match (base, user) {
-            (Some(b), Some(u)) => (merge::merge(&b, &u), true),
-            (Some(c), None) | (None, Some(c)) => (c, false),
+            (Some(b), Some(u)) => (merge::merge(&b, u), true),
+            (Some(c), None) => (c, false),
+            (None, Some(c)) => (c.clone(), false),
             (None, None) => {
                 return Err(Error::Secret(
                     "neither a template nor an ignition secret to render".into(),
@@ -387,6 +401,9 @@ pub struct RenderKey {
 struct CacheEntry {
     secret_revision: String,
     template_revision: String,
+    /// The facts it was rendered from, when the caller keys on them too
+    /// ([`RenderCache::get_or_render_for`]).
+    facts: Option<MachineFacts>,
     rendered: Arc<Rendered>,
 }
 
@@ -428,16 +445,46 @@ impl RenderCache {
             return Ok(r);
         }
         let r = Arc::new(render()?);
+        self.insert(key, None, r.clone());
+        Ok(r)
+    }
+
+    /// [`RenderCache::get_or_render`] that also requires the machine facts to be the
+    /// ones the entry was rendered from: a Server update that changes no fact (power
+    /// state, conditions) keeps the entry, one that changes a label or an address
+    /// re-renders without anyone having to invalidate it.
+    pub fn get_or_render_for(
+        &self,
+        key: &RenderKey,
+        facts: &MachineFacts,
+        render: impl FnOnce() -> Result<Rendered, Error>,
+    ) -> Result<Arc<Rendered>, Error> {
+        {
+            let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(e) = map.get(&key.server).filter(|e| {
+                e.secret_revision == key.secret_revision
+                    && e.template_revision == key.template_revision
+                    && e.facts.as_ref() == Some(facts)
+            }) {
+                return Ok(e.rendered.clone());
+            }
+        }
+        let r = Arc::new(render()?);
+        self.insert(key, Some(facts.clone()), r.clone());
+        Ok(r)
+    }
+
+    fn insert(&self, key: &RenderKey, facts: Option<MachineFacts>, r: Arc<Rendered>) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         map.insert(
             key.server.clone(),
             CacheEntry {
                 secret_revision: key.secret_revision.clone(),
                 template_revision: key.template_revision.clone(),
-                rendered: r.clone(),
+                facts,
+                rendered: r,
             },
         );
-        Ok(r)
     }
 
     /// Drops a server's entry (its claim, secret or server object changed).
