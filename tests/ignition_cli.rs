@@ -90,7 +90,21 @@ fn render_errors_are_located_and_exit_nonzero() {
         ),
         "{err}"
     );
-    let o = bootplane(&["render", "ignition", "--server", "server-a"]);
+    // `--server` asks a running bootplane; none listens on port 1 of loopback.
+    let o = bootplane(&[
+        "render",
+        "ignition",
+        "--server",
+        "server-a",
+        "--api",
+        "http://127.0.0.1:1",
+        "--token",
+        "x",
+    ]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("needs a running server"));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("connecting to http://127.0.0.1:1"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

@@ -1,8 +1,17 @@
 //! The real Ignition client (Debian's `ignition`, `-platform file`) fetches a machine's
-//! rendered config over HTTP from a small server in this test on 127.0.0.1 (the local
-//! config only `replace`s itself with that URL) and applies it with `-stage files
+//! config over HTTP from bootplane's own boot listener and applies it with `-stage files
 //! -root DIR` into a temp directory; the files, links, directories and units must appear
 //! there with the right contents and modes.
+//!
+//! The whole path is the product's: bootplane runs as a process (tests/common), the
+//! test registers a Server (address 127.0.0.5, labels), a Butane `fcos` Secret and a
+//! ServerClaim through the API, the operator template comes from a private
+//! `boot.ignition_templates` directory (picked by the Server's
+//! `bootplane.dev/ignition-template` label, with a `files/` tree), and the claim's
+//! secret is merged on top. Identity: the machine's script is fetched from its
+//! registered address (curl bound to 127.0.0.5); the Ignition URL in it carries the
+//! signed per-boot token, and Ignition (which cannot bind a source address) uses that
+//! URL from 127.0.0.1, where the unsigned URL is refused.
 //!
 //! Host safety: every path Ignition writes is under the temp dir (`-root`,
 //! `-config-cache`, `-state-file`, `-neednet`); only the `fetch` and `files` stages run.
@@ -10,18 +19,16 @@
 //! `setfiles`; the test puts a no-op `setfiles` first in PATH (SELinux labels are not
 //! what is tested here) and gives the root an `etc/selinux/config` saying `disabled`.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+mod common;
+
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bootplane::ignition::{
-    FilesDir, IgnitionSecret, MachineFacts, RenderCache, RenderKey, Renderer, Template,
-};
+use common::*;
+use serde_json::json;
 
 const IGNITION: &str = "/usr/lib/dracut/modules.d/30ignition/ignition";
 
@@ -86,75 +93,16 @@ systemd:
       mask: true
 "#;
 
-struct Server {
-    port: u16,
-    stop: Arc<AtomicBool>,
-    hits: Arc<AtomicUsize>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-/// A tiny HTTP/1.0 server: `GET /ignition/<server>` answers from the render cache.
-fn serve(cache: Arc<RenderCache>, secret_rev: &'static str, template_rev: String) -> Server {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.set_nonblocking(true).unwrap();
-    let port = l.local_addr().unwrap().port();
-    let stop = Arc::new(AtomicBool::new(false));
-    let hits = Arc::new(AtomicUsize::new(0));
-    let (s2, h2) = (stop.clone(), hits.clone());
-    let handle = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !s2.load(Ordering::SeqCst) && Instant::now() < deadline {
-            let (mut sock, _) = match l.accept() {
-                Ok(c) => c,
-                Err(_) => {
-                    std::thread::sleep(Duration::from_millis(5));
-                    continue;
-                }
-            };
-            let _ = sock.set_nonblocking(false);
-            let _ = sock.set_read_timeout(Some(Duration::from_secs(5)));
-            let mut line = String::new();
-            let mut r = BufReader::new(sock.try_clone().unwrap());
-            if r.read_line(&mut line).is_err() {
-                continue;
-            }
-            loop {
-                let mut h = String::new();
-                if r.read_line(&mut h).map(|n| n == 0).unwrap_or(true) || h == "\r\n" {
-                    break;
-                }
-            }
-            let path = line.split_whitespace().nth(1).unwrap_or("");
-            let body = path
-                .strip_prefix("/ignition/")
-                .and_then(|srv| cache.get(srv, secret_rev, &template_rev));
-            let resp = match body {
-                Some(r) => {
-                    h2.fetch_add(1, Ordering::SeqCst);
-                    let mut v = format!("HTTP/1.0 200 OK\r\nContent-Type: application/vnd.coreos.ignition+json\r\nContent-Length: {}\r\n\r\n", r.json.len()).into_bytes();
-                    v.extend_from_slice(&r.json);
-                    v
-                }
-                None => b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
-            };
-            let _ = sock.write_all(&resp);
-        }
-    });
-    Server {
-        port,
-        stop,
-        hits,
-        handle: Some(handle),
-    }
+/// GET with curl from a given loopback source address: (http code, body).
+fn curl(from: &str, url: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--interface", from, "-o", "-", "-w", "\n%{http_code}"])
+        .args(["--max-time", "10", url])
+        .output()
+        .expect("curl is installed (scripts/test-packages.txt)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 fn run(stage: &str, dir: &Path, local: &Path, shim: &Path) -> String {
@@ -215,7 +163,7 @@ fn mode(p: &Path) -> u32 {
 }
 
 #[test]
-fn real_ignition_client_fetches_over_http_and_applies_files() {
+fn real_ignition_client_fetches_from_bootplane_and_applies_files() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     std::fs::create_dir_all(dir.join("root/etc/selinux")).unwrap();
@@ -236,79 +184,106 @@ fn real_ignition_client_fetches_over_http_and_applies_files() {
     )
     .unwrap();
 
-    // Render what server-a gets: template (facts) + claim secret, through the cache.
-    let big: String = (0..200)
-        .map(|i| format!("          option{i} = value{i}\n"))
-        .collect();
-    let secret = IgnitionSecret {
-        ignition: SECRET.replace("REPEAT\n", &big),
-        format: Some("fcos".into()),
-    };
-    let mut r = Renderer::new();
-    let mut files = FilesDir::new();
-    files
-        .dir("tree")
-        .file("tree/bin/hello", "#!/bin/sh\necho hello\n", true)
-        .file("tree/README", "tools\n", false);
-    r.set_files(files);
-    let t = Template::new("default.bu", TEMPLATE);
-    let trev = t.revision.clone();
-    r.add_template(t).unwrap();
-    let facts = MachineFacts {
-        name: "server-a".into(),
-        uuid: Some("38947555-7742-3448-3784-823347823834".into()),
-        hostname: Some("node-a".into()),
-        macs: vec!["52:54:00:aa:bb:cc".into()],
-        ips: vec!["127.0.0.1".into()],
-        labels: [("rack".to_string(), "r7".to_string())].into(),
-        claim_name: Some("claim-a".into()),
-        claim_namespace: Some("team".into()),
-    };
-    let cache = Arc::new(RenderCache::new());
-    let key = RenderKey {
-        server: "server-a".into(),
-        secret_revision: "42".into(),
-        template_revision: trev.clone(),
-    };
-    let rendered = cache
-        .get_or_render(&key, || r.render(Some("default.bu"), &facts, Some(&secret)))
-        .unwrap();
-    assert_eq!(rendered.version.as_str(), "3.3.0");
-    // The big file is auto-compressed; check the client decompresses it.
-    assert!(rendered.config["storage"]["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|f| f["contents"]["compression"] == "gzip"));
-
-    let srv = serve(cache.clone(), "42", trev);
-    let local = dir.join("local.ign");
+    // The operator's template directory: `machine.bu` (selected by label) with a files
+    // tree, and a `default.bu` that must NOT be used for this server.
+    let tdir = dir.join("templates");
+    std::fs::create_dir_all(tdir.join("files/tree/bin")).unwrap();
+    std::fs::write(tdir.join("machine.bu"), TEMPLATE).unwrap();
     std::fs::write(
-        &local,
-        format!(r#"{{"ignition":{{"version":"3.3.0","config":{{"replace":{{"source":"http://127.0.0.1:{}/ignition/server-a"}}}}}}}}"#, srv.port),
+        tdir.join("default.bu"),
+        "variant: fcos\nversion: 1.4.0\nstorage:\n  files:\n    - path: /etc/wrong-template\n      contents:\n        inline: x\n",
+    )
+    .unwrap();
+    std::fs::write(tdir.join("files/tree/bin/hello"), "#!/bin/sh\necho hello\n").unwrap();
+    std::fs::set_permissions(
+        tdir.join("files/tree/bin/hello"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(tdir.join("files/tree/README"), "tools\n").unwrap();
+    std::fs::set_permissions(
+        tdir.join("files/tree/README"),
+        std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
 
+    let tset = format!("boot.ignition_templates={:?}", tdir.display().to_string());
+    let b = Bootplane::start(&["--set", &tset]);
+
+    const MACHINE_IP: &str = "127.0.0.5";
+    let mut srv = server(
+        "server-a",
+        json!({"rack": "r7", "bootplane.dev/hostname": "node-a",
+               "bootplane.dev/ignition-template": "machine"}),
+        "Recycle",
+    );
+    srv["spec"]["systemUUID"] = json!("38947555-7742-3448-3784-823347823834");
+    srv["status"]["networkInterfaces"] =
+        json!([{"name": "eth0", "macAddress": "52:54:00:AA:BB:CC", "ip": MACHINE_IP}]);
+    assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
+    let big: String = (0..200)
+        .map(|i| format!("          option{i} = value{i}\n"))
+        .collect();
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "claim-a-ign", "namespace": "default"},
+        "stringData": {"format": "fcos", "ignition": SECRET.replace("REPEAT\n", &big)}});
+    assert_eq!(
+        b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret))
+            .0,
+        201
+    );
+    let mut c = claim("claim-a", None, Some("server-a"));
+    c["spec"]["ignitionSecretRef"] = json!({"name": "claim-a-ign"});
+    assert_eq!(b.call("POST", &claims("default"), Some(&c)).0, 201);
+    let sbc_path = format!("{}/claim-a", sbcs("default"));
+    b.wait_for(30, "boot configuration Ready", || {
+        (b.call("GET", &sbc_path, None).1["status"]["state"] == "Ready").then_some(())
+    });
+
+    // The machine asks for its script from its registered address.
+    let base = format!("http://127.0.0.1:{}", b.http_port);
+    let (code, script) = curl(MACHINE_IP, &format!("{base}/ipxe/script?server=server-a"));
+    assert_eq!(code, 200, "{script}");
+    let ign_url = script
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ignition.config.url="))
+        .unwrap_or_else(|| panic!("no ignition URL in:\n{script}"))
+        .to_string();
+    assert!(
+        ign_url.starts_with(&format!("{base}/ignition/server-a/")),
+        "signed per-boot URL: {ign_url}"
+    );
+    // Without the token, 127.0.0.1 is not this machine.
+    let (code, _) = curl("127.0.0.1", &format!("{base}/ignition/server-a"));
+    assert_eq!(code, 403, "unsigned ignition URL from a foreign address");
+
+    let local = dir.join("local.ign");
+    std::fs::write(
+        &local,
+        format!(r#"{{"ignition":{{"version":"3.3.0","config":{{"replace":{{"source":"{ign_url}"}}}}}}}}"#),
+    )
+    .unwrap();
     let fetch_log = run("fetch", dir, &local, &dir.join("shim"));
     assert!(
-        fetch_log.contains(&format!(
-            "GET http://127.0.0.1:{}/ignition/server-a",
-            srv.port
-        )),
+        fetch_log.contains(&format!("GET {base}/ignition/server-a/")),
         "{fetch_log}"
     );
-    assert!(srv.hits.load(Ordering::SeqCst) >= 1);
     run("files", dir, &local, &dir.join("shim"));
 
     let root = dir.join("root");
     let read =
         |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    assert!(
+        !root.join("etc/wrong-template").exists(),
+        "the label picks machine.bu, not default.bu"
+    );
     // Secret overrides the template's hostname (merge order: template, then secret).
     assert_eq!(read("etc/hostname"), "overridden-by-secret\n");
     assert_eq!(mode(&root.join("etc/hostname")), 0o644);
+    // The machine's facts, from the Server and the claim bound to it.
     assert_eq!(
         read("etc/bootplane/machine.env"),
-        "NAME=server-a\nUUID=38947555-7742-3448-3784-823347823834\nMAC=52:54:00:aa:bb:cc\nCLAIM=team/claim-a\nRACK=r7\n"
+        "NAME=server-a\nUUID=38947555-7742-3448-3784-823347823834\nMAC=52:54:00:aa:bb:cc\nCLAIM=default/claim-a\nRACK=r7\n"
     );
     assert_eq!(mode(&root.join("etc/bootplane/machine.env")), 0o600);
     assert_eq!(
@@ -338,4 +313,15 @@ fn real_ignition_client_fetches_over_http_and_applies_files() {
         Path::new("/dev/null")
     );
     assert!(read("etc/systemd/system-preset/20-ignition.preset").contains("enable app.service"));
+
+    // The fetch is recorded on the boot configuration.
+    b.wait_for(20, "IgnitionDataFetched", || {
+        let s = b.get(&sbc_path);
+        s["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "IgnitionDataFetched" && c["status"] == "True")
+            .then_some(())
+    });
 }

@@ -101,6 +101,13 @@ impl Bootplane {
                 "boot.images_dir={:?}",
                 images.display().to_string()
             ))
+            // Private (absent unless a test creates it): the repo's `ignition/` must not
+            // leak into every test's served configs. Tests pass their own `--set` after.
+            .arg("--set")
+            .arg(format!(
+                "boot.ignition_templates={:?}",
+                self.dir.join("ignition").display().to_string()
+            ))
             .args(&self.extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
