@@ -334,8 +334,16 @@ fn serve_bench(json: &bytes::Bytes, secs: u64, rounds: usize) {
     let nginx = Nginx::start(dir.path());
 
     let path = "/ignition/server-00000";
-    assert_eq!(http_get(ours, path), json.as_ref(), "bootplane serves the config");
-    assert_eq!(http_get(nginx.addr, path), json.as_ref(), "nginx serves the config");
+    assert_eq!(
+        http_get(ours, path),
+        json.as_ref(),
+        "bootplane serves the config"
+    );
+    assert_eq!(
+        http_get(nginx.addr, path),
+        json.as_ref(),
+        "nginx serves the config"
+    );
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
         a.push(wrk(&format!("http://{ours}{path}"), secs));
@@ -361,7 +369,14 @@ fn serve_bench(json: &bytes::Bytes, secs: u64, rounds: usize) {
 
 fn wrk(url: &str, secs: u64) -> f64 {
     let out = Command::new("wrk")
-        .args(["-t2", "-c64", &format!("-d{secs}s"), "--timeout", "10s", url])
+        .args([
+            "-t2",
+            "-c64",
+            &format!("-d{secs}s"),
+            "--timeout",
+            "10s",
+            url,
+        ])
         .output()
         .expect("running wrk");
     let text = String::from_utf8_lossy(&out.stdout);

@@ -72,18 +72,21 @@ pub async fn run(config: Config) -> Result<()> {
 
     // Boot side: catalog, store-backed boot index, metrics shared with /metrics.
     let catalog = crate::http::catalog::load(&ctx.config.boot.images_dir)?;
-    let templates = crate::ignition::templates::TemplateSet::load(&ctx.config.boot.ignition_templates)
-        .with_context(|| {
-            format!(
-                "loading ignition templates from {}",
-                ctx.config.boot.ignition_templates.display()
-            )
-        })?;
-    let resolver = Arc::new(crate::controller::bootside::CatalogResolver::with_templates(
-        catalog,
-        crate::http::catalog::FileHasher::new(&ctx.config.boot.images_dir),
-        templates,
-    ));
+    let templates =
+        crate::ignition::templates::TemplateSet::load(&ctx.config.boot.ignition_templates)
+            .with_context(|| {
+                format!(
+                    "loading ignition templates from {}",
+                    ctx.config.boot.ignition_templates.display()
+                )
+            })?;
+    let resolver = Arc::new(
+        crate::controller::bootside::CatalogResolver::with_templates(
+            catalog,
+            crate::http::catalog::FileHasher::new(&ctx.config.boot.images_dir),
+            templates,
+        ),
+    );
     let boot_slot = crate::http::preview::BootSlot::default();
     let http_metrics = Arc::new(crate::http::Metrics::new());
     let runner = crate::provision::from_config(&ctx.config.provision)?;

@@ -96,7 +96,15 @@ systemd:
 /// GET with curl from a given loopback source address: (http code, body).
 fn curl(from: &str, url: &str) -> (u16, String) {
     let out = Command::new("curl")
-        .args(["-sS", "--interface", from, "-o", "-", "-w", "\n%{http_code}"])
+        .args([
+            "-sS",
+            "--interface",
+            from,
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+        ])
         .args(["--max-time", "10", url])
         .output()
         .expect("curl is installed (scripts/test-packages.txt)");

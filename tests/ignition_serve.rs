@@ -21,7 +21,15 @@ use serde_json::{json, Value};
 /// GET with curl from a given loopback source address: (http code, body).
 fn curl(from: &str, url: &str) -> (u16, String) {
     let out = Command::new("curl")
-        .args(["-sS", "--interface", from, "-o", "-", "-w", "\n%{http_code}"])
+        .args([
+            "-sS",
+            "--interface",
+            from,
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+        ])
         .args(["--max-time", "10", url])
         .output()
         .expect("curl is installed (scripts/test-packages.txt)");
@@ -96,7 +104,9 @@ fn served_config_follows_secret_facts_and_template_changes_and_render_cli_shows_
         json!([{"name": "eth0", "macAddress": "52:54:00:00:06:01", "ip": IP}]);
     assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
     let ign = |motd: &str| {
-        format!(r#"{{"ignition":{{"version":"3.4.0"}},"storage":{{"files":[{{"path":"/etc/motd","contents":{{"source":"data:,{motd}"}}}}]}}}}"#)
+        format!(
+            r#"{{"ignition":{{"version":"3.4.0"}},"storage":{{"files":[{{"path":"/etc/motd","contents":{{"source":"data:,{motd}"}}}}]}}}}"#
+        )
     };
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s1-ign"},
         "stringData": {"ignition": ign("v1")}});
@@ -120,7 +130,10 @@ fn served_config_follows_secret_facts_and_template_changes_and_render_cli_shows_
         serde_json::from_str(&body).unwrap()
     };
     let cfg = served();
-    assert_eq!(cfg["ignition"]["version"], "3.4.0", "newer of template/secret");
+    assert_eq!(
+        cfg["ignition"]["version"], "3.4.0",
+        "newer of template/secret"
+    );
     assert_eq!(file(&cfg, "/etc/hostname").as_deref(), Some("s1"));
     assert_eq!(file(&cfg, "/etc/rack").as_deref(), Some("r1"));
     assert_eq!(file(&cfg, "/etc/motd").as_deref(), Some("v1"));
@@ -199,13 +212,21 @@ fn template_errors_put_the_boot_configuration_in_error() {
 
     // No `rack` label: the template's `{{ labels.rack }}` is undefined (strict mode).
     assert_eq!(
-        b.call("POST", SERVERS, Some(&server("norack", json!({}), "Recycle")))
-            .0,
+        b.call(
+            "POST",
+            SERVERS,
+            Some(&server("norack", json!({}), "Recycle"))
+        )
+        .0,
         201
     );
     assert_eq!(
-        b.call("POST", &claims("default"), Some(&claim("c-norack", None, Some("norack"))))
-            .0,
+        b.call(
+            "POST",
+            &claims("default"),
+            Some(&claim("c-norack", None, Some("norack")))
+        )
+        .0,
         201
     );
     let ready = sbc_error(&b, "c-norack");
@@ -235,8 +256,12 @@ fn template_errors_put_the_boot_configuration_in_error() {
         201
     );
     assert_eq!(
-        b.call("POST", &claims("default"), Some(&claim("c-gpu", None, Some("gpu-1"))))
-            .0,
+        b.call(
+            "POST",
+            &claims("default"),
+            Some(&claim("c-gpu", None, Some("gpu-1")))
+        )
+        .0,
         201
     );
     let ready = sbc_error(&b, "c-gpu");

@@ -17,11 +17,11 @@ use super::{set_condition, BootResolver};
 use crate::api::resource::ResourceType;
 use crate::http::catalog::{Catalog, FileHasher};
 use crate::http::index::MemoryIndex;
-use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
-use crate::ignition::{MachineFacts, RenderCache, RenderKey};
 use crate::http::{
     BootEvent, BootFiles, BootIndex, BootState, IgnitionData, MachineBoot, MachineId,
 };
+use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
+use crate::ignition::{MachineFacts, RenderCache, RenderKey};
 use crate::shutdown::Shutdown;
 use crate::store::{meta, secret_data, Part, Store, StoreError};
 
@@ -264,7 +264,12 @@ pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
             .into_iter()
             .flatten()
             .filter_map(Value::as_str);
-        for ip in nic.get("ip").and_then(Value::as_str).into_iter().chain(more) {
+        for ip in nic
+            .get("ip")
+            .and_then(Value::as_str)
+            .into_iter()
+            .chain(more)
+        {
             if let Ok(a) = ip.parse::<IpAddr>() {
                 let a = a.to_string();
                 if !f.ips.contains(&a) {
@@ -607,7 +612,8 @@ impl StoreBootIndex {
                 };
                 match ev {
                     Ok(ev) => {
-                        let is_server = ev.object.get("kind").and_then(Value::as_str) == Some("Server");
+                        let is_server =
+                            ev.object.get("kind").and_then(Value::as_str) == Some("Server");
                         for server in self.affected(&ev.object) {
                             // A Server update keeps its render when the facts it was
                             // rendered from are unchanged (checked by the cache); a
@@ -738,5 +744,42 @@ mod tests {
             Some("4c4c4544-0001-0001-0001-000000000001")
         );
         assert_eq!(valid_uuid("1234"), None);
+    }
+
+    #[test]
+    fn facts_from_server_and_boot_configuration() {
+        let sbc = serde_json::json!({"metadata": {"name": "c1", "namespace": "team"},
+            "spec": {"serverRef": {"name": "s1"}}});
+        let server = serde_json::json!({
+            "metadata": {"name": "s1", "labels": {"rack": "r1", "bootplane.dev/hostname": "node-1"}},
+            "spec": {"systemUUID": "4C4C4544-0001-0001-0001-000000000001",
+                     "serverClaimRef": {"name": "claim-x", "namespace": "ns-x"}},
+            "status": {"networkInterfaces": [
+                {"macAddress": "52:54:00:AB:CD:01", "ip": "10.0.0.5", "ips": ["10.0.0.5", "fd00::5"]},
+                {"macAddress": "bogus", "ip": "not-an-ip"}]}});
+        let f = machine_facts(Some(&server), &sbc);
+        assert_eq!(f.name, "s1");
+        assert_eq!(f.hostname.as_deref(), Some("node-1"));
+        assert_eq!(
+            f.uuid.as_deref(),
+            Some("4c4c4544-0001-0001-0001-000000000001")
+        );
+        assert_eq!(f.macs, vec!["52:54:00:ab:cd:01"]);
+        assert_eq!(f.ips, vec!["10.0.0.5", "fd00::5"]);
+        assert_eq!(f.labels["rack"], "r1");
+        assert_eq!(
+            (f.claim_namespace.as_deref(), f.claim_name.as_deref()),
+            (Some("ns-x"), Some("claim-x"))
+        );
+        // No Server object: the boot configuration's own name/namespace are the claim's.
+        let f = machine_facts(None, &sbc);
+        assert_eq!(
+            (
+                f.name.as_str(),
+                f.claim_namespace.as_deref(),
+                f.claim_name.as_deref()
+            ),
+            ("s1", Some("team"), Some("c1"))
+        );
     }
 }

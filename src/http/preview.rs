@@ -60,7 +60,9 @@ fn app(slot: &BootSlot) -> Result<&Arc<BootHttp>, ApiError> {
 }
 
 fn unknown(server: &str) -> ApiError {
-    ApiError::not_found(format!("server {server:?} is not known to the boot listener"))
+    ApiError::not_found(format!(
+        "server {server:?} is not known to the boot listener"
+    ))
 }
 
 fn ignition(slot: &BootSlot, server: &str) -> Response {

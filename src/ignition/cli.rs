@@ -25,13 +25,21 @@ pub enum RenderCmd {
 #[derive(Args, Clone)]
 pub struct ApiConn {
     /// API URL of the running bootplane.
-    #[arg(long, env = "BOOTPLANE_API_URL", default_value = "http://127.0.0.1:9090")]
+    #[arg(
+        long,
+        env = "BOOTPLANE_API_URL",
+        default_value = "http://127.0.0.1:9090"
+    )]
     pub api: String,
     /// Bearer token (default: the state dir's api-token).
     #[arg(long, env = "BOOTPLANE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// State dir to read the token from.
-    #[arg(long = "state-dir", env = "BOOTPLANE_STATE_DIR", default_value = "./var/bootplane")]
+    #[arg(
+        long = "state-dir",
+        env = "BOOTPLANE_STATE_DIR",
+        default_value = "./var/bootplane"
+    )]
     pub state_dir: PathBuf,
 }
 
@@ -82,7 +90,10 @@ fn api_get(conn: &ApiConn, path: &str) -> Result<String> {
             let p = conn.state_dir.join("api-token");
             std::fs::read_to_string(&p)
                 .with_context(|| {
-                    format!("reading API token {} (pass --token or --state-dir)", p.display())
+                    format!(
+                        "reading API token {} (pass --token or --state-dir)",
+                        p.display()
+                    )
                 })?
                 .trim()
                 .to_string()

@@ -647,5 +647,20 @@ mod tests {
         assert!(c.get("a", "1", "t").is_some());
         c.invalidate("a");
         assert!(c.is_empty());
+
+        // Keyed on the facts too: same facts hit, a changed fact re-renders.
+        let mut calls = 0;
+        let mut f = facts();
+        for change in [false, false, true, false] {
+            if change {
+                f.labels.insert("rack".into(), "r9".into());
+            }
+            c.get_or_render_for(&k, &f, || {
+                calls += 1;
+                r.render(None, &f, Some(&s))
+            })
+            .unwrap();
+        }
+        assert_eq!(calls, 2);
     }
 }

@@ -198,9 +198,12 @@ mod tests {
         );
         // The claim's label wins over the server's.
         assert_eq!(
-            pick(&[(TEMPLATE_LABEL, "default.bu")], &[(TEMPLATE_LABEL, "worker")])
-                .unwrap()
-                .as_deref(),
+            pick(
+                &[(TEMPLATE_LABEL, "default.bu")],
+                &[(TEMPLATE_LABEL, "worker")]
+            )
+            .unwrap()
+            .as_deref(),
             Some("default.bu")
         );
         assert_eq!(pick(&[(TEMPLATE_LABEL, "none")], &[]).unwrap(), None);
