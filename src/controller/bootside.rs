@@ -367,7 +367,14 @@ pub struct StoreBootIndex {
     store: Store,
     resolver: Arc<CatalogResolver>,
     base_url: String,
-    progress: mpsc::Sender<(String, BootEvent, IpAddr)>,
+    progress: mpsc::Sender<(String, BootEvent)>,
+    /// Progress events waiting for the writer, with the latest client address: a
+    /// machine that fetches the same thing again while its first event is still queued
+    /// costs no extra status write (boot storms retry a lot).
+    queued: std::sync::Mutex<HashMap<(String, BootEvent), IpAddr>>,
+    /// Progress events dropped because the queue was full, and when that was last logged
+    /// (a storm must not turn into a flood of identical warnings).
+    dropped: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
     /// DHCP leases (when bootplane's DHCP server runs): a machine's leased address
     /// counts as its own for the identity check.
     leases: Option<crate::dhcp::leases::LeaseIndex>,
@@ -411,15 +418,32 @@ impl BootIndex for StoreBootIndex {
         self.mem.record_progress(server, event, client);
         // Never block the request: a full queue drops the status write (the fetch
         // itself is still logged and counted by the listener).
-        if self
-            .progress
-            .try_send((server.to_string(), event, client))
-            .is_err()
+        let key = (server.to_string(), event);
         {
-            tracing::warn!(
-                server,
-                "boot progress queue full; status condition not recorded"
-            );
+            let mut q = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = q.get_mut(&key) {
+                *c = client;
+                return;
+            }
+            q.insert(key.clone(), client);
+        }
+        if self.progress.try_send(key.clone()).is_err() {
+            self.queued
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            let mut d = self.dropped.lock().unwrap_or_else(|p| p.into_inner());
+            d.0 += 1;
+            let now = std::time::Instant::now();
+            if d.1
+                .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
+            {
+                tracing::warn!(
+                    dropped = d.0,
+                    "boot progress queue full; status conditions not recorded"
+                );
+                *d = (0, Some(now));
+            }
         }
     }
 }
@@ -441,6 +465,8 @@ impl StoreBootIndex {
             resolver,
             base_url,
             progress: tx,
+            queued: Default::default(),
+            dropped: Default::default(),
             leases,
             t_server: reg.resolve("server").expect("server"),
             t_sbc: reg.resolve("sbc").expect("sbc"),
@@ -666,14 +692,23 @@ impl StoreBootIndex {
     /// Write `IPXEScriptFetched` / `IgnitionDataFetched` onto the machine's boot configuration.
     async fn write_progress(
         self: Arc<Self>,
-        mut rx: mpsc::Receiver<(String, BootEvent, IpAddr)>,
+        mut rx: mpsc::Receiver<(String, BootEvent)>,
         mut shutdown: Shutdown,
     ) {
         loop {
-            let (server, event, client) = tokio::select! {
+            let key = tokio::select! {
                 m = rx.recv() => match m { Some(m) => m, None => return },
                 _ = shutdown.recv() => return,
             };
+            let Some(client) = self
+                .queued
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key)
+            else {
+                continue;
+            };
+            let (server, event) = key;
             if let Err(e) = self.record_condition(&server, event, client).await {
                 tracing::warn!(server, error = %e, "recording boot progress");
             }
