@@ -40,7 +40,11 @@ fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool) -> Reply
         }
         assert!(Instant::now() < deadline, "no response head");
         let n = s.read(&mut chunk).expect("reading response head");
-        assert!(n > 0, "closed before a response head: {:?}", String::from_utf8_lossy(buf));
+        assert!(
+            n > 0,
+            "closed before a response head: {:?}",
+            String::from_utf8_lossy(buf)
+        );
         buf.extend_from_slice(&chunk[..n]);
     };
     let head = String::from_utf8_lossy(&buf[..end]).to_string();
@@ -186,8 +190,10 @@ fn http10_bodies_and_garbage() {
     assert!(closed_within(&mut s, Duration::from_secs(3)));
     buf.clear();
     let mut s = connect(&srv);
-    s.write_all(b"PUT /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
-        .unwrap();
+    s.write_all(
+        b"PUT /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .unwrap();
     assert_eq!(read_reply(&mut s, &mut buf, false).status, 405);
     assert!(closed_within(&mut s, Duration::from_secs(3)));
     buf.clear();
@@ -205,7 +211,10 @@ fn http10_bodies_and_garbage() {
         buf.clear();
     }
     // Still serving.
-    assert_eq!(curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &[]).code, 200);
+    assert_eq!(
+        curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &[]).code,
+        200
+    );
 }
 
 #[test]
@@ -216,15 +225,29 @@ fn large_files_by_sendfile_with_curl_and_wget() {
     let url = format!("{}/assets/big.img", srv.base);
     let full = curl(OTHER_IP, &url, &[]);
     assert_eq!(full.code, 200);
-    assert_eq!(full.header("content-type").as_deref(), Some("application/octet-stream"));
-    assert!(full.body == data, "full body differs ({} bytes)", full.body.len());
+    assert_eq!(
+        full.header("content-type").as_deref(),
+        Some("application/octet-stream")
+    );
+    assert!(
+        full.body == data,
+        "full body differs ({} bytes)",
+        full.body.len()
+    );
     let mid = (8 << 20) - 3;
-    let r = curl(OTHER_IP, &url, &["-r", &format!("{mid}-{}", mid + 9_999_999)]);
+    let r = curl(
+        OTHER_IP,
+        &url,
+        &["-r", &format!("{mid}-{}", mid + 9_999_999)],
+    );
     assert_eq!(r.code, 206);
     assert!(r.body == data[mid..mid + 10_000_000], "range body differs");
     let r = curl(OTHER_IP, &url, &["-r", "0-0,-5"]);
     assert_eq!(r.code, 206);
-    assert!(r.header("content-type").unwrap().starts_with("multipart/byteranges"));
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("multipart/byteranges"));
     // wget (GNU, a second real client) downloads the same bytes.
     let out = srv.dir.path().join("wget.out");
     let st = Command::new("wget")

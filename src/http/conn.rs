@@ -99,8 +99,12 @@ pub async fn serve(
             Ok(Some(h)) => h,
             Ok(None) => {
                 if rbuf.len() >= limits.max_header_bytes {
-                    return fail(&stream, &mut out, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
-                        .await;
+                    return fail(
+                        &stream,
+                        &mut out,
+                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    )
+                    .await;
                 }
                 flush(&stream, &mut out, false).await?;
                 if rbuf.capacity() - rbuf.len() < 1024 {
@@ -533,7 +537,9 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(h.has_body);
-        assert!(parse_str("GET / HTTP/1.1\r\nHost: a\r\n").unwrap().is_none());
+        assert!(parse_str("GET / HTTP/1.1\r\nHost: a\r\n")
+            .unwrap()
+            .is_none());
         assert!(parse_str("").unwrap().is_none());
     }
 
@@ -561,7 +567,9 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let many: String = (0..MAX_HEADERS + 1).map(|i| format!("X-{i}: v\r\n")).collect();
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("X-{i}: v\r\n"))
+            .collect();
         assert_eq!(
             parse_str(&format!("GET / HTTP/1.1\r\n{many}\r\n")).err(),
             Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
@@ -584,7 +592,13 @@ mod tests {
         assert!(s.contains("\r\nAccept-Ranges: bytes\r\n"), "{s}");
         assert!(s.contains("\r\nContent-Length: 1234\r\n"), "{s}");
         assert!(s.contains("\r\nConnection: close\r\n"), "{s}");
-        let date = s.split("Date: ").nth(1).unwrap().split("\r\n").next().unwrap();
+        let date = s
+            .split("Date: ")
+            .nth(1)
+            .unwrap()
+            .split("\r\n")
+            .next()
+            .unwrap();
         assert!(httpdate::parse_http_date(date).is_ok(), "{date}");
         assert!(s.ends_with("\r\n\r\n"));
         assert_eq!(itoa(0, &mut [0; 20]), b"0");

@@ -523,13 +523,18 @@ impl FileBody {
 pub enum RawPart {
     Data(Bytes),
     /// Bytes `pos..end` of [`FileBody::file`].
-    File { pos: u64, end: u64 },
+    File {
+        pos: u64,
+        end: u64,
+    },
 }
 
 impl FileBody {
     /// True when file parts should go out by `sendfile(2)` ([`FileIo::Sendfile`]).
     pub fn wants_sendfile(&self) -> bool {
-        self.budget.as_ref().is_some_and(|b| b.io == FileIo::Sendfile)
+        self.budget
+            .as_ref()
+            .is_some_and(|b| b.io == FileIo::Sendfile)
     }
 
     /// The file that [`RawPart::File`] pieces refer to.

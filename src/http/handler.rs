@@ -173,9 +173,9 @@ impl BootHttp {
             "sendfile" => FileIo::Sendfile,
             "mmap" => FileIo::Mmap,
             "read" => FileIo::Read,
-            other => anyhow::bail!(
-                "unknown http.file_io {other:?} (expected sendfile, mmap or read)"
-            ),
+            other => {
+                anyhow::bail!("unknown http.file_io {other:?} (expected sendfile, mmap or read)")
+            }
         };
         let key_file = h
             .token_key_file
