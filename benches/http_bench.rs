@@ -202,10 +202,10 @@ fn child(dir: PathBuf) {
                 content_type: "application/json".into(),
             }),
         });
-        let io = if std::env::var("BOOTPLANE_HTTP_BENCH_IO").as_deref() == Ok("read") {
-            FileIo::Read
-        } else {
-            FileIo::Mmap
+        let io = match std::env::var("BOOTPLANE_HTTP_BENCH_IO").as_deref() {
+            Ok("read") => FileIo::Read,
+            Ok("mmap") => FileIo::Mmap,
+            _ => FileIo::Sendfile,
         };
         let s = Settings {
             base_url: base,

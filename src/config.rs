@@ -101,7 +101,7 @@ pub struct HttpConfig {
     pub sign_ignition_urls: bool,
     /// HMAC key file for per-boot tokens; default `<state_dir>/http-token-key` (created, 0600).
     pub token_key_file: Option<PathBuf>,
-    /// How file data reaches the socket: `mmap` (default) or `read`.
+    /// How file data reaches the socket: `sendfile` (default), `mmap` or `read`.
     pub file_io: String,
     /// Memory budget for file data in flight across all downloads: each download's chunk
     /// is this divided by the number of downloads, clamped to 8 KiB..1 MiB.
@@ -124,7 +124,7 @@ impl Default for HttpConfig {
             token_ttl_secs: 3600,
             sign_ignition_urls: true,
             token_key_file: None,
-            file_io: "mmap".into(),
+            file_io: "sendfile".into(),
             stream_budget_bytes: 8 << 20,
         }
     }

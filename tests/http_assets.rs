@@ -206,14 +206,18 @@ fn efi_without_redirect_with_type_and_length() {
 }
 
 #[test]
-fn read_mode_serves_identical_bytes() {
-    let srv = start(Limits::default(), |s| {
-        s.file_io = bootplane::http::files::FileIo::Read
-    });
-    let url = format!("{}/assets/sub/blob.bin", srv.base);
-    assert_eq!(curl(OTHER_IP, &url, &[]).body, blob(&srv));
-    assert_eq!(
-        curl(OTHER_IP, &url, &["-r", "5-9"]).body,
-        &blob(&srv)[5..10]
-    );
+fn read_and_mmap_modes_serve_identical_bytes() {
+    for io in [
+        bootplane::http::files::FileIo::Read,
+        bootplane::http::files::FileIo::Mmap,
+    ] {
+        let srv = start(Limits::default(), move |s| s.file_io = io);
+        let url = format!("{}/assets/sub/blob.bin", srv.base);
+        assert_eq!(curl(OTHER_IP, &url, &[]).body, blob(&srv), "{io:?}");
+        assert_eq!(
+            curl(OTHER_IP, &url, &["-r", "5-9"]).body,
+            &blob(&srv)[5..10],
+            "{io:?}"
+        );
+    }
 }

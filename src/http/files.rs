@@ -7,15 +7,18 @@
 //! files are all refused; the opened file's canonical path must still lie inside the
 //! canonical root (symlinks cannot escape). Directories are never listed.
 //!
-//! Body: a file range is sent as a sequence of `Bytes` chunks, each a read-only memory
-//! map of a window of the file (`Bytes::from_owner`), so the data goes from the page
-//! cache to the socket with the one copy `write` makes and no user-space buffer. The
-//! window is unmapped as soon as hyper has written it, so resident memory stays bounded
-//! by the in-flight windows: the chunk size adapts to the number of concurrent streams
-//! (a fixed memory budget divided among them, 8 KiB..1 MiB). (`read` mode uses `pread`
-//! into fresh buffers instead: one more copy, but immune to a file being truncated in
-//! place while mapped, which would raise SIGBUS. mmap is the default; replace image files
-//! by rename, never by truncating them in place.)
+//! Body: [`FileBody`] describes a response as fixed byte parts and file ranges without
+//! reading anything. The boot listener's own connection loop ([`super::conn`]) sends
+//! file ranges with `sendfile(2)` (the default, [`FileIo::Sendfile`]): the kernel moves
+//! page cache pages into the socket, no user-space copy and no mapping, and a file
+//! truncated while being sent only ends the response short. As an [`http_body::Body`]
+//! (and in the `mmap`/`read` modes) a range is produced as `Bytes` chunks: `mmap` maps a
+//! window of the file (`Bytes::from_owner`, one copy by `write`, unmapped once written),
+//! `read` uses `pread` into fresh buffers (one more copy). The chunk size adapts to the
+//! number of concurrent streams (a fixed memory budget divided among them, 8 KiB..1 MiB)
+//! so resident memory stays bounded. A file truncated in place while mapped would raise
+//! SIGBUS in `mmap` mode: replace image files by rename, never by truncating them in
+//! place.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -347,10 +350,15 @@ fn parse_range(h: &str, len: u64) -> RangeSpec {
     }
 }
 
-/// How file chunks are produced.
+/// How file data reaches the socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileIo {
+    /// `sendfile(2)` from the page cache straight into the socket (the boot listener's
+    /// connection loop); a plain [`Body`] consumer gets `pread` chunks instead.
+    Sendfile,
+    /// Memory-mapped windows handed out as `Bytes`.
     Mmap,
+    /// `pread` into fresh buffers.
     Read,
 }
 
@@ -490,7 +498,7 @@ impl FileBody {
                     let want = ((*end - *pos) as usize).min(budget.chunk());
                     let res = match budget.io {
                         FileIo::Mmap => map_window(file, *pos, want),
-                        FileIo::Read => read_window(file, *pos, want),
+                        FileIo::Read | FileIo::Sendfile => read_window(file, *pos, want),
                     };
                     return Some(res.and_then(|b| {
                         if b.is_empty() {
@@ -508,6 +516,61 @@ impl FileBody {
                 }
             }
         }
+    }
+}
+
+/// A body piece for writers that bypass [`Body`] (see [`super::conn`]).
+pub enum RawPart {
+    Data(Bytes),
+    /// Bytes `pos..end` of [`FileBody::file`].
+    File {
+        pos: u64,
+        end: u64,
+    },
+}
+
+impl FileBody {
+    /// True when file parts should go out by `sendfile(2)` ([`FileIo::Sendfile`]).
+    pub fn wants_sendfile(&self) -> bool {
+        self.budget
+            .as_ref()
+            .is_some_and(|b| b.io == FileIo::Sendfile)
+    }
+
+    /// The file that [`RawPart::File`] pieces refer to.
+    pub fn file(&self) -> Option<&Arc<File>> {
+        self.file.as_ref()
+    }
+
+    /// Take the next piece without reading file data (for a `sendfile` writer).
+    pub fn pop_part(&mut self) -> Option<RawPart> {
+        let p = match self.parts.pop_front()? {
+            Part::Data(b) => RawPart::Data(b),
+            Part::File { pos, end } => RawPart::File { pos, end },
+        };
+        Some(p)
+    }
+
+    /// Next chunk of data (file parts read or mapped per [`FileIo`]); `None` at the end.
+    pub fn next_data(&mut self) -> Option<io::Result<Bytes>> {
+        let r = self.next_chunk();
+        if let Some(Ok(b)) = &r {
+            self.sent(b.len() as u64);
+        }
+        r
+    }
+
+    /// Account `n` body bytes as written.
+    pub fn sent(&mut self, n: u64) {
+        self.remaining = self.remaining.saturating_sub(n);
+        if let Some(budget) = &self.budget {
+            budget.bytes_out.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Body bytes not yet produced.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
     }
 }
 
@@ -568,12 +631,7 @@ impl Body for FileBody {
         match this.next_chunk() {
             None => Poll::Ready(None),
             Some(Ok(b)) => {
-                this.remaining = this.remaining.saturating_sub(b.len() as u64);
-                if let Some(budget) = &this.budget {
-                    budget
-                        .bytes_out
-                        .fetch_add(b.len() as u64, Ordering::Relaxed);
-                }
+                this.sent(b.len() as u64);
                 Poll::Ready(Some(Ok(Frame::data(b))))
             }
             Some(Err(e)) => {

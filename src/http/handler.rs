@@ -15,7 +15,7 @@ use http::{Method, Request, Response, StatusCode};
 
 use super::files::{self, Conditions, FileBody, FileIo, Plan, Root, StreamBudget};
 use super::ident::{parse_mac, parse_uuid, MacFmt};
-use super::metrics::{EventLabels, RouteLabels};
+use super::metrics::RouteLabels;
 use super::token::{unix_now, Purpose, TokenSigner};
 use super::{BootEvent, BootIndex, BootState, MachineBoot, MachineId, Metrics};
 use crate::ipxe::{DefaultAction, MachineScript, Renderer};
@@ -170,9 +170,12 @@ impl BootHttp {
             ),
         };
         let file_io = match h.file_io.as_str() {
+            "sendfile" => FileIo::Sendfile,
             "mmap" => FileIo::Mmap,
             "read" => FileIo::Read,
-            other => anyhow::bail!("unknown http.file_io {other:?} (expected mmap or read)"),
+            other => {
+                anyhow::bail!("unknown http.file_io {other:?} (expected sendfile, mmap or read)")
+            }
         };
         let key_file = h
             .token_key_file
@@ -242,7 +245,7 @@ impl BootHttp {
         } else {
             route::OTHER
         };
-        let mut server: Option<String> = None;
+        let mut server: Option<Arc<MachineBoot>> = None;
         let resp = if req.method() != Method::GET && req.method() != Method::HEAD {
             let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
             r.headers_mut()
@@ -275,23 +278,26 @@ impl BootHttp {
         let elapsed = start.elapsed();
         self.metrics
             .observe(route, code, bytes, elapsed.as_secs_f64());
-        // Never log a token: it is a bearer credential for the machine's Ignition.
-        let p = req.uri().path();
-        let p = match route {
-            route::IGNITION => p.splitn(4, '/').take(3).collect::<Vec<_>>().join("/"),
-            _ => p.to_string(),
-        };
-        let shown: String = p.chars().take(200).collect();
-        tracing::info!(
-            target: "bootplane::http::access",
-            client = %client,
-            method = %req.method(),
-            path = %shown,
-            status = code,
-            bytes,
-            micros = elapsed.as_micros() as u64,
-            server = server.as_deref().unwrap_or("-"),
-        );
+        // The access line is only formatted when someone listens for it.
+        if tracing::enabled!(target: "bootplane::http::access", tracing::Level::INFO) {
+            // Never log a token: it is a bearer credential for the machine's Ignition.
+            let p = req.uri().path();
+            let p = match route {
+                route::IGNITION => p.splitn(4, '/').take(3).collect::<Vec<_>>().join("/"),
+                _ => p.to_string(),
+            };
+            let shown: String = p.chars().take(200).collect();
+            tracing::info!(
+                target: "bootplane::http::access",
+                client = %client,
+                method = %req.method(),
+                path = %shown,
+                status = code,
+                bytes,
+                micros = elapsed.as_micros() as u64,
+                server = server.as_ref().map(|m| m.server.as_str()).unwrap_or("-"),
+            );
+        }
         resp
     }
 
@@ -305,12 +311,7 @@ impl BootHttp {
     }
 
     fn record(&self, server: &str, event: BootEvent, client: IpAddr) {
-        self.metrics
-            .boot_progress
-            .get_or_create(&EventLabels {
-                event: event.condition_type(),
-            })
-            .inc();
+        self.metrics.progress(event.condition_type());
         self.index.record_progress(server, event, client);
     }
 
@@ -334,7 +335,12 @@ impl BootHttp {
         }
     }
 
-    fn machine_script(&self, query: &str, client: IpAddr, server_out: &mut Option<String>) -> Resp {
+    fn machine_script(
+        &self,
+        query: &str,
+        client: IpAddr,
+        server_out: &mut Option<Arc<MachineBoot>>,
+    ) -> Resp {
         let q = match Query::parse(query) {
             Ok(q) => q,
             Err(msg) => return bad_request(&msg),
@@ -372,7 +378,7 @@ impl BootHttp {
             tracing::info!(client = %client, who = %who, "unknown machine, serving default script");
             return self.default_script(&format!("unknown machine ({who})"));
         };
-        *server_out = Some(m.server.clone());
+        *server_out = Some(m.clone());
         if !m.ips.contains(&client) {
             let ok = q.token.as_deref().map(|t| {
                 self.signer
@@ -487,7 +493,12 @@ impl BootHttp {
         Ok(body)
     }
 
-    fn ignition(&self, rest: &str, client: IpAddr, server_out: &mut Option<String>) -> Resp {
+    fn ignition(
+        &self,
+        rest: &str,
+        client: IpAddr,
+        server_out: &mut Option<Arc<MachineBoot>>,
+    ) -> Resp {
         let (name, token) = match rest.split_once('/') {
             Some((n, t)) => (n, Some(t)),
             None => (rest, None),
@@ -498,7 +509,7 @@ impl BootHttp {
         let Some(m) = self.index.lookup(&MachineId::Server(name.to_string())) else {
             return text(StatusCode::NOT_FOUND, "not found\n");
         };
-        *server_out = Some(m.server.clone());
+        *server_out = Some(m.clone());
         if !m.ips.contains(&client) {
             match token.map(|t| {
                 self.signer
@@ -788,7 +799,7 @@ mod tests {
             assets_dir: None,
             images_dir: None,
             ipxe_fallback_dir: None,
-            file_io: FileIo::Mmap,
+            file_io: FileIo::Sendfile,
             stream_budget_bytes: 1 << 20,
             sign_ignition_urls: true,
         };

@@ -50,7 +50,20 @@ pub struct Metrics {
     pub connections_open: Gauge,
     /// Connections that ended with a protocol error or a header read timeout.
     pub connection_errors: Counter,
+    /// Handles resolved once for the hot path (a family lookup hashes and locks).
+    hot: std::sync::Arc<Hot>,
 }
+
+/// Pre-resolved series: per route the 200 counter, bytes and latency, plus the two
+/// progress counters.
+struct Hot {
+    routes: Vec<(&'static str, Counter, Counter, Histogram)>,
+    script_fetched: Counter,
+    ignition_fetched: Counter,
+}
+
+/// Routes whose series are resolved at start (those of the boot listener).
+pub const HOT_ROUTES: [&str; 5] = ["boot_ipxe", "script", "ignition", "assets", "other"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -60,16 +73,52 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        let requests: Family<RequestLabels, Counter> = Family::default();
+        let bytes: Family<RouteLabels, Counter> = Family::default();
+        let latency: LatencyFamily = Family::new_with_constructor(latency_histogram);
+        let boot_progress: Family<EventLabels, Counter> = Family::default();
+        let routes = HOT_ROUTES
+            .iter()
+            .map(|&route| {
+                (
+                    route,
+                    requests
+                        .get_or_create(&RequestLabels { route, code: 200 })
+                        .clone(),
+                    bytes.get_or_create(&RouteLabels { route }).clone(),
+                    latency.get_or_create(&RouteLabels { route }).clone(),
+                )
+            })
+            .collect();
+        let event = |event| boot_progress.get_or_create(&EventLabels { event }).clone();
+        let hot = Hot {
+            routes,
+            script_fetched: event("IPXEScriptFetched"),
+            ignition_fetched: event("IgnitionDataFetched"),
+        };
         Metrics {
-            requests: Family::default(),
-            bytes: Family::default(),
-            latency: Family::new_with_constructor(latency_histogram),
-            boot_progress: Family::default(),
+            requests,
+            bytes,
+            latency,
+            boot_progress,
             identity_refused: Family::default(),
             connections_rejected: Counter::default(),
             connections_open: Gauge::default(),
             connection_errors: Counter::default(),
+            hot: std::sync::Arc::new(hot),
         }
+    }
+
+    /// Count one boot progress event (by its condition type).
+    pub fn progress(&self, event: &'static str) {
+        match event {
+            "IPXEScriptFetched" => self.hot.script_fetched.inc(),
+            "IgnitionDataFetched" => self.hot.ignition_fetched.inc(),
+            other => self
+                .boot_progress
+                .get_or_create(&EventLabels { event: other })
+                .inc(),
+        };
     }
 
     /// Add every metric to `reg` under the `bootplane_http_` prefix.
@@ -127,6 +176,18 @@ impl Metrics {
     }
 
     pub fn observe(&self, route: &'static str, code: u16, bytes: u64, secs: f64) {
+        if let Some((_, ok, b, lat)) = self.hot.routes.iter().find(|r| r.0 == route) {
+            if code == 200 {
+                ok.inc();
+            } else {
+                self.requests
+                    .get_or_create(&RequestLabels { route, code })
+                    .inc();
+            }
+            b.inc_by(bytes);
+            lat.observe(secs);
+            return;
+        }
         self.requests
             .get_or_create(&RequestLabels { route, code })
             .inc();

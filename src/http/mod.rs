@@ -24,6 +24,7 @@
 //! encoding before anything is decoded, and the per-request cost stays minimal.
 
 pub mod catalog;
+pub mod conn;
 pub mod files;
 pub mod handler;
 pub mod ident;

@@ -1,22 +1,18 @@
-//! The thin socket loop: accept (bounded by `max_connections`), one hyper HTTP/1.1
-//! connection per socket with a header size limit (431 beyond it), a header read
-//! timeout (slow or idle clients are closed) and graceful shutdown.
+//! The thin socket loop: accept (bounded by `max_connections`), one HTTP/1.1
+//! connection ([`super::conn`]) per socket with a header size limit (431 beyond it), a
+//! header read timeout (slow or idle clients are closed) and graceful shutdown.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::BootHttp;
+use super::{conn, BootHttp};
 use crate::shutdown::Shutdown;
 
-/// hyper refuses buffer limits below this.
+/// Smallest request head limit accepted (hyper's floor, kept for the same config).
 pub const MIN_HEADER_BYTES: usize = 8192;
 
 #[derive(Debug, Clone, Copy)]
@@ -87,33 +83,22 @@ async fn connection(
     peer: SocketAddr,
     app: Arc<BootHttp>,
     limits: Limits,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
     _permit: OwnedSemaphorePermit,
 ) {
     let _ = stream.set_nodelay(true);
     let client = peer.ip().to_canonical();
     app.metrics().connections_open.inc();
-    let svc_app = app.clone();
-    let svc = service_fn(move |req| {
-        let app = svc_app.clone();
-        async move { Ok::<_, Infallible>(app.handle(req, client).await) }
-    });
-    let mut b = http1::Builder::new();
-    b.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes)
-        .keep_alive(true);
-    let conn = b.serve_connection(TokioIo::new(stream), svc);
-    tokio::pin!(conn);
+    // The loop closes idle connections on shutdown by itself; this bounds a response
+    // still being written to the drain timeout.
+    let mut reads = shutdown.child();
+    let mut drain = shutdown;
     let res = tokio::select! {
-        res = conn.as_mut() => res,
-        _ = shutdown.recv() => {
-            conn.as_mut().graceful_shutdown();
-            match tokio::time::timeout(limits.drain_timeout, conn.as_mut()).await {
-                Ok(r) => r,
-                Err(_) => Ok(()),
-            }
-        }
+        res = conn::serve(stream, client, &app, &limits, &mut reads) => res,
+        _ = async {
+            drain.recv().await;
+            tokio::time::sleep(limits.drain_timeout).await;
+        } => Ok(()),
     };
     if let Err(e) = res {
         app.metrics().connection_errors.inc();

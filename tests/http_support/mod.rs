@@ -125,7 +125,7 @@ pub fn start(limits: Limits, tweak: impl FnOnce(&mut Settings) + Send + 'static)
                 assets_dir: Some(root.join("assets")),
                 images_dir: Some(images_dir(&root)),
                 ipxe_fallback_dir: Some("/usr/lib/ipxe".into()),
-                file_io: FileIo::Mmap,
+                file_io: FileIo::Sendfile,
                 stream_budget_bytes: 8 << 20,
                 sign_ignition_urls: true,
             };

@@ -1,0 +1,299 @@
+//! The boot listener's own HTTP/1.1 connection loop on real sockets: keep-alive and
+//! pipelining on one connection, HTTP/1.0, request bodies, large files sent by
+//! `sendfile` (several calls, ranges, curl and wget as clients), and a file truncated
+//! while it is being sent (the connection ends short, the server keeps serving).
+
+mod http_support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bootplane::http::server::Limits;
+use http_support::*;
+
+/// One parsed response: status, lower-cased headers, body (by Content-Length).
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Read exactly one response from `s` (HEAD: no body). `buf` keeps bytes that belong
+/// to the next response.
+fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>, head_request: bool) -> Reply {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut chunk = [0u8; 65536];
+    let end = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+        assert!(Instant::now() < deadline, "no response head");
+        let n = s.read(&mut chunk).expect("reading response head");
+        assert!(
+            n > 0,
+            "closed before a response head: {:?}",
+            String::from_utf8_lossy(buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line in {head:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    buf.drain(..end);
+    let len: usize = if head_request || status == 304 {
+        0
+    } else {
+        headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap_or_else(|| panic!("no content-length in {head:?}"))
+    };
+    while buf.len() < len {
+        assert!(Instant::now() < deadline, "body incomplete");
+        let n = s.read(&mut chunk).expect("reading body");
+        assert!(n > 0, "closed inside a body");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = buf.drain(..len).collect();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn connect(srv: &Srv) -> TcpStream {
+    let s = TcpStream::connect(srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// True when the server closed `s` (EOF or reset) within `limit`.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut b = [0u8; 1024];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn big_file(srv: &Srv, mib: usize) -> (std::path::PathBuf, Vec<u8>) {
+    let data: Vec<u8> = (0..mib << 20)
+        .map(|i| ((i as u32).wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    let p = srv.dir.path().join("assets/big.img");
+    std::fs::write(&p, &data).unwrap();
+    (p, data)
+}
+
+#[test]
+fn keep_alive_and_pipelined_requests_on_one_connection() {
+    let srv = start(Limits::default(), |_| {});
+    srv.index.upsert(ready_machine(srv.dir.path(), &srv.base));
+    let blob = std::fs::read(srv.dir.path().join("assets/sub/blob.bin")).unwrap();
+    let mut s = connect(&srv);
+    let mut buf = Vec::new();
+    // Sequential requests on one connection.
+    for _ in 0..3 {
+        s.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let r = read_reply(&mut s, &mut buf, false);
+        assert_eq!(r.status, 200);
+        assert!(r.body.starts_with(b"#!ipxe\n"));
+        assert!(r.header("date").is_some());
+        assert!(r.header("connection").is_none());
+    }
+    // Five pipelined requests in one write, answered in order.
+    let script = format!("/ipxe/script?uuid={UUID}");
+    let batch = format!(
+        "GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n\
+         HEAD /assets/sub/blob.bin HTTP/1.1\r\nHost: x\r\n\r\n\
+         GET /assets/sub/blob.bin HTTP/1.1\r\nHost: x\r\nRange: bytes=10-19\r\n\r\n\
+         GET {script} HTTP/1.1\r\nHost: x\r\n\r\n\
+         GET /assets/sub/blob.bin HTTP/1.1\r\nHost: x\r\n\r\n"
+    );
+    s.write_all(batch.as_bytes()).unwrap();
+    let r = read_reply(&mut s, &mut buf, false);
+    assert!(r.status == 200 && r.body.starts_with(b"#!ipxe\n"));
+    let r = read_reply(&mut s, &mut buf, true);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-length"), Some("3000000"));
+    let r = read_reply(&mut s, &mut buf, false);
+    assert_eq!(r.status, 206);
+    assert_eq!(r.body, &blob[10..20]);
+    assert_eq!(r.header("content-range"), Some("bytes 10-19/3000000"));
+    let r = read_reply(&mut s, &mut buf, false);
+    // 127.0.0.1 is not the machine's address and there is no token.
+    assert_eq!(r.status, 403);
+    let r = read_reply(&mut s, &mut buf, false);
+    assert_eq!(r.status, 200);
+    assert!(r.body == blob, "pipelined full body differs");
+    assert!(buf.is_empty());
+    // Connection: close is honoured.
+    s.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let r = read_reply(&mut s, &mut buf, false);
+    assert_eq!((r.status, r.header("connection")), (200, Some("close")));
+    assert!(closed_within(&mut s, Duration::from_secs(3)));
+}
+
+#[test]
+fn http10_bodies_and_garbage() {
+    let srv = start(Limits::default(), |_| {});
+    // HTTP/1.0 closes unless keep-alive is asked for.
+    let mut s = connect(&srv);
+    let mut buf = Vec::new();
+    s.write_all(b"GET /boot.ipxe HTTP/1.0\r\n\r\n").unwrap();
+    assert_eq!(read_reply(&mut s, &mut buf, false).status, 200);
+    assert!(closed_within(&mut s, Duration::from_secs(3)));
+    let mut s = connect(&srv);
+    s.write_all(b"GET /boot.ipxe HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut s, &mut buf, false).status, 200);
+    s.write_all(b"GET /boot.ipxe HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut s, &mut buf, false).status, 200);
+    // A request with a body is answered, then the connection closes: the body is never
+    // read as the next request.
+    let mut s = connect(&srv);
+    s.write_all(
+        b"POST /boot.ipxe HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\nGET /assets/sub/blob.bin HTTP/1.1\r\n\r\n\r\n",
+    )
+    .unwrap();
+    let r = read_reply(&mut s, &mut buf, false);
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET, HEAD")));
+    assert!(closed_within(&mut s, Duration::from_secs(3)));
+    buf.clear();
+    let mut s = connect(&srv);
+    s.write_all(
+        b"PUT /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(read_reply(&mut s, &mut buf, false).status, 405);
+    assert!(closed_within(&mut s, Duration::from_secs(3)));
+    buf.clear();
+    // Garbage and conflicting lengths: 400, closed.
+    for bad in [
+        &b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 tls hello\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost x\r\n\r\n",
+    ] {
+        let mut s = connect(&srv);
+        s.write_all(bad).unwrap();
+        let r = read_reply(&mut s, &mut buf, false);
+        assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(bad));
+        assert!(closed_within(&mut s, Duration::from_secs(3)));
+        buf.clear();
+    }
+    // Still serving.
+    assert_eq!(
+        curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &[]).code,
+        200
+    );
+}
+
+#[test]
+fn large_files_by_sendfile_with_curl_and_wget() {
+    let srv = start(Limits::default(), |_| {});
+    // Larger than one sendfile call (8 MiB) and not a multiple of it.
+    let (_, data) = big_file(&srv, 19);
+    let url = format!("{}/assets/big.img", srv.base);
+    let full = curl(OTHER_IP, &url, &[]);
+    assert_eq!(full.code, 200);
+    assert_eq!(
+        full.header("content-type").as_deref(),
+        Some("application/octet-stream")
+    );
+    assert!(
+        full.body == data,
+        "full body differs ({} bytes)",
+        full.body.len()
+    );
+    let mid = (8 << 20) - 3;
+    let r = curl(
+        OTHER_IP,
+        &url,
+        &["-r", &format!("{mid}-{}", mid + 9_999_999)],
+    );
+    assert_eq!(r.code, 206);
+    assert!(r.body == data[mid..mid + 10_000_000], "range body differs");
+    let r = curl(OTHER_IP, &url, &["-r", "0-0,-5"]);
+    assert_eq!(r.code, 206);
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("multipart/byteranges"));
+    // wget (GNU, a second real client) downloads the same bytes.
+    let out = srv.dir.path().join("wget.out");
+    let st = Command::new("wget")
+        .args(["-q", "--tries=1", "--timeout=20", "-O"])
+        .arg(&out)
+        .arg(&url)
+        .status()
+        .expect("running wget (apt-get install wget)");
+    assert!(st.success());
+    assert!(std::fs::read(&out).unwrap() == data, "wget body differs");
+}
+
+#[test]
+fn file_truncated_while_sent_ends_the_response_short() {
+    let srv = start(Limits::default(), |_| {});
+    let (path, _) = big_file(&srv, 64);
+    let mut s = connect(&srv);
+    // A small receive window keeps most of the file on the server's side of the socket.
+    nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBuf, &65536usize).unwrap();
+    s.write_all(b"GET /assets/big.img HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 4096];
+    let n = s.read(&mut first).unwrap();
+    let head = String::from_utf8_lossy(&first[..n]).to_string();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(head.contains("Content-Length: 67108864\r\n"), "{head}");
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let mut got = n;
+    let mut b = vec![0u8; 1 << 16];
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("connection neither finished nor closed: {e}"),
+        }
+    }
+    assert!(got < 64 << 20, "got {got} bytes of a truncated file");
+    // The server is fine and serves the now short file.
+    let r = curl(OTHER_IP, &format!("{}/assets/big.img", srv.base), &[]);
+    assert_eq!((r.code, r.body.len()), (200, 1 << 20));
+}
