@@ -59,8 +59,13 @@ pub struct QemuConfig {
     pub cpus: u32,
     /// `-accel` value (`tcg`; firmware hangs under KVM on some hosts).
     pub accel: String,
-    /// NIC model (`e1000` has a BIOS iPXE ROM in Debian's ipxe-qemu and an OVMF driver).
+    /// NIC model for `bios` (`e1000`: Debian's ipxe-qemu has its iPXE ROM, and the
+    /// Linux driver is one module).
     pub nic_model: String,
+    /// NIC model for `uefi`/`uefi-http`. The option ROM is removed there so that OVMF's
+    /// own network stack boots, so OVMF must drive the NIC itself: `virtio-net-pci`
+    /// (OVMF has no e1000 driver; with `e1000` and no ROM it finds no network device).
+    pub uefi_nic_model: String,
     /// OVMF code and variable-store templates (the store is copied per VM).
     pub ovmf_code: PathBuf,
     pub ovmf_vars: PathBuf,
@@ -82,6 +87,7 @@ impl Default for QemuConfig {
             cpus: 1,
             accel: "tcg".into(),
             nic_model: "e1000".into(),
+            uefi_nic_model: "virtio-net-pci".into(),
             ovmf_code: PathBuf::from("/usr/share/OVMF/OVMF_CODE_4M.fd"),
             ovmf_vars: PathBuf::from("/usr/share/OVMF/OVMF_VARS_4M.fd"),
             stop_grace_ms: 5_000,
@@ -205,7 +211,12 @@ pub fn qemu_args(cfg: &QemuConfig, vm: &VmSpec) -> Vec<String> {
         "-netdev".into(),
         format!("tap,id=n0,ifname={},script=no,downscript=no", vm.tap),
     ];
-    let mut nic = format!("{},netdev=n0,mac={}", cfg.nic_model, vm.mac);
+    let model = match vm.firmware {
+        Firmware::Bios => &cfg.nic_model,
+        Firmware::Uefi | Firmware::UefiHttp => &cfg.uefi_nic_model,
+    };
+    // bootindex: OVMF orders its boot options by it (SeaBIOS takes `-boot order=n`).
+    let mut nic = format!("{model},netdev=n0,mac={},bootindex=1", vm.mac);
     match vm.firmware {
         Firmware::Bios => {
             // SeaBIOS and the iPXE ROM print to the screen only; mirror it to COM1.
@@ -554,7 +565,10 @@ mod tests {
         assert!(a.contains("-accel tcg"), "{a}");
         assert!(a.contains("-serial file:/st/qemu/node-1/serial.log"), "{a}");
         assert!(a.contains("name=etc/sercon-port,file=/st/qemu/node-1/sercon-port"));
-        assert!(a.contains("e1000,netdev=n0,mac=52:54:00:ab:cd:01"), "{a}");
+        assert!(
+            a.contains("e1000,netdev=n0,mac=52:54:00:ab:cd:01,bootindex=1"),
+            "{a}"
+        );
         assert!(!a.contains("romfile=") && !a.contains("pflash"), "{a}");
         let v = vm_spec(&cfg, Path::new("/st"), &server(Some("uefi"))).unwrap();
         let a = qemu_args(&cfg, &v).join(" ");
@@ -562,6 +576,7 @@ mod tests {
             a.contains("romfile=") && a.contains("OVMF_CODE_4M.fd"),
             "{a}"
         );
+        assert!(a.contains("virtio-net-pci,netdev=n0"), "{a}");
         assert!(!a.contains("PXESupport"), "{a}");
         let v = vm_spec(&cfg, Path::new("/st"), &server(Some("uefi-http"))).unwrap();
         let a = qemu_args(&cfg, &v).join(" ");
