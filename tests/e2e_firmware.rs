@@ -170,25 +170,39 @@ stop_grace_ms = 1000
         serde_json::from_slice(&out.stdout).ok()
     }
 
+    /// The VM's serial console as text (ANSI escape sequences removed).
     fn serial(&self, server: &str) -> String {
         let raw = std::fs::read(self.path(&format!("state/qemu/{server}/serial.log")))
             .unwrap_or_default();
-        String::from_utf8_lossy(&raw).into_owned()
+        strip_ansi(&String::from_utf8_lossy(&raw))
     }
 
-    /// Is a qemu process running in the namespace?
-    fn qemu_running(&self) -> bool {
+    /// How many qemu processes run in the namespace.
+    fn qemu_count(&self) -> usize {
         let out = Command::new("ip")
             .args(["netns", "pids", &self.ns.name])
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout)
             .split_whitespace()
-            .any(|pid| {
+            .filter(|pid| {
                 std::fs::read_to_string(format!("/proc/{pid}/comm"))
                     .map(|c| c.starts_with("qemu"))
                     .unwrap_or(false)
             })
+            .count()
+    }
+
+    fn qemu_running(&self) -> bool {
+        self.qemu_count() > 0
+    }
+
+    /// Keep the console and bootplane's log under target/ for reading after the run.
+    fn keep_logs(&self, server: &str) {
+        let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-firmware/logs");
+        let _ = std::fs::create_dir_all(&d);
+        let _ = std::fs::write(d.join(format!("{server}.serial.log")), self.serial(server));
+        let _ = std::fs::write(d.join(format!("{server}.bootplane.log")), self.log());
     }
 }
 
@@ -326,7 +340,9 @@ fn run(lab: &QemuLab, s: &Scenario) {
             )
         },
     );
-    assert!(lab.qemu_running(), "no qemu process after power On");
+    // One VM, however often the controller reconciles the powered-on server.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(lab.qemu_count(), 1, "qemu processes after power On");
 
     // The firmware boots through bootplane; read its console.
     let t0 = Instant::now();
@@ -355,6 +371,8 @@ fn run(lab: &QemuLab, s: &Scenario) {
         s.server,
         t0.elapsed()
     );
+    lab.keep_logs(s.server);
+    assert_eq!(lab.qemu_count(), 1, "qemu processes while booting");
     let _ = last;
 
     // Progress recorded on the boot configuration.
@@ -428,7 +446,8 @@ fn bios_tftp_undionly_chain() {
         iseq ${net0/chip} undionly && goto script ||\n\
         chain tftp://${next-server}/undionly.kpxe || goto failed\n\
         :script\n\
-        chain --autofree --replace {{ base_url }}/ipxe/script?uuid=${uuid:uristring}&mac=${net0/mac:hexhyp} || goto failed\n\
+        echo bootplane: identifying ${net0/mac:hexhyp} (${uuid})\n\
+        chain --autofree --replace {{ base_url }}/ipxe/script?uuid=${uuid}&mac=${net0/mac:hexhyp} || goto failed\n\
         :failed\n\
         echo bootplane: could not fetch this machine's script\n\
         exit 1\n";
@@ -441,11 +460,19 @@ fn bios_tftp_undionly_chain() {
             mac_last: 2,
             firmware: "bios",
             serial: &[
-                "iPXE",
-                "undionly.kpxe",
-                "iPXE",
-                "driver undionly",
+                "using 82540em",
+                "Filename: http://10.199.61.1:8080/boot.ipxe",
+                "bootplane-e2e: driver 82540em",
+                "tftp://10.199.61.1/undionly.kpxe",
+                "PXE->EB",
+                "using undionly",
+                "bootplane-e2e: driver undionly",
+                "bootplane: identifying 52-54-00-e2-3d-02 (",
+                "-00e2-000000000002)",
+                "http://10.199.61.1:8080/ipxe/script... ok",
                 "bootplane: booting bios-tftp",
+                "/assets/images/os/kernel... ok",
+                "/assets/images/os/initrd... ok",
                 "bootplane-e2e: kernel image running",
             ],
             boot_limit: Duration::from_secs(120),
@@ -469,9 +496,19 @@ fn uefi_pxe_ipxe_efi_over_tftp() {
             mac_last: 3,
             firmware: "uefi",
             serial: &[
-                "PXE",
+                ">>Start PXE over IPv4",
+                "Station IP address is 10.199.62.1",
+                "NBP filename is ipxe.efi",
+                "NBP file downloaded successfully",
                 "iPXE",
+                "using SNP",
+                "Filename: http://10.199.62.1:8080/boot.ipxe",
+                "bootplane: identifying 52-54-00-e2-3e-03 (",
+                "-00e2-000000000003)",
+                "http://10.199.62.1:8080/ipxe/script... ok",
                 "bootplane: booting uefi-pxe",
+                "/assets/images/os/kernel... ok",
+                "/assets/images/os/initrd... ok",
                 "bootplane-e2e: kernel image running",
             ],
             boot_limit: Duration::from_secs(180),
@@ -495,9 +532,17 @@ fn uefi_http_boot_ipxe_efi_over_http() {
             mac_last: 4,
             firmware: "uefi-http",
             serial: &[
-                "HTTP",
+                ">>Start HTTP Boot over IPv4",
+                "URI: http://10.199.63.1:8080/assets/ipxe.efi",
                 "iPXE",
+                "using SNP",
+                "Filename: http://10.199.63.1:8080/boot.ipxe",
+                "bootplane: identifying 52-54-00-e2-3f-04 (",
+                "-00e2-000000000004)",
+                "http://10.199.63.1:8080/ipxe/script... ok",
                 "bootplane: booting uefi-http",
+                "/assets/images/os/kernel... ok",
+                "/assets/images/os/initrd... ok",
                 "bootplane-e2e: kernel image running",
             ],
             boot_limit: Duration::from_secs(180),
@@ -760,7 +805,10 @@ fn bios_ipxe_rom_boots_linux_and_fetches_ignition() {
             mac_last: 1,
             firmware: "bios",
             serial: &[
-                "iPXE",
+                "using 82540em",
+                "Filename: http://10.199.60.1:8080/boot.ipxe",
+                "bootplane: identifying 52-54-00-e2-3c-01 (",
+                "-00e2-000000000001)",
                 "bootplane: booting bios-linux",
                 "/assets/images/os/kernel",
                 "/assets/images/os/initrd",
@@ -776,7 +824,66 @@ fn bios_ipxe_rom_boots_linux_and_fetches_ignition() {
     );
 }
 
+/// Remove ANSI escape sequences (`ESC [ ... letter`, `ESC ( X`) and carriage returns.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        match c {
+            '\u{1b}' => match it.next() {
+                Some('[') => {
+                    for d in it.by_ref() {
+                        if d.is_ascii_alphabetic() {
+                            break;
+                        }
+                    }
+                }
+                Some(_) => {
+                    it.next();
+                }
+                None => {}
+            },
+            '\r' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[test]
+fn vms_die_with_bootplane() {
+    require_all();
+    let mut lab = QemuLab::new(64);
+    let images = lab.path("images");
+    tiny_image(&images);
+    let t = templates(lab.dir.path(), None);
+    lab.start(&images, &t);
+    let yaml = "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\n\
+        metadata: {name: orphan}\nspec: {systemUUID: 4c4c4544-00e2-00e2-00e2-000000000005}\n\
+        status: {state: Available, powerState: \"Off\", networkInterfaces: [{name: eth0, macAddress: \"52:54:00:e2:40:05\"}]}\n---\n\
+        apiVersion: metal.ironcore.dev/v1alpha1\nkind: ServerClaim\nmetadata: {name: orphan-claim, namespace: default}\n\
+        spec: {power: \"On\", image: \"os-image:latest\", serverRef: {name: orphan}}\n";
+    let out = lab.cli(&["apply", "-f", "-"], Some(yaml));
+    assert!(
+        out.status.success(),
+        "apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(
+        Duration::from_secs(30),
+        || lab.qemu_count() == 1,
+        || format!("no VM started: {}", lab.log()),
+    );
+    // SIGKILL: no shutdown code runs; the kernel's parent-death signal stops the VM.
+    lab.bp.as_mut().unwrap().kill9();
+    wait_for(
+        Duration::from_secs(10),
+        || !lab.qemu_running(),
+        || "qemu outlived bootplane".into(),
+    );
 }

@@ -136,6 +136,8 @@ impl Firmware {
 pub struct VmSpec {
     pub server: String,
     pub mac: String,
+    /// `spec.systemUUID`, given to the VM as its SMBIOS UUID (iPXE's `${uuid}`).
+    pub uuid: Option<String>,
     pub firmware: Firmware,
     pub tap: String,
     pub dir: PathBuf,
@@ -173,6 +175,11 @@ pub fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmS
         })
         .unwrap_or(&cfg.firmware);
     let firmware = Firmware::parse(fw).with_context(|| format!("server {name}"))?;
+    let uuid = server
+        .pointer("/spec/systemUUID")
+        .and_then(Value::as_str)
+        .filter(|u| uuid::Uuid::parse_str(u).is_ok())
+        .map(str::to_ascii_lowercase);
     let h = name.bytes().fold(0x811c9dc5u32, |h, b| {
         (h ^ b as u32).wrapping_mul(0x01000193)
     });
@@ -181,6 +188,7 @@ pub fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmS
         dir: state_dir.join("qemu").join(&name),
         server: name,
         mac,
+        uuid,
         firmware,
     })
 }
@@ -217,6 +225,10 @@ pub fn qemu_args(cfg: &QemuConfig, vm: &VmSpec) -> Vec<String> {
     };
     // bootindex: OVMF orders its boot options by it (SeaBIOS takes `-boot order=n`).
     let mut nic = format!("{model},netdev=n0,mac={},bootindex=1", vm.mac);
+    if let Some(u) = &vm.uuid {
+        a.push("-uuid".into());
+        a.push(u.clone());
+    }
     match vm.firmware {
         Firmware::Bios => {
             // SeaBIOS and the iPXE ROM print to the screen only; mirror it to COM1.
@@ -515,6 +527,7 @@ mod tests {
     fn server(ann: Option<&str>) -> Value {
         let mut s = json!({
             "metadata": {"name": "node-1"},
+            "spec": {"systemUUID": "4C4C4544-0042-0042-0042-000000000042"},
             "status": {"networkInterfaces": [{"name": "eth0", "macAddress": "52:54:00:AB:cd:01"}]},
         });
         if let Some(f) = ann {
@@ -528,6 +541,10 @@ mod tests {
         let cfg = QemuConfig::default();
         let v = vm_spec(&cfg, Path::new("/st"), &server(None)).unwrap();
         assert_eq!(v.mac, "52:54:00:ab:cd:01");
+        assert_eq!(
+            v.uuid.as_deref(),
+            Some("4c4c4544-0042-0042-0042-000000000042")
+        );
         assert_eq!(v.firmware, Firmware::Bios);
         assert!(v.tap.starts_with("bpq") && v.tap.len() == 11, "{}", v.tap);
         assert_eq!(v.dir, Path::new("/st/qemu/node-1"));
@@ -563,6 +580,10 @@ mod tests {
         let v = vm_spec(&cfg, Path::new("/st"), &server(None)).unwrap();
         let a = qemu_args(&cfg, &v).join(" ");
         assert!(a.contains("-accel tcg"), "{a}");
+        assert!(
+            a.contains("-uuid 4c4c4544-0042-0042-0042-000000000042"),
+            "{a}"
+        );
         assert!(a.contains("-serial file:/st/qemu/node-1/serial.log"), "{a}");
         assert!(a.contains("name=etc/sercon-port,file=/st/qemu/node-1/sercon-port"));
         assert!(
