@@ -28,6 +28,8 @@ pub struct Config {
     pub nfs: crate::nfs::NfsConfig,
     /// Provisioning job runner (`[provision]`, see `crate::provision`).
     pub provision: crate::provision::ProvisionConfig,
+    /// Power driver settings (`[power.qemu]`, see `crate::power`).
+    pub power: crate::power::PowerConfig,
 }
 
 impl Default for Config {
@@ -43,6 +45,7 @@ impl Default for Config {
             log: LogConfig::default(),
             nfs: crate::nfs::NfsConfig::default(),
             provision: crate::provision::ProvisionConfig::default(),
+            power: crate::power::PowerConfig::default(),
         }
     }
 }
@@ -216,7 +219,8 @@ pub struct ControllerConfig {
     /// Concurrent reconciles per controller (cheap async tasks; more of them means
     /// bigger group commits).
     pub workers: usize,
-    /// Power driver for servers: `manual` or `test` (accepts every request at once).
+    /// Power driver for servers: `manual`, `test` (accepts every request at once) or
+    /// `qemu` (a VM per server, see `[power.qemu]`).
     pub power_driver: String,
 }
 
@@ -407,6 +411,9 @@ impl Config {
         }
         self.nfs.validate()?;
         self.provision.validate()?;
+        if self.controller.power_driver == "qemu" {
+            self.power.qemu.validate()?;
+        }
         match self.log.format.as_str() {
             "text" | "json" => {}
             other => bail!("unknown log.format {other:?} (expected text or json)"),

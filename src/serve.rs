@@ -120,7 +120,7 @@ pub async fn run(config: Config) -> Result<()> {
     }
 
     if ctx.config.controller.enabled {
-        let power = crate::power::from_name(&ctx.config.controller.power_driver)?;
+        let power = crate::power::from_config(&ctx.config)?;
         let ctrl = crate::controller::Controllers::new(store.clone(), power, resolver.clone());
         let (s, workers) = (coord.handle(), ctx.config.controller.workers);
         tasks.spawn(async move {

@@ -80,7 +80,7 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
         .to_string();
     // iPXE's substitutions (`:uristring` percent-encodes; these values need none).
     let url = next
-        .replace("${uuid:uristring}", "4C4C4544-0042-0042-0042-000000000042")
+        .replace("${uuid}", "4C4C4544-0042-0042-0042-000000000042")
         .replace("${net0/mac:hexhyp}", "52-54-00-42-00-01")
         .replace("${buildarch:uristring}", "x86_64")
         .replace("${platform:uristring}", "pcbios");

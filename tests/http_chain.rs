@@ -13,7 +13,7 @@ fn expand(line: &str, uuid: &str) -> String {
     let enc = |s: &str| {
         percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
     };
-    line.replace("${uuid:uristring}", &enc(uuid))
+    line.replace("${uuid}", &enc(uuid))
         .replace("${net0/mac:hexhyp}", "52-54-00-ab-cd-ef")
         .replace("${buildarch:uristring}", &enc("x86_64"))
         .replace("${platform:uristring}", &enc("pcbios"))

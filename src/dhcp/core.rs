@@ -8,8 +8,9 @@
 //! - iPXE gets the HTTP URL of `/boot.ipxe` (breaks the chainload loop); others get
 //!   the file mapped from their architecture (option 93): TFTP name with siaddr,
 //!   `file`, options 66/67; HTTP Boot a URL with option 60 `HTTPClient`;
-//! - PXE replies carry option 60 `PXEClient`, echo option 97, and BIOS proxy replies
-//!   carry option 43 with PXE discovery control = 8 (boot from this reply);
+//! - PXE replies carry option 60 `PXEClient`, echo option 97, and option 43 with PXE
+//!   discovery control = 8 (boot from this reply) in authoritative replies to PXE
+//!   firmware and in BIOS proxy replies (UEFI asks on port 4011 in proxy mode);
 //! - authoritative replies to iPXE carry 175.176 = 1 so iPXE skips waiting for proxyDHCP;
 //! - proxy mode answers boot clients only, with `yiaddr = 0`: DISCOVER on port 67 gets
 //!   a proxy OFFER, REQUEST/INFORM on port 4011 (UEFI PXE, iPXE) a proxy ACK unicast back.
@@ -560,8 +561,13 @@ impl Server {
         {
             o.insert(DhcpOption::ClientMachineIdentifier(id.clone()));
         }
-        if proxy && client.pxe && !client.ipxe && client.arch.unwrap_or(0) == 0 {
-            // PXE_DISCOVERY_CONTROL (6) = 8: boot from the file in this reply, no discovery.
+        // PXE_DISCOVERY_CONTROL (6) = 8: boot from the file in this reply, no discovery.
+        // Proxy: BIOS only (UEFI asks on port 4011). Authoritative: every PXE firmware,
+        // because EDK2 (OVMF) takes a `PXEClient` offer without option 43 for a BINL
+        // offer and asks port 4011, which an authoritative server does not open: the
+        // boot then fails with "PXE-E16: No valid offer received" (seen with OVMF).
+        let pxe_firmware = client.pxe && !client.ipxe;
+        if pxe_firmware && (!proxy || client.arch.unwrap_or(0) == 0) {
             o.insert(DhcpOption::VendorExtensions(vec![6, 1, 8, 255]));
         }
         if !proxy && client.ipxe {

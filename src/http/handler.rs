@@ -926,7 +926,7 @@ mod tests {
         let (s, body) = get(&a, "/boot.ipxe", "127.0.0.2").await;
         assert_eq!(s, StatusCode::OK);
         assert!(
-            body.contains("http://10.0.0.1:8080/ipxe/script?uuid=${uuid:uristring}"),
+            body.contains("http://10.0.0.1:8080/ipxe/script?uuid=${uuid}&"),
             "{body}"
         );
         let (s, _) = get(&a, "/nothing", "127.0.0.2").await;

@@ -221,7 +221,7 @@ mod tests {
         assert!(s.starts_with("#!ipxe\n"), "{s}");
         let chain = s.lines().find(|l| l.starts_with("chain ")).unwrap();
         for v in [
-            "uuid=${uuid:uristring}",
+            "uuid=${uuid}&",
             "mac=${net0/mac:hexhyp}",
             "buildarch=${buildarch:uristring}",
             "platform=${platform:uristring}",

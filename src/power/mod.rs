@@ -1,9 +1,13 @@
 //! Power drivers behind one trait. `manual` asks a person (it logs the wanted state
 //! and waits for `status.powerState` to be confirmed through the API); `test`
-//! confirms every request at once. QEMU (a virtual BMC for tests and demos) and
-//! Redfish come later, behind the same trait.
+//! confirms every request at once; `qemu` ([`qemu`]) starts and stops a QEMU VM per
+//! Server (a virtual BMC for tests and demos). Redfish comes later, behind the same trait.
+
+pub mod qemu;
 
 use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use serde_json::Value;
 
@@ -75,7 +79,23 @@ impl PowerDriver for Instant {
     }
 }
 
-/// The driver named in the config.
+/// `[power]`: settings of the drivers that need any (the driver itself is chosen by
+/// `controller.power_driver`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PowerConfig {
+    pub qemu: qemu::QemuConfig,
+}
+
+/// The driver chosen by `controller.power_driver`, built from its `[power.*]` section.
+pub fn from_config(c: &crate::config::Config) -> anyhow::Result<Arc<dyn PowerDriver>> {
+    match c.controller.power_driver.as_str() {
+        "qemu" => Ok(qemu::Qemu::new(c.power.qemu.clone(), &c.state_dir)?),
+        other => from_name(other),
+    }
+}
+
+/// The driver named in the config (drivers without settings).
 pub fn from_name(name: &str) -> anyhow::Result<Arc<dyn PowerDriver>> {
     match name {
         "manual" => Ok(Arc::new(Manual)),

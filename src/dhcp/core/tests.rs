@@ -606,9 +606,10 @@ fn authoritative_firmware_gets_address_and_boot_file() {
     assert_eq!(r.msg.yiaddr(), Ipv4Addr::new(10, 0, 0, 100));
     assert_eq!(fname(&r.msg), "undionly.kpxe");
     assert_eq!(r.msg.siaddr(), SERVER);
-    assert!(
-        opt(&r.msg, OptionCode::VendorExtensions).is_none(),
-        "43 only in proxy replies"
+    assert_eq!(
+        bytes_opt(&r.msg, OptionCode::VendorExtensions).unwrap(),
+        vec![6, 1, 8, 255],
+        "discovery control 8: boot from this offer"
     );
     assert!(opt(&r.msg, OptionCode::AddressLeaseTime).is_some());
 
@@ -619,6 +620,11 @@ fn authoritative_firmware_gets_address_and_boot_file() {
     assert_eq!(
         bytes_opt(&r.msg, OptionCode::ClassIdentifier).unwrap(),
         b"PXEClient"
+    );
+    // Without 43, EDK2 takes this for a BINL offer and asks port 4011 (not open here).
+    assert_eq!(
+        bytes_opt(&r.msg, OptionCode::VendorExtensions).unwrap(),
+        vec![6, 1, 8, 255]
     );
     let mut req = ovmf_http(MessageType::Discover);
     req.set_chaddr(&[5; 6]);
