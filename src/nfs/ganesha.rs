@@ -307,6 +307,16 @@ impl Ganesha {
             .split('\0')
             .any(|a| a == conf)
         {
+            // ganesha itself is gone (it dies with bootplane), but the rpcbind it started
+            // stays in its process group with stale registrations: a new rpcbind could
+            // not bind, and clients would be sent to ports nobody listens on.
+            for p in group_members(pid, "rpcbind") {
+                tracing::warn!(pid = p, "killing rpcbind left over from an earlier run");
+                // SAFETY: kill(2) on a process verified to be an rpcbind in our old group.
+                unsafe {
+                    libc::kill(p, libc::SIGKILL);
+                }
+            }
             return;
         }
         tracing::warn!(pid, "killing nfs-ganesha left over from an earlier run");
@@ -475,6 +485,27 @@ fn kill_group(pid: Option<u32>, sig: i32) {
             libc::kill(-(pid as i32), sig);
         }
     }
+}
+
+/// Processes in process group `pgid` whose command name is `comm`.
+fn group_members(pgid: i32, comm: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                return false;
+            };
+            // pid (comm) state ppid pgrp ...
+            let Some((head, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let name = head.split_once('(').map(|(_, n)| n).unwrap_or("");
+            let pgrp = rest.split_whitespace().nth(2).and_then(|x| x.parse::<i32>().ok());
+            name == comm && pgrp == Some(pgid)
+        })
+        .collect()
 }
 
 /// Running (not a zombie).
