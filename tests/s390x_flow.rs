@@ -8,8 +8,6 @@ mod s390x_common;
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use s390x_common::{image_bytes, is_live, state, Flow, Options};
 
 /// Apply Image + BareMetalSpec → BareMetalServer → rule for the job's address → the
@@ -294,14 +292,20 @@ fn restart_mid_flow_completes_without_duplicate_jobs() {
 #[test]
 fn killed_job_is_retried_and_nfs_outage_is_reported() {
     let f = Flow::start(Options {
-        max_rate: Some(1_500_000),
+        max_rate: Some(8_000_000),
         max_retries: 1,
         retry_exit_codes: vec![10],
     });
-    let img = image_bytes(5 << 20, 4);
+    let img = image_bytes(16 << 20, 4);
     let sha = f.write_image("k", "k.img", &img);
     f.apply(&Flow::image_yaml("k", "k/k.img", &sha, "Retain"));
+    // Larger than what the provisioner reads ahead of its (rate-limited) writes, so
+    // that a server outage mid-copy reaches the reader.
+    let big = image_bytes(64 << 20, 5);
+    let big_sha = f.write_image("big", "big.img", &big);
+    f.apply(&Flow::image_yaml("big", "big/big.img", &big_sha, "Retain"));
     f.wait_obj(30, "images", "k", |o| state(o) == "Available");
+    f.wait_obj(30, "images", "big", |o| state(o) == "Available");
 
     // Job killed from outside: the runner retries it (on_signal), the action succeeds.
     let target = f.path("k-01.img");
@@ -320,7 +324,7 @@ fn killed_job_is_retried_and_nfs_outage_is_reported() {
 
     // NFS server down mid-copy and kept down: the retry fails too, and the action says why.
     let target = f.path("k-02.img");
-    f.apply(&Flow::spec_yaml("k-02", "k", &target));
+    f.apply(&Flow::spec_yaml("k-02", "big", &target));
     f.wait_obj(30, "serveractions", "k-02-provision", |o| {
         state(o) == "Running" && o["status"]["progress"]["bytes"].as_u64().unwrap_or(0) > 0
     });
@@ -358,5 +362,4 @@ fn killed_job_is_retried_and_nfs_outage_is_reported() {
     });
     assert_eq!(state(&action), "Succeeded", "{action:#}");
     assert_eq!(s390x_common::file_sha256(&target), sha);
-    let _: Option<Value> = None;
 }

@@ -243,13 +243,21 @@ impl Ganesha {
         let deadline = Instant::now() + Duration::from_millis(self.cfg.start_timeout_ms);
         loop {
             if let Ok(Some(status)) = child.try_wait() {
-                let mut err = String::new();
+                // What it wrote before exiting. rpcbind (in the background) may hold the
+                // pipe open, so read what is there for up to a second, not until EOF.
+                let mut raw = Vec::new();
                 if let Some(mut s) = stderr {
                     use tokio::io::AsyncReadExt as _;
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut err))
-                            .await;
+                    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+                    let mut buf = [0u8; 4096];
+                    while raw.len() < 16 << 10 {
+                        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+                            Ok(Ok(n)) if n > 0 => raw.extend_from_slice(&buf[..n]),
+                            _ => break,
+                        }
+                    }
                 }
+                let err = String::from_utf8_lossy(&raw);
                 kill_group(pid, libc::SIGKILL);
                 let why = format!(
                     "ganesha exited during startup ({status}): {} {}",
@@ -502,7 +510,10 @@ fn group_members(pgid: i32, comm: &str) -> Vec<i32> {
                 return false;
             };
             let name = head.split_once('(').map(|(_, n)| n).unwrap_or("");
-            let pgrp = rest.split_whitespace().nth(2).and_then(|x| x.parse::<i32>().ok());
+            let pgrp = rest
+                .split_whitespace()
+                .nth(2)
+                .and_then(|x| x.parse::<i32>().ok());
             name == comm && pgrp == Some(pgid)
         })
         .collect()
