@@ -296,7 +296,7 @@ fn killed_job_is_retried_and_nfs_outage_is_reported() {
         max_retries: 1,
         retry_exit_codes: vec![10],
     });
-    let img = image_bytes(16 << 20, 4);
+    let img = image_bytes(24 << 20, 4);
     let sha = f.write_image("k", "k.img", &img);
     f.apply(&Flow::image_yaml("k", "k/k.img", &sha, "Retain"));
     // Larger than what the provisioner reads ahead of its (rate-limited) writes, so
