@@ -169,10 +169,14 @@ pub fn resolve_source(images_dir: &Path, source: &str) -> Result<(PathBuf, PathB
     Ok((file, dir, md.len()))
 }
 
+/// `(rule object name, backend rule)` in evaluation order, and `(name, why)` for the
+/// rules that were skipped.
+pub type NamedRules = (Vec<(String, ExportRule)>, Vec<(String, String)>);
+
 /// Backend rules from ExportPolicyRule objects: sorted by (index, name) and renumbered
 /// 1.. so equal indexes cannot collide; rules whose client does not parse are returned
 /// separately (they grant nothing).
-pub fn backend_rules(objs: &[Arc<Value>]) -> (Vec<(String, ExportRule)>, Vec<(String, String)>) {
+pub fn backend_rules(objs: &[Arc<Value>]) -> NamedRules {
     let mut sorted: Vec<&Arc<Value>> = objs.iter().collect();
     sorted.sort_by(|a, b| {
         let ia = a

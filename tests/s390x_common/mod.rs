@@ -123,21 +123,12 @@ pub fn file_sha256(p: &Path) -> String {
     sha256_hex(&std::fs::read(p).unwrap_or_default())
 }
 
+#[derive(Default)]
 pub struct Options {
     /// Limit each job's copy rate (bytes/s), to have time to act mid-copy.
     pub max_rate: Option<u64>,
     pub max_retries: u32,
     pub retry_exit_codes: Vec<i32>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            max_rate: None,
-            max_retries: 0,
-            retry_exit_codes: vec![],
-        }
-    }
 }
 
 /// bootplane serve with the NFS backend (ganesha in the test's namespace) and the
