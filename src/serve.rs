@@ -107,7 +107,7 @@ pub async fn run(config: Config) -> Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     {
         let s = coord.handle();
-        let extra = crate::provision::router(runner)
+        let extra = crate::provision::router(runner.clone())
             .merge(crate::api::rest::leases_router(leases.clone()))
             .merge(crate::http::preview::router(boot_slot.clone()));
         let app = crate::api::rest::router(api_state, Some(extra));
@@ -127,6 +127,43 @@ pub async fn run(config: Config) -> Result<()> {
             ctrl.run(workers, s).await;
             Ok(())
         });
+    }
+    // s390x flow: the NFS export backend and the provisioning reconcilers.
+    {
+        let nfs = &ctx.config.nfs;
+        let backend: Arc<dyn crate::nfs::ExportBackend> = if nfs.enabled {
+            crate::nfs::from_config(nfs, &ctx.config.state_dir)?
+        } else {
+            Arc::new(crate::nfs::Disabled)
+        };
+        let p = &ctx.config.provision;
+        let settings = crate::controller::s390x::Settings {
+            images_dir: p
+                .images_dir
+                .clone()
+                .unwrap_or_else(|| ctx.config.state_dir.join("nfs-images")),
+            nfs_server: p.nfs_server.clone(),
+            job_address: p.job_address.clone(),
+            nfs_enabled: nfs.enabled,
+        };
+        if nfs.enabled {
+            std::fs::create_dir_all(&settings.images_dir)
+                .with_context(|| format!("creating {}", settings.images_dir.display()))?;
+        }
+        if ctx.config.controller.enabled {
+            let c = crate::controller::s390x::S390x::new(store.clone(), backend, runner, settings);
+            let (s, workers, run_backend) = (coord.handle(), ctx.config.controller.workers, nfs.enabled);
+            tasks.spawn(async move {
+                c.run(workers, s, run_backend).await;
+                Ok(())
+            });
+        } else if nfs.enabled {
+            let s = coord.handle();
+            tasks.spawn(async move {
+                backend.run(s).await;
+                Ok(())
+            });
+        }
     }
     {
         let dhcp_leases = ctx.config.dhcp.enabled.then(|| leases.clone());

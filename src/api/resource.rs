@@ -180,6 +180,14 @@ const CRDS: &[&str] = &[
     include_str!("crds/metal.ironcore.dev_servers.yaml"),
     include_str!("crds/metal.ironcore.dev_serverclaims.yaml"),
     include_str!("crds/metal.ironcore.dev_serverbootconfigurations.yaml"),
+    include_str!("crds/provisioning.bootplane.dev_images.yaml"),
+    include_str!("crds/provisioning.bootplane.dev_zonalimages.yaml"),
+    include_str!("crds/provisioning.bootplane.dev_storagevolumes.yaml"),
+    include_str!("crds/provisioning.bootplane.dev_exportpolicies.yaml"),
+    include_str!("crds/provisioning.bootplane.dev_exportpolicyrules.yaml"),
+    include_str!("crds/provisioning.bootplane.dev_baremetalspecs.yaml"),
+    include_str!("crds/provisioning.bootplane.dev_baremetalservers.yaml"),
+    include_str!("crds/provisioning.bootplane.dev_serveractions.yaml"),
 ];
 
 impl Registry {

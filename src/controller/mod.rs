@@ -12,6 +12,7 @@ pub mod bootconfig;
 pub mod bootside;
 pub mod claim;
 pub mod queue;
+pub mod s390x;
 pub mod server;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

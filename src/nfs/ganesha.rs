@@ -243,13 +243,21 @@ impl Ganesha {
         let deadline = Instant::now() + Duration::from_millis(self.cfg.start_timeout_ms);
         loop {
             if let Ok(Some(status)) = child.try_wait() {
-                let mut err = String::new();
+                // What it wrote before exiting. rpcbind (in the background) may hold the
+                // pipe open, so read what is there for up to a second, not until EOF.
+                let mut raw = Vec::new();
                 if let Some(mut s) = stderr {
                     use tokio::io::AsyncReadExt as _;
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut err))
-                            .await;
+                    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+                    let mut buf = [0u8; 4096];
+                    while raw.len() < 16 << 10 {
+                        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+                            Ok(Ok(n)) if n > 0 => raw.extend_from_slice(&buf[..n]),
+                            _ => break,
+                        }
+                    }
                 }
+                let err = String::from_utf8_lossy(&raw);
                 kill_group(pid, libc::SIGKILL);
                 let why = format!(
                     "ganesha exited during startup ({status}): {} {}",
@@ -307,6 +315,16 @@ impl Ganesha {
             .split('\0')
             .any(|a| a == conf)
         {
+            // ganesha itself is gone (it dies with bootplane), but the rpcbind it started
+            // stays in its process group with stale registrations: a new rpcbind could
+            // not bind, and clients would be sent to ports nobody listens on.
+            for p in group_members(pid, "rpcbind") {
+                tracing::warn!(pid = p, "killing rpcbind left over from an earlier run");
+                // SAFETY: kill(2) on a process verified to be an rpcbind in our old group.
+                unsafe {
+                    libc::kill(p, libc::SIGKILL);
+                }
+            }
             return;
         }
         tracing::warn!(pid, "killing nfs-ganesha left over from an earlier run");
@@ -475,6 +493,30 @@ fn kill_group(pid: Option<u32>, sig: i32) {
             libc::kill(-(pid as i32), sig);
         }
     }
+}
+
+/// Processes in process group `pgid` whose command name is `comm`.
+fn group_members(pgid: i32, comm: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                return false;
+            };
+            // pid (comm) state ppid pgrp ...
+            let Some((head, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let name = head.split_once('(').map(|(_, n)| n).unwrap_or("");
+            let pgrp = rest
+                .split_whitespace()
+                .nth(2)
+                .and_then(|x| x.parse::<i32>().ok());
+            name == comm && pgrp == Some(pgid)
+        })
+        .collect()
 }
 
 /// Running (not a zombie).

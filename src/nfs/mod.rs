@@ -341,10 +341,50 @@ pub trait ExportBackend: Send + Sync {
     }
 }
 
+/// Stands in for the backend when `nfs.enabled` is false: every call reports that.
+pub struct Disabled;
+
+impl ExportBackend for Disabled {
+    fn name(&self) -> &'static str {
+        "disabled"
+    }
+
+    fn ensure_export<'a>(
+        &'a self,
+        _export: &'a str,
+        _fs_path: &'a Path,
+    ) -> BoxFuture<'a, Result<(), NfsError>> {
+        Box::pin(async { Err(disabled()) })
+    }
+
+    fn set_rules<'a>(
+        &'a self,
+        _export: &'a str,
+        _rules: Vec<ExportRule>,
+    ) -> BoxFuture<'a, Result<(), NfsError>> {
+        Box::pin(async { Err(disabled()) })
+    }
+
+    fn remove_export<'a>(&'a self, _export: &'a str) -> BoxFuture<'a, Result<(), NfsError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn health(&self) -> BoxFuture<'_, Result<Health, NfsError>> {
+        Box::pin(async { Err(disabled()) })
+    }
+}
+
+fn disabled() -> NfsError {
+    NfsError::Down("the nfs export backend is disabled (set nfs.enabled = true)".into())
+}
+
 /// `[nfs]` section of the config file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct NfsConfig {
+    /// Start the export backend with `serve` (the s390x provisioning flow needs it).
+    /// Off by default: the ganesha backend runs an NFS server on port 2049.
+    pub enabled: bool,
     /// `ganesha` (default), `knfsd` or `ontap`.
     pub backend: String,
     pub ganesha: ganesha::GaneshaConfig,
@@ -355,6 +395,7 @@ pub struct NfsConfig {
 impl Default for NfsConfig {
     fn default() -> Self {
         NfsConfig {
+            enabled: false,
             backend: "ganesha".into(),
             ganesha: ganesha::GaneshaConfig::default(),
             knfsd: knfsd::KnfsdConfig::default(),

@@ -253,6 +253,17 @@ pub struct ProvisionConfig {
     pub runner: String,
     pub local: local::LocalConfig,
     pub kubernetes: kubernetes::KubernetesConfig,
+    /// Directory holding the images that `Image` resources name (`spec.source` is
+    /// relative to it; each image's directory becomes its NFS export). Default:
+    /// `<state_dir>/nfs-images`.
+    pub images_dir: Option<std::path::PathBuf>,
+    /// Address provisioning jobs use to reach the NFS server (written into each
+    /// StorageVolume).
+    pub nfs_server: String,
+    /// Address or CIDR the provisioning jobs read NFS from: the export rule the server
+    /// controller creates grants read access to exactly this client (a
+    /// BareMetalSpec can override it with `spec.jobAddress`).
+    pub job_address: String,
 }
 
 impl Default for ProvisionConfig {
@@ -261,12 +272,29 @@ impl Default for ProvisionConfig {
             runner: "local".into(),
             local: local::LocalConfig::default(),
             kubernetes: kubernetes::KubernetesConfig::default(),
+            images_dir: None,
+            nfs_server: "127.0.0.1".into(),
+            job_address: "127.0.0.1".into(),
         }
     }
 }
 
 impl ProvisionConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
+        if self.nfs_server.is_empty()
+            || self
+                .nfs_server
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || c == '/')
+        {
+            anyhow::bail!(
+                "provision.nfs_server {:?} must be a host name or address",
+                self.nfs_server
+            );
+        }
+        self.job_address
+            .parse::<crate::nfs::ClientMatch>()
+            .map_err(|e| anyhow::anyhow!("provision.job_address: {e}"))?;
         match self.runner.as_str() {
             "local" => self.local.validate(),
             "kubernetes" => self.kubernetes.validate(),
