@@ -481,6 +481,74 @@ mod tests {
         assert_eq!(c.api.listen, "127.0.0.1:9090".parse().unwrap());
     }
 
+    /// Every key of the configuration appears in the example (set, or commented out as
+    /// `# key = ...`) under its section, so the example stays the reference.
+    #[test]
+    fn example_config_documents_every_key() {
+        fn leaves(prefix: &str, v: &toml::Value, out: &mut Vec<(String, String)>) {
+            match v {
+                toml::Value::Table(t) => {
+                    for (k, v) in t {
+                        let p = if prefix.is_empty() {
+                            k.clone()
+                        } else {
+                            format!("{prefix}.{k}")
+                        };
+                        match v {
+                            toml::Value::Table(_) => leaves(&p, v, out),
+                            _ => out.push((p, v.to_string())),
+                        }
+                    }
+                }
+                _ => unreachable!(),
+            }
+        }
+        let mut want = Vec::new();
+        leaves(
+            "",
+            &toml::Value::try_from(Config::default()).unwrap(),
+            &mut want,
+        );
+        let text = include_str!("../examples/bootplane.toml");
+        let mut have = std::collections::HashSet::new();
+        let mut section = String::new();
+        for line in text.lines() {
+            let l = line.trim_start_matches('#').trim();
+            if let Some(h) = l.strip_prefix('[').and_then(|h| h.split(']').next()) {
+                if !h.is_empty()
+                    && h.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+                {
+                    section = h.to_string();
+                    continue;
+                }
+            }
+            if let Some((k, _)) = l.split_once('=') {
+                let k = k.trim().trim_matches('"');
+                if !k.is_empty()
+                    && k.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+                {
+                    have.insert(if section.is_empty() {
+                        k.to_string()
+                    } else {
+                        format!("{section}.{k}")
+                    });
+                }
+            }
+        }
+        let missing: Vec<String> = want
+            .iter()
+            .filter(|(k, _)| !have.contains(k))
+            .map(|(k, v)| format!("{k} = {v}"))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "keys missing from examples/bootplane.toml:\n{}",
+            missing.join("\n")
+        );
+    }
+
     #[test]
     fn unknown_key_is_named() {
         let err = Config::from_toml("[api]\nlisten_addr = \"1.2.3.4:5\"\n").unwrap_err();
