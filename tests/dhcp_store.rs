@@ -185,6 +185,14 @@ fn metrics_page_has_dhcp_and_tftp_after_a_dora_and_a_fetch() {
     assert!(out.status.success(), "dhclient: {}", text(&out));
     assert_eq!(bound_ips(&lab), vec![lab.addr(100)], "{}", lab.script_log());
 
+    // A packet that is not DHCP: dropped and counted by reason.
+    let mut c = lab.client.cmd("bash");
+    c.args([
+        "-c",
+        &format!("printf 'not dhcp' > /dev/udp/{}/67", lab.addr(1)),
+    ]);
+    assert!(run_bounded(c, 10).status.success());
+
     // A TFTP fetch from the client namespace (tftp-hpa, default options).
     let dest = lab.path("fetched");
     let mut c = lab.client.cmd("tftp");
@@ -227,7 +235,16 @@ fn metrics_page_has_dhcp_and_tftp_after_a_dora_and_a_fetch() {
         Some(4.0),
         "{page}"
     );
-    assert!(page.contains("# TYPE bootplane_dhcp_drops counter"), "{page}");
+    assert_eq!(
+        sample(&page, "bootplane_dhcp_drops_total{reason=\"Malformed\"}"),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "bootplane_dhcp_drops_total{reason=\"PoolExhausted\"}"),
+        Some(0.0),
+        "{page}"
+    );
     // TFTP: transfers, bytes, errors by kind, durations.
     assert_eq!(
         sample(&page, "tftp_bytes_sent_total"),

@@ -28,6 +28,19 @@ pub enum DropReason {
     SendFailed,
 }
 
+impl DropReason {
+    pub const ALL: [DropReason; 8] = [
+        DropReason::Malformed,
+        DropReason::NotRequest,
+        DropReason::RateLimited,
+        DropReason::Ignored,
+        DropReason::PoolExhausted,
+        DropReason::NoSubnet,
+        DropReason::PersistFailed,
+        DropReason::SendFailed,
+    ];
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DropLabels {
     pub reason: DropReason,
@@ -60,6 +73,13 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Create every drop reason's counter, so `/metrics` shows zeros rather than nothing.
+    pub fn init_drop_reasons(&self) {
+        for reason in DropReason::ALL {
+            self.drops.get_or_create(&DropLabels { reason });
+        }
+    }
+
     pub fn drop(&self, reason: DropReason) {
         self.drops.get_or_create(&DropLabels { reason }).inc();
     }

@@ -254,6 +254,7 @@ pub async fn run(
         None => interface_ipv4(&iface)?.0,
     };
     let max_batch = settings.max_batch;
+    metrics.init_drop_reasons();
     let rate = f64::from(settings.rate_limit_per_mac);
     let mode = settings.mode;
     let mut server = Server::new(settings, server_ip);
