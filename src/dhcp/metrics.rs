@@ -76,7 +76,7 @@ impl Metrics {
     /// Create every drop reason's counter, so `/metrics` shows zeros rather than nothing.
     pub fn init_drop_reasons(&self) {
         for reason in DropReason::ALL {
-            self.drops.get_or_create(&DropLabels { reason });
+            let _ = self.drops.get_or_create(&DropLabels { reason });
         }
     }
 
