@@ -54,7 +54,9 @@ fn dhclient(lab: &Lab, tag: &str, release: bool) -> Output {
     }
     c.args([
         "-lf",
-        lab.path(&format!("dhclient-{tag}.leases")).to_str().unwrap(),
+        lab.path(&format!("dhclient-{tag}.leases"))
+            .to_str()
+            .unwrap(),
         "-pf",
         lab.path(&format!("dhclient-{tag}.pid")).to_str().unwrap(),
     ])
@@ -107,7 +109,12 @@ fn registered_server_reservation_is_handed_out_and_freed_on_delete() {
     // dhclient with that MAC gets exactly the reserved address.
     let out = dhclient(&lab, "a", false);
     assert!(out.status.success(), "dhclient: {}", text(&out));
-    assert_eq!(bound_ips(&lab), vec![reserved.clone()], "{}", lab.script_log());
+    assert_eq!(
+        bound_ips(&lab),
+        vec![reserved.clone()],
+        "{}",
+        lab.script_log()
+    );
     assert!(lab.lease_log().contains(&reserved), "{}", lab.lease_log());
     let out = dhclient(&lab, "a", true);
     assert!(out.status.success(), "dhclient -r: {}", text(&out));
@@ -223,13 +230,30 @@ fn metrics_page_has_dhcp_and_tftp_after_a_dora_and_a_fetch() {
             *last.borrow_mut() = p;
             ok
         },
-        || format!("metrics never showed the DORA and the fetch:\n{}", last.borrow()),
+        || {
+            format!(
+                "metrics never showed the DORA and the fetch:\n{}",
+                last.borrow()
+            )
+        },
     );
     let page = last.into_inner();
     // DHCP: one DORA = 1 offer, 1 ack; pool utilisation; drops family present.
-    assert_eq!(sample(&page, "bootplane_dhcp_offers_total"), Some(1.0), "{page}");
-    assert_eq!(sample(&page, "bootplane_dhcp_acks_total"), Some(1.0), "{page}");
-    assert_eq!(sample(&page, "bootplane_dhcp_naks_total"), Some(0.0), "{page}");
+    assert_eq!(
+        sample(&page, "bootplane_dhcp_offers_total"),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "bootplane_dhcp_acks_total"),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "bootplane_dhcp_naks_total"),
+        Some(0.0),
+        "{page}"
+    );
     assert_eq!(
         sample(&page, "bootplane_dhcp_pool_size{subnet=\"10.199.46.0\"}"),
         Some(4.0),
@@ -241,7 +265,10 @@ fn metrics_page_has_dhcp_and_tftp_after_a_dora_and_a_fetch() {
         "{page}"
     );
     assert_eq!(
-        sample(&page, "bootplane_dhcp_drops_total{reason=\"PoolExhausted\"}"),
+        sample(
+            &page,
+            "bootplane_dhcp_drops_total{reason=\"PoolExhausted\"}"
+        ),
         Some(0.0),
         "{page}"
     );
