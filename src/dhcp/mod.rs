@@ -53,7 +53,14 @@ pub const LEASE_FILE: &str = "dhcp-leases.log";
 
 /// Run the DHCP server until shutdown.
 pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> Result<()> {
-    serve_with(ctx, shutdown, Metrics::default(), LeaseIndex::default(), None).await
+    serve_with(
+        ctx,
+        shutdown,
+        Metrics::default(),
+        LeaseIndex::default(),
+        None,
+    )
+    .await
 }
 
 /// Like [`serve`], with the metrics and lease index the rest of the appliance reads,

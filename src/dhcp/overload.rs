@@ -125,7 +125,10 @@ pub fn fit(encoded: Vec<u8>, max_len: usize) -> Fitted {
     let Some(opts) = tlvs(&encoded[COOKIE_END..]) else {
         return unchanged(encoded);
     };
-    let mut opts: Vec<Tlv<'_>> = opts.into_iter().filter(|t| t.code != OPT_OVERLOAD).collect();
+    let mut opts: Vec<Tlv<'_>> = opts
+        .into_iter()
+        .filter(|t| t.code != OPT_OVERLOAD)
+        .collect();
     // The texts of `file` and `sname` must survive as options if the fields are reused.
     let file = field_text(&encoded[FILE]).to_vec();
     let sname = field_text(&encoded[SNAME]).to_vec();
@@ -312,7 +315,11 @@ mod tests {
     #[test]
     fn overflow_moves_options_into_file_then_sname() {
         let url = "http://boot.example/".to_string() + &"x".repeat(150);
-        let mut opts = vec![(53, vec![5]), (54, vec![10, 0, 0, 1]), (1, vec![255, 255, 255, 0])];
+        let mut opts = vec![
+            (53, vec![5]),
+            (54, vec![10, 0, 0, 1]),
+            (1, vec![255, 255, 255, 0]),
+        ];
         opts.push((67, url.clone().into_bytes()));
         // vendor data that overflows the 312-octet options field
         for c in 200..203u8 {
@@ -375,7 +382,11 @@ mod tests {
         opts.push((43, vec![0xb; 60]));
         let f = fit(message("", &opts), 548);
         let seen = client_view(&f.bytes);
-        let pieces: Vec<u8> = seen.iter().filter(|(c, _)| *c == 43).map(|(_, d)| d[0]).collect();
+        let pieces: Vec<u8> = seen
+            .iter()
+            .filter(|(c, _)| *c == 43)
+            .map(|(_, d)| d[0])
+            .collect();
         // whatever was kept is in order: a piece never precedes an earlier one
         assert!(pieces.windows(2).all(|w| w[0] <= w[1]), "{pieces:?}");
     }

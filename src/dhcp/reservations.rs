@@ -88,7 +88,10 @@ pub fn from_server(obj: &Value, subnets: &[Subnet]) -> Vec<Reservation> {
 
 /// Config reservations first, then the Servers' in name order; a MAC or an address
 /// already taken by an earlier entry is skipped (and logged).
-pub fn merge(config: &[Reservation], servers: &BTreeMap<String, Vec<Reservation>>) -> Vec<Reservation> {
+pub fn merge(
+    config: &[Reservation],
+    servers: &BTreeMap<String, Vec<Reservation>>,
+) -> Vec<Reservation> {
     let mut out: Vec<Reservation> = Vec::new();
     let mut macs: HashSet<Mac> = HashSet::new();
     let mut ips: HashSet<Ipv4Addr> = HashSet::new();

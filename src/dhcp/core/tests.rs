@@ -797,10 +797,17 @@ fn long_replies_overload_file_and_sname_within_option_57() {
     assert_eq!(left_out, 0, "{} bytes, options {sizes:?}", plain.len());
     assert!(wire.len() <= MIN_MESSAGE_LEN, "{}", wire.len());
     // option 52 is set in the options field, the client reads everything back
-    let i = 240 + wire[240..].windows(3).position(|w| w[0] == 52 && w[1] == 1).unwrap();
+    let i = 240
+        + wire[240..]
+            .windows(3)
+            .position(|w| w[0] == 52 && w[1] == 1)
+            .unwrap();
     assert!(matches!(wire[i + 2], 1 | 3), "overload {}", wire[i + 2]);
     let seen = decode(&wire).unwrap();
-    assert_eq!(bytes_opt(&seen, OptionCode::BootfileName).unwrap(), url.as_bytes());
+    assert_eq!(
+        bytes_opt(&seen, OptionCode::BootfileName).unwrap(),
+        url.as_bytes()
+    );
     assert_eq!(
         bytes_opt(&seen, OptionCode::ClassIdentifier).unwrap(),
         b"HTTPClient"
