@@ -33,7 +33,7 @@ struct Opts {
 fn parse_opts() -> Opts {
     let args: Vec<String> = std::env::args().collect();
     let mut o = Opts {
-        window: 16,
+        window: 64,
         big_mib: 64,
         clients: 1000,
         storm_kib: 1024,
@@ -47,7 +47,7 @@ fn parse_opts() -> Opts {
     };
     if args.iter().any(|a| a == "--quick") {
         o = Opts {
-            window: 16,
+            window: 64,
             big_mib: 16,
             clients: 200,
             storm_kib: 1024,
@@ -92,17 +92,24 @@ struct ReqOpts {
     rcvbuf: usize,
 }
 
+/// Receive buffer of a client socket: forced past `net.core.rmem_max` (the bench runs
+/// as root), so a whole window fits; plain SO_RCVBUF (capped) if forcing is refused.
 fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
     let v = bytes as libc::c_int;
-    // SAFETY: setsockopt with a valid fd and a c_int value.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            &v as *const _ as *const _,
-            std::mem::size_of::<libc::c_int>() as u32,
-        );
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt with a valid fd and a c_int value.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &v as *const _ as *const _,
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        };
+        if r == 0 {
+            return;
+        }
     }
 }
 
@@ -578,7 +585,8 @@ fn main() {
         o.big_mib, o.runs
     );
     let mb = (o.big_mib << 20) as f64 / 1e6;
-    let big_buf = 8 << 20;
+    // Room for a whole window of 64 KiB blocks (64 x 64 KiB) on the client side.
+    let big_buf = 16 << 20;
     let w = o.window;
     let cases = [
         (

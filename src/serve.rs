@@ -91,15 +91,26 @@ pub async fn run(config: Config) -> Result<()> {
     let http_metrics = Arc::new(crate::http::Metrics::new());
     let runner = crate::provision::from_config(&ctx.config.provision)?;
     let leases = crate::dhcp::leases::LeaseIndex::default();
+    let dhcp_metrics = crate::dhcp::Metrics::default();
+    let tftp_metrics = Arc::new(crate::tftp::Metrics::default());
 
     // Operator API.
     let hm = http_metrics.clone();
+    let mut metrics: Vec<crate::api::rest::MetricsEncoder> = vec![Arc::new(move || hm.encode())];
+    if ctx.config.dhcp.enabled {
+        let m = dhcp_metrics.clone();
+        metrics.push(Arc::new(move || m.encode()));
+    }
+    if ctx.config.tftp.enabled {
+        let m = tftp_metrics.clone();
+        metrics.push(Arc::new(move || m.encode()));
+    }
     let api_state = Arc::new(crate::api::rest::ApiState {
         store: store.clone(),
         token,
         max_body_bytes: ctx.config.api.max_body_bytes,
         shutdown: coord.handle(),
-        metrics: Arc::new(move || hm.encode()),
+        metrics,
     });
     let listener = tokio::net::TcpListener::bind(ctx.config.api.listen)
         .await
@@ -190,15 +201,21 @@ pub async fn run(config: Config) -> Result<()> {
     if ctx.config.dhcp.enabled {
         let (c, s) = (ctx.clone(), coord.handle());
         let l = leases.clone();
+        // Static reservations: the config file's plus the registered Servers'.
+        let r = crate::dhcp::reservations::start(store.clone(), &ctx.config, coord.handle())?;
         tasks.spawn(async move {
-            crate::dhcp::serve_with(c, s, crate::dhcp::metrics::Metrics::default(), l)
+            crate::dhcp::serve_with(c, s, dhcp_metrics, l, Some(r))
                 .await
                 .context("dhcp server")
         });
     }
     if ctx.config.tftp.enabled {
         let (c, s) = (ctx.clone(), coord.handle());
-        tasks.spawn(async move { crate::tftp::serve(c, s).await.context("tftp server") });
+        tasks.spawn(async move {
+            crate::tftp::serve_with_metrics(c, s, tftp_metrics)
+                .await
+                .context("tftp server")
+        });
     }
 
     tracing::info!(state_dir = %ctx.config.state_dir.display(), "bootplane started");

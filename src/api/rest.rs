@@ -34,9 +34,13 @@ pub struct ApiState {
     pub max_body_bytes: usize,
     /// Open watch streams end when this fires.
     pub shutdown: crate::shutdown::Shutdown,
-    /// Extra text appended to `/metrics` (other subsystems' metrics).
-    pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
+    /// Other subsystems' metrics (boot HTTP, DHCP, TFTP, ...), appended to `/metrics`
+    /// in this order; built by `serve`.
+    pub metrics: Vec<MetricsEncoder>,
 }
+
+/// Renders one subsystem's metrics in the Prometheus text format.
+pub type MetricsEncoder = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// An API failure, rendered as a kube `Status`.
 #[derive(Debug)]
@@ -214,7 +218,21 @@ async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
         "bootplane_store_revision {}\n",
         st.store.revision()
     ));
-    out.push_str(&(st.metrics)());
+    // Each encoder's page may end with its own `# EOF`: keep one, at the very end.
+    let mut eof = false;
+    for enc in &st.metrics {
+        for line in enc().lines() {
+            if line == "# EOF" {
+                eof = true;
+                continue;
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if eof {
+        out.push_str("# EOF\n");
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

@@ -23,6 +23,7 @@ use dhcproto::v4::{
 
 use super::leases::{AllocError, LeaseTable};
 use super::metrics::DropReason;
+pub use super::overload::MIN_MESSAGE_LEN;
 use super::settings::{BootTarget, DhcpSettings, Mac, Reservation};
 use crate::config::DhcpMode;
 
@@ -63,6 +64,9 @@ pub struct Reply {
     /// `dest` is the limited broadcast address.
     pub broadcast: bool,
     pub kind: ReplyKind,
+    /// The largest DHCP message the client accepts ([`max_reply_len`]); [`encode_reply`]
+    /// moves options into `file`/`sname` (option 52) to stay within it.
+    pub max_len: usize,
 }
 
 /// The result of handling one packet.
@@ -212,6 +216,14 @@ impl Server {
 
     /// Handle one decoded request.
     pub fn handle(&mut self, req: &Message, meta: &Meta) -> Outcome {
+        let mut out = self.handle_request_kind(req, meta);
+        if let Outcome::Reply(r) = &mut out {
+            r.max_len = max_reply_len(req);
+        }
+        out
+    }
+
+    fn handle_request_kind(&mut self, req: &Message, meta: &Meta) -> Outcome {
         if req.opcode() != Opcode::BootRequest {
             return Outcome::Drop(DropReason::NotRequest);
         }
@@ -257,6 +269,7 @@ impl Server {
             dest,
             broadcast,
             kind: ReplyKind::ProxyOffer,
+            max_len: MIN_MESSAGE_LEN,
         })
     }
 
@@ -289,6 +302,7 @@ impl Server {
             dest: meta.src,
             broadcast: false,
             kind: ReplyKind::ProxyAck,
+            max_len: MIN_MESSAGE_LEN,
         })
     }
 
@@ -354,6 +368,7 @@ impl Server {
                     dest,
                     broadcast,
                     kind: ReplyKind::Offer,
+                    max_len: MIN_MESSAGE_LEN,
                 })
             }
             MessageType::Request => self.handle_request(req, meta, mac, client),
@@ -396,6 +411,7 @@ impl Server {
                     dest,
                     broadcast,
                     kind: ReplyKind::Inform,
+                    max_len: MIN_MESSAGE_LEN,
                 })
             }
             _ => Outcome::Drop(DropReason::Ignored),
@@ -461,6 +477,7 @@ impl Server {
                 dest,
                 broadcast,
                 kind: ReplyKind::Nak,
+                max_len: MIN_MESSAGE_LEN,
             });
         }
         let lease_time = self.table.subnets()[si].lease_time_secs;
@@ -481,6 +498,7 @@ impl Server {
             dest,
             broadcast,
             kind: ReplyKind::Ack,
+            max_len: MIN_MESSAGE_LEN,
         })
     }
 
@@ -649,6 +667,8 @@ fn prevalidate(buf: &[u8]) -> bool {
 /// to trip dhcproto are refused first, and a panic inside the decoder is caught.
 pub fn decode(buf: &[u8]) -> Option<Message> {
     use dhcproto::Decodable;
+    // Options the client moved into `file`/`sname` (option 52) join the others.
+    let buf = &*super::overload::unfold(buf);
     if !prevalidate(buf) {
         return None;
     }
@@ -660,10 +680,27 @@ pub fn decode(buf: &[u8]) -> Option<Message> {
     Some(m)
 }
 
-/// Encode a reply.
+/// Encode a message as it is (no size limit).
 pub fn encode(m: &Message) -> Option<Vec<u8>> {
     use dhcproto::Encodable;
     m.to_vec().ok()
+}
+
+/// Encode a reply within the client's size limit (`r.max_len`), overloading `file` /
+/// `sname` when needed; the second value counts options that fit nowhere.
+pub fn encode_reply(r: &Reply) -> Option<(Vec<u8>, usize)> {
+    let f = super::overload::fit(encode(&r.msg)?, r.max_len);
+    Some((f.bytes, f.dropped))
+}
+
+/// The largest reply `req`'s sender accepts (option 57, RFC 2132 9.10; see
+/// [`super::overload::max_len_for`]).
+pub fn max_reply_len(req: &Message) -> usize {
+    let v = match req.opts().get(OptionCode::MaxMessageSize) {
+        Some(DhcpOption::MaxMessageSize(n)) => Some(*n),
+        _ => None,
+    };
+    super::overload::max_len_for(v)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! DHCP metrics (prometheus-client): replies by kind, drops by reason, pool
-//! utilisation. [`Metrics::register`] adds them to the API's `/metrics` registry.
+//! utilisation. [`Metrics::encode`] is one of the API's `/metrics` encoders (see `serve`).
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -26,6 +26,19 @@ pub enum DropReason {
     PersistFailed,
     /// Sending the reply failed.
     SendFailed,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 8] = [
+        DropReason::Malformed,
+        DropReason::NotRequest,
+        DropReason::RateLimited,
+        DropReason::Ignored,
+        DropReason::PoolExhausted,
+        DropReason::NoSubnet,
+        DropReason::PersistFailed,
+        DropReason::SendFailed,
+    ];
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -60,6 +73,13 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Create every drop reason's counter, so `/metrics` shows zeros rather than nothing.
+    pub fn init_drop_reasons(&self) {
+        for reason in DropReason::ALL {
+            let _ = self.drops.get_or_create(&DropLabels { reason });
+        }
+    }
+
     pub fn drop(&self, reason: DropReason) {
         self.drops.get_or_create(&DropLabels { reason }).inc();
     }
@@ -94,5 +114,14 @@ impl Metrics {
             self.pool_size.clone(),
         );
         r.register("commits", "durable lease-log commits", self.commits.clone());
+    }
+
+    /// Prometheus text exposition of these metrics alone (one encoder of `/metrics`).
+    pub fn encode(&self) -> String {
+        let mut reg = Registry::default();
+        self.register(&mut reg);
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+        out
     }
 }

@@ -23,7 +23,9 @@
 pub mod core;
 pub mod leases;
 pub mod metrics;
+pub mod overload;
 pub mod persist;
+pub mod reservations;
 pub mod settings;
 
 use std::collections::HashMap;
@@ -51,18 +53,36 @@ pub const LEASE_FILE: &str = "dhcp-leases.log";
 
 /// Run the DHCP server until shutdown.
 pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> Result<()> {
-    serve_with(ctx, shutdown, Metrics::default(), LeaseIndex::default()).await
+    serve_with(
+        ctx,
+        shutdown,
+        Metrics::default(),
+        LeaseIndex::default(),
+        None,
+    )
+    .await
 }
 
-/// Like [`serve`], with the metrics and lease index the rest of the appliance reads.
+/// Like [`serve`], with the metrics and lease index the rest of the appliance reads,
+/// and the static reservations kept current from the registered Servers
+/// ([`reservations::start`]; `None` = the config file's only).
 pub async fn serve_with(
     ctx: Arc<Context>,
     shutdown: Shutdown,
     metrics: Metrics,
     index: LeaseIndex,
+    reservations: Option<tokio::sync::watch::Receiver<Vec<Reservation>>>,
 ) -> Result<()> {
     let settings = DhcpSettings::from_config(&ctx.config)?;
-    run(settings, &ctx.config.state_dir, shutdown, metrics, index).await
+    run(
+        settings,
+        &ctx.config.state_dir,
+        shutdown,
+        metrics,
+        index,
+        reservations,
+    )
+    .await
 }
 
 fn unix_now() -> u64 {
@@ -194,10 +214,13 @@ struct Sockets<'a> {
 impl Sockets<'_> {
     /// Send a reply from the port its request arrived on; count it.
     async fn send(&self, r: &Reply, port: u16, metrics: &Metrics) {
-        let Some(bytes) = self::core::encode(&r.msg) else {
+        let Some((bytes, left_out)) = self::core::encode_reply(r) else {
             metrics.drop(DropReason::SendFailed);
             return;
         };
+        if left_out > 0 {
+            tracing::warn!(left_out, max_len = r.max_len, dest = %r.dest, "dhcp reply options did not fit the client's size limit");
+        }
         let sock = if port == PXE_PORT {
             self.s4011.unwrap_or(self.s67)
         } else {
@@ -227,6 +250,7 @@ pub async fn run(
     mut shutdown: Shutdown,
     metrics: Metrics,
     index: LeaseIndex,
+    mut reservations: Option<tokio::sync::watch::Receiver<Vec<Reservation>>>,
 ) -> Result<()> {
     let iface = settings.interface.clone();
     if iface.is_empty() {
@@ -237,9 +261,13 @@ pub async fn run(
         None => interface_ipv4(&iface)?.0,
     };
     let max_batch = settings.max_batch;
+    metrics.init_drop_reasons();
     let rate = f64::from(settings.rate_limit_per_mac);
     let mode = settings.mode;
     let mut server = Server::new(settings, server_ip);
+    if let Some(rx) = reservations.as_mut() {
+        server.set_reservations(rx.borrow_and_update().clone());
+    }
 
     let now = unix_now();
     let log_path = state_dir.join(LEASE_FILE);
@@ -265,7 +293,9 @@ pub async fn run(
     };
     let mut buf = vec![0u8; 2048];
     let mut buf2 = vec![0u8; 2048];
-    let mut last_gauge = Instant::now() - Duration::from_secs(10);
+    // Pool utilisation gauges: refreshed on a timer, not per packet (a scan of the table).
+    let mut gauge_tick = tokio::time::interval(Duration::from_secs(1));
+    gauge_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut batch: Vec<Packet> = Vec::with_capacity(max_batch);
     // Lease changes and the ACKs that wait for them, not yet handed to the writer.
     let mut pending_journal: Vec<leases::Change> = Vec::new();
@@ -285,6 +315,29 @@ pub async fn run(
         let reading = pending_acks.len() + inflight_acks.len() < max_waiting;
         tokio::select! {
             _ = shutdown.recv() => break,
+            _ = gauge_tick.tick() => {
+                for (net, used, size) in server.table.utilisation(unix_now()) {
+                    let l = metrics::SubnetLabels {
+                        subnet: net.to_string(),
+                    };
+                    metrics.pool_used.get_or_create(&l).set(used as i64);
+                    metrics.pool_size.get_or_create(&l).set(size as i64);
+                }
+            }
+            changed = async {
+                match reservations.as_mut() {
+                    Some(rx) => rx.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => match changed {
+                Ok(()) => {
+                    let list = reservations.as_mut().map(|rx| rx.borrow_and_update().clone()).unwrap_or_default();
+                    tracing::info!(count = list.len(), "dhcp reservations applied");
+                    server.set_reservations(list);
+                }
+                // The watch ended (shutdown): keep the last list.
+                Err(_) => reservations = None,
+            },
             done = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
                 inflight = None;
                 let c = done.context("lease log writer panicked")?;
@@ -401,16 +454,6 @@ pub async fn run(
                 }
             }
             pending_journal.extend(server.table.take_journal());
-            if now_i.duration_since(last_gauge) > Duration::from_secs(2) {
-                last_gauge = now_i;
-                for (net, used, size) in server.table.utilisation(now_unix) {
-                    let l = metrics::SubnetLabels {
-                        subnet: net.to_string(),
-                    };
-                    metrics.pool_used.get_or_create(&l).set(used as i64);
-                    metrics.pool_size.get_or_create(&l).set(size as i64);
-                }
-            }
         }
 
         // Group commit: everything that accumulated while the previous write ran.

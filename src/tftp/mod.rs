@@ -123,8 +123,17 @@ impl TftpConfig {
 
 /// Run the TFTP server until shutdown.
 pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> anyhow::Result<()> {
+    serve_with_metrics(ctx, shutdown, Arc::new(Metrics::default())).await
+}
+
+/// Like [`serve`], counting into `metrics` (the ones the API's `/metrics` shows).
+pub async fn serve_with_metrics(
+    ctx: Arc<Context>,
+    shutdown: Shutdown,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<()> {
     let c = &ctx.config.tftp;
-    let server = Server::bind(c, Arc::new(Metrics::default())).await?;
+    let server = Server::bind(c, metrics).await?;
     tracing::info!(listen = %server.local_addr()?, root = %c.root.display(), "tftp server listening");
     server.run(shutdown).await
 }

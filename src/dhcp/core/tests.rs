@@ -772,3 +772,72 @@ fn malformed_input_never_panics() {
         Outcome::Drop(DropReason::Malformed)
     ));
 }
+
+#[test]
+fn long_replies_overload_file_and_sname_within_option_57() {
+    // A long public URL makes the HTTP Boot reply outgrow the 312-octet options field.
+    let long = format!("http://10.0.0.1:8080/{}", "p".repeat(150));
+    let text = format!(
+        "[http]\npublic_url = \"{long}\"\n[dhcp]\nenabled = true\ninterface = \"veth0\"\nmode = \"authoritative\"\nrange = \"10.0.0.100-10.0.0.199\"\nrouter = \"10.0.0.1\"\ndns = [\"10.0.0.53\", \"10.0.0.54\"]\ndomain = \"{}.example\"\n",
+        "d".repeat(40)
+    );
+    let mut s = Server::new(
+        DhcpSettings::from_config(&Config::from_toml(&text).unwrap()).unwrap(),
+        SERVER,
+    );
+    let url = format!("{long}/assets/ipxe.efi");
+    // OVMF sends option 57 = 1472; a client without it gets the RFC minimum.
+    let mut req = ovmf_http(MessageType::Discover);
+    req.opts_mut().remove(OptionCode::MaxMessageSize);
+    let r = s.handle(&roundtrip(&req), &meta(67)).reply().unwrap();
+    assert_eq!(r.max_len, MIN_MESSAGE_LEN);
+    let plain = encode(&r.msg).unwrap();
+    assert!(plain.len() > MIN_MESSAGE_LEN, "{}", plain.len());
+    let (wire, left_out) = encode_reply(&r).unwrap();
+    let mut sizes = Vec::new();
+    let mut i = 240;
+    while i + 1 < plain.len() && plain[i] != 255 {
+        sizes.push((plain[i], plain[i + 1]));
+        i += 2 + usize::from(plain[i + 1]);
+    }
+    assert_eq!(left_out, 0, "{} bytes, options {sizes:?}", plain.len());
+    assert!(wire.len() <= MIN_MESSAGE_LEN, "{}", wire.len());
+    // option 52 is set in the options field, the client reads everything back
+    let i = 240
+        + wire[240..]
+            .windows(3)
+            .position(|w| w[0] == 52 && w[1] == 1)
+            .unwrap();
+    assert!(matches!(wire[i + 2], 1 | 3), "overload {}", wire[i + 2]);
+    let seen = decode(&wire).unwrap();
+    assert_eq!(
+        bytes_opt(&seen, OptionCode::BootfileName).unwrap(),
+        url.as_bytes()
+    );
+    assert_eq!(
+        bytes_opt(&seen, OptionCode::ClassIdentifier).unwrap(),
+        b"HTTPClient"
+    );
+    assert_eq!(seen.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(seen.yiaddr(), r.msg.yiaddr());
+    assert!(matches!(
+        opt(&seen, OptionCode::DomainNameServer),
+        Some(DhcpOption::DomainNameServer(v)) if v.len() == 2
+    ));
+    assert!(opt(&seen, OptionCode::ClientMachineIdentifier).is_some());
+    assert!(opt(&seen, OptionCode::Unknown(52)).is_none());
+
+    // A client that accepts 1500 octets (option 57) gets the plain layout.
+    let mut big = ovmf_http(MessageType::Discover);
+    big.set_chaddr(&[2, 0, 0, 0, 0, 9]);
+    big.opts_mut().insert(DhcpOption::MaxMessageSize(1500));
+    let r = s.handle(&roundtrip(&big), &meta(67)).reply().unwrap();
+    assert_eq!(r.max_len, 1472);
+    let (wire, _) = encode_reply(&r).unwrap();
+    assert_eq!(wire, encode(&r.msg).unwrap());
+    assert!(wire.len() > MIN_MESSAGE_LEN);
+    assert_eq!(
+        bytes_opt(&decode(&wire).unwrap(), OptionCode::BootfileName).unwrap(),
+        url.as_bytes()
+    );
+}
