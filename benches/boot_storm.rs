@@ -238,7 +238,7 @@ impl Lab {
         client.ip(&[
             "route",
             "add",
-            &format!("{SERVER_IP}/{PREFIX}"),
+            &format!("10.199.64.0/{PREFIX}"),
             "dev",
             "vc",
         ]);
@@ -624,7 +624,7 @@ async fn tftp(lease: &Lease, retx: &mut u32) -> Result<usize, String> {
     let mut tsize: Option<usize> = None;
     let mut timeouts = 0u32;
     let mut timeout = Duration::from_secs(1);
-    let mut buf = vec![0u8; 65536];
+    let mut buf = vec![0u8; BLKSIZE + 64];
     sock.send_to(&rrq, server)
         .await
         .map_err(|e| e.to_string())?;
@@ -1333,6 +1333,9 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
         "--interface=vs",
         "--bind-interfaces",
         "--dhcp-authoritative",
+        // The pool is pre-configured on the client veth, so it answers pings: skip
+        // dnsmasq's ping check before an offer (bootplane does none either).
+        "--no-ping",
         &format!("--dhcp-range={lo},{hi},255.255.192.0,1h"),
         &format!("--dhcp-lease-max={}", pool + 16),
         &format!("--dhcp-leasefile={}", leases.display()),
@@ -1380,6 +1383,7 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
         d_hwm as f64 / 1024.0,
         after.hwm_kib.saturating_sub(d_hwm) as f64 / 1024.0
     );
+    let _ = std::fs::copy(&dlog, std::env::temp_dir().join("boot-storm-dnsmasq.log"));
     drop(dnsmasq);
     drop(nginx);
     drop(lab);
