@@ -939,6 +939,15 @@ async fn boot(ctx: Arc<Ctx>, m: Machine, http_base: String) -> Result1 {
 struct StormResult {
     results: Vec<Result1>,
     completion: Duration,
+    /// CPU time of this process (the simulated machines) during the storm.
+    client_cpu: f64,
+}
+
+fn self_cpu() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// Run the storm from inside the client namespace.
@@ -981,6 +990,7 @@ fn storm(a: &StormArgs) -> StormResult {
         } else {
             a.concurrency
         }));
+        let cpu0 = self_cpu();
         let t0 = tokio::time::Instant::now();
         let t0s = Instant::now();
         let mut handles = Vec::with_capacity(a.machines);
@@ -1019,6 +1029,7 @@ fn storm(a: &StormArgs) -> StormResult {
         StormResult {
             results,
             completion,
+            client_cpu: self_cpu() - cpu0,
         }
     })
 }
@@ -1462,6 +1473,10 @@ fn summarize(s: &Side) -> Summary {
         pct(&t, 0.99),
     );
     println!("{:<14} stage p50/p99 (s): {}", "", stage_p50.join(" | "));
+    println!(
+        "{:<14} simulated machines (this process) used {:.2}s CPU",
+        "", s.storm.client_cpu
+    );
     if !s.note.is_empty() {
         println!("{:<14} {}", "", s.note);
     }
