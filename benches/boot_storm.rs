@@ -330,6 +330,34 @@ fn usage_of(pids: &[u32]) -> Usage {
     u
 }
 
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Sample the summed RSS of `pids` (and children) until `stop`; returns the peak.
+fn sample_rss(pids: Vec<u32>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut peak = 0;
+        let mut all = pids.clone();
+        for p in &pids {
+            all.extend(children(*p));
+        }
+        while !stop.load(Ordering::SeqCst) {
+            peak = peak.max(all.iter().map(|p| rss_kib(*p)).sum());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        peak
+    })
+}
+
 fn clk_tck() -> f64 {
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64
 }
@@ -1063,6 +1091,8 @@ fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
 
 struct Side {
     name: &'static str,
+    /// Highest summed VmRSS sampled every 100 ms during the storm.
+    storm_rss_kib: u64,
     storm: StormResult,
     usage_before: Usage,
     usage_after: Usage,
@@ -1150,6 +1180,8 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
     std::thread::sleep(Duration::from_secs(1));
 
     let before = usage_of(&[pid]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_rss(vec![pid], stop.clone());
     let sa = StormArgs {
         machines: n,
         ramp: a.ramp,
@@ -1158,6 +1190,8 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
         timeout: a.timeout,
     };
     let storm_res = lab.client.run(move || storm(&sa));
+    stop.store(true, Ordering::SeqCst);
+    let storm_rss_kib = sampler.join().unwrap_or(0);
     let after = usage_of(&[pid]);
     let alive = matches!(proc_usage(pid), Some(_));
     let note = if alive {
@@ -1173,6 +1207,7 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
     drop(lab);
     Side {
         name: "bootplane",
+        storm_rss_kib,
         storm: storm_res,
         usage_before: before,
         usage_after: after,
@@ -1224,6 +1259,55 @@ fn register(n: usize, token: &str) -> usize {
             });
         }
     });
+    // Count boot configurations turning Ready from a watch (listing 10,000 objects on
+    // every poll would itself cost the server memory).
+    let sbcs = "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverbootconfigurations";
+    let rv: String = agent
+        .get(&format!("{api}{sbcs}"))
+        .set("Authorization", &auth)
+        .call()
+        .ok()
+        .and_then(|r| r.into_string().ok())
+        .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+        .and_then(|v| {
+            v["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .expect("listing boot configurations");
+    let ready_count = Arc::new(AtomicUsize::new(0));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    {
+        let (url, auth, ready_count) = (
+            format!("{api}{sbcs}?watch=true&resourceVersion={rv}"),
+            auth.clone(),
+            ready_count.clone(),
+        );
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let Ok(r) = ureq::get(&url).set("Authorization", &auth).call() else {
+                return;
+            };
+            let mut seen = std::collections::HashSet::new();
+            for line in std::io::BufReader::new(r.into_reader()).lines() {
+                let Ok(line) = line else { return };
+                let Ok(ev) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if ev["object"]["status"]["state"] == "Ready" {
+                    if let Some(name) = ev["object"]["metadata"]["name"].as_str() {
+                        if seen.insert(name.to_string()) {
+                            ready_count.store(seen.len(), Ordering::SeqCst);
+                            if seen.len() >= n {
+                                let _ = ready_tx.send(());
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
     std::thread::scope(|s| {
         for c in 0..clients {
             let post = &post;
@@ -1247,28 +1331,13 @@ fn register(n: usize, token: &str) -> usize {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(120 + n as u64 / 50);
-    loop {
-        let ready = agent
-            .get(&format!(
-                "{api}/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverbootconfigurations"
-            ))
-            .set("Authorization", &auth)
-            .call()
-            .ok()
-            .and_then(|r| r.into_string().ok())
-            .and_then(|s| serde_json::from_str::<Value>(&s).ok())
-            .map(|v| {
-                v["items"]
-                    .as_array()
-                    .map(|a| a.iter().filter(|i| i["status"]["state"] == "Ready").count())
-                    .unwrap_or(0)
-            })
-            .unwrap_or(0);
-        if ready >= n || Instant::now() > deadline {
-            return ready;
+    while ready_rx.recv_timeout(Duration::from_millis(200)).is_err() {
+        if Instant::now() > deadline {
+            break;
         }
-        std::thread::sleep(Duration::from_millis(500));
     }
+    let ready = ready_count.load(Ordering::SeqCst);
+    ready
 }
 
 fn run_peer(a: &Args, dir: &Path) -> Side {
@@ -1379,6 +1448,8 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
     );
     std::thread::sleep(Duration::from_millis(500));
     let before = usage_of(&[dpid, npid]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_rss(vec![dpid, npid], stop.clone());
     let sa = StormArgs {
         machines: n,
         ramp: a.ramp,
@@ -1387,6 +1458,8 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
         timeout: a.timeout,
     };
     let storm_res = lab.client.run(move || storm(&sa));
+    stop.store(true, Ordering::SeqCst);
+    let storm_rss_kib = sampler.join().unwrap_or(0);
     let after = usage_of(&[dpid, npid]);
     let d_hwm = proc_usage(dpid).map(|u| u.hwm_kib).unwrap_or(0);
     let note = format!(
@@ -1400,6 +1473,7 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
     drop(lab);
     Side {
         name: "dnsmasq+nginx",
+        storm_rss_kib,
         storm: storm_res,
         usage_before: before,
         usage_after: after,
@@ -1464,13 +1538,14 @@ fn summarize(s: &Side) -> Summary {
         })
         .collect();
     println!(
-        "{:<14} booted {ok}/{} | failures: {} | completion {:.2}s | boot time p50 {:.2}s p99 {:.2}s | peak RSS {rss_mib:.1} MiB | CPU {cpu_s:.2}s | retransmits {retx}",
+        "{:<14} booted {ok}/{} | failures: {} | completion {:.2}s | boot time p50 {:.2}s p99 {:.2}s | peak RSS {rss_mib:.1} MiB (storm {:.1}) | CPU {cpu_s:.2}s | retransmits {retx}",
         s.name,
         r.len(),
         if fails.is_empty() { "0".to_string() } else { fails.join(", ") },
         s.storm.completion.as_secs_f64(),
         pct(&t, 0.5),
         pct(&t, 0.99),
+        s.storm_rss_kib as f64 / 1024.0,
     );
     println!("{:<14} stage p50/p99 (s): {}", "", stage_p50.join(" | "));
     println!(
@@ -1534,21 +1609,21 @@ fn main() {
         },
         loadavg()
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let _ = &stop;
     let mut sides = Vec::new();
+    let mut sums: Vec<Summary> = Vec::new();
     if a.only.as_deref() != Some("peer") {
         let dir = tempfile::tempdir().unwrap();
         sides.push(run_bootplane(&a, dir.path()));
-        println!("  (load average after bootplane: {})", loadavg());
+        println!("load average after bootplane: {}", loadavg());
+        sums.push(summarize(sides.last().unwrap()));
     }
     if a.only.as_deref() != Some("bootplane") {
         let dir = tempfile::tempdir().unwrap();
         sides.push(run_peer(&a, dir.path()));
-        println!("  (load average after peer: {})", loadavg());
+        println!("load average after peer: {}", loadavg());
+        sums.push(summarize(sides.last().unwrap()));
     }
     println!();
-    let sums: Vec<Summary> = sides.iter().map(summarize).collect();
     if let [b, p] = &sums[..] {
         println!(
             "ratio bootplane/peer: completion {:.2}x, p50 {:.2}x, p99 {:.2}x, CPU {:.2}x, RSS {:.2}x",
