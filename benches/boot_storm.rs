@@ -371,14 +371,17 @@ enum Stage {
     Chain,
     Script,
     Ignition,
+    /// Still booting when the side's `--timeout` ended (not a failure of a stage).
+    Unfinished,
 }
 
-const STAGES: [Stage; 5] = [
+const STAGES: [Stage; 6] = [
     Stage::Dhcp,
     Stage::Tftp,
     Stage::Chain,
     Stage::Script,
     Stage::Ignition,
+    Stage::Unfinished,
 ];
 
 impl Stage {
@@ -389,6 +392,7 @@ impl Stage {
             Stage::Chain => "boot.ipxe",
             Stage::Script => "script",
             Stage::Ignition => "ignition",
+            Stage::Unfinished => "unfinished at --timeout",
         }
     }
 }
@@ -1045,7 +1049,7 @@ fn storm(a: &StormArgs) -> StormResult {
                 }),
                 Err(_) => results.push(Result1 {
                     ok: false,
-                    failed: Some((Stage::Dhcp, "storm timed out".into())),
+                    failed: Some((Stage::Unfinished, "storm timed out".into())),
                     total: Duration::ZERO,
                     stage: [Duration::ZERO; 5],
                     retransmits: 0,
@@ -1525,7 +1529,7 @@ fn summarize(s: &Side) -> Summary {
         .saturating_sub(s.usage_before.cpu_ticks)) as f64
         / clk_tck();
     let rss_mib = s.usage_after.hwm_kib as f64 / 1024.0;
-    let stage_p50: Vec<String> = STAGES
+    let stage_p50: Vec<String> = STAGES[..5]
         .iter()
         .map(|st| {
             let mut v: Vec<f64> = r
