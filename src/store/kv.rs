@@ -29,8 +29,14 @@ use tokio::sync::{broadcast, oneshot};
 /// A global revision (etcd's `revision`).
 pub type Rev = u64;
 
-/// How many past events are kept for watch replay.
-pub const EVENT_LOG_CAP: usize = 200_000;
+/// How many past events are kept for watch replay. Each event pins its object (and the
+/// one it replaced) in memory, so this bounds the store's history memory: at 200,000 a
+/// 10,000-machine fleet (~110,000 events to register, claim and boot it) held ~700 MiB.
+/// Watchers start from a fresh list's revision, so replay only bridges short gaps.
+pub const EVENT_LOG_CAP: usize = 10_000;
+/// Batches kept in the live-event broadcast ring (a watcher further behind is closed
+/// and re-lists). The ring pins every batch it holds until overwritten.
+const EVENT_RING_CAP: usize = 4096;
 /// Most transactions written in one redb commit.
 const MAX_BATCH: usize = 2048;
 
@@ -226,7 +232,7 @@ impl Kv {
             oldest_watchable: rev,
         }));
         let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(8192);
-        let (events, _) = broadcast::channel(16384);
+        let (events, _) = broadcast::channel(EVENT_RING_CAP);
         let writer = {
             let state = state.clone();
             let events = events.clone();

@@ -1,0 +1,1675 @@
+//! Boot storm: N simulated machines boot at once through bootplane, and the same storm
+//! goes to dnsmasq (DHCP + TFTP) + nginx (HTTP) in the same run.
+//!
+//! ```sh
+//! cargo bench --bench boot_storm                          # 1,000 machines
+//! cargo bench --bench boot_storm -- --machines 10000
+//! cargo bench --bench boot_storm -- --quick               # 100 machines
+//! cargo bench --bench boot_storm -- --machines 500 --ramp 2 --only bootplane
+//! ```
+//!
+//! Each machine is a tokio task in this process that behaves like PXE firmware and
+//! iPXE: DHCP DORA (broadcast flag, option 93 arch 0, option 97 UUID, PXEClient class;
+//! DISCOVER/REQUEST retransmitted after 4, 8, 16, 32 s as the PXE spec says) → TFTP
+//! read of the boot file named in the ACK, a 1 MiB file (`blksize 1468`, `tsize`,
+//! lockstep like firmware; 1 s timeout doubling to 8 s, 6 timeouts = failure) → HTTP
+//! GET of `/boot.ipxe`, its `chain` URL with iPXE's `${...}` variables filled in, and
+//! the `ignition.config.url` of the per-machine script's kernel line (one keep-alive
+//! connection, reconnecting with 1/2/4 s backoff on errors). Every socket after DHCP is
+//! bound to the machine's leased address, because bootplane checks identity by the
+//! source address ↔ lease ↔ MAC ↔ server.
+//!
+//! Network: per side, two namespaces (unique names, deleted on drop even on panic)
+//! joined by a veth; server 10.199.64.1/18, pool 10.199.64.10 onwards. The pool's
+//! addresses are put on the client veth up front (one `ip -b` batch, untimed) and the
+//! server side gets permanent neighbour entries for them: the kernel's ARP table is
+//! shared by all namespaces and limited by the host's `gc_thresh3` (1024 here), which a
+//! 10,000-machine storm would overflow; permanent entries do not count. The machines
+//! still learn their address only from DHCP and use only that one.
+//!
+//! Arrivals: machine i powers on at `ramp × i / N` (default ramp N/1000 s, i.e. 1,000
+//! machines/s, the rate of a few racks coming back from a power loss; `--ramp 0` is
+//! all at once). Nothing else bounds concurrency unless `--concurrency C` is given.
+//!
+//! bootplane: `bootplane serve` in its namespace, authoritative DHCP on the veth with
+//! the pool, TFTP, HTTP; N Servers registered by MAC + UUID, one ignition Secret, N
+//! ServerClaims by serverRef; the storm starts once every boot configuration is Ready.
+//! Peer: dnsmasq (`--dhcp-authoritative`, `--dhcp-boot`, `--enable-tftp`, lease max
+//! and tftp-max raised to fit the storm) and nginx (2 workers, static `/boot.ipxe`,
+//! per-machine scripts by MAC and Ignition files generated for the N machines).
+//!
+//! Prints per side: machines booted, failures by stage, completion time (first power
+//! on → last Ignition), p50/p99 per-machine boot time, server peak RSS (VmHWM, summed
+//! over the peer's processes) and CPU time during the storm; then the ratios and goals.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dhcproto::v4::{self, DhcpOption, Message, MessageType, OptionCode};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use http_body_util::{BodyExt, Empty};
+use serde_json::{json, Value};
+use tokio::net::{TcpSocket, UdpSocket};
+use tokio::sync::mpsc;
+
+const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 199, 64, 1);
+const PREFIX: u8 = 18;
+const POOL_START: u32 = 0x0AC7_400A; // 10.199.64.10
+const POOL_MAX: usize = 16_000; // stays inside 10.199.64.0/18
+const HTTP_PORT: u16 = 8080;
+const BOOT_FILE: &str = "storm.bin";
+const BOOT_FILE_SIZE: usize = 1 << 20;
+const BLKSIZE: usize = 1468;
+const IGNITION: &str = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/motd","contents":{"source":"data:,booted%20in%20a%20storm"}}]}}"#;
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+// ---------------------------------------------------------------- arguments
+
+struct Args {
+    machines: usize,
+    ramp: f64,
+    concurrency: usize,
+    only: Option<String>,
+    timeout: u64,
+}
+
+fn args() -> Args {
+    let a: Vec<String> = std::env::args().collect();
+    let get = |name: &str| {
+        a.iter()
+            .position(|x| x == name)
+            .and_then(|i| a.get(i + 1))
+            .cloned()
+    };
+    let quick = a.iter().any(|x| x == "--quick");
+    let machines: usize = get("--machines")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 100 } else { 1000 });
+    assert!(
+        (1..=POOL_MAX - 100).contains(&machines),
+        "--machines must be within 1..={}",
+        POOL_MAX - 100
+    );
+    Args {
+        machines,
+        ramp: get("--ramp")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(machines as f64 / 1000.0),
+        concurrency: get("--concurrency")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        only: get("--only"),
+        timeout: get("--timeout").and_then(|v| v.parse().ok()).unwrap_or(900),
+    }
+}
+
+// ---------------------------------------------------------------- namespaces
+
+fn must(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A network namespace, deleted (after killing what runs in it) on drop.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!(
+            "bpstorm{tag}{}x{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        must("ip", &["netns", "add", &name]);
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn ip(&self, args: &[&str]) -> String {
+        let mut a = vec!["-n", &self.name];
+        a.extend_from_slice(args);
+        must("ip", &a)
+    }
+
+    /// Run `ip -n NS -b FILE` over `lines`.
+    fn ip_batch(&self, lines: &str, dir: &Path) {
+        let f = dir.join(format!("batch-{}", COUNTER.fetch_add(1, Ordering::SeqCst)));
+        std::fs::write(&f, lines).unwrap();
+        self.ip(&["-b", f.to_str().unwrap()]);
+    }
+
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Run `f` on a thread inside this namespace (threads it starts stay there too).
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).expect("opening netns");
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .expect("namespace thread panicked")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// A child process, killed and reaped on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Server and client namespaces joined by veth `vs` ↔ `vc`, with the pool prepared.
+struct Lab {
+    server: Netns,
+    client: Netns,
+    pool: Vec<Ipv4Addr>,
+}
+
+impl Lab {
+    fn new(pool_size: usize, dir: &Path) -> Lab {
+        let server = Netns::new("s");
+        let client = Netns::new("c");
+        must(
+            "ip",
+            &[
+                "link",
+                "add",
+                "vs",
+                "netns",
+                &server.name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "vc",
+                "netns",
+                &client.name,
+            ],
+        );
+        server.ip(&["addr", "add", &format!("{SERVER_IP}/{PREFIX}"), "dev", "vs"]);
+        server.ip(&["link", "set", "vs", "up"]);
+        client.ip(&["link", "set", "vc", "up"]);
+        client.ip(&[
+            "route",
+            "add",
+            &format!("10.199.64.0/{PREFIX}"),
+            "dev",
+            "vc",
+        ]);
+        let out = client.ip(&["-o", "link", "show", "vc"]);
+        let i = out.find("link/ether ").expect("link/ether") + 11;
+        let vc_mac = out[i..i + 17].to_string();
+        let pool: Vec<Ipv4Addr> = (0..pool_size as u32)
+            .map(|k| Ipv4Addr::from(POOL_START + k))
+            .collect();
+        let mut addrs = String::new();
+        let mut neigh = String::new();
+        for a in &pool {
+            addrs.push_str(&format!("addr add {a}/32 dev vc\n"));
+            neigh.push_str(&format!(
+                "neigh replace {a} lladdr {vc_mac} dev vs nud permanent\n"
+            ));
+        }
+        client.ip_batch(&addrs, dir);
+        server.ip_batch(&neigh, dir);
+        Lab {
+            server,
+            client,
+            pool,
+        }
+    }
+
+    fn range(&self) -> (Ipv4Addr, Ipv4Addr) {
+        (self.pool[0], *self.pool.last().unwrap())
+    }
+}
+
+// ---------------------------------------------------------------- process stats
+
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    hwm_kib: u64,
+    cpu_ticks: u64,
+}
+
+fn proc_usage(pid: u32) -> Option<Usage> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm_kib = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after the comm: state is index 0, utime 11, stime 12.
+    let cpu_ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(Usage { hwm_kib, cpu_ticks })
+}
+
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+                if let Some(i) = stat.rfind(')') {
+                    let ppid = stat[i + 2..].split_whitespace().nth(1);
+                    if ppid == Some(&pid.to_string()) {
+                        out.push(p);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Summed usage of `pids` and their children (nginx workers).
+fn usage_of(pids: &[u32]) -> Usage {
+    let mut all: Vec<u32> = pids.to_vec();
+    for p in pids {
+        all.extend(children(*p));
+    }
+    let mut u = Usage::default();
+    for p in all {
+        if let Some(x) = proc_usage(p) {
+            u.hwm_kib += x.hwm_kib;
+            u.cpu_ticks += x.cpu_ticks;
+        }
+    }
+    u
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Sample the summed RSS of `pids` (and children) until `stop`; returns the peak.
+fn sample_rss(pids: Vec<u32>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut peak = 0;
+        let mut all = pids.clone();
+        for p in &pids {
+            all.extend(children(*p));
+        }
+        while !stop.load(Ordering::SeqCst) {
+            peak = peak.max(all.iter().map(|p| rss_kib(*p)).sum());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        peak
+    })
+}
+
+fn clk_tck() -> f64 {
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64
+}
+
+// ---------------------------------------------------------------- machines
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Stage {
+    Dhcp,
+    Tftp,
+    Chain,
+    Script,
+    Ignition,
+    /// Still booting when the side's `--timeout` ended (not a failure of a stage).
+    Unfinished,
+}
+
+const STAGES: [Stage; 6] = [
+    Stage::Dhcp,
+    Stage::Tftp,
+    Stage::Chain,
+    Stage::Script,
+    Stage::Ignition,
+    Stage::Unfinished,
+];
+
+impl Stage {
+    fn name(self) -> &'static str {
+        match self {
+            Stage::Dhcp => "dhcp",
+            Stage::Tftp => "tftp",
+            Stage::Chain => "boot.ipxe",
+            Stage::Script => "script",
+            Stage::Ignition => "ignition",
+            Stage::Unfinished => "unfinished at --timeout",
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Machine {
+    idx: usize,
+    mac: [u8; 6],
+    uuid: [u8; 16],
+}
+
+impl Machine {
+    fn new(idx: usize) -> Machine {
+        let i = idx as u32;
+        let mac = [0x02, 0x5b, 0x00, (i >> 16) as u8, (i >> 8) as u8, i as u8];
+        let mut uuid = [0u8; 16];
+        uuid[..4].copy_from_slice(&0x5b5b_0000u32.to_be_bytes());
+        uuid[6] = 0x40;
+        uuid[8] = 0x80;
+        uuid[12..].copy_from_slice(&i.to_be_bytes());
+        Machine { idx, mac, uuid }
+    }
+    fn name(&self) -> String {
+        format!("storm-{:05}", self.idx)
+    }
+    fn mac_colon(&self) -> String {
+        self.mac
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    }
+    fn mac_hyp(&self) -> String {
+        self.mac_colon().replace(':', "-")
+    }
+    fn uuid_str(&self) -> String {
+        let h = hex::encode(self.uuid);
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..]
+        )
+    }
+}
+
+struct Result1 {
+    ok: bool,
+    failed: Option<(Stage, String)>,
+    total: Duration,
+    stage: [Duration; 5],
+    retransmits: u32,
+}
+
+/// Replies to the shared port-68 socket, by xid.
+type Waiters = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>>;
+
+fn dhcp_socket() -> std::io::Result<UdpSocket> {
+    use nix::sys::socket::{
+        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    setsockopt(&fd, sockopt::Broadcast, &true)?;
+    setsockopt(&fd, sockopt::BindToDevice, &std::ffi::OsString::from("vc"))?;
+    if setsockopt(&fd, sockopt::RcvBufForce, &(16 << 20)).is_err() {
+        let _ = setsockopt(&fd, sockopt::RcvBuf, &(16 << 20));
+    }
+    let _ = setsockopt(&fd, sockopt::SndBufForce, &(4 << 20));
+    bind(fd.as_raw_fd(), &SockaddrIn::new(0, 0, 0, 0, 68))?;
+    UdpSocket::from_std(std::net::UdpSocket::from(fd))
+}
+
+struct Ctx {
+    dhcp: Arc<UdpSocket>,
+    waiters: Waiters,
+    expect_file: &'static str,
+}
+
+fn dhcp_msg(
+    m: &Machine,
+    xid: u32,
+    mtype: MessageType,
+    req: Option<(Ipv4Addr, Ipv4Addr)>,
+) -> Vec<u8> {
+    let mut msg = Message::default();
+    msg.set_opcode(v4::Opcode::BootRequest)
+        .set_htype(v4::HType::Eth)
+        .set_xid(xid)
+        .set_flags(v4::Flags::default().set_broadcast())
+        .set_chaddr(&m.mac);
+    let o = msg.opts_mut();
+    o.insert(DhcpOption::MessageType(mtype));
+    o.insert(DhcpOption::MaxMessageSize(1464));
+    o.insert(DhcpOption::ParameterRequestList(vec![
+        OptionCode::SubnetMask,
+        OptionCode::Router,
+        OptionCode::DomainNameServer,
+        OptionCode::Hostname,
+        OptionCode::VendorExtensions,
+        OptionCode::ClassIdentifier,
+        OptionCode::TFTPServerName,
+        OptionCode::BootfileName,
+    ]));
+    o.insert(DhcpOption::ClientSystemArchitecture(
+        v4::Architecture::X86_Bios,
+    ));
+    o.insert(DhcpOption::ClientNetworkInterface(1, 2, 1));
+    o.insert(DhcpOption::ClientMachineIdentifier(
+        std::iter::once(0u8).chain(m.uuid).collect(),
+    ));
+    o.insert(DhcpOption::ClassIdentifier(
+        b"PXEClient:Arch:00000:UNDI:002001".to_vec(),
+    ));
+    if let Some((ip, sid)) = req {
+        o.insert(DhcpOption::RequestedIpAddress(ip));
+        o.insert(DhcpOption::ServerIdentifier(sid));
+    }
+    let mut buf = Vec::with_capacity(400);
+    msg.encode(&mut Encoder::new(&mut buf))
+        .expect("encoding dhcp");
+    buf
+}
+
+/// One DHCP exchange step: send `pkt`, wait for a reply of `want` (or NAK) with the
+/// PXE retransmission schedule.
+async fn exchange(
+    ctx: &Ctx,
+    rx: &mut mpsc::UnboundedReceiver<Message>,
+    pkt: &[u8],
+    want: MessageType,
+    retx: &mut u32,
+) -> Result<Message, String> {
+    let dst = SocketAddr::from((Ipv4Addr::BROADCAST, 67));
+    for (k, secs) in [4u64, 8, 16, 32].into_iter().enumerate() {
+        if k > 0 {
+            *retx += 1;
+        }
+        ctx.dhcp
+            .send_to(pkt, dst)
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => break,
+                Ok(None) => return Err("receiver gone".into()),
+                Ok(Some(m)) => match m.opts().msg_type() {
+                    Some(t) if t == want => return Ok(m),
+                    Some(MessageType::Nak) => return Err("nak".into()),
+                    _ => continue,
+                },
+            }
+        }
+    }
+    Err(format!("no {want:?} after 4 tries (60 s)"))
+}
+
+struct Lease {
+    ip: Ipv4Addr,
+    tftp: Ipv4Addr,
+    file: String,
+}
+
+async fn dhcp(ctx: &Ctx, m: &Machine, retx: &mut u32) -> Result<Lease, String> {
+    let xid = 0x5b00_0000 ^ (m.idx as u32) ^ rand::random::<u32>() & 0x00ff_0000;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    ctx.waiters.lock().unwrap().insert(xid, tx);
+    let r = async {
+        for _ in 0..3 {
+            let offer = exchange(
+                ctx,
+                &mut rx,
+                &dhcp_msg(m, xid, MessageType::Discover, None),
+                MessageType::Offer,
+                retx,
+            )
+            .await?;
+            let sid = match offer.opts().get(OptionCode::ServerIdentifier) {
+                Some(DhcpOption::ServerIdentifier(s)) => *s,
+                _ => return Err("offer without server identifier".into()),
+            };
+            let req = dhcp_msg(m, xid, MessageType::Request, Some((offer.yiaddr(), sid)));
+            match exchange(ctx, &mut rx, &req, MessageType::Ack, retx).await {
+                Ok(ack) => {
+                    let file = match ack.opts().get(OptionCode::BootfileName) {
+                        Some(DhcpOption::BootfileName(f)) => String::from_utf8_lossy(f)
+                            .trim_end_matches('\0')
+                            .to_string(),
+                        _ => String::from_utf8_lossy(ack.fname().unwrap_or_default())
+                            .trim_end_matches('\0')
+                            .to_string(),
+                    };
+                    let tftp = match ack.opts().get(OptionCode::TFTPServerName) {
+                        Some(DhcpOption::TFTPServerName(n)) => String::from_utf8_lossy(n)
+                            .trim_end_matches('\0')
+                            .parse()
+                            .ok(),
+                        _ => None,
+                    }
+                    .filter(|_| ack.siaddr().is_unspecified())
+                    .unwrap_or(if ack.siaddr().is_unspecified() {
+                        sid
+                    } else {
+                        ack.siaddr()
+                    });
+                    return Ok(Lease {
+                        ip: ack.yiaddr(),
+                        tftp,
+                        file,
+                    });
+                }
+                Err(e) if e == "nak" => {
+                    *retx += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err("nak three times".into())
+    }
+    .await;
+    ctx.waiters.lock().unwrap().remove(&xid);
+    r
+}
+
+fn expected_byte(off: usize) -> u8 {
+    (off.wrapping_mul(31) ^ (off >> 9)) as u8
+}
+
+async fn tftp(lease: &Lease, retx: &mut u32) -> Result<usize, String> {
+    let sock = UdpSocket::bind(SocketAddrV4::new(lease.ip, 0))
+        .await
+        .map_err(|e| format!("bind {}: {e}", lease.ip))?;
+    let mut rrq = Vec::new();
+    rrq.extend_from_slice(&[0, 1]);
+    for part in [
+        lease.file.as_str(),
+        "octet",
+        "blksize",
+        &BLKSIZE.to_string(),
+        "tsize",
+        "0",
+    ] {
+        rrq.extend_from_slice(part.as_bytes());
+        rrq.push(0);
+    }
+    let server = SocketAddr::from((lease.tftp, 69));
+    let mut peer: Option<SocketAddr> = None;
+    let mut last: Vec<u8> = rrq.clone();
+    let mut blksize = 512usize;
+    let mut expect: u16 = 1;
+    let mut got = 0usize;
+    let mut tsize: Option<usize> = None;
+    let mut timeouts = 0u32;
+    let mut timeout = Duration::from_secs(1);
+    let mut buf = vec![0u8; BLKSIZE + 64];
+    sock.send_to(&rrq, server)
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let r = tokio::time::timeout(timeout, sock.recv_from(&mut buf)).await;
+        let (n, from) = match r {
+            Err(_) => {
+                timeouts += 1;
+                if timeouts > 6 {
+                    return Err(format!("timed out at block {expect} ({got} bytes)"));
+                }
+                *retx += 1;
+                timeout = (timeout * 2).min(Duration::from_secs(8));
+                sock.send_to(&last, peer.unwrap_or(server))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                continue;
+            }
+            Ok(Err(e)) => return Err(format!("recv: {e}")),
+            Ok(Ok(x)) => x,
+        };
+        if from.ip() != server.ip() || n < 4 {
+            continue;
+        }
+        if let Some(p) = peer {
+            if p != from {
+                // Another TID: tell it off, as RFC 1350 says.
+                let mut e = vec![0, 5, 0, 5];
+                e.extend_from_slice(b"unknown transfer id\0");
+                let _ = sock.send_to(&e, from).await;
+                continue;
+            }
+        }
+        let op = u16::from_be_bytes([buf[0], buf[1]]);
+        match op {
+            6 if peer.is_none() => {
+                // OACK
+                let mut it = buf[2..n].split(|b| *b == 0);
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    let k = String::from_utf8_lossy(k).to_ascii_lowercase();
+                    let v: usize = String::from_utf8_lossy(v).parse().unwrap_or(0);
+                    match k.as_str() {
+                        "blksize" => blksize = v,
+                        "tsize" => tsize = Some(v),
+                        _ => {}
+                    }
+                }
+                peer = Some(from);
+                last = vec![0, 4, 0, 0];
+            }
+            3 => {
+                let block = u16::from_be_bytes([buf[2], buf[3]]);
+                if peer.is_none() {
+                    // No OACK: the server ignored the options.
+                    peer = Some(from);
+                }
+                if block == expect {
+                    let data = &buf[4..n];
+                    let off = got;
+                    if let (Some(f), Some(l)) = (data.first(), data.last()) {
+                        if *f != expected_byte(off) || *l != expected_byte(off + data.len() - 1) {
+                            return Err(format!("corrupt data in block {block}"));
+                        }
+                    }
+                    got += data.len();
+                    last = vec![0, 4, buf[2], buf[3]];
+                    expect = expect.wrapping_add(1);
+                    timeouts = 0;
+                    timeout = Duration::from_secs(1);
+                    sock.send_to(&last, from).await.map_err(|e| e.to_string())?;
+                    if data.len() < blksize {
+                        if let Some(t) = tsize {
+                            if t != got {
+                                return Err(format!("tsize {t} but got {got}"));
+                            }
+                        }
+                        return Ok(got);
+                    }
+                } else if block == expect.wrapping_sub(1) {
+                    // Duplicate: our ACK was lost or late; ACK again.
+                    sock.send_to(&last, from).await.map_err(|e| e.to_string())?;
+                }
+                continue;
+            }
+            5 => {
+                return Err(format!(
+                    "error {}: {}",
+                    u16::from_be_bytes([buf[2], buf[3]]),
+                    String::from_utf8_lossy(&buf[4..n]).trim_end_matches('\0')
+                ))
+            }
+            _ => continue,
+        }
+        timeouts = 0;
+        timeout = Duration::from_secs(1);
+        sock.send_to(&last, peer.unwrap_or(server))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+}
+
+/// An HTTP/1.1 client bound to the machine's address, keeping one connection.
+struct Http {
+    local: Ipv4Addr,
+    conn: Option<hyper::client::conn::http1::SendRequest<Empty<Bytes>>>,
+}
+
+fn split_url(url: &str) -> Option<(SocketAddr, String, String)> {
+    let rest = url.strip_prefix("http://")?;
+    let (hostport, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr: SocketAddr = if hostport.contains(':') {
+        hostport.parse().ok()?
+    } else {
+        format!("{hostport}:80").parse().ok()?
+    };
+    Some((addr, hostport.to_string(), path.to_string()))
+}
+
+impl Http {
+    async fn connect(&mut self, addr: SocketAddr) -> Result<(), String> {
+        let s = TcpSocket::new_v4().map_err(|e| e.to_string())?;
+        s.bind(SocketAddr::from((self.local, 0)))
+            .map_err(|e| format!("bind {}: {e}", self.local))?;
+        let stream = tokio::time::timeout(Duration::from_secs(10), s.connect(addr))
+            .await
+            .map_err(|_| "connect timed out".to_string())?
+            .map_err(|e| format!("connect: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        let (send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| format!("handshake: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        self.conn = Some(send);
+        Ok(())
+    }
+
+    async fn get_once(&mut self, url: &str) -> Result<(u16, Bytes), String> {
+        let (addr, host, path) = split_url(url).ok_or_else(|| format!("bad url {url}"))?;
+        let ready = match self.conn.as_mut() {
+            Some(c) => c.ready().await.is_ok(),
+            None => false,
+        };
+        if !ready {
+            self.conn = None;
+            self.connect(addr).await?;
+        }
+        let req = http::Request::get(path)
+            .header(http::header::HOST, host)
+            .header(http::header::USER_AGENT, "iPXE/1.21.1 (storm)")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let conn = self.conn.as_mut().expect("connected");
+        let fut = async {
+            let resp = conn
+                .send_request(req)
+                .await
+                .map_err(|e| format!("request: {e}"))?;
+            let code = resp.status().as_u16();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("body: {e}"))?
+                .to_bytes();
+            Ok::<_, String>((code, body))
+        };
+        match tokio::time::timeout(Duration::from_secs(30), fut).await {
+            Ok(Ok(x)) => Ok(x),
+            Ok(Err(e)) => {
+                self.conn = None;
+                Err(e)
+            }
+            Err(_) => {
+                self.conn = None;
+                Err("request timed out".into())
+            }
+        }
+    }
+
+    /// GET with retries on transport errors and 5xx (1, 2, 4 s backoff).
+    async fn get(&mut self, url: &str, retx: &mut u32) -> Result<Bytes, String> {
+        let mut last = String::new();
+        for (k, backoff) in [0u64, 1, 2, 4].into_iter().enumerate() {
+            if k > 0 {
+                *retx += 1;
+                tokio::time::sleep(Duration::from_secs(backoff)).await;
+            }
+            match self.get_once(url).await {
+                Ok((200, b)) => return Ok(b),
+                Ok((c, b)) if c < 500 => {
+                    return Err(format!(
+                        "status {c}: {}",
+                        String::from_utf8_lossy(&b).trim()
+                    ))
+                }
+                Ok((c, _)) => last = format!("status {c}"),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+}
+
+async fn boot(ctx: Arc<Ctx>, m: Machine, http_base: String) -> Result1 {
+    let start = Instant::now();
+    let mut stage = [Duration::ZERO; 5];
+    let mut retx = 0u32;
+    let mut t = Instant::now();
+    let mut lap = |s: Stage, stage: &mut [Duration; 5]| {
+        stage[s as usize] = t.elapsed();
+        t = Instant::now();
+    };
+    let fail = |s: Stage, e: String, stage: [Duration; 5], retx: u32| Result1 {
+        ok: false,
+        failed: Some((s, e)),
+        total: start.elapsed(),
+        stage,
+        retransmits: retx,
+    };
+    let lease = match dhcp(&ctx, &m, &mut retx).await {
+        Ok(l) => l,
+        Err(e) => return fail(Stage::Dhcp, e, stage, retx),
+    };
+    if lease.file != ctx.expect_file {
+        return fail(
+            Stage::Dhcp,
+            format!("boot file {:?}", lease.file),
+            stage,
+            retx,
+        );
+    }
+    lap(Stage::Dhcp, &mut stage);
+    match tftp(&lease, &mut retx).await {
+        Ok(n) if n == BOOT_FILE_SIZE => {}
+        Ok(n) => return fail(Stage::Tftp, format!("got {n} bytes"), stage, retx),
+        Err(e) => return fail(Stage::Tftp, e, stage, retx),
+    }
+    lap(Stage::Tftp, &mut stage);
+    let mut http = Http {
+        local: lease.ip,
+        conn: None,
+    };
+    let chain = match http.get(&format!("{http_base}/boot.ipxe"), &mut retx).await {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) => return fail(Stage::Chain, e, stage, retx),
+    };
+    let Some(next) = chain
+        .lines()
+        .filter(|l| l.trim_start().starts_with("chain "))
+        .flat_map(|l| l.split_whitespace())
+        .find(|w| w.starts_with("http"))
+    else {
+        return fail(Stage::Chain, "no chain url".into(), stage, retx);
+    };
+    // iPXE's settings expansion for the variables the scripts use.
+    let next = next
+        .replace("${uuid:uristring}", &m.uuid_str())
+        .replace("${uuid}", &m.uuid_str())
+        .replace("${net0/mac:hexhyp}", &m.mac_hyp())
+        .replace("${net0/mac}", &m.mac_colon())
+        .replace("${buildarch:uristring}", "i386")
+        .replace("${platform:uristring}", "pcbios");
+    lap(Stage::Chain, &mut stage);
+    let script = match http.get(&next, &mut retx).await {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) => return fail(Stage::Script, e, stage, retx),
+    };
+    let Some(ign_url) = script
+        .lines()
+        .filter(|l| l.starts_with("kernel "))
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|w| w.strip_prefix("ignition.config.url="))
+        .map(str::to_string)
+    else {
+        let first: String = script.chars().take(200).collect();
+        return fail(
+            Stage::Script,
+            format!("no ignition url in script: {first}"),
+            stage,
+            retx,
+        );
+    };
+    lap(Stage::Script, &mut stage);
+    match http.get(&ign_url, &mut retx).await {
+        Ok(b) if b.windows(10).any(|w| w == b"\"ignition\"") => {}
+        Ok(_) => {
+            return fail(
+                Stage::Ignition,
+                "not an ignition config".into(),
+                stage,
+                retx,
+            )
+        }
+        Err(e) => return fail(Stage::Ignition, e, stage, retx),
+    }
+    lap(Stage::Ignition, &mut stage);
+    Result1 {
+        ok: true,
+        failed: None,
+        total: start.elapsed(),
+        stage,
+        retransmits: retx,
+    }
+}
+
+struct StormResult {
+    results: Vec<Result1>,
+    completion: Duration,
+    /// CPU time of this process (the simulated machines) during the storm.
+    client_cpu: f64,
+}
+
+fn self_cpu() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Run the storm from inside the client namespace.
+fn storm(a: &StormArgs) -> StormResult {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        let sock = Arc::new(dhcp_socket().expect("binding the client's port 68 on vc"));
+        let waiters: Waiters = Arc::default();
+        let rx_task = {
+            let (sock, waiters) = (sock.clone(), waiters.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 2048];
+                loop {
+                    let Ok((n, _)) = sock.recv_from(&mut buf).await else {
+                        continue;
+                    };
+                    let Ok(msg) = Message::decode(&mut Decoder::new(&buf[..n])) else {
+                        continue;
+                    };
+                    if msg.opcode() != v4::Opcode::BootReply {
+                        continue;
+                    }
+                    if let Some(tx) = waiters.lock().unwrap().get(&msg.xid()) {
+                        let _ = tx.send(msg);
+                    }
+                }
+            })
+        };
+        let ctx = Arc::new(Ctx {
+            dhcp: sock,
+            waiters,
+            expect_file: BOOT_FILE,
+        });
+        let sem = Arc::new(tokio::sync::Semaphore::new(if a.concurrency == 0 {
+            tokio::sync::Semaphore::MAX_PERMITS
+        } else {
+            a.concurrency
+        }));
+        let cpu0 = self_cpu();
+        let t0 = tokio::time::Instant::now();
+        let t0s = Instant::now();
+        let mut handles = Vec::with_capacity(a.machines);
+        for i in 0..a.machines {
+            let at = t0 + Duration::from_secs_f64(a.ramp * i as f64 / a.machines as f64);
+            let (ctx, sem, base) = (ctx.clone(), sem.clone(), a.http_base.clone());
+            handles.push(tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let _permit = sem.acquire_owned().await.expect("semaphore");
+                boot(ctx, Machine::new(i), base).await
+            }));
+        }
+        let deadline = t0 + Duration::from_secs(a.timeout);
+        let mut results = Vec::with_capacity(a.machines);
+        for h in handles {
+            match tokio::time::timeout_at(deadline, h).await {
+                Ok(Ok(r)) => results.push(r),
+                Ok(Err(e)) => results.push(Result1 {
+                    ok: false,
+                    failed: Some((Stage::Dhcp, format!("task: {e}"))),
+                    total: Duration::ZERO,
+                    stage: [Duration::ZERO; 5],
+                    retransmits: 0,
+                }),
+                Err(_) => results.push(Result1 {
+                    ok: false,
+                    failed: Some((Stage::Unfinished, "storm timed out".into())),
+                    total: Duration::ZERO,
+                    stage: [Duration::ZERO; 5],
+                    retransmits: 0,
+                }),
+            }
+        }
+        let completion = t0s.elapsed();
+        rx_task.abort();
+        StormResult {
+            results,
+            completion,
+            client_cpu: self_cpu() - cpu0,
+        }
+    })
+}
+
+#[derive(Clone)]
+struct StormArgs {
+    machines: usize,
+    ramp: f64,
+    concurrency: usize,
+    http_base: String,
+    timeout: u64,
+}
+
+// ---------------------------------------------------------------- the two sides
+
+fn boot_file(dir: &Path) -> PathBuf {
+    let d = dir.join("tftp");
+    std::fs::create_dir_all(&d).unwrap();
+    let data: Vec<u8> = (0..BOOT_FILE_SIZE).map(expected_byte).collect();
+    std::fs::write(d.join(BOOT_FILE), data).unwrap();
+    d
+}
+
+fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+struct Side {
+    name: &'static str,
+    /// Highest summed VmRSS sampled every 100 ms during the storm.
+    storm_rss_kib: u64,
+    storm: StormResult,
+    usage_before: Usage,
+    usage_after: Usage,
+    note: String,
+}
+
+fn run_bootplane(a: &Args, dir: &Path) -> Side {
+    let n = a.machines;
+    let pool = n + (n / 10).max(64);
+    let lab = Lab::new(pool, dir);
+    let (lo, hi) = lab.range();
+    let images = dir.join("images");
+    std::fs::create_dir_all(images.join("os")).unwrap();
+    let mut entries = String::new();
+    for (role, body) in [
+        ("kernel", &b"storm kernel\n"[..]),
+        ("initrd", &b"storm initrd\n"[..]),
+    ] {
+        use sha2::Digest;
+        std::fs::write(images.join("os").join(role), body).unwrap();
+        entries.push_str(&format!(
+            "{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n",
+            hex::encode(sha2::Sha256::digest(body))
+        ));
+    }
+    std::fs::write(
+        images.join("catalog.toml"),
+        format!("[[image]]\nref = \"os-image:latest\"\n{entries}"),
+    )
+    .unwrap();
+    let tftp_root = boot_file(dir);
+    let state = dir.join("state");
+    let cfg = dir.join("bootplane.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "state_dir = \"{state}\"\n\
+             [api]\nlisten = \"127.0.0.1:9090\"\n\
+             [http]\nlisten = \"0.0.0.0:{HTTP_PORT}\"\npublic_url = \"http://{SERVER_IP}:{HTTP_PORT}\"\n\
+             [dhcp]\nenabled = true\ninterface = \"vs\"\nmode = \"authoritative\"\nrange = \"{lo}-{hi}\"\nprefix_len = {PREFIX}\n\
+             [dhcp.boot]\nbios = \"{BOOT_FILE}\"\n\
+             [tftp]\nenabled = true\nlisten = \"0.0.0.0:69\"\nroot = \"{tftp}\"\n\
+             [boot]\nimages_dir = \"{images}\"\n\
+             [controller]\npower_driver = \"test\"\n",
+            state = state.display(),
+            tftp = tftp_root.display(),
+            images = images.display(),
+        ),
+    )
+    .unwrap();
+    let log_path = dir.join("bootplane.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut c = lab.server.cmd(env!("CARGO_BIN_EXE_bootplane"));
+    c.args(["serve", "--config", cfg.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    let child = Proc(c.spawn().expect("starting bootplane"));
+    let pid = child.0.id();
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    wait_until(Duration::from_secs(60), "bootplane to listen", || {
+        let l = read_log();
+        l.contains("dhcp server listening") && l.contains("tftp server listening")
+    });
+    let token_path = state.join("api-token");
+    wait_until(Duration::from_secs(30), "the api token", || {
+        token_path.exists()
+    });
+    let token = std::fs::read_to_string(&token_path)
+        .unwrap()
+        .trim()
+        .to_string();
+
+    // Register N servers (by MAC + UUID), one ignition secret, N claims by serverRef.
+    let t = Instant::now();
+    let ready = lab.server.run(move || register(n, &token));
+    println!(
+        "bootplane: {n} servers registered and claimed, {ready} boot configurations Ready in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(ready, n, "not every boot configuration became Ready");
+    // Let the boot index catch up with the last Ready.
+    std::thread::sleep(Duration::from_secs(1));
+
+    let before = usage_of(&[pid]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_rss(vec![pid], stop.clone());
+    let sa = StormArgs {
+        machines: n,
+        ramp: a.ramp,
+        concurrency: a.concurrency,
+        http_base: format!("http://{SERVER_IP}:{HTTP_PORT}"),
+        timeout: a.timeout,
+    };
+    let storm_res = lab.client.run(move || storm(&sa));
+    stop.store(true, Ordering::SeqCst);
+    let storm_rss_kib = sampler.join().unwrap_or(0);
+    let after = usage_of(&[pid]);
+    let alive = matches!(proc_usage(pid), Some(_));
+    let note = if alive {
+        String::new()
+    } else {
+        "bootplane exited during the storm".into()
+    };
+    let _ = std::fs::copy(
+        &log_path,
+        std::env::temp_dir().join("boot-storm-bootplane.log"),
+    );
+    drop(child);
+    drop(lab);
+    Side {
+        name: "bootplane",
+        storm_rss_kib,
+        storm: storm_res,
+        usage_before: before,
+        usage_after: after,
+        note,
+    }
+}
+
+/// Inside the server namespace: register and claim N machines, wait for Ready.
+fn register(n: usize, token: &str) -> usize {
+    let api = "http://127.0.0.1:9090";
+    let auth = format!("Bearer {token}");
+    let post = |agent: &ureq::Agent, path: &str, body: &Value| {
+        for k in 0..5 {
+            match agent
+                .post(&format!("{api}{path}"))
+                .set("Authorization", &auth)
+                .set("Content-Type", "application/json")
+                .send_string(&body.to_string())
+            {
+                Ok(_) => return,
+                Err(ureq::Error::Status(409, _)) => return,
+                Err(e) if k == 4 => panic!("POST {path}: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    };
+    let agent = ureq::AgentBuilder::new().build();
+    post(
+        &agent,
+        "/api/v1/namespaces/default/secrets",
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "storm-ign"}, "stringData": {"ignition": IGNITION}}),
+    );
+    let clients = 16;
+    std::thread::scope(|s| {
+        for c in 0..clients {
+            let post = &post;
+            s.spawn(move || {
+                let agent = ureq::AgentBuilder::new().build();
+                for i in (c..n).step_by(clients) {
+                    let m = Machine::new(i);
+                    post(&agent, "/apis/metal.ironcore.dev/v1alpha1/servers", &json!({
+                        "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+                        "metadata": {"name": m.name()},
+                        "spec": {"systemUUID": m.uuid_str()},
+                        "status": {"state": "Available", "powerState": "Off",
+                                   "networkInterfaces": [{"name": "eth0", "macAddress": m.mac_colon()}]},
+                    }));
+                }
+            });
+        }
+    });
+    // Count boot configurations turning Ready from a watch (listing 10,000 objects on
+    // every poll would itself cost the server memory).
+    let sbcs = "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverbootconfigurations";
+    let rv: String = agent
+        .get(&format!("{api}{sbcs}"))
+        .set("Authorization", &auth)
+        .call()
+        .ok()
+        .and_then(|r| r.into_string().ok())
+        .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+        .and_then(|v| {
+            v["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .expect("listing boot configurations");
+    let ready_count = Arc::new(AtomicUsize::new(0));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    {
+        let (url, auth, ready_count) = (
+            format!("{api}{sbcs}?watch=true&resourceVersion={rv}"),
+            auth.clone(),
+            ready_count.clone(),
+        );
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let Ok(r) = ureq::get(&url).set("Authorization", &auth).call() else {
+                return;
+            };
+            let mut seen = std::collections::HashSet::new();
+            for line in std::io::BufReader::new(r.into_reader()).lines() {
+                let Ok(line) = line else { return };
+                let Ok(ev) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if ev["object"]["status"]["state"] == "Ready" {
+                    if let Some(name) = ev["object"]["metadata"]["name"].as_str() {
+                        if seen.insert(name.to_string()) {
+                            ready_count.store(seen.len(), Ordering::SeqCst);
+                            if seen.len() >= n {
+                                let _ = ready_tx.send(());
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+    std::thread::scope(|s| {
+        for c in 0..clients {
+            let post = &post;
+            s.spawn(move || {
+                let agent = ureq::AgentBuilder::new().build();
+                for i in (c..n).step_by(clients) {
+                    let m = Machine::new(i);
+                    post(
+                        &agent,
+                        "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims",
+                        &json!({
+                            "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+                            "metadata": {"name": m.name()},
+                            "spec": {"power": "On", "image": "os-image:latest",
+                                     "serverRef": {"name": m.name()},
+                                     "ignitionSecretRef": {"name": "storm-ign"}},
+                        }),
+                    );
+                }
+            });
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(120 + n as u64 / 50);
+    while ready_rx.recv_timeout(Duration::from_millis(200)).is_err() {
+        if Instant::now() > deadline {
+            break;
+        }
+    }
+    let ready = ready_count.load(Ordering::SeqCst);
+    ready
+}
+
+fn run_peer(a: &Args, dir: &Path) -> Side {
+    let n = a.machines;
+    let pool = n + (n / 10).max(64);
+    let lab = Lab::new(pool, dir);
+    let (lo, hi) = lab.range();
+    let tftp_root = boot_file(dir);
+    // nginx tree: /boot.ipxe, /ipxe/<mac>.ipxe, /ignition/<name>.ign, /assets/kernel.
+    let www = dir.join("www");
+    for d in ["ipxe", "ignition", "assets"] {
+        std::fs::create_dir_all(www.join(d)).unwrap();
+    }
+    let base = format!("http://{SERVER_IP}:{HTTP_PORT}");
+    std::fs::write(
+        www.join("boot.ipxe"),
+        format!(
+            "#!ipxe\nchain --autofree --replace {base}/ipxe/${{net0/mac:hexhyp}}.ipxe || exit 1\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(www.join("assets/kernel"), b"storm kernel\n").unwrap();
+    std::fs::write(www.join("assets/initrd"), b"storm initrd\n").unwrap();
+    for i in 0..n {
+        let m = Machine::new(i);
+        std::fs::write(
+            www.join(format!("ipxe/{}.ipxe", m.mac_hyp())),
+            format!(
+                "#!ipxe\necho booting {name}\nkernel {base}/assets/kernel initrd=initrd ignition.config.url={base}/ignition/{name}.ign ignition.firstboot=1 ignition.platform.id=metal\ninitrd --name initrd {base}/assets/initrd\nboot\n",
+                name = m.name()
+            ),
+        )
+        .unwrap();
+        std::fs::write(www.join(format!("ignition/{}.ign", m.name())), IGNITION).unwrap();
+    }
+    let ngx = dir.join("nginx");
+    std::fs::create_dir_all(ngx.join("logs")).unwrap();
+    let conf = ngx.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "user root;\nworker_processes 2;\nworker_rlimit_nofile 65536;\npid {p}/nginx.pid;\nerror_log {p}/logs/error.log warn;\n\
+             events {{ worker_connections 16384; }}\n\
+             http {{\n  access_log {p}/logs/access.log;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000;\n  default_type application/octet-stream;\n\
+               client_body_temp_path {p}/body;\n  proxy_temp_path {p}/proxy;\n  fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
+               server {{ listen {HTTP_PORT} backlog=4096; root {www}; }}\n}}\n",
+            p = ngx.display(),
+            www = www.display()
+        ),
+    )
+    .unwrap();
+    let mut c = lab.server.cmd("nginx");
+    c.args([
+        "-p",
+        ngx.to_str().unwrap(),
+        "-c",
+        conf.to_str().unwrap(),
+        "-g",
+        "daemon off;",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit());
+    let nginx = Proc(c.spawn().expect("starting nginx (apt-get install nginx)"));
+    let leases = dir.join("dnsmasq.leases");
+    let dlog = dir.join("dnsmasq.log");
+    let mut c = lab.server.cmd("dnsmasq");
+    c.args([
+        "--keep-in-foreground",
+        "--conf-file=/dev/null",
+        "--port=0",
+        "--user=root",
+        "--interface=vs",
+        "--bind-interfaces",
+        "--dhcp-authoritative",
+        // The pool is pre-configured on the client veth, so it answers pings: skip
+        // dnsmasq's ping check before an offer (bootplane does none either).
+        "--no-ping",
+        &format!("--dhcp-range={lo},{hi},255.255.192.0,1h"),
+        &format!("--dhcp-lease-max={}", pool + 16),
+        &format!("--dhcp-leasefile={}", leases.display()),
+        &format!("--dhcp-boot={BOOT_FILE}"),
+        "--enable-tftp",
+        &format!("--tftp-root={}", tftp_root.display()),
+        "--tftp-max=2048",
+        &format!("--log-facility={}", dlog.display()),
+        "--log-async=100",
+        &format!("--pid-file={}", dir.join("dnsmasq.pid").display()),
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit());
+    let dnsmasq = Proc(
+        c.spawn()
+            .expect("starting dnsmasq (apt-get install dnsmasq)"),
+    );
+    let (dpid, npid) = (dnsmasq.0.id(), nginx.0.id());
+    wait_until(
+        Duration::from_secs(20),
+        "nginx and dnsmasq to start",
+        || {
+            let nginx_up = !children(npid).is_empty();
+            let dnsmasq_up = std::fs::read_to_string(&dlog)
+                .map(|l| l.contains("TFTP root"))
+                .unwrap_or(false);
+            nginx_up && dnsmasq_up
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let before = usage_of(&[dpid, npid]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sample_rss(vec![dpid, npid], stop.clone());
+    let sa = StormArgs {
+        machines: n,
+        ramp: a.ramp,
+        concurrency: a.concurrency,
+        http_base: base,
+        timeout: a.timeout,
+    };
+    let storm_res = lab.client.run(move || storm(&sa));
+    stop.store(true, Ordering::SeqCst);
+    let storm_rss_kib = sampler.join().unwrap_or(0);
+    let after = usage_of(&[dpid, npid]);
+    let d_hwm = proc_usage(dpid).map(|u| u.hwm_kib).unwrap_or(0);
+    let note = format!(
+        "dnsmasq {:.1} MiB, nginx (master + workers) {:.1} MiB",
+        d_hwm as f64 / 1024.0,
+        after.hwm_kib.saturating_sub(d_hwm) as f64 / 1024.0
+    );
+    let _ = std::fs::copy(&dlog, std::env::temp_dir().join("boot-storm-dnsmasq.log"));
+    drop(dnsmasq);
+    drop(nginx);
+    drop(lab);
+    Side {
+        name: "dnsmasq+nginx",
+        storm_rss_kib,
+        storm: storm_res,
+        usage_before: before,
+        usage_after: after,
+        note,
+    }
+}
+
+// ---------------------------------------------------------------- report
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+struct Summary {
+    ok: usize,
+    completion: f64,
+    p50: f64,
+    p99: f64,
+    rss_mib: f64,
+    cpu_s: f64,
+}
+
+fn summarize(s: &Side) -> Summary {
+    let r = &s.storm.results;
+    let ok = r.iter().filter(|x| x.ok).count();
+    let mut t: Vec<f64> = r
+        .iter()
+        .filter(|x| x.ok)
+        .map(|x| x.total.as_secs_f64())
+        .collect();
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let mut fails: Vec<String> = Vec::new();
+    for st in STAGES {
+        let k = r
+            .iter()
+            .filter(|x| matches!(&x.failed, Some((s2, _)) if *s2 == st))
+            .count();
+        if k > 0 {
+            fails.push(format!("{} {k}", st.name()));
+        }
+    }
+    let retx: u32 = r.iter().map(|x| x.retransmits).sum();
+    let cpu_s = (s
+        .usage_after
+        .cpu_ticks
+        .saturating_sub(s.usage_before.cpu_ticks)) as f64
+        / clk_tck();
+    let rss_mib = s.usage_after.hwm_kib as f64 / 1024.0;
+    let stage_p50: Vec<String> = STAGES[..5]
+        .iter()
+        .map(|st| {
+            let mut v: Vec<f64> = r
+                .iter()
+                .filter(|x| x.ok)
+                .map(|x| x.stage[*st as usize].as_secs_f64())
+                .collect();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            format!("{} {:.3}/{:.3}", st.name(), pct(&v, 0.5), pct(&v, 0.99))
+        })
+        .collect();
+    println!(
+        "{:<14} booted {ok}/{} | failures: {} | completion {:.2}s | boot time p50 {:.2}s p99 {:.2}s | peak RSS {rss_mib:.1} MiB (storm {:.1}) | CPU {cpu_s:.2}s | retransmits {retx}",
+        s.name,
+        r.len(),
+        if fails.is_empty() { "0".to_string() } else { fails.join(", ") },
+        s.storm.completion.as_secs_f64(),
+        pct(&t, 0.5),
+        pct(&t, 0.99),
+        s.storm_rss_kib as f64 / 1024.0,
+    );
+    println!("{:<14} stage p50/p99 (s): {}", "", stage_p50.join(" | "));
+    println!(
+        "{:<14} simulated machines (this process) used {:.2}s CPU",
+        "", s.storm.client_cpu
+    );
+    if !s.note.is_empty() {
+        println!("{:<14} {}", "", s.note);
+    }
+    let mut shown = 0;
+    for x in r.iter().filter(|x| !x.ok) {
+        if let Some((st, e)) = &x.failed {
+            if shown < 5 {
+                println!("{:<14} failure: {}: {e}", "", st.name());
+                shown += 1;
+            }
+        }
+    }
+    Summary {
+        ok,
+        completion: s.storm.completion.as_secs_f64(),
+        p50: pct(&t, 0.5),
+        p99: pct(&t, 0.99),
+        rss_mib,
+        cpu_s,
+    }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() {
+    let a = args();
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "the boot storm needs root (network namespaces)"
+    );
+    // Thousands of sockets on both sides.
+    let lim = libc::rlimit {
+        rlim_cur: 65536,
+        rlim_max: 65536,
+    };
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    let _ = std::io::stdout().flush();
+    println!(
+        "boot storm: {} machines, ramp {:.1}s ({:.0} power-ons/s), concurrency {}, load average {}",
+        a.machines,
+        a.ramp,
+        if a.ramp > 0.0 {
+            a.machines as f64 / a.ramp
+        } else {
+            f64::INFINITY
+        },
+        if a.concurrency == 0 {
+            "unbounded".to_string()
+        } else {
+            a.concurrency.to_string()
+        },
+        loadavg()
+    );
+    let mut sides = Vec::new();
+    let mut sums: Vec<Summary> = Vec::new();
+    if a.only.as_deref() != Some("peer") {
+        let dir = tempfile::tempdir().unwrap();
+        sides.push(run_bootplane(&a, dir.path()));
+        println!("load average after bootplane: {}", loadavg());
+        sums.push(summarize(sides.last().unwrap()));
+    }
+    if a.only.as_deref() != Some("bootplane") {
+        let dir = tempfile::tempdir().unwrap();
+        sides.push(run_peer(&a, dir.path()));
+        println!("load average after peer: {}", loadavg());
+        sums.push(summarize(sides.last().unwrap()));
+    }
+    println!();
+    if let [b, p] = &sums[..] {
+        println!(
+            "ratio bootplane/peer: completion {:.2}x, p50 {:.2}x, p99 {:.2}x, CPU {:.2}x, RSS {:.2}x",
+            b.completion / p.completion,
+            b.p50 / p.p50,
+            b.p99 / p.p99,
+            b.cpu_s / p.cpu_s,
+            b.rss_mib / p.rss_mib
+        );
+        let peer_done = p.ok == a.machines;
+        println!(
+            "goal completion <= 0.5x peer: {}",
+            if !peer_done {
+                format!(
+                    "peer failed {} machines (ratio over its partial run above)",
+                    a.machines - p.ok
+                )
+            } else if b.completion <= 0.5 * p.completion && b.ok == a.machines {
+                "met".into()
+            } else {
+                "NOT met".into()
+            }
+        );
+    }
+    if let Some(b) = sides
+        .iter()
+        .position(|s| s.name == "bootplane")
+        .map(|i| &sums[i])
+    {
+        println!(
+            "goal {} machines with 0 failures{}: {}",
+            a.machines,
+            if a.machines >= 10_000 {
+                " and RSS <= 256 MiB"
+            } else {
+                ""
+            },
+            if b.ok == a.machines && (a.machines < 10_000 || b.rss_mib <= 256.0) {
+                "met"
+            } else {
+                "NOT met"
+            }
+        );
+    }
+}
