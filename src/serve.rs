@@ -163,7 +163,8 @@ pub async fn run(config: Config) -> Result<()> {
         }
         if ctx.config.controller.enabled {
             let c = crate::controller::s390x::S390x::new(store.clone(), backend, runner, settings);
-            let (s, workers, run_backend) = (coord.handle(), ctx.config.controller.workers, nfs.enabled);
+            let (s, workers, run_backend) =
+                (coord.handle(), ctx.config.controller.workers, nfs.enabled);
             tasks.spawn(async move {
                 c.run(workers, s, run_backend).await;
                 Ok(())

@@ -225,7 +225,7 @@ fn metrics_page_has_dhcp_and_tftp_after_a_dora_and_a_fetch() {
         Duration::from_secs(10),
         || {
             let p = scrape(&lab);
-            let ok = sample(&p, "tftp_transfers_completed_total") == Some(1.0)
+            let ok = sample(&p, "bootplane_tftp_transfers_completed_total") == Some(1.0)
                 && sample(&p, "bootplane_dhcp_pool_used{subnet=\"10.199.46.0\"}") == Some(1.0);
             *last.borrow_mut() = p;
             ok
@@ -274,21 +274,21 @@ fn metrics_page_has_dhcp_and_tftp_after_a_dora_and_a_fetch() {
     );
     // TFTP: transfers, bytes, errors by kind, durations.
     assert_eq!(
-        sample(&page, "tftp_bytes_sent_total"),
+        sample(&page, "bootplane_tftp_bytes_sent_total"),
         Some(body.len() as f64),
         "{page}"
     );
     assert_eq!(
-        sample(&page, "tftp_errors_total{kind=\"NotFound\"}"),
+        sample(&page, "bootplane_tftp_errors_total{kind=\"NotFound\"}"),
         Some(1.0),
         "{page}"
     );
     assert_eq!(
-        sample(&page, "tftp_transfer_duration_seconds_count"),
+        sample(&page, "bootplane_tftp_transfer_duration_seconds_count"),
         Some(1.0),
         "{page}"
     );
-    assert!(page.contains("tftp_retransmits_total"), "{page}");
+    assert!(page.contains("bootplane_tftp_retransmits_total"), "{page}");
     // Next to the HTTP ones, one page, one EOF at its end.
     assert!(page.contains("bootplane_store_revision"), "{page}");
     assert!(page.contains("# TYPE bootplane_http"), "{page}");

@@ -388,30 +388,31 @@ impl BootIndex for StoreBootIndex {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let m = self.mem.lookup(id).or_else(|| {
+        // The entry is returned as stored (never a per-request copy), so the listener's
+        // per-machine script cache keeps hitting for lease-identified machines.
+        self.mem.lookup(id).or_else(|| {
             let MachineId::Ip(IpAddr::V4(ip)) = id else {
                 return None;
             };
             let l = self.leases.as_ref()?.by_ip(*ip).filter(|l| l.active(now))?;
             self.mem.lookup(&MachineId::Mac(l.mac))
-        })?;
-        let Some(leases) = &self.leases else {
-            return Some(m);
-        };
-        let extra: Vec<IpAddr> = m
-            .macs
-            .iter()
-            .filter_map(|mac| leases.by_mac(mac))
-            .filter(|l| l.active(now))
-            .map(|l| IpAddr::V4(l.ip))
-            .filter(|ip| !m.ips.contains(ip))
-            .collect();
-        if extra.is_empty() {
-            return Some(m);
+        })
+    }
+
+    fn owns(&self, m: &MachineBoot, client: IpAddr) -> bool {
+        if m.ips.contains(&client) {
+            return true;
         }
-        let mut with_lease = (*m).clone();
-        with_lease.ips.extend(extra);
-        Some(Arc::new(with_lease))
+        let (Some(leases), IpAddr::V4(ip)) = (&self.leases, client) else {
+            return false;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        leases
+            .by_ip(ip)
+            .is_some_and(|l| l.active(now) && m.macs.contains(&l.mac))
     }
 
     fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr) {

@@ -379,7 +379,7 @@ impl BootHttp {
             return self.default_script(&format!("unknown machine ({who})"));
         };
         *server_out = Some(m.clone());
-        if !m.ips.contains(&client) {
+        if !self.index.owns(&m, client) {
             let ok = q.token.as_deref().map(|t| {
                 self.signer
                     .verify(t, Purpose::Script, &m.server, unix_now())
@@ -510,7 +510,7 @@ impl BootHttp {
             return text(StatusCode::NOT_FOUND, "not found\n");
         };
         *server_out = Some(m.clone());
-        if !m.ips.contains(&client) {
+        if !self.index.owns(&m, client) {
             match token.map(|t| {
                 self.signer
                     .verify(t, Purpose::Ignition, &m.server, unix_now())

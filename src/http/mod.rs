@@ -117,6 +117,12 @@ pub trait BootIndex: Send + Sync {
     fn lookup(&self, id: &MachineId) -> Option<Arc<MachineBoot>>;
     /// Note that `server` fetched its script or Ignition from `client`.
     fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr);
+    /// Whether `client` is one of `m`'s own addresses (the identity check). By default
+    /// its registered addresses; an index that knows DHCP leases also counts the
+    /// address leased to one of its MACs.
+    fn owns(&self, m: &MachineBoot, client: IpAddr) -> bool {
+        m.ips.contains(&client)
+    }
 }
 
 /// Run the boot listener on `http.listen` until shutdown. Metrics go to a fresh

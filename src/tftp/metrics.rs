@@ -8,7 +8,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// Kinds of errors counted by `tftp_errors_total{kind=...}`.
+/// Kinds of errors counted by `bootplane_tftp_errors_total{kind=...}`.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum ErrorKind {
     /// Truncated or undecodable datagram (dropped).
@@ -80,9 +80,9 @@ impl Metrics {
         self.errors.get_or_create(&ErrorLabels { kind }).get()
     }
 
-    /// Register clones of every metric under the `tftp_` prefix.
+    /// Register clones of every metric under the `bootplane_tftp_` prefix.
     pub fn register(&self, reg: &mut Registry) {
-        let r = reg.sub_registry_with_prefix("tftp");
+        let r = reg.sub_registry_with_prefix("bootplane_tftp");
         r.register(
             "transfers_started",
             "read requests accepted",
@@ -146,8 +146,17 @@ mod tests {
         m.register(&mut reg);
         let mut s = String::new();
         prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
-        assert!(s.contains("tftp_transfers_started_total 1"), "{s}");
-        assert!(s.contains("tftp_errors_total{kind=\"NotFound\"} 1"), "{s}");
-        assert!(s.contains("tftp_transfer_duration_seconds_count 1"), "{s}");
+        assert!(
+            s.contains("bootplane_tftp_transfers_started_total 1"),
+            "{s}"
+        );
+        assert!(
+            s.contains("bootplane_tftp_errors_total{kind=\"NotFound\"} 1"),
+            "{s}"
+        );
+        assert!(
+            s.contains("bootplane_tftp_transfer_duration_seconds_count 1"),
+            "{s}"
+        );
     }
 }
