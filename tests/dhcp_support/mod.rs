@@ -253,9 +253,13 @@ pub fn run_bounded(mut c: Command, secs: u32) -> Output {
         .arg(prog)
         .args(args);
     for (k, v) in c.get_envs() {
-        if let Some(v) = v {
-            t.env(k, v);
-        }
+        match v {
+            Some(v) => t.env(k, v),
+            None => t.env_remove(k),
+        };
+    }
+    if let Some(d) = c.get_current_dir() {
+        t.current_dir(d);
     }
     let _ = &mut c;
     t.output().expect("running bounded command")
