@@ -179,6 +179,7 @@ fn main() {
     // butane.rs) are not gzip-encoded again. The same happens after a template reload
     // for the files it did not change.
     let mut cpu_re = Vec::with_capacity(machines);
+    let cache_re = RenderCache::new();
     for i in 0..machines {
         let f = facts(i);
         let key = RenderKey {
@@ -187,7 +188,7 @@ fn main() {
             template_revision: trev.clone(),
         };
         let c0 = thread_cpu();
-        let out = cache
+        let out = cache_re
             .get_or_render_for(&key, &f, || {
                 r.render_with(Some("default.bu"), &f, Some(&secret_cfg))
             })
