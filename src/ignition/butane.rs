@@ -611,10 +611,100 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Data URLs of file contents encoded before, by SHA-256 of the contents. A template's
+/// static files and its `files/` tree are the same on every machine, and a gzip attempt
+/// costs a compressor reset (~160 KB of hash tables cleared) even for a short file, so a
+/// cold render of a machine re-encodes only what differs from machines rendered before.
+/// Bounded two ways: two generations of at most [`URL_CACHE_ENTRIES`] entries and
+/// [`URL_CACHE_BYTES`] of URLs each (an approximate LRU: a new generation starts when the
+/// current one is full, the older one is dropped, and a hit in the older one is moved
+/// to the current one); URLs longer than a quarter of the byte bound are not kept.
+/// A URL is kept only when its contents are seen a second time: contents unique to
+/// one machine (most templated files) cost a hash and a key, not a copy of the URL
+/// (copying every URL made a cold render of 2,000 distinct machines slower).
+struct UrlCache {
+    cur: std::collections::HashMap<[u8; 33], (String, &'static str)>,
+    old: std::collections::HashMap<[u8; 33], (String, &'static str)>,
+    cur_bytes: usize,
+    /// Keys seen once; cleared when it holds [`URL_SEEN_KEYS`].
+    seen: std::collections::HashSet<[u8; 33]>,
+}
+
+const URL_SEEN_KEYS: usize = 1 << 16;
+
+const URL_CACHE_ENTRIES: usize = 4096;
+const URL_CACHE_BYTES: usize = 16 << 20;
+
+fn url_cache() -> &'static std::sync::Mutex<UrlCache> {
+    static C: std::sync::OnceLock<std::sync::Mutex<UrlCache>> = std::sync::OnceLock::new();
+    C.get_or_init(|| {
+        std::sync::Mutex::new(UrlCache {
+            cur: std::collections::HashMap::new(),
+            old: std::collections::HashMap::new(),
+            cur_bytes: 0,
+            seen: std::collections::HashSet::new(),
+        })
+    })
+}
+
+/// `encode(data)` through the [`UrlCache`]; `mode` tells encodings of the same bytes
+/// apart (auto gzip / forced gzip).
+fn cached_url(
+    data: &[u8],
+    mode: u8,
+    encode: impl FnOnce(&[u8]) -> (String, &'static str),
+) -> (String, &'static str) {
+    use sha2::Digest;
+    let mut key = [mode; 33];
+    key[..32].copy_from_slice(&sha2::Sha256::digest(data));
+    {
+        let mut c = url_cache().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = c.cur.get(&key) {
+            return v.clone();
+        }
+        if let Some(v) = c.old.remove(&key) {
+            c.cur_bytes += v.0.len();
+            c.cur.insert(key, v.clone());
+            return v;
+        }
+    }
+    let v = encode(data);
+    if v.0.len() <= URL_CACHE_BYTES / 4 {
+        let mut c = url_cache().lock().unwrap_or_else(|e| e.into_inner());
+        if !c.seen.remove(&key) {
+            if c.seen.len() >= URL_SEEN_KEYS {
+                c.seen.clear();
+            }
+            c.seen.insert(key);
+            return v;
+        }
+        if c.cur.len() >= URL_CACHE_ENTRIES || c.cur_bytes + v.0.len() > URL_CACHE_BYTES {
+            c.old = std::mem::take(&mut c.cur);
+            c.cur_bytes = 0;
+        }
+        c.cur_bytes += v.0.len();
+        c.cur.insert(key, v.clone());
+    }
+    v
+}
+
 /// Encodes contents as a data URL the way butane does: the shortest of percent-encoded
 /// and base64, and (when `auto_gzip`) gzip+base64 if that is shorter even after paying
-/// for the `gzip` compression value. Returns (url, compression).
+/// for the `gzip` compression value. Returns (url, compression). Contents long enough
+/// to need a gzip attempt go through the [`UrlCache`].
 pub fn data_url(data: &[u8], auto_gzip: bool) -> (String, &'static str) {
+    if auto_gzip && data.len() >= MIN_GZIP_ATTEMPT {
+        cached_url(data, 1, |d| encode_data_url(d, true))
+    } else {
+        encode_data_url(data, auto_gzip)
+    }
+}
+
+/// Contents shorter than this never get a gzip attempt: their percent-encoded URL is at
+/// most 6 + 3 * 13 = 45 bytes long (see [`encode_data_url`]), so they skip the cache.
+const MIN_GZIP_ATTEMPT: usize = 14;
+
+fn encode_data_url(data: &[u8], auto_gzip: bool) -> (String, &'static str) {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut best = (
         format!(
@@ -864,18 +954,15 @@ impl Tx<'_> {
         };
         if let Some(data) = data {
             let (url, comp) = if r.compression.as_deref() == Some("gzip") {
-                let gz = if data.starts_with(&[0x1f, 0x8b]) {
-                    data
-                } else {
-                    gzip(&data)
-                };
-                (
-                    format!(
-                        "data:;base64,{}",
-                        base64::engine::general_purpose::STANDARD.encode(gz)
-                    ),
-                    "gzip",
-                )
+                cached_url(&data, 2, |data| {
+                    let b64 = base64::engine::general_purpose::STANDARD;
+                    let url = if data.starts_with(&[0x1f, 0x8b]) {
+                        format!("data:;base64,{}", b64.encode(data))
+                    } else {
+                        format!("data:;base64,{}", b64.encode(gzip(data)))
+                    };
+                    (url, "gzip")
+                })
             } else {
                 data_url(&data, true)
             };
@@ -1480,6 +1567,44 @@ mod tests {
         let (u, c) = data_url(big.as_bytes(), true);
         assert_eq!(c, "gzip");
         assert!(u.len() < 200);
+    }
+
+    #[test]
+    fn data_url_cache_is_exact_and_bounded() {
+        let text = "same file on every machine, same file on every machine\n".repeat(20);
+        let direct = encode_data_url(text.as_bytes(), true);
+        assert_eq!(direct.1, "gzip");
+        assert_eq!(data_url(text.as_bytes(), true), direct);
+        assert_eq!(data_url(text.as_bytes(), true), direct);
+        // Forced gzip of the same bytes is its own entry (no compression value mix-up).
+        let t = translate(&format!(
+            "variant: fcos\nversion: 1.5.0\nstorage:\n  files:\n    - path: /a\n      contents:\n        compression: gzip\n        inline: {:?}\n    - path: /b\n      contents:\n        inline: {:?}\n",
+            "x", text
+        ))
+        .unwrap();
+        let files = &t.config["storage"]["files"];
+        assert_eq!(files[0]["contents"]["compression"], "gzip");
+        assert_eq!(files[1]["contents"]["source"], direct.0.as_str());
+        let forced = data_url(b"x", true);
+        assert_eq!(forced, ("data:,x".to_string(), ""));
+        // Short contents bypass the cache and still encode as before.
+        assert_eq!(
+            data_url(b"0123456789abc", true),
+            encode_data_url(b"0123456789abc", true)
+        );
+        for i in 0..URL_CACHE_ENTRIES + 50 {
+            let d = format!("distinct contents number {i} ..........");
+            for _ in 0..3 {
+                assert_eq!(
+                    data_url(d.as_bytes(), true),
+                    encode_data_url(d.as_bytes(), true)
+                );
+            }
+        }
+        let c = url_cache().lock().unwrap_or_else(|e| e.into_inner());
+        assert!(c.cur.len() <= URL_CACHE_ENTRIES && c.old.len() <= URL_CACHE_ENTRIES);
+        assert!(c.cur_bytes <= URL_CACHE_BYTES);
+        assert!(c.seen.len() <= URL_SEEN_KEYS);
     }
 
     #[test]
