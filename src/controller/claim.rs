@@ -292,14 +292,7 @@ async fn ensure_boot_configuration(
                 "metadata": {
                     "name": name,
                     "namespace": ns,
-                    "ownerReferences": [{
-                        "apiVersion": c.t_claim.api_version(),
-                        "kind": "ServerClaim",
-                        "name": name,
-                        "uid": meta::uid(claim),
-                        "controller": true,
-                        "blockOwnerDeletion": true,
-                    }],
+                    "ownerReferences": super::controller_ref(&c.t_claim, claim),
                 },
                 "spec": spec,
             });

@@ -186,28 +186,30 @@ impl Controllers {
             self.t_secret.clone(),
         ] {
             let c = self.clone();
-            tasks.spawn(async move { c.watch_loop(t).await });
+            tasks.spawn(
+                async move { watch_loop(&c.store, t, |t, o, del| c.dispatch(t, o, del)).await },
+            );
         }
         for _ in 0..workers {
             let c = self.clone();
             tasks.spawn(async move {
                 while let Some(k) = c.claims.get().await {
                     let r = claim::reconcile(&c, &k).await;
-                    c.finish(&c.claims, k, r, "serverclaim");
+                    finish(&c.claims, k, r, "serverclaim");
                 }
             });
             let c = self.clone();
             tasks.spawn(async move {
                 while let Some(k) = c.servers.get().await {
                     let r = server::reconcile(&c, &k).await;
-                    c.finish(&c.servers, k, r, "server");
+                    finish(&c.servers, k, r, "server");
                 }
             });
             let c = self.clone();
             tasks.spawn(async move {
                 while let Some(k) = c.sbcs.get().await {
                     let r = bootconfig::reconcile(&c, &k).await;
-                    c.finish(&c.sbcs, k, r, "serverbootconfiguration");
+                    finish(&c.sbcs, k, r, "serverbootconfiguration");
                 }
             });
         }
@@ -220,61 +222,6 @@ impl Controllers {
         while tasks.join_next().await.is_some() {}
     }
 
-    fn finish<K: Clone + Eq + std::hash::Hash + Send + std::fmt::Debug + 'static>(
-        &self,
-        q: &Arc<WorkQueue<K>>,
-        k: K,
-        r: Result<Next, StoreError>,
-        what: &str,
-    ) {
-        match r {
-            Ok(Next::Done) => q.forget(&k),
-            Ok(Next::After(d)) => {
-                q.forget(&k);
-                q.add_after(k.clone(), d);
-            }
-            Err(e) => {
-                if matches!(e, StoreError::Conflict { .. }) {
-                    tracing::debug!(kind = what, key = ?k, error = %e, "reconcile conflict, retrying");
-                } else {
-                    tracing::warn!(kind = what, key = ?k, error = %e, "reconcile failed, retrying with backoff");
-                }
-                q.add_rate_limited(k.clone());
-            }
-        }
-        q.done(&k);
-    }
-
-    async fn watch_loop(self: Arc<Self>, t: Arc<ResourceType>) {
-        loop {
-            let (items, rev) = self.store.list(&t, None, None);
-            for o in &items {
-                self.dispatch(&t, o, false);
-            }
-            let mut w = match self.store.watch(&t, None, rev) {
-                Ok(w) => w,
-                Err(e) => {
-                    tracing::warn!(kind = %t.kind, error = %e, "watch failed, re-listing");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            loop {
-                match w.next().await {
-                    Ok(ev) => self.dispatch(&t, &ev.object, ev.kind == "DELETED"),
-                    Err(StoreError::Gone(m)) => {
-                        tracing::info!(kind = %t.kind, "watch expired ({m}), re-listing");
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::debug!(kind = %t.kind, error = %e, "watch ended");
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
     fn dispatch(&self, t: &ResourceType, o: &Arc<Value>, deleted: bool) {
         match t.kind.as_str() {
             "Server" => self.on_server(o, deleted),
@@ -284,6 +231,82 @@ impl Controllers {
             _ => {}
         }
     }
+}
+
+/// List `t`, hand every object to `dispatch`, then watch from the list's revision and
+/// hand on each event (`deleted` for DELETED); re-list after a 410. Returns when the
+/// watch ends (store closed). Every controller's watch task is this loop.
+pub(crate) async fn watch_loop(
+    store: &Store,
+    t: Arc<ResourceType>,
+    dispatch: impl Fn(&ResourceType, &Arc<Value>, bool),
+) {
+    loop {
+        let (items, rev) = store.list(&t, None, None);
+        for o in &items {
+            dispatch(&t, o, false);
+        }
+        let mut w = match store.watch(&t, None, rev) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(kind = %t.kind, error = %e, "watch failed, re-listing");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        loop {
+            match w.next().await {
+                Ok(ev) => dispatch(&t, &ev.object, ev.kind == "DELETED"),
+                Err(StoreError::Gone(m)) => {
+                    tracing::info!(kind = %t.kind, "watch expired ({m}), re-listing");
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(kind = %t.kind, error = %e, "watch ended");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// After a reconcile of `k` from `q`: forget or requeue it as the result asks, retry
+/// failures with backoff (conflicts quietly), and mark it done.
+pub(crate) fn finish<K: Clone + Eq + std::hash::Hash + Send + std::fmt::Debug + 'static>(
+    q: &Arc<WorkQueue<K>>,
+    k: K,
+    r: Result<Next, StoreError>,
+    what: &str,
+) {
+    match r {
+        Ok(Next::Done) => q.forget(&k),
+        Ok(Next::After(d)) => {
+            q.forget(&k);
+            q.add_after(k.clone(), d);
+        }
+        Err(e) => {
+            if matches!(e, StoreError::Conflict { .. }) {
+                tracing::debug!(kind = what, key = ?k, error = %e, "reconcile conflict, retrying");
+            } else {
+                tracing::warn!(kind = what, key = ?k, error = %e, "reconcile failed, retrying with backoff");
+            }
+            q.add_rate_limited(k.clone());
+        }
+    }
+    q.done(&k);
+}
+
+/// `metadata.ownerReferences` naming `owner` (of type `rt`) as the controlling owner,
+/// so deleting it cascades.
+pub(crate) fn controller_ref(rt: &ResourceType, owner: &Value) -> Value {
+    json!([{
+        "apiVersion": rt.api_version(),
+        "kind": rt.kind,
+        "name": meta::name(owner),
+        "uid": meta::uid(owner),
+        "controller": true,
+        "blockOwnerDeletion": true,
+    }])
 }
 
 /// Set (or refresh) a condition in a `status.conditions` list; the transition time
@@ -302,7 +325,7 @@ pub fn set_condition(status: &mut Value, ty: &str, st: bool, reason: &str, messa
     }
     let list = conds.as_array_mut().expect("array");
     let s = if st { "True" } else { "False" };
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let now = crate::store::now();
     if let Some(c) = list
         .iter_mut()
         .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))

@@ -43,7 +43,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::queue::WorkQueue;
-use super::{set_condition, Key, Next};
+use super::{controller_ref, finish, set_condition, watch_loop, Key, Next};
 use crate::api::resource::ResourceType;
 use crate::nfs::{Access, ClientMatch, ExportBackend, ExportRule, NfsError, Protocol};
 use crate::provision::{JobError, JobRunner, JobState, NfsSource, ProvisionRequest};
@@ -102,21 +102,6 @@ fn s<'a>(v: &'a Value, p: &str) -> Option<&'a str> {
 
 fn ns_of(v: &Value) -> String {
     meta::namespace(v).unwrap_or("default").to_string()
-}
-
-fn owner(rt: &ResourceType, o: &Value) -> Value {
-    json!([{
-        "apiVersion": rt.api_version(),
-        "kind": rt.kind,
-        "name": meta::name(o),
-        "uid": meta::uid(o),
-        "controller": true,
-        "blockOwnerDeletion": true,
-    }])
-}
-
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 /// Export name of an image: `/images/<namespace>/<name>`.
@@ -354,7 +339,9 @@ impl S390x {
             self.t_action.clone(),
         ] {
             let c = self.clone();
-            tasks.spawn(async move { c.watch_loop(t).await });
+            tasks.spawn(
+                async move { watch_loop(&c.store, t, |t, o, del| c.dispatch(t, o, del)).await },
+            );
         }
         for _ in 0..workers.clamp(1, 8) {
             macro_rules! worker {
@@ -393,36 +380,6 @@ impl S390x {
                 .is_err()
             {
                 tracing::warn!("nfs export backend did not stop within 8s");
-            }
-        }
-    }
-
-    async fn watch_loop(self: Arc<Self>, t: Arc<ResourceType>) {
-        loop {
-            let (items, rev) = self.store.list(&t, None, None);
-            for o in &items {
-                self.dispatch(&t, o, false);
-            }
-            let mut w = match self.store.watch(&t, None, rev) {
-                Ok(w) => w,
-                Err(e) => {
-                    tracing::warn!(kind = %t.kind, error = %e, "watch failed, re-listing");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            loop {
-                match w.next().await {
-                    Ok(ev) => self.dispatch(&t, &ev.object, ev.kind == "DELETED"),
-                    Err(StoreError::Gone(m)) => {
-                        tracing::info!(kind = %t.kind, "watch expired ({m}), re-listing");
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::debug!(kind = %t.kind, error = %e, "watch ended");
-                        return;
-                    }
-                }
             }
         }
     }
@@ -646,7 +603,7 @@ impl S390x {
                 &self.t_volume,
                 json!({
                     "apiVersion": self.t_volume.api_version(), "kind": "StorageVolume",
-                    "metadata": {"name": name, "namespace": ns, "ownerReferences": owner(&self.t_image, &img)},
+                    "metadata": {"name": name, "namespace": ns, "ownerReferences": controller_ref(&self.t_image, &img)},
                     "spec": sv_spec,
                 }),
             )
@@ -682,7 +639,7 @@ impl S390x {
                 &self.t_policy,
                 json!({
                     "apiVersion": self.t_policy.api_version(), "kind": "ExportPolicy",
-                    "metadata": {"name": name, "namespace": ns, "ownerReferences": owner(&self.t_image, &img)},
+                    "metadata": {"name": name, "namespace": ns, "ownerReferences": controller_ref(&self.t_image, &img)},
                     "spec": ep_spec,
                 }),
             )
@@ -699,7 +656,7 @@ impl S390x {
                 &self.t_zonal,
                 json!({
                     "apiVersion": self.t_zonal.api_version(), "kind": "ZonalImage",
-                    "metadata": {"name": zname, "namespace": ns, "ownerReferences": owner(&self.t_image, &img)},
+                    "metadata": {"name": zname, "namespace": ns, "ownerReferences": controller_ref(&self.t_image, &img)},
                     "spec": z_spec,
                 }),
             )
@@ -916,7 +873,7 @@ impl S390x {
                     "metadata": {
                         "name": name, "namespace": ns,
                         "labels": spec.pointer("/metadata/labels").cloned().unwrap_or(json!({})),
-                        "ownerReferences": owner(&self.t_spec, &spec),
+                        "ownerReferences": controller_ref(&self.t_spec, &spec),
                         "finalizers": [SERVER_FINALIZER],
                     },
                     "spec": sspec,
@@ -1060,7 +1017,7 @@ impl S390x {
                 &self.t_rule,
                 json!({
                     "apiVersion": self.t_rule.api_version(), "kind": "ExportPolicyRule",
-                    "metadata": {"name": rname, "namespace": ns, "ownerReferences": owner(&self.t_server, &sv),
+                    "metadata": {"name": rname, "namespace": ns, "ownerReferences": controller_ref(&self.t_server, &sv),
                                  "labels": {IMAGE_LABEL: image}},
                     "spec": rule_spec,
                 }),
@@ -1122,7 +1079,7 @@ impl S390x {
                 &self.t_action,
                 json!({
                     "apiVersion": self.t_action.api_version(), "kind": "ServerAction",
-                    "metadata": {"name": action_name, "namespace": ns, "ownerReferences": owner(&self.t_server, &sv),
+                    "metadata": {"name": action_name, "namespace": ns, "ownerReferences": controller_ref(&self.t_server, &sv),
                                  "labels": {IMAGE_LABEL: image}},
                     "spec": aspec,
                 }),
@@ -1211,7 +1168,7 @@ impl S390x {
                 "action type {:?} is not carried out by this appliance",
                 s(&a, "/spec/type").unwrap_or("")
             ));
-            st["finishedAt"] = json!(now());
+            st["finishedAt"] = json!(crate::store::now());
             self.set_status(&self.t_action, &a, st).await?;
             return Ok(Next::Done);
         }
@@ -1231,10 +1188,10 @@ impl S390x {
                     if let Err(e) = self.backend.health().await {
                         reason = Some(format!("{}; {e}", reason.unwrap_or_default()));
                     }
-                    st["finishedAt"] = json!(now());
+                    st["finishedAt"] = json!(crate::store::now());
                 }
                 if js.state == JobState::Succeeded {
-                    st["finishedAt"] = json!(now());
+                    st["finishedAt"] = json!(crate::store::now());
                     reason = None;
                 }
                 match reason {
@@ -1266,7 +1223,7 @@ impl S390x {
                     if restarts > MAX_RESTARTS {
                         st["state"] = json!("Failed");
                         st["reason"] = json!(format!("job {id} was lost {MAX_RESTARTS} times (bootplane restarted while it ran)"));
-                        st["finishedAt"] = json!(now());
+                        st["finishedAt"] = json!(crate::store::now());
                         self.set_status(&self.t_action, &a, st).await?;
                         return Ok(Next::Done);
                     }
@@ -1309,7 +1266,7 @@ impl S390x {
                     Err(JobError::Invalid(m)) => {
                         st["state"] = json!("Failed");
                         st["reason"] = json!(format!("invalid provisioning request: {m}"));
-                        st["finishedAt"] = json!(now());
+                        st["finishedAt"] = json!(crate::store::now());
                         self.set_status(&self.t_action, &a, st).await?;
                         Ok(Next::Done)
                     }
@@ -1328,25 +1285,6 @@ impl S390x {
             }
         }
     }
-}
-
-fn finish(q: &Arc<WorkQueue<Key>>, k: Key, r: Result<Next, StoreError>, what: &str) {
-    match r {
-        Ok(Next::Done) => q.forget(&k),
-        Ok(Next::After(d)) => {
-            q.forget(&k);
-            q.add_after(k.clone(), d);
-        }
-        Err(e) => {
-            if matches!(e, StoreError::Conflict { .. }) {
-                tracing::debug!(kind = what, key = ?k, error = %e, "reconcile conflict, retrying");
-            } else {
-                tracing::warn!(kind = what, key = ?k, error = %e, "reconcile failed, retrying with backoff");
-            }
-            q.add_rate_limited(k.clone());
-        }
-    }
-    q.done(&k);
 }
 
 #[cfg(test)]

@@ -102,7 +102,8 @@ fn map_kv(e: KvError) -> StoreError {
     }
 }
 
-fn now() -> String {
+/// The current time as the RFC 3339 string (seconds, `Z`) used in metadata and status.
+pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
