@@ -240,41 +240,14 @@ pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
         .map(|u| valid_uuid(u).unwrap_or_else(|| u.to_string()));
     f.labels = labels(s);
     f.hostname = f.labels.get(HOSTNAME_LABEL).cloned();
-    for nic in s
-        .pointer("/status/networkInterfaces")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        if let Some(m) = nic
-            .get("macAddress")
-            .and_then(Value::as_str)
-            .and_then(parse_mac)
-        {
-            f.macs.push(
-                m.iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<Vec<_>>()
-                    .join(":"),
-            );
+    for nic in super::server::nics(s) {
+        if let Some(m) = nic.mac {
+            f.macs.push(crate::http::ident::MacFmt(&m).to_string());
         }
-        let more = nic
-            .get("ips")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str);
-        for ip in nic
-            .get("ip")
-            .and_then(Value::as_str)
-            .into_iter()
-            .chain(more)
-        {
-            if let Ok(a) = ip.parse::<IpAddr>() {
-                let a = a.to_string();
-                if !f.ips.contains(&a) {
-                    f.ips.push(a);
-                }
+        for a in nic.ips {
+            let a = a.to_string();
+            if !f.ips.contains(&a) {
+                f.ips.push(a);
             }
         }
     }
@@ -338,18 +311,6 @@ fn translate_secret(ns: &str, name: &str, secret: &Value) -> Result<Value, (Stri
     parsed
         .to_config(&crate::ignition::FilesDir::default())
         .map_err(|e| (e.reason().to_string(), format!("secret {ns}/{name}: {e}")))
-}
-
-fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let parts: Vec<&str> = s.split([':', '-']).collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    let mut m = [0u8; 6];
-    for (i, p) in parts.iter().enumerate() {
-        m[i] = u8::from_str_radix(p, 16).ok()?;
-    }
-    Some(m)
 }
 
 fn valid_uuid(s: &str) -> Option<String> {
@@ -488,35 +449,9 @@ impl StoreBootIndex {
         };
         let mut ips: Vec<IpAddr> = Vec::new();
         let mut macs = Vec::new();
-        for nic in s
-            .pointer("/status/networkInterfaces")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(m) = nic
-                .get("macAddress")
-                .and_then(Value::as_str)
-                .and_then(parse_mac)
-            {
-                macs.push(m);
-            }
-            let more = nic
-                .get("ips")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str);
-            for ip in nic
-                .get("ip")
-                .and_then(Value::as_str)
-                .into_iter()
-                .chain(more)
-            {
-                if let Ok(a) = ip.parse() {
-                    ips.push(a);
-                }
-            }
+        for nic in super::server::nics(&s) {
+            macs.extend(nic.mac);
+            ips.extend(nic.ips);
         }
         let uuid = s
             .pointer("/spec/systemUUID")
@@ -766,6 +701,7 @@ mod tests {
 
     #[test]
     fn macs_and_uuids() {
+        let parse_mac = |m| crate::http::ident::parse_mac(m).ok();
         assert_eq!(
             parse_mac("52:54:00:AB:cd:01"),
             Some([0x52, 0x54, 0, 0xab, 0xcd, 1])

@@ -31,50 +31,18 @@ use super::settings::{Mac, Reservation, Subnet};
 use crate::shutdown::Shutdown;
 use crate::store::{meta, Store, StoreError};
 
-fn parse_mac(s: &str) -> Option<Mac> {
-    let parts: Vec<&str> = s.trim().split([':', '-']).collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    let mut m = [0u8; 6];
-    for (i, p) in parts.iter().enumerate() {
-        if p.is_empty() || p.len() > 2 {
-            return None;
-        }
-        m[i] = u8::from_str_radix(p, 16).ok()?;
-    }
-    Some(m)
-}
-
 /// The reservations one Server object asks for (see the module doc for the fields).
 pub fn from_server(obj: &Value, subnets: &[Subnet]) -> Vec<Reservation> {
     let name = meta::name(obj);
     let mut out = Vec::new();
-    for nic in obj
-        .pointer("/status/networkInterfaces")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let Some(mac) = nic
-            .get("macAddress")
-            .and_then(Value::as_str)
-            .and_then(parse_mac)
-        else {
+    for nic in crate::controller::server::nics(obj) {
+        let Some(mac) = nic.mac else {
             continue;
         };
-        let ips = nic
-            .get("ips")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .chain(nic.get("ip"))
-            .filter_map(Value::as_str)
-            .filter_map(|s| s.parse::<Ipv4Addr>().ok());
-        let Some(ip) = ips
-            .into_iter()
-            .find(|ip| subnets.iter().any(|s| s.contains(*ip)))
-        else {
+        let Some(ip) = nic.ips.iter().find_map(|a| match a {
+            std::net::IpAddr::V4(ip) if subnets.iter().any(|s| s.contains(*ip)) => Some(*ip),
+            _ => None,
+        }) else {
             continue;
         };
         out.push(Reservation {
