@@ -358,10 +358,9 @@ pub async fn run(
                         }
                     }
                 }
-                let live = server.table.leases().filter(|l| l.state != LeaseState::Offered).count();
                 if let Some(l) = log.as_mut() {
-                    if l.wants_compaction(live) {
-                        let snapshot: Vec<Lease> = server.table.leases().filter(|l| l.state != LeaseState::Offered).cloned().collect();
+                    if l.wants_compaction(|| server.table.persisted().count()) {
+                        let snapshot: Vec<Lease> = server.table.persisted().cloned().collect();
                         if let Err(e) = l.compact(&snapshot) {
                             tracing::warn!(error = %e, "compacting lease log failed");
                         }

@@ -201,9 +201,10 @@ impl LeaseLog {
         Ok(())
     }
 
-    /// Whether the log has grown enough that a rewrite pays off.
-    pub fn wants_compaction(&self, live: usize) -> bool {
-        self.appended > 100_000 && self.appended > 4 * live
+    /// Whether the log has grown enough that a rewrite pays off; `live` (the number of
+    /// records a rewrite keeps, a scan of the table) is only asked once the log is large.
+    pub fn wants_compaction(&self, live: impl FnOnce() -> usize) -> bool {
+        self.appended > 100_000 && self.appended > 4 * live()
     }
 
     /// Rewrite the log with just `live` (crash-safe: temp file + rename).
