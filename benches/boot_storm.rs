@@ -47,7 +47,7 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -114,57 +114,27 @@ fn args() -> Args {
 
 // ---------------------------------------------------------------- namespaces
 
-fn must(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+// Namespaces (unique names, deleted with what runs in them on drop) and child
+// processes (killed on drop), shared with the DHCP integration tests.
+#[path = "../tests/dhcp_support/mod.rs"]
+mod dhcp_support;
+use dhcp_support::{must, Netns, Proc};
 
-/// A network namespace, deleted (after killing what runs in it) on drop.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(tag: &str) -> Netns {
-        let name = format!(
-            "bpstorm{tag}{}x{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
-        must("ip", &["netns", "add", &name]);
-        let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    fn ip(&self, args: &[&str]) -> String {
-        let mut a = vec!["-n", &self.name];
-        a.extend_from_slice(args);
-        must("ip", &a)
-    }
-
+/// What the storm needs of a namespace beyond the shared test helper's.
+trait StormNetns {
     /// Run `ip -n NS -b FILE` over `lines`.
+    fn ip_batch(&self, lines: &str, dir: &Path);
+    /// Run `f` on a thread inside this namespace (threads it starts stay there too).
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T;
+}
+
+impl StormNetns for Netns {
     fn ip_batch(&self, lines: &str, dir: &Path) {
         let f = dir.join(format!("batch-{}", COUNTER.fetch_add(1, Ordering::SeqCst)));
         std::fs::write(&f, lines).unwrap();
         self.ip(&["-b", f.to_str().unwrap()]);
     }
 
-    fn cmd(&self, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, program]);
-        c
-    }
-
-    /// Run `f` on a thread inside this namespace (threads it starts stay there too).
     fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         let path = format!("/var/run/netns/{}", self.name);
         std::thread::spawn(move || {
@@ -175,32 +145,6 @@ impl Netns {
         })
         .join()
         .expect("namespace thread panicked")
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if let Ok(out) = Command::new("ip")
-            .args(["netns", "pids", &self.name])
-            .output()
-        {
-            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-9", pid]).status();
-            }
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// A child process, killed and reaped on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -1156,8 +1100,10 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);
-    let child = Proc(c.spawn().expect("starting bootplane"));
-    let pid = child.0.id();
+    let child = Proc {
+        child: c.spawn().expect("starting bootplane"),
+    };
+    let pid = child.child.id();
     let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     wait_until(Duration::from_secs(60), "bootplane to listen", || {
         let l = read_log();
@@ -1405,7 +1351,9 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(Stdio::inherit());
-    let nginx = Proc(c.spawn().expect("starting nginx (apt-get install nginx)"));
+    let nginx = Proc {
+        child: c.spawn().expect("starting nginx (apt-get install nginx)"),
+    };
     let leases = dir.join("dnsmasq.leases");
     let dlog = dir.join("dnsmasq.log");
     let mut c = lab.server.cmd("dnsmasq");
@@ -1434,11 +1382,12 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     .stderr(Stdio::inherit());
-    let dnsmasq = Proc(
-        c.spawn()
+    let dnsmasq = Proc {
+        child: c
+            .spawn()
             .expect("starting dnsmasq (apt-get install dnsmasq)"),
-    );
-    let (dpid, npid) = (dnsmasq.0.id(), nginx.0.id());
+    };
+    let (dpid, npid) = (dnsmasq.child.id(), nginx.child.id());
     wait_until(
         Duration::from_secs(20),
         "nginx and dnsmasq to start",

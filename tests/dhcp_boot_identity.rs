@@ -5,44 +5,10 @@
 
 mod dhcp_support;
 
-use std::io::Write;
-use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use dhcp_support::*;
 use sha2::{Digest, Sha256};
-
-/// Run the bootplane CLI inside the server namespace against its API.
-fn cli(lab: &Lab, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut c = lab.server.cmd(env!("CARGO_BIN_EXE_bootplane"));
-    c.args(args)
-        .args([
-            "--server",
-            "http://127.0.0.1:9090",
-            "--state-dir",
-            lab.path("state").to_str().unwrap(),
-        ])
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// HTTP status of a GET from the client namespace, from a given source address.
 fn curl_code(lab: &Lab, from: &str, url: &str) -> (u16, String) {
@@ -113,17 +79,13 @@ fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
          apiVersion: metal.ironcore.dev/v1alpha1\nkind: ServerClaim\nmetadata: {{name: leased-claim}}\n\
          spec: {{power: \"On\", image: \"os-image:latest\", serverRef: {{name: leased}}}}\n"
     );
-    let out = cli(&lab, &["apply", "-f", "-"], Some(&yaml));
+    let out = lab.cli(&["apply", "-f", "-"], Some(&yaml));
     assert!(out.status.success(), "{}", text(&out));
     wait_for(
         Duration::from_secs(20),
         || {
-            text(&cli(
-                &lab,
-                &["get", "sbc", "leased-claim", "-o", "json"],
-                None,
-            ))
-            .contains("\"state\": \"Ready\"")
+            text(&lab.cli(&["get", "sbc", "leased-claim", "-o", "json"], None))
+                .contains("\"state\": \"Ready\"")
         },
         || {
             format!(
@@ -159,7 +121,7 @@ fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
     );
 
     // `bootplane get leases` shows it.
-    let out = cli(&lab, &["get", "leases"], None);
+    let out = lab.cli(&["get", "leases"], None);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     let row = t

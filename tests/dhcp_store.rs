@@ -4,43 +4,10 @@
 
 mod dhcp_support;
 
-use std::io::Write;
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use dhcp_support::*;
-
-/// Run the bootplane CLI inside the server namespace against its API.
-fn cli(lab: &Lab, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut c = lab.server.cmd(env!("CARGO_BIN_EXE_bootplane"));
-    c.args(args)
-        .args([
-            "--server",
-            "http://127.0.0.1:9090",
-            "--state-dir",
-            lab.path("state").to_str().unwrap(),
-        ])
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// One dhclient run (`-1`: one attempt) with its own lease file; `release` runs `-r`.
 fn dhclient(lab: &Lab, tag: &str, release: bool) -> Output {
@@ -98,7 +65,7 @@ fn registered_server_reservation_is_handed_out_and_freed_on_delete() {
          spec: {{systemUUID: 4c4c4544-0045-0045-0045-000000000045}}\n\
          status: {{state: Available, powerState: \"Off\", networkInterfaces: [{{name: eth0, macAddress: \"{mac}\", ips: [\"fe80::1\", \"{reserved}\"]}}]}}\n"
     );
-    let out = cli(&lab, &["apply", "-f", "-"], Some(&yaml));
+    let out = lab.cli(&["apply", "-f", "-"], Some(&yaml));
     assert!(out.status.success(), "{}", text(&out));
     wait_for(
         Duration::from_secs(10),
@@ -120,7 +87,7 @@ fn registered_server_reservation_is_handed_out_and_freed_on_delete() {
     assert!(out.status.success(), "dhclient -r: {}", text(&out));
 
     // Removing the Server frees the reservation: the same MAC now gets a pool address.
-    let out = cli(&lab, &["delete", "server", "rack1-node7"], None);
+    let out = lab.cli(&["delete", "server", "rack1-node7"], None);
     assert!(out.status.success(), "{}", text(&out));
     wait_for(
         Duration::from_secs(10),

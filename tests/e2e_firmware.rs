@@ -139,27 +139,7 @@ stop_grace_ms = 1000
 
     /// The bootplane CLI against this instance's API (inside the namespace).
     fn cli(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        use std::io::Write;
-        let mut c = self.ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
-        c.args(args)
-            .args([
-                "--server",
-                "http://127.0.0.1:9090",
-                "--state-dir",
-                self.path("state").to_str().unwrap(),
-            ])
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        if let Some(s) = stdin {
-            child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-        }
-        child.wait_with_output().unwrap()
+        bootplane_cli(&self.ns, &self.path("state"), args, stdin)
     }
 
     fn get_json(&self, kind: &str, name: &str) -> Option<Value> {

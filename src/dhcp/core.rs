@@ -135,6 +135,7 @@ pub struct BootChoice {
 /// The DHCP server state: settings, our address and the lease table.
 #[derive(Debug)]
 pub struct Server {
+    /// Everything but the subnets and reservations, which the table owns (empty here).
     pub settings: DhcpSettings,
     pub server_ip: Ipv4Addr,
     pub table: LeaseTable,
@@ -173,8 +174,11 @@ fn hostname(req: &Message) -> Option<String> {
 }
 
 impl Server {
-    pub fn new(settings: DhcpSettings, server_ip: Ipv4Addr) -> Server {
-        let table = LeaseTable::new(settings.subnets.clone(), settings.reservations.clone());
+    pub fn new(mut settings: DhcpSettings, server_ip: Ipv4Addr) -> Server {
+        let table = LeaseTable::new(
+            std::mem::take(&mut settings.subnets),
+            std::mem::take(&mut settings.reservations),
+        );
         Server {
             settings,
             server_ip,
@@ -184,7 +188,6 @@ impl Server {
 
     /// Replace static reservations (hook for registered Servers' MACs).
     pub fn set_reservations(&mut self, list: Vec<Reservation>) {
-        self.settings.reservations = list.clone();
         self.table.set_reservations(list);
     }
 
@@ -518,8 +521,6 @@ impl Server {
             .set_flags(req.flags())
             .set_giaddr(req.giaddr())
             .set_chaddr(req.chaddr());
-        m.clear_addrs();
-        m.set_giaddr(req.giaddr());
         let o = m.opts_mut();
         o.insert(DhcpOption::MessageType(mtype));
         o.insert(DhcpOption::ServerIdentifier(self.server_ip));

@@ -222,6 +222,13 @@ impl LeaseTable {
         self.by_ip.values()
     }
 
+    /// The leases the lease log keeps (all but offers, which live in memory only).
+    pub fn persisted(&self) -> impl Iterator<Item = &Lease> {
+        self.by_ip
+            .values()
+            .filter(|l| l.state != LeaseState::Offered)
+    }
+
     pub fn reservation(&self, mac: &Mac) -> Option<&Reservation> {
         self.reservations.get(mac)
     }

@@ -156,12 +156,31 @@ fn udp_socket(interface: &str, port: u16) -> Result<UdpSocket> {
 struct RateLimiter {
     rate: f64,
     buckets: HashMap<Mac, (f64, Instant)>,
+    /// When idle buckets were last swept out.
+    swept: Instant,
 }
 
 impl RateLimiter {
+    /// Buckets kept before idle ones (10 s without a packet) are swept out.
+    const MAX_BUCKETS: usize = 200_000;
+
+    fn new(rate: f64, now: Instant) -> RateLimiter {
+        RateLimiter {
+            rate,
+            buckets: HashMap::new(),
+            swept: now,
+        }
+    }
+
     fn allow(&mut self, mac: Mac, now: Instant) -> bool {
         let burst = self.rate * 2.0;
-        if self.buckets.len() > 200_000 {
+        // At most one sweep per second: under a flood of fresh MACs every bucket is
+        // recent and a sweep frees nothing, so sweeping per packet would scan the whole
+        // map for each one.
+        if self.buckets.len() > Self::MAX_BUCKETS
+            && now.duration_since(self.swept) >= Duration::from_secs(1)
+        {
+            self.swept = now;
             self.buckets
                 .retain(|_, (_, t)| now.duration_since(*t) < Duration::from_secs(10));
         }
@@ -287,10 +306,7 @@ pub async fn run(
     tracing::info!(interface = %iface, %server_ip, ?mode, leases = loaded.len(), log = %log_path.display(), "dhcp server listening");
 
     let mut log = Some(log);
-    let mut limiter = RateLimiter {
-        rate,
-        buckets: HashMap::new(),
-    };
+    let mut limiter = RateLimiter::new(rate, Instant::now());
     let mut buf = vec![0u8; 2048];
     let mut buf2 = vec![0u8; 2048];
     // Pool utilisation gauges: refreshed on a timer, not per packet (a scan of the table).
@@ -358,10 +374,9 @@ pub async fn run(
                         }
                     }
                 }
-                let live = server.table.leases().filter(|l| l.state != LeaseState::Offered).count();
                 if let Some(l) = log.as_mut() {
-                    if l.wants_compaction(live) {
-                        let snapshot: Vec<Lease> = server.table.leases().filter(|l| l.state != LeaseState::Offered).cloned().collect();
+                    if l.wants_compaction(|| server.table.persisted().count()) {
+                        let snapshot: Vec<Lease> = server.table.persisted().cloned().collect();
                         if let Err(e) = l.compact(&snapshot) {
                             tracing::warn!(error = %e, "compacting lease log failed");
                         }
@@ -481,4 +496,37 @@ pub async fn run(
     }
     tracing::info!("dhcp server stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mac(i: u32) -> Mac {
+        let b = i.to_be_bytes();
+        [2, 0, b[0], b[1], b[2], b[3]]
+    }
+
+    #[test]
+    fn rate_limiter_limits_per_mac_and_sweeps_idle_buckets_at_most_once_a_second() {
+        let t0 = Instant::now();
+        let mut l = RateLimiter::new(1.0, t0);
+        // burst 2, then dropped; another MAC is unaffected
+        assert!(l.allow(mac(0), t0));
+        assert!(l.allow(mac(0), t0));
+        assert!(!l.allow(mac(0), t0));
+        assert!(l.allow(mac(1), t0));
+        for i in 2..=RateLimiter::MAX_BUCKETS as u32 {
+            l.allow(mac(i), t0);
+        }
+        assert_eq!(l.buckets.len(), RateLimiter::MAX_BUCKETS + 1);
+        // over the cap, but all recent and the last sweep was under a second ago: kept
+        let t1 = t0 + Duration::from_millis(500);
+        assert!(l.allow(mac(u32::MAX), t1));
+        assert_eq!(l.buckets.len(), RateLimiter::MAX_BUCKETS + 2);
+        // 10.2 s on: the buckets idle since t0 go; t1's (9.7 s) and the packet's own stay
+        let t2 = t0 + Duration::from_millis(10_200);
+        assert!(l.allow(mac(7), t2));
+        assert_eq!(l.buckets.len(), 2);
+    }
 }

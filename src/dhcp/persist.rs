@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
@@ -101,6 +101,30 @@ fn decode(line: &str) -> Option<Change> {
     }
 }
 
+/// Replace the log at `path` with just `live` (temp file, fsync, rename, directory
+/// fsync) and open it for appending.
+fn rewrite(path: &Path, live: &[Lease]) -> Result<File> {
+    let tmp = path.with_extension("log.tmp");
+    let mut text = String::new();
+    for l in live {
+        encode(&Change::Put(l.clone()), &mut text);
+    }
+    {
+        let mut t = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        t.write_all(text.as_bytes())
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        t.sync_all()
+            .with_context(|| format!("syncing {}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("replacing lease log {}", path.display()))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))?;
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening lease log {}", path.display()))
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -154,35 +178,12 @@ impl LeaseLog {
         let mut live: Vec<Lease> = leases.into_values().collect();
         live.sort_by_key(|l| u32::from(l.ip));
 
-        // Compact: write the live set to a temp file, fsync, rename over the log.
-        let tmp = path.with_extension("log.tmp");
-        let mut text = String::new();
-        for l in &live {
-            encode(&Change::Put(l.clone()), &mut text);
-        }
-        {
-            let mut t = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-            t.write_all(text.as_bytes())
-                .with_context(|| format!("writing {}", tmp.display()))?;
-            t.sync_all()
-                .with_context(|| format!("syncing {}", tmp.display()))?;
-        }
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("replacing lease log {}", path.display()))?;
-        sync_dir(dir)?;
-        let mut file = OpenOptions::new()
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening lease log {}", path.display()))?;
-        file.seek(SeekFrom::End(0)).context("seeking lease log")?;
-        Ok((
-            LeaseLog {
-                file,
-                path: path.to_path_buf(),
-                appended: 0,
-            },
-            live,
-        ))
+        let log = LeaseLog {
+            file: rewrite(path, &live)?,
+            path: path.to_path_buf(),
+            appended: 0,
+        };
+        Ok((log, live))
     }
 
     /// Append `changes` and fdatasync. Returns after the data is on disk.
@@ -200,32 +201,15 @@ impl LeaseLog {
         Ok(())
     }
 
-    /// Whether the log has grown enough that a rewrite pays off.
-    pub fn wants_compaction(&self, live: usize) -> bool {
-        self.appended > 100_000 && self.appended > 4 * live
+    /// Whether the log has grown enough that a rewrite pays off; `live` (the number of
+    /// records a rewrite keeps, a scan of the table) is only asked once the log is large.
+    pub fn wants_compaction(&self, live: impl FnOnce() -> usize) -> bool {
+        self.appended > 100_000 && self.appended > 4 * live()
     }
 
     /// Rewrite the log with just `live` (crash-safe: temp file + rename).
     pub fn compact(&mut self, live: &[Lease]) -> Result<()> {
-        let tmp = self.path.with_extension("log.tmp");
-        let mut text = String::new();
-        for l in live {
-            encode(&Change::Put(l.clone()), &mut text);
-        }
-        {
-            let mut t = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-            t.write_all(text.as_bytes())
-                .with_context(|| format!("writing {}", tmp.display()))?;
-            t.sync_all()
-                .with_context(|| format!("syncing {}", tmp.display()))?;
-        }
-        std::fs::rename(&tmp, &self.path)
-            .with_context(|| format!("replacing lease log {}", self.path.display()))?;
-        sync_dir(self.path.parent().unwrap_or(Path::new(".")))?;
-        self.file = OpenOptions::new()
-            .append(true)
-            .open(&self.path)
-            .with_context(|| format!("opening lease log {}", self.path.display()))?;
+        self.file = rewrite(&self.path, live)?;
         self.appended = 0;
         Ok(())
     }

@@ -121,6 +121,41 @@ impl Drop for Proc {
     }
 }
 
+/// Run the bootplane CLI in `ns` against the API there (127.0.0.1:9090), with
+/// `state_dir`; `stdin` is fed to it when given.
+pub fn bootplane_cli(ns: &Netns, state_dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut c = ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
+    c.args(args)
+        .args([
+            "--server",
+            "http://127.0.0.1:9090",
+            "--state-dir",
+            state_dir.to_str().unwrap(),
+        ])
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A command's stdout and stderr, joined (for assertion messages).
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// Two namespaces joined by a veth: `vs` (server side, 10.199.X.1/24) and `vc` (client side).
 pub struct Lab {
     pub server: Netns,
@@ -167,6 +202,11 @@ impl Lab {
 
     pub fn addr(&self, last: u8) -> String {
         format!("10.199.{}.{last}", self.net)
+    }
+
+    /// The bootplane CLI in the server namespace, against its API and state directory.
+    pub fn cli(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        bootplane_cli(&self.server, &self.path("state"), args, stdin)
     }
 
     /// Start `bootplane serve` in the server namespace with `args` and a config

@@ -64,20 +64,52 @@ fn plain(t: MessageType) -> Message {
     m
 }
 
-/// iPXE (QEMU's NIC ROM under SeaBIOS, or chained undionly.kpxe): arch 0, UNDI 2.1,
-/// user class "iPXE", option 175 with its feature list.
-fn ipxe_bios(t: MessageType) -> Message {
+/// A PXE-family firmware request: max message size (57), architecture (93), UNDI
+/// version (94), machine id (97, the UUID), class id (60) and the parameter request
+/// list (55), as each firmware below sends them.
+fn firmware(
+    t: MessageType,
+    broadcast: bool,
+    max_size: u16,
+    arch: Architecture,
+    undi: (u8, u8, u8),
+    class: &[u8],
+    prl: &[u8],
+) -> Message {
     let mut m = base(t);
+    if broadcast {
+        m.set_flags(Flags::default().set_broadcast());
+    }
     let o = m.opts_mut();
-    o.insert(DhcpOption::MaxMessageSize(1472));
-    o.insert(DhcpOption::ClientSystemArchitecture(Architecture::X86_Bios));
-    o.insert(DhcpOption::ClientNetworkInterface(1, 2, 1));
+    o.insert(DhcpOption::MaxMessageSize(max_size));
+    o.insert(DhcpOption::ClientSystemArchitecture(arch));
+    o.insert(DhcpOption::ClientNetworkInterface(undi.0, undi.1, undi.2));
     let mut id = vec![0u8];
     id.extend_from_slice(&UUID);
     o.insert(DhcpOption::ClientMachineIdentifier(id));
-    o.insert(DhcpOption::ClassIdentifier(
-        b"PXEClient:Arch:00000:UNDI:002001".to_vec(),
+    o.insert(DhcpOption::ClassIdentifier(class.to_vec()));
+    o.insert(DhcpOption::ParameterRequestList(
+        prl.iter().map(|&c| OptionCode::from(c)).collect(),
     ));
+    m
+}
+
+/// iPXE (QEMU's NIC ROM under SeaBIOS, or chained undionly.kpxe): arch 0, UNDI 2.1,
+/// user class "iPXE", option 175 with its feature list.
+fn ipxe_bios(t: MessageType) -> Message {
+    let mut m = firmware(
+        t,
+        false,
+        1472,
+        Architecture::X86_Bios,
+        (1, 2, 1),
+        b"PXEClient:Arch:00000:UNDI:002001",
+        &[
+            1, 3, 6, 7, 12, 15, 17, 26, 43, 60, 66, 67, 119, 128, 129, 130, 131, 132, 133, 134,
+            135, 175, 203,
+        ],
+    );
+    let o = m.opts_mut();
     o.insert(DhcpOption::UserClass(b"iPXE".to_vec()));
     o.insert(DhcpOption::Unknown(UnknownOption::new(
         OptionCode::Unknown(175),
@@ -86,91 +118,52 @@ fn ipxe_bios(t: MessageType) -> Message {
             0x01, 0x13, 0x01, 0x01, 0x11, 0x01, 0x01, 0x27, 0x01, 0x01,
         ],
     )));
-    o.insert(DhcpOption::ParameterRequestList(
-        [
-            1u8, 3, 6, 7, 12, 15, 17, 26, 43, 60, 66, 67, 119, 128, 129, 130, 131, 132, 133, 134,
-            135, 175, 203,
-        ]
-        .iter()
-        .map(|&c| OptionCode::from(c))
-        .collect(),
-    ));
     m
 }
 
 /// A BIOS PXE ROM that is not iPXE (Intel Boot Agent style): arch 0, no 77/175.
 fn bios_pxe(t: MessageType) -> Message {
-    let mut m = base(t);
-    m.set_flags(Flags::default().set_broadcast());
-    let o = m.opts_mut();
-    o.insert(DhcpOption::MaxMessageSize(1260));
-    o.insert(DhcpOption::ClientSystemArchitecture(Architecture::X86_Bios));
-    o.insert(DhcpOption::ClientNetworkInterface(1, 2, 1));
-    let mut id = vec![0u8];
-    id.extend_from_slice(&UUID);
-    o.insert(DhcpOption::ClientMachineIdentifier(id));
-    o.insert(DhcpOption::ClassIdentifier(
-        b"PXEClient:Arch:00000:UNDI:002001".to_vec(),
-    ));
-    o.insert(DhcpOption::ParameterRequestList(
-        [
-            1u8, 2, 3, 5, 6, 11, 12, 13, 15, 16, 17, 18, 43, 54, 60, 67, 128, 129, 130, 131, 132,
+    firmware(
+        t,
+        true,
+        1260,
+        Architecture::X86_Bios,
+        (1, 2, 1),
+        b"PXEClient:Arch:00000:UNDI:002001",
+        &[
+            1, 2, 3, 5, 6, 11, 12, 13, 15, 16, 17, 18, 43, 54, 60, 67, 128, 129, 130, 131, 132,
             133, 134, 135,
-        ]
-        .iter()
-        .map(|&c| OptionCode::from(c))
-        .collect(),
-    ));
-    m
+        ],
+    )
 }
 
 /// OVMF's PXE (PxeBcDxe): arch 7, UNDI 3.0.
 fn ovmf_pxe(t: MessageType) -> Message {
-    let mut m = base(t);
-    m.set_flags(Flags::default().set_broadcast());
-    let o = m.opts_mut();
-    o.insert(DhcpOption::MaxMessageSize(1472));
-    o.insert(DhcpOption::ClientSystemArchitecture(Architecture::X64));
-    o.insert(DhcpOption::ClientNetworkInterface(1, 3, 0));
-    let mut id = vec![0u8];
-    id.extend_from_slice(&UUID);
-    o.insert(DhcpOption::ClientMachineIdentifier(id));
-    o.insert(DhcpOption::ClassIdentifier(
-        b"PXEClient:Arch:00007:UNDI:003000".to_vec(),
-    ));
-    o.insert(DhcpOption::ParameterRequestList(
-        [
-            1u8, 2, 3, 4, 5, 6, 12, 13, 15, 17, 18, 22, 23, 28, 40, 41, 42, 43, 50, 51, 54, 58, 59,
+    firmware(
+        t,
+        true,
+        1472,
+        Architecture::X64,
+        (1, 3, 0),
+        b"PXEClient:Arch:00007:UNDI:003000",
+        &[
+            1, 2, 3, 4, 5, 6, 12, 13, 15, 17, 18, 22, 23, 28, 40, 41, 42, 43, 50, 51, 54, 58, 59,
             60, 66, 67, 97, 128, 129, 130, 131, 132, 133, 134, 135,
-        ]
-        .iter()
-        .map(|&c| OptionCode::from(c))
-        .collect(),
-    ));
-    m
+        ],
+    )
 }
 
 /// OVMF native UEFI HTTP Boot (HttpBootDxe): arch 16, class HTTPClient.
 fn ovmf_http(t: MessageType) -> Message {
-    let mut m = base(t);
-    m.set_flags(Flags::default().set_broadcast());
-    let o = m.opts_mut();
-    o.insert(DhcpOption::MaxMessageSize(1472));
-    o.insert(DhcpOption::ClientSystemArchitecture(Architecture(16)));
-    o.insert(DhcpOption::ClientNetworkInterface(1, 3, 0));
-    let mut id = vec![0u8];
-    id.extend_from_slice(&UUID);
-    o.insert(DhcpOption::ClientMachineIdentifier(id));
-    o.insert(DhcpOption::ClassIdentifier(
-        b"HTTPClient:Arch:00016:UNDI:003000".to_vec(),
-    ));
-    o.insert(DhcpOption::ParameterRequestList(
-        [1u8, 3, 6, 15, 43, 60, 66, 67]
-            .iter()
-            .map(|&c| OptionCode::from(c))
-            .collect(),
-    ));
-    m
+    firmware(
+        t,
+        true,
+        1472,
+        Architecture(16),
+        (1, 3, 0),
+        b"HTTPClient:Arch:00016:UNDI:003000",
+        &[1, 3, 6, 15, 43, 60, 66, 67],
+    )
 }
 
 /// Chained iPXE (ipxe.efi / snponly.efi) on UEFI: arch 7 with 77 + 175.
