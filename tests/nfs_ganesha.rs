@@ -7,80 +7,18 @@
 //! `local 127.0.0.N/32 src 127.0.0.N` routes; a client connecting to 127.0.0.N then
 //! has source address 127.0.0.N, which is what ganesha matches rules against.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bootplane::nfs::ganesha::{Ganesha, GaneshaConfig};
 use bootplane::nfs::{Access, ExportBackend, ExportRule, NfsError, Protocol};
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A network namespace deleted (with every process still in it) on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new() -> Netns {
-        let name = format!(
-            "bpnfs-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
-        run(&["ip", "netns", "add", &name]);
-        let ns = Netns(name);
-        ns.exec(&["ip", "link", "set", "lo", "up"]);
-        for n in 2..=4 {
-            let a = format!("127.0.0.{n}");
-            ns.exec(&[
-                "ip",
-                "route",
-                "add",
-                "local",
-                &format!("{a}/32"),
-                "dev",
-                "lo",
-                "src",
-                &a,
-                "table",
-                "local",
-            ]);
-        }
-        ns
-    }
-
-    fn exec(&self, args: &[&str]) {
-        let mut v = vec!["ip", "netns", "exec", &self.0];
-        v.extend_from_slice(args);
-        run(&v);
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.0]).output() {
-            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-9", pid]).status();
-            }
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+mod nfs_netns;
+use nfs_netns::{run, Netns};
 
 fn require_tools() {
-    for t in [
+    nfs_netns::require_tools(&[
         "ganesha.nfsd",
         "rpcbind",
         "nfs-cat",
@@ -88,16 +26,7 @@ fn require_tools() {
         "ip",
         "unshare",
         "timeout",
-    ] {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(t).is_file()))
-            .unwrap_or(false)
-            || Path::new("/usr/sbin").join(t).is_file();
-        assert!(
-            found,
-            "{t} is not installed (scripts/test.sh installs scripts/test-packages.txt)"
-        );
-    }
+    ]);
 }
 
 /// Run an NFS client inside the namespace; Ok(stdout) or Err(stderr).
@@ -146,7 +75,7 @@ struct Setup {
 
 fn setup() -> Setup {
     require_tools();
-    let ns = Netns::new();
+    let ns = Netns::new("bpnfs");
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("images");
     std::fs::create_dir_all(&data).unwrap();

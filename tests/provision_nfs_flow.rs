@@ -7,10 +7,9 @@
 //! a small provisioner script built on the real libnfs client `nfs-cp`; it takes the
 //! same arguments and speaks the same JSON progress lines. The runner and the NFS
 //! server are bootplane's. Everything runs in a network namespace this test creates
-//! (client address 127.0.0.2/127.0.0.3 via local routes, see tests/nfs_ganesha.rs).
+//! (client address 127.0.0.2/127.0.0.3 via local routes, see tests/nfs_netns).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bootplane::nfs::ganesha::{Ganesha, GaneshaConfig};
@@ -19,30 +18,8 @@ use bootplane::provision::local::{LocalConfig, LocalRunner, RetryPolicy};
 use bootplane::provision::{JobRunner, JobState, JobStatus, NfsSource, ProvisionRequest};
 use sha2::{Digest, Sha256};
 
-struct Netns(String);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.0]).output() {
-            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-9", pid]).status();
-            }
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+mod nfs_netns;
+use nfs_netns::Netns;
 
 /// Provisioner stand-in: `--source URL --target PATH --sha256 HEX`, copies with nfs-cp,
 /// verifies, zeroes the first MiB on mismatch, reports JSON progress on stderr.
@@ -92,41 +69,8 @@ fn sha256_hex(p: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
-    for t in ["ganesha.nfsd", "rpcbind", "nfs-cp", "sha256sum"] {
-        assert!(
-            Command::new("sh")
-                .args(["-c", &format!("command -v {t}")])
-                .output()
-                .unwrap()
-                .status
-                .success(),
-            "{t} is not installed"
-        );
-    }
-    let ns = Netns(format!("bpflow-{}-0", std::process::id()));
-    run(&["ip", "netns", "add", &ns.0]);
-    run(&[
-        "ip", "netns", "exec", &ns.0, "ip", "link", "set", "lo", "up",
-    ]);
-    for a in ["127.0.0.2", "127.0.0.3"] {
-        run(&[
-            "ip",
-            "netns",
-            "exec",
-            &ns.0,
-            "ip",
-            "route",
-            "add",
-            "local",
-            &format!("{a}/32"),
-            "dev",
-            "lo",
-            "src",
-            a,
-            "table",
-            "local",
-        ]);
-    }
+    nfs_netns::require_tools(&["ganesha.nfsd", "rpcbind", "nfs-cp", "sha256sum"]);
+    let ns = Netns::new("bpflow");
 
     let tmp = tempfile::tempdir().unwrap();
     let images = tmp.path().join("images");

@@ -4,6 +4,7 @@
 //! (`nfs-cat`) from the job's address (127.0.0.2) and from another one (127.0.0.3).
 
 mod common;
+mod nfs_netns;
 mod s390x_common;
 
 use std::time::{Duration, Instant};

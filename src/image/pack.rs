@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
@@ -15,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::format::{self, Frame, Manifest};
+use super::stream::read_full;
 
 #[derive(Debug, Clone)]
 pub struct PackOptions {
@@ -67,19 +68,6 @@ fn zero_runs(data: &[u8], base: u64) -> Vec<(u64, u64)> {
 pub fn is_all_zero(c: &[u8]) -> bool {
     let (pre, mid, post) = unsafe { c.align_to::<u64>() };
     pre.iter().all(|&b| b == 0) && mid.iter().all(|&w| w == 0) && post.iter().all(|&b| b == 0)
-}
-
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Pack `input` into `output` and write the manifest to `manifest_out`.

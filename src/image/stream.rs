@@ -307,25 +307,19 @@ struct WriteJob {
 }
 
 fn read_exact_or(r: &mut dyn Read, buf: &mut [u8], what: impl Fn() -> String) -> PResult<()> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => {
-                return Err(ProvisionError::Truncated(format!(
-                    "{}: source ended after {n} of {} bytes",
-                    what(),
-                    buf.len()
-                )))
-            }
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(ProvisionError::Source(format!("{}: {e}", what()))),
-        }
+    let n = read_full(r, buf).map_err(|e| ProvisionError::Source(format!("{}: {e}", what())))?;
+    if n < buf.len() {
+        return Err(ProvisionError::Truncated(format!(
+            "{}: source ended after {n} of {} bytes",
+            what(),
+            buf.len()
+        )));
     }
     Ok(())
 }
 
-fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Read until `buf` is full or the source ends; returns the bytes read.
+pub(super) fn read_full<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..]) {

@@ -90,25 +90,8 @@ impl ClientMatch {
 
     /// Whether `ip` falls inside this match.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = if self.prefix == 0 {
-                    0
-                } else {
-                    u32::MAX << (32 - self.prefix as u32)
-                };
-                u32::from(n) & mask == u32::from(a) & mask
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let mask = if self.prefix == 0 {
-                    0
-                } else {
-                    u128::MAX << (128 - self.prefix as u32)
-                };
-                u128::from(n) & mask == u128::from(a) & mask
-            }
-            _ => false,
-        }
+        self.addr.is_ipv4() == ip.is_ipv4()
+            && network_of(self.addr, self.prefix) == network_of(ip, self.prefix)
     }
 }
 

@@ -170,19 +170,8 @@ pub fn render_job(cfg: &KubernetesConfig, req: &ProvisionRequest, id: &str) -> V
     };
     volumes.push(json!({"name": "target", "hostPath": {"path": req.target}}));
     mounts.push(json!({"name": "target", "mountPath": req.target}));
-    let mut args = vec![
-        "provision".to_string(),
-        "--source".into(),
-        source,
-        "--target".into(),
-        req.target.clone(),
-    ];
-    if let Some(h) = &req.sha256 {
-        args.extend(["--sha256".into(), h.clone()]);
-    }
-    if let Some(m) = &req.manifest {
-        args.extend(["--manifest".into(), m.clone()]);
-    }
+    let mut args = vec!["provision".to_string()];
+    args.extend(req.provision_args(source));
     let mut pod_spec = json!({
         "restartPolicy": "Never",
         "nodeSelector": cfg.node_selector,

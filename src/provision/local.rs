@@ -188,18 +188,7 @@ impl LocalRunner {
 
     fn args_for(&self, req: &ProvisionRequest) -> Vec<String> {
         let mut a = self.argv[1..].to_vec();
-        a.extend([
-            "--source".into(),
-            req.source_arg(),
-            "--target".into(),
-            req.target.clone(),
-        ]);
-        if let Some(h) = &req.sha256 {
-            a.extend(["--sha256".into(), h.clone()]);
-        }
-        if let Some(m) = &req.manifest {
-            a.extend(["--manifest".into(), m.clone()]);
-        }
+        a.extend(req.provision_args(req.source_arg()));
         a
     }
 }

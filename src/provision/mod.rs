@@ -97,6 +97,25 @@ impl ProvisionRequest {
         }
     }
 
+    /// The arguments after `bootplane provision`: `--source SOURCE --target T
+    /// [--sha256 H] [--manifest M]`. `source` is [`Self::source_arg`] or, where the job
+    /// sees the image elsewhere (a pod's NFS volume), that path.
+    pub fn provision_args(&self, source: String) -> Vec<String> {
+        let mut a = vec![
+            "--source".to_string(),
+            source,
+            "--target".into(),
+            self.target.clone(),
+        ];
+        if let Some(h) = &self.sha256 {
+            a.extend(["--sha256".into(), h.clone()]);
+        }
+        if let Some(m) = &self.manifest {
+            a.extend(["--manifest".into(), m.clone()]);
+        }
+        a
+    }
+
     pub fn validate(&self) -> Result<(), JobError> {
         let bad = |m: String| Err(JobError::Invalid(m));
         if let Some(id) = &self.id {

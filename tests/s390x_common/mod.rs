@@ -7,98 +7,25 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::common::{bin, tail, Bootplane};
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
+pub use crate::nfs_netns::Netns;
 
 pub const API: &str = "/apis/provisioning.bootplane.dev/v1alpha1/namespaces/default";
 
-/// A network namespace deleted (with every process still in it) on drop.
-pub struct Netns(pub String);
-
-impl Netns {
-    pub fn new() -> Netns {
-        let name = format!(
-            "bps390-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
-        run(&["ip", "netns", "add", &name]);
-        let ns = Netns(name);
-        ns.exec(&["ip", "link", "set", "lo", "up"]);
-        for n in 2..=4 {
-            let a = format!("127.0.0.{n}");
-            ns.exec(&[
-                "ip",
-                "route",
-                "add",
-                "local",
-                &format!("{a}/32"),
-                "dev",
-                "lo",
-                "src",
-                &a,
-                "table",
-                "local",
-            ]);
-        }
-        ns
-    }
-
-    pub fn exec(&self, args: &[&str]) {
-        let mut v = vec!["ip", "netns", "exec", &self.0];
-        v.extend_from_slice(args);
-        run(&v);
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.0]).output() {
-            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-9", pid]).status();
-            }
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-pub fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 pub fn require_tools() {
-    for t in [
+    crate::nfs_netns::require_tools(&[
         "ganesha.nfsd",
         "rpcbind",
         "nfs-cat",
         "ip",
         "unshare",
         "timeout",
-    ] {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(t).is_file()))
-            .unwrap_or(false)
-            || Path::new("/usr/sbin").join(t).is_file();
-        assert!(
-            found,
-            "{t} is not installed (scripts/test.sh installs scripts/test-packages.txt)"
-        );
-    }
+    ]);
 }
 
 /// Deterministic non-repeating bytes.
@@ -147,7 +74,7 @@ pub struct Flow {
 impl Flow {
     pub fn start(o: Options) -> Flow {
         require_tools();
-        let ns = Netns::new();
+        let ns = Netns::new("bps390");
         let tmp = tempfile::tempdir().unwrap();
         let images = tmp.path().join("images");
         std::fs::create_dir_all(&images).unwrap();
