@@ -95,15 +95,13 @@ pub async fn run(config: Config) -> Result<()> {
     let tftp_metrics = Arc::new(crate::tftp::Metrics::default());
 
     // Operator API.
-    let hm = http_metrics.clone();
-    let mut metrics: Vec<crate::api::rest::MetricsEncoder> = vec![Arc::new(move || hm.encode())];
+    let mut metrics = prometheus_client::registry::Registry::default();
+    http_metrics.register(&mut metrics);
     if ctx.config.dhcp.enabled {
-        let m = dhcp_metrics.clone();
-        metrics.push(Arc::new(move || m.encode()));
+        dhcp_metrics.register(&mut metrics);
     }
     if ctx.config.tftp.enabled {
-        let m = tftp_metrics.clone();
-        metrics.push(Arc::new(move || m.encode()));
+        tftp_metrics.register(&mut metrics);
     }
     let api_state = Arc::new(crate::api::rest::ApiState {
         store: store.clone(),

@@ -5,32 +5,8 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use serde_json::{json, Value};
-
-/// GET with curl from a given loopback source address: (http code, body).
-fn curl(from: &str, url: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--interface",
-            from,
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-            "--max-time",
-            "10",
-            url,
-        ])
-        .output()
-        .expect("curl is installed");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
-}
 
 fn kernel_line(script: &str) -> String {
     script
@@ -50,18 +26,7 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
     assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
     let ign = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/hostname","contents":{"source":"data:,node-1"}}]}}"#;
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "node-1-ign"}, "stringData": {"ignition": ign}});
-    assert_eq!(
-        b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret))
-            .0,
-        201
-    );
-    let mut c = claim("node-1-claim", None, Some("node-1"));
-    c["spec"]["ignitionSecretRef"] = json!({"name": "node-1-ign"});
-    assert_eq!(b.call("POST", &claims("default"), Some(&c)).0, 201);
-    let sbc_path = format!("{}/node-1-claim", sbcs("default"));
-    b.wait_for(20, "boot configuration Ready", || {
-        (b.call("GET", &sbc_path, None).1["status"]["state"] == "Ready").then_some(())
-    });
+    let sbc_path = b.claim_ready_with_ignition("node-1-claim", "node-1", &secret, 20);
     b.wait_for(20, "server powered on", || {
         (b.get(&format!("{SERVERS}/node-1"))["status"]["powerState"] == "On").then_some(())
     });

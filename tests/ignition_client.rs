@@ -93,26 +93,6 @@ systemd:
       mask: true
 "#;
 
-/// GET with curl from a given loopback source address: (http code, body).
-fn curl(from: &str, url: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--interface",
-            from,
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-        ])
-        .args(["--max-time", "10", url])
-        .output()
-        .expect("curl is installed (scripts/test-packages.txt)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
-}
-
 fn run(stage: &str, dir: &Path, local: &Path, shim: &Path) -> String {
     let path = format!(
         "{}:{}",
@@ -235,18 +215,7 @@ fn real_ignition_client_fetches_from_bootplane_and_applies_files() {
     let secret = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "claim-a-ign", "namespace": "default"},
         "stringData": {"format": "fcos", "ignition": SECRET.replace("REPEAT\n", &big)}});
-    assert_eq!(
-        b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret))
-            .0,
-        201
-    );
-    let mut c = claim("claim-a", None, Some("server-a"));
-    c["spec"]["ignitionSecretRef"] = json!({"name": "claim-a-ign"});
-    assert_eq!(b.call("POST", &claims("default"), Some(&c)).0, 201);
-    let sbc_path = format!("{}/claim-a", sbcs("default"));
-    b.wait_for(30, "boot configuration Ready", || {
-        (b.call("GET", &sbc_path, None).1["status"]["state"] == "Ready").then_some(())
-    });
+    let sbc_path = b.claim_ready_with_ignition("claim-a", "server-a", &secret, 30);
 
     // The machine asks for its script from its registered address.
     let base = format!("http://127.0.0.1:{}", b.http_port);

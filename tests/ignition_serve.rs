@@ -18,26 +18,6 @@ use std::process::Command;
 use common::*;
 use serde_json::{json, Value};
 
-/// GET with curl from a given loopback source address: (http code, body).
-fn curl(from: &str, url: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--interface",
-            from,
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-        ])
-        .args(["--max-time", "10", url])
-        .output()
-        .expect("curl is installed (scripts/test-packages.txt)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
-}
-
 /// Decoded contents of the file at `path` in a served config (plain `data:,` URLs).
 fn file(cfg: &Value, path: &str) -> Option<String> {
     let f = cfg["storage"]["files"]
@@ -110,18 +90,7 @@ fn served_config_follows_secret_facts_and_template_changes_and_render_cli_shows_
     };
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s1-ign"},
         "stringData": {"ignition": ign("v1")}});
-    assert_eq!(
-        b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret))
-            .0,
-        201
-    );
-    let mut c = claim("c1", None, Some("s1"));
-    c["spec"]["ignitionSecretRef"] = json!({"name": "s1-ign"});
-    assert_eq!(b.call("POST", &claims("default"), Some(&c)).0, 201);
-    let sbc_path = format!("{}/c1", sbcs("default"));
-    b.wait_for(30, "Ready", || {
-        (b.call("GET", &sbc_path, None).1["status"]["state"] == "Ready").then_some(())
-    });
+    b.claim_ready_with_ignition("c1", "s1", &secret, 30);
 
     let url = format!("http://127.0.0.1:{}/ignition/s1", b.http_port);
     let served = || -> Value {

@@ -34,13 +34,11 @@ pub struct ApiState {
     pub max_body_bytes: usize,
     /// Open watch streams end when this fires.
     pub shutdown: crate::shutdown::Shutdown,
-    /// Other subsystems' metrics (boot HTTP, DHCP, TFTP, ...), appended to `/metrics`
-    /// in this order; built by `serve`.
-    pub metrics: Vec<MetricsEncoder>,
+    /// Other subsystems' metrics (boot HTTP, DHCP, TFTP, ...), registered once at
+    /// start-up by `serve` (the handles share their atomics); `/metrics` encodes them
+    /// after the store revision.
+    pub metrics: prometheus_client::registry::Registry,
 }
-
-/// Renders one subsystem's metrics in the Prometheus text format.
-pub type MetricsEncoder = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// An API failure, rendered as a kube `Status`.
 #[derive(Debug)]
@@ -212,26 +210,17 @@ async fn auth(State(st): State<Arc<ApiState>>, req: Request, next: Next) -> Resp
 }
 
 async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
-    let mut out = String::new();
-    out.push_str("# TYPE bootplane_store_revision gauge\n");
-    out.push_str(&format!(
-        "bootplane_store_revision {}\n",
+    let mut out = format!(
+        "# TYPE bootplane_store_revision gauge\nbootplane_store_revision {}\n",
         st.store.revision()
-    ));
-    // Each encoder's page may end with its own `# EOF`: keep one, at the very end.
-    let mut eof = false;
-    for enc in &st.metrics {
-        for line in enc().lines() {
-            if line == "# EOF" {
-                eof = true;
-                continue;
-            }
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    if eof {
-        out.push_str("# EOF\n");
+    );
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &st.metrics) {
+        return ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            format!("encoding metrics: {e}"),
+        )
+        .into_response();
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

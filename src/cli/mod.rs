@@ -106,10 +106,15 @@ impl std::error::Error for ApiFailure {}
 
 impl Client {
     pub fn new(conn: &Conn) -> Result<Client> {
-        let token = match &conn.token {
-            Some(t) => t.clone(),
+        Client::connect(&conn.server, conn.token.as_deref(), &conn.state_dir)
+    }
+
+    /// A client for the API at `server` with `token`, or the token in `state_dir`.
+    pub fn connect(server: &str, token: Option<&str>, state_dir: &Path) -> Result<Client> {
+        let token = match token {
+            Some(t) => t.to_string(),
             None => {
-                let p = conn.state_dir.join("api-token");
+                let p = state_dir.join("api-token");
                 std::fs::read_to_string(&p)
                     .with_context(|| {
                         format!(
@@ -122,9 +127,12 @@ impl Client {
             }
         };
         Ok(Client {
-            base: conn.server.trim_end_matches('/').to_string(),
+            base: server.trim_end_matches('/').to_string(),
             token,
-            agent: ureq::AgentBuilder::new().build(),
+            // Connecting is bounded; reads are not (a watch waits for events).
+            agent: ureq::AgentBuilder::new()
+                .timeout_connect(std::time::Duration::from_secs(30))
+                .build(),
         })
     }
 
@@ -149,6 +157,17 @@ impl Client {
     }
 
     pub fn request(&self, method: &str, path: &str, body: Option<(&str, &Value)>) -> Result<Value> {
+        let text = self.request_text(method, path, body)?;
+        serde_json::from_str(&text).context("decoding response")
+    }
+
+    /// [`Client::request`] without decoding: the response body as text.
+    pub fn request_text(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, &Value)>,
+    ) -> Result<String> {
         let url = format!("{}{}", self.base, path);
         let req = self
             .agent
@@ -159,10 +178,7 @@ impl Client {
             None => req.call(),
         };
         match res {
-            Ok(r) => {
-                let text = r.into_string().context("reading response")?;
-                serde_json::from_str(&text).context("decoding response")
-            }
+            Ok(r) => r.into_string().context("reading response"),
             Err(ureq::Error::Status(code, r)) => {
                 let text = r.into_string().unwrap_or_default();
                 let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);

@@ -1,5 +1,5 @@
 //! DHCP metrics (prometheus-client): replies by kind, drops by reason, pool
-//! utilisation. [`Metrics::encode`] is one of the API's `/metrics` encoders (see `serve`).
+//! utilisation. [`Metrics::register`] adds them to the API's `/metrics` registry (see `serve`).
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -114,14 +114,5 @@ impl Metrics {
             self.pool_size.clone(),
         );
         r.register("commits", "durable lease-log commits", self.commits.clone());
-    }
-
-    /// Prometheus text exposition of these metrics alone (one encoder of `/metrics`).
-    pub fn encode(&self) -> String {
-        let mut reg = Registry::default();
-        self.register(&mut reg);
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
-        out
     }
 }

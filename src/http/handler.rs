@@ -268,13 +268,12 @@ impl BootHttp {
             resp
         };
         let code = resp.status().as_u16();
-        let bytes = resp
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|_| req.method() == Method::GET)
-            .unwrap_or(0);
+        // The body's length is the Content-Length the handler set (HEAD bodies are empty).
+        let bytes = if req.method() == Method::GET {
+            resp.body().remaining()
+        } else {
+            0
+        };
         let elapsed = start.elapsed();
         self.metrics
             .observe(route, code, bytes, elapsed.as_secs_f64());
@@ -311,7 +310,7 @@ impl BootHttp {
     }
 
     fn record(&self, server: &str, event: BootEvent, client: IpAddr) {
-        self.metrics.progress(event.condition_type());
+        self.metrics.progress(event);
         self.index.record_progress(server, event, client);
     }
 

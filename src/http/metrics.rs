@@ -9,6 +9,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use super::BootEvent;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub route: &'static str,
@@ -90,11 +92,16 @@ impl Metrics {
                 )
             })
             .collect();
-        let event = |event| boot_progress.get_or_create(&EventLabels { event }).clone();
+        let event = |e: BootEvent| {
+            let labels = EventLabels {
+                event: e.condition_type(),
+            };
+            boot_progress.get_or_create(&labels).clone()
+        };
         let hot = Hot {
             routes,
-            script_fetched: event("IPXEScriptFetched"),
-            ignition_fetched: event("IgnitionDataFetched"),
+            script_fetched: event(BootEvent::IpxeScriptFetched),
+            ignition_fetched: event(BootEvent::IgnitionDataFetched),
         };
         Metrics {
             requests,
@@ -109,15 +116,11 @@ impl Metrics {
         }
     }
 
-    /// Count one boot progress event (by its condition type).
-    pub fn progress(&self, event: &'static str) {
+    /// Count one boot progress event (labelled by its condition type).
+    pub fn progress(&self, event: BootEvent) {
         match event {
-            "IPXEScriptFetched" => self.hot.script_fetched.inc(),
-            "IgnitionDataFetched" => self.hot.ignition_fetched.inc(),
-            other => self
-                .boot_progress
-                .get_or_create(&EventLabels { event: other })
-                .inc(),
+            BootEvent::IpxeScriptFetched => self.hot.script_fetched.inc(),
+            BootEvent::IgnitionDataFetched => self.hot.ignition_fetched.inc(),
         };
     }
 

@@ -84,40 +84,8 @@ pub struct IgnitionArgs {
 
 /// GET `path` on the API; the body, or the server's `Status` message as the error.
 fn api_get(conn: &ApiConn, path: &str) -> Result<String> {
-    let token = match &conn.token {
-        Some(t) => t.clone(),
-        None => {
-            let p = conn.state_dir.join("api-token");
-            std::fs::read_to_string(&p)
-                .with_context(|| {
-                    format!(
-                        "reading API token {} (pass --token or --state-dir)",
-                        p.display()
-                    )
-                })?
-                .trim()
-                .to_string()
-        }
-    };
-    let url = format!("{}{}", conn.api.trim_end_matches('/'), path);
-    let agent = ureq::AgentBuilder::new()
-        .timeout(std::time::Duration::from_secs(30))
-        .build();
-    match agent
-        .get(&url)
-        .set("Authorization", &format!("Bearer {token}"))
-        .call()
-    {
-        Ok(r) => r.into_string().context("reading response"),
-        Err(ureq::Error::Status(code, r)) => {
-            let text = r.into_string().unwrap_or_default();
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-            let reason = v["reason"].as_str().unwrap_or("Unknown");
-            let msg = v["message"].as_str().unwrap_or(text.trim());
-            bail!("Error from server ({reason}, {code}): {msg}")
-        }
-        Err(e) => bail!("connecting to {}: {e}", conn.api),
-    }
+    crate::cli::Client::connect(&conn.api, conn.token.as_deref(), &conn.state_dir)?
+        .request_text("GET", path, None)
 }
 
 fn server_path(kind: &str, server: &str) -> Result<String> {

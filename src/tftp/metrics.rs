@@ -120,16 +120,6 @@ impl Metrics {
             self.duration_seconds.clone(),
         );
     }
-
-    /// Prometheus text exposition of these metrics alone (one encoder of the API's
-    /// `/metrics`, see `serve`).
-    pub fn encode(&self) -> String {
-        let mut reg = Registry::default();
-        self.register(&mut reg);
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
-        out
-    }
 }
 
 #[cfg(test)]

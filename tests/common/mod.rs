@@ -230,6 +230,28 @@ impl Bootplane {
         v
     }
 
+    /// POST the Secret `secret`, then a claim `name` on `server` with that Secret as its
+    /// Ignition; wait (up to `secs`) for the claim's boot configuration to be Ready and
+    /// return its path.
+    pub fn claim_ready_with_ignition(
+        &self,
+        name: &str,
+        server: &str,
+        secret: &Value,
+        secs: u64,
+    ) -> String {
+        let (code, v) = self.call("POST", "/api/v1/namespaces/default/secrets", Some(secret));
+        assert_eq!(code, 201, "{v}");
+        let mut c = claim(name, None, Some(server));
+        c["spec"]["ignitionSecretRef"] = serde_json::json!({"name": secret["metadata"]["name"]});
+        assert_eq!(self.call("POST", &claims("default"), Some(&c)).0, 201);
+        let sbc_path = format!("{}/{name}", sbcs("default"));
+        self.wait_for(secs, "boot configuration Ready", || {
+            (self.call("GET", &sbc_path, None).1["status"]["state"] == "Ready").then_some(())
+        });
+        sbc_path
+    }
+
     /// Poll `f` until it returns Some, or panic after `secs`.
     pub fn wait_for<T>(&self, secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         let deadline = Instant::now() + Duration::from_secs(secs);
@@ -252,6 +274,26 @@ impl Drop for Bootplane {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// GET with curl from a given loopback source address: (http code, body).
+pub fn curl(from: &str, url: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--interface",
+            from,
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args(["--max-time", "10", url])
+        .output()
+        .expect("curl is installed (scripts/test-packages.txt)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 pub fn tail(s: &str, n: usize) -> String {
