@@ -581,6 +581,15 @@ async fn drive(
     let mut buf = vec![0u8; 2048];
     let mut step = t.start(Instant::now());
     let mut deadline = tokio::time::Instant::now();
+    // Both futures live across packets: a fresh shutdown receiver per packet would lock
+    // the broadcast channel twice per packet (register, unregister), and a fresh timer
+    // would insert into and remove from the timer wheel, for every transfer at once in a
+    // boot storm. The timer is moved lazily: it only ever fires early (then it is re-armed
+    // at the real deadline), and is pulled in only when the deadline moves earlier.
+    let stop = shutdown.recv();
+    tokio::pin!(stop);
+    let timer = tokio::time::sleep_until(deadline);
+    tokio::pin!(timer);
     loop {
         if let Some(send) = step.send.take() {
             match send {
@@ -598,17 +607,24 @@ async fn drive(
         if let Some(o) = step.outcome.take() {
             return Ok(o);
         }
+        if timer.deadline() > deadline {
+            timer.as_mut().reset(deadline);
+        }
         enum Got {
             Shutdown,
             Timeout,
             Packet(io::Result<usize>),
         }
         let got = tokio::select! {
-            _ = shutdown.recv() => Got::Shutdown,
-            r = tokio::time::timeout_at(deadline, link.recv(&mut buf)) => match r {
-                Err(_) => Got::Timeout,
-                Ok(r) => Got::Packet(r),
-            },
+            _ = &mut stop => Got::Shutdown,
+            r = link.recv(&mut buf) => Got::Packet(r),
+            _ = &mut timer => {
+                if tokio::time::Instant::now() < deadline {
+                    timer.as_mut().reset(deadline);
+                    continue;
+                }
+                Got::Timeout
+            }
         };
         let ev = match got {
             Got::Shutdown => {
