@@ -39,6 +39,11 @@ pub const EVENT_LOG_CAP: usize = 10_000;
 const EVENT_RING_CAP: usize = 4096;
 /// Most transactions written in one redb commit.
 const MAX_BATCH: usize = 2048;
+/// redb's page cache. Every key is held in memory by the store itself and redb is
+/// only read at open, so its cache only serves the B-tree pages a commit rewrites;
+/// redb's default (1 GiB) let it keep every page it ever touched: at 10,000 machines
+/// that was most of the appliance's resident memory.
+const REDB_CACHE_BYTES: usize = 16 << 20;
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -205,7 +210,10 @@ fn storage<E: std::fmt::Display>(e: E) -> KvError {
 impl Kv {
     /// Open (or create) the store at `path`, loading every key into memory.
     pub fn open(path: &Path) -> Result<Kv, KvError> {
-        let db = Database::create(path).map_err(storage)?;
+        let db = redb::Builder::new()
+            .set_cache_size(REDB_CACHE_BYTES)
+            .create(path)
+            .map_err(storage)?;
         let mut map = BTreeMap::new();
         let mut rev = 0;
         {
