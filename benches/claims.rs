@@ -204,6 +204,22 @@ fn main() {
         })
         .collect();
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    // the server's resident memory with N servers, claims and boot configurations
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    println!(
+        "server memory with {count} machines: RSS {:.1} MiB, peak {:.1} MiB",
+        kib("VmRSS:") as f64 / 1024.0,
+        kib("VmHWM:") as f64 / 1024.0
+    );
     let _ = child.kill();
     let _ = child.wait();
     println!(
