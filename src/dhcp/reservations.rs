@@ -18,12 +18,14 @@
 //! Conflicts: the config file wins over Servers (per MAC and per address); between
 //! Servers the one whose name sorts first keeps an address both claim, the other
 //! reservation is dropped with a warning. The watch re-lists after a compaction and
-//! publishes the merged list on a `tokio::sync::watch` channel that the DHCP loop reads.
+//! publishes the merged list on a `tokio::sync::watch` channel that the DHCP loop reads,
+//! once per burst of events and only when a reservation changed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -140,34 +142,48 @@ pub fn watch_servers(
                 }
             };
             loop {
-                let ev = tokio::select! {
+                let first = tokio::select! {
                     e = w.next() => e,
                     _ = shutdown.recv() => return,
                 };
-                match ev {
-                    Ok(ev) => {
-                        let name = meta::name(&ev.object).to_string();
-                        let r = if ev.kind == "DELETED" {
-                            Vec::new()
-                        } else {
-                            from_server(&ev.object, &subnets)
-                        };
-                        if let Some(first) = r.first() {
-                            tracing::debug!(server = %name, uuid = ?ev.object.pointer("/spec/systemUUID"),
-                                ip = %first.ip, "server reservation");
+                // Apply this event and every one already waiting, then merge and publish
+                // once: registering a fleet is a burst of Server events, and merging the
+                // whole list per event made that quadratic. Events that leave a server's
+                // reservation as it was (status updates) change nothing.
+                let mut changed = false;
+                let mut next = Some(first);
+                while let Some(ev) = next.take() {
+                    match ev {
+                        Ok(ev) => {
+                            let name = meta::name(&ev.object).to_string();
+                            let r = if ev.kind == "DELETED" {
+                                Vec::new()
+                            } else {
+                                from_server(&ev.object, &subnets)
+                            };
+                            if let Some(first) = r.first() {
+                                tracing::debug!(server = %name, uuid = ?ev.object.pointer("/spec/systemUUID"),
+                                    ip = %first.ip, "server reservation");
+                            }
+                            changed |= if r.is_empty() {
+                                per_server.remove(&name).is_some()
+                            } else if per_server.get(&name) == Some(&r) {
+                                false
+                            } else {
+                                per_server.insert(name, r);
+                                true
+                            };
                         }
-                        if r.is_empty() {
-                            per_server.remove(&name);
-                        } else {
-                            per_server.insert(name, r);
+                        Err(StoreError::Gone(_)) => continue 'relist,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "watching servers for dhcp reservations failed");
+                            return;
                         }
-                        publish(&per_server);
                     }
-                    Err(StoreError::Gone(_)) => continue 'relist,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "watching servers for dhcp reservations failed");
-                        return;
-                    }
+                    next = w.next().now_or_never();
+                }
+                if changed {
+                    publish(&per_server);
                 }
             }
         }
