@@ -1,7 +1,8 @@
 //! The boot listener's own HTTP/1.1 connection loop on real sockets: keep-alive and
 //! pipelining on one connection, HTTP/1.0, request bodies, large files sent by
 //! `sendfile` (several calls, ranges, curl and wget as clients), and a file truncated
-//! while it is being sent (the connection ends short, the server keeps serving).
+//! while it is being sent (the connection ends short, the server keeps serving); the
+//! idle timeout (first byte of a request) apart from the header read timeout.
 
 mod http_support;
 
@@ -296,4 +297,44 @@ fn file_truncated_while_sent_ends_the_response_short() {
     // The server is fine and serves the now short file.
     let r = curl(OTHER_IP, &format!("{}/assets/big.img", srv.base), &[]);
     assert_eq!((r.code, r.body.len()), (200, 1 << 20));
+}
+
+#[test]
+fn late_first_byte_is_served_within_the_idle_timeout() {
+    let l = Limits {
+        header_read_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_millis(2500),
+        ..Limits::default()
+    };
+    let srv = start(l, |_| {});
+    let mut buf = Vec::new();
+    // The first request starts well after the header read timeout, within the idle one.
+    let mut s = connect(&srv);
+    std::thread::sleep(Duration::from_millis(1200));
+    s.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut s, &mut buf, false).status, 200);
+    // Same between keep-alive requests.
+    std::thread::sleep(Duration::from_millis(1200));
+    s.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut s, &mut buf, false).status, 200);
+    // A head that has started must still complete within the header read timeout.
+    let t = Instant::now();
+    s.write_all(b"GET /boot.ipxe HTTP/1.1\r\n").unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(5)));
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(2000),
+        "slow head closed after {took:?}"
+    );
+    // A connection that sends nothing is closed after the idle timeout.
+    let mut idle = connect(&srv);
+    let t = Instant::now();
+    assert!(closed_within(&mut idle, Duration::from_secs(8)));
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(2000) && took < Duration::from_secs(6),
+        "idle connection closed after {took:?}"
+    );
 }

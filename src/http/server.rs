@@ -1,6 +1,7 @@
 //! The thin socket loop: accept (bounded by `max_connections`), one HTTP/1.1
 //! connection ([`super::conn`]) per socket with a header size limit (431 beyond it), a
-//! header read timeout (slow or idle clients are closed) and graceful shutdown.
+//! header read timeout and an idle timeout (slow or idle clients are closed) and
+//! graceful shutdown.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +21,11 @@ pub struct Limits {
     pub max_connections: usize,
     /// Request head limit; at least [`MIN_HEADER_BYTES`].
     pub max_header_bytes: usize,
+    /// A request head must be complete within this long of its first byte.
     pub header_read_timeout: Duration,
+    /// How long a connection may wait for the first byte of a request: after the
+    /// accept and between keep-alive requests.
+    pub idle_timeout: Duration,
     /// How long in-flight responses may run after shutdown begins.
     pub drain_timeout: Duration,
 }
@@ -31,6 +36,7 @@ impl Limits {
             max_connections: c.max_connections.max(1),
             max_header_bytes: c.max_header_bytes.max(MIN_HEADER_BYTES),
             header_read_timeout: Duration::from_millis(c.header_read_timeout_ms.max(100)),
+            idle_timeout: Duration::from_millis(c.idle_timeout_ms.max(100)),
             drain_timeout: Duration::from_secs(8),
         }
     }
