@@ -92,6 +92,9 @@ pub struct HttpConfig {
     /// How long a connection may wait for a request's first byte, after the accept and
     /// between keep-alive requests (default 30 s; nginx waits 60 s).
     pub idle_timeout_ms: u64,
+    /// Threads serving the listener, each with its own runtime and `SO_REUSEPORT`
+    /// socket on `listen` (as nginx's worker processes); 0 (default) = one per core.
+    pub workers: usize,
     /// Script for unknown / unclaimed / failed machines: `exit` (local disk), `retry`
     /// (sleep `retry_secs`, chain `/boot.ipxe` again) or `discovery` (boot `discovery_image`).
     pub unknown_action: String,
@@ -125,6 +128,7 @@ impl Default for HttpConfig {
             max_header_bytes: 16 << 10,
             header_read_timeout_ms: 5_000,
             idle_timeout_ms: 30_000,
+            workers: 0,
             unknown_action: "exit".into(),
             retry_secs: 10,
             discovery_image: None,
