@@ -172,15 +172,36 @@ fn child(dir: PathBuf) {
     use bootplane::http::files::FileIo;
     use bootplane::http::handler::{BootHttp, Settings};
     use bootplane::http::index::MemoryIndex;
-    use bootplane::http::server::{run, Limits};
+    use bootplane::http::server::{bind, run, run_workers, worker_count, Limits};
     use bootplane::http::{BootFiles, BootState, IgnitionData, MachineBoot, Metrics};
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        // As `serve` runs it: `http.workers` threads (default one per core), each with a
+        // current-thread runtime and its own SO_REUSEPORT socket.
+        // BOOTPLANE_HTTP_BENCH_WORKERS=N sets N; `multi` is one socket on this
+        // multi-thread runtime (the shape before the workers, for comparison).
+        let shape = std::env::var("BOOTPLANE_HTTP_BENCH_WORKERS").unwrap_or_default();
+        let listeners = if shape == "multi" {
+            vec![]
+        } else {
+            bind(
+                "127.0.0.1:0".parse().unwrap(),
+                worker_count(shape.parse().unwrap_or(0)),
+            )
+            .unwrap()
+        };
+        let single = if shape == "multi" {
+            Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap())
+        } else {
+            None
+        };
+        let addr = match &single {
+            Some(l) => l.local_addr().unwrap(),
+            None => listeners[0].local_addr().unwrap(),
+        };
         let base = format!("http://{addr}");
         let index = Arc::new(MemoryIndex::new());
         index.upsert(MachineBoot {
@@ -221,9 +242,22 @@ fn child(dir: PathBuf) {
             stream_budget_bytes: bootplane::config::HttpConfig::default().stream_budget_bytes,
             sign_ignition_urls: true,
         };
-        let app = Arc::new(BootHttp::new(s, index, Arc::new(Metrics::new())).unwrap());
+        let metrics = Arc::new(Metrics::new());
+        let app = Arc::new(BootHttp::new(s, index, metrics.clone()).unwrap());
         let coord = bootplane::shutdown::Coordinator::new();
-        let task = tokio::spawn(run(listener, app, Limits::default(), coord.handle()));
+        // BOOTPLANE_HTTP_BENCH_IDLE_MS: the idle timeout (5000 is the bound before it
+        // was split from the header read timeout).
+        let mut limits = Limits::default();
+        if let Some(ms) = std::env::var("BOOTPLANE_HTTP_BENCH_IDLE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            limits.idle_timeout = Duration::from_millis(ms);
+        }
+        let task = match single {
+            Some(l) => tokio::spawn(run(l, app, limits, coord.handle())),
+            None => tokio::spawn(run_workers(listeners, app, limits, coord.handle())),
+        };
         println!("READY {addr}");
         std::io::stdout().flush().unwrap();
         // Run until the parent closes our stdin.
@@ -234,6 +268,13 @@ fn child(dir: PathBuf) {
         .await;
         coord.drain(Duration::from_secs(2)).await;
         let _ = task.await;
+        let m = metrics.encode();
+        for l in m
+            .lines()
+            .filter(|l| l.starts_with("bootplane_http_connection"))
+        {
+            eprintln!("child: {l}");
+        }
     });
 }
 

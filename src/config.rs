@@ -87,7 +87,14 @@ pub struct HttpConfig {
     pub max_connections: usize,
     /// Request head limit (431 beyond it); at least 8192.
     pub max_header_bytes: usize,
+    /// A request head must be complete within this long of its first byte.
     pub header_read_timeout_ms: u64,
+    /// How long a connection may wait for a request's first byte, after the accept and
+    /// between keep-alive requests (default 30 s; nginx waits 60 s).
+    pub idle_timeout_ms: u64,
+    /// Threads serving the listener, each with its own runtime and `SO_REUSEPORT`
+    /// socket on `listen` (as nginx's worker processes); 0 (default) = one per core.
+    pub workers: usize,
     /// Script for unknown / unclaimed / failed machines: `exit` (local disk), `retry`
     /// (sleep `retry_secs`, chain `/boot.ipxe` again) or `discovery` (boot `discovery_image`).
     pub unknown_action: String,
@@ -120,6 +127,8 @@ impl Default for HttpConfig {
             max_connections: 4096,
             max_header_bytes: 16 << 10,
             header_read_timeout_ms: 5_000,
+            idle_timeout_ms: 30_000,
+            workers: 0,
             unknown_action: "exit".into(),
             retry_secs: 10,
             discovery_image: None,

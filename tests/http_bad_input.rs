@@ -17,6 +17,7 @@ fn limits() -> Limits {
         max_connections: 64,
         max_header_bytes: 8192,
         header_read_timeout: Duration::from_millis(600),
+        idle_timeout: Duration::from_millis(600),
         drain_timeout: Duration::from_secs(2),
     }
 }
@@ -214,6 +215,7 @@ fn connection_limit_closes_extra_connections() {
     let l = Limits {
         max_connections: 3,
         header_read_timeout: Duration::from_secs(8),
+        idle_timeout: Duration::from_secs(8),
         ..limits()
     };
     let srv = start(l, |_| {});

@@ -1,7 +1,9 @@
 //! The boot listener's own HTTP/1.1 connection loop on real sockets: keep-alive and
 //! pipelining on one connection, HTTP/1.0, request bodies, large files sent by
 //! `sendfile` (several calls, ranges, curl and wget as clients), and a file truncated
-//! while it is being sent (the connection ends short, the server keeps serving).
+//! while it is being sent (the connection ends short, the server keeps serving); the
+//! idle timeout (first byte of a request) apart from the header read timeout; the
+//! per-core workers (`run_workers`: every SO_REUSEPORT socket serves, shutdown drains).
 
 mod http_support;
 
@@ -296,4 +298,109 @@ fn file_truncated_while_sent_ends_the_response_short() {
     // The server is fine and serves the now short file.
     let r = curl(OTHER_IP, &format!("{}/assets/big.img", srv.base), &[]);
     assert_eq!((r.code, r.body.len()), (200, 1 << 20));
+}
+
+#[test]
+fn late_first_byte_is_served_within_the_idle_timeout() {
+    let l = Limits {
+        header_read_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_millis(2500),
+        ..Limits::default()
+    };
+    let srv = start(l, |_| {});
+    let mut buf = Vec::new();
+    // The first request starts well after the header read timeout, within the idle one.
+    let mut s = connect(&srv);
+    std::thread::sleep(Duration::from_millis(1200));
+    s.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut s, &mut buf, false).status, 200);
+    // Same between keep-alive requests.
+    std::thread::sleep(Duration::from_millis(1200));
+    s.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut s, &mut buf, false).status, 200);
+    // A head that has started must still complete within the header read timeout.
+    let t = Instant::now();
+    s.write_all(b"GET /boot.ipxe HTTP/1.1\r\n").unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(5)));
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(2000),
+        "slow head closed after {took:?}"
+    );
+    // A connection that sends nothing is closed after the idle timeout.
+    let mut idle = connect(&srv);
+    let t = Instant::now();
+    assert!(closed_within(&mut idle, Duration::from_secs(8)));
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(2000) && took < Duration::from_secs(6),
+        "idle connection closed after {took:?}"
+    );
+}
+
+#[test]
+fn workers_serve_on_every_socket_and_drain_on_shutdown() {
+    let l = Limits {
+        drain_timeout: Duration::from_secs(6),
+        ..Limits::default()
+    };
+    let srv = start_workers(l, 2, |_| {});
+    srv.index.upsert(ready_machine(srv.dir.path(), &srv.base));
+    // 40 connections (new source ports): the kernel spreads them over both sockets.
+    let url = format!("{}/ipxe/script?uuid={UUID}", srv.base);
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "20", "--interface", MACHINE_IP])
+        .args(["-H", "Connection: close", "-o", "/dev/null"])
+        .args(["-w", "%{http_code}\n"]);
+    for _ in 0..40 {
+        cmd.arg(&url);
+    }
+    let out = cmd.output().expect("running curl");
+    let codes = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(codes.lines().filter(|c| *c == "200").count(), 40, "{codes}");
+    let threads = srv.threads.lock().unwrap().clone();
+    assert!(
+        threads.contains("boot-http-0") && threads.contains("boot-http-1"),
+        "served by {threads:?}"
+    );
+    assert_eq!(threads.len(), 2, "served by {threads:?}");
+
+    // In flight at shutdown: a rate-limited 12 MiB download (about 3 s) and an idle
+    // keep-alive connection.
+    let (_, data) = big_file(&srv, 12);
+    let tmp = tempfile::tempdir().unwrap();
+    let dl = Command::new("curl")
+        .args(["-sS", "--max-time", "30", "--limit-rate", "4M", "-o"])
+        .arg(tmp.path().join("big"))
+        .args(["-w", "%{http_code} %{size_download}"])
+        .arg(format!("{}/assets/big.img", srv.base))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running curl");
+    let mut idle = connect(&srv);
+    let mut buf = Vec::new();
+    idle.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_reply(&mut idle, &mut buf, false).status, 200);
+    std::thread::sleep(Duration::from_millis(500));
+    let addr = srv.addr;
+    let t = Instant::now();
+    srv.shutdown(Duration::from_secs(15));
+    let took = t.elapsed();
+    // The idle connection was closed, the download finished whole, no socket listens.
+    assert!(closed_within(&mut idle, Duration::from_secs(1)));
+    let out = dl.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("200 {}", data.len()),
+        "download in flight at shutdown"
+    );
+    assert!(std::fs::read(tmp.path().join("big")).unwrap() == data);
+    assert!(took < Duration::from_secs(8), "shutdown took {took:?}");
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "still listening after shutdown"
+    );
 }

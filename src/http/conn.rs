@@ -14,8 +14,12 @@
 //! What it does, bounded throughout:
 //! - request heads up to `max_header_bytes` (431 beyond), at most [`MAX_HEADERS`]
 //!   header fields (431), malformed heads get 400; each of these closes the connection;
-//! - a head must arrive within `header_read_timeout` of the previous response (or of the
-//!   accept): slow and idle clients are closed;
+//! - a request's first byte must arrive within `idle_timeout` of the accept or of the
+//!   previous response, and its head must be complete within `header_read_timeout` of
+//!   that first byte: idle and slow clients are closed. (Two bounds, because a client
+//!   that is busy, e.g. still reading a large response that our last `sendfile` only
+//!   queued, or one that has many connections to open, may start its next request late
+//!   without being slow once it has started; nginx waits 60 s for that first byte);
 //! - requests that carry a body (`Content-Length` > 0 or `Transfer-Encoding`) are
 //!   answered (the handler refuses every method but GET and HEAD) and the connection
 //!   is closed, so a body is never mistaken for the next request;
@@ -57,8 +61,10 @@ const OUT_BATCH: usize = 64 << 10;
 /// Why a connection ended early.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
-    #[error("request head not received within the header read timeout")]
+    #[error("request head not completed within the header read timeout")]
     HeaderTimeout,
+    #[error("no request within the idle timeout")]
+    IdleTimeout,
     #[error("malformed request head ({0})")]
     Malformed(StatusCode),
     #[error("client stopped reading for {WRITE_STALL:?}")]
@@ -86,11 +92,14 @@ pub async fn serve(
 ) -> Result<(), ConnError> {
     let mut rbuf = BytesMut::with_capacity(4096);
     let mut out = BytesMut::with_capacity(4096);
-    let timeout = limits.header_read_timeout;
-    // One timer per connection, moved lazily: `deadline` advances with every request
-    // and the sleep is only re-armed when it fires early.
-    let mut deadline = Instant::now() + timeout;
-    let sleep = tokio::time::sleep_until(deadline);
+    // Waiting for a request: up to `idle_timeout` for its first byte (after the accept
+    // and between keep-alive requests), then up to `header_read_timeout` for the rest
+    // of the head. One timer per connection, moved lazily: it is re-armed when it fires
+    // before the deadline, or when the deadline moves earlier.
+    let mut idle_since = Instant::now();
+    let mut head_since: Option<Instant> = None;
+    let mut armed = idle_since + limits.idle_timeout;
+    let sleep = tokio::time::sleep_until(armed);
     tokio::pin!(sleep);
     let stop = shutdown.recv();
     tokio::pin!(stop);
@@ -110,6 +119,17 @@ pub async fn serve(
                 if rbuf.capacity() - rbuf.len() < 1024 {
                     rbuf.reserve(4096);
                 }
+                if head_since.is_none() && !rbuf.is_empty() {
+                    head_since = Some(Instant::now());
+                }
+                let deadline = match head_since {
+                    Some(t) => t + limits.header_read_timeout,
+                    None => idle_since + limits.idle_timeout,
+                };
+                if deadline < armed {
+                    armed = deadline;
+                    sleep.as_mut().reset(armed);
+                }
                 loop {
                     tokio::select! {
                         biased;
@@ -121,9 +141,14 @@ pub async fn serve(
                         }
                         _ = &mut sleep => {
                             if Instant::now() >= deadline {
-                                return Err(ConnError::HeaderTimeout);
+                                return Err(if head_since.is_some() {
+                                    ConnError::HeaderTimeout
+                                } else {
+                                    ConnError::IdleTimeout
+                                });
                             }
-                            sleep.as_mut().reset(deadline);
+                            armed = deadline;
+                            sleep.as_mut().reset(armed);
                         }
                         _ = &mut stop => return Ok(()),
                     }
@@ -157,7 +182,8 @@ pub async fn serve(
         if out.len() >= OUT_BATCH {
             flush(&stream, &mut out, false).await?;
         }
-        deadline = Instant::now() + timeout;
+        idle_since = Instant::now();
+        head_since = None;
     }
 }
 

@@ -154,15 +154,10 @@ pub async fn serve_app(
     shutdown: crate::shutdown::Shutdown,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    let listener = tokio::net::TcpListener::bind(ctx.config.http.listen)
-        .await
-        .with_context(|| format!("binding boot http listener {}", ctx.config.http.listen))?;
-    tracing::info!(listen = %ctx.config.http.listen, public_url = %app.base_url(), "boot http listening");
-    server::run(
-        listener,
-        app,
-        server::Limits::from_config(&ctx.config.http),
-        shutdown,
-    )
-    .await
+    let http = &ctx.config.http;
+    let workers = server::worker_count(http.workers);
+    let listeners = server::bind(http.listen, workers)
+        .with_context(|| format!("binding boot http listener {}", http.listen))?;
+    tracing::info!(listen = %http.listen, workers, public_url = %app.base_url(), "boot http listening");
+    server::run_workers(listeners, app, server::Limits::from_config(http), shutdown).await
 }

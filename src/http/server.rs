@@ -1,13 +1,27 @@
 //! The thin socket loop: accept (bounded by `max_connections`), one HTTP/1.1
 //! connection ([`super::conn`]) per socket with a header size limit (431 beyond it), a
-//! header read timeout (slow or idle clients are closed) and graceful shutdown.
+//! header read timeout and an idle timeout (slow or idle clients are closed) and
+//! graceful shutdown.
+//!
+//! In `serve` the boot listener runs in the shape nginx has: [`run_workers`] starts
+//! `http.workers` threads (default: one per core), each with its own current-thread
+//! tokio runtime and its own listening socket on the same address (`SO_REUSEPORT`, so
+//! the kernel spreads new connections over the sockets). A connection lives on the
+//! thread that accepted it: no cross-thread wakeups or work stealing on the hot path.
+//! Before binding the group, [`bind`] checks that nothing already listens on the
+//! address (a second bootplane would otherwise silently share the port). The
+//! connection limit is one semaphore shared by all workers; shutdown is the same
+//! broadcast and drain as everywhere else, and each worker thread ends once its
+//! connections have finished (bounded by the drain timeout). [`run`] serves one
+//! listener on the caller's runtime (tests, benches).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use anyhow::Context as _;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::{conn, BootHttp};
 use crate::shutdown::Shutdown;
@@ -20,7 +34,11 @@ pub struct Limits {
     pub max_connections: usize,
     /// Request head limit; at least [`MIN_HEADER_BYTES`].
     pub max_header_bytes: usize,
+    /// A request head must be complete within this long of its first byte.
     pub header_read_timeout: Duration,
+    /// How long a connection may wait for the first byte of a request: after the
+    /// accept and between keep-alive requests.
+    pub idle_timeout: Duration,
     /// How long in-flight responses may run after shutdown begins.
     pub drain_timeout: Duration,
 }
@@ -31,6 +49,7 @@ impl Limits {
             max_connections: c.max_connections.max(1),
             max_header_bytes: c.max_header_bytes.max(MIN_HEADER_BYTES),
             header_read_timeout: Duration::from_millis(c.header_read_timeout_ms.max(100)),
+            idle_timeout: Duration::from_millis(c.idle_timeout_ms.max(100)),
             drain_timeout: Duration::from_secs(8),
         }
     }
@@ -42,14 +61,118 @@ impl Default for Limits {
     }
 }
 
-/// Serve `listener` until `shutdown`, then let open connections finish (bounded).
+/// Listening backlog of each worker socket.
+const BACKLOG: u32 = 1024;
+
+/// `workers` listening sockets on `addr` (port 0: one port chosen for all), each with
+/// `SO_REUSEPORT`, for [`run_workers`]. Must be called inside a tokio runtime.
+pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    if addr.port() != 0 {
+        // SO_REUSEPORT lets any socket of the same user with the option join the port;
+        // a plain bind first fails with EADDRINUSE if another process already listens.
+        let probe = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        probe.set_reuseaddr(true)?;
+        probe.bind(addr)?;
+    }
+    let mut addr = addr;
+    let mut out = Vec::with_capacity(workers.max(1));
+    for _ in 0..workers.max(1) {
+        let s = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        s.set_reuseaddr(true)?;
+        s.set_reuseport(true)?;
+        s.bind(addr)?;
+        let l = s.listen(BACKLOG)?;
+        addr = l.local_addr()?;
+        out.push(l.into_std()?);
+    }
+    Ok(out)
+}
+
+/// The number of boot listener workers for `configured` (0: one per available core).
+pub fn worker_count(configured: usize) -> usize {
+    if configured > 0 {
+        return configured;
+    }
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Serve each of `listeners` (from [`bind`]) on its own thread with a current-thread
+/// runtime until `shutdown`; returns once every worker has stopped accepting and its
+/// open connections have finished (bounded by the drain timeout).
+pub async fn run_workers(
+    listeners: Vec<std::net::TcpListener>,
+    app: Arc<BootHttp>,
+    limits: Limits,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut done = Vec::with_capacity(listeners.len());
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("building a boot http worker runtime")?;
+        let (app, slots, shutdown) = (app.clone(), slots.clone(), shutdown.child());
+        let (tx, rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+        std::thread::Builder::new()
+            .name(format!("boot-http-{i}"))
+            .spawn(move || {
+                let res = rt.block_on(async move {
+                    let listener = TcpListener::from_std(listener)
+                        .context("registering a boot http listener")?;
+                    // Each connection holds a clone of `live`; the worker's runtime
+                    // (and with it every task on it) ends only after they are gone.
+                    let (live, mut gone) = mpsc::channel::<()>(1);
+                    accept(listener, app, limits, slots, shutdown, live).await;
+                    let _ = gone.recv().await;
+                    Ok(())
+                });
+                let _ = tx.send(res);
+            })
+            .context("starting a boot http worker thread")?;
+        done.push(rx);
+    }
+    for rx in done {
+        rx.await
+            .map_err(|_| anyhow::anyhow!("a boot http worker thread panicked"))??;
+    }
+    tracing::info!("boot http workers stopped");
+    Ok(())
+}
+
+/// Serve `listener` on the current runtime until `shutdown`, then let open connections
+/// finish (bounded) in the background.
 pub async fn run(
     listener: TcpListener,
     app: Arc<BootHttp>,
     limits: Limits,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (live, _) = mpsc::channel::<()>(1);
+    accept(listener, app, limits, slots, shutdown, live).await;
+    Ok(())
+}
+
+/// The accept loop: a connection task per socket while a slot is free.
+async fn accept(
+    listener: TcpListener,
+    app: Arc<BootHttp>,
+    limits: Limits,
+    slots: Arc<Semaphore>,
+    mut shutdown: Shutdown,
+    live: mpsc::Sender<()>,
+) {
     loop {
         tokio::select! {
             _ = shutdown.recv() => break,
@@ -69,13 +192,15 @@ pub async fn run(
                     drop(stream);
                     continue;
                 };
-                let (app, child) = (app.clone(), shutdown.child());
-                tokio::spawn(connection(stream, peer, app, limits, child, permit));
+                let (app, child, live) = (app.clone(), shutdown.child(), live.clone());
+                tokio::spawn(async move {
+                    connection(stream, peer, app, limits, child, permit).await;
+                    drop(live);
+                });
             }
         }
     }
     tracing::info!("boot http listener stopped accepting");
-    Ok(())
 }
 
 async fn connection(
@@ -105,4 +230,26 @@ async fn connection(
         tracing::debug!(client = %client, error = %e, "boot http connection ended with an error");
     }
     app.metrics().connections_open.dec();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bind_shares_one_port_and_refuses_a_second_group() {
+        let group = bind("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        assert_eq!(group.len(), 3);
+        let addr = group[0].local_addr().unwrap();
+        assert!(group.iter().all(|l| l.local_addr().unwrap() == addr));
+        // Another group (another bootplane) on the same address must not join it.
+        let err = bind(addr, 2).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+        // Nor may a plain listener.
+        assert!(std::net::TcpListener::bind(addr).is_err());
+        drop(group);
+        assert_eq!(bind(addr, 1).unwrap().len(), 1);
+        assert_eq!(worker_count(3), 3);
+        assert!(worker_count(0) >= 1);
+    }
 }

@@ -15,7 +15,9 @@ use bootplane::http::handler::{BootHttp, Settings};
 use bootplane::http::index::MemoryIndex;
 use bootplane::http::server::{self, Limits};
 use bootplane::http::token::TokenSigner;
-use bootplane::http::{BootState, IgnitionData, MachineBoot, Metrics};
+use bootplane::http::{
+    BootEvent, BootIndex, BootState, IgnitionData, MachineBoot, MachineId, Metrics,
+};
 use bootplane::ipxe::DefaultAction;
 use bootplane::shutdown::Coordinator;
 
@@ -30,9 +32,31 @@ pub struct Srv {
     pub base: String,
     pub index: Arc<MemoryIndex>,
     pub metrics: Arc<Metrics>,
+    /// Names of the threads that looked machines up (that served scripts/Ignition).
+    pub threads: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     pub dir: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Srv {
+    /// Shut the server down (broadcast, then drain) and wait until its runtime and
+    /// threads have ended; panics if that takes longer than `limit`.
+    pub fn shutdown(mut self, limit: Duration) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let t = self.thread.take().unwrap();
+        let deadline = std::time::Instant::now() + limit;
+        while !t.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "server did not shut down within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        t.join().expect("server thread");
+    }
 }
 
 impl Drop for Srv {
@@ -43,6 +67,26 @@ impl Drop for Srv {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The in-memory index, noting which threads ask it.
+struct Recording {
+    inner: Arc<MemoryIndex>,
+    threads: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+impl BootIndex for Recording {
+    fn lookup(&self, id: &MachineId) -> Option<Arc<MachineBoot>> {
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        self.threads.lock().unwrap().insert(name);
+        self.inner.lookup(id)
+    }
+    fn record_progress(&self, server: &str, event: BootEvent, client: std::net::IpAddr) {
+        self.inner.record_progress(server, event, client)
+    }
+    fn owns(&self, m: &MachineBoot, client: std::net::IpAddr) -> bool {
+        self.inner.owns(m, client)
     }
 }
 
@@ -97,6 +141,24 @@ pub fn ready_machine(root: &Path, base: &str) -> MachineBoot {
 }
 
 pub fn start(limits: Limits, tweak: impl FnOnce(&mut Settings) + Send + 'static) -> Srv {
+    start_shape(limits, None, tweak)
+}
+
+/// As [`start`], but served the way `serve` does: `workers` threads, each with its own
+/// current-thread runtime and SO_REUSEPORT socket ([`server::run_workers`]).
+pub fn start_workers(
+    limits: Limits,
+    workers: usize,
+    tweak: impl FnOnce(&mut Settings) + Send + 'static,
+) -> Srv {
+    start_shape(limits, Some(workers), tweak)
+}
+
+fn start_shape(
+    limits: Limits,
+    workers: Option<usize>,
+    tweak: impl FnOnce(&mut Settings) + Send + 'static,
+) -> Srv {
     let dir = tempfile::tempdir().unwrap();
     populate(dir.path());
     let root = dir.path().to_path_buf();
@@ -104,7 +166,12 @@ pub fn start(limits: Limits, tweak: impl FnOnce(&mut Settings) + Send + 'static)
     let metrics = Arc::new(Metrics::new());
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (idx, m) = (index.clone(), metrics.clone());
+    let threads = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let idx = Arc::new(Recording {
+        inner: index.clone(),
+        threads: threads.clone(),
+    });
+    let m = metrics.clone();
     let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -112,8 +179,18 @@ pub fn start(limits: Limits, tweak: impl FnOnce(&mut Settings) + Send + 'static)
             .build()
             .unwrap();
         rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = listener.local_addr().unwrap();
+            let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+            let (single, listeners) = match workers {
+                None => (
+                    Some(tokio::net::TcpListener::bind(any).await.unwrap()),
+                    vec![],
+                ),
+                Some(n) => (None, server::bind(any, n).unwrap()),
+            };
+            let addr = match &single {
+                Some(l) => l.local_addr().unwrap(),
+                None => listeners[0].local_addr().unwrap(),
+            };
             let base = format!("http://{addr}");
             let mut s = Settings {
                 base_url: base.clone(),
@@ -132,11 +209,14 @@ pub fn start(limits: Limits, tweak: impl FnOnce(&mut Settings) + Send + 'static)
             tweak(&mut s);
             let app = Arc::new(BootHttp::new(s, idx, m).unwrap());
             let coord = Coordinator::new();
-            let task = tokio::spawn(server::run(listener, app, limits, coord.handle()));
+            let task = match single {
+                Some(l) => tokio::spawn(server::run(l, app, limits, coord.handle())),
+                None => tokio::spawn(server::run_workers(listeners, app, limits, coord.handle())),
+            };
             addr_tx.send(addr).unwrap();
             let _ = stop_rx.await;
             coord.drain(Duration::from_secs(5)).await;
-            let _ = task.await;
+            task.await.unwrap().unwrap();
         });
     });
     let addr = addr_rx
@@ -147,6 +227,7 @@ pub fn start(limits: Limits, tweak: impl FnOnce(&mut Settings) + Send + 'static)
         base: format!("http://{addr}"),
         index,
         metrics,
+        threads,
         dir,
         stop: Some(stop_tx),
         thread: Some(thread),
