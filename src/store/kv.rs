@@ -29,8 +29,8 @@ use tokio::sync::{broadcast, oneshot};
 /// A global revision (etcd's `revision`).
 pub type Rev = u64;
 
-/// How many past events are kept for watch replay. Each event pins its object (and the
-/// one it replaced) in memory, so this bounds the store's history memory: at 200,000 a
+/// How many past events are kept for watch replay. Each event pins its object version
+/// in memory, so this bounds the store's history memory: at 200,000 a
 /// 10,000-machine fleet (~110,000 events to register, claim and boot it) held ~700 MiB.
 /// Watchers start from a fresh list's revision, so replay only bridges short gaps.
 pub const EVENT_LOG_CAP: usize = 10_000;
@@ -69,8 +69,10 @@ pub enum EventKind {
 pub struct Event {
     pub kind: EventKind,
     pub kv: KeyValue,
-    /// The value before this change (absent for creates).
-    pub prev: Option<KeyValue>,
+    /// Whether the key existed before this change (false for creates). The previous
+    /// value itself is not kept: every event in the replay log would pin a second,
+    /// superseded copy of its object, and no watcher reads it.
+    pub existed: bool,
 }
 
 impl Event {
@@ -507,21 +509,18 @@ fn commit_batch(
                         evs.push(Event {
                             kind: EventKind::Put,
                             kv: kv.clone(),
-                            prev,
+                            existed: prev.is_some(),
                         });
                         overlay.insert(key, Some(kv.clone()));
                         kvs.push(Some(kv));
                     }
                     Action::Delete => {
                         let p = prev.expect("checked above");
-                        let kv = KeyValue {
-                            mod_rev: rev,
-                            ..p.clone()
-                        };
+                        let kv = KeyValue { mod_rev: rev, ..p };
                         evs.push(Event {
                             kind: EventKind::Delete,
                             kv,
-                            prev: Some(p),
+                            existed: true,
                         });
                         overlay.insert(key, None);
                         kvs.push(None);

@@ -73,7 +73,7 @@ pub struct ObjectWatch {
 impl ObjectWatch {
     pub async fn next(&mut self) -> Result<ObjectEvent> {
         let e = self.inner.next().await.map_err(map_kv)?;
-        let kind = match (e.kind, e.prev.is_some()) {
+        let kind = match (e.kind, e.existed) {
             (EventKind::Delete, _) => "DELETED",
             (EventKind::Put, false) => "ADDED",
             (EventKind::Put, true) => "MODIFIED",
