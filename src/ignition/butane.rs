@@ -619,10 +619,12 @@ fn put(m: &mut Map<String, Value>, k: &str, v: Option<Value>) {
     }
 }
 
-/// gzip with a per-thread reused deflate state (allocating a compressor per file
-/// dominated render time) at level 1: the bytes differ from butane's Go gzip at any
-/// level, and level 1 keeps a 20-file render well under a millisecond while still
-/// picking gzip only when it is shorter. Header: mtime 0, XFL 4 (fastest), OS 255.
+/// gzip: inputs up to [`super::deflate::MAX_INPUT`] bytes go through the small-input
+/// deflate in [`super::deflate`] (its cost scales with the input; a general-purpose
+/// compressor clears over 128 KiB of tables per call), larger ones through a
+/// per-thread reused miniz_oxide state at level 1. The bytes differ from butane's Go
+/// gzip at any level; gzip is still kept only when it gives the shorter URL.
+/// Header: mtime 0, XFL 4 (fastest), OS 255.
 fn gzip(data: &[u8]) -> Vec<u8> {
     use flate2::{Compress, Compression, Crc, FlushCompress, Status};
     thread_local! {
@@ -630,20 +632,24 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     }
     let mut out = Vec::with_capacity(data.len() / 2 + 64);
     out.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 0xff]);
-    DEFLATE.with(|c| {
-        let mut c = c.borrow_mut();
-        c.reset();
-        loop {
-            out.reserve(data.len() / 2 + 64);
-            let consumed = usize::try_from(c.total_in())
-                .unwrap_or(data.len())
-                .min(data.len());
-            match c.compress_vec(&data[consumed..], &mut out, FlushCompress::Finish) {
-                Ok(Status::StreamEnd) | Err(_) => break,
-                Ok(_) => {}
+    if let Some(z) = super::deflate::deflate(data) {
+        out.extend_from_slice(&z);
+    } else {
+        DEFLATE.with(|c| {
+            let mut c = c.borrow_mut();
+            c.reset();
+            loop {
+                out.reserve(data.len() / 2 + 64);
+                let consumed = usize::try_from(c.total_in())
+                    .unwrap_or(data.len())
+                    .min(data.len());
+                match c.compress_vec(&data[consumed..], &mut out, FlushCompress::Finish) {
+                    Ok(Status::StreamEnd) | Err(_) => break,
+                    Ok(_) => {}
+                }
             }
-        }
-    });
+        });
+    }
     let mut crc = Crc::new();
     crc.update(data);
     out.extend_from_slice(&crc.sum().to_le_bytes());
