@@ -8,13 +8,13 @@
 //! was about a third of a cold render. Here the hash table is sized to the input (at
 //! most 2^15 entries), so the cost of a call scales with the input.
 //!
-//! What it does: LZ77 with hash chains (3-byte hash) over the whole input, twice (the
-//! nearest match only, as miniz level 1; and the longest of up to [`MAX_CHAIN`]
-//! candidates with one step of lazy matching), each into ONE final block that is the
+//! What it does: greedy LZ77 over the whole input taking the nearest earlier occurrence
+//! of the next 3 bytes (a 3-byte hash table, as miniz level 1 does; on config text this
+//! compressed as well as a 32-candidate longest-match search with lazy matching, at a
+//! fraction of the cost), into ONE final block that is the
 //! smallest of stored, fixed-Huffman and dynamic-Huffman (code lengths limited to 15 /
 //! 7 bits by halving frequencies until the tree fits; every tree has at least two codes,
-//! so it is complete, which zlib's and Go's decoders require); the shorter output is
-//! kept. Inputs larger than
+//! so it is complete, which zlib's and Go's decoders require). Inputs larger than
 //! [`MAX_INPUT`] are not handled here (the caller uses miniz_oxide, whose table reset
 //! is then small next to the input).
 //!
@@ -24,10 +24,6 @@
 /// Largest input compressed here (one stored block holds at most 65,535 bytes).
 pub const MAX_INPUT: usize = 65_535;
 
-/// Hash-chain candidates looked at per position.
-const MAX_CHAIN: usize = 32;
-/// A match this long is taken without looking further.
-const NICE_LEN: usize = 128;
 const MIN_MATCH: usize = 3;
 const MAX_MATCH: usize = 258;
 const WINDOW: usize = 32_768;
@@ -88,11 +84,7 @@ pub fn deflate(data: &[u8]) -> Option<Vec<u8>> {
     if data.len() > MAX_INPUT {
         return None;
     }
-    // Two parses, the shorter output wins: neither is always better on config text
-    // (the nearest match first, as miniz level 1 does, vs. a longest-match search).
-    let a = encode(data, &lz77(data, 1, false));
-    let b = encode(data, &lz77(data, MAX_CHAIN, true));
-    Some(if b.len() < a.len() { b } else { a })
+    Some(encode(data, &lz77(data)))
 }
 
 /// One final block for the tokens of `data`: stored, fixed or dynamic, the shortest.
@@ -208,9 +200,9 @@ fn encode(data: &[u8], toks: &[Tok]) -> Vec<u8> {
     w.out
 }
 
-/// Greedy LZ77 (with one step of lazy matching if `lazy`) looking at up to
-/// `max_chain` candidates per position, over hash chains sized to the input.
-fn lz77(data: &[u8], max_chain: usize, lazy: bool) -> Vec<Tok> {
+/// Greedy LZ77: at each position, the nearest earlier occurrence of the next 3 bytes
+/// (hash table sized to the input), extended as far as it matches.
+fn lz77(data: &[u8]) -> Vec<Tok> {
     let n = data.len();
     let mut toks = Vec::with_capacity(n / 2 + 8);
     if n < MIN_MATCH + 1 {
@@ -219,76 +211,39 @@ fn lz77(data: &[u8], max_chain: usize, lazy: bool) -> Vec<Tok> {
     }
     let bits = (usize::BITS - (n - 1).leading_zeros()).clamp(8, 15);
     let mut head = vec![0u32; 1 << bits];
-    let mut prev = vec![0u32; n];
     let hash = |i: usize| -> usize {
         let v = (data[i] as u32) << 16 | (data[i + 1] as u32) << 8 | data[i + 2] as u32;
         (v.wrapping_mul(2_654_435_761) >> (32 - bits)) as usize
     };
-    let mut inserted = 0; // positions below this are in the chains
-    let mut insert_to = |end: usize, head: &mut Vec<u32>, prev: &mut Vec<u32>| {
-        while inserted < end && inserted + MIN_MATCH <= n {
-            let h = hash(inserted);
-            prev[inserted] = head[h];
-            head[h] = inserted as u32 + 1;
-            inserted += 1;
-        }
-    };
-    let longest = |i: usize, head: &Vec<u32>, prev: &Vec<u32>| -> (usize, usize) {
-        if i + MIN_MATCH > n {
-            return (0, 0);
-        }
-        let max = (n - i).min(MAX_MATCH);
-        let (mut best, mut dist) = (MIN_MATCH - 1, 0);
-        let mut p = head[hash(i)];
-        let mut chain = 0;
-        while p != 0 && chain < max_chain {
-            let c = p as usize - 1;
-            if i - c > WINDOW {
-                break;
-            }
-            if data[c + best] == data[i + best] {
-                let l = data[c..c + max]
-                    .iter()
-                    .zip(&data[i..i + max])
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                if l > best {
-                    best = l;
-                    dist = i - c;
-                    if l >= NICE_LEN.min(max) {
-                        break;
-                    }
-                }
-            }
-            p = prev[c];
-            chain += 1;
-        }
-        if dist == 0 {
-            (0, 0)
-        } else {
-            (best, dist)
-        }
-    };
     let mut i = 0;
     while i < n {
-        insert_to(i, &mut head, &mut prev);
-        let (l, d) = longest(i, &head, &prev);
-        if l < MIN_MATCH {
+        if i + MIN_MATCH > n {
             toks.push(Tok::Lit(data[i]));
             i += 1;
             continue;
         }
-        if lazy && l < NICE_LEN && i + 1 < n {
-            insert_to(i + 1, &mut head, &mut prev);
-            let (l2, _) = longest(i + 1, &head, &prev);
-            if l2 > l {
-                toks.push(Tok::Lit(data[i]));
-                i += 1;
-                continue;
+        let h = hash(i);
+        let cand = head[h] as usize;
+        head[h] = i as u32 + 1;
+        let mut len = 0;
+        if cand != 0 && i - (cand - 1) <= WINDOW {
+            let c = cand - 1;
+            let max = (n - i).min(MAX_MATCH);
+            while len < max && data[c + len] == data[i + len] {
+                len += 1;
             }
         }
-        toks.push(Tok::Match(l as u16, d as u16));
-        i += l;
+        if len < MIN_MATCH {
+            toks.push(Tok::Lit(data[i]));
+            i += 1;
+            continue;
+        }
+        toks.push(Tok::Match(len as u16, (i - (cand - 1)) as u16));
+        // Positions inside the match go into the table too, for later matches.
+        for j in i + 1..(i + len).min(n - MIN_MATCH + 1) {
+            head[hash(j)] = j as u32 + 1;
+        }
+        i += len;
     }
     toks
 }
