@@ -79,31 +79,7 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
             )))
         }
     };
-    let variant = match variant.as_str() {
-        "fcos" => Variant::Fcos,
-        "flatcar" => Variant::Flatcar,
-        _ => return Err(Error::UnknownVariant(variant)),
-    };
-    let ver = match (variant, version.as_str()) {
-        (Variant::Fcos, "1.3.0") => IgnVersion::V3_2,
-        (Variant::Fcos, "1.4.0") | (Variant::Flatcar, "1.0.0") => IgnVersion::V3_3,
-        (Variant::Fcos, "1.5.0") | (Variant::Flatcar, "1.1.0") => IgnVersion::V3_4,
-        (Variant::Fcos, "1.6.0") => IgnVersion::V3_5,
-        (Variant::Fcos, _) => {
-            return Err(Error::UnsupportedVersion {
-                variant: "fcos".into(),
-                version,
-                supported: "1.3.0, 1.4.0, 1.5.0, 1.6.0",
-            })
-        }
-        (Variant::Flatcar, _) => {
-            return Err(Error::UnsupportedVersion {
-                variant: "flatcar".into(),
-                version,
-                supported: "1.0.0, 1.1.0",
-            })
-        }
-    };
+    let (variant, ver) = spec(&variant, version)?;
     let cfg: Config = parsed.map_err(|e| Error::Yaml(e.to_string()))?;
     let mut tx = Tx {
         ver,
@@ -130,6 +106,70 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
         version: ver,
         config,
     })
+}
+
+/// The Ignition version a Butane `variant`/`version` pair translates to.
+fn spec(variant: &str, version: String) -> Result<(Variant, IgnVersion), Error> {
+    let variant = match variant {
+        "fcos" => Variant::Fcos,
+        "flatcar" => Variant::Flatcar,
+        _ => return Err(Error::UnknownVariant(variant.to_string())),
+    };
+    let ver = match (variant, version.as_str()) {
+        (Variant::Fcos, "1.3.0") => IgnVersion::V3_2,
+        (Variant::Fcos, "1.4.0") | (Variant::Flatcar, "1.0.0") => IgnVersion::V3_3,
+        (Variant::Fcos, "1.5.0") | (Variant::Flatcar, "1.1.0") => IgnVersion::V3_4,
+        (Variant::Fcos, "1.6.0") => IgnVersion::V3_5,
+        (Variant::Fcos, _) => {
+            return Err(Error::UnsupportedVersion {
+                variant: "fcos".into(),
+                version,
+                supported: "1.3.0, 1.4.0, 1.5.0, 1.6.0",
+            })
+        }
+        (Variant::Flatcar, _) => {
+            return Err(Error::UnsupportedVersion {
+                variant: "flatcar".into(),
+                version,
+                supported: "1.0.0, 1.1.0",
+            })
+        }
+    };
+    Ok((variant, ver))
+}
+
+/// Translates a document already parsed into a YAML value (the structural-templating
+/// fast path in [`super::render`]). `None` on any error or issue: the caller then
+/// translates the text with [`translate_with`], which reports located errors.
+pub(super) fn translate_parsed(doc: serde_norway::Value, files: &FilesDir) -> Option<Translated> {
+    let cfg: Config = serde_norway::from_value(doc).ok()?;
+    let (variant, ver) = spec(&cfg.variant, cfg.version.clone()).ok()?;
+    let mut tx = Tx {
+        ver,
+        variant,
+        files,
+        issues: Vec::new(),
+    };
+    let config = tx.config(&cfg);
+    if !tx.issues.is_empty() || !validate::check(&config, ver).is_empty() {
+        return None;
+    }
+    Some(Translated {
+        version: ver,
+        config,
+    })
+}
+
+/// Whether `src` and `doc` (`src` parsed into a YAML value) deserialize to the same
+/// Butane structures: the two serde paths resolve untyped plain scalars separately, so
+/// [`super::render`] checks this once per template before it uses `doc`.
+pub(super) fn same_config(src: &str, doc: &serde_norway::Value) -> bool {
+    let text: Result<Config, _> = serde_norway::from_str(src);
+    let value: Result<Config, _> = serde_norway::from_value(doc.clone());
+    match (text, value) {
+        (Ok(a), Ok(b)) => format!("{a:?}") == format!("{b:?}"),
+        _ => false,
+    }
 }
 
 fn located(src: &str, mut issues: Vec<Issue>) -> Vec<Issue> {
@@ -188,7 +228,7 @@ impl Variant {
 // Butane input structures. Field names are Butane's; `rename_all(serialize = ...)`
 // gives Ignition's names for the parts that map one to one.
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Config {
     #[allow(dead_code)]
@@ -204,7 +244,7 @@ struct Config {
     grub: Option<serde_norway::Value>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct IgnitionSec {
     config: Option<IgnConfig>,
@@ -213,33 +253,33 @@ struct IgnitionSec {
     proxy: Option<Proxy>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct IgnConfig {
     merge: Option<Vec<Resource>>,
     replace: Option<Resource>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct Timeouts {
     http_response_headers: Option<i64>,
     http_total: Option<i64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Security {
     tls: Option<Tls>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Tls {
     certificate_authorities: Option<Vec<Resource>>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct Proxy {
     http_proxy: Option<String>,
@@ -247,7 +287,7 @@ struct Proxy {
     no_proxy: Option<Vec<String>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Resource {
     source: Option<String>,
@@ -258,20 +298,20 @@ struct Resource {
     verification: Option<Verification>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct HttpHeader {
     name: String,
     value: Option<String>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct Verification {
     hash: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Storage {
     disks: Option<Vec<Disk>>,
@@ -284,7 +324,7 @@ struct Storage {
     trees: Option<Vec<Tree>>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct Disk {
     device: String,
@@ -292,7 +332,7 @@ struct Disk {
     partitions: Option<Vec<Partition>>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct Partition {
     label: Option<String>,
@@ -308,7 +348,7 @@ struct Partition {
     resize: Option<bool>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct Raid {
     name: String,
@@ -318,7 +358,7 @@ struct Raid {
     options: Option<Vec<String>>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct Filesystem {
     device: String,
@@ -335,21 +375,21 @@ struct Filesystem {
 
 /// A mode as Butane users write it: `0644` (YAML 1.1 octal, which go-yaml accepts and
 /// our YAML parser hands over as a string), `0o644`, or a decimal number.
-#[derive(Deserialize, Clone)]
+#[derive(Debug, Deserialize, Clone)]
 #[serde(untagged)]
 enum ModeIn {
     Int(i64),
     Str(String),
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct NodeOwner {
     id: Option<i64>,
     name: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
     path: String,
@@ -361,7 +401,7 @@ struct File {
     group: Option<NodeOwner>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Directory {
     path: String,
@@ -371,7 +411,7 @@ struct Directory {
     group: Option<NodeOwner>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Link {
     path: String,
@@ -382,7 +422,7 @@ struct Link {
     group: Option<NodeOwner>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Luks {
     name: String,
@@ -398,7 +438,7 @@ struct Luks {
     cex: Option<Cex>,
 }
 
-#[derive(Deserialize, Serialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct Clevis {
     tang: Option<Vec<Tang>>,
@@ -407,7 +447,7 @@ struct Clevis {
     custom: Option<ClevisCustom>,
 }
 
-#[derive(Deserialize, Serialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct Tang {
     url: String,
@@ -415,7 +455,7 @@ struct Tang {
     advertisement: Option<String>,
 }
 
-#[derive(Deserialize, Serialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct ClevisCustom {
     pin: Option<String>,
@@ -423,26 +463,26 @@ struct ClevisCustom {
     needs_network: Option<bool>,
 }
 
-#[derive(Deserialize, Serialize, Clone)]
+#[derive(Debug, Deserialize, Serialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct Cex {
     enabled: Option<bool>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Tree {
     local: String,
     path: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Systemd {
     units: Option<Vec<Unit>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Unit {
     name: String,
@@ -453,7 +493,7 @@ struct Unit {
     dropins: Option<Vec<Dropin>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Dropin {
     name: String,
@@ -461,14 +501,14 @@ struct Dropin {
     contents_local: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Passwd {
     users: Option<Vec<User>>,
     groups: Option<Vec<Group>>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct User {
     name: String,
@@ -489,7 +529,7 @@ struct User {
     system: Option<bool>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct Group {
     name: String,
@@ -499,14 +539,14 @@ struct Group {
     system: Option<bool>,
 }
 
-#[derive(Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all(serialize = "camelCase"))]
 struct KernelArguments {
     should_exist: Option<Vec<String>>,
     should_not_exist: Option<Vec<String>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BootDevice {
     layout: Option<String>,
@@ -514,7 +554,7 @@ struct BootDevice {
     mirror: Option<Mirror>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BootLuks {
     tang: Option<Vec<Tang>>,
@@ -525,7 +565,7 @@ struct BootLuks {
     cex: Option<Cex>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Mirror {
     devices: Option<Vec<String>>,
@@ -579,10 +619,12 @@ fn put(m: &mut Map<String, Value>, k: &str, v: Option<Value>) {
     }
 }
 
-/// gzip with a per-thread reused deflate state (allocating a compressor per file
-/// dominated render time) at level 1: the bytes differ from butane's Go gzip at any
-/// level, and level 1 keeps a 20-file render well under a millisecond while still
-/// picking gzip only when it is shorter. Header: mtime 0, XFL 4 (fastest), OS 255.
+/// gzip: inputs up to [`super::deflate::MAX_INPUT`] bytes go through the small-input
+/// deflate in [`super::deflate`] (its cost scales with the input; a general-purpose
+/// compressor clears over 128 KiB of tables per call), larger ones through a
+/// per-thread reused miniz_oxide state at level 1. The bytes differ from butane's Go
+/// gzip at any level; gzip is still kept only when it gives the shorter URL.
+/// Header: mtime 0, XFL 4 (fastest), OS 255.
 fn gzip(data: &[u8]) -> Vec<u8> {
     use flate2::{Compress, Compression, Crc, FlushCompress, Status};
     thread_local! {
@@ -590,20 +632,24 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     }
     let mut out = Vec::with_capacity(data.len() / 2 + 64);
     out.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 4, 0xff]);
-    DEFLATE.with(|c| {
-        let mut c = c.borrow_mut();
-        c.reset();
-        loop {
-            out.reserve(data.len() / 2 + 64);
-            let consumed = usize::try_from(c.total_in())
-                .unwrap_or(data.len())
-                .min(data.len());
-            match c.compress_vec(&data[consumed..], &mut out, FlushCompress::Finish) {
-                Ok(Status::StreamEnd) | Err(_) => break,
-                Ok(_) => {}
+    if let Some(z) = super::deflate::deflate(data) {
+        out.extend_from_slice(&z);
+    } else {
+        DEFLATE.with(|c| {
+            let mut c = c.borrow_mut();
+            c.reset();
+            loop {
+                out.reserve(data.len() / 2 + 64);
+                let consumed = usize::try_from(c.total_in())
+                    .unwrap_or(data.len())
+                    .min(data.len());
+                match c.compress_vec(&data[consumed..], &mut out, FlushCompress::Finish) {
+                    Ok(Status::StreamEnd) | Err(_) => break,
+                    Ok(_) => {}
+                }
             }
-        }
-    });
+        });
+    }
     let mut crc = Crc::new();
     crc.update(data);
     out.extend_from_slice(&crc.sum().to_le_bytes());

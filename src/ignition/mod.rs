@@ -24,6 +24,7 @@
 
 pub mod butane;
 pub mod cli;
+mod deflate;
 mod locate;
 pub mod merge;
 pub mod render;

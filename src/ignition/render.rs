@@ -206,6 +206,8 @@ pub struct Rendered {
 pub struct Renderer {
     env: minijinja::Environment<'static>,
     templates: HashMap<String, Template>,
+    /// Structural plans of the templates that have one ([`Plan`]).
+    plans: HashMap<String, Plan>,
     files: FilesDir,
 }
 
@@ -232,6 +234,7 @@ impl Renderer {
         Renderer {
             env,
             templates: HashMap::new(),
+            plans: HashMap::new(),
             files: FilesDir::new(),
         }
     }
@@ -244,6 +247,10 @@ impl Renderer {
                 name: t.name.clone(),
                 message: tmpl_msg(&e),
             })?;
+        match Plan::build(&self.env, &t) {
+            Some(p) => self.plans.insert(t.name.clone(), p),
+            None => self.plans.remove(&t.name),
+        };
         self.templates.insert(t.name.clone(), t);
         Ok(())
     }
@@ -301,6 +308,20 @@ impl Renderer {
             name: name.into(),
             message: "no such template".into(),
         })?;
+        if let Some(config) = self
+            .plans
+            .get(name)
+            .and_then(|p| p.translate(facts, &self.files))
+        {
+            return Ok(config);
+        }
+        self.render_text(t, facts)
+    }
+
+    /// [`Renderer::render_template`] the long way: minijinja renders the text, which is
+    /// then parsed and translated (and any error is reported with its line).
+    fn render_text(&self, t: &Template, facts: &MachineFacts) -> Result<Value, Error> {
+        let name = t.name.as_str();
         let tmpl = self.env.get_template(name).map_err(|e| Error::Template {
             name: name.into(),
             message: tmpl_msg(&e),
@@ -374,6 +395,277 @@ impl Renderer {
             json,
         })
     }
+}
+
+/// Structural templating of a Butane template, so that a cold render does not run
+/// minijinja and parse ~20 KB of YAML per machine (together over half of a render):
+/// the template is rendered once with a sentinel in place of every fact and parsed
+/// into a YAML value; a machine's render substitutes its facts into that value's
+/// strings and translates the result.
+///
+/// This is only done where it gives exactly what rendering and parsing the text gives;
+/// everything else takes the text path ([`Renderer::render_text`]):
+/// - the template is plain text with `{{ var }}` expressions and nothing else (no
+///   `{% %}`, `{# #}`, filters, whitespace control or other expressions), `var` being
+///   one of the string facts `name`, `uuid`, `hostname`, `mac`, `ip`, `claim.name`,
+///   `claim.namespace`, `labels.KEY`: its output is then the literal text with each
+///   fact's string pasted in;
+/// - every sentinel lands inside a quoted or block scalar value (not a plain scalar,
+///   whose type and structure depend on its text; not a key, tag, anchor or comment;
+///   not at the start of a line, where `---` or `...` would end the document), checked
+///   by counting them in yaml-rust2's scalar events and in the parsed value;
+/// - a machine's facts are non-empty and made of `[A-Za-z0-9-._:/@+=,~]`: characters
+///   that are ordinary text in quoted and block scalars (no quote, backslash, line
+///   break or white space, which those styles fold, escape or use for indentation), so
+///   pasting them into the text yields the same scalars as pasting them into the
+///   parsed strings;
+/// - the parsed value deserializes to the same Butane structures as the text
+///   ([`butane::same_config`]), checked once per template.
+///
+/// A machine whose translation reports any problem is rendered again the long way, so
+/// error messages (with line numbers of the rendered text) are unchanged.
+struct Plan {
+    /// The fact behind sentinel `i`.
+    vars: Vec<Var>,
+    /// The template rendered with sentinels, parsed.
+    doc: serde_norway::Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Var {
+    Name,
+    Uuid,
+    Hostname,
+    Mac,
+    Ip,
+    ClaimName,
+    ClaimNamespace,
+    Label(String),
+}
+
+/// A sentinel is `OPEN`, the private-use character `FIRST + i`, `CLOSE`.
+const SENTINEL_OPEN: char = '\u{E000}';
+const SENTINEL_CLOSE: char = '\u{E001}';
+const SENTINEL_FIRST: u32 = 0xE100;
+const MAX_VARS: usize = 256;
+
+fn is_sentinel_char(c: char) -> bool {
+    ('\u{E000}'..='\u{E1FF}').contains(&c)
+}
+
+fn sentinel(i: usize) -> String {
+    let c = char::from_u32(SENTINEL_FIRST + i as u32).unwrap_or(SENTINEL_CLOSE);
+    format!("{SENTINEL_OPEN}{c}{SENTINEL_CLOSE}")
+}
+
+impl Var {
+    fn parse(expr: &str) -> Option<Var> {
+        let v = match expr.trim_matches(|c: char| c == ' ' || c == '\t') {
+            "name" => Var::Name,
+            "uuid" => Var::Uuid,
+            "hostname" => Var::Hostname,
+            "mac" => Var::Mac,
+            "ip" => Var::Ip,
+            "claim.name" => Var::ClaimName,
+            "claim.namespace" => Var::ClaimNamespace,
+            e => {
+                let k = e.strip_prefix("labels.")?;
+                let ident = k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !ident {
+                    return None;
+                }
+                Var::Label(k.to_string())
+            }
+        };
+        Some(v)
+    }
+
+    /// The string minijinja prints for this fact; None for a missing label.
+    fn value<'a>(&self, facts: &'a MachineFacts, ctx: &Ctx<'a>) -> Option<&'a str> {
+        Some(match self {
+            Var::Name => ctx.name,
+            Var::Uuid => ctx.uuid,
+            Var::Hostname => ctx.hostname,
+            Var::Mac => ctx.mac,
+            Var::Ip => ctx.ip,
+            Var::ClaimName => ctx.claim.name,
+            Var::ClaimNamespace => ctx.claim.namespace,
+            Var::Label(k) => facts.labels.get(k)?.as_str(),
+        })
+    }
+}
+
+/// See [`Plan`]: non-empty, and only characters that are plain text in quoted and block
+/// scalars.
+fn safe_fact(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._:/@+=,~".contains(&b))
+}
+
+impl Plan {
+    /// The plan of template `t` (already added to `env`), if it has one.
+    fn build(env: &minijinja::Environment<'static>, t: &Template) -> Option<Plan> {
+        if t.format != Format::Butane
+            || t.source.contains("{%")
+            || t.source.contains("{#")
+            || t.source.chars().any(is_sentinel_char)
+        {
+            return None;
+        }
+        let mut vars = Vec::new();
+        let mut rest = t.source.as_str();
+        while let Some(i) = rest.find("{{") {
+            let after = &rest[i + 2..];
+            let j = after.find("}}")?;
+            let var = Var::parse(&after[..j])?;
+            if !vars.contains(&var) {
+                vars.push(var);
+            }
+            rest = &after[j + 2..];
+        }
+        if vars.len() > MAX_VARS {
+            return None;
+        }
+        // The context with a sentinel for every fact the template uses.
+        let mut ctx = serde_json::Map::new();
+        let mut claim = serde_json::Map::new();
+        let mut labels = serde_json::Map::new();
+        for (i, v) in vars.iter().enumerate() {
+            let s = Value::String(sentinel(i));
+            match v {
+                Var::Name => ctx.insert("name".into(), s),
+                Var::Uuid => ctx.insert("uuid".into(), s),
+                Var::Hostname => ctx.insert("hostname".into(), s),
+                Var::Mac => ctx.insert("mac".into(), s),
+                Var::Ip => ctx.insert("ip".into(), s),
+                Var::ClaimName => claim.insert("name".into(), s),
+                Var::ClaimNamespace => claim.insert("namespace".into(), s),
+                Var::Label(k) => labels.insert(k.clone(), s),
+            };
+        }
+        ctx.insert("claim".into(), Value::Object(claim));
+        ctx.insert("labels".into(), Value::Object(labels));
+        let text = env.get_template(&t.name).ok()?.render(&ctx).ok()?;
+        let mut n = 0;
+        for (i, _) in text.match_indices(SENTINEL_OPEN) {
+            if i == 0 || matches!(text.as_bytes()[i - 1], b'\n' | b'\r') {
+                return None;
+            }
+            n += 1;
+        }
+        if scalar_sentinels(&text)? != n {
+            return None;
+        }
+        let doc: serde_norway::Value = serde_norway::from_str(&text).ok()?;
+        if value_sentinels(&doc)? != n || !butane::same_config(&text, &doc) {
+            return None;
+        }
+        Some(Plan { vars, doc })
+    }
+
+    /// The translated template for `facts`; None when the facts or the result need the
+    /// text path.
+    fn translate(&self, facts: &MachineFacts, files: &FilesDir) -> Option<Value> {
+        let ctx = facts.ctx();
+        let mut vals = Vec::with_capacity(self.vars.len());
+        for v in &self.vars {
+            let s = v.value(facts, &ctx)?;
+            if !safe_fact(s) {
+                return None;
+            }
+            vals.push(s);
+        }
+        let doc = fill_value(&self.doc, &vals)?;
+        Some(butane::translate_parsed(doc, files)?.config)
+    }
+}
+
+/// Sentinels in yaml-rust2's scalar events; None when one is in a plain or tagged
+/// scalar or the text does not parse.
+fn scalar_sentinels(text: &str) -> Option<usize> {
+    use yaml_rust2::parser::{Event, EventReceiver, Parser};
+    use yaml_rust2::scanner::TScalarStyle;
+    struct Count {
+        n: usize,
+        ok: bool,
+    }
+    impl EventReceiver for Count {
+        fn on_event(&mut self, ev: Event) {
+            if let Event::Scalar(s, style, _, tag) = ev {
+                let k = s.matches(SENTINEL_OPEN).count();
+                if k > 0 && (style == TScalarStyle::Plain || tag.is_some()) {
+                    self.ok = false;
+                }
+                self.n += k;
+            }
+        }
+    }
+    let mut c = Count { n: 0, ok: true };
+    Parser::new_from_str(text).load(&mut c, false).ok()?;
+    c.ok.then_some(c.n)
+}
+
+/// Sentinels in the string values of `v`; None when one is in a mapping key.
+fn value_sentinels(v: &serde_norway::Value) -> Option<usize> {
+    use serde_norway::Value as Y;
+    Some(match v {
+        Y::String(s) => s.matches(SENTINEL_OPEN).count(),
+        Y::Sequence(a) => a.iter().map(value_sentinels).sum::<Option<usize>>()?,
+        Y::Mapping(m) => {
+            let mut n = 0;
+            for (k, x) in m {
+                if value_sentinels(k)? != 0 {
+                    return None;
+                }
+                n += value_sentinels(x)?;
+            }
+            n
+        }
+        Y::Tagged(t) => value_sentinels(&t.value)?,
+        _ => 0,
+    })
+}
+
+/// `v` with every sentinel replaced by its fact.
+fn fill_value(v: &serde_norway::Value, vals: &[&str]) -> Option<serde_norway::Value> {
+    use serde_norway::Value as Y;
+    Some(match v {
+        Y::String(s) if s.contains(SENTINEL_OPEN) => Y::String(fill_str(s, vals)?),
+        Y::Sequence(a) => Y::Sequence(
+            a.iter()
+                .map(|x| fill_value(x, vals))
+                .collect::<Option<_>>()?,
+        ),
+        Y::Mapping(m) => Y::Mapping(
+            m.iter()
+                .map(|(k, x)| Some((k.clone(), fill_value(x, vals)?)))
+                .collect::<Option<_>>()?,
+        ),
+        Y::Tagged(t) => Y::Tagged(Box::new(serde_norway::value::TaggedValue {
+            tag: t.tag.clone(),
+            value: fill_value(&t.value, vals)?,
+        })),
+        other => other.clone(),
+    })
+}
+
+fn fill_str(s: &str, vals: &[&str]) -> Option<String> {
+    let mut out = String::with_capacity(s.len() + 16 * vals.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c != SENTINEL_OPEN {
+            out.push(c);
+            continue;
+        }
+        let i = (it.next()? as u32).checked_sub(SENTINEL_FIRST)? as usize;
+        if it.next()? != SENTINEL_CLOSE {
+            return None;
+        }
+        out.push_str(vals.get(i)?);
+    }
+    Some(out)
 }
 
 fn tmpl_msg(e: &minijinja::Error) -> String {
@@ -581,6 +873,79 @@ mod tests {
             out.config["storage"]["files"][0]["contents"]["source"],
             "data:,server-a%0A"
         );
+    }
+
+    /// The structural fast path ([`Plan`]) gives exactly what the text path gives, for
+    /// templates and facts on both sides of its conditions; templates outside them have
+    /// no plan.
+    #[test]
+    fn plan_matches_text_rendering() {
+        let head = "variant: fcos\nversion: 1.4.0\n";
+        let eligible = [
+            "storage:\n  files:\n    - path: /etc/hostname\n      mode: 0644\n      contents:\n        inline: \"{{ hostname }}\\n\"\n    - path: /etc/a\n      mode: 420\n      contents:\n        inline: |\n          N={{name}} U={{ uuid }}\n          M={{ mac }}/{{ ip }} {{ claim.namespace }}/{{ claim.name }} {{ labels.rack }}\n    - path: /etc/b\n      contents:\n        inline: 'x {{ name }}'\n    - path: /etc/c\n      contents:\n        inline: >\n          folded {{ name }}\n          text {{ mac }}\n",
+            "storage:\n  files:\n    - path: /etc/x\n      contents:\n        inline: \"a\n          {{ name }}  b\"\n",
+            // a bad mode: every machine falls back to the text path for its error
+            "storage:\n  files:\n    - path: /etc/x\n      mode: 0999\n      contents:\n        inline: \"{{ name }}\"\n",
+            "passwd:\n  users:\n    - name: core\n      gecos: \"{{ name }}\"\n",
+        ];
+        let ineligible = [
+            "storage:\n  files:\n    - path: /etc/x\n      contents:\n        inline: {{ name }}\n",
+            "# {{ name }}\nstorage: {}\n",
+            "storage:\n  files:\n    - path: /etc/x\n      contents:\n        inline: \"{{ name | upper }}\"\n",
+            "storage:\n  files:\n    - path: /etc/x\n      contents:\n        inline: \"{{- name }}\"\n",
+            "{% if true %}storage: {}{% endif %}\n",
+            "storage:\n  files:\n    - path: /etc/x\n      contents:\n        inline: |\n{{ name }}\n",
+            "storage:\n  files:\n    - path: /etc/x\n      contents:\n        inline: !!str \"{{ name }}\"\n",
+            "storage:\n  files:\n    - path: \"/etc/{{ name }}\"\n      contents:\n        inline: \"{{ macs }}\"\n",
+        ];
+        let mut all = vec![facts()];
+        for bad in [
+            "a b", "a\"b", "a'b", "a\\b", "a\nb", "", "x: y", "-", "ünï", " lead", "#c",
+        ] {
+            let mut f = facts();
+            f.name = bad.into();
+            all.push(f);
+        }
+        let mut f = facts();
+        f.labels.clear();
+        all.push(f);
+        let mut f = facts();
+        f.uuid = None;
+        all.push(f);
+        let mut f = facts();
+        f.hostname = Some("host-1.example.org".into());
+        all.push(f);
+        for (i, body) in eligible.iter().chain(ineligible.iter()).enumerate() {
+            let mut r = Renderer::new();
+            let src = format!("{head}{body}");
+            r.add_template(Template::new("t.bu", src.as_str())).unwrap();
+            assert_eq!(
+                r.plans.contains_key("t.bu"),
+                i < eligible.len(),
+                "plan for template {i}: {src}"
+            );
+            let t = r.template("t.bu").unwrap().clone();
+            for f in &all {
+                let fast = r.render_template("t.bu", f);
+                let text = r.render_text(&t, f);
+                match (fast, text) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "template {i}, facts {f:?}"),
+                    (Err(a), Err(b)) => {
+                        assert_eq!(a.to_string(), b.to_string(), "template {i}, facts {f:?}")
+                    }
+                    (a, b) => panic!("template {i}, facts {f:?}: {a:?} vs {b:?}"),
+                }
+            }
+        }
+        // And the plan is used: a safe machine never reaches the text path.
+        let mut r = Renderer::new();
+        r.add_template(Template::new("t.bu", format!("{head}{}", eligible[0])))
+            .unwrap();
+        assert!(r.plans["t.bu"].translate(&facts(), r.files()).is_some());
+        let bench = "variant: fcos\nversion: 1.4.0\nstorage:\n  files:\n    - path: /etc/hostname\n      mode: 0644\n      contents:\n        inline: \"{{ hostname }}\\n\"\n    - path: /etc/bootplane/machine.env\n      mode: 0600\n      contents:\n        inline: |\n          NAME={{ name }}\n          UUID={{ uuid }}\n          MAC={{ mac }}\n          IP={{ ip }}\n          CLAIM={{ claim.namespace }}/{{ claim.name }}\n    - path: /etc/app/conf.d/00-part.conf\n      mode: 0644\n      contents:\n        inline: |\n          key0 = value-0-for-{{ name }}\n";
+        r.add_template(Template::new("b.bu", bench)).unwrap();
+        assert!(r.plans.contains_key("b.bu"));
+        assert!(r.plans["b.bu"].translate(&facts(), r.files()).is_some());
     }
 
     #[test]
