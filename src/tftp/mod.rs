@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::{ensure, Context as _};
+use anyhow::ensure;
 use serde::{Deserialize, Serialize};
 
 use crate::serve::Context;
@@ -127,45 +127,15 @@ pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> anyhow::Result<()> 
 }
 
 /// Like [`serve`], counting into `metrics` (the ones the API's `/metrics` shows).
-///
-/// The server and its transfers run on their own thread with a current-thread runtime
-/// (as the boot HTTP workers do): a boot storm is thousands of lockstep transfers, each
-/// a packet in, a packet out, and on the shared multi-thread runtime every ACK cost a
-/// cross-thread wake-up and work-stealing on top of the two syscalls. After shutdown
-/// the thread lets transfers send their "shutting down" error (bounded) before its
-/// runtime, and with it every task on it, ends.
 pub async fn serve_with_metrics(
     ctx: Arc<Context>,
     shutdown: Shutdown,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
-    let c = ctx.config.tftp.clone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the tftp runtime")?;
-    let (tx, rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
-    std::thread::Builder::new()
-        .name("tftp".into())
-        .spawn(move || {
-            let res = rt.block_on(async move {
-                let server = Server::bind(&c, metrics).await?;
-                tracing::info!(listen = %server.local_addr()?, root = %c.root.display(), "tftp server listening");
-                let res = server.run(shutdown).await;
-                // The transfers end on the same shutdown; give them a moment to say so.
-                let handle = tokio::runtime::Handle::current();
-                let until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-                while handle.metrics().num_alive_tasks() > 0 && tokio::time::Instant::now() < until
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-                res
-            });
-            let _ = tx.send(res);
-        })
-        .context("starting the tftp thread")?;
-    rx.await
-        .map_err(|_| anyhow::anyhow!("the tftp thread panicked"))?
+    let c = &ctx.config.tftp;
+    let server = Server::bind(c, metrics).await?;
+    tracing::info!(listen = %server.local_addr()?, root = %c.root.display(), "tftp server listening");
+    server.run(shutdown).await
 }
 
 #[cfg(test)]
