@@ -155,16 +155,12 @@ pub fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmS
         .into_iter()
         .flatten()
         .find_map(|n| n.get("macAddress").and_then(Value::as_str))
-        .map(|m| m.to_ascii_lowercase().replace('-', ":"))
         .with_context(|| format!("server {name} has no status.networkInterfaces[].macAddress"))?;
-    let ok = mac.len() == 17
-        && mac.split(':').count() == 6
-        && mac
-            .split(':')
-            .all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()));
-    if !ok {
-        bail!("server {name} has a malformed MAC {mac:?}");
-    }
+    // The boot side's MAC syntax (`:`/`-` separated or 12 hex digits), in QEMU's form.
+    let mac = match crate::http::ident::parse_mac(mac.trim()) {
+        Ok(m) => crate::http::ident::MacFmt(&m).to_string(),
+        Err(_) => bail!("server {name} has a malformed MAC {mac:?}"),
+    };
     let fw = ["annotations", "labels"]
         .iter()
         .find_map(|k| {
