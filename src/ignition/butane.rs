@@ -81,15 +81,32 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
     };
     let (variant, ver) = spec(&variant, version)?;
     let cfg: Config = parsed.map_err(|e| Error::Yaml(e.to_string()))?;
+    let (config, issues) = translate_config(&cfg, variant, ver, files);
+    if !issues.is_empty() {
+        return Err(Error::Invalid(located(src, issues)));
+    }
+    Ok(Translated {
+        version: ver,
+        config,
+    })
+}
+
+/// Translate typed Butane into an Ignition config, with the translation's issues and
+/// then Ignition's own rules on the result (reported at the Butane field paths).
+fn translate_config(
+    cfg: &Config,
+    variant: Variant,
+    ver: IgnVersion,
+    files: &FilesDir,
+) -> (Value, Vec<Issue>) {
     let mut tx = Tx {
         ver,
         variant,
         files,
         issues: Vec::new(),
     };
-    let config = tx.config(&cfg);
+    let config = tx.config(cfg);
     let mut issues = tx.issues;
-    // Ignition's own rules on the result, reported at the Butane field paths.
     for mut i in validate::check(&config, ver) {
         i.path = to_butane_path(&i.path);
         if !issues
@@ -99,13 +116,7 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
             issues.push(i);
         }
     }
-    if !issues.is_empty() {
-        return Err(Error::Invalid(located(src, issues)));
-    }
-    Ok(Translated {
-        version: ver,
-        config,
-    })
+    (config, issues)
 }
 
 /// The Ignition version a Butane `variant`/`version` pair translates to.
@@ -144,14 +155,8 @@ fn spec(variant: &str, version: String) -> Result<(Variant, IgnVersion), Error> 
 pub(super) fn translate_parsed(doc: serde_norway::Value, files: &FilesDir) -> Option<Translated> {
     let cfg: Config = serde_norway::from_value(doc).ok()?;
     let (variant, ver) = spec(&cfg.variant, cfg.version.clone()).ok()?;
-    let mut tx = Tx {
-        ver,
-        variant,
-        files,
-        issues: Vec::new(),
-    };
-    let config = tx.config(&cfg);
-    if !tx.issues.is_empty() || !validate::check(&config, ver).is_empty() {
+    let (config, issues) = translate_config(&cfg, variant, ver, files);
+    if !issues.is_empty() {
         return None;
     }
     Some(Translated {
