@@ -67,26 +67,24 @@ const BACKLOG: u32 = 1024;
 /// `workers` listening sockets on `addr` (port 0: one port chosen for all), each with
 /// `SO_REUSEPORT`, for [`run_workers`]. Must be called inside a tokio runtime.
 pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
-    if addr.port() != 0 {
-        // SO_REUSEPORT lets any socket of the same user with the option join the port;
-        // a plain bind first fails with EADDRINUSE if another process already listens.
-        let probe = if addr.is_ipv4() {
-            TcpSocket::new_v4()?
-        } else {
-            TcpSocket::new_v6()?
-        };
-        probe.set_reuseaddr(true)?;
-        probe.bind(addr)?;
-    }
-    let mut addr = addr;
-    let mut out = Vec::with_capacity(workers.max(1));
-    for _ in 0..workers.max(1) {
-        let s = if addr.is_ipv4() {
+    let socket = |a: SocketAddr| -> std::io::Result<TcpSocket> {
+        let s = if a.is_ipv4() {
             TcpSocket::new_v4()?
         } else {
             TcpSocket::new_v6()?
         };
         s.set_reuseaddr(true)?;
+        Ok(s)
+    };
+    if addr.port() != 0 {
+        // SO_REUSEPORT lets any socket of the same user with the option join the port;
+        // a plain bind first fails with EADDRINUSE if another process already listens.
+        socket(addr)?.bind(addr)?;
+    }
+    let mut addr = addr;
+    let mut out = Vec::with_capacity(workers.max(1));
+    for _ in 0..workers.max(1) {
+        let s = socket(addr)?;
         s.set_reuseport(true)?;
         s.bind(addr)?;
         let l = s.listen(BACKLOG)?;
