@@ -118,7 +118,7 @@ fn args() -> Args {
 // processes (killed on drop), shared with the DHCP integration tests.
 #[path = "../tests/dhcp_support/mod.rs"]
 mod dhcp_support;
-use dhcp_support::{must, Netns, Proc};
+use dhcp_support::{veth_pair, Netns, Proc};
 
 /// What the storm needs of a namespace beyond the shared test helper's.
 trait StormNetns {
@@ -157,28 +157,7 @@ struct Lab {
 
 impl Lab {
     fn new(pool_size: usize, dir: &Path) -> Lab {
-        let server = Netns::new("s");
-        let client = Netns::new("c");
-        must(
-            "ip",
-            &[
-                "link",
-                "add",
-                "vs",
-                "netns",
-                &server.name,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "vc",
-                "netns",
-                &client.name,
-            ],
-        );
-        server.ip(&["addr", "add", &format!("{SERVER_IP}/{PREFIX}"), "dev", "vs"]);
-        server.ip(&["link", "set", "vs", "up"]);
-        client.ip(&["link", "set", "vc", "up"]);
+        let (server, client) = veth_pair("s", "c", &format!("{SERVER_IP}/{PREFIX}"));
         client.ip(&[
             "route",
             "add",

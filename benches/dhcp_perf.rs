@@ -38,31 +38,10 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let server = Netns::new("ps");
-    let client = Netns::new("pc");
-    must(
-        "ip",
-        &[
-            "link",
-            "add",
-            "vs",
-            "netns",
-            &server.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "vc",
-            "netns",
-            &client.name,
-        ],
-    );
-    server.ip(&["addr", "add", "10.199.0.1/16", "dev", "vs"]);
-    server.ip(&["link", "set", "vs", "up"]);
+    let (server, client) = veth_pair("ps", "pc", "10.199.0.1/16");
     client.ip(&["addr", "add", "10.199.0.2/16", "dev", "vc"]);
     // perfdhcp's clients have made-up MACs: take every frame.
     client.ip(&["link", "set", "vc", "promisc", "on"]);
-    client.ip(&["link", "set", "vc", "up"]);
     Setup {
         server,
         client,

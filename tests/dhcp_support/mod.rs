@@ -157,6 +157,34 @@ pub fn text(o: &Output) -> String {
 }
 
 /// Two namespaces joined by a veth: `vs` (server side, 10.199.X.1/24) and `vc` (client side).
+/// Two new namespaces (tags `server_tag`, `client_tag`) joined by a veth, `vs` in the
+/// server namespace with `server_cidr` and `vc` in the client's, both up.
+pub fn veth_pair(server_tag: &str, client_tag: &str, server_cidr: &str) -> (Netns, Netns) {
+    let server = Netns::new(server_tag);
+    let client = Netns::new(client_tag);
+    must(
+        "ip",
+        &[
+            "link",
+            "add",
+            "vs",
+            "netns",
+            &server.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vc",
+            "netns",
+            &client.name,
+        ],
+    );
+    server.ip(&["addr", "add", server_cidr, "dev", "vs"]);
+    server.ip(&["link", "set", "vs", "up"]);
+    client.ip(&["link", "set", "vc", "up"]);
+    (server, client)
+}
+
 pub struct Lab {
     pub server: Netns,
     pub client: Netns,
@@ -166,28 +194,7 @@ pub struct Lab {
 
 impl Lab {
     pub fn new(net: u8) -> Lab {
-        let server = Netns::new("s");
-        let client = Netns::new("c");
-        must(
-            "ip",
-            &[
-                "link",
-                "add",
-                "vs",
-                "netns",
-                &server.name,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "vc",
-                "netns",
-                &client.name,
-            ],
-        );
-        server.ip(&["addr", "add", &format!("10.199.{net}.1/24"), "dev", "vs"]);
-        server.ip(&["link", "set", "vs", "up"]);
-        client.ip(&["link", "set", "vc", "up"]);
+        let (server, client) = veth_pair("s", "c", &format!("10.199.{net}.1/24"));
         Lab {
             server,
             client,
