@@ -221,6 +221,18 @@ fn write_catalog(dir: &Path, image: &str, kernel: &Path, initrd: &Path, cmdline:
 
 /// A small image whose "kernel" is an iPXE script: iPXE fetches kernel and initrd over
 /// HTTP and runs it, which prints a marker (proof that both were fetched and booted).
+/// A started lab on 10.199.`net`.0/24 serving the tiny test image with the default
+/// templates (the tools checked first).
+fn tiny_lab(net: u8) -> QemuLab {
+    require_all();
+    let mut lab = QemuLab::new(net);
+    let images = lab.path("images");
+    tiny_image(&images);
+    let t = templates(lab.dir.path(), None);
+    lab.start(&images, &t);
+    lab
+}
+
 fn tiny_image(dir: &Path) {
     let k = dir.join("tiny-kernel");
     let i = dir.join("tiny-initrd");
@@ -463,12 +475,7 @@ fn bios_tftp_undionly_chain() {
 
 #[test]
 fn uefi_pxe_ipxe_efi_over_tftp() {
-    require_all();
-    let mut lab = QemuLab::new(62);
-    let images = lab.path("images");
-    tiny_image(&images);
-    let t = templates(lab.dir.path(), None);
-    lab.start(&images, &t);
+    let lab = tiny_lab(62);
     run(
         &lab,
         &Scenario {
@@ -499,12 +506,7 @@ fn uefi_pxe_ipxe_efi_over_tftp() {
 
 #[test]
 fn uefi_http_boot_ipxe_efi_over_http() {
-    require_all();
-    let mut lab = QemuLab::new(63);
-    let images = lab.path("images");
-    tiny_image(&images);
-    let t = templates(lab.dir.path(), None);
-    lab.start(&images, &t);
+    let lab = tiny_lab(63);
     run(
         &lab,
         &Scenario {
@@ -837,12 +839,7 @@ fn tail(s: &str, n: usize) -> String {
 
 #[test]
 fn vms_die_with_bootplane() {
-    require_all();
-    let mut lab = QemuLab::new(64);
-    let images = lab.path("images");
-    tiny_image(&images);
-    let t = templates(lab.dir.path(), None);
-    lab.start(&images, &t);
+    let mut lab = tiny_lab(64);
     let yaml = "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\n\
         metadata: {name: orphan}\nspec: {systemUUID: 4c4c4544-00e2-00e2-00e2-000000000005}\n\
         status: {state: Available, powerState: \"Off\", networkInterfaces: [{name: eth0, macAddress: \"52:54:00:e2:40:05\"}]}\n---\n\
