@@ -24,6 +24,11 @@ use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
 
+// Deterministic test files, as the TFTP tests make them.
+#[path = "../tests/tftp_common/mod.rs"]
+mod tftp_common;
+use tftp_common::pattern;
+
 struct Opts {
     window: u16,
     big_mib: usize,
@@ -69,19 +74,6 @@ fn parse_opts() -> Opts {
         o.runs = v;
     }
     o
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 // ---------------------------------------------------------------- client
