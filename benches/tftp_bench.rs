@@ -11,7 +11,8 @@
 //! Prints medians, ratios, failures and server RSS.
 //!
 //! `cargo bench --bench tftp_bench` (full) or `cargo bench --bench tftp_bench -- --quick`
-//! (16 MiB, 200 clients, 1 run). Needs root (in.tftpd and dnsmasq; dnsmasq serves
+//! (16 MiB, 200 clients, 1 run); `-- --storm-only --storm-window 1` runs only (b), with
+//! clients in lockstep as PXE ROMs are (the boot-storm bench's TFTP stage). Needs root (in.tftpd and dnsmasq; dnsmasq serves
 //! TFTP on 127.0.0.1:69 only).
 
 use std::io::{BufRead, BufReader};
@@ -34,6 +35,10 @@ struct Opts {
     big_mib: usize,
     clients: usize,
     storm_kib: usize,
+    /// windowsize the storm clients offer (8 by default; 1 = firmware-like lockstep)
+    storm_window: u16,
+    /// skip (a) and (a2)
+    storm_only: bool,
     runs: usize,
 }
 
@@ -45,6 +50,8 @@ fn parse_opts() -> Opts {
         clients: 1000,
         storm_kib: 1024,
         runs: 7,
+        storm_window: 8,
+        storm_only: false,
     };
     let val = |name: &str| {
         args.iter()
@@ -59,6 +66,8 @@ fn parse_opts() -> Opts {
             clients: 200,
             storm_kib: 1024,
             runs: 3,
+            storm_window: 8,
+            storm_only: false,
         };
     }
     if let Some(v) = val("--big-mib") {
@@ -73,6 +82,10 @@ fn parse_opts() -> Opts {
     if let Some(v) = val("--runs") {
         o.runs = v;
     }
+    if let Some(v) = val("--storm-window") {
+        o.storm_window = v as u16;
+    }
+    o.storm_only = args.iter().any(|a| a == "--storm-only");
     o
 }
 
@@ -561,13 +574,14 @@ fn storm(
     rt: &tokio::runtime::Runtime,
     srv: &Srv,
     clients: usize,
+    window: u16,
     expect: &Arc<Vec<u8>>,
 ) -> StormResult {
     // firmware keeps retrying its RRQ for a long time; so do these clients (60 s)
     let o = ReqOpts {
         max_timeouts: 60,
         blksize: 1468,
-        windowsize: 8,
+        windowsize: window,
         rcvbuf: 212_992,
     };
     rt.block_on(async {
@@ -636,131 +650,133 @@ fn main() {
     let hpa = start_tftpd_hpa(&root);
     let dm = start_dnsmasq(&root, o.clients.max(50) + 50);
 
-    // (a) single large transfer, best options per server
-    println!(
+    if !o.storm_only {
+        // (a) single large transfer, best options per server
+        println!(
         "\n(a) single transfer of {} MiB, best options per server (median of {} interleaved runs)",
         o.big_mib, o.runs
     );
-    let mb = (o.big_mib << 20) as f64 / 1e6;
-    // Room for a whole window of 64 KiB blocks (64 x 64 KiB) on the client side.
-    let big_buf = 16 << 20;
-    let w = o.window;
-    let cases = [
-        (
-            &bp,
-            ReqOpts {
-                max_timeouts: 10,
-                blksize: 65464,
-                windowsize: w,
-                rcvbuf: big_buf,
-            },
-            format!("blksize 65464 windowsize {w}"),
-        ),
-        (
-            &hpa,
-            ReqOpts {
-                max_timeouts: 10,
-                blksize: 65464,
-                windowsize: 1,
-                rcvbuf: big_buf,
-            },
-            "blksize 65464".to_string(),
-        ),
-        (
-            &dm,
-            ReqOpts {
-                max_timeouts: 10,
-                blksize: 65464,
-                windowsize: 1,
-                rcvbuf: big_buf,
-            },
-            "blksize 65464".to_string(),
-        ),
-        (
-            &bp,
-            ReqOpts {
-                max_timeouts: 10,
-                blksize: 65464,
-                windowsize: 1,
-                rcvbuf: big_buf,
-            },
-            "blksize 65464 lockstep (reference)".to_string(),
-        ),
-    ];
-    let r = singles(
-        &rt,
-        &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
-        &big,
-        o.runs,
-    );
-    for ((srv, _, label), (s, n)) in cases.iter().zip(&r) {
-        println!(
-            "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
-            srv.name,
-            s,
-            mb / s
+        let mb = (o.big_mib << 20) as f64 / 1e6;
+        // Room for a whole window of 64 KiB blocks (64 x 64 KiB) on the client side.
+        let big_buf = 16 << 20;
+        let w = o.window;
+        let cases = [
+            (
+                &bp,
+                ReqOpts {
+                    max_timeouts: 10,
+                    blksize: 65464,
+                    windowsize: w,
+                    rcvbuf: big_buf,
+                },
+                format!("blksize 65464 windowsize {w}"),
+            ),
+            (
+                &hpa,
+                ReqOpts {
+                    max_timeouts: 10,
+                    blksize: 65464,
+                    windowsize: 1,
+                    rcvbuf: big_buf,
+                },
+                "blksize 65464".to_string(),
+            ),
+            (
+                &dm,
+                ReqOpts {
+                    max_timeouts: 10,
+                    blksize: 65464,
+                    windowsize: 1,
+                    rcvbuf: big_buf,
+                },
+                "blksize 65464".to_string(),
+            ),
+            (
+                &bp,
+                ReqOpts {
+                    max_timeouts: 10,
+                    blksize: 65464,
+                    windowsize: 1,
+                    rcvbuf: big_buf,
+                },
+                "blksize 65464 lockstep (reference)".to_string(),
+            ),
+        ];
+        let r = singles(
+            &rt,
+            &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
+            &big,
+            o.runs,
         );
-    }
-    let r: Vec<f64> = r.into_iter().map(|x| x.0).collect();
-    println!(
-        "  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)",
-        r[1] / r[0]
-    );
-    println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r[2] / r[0]);
+        for ((srv, _, label), (s, n)) in cases.iter().zip(&r) {
+            println!(
+                "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
+                srv.name,
+                s,
+                mb / s
+            );
+        }
+        let r: Vec<f64> = r.into_iter().map(|x| x.0).collect();
+        println!(
+            "  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)",
+            r[1] / r[0]
+        );
+        println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r[2] / r[0]);
 
-    // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
-    println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; median of {} interleaved runs)", o.big_mib, o.runs);
-    let cases = [
-        (
-            &bp,
-            ReqOpts {
-                max_timeouts: 10,
-                blksize: 1468,
-                windowsize: 64,
-                rcvbuf: big_buf,
-            },
-            "blksize 1468 windowsize 64",
-        ),
-        (
-            &hpa,
-            ReqOpts {
-                max_timeouts: 10,
-                blksize: 1468,
-                windowsize: 1,
-                rcvbuf: big_buf,
-            },
-            "blksize 1468",
-        ),
-        (
-            &dm,
-            ReqOpts {
-                max_timeouts: 10,
-                blksize: 1468,
-                windowsize: 1,
-                rcvbuf: big_buf,
-            },
-            "blksize 1468",
-        ),
-    ];
-    let r2 = singles(
-        &rt,
-        &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
-        &big,
-        o.runs,
-    );
-    for ((srv, _, label), (s, n)) in cases.iter().zip(&r2) {
-        println!(
-            "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
-            srv.name,
-            s,
-            mb / s
+        // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
+        println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; median of {} interleaved runs)", o.big_mib, o.runs);
+        let cases = [
+            (
+                &bp,
+                ReqOpts {
+                    max_timeouts: 10,
+                    blksize: 1468,
+                    windowsize: 64,
+                    rcvbuf: big_buf,
+                },
+                "blksize 1468 windowsize 64",
+            ),
+            (
+                &hpa,
+                ReqOpts {
+                    max_timeouts: 10,
+                    blksize: 1468,
+                    windowsize: 1,
+                    rcvbuf: big_buf,
+                },
+                "blksize 1468",
+            ),
+            (
+                &dm,
+                ReqOpts {
+                    max_timeouts: 10,
+                    blksize: 1468,
+                    windowsize: 1,
+                    rcvbuf: big_buf,
+                },
+                "blksize 1468",
+            ),
+        ];
+        let r2 = singles(
+            &rt,
+            &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
+            &big,
+            o.runs,
         );
+        for ((srv, _, label), (s, n)) in cases.iter().zip(&r2) {
+            println!(
+                "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
+                srv.name,
+                s,
+                mb / s
+            );
+        }
+        let r2: Vec<f64> = r2.into_iter().map(|x| x.0).collect();
+        println!("  speed ratio bootplane/tftpd-hpa = {:.2}x", r2[1] / r2[0]);
+        println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r2[2] / r2[0]);
+        let (hwm, _) = bp.rss_kib();
+        println!("  (bootplane RSS after (a): peak {:.1} MiB, mostly the mapped 64 MiB file's page-cache pages)", hwm as f64 / 1024.0);
     }
-    let r2: Vec<f64> = r2.into_iter().map(|x| x.0).collect();
-    println!("  speed ratio bootplane/tftpd-hpa = {:.2}x", r2[1] / r2[0]);
-    println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r2[2] / r2[0]);
-    let (hwm, _) = bp.rss_kib();
-    println!("  (bootplane RSS after (a): peak {:.1} MiB, mostly the mapped 64 MiB file's page-cache pages)", hwm as f64 / 1024.0);
     drop(bp);
     drop(hpa);
     // a fresh bootplane process for the storm, so its RSS is the storm's
@@ -768,7 +784,7 @@ fn main() {
 
     // (b) storm
     let storm_runs = o.runs.min(3);
-    println!("\n(b) storm: {} concurrent clients x {} KiB, blksize 1468, windowsize 8 offered (median of {})", o.clients, o.storm_kib, storm_runs);
+    println!("\n(b) storm: {} concurrent clients x {} KiB, blksize 1468, windowsize {} offered (median of {})", o.clients, o.storm_kib, o.storm_window, storm_runs);
     let mut totals = Vec::new();
     for srv in [&bp, &dm] {
         let cpu0 = srv.cpu_secs();
@@ -776,7 +792,7 @@ fn main() {
         let mut fails = 0;
         let mut err = None;
         for _ in 0..storm_runs {
-            let r = storm(&rt, srv, o.clients, &small);
+            let r = storm(&rt, srv, o.clients, o.storm_window, &small);
             secs.push(r.secs);
             fails += r.failures;
             if err.is_none() {

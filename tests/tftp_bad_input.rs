@@ -367,3 +367,55 @@ fn netascii_converts_line_ends() {
     let (p, _) = recv(&c).unwrap();
     assert_eq!(&p[4..], b"a\r\nb\r\0");
 }
+
+/// Shutdown with transfers in flight, in both socket modes: each client gets an ERROR
+/// from its transfer's port, the transfers are counted as failed, the engine threads
+/// end (the drop returns in bounded time), and nothing answers afterwards.
+#[test]
+fn shutdown_ends_transfers_in_flight_with_an_error() {
+    for single_port in [false, true] {
+        let e = env(TftpConfig {
+            single_port,
+            workers: 2,
+            ..TftpConfig::default()
+        });
+        let addr = e.srv.addr;
+        // Three clients, each holding DATA 1 of `big` without acknowledging it.
+        let clients: Vec<(UdpSocket, SocketAddr)> = (0..3)
+            .map(|_| {
+                let c = client();
+                c.send_to(&req(1, "big", "octet", &[]), addr).unwrap();
+                let (p, from) = recv(&c).expect("DATA 1");
+                assert_eq!(&p[..4], &[0, 3, 0, 1], "single_port={single_port}");
+                (c, from)
+            })
+            .collect();
+        assert_eq!(e.srv.metrics.transfers_active.get(), 3);
+        let metrics = e.srv.metrics.clone();
+        let t0 = Instant::now();
+        drop(e);
+        assert!(
+            t0.elapsed() < Duration::from_secs(6),
+            "shutdown took {:?}",
+            t0.elapsed()
+        );
+        for (c, from) in &clients {
+            // The transfer may have retransmitted DATA 1 before the ERROR came.
+            let err = loop {
+                let (p, f) = recv(c).expect("an ERROR on shutdown");
+                assert_eq!(f, *from, "single_port={single_port}");
+                if p[1] == 5 {
+                    break p;
+                }
+                assert_eq!(&p[..4], &[0, 3, 0, 1]);
+            };
+            let msg = String::from_utf8_lossy(&err[4..]);
+            assert!(msg.contains("shutting down"), "{msg}");
+        }
+        assert_eq!(metrics.transfers_active.get(), 0);
+        assert_eq!(metrics.transfers_failed.get(), 3);
+        let c = client();
+        c.send_to(&req(1, "small", "octet", &[]), addr).unwrap();
+        assert!(recv(&c).is_none(), "answered after shutdown");
+    }
+}

@@ -3,8 +3,9 @@
 //!
 //! Layout: [`packet`] (wire format), [`transfer`] (pure negotiation and the
 //! `event + state -> step` transfer machine), [`files`] (path sanitising, MAC-prefix
-//! fallback, in-memory and memory-mapped file cache), [`server`] (thin tokio socket
-//! layer), [`metrics`].
+//! fallback, in-memory and memory-mapped file cache), [`server`] (the listener: parses
+//! requests, prepares transfers), `engine` (threads with an epoll loop each that drive
+//! the transfers), [`metrics`].
 //!
 //! Why not the `async-tftp` crate (0.4, which does implement blksize/tsize/timeout/
 //! windowsize): it is built on smol's `async-io`/`blocking` rather than tokio, reads
@@ -16,6 +17,7 @@
 //! sending a whole window with one `sendmmsg` whose iovecs point into the shared
 //! file bytes, so the engine is written here; it is small and fully unit-tested.
 
+mod engine;
 pub mod files;
 pub mod metrics;
 pub mod packet;
@@ -53,6 +55,8 @@ pub struct TftpConfig {
     /// Serve every transfer from the listening port (for NAT/firewalls) instead of
     /// a per-transfer ephemeral port.
     pub single_port: bool,
+    /// Engine threads driving the transfers; 0 = one per core.
+    pub workers: usize,
     /// Retransmission timeout before the first RTT sample, when the client sends no
     /// `timeout` option. Afterwards the timeout follows the measured RTT
     /// (srtt + 4 rttvar) between `retransmit_min_ms` and `retransmit_max_ms`.
@@ -80,6 +84,7 @@ impl Default for TftpConfig {
             max_blksize: 65464,
             max_windowsize: 64,
             single_port: false,
+            workers: 0,
             retransmit_initial_ms: 250,
             retransmit_min_ms: 20,
             retransmit_max_ms: 4000,
