@@ -583,23 +583,38 @@ async fn tftp(lease: &Lease, retx: &mut u32) -> Result<usize, String> {
     sock.send_to(&rrq, server)
         .await
         .map_err(|e| e.to_string())?;
+    // One timer for the whole transfer: progress only moves `deadline`; the sleep is
+    // re-armed when it fires early (a timer per block would cost this process, which
+    // shares the machine's two cores with the server, a timer-wheel insert per block).
+    let mut deadline = tokio::time::Instant::now() + timeout;
+    let sleep = tokio::time::sleep_until(deadline);
+    tokio::pin!(sleep);
     loop {
-        let r = tokio::time::timeout(timeout, sock.recv_from(&mut buf)).await;
+        let r = tokio::select! {
+            r = sock.recv_from(&mut buf) => Some(r),
+            _ = &mut sleep => {
+                if tokio::time::Instant::now() < deadline {
+                    sleep.as_mut().reset(deadline);
+                    continue;
+                }
+                None
+            }
+        };
         let (n, from) = match r {
-            Err(_) => {
+            None => {
                 timeouts += 1;
                 if timeouts > 6 {
                     return Err(format!("timed out at block {expect} ({got} bytes)"));
                 }
                 *retx += 1;
                 timeout = (timeout * 2).min(Duration::from_secs(8));
-                sock.send_to(&last, peer.unwrap_or(server))
-                    .await
-                    .map_err(|e| e.to_string())?;
+                deadline = tokio::time::Instant::now() + timeout;
+                sleep.as_mut().reset(deadline);
+                send(&sock, &last, peer.is_some(), server).await?;
                 continue;
             }
-            Ok(Err(e)) => return Err(format!("recv: {e}")),
-            Ok(Ok(x)) => x,
+            Some(Err(e)) => return Err(format!("recv: {e}")),
+            Some(Ok(x)) => x,
         };
         if from.ip() != server.ip() || n < 4 {
             continue;
@@ -628,13 +643,16 @@ async fn tftp(lease: &Lease, retx: &mut u32) -> Result<usize, String> {
                     }
                 }
                 peer = Some(from);
-                last = vec![0, 4, 0, 0];
+                sock.connect(from).await.map_err(|e| e.to_string())?;
+                last.clear();
+                last.extend_from_slice(&[0, 4, 0, 0]);
             }
             3 => {
                 let block = u16::from_be_bytes([buf[2], buf[3]]);
                 if peer.is_none() {
                     // No OACK: the server ignored the options.
                     peer = Some(from);
+                    sock.connect(from).await.map_err(|e| e.to_string())?;
                 }
                 if block == expect {
                     let data = &buf[4..n];
@@ -645,11 +663,13 @@ async fn tftp(lease: &Lease, retx: &mut u32) -> Result<usize, String> {
                         }
                     }
                     got += data.len();
-                    last = vec![0, 4, buf[2], buf[3]];
+                    last.clear();
+                    last.extend_from_slice(&[0, 4, buf[2], buf[3]]);
                     expect = expect.wrapping_add(1);
                     timeouts = 0;
                     timeout = Duration::from_secs(1);
-                    sock.send_to(&last, from).await.map_err(|e| e.to_string())?;
+                    deadline = tokio::time::Instant::now() + timeout;
+                    send(&sock, &last, true, server).await?;
                     if data.len() < blksize {
                         if let Some(t) = tsize {
                             if t != got {
@@ -660,7 +680,7 @@ async fn tftp(lease: &Lease, retx: &mut u32) -> Result<usize, String> {
                     }
                 } else if block == expect.wrapping_sub(1) {
                     // Duplicate: our ACK was lost or late; ACK again.
-                    sock.send_to(&last, from).await.map_err(|e| e.to_string())?;
+                    send(&sock, &last, true, server).await?;
                 }
                 continue;
             }
@@ -675,10 +695,27 @@ async fn tftp(lease: &Lease, retx: &mut u32) -> Result<usize, String> {
         }
         timeouts = 0;
         timeout = Duration::from_secs(1);
-        sock.send_to(&last, peer.unwrap_or(server))
-            .await
-            .map_err(|e| e.to_string())?;
+        deadline = tokio::time::Instant::now() + timeout;
+        send(&sock, &last, peer.is_some(), server).await?;
     }
+}
+
+/// Send on the transfer socket: to the server's port 69 until its transfer port is
+/// known, then on the socket connected to that port (the kernel then drops other TIDs; a
+/// connected socket also skips a route lookup per datagram, which on a veth both
+/// sides would pay).
+async fn send(
+    sock: &UdpSocket,
+    pkt: &[u8],
+    connected: bool,
+    server: SocketAddr,
+) -> Result<(), String> {
+    let r = if connected {
+        sock.send(pkt).await
+    } else {
+        sock.send_to(pkt, server).await
+    };
+    r.map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// An HTTP/1.1 client bound to the machine's address, keeping one connection.
