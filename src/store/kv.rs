@@ -56,6 +56,12 @@ const REDB_CACHE_BYTES: usize = 16 << 20;
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
+/// How many of the latest writes keep their parsed value next to their text, in the
+/// map and in the event log (the same `Arc`): a controller reads what was just
+/// written (the watch event, then a `get` in the reconcile it queues), so those reads
+/// share the writer's value instead of parsing. Bounded: ~5 KiB per object.
+const HOT_WRITES: usize = 1024;
+
 /// One stored value with its revisions.
 #[derive(Debug, Clone)]
 pub struct KeyValue {
@@ -64,12 +70,18 @@ pub struct KeyValue {
     pub raw: Arc<str>,
     pub create_rev: Rev,
     pub mod_rev: Rev,
+    /// The parsed value, while this version is among the last [`HOT_WRITES`] written.
+    hot: Option<Arc<Value>>,
 }
 
 impl KeyValue {
-    /// The value, parsed from [`KeyValue::raw`] (field order kept).
-    pub fn value(&self) -> Value {
-        parse(&self.key, &self.raw)
+    /// The value (field order kept): shared while hot, else parsed from
+    /// [`KeyValue::raw`].
+    pub fn value(&self) -> Arc<Value> {
+        match &self.hot {
+            Some(v) => v.clone(),
+            None => Arc::new(parse(&self.key, &self.raw)),
+        }
     }
 }
 
@@ -185,6 +197,9 @@ struct State {
     map: BTreeMap<Arc<str>, KeyValue>,
     rev: Rev,
     log: VecDeque<Event>,
+    /// The last [`HOT_WRITES`] puts (key, revision), oldest first: the map entries
+    /// that may hold a parsed value.
+    hot: VecDeque<(Arc<str>, Rev)>,
     /// Watches may start at any revision >= this one.
     oldest_watchable: Rev,
 }
@@ -233,6 +248,7 @@ fn decode(key: &str, b: &[u8]) -> Result<KeyValue, KvError> {
         raw: Arc::from(value.to_string()),
         create_rev,
         mod_rev,
+        hot: None,
     })
 }
 
@@ -270,6 +286,7 @@ impl Kv {
             map,
             rev,
             log: VecDeque::new(),
+            hot: VecDeque::new(),
             oldest_watchable: rev,
         }));
         let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(8192);
@@ -554,6 +571,7 @@ fn commit_batch(
                             raw: Arc::from(v.to_string()),
                             create_rev: prev.as_ref().map(|p| p.create_rev).unwrap_or(rev),
                             mod_rev: rev,
+                            hot: Some(v.clone()),
                         };
                         values.push(Some(v));
                         evs.push(Event {
@@ -610,7 +628,19 @@ fn commit_batch(
                         st.oldest_watchable = old.rev();
                     }
                 }
+                if e.kind == EventKind::Put {
+                    st.hot.push_back((e.kv.key.clone(), e.rev()));
+                    if st.hot.len() > HOT_WRITES {
+                        let (k, r) = st.hot.pop_front().expect("not empty");
+                        if let Some(cur) = st.map.get_mut(&k).filter(|c| c.mod_rev == r) {
+                            cur.hot = None;
+                        }
+                    }
+                }
                 st.log.push_back(e);
+                if let Some(i) = st.log.len().checked_sub(HOT_WRITES + 1) {
+                    st.log[i].kv.hot = None;
+                }
             }
             drop(st);
             events.send_replace(rev);

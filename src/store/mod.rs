@@ -81,15 +81,11 @@ impl ObjectWatch {
         let rev = e.rev();
         let mut object = e.kv.value();
         if e.kind == EventKind::Delete {
-            if let Some(Value::Object(m)) = object.get_mut("metadata") {
+            if let Some(Value::Object(m)) = Arc::make_mut(&mut object).get_mut("metadata") {
                 m.insert("resourceVersion".into(), Value::String(rev.to_string()));
             }
         }
-        Ok(ObjectEvent {
-            kind,
-            object: Arc::new(object),
-            rev,
-        })
+        Ok(ObjectEvent { kind, object, rev })
     }
 }
 
@@ -234,7 +230,7 @@ impl Store {
         let ns = Self::namespace_of(rt, ns);
         self.kv
             .get(&rt.key(ns, name))
-            .map(|kv| Arc::new(kv.value()))
+            .map(|kv| kv.value())
             .ok_or_else(|| StoreError::NotFound {
                 qualified: rt.qualified(),
                 name: name.into(),
@@ -255,7 +251,7 @@ impl Store {
         for kv in kvs {
             let v = kv.value();
             if sel.is_none_or(|s| s.matches(meta::labels(&v))) {
-                out.push(Arc::new(v));
+                out.push(v);
             }
         }
         (out, rev)
@@ -631,7 +627,7 @@ impl Store {
                     found.push(kv.clone());
                 }
             });
-            let found: Vec<(kv::KeyValue, Value)> = found
+            let found: Vec<(kv::KeyValue, Arc<Value>)> = found
                 .into_iter()
                 .map(|kv| {
                     let v = kv.value();
@@ -662,7 +658,7 @@ impl Store {
                     gone.insert(meta::uid(&v).to_string());
                     ops.push(Op::delete(d.key.to_string(), Compare::ModRev(d.mod_rev)));
                 } else if !meta::is_deleting(&v) {
-                    let mut marked = v.clone();
+                    let mut marked = (*v).clone();
                     marked["metadata"]["deletionTimestamp"] = Value::String(now());
                     ops.push(Op::put(
                         d.key.to_string(),
