@@ -835,4 +835,74 @@ mod tests {
         }
         assert_eq!(wins, 1);
     }
+
+    #[tokio::test]
+    async fn text_keeps_field_order_and_recent_writes_share_their_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        let v = json!({"z": 1, "metadata": {"name": "x"}, "a": {"y": [1, "two"], "b": null}});
+        let r = kv
+            .txn(vec![Op::put("/h", Compare::Absent, v)])
+            .await
+            .unwrap();
+        let written = r.values[0].clone().unwrap();
+        let kv1 = kv.get("/h").unwrap();
+        assert_eq!(
+            &*kv1.raw,
+            r#"{"z":1,"metadata":{"name":"x","resourceVersion":"1"},"a":{"y":[1,"two"],"b":null}}"#
+        );
+        assert!(
+            Arc::ptr_eq(&kv1.value(), &written),
+            "a hot read shares the value"
+        );
+        let writes: Vec<_> = (0..HOT_WRITES)
+            .map(|i| {
+                kv.txn(vec![Op::put(
+                    format!("/o/{i}"),
+                    Compare::Any,
+                    obj(i as i64),
+                )])
+            })
+            .collect();
+        for w in futures::future::join_all(writes).await {
+            w.unwrap();
+        }
+        let cold = kv.get("/h").unwrap().value();
+        assert!(!Arc::ptr_eq(&cold, &written), "no longer hot: parsed");
+        assert_eq!(*cold, *written);
+        let keys: Vec<&String> = cold.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["z", "metadata", "a"]);
+    }
+
+    #[tokio::test]
+    async fn a_watcher_further_behind_than_the_log_is_told_to_relist() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        kv.txn(vec![Op::put("/w/0", Compare::Any, obj(0))])
+            .await
+            .unwrap();
+        let mut w = kv.watch("/w/", 1).unwrap();
+        let writes: Vec<_> = (0..EVENT_LOG_CAP + 10)
+            .map(|i| {
+                kv.txn(vec![Op::put(
+                    format!("/w/{}", i % 100),
+                    Compare::Any,
+                    obj(i as i64),
+                )])
+            })
+            .collect();
+        for r in futures::future::join_all(writes).await {
+            r.unwrap();
+        }
+        assert_eq!(w.next().await.unwrap_err(), KvError::Lagged);
+        assert!(matches!(kv.watch("/w/", 1), Err(KvError::Compacted { .. })));
+        // From a recent revision, replay then live events, as before.
+        let rev = kv.revision();
+        let mut w = kv.watch("/w/", rev - 1).unwrap();
+        assert_eq!(w.next().await.unwrap().rev(), rev);
+        kv.txn(vec![Op::put("/w/x", Compare::Any, obj(-1))])
+            .await
+            .unwrap();
+        assert_eq!(w.next().await.unwrap().kv.value()["n"], -1);
+    }
 }
