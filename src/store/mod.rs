@@ -5,6 +5,10 @@
 //! by `ownerReferences`. Every write is validated against the type's schema first.
 //!
 //! Controllers and the REST API both go through [`Store`]; nothing else writes the KV.
+//!
+//! Objects come back as `Arc<serde_json::Value>`, parsed from the KV's JSON text on
+//! each read (shared with the writer for the last writes, see [`kv`]); callers that
+//! keep objects for long should keep only the fields they need.
 
 pub mod kv;
 
