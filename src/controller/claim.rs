@@ -16,7 +16,7 @@
 
 use serde_json::{json, Value};
 
-use super::{claim_ref, is_claimable, Controllers, Key, Next, CLAIM_FINALIZER};
+use super::{claim_ref, claimable_view, is_claimable, Controllers, Key, Next, CLAIM_FINALIZER};
 use crate::api::selector::Selector;
 use crate::store::{meta, Part, StoreError};
 
@@ -214,7 +214,11 @@ async fn bind(
         {
             if by_ref.is_none() && is_claimable(&s) {
                 // Claimable, just not for this claim: give it back.
-                c.idx.lock().unwrap().claimable.insert(n.clone(), s.clone());
+                c.idx
+                    .lock()
+                    .unwrap()
+                    .claimable
+                    .insert(n.clone(), claimable_view(&s));
             }
             continue;
         }
@@ -238,7 +242,11 @@ async fn bind(
             Err(e) => {
                 if let Ok(s) = c.store.get(&c.t_server, None, &n) {
                     if is_claimable(&s) {
-                        c.idx.lock().unwrap().claimable.insert(n.clone(), s);
+                        c.idx
+                            .lock()
+                            .unwrap()
+                            .claimable
+                            .insert(n.clone(), claimable_view(&s));
                     }
                 }
                 return Err(e);

@@ -16,6 +16,16 @@
 //! publishes it to readers and watchers and acknowledges the callers (group commit).
 //! So an acknowledged write survives `kill -9`, and no reader ever sees a write that
 //! could still be lost.
+//!
+//! Memory: every value is held as its compact JSON text ([`KeyValue::raw`], the same
+//! bytes redb stores), not as a parsed `serde_json::Value`. With `preserve_order` a
+//! parsed object costs ~10x its text (an `IndexMap` per JSON object, a heap string per
+//! key and value): at 10,000 machines the parsed form was most of the appliance's
+//! resident memory. Readers parse what they read ([`KeyValue::value`], a few µs for an
+//! object); the text round-trips to an equal value with its field order kept. Live
+//! watchers are woken with the new revision only and read the events from the replay
+//! log, so the log is the only history kept in memory: an event shares its text with
+//! the map entry while it is the current version.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
@@ -24,19 +34,17 @@ use std::thread;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde_json::Value;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{oneshot, watch};
 
 /// A global revision (etcd's `revision`).
 pub type Rev = u64;
 
-/// How many past events are kept for watch replay. Each event pins its object version
-/// in memory, so this bounds the store's history memory: at 200,000 a
-/// 10,000-machine fleet (~110,000 events to register, claim and boot it) held ~700 MiB.
-/// Watchers start from a fresh list's revision, so replay only bridges short gaps.
-pub const EVENT_LOG_CAP: usize = 10_000;
-/// Batches kept in the live-event broadcast ring (a watcher further behind is closed
-/// and re-lists). The ring pins every batch it holds until overwritten.
-const EVENT_RING_CAP: usize = 4096;
+/// How many past events are kept, for watch replay and for live watchers (a watcher
+/// further behind than this is closed and re-lists). Each event pins its object
+/// version's JSON text (shared with the map while it is the current version), so this
+/// bounds the store's history memory: ~1 KiB per event. (When events held parsed
+/// values, 200,000 of them held ~700 MiB for a 10,000-machine fleet.)
+pub const EVENT_LOG_CAP: usize = 20_000;
 /// Most transactions written in one redb commit.
 const MAX_BATCH: usize = 2048;
 /// redb's page cache. Every key is held in memory by the store itself and redb is
@@ -48,13 +56,42 @@ const REDB_CACHE_BYTES: usize = 16 << 20;
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
+/// How many of the latest writes keep their parsed value next to their text, in the
+/// map and in the event log (the same `Arc`): a controller reads what was just
+/// written (the watch event, then a `get` in the reconcile it queues), so those reads
+/// share the writer's value instead of parsing. Bounded: ~5 KiB per object.
+const HOT_WRITES: usize = 1024;
+
 /// One stored value with its revisions.
 #[derive(Debug, Clone)]
 pub struct KeyValue {
     pub key: Arc<str>,
-    pub value: Arc<Value>,
+    /// The value as compact JSON text (what redb stores; see the module doc).
+    pub raw: Arc<str>,
     pub create_rev: Rev,
     pub mod_rev: Rev,
+    /// The parsed value, while this version is among the last [`HOT_WRITES`] written.
+    hot: Option<Arc<Value>>,
+}
+
+impl KeyValue {
+    /// The value (field order kept): shared while hot, else parsed from
+    /// [`KeyValue::raw`].
+    pub fn value(&self) -> Arc<Value> {
+        match &self.hot {
+            Some(v) => v.clone(),
+            None => Arc::new(parse(&self.key, &self.raw)),
+        }
+    }
+}
+
+/// Parse stored text. The text was written by `serde_json` itself (or checked by
+/// [`decode`] at open), so it always parses; `Null` would only stand for a bug.
+fn parse(key: &str, raw: &str) -> Value {
+    serde_json::from_str(raw).unwrap_or_else(|e| {
+        tracing::error!(key, error = %e, "stored value does not parse");
+        Value::Null
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,17 +184,22 @@ pub enum KvError {
 }
 
 /// Result of a committed transaction: its revision and the new value of each op
-/// (`None` for deletes).
+/// (`None` for deletes), stored and as the parsed value that was written (with its
+/// `metadata.resourceVersion` stamped), so writers need not parse it back.
 #[derive(Debug, Clone)]
 pub struct TxnResult {
     pub rev: Rev,
     pub kvs: Vec<Option<KeyValue>>,
+    pub values: Vec<Option<Arc<Value>>>,
 }
 
 struct State {
     map: BTreeMap<Arc<str>, KeyValue>,
     rev: Rev,
     log: VecDeque<Event>,
+    /// The last [`HOT_WRITES`] puts (key, revision), oldest first: the map entries
+    /// that may hold a parsed value.
+    hot: VecDeque<(Arc<str>, Rev)>,
     /// Watches may start at any revision >= this one.
     oldest_watchable: Rev,
 }
@@ -177,15 +219,17 @@ enum Msg {
 pub struct Kv {
     state: Arc<RwLock<State>>,
     tx: std::sync::mpsc::SyncSender<Msg>,
-    events: broadcast::Sender<Arc<Vec<Event>>>,
+    /// The latest published revision; the writer thread holds the sender, so watchers
+    /// see the channel close when the store does.
+    published: watch::Receiver<Rev>,
     writer: Arc<std::sync::Mutex<Option<thread::JoinHandle<()>>>>,
 }
 
 fn encode(kv: &KeyValue) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256);
+    let mut out = Vec::with_capacity(16 + kv.raw.len());
     out.extend_from_slice(&kv.mod_rev.to_le_bytes());
     out.extend_from_slice(&kv.create_rev.to_le_bytes());
-    serde_json::to_writer(&mut out, &*kv.value).expect("serializing a json value cannot fail");
+    out.extend_from_slice(kv.raw.as_bytes());
     out
 }
 
@@ -195,13 +239,16 @@ fn decode(key: &str, b: &[u8]) -> Result<KeyValue, KvError> {
     }
     let mod_rev = u64::from_le_bytes(b[0..8].try_into().unwrap());
     let create_rev = u64::from_le_bytes(b[8..16].try_into().unwrap());
+    // Checked once here, so later parses of the text cannot fail; re-serialized so
+    // the text is compact whatever wrote it.
     let value: Value = serde_json::from_slice(&b[16..])
         .map_err(|e| KvError::Storage(format!("record for {key} is corrupt: {e}")))?;
     Ok(KeyValue {
         key: Arc::from(key),
-        value: Arc::new(value),
+        raw: Arc::from(value.to_string()),
         create_rev,
         mod_rev,
+        hot: None,
     })
 }
 
@@ -239,13 +286,13 @@ impl Kv {
             map,
             rev,
             log: VecDeque::new(),
+            hot: VecDeque::new(),
             oldest_watchable: rev,
         }));
         let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(8192);
-        let (events, _) = broadcast::channel(EVENT_RING_CAP);
+        let (events, published) = watch::channel(rev);
         let writer = {
             let state = state.clone();
-            let events = events.clone();
             thread::Builder::new()
                 .name("store-writer".into())
                 .spawn(move || writer_loop(db, state, rx, events))
@@ -254,7 +301,7 @@ impl Kv {
         Ok(Kv {
             state,
             tx,
-            events,
+            published,
             writer: Arc::new(std::sync::Mutex::new(Some(writer))),
         })
     }
@@ -335,22 +382,17 @@ impl Kv {
                 oldest: st.oldest_watchable,
             });
         }
-        // Subscribing while holding the read lock closes the gap between replay and
-        // live events: the writer publishes under the write lock.
-        let rx = self.events.subscribe();
-        let start = st.log.partition_point(|e| e.rev() <= from);
-        let backlog: VecDeque<Event> = st
-            .log
-            .iter()
-            .skip(start)
-            .filter(|e| e.kv.key.starts_with(prefix))
-            .cloned()
-            .collect();
-        Ok(Watch {
+        let mut rx = self.published.clone();
+        rx.mark_unchanged();
+        let mut w = Watch {
             prefix: prefix.to_string(),
-            backlog,
+            backlog: VecDeque::new(),
+            seen: from,
+            state: self.state.clone(),
             rx,
-        })
+        };
+        w.read_log(&st)?;
+        Ok(w)
     }
 
     /// Stop the writer after it has committed everything queued before this call,
@@ -366,32 +408,53 @@ impl Kv {
     }
 }
 
-/// A stream of events after a revision, for keys with a prefix.
+/// A stream of events after a revision, for keys with a prefix. It reads the replay
+/// log whenever the writer publishes a revision, so it holds no history of its own
+/// beyond the events it has taken and not yet returned.
 pub struct Watch {
     prefix: String,
     backlog: VecDeque<Event>,
-    rx: broadcast::Receiver<Arc<Vec<Event>>>,
+    /// Every event up to this revision has been taken from the log.
+    seen: Rev,
+    state: Arc<RwLock<State>>,
+    rx: watch::Receiver<Rev>,
 }
 
 impl Watch {
+    /// Take this watch's events after `seen` from the log. `Err(Lagged)` when some of
+    /// them have already left it.
+    fn read_log(&mut self, st: &State) -> Result<(), KvError> {
+        if st.rev <= self.seen {
+            return Ok(());
+        }
+        if self.seen < st.oldest_watchable {
+            return Err(KvError::Lagged);
+        }
+        let start = st.log.partition_point(|e| e.rev() <= self.seen);
+        self.backlog.extend(
+            st.log
+                .range(start..)
+                .filter(|e| e.kv.key.starts_with(&self.prefix))
+                .cloned(),
+        );
+        self.seen = st.rev;
+        Ok(())
+    }
+
     /// The next event, in revision order. `Err(Lagged)` if this watcher fell more than
-    /// the broadcast capacity behind; `Err(Closed)` when the store shut down.
+    /// [`EVENT_LOG_CAP`] events behind; `Err(Closed)` when the store shut down.
     pub async fn next(&mut self) -> Result<Event, KvError> {
         loop {
             if let Some(e) = self.backlog.pop_front() {
                 return Ok(e);
             }
-            match self.rx.recv().await {
-                Ok(batch) => {
-                    self.backlog.extend(
-                        batch
-                            .iter()
-                            .filter(|e| e.kv.key.starts_with(&self.prefix))
-                            .cloned(),
-                    );
-                }
-                Err(broadcast::error::RecvError::Lagged(_)) => return Err(KvError::Lagged),
-                Err(broadcast::error::RecvError::Closed) => return Err(KvError::Closed),
+            // Marked seen before the log is read: a revision published after the read
+            // wakes `changed` below, one published before it is in what was read.
+            self.rx.mark_unchanged();
+            let state = self.state.clone();
+            self.read_log(&state.read().unwrap())?;
+            if self.backlog.is_empty() && self.rx.changed().await.is_err() {
+                return Err(KvError::Closed);
             }
         }
     }
@@ -401,7 +464,7 @@ fn writer_loop(
     db: Database,
     state: Arc<RwLock<State>>,
     rx: std::sync::mpsc::Receiver<Msg>,
-    events: broadcast::Sender<Arc<Vec<Event>>>,
+    events: watch::Sender<Rev>,
 ) {
     let mut closing = None;
     while let Ok(first) = rx.recv() {
@@ -426,6 +489,8 @@ fn writer_loop(
     }
     drop(rx);
     drop(db);
+    // Watchers see `Closed` once they have read everything published.
+    drop(events);
     tracing::debug!("store closed");
     if let Some(done) = closing {
         let _ = done.send(());
@@ -435,7 +500,7 @@ fn writer_loop(
 fn commit_batch(
     db: &Database,
     state: &Arc<RwLock<State>>,
-    events: &broadcast::Sender<Arc<Vec<Event>>>,
+    events: &watch::Sender<Rev>,
     mut batch: Vec<Request>,
 ) {
     // 1. Validate in order against committed state + what this batch already changed.
@@ -493,6 +558,7 @@ fn commit_batch(
             }
             rev += 1;
             let mut kvs = Vec::with_capacity(req.ops.len());
+            let mut values = Vec::with_capacity(req.ops.len());
             for op in req.ops.iter_mut() {
                 let key: Arc<str> = Arc::from(op.key.as_str());
                 let prev = current(&op.key, &overlay);
@@ -502,10 +568,12 @@ fn commit_batch(
                         stamp(Arc::make_mut(&mut v), rev);
                         let kv = KeyValue {
                             key: key.clone(),
-                            value: v,
+                            raw: Arc::from(v.to_string()),
                             create_rev: prev.as_ref().map(|p| p.create_rev).unwrap_or(rev),
                             mod_rev: rev,
+                            hot: Some(v.clone()),
                         };
+                        values.push(Some(v));
                         evs.push(Event {
                             kind: EventKind::Put,
                             kv: kv.clone(),
@@ -524,10 +592,11 @@ fn commit_batch(
                         });
                         overlay.insert(key, None);
                         kvs.push(None);
+                        values.push(None);
                     }
                 }
             }
-            results.push(Ok(TxnResult { rev, kvs }));
+            results.push(Ok(TxnResult { rev, kvs, values }));
         }
         let _ = base_rev;
         drop(st);
@@ -553,15 +622,28 @@ fn commit_batch(
                 }
             }
             st.rev = rev;
-            for e in &evs {
+            for e in evs {
                 if st.log.len() >= EVENT_LOG_CAP {
                     if let Some(old) = st.log.pop_front() {
                         st.oldest_watchable = old.rev();
                     }
                 }
-                st.log.push_back(e.clone());
+                if e.kind == EventKind::Put {
+                    st.hot.push_back((e.kv.key.clone(), e.rev()));
+                    if st.hot.len() > HOT_WRITES {
+                        let (k, r) = st.hot.pop_front().expect("not empty");
+                        if let Some(cur) = st.map.get_mut(&k).filter(|c| c.mod_rev == r) {
+                            cur.hot = None;
+                        }
+                    }
+                }
+                st.log.push_back(e);
+                if let Some(i) = st.log.len().checked_sub(HOT_WRITES + 1) {
+                    st.log[i].kv.hot = None;
+                }
             }
-            let _ = events.send(Arc::new(evs));
+            drop(st);
+            events.send_replace(rev);
         }
     }
     for (req, res) in batch.into_iter().zip(results) {
@@ -621,7 +703,7 @@ mod tests {
             .unwrap();
         assert_eq!(r1.rev, 1);
         assert_eq!(
-            kv.get("/a").unwrap().value["metadata"]["resourceVersion"],
+            kv.get("/a").unwrap().value()["metadata"]["resourceVersion"],
             "1"
         );
         let err = kv
@@ -725,7 +807,7 @@ mod tests {
         let mut seen = Vec::new();
         while seen.len() < 180 {
             let e = w.next().await.unwrap();
-            seen.push(e.kv.value["n"].as_i64().unwrap());
+            seen.push(e.kv.value()["n"].as_i64().unwrap());
         }
         writer.await.unwrap();
         assert_eq!(seen, (20..200).collect::<Vec<_>>());
@@ -752,5 +834,75 @@ mod tests {
             wins += t.await.unwrap() as usize;
         }
         assert_eq!(wins, 1);
+    }
+
+    #[tokio::test]
+    async fn text_keeps_field_order_and_recent_writes_share_their_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        let v = json!({"z": 1, "metadata": {"name": "x"}, "a": {"y": [1, "two"], "b": null}});
+        let r = kv
+            .txn(vec![Op::put("/h", Compare::Absent, v)])
+            .await
+            .unwrap();
+        let written = r.values[0].clone().unwrap();
+        let kv1 = kv.get("/h").unwrap();
+        assert_eq!(
+            &*kv1.raw,
+            r#"{"z":1,"metadata":{"name":"x","resourceVersion":"1"},"a":{"y":[1,"two"],"b":null}}"#
+        );
+        assert!(
+            Arc::ptr_eq(&kv1.value(), &written),
+            "a hot read shares the value"
+        );
+        let writes: Vec<_> = (0..HOT_WRITES)
+            .map(|i| {
+                kv.txn(vec![Op::put(
+                    format!("/o/{i}"),
+                    Compare::Any,
+                    obj(i as i64),
+                )])
+            })
+            .collect();
+        for w in futures::future::join_all(writes).await {
+            w.unwrap();
+        }
+        let cold = kv.get("/h").unwrap().value();
+        assert!(!Arc::ptr_eq(&cold, &written), "no longer hot: parsed");
+        assert_eq!(*cold, *written);
+        let keys: Vec<&String> = cold.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["z", "metadata", "a"]);
+    }
+
+    #[tokio::test]
+    async fn a_watcher_further_behind_than_the_log_is_told_to_relist() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        kv.txn(vec![Op::put("/w/0", Compare::Any, obj(0))])
+            .await
+            .unwrap();
+        let mut w = kv.watch("/w/", 1).unwrap();
+        let writes: Vec<_> = (0..EVENT_LOG_CAP + 10)
+            .map(|i| {
+                kv.txn(vec![Op::put(
+                    format!("/w/{}", i % 100),
+                    Compare::Any,
+                    obj(i as i64),
+                )])
+            })
+            .collect();
+        for r in futures::future::join_all(writes).await {
+            r.unwrap();
+        }
+        assert_eq!(w.next().await.unwrap_err(), KvError::Lagged);
+        assert!(matches!(kv.watch("/w/", 1), Err(KvError::Compacted { .. })));
+        // From a recent revision, replay then live events, as before.
+        let rev = kv.revision();
+        let mut w = kv.watch("/w/", rev - 1).unwrap();
+        assert_eq!(w.next().await.unwrap().rev(), rev);
+        kv.txn(vec![Op::put("/w/x", Compare::Any, obj(-1))])
+            .await
+            .unwrap();
+        assert_eq!(w.next().await.unwrap().kv.value()["n"], -1);
     }
 }

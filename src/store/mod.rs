@@ -5,6 +5,10 @@
 //! by `ownerReferences`. Every write is validated against the type's schema first.
 //!
 //! Controllers and the REST API both go through [`Store`]; nothing else writes the KV.
+//!
+//! Objects come back as `Arc<serde_json::Value>`, parsed from the KV's JSON text on
+//! each read (shared with the writer for the last writes, see [`kv`]); callers that
+//! keep objects for long should keep only the fields they need.
 
 pub mod kv;
 
@@ -79,15 +83,12 @@ impl ObjectWatch {
             (EventKind::Put, true) => "MODIFIED",
         };
         let rev = e.rev();
-        let object = if e.kind == EventKind::Delete {
-            let mut v = (*e.kv.value).clone();
-            if let Some(Value::Object(m)) = v.get_mut("metadata") {
+        let mut object = e.kv.value();
+        if e.kind == EventKind::Delete {
+            if let Some(Value::Object(m)) = Arc::make_mut(&mut object).get_mut("metadata") {
                 m.insert("resourceVersion".into(), Value::String(rev.to_string()));
             }
-            Arc::new(v)
-        } else {
-            e.kv.value
-        };
+        }
         Ok(ObjectEvent { kind, object, rev })
     }
 }
@@ -233,7 +234,7 @@ impl Store {
         let ns = Self::namespace_of(rt, ns);
         self.kv
             .get(&rt.key(ns, name))
-            .map(|kv| kv.value)
+            .map(|kv| kv.value())
             .ok_or_else(|| StoreError::NotFound {
                 qualified: rt.qualified(),
                 name: name.into(),
@@ -249,11 +250,14 @@ impl Store {
     ) -> (Vec<Arc<Value>>, Rev) {
         let ns = if rt.namespaced { ns } else { None };
         let mut out = Vec::new();
-        let rev = self.kv.scan(&rt.prefix(ns), |kv| {
-            if sel.is_none_or(|s| s.matches(meta::labels(&kv.value))) {
-                out.push(kv.value.clone());
+        // Parsed outside the store's read lock (the writer waits on it).
+        let (kvs, rev) = self.kv.list(&rt.prefix(ns));
+        for kv in kvs {
+            let v = kv.value();
+            if sel.is_none_or(|s| s.matches(meta::labels(&v))) {
+                out.push(v);
             }
-        });
+        }
         (out, rev)
     }
 
@@ -415,7 +419,7 @@ impl Store {
         let name = meta::name(&obj).to_string();
         let key = rt.key(meta::namespace(&obj), &name);
         match self.kv.txn(vec![Op::put(key, Compare::Absent, obj)]).await {
-            Ok(mut r) => Ok(r.kvs.pop().flatten().expect("put returns its value").value),
+            Ok(mut r) => Ok(r.values.pop().flatten().expect("put returns its value")),
             Err(KvError::AlreadyExists { .. }) => Err(StoreError::AlreadyExists {
                 qualified: rt.qualified(),
                 name,
@@ -520,7 +524,7 @@ impl Store {
             .txn(vec![Op::put(key, Compare::ModRev(cur_rv), new)])
             .await
         {
-            Ok(mut r) => Ok(r.kvs.pop().flatten().expect("put").value),
+            Ok(mut r) => Ok(r.values.pop().flatten().expect("put")),
             Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => {
                 Err(Self::conflict(rt, &name))
             }
@@ -589,7 +593,7 @@ impl Store {
                     .txn(vec![Op::put(key, Compare::ModRev(rv), marked)])
                     .await
                 {
-                    Ok(mut r) => return Ok(r.kvs.pop().flatten().expect("put").value),
+                    Ok(mut r) => return Ok(r.values.pop().flatten().expect("put")),
                     Err(KvError::Conflict { .. }) => continue,
                     Err(KvError::NotFound { .. }) => {
                         return Err(StoreError::NotFound {
@@ -619,34 +623,46 @@ impl Store {
         let mut seen: HashSet<String> = HashSet::from([key]);
         // Fixed point: objects whose owners are all gone go too.
         loop {
-            let mut uids = HashSet::new();
+            // A dependent's text names its owner's uid (in ownerReferences), so only
+            // objects whose text contains a removed uid are parsed.
             let mut found = Vec::new();
             self.kv.scan("/", |kv| {
-                uids.insert(meta::uid(&kv.value).to_string());
-                let owners = meta::owner_uids(&kv.value);
-                if !owners.is_empty()
-                    && !seen.contains(&*kv.key)
-                    && owners.iter().any(|u| gone.contains(*u))
-                {
+                if !seen.contains(&*kv.key) && gone.iter().any(|u| kv.raw.contains(u.as_str())) {
                     found.push(kv.clone());
                 }
             });
+            let found: Vec<(kv::KeyValue, Arc<Value>)> = found
+                .into_iter()
+                .map(|kv| {
+                    let v = kv.value();
+                    (kv, v)
+                })
+                .filter(|(_, v)| meta::owner_uids(v).iter().any(|u| gone.contains(*u)))
+                .collect();
+            // Owners that are not being removed count as gone when they do not exist.
+            let others: HashSet<String> = found
+                .iter()
+                .flat_map(|(_, v)| meta::owner_uids(v))
+                .filter(|u| !gone.contains(*u))
+                .map(String::from)
+                .collect();
+            let existing = self.existing_uids(&others);
             let mut progressed = false;
-            for d in found {
-                let owners = meta::owner_uids(&d.value);
+            for (d, v) in found {
+                let owners = meta::owner_uids(&v);
                 let all_gone = owners
                     .iter()
-                    .all(|u| gone.contains(*u) || !uids.contains(*u));
+                    .all(|u| gone.contains(*u) || !existing.contains(*u));
                 if !all_gone {
                     continue;
                 }
                 seen.insert(d.key.to_string());
                 progressed = true;
-                if meta::finalizers(&d.value).is_empty() {
-                    gone.insert(meta::uid(&d.value).to_string());
+                if meta::finalizers(&v).is_empty() {
+                    gone.insert(meta::uid(&v).to_string());
                     ops.push(Op::delete(d.key.to_string(), Compare::ModRev(d.mod_rev)));
-                } else if !meta::is_deleting(&d.value) {
-                    let mut marked = (*d.value).clone();
+                } else if !meta::is_deleting(&v) {
+                    let mut marked = (*v).clone();
                     marked["metadata"]["deletionTimestamp"] = Value::String(now());
                     ops.push(Op::put(
                         d.key.to_string(),
@@ -666,6 +682,25 @@ impl Store {
             }
             Err(e) => Err(map_kv(e)),
         }
+    }
+
+    /// Which of `uids` belong to a stored object (only objects whose text contains
+    /// one of them are parsed).
+    fn existing_uids(&self, uids: &HashSet<String>) -> HashSet<String> {
+        if uids.is_empty() {
+            return HashSet::new();
+        }
+        let mut found = Vec::new();
+        self.kv.scan("/", |kv| {
+            if uids.iter().any(|u| kv.raw.contains(u.as_str())) {
+                found.push(kv.clone());
+            }
+        });
+        found
+            .iter()
+            .map(|kv| meta::uid(&kv.value()).to_string())
+            .filter(|u| uids.contains(u))
+            .collect()
     }
 }
 
