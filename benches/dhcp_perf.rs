@@ -14,24 +14,40 @@
 //! (`DHCP_BENCH_CPU_RATE`, default 2000/s, a step every server runs): the figure that
 //! does not depend on the load generator or on other work on the machine.
 //!
-//! The load generator: perfdhcp receives all replies on one UDP socket (port 68) and
-//! has no option for its receive buffer, so with the kernel default
-//! (`net.core.rmem_default`, 208 KiB here; it cannot be raised inside a network
-//! namespace on this kernel and the bench does not touch host-wide sysctls) it drops
-//! replies in its own socket buffer from about 5–7k/s on this 2-core machine, when its
-//! receive thread loses the CPU for a few ms. So the bench compiles a tiny
-//! `LD_PRELOAD` shim with `cc` (source in [`RCVBUF_SHIM`]) that gives every datagram /
-//! raw socket perfdhcp opens a receive buffer of `DHCP_BENCH_RCVBUF` bytes (default
-//! 4 MiB = the host's `rmem_max`; the kernel doubles it) and ignores later requests
-//! for a smaller one. The same shim and the same perfdhcp options are used for all
-//! three servers; it changes nothing on the server side. `DHCP_BENCH_RCVBUF=0` runs
-//! perfdhcp without it (as sessions 1–3 did). Drops perfdhcp still sees in its socket
-//! buffer are printed per step, so a generator-limited step is visible as such.
+//! The load generator, and why it is set up this way (it used to be the limit: in
+//! session 2 bootplane and Kea both "reached" ~7.1k/s because perfdhcp dropped the
+//! replies):
+//! - perfdhcp acts as a relay: it sets giaddr to its local address and receives all
+//!   replies on one UDP socket on port 67 of that address. It has no option for that
+//!   socket's receive buffer, so it gets the kernel default (`net.core.rmem_default`,
+//!   208 KiB here; that cannot be raised inside a network namespace on this kernel,
+//!   and the bench does not touch host-wide sysctls) and drops replies there whenever
+//!   its receive thread is off the CPU for a few ms (from about 5–7k/s on this busy
+//!   2-core machine). The bench compiles a tiny `LD_PRELOAD` shim with `cc` (source in
+//!   [`RCVBUF_SHIM`]) that gives every datagram / raw socket perfdhcp opens a receive
+//!   buffer of `DHCP_BENCH_RCVBUF` bytes (default 4 MiB = the host's `rmem_max`; the
+//!   kernel doubles it: `ss -m` shows rb8388608) and ignores later requests for less.
+//!   `DHCP_BENCH_RCVBUF=0` runs perfdhcp without it.
+//! - One perfdhcp process needs a whole core at ~8–10k leases/s, so
+//!   `DHCP_BENCH_GENERATORS` (default 2) processes run in parallel, each with its own
+//!   address on the client veth (10.199.0.2, .3, …; it is the giaddr, so each process
+//!   gets only its own replies), its own MAC range (`-b mac=00:0c:0N:00:00:00`), an
+//!   equal share of the rate and of the client count. Rates, packets sent, drops and
+//!   ACKs are summed; loss = total drops / total DISCOVERs sent.
+//! - Everything about the generator is the same for every server; the servers are
+//!   not touched. Drops perfdhcp still sees in its socket buffer, and perfdhcp's CPU
+//!   share, are printed per step, so a generator-limited step is visible as such.
+//!
+//! `kea-rcvbuf` is a diagnostic fourth server: Kea with the same shim on its own
+//! (raw) socket. Stock Kea keeps the kernel's default buffer and, on a busy machine,
+//! loses requests there whenever it is not scheduled for a few ms; bootplane sets 8 MiB
+//! on its socket itself (`SO_RCVBUFFORCE`). The goal ratio is against stock `kea`;
+//! the `kea-rcvbuf` ratio shows how much of the gap is that buffer.
 //!
 //! `cargo bench --bench dhcp_perf` (defaults: 4 s per step). Environment:
 //! `DHCP_BENCH_SECS` (seconds per step), `DHCP_BENCH_ATTEMPTS` (tries per step,
 //! default 2), `DHCP_BENCH_RATES` (comma list of offered
-//! rates), `DHCP_BENCH_SERVERS` (subset of `bootplane,kea,dnsmasq`),
+//! rates), `DHCP_BENCH_SERVERS` (subset of `bootplane,kea,kea-rcvbuf,dnsmasq`),
 //! `DHCP_BENCH_CPU_RATE`, `DHCP_BENCH_RCVBUF` (see above).
 //! Traffic stays on a veth between two network namespaces this bench creates.
 
@@ -95,6 +111,20 @@ struct Setup {
     dir: tempfile::TempDir,
     /// The compiled [`RCVBUF_SHIM`] and the buffer size, when enabled.
     shim: Option<(std::path::PathBuf, u32)>,
+    /// perfdhcp processes run in parallel per step.
+    generators: u32,
+}
+
+/// `DHCP_BENCH_RCVBUF` (0 = no shim).
+fn rcvbuf_bytes() -> u32 {
+    std::env::var("DHCP_BENCH_RCVBUF")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4 << 20)
+}
+
+fn rcvbuf_shim_wanted() -> bool {
+    rcvbuf_bytes() > 0
 }
 
 /// Compile [`RCVBUF_SHIM`] into `dir` (`cc` is required: the bench fails without it).
@@ -142,20 +172,27 @@ fn children_cpu() -> f64 {
 
 fn setup() -> Setup {
     let (server, client) = veth_pair("ps", "pc", "10.199.0.1/16");
-    client.ip(&["addr", "add", "10.199.0.2/16", "dev", "vc"]);
+    let generators: u32 = std::env::var("DHCP_BENCH_GENERATORS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+        .clamp(1, 8);
+    // One address per perfdhcp process: each is a relay (giaddr) of its own, so the
+    // replies to it come back to its own socket only.
+    for i in 0..generators {
+        client.ip(&["addr", "add", &format!("10.199.0.{}/16", 2 + i), "dev", "vc"]);
+    }
     // perfdhcp's clients have made-up MACs: take every frame.
     client.ip(&["link", "set", "vc", "promisc", "on"]);
     let dir = tempfile::tempdir().unwrap();
-    let rcvbuf: u32 = std::env::var("DHCP_BENCH_RCVBUF")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4 << 20);
+    let rcvbuf = rcvbuf_bytes();
     let shim = (rcvbuf > 0).then(|| (build_shim(dir.path()), rcvbuf));
     Setup {
         server,
         client,
         dir,
         shim,
+        generators,
     }
 }
 
@@ -188,7 +225,7 @@ fn start(s: &Setup, which: &str, run: usize) -> Proc {
             .stderr(log);
             Proc::spawn(c)
         }
-        "kea" => {
+        "kea" | "kea-rcvbuf" => {
             let cfg = d.join("kea.json");
             std::fs::write(
                 &cfg,
@@ -207,6 +244,13 @@ fn start(s: &Setup, which: &str, run: usize) -> Proc {
             )
             .unwrap();
             let mut c = s.server.cmd("kea-dhcp4");
+            if which == "kea-rcvbuf" {
+                // Diagnostic: Kea with the generator's receive-buffer shim on its raw
+                // socket, to show how much of its loss is its socket buffer.
+                let (so, bytes) = s.shim.as_ref().expect("kea-rcvbuf needs the shim");
+                c.env("LD_PRELOAD", so)
+                    .env("DHCP_BENCH_RCVBUF", bytes.to_string());
+            }
             c.args(["-c", cfg.to_str().unwrap()])
                 .env("KEA_PIDFILE_DIR", &d)
                 .env("KEA_LOCKFILE_DIR", &d)
@@ -249,48 +293,71 @@ fn num_after(text: &str, key: &str, nth: usize) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// One perfdhcp run of `secs` at `rate` in total, split over `s.generators`
+/// processes in parallel (see the module doc); their counts are summed.
 fn perfdhcp(s: &Setup, rate: u32, secs: u32) -> Step {
-    let mut c = s.client.cmd("perfdhcp");
-    c.args([
-        "-4",
-        "-l",
-        "vc",
-        "-B",
-        "-r",
-        &rate.to_string(),
-        "-p",
-        &secs.to_string(),
-        "-R",
-        &CLIENTS.to_string(),
-        "-W",
-        "500000",
-    ]);
-    if let Some((so, bytes)) = &s.shim {
-        c.env("LD_PRELOAD", so).env("DHCP_BENCH_RCVBUF", bytes.to_string());
-    }
+    let n = s.generators;
     let cpu0 = children_cpu();
-    let out = run_bounded(c, secs + 30);
+    let outs: Vec<std::process::Output> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let mut c = s.client.cmd("perfdhcp");
+                c.args([
+                    "-4",
+                    "-l",
+                    &format!("10.199.0.{}", 2 + i),
+                    "-B",
+                    "-b",
+                    &format!("mac=00:0c:{:02x}:00:00:00", 1 + i),
+                    "-r",
+                    &(rate / n).max(1).to_string(),
+                    "-p",
+                    &secs.to_string(),
+                    "-R",
+                    &(CLIENTS / n).to_string(),
+                    "-W",
+                    "500000",
+                    // 255.255.255.255: what a client without a server address sends to.
+                    "all",
+                ]);
+                if let Some((so, bytes)) = &s.shim {
+                    c.env("LD_PRELOAD", so)
+                        .env("DHCP_BENCH_RCVBUF", bytes.to_string());
+                }
+                sc.spawn(move || run_bounded(c, secs + 30))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("perfdhcp thread"))
+            .collect()
+    });
     let gen_cpu = children_cpu() - cpu0;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let rate_done = num_after(&text, "Rate:", 0);
-    let sent_do = num_after(&text, "sent packets:", 0);
-    let drops = num_after(&text, "drops:", 0) + num_after(&text, "drops:", 1);
+    let (mut rate_done, mut sent_do, mut drops, mut acks) = (0.0, 0.0, 0.0, 0.0);
+    for out in &outs {
+        let text = String::from_utf8_lossy(&out.stdout);
+        let sent = num_after(&text, "sent packets:", 0);
+        if sent == 0.0 {
+            eprintln!(
+                "perfdhcp output: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        rate_done += num_after(&text, "Rate:", 0);
+        sent_do += sent;
+        drops += num_after(&text, "drops:", 0) + num_after(&text, "drops:", 1);
+        acks += num_after(&text, "received packets:", 1);
+    }
     let loss_pct = if sent_do > 0.0 {
         100.0 * drops / sent_do
     } else {
         100.0
     };
-    if sent_do == 0.0 {
-        eprintln!(
-            "perfdhcp output: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
     Step {
         offered: rate,
         rate: rate_done,
         loss_pct,
-        acks: num_after(&text, "received packets:", 1),
+        acks,
         gen_cpu,
     }
 }
@@ -342,13 +409,23 @@ fn main() {
     }
     let servers: Vec<String> = std::env::var("DHCP_BENCH_SERVERS")
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
-        .unwrap_or_else(|_| vec!["bootplane".into(), "kea".into(), "dnsmasq".into()]);
+        .unwrap_or_else(|_| {
+            ["bootplane", "kea", "kea-rcvbuf", "dnsmasq"]
+                .into_iter()
+                .filter(|w| *w != "kea-rcvbuf" || rcvbuf_shim_wanted())
+                .map(String::from)
+                .collect()
+        });
 
     let s = setup();
     match &s.shim {
         Some((_, b)) => println!("perfdhcp receive buffer: SO_RCVBUF {b} via LD_PRELOAD shim"),
         None => println!("perfdhcp receive buffer: kernel default (no shim)"),
     }
+    println!(
+        "load generator: {} perfdhcp process(es) in parallel, disjoint MACs, rates summed",
+        s.generators
+    );
     println!("load: {}", must("uptime", &[]).trim());
     struct Best {
         name: String,
@@ -434,13 +511,13 @@ fn main() {
         println!("  {:>9}: {:>9.1} leases/s (offered {}/s)", b.name, b.rate, b.offered);
     }
     let get = |n: &str| best.iter().find(|b| b.name == n);
-    for peer in ["kea", "dnsmasq"] {
+    for peer in ["kea", "kea-rcvbuf", "dnsmasq"] {
         match (get("bootplane"), get(peer)) {
             (Some(b), Some(p)) if p.rate > 0.0 => {
-                println!("  ratio bootplane/{peer:<7} = {:.2}x", b.rate / p.rate)
+                println!("  ratio bootplane/{peer:<10} = {:.2}x", b.rate / p.rate)
             }
             (Some(_), Some(_)) => {
-                println!("  ratio bootplane/{peer:<7} = n/a ({peer} had no step under 1% loss)")
+                println!("  ratio bootplane/{peer:<10} = n/a ({peer} had no step under 1% loss)")
             }
             _ => {}
         }
@@ -452,7 +529,7 @@ fn main() {
             None => println!("  {:>9}: n/a", b.name),
         }
     }
-    for peer in ["kea", "dnsmasq"] {
+    for peer in ["kea", "kea-rcvbuf", "dnsmasq"] {
         if let (Some(Some((b, _))), Some(Some((p, _)))) =
             (get("bootplane").map(|b| b.cpu), get(peer).map(|b| b.cpu))
         {
