@@ -190,6 +190,9 @@ pub struct DhcpConfig {
     pub rate_limit_per_mac: Option<u32>,
     /// Most packets read and handled per wakeup before replies go out (default 64).
     pub max_batch: Option<usize>,
+    /// Group-commit window: least milliseconds between the starts of two lease-log
+    /// commits (default 2; 0 = commit as soon as the previous one is done).
+    pub commit_window_ms: Option<u64>,
 }
 
 /// TFTP server (disabled unless `enabled` or `--tftp-listen` is given). Typed keys

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::leases::{Change, Lease, LeaseState};
-use super::settings::{fmt_mac, parse_mac};
+use super::settings::parse_mac;
 
 pub struct LeaseLog {
     file: File,
@@ -41,6 +41,18 @@ fn clean_hostname(h: &str) -> Option<String> {
     }
 }
 
+/// `aa:bb:cc:dd:ee:ff` (as [`super::settings::fmt_mac`], without an allocation).
+fn push_mac(m: &[u8; 6], out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in m.iter().enumerate() {
+        if i > 0 {
+            out.push(':');
+        }
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 15)]));
+    }
+}
+
 fn encode(c: &Change, out: &mut String) {
     use std::fmt::Write as _;
     match c {
@@ -50,20 +62,16 @@ fn encode(c: &Change, out: &mut String) {
                 LeaseState::Released => 'R',
                 LeaseState::Declined => 'D',
             };
-            let h = l
-                .hostname
-                .as_deref()
-                .and_then(clean_hostname)
-                .unwrap_or_else(|| "-".into());
-            let _ = writeln!(
-                out,
-                "P {} {} {} {} {}",
-                l.ip,
-                fmt_mac(&l.mac),
-                l.expires,
-                st,
-                h
-            );
+            // Written piece by piece: this runs for every lease of every commit, and
+            // `format!` of the MAC and the hostname was visible in profiles.
+            let _ = write!(out, "P {} ", l.ip);
+            push_mac(&l.mac, out);
+            let _ = write!(out, " {} {} ", l.expires, st);
+            match l.hostname.as_deref().and_then(clean_hostname) {
+                Some(h) => out.push_str(&h),
+                None => out.push('-'),
+            }
+            out.push('\n');
         }
         Change::Forget(ip) => {
             let _ = writeln!(out, "F {ip}");
@@ -227,6 +235,18 @@ mod tests {
             expires: exp,
             state: LeaseState::Bound,
         }
+    }
+
+    #[test]
+    fn records_match_fmt_mac_and_read_back() {
+        let mut l = lease(7, 0xab, 99);
+        l.mac = [0x00, 0x0c, 0xf1, 0x10, 0x9a, 0xff];
+        let mut text = String::new();
+        encode(&Change::Put(l.clone()), &mut text);
+        let want = format!("P 10.0.0.7 {} 99 B hx\n", crate::dhcp::settings::fmt_mac(&l.mac));
+        assert_eq!(text, want);
+        l.hostname = Some("hx".into());
+        assert_eq!(decode(text.trim_end()), Some(Change::Put(l)));
     }
 
     #[test]

@@ -195,6 +195,9 @@ pub struct DhcpSettings {
     pub rate_limit_per_mac: u32,
     /// Most packets handled per batch (bounds in-flight work; one fsync per batch).
     pub max_batch: usize,
+    /// Least time between the starts of two lease-log commits (group-commit window;
+    /// a commit starts earlier when `max_batch` ACKs wait).
+    pub commit_window: std::time::Duration,
     /// Prefix length for the `range` shorthand when the interface does not tell.
     pub default_prefix_len: Option<u8>,
 }
@@ -411,6 +414,9 @@ impl DhcpSettings {
             offer_hold_secs: raw.offer_hold_secs.unwrap_or(30),
             rate_limit_per_mac: raw.rate_limit_per_mac.unwrap_or(20).max(1),
             max_batch: raw.max_batch.unwrap_or(64).clamp(1, 8192),
+            commit_window: std::time::Duration::from_millis(
+                raw.commit_window_ms.unwrap_or(2).min(100),
+            ),
             default_prefix_len: raw.prefix_len,
         })
     }
