@@ -183,7 +183,13 @@ fn setup() -> Setup {
     // One address per perfdhcp process: each is a relay (giaddr) of its own, so the
     // replies to it come back to its own socket only.
     for i in 0..generators {
-        client.ip(&["addr", "add", &format!("10.199.0.{}/16", 2 + i), "dev", "vc"]);
+        client.ip(&[
+            "addr",
+            "add",
+            &format!("10.199.0.{}/16", 2 + i),
+            "dev",
+            "vc",
+        ]);
     }
     // perfdhcp's clients have made-up MACs: take every frame.
     client.ip(&["link", "set", "vc", "promisc", "on"]);
@@ -520,7 +526,10 @@ fn main() {
     println!();
     println!("leases/s at < 1% loss ({secs} s per step, best of {attempts}, {CLIENTS} distinct clients, pool {POOL_START}-{POOL_END}):");
     for b in &best {
-        println!("  {:>9}: {:>9.1} leases/s (offered {}/s)", b.name, b.rate, b.offered);
+        println!(
+            "  {:>9}: {:>9.1} leases/s (offered {}/s)",
+            b.name, b.rate, b.offered
+        );
     }
     let get = |n: &str| best.iter().find(|b| b.name == n);
     for peer in ["kea", "kea-rcvbuf", "kea-mt", "dnsmasq"] {
