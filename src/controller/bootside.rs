@@ -319,6 +319,9 @@ fn valid_uuid(s: &str) -> Option<String> {
         .map(|u| u.hyphenated().to_string())
 }
 
+/// Boot-progress status writes issued together.
+const PROGRESS_BATCH: usize = 256;
+
 /// How often the Ignition template directory is checked for changes.
 pub const TEMPLATE_POLL: Duration = Duration::from_secs(2);
 
@@ -328,14 +331,13 @@ pub struct StoreBootIndex {
     store: Store,
     resolver: Arc<CatalogResolver>,
     base_url: String,
-    progress: mpsc::Sender<(String, BootEvent)>,
+    /// Unbounded, yet bounded by `queued`: a key is sent only when it enters the map,
+    /// so at most one entry per (machine, event) waits, and no fetch is ever lost.
+    progress: mpsc::UnboundedSender<(String, BootEvent)>,
     /// Progress events waiting for the writer, with the latest client address: a
     /// machine that fetches the same thing again while its first event is still queued
     /// costs no extra status write (boot storms retry a lot).
     queued: std::sync::Mutex<HashMap<(String, BootEvent), IpAddr>>,
-    /// Progress events dropped because the queue was full, and when that was last logged
-    /// (a storm must not turn into a flood of identical warnings).
-    dropped: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
     /// DHCP leases (when bootplane's DHCP server runs): a machine's leased address
     /// counts as its own for the identity check.
     leases: Option<crate::dhcp::leases::LeaseIndex>,
@@ -378,8 +380,7 @@ impl BootIndex for StoreBootIndex {
 
     fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr) {
         self.mem.record_progress(server, event, client);
-        // Never block the request: a full queue drops the status write (the fetch
-        // itself is still logged and counted by the listener).
+        // Never block the request: the writer catches up with the queue.
         let key = (server.to_string(), event);
         {
             let mut q = self.queued.lock().unwrap_or_else(|p| p.into_inner());
@@ -389,24 +390,8 @@ impl BootIndex for StoreBootIndex {
             }
             q.insert(key.clone(), client);
         }
-        if self.progress.try_send(key.clone()).is_err() {
-            self.queued
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&key);
-            let mut d = self.dropped.lock().unwrap_or_else(|p| p.into_inner());
-            d.0 += 1;
-            let now = std::time::Instant::now();
-            if d.1
-                .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10))
-            {
-                tracing::warn!(
-                    dropped = d.0,
-                    "boot progress queue full; status conditions not recorded"
-                );
-                *d = (0, Some(now));
-            }
-        }
+        // Fails only once the writer has stopped (shutdown).
+        let _ = self.progress.send(key);
     }
 }
 
@@ -419,7 +404,7 @@ impl StoreBootIndex {
         leases: Option<crate::dhcp::leases::LeaseIndex>,
         shutdown: Shutdown,
     ) -> Arc<StoreBootIndex> {
-        let (tx, rx) = mpsc::channel(4096);
+        let (tx, rx) = mpsc::unbounded_channel();
         let reg = store.registry();
         let idx = Arc::new(StoreBootIndex {
             mem: MemoryIndex::new(),
@@ -428,7 +413,6 @@ impl StoreBootIndex {
             base_url,
             progress: tx,
             queued: Default::default(),
-            dropped: Default::default(),
             leases,
             t_server: reg.resolve("server").expect("server"),
             t_sbc: reg.resolve("sbc").expect("sbc"),
@@ -625,29 +609,36 @@ impl StoreBootIndex {
         out
     }
 
-    /// Write `IPXEScriptFetched` / `IgnitionDataFetched` onto the machine's boot configuration.
+    /// Write `IPXEScriptFetched` / `IgnitionDataFetched` onto the machines' boot
+    /// configurations: everything queued so far at once (up to [`PROGRESS_BATCH`]), so
+    /// the store commits a storm's status writes together instead of one per sync.
     async fn write_progress(
         self: Arc<Self>,
-        mut rx: mpsc::Receiver<(String, BootEvent)>,
+        mut rx: mpsc::UnboundedReceiver<(String, BootEvent)>,
         mut shutdown: Shutdown,
     ) {
+        let mut keys = Vec::with_capacity(PROGRESS_BATCH);
         loop {
-            let key = tokio::select! {
-                m = rx.recv() => match m { Some(m) => m, None => return },
+            keys.clear();
+            tokio::select! {
+                n = rx.recv_many(&mut keys, PROGRESS_BATCH) => if n == 0 { return },
                 _ = shutdown.recv() => return,
-            };
-            let Some(client) = self
-                .queued
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&key)
-            else {
-                continue;
-            };
-            let (server, event) = key;
-            if let Err(e) = self.record_condition(&server, event, client).await {
-                tracing::warn!(server, error = %e, "recording boot progress");
             }
+            let work: Vec<_> = {
+                let mut q = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+                keys.drain(..)
+                    .filter_map(|k| q.remove(&k).map(|client| (k, client)))
+                    .collect()
+            };
+            let this = &self;
+            futures::future::join_all(work.into_iter().map(
+                |((server, event), client)| async move {
+                    if let Err(e) = this.record_condition(&server, event, client).await {
+                        tracing::warn!(server, error = %e, "recording boot progress");
+                    }
+                },
+            ))
+            .await;
         }
     }
 
