@@ -615,6 +615,32 @@ fn storm(
     })
 }
 
+/// Run `singles` over `cases` (server, options, label), print a line per case and
+/// return the median seconds of each.
+fn run_singles<L: std::fmt::Display>(
+    rt: &tokio::runtime::Runtime,
+    cases: &[(&Srv, ReqOpts, L)],
+    expect: &Arc<Vec<u8>>,
+    runs: usize,
+    mb: f64,
+) -> Vec<f64> {
+    let r = singles(
+        rt,
+        &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
+        expect,
+        runs,
+    );
+    for ((srv, _, label), (s, n)) in cases.iter().zip(&r) {
+        println!(
+            "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
+            srv.name,
+            s,
+            mb / s
+        );
+    }
+    r.into_iter().map(|x| x.0).collect()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("__tftp_server") {
@@ -702,21 +728,7 @@ fn main() {
                 "blksize 65464 lockstep (reference)".to_string(),
             ),
         ];
-        let r = singles(
-            &rt,
-            &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
-            &big,
-            o.runs,
-        );
-        for ((srv, _, label), (s, n)) in cases.iter().zip(&r) {
-            println!(
-                "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
-                srv.name,
-                s,
-                mb / s
-            );
-        }
-        let r: Vec<f64> = r.into_iter().map(|x| x.0).collect();
+        let r = run_singles(&rt, &cases, &big, o.runs, mb);
         println!(
             "  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)",
             r[1] / r[0]
@@ -757,21 +769,7 @@ fn main() {
                 "blksize 1468",
             ),
         ];
-        let r2 = singles(
-            &rt,
-            &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
-            &big,
-            o.runs,
-        );
-        for ((srv, _, label), (s, n)) in cases.iter().zip(&r2) {
-            println!(
-                "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
-                srv.name,
-                s,
-                mb / s
-            );
-        }
-        let r2: Vec<f64> = r2.into_iter().map(|x| x.0).collect();
+        let r2 = run_singles(&rt, &cases, &big, o.runs, mb);
         println!("  speed ratio bootplane/tftpd-hpa = {:.2}x", r2[1] / r2[0]);
         println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r2[2] / r2[0]);
         let (hwm, _) = bp.rss_kib();
