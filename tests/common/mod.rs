@@ -9,12 +9,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Two distinct free ports: both listeners are held until both are known, so the
+/// kernel cannot hand out the same port twice (binding and dropping one at a time could).
+pub fn two_free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = TcpListener::bind("127.0.0.1:0").unwrap();
+    (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    )
 }
 
 pub struct Bootplane {
@@ -37,12 +40,13 @@ impl Bootplane {
     pub fn start(extra: &[&str]) -> Bootplane {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
+        let (api_port, http_port) = two_free_ports();
         let mut b = Bootplane {
             child: None,
             dir,
             api: String::new(),
-            api_port: free_port(),
-            http_port: free_port(),
+            api_port,
+            http_port,
             token: String::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             _tmp: Some(tmp),
