@@ -20,6 +20,7 @@ use anyhow::{Context, Result};
 
 use super::leases::{Change, Lease, LeaseState};
 use super::settings::parse_mac;
+use crate::http::ident::MacFmt;
 
 pub struct LeaseLog {
     file: File,
@@ -41,18 +42,6 @@ fn clean_hostname(h: &str) -> Option<String> {
     }
 }
 
-/// `aa:bb:cc:dd:ee:ff` (as [`super::settings::fmt_mac`], without an allocation).
-fn push_mac(m: &[u8; 6], out: &mut String) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (i, b) in m.iter().enumerate() {
-        if i > 0 {
-            out.push(':');
-        }
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 15)]));
-    }
-}
-
 fn encode(c: &Change, out: &mut String) {
     use std::fmt::Write as _;
     match c {
@@ -64,9 +53,7 @@ fn encode(c: &Change, out: &mut String) {
             };
             // Written piece by piece: this runs for every lease of every commit, and
             // `format!` of the MAC and the hostname was visible in profiles.
-            let _ = write!(out, "P {} ", l.ip);
-            push_mac(&l.mac, out);
-            let _ = write!(out, " {} {} ", l.expires, st);
+            let _ = write!(out, "P {} {} {} {} ", l.ip, MacFmt(&l.mac), l.expires, st);
             match l.hostname.as_deref().and_then(clean_hostname) {
                 Some(h) => out.push_str(&h),
                 None => out.push('-'),

@@ -226,10 +226,7 @@ pub fn parse_mac(s: &str) -> Result<Mac, SettingsError> {
 }
 
 pub fn fmt_mac(m: &Mac) -> String {
-    format!(
-        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-        m[0], m[1], m[2], m[3], m[4], m[5]
-    )
+    crate::http::ident::MacFmt(m).to_string()
 }
 
 /// `A-B` (inclusive) or a single address.
