@@ -76,7 +76,7 @@ impl Link {
 
     /// Send one datagram now; a full socket buffer loses it like the network would.
     pub(super) fn send_now(&self, pkt: &[u8]) -> io::Result<()> {
-        match sendmmsg(self.fd(), self.dest(), &[[0u8; 0]; 1], &[pkt]) {
+        match sendmsg(self.fd(), self.dest(), &[], pkt) {
             Ok(_) => Ok(()),
             Err(e) if transient(&e) || e.kind() == io::ErrorKind::WouldBlock => Ok(()),
             Err(e) => Err(e),
@@ -128,12 +128,11 @@ impl Engines {
     /// Start `n` engine threads (at least one).
     pub fn start(n: usize, metrics: Arc<Metrics>) -> io::Result<Engines> {
         // Built up in place: on an error, Drop stops the threads already running.
-        let engines = Engines {
+        let mut engines = Engines {
             workers: Vec::new(),
             threads: Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
         };
-        let mut engines = engines;
         for i in 0..n.max(1) {
             let (tx, rx) = mpsc::channel();
             // SAFETY: plain syscalls; each fd is owned right after it is checked.
@@ -692,19 +691,19 @@ impl RawAddr {
     }
 }
 
-/// One non-blocking sendmmsg(2) of header+payload pairs (a header may be empty).
-/// Returns how many messages went out.
-fn sendmmsg<H: AsRef<[u8]>>(
+/// One non-blocking sendmmsg(2) of DATA header + payload pairs. Returns how many
+/// messages went out.
+fn sendmmsg(
     fd: RawFd,
     dest: Option<&RawAddr>,
-    hdrs: &[H],
+    hdrs: &[[u8; 4]],
     payloads: &[&[u8]],
 ) -> io::Result<usize> {
     let n = hdrs.len().min(payloads.len()).min(BATCH);
     if n == 1 {
         // Lockstep (one block per ACK) is the common case in a boot storm: one
         // sendmsg without clearing the batch arrays.
-        return sendmsg(fd, dest, hdrs[0].as_ref(), payloads[0]);
+        return sendmsg(fd, dest, &hdrs[0], payloads[0]);
     }
     let mut iov: [[libc::iovec; 2]; BATCH] = [[libc::iovec {
         iov_base: std::ptr::null_mut(),
@@ -713,7 +712,7 @@ fn sendmmsg<H: AsRef<[u8]>>(
     // SAFETY: mmsghdr is plain old data; zero is a valid bit pattern.
     let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
     for i in 0..n {
-        let h = hdrs[i].as_ref();
+        let h = &hdrs[i];
         iov[i][0] = libc::iovec {
             iov_base: h.as_ptr() as *mut _,
             iov_len: h.len(),
@@ -740,7 +739,7 @@ fn sendmmsg<H: AsRef<[u8]>>(
     }
 }
 
-/// One non-blocking sendmsg(2) of a header and a payload. Returns 1.
+/// One non-blocking sendmsg(2) of a header (possibly empty) and a payload. Returns 1.
 fn sendmsg(fd: RawFd, dest: Option<&RawAddr>, hdr: &[u8], payload: &[u8]) -> io::Result<usize> {
     let mut iov = [
         libc::iovec {
