@@ -685,46 +685,24 @@ fn main() {
         let mb = (o.big_mib << 20) as f64 / 1e6;
         // Room for a whole window of 64 KiB blocks (64 x 64 KiB) on the client side.
         let big_buf = 16 << 20;
+        let single = |blksize, windowsize| ReqOpts {
+            max_timeouts: 10,
+            blksize,
+            windowsize,
+            rcvbuf: big_buf,
+        };
         let w = o.window;
         let cases = [
             (
                 &bp,
-                ReqOpts {
-                    max_timeouts: 10,
-                    blksize: 65464,
-                    windowsize: w,
-                    rcvbuf: big_buf,
-                },
+                single(65464, w),
                 format!("blksize 65464 windowsize {w}"),
             ),
-            (
-                &hpa,
-                ReqOpts {
-                    max_timeouts: 10,
-                    blksize: 65464,
-                    windowsize: 1,
-                    rcvbuf: big_buf,
-                },
-                "blksize 65464".to_string(),
-            ),
-            (
-                &dm,
-                ReqOpts {
-                    max_timeouts: 10,
-                    blksize: 65464,
-                    windowsize: 1,
-                    rcvbuf: big_buf,
-                },
-                "blksize 65464".to_string(),
-            ),
+            (&hpa, single(65464, 1), "blksize 65464".to_string()),
+            (&dm, single(65464, 1), "blksize 65464".to_string()),
             (
                 &bp,
-                ReqOpts {
-                    max_timeouts: 10,
-                    blksize: 65464,
-                    windowsize: 1,
-                    rcvbuf: big_buf,
-                },
+                single(65464, 1),
                 "blksize 65464 lockstep (reference)".to_string(),
             ),
         ];
@@ -738,36 +716,9 @@ fn main() {
         // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
         println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; median of {} interleaved runs)", o.big_mib, o.runs);
         let cases = [
-            (
-                &bp,
-                ReqOpts {
-                    max_timeouts: 10,
-                    blksize: 1468,
-                    windowsize: 64,
-                    rcvbuf: big_buf,
-                },
-                "blksize 1468 windowsize 64",
-            ),
-            (
-                &hpa,
-                ReqOpts {
-                    max_timeouts: 10,
-                    blksize: 1468,
-                    windowsize: 1,
-                    rcvbuf: big_buf,
-                },
-                "blksize 1468",
-            ),
-            (
-                &dm,
-                ReqOpts {
-                    max_timeouts: 10,
-                    blksize: 1468,
-                    windowsize: 1,
-                    rcvbuf: big_buf,
-                },
-                "blksize 1468",
-            ),
+            (&bp, single(1468, 64), "blksize 1468 windowsize 64"),
+            (&hpa, single(1468, 1), "blksize 1468"),
+            (&dm, single(1468, 1), "blksize 1468"),
         ];
         let r2 = run_singles(&rt, &cases, &big, o.runs, mb);
         println!("  speed ratio bootplane/tftpd-hpa = {:.2}x", r2[1] / r2[0]);
