@@ -624,29 +624,33 @@ impl StoreBootIndex {
                 n = rx.recv_many(&mut keys, PROGRESS_BATCH) => if n == 0 { return },
                 _ = shutdown.recv() => return,
             }
-            let work: Vec<_> = {
+            // Grouped by machine: its script and Ignition fetches usually land in the
+            // same batch and become one status write (not two that conflict).
+            let mut work: HashMap<String, Vec<(BootEvent, IpAddr)>> = HashMap::new();
+            {
                 let mut q = self.queued.lock().unwrap_or_else(|p| p.into_inner());
-                keys.drain(..)
-                    .filter_map(|k| q.remove(&k).map(|client| (k, client)))
-                    .collect()
-            };
-            let this = &self;
-            futures::future::join_all(work.into_iter().map(
-                |((server, event), client)| async move {
-                    if let Err(e) = this.record_condition(&server, event, client).await {
-                        tracing::warn!(server, error = %e, "recording boot progress");
+                for k in keys.drain(..) {
+                    if let Some(client) = q.remove(&k) {
+                        work.entry(k.0).or_default().push((k.1, client));
                     }
-                },
-            ))
+                }
+            }
+            let this = &self;
+            futures::future::join_all(work.into_iter().map(|(server, events)| async move {
+                if let Err(e) = this.record_conditions(&server, &events).await {
+                    tracing::warn!(server, error = %e, "recording boot progress");
+                }
+            }))
             .await;
         }
     }
 
-    async fn record_condition(
+    /// Set the conditions of `events` (each with the client that fetched) on the
+    /// machine's boot configuration, in one status write.
+    async fn record_conditions(
         &self,
         server: &str,
-        event: BootEvent,
-        client: IpAddr,
+        events: &[(BootEvent, IpAddr)],
     ) -> Result<(), StoreError> {
         let s = self.store.get(&self.t_server, None, server)?;
         let Some(r) = s
@@ -671,8 +675,13 @@ impl StoreBootIndex {
                 .get("status")
                 .cloned()
                 .unwrap_or_else(|| serde_json::json!({}));
-            let msg = format!("fetched by {client}");
-            if !set_condition(&mut status, event.condition_type(), true, "Fetched", &msg) {
+            let mut changed = false;
+            for (event, client) in events {
+                let msg = format!("fetched by {client}");
+                changed |=
+                    set_condition(&mut status, event.condition_type(), true, "Fetched", &msg);
+            }
+            if !changed {
                 return Ok(());
             }
             let mut o = (*b).clone();
