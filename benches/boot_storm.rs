@@ -6,10 +6,14 @@
 //! cargo bench --bench boot_storm -- --machines 10000
 //! cargo bench --bench boot_storm -- --quick               # 100 machines
 //! cargo bench --bench boot_storm -- --machines 500 --ramp 2 --only bootplane
+//! cargo bench --bench boot_storm -- --client-threads 2 --client-tftp-threads 2  # the defaults
 //! ```
 //!
 //! Each machine is a tokio task in this process that behaves like PXE firmware and
-//! iPXE: DHCP DORA (broadcast flag, option 93 arch 0, option 97 UUID, PXEClient class;
+//! iPXE (its TFTP transfer is driven by a small epoll client engine, see
+//! `storm_support/tftp_client.rs`, because this process shares the two cores with the
+//! server under test and a tokio task per lockstep block cost it about twice the CPU):
+//! DHCP DORA (broadcast flag, option 93 arch 0, option 97 UUID, PXEClient class;
 //! DISCOVER/REQUEST retransmitted after 4, 8, 16, 32 s as the PXE spec says) → TFTP
 //! read of the boot file named in the ACK, a 1 MiB file (`blksize 1468`, `tsize`,
 //! lockstep like firmware; 1 s timeout doubling to 8 s, 6 timeouts = failure) → HTTP
@@ -80,6 +84,8 @@ struct Args {
     concurrency: usize,
     only: Option<String>,
     timeout: u64,
+    client_threads: usize,
+    tftp_threads: usize,
 }
 
 fn args() -> Args {
@@ -109,6 +115,12 @@ fn args() -> Args {
             .unwrap_or(0),
         only: get("--only"),
         timeout: get("--timeout").and_then(|v| v.parse().ok()).unwrap_or(900),
+        client_threads: get("--client-threads")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2),
+        tftp_threads: get("--client-tftp-threads")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2),
     }
 }
 
@@ -119,6 +131,9 @@ fn args() -> Args {
 #[path = "../tests/dhcp_support/mod.rs"]
 mod dhcp_support;
 use dhcp_support::{veth_pair, Netns, Proc};
+
+#[path = "storm_support/tftp_client.rs"]
+mod tftp_client;
 
 /// What the storm needs of a namespace beyond the shared test helper's.
 trait StormNetns {
@@ -398,6 +413,7 @@ fn dhcp_socket() -> std::io::Result<UdpSocket> {
 
 struct Ctx {
     dhcp: Arc<UdpSocket>,
+    tftp: tftp_client::Engines,
     waiters: Waiters,
     expect_file: &'static str,
 }
@@ -553,169 +569,26 @@ fn expected_byte(off: usize) -> u8 {
     (off.wrapping_mul(31) ^ (off >> 9)) as u8
 }
 
-async fn tftp(lease: &Lease, retx: &mut u32) -> Result<usize, String> {
-    let sock = UdpSocket::bind(SocketAddrV4::new(lease.ip, 0))
-        .await
+/// Fetch the boot file through the TFTP client engine (see `storm_support/tftp_client.rs`):
+/// a socket bound to the leased address, lockstep `blksize` 1468 with `tsize`.
+async fn tftp(ctx: &Ctx, lease: &Lease, retx: &mut u32) -> Result<usize, String> {
+    let sock = std::net::UdpSocket::bind(SocketAddrV4::new(lease.ip, 0))
         .map_err(|e| format!("bind {}: {e}", lease.ip))?;
-    let mut rrq = Vec::new();
-    rrq.extend_from_slice(&[0, 1]);
-    for part in [
-        lease.file.as_str(),
-        "octet",
-        "blksize",
-        &BLKSIZE.to_string(),
-        "tsize",
-        "0",
-    ] {
-        rrq.extend_from_slice(part.as_bytes());
-        rrq.push(0);
-    }
-    let server = SocketAddr::from((lease.tftp, 69));
-    let mut peer: Option<SocketAddr> = None;
-    let mut last: Vec<u8> = rrq.clone();
-    let mut blksize = 512usize;
-    let mut expect: u16 = 1;
-    let mut got = 0usize;
-    let mut tsize: Option<usize> = None;
-    let mut timeouts = 0u32;
-    let mut timeout = Duration::from_secs(1);
-    let mut buf = vec![0u8; BLKSIZE + 64];
-    sock.send_to(&rrq, server)
+    sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let (done, outcome) = tokio::sync::oneshot::channel();
+    ctx.tftp.submit(tftp_client::Job {
+        sock,
+        server: SocketAddrV4::new(lease.tftp, 69),
+        file: lease.file.clone(),
+        blksize: BLKSIZE,
+        expected: expected_byte,
+        done,
+    });
+    let out = outcome
         .await
-        .map_err(|e| e.to_string())?;
-    // One timer for the whole transfer: progress only moves `deadline`; the sleep is
-    // re-armed when it fires early (a timer per block would cost this process, which
-    // shares the machine's two cores with the server, a timer-wheel insert per block).
-    let mut deadline = tokio::time::Instant::now() + timeout;
-    let sleep = tokio::time::sleep_until(deadline);
-    tokio::pin!(sleep);
-    loop {
-        let r = tokio::select! {
-            r = sock.recv_from(&mut buf) => Some(r),
-            _ = &mut sleep => {
-                if tokio::time::Instant::now() < deadline {
-                    sleep.as_mut().reset(deadline);
-                    continue;
-                }
-                None
-            }
-        };
-        let (n, from) = match r {
-            None => {
-                timeouts += 1;
-                if timeouts > 6 {
-                    return Err(format!("timed out at block {expect} ({got} bytes)"));
-                }
-                *retx += 1;
-                timeout = (timeout * 2).min(Duration::from_secs(8));
-                deadline = tokio::time::Instant::now() + timeout;
-                sleep.as_mut().reset(deadline);
-                send(&sock, &last, peer.is_some(), server).await?;
-                continue;
-            }
-            Some(Err(e)) => return Err(format!("recv: {e}")),
-            Some(Ok(x)) => x,
-        };
-        if from.ip() != server.ip() || n < 4 {
-            continue;
-        }
-        if let Some(p) = peer {
-            if p != from {
-                // Another TID: tell it off, as RFC 1350 says.
-                let mut e = vec![0, 5, 0, 5];
-                e.extend_from_slice(b"unknown transfer id\0");
-                let _ = sock.send_to(&e, from).await;
-                continue;
-            }
-        }
-        let op = u16::from_be_bytes([buf[0], buf[1]]);
-        match op {
-            6 if peer.is_none() => {
-                // OACK
-                let mut it = buf[2..n].split(|b| *b == 0);
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    let k = String::from_utf8_lossy(k).to_ascii_lowercase();
-                    let v: usize = String::from_utf8_lossy(v).parse().unwrap_or(0);
-                    match k.as_str() {
-                        "blksize" => blksize = v,
-                        "tsize" => tsize = Some(v),
-                        _ => {}
-                    }
-                }
-                peer = Some(from);
-                sock.connect(from).await.map_err(|e| e.to_string())?;
-                last.clear();
-                last.extend_from_slice(&[0, 4, 0, 0]);
-            }
-            3 => {
-                let block = u16::from_be_bytes([buf[2], buf[3]]);
-                if peer.is_none() {
-                    // No OACK: the server ignored the options.
-                    peer = Some(from);
-                    sock.connect(from).await.map_err(|e| e.to_string())?;
-                }
-                if block == expect {
-                    let data = &buf[4..n];
-                    let off = got;
-                    if let (Some(f), Some(l)) = (data.first(), data.last()) {
-                        if *f != expected_byte(off) || *l != expected_byte(off + data.len() - 1) {
-                            return Err(format!("corrupt data in block {block}"));
-                        }
-                    }
-                    got += data.len();
-                    last.clear();
-                    last.extend_from_slice(&[0, 4, buf[2], buf[3]]);
-                    expect = expect.wrapping_add(1);
-                    timeouts = 0;
-                    timeout = Duration::from_secs(1);
-                    deadline = tokio::time::Instant::now() + timeout;
-                    send(&sock, &last, true, server).await?;
-                    if data.len() < blksize {
-                        if let Some(t) = tsize {
-                            if t != got {
-                                return Err(format!("tsize {t} but got {got}"));
-                            }
-                        }
-                        return Ok(got);
-                    }
-                } else if block == expect.wrapping_sub(1) {
-                    // Duplicate: our ACK was lost or late; ACK again.
-                    send(&sock, &last, true, server).await?;
-                }
-                continue;
-            }
-            5 => {
-                return Err(format!(
-                    "error {}: {}",
-                    u16::from_be_bytes([buf[2], buf[3]]),
-                    String::from_utf8_lossy(&buf[4..n]).trim_end_matches('\0')
-                ))
-            }
-            _ => continue,
-        }
-        timeouts = 0;
-        timeout = Duration::from_secs(1);
-        deadline = tokio::time::Instant::now() + timeout;
-        send(&sock, &last, peer.is_some(), server).await?;
-    }
-}
-
-/// Send on the transfer socket: to the server's port 69 until its transfer port is
-/// known, then on the socket connected to that port (the kernel then drops other TIDs; a
-/// connected socket also skips a route lookup per datagram, which on a veth both
-/// sides would pay).
-async fn send(
-    sock: &UdpSocket,
-    pkt: &[u8],
-    connected: bool,
-    server: SocketAddr,
-) -> Result<(), String> {
-    let r = if connected {
-        sock.send(pkt).await
-    } else {
-        sock.send_to(pkt, server).await
-    };
-    r.map(|_| ()).map_err(|e| e.to_string())
+        .map_err(|_| "tftp client engine stopped".to_string())?;
+    *retx += out.retransmits;
+    out.result
 }
 
 /// An HTTP/1.1 client bound to the machine's address, keeping one connection.
@@ -855,7 +728,7 @@ async fn boot(ctx: Arc<Ctx>, m: Machine, http_base: String) -> Result1 {
         );
     }
     lap(Stage::Dhcp, &mut stage);
-    match tftp(&lease, &mut retx).await {
+    match tftp(&ctx, &lease, &mut retx).await {
         Ok(n) if n == BOOT_FILE_SIZE => {}
         Ok(n) => return fail(Stage::Tftp, format!("got {n} bytes"), stage, retx),
         Err(e) => return fail(Stage::Tftp, e, stage, retx),
@@ -945,7 +818,7 @@ fn self_cpu() -> f64 {
 /// Run the storm from inside the client namespace.
 fn storm(a: &StormArgs) -> StormResult {
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(a.client_threads)
         .enable_all()
         .build()
         .expect("tokio runtime");
@@ -974,6 +847,7 @@ fn storm(a: &StormArgs) -> StormResult {
         };
         let ctx = Arc::new(Ctx {
             dhcp: sock,
+            tftp: tftp_client::Engines::start(a.tftp_threads),
             waiters,
             expect_file: BOOT_FILE,
         });
@@ -1033,6 +907,8 @@ struct StormArgs {
     concurrency: usize,
     http_base: String,
     timeout: u64,
+    client_threads: usize,
+    tftp_threads: usize,
 }
 
 // ---------------------------------------------------------------- the two sides
@@ -1154,6 +1030,8 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
         concurrency: a.concurrency,
         http_base: format!("http://{SERVER_IP}:{HTTP_PORT}"),
         timeout: a.timeout,
+        client_threads: a.client_threads,
+        tftp_threads: a.tftp_threads,
     };
     let storm_res = lab.client.run(move || storm(&sa));
     stop.store(true, Ordering::SeqCst);
@@ -1425,6 +1303,8 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
         concurrency: a.concurrency,
         http_base: base,
         timeout: a.timeout,
+        client_threads: a.client_threads,
+        tftp_threads: a.tftp_threads,
     };
     let storm_res = lab.client.run(move || storm(&sa));
     stop.store(true, Ordering::SeqCst);
