@@ -3,6 +3,9 @@
 //!
 //! (a) one large transfer (64 MiB by default) with the best options each server
 //!     supports (bootplane: blksize 65464 + windowsize; the peers ignore windowsize);
+//!     Each round of (a) also times the loopback ceiling: the same bytes sent as
+//!     back-to-back datagrams of DATA's size with no protocol at all (no ACKs), received
+//!     the same way, so the output shows how far any server could go here;
 //! (a2) the same at blksize 1468 (what a 1500-byte Ethernet path allows);
 //! (a3) (a) over a path with a LAN's round-trip time (`--rtt-us`, 100 by default: a
 //!     host and its neighbour behind one switch). Loopback has next to no round trip,
@@ -232,6 +235,66 @@ async fn send_after(
         }
     }
     sock.send_to(pkt, to).await
+}
+
+/// The loopback ceiling for (a): `expect` sent as back-to-back UDP datagrams of DATA's
+/// size (a 4-byte header + `blksize` bytes, from memory, by a plain thread) with no
+/// protocol at all (no ACKs, no windows), received the way [`fetch`] receives DATA.
+/// Returns the seconds until the last byte arrived, or None if datagrams were lost.
+fn blast(
+    rt: &tokio::runtime::Runtime,
+    expect: &Arc<Vec<u8>>,
+    blksize: usize,
+    dest: &mut Vec<u8>,
+) -> Option<f64> {
+    rt.block_on(async {
+        let rx = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        // room for the whole file, so nothing is dropped however far the sender gets ahead
+        set_rcvbuf(&rx, 2 * expect.len());
+        let to = rx.local_addr().unwrap();
+        dest.resize(expect.len() + 65536, 0);
+        let src = expect.clone();
+        let t0 = Instant::now();
+        let sender = std::thread::spawn(move || {
+            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            tx.connect(to).unwrap();
+            for (i, chunk) in src.chunks(blksize).enumerate() {
+                let hdr = [0u8, 3, (i >> 8) as u8, i as u8];
+                let iov = [
+                    libc::iovec {
+                        iov_base: hdr.as_ptr() as *mut _,
+                        iov_len: 4,
+                    },
+                    libc::iovec {
+                        iov_base: chunk.as_ptr() as *mut _,
+                        iov_len: chunk.len(),
+                    },
+                ];
+                // SAFETY: a zeroed msghdr with two iovecs over live buffers.
+                let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+                m.msg_iov = iov.as_ptr() as *mut _;
+                m.msg_iovlen = 2;
+                let n = unsafe { libc::sendmsg(tx.as_raw_fd(), &m, 0) };
+                assert!(n > 0, "blast send: {}", std::io::Error::last_os_error());
+            }
+        });
+        let mut hdr = [0u8; 4];
+        let mut off = 0;
+        while off < expect.len() {
+            let r = tokio::time::timeout(
+                Duration::from_secs(1),
+                recv_scatter(&rx, &mut hdr, &mut dest[off..]),
+            )
+            .await;
+            match r {
+                Ok(Ok((n, _))) => off += n - 4,
+                _ => break,
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        sender.join().unwrap();
+        (off == expect.len() && dest[..off] == expect[..]).then_some(secs)
+    })
 }
 
 /// A finished fetch: negotiated blksize and windowsize, and when the last block came.
@@ -576,6 +639,7 @@ fn singles(
     cases: &[(&Srv, ReqOpts)],
     expect: &Arc<Vec<u8>>,
     runs: usize,
+    mut ceiling: Option<&mut Vec<f64>>,
 ) -> Vec<(f64, String)> {
     let mut secs: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     let mut neg = vec![String::from("failed"); cases.len()];
@@ -592,6 +656,12 @@ fn singles(
                     neg[i] = format!("got blksize {} windowsize {}", f.blksize, f.window);
                 }
                 Err(e) => println!("  {} single transfer FAILED: {e}", srv.name),
+            }
+        }
+        if let Some(c) = ceiling.as_deref_mut() {
+            match blast(rt, expect, 65464, &mut dest) {
+                Some(secs) => c.push(secs),
+                None => println!("  loopback ceiling: the blast lost datagrams"),
             }
         }
     }
@@ -661,12 +731,14 @@ fn run_singles<L: std::fmt::Display>(
     expect: &Arc<Vec<u8>>,
     runs: usize,
     mb: f64,
+    ceiling: Option<&mut Vec<f64>>,
 ) -> Vec<f64> {
     let r = singles(
         rt,
         &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
         expect,
         runs,
+        ceiling,
     );
     for ((srv, _, label), (s, n)) in cases.iter().zip(&r) {
         println!(
@@ -745,12 +817,32 @@ fn main() {
                 "blksize 65464 lockstep (reference)".to_string(),
             ),
         ];
-        let r = run_singles(&rt, &cases, &big, o.runs, mb);
+        // each round also measures what loopback allows at all: the same bytes with no
+        // protocol (interleaved like the servers, so load changes hit it alike)
+        let mut ceil = Vec::new();
+        let r = run_singles(&rt, &cases, &big, o.runs, mb, Some(&mut ceil));
         println!(
             "  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)",
             r[1] / r[0]
         );
         println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r[2] / r[0]);
+        if ceil.is_empty() {
+            println!("  loopback ceiling: every blast lost datagrams");
+        } else {
+            let c = median(&mut ceil);
+            println!(
+                "  loopback ceiling {:>8.3} s  {:>8.1} MB/s   [the same bytes as back-to-back 65468-byte datagrams, no protocol, no ACKs; median of {}]",
+                c,
+                mb / c,
+                ceil.len()
+            );
+            println!(
+                "  3x tftpd-hpa would be {:.3} s: {:.2}x the ceiling; bootplane is at {:.2}x it",
+                r[1] / 3.0,
+                r[1] / 3.0 / c,
+                r[0] / c
+            );
+        }
 
         // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
         println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; median of {} interleaved runs)", o.big_mib, o.runs);
@@ -759,7 +851,7 @@ fn main() {
             (&hpa, single(1468, 1), "blksize 1468"),
             (&dm, single(1468, 1), "blksize 1468"),
         ];
-        let r2 = run_singles(&rt, &cases, &big, o.runs, mb);
+        let r2 = run_singles(&rt, &cases, &big, o.runs, mb, None);
         println!("  speed ratio bootplane/tftpd-hpa = {:.2}x", r2[1] / r2[0]);
         println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r2[2] / r2[0]);
 
@@ -778,7 +870,7 @@ fn main() {
             (&hpa, lan(65464, 1), "blksize 65464".to_string()),
             (&dm, lan(65464, 1), "blksize 65464".to_string()),
         ];
-        let r3 = run_singles(&rt, &cases, &big, o.runs, mb);
+        let r3 = run_singles(&rt, &cases, &big, o.runs, mb, None);
         println!(
             "  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)",
             r3[1] / r3[0]
