@@ -105,6 +105,21 @@ enum Msg {
 struct Worker {
     tx: mpsc::Sender<Msg>,
     wake: Arc<OwnedFd>,
+    /// Transfers assigned to this engine and not ended yet.
+    load: Arc<AtomicUsize>,
+}
+
+/// A transfer's place on an engine: counted in that engine's load until dropped (the
+/// transfer's guard holds it, so it ends with the transfer however that ends).
+pub(super) struct Assigned {
+    pub idx: usize,
+    load: Arc<AtomicUsize>,
+}
+
+impl Drop for Assigned {
+    fn drop(&mut self) {
+        self.load.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Worker {
@@ -168,7 +183,11 @@ impl Engines {
             let t = std::thread::Builder::new()
                 .name(format!("tftp-{i}"))
                 .spawn(move || engine.run())?;
-            engines.workers.push(Worker { tx, wake });
+            engines.workers.push(Worker {
+                tx,
+                wake,
+                load: Arc::default(),
+            });
             engines
                 .threads
                 .get_mut()
@@ -178,9 +197,18 @@ impl Engines {
         Ok(engines)
     }
 
-    /// The engine a new transfer goes to (round robin).
-    pub fn pick(&self) -> usize {
-        self.next.fetch_add(1, Ordering::Relaxed) % self.workers.len()
+    /// The engine a new transfer goes to: the one with the fewest transfers (a 64 MiB
+    /// image and a burst of small files then spread evenly), ties taken in turn.
+    pub fn pick(&self) -> Assigned {
+        let n = self.workers.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let idx = (0..n)
+            .map(|k| (start + k) % n)
+            .min_by_key(|&i| self.workers[i].load.load(Ordering::Relaxed))
+            .unwrap_or(0);
+        let load = self.workers[idx].load.clone();
+        load.fetch_add(1, Ordering::Relaxed);
+        Assigned { idx, load }
     }
 
     /// Hand a prepared transfer to engine `idx`. Gives the job back if the engine has
@@ -781,4 +809,46 @@ pub(super) fn socket_mtu(fd: RawFd, v4: bool) -> Option<u32> {
     // SAFETY: v and len are valid for writes of the sizes given.
     let r = unsafe { libc::getsockopt(fd, level, name, &mut v as *mut _ as *mut _, &mut len) };
     (r == 0 && v > 0).then_some(v as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_transfers_go_to_the_least_loaded_engine() {
+        let e = Engines::start(3, Arc::new(Metrics::default())).unwrap();
+        // three picks fill the three engines, one each
+        let a: Vec<Assigned> = (0..3).map(|_| e.pick()).collect();
+        let mut idx: Vec<usize> = a.iter().map(|x| x.idx).collect();
+        idx.sort();
+        assert_eq!(idx, [0, 1, 2]);
+        // a long transfer keeps engine a[0] busy; the others' transfers end
+        let busy = a[0].idx;
+        let mut a = a.into_iter();
+        let long = a.next().unwrap();
+        drop(a);
+        for _ in 0..4 {
+            let x = e.pick();
+            assert_ne!(
+                x.idx, busy,
+                "a loaded engine was picked while others were idle"
+            );
+            let y = e.pick();
+            assert_ne!(y.idx, busy);
+            assert_ne!(x.idx, y.idx);
+        }
+        drop(long);
+        let loads: Vec<usize> = e
+            .workers
+            .iter()
+            .map(|w| w.load.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(
+            loads,
+            [0, 0, 0],
+            "every ended transfer left its engine's count"
+        );
+        e.stop();
+    }
 }

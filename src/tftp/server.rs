@@ -170,7 +170,8 @@ impl Server {
             m.error(ErrorKind::Busy);
             return;
         };
-        let engine = self.shared.engines.pick();
+        let assigned = self.shared.engines.pick();
+        let engine = assigned.idx;
         active.insert(peer, engine);
         drop(active);
         let link = if self.shared.settings.single_port {
@@ -182,6 +183,7 @@ impl Server {
             active: self.shared.active.clone(),
             peer,
             _permit: permit,
+            _assigned: assigned,
         };
         let shared = self.shared.clone();
         tokio::spawn(async move {
@@ -201,12 +203,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Held by a transfer until it ends: its `max_transfers` permit and its entry among
-/// the active peers.
+/// Held by a transfer until it ends: its `max_transfers` permit, its entry among
+/// the active peers and its place in its engine's load.
 struct ActiveGuard {
     active: Arc<Mutex<HashMap<SocketAddr, usize>>>,
     peer: SocketAddr,
     _permit: OwnedSemaphorePermit,
+    _assigned: super::engine::Assigned,
 }
 
 impl Drop for ActiveGuard {
