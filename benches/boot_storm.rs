@@ -414,6 +414,8 @@ fn dhcp_socket() -> std::io::Result<UdpSocket> {
 struct Ctx {
     dhcp: Arc<UdpSocket>,
     tftp: tftp_client::Engines,
+    /// A block's first and last bytes are the boot file's at their offsets.
+    check: tftp_client::Check,
     waiters: Waiters,
     expect_file: &'static str,
 }
@@ -581,7 +583,9 @@ async fn tftp(ctx: &Ctx, lease: &Lease, retx: &mut u32) -> Result<usize, String>
         server: SocketAddrV4::new(lease.tftp, 69),
         file: lease.file.clone(),
         blksize: BLKSIZE,
-        expected: expected_byte,
+        windowsize: 1,
+        max_timeouts: 6,
+        check: ctx.check.clone(),
         done,
     });
     let out = outcome
@@ -848,6 +852,14 @@ fn storm(a: &StormArgs) -> StormResult {
         let ctx = Arc::new(Ctx {
             dhcp: sock,
             tftp: tftp_client::Engines::start(a.tftp_threads),
+            check: Arc::new(
+                |off: usize, data: &[u8]| match (data.first(), data.last()) {
+                    (Some(f), Some(l)) => {
+                        *f == expected_byte(off) && *l == expected_byte(off + data.len() - 1)
+                    }
+                    _ => true,
+                },
+            ),
             waiters,
             expect_file: BOOT_FILE,
         });

@@ -15,7 +15,8 @@
 //!     for one round trip (see `send_after`);
 //! (b) a storm of N concurrent clients (1,000 by default) each fetching a 1 MiB file
 //!     with firmware-like options (blksize 1468, windowsize 8 offered to everyone).
-//! The client is written here (tokio). Like a real client it receives DATA straight
+//! The single-transfer client is written here (tokio); the storm's clients are the
+//! boot-storm bench's epoll client engine (`storm_support/tftp_client.rs`). Like a real client it receives DATA straight
 //! into its destination (one copy per byte); every byte is checked against the file
 //! after the last block, outside the timed span.
 //! Prints medians, ratios, failures and server RSS.
@@ -39,6 +40,9 @@ use tokio::net::UdpSocket;
 #[path = "../tests/tftp_common/mod.rs"]
 mod tftp_common;
 use tftp_common::pattern;
+
+#[path = "storm_support/tftp_client.rs"]
+mod tftp_client;
 
 struct Opts {
     window: u16,
@@ -120,7 +124,7 @@ struct ReqOpts {
 
 /// Receive buffer of a client socket: forced past `net.core.rmem_max` (the bench runs
 /// as root), so a whole window fits; plain SO_RCVBUF (capped) if forcing is refused.
-fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
+fn set_rcvbuf(s: &impl AsRawFd, bytes: usize) {
     let v = bytes as libc::c_int;
     for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
         // SAFETY: setsockopt with a valid fd and a c_int value.
@@ -674,6 +678,8 @@ fn singles(
 struct StormResult {
     secs: f64,
     failures: usize,
+    /// Timeouts the clients retransmitted after, summed.
+    retransmits: u32,
     first_error: Option<String>,
 }
 
@@ -684,40 +690,62 @@ fn storm(
     window: u16,
     expect: &Arc<Vec<u8>>,
 ) -> StormResult {
-    // firmware keeps retrying its RRQ for a long time; so do these clients (60 s)
-    let o = ReqOpts {
-        max_timeouts: 60,
-        blksize: 1468,
-        windowsize: window,
-        rcvbuf: 212_992,
-        rtt: Duration::ZERO,
+    // The clients are driven by the boot-storm bench's epoll client engine (two threads,
+    // one recv and one send per block): they share the two cores with the server under
+    // test, and a tokio task per client cost them about twice the CPU per block.
+    let engines = tftp_client::Engines::start(2);
+    let e = expect.clone();
+    let check: tftp_client::Check =
+        Arc::new(move |off: usize, data: &[u8]| e.get(off..off + data.len()) == Some(data));
+    let std::net::SocketAddr::V4(server) = srv.addr else {
+        panic!("the bench serves IPv4 only");
     };
     rt.block_on(async {
         let t0 = Instant::now();
-        let mut set = tokio::task::JoinSet::new();
+        let mut outcomes = Vec::with_capacity(clients);
         for _ in 0..clients {
-            let e = expect.clone();
-            let a = srv.addr;
-            set.spawn(async move { fetch(a, "ipxe.efi", o, e, &mut Vec::new()).await });
+            let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            sock.set_nonblocking(true).unwrap();
+            set_rcvbuf(&sock, 212_992);
+            let (done, outcome) = tokio::sync::oneshot::channel();
+            engines.submit(tftp_client::Job {
+                sock,
+                server,
+                file: "ipxe.efi".into(),
+                blksize: 1468,
+                windowsize: window,
+                // firmware keeps retrying for a long time; so do these clients
+                max_timeouts: 60,
+                check: check.clone(),
+                done,
+            });
+            outcomes.push(outcome);
         }
         let mut failures = 0;
+        let mut retransmits = 0;
         let mut first_error = None;
-        while let Some(r) = set.join_next().await {
-            match r {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    failures += 1;
-                    first_error.get_or_insert(e);
+        for o in outcomes {
+            let r = match o.await {
+                Ok(out) => {
+                    retransmits += out.retransmits;
+                    out.result
                 }
-                Err(e) => {
-                    failures += 1;
-                    first_error.get_or_insert(e.to_string());
-                }
+                Err(_) => Err("client engine stopped".to_string()),
+            }
+            .and_then(|n| {
+                (n == expect.len())
+                    .then_some(())
+                    .ok_or_else(|| format!("short file: {n} of {}", expect.len()))
+            });
+            if let Err(e) = r {
+                failures += 1;
+                first_error.get_or_insert(e);
             }
         }
         StormResult {
             secs: t0.elapsed().as_secs_f64(),
             failures,
+            retransmits,
             first_error,
         }
     })
@@ -892,11 +920,13 @@ fn main() {
         let cpu0 = srv.cpu_secs();
         let mut secs = Vec::new();
         let mut fails = 0;
+        let mut retx = 0;
         let mut err = None;
         for _ in 0..storm_runs {
             let r = storm(&rt, srv, o.clients, o.storm_window, &small);
             secs.push(r.secs);
             fails += r.failures;
+            retx += r.retransmits;
             if err.is_none() {
                 err = r.first_error;
             }
@@ -906,10 +936,11 @@ fn main() {
         let (hwm, _) = srv.rss_kib();
         let (anon, file) = srv.rss_parts_kib();
         println!(
-            "  {:<10} total {:>7.3} s  failures {:>4}  server CPU {:>6.2} s/run  server RSS peak {:>6.1} MiB (now anon {:.1} + file {:.1} MiB){}",
+            "  {:<10} total {:>7.3} s  failures {:>4}  client timeouts {:>4}  server CPU {:>6.2} s/run  server RSS peak {:>6.1} MiB (now anon {:.1} + file {:.1} MiB){}",
             srv.name,
             m,
             fails,
+            retx,
             cpu,
             hwm as f64 / 1024.0,
             anon as f64 / 1024.0,

@@ -9,13 +9,15 @@
 //! waits in a level-triggered `epoll_wait` over all its transfers' sockets and spends
 //! exactly one `recv` and one `send` per block. The behaviour towards the server is the
 //! same as before: RRQ with `blksize` and `tsize`, lockstep ACKs, a 1 s timeout
-//! doubling to 8 s, 6 timeouts = failure, duplicates ACKed again.
+//! doubling to 8 s, 6 timeouts = failure, duplicates ACKed again. The TFTP bench's
+//! storm uses it too, with `windowsize` (RFC 7440: one ACK per window; after a gap,
+//! one ACK of the last block in order, so the sender resumes there).
 
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -32,10 +34,17 @@ pub struct Job {
     pub server: SocketAddrV4,
     pub file: String,
     pub blksize: usize,
-    /// The byte expected at each file offset (first and last byte of every block are checked).
-    pub expected: fn(usize) -> u8,
+    /// Offered when above 1 (lockstep otherwise, as PXE ROMs are).
+    pub windowsize: u16,
+    /// Consecutive timeouts before giving up.
+    pub max_timeouts: u32,
+    /// Whether the bytes of a DATA block are right for their file offset.
+    pub check: Check,
     pub done: tokio::sync::oneshot::Sender<Outcome>,
 }
+
+/// Checks a block's bytes against what the file holds at their offset.
+pub type Check = Arc<dyn Fn(usize, &[u8]) -> bool + Send + Sync>;
 
 pub struct Outcome {
     pub result: Result<usize, String>,
@@ -123,6 +132,11 @@ struct Xfer {
     /// The last packet sent (the RRQ, then the last ACK), resent on timeout.
     last: Vec<u8>,
     blksize: usize,
+    window: u16,
+    /// Blocks received in order since the last ACK.
+    in_window: u16,
+    /// The block after which the last out-of-order resync ACK was sent.
+    resynced_at: Option<u16>,
     expect: u16,
     got: usize,
     tsize: Option<usize>,
@@ -179,6 +193,7 @@ impl Xfer {
                     match k.as_str() {
                         "blksize" => self.blksize = v,
                         "tsize" => self.tsize = Some(v),
+                        "windowsize" => self.window = (v as u16).max(1),
                         _ => {}
                     }
                 }
@@ -200,22 +215,23 @@ impl Xfer {
                 let block = u16::from_be_bytes([pkt[2], pkt[3]]);
                 if block == self.expect {
                     let data = &pkt[4..];
-                    let off = self.got;
-                    let want = self.job.expected;
-                    if let (Some(f), Some(l)) = (data.first(), data.last()) {
-                        if *f != want(off) || *l != want(off + data.len() - 1) {
-                            return Step::Done(Err(format!("corrupt data in block {block}")));
-                        }
+                    if !(self.job.check)(self.got, data) {
+                        return Step::Done(Err(format!("corrupt data in block {block}")));
                     }
                     self.got += data.len();
                     self.last.clear();
                     self.last.extend_from_slice(&[0, 4, pkt[2], pkt[3]]);
                     self.expect = self.expect.wrapping_add(1);
                     self.progress(now);
-                    if let Step::Done(r) = self.ack() {
-                        return Step::Done(r);
+                    self.in_window += 1;
+                    let end = data.len() < self.blksize;
+                    if end || self.in_window >= self.window {
+                        self.in_window = 0;
+                        if let Step::Done(r) = self.ack() {
+                            return Step::Done(r);
+                        }
                     }
-                    if data.len() < self.blksize {
+                    if end {
                         return Step::Done(match self.tsize {
                             Some(t) if t != self.got => {
                                 Err(format!("tsize {t} but got {}", self.got))
@@ -224,8 +240,17 @@ impl Xfer {
                         });
                     }
                     Step::Wait
-                } else if block == self.expect.wrapping_sub(1) {
-                    // Duplicate: our ACK was lost or late; ACK again.
+                } else if self.window == 1 {
+                    if block == self.expect.wrapping_sub(1) {
+                        // Duplicate: our ACK was lost or late; ACK again.
+                        return self.ack();
+                    }
+                    Step::Wait
+                } else if self.resynced_at != Some(self.expect) {
+                    // A gap or a duplicate in a window: ACK the last block in order,
+                    // once, so the sender resumes after it.
+                    self.resynced_at = Some(self.expect);
+                    self.in_window = 0;
                     self.ack()
                 } else {
                     Step::Wait
@@ -255,7 +280,7 @@ impl Xfer {
     /// The deadline passed: resend or give up.
     fn on_timeout(&mut self, now: Instant) -> Step {
         self.timeouts += 1;
-        if self.timeouts > 6 {
+        if self.timeouts > self.job.max_timeouts {
             return Step::Done(Err(format!(
                 "timed out at block {} ({} bytes)",
                 self.expect, self.got
@@ -268,9 +293,14 @@ impl Xfer {
     }
 }
 
-fn rrq(file: &str, blksize: usize) -> Vec<u8> {
+fn rrq(file: &str, blksize: usize, windowsize: u16) -> Vec<u8> {
     let mut p = vec![0, 1];
-    for part in [file, "octet", "blksize", &blksize.to_string(), "tsize", "0"] {
+    let (b, w) = (blksize.to_string(), windowsize.to_string());
+    let mut parts = vec![file, "octet", "blksize", &b, "tsize", "0"];
+    if windowsize > 1 {
+        parts.extend(["windowsize", &w]);
+    }
+    for part in parts {
         p.extend_from_slice(part.as_bytes());
         p.push(0);
     }
@@ -332,10 +362,13 @@ fn run(rx: mpsc::Receiver<Job>, wake: RawFd) {
                                 slab.len() - 1
                             });
                             let x = Xfer {
-                                last: rrq(&job.file, job.blksize),
+                                last: rrq(&job.file, job.blksize, job.windowsize),
                                 job,
                                 peer: None,
                                 blksize: 512,
+                                window: 1,
+                                in_window: 0,
+                                resynced_at: None,
                                 expect: 1,
                                 got: 0,
                                 tsize: None,
