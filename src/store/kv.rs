@@ -15,7 +15,9 @@
 //! batch in one redb transaction (fsync'd, `Durability::Immediate`), and only then
 //! publishes it to readers and watchers and acknowledges the callers (group commit).
 //! So an acknowledged write survives `kill -9`, and no reader ever sees a write that
-//! could still be lost.
+//! could still be lost. Every commit waits on that thread, so it does little besides:
+//! callers serialize their values before queueing them (it splices in the revision),
+//! and what a commit unlinks is freed on a reaper thread.
 //!
 //! Memory: every value is held as its compact JSON text ([`KeyValue::raw`], the same
 //! bytes redb stores), not as a parsed `serde_json::Value`. With `preserve_order` a

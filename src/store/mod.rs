@@ -8,7 +8,10 @@
 //!
 //! Objects come back as `Arc<serde_json::Value>`, parsed from the KV's JSON text on
 //! each read (shared with the writer for the last writes, see [`kv`]); callers that
-//! keep objects for long should keep only the fields they need.
+//! keep objects for long should keep only the fields they need. Callers that only
+//! pass objects on as JSON take the stored text ([`Store::get_text`],
+//! [`Store::list_text`], [`ObjectEvent::text`]); writers that hold the object they
+//! read update against it ([`Store::update_status`], [`Store::update_from`]).
 
 pub mod kv;
 
