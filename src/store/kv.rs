@@ -47,6 +47,8 @@ pub type Rev = u64;
 /// bounds the store's history memory: ~1 KiB per event. (When events held parsed
 /// values, 200,000 of them held ~700 MiB for a 10,000-machine fleet.)
 pub const EVENT_LOG_CAP: usize = 20_000;
+/// Commits whose unlinked versions may wait for the reaper thread.
+const REAP_QUEUE: usize = 2;
 /// Most transactions written in one redb commit.
 const MAX_BATCH: usize = 2048;
 /// redb's page cache. Every key is held in memory by the store itself and redb is
@@ -585,8 +587,9 @@ fn writer_loop(
 ) {
     // Old versions are freed on a thread of their own: a parsed object is hundreds of
     // allocations, mostly made on other threads, and freeing them took a quarter of
-    // the writer's time, which every commit waits on.
-    let (reap, reaped) = std::sync::mpsc::sync_channel::<Garbage>(64);
+    // the writer's time, which every commit waits on. At most a few commits' garbage
+    // waits (the writer blocks after acknowledging), so memory is not held longer.
+    let (reap, reaped) = std::sync::mpsc::sync_channel::<Garbage>(REAP_QUEUE);
     let reaper = thread::Builder::new()
         .name("store-reaper".into())
         .spawn(move || while reaped.recv().is_ok() {})
