@@ -9,7 +9,8 @@
 //! GET (one or list, `labelSelector=`), POST, PUT, PATCH (JSON merge patch), DELETE,
 //! and `?watch=true[&resourceVersion=R]` streaming newline-delimited JSON events.
 //! Bodies are JSON or YAML (by `Content-Type`; sniffed when absent); responses are
-//! JSON unless `Accept` asks for YAML. Every failure is a `Status` object with the
+//! JSON unless `Accept` asks for YAML; JSON GET, list and watch bodies are written
+//! around the objects' stored text, without parsing it. Every failure is a `Status` object with the
 //! HTTP code kube would use. Every route but `/healthz` needs the bearer token.
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use serde_json::{json, Value};
 
 use crate::api::resource::ResourceType;
 use crate::api::selector::Selector;
+use crate::store::kv::Rev;
 use crate::store::{meta, Part, Store, StoreError};
 
 /// What the API handlers share.
@@ -300,6 +302,32 @@ fn wants_yaml(h: &HeaderMap) -> bool {
         .is_some_and(|a| a.contains("yaml"))
 }
 
+fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
+    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// A `<Kind>List` body written around the items' stored texts: the same bytes as
+/// serializing the `json!` list of the parsed items, without parsing them.
+fn list_text(rt: &ResourceType, rev: Rev, items: &[Arc<str>]) -> Vec<u8> {
+    let len: usize = items.iter().map(|i| i.len() + 1).sum();
+    let mut out = Vec::with_capacity(len + 128);
+    out.extend_from_slice(b"{\"apiVersion\":");
+    serde_json::to_writer(&mut out, &rt.api_version()).expect("json string");
+    out.extend_from_slice(b",\"kind\":");
+    serde_json::to_writer(&mut out, &format!("{}List", rt.kind)).expect("json string");
+    out.extend_from_slice(b",\"metadata\":{\"resourceVersion\":\"");
+    out.extend_from_slice(rev.to_string().as_bytes());
+    out.extend_from_slice(b"\"},\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(item.as_bytes());
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
 fn respond(h: &HeaderMap, code: StatusCode, v: &Value) -> Response {
     if wants_yaml(h) {
         let text = serde_norway::to_string(v).unwrap_or_default();
@@ -415,6 +443,10 @@ async fn handle(
                     q.get("resourceVersion").cloned(),
                 );
             }
+            if !wants_yaml(h) {
+                let (items, rev) = st.store.list_text(rt, t.ns.as_deref(), sel.as_ref());
+                return Ok(json_response(StatusCode::OK, list_text(rt, rev, &items)));
+            }
             let (items, rev) = st.store.list(rt, t.ns.as_deref(), sel.as_ref());
             let list = json!({
                 "apiVersion": rt.api_version(),
@@ -425,6 +457,10 @@ async fn handle(
             Ok(respond(h, StatusCode::OK, &list))
         }
         (Method::GET, Some(name)) => {
+            if !wants_yaml(h) {
+                let text = st.store.get_text(rt, t.ns.as_deref(), name)?;
+                return Ok(json_response(StatusCode::OK, text.as_bytes().to_vec()));
+            }
             let o = st.store.get(rt, t.ns.as_deref(), name)?;
             Ok(respond(h, StatusCode::OK, &o))
         }
@@ -526,7 +562,7 @@ fn watch(
     let mut initial = Vec::new();
     let from = match rv.as_deref() {
         None | Some("") | Some("0") => {
-            let (items, rev) = st.store.list(&rt, ns.as_deref(), sel.as_ref());
+            let (items, rev) = st.store.list_text(&rt, ns.as_deref(), sel.as_ref());
             initial = items;
             rev
         }
@@ -539,7 +575,7 @@ fn watch(
     let head = futures::stream::iter(
         initial
             .into_iter()
-            .map(|o| Ok::<_, std::io::Error>(line("ADDED", &o))),
+            .map(|o| Ok::<_, std::io::Error>(line_text("ADDED", &o))),
     );
     let tail = futures::stream::unfold(
         (w, sel, sd, false),
@@ -560,7 +596,11 @@ fn watch(
                         {
                             continue;
                         }
-                        return Some((Ok(line(ev.kind, &ev.object)), (w, sel, sd, false)));
+                        let l = match &ev.text {
+                            Some(t) => line_text(ev.kind, t),
+                            None => line(ev.kind, &ev.object),
+                        };
+                        return Some((Ok(l), (w, sel, sd, false)));
                     }
                     Err(e) => {
                         let status = ApiError::from(e).status_body();
@@ -579,6 +619,18 @@ fn watch(
         .expect("valid response"))
 }
 
+/// A watch event line around an object's stored text: the same bytes as [`line`]
+/// with the parsed object, without parsing or copying it into a `json!` value.
+fn line_text(kind: &str, text: &str) -> Bytes {
+    let mut v = Vec::with_capacity(text.len() + 32);
+    v.extend_from_slice(b"{\"type\":");
+    serde_json::to_writer(&mut v, kind).expect("json string");
+    v.extend_from_slice(b",\"object\":");
+    v.extend_from_slice(text.as_bytes());
+    v.extend_from_slice(b"}\n");
+    Bytes::from(v)
+}
+
 fn line(kind: &str, obj: &Value) -> Bytes {
     let mut v = serde_json::to_vec(&json!({"type": kind, "object": obj})).unwrap_or_default();
     v.push(b'\n');
@@ -588,6 +640,37 @@ fn line(kind: &str, obj: &Value) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::resource::Registry;
+
+    #[test]
+    fn text_bodies_are_the_bytes_of_the_json_forms() {
+        let rt = Registry::global().resolve("serverclaim").unwrap();
+        let items = [
+            json!({"metadata": {"name": "b", "labels": {"é\"": "\n"}}, "spec": {"x": [1, 2.5]}}),
+            json!({"z": null, "metadata": {"name": "a"}}),
+        ];
+        let texts: Vec<Arc<str>> = items.iter().map(|i| Arc::from(i.to_string())).collect();
+        let list = json!({
+            "apiVersion": rt.api_version(),
+            "kind": format!("{}List", rt.kind),
+            "metadata": {"resourceVersion": "42"},
+            "items": items.to_vec(),
+        });
+        assert_eq!(
+            list_text(&rt, 42, &texts),
+            serde_json::to_vec(&list).unwrap()
+        );
+        let empty = json!({
+            "apiVersion": rt.api_version(),
+            "kind": format!("{}List", rt.kind),
+            "metadata": {"resourceVersion": "7"},
+            "items": [],
+        });
+        assert_eq!(list_text(&rt, 7, &[]), serde_json::to_vec(&empty).unwrap());
+        for kind in ["ADDED", "MODIFIED"] {
+            assert_eq!(line_text(kind, &texts[0]), line(kind, &items[0]));
+        }
+    }
 
     #[test]
     fn paths() {

@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::{set_condition, Controllers, Key, Next};
-use crate::store::{meta, Part, StoreError};
+use crate::store::{meta, StoreError};
 
 pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     let (ns, name) = key;
@@ -37,9 +37,7 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         }
     }
     if Some(&status) != b.get("status") {
-        let mut o = (*b).clone();
-        o["status"] = status;
-        c.store.update(&c.t_sbc, o, Part::Status).await?;
+        c.store.update_status(&c.t_sbc, &b, status).await?;
     }
     Ok(next)
 }

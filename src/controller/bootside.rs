@@ -23,7 +23,7 @@ use crate::http::{
 use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
 use crate::ignition::{MachineFacts, RenderCache, RenderKey};
 use crate::shutdown::Shutdown;
-use crate::store::{meta, secret_data, Part, Store, StoreError};
+use crate::store::{meta, secret_data, Store, StoreError};
 
 /// Resolves a boot configuration's image against the catalog (every file present with
 /// its SHA-256) and renders the machine's Ignition: the operator template picked by
@@ -684,9 +684,7 @@ impl StoreBootIndex {
             if !changed {
                 return Ok(());
             }
-            let mut o = (*b).clone();
-            o["status"] = status;
-            match self.store.update(&self.t_sbc, o, Part::Status).await {
+            match self.store.update_status(&self.t_sbc, &b, status).await {
                 Err(StoreError::Conflict { .. }) => continue,
                 other => return other.map(|_| ()),
             }

@@ -14,6 +14,8 @@
 //! reconcile: bind server → claim finalizer + `spec.serverRef` → boot configuration
 //! → claim `status.phase: Bound`.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
 use super::{claim_ref, claimable_view, is_claimable, Controllers, Key, Next, CLAIM_FINALIZER};
@@ -53,13 +55,13 @@ fn tolerates(claim: &Value, server: &Value) -> bool {
     })
 }
 
-async fn set_phase(c: &Controllers, claim: &Value, phase: &str) -> Result<(), StoreError> {
+async fn set_phase(c: &Controllers, claim: &Arc<Value>, phase: &str) -> Result<(), StoreError> {
     if claim.pointer("/status/phase").and_then(Value::as_str) == Some(phase) {
         return Ok(());
     }
-    let mut o = claim.clone();
-    o["status"] = json!({"phase": phase});
-    c.store.update(&c.t_claim, o, Part::Status).await?;
+    c.store
+        .update_status(&c.t_claim, claim, json!({"phase": phase}))
+        .await?;
     Ok(())
 }
 
@@ -108,7 +110,9 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         if !has_ref {
             o["spec"]["serverRef"] = json!({"name": server_name});
         }
-        c.store.update(&c.t_claim, o, Part::Main).await?
+        c.store
+            .update_from(&c.t_claim, claim, o, Part::Main)
+            .await?
     } else {
         claim
     };
@@ -229,7 +233,7 @@ async fn bind(
             .pointer("/spec/power")
             .cloned()
             .unwrap_or(json!("Off"));
-        match c.store.update(&c.t_server, o, Part::Main).await {
+        match c.store.update_from(&c.t_server, s, o, Part::Main).await {
             Ok(s) => {
                 let mut idx = c.idx.lock().unwrap();
                 idx.claimable.remove(&n);
@@ -289,7 +293,7 @@ async fn ensure_boot_configuration(
             if b.get("spec") != Some(&spec) {
                 let mut o = (*b).clone();
                 o["spec"] = spec;
-                c.store.update(&c.t_sbc, o, Part::Main).await?;
+                c.store.update_from(&c.t_sbc, b, o, Part::Main).await?;
             }
             Ok(())
         }

@@ -198,9 +198,7 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
         }
     }
     if Some(&status) != s.get("status") {
-        let mut o = (*s).clone();
-        o["status"] = status;
-        c.store.update(&c.t_server, o, Part::Status).await?;
+        c.store.update_status(&c.t_server, &s, status).await?;
         next = Next::Done;
     }
     Ok(next)

@@ -15,7 +15,9 @@
 //! batch in one redb transaction (fsync'd, `Durability::Immediate`), and only then
 //! publishes it to readers and watchers and acknowledges the callers (group commit).
 //! So an acknowledged write survives `kill -9`, and no reader ever sees a write that
-//! could still be lost.
+//! could still be lost. Every commit waits on that thread, so it does little besides:
+//! callers serialize their values before queueing them (it splices in the revision),
+//! and what a commit unlinks is freed on a reaper thread.
 //!
 //! Memory: every value is held as its compact JSON text ([`KeyValue::raw`], the same
 //! bytes redb stores), not as a parsed `serde_json::Value`. With `preserve_order` a
@@ -45,6 +47,8 @@ pub type Rev = u64;
 /// bounds the store's history memory: ~1 KiB per event. (When events held parsed
 /// values, 200,000 of them held ~700 MiB for a 10,000-machine fleet.)
 pub const EVENT_LOG_CAP: usize = 20_000;
+/// Commits whose unlinked versions may wait for the reaper thread.
+const REAP_QUEUE: usize = 2;
 /// Most transactions written in one redb commit.
 const MAX_BATCH: usize = 2048;
 /// redb's page cache. Every key is held in memory by the store itself and redb is
@@ -206,7 +210,109 @@ struct State {
 
 struct Request {
     ops: Vec<Op>,
+    /// Each put's text, serialized by the caller ([`Prepared`]), so the writer thread
+    /// only splices in the revision.
+    texts: Vec<Option<Prepared>>,
     reply: oneshot::Sender<Result<TxnResult, KvError>>,
+}
+
+/// A value's compact JSON text, serialized before commit with an empty slot where
+/// `metadata.resourceVersion`'s digits go (the revision is only known at commit).
+/// Splicing the revision in at `slot` gives exactly the text of the value after
+/// [`stamp`]: `resourceVersion` keeps its place in `metadata`, or comes last when it
+/// was absent, as `serde_json::Map::insert` does.
+#[derive(Debug)]
+struct Prepared {
+    text: String,
+    /// Byte offset of the revision's digits (between the quotes), when the value is
+    /// a map with a `metadata` map.
+    slot: Option<usize>,
+}
+
+impl Prepared {
+    fn new(v: &Value) -> Prepared {
+        let mut out = Vec::with_capacity(512);
+        let top = match v {
+            Value::Object(m) if m.get("metadata").is_some_and(Value::is_object) => m,
+            _ => {
+                ser(&mut out, v);
+                return Prepared {
+                    text: utf8(out),
+                    slot: None,
+                };
+            }
+        };
+        let mut slot = 0;
+        out.push(b'{');
+        for (i, (k, val)) in top.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            ser(&mut out, k);
+            out.push(b':');
+            match val {
+                Value::Object(md) if k == "metadata" => {
+                    out.push(b'{');
+                    let mut placed = false;
+                    for (j, (mk, mv)) in md.iter().enumerate() {
+                        if j > 0 {
+                            out.push(b',');
+                        }
+                        ser(&mut out, mk);
+                        out.push(b':');
+                        if mk == "resourceVersion" {
+                            out.push(b'"');
+                            slot = out.len();
+                            out.push(b'"');
+                            placed = true;
+                        } else {
+                            ser(&mut out, mv);
+                        }
+                    }
+                    if !placed {
+                        if !md.is_empty() {
+                            out.push(b',');
+                        }
+                        out.extend_from_slice(b"\"resourceVersion\":\"");
+                        slot = out.len();
+                        out.push(b'"');
+                    }
+                    out.push(b'}');
+                }
+                _ => ser(&mut out, val),
+            }
+        }
+        out.push(b'}');
+        Prepared {
+            text: utf8(out),
+            slot: Some(slot),
+        }
+    }
+
+    /// The text with `rev` in its slot.
+    fn stamped(&self, rev: Rev) -> Arc<str> {
+        match self.slot {
+            None => Arc::from(self.text.as_str()),
+            Some(at) => {
+                let digits = rev.to_string();
+                let mut s = String::with_capacity(self.text.len() + digits.len());
+                s.push_str(&self.text[..at]);
+                s.push_str(&digits);
+                s.push_str(&self.text[at..]);
+                Arc::from(s)
+            }
+        }
+    }
+}
+
+/// `serde_json` only writes UTF-8.
+fn utf8(b: Vec<u8>) -> String {
+    String::from_utf8(b).expect("serde_json writes utf-8")
+}
+
+/// Append `v`'s compact JSON to `out`.
+fn ser<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
+    serde_json::to_writer(out, v).expect("serializing json cannot fail")
 }
 
 enum Msg {
@@ -225,12 +331,12 @@ pub struct Kv {
     writer: Arc<std::sync::Mutex<Option<thread::JoinHandle<()>>>>,
 }
 
-fn encode(kv: &KeyValue) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + kv.raw.len());
+/// A record as redb stores it (into `out`, which is cleared first).
+fn encode(kv: &KeyValue, out: &mut Vec<u8>) {
+    out.clear();
     out.extend_from_slice(&kv.mod_rev.to_le_bytes());
     out.extend_from_slice(&kv.create_rev.to_le_bytes());
     out.extend_from_slice(kv.raw.as_bytes());
-    out
 }
 
 fn decode(key: &str, b: &[u8]) -> Result<KeyValue, KvError> {
@@ -350,8 +456,9 @@ impl Kv {
     pub async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.clone();
+        let texts = prepare(&ops);
         // The queue is bounded; a full queue must not block the async runtime.
-        match tx.try_send(Msg::Txn(Request { ops, reply })) {
+        match tx.try_send(Msg::Txn(Request { ops, texts, reply })) {
             Ok(()) => {}
             Err(std::sync::mpsc::TrySendError::Full(req)) => {
                 tokio::task::spawn_blocking(move || tx.send(req))
@@ -367,8 +474,9 @@ impl Kv {
     /// Blocking variant of [`Kv::txn`] for non-async callers.
     pub fn txn_blocking(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
+        let texts = prepare(&ops);
         self.tx
-            .send(Msg::Txn(Request { ops, reply }))
+            .send(Msg::Txn(Request { ops, texts, reply }))
             .map_err(|_| KvError::Closed)?;
         rx.blocking_recv().map_err(|_| KvError::Closed)?
     }
@@ -406,6 +514,17 @@ impl Kv {
             let _ = h.join();
         }
     }
+}
+
+/// The text of each put in `ops`, serialized on the caller's thread: the writer thread
+/// is the one place every commit waits on, so it only splices in the revision.
+fn prepare(ops: &[Op]) -> Vec<Option<Prepared>> {
+    ops.iter()
+        .map(|op| match &op.action {
+            Action::Put(v) => Some(Prepared::new(v)),
+            Action::Delete => None,
+        })
+        .collect()
 }
 
 /// A stream of events after a revision, for keys with a prefix. It reads the replay
@@ -466,6 +585,16 @@ fn writer_loop(
     rx: std::sync::mpsc::Receiver<Msg>,
     events: watch::Sender<Rev>,
 ) {
+    // Old versions are freed on a thread of their own: a parsed object is hundreds of
+    // allocations, mostly made on other threads, and freeing them took a quarter of
+    // the writer's time, which every commit waits on. At most a few commits' garbage
+    // waits (the writer blocks after acknowledging), so memory is not held longer.
+    let (reap, reaped) = std::sync::mpsc::sync_channel::<Garbage>(REAP_QUEUE);
+    let reaper = thread::Builder::new()
+        .name("store-reaper".into())
+        .spawn(move || while reaped.recv().is_ok() {})
+        .map_err(|e| tracing::warn!(error = %e, "no reaper thread, freeing on the writer"))
+        .ok();
     let mut closing = None;
     while let Ok(first) = rx.recv() {
         let mut batch = Vec::new();
@@ -481,13 +610,20 @@ fn writer_loop(
             }
         }
         if !batch.is_empty() {
-            commit_batch(&db, &state, &events, batch);
+            let garbage = commit_batch(&db, &state, &events, batch);
+            if reaper.is_some() {
+                let _ = reap.send(garbage);
+            }
         }
         if closing.is_some() {
             break;
         }
     }
     drop(rx);
+    drop(reap);
+    if let Some(r) = reaper {
+        let _ = r.join();
+    }
     drop(db);
     // Watchers see `Closed` once they have read everything published.
     drop(events);
@@ -502,7 +638,8 @@ fn commit_batch(
     state: &Arc<RwLock<State>>,
     events: &watch::Sender<Rev>,
     mut batch: Vec<Request>,
-) {
+) -> Garbage {
+    let mut garbage = Garbage::default();
     // 1. Validate in order against committed state + what this batch already changed.
     let mut overlay: HashMap<Arc<str>, Option<KeyValue>> = HashMap::new();
     let mut results: Vec<Result<TxnResult, KvError>> = Vec::with_capacity(batch.len());
@@ -559,16 +696,20 @@ fn commit_batch(
             rev += 1;
             let mut kvs = Vec::with_capacity(req.ops.len());
             let mut values = Vec::with_capacity(req.ops.len());
-            for op in req.ops.iter_mut() {
+            for (op, text) in req.ops.iter_mut().zip(&req.texts) {
                 let key: Arc<str> = Arc::from(op.key.as_str());
                 let prev = current(&op.key, &overlay);
                 match &mut op.action {
                     Action::Put(v) => {
                         let mut v = std::mem::replace(v, Arc::new(Value::Null));
                         stamp(Arc::make_mut(&mut v), rev);
+                        let raw = match text {
+                            Some(t) => t.stamped(rev),
+                            None => Arc::from(utf8(serde_json::to_vec(&*v).unwrap_or_default())),
+                        };
                         let kv = KeyValue {
                             key: key.clone(),
-                            raw: Arc::from(v.to_string()),
+                            raw,
                             create_rev: prev.as_ref().map(|p| p.create_rev).unwrap_or(rev),
                             mod_rev: rev,
                             hot: Some(v.clone()),
@@ -607,17 +748,19 @@ fn commit_batch(
                 for (req, _) in batch.into_iter().zip(results) {
                     let _ = req.reply.send(Err(e.clone()));
                 }
-                return;
+                return garbage;
             }
-            // 3. Publish, then acknowledge.
+            // 3. Publish, then acknowledge. What the new versions replace is not freed
+            // here (a parsed object is hundreds of allocations; freeing them under the
+            // write lock stalled every reader) but handed to the reaper thread.
             let mut st = state.write().unwrap();
             for (k, v) in overlay {
                 match v {
                     Some(kv) => {
-                        st.map.insert(k, kv);
+                        garbage.old.extend(st.map.insert(k, kv));
                     }
                     None => {
-                        st.map.remove(&k);
+                        garbage.old.extend(st.map.remove(&k));
                     }
                 }
             }
@@ -626,6 +769,7 @@ fn commit_batch(
                 if st.log.len() >= EVENT_LOG_CAP {
                     if let Some(old) = st.log.pop_front() {
                         st.oldest_watchable = old.rev();
+                        garbage.events.push(old);
                     }
                 }
                 if e.kind == EventKind::Put {
@@ -633,13 +777,13 @@ fn commit_batch(
                     if st.hot.len() > HOT_WRITES {
                         let (k, r) = st.hot.pop_front().expect("not empty");
                         if let Some(cur) = st.map.get_mut(&k).filter(|c| c.mod_rev == r) {
-                            cur.hot = None;
+                            garbage.values.extend(cur.hot.take());
                         }
                     }
                 }
                 st.log.push_back(e);
                 if let Some(i) = st.log.len().checked_sub(HOT_WRITES + 1) {
-                    st.log[i].kv.hot = None;
+                    garbage.values.extend(st.log[i].kv.hot.take());
                 }
             }
             drop(st);
@@ -649,6 +793,15 @@ fn commit_batch(
     for (req, res) in batch.into_iter().zip(results) {
         let _ = req.reply.send(res);
     }
+    garbage
+}
+
+/// Old versions and parsed values a commit unlinked, freed by the reaper thread.
+#[derive(Default)]
+struct Garbage {
+    old: Vec<KeyValue>,
+    events: Vec<Event>,
+    values: Vec<Arc<Value>>,
 }
 
 /// Objects (JSON maps with a `metadata` map) carry their `mod_rev` as
@@ -667,10 +820,12 @@ fn persist(
     let w = db.begin_write().map_err(storage)?;
     {
         let mut t = w.open_table(KV).map_err(storage)?;
+        let mut buf = Vec::new();
         for (k, v) in overlay {
             match v {
                 Some(kv) => {
-                    t.insert(&**k, encode(kv).as_slice()).map_err(storage)?;
+                    encode(kv, &mut buf);
+                    t.insert(&**k, buf.as_slice()).map_err(storage)?;
                 }
                 None => {
                     t.remove(&**k).map_err(storage)?;
@@ -872,6 +1027,31 @@ mod tests {
         assert_eq!(*cold, *written);
         let keys: Vec<&String> = cold.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["z", "metadata", "a"]);
+    }
+
+    #[test]
+    fn prepared_text_is_the_stamped_value_serialized() {
+        let cases = [
+            json!({"metadata": {"name": "x"}, "spec": {"a": [1, 2.5, "t\"q\\"], "b": null}}),
+            json!({"kind": "K", "metadata": {"resourceVersion": "7", "name": "x"}, "z": {}}),
+            json!({"metadata": {}, "status": {"phase": "Bound"}}),
+            json!({"m\u{e9}ta\n": 1, "metadata": {"labels": {"a\"b": "\u{1f600}"}}}),
+            json!({"metadata": "not a map", "n": 1}),
+            json!({"no": "metadata"}),
+            json!([1, {"metadata": {}}]),
+            json!("text"),
+            json!({}),
+        ];
+        for v in cases {
+            let p = Prepared::new(&v);
+            for rev in [1, 42, u64::MAX] {
+                let mut stamped = v.clone();
+                stamp(&mut stamped, rev);
+                assert_eq!(&*p.stamped(rev), stamped.to_string(), "{v}");
+                let back: Value = serde_json::from_str(&p.stamped(rev)).unwrap();
+                assert_eq!(back, stamped);
+            }
+        }
     }
 
     #[tokio::test]

@@ -8,7 +8,10 @@
 //!
 //! Objects come back as `Arc<serde_json::Value>`, parsed from the KV's JSON text on
 //! each read (shared with the writer for the last writes, see [`kv`]); callers that
-//! keep objects for long should keep only the fields they need.
+//! keep objects for long should keep only the fields they need. Callers that only
+//! pass objects on as JSON take the stored text ([`Store::get_text`],
+//! [`Store::list_text`], [`ObjectEvent::text`]); writers that hold the object they
+//! read update against it ([`Store::update_status`], [`Store::update_from`]).
 
 pub mod kv;
 
@@ -67,6 +70,10 @@ pub struct ObjectEvent {
     /// `ADDED`, `MODIFIED` or `DELETED`.
     pub kind: &'static str,
     pub object: Arc<Value>,
+    /// `object`'s compact JSON text as stored (for `ADDED`/`MODIFIED`), which the REST
+    /// watch writes as is. `None` for `DELETED`, whose text carries the revision
+    /// before the deletion.
+    pub text: Option<Arc<str>>,
     pub rev: Rev,
 }
 
@@ -84,12 +91,19 @@ impl ObjectWatch {
         };
         let rev = e.rev();
         let mut object = e.kv.value();
+        let mut text = Some(e.kv.raw);
         if e.kind == EventKind::Delete {
+            text = None;
             if let Some(Value::Object(m)) = Arc::make_mut(&mut object).get_mut("metadata") {
                 m.insert("resourceVersion".into(), Value::String(rev.to_string()));
             }
         }
-        Ok(ObjectEvent { kind, object, rev })
+        Ok(ObjectEvent {
+            kind,
+            object,
+            text,
+            rev,
+        })
     }
 }
 
@@ -239,6 +253,36 @@ impl Store {
                 qualified: rt.qualified(),
                 name: name.into(),
             })
+    }
+
+    /// An object's compact JSON text as stored (the bytes `get`'s value serializes
+    /// to, field order kept), without parsing it.
+    pub fn get_text(&self, rt: &ResourceType, ns: Option<&str>, name: &str) -> Result<Arc<str>> {
+        let ns = Self::namespace_of(rt, ns);
+        self.kv
+            .get(&rt.key(ns, name))
+            .map(|kv| kv.raw)
+            .ok_or_else(|| StoreError::NotFound {
+                qualified: rt.qualified(),
+                name: name.into(),
+            })
+    }
+
+    /// [`Store::list`] as the objects' stored texts (parsed only to match a selector).
+    pub fn list_text(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        sel: Option<&Selector>,
+    ) -> (Vec<Arc<str>>, Rev) {
+        let ns = if rt.namespaced { ns } else { None };
+        let (kvs, rev) = self.kv.list(&rt.prefix(ns));
+        let out = kvs
+            .into_iter()
+            .filter(|kv| sel.is_none_or(|s| s.matches(meta::labels(&kv.value()))))
+            .map(|kv| kv.raw)
+            .collect();
+        (out, rev)
     }
 
     /// Objects of a type (all namespaces when `ns` is None), filtered by labels.
@@ -442,6 +486,30 @@ impl Store {
         let name = meta::name(&obj).to_string();
         let ns = Self::namespace_of(rt, meta::namespace(&obj)).map(String::from);
         let cur = self.get(rt, ns.as_deref(), &name)?;
+        self.update_from(rt, cur, obj, part).await
+    }
+
+    /// [`Store::update`] when the caller holds the object it changed, as read from this
+    /// store (`cur`, with `obj` naming the same object): it is not read again. A
+    /// compare-and-swap against `cur`, so a `cur` that is no longer the stored version
+    /// gets `Conflict`, as an `obj` with `cur`'s resourceVersion would.
+    pub async fn update_from(
+        &self,
+        rt: &ResourceType,
+        cur: Arc<Value>,
+        obj: Value,
+        part: Part,
+    ) -> Result<Arc<Value>> {
+        let name = meta::name(&obj).to_string();
+        let ns = Self::namespace_of(rt, meta::namespace(&obj)).map(String::from);
+        if meta::name(&cur) != name
+            || Self::namespace_of(rt, meta::namespace(&cur)) != ns.as_deref()
+        {
+            return Err(StoreError::BadRequest(format!(
+                "update of {name:?} from another object ({:?})",
+                meta::name(&cur)
+            )));
+        }
         let cur_rv = meta::resource_version(&cur).unwrap_or(0);
         if let Some(rv) = meta::resource_version(&obj) {
             if rv != cur_rv {
@@ -466,9 +534,10 @@ impl Store {
             }
             Part::Status => {
                 let mut n = (*cur).clone();
-                match obj.get("status") {
+                let mut obj = obj;
+                match obj.as_object_mut().and_then(|m| m.remove("status")) {
                     Some(s) => {
-                        n["status"] = s.clone();
+                        n["status"] = s;
                     }
                     None => {
                         n.as_object_mut().map(|m| m.remove("status"));
@@ -503,6 +572,65 @@ impl Store {
             }
         }
         self.check(rt, &mut new, Some(&cur))?;
+        self.commit_update(rt, ns.as_deref(), &name, cur, cur_rv, new)
+            .await
+    }
+
+    /// Replace the status of `cur`, an object as read from this store, with `status`:
+    /// the same as [`Store::update`] with `Part::Status` and `cur`'s resourceVersion,
+    /// without reading the object again or copying it twice (the status writes of the
+    /// controllers). A compare-and-swap against `cur`: `Conflict` when it is no longer
+    /// the stored version.
+    pub async fn update_status(
+        &self,
+        rt: &ResourceType,
+        cur: &Arc<Value>,
+        status: Value,
+    ) -> Result<Arc<Value>> {
+        let name = meta::name(cur).to_string();
+        let ns = Self::namespace_of(rt, meta::namespace(cur)).map(String::from);
+        let cur_rv = meta::resource_version(cur).unwrap_or(0);
+        let Value::Object(fields) = &**cur else {
+            return Err(StoreError::BadRequest(
+                "object must be a JSON/YAML mapping".into(),
+            ));
+        };
+        // Every field but the status copied once, in order; the status replaced in place.
+        let mut status = Some(status);
+        let mut m = Map::new();
+        for (k, v) in fields {
+            let v = match k.as_str() {
+                "status" => status.take().expect("one status field"),
+                _ => v.clone(),
+            };
+            m.insert(k.clone(), v);
+        }
+        if let Some(s) = status {
+            m.insert("status".into(), s);
+        }
+        let mut new = Value::Object(m);
+        if !new.get("metadata").is_some_and(Value::is_object) {
+            return Err(err_invalid(
+                rt,
+                &name,
+                vec![field("metadata", Reason::Required, "Required value")],
+            ));
+        }
+        self.check(rt, &mut new, Some(cur))?;
+        self.commit_update(rt, ns.as_deref(), &name, cur.clone(), cur_rv, new)
+            .await
+    }
+
+    /// The end of an update: `new` (checked) replaces `cur` at `cur_rv` unless equal.
+    async fn commit_update(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        name: &str,
+        cur: Arc<Value>,
+        cur_rv: Rev,
+        mut new: Value,
+    ) -> Result<Arc<Value>> {
         new["metadata"]["resourceVersion"] = Value::String(cur_rv.to_string());
         if new == *cur {
             return Ok(cur);
@@ -514,9 +642,9 @@ impl Store {
                 .unwrap_or(1);
             new["metadata"]["generation"] = Value::from(g + 1);
         }
-        let key = rt.key(ns.as_deref(), &name);
+        let key = rt.key(ns, name);
         if meta::is_deleting(&new) && meta::finalizers(&new).is_empty() {
-            self.remove(rt, &cur, &name).await?;
+            self.remove(rt, &cur, name).await?;
             return Ok(Arc::new(new));
         }
         match self
@@ -526,7 +654,7 @@ impl Store {
         {
             Ok(mut r) => Ok(r.values.pop().flatten().expect("put")),
             Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => {
-                Err(Self::conflict(rt, &name))
+                Err(Self::conflict(rt, name))
             }
             Err(e) => Err(map_kv(e)),
         }
@@ -939,6 +1067,111 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("data.k: illegal base64"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn update_status_matches_update_of_the_status_part() {
+        let (_d, s) = store();
+        let srv = rt("server");
+        let body = json!({"metadata": {"name": "a", "labels": {"z": "1", "a": "2"}},
+            "spec": {"systemUUID": "u1"}, "status": {"state": "Available", "powerState": "Off"}});
+        let a = s.create(&srv, body.clone()).await.unwrap();
+        let mut b_body = body.clone();
+        b_body["metadata"]["name"] = json!("b");
+        let b = s.create(&srv, b_body).await.unwrap();
+        let status = json!({"state": "Reserved", "powerState": "Off", "conditions": []});
+        let mut o = (*a).clone();
+        o["status"] = status.clone();
+        let via_update = s.update(&srv, o, Part::Status).await.unwrap();
+        let via_status = s.update_status(&srv, &b, status.clone()).await.unwrap();
+        // Same object but for the server-owned identity fields, same field order.
+        let strip = |v: &Value| {
+            let mut v = v.clone();
+            for f in ["name", "uid", "resourceVersion", "creationTimestamp"] {
+                v["metadata"].as_object_mut().unwrap().remove(f);
+            }
+            v.to_string()
+        };
+        assert_eq!(strip(&via_update), strip(&via_status));
+        assert_eq!(via_status["status"], status);
+        assert_eq!(
+            via_status["metadata"]["generation"], 1,
+            "status is not spec"
+        );
+        // Unchanged: nothing written. Stale: conflict, nothing written.
+        let rev = s.revision();
+        let same = s
+            .update_status(&srv, &via_status, status.clone())
+            .await
+            .unwrap();
+        assert!(Arc::ptr_eq(&same, &via_status));
+        assert_eq!(s.revision(), rev);
+        let err = s
+            .update_status(&srv, &b, json!({"state": "Error"}))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+        assert_eq!(s.get(&srv, None, "b").unwrap(), via_status);
+        // An object without status gets one (appended, as update does).
+        let mut c_body = body.clone();
+        c_body["metadata"]["name"] = json!("c");
+        c_body.as_object_mut().unwrap().remove("status");
+        let c = s.create(&srv, c_body).await.unwrap();
+        let c2 = s
+            .update_status(&srv, &c, json!({"state": "Available"}))
+            .await
+            .unwrap();
+        let keys: Vec<&String> = c2.as_object().unwrap().keys().collect();
+        assert_eq!(keys.last().unwrap().as_str(), "status");
+        // Still validated.
+        let err = s
+            .update_status(&srv, &c2, json!({"state": 5}))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn texts_are_the_bytes_of_the_parsed_objects() {
+        let (_d, s) = store();
+        let claim = rt("serverclaim");
+        for (i, n) in ["b", "a", "c"].iter().enumerate() {
+            let o = json!({"metadata": {"name": n, "labels": {"i": i.to_string(), "é\"x": "\n"}},
+                "spec": {"power": "On", "serverSelector": {"matchLabels": {"k": "v"}}, "image": "i:1"}});
+            s.create(&claim, o).await.unwrap();
+        }
+        let t = s.get_text(&claim, Some("default"), "a").unwrap();
+        let v = s.get(&claim, Some("default"), "a").unwrap();
+        assert_eq!(&*t, serde_json::to_string(&*v).unwrap());
+        assert!(
+            t.starts_with(r#"{"metadata":{"name":"a","labels":{"i":"1","#),
+            "{t}"
+        );
+        let (texts, rev) = s.list_text(&claim, Some("default"), None);
+        let (objs, rev2) = s.list(&claim, Some("default"), None);
+        assert_eq!(rev, rev2);
+        let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
+        let objs: Vec<String> = objs.iter().map(|o| o.to_string()).collect();
+        assert_eq!(texts, objs);
+        let sel = Selector::parse("i=2").unwrap();
+        let (texts, _) = s.list_text(&claim, None, Some(&sel));
+        assert_eq!(texts.len(), 1);
+        assert!(texts[0].contains(r#""name":"c""#));
+        // Watch events carry the same text; a deletion's text is not offered (its
+        // object carries the deleting revision).
+        let mut w = s.watch(&claim, None, 0).unwrap();
+        for _ in 0..3 {
+            let e = w.next().await.unwrap();
+            assert_eq!(&**e.text.as_ref().unwrap(), e.object.to_string());
+        }
+        s.delete(&claim, Some("default"), "a", None).await.unwrap();
+        let e = w.next().await.unwrap();
+        assert_eq!((e.kind, e.text.is_none()), ("DELETED", true));
+        assert_eq!(e.object["metadata"]["resourceVersion"], e.rev.to_string());
+        assert!(matches!(
+            s.get_text(&claim, Some("default"), "a"),
+            Err(StoreError::NotFound { .. })
+        ));
     }
 
     #[test]
