@@ -403,9 +403,7 @@ fn dhcp_socket() -> std::io::Result<UdpSocket> {
     setsockopt(&fd, sockopt::ReuseAddr, &true)?;
     setsockopt(&fd, sockopt::Broadcast, &true)?;
     setsockopt(&fd, sockopt::BindToDevice, &std::ffi::OsString::from("vc"))?;
-    if setsockopt(&fd, sockopt::RcvBufForce, &(16 << 20)).is_err() {
-        let _ = setsockopt(&fd, sockopt::RcvBuf, &(16 << 20));
-    }
+    let _ = bootplane::net::raise_rcvbuf(&fd, 16 << 20);
     let _ = setsockopt(&fd, sockopt::SndBufForce, &(4 << 20));
     bind(fd.as_raw_fd(), &SockaddrIn::new(0, 0, 0, 0, 68))?;
     UdpSocket::from_std(std::net::UdpSocket::from(fd))

@@ -34,6 +34,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bootplane::net::raise_rcvbuf;
 use tokio::net::UdpSocket;
 
 // Deterministic test files, as the TFTP tests make them.
@@ -120,27 +121,6 @@ struct ReqOpts {
     rcvbuf: usize,
     /// Round trip emulated by holding each packet the client sends this long (see (a3)).
     rtt: Duration,
-}
-
-/// Receive buffer of a client socket: forced past `net.core.rmem_max` (the bench runs
-/// as root), so a whole window fits; plain SO_RCVBUF (capped) if forcing is refused.
-fn set_rcvbuf(s: &impl AsRawFd, bytes: usize) {
-    let v = bytes as libc::c_int;
-    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-        // SAFETY: setsockopt with a valid fd and a c_int value.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                &v as *const _ as *const _,
-                std::mem::size_of::<libc::c_int>() as u32,
-            )
-        };
-        if r == 0 {
-            return;
-        }
-    }
 }
 
 fn rrq(name: &str, o: ReqOpts) -> Vec<u8> {
@@ -254,7 +234,7 @@ fn blast(
     rt.block_on(async {
         let rx = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         // room for the whole file, so nothing is dropped however far the sender gets ahead
-        set_rcvbuf(&rx, 2 * expect.len());
+        let _ = raise_rcvbuf(&rx, 2 * expect.len());
         let to = rx.local_addr().unwrap();
         dest.resize(expect.len() + 65536, 0);
         let src = expect.clone();
@@ -323,7 +303,8 @@ async fn fetch(
     let sock = UdpSocket::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;
-    set_rcvbuf(&sock, o.rcvbuf);
+    // forced past rmem_max (the bench runs as root), so a whole window fits
+    let _ = raise_rcvbuf(&sock, o.rcvbuf);
     let req = rrq(name, o);
     send_after(&sock, &req, server, o.rtt)
         .await
@@ -706,7 +687,7 @@ fn storm(
         for _ in 0..clients {
             let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             sock.set_nonblocking(true).unwrap();
-            set_rcvbuf(&sock, 212_992);
+            let _ = raise_rcvbuf(&sock, 212_992);
             let (done, outcome) = tokio::sync::oneshot::channel();
             engines.submit(tftp_client::Job {
                 sock,

@@ -145,9 +145,7 @@ fn udp_socket(interface: &str, port: u16) -> Result<UdpSocket> {
     )
     .with_context(|| format!("binding to interface {interface} (SO_BINDTODEVICE)"))?;
     // Room for a boot storm's burst while a batch is being committed.
-    if setsockopt(&fd, sockopt::RcvBufForce, &(8 << 20)).is_err() {
-        let _ = setsockopt(&fd, sockopt::RcvBuf, &(8 << 20));
-    }
+    let _ = crate::net::raise_rcvbuf(&fd, 8 << 20);
     let _ = setsockopt(&fd, sockopt::SndBuf, &(4 << 20));
     bind(
         std::os::fd::AsRawFd::as_raw_fd(&fd),

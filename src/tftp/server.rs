@@ -68,7 +68,9 @@ impl Server {
         let sock = UdpSocket::bind(listen)
             .await
             .with_context(|| format!("binding tftp socket {listen}"))?;
-        raise_rcvbuf(&sock, LISTEN_RCVBUF);
+        if let Err(e) = crate::net::raise_rcvbuf(&sock, LISTEN_RCVBUF) {
+            tracing::warn!(error = %e, "tftp: could not raise the listening socket's receive buffer");
+        }
         raise_nofile(settings.max_transfers as u64 + 256);
         let workers = match settings.workers {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -205,17 +207,6 @@ impl Server {
 /// they can be prepared. The kernel default (about 200 KiB) dropped a third of a burst
 /// of 1,000, and each dropped RRQ cost its machine a 1 s timeout; 4 MiB holds 4,000.
 const LISTEN_RCVBUF: usize = 4 << 20;
-
-/// Raise a socket's receive buffer, past `net.core.rmem_max` when allowed (CAP_NET_ADMIN),
-/// else as far as the limit lets; a refusal only costs burst capacity, so it is logged.
-fn raise_rcvbuf(sock: &UdpSocket, bytes: usize) {
-    use nix::sys::socket::{setsockopt, sockopt};
-    if setsockopt(sock, sockopt::RcvBufForce, &bytes).is_err() {
-        if let Err(e) = setsockopt(sock, sockopt::RcvBuf, &bytes) {
-            tracing::warn!(error = %e, "tftp: could not raise the listening socket's receive buffer");
-        }
-    }
-}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
