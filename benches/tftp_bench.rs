@@ -123,34 +123,13 @@ struct ReqOpts {
     rtt: Duration,
 }
 
-fn rrq(name: &str, o: ReqOpts) -> Vec<u8> {
-    let mut v = vec![0, 1];
-    let bs = o.blksize.to_string();
-    let ws = o.windowsize.to_string();
-    let mut parts = vec![name, "octet", "tsize", "0", "blksize", &bs];
-    if o.windowsize > 1 {
-        parts.extend_from_slice(&["windowsize", &ws]);
-    }
-    for p in parts {
-        v.extend_from_slice(p.as_bytes());
-        v.push(0);
-    }
-    v
-}
-
+/// Negotiated (blksize, windowsize) from an OACK.
 fn parse_oack(p: &[u8]) -> (u16, u16) {
-    let mut blk = 512u16;
-    let mut win = 1u16;
-    let parts: Vec<&[u8]> = p[2..].split(|&b| b == 0).collect();
-    for kv in parts.chunks(2) {
-        if kv.len() < 2 {
-            break;
-        }
-        let k = String::from_utf8_lossy(kv[0]).to_ascii_lowercase();
-        let v: u16 = String::from_utf8_lossy(kv[1]).parse().unwrap_or(0);
+    let (mut blk, mut win) = (512u16, 1u16);
+    for (k, v) in tftp_client::oack_options(p) {
         match k.as_str() {
-            "blksize" => blk = v,
-            "windowsize" => win = v.max(1),
+            "blksize" => blk = v as u16,
+            "windowsize" => win = (v as u16).max(1),
             _ => {}
         }
     }
@@ -305,7 +284,7 @@ async fn fetch(
         .map_err(|e| e.to_string())?;
     // forced past rmem_max (the bench runs as root), so a whole window fits
     let _ = raise_rcvbuf(&sock, o.rcvbuf);
-    let req = rrq(name, o);
+    let req = tftp_client::rrq(name, o.blksize.into(), o.windowsize);
     send_after(&sock, &req, server, o.rtt)
         .await
         .map_err(|e| e.to_string())?;

@@ -186,10 +186,7 @@ impl Xfer {
         let op = u16::from_be_bytes([pkt[0], pkt[1]]);
         match op {
             6 if self.peer.is_none() => {
-                let mut it = pkt[2..].split(|b| *b == 0);
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    let k = String::from_utf8_lossy(k).to_ascii_lowercase();
-                    let v: usize = String::from_utf8_lossy(v).parse().unwrap_or(0);
+                for (k, v) in oack_options(pkt) {
                     match k.as_str() {
                         "blksize" => self.blksize = v,
                         "tsize" => self.tsize = Some(v),
@@ -293,7 +290,18 @@ impl Xfer {
     }
 }
 
-fn rrq(file: &str, blksize: usize, windowsize: u16) -> Vec<u8> {
+/// The options of an OACK packet, names lower-cased, values as numbers (0 if not one).
+pub fn oack_options(pkt: &[u8]) -> impl Iterator<Item = (String, usize)> + '_ {
+    let mut it = pkt.get(2..).unwrap_or_default().split(|b| *b == 0);
+    std::iter::from_fn(move || {
+        let (k, v) = (it.next()?, it.next()?);
+        let v = String::from_utf8_lossy(v).parse().unwrap_or(0);
+        Some((String::from_utf8_lossy(k).to_ascii_lowercase(), v))
+    })
+}
+
+/// An octet RRQ asking for `blksize` and `tsize`, and `windowsize` when above 1.
+pub fn rrq(file: &str, blksize: usize, windowsize: u16) -> Vec<u8> {
     let mut p = vec![0, 1];
     let (b, w) = (blksize.to_string(), windowsize.to_string());
     let mut parts = vec![file, "octet", "blksize", &b, "tsize", "0"];
