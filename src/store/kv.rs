@@ -703,10 +703,10 @@ fn commit_batch(
                     Action::Put(v) => {
                         let mut v = std::mem::replace(v, Arc::new(Value::Null));
                         stamp(Arc::make_mut(&mut v), rev);
-                        let raw = match text {
-                            Some(t) => t.stamped(rev),
-                            None => Arc::from(utf8(serde_json::to_vec(&*v).unwrap_or_default())),
-                        };
+                        let raw = text
+                            .as_ref()
+                            .expect("prepare() gives every put its text")
+                            .stamped(rev);
                         let kv = KeyValue {
                             key: key.clone(),
                             raw,

@@ -533,17 +533,8 @@ impl Store {
                 n
             }
             Part::Status => {
-                let mut n = (*cur).clone();
                 let mut obj = obj;
-                match obj.as_object_mut().and_then(|m| m.remove("status")) {
-                    Some(s) => {
-                        n["status"] = s;
-                    }
-                    None => {
-                        n.as_object_mut().map(|m| m.remove("status"));
-                    }
-                }
-                n
+                with_status(&cur, obj.as_object_mut().and_then(|m| m.remove("status")))
             }
         };
         // Server-owned metadata is kept from the stored object.
@@ -590,25 +581,7 @@ impl Store {
         let name = meta::name(cur).to_string();
         let ns = Self::namespace_of(rt, meta::namespace(cur)).map(String::from);
         let cur_rv = meta::resource_version(cur).unwrap_or(0);
-        let Value::Object(fields) = &**cur else {
-            return Err(StoreError::BadRequest(
-                "object must be a JSON/YAML mapping".into(),
-            ));
-        };
-        // Every field but the status copied once, in order; the status replaced in place.
-        let mut status = Some(status);
-        let mut m = Map::new();
-        for (k, v) in fields {
-            let v = match k.as_str() {
-                "status" => status.take().expect("one status field"),
-                _ => v.clone(),
-            };
-            m.insert(k.clone(), v);
-        }
-        if let Some(s) = status {
-            m.insert("status".into(), s);
-        }
-        let mut new = Value::Object(m);
+        let mut new = with_status(cur, Some(status));
         if !new.get("metadata").is_some_and(Value::is_object) {
             return Err(err_invalid(
                 rt,
@@ -949,6 +922,30 @@ pub fn secret_data(secret: &Value, key: &str) -> Option<Vec<u8>> {
     use base64::Engine;
     let s = secret.pointer(&format!("/data/{key}"))?.as_str()?;
     base64::engine::general_purpose::STANDARD.decode(s).ok()
+}
+
+/// `cur` with its status replaced by `status` (removed when `None`): every other
+/// field copied once, in order, and a status `cur` lacked appended, as
+/// `Map::insert` would (what status writes of both kinds produce).
+fn with_status(cur: &Value, status: Option<Value>) -> Value {
+    let Value::Object(fields) = cur else {
+        return cur.clone();
+    };
+    let mut status = status;
+    let mut m = Map::new();
+    for (k, v) in fields {
+        if k == "status" {
+            if let Some(s) = status.take() {
+                m.insert(k.clone(), s);
+            }
+        } else {
+            m.insert(k.clone(), v.clone());
+        }
+    }
+    if let Some(s) = status {
+        m.insert("status".into(), s);
+    }
+    Value::Object(m)
 }
 
 #[cfg(test)]
