@@ -124,12 +124,12 @@ pub struct FileStore {
 struct Cache {
     bytes: u64,
     entries: HashMap<PathBuf, (Stamp, FileData)>,
-    /// Files being loaded, one gate each: the first request for a file loads it while
-    /// the others for the same file wait and then share the result. Without this, a
-    /// storm's first burst of RRQs loaded one private copy per request (76 MiB of
-    /// copies of a 1 MiB boot file in one 10,000-machine run) and each transfer kept
-    /// its copy to the end.
-    loading: HashMap<PathBuf, Arc<Mutex<()>>>,
+    /// Files being loaded, one gate each: the first request for a file loads it into
+    /// the gate while the others for the same file wait and then take that copy (also
+    /// when it did not fit the cache). Without this, a storm's first burst of RRQs
+    /// loaded one private copy per request (76 MiB of copies of a 1 MiB boot file in
+    /// one 10,000-machine run) and each transfer kept its copy to the end.
+    loading: HashMap<PathBuf, Arc<Mutex<Option<(Stamp, FileData)>>>>,
 }
 
 impl FileStore {
@@ -214,13 +214,17 @@ impl FileStore {
             c.loading.entry(path.clone()).or_default().clone()
         };
         let loaded = {
-            let _loading = gate.lock().unwrap_or_else(|p| p.into_inner());
-            // whoever held the gate before may have loaded it meanwhile (the cache
-            // lock is released before loading: `load` takes it again)
-            let hit = cached(&self.lock());
-            match hit {
-                Some(d) => Ok(d),
-                None => self.load(&file, &meta, path.clone(), stamp),
+            let mut slot = gate.lock().unwrap_or_else(|p| p.into_inner());
+            match &*slot {
+                // loaded by whoever held the gate before
+                Some((s, d)) if *s == stamp => Ok(d.clone()),
+                _ => {
+                    let r = self.load(&file, &meta, path.clone(), stamp.clone());
+                    if let Ok(d) = &r {
+                        *slot = Some((stamp, d.clone()));
+                    }
+                    r
+                }
             }
         };
         let mut c = self.lock();
