@@ -452,7 +452,7 @@ async fn handle(
                 "apiVersion": rt.api_version(),
                 "kind": format!("{}List", rt.kind),
                 "metadata": {"resourceVersion": rev.to_string()},
-                "items": items.iter().map(|i| (**i).clone()).collect::<Vec<_>>(),
+                "items": items.map(Arc::unwrap_or_clone).collect::<Vec<_>>(),
             });
             Ok(respond(h, StatusCode::OK, &list))
         }

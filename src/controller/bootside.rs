@@ -571,7 +571,10 @@ impl StoreBootIndex {
                             self.refresh(&server);
                         }
                     }
-                    Err(StoreError::Gone(_)) => continue 'relist,
+                    Err(StoreError::Gone(m)) => {
+                        tracing::info!("boot entries: watch expired ({m}), re-listing");
+                        continue 'relist;
+                    }
                     Err(_) => return,
                 }
             }

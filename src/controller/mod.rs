@@ -258,8 +258,8 @@ pub(crate) async fn watch_loop(
 ) {
     loop {
         let (items, rev) = store.list(&t, None, None);
-        for o in &items {
-            dispatch(&t, o, false);
+        for o in items {
+            dispatch(&t, &o, false);
         }
         let mut w = match store.watch(&t, None, rev) {
             Ok(w) => w,

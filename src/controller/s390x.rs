@@ -705,7 +705,6 @@ impl S390x {
             });
         let (servers, _) = self.store.list(&self.t_server, Some(ns), None);
         let users = servers
-            .iter()
             .filter(|sv| {
                 !meta::is_deleting(sv)
                     && meta::labels(sv)

@@ -174,7 +174,10 @@ pub fn watch_servers(
                                 true
                             };
                         }
-                        Err(StoreError::Gone(_)) => continue 'relist,
+                        Err(StoreError::Gone(m)) => {
+                            tracing::info!("dhcp reservations: watch expired ({m}), re-listing");
+                            continue 'relist;
+                        }
                         Err(e) => {
                             tracing::warn!(error = %e, "watching servers for dhcp reservations failed");
                             return;

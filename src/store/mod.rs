@@ -77,6 +77,28 @@ pub struct ObjectEvent {
     pub rev: Rev,
 }
 
+/// A listing's objects, parsed as they are taken (see [`Store::list`]).
+pub struct Objects<'a> {
+    kvs: std::vec::IntoIter<kv::KeyValue>,
+    sel: Option<&'a Selector>,
+}
+
+impl Iterator for Objects<'_> {
+    type Item = Arc<Value>;
+
+    fn next(&mut self) -> Option<Arc<Value>> {
+        let sel = self.sel;
+        self.kvs
+            .by_ref()
+            .map(|kv| kv.value())
+            .find(|v| sel.is_none_or(|s| s.matches(meta::labels(v))))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, self.kvs.size_hint().1)
+    }
+}
+
 pub struct ObjectWatch {
     inner: kv::Watch,
 }
@@ -285,24 +307,26 @@ impl Store {
         (out, rev)
     }
 
-    /// Objects of a type (all namespaces when `ns` is None), filtered by labels.
-    pub fn list(
+    /// Objects of a type (all namespaces when `ns` is None), filtered by labels, parsed
+    /// one at a time as the iterator advances (outside the store's read lock, which
+    /// the writer waits on). A parsed object costs ~10x its text: a watcher re-listing
+    /// 10,000 Servers after falling behind held them all parsed at once, a 60-90 MiB
+    /// burst that the allocator then kept resident.
+    pub fn list<'a>(
         &self,
         rt: &ResourceType,
         ns: Option<&str>,
-        sel: Option<&Selector>,
-    ) -> (Vec<Arc<Value>>, Rev) {
+        sel: Option<&'a Selector>,
+    ) -> (Objects<'a>, Rev) {
         let ns = if rt.namespaced { ns } else { None };
-        let mut out = Vec::new();
-        // Parsed outside the store's read lock (the writer waits on it).
         let (kvs, rev) = self.kv.list(&rt.prefix(ns));
-        for kv in kvs {
-            let v = kv.value();
-            if sel.is_none_or(|s| s.matches(meta::labels(&v))) {
-                out.push(v);
-            }
-        }
-        (out, rev)
+        (
+            Objects {
+                kvs: kvs.into_iter(),
+                sel,
+            },
+            rev,
+        )
     }
 
     pub fn watch(&self, rt: &ResourceType, ns: Option<&str>, from: Rev) -> Result<ObjectWatch> {
@@ -1148,7 +1172,7 @@ mod tests {
         let (objs, rev2) = s.list(&claim, Some("default"), None);
         assert_eq!(rev, rev2);
         let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
-        let objs: Vec<String> = objs.iter().map(|o| o.to_string()).collect();
+        let objs: Vec<String> = objs.map(|o| o.to_string()).collect();
         assert_eq!(texts, objs);
         let sel = Selector::parse("i=2").unwrap();
         let (texts, _) = s.list_text(&claim, None, Some(&sel));
