@@ -44,6 +44,10 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+#[path = "support/procfs.rs"]
+mod procfs;
+use procfs::proc_cpu;
+
 fn main() {
     let count = arg("--count", 10_000);
     let clients = arg("--clients", 32);
@@ -110,6 +114,7 @@ fn main() {
     );
     // Let the controller see every server before claims arrive.
     std::thread::sleep(Duration::from_millis(500));
+    let cpu_registered = proc_cpu(child.id() as i32);
 
     // Watch claims from now on.
     let rv: String = {
@@ -219,6 +224,13 @@ fn main() {
         "server memory with {count} machines: RSS {:.1} MiB, peak {:.1} MiB",
         kib("VmRSS:") as f64 / 1024.0,
         kib("VmHWM:") as f64 / 1024.0
+    );
+    // CPU is steadier than wall time on a shared, noisy host: what A/B runs compare.
+    let cpu_done = proc_cpu(child.id() as i32);
+    println!(
+        "server CPU: {:.2}s registering (to 0.5s after), {:.2}s for the claims",
+        cpu_registered,
+        cpu_done - cpu_registered
     );
     let _ = child.kill();
     let _ = child.wait();

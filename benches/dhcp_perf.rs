@@ -56,6 +56,9 @@
 
 #[path = "../tests/dhcp_support/mod.rs"]
 mod dhcp_support;
+#[path = "support/procfs.rs"]
+mod procfs;
+use procfs::proc_cpu;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -148,21 +151,6 @@ fn build_shim(dir: &std::path::Path) -> std::path::PathBuf {
         ],
     );
     so
-}
-
-/// CPU seconds (utime + stime, all threads) of process `pid`.
-fn proc_cpu(pid: i32) -> f64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
-    let rest = text.rsplit_once(')').map(|x| x.1).unwrap_or("");
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    let ticks = f.iter().sum::<u64>() as f64;
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
 /// CPU seconds of all reaped children of this process.

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -322,6 +323,10 @@ fn valid_uuid(s: &str) -> Option<String> {
 /// Boot-progress status writes issued together.
 const PROGRESS_BATCH: usize = 256;
 
+/// Store events taken together before the affected servers' boot entries are
+/// refreshed (a bound, so shutdown and the template poll are not held off).
+const COALESCE_MAX: usize = 4096;
+
 /// How often the Ignition template directory is checked for changes.
 pub const TEMPLATE_POLL: Duration = Duration::from_secs(2);
 
@@ -556,26 +561,53 @@ impl StoreBootIndex {
                     }
                     _ = shutdown.recv() => return,
                 };
-                match ev {
-                    Ok(ev) => {
-                        let is_server =
-                            ev.object.get("kind").and_then(Value::as_str) == Some("Server");
-                        for server in self.affected(&ev.object) {
-                            // A Server update keeps its render when the facts it was
-                            // rendered from are unchanged (checked by the cache); a
-                            // claim, boot configuration or secret change, or a deleted
-                            // Server, drops it.
-                            if !is_server || ev.kind == "DELETED" {
-                                self.resolver.renders().invalidate(&server);
+                // Registering a fleet is a burst of events, several per server (its
+                // creation, claim, boot configuration and their status writes): take the
+                // events already waiting too, then refresh each affected server once,
+                // from the store's current state. One refresh per event made this task
+                // fall behind the store's event log and re-list during a 10,000-machine
+                // registration.
+                let mut refresh = HashSet::new();
+                let mut invalidate = HashSet::new();
+                let mut next = Some(ev);
+                let mut taken = 0;
+                while let Some(ev) = next.take() {
+                    match ev {
+                        Ok(ev) => {
+                            let is_server =
+                                ev.object.get("kind").and_then(Value::as_str) == Some("Server");
+                            for server in self.affected(&ev.object) {
+                                // A Server update keeps its render when the facts it was
+                                // rendered from are unchanged (checked by the cache); a
+                                // claim, boot configuration or secret change, or a deleted
+                                // Server, drops it.
+                                if !is_server || ev.kind == "DELETED" {
+                                    invalidate.insert(server.clone());
+                                }
+                                refresh.insert(server);
                             }
-                            self.refresh(&server);
                         }
+                        Err(StoreError::Gone(m)) => {
+                            tracing::info!("boot entries: watch expired ({m}), re-listing");
+                            continue 'relist;
+                        }
+                        Err(_) => return,
                     }
-                    Err(StoreError::Gone(m)) => {
-                        tracing::info!("boot entries: watch expired ({m}), re-listing");
-                        continue 'relist;
+                    taken += 1;
+                    if taken < COALESCE_MAX {
+                        next = ws
+                            .next()
+                            .now_or_never()
+                            .or_else(|| wb.next().now_or_never())
+                            .or_else(|| wsec.next().now_or_never())
+                            .or_else(|| wc.next().now_or_never());
                     }
-                    Err(_) => return,
+                }
+                for server in &invalidate {
+                    self.resolver.renders().invalidate(server);
+                }
+                for server in &refresh {
+                    self.refresh(server);
                 }
             }
         }
