@@ -432,13 +432,17 @@ impl StoreBootIndex {
 
     /// Recompute one server's entry from the store.
     pub fn refresh(&self, server: &str) {
-        let Ok(s) = self.store.get(&self.t_server, None, server) else {
-            self.mem.remove(server);
-            return;
-        };
+        match self.store.get(&self.t_server, None, server) {
+            Ok(s) => self.index(server, &s),
+            Err(_) => self.mem.remove(server),
+        }
+    }
+
+    /// Put Server `s` (named `server`) into the boot index as the store has it now.
+    fn index(&self, server: &str, s: &Value) {
         let mut ips: Vec<IpAddr> = Vec::new();
         let mut macs = Vec::new();
-        for nic in super::server::nics(&s) {
+        for nic in super::server::nics(s) {
             macs.extend(nic.mac);
             ips.extend(nic.ips);
         }
@@ -446,7 +450,7 @@ impl StoreBootIndex {
             .pointer("/spec/systemUUID")
             .and_then(Value::as_str)
             .and_then(valid_uuid);
-        let (state, files, ignition) = self.boot_state(&s);
+        let (state, files, ignition) = self.boot_state(s);
         self.mem.upsert(MachineBoot {
             server: server.to_string(),
             uuid,
@@ -523,9 +527,15 @@ impl StoreBootIndex {
         'relist: loop {
             let rev = self.store.revision();
             let (servers, _) = self.store.list(&self.t_server, None, None);
+            let mut listed = HashSet::new();
             for s in servers {
-                self.refresh(meta::name(&s));
+                // the listed object is the current one: no second read and parse
+                self.index(meta::name(&s), &s);
+                listed.insert(meta::name(&s).to_string());
             }
+            // A Server deleted while this watch was behind the event log has no event
+            // left to say so: the listing is the whole truth.
+            self.mem.retain(|name| listed.contains(name));
             let mut watches = Vec::new();
             for t in &types {
                 match self.store.watch(t, None, rev) {

@@ -60,6 +60,15 @@ impl MemoryIndex {
         remove_keys(&mut maps, server);
     }
 
+    /// Drop every machine whose server name `keep` rejects.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<String> = maps.by_name.keys().filter(|n| !keep(n)).cloned().collect();
+        for n in gone {
+            remove_keys(&mut maps, &n);
+        }
+    }
+
     /// Every progress event recorded so far, oldest first.
     pub fn events(&self) -> Vec<ProgressRecord> {
         self.events
@@ -136,6 +145,31 @@ mod tests {
             files: None,
             ignition: None,
         }
+    }
+
+    #[test]
+    fn retain_drops_the_others_under_every_key() {
+        let idx = MemoryIndex::new();
+        idx.upsert(m("a", "4c4c4544-0042-3510-8052-b4c04f4e4d32", "127.0.0.2"));
+        let mut b = m("b", "4c4c4544-0042-3510-8052-b4c04f4e4d33", "127.0.0.3");
+        b.macs = vec![[2, 0, 0, 0, 0, 2]];
+        idx.upsert(b);
+        idx.retain(|n| n == "b");
+        assert!(idx
+            .lookup(&MachineId::Ip("127.0.0.2".parse().unwrap()))
+            .is_none());
+        assert!(idx.lookup(&MachineId::Mac([2, 0, 0, 0, 0, 1])).is_none());
+        assert!(idx
+            .lookup(&MachineId::Uuid(
+                "4c4c4544-0042-3510-8052-b4c04f4e4d32".into()
+            ))
+            .is_none());
+        assert_eq!(
+            idx.lookup(&MachineId::Mac([2, 0, 0, 0, 0, 2]))
+                .unwrap()
+                .server,
+            "b"
+        );
     }
 
     #[test]
