@@ -132,8 +132,11 @@ fn args() -> Args {
 mod dhcp_support;
 use dhcp_support::{veth_pair, Netns, Proc};
 
+#[path = "support/procfs.rs"]
+mod procfs;
 #[path = "storm_support/tftp_client.rs"]
 mod tftp_client;
+use procfs::{children, clk_tck};
 
 /// What the storm needs of a namespace beyond the shared test helper's.
 trait StormNetns {
@@ -217,39 +220,10 @@ struct Usage {
 }
 
 fn proc_usage(pid: u32) -> Option<Usage> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let hwm_kib = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields after the comm: state is index 0, utime 11, stime 12.
-    let cpu_ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(Usage { hwm_kib, cpu_ticks })
-}
-
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir("/proc") {
-        for e in rd.flatten() {
-            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-                if let Some(i) = stat.rfind(')') {
-                    let ppid = stat[i + 2..].split_whitespace().nth(1);
-                    if ppid == Some(&pid.to_string()) {
-                        out.push(p);
-                    }
-                }
-            }
-        }
-    }
-    out
+    Some(Usage {
+        cpu_ticks: procfs::cpu_ticks(pid)?,
+        hwm_kib: procfs::status_kib(pid, "VmHWM:").unwrap_or(0),
+    })
 }
 
 /// Summed usage of `pids` and their children (nginx workers).
@@ -268,18 +242,6 @@ fn usage_of(pids: &[u32]) -> Usage {
     u
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// Sample the summed RSS of `pids` (and children) until `stop`; returns the peak.
 fn sample_rss(pids: Vec<u32>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
@@ -289,15 +251,15 @@ fn sample_rss(pids: Vec<u32>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<
             all.extend(children(*p));
         }
         while !stop.load(Ordering::SeqCst) {
-            peak = peak.max(all.iter().map(|p| rss_kib(*p)).sum());
+            peak = peak.max(
+                all.iter()
+                    .map(|p| procfs::status_kib(*p, "VmRSS:").unwrap_or(0))
+                    .sum(),
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         peak
     })
-}
-
-fn clk_tck() -> f64 {
-    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64
 }
 
 // ---------------------------------------------------------------- machines

@@ -114,7 +114,7 @@ fn main() {
     );
     // Let the controller see every server before claims arrive.
     std::thread::sleep(Duration::from_millis(500));
-    let cpu_registered = proc_cpu(child.id() as i32);
+    let cpu_registered = proc_cpu(child.id());
 
     // Watch claims from now on.
     let rv: String = {
@@ -210,23 +210,14 @@ fn main() {
         .collect();
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
     // the server's resident memory with N servers, claims and boot configurations
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-    let kib = |field: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(field))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let kib = |field: &str| procfs::status_kib(child.id(), field).unwrap_or(0);
     println!(
         "server memory with {count} machines: RSS {:.1} MiB, peak {:.1} MiB",
         kib("VmRSS:") as f64 / 1024.0,
         kib("VmHWM:") as f64 / 1024.0
     );
     // CPU is steadier than wall time on a shared, noisy host: what A/B runs compare.
-    let cpu_done = proc_cpu(child.id() as i32);
+    let cpu_done = proc_cpu(child.id());
     println!(
         "server CPU: {:.2}s registering (to 0.5s after), {:.2}s for the claims",
         cpu_registered,

@@ -466,9 +466,9 @@ fn main() {
                 run_no += 1;
                 let mut p = start(&s, &b.name, run_no);
                 let (c0, s0) = (rcvbuf_errors(&s.client), rcvbuf_errors(&s.server));
-                let cpu0 = proc_cpu(p.pid());
+                let cpu0 = proc_cpu(p.pid() as u32);
                 let step = perfdhcp(&s, r, secs);
-                let cpu = proc_cpu(p.pid()) - cpu0;
+                let cpu = proc_cpu(p.pid() as u32) - cpu0;
                 let (c1, s1) = (rcvbuf_errors(&s.client), rcvbuf_errors(&s.server));
                 p.kill9();
                 let per_lease_us = if step.acks > 0.0 {

@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 const CHILD_ENV: &str = "BOOTPLANE_HTTP_BENCH_CHILD";
 const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
 
+#[path = "support/procfs.rs"]
+mod procfs;
+
 fn main() {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
         child(PathBuf::from(dir));
@@ -111,7 +114,7 @@ fn main() {
     // (b) 8 parallel downloads
     let (mut b_ours, mut b_nginx, mut g_ours, mut g_nginx) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let hz = procfs::clk_tck();
     let gib = (8 * big_len) as f64 / (1u64 << 30) as f64;
     for _ in 0..rounds {
         let c0 = cpu_ticks(&ours);
@@ -410,7 +413,7 @@ fn wrk_rps(srv: &Server, url: &str, conns: u32, secs: u64) -> (f64, f64) {
         .find_map(|l| l.strip_prefix("Requests/sec:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no Requests/sec in wrk output: {text}"));
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let hz = procfs::clk_tck();
     let us_per_req = (cpu1 - cpu0) as f64 / hz * 1e6 / (rps * secs as f64);
     (rps, us_per_req)
 }
@@ -419,21 +422,10 @@ fn wrk_rps(srv: &Server, url: &str, conns: u32, secs: u64) -> (f64, f64) {
 fn cpu_ticks(srv: &Server) -> u64 {
     let mut pids = vec![srv.pid()];
     if srv.nginx {
-        if let Ok(c) =
-            std::fs::read_to_string(format!("/proc/{}/task/{}/children", srv.pid(), srv.pid()))
-        {
-            pids.extend(c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-        }
+        pids.extend(procfs::children(srv.pid()));
     }
     pids.iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
-        .map(|s| {
-            // Fields after the `(comm)`: state is field 3; utime/stime are 14/15.
-            let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-                + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        })
+        .map(|p| procfs::cpu_ticks(*p).unwrap_or(0))
         .sum()
 }
 
@@ -530,31 +522,19 @@ impl ProbeServer {
     fn rss(&self) -> (u64, u64) {
         let mut pids = vec![self.pid];
         if self.nginx {
-            if let Ok(c) =
-                std::fs::read_to_string(format!("/proc/{}/task/{}/children", self.pid, self.pid))
-            {
-                pids.extend(c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
-            }
+            pids.extend(procfs::children(self.pid));
         }
         pids.iter().fold((0, 0), |(t, f), p| {
             (
                 t + rss_kib(*p).unwrap_or(0),
-                f + status_kib(*p, "RssFile:").unwrap_or(0),
+                f + procfs::status_kib(*p, "RssFile:").unwrap_or(0),
             )
         })
     }
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {
-    status_kib(pid, "VmRSS:")
-}
-
-fn status_kib(pid: u32, key: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
+    procfs::status_kib(pid, "VmRSS:")
 }
 
 // ---------------------------------------------------------------- helpers

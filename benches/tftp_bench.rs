@@ -42,6 +42,8 @@ use tokio::net::UdpSocket;
 mod tftp_common;
 use tftp_common::pattern;
 
+#[path = "support/procfs.rs"]
+mod procfs;
 #[path = "storm_support/tftp_client.rs"]
 mod tftp_client;
 
@@ -418,42 +420,19 @@ impl Drop for Srv {
 impl Srv {
     /// Peak and current RSS of the server process (KiB).
     fn rss_kib(&self) -> (u64, u64) {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        let get = |k: &str| {
-            s.lines()
-                .find(|l| l.starts_with(k))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
+        let get = |k: &str| procfs::status_kib(self.child.id(), k).unwrap_or(0);
         (get("VmHWM:"), get("VmRSS:"))
     }
 
     /// Current anonymous and file-backed RSS (KiB).
     fn rss_parts_kib(&self) -> (u64, u64) {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        let get = |k: &str| {
-            s.lines()
-                .find(|l| l.starts_with(k))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
+        let get = |k: &str| procfs::status_kib(self.child.id(), k).unwrap_or(0);
         (get("RssAnon:"), get("RssFile:"))
     }
 
     /// User+system CPU seconds of the server process so far.
     fn cpu_secs(&self) -> f64 {
-        let s =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        let after = s.rsplit_once(')').map(|x| x.1).unwrap_or("");
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        // fields 14 and 15 (utime, stime) are at 11 and 12 after the ')'
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        (t(11) + t(12)) / ticks
+        procfs::proc_cpu(self.child.id())
     }
 }
 
