@@ -21,6 +21,8 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use bootplane::tftp::packet;
+
 /// How often deadlines are checked (they are seconds long; this is their resolution).
 const TICK: Duration = Duration::from_millis(20);
 /// Sockets taken per epoll_wait.
@@ -177,8 +179,7 @@ impl Xfer {
         if let Some(p) = self.peer {
             if p != from {
                 // Another TID: tell it off, as RFC 1350 says.
-                let mut e = vec![0, 5, 0, 5];
-                e.extend_from_slice(b"unknown transfer id\0");
+                let e = packet::error(packet::ErrorCode::UnknownTid, "unknown transfer id");
                 let _ = self.job.sock.send_to(&e, from);
                 return Step::Wait;
             }
