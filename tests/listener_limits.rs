@@ -314,3 +314,110 @@ fn boot_listener_one_source_cannot_hold_every_slot() {
     assert_eq!(r.as_ref().map(|x| x.0), Ok(200), "same source: {r:?}");
     drop(held);
 }
+
+/// With small timeouts set through `[api]`: an idle connection (new, or between
+/// keep-alive requests) and a slow head are closed, while a watch that outlives both
+/// keeps streaming.
+#[test]
+fn api_idle_timeout_closes_idle_connections_but_not_watches() {
+    let b = Bootplane::start(&[
+        "--set",
+        "api.idle_timeout_ms=800",
+        "--set",
+        "api.header_read_timeout_ms=400",
+    ]);
+    let addr = api_addr(&b);
+    let mut watch = open_watch("127.0.0.6", &b).unwrap();
+    let mut idle = connect_from("127.0.0.6", addr);
+    let took = wait_closed(&mut idle, Duration::from_secs(4)).expect("idle connection closed");
+    assert!(took >= Duration::from_millis(700), "{took:?}");
+    // Keep-alive: one request, then idle.
+    let mut ka = connect_from("127.0.0.6", addr);
+    ka.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    ka.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut buf = [0u8; 512];
+    let n = ka.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let took = wait_closed(&mut ka, Duration::from_secs(4)).expect("keep-alive connection closed");
+    assert!(took >= Duration::from_millis(600), "{took:?}");
+    // A head that never completes: the header timeout, well before the idle one.
+    let mut slow = connect_from("127.0.0.6", addr);
+    slow.write_all(b"GET /healthz HTTP/1.1\r\n").unwrap();
+    let took = wait_closed(&mut slow, Duration::from_secs(4)).expect("slow head closed");
+    assert!(took < Duration::from_millis(750), "{took:?}");
+    // The watch outlived all of that and still streams.
+    let (code, v) = b.call(
+        "POST",
+        common::SERVERS,
+        Some(&common::server("w-2", serde_json::json!({}), "Recycle")),
+    );
+    assert_eq!(code, 201, "{v}");
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("\"w-2\"") {
+        let n = watch.read(&mut buf).expect("watch still open");
+        assert!(n > 0, "watch closed");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let (_, metrics) = get_from(
+        "127.0.0.3",
+        addr,
+        "/metrics",
+        Some(&b.token),
+        Duration::from_secs(3),
+    )
+    .unwrap();
+    assert!(
+        metrics.contains("bootplane_api_connections_timed_out_total 3"),
+        "{metrics}"
+    );
+}
+
+/// The boot listener's per-source share: busy connections (downloads the client does
+/// not read) count against it, the next one from that source is refused at once,
+/// and another source is still served.
+#[test]
+fn boot_listener_refuses_a_source_over_its_share() {
+    let srv = http_support::start(
+        Limits {
+            max_connections: 64,
+            max_connections_per_source: 8,
+            header_read_timeout: Duration::from_secs(8),
+            idle_timeout: Duration::from_secs(8),
+            ..Limits::default()
+        },
+        |_| {},
+    );
+    std::fs::File::create(srv.dir.path().join("assets/big.bin"))
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let held: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut s = connect_from(http_support::MACHINE_IP, srv.addr);
+            s.write_all(b"GET /assets/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut extra = connect_from(http_support::MACHINE_IP, srv.addr);
+    let _ = extra.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n");
+    let took = wait_closed(&mut extra, Duration::from_secs(3));
+    assert!(
+        took.is_some_and(|t| t < Duration::from_secs(2)),
+        "a ninth connection from the source was not refused ({took:?})"
+    );
+    assert!(srv
+        .metrics
+        .encode()
+        .contains("bootplane_http_connections_refused_per_source_total 1"));
+    let r = get_from(
+        http_support::OTHER_IP,
+        srv.addr,
+        "/boot.ipxe",
+        None,
+        Duration::from_secs(3),
+    );
+    assert_eq!(r.map(|x| x.0), Ok(200));
+    drop(held);
+}
