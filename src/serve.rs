@@ -122,7 +122,8 @@ pub async fn run(config: Config) -> Result<()> {
             .merge(crate::api::rest::leases_router(leases.clone()))
             .merge(crate::http::preview::router(boot_slot.clone()));
         let app = crate::api::rest::router(api_state, Some(extra));
-        let admission = crate::listen::Admission::new("api", api_limits(&ctx.config.api), api_conns);
+        let admission =
+            crate::listen::Admission::new("api", api_limits(&ctx.config.api), api_conns);
         tasks.spawn(async move {
             crate::listen::router::serve_router(listener, app, admission, s)
                 .await

@@ -68,8 +68,10 @@ fn get_from(
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .map_err(|e| format!("write: {e}"))?;
     let mut out = Vec::new();
     let start = Instant::now();
     let mut buf = [0u8; 8192];
@@ -89,7 +91,11 @@ fn get_from(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| format!("no status in {text:?}"))?;
-    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("").to_string();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
     Ok((code, body))
 }
 
@@ -231,7 +237,9 @@ fn api_watches_count_against_the_per_source_share() {
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         while !String::from_utf8_lossy(&got).contains("\"w-1\"") {
-            let n = w.read(&mut buf).unwrap_or_else(|e| panic!("watch {i}: {e}"));
+            let n = w
+                .read(&mut buf)
+                .unwrap_or_else(|e| panic!("watch {i}: {e}"));
             assert!(n > 0, "watch {i} closed");
             got.extend_from_slice(&buf[..n]);
         }
@@ -244,9 +252,11 @@ fn api_watches_count_against_the_per_source_share() {
 fn api_slow_head_is_closed_after_the_header_timeout() {
     let b = Bootplane::start(&[]);
     let mut s = connect_from("127.0.0.5", api_addr(&b));
-    s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(700)))
+        .unwrap();
     let start = Instant::now();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
     let mut closed = None;
     let mut buf = [0u8; 256];
     while start.elapsed() < Duration::from_secs(9) {
@@ -256,7 +266,11 @@ fn api_slow_head_is_closed_after_the_header_timeout() {
                 break;
             }
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => {
                 closed = Some(start.elapsed());
                 break;
@@ -333,7 +347,8 @@ fn api_idle_timeout_closes_idle_connections_but_not_watches() {
     assert!(took >= Duration::from_millis(700), "{took:?}");
     // Keep-alive: one request, then idle.
     let mut ka = connect_from("127.0.0.6", addr);
-    ka.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    ka.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     ka.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     let mut buf = [0u8; 512];
     let n = ka.read(&mut buf).unwrap();

@@ -73,7 +73,11 @@ impl Limits {
     }
 
     fn table(&self, app: &BootHttp) -> Admission {
-        Admission::new("boot http", self.admission(), app.metrics().connections.clone())
+        Admission::new(
+            "boot http",
+            self.admission(),
+            app.metrics().connections.clone(),
+        )
     }
 }
 

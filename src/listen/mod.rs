@@ -84,11 +84,7 @@ impl ConnMetrics {
     /// `connections_open`, `connections_rejected`, `connections_refused_per_source`,
     /// `connections_evicted` and `connections_timed_out`.
     pub fn register(&self, r: &mut Registry) {
-        r.register(
-            "connections_open",
-            "Open connections",
-            self.open.clone(),
-        );
+        r.register("connections_open", "Open connections", self.open.clone());
         r.register(
             "connections_rejected",
             "Connections closed at once because max_connections was reached and none was idle",

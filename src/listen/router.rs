@@ -50,7 +50,8 @@ pub async fn serve_router(
             _ = shutdown.recv() => break,
             c = admission.accept(&listener) => c,
         };
-        let (builder, app, child, live) = (builder.clone(), app.clone(), shutdown.child(), live.clone());
+        let (builder, app, child, live) =
+            (builder.clone(), app.clone(), shutdown.child(), live.clone());
         tokio::spawn(async move {
             connection(stream, conn, &builder, app, child).await;
             drop(live);
