@@ -20,6 +20,8 @@
 //!   that is busy, e.g. still reading a large response that our last `sendfile` only
 //!   queued, or one that has many connections to open, may start its next request late
 //!   without being slow once it has started; nginx waits 60 s for that first byte);
+//!   the timer is the listener's shared [`crate::listen::Watchdog`], which also ends a
+//!   connection evicted (while idle) to make room for another client;
 //! - requests that carry a body (`Content-Length` > 0 or `Transfer-Encoding`) are
 //!   answered (the handler refuses every method but GET and HEAD) and the connection
 //!   is closed, so a body is never mistaken for the next request;
