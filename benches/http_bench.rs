@@ -251,6 +251,8 @@ fn child(dir: PathBuf) {
         // BOOTPLANE_HTTP_BENCH_IDLE_MS: the idle timeout (5000 is the bound before it
         // was split from the header read timeout).
         let mut limits = Limits::default();
+        // Every wrk connection comes from the one loopback address: no per-source share.
+        limits.max_connections_per_source = limits.max_connections;
         if let Some(ms) = std::env::var("BOOTPLANE_HTTP_BENCH_IDLE_MS")
             .ok()
             .and_then(|v| v.parse().ok())

@@ -57,8 +57,18 @@ pub struct ApiConfig {
     pub listen: SocketAddr,
     /// Bearer token. When absent, one is generated into `<state_dir>/api-token` (mode 0600).
     pub token: Option<String>,
-    /// Maximum concurrent API connections.
+    /// Maximum concurrent API connections. When reached, a new client still gets in:
+    /// the oldest idle connection of the source holding the most is closed for it.
     pub max_connections: usize,
+    /// Connections one source (IPv4 address, IPv6 /64) may hold (at most
+    /// `max_connections`); beyond it its own oldest idle connection makes room, or
+    /// (none idle) the new one is refused.
+    pub max_connections_per_source: usize,
+    /// A request head must be complete within this long of its first byte.
+    pub header_read_timeout_ms: u64,
+    /// How long a connection may wait for a request's first byte, after the accept and
+    /// between keep-alive requests (a watch in progress is not idle).
+    pub idle_timeout_ms: u64,
     /// Maximum request body size in bytes.
     pub max_body_bytes: usize,
 }
@@ -68,7 +78,10 @@ impl Default for ApiConfig {
         ApiConfig {
             listen: "127.0.0.1:9090".parse().unwrap(),
             token: None,
-            max_connections: 1024,
+            max_connections: 512,
+            max_connections_per_source: 128,
+            header_read_timeout_ms: 5_000,
+            idle_timeout_ms: 60_000,
             max_body_bytes: 8 << 20,
         }
     }
@@ -84,7 +97,12 @@ pub struct HttpConfig {
     pub public_url: Option<String>,
     /// Root of `/assets/` (iPXE binaries, image files).
     pub assets_dir: PathBuf,
+    /// Connections open at once. When reached, a new client still gets in: the oldest
+    /// idle connection of the source holding the most is closed for it.
     pub max_connections: usize,
+    /// Connections one source (IPv4 address, IPv6 /64) may hold; beyond it its own
+    /// oldest idle connection makes room, or (none idle) the new one is refused.
+    pub max_connections_per_source: usize,
     /// Request head limit (431 beyond it); at least 8192.
     pub max_header_bytes: usize,
     /// A request head must be complete within this long of its first byte.
@@ -125,6 +143,7 @@ impl Default for HttpConfig {
             public_url: None,
             assets_dir: PathBuf::from("ipxe"),
             max_connections: 4096,
+            max_connections_per_source: 512,
             max_header_bytes: 16 << 10,
             header_read_timeout_ms: 5_000,
             idle_timeout_ms: 30_000,
@@ -402,6 +421,22 @@ impl Config {
                 bail!("http.public_url must start with http:// or https:// (got {u:?})");
             }
         }
+        for (key, max, per) in [
+            (
+                "api",
+                self.api.max_connections,
+                self.api.max_connections_per_source,
+            ),
+            (
+                "http",
+                self.http.max_connections,
+                self.http.max_connections_per_source,
+            ),
+        ] {
+            if max == 0 || per == 0 {
+                bail!("{key}.max_connections and {key}.max_connections_per_source must be at least 1 (got {max} and {per})");
+            }
+        }
         if self.dhcp.enabled && self.dhcp.interface.is_none() {
             bail!("dhcp.enabled needs dhcp.interface");
         }
@@ -575,6 +610,18 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(c.state_dir, PathBuf::from("/b"));
+    }
+
+    #[test]
+    fn connection_shares_must_be_positive() {
+        for key in ["api", "http"] {
+            let o = Overrides {
+                set: vec![format!("{key}.max_connections_per_source=0")],
+                ..Default::default()
+            };
+            let e = Config::resolve(None, o).unwrap_err().to_string();
+            assert!(e.contains("max_connections_per_source"), "{e}");
+        }
     }
 
     #[test]

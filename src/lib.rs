@@ -12,6 +12,7 @@ pub mod http;
 pub mod ignition;
 pub mod image;
 pub mod ipxe;
+pub mod listen;
 pub mod net;
 pub mod nfs;
 pub mod power;

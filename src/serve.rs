@@ -103,6 +103,8 @@ pub async fn run(config: Config) -> Result<()> {
     if ctx.config.tftp.enabled {
         tftp_metrics.register(&mut metrics);
     }
+    let api_conns = crate::listen::ConnMetrics::default();
+    api_conns.register(metrics.sub_registry_with_prefix("bootplane_api"));
     let api_state = Arc::new(crate::api::rest::ApiState {
         store: store.clone(),
         token,
@@ -120,9 +122,10 @@ pub async fn run(config: Config) -> Result<()> {
             .merge(crate::api::rest::leases_router(leases.clone()))
             .merge(crate::http::preview::router(boot_slot.clone()));
         let app = crate::api::rest::router(api_state, Some(extra));
-        let max = ctx.config.api.max_connections;
+        let admission =
+            crate::listen::Admission::new("api", api_limits(&ctx.config.api), api_conns);
         tasks.spawn(async move {
-            serve_router(listener, app, max, s)
+            crate::listen::router::serve_router(listener, app, admission, s)
                 .await
                 .context("api server")
         });
@@ -237,55 +240,15 @@ pub async fn run(config: Config) -> Result<()> {
     Ok(())
 }
 
-/// Accept loop for an axum router: at most `max_conns` connections at once (further
-/// clients wait in the listen backlog), and on shutdown stop accepting, let open
-/// connections finish (bounded by the caller's drain timeout).
-pub async fn serve_router(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    max_conns: usize,
-    mut shutdown: Shutdown,
-) -> Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    use hyper_util::server::conn::auto;
-    use hyper_util::service::TowerToHyperService;
-    let sem = Arc::new(tokio::sync::Semaphore::new(max_conns.max(1)));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    loop {
-        let permit = tokio::select! {
-            p = sem.clone().acquire_owned() => p.context("connection limit closed")?,
-            _ = shutdown.recv() => break,
-        };
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.recv() => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let svc = TowerToHyperService::new(app.clone());
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
-            drop(permit);
-        });
+/// The API listener's connection admission limits (`[api]`).
+fn api_limits(c: &crate::config::ApiConfig) -> crate::listen::Limits {
+    crate::listen::Limits {
+        max_connections: c.max_connections,
+        max_per_source: c.max_connections_per_source,
+        header_read_timeout: Duration::from_millis(c.header_read_timeout_ms.max(100)),
+        idle_timeout: Duration::from_millis(c.idle_timeout_ms.max(100)),
     }
-    drop(listener);
-    tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(Duration::from_secs(8)) => tracing::warn!("connections still open after 8s, closing"),
-    }
-    Ok(())
+    .normalized()
 }
 
 /// Keeps a service alive until shutdown (for services with nothing else to wait on).

@@ -15,6 +15,7 @@ use http_support::*;
 fn limits() -> Limits {
     Limits {
         max_connections: 64,
+        max_connections_per_source: 64,
         max_header_bytes: 8192,
         header_read_timeout: Duration::from_millis(600),
         idle_timeout: Duration::from_millis(600),
@@ -211,22 +212,53 @@ fn slow_and_idle_headers_are_closed() {
 }
 
 #[test]
-fn connection_limit_closes_extra_connections() {
+fn connection_limit_evicts_idle_connections_and_closes_extra_ones_when_all_are_busy() {
     let l = Limits {
         max_connections: 3,
+        max_connections_per_source: 3,
         header_read_timeout: Duration::from_secs(8),
         idle_timeout: Duration::from_secs(8),
         ..limits()
     };
     let srv = start(l, |_| {});
-    let held: Vec<TcpStream> = (0..3)
-        .map(|_| TcpStream::connect(srv.addr).unwrap())
+    // Idle connections make room: the oldest is closed for the newcomer.
+    let mut idle: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let s = TcpStream::connect(srv.addr).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            s
+        })
         .collect();
-    std::thread::sleep(Duration::from_millis(200));
-    let mut extra = TcpStream::connect(srv.addr).unwrap();
-    let _ = extra.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n");
-    let took = wait_closed(&mut extra, Duration::from_secs(3)).expect("extra connection closed");
+    let c = curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &[]);
+    assert_eq!(c.code, 200);
+    let took = wait_closed(&mut idle[0], Duration::from_secs(3)).expect("oldest idle closed");
     assert!(took < Duration::from_secs(2));
+    assert!(srv
+        .metrics
+        .encode()
+        .contains("bootplane_http_connections_evicted_total 1"));
+    drop(idle);
+    // Busy connections (downloads the client does not read) are never closed for it.
+    let big = srv.dir.path().join("assets/big.bin");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = TcpStream::connect(srv.addr).unwrap();
+            s.write_all(b"GET /assets/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // From another source (the held ones' source is at its share as well).
+    let t = Instant::now();
+    let c = curl(OTHER_IP, &format!("{}/boot.ipxe", srv.base), &[]);
+    assert_eq!(c.code, 0, "served although every slot is busy");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     assert!(srv
         .metrics
         .encode()

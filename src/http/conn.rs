@@ -20,6 +20,8 @@
 //!   that is busy, e.g. still reading a large response that our last `sendfile` only
 //!   queued, or one that has many connections to open, may start its next request late
 //!   without being slow once it has started; nginx waits 60 s for that first byte);
+//!   the timer is the listener's shared [`crate::listen::Watchdog`], which also ends a
+//!   connection evicted (while idle) to make room for another client;
 //! - requests that carry a body (`Content-Length` > 0 or `Transfer-Encoding`) are
 //!   answered (the handler refuses every method but GET and HEAD) and the connection
 //!   is closed, so a body is never mistaken for the next request;
@@ -40,11 +42,11 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 use super::files::{FileBody, RawPart};
 use super::server::Limits;
 use super::BootHttp;
+use crate::listen::Expiry;
 use crate::shutdown::Shutdown;
 
 /// More header fields than this get 431 (hyper's default too).
@@ -82,25 +84,27 @@ struct Head {
     has_body: bool,
 }
 
-/// Serve requests on `stream` until the client closes, an error, or shutdown.
+/// Serve requests on `stream` until the client closes, an error, eviction or shutdown.
+/// `admitted` is the connection's place in the listener's table: its watchdog bounds
+/// the wait for a request (idle and header read timeouts) and ends the connection when
+/// it is evicted, and the connection reports on it when a head starts and while a
+/// request is being answered.
 pub async fn serve(
     mut stream: TcpStream,
     client: IpAddr,
     app: &BootHttp,
     limits: &Limits,
     shutdown: &mut Shutdown,
+    admitted: &crate::listen::Conn,
 ) -> Result<(), ConnError> {
     let mut rbuf = BytesMut::with_capacity(4096);
     let mut out = BytesMut::with_capacity(4096);
+    let slot = admitted.slot();
     // Waiting for a request: up to `idle_timeout` for its first byte (after the accept
     // and between keep-alive requests), then up to `header_read_timeout` for the rest
-    // of the head. One timer per connection, moved lazily: it is re-armed when it fires
-    // before the deadline, or when the deadline moves earlier.
-    let mut idle_since = Instant::now();
-    let mut head_since: Option<Instant> = None;
-    let mut armed = idle_since + limits.idle_timeout;
-    let sleep = tokio::time::sleep_until(armed);
-    tokio::pin!(sleep);
+    // of the head; one lazily moved timer per connection.
+    let mut watchdog = admitted.watchdog();
+    let mut head_started = false;
     let stop = shutdown.recv();
     tokio::pin!(stop);
     loop {
@@ -119,44 +123,32 @@ pub async fn serve(
                 if rbuf.capacity() - rbuf.len() < 1024 {
                     rbuf.reserve(4096);
                 }
-                if head_since.is_none() && !rbuf.is_empty() {
-                    head_since = Some(Instant::now());
+                if !head_started && !rbuf.is_empty() {
+                    slot.head_started();
+                    head_started = true;
                 }
-                let deadline = match head_since {
-                    Some(t) => t + limits.header_read_timeout,
-                    None => idle_since + limits.idle_timeout,
-                };
-                if deadline < armed {
-                    armed = deadline;
-                    sleep.as_mut().reset(armed);
-                }
-                loop {
-                    tokio::select! {
-                        biased;
-                        r = stream.read_buf(&mut rbuf) => {
-                            if r? == 0 {
-                                return Ok(());
-                            }
-                            break;
+                tokio::select! {
+                    biased;
+                    r = stream.read_buf(&mut rbuf) => {
+                        if r? == 0 {
+                            return Ok(());
                         }
-                        _ = &mut sleep => {
-                            if Instant::now() >= deadline {
-                                return Err(if head_since.is_some() {
-                                    ConnError::HeaderTimeout
-                                } else {
-                                    ConnError::IdleTimeout
-                                });
-                            }
-                            armed = deadline;
-                            sleep.as_mut().reset(armed);
-                        }
-                        _ = &mut stop => return Ok(()),
                     }
+                    why = &mut watchdog => return match why {
+                        Expiry::Header => Err(ConnError::HeaderTimeout),
+                        Expiry::Idle => Err(ConnError::IdleTimeout),
+                        Expiry::Evicted => Ok(()),
+                    },
+                    _ = &mut stop => return Ok(()),
                 }
                 continue;
             }
             Err(status) => return fail(&stream, &mut out, status).await,
         };
+        if !slot.begin() {
+            // Evicted while the head arrived: the slot is someone else's now.
+            return Ok(());
+        }
         let Head {
             req,
             keep_alive,
@@ -182,8 +174,8 @@ pub async fn serve(
         if out.len() >= OUT_BATCH {
             flush(&stream, &mut out, false).await?;
         }
-        idle_since = Instant::now();
-        head_since = None;
+        slot.end();
+        head_started = false;
     }
 }
 

@@ -5,7 +5,6 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -46,10 +45,8 @@ pub struct Metrics {
     pub boot_progress: Family<EventLabels, Counter>,
     /// Script/Ignition requests refused by the identity check, by route.
     pub identity_refused: Family<RouteLabels, Counter>,
-    /// Connections accepted and closed at once because `max_connections` was reached.
-    pub connections_rejected: Counter,
-    /// Connections currently open.
-    pub connections_open: Gauge,
+    /// Open, refused, evicted and timed-out connections ([`crate::listen::Admission`]).
+    pub connections: crate::listen::ConnMetrics,
     /// Connections that ended with a protocol error or a header read timeout.
     pub connection_errors: Counter,
     /// Handles resolved once for the hot path (a family lookup hashes and locks).
@@ -109,8 +106,7 @@ impl Metrics {
             latency,
             boot_progress,
             identity_refused: Family::default(),
-            connections_rejected: Counter::default(),
-            connections_open: Gauge::default(),
+            connections: crate::listen::ConnMetrics::default(),
             connection_errors: Counter::default(),
             hot: std::sync::Arc::new(hot),
         }
@@ -152,16 +148,7 @@ impl Metrics {
             "Script/Ignition requests refused by the identity check",
             self.identity_refused.clone(),
         );
-        r.register(
-            "connections_rejected",
-            "Connections closed at once because max_connections was reached",
-            self.connections_rejected.clone(),
-        );
-        r.register(
-            "connections_open",
-            "Open boot HTTP connections",
-            self.connections_open.clone(),
-        );
+        self.connections.register(r);
         r.register(
             "connection_errors",
             "Connections ended by a protocol error or header read timeout",

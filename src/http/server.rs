@@ -1,7 +1,8 @@
-//! The thin socket loop: accept (bounded by `max_connections`), one HTTP/1.1
-//! connection ([`super::conn`]) per socket with a header size limit (431 beyond it), a
-//! header read timeout and an idle timeout (slow or idle clients are closed) and
-//! graceful shutdown.
+//! The thin socket loop: accept under the shared connection admission
+//! ([`crate::listen::Admission`]: `max_connections`, a per-source share of it, idle
+//! connections evicted to let new clients in, the idle and header read timeouts), one
+//! HTTP/1.1 connection ([`super::conn`]) per socket with a header size limit (431
+//! beyond it) and graceful shutdown.
 //!
 //! In `serve` the boot listener runs in the shape nginx has: [`run_workers`] starts
 //! `http.workers` threads (default: one per core), each with its own current-thread
@@ -10,7 +11,7 @@
 //! thread that accepted it: no cross-thread wakeups or work stealing on the hot path.
 //! Before binding the group, [`bind`] checks that nothing already listens on the
 //! address (a second bootplane would otherwise silently share the port). The
-//! connection limit is one semaphore shared by all workers; shutdown is the same
+//! connection table is one [`Admission`] shared by all workers; shutdown is the same
 //! broadcast and drain as everywhere else, and each worker thread ends once its
 //! connections have finished (bounded by the drain timeout). [`run`] serves one
 //! listener on the caller's runtime (tests, benches).
@@ -21,9 +22,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 
 use super::{conn, BootHttp};
+use crate::listen::{self, Admission};
 use crate::shutdown::Shutdown;
 
 /// Smallest request head limit accepted (hyper's floor, kept for the same config).
@@ -32,6 +34,8 @@ pub const MIN_HEADER_BYTES: usize = 8192;
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_connections: usize,
+    /// Connections one source (IPv4 address, IPv6 /64) may hold at once.
+    pub max_connections_per_source: usize,
     /// Request head limit; at least [`MIN_HEADER_BYTES`].
     pub max_header_bytes: usize,
     /// A request head must be complete within this long of its first byte.
@@ -47,11 +51,33 @@ impl Limits {
     pub fn from_config(c: &crate::config::HttpConfig) -> Limits {
         Limits {
             max_connections: c.max_connections.max(1),
+            max_connections_per_source: c.max_connections_per_source.max(1),
             max_header_bytes: c.max_header_bytes.max(MIN_HEADER_BYTES),
             header_read_timeout: Duration::from_millis(c.header_read_timeout_ms.max(100)),
             idle_timeout: Duration::from_millis(c.idle_timeout_ms.max(100)),
             drain_timeout: Duration::from_secs(8),
         }
+    }
+}
+
+impl Limits {
+    /// The admission limits of the connection table.
+    pub fn admission(&self) -> listen::Limits {
+        listen::Limits {
+            max_connections: self.max_connections,
+            max_per_source: self.max_connections_per_source,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+        }
+        .normalized()
+    }
+
+    fn table(&self, app: &BootHttp) -> Admission {
+        Admission::new(
+            "boot http",
+            self.admission(),
+            app.metrics().connections.clone(),
+        )
     }
 }
 
@@ -113,7 +139,7 @@ pub async fn run_workers(
     limits: Limits,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = limits.table(&app);
     let mut done = Vec::with_capacity(listeners.len());
     for (i, listener) in listeners.into_iter().enumerate() {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -156,47 +182,31 @@ pub async fn run(
     limits: Limits,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = limits.table(&app);
     let (live, _) = mpsc::channel::<()>(1);
     accept(listener, app, limits, slots, shutdown, live).await;
     Ok(())
 }
 
-/// The accept loop: a connection task per socket while a slot is free.
+/// The accept loop: a connection task per admitted socket.
 async fn accept(
     listener: TcpListener,
     app: Arc<BootHttp>,
     limits: Limits,
-    slots: Arc<Semaphore>,
+    slots: Admission,
     mut shutdown: Shutdown,
     live: mpsc::Sender<()>,
 ) {
     loop {
-        tokio::select! {
+        let (stream, peer, admitted) = tokio::select! {
             _ = shutdown.recv() => break,
-            res = listener.accept() => {
-                let (stream, peer) = match res {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(error = %e, "accepting boot http connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    app.metrics().connections_rejected.inc();
-                    tracing::warn!(client = %peer, max = limits.max_connections, "connection limit reached, closing");
-                    drop(stream);
-                    continue;
-                };
-                let (app, child, live) = (app.clone(), shutdown.child(), live.clone());
-                tokio::spawn(async move {
-                    connection(stream, peer, app, limits, child, permit).await;
-                    drop(live);
-                });
-            }
-        }
+            c = slots.accept(&listener) => c,
+        };
+        let (app, child, live) = (app.clone(), shutdown.child(), live.clone());
+        tokio::spawn(async move {
+            connection(stream, peer, app, limits, child, admitted).await;
+            drop(live);
+        });
     }
     tracing::info!("boot http listener stopped accepting");
 }
@@ -207,17 +217,16 @@ async fn connection(
     app: Arc<BootHttp>,
     limits: Limits,
     shutdown: Shutdown,
-    _permit: OwnedSemaphorePermit,
+    admitted: listen::Conn,
 ) {
     let _ = stream.set_nodelay(true);
     let client = peer.ip().to_canonical();
-    app.metrics().connections_open.inc();
     // The loop closes idle connections on shutdown by itself; this bounds a response
     // still being written to the drain timeout.
     let mut reads = shutdown.child();
     let mut drain = shutdown;
     let res = tokio::select! {
-        res = conn::serve(stream, client, &app, &limits, &mut reads) => res,
+        res = conn::serve(stream, client, &app, &limits, &mut reads, &admitted) => res,
         _ = async {
             drain.recv().await;
             tokio::time::sleep(limits.drain_timeout).await;
@@ -227,7 +236,6 @@ async fn connection(
         app.metrics().connection_errors.inc();
         tracing::debug!(client = %client, error = %e, "boot http connection ended with an error");
     }
-    app.metrics().connections_open.dec();
 }
 
 #[cfg(test)]
