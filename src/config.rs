@@ -59,7 +59,8 @@ pub struct ApiConfig {
     pub token: Option<String>,
     /// Maximum concurrent API connections.
     pub max_connections: usize,
-    /// Maximum request body size in bytes.
+    /// Maximum request body size in bytes (413 beyond it, before the body is read;
+    /// YAML aliases may not expand a body by more than this either).
     pub max_body_bytes: usize,
 }
 
@@ -69,7 +70,8 @@ impl Default for ApiConfig {
             listen: "127.0.0.1:9090".parse().unwrap(),
             token: None,
             max_connections: 1024,
-            max_body_bytes: 8 << 20,
+            // Kubernetes' limit; a stored object is at most 1.5 MiB anyway.
+            max_body_bytes: 3 << 20,
         }
     }
 }
