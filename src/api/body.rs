@@ -26,7 +26,7 @@ use std::mem::MaybeUninit;
 
 use serde::Deserialize;
 use serde_json::Value;
-use unsafe_libyaml_norway as sys;
+use unsafe_libyaml_norway as unsafe_libyaml;
 
 /// The deepest nesting accepted (a top-level mapping is depth 1). Kubernetes objects
 /// stay near 10; serde_json's own limit is 128.
@@ -199,24 +199,24 @@ enum Ev {
 struct Events<'a> {
     /// Boxed: libyaml keeps a pointer to the parser in it (`read_handler_data`), so
     /// it must not move once the input is set.
-    parser: Box<MaybeUninit<sys::yaml_parser_t>>,
+    parser: Box<MaybeUninit<unsafe_libyaml::yaml_parser_t>>,
     _input: std::marker::PhantomData<&'a [u8]>,
 }
 
 impl<'a> Events<'a> {
     fn new(input: &'a str) -> Events<'a> {
-        let mut parser = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
+        let mut parser = Box::new(MaybeUninit::<unsafe_libyaml::yaml_parser_t>::uninit());
         let p = parser.as_mut_ptr();
         // SAFETY: `yaml_parser_initialize` initializes the whole struct (it zeroes it
         // before filling it in); the box is never moved out of, so the self-pointer
         // that `set_input_string` stores stays valid, and `input` outlives the parser
         // (`'a`). libyaml only reads the input.
         unsafe {
-            if sys::yaml_parser_initialize(p).fail {
+            if unsafe_libyaml::yaml_parser_initialize(p).fail {
                 panic!("libyaml could not allocate its parser");
             }
-            sys::yaml_parser_set_encoding(p, sys::YAML_UTF8_ENCODING);
-            sys::yaml_parser_set_input_string(p, input.as_ptr(), input.len() as u64);
+            unsafe_libyaml::yaml_parser_set_encoding(p, unsafe_libyaml::YAML_UTF8_ENCODING);
+            unsafe_libyaml::yaml_parser_set_input_string(p, input.as_ptr(), input.len() as u64);
         }
         Events {
             parser,
@@ -227,15 +227,15 @@ impl<'a> Events<'a> {
     /// The next event and the (1-based) line and column it starts at.
     fn next(&mut self) -> Result<(Ev, usize, usize), DecodeError> {
         let p = self.parser.as_mut_ptr();
-        let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
+        let mut event = MaybeUninit::<unsafe_libyaml::yaml_event_t>::uninit();
         // SAFETY: the parser was initialized in `new`. `yaml_parser_parse` fills
         // `event` when it succeeds; only then is it read, through the union member
         // that its `type_` names, and deleted once (which frees what libyaml
         // allocated for it). Anchor pointers are NUL-terminated strings libyaml owns
         // until the delete; they are copied before it.
         unsafe {
-            if (&*p).error != sys::YAML_NO_ERROR
-                || sys::yaml_parser_parse(p, event.as_mut_ptr()).fail
+            if (&*p).error != unsafe_libyaml::YAML_NO_ERROR
+                || unsafe_libyaml::yaml_parser_parse(p, event.as_mut_ptr()).fail
             {
                 return Err(self.error());
             }
@@ -243,22 +243,29 @@ impl<'a> Events<'a> {
             let anchor =
                 |a: *mut u8| (!a.is_null()).then(|| CStr::from_ptr(a.cast()).to_bytes().to_vec());
             let ev = match e.type_ {
-                sys::YAML_DOCUMENT_START_EVENT => Ev::DocumentStart,
-                sys::YAML_STREAM_END_EVENT => Ev::StreamEnd,
-                sys::YAML_SCALAR_EVENT => {
+                unsafe_libyaml::YAML_DOCUMENT_START_EVENT => Ev::DocumentStart,
+                unsafe_libyaml::YAML_STREAM_END_EVENT => Ev::StreamEnd,
+                unsafe_libyaml::YAML_SCALAR_EVENT => {
                     Ev::Scalar(anchor(e.data.scalar.anchor), e.data.scalar.length as usize)
                 }
-                sys::YAML_SEQUENCE_START_EVENT => Ev::Start(anchor(e.data.sequence_start.anchor)),
-                sys::YAML_MAPPING_START_EVENT => Ev::Start(anchor(e.data.mapping_start.anchor)),
-                sys::YAML_SEQUENCE_END_EVENT | sys::YAML_MAPPING_END_EVENT => Ev::End,
-                sys::YAML_ALIAS_EVENT => Ev::Alias(anchor(e.data.alias.anchor).unwrap_or_default()),
+                unsafe_libyaml::YAML_SEQUENCE_START_EVENT => {
+                    Ev::Start(anchor(e.data.sequence_start.anchor))
+                }
+                unsafe_libyaml::YAML_MAPPING_START_EVENT => {
+                    Ev::Start(anchor(e.data.mapping_start.anchor))
+                }
+                unsafe_libyaml::YAML_SEQUENCE_END_EVENT
+                | unsafe_libyaml::YAML_MAPPING_END_EVENT => Ev::End,
+                unsafe_libyaml::YAML_ALIAS_EVENT => {
+                    Ev::Alias(anchor(e.data.alias.anchor).unwrap_or_default())
+                }
                 _ => Ev::Other,
             };
             let (line, column) = (
                 e.start_mark.line as usize + 1,
                 e.start_mark.column as usize + 1,
             );
-            sys::yaml_event_delete(event.as_mut_ptr());
+            unsafe_libyaml::yaml_event_delete(event.as_mut_ptr());
             Ok((ev, line, column))
         }
     }
@@ -298,7 +305,7 @@ impl<'a> Events<'a> {
 impl Drop for Events<'_> {
     fn drop(&mut self) {
         // SAFETY: initialized in `new`, deleted once here.
-        unsafe { sys::yaml_parser_delete(self.parser.as_mut_ptr()) }
+        unsafe { unsafe_libyaml::yaml_parser_delete(self.parser.as_mut_ptr()) }
     }
 }
 
@@ -474,7 +481,7 @@ mod tests {
     fn alias_expansion_is_bounded() {
         // Aliases to a big scalar.
         let mut s = format!("a: &a \"{}\"\nb: [", "x".repeat(100_000));
-        s.push_str(&vec!["*a"; 11].join(","));
+        s.push_str(&["*a"; 11].join(","));
         s.push_str("]\n");
         let e = scan_yaml(&s, L).unwrap_err();
         assert!(

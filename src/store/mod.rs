@@ -1241,6 +1241,72 @@ mod tests {
         ));
     }
 
+    #[tokio::test]
+    async fn object_limits_hold_on_every_write_path_and_store_nothing() {
+        let (_d, s) = store();
+        let srv = rt("server");
+        let bad = json!({"metadata": {"name": "a", "labels": {"../../x y": "v"}}, "spec": {"systemUUID": "u"}});
+        let err = s.create(&srv, bad).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Invalid { causes, .. } if causes[0].field == "metadata.labels"),
+            "{err}"
+        );
+        let o = s
+            .create(
+                &srv,
+                json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u"}}),
+            )
+            .await
+            .unwrap();
+        let rev = s.revision();
+        // Update, patch: bad label value, too many annotation bytes.
+        let mut u = (*o).clone();
+        u["metadata"]["labels"] = json!({"k": "a\nb"});
+        let err = s.update(&srv, u, Part::Main).await.unwrap_err();
+        assert!(err.to_string().contains("metadata.labels.k"), "{err}");
+        let big = json!({"metadata": {"annotations": {"n": "x".repeat(300 << 10)}}});
+        let err = s
+            .patch(&srv, None, "a", &big, Part::Main)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("262144"), "{err}");
+        // An object over 1.5 MiB in total, created or updated (the limit is checked
+        // where every write's text is made, status writes included).
+        let secret = rt("secret");
+        let big =
+            |n: &str| json!({"metadata": {"name": n}, "stringData": {"k": "x".repeat(1200 << 10)}});
+        let err = s.create(&secret, big("big")).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::TooLarge { size, limit: kv::MAX_VALUE_BYTES, .. } if size > 1600 << 10),
+            "{err}"
+        );
+        assert!(err.to_string().contains("secrets \"big\""), "{err}");
+        assert_eq!(s.revision(), rev, "nothing was stored");
+        let small = s
+            .create(&secret, json!({"metadata": {"name": "small"}}))
+            .await
+            .unwrap();
+        let rev = s.revision();
+        let err = s
+            .update_from(&secret, small, big("small"), Part::Main)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+        assert_eq!(s.revision(), rev, "nothing was stored");
+        // A watch may start at the current revision, not after it.
+        assert!(s.watch(&srv, None, rev).is_ok());
+        match s.watch(&srv, None, rev + 1) {
+            Err(e @ StoreError::TooLargeResourceVersion { .. }) => {
+                assert_eq!(
+                    e.to_string(),
+                    format!("Too large resource version: {}, current: {rev}", rev + 1)
+                )
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a watch from the future"),
+        }
+    }
+
     #[test]
     fn merge_patch_rfc7386() {
         let mut t = json!({"a": "b", "c": {"d": "e", "f": "g"}});
