@@ -161,15 +161,15 @@ fn deep_flow(levels: usize) -> Vec<u8> {
 fn deep_yaml_is_refused_in_milliseconds_and_healthz_keeps_answering() {
     // The old 8 MiB body limit, so the 2M-level body reaches the decoder.
     let b = Bootplane::start(&["--set", "api.max_body_bytes=8388608"]);
-    // (levels, body, Content-Type): `[[[...]]]` took 0.85 s to refuse on the old
-    // code, `a: [[[...` 100k deep 57 s, `{a: {a: ...` over a minute.
+    // (levels, body, Content-Type): on the old code `a: [[[...` 100k deep took 57 s
+    // to refuse, `{a: {a: ...` over a minute, `[[[...]]]` 0.85 s.
     let cases: Vec<(usize, Vec<u8>, Option<&str>)> = vec![
-        (100_000, deep_flow(100_000), Some("application/yaml")),
         (
             100_000,
             [&b"a: "[..], &deep_flow(100_000)[..100_000]].concat(),
             Some("application/yaml"),
         ),
+        (100_000, deep_flow(100_000), Some("application/yaml")),
         (
             2_000_000,
             b"{a: ".repeat(2_000_000),
@@ -372,6 +372,30 @@ fn oversized_objects_and_annotations_are_refused_and_memory_is_kept() {
             v["message"].as_str().unwrap().contains("3145728"),
             "the Status names the limit: {v}"
         );
+    }
+    // Without a declared length (chunked), reading stops at the limit: 413 too.
+    {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", b.api_port)).unwrap();
+        write!(
+            c,
+            "PUT {SERVERS}/big HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b.token
+        )
+        .unwrap();
+        let chunk = [b'x'; 64 << 10];
+        for _ in 0..49 {
+            write!(c, "{:x}\r\n", chunk.len()).unwrap();
+            c.write_all(&chunk).unwrap();
+            c.write_all(b"\r\n").unwrap();
+        }
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut head = [0u8; 512];
+        let n = c.read(&mut head).unwrap();
+        let head = String::from_utf8_lossy(&head[..n]);
+        assert!(head.starts_with("HTTP/1.1 413"), "{}", short(&head));
+        assert!(head.contains("3145728"), "{}", short(&head));
     }
     let rss1 = status_kib(&b, "VmRSS");
     eprintln!("VmRSS {rss0} -> {rss1} KiB after 20 refused 7.5 MiB PUTs");
