@@ -545,3 +545,23 @@ fn a_watch_from_a_future_resource_version_is_an_error() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+#[test]
+fn apply_refuses_deep_yaml_manifests_quickly() {
+    let b = Bootplane::start(&[]);
+    let mut doc = String::from(
+        "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {name: deep}\nspec: ",
+    );
+    doc.push_str(&"[".repeat(30_000));
+    let t0 = Instant::now();
+    let (code, out, err) = b.cli_stdin(&["apply", "-f", "-"], Some(&doc));
+    let took = t0.elapsed();
+    assert_eq!(code, 1, "{out} {}", short(&err));
+    assert!(
+        err.contains("nesting deeper than 64 levels"),
+        "{}",
+        short(&err)
+    );
+    assert!(took < Duration::from_secs(3), "apply took {took:?}");
+    assert!(server_names(&b).is_empty());
+}
