@@ -69,7 +69,8 @@ pub struct ApiConfig {
     /// How long a connection may wait for a request's first byte, after the accept and
     /// between keep-alive requests (a watch in progress is not idle).
     pub idle_timeout_ms: u64,
-    /// Maximum request body size in bytes.
+    /// Maximum request body size in bytes (413 beyond it, before the body is read;
+    /// YAML aliases may not expand a body by more than this either).
     pub max_body_bytes: usize,
 }
 
@@ -82,7 +83,8 @@ impl Default for ApiConfig {
             max_connections_per_source: 128,
             header_read_timeout_ms: 5_000,
             idle_timeout_ms: 60_000,
-            max_body_bytes: 8 << 20,
+            // Kubernetes' limit; a stored object is at most 1.5 MiB anyway.
+            max_body_bytes: 3 << 20,
         }
     }
 }

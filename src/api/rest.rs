@@ -8,7 +8,10 @@
 //!
 //! GET (one or list, `labelSelector=`), POST, PUT, PATCH (JSON merge patch), DELETE,
 //! and `?watch=true[&resourceVersion=R]` streaming newline-delimited JSON events.
-//! Bodies are JSON or YAML (by `Content-Type`; sniffed when absent); responses are
+//! Bodies are YAML when the `Content-Type` names YAML (`application/yaml`), JSON
+//! otherwise (also when it is absent: kube's default, and nothing guesses); they are
+//! bounded before they are parsed ([`crate::api::body`]: size, nesting depth, alias
+//! expansion), and large ones are decoded on a blocking thread. Responses are
 //! JSON unless `Accept` asks for YAML; JSON GET, list and watch bodies are written
 //! around the objects' stored text, without parsing it. Every failure is a `Status` object with the
 //! HTTP code kube would use. Every route but `/healthz` needs the bearer token.
@@ -24,6 +27,7 @@ use axum::routing::{any, get};
 use axum::Router;
 use serde_json::{json, Value};
 
+use crate::api::body::{self, DecodeError, Format};
 use crate::api::resource::ResourceType;
 use crate::api::selector::Selector;
 use crate::store::kv::Rev;
@@ -115,6 +119,29 @@ impl From<StoreError> for ApiError {
                 ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
             }
             StoreError::Gone(_) => ApiError::new(StatusCode::GONE, "Expired", message),
+            // As kube's watch cache answers a resourceVersion it has not seen yet
+            // (after waiting for it): 504 Timeout, cause ResourceVersionTooLarge.
+            StoreError::TooLargeResourceVersion { .. } => {
+                let mut a = ApiError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "Timeout",
+                    format!("Timeout: {message}"),
+                );
+                a.details = Some(json!({
+                    "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                    "retryAfterSeconds": 1,
+                }));
+                a
+            }
+            StoreError::TooLarge { name, .. } => {
+                let mut a = ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "RequestEntityTooLarge",
+                    message,
+                );
+                a.details = Some(json!({"name": name}));
+                a
+            }
             StoreError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
             }
@@ -342,34 +369,74 @@ fn respond(h: &HeaderMap, code: StatusCode, v: &Value) -> Response {
     }
 }
 
-/// Decode a request body as JSON or YAML.
-pub fn decode_body(h: &HeaderMap, body: &[u8]) -> ApiResult<Value> {
+/// A body's syntax by its `Content-Type`: YAML when it names YAML, JSON otherwise
+/// (also without one, as kube; the text is never sniffed).
+pub fn body_format(h: &HeaderMap) -> Format {
     let ct = h
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let text = std::str::from_utf8(body)
-        .map_err(|_| ApiError::bad_request("request body is not valid UTF-8"))?;
-    if text.trim().is_empty() {
-        return Err(ApiError::bad_request("request body is empty"));
-    }
-    let v: Value = if ct.contains("yaml") {
-        serde_norway::from_str(text)
-            .map_err(|e| ApiError::bad_request(format!("malformed YAML: {e}")))?
-    } else if ct.contains("json") {
-        serde_json::from_str(text)
-            .map_err(|e| ApiError::bad_request(format!("malformed JSON: {e}")))?
+    if ct.to_ascii_lowercase().contains("yaml") {
+        Format::Yaml
     } else {
-        match serde_json::from_str(text) {
-            Ok(v) => v,
-            Err(_) => serde_norway::from_str(text)
-                .map_err(|e| ApiError::bad_request(format!("malformed YAML: {e}")))?,
-        }
-    };
-    if !v.is_object() {
-        return Err(ApiError::bad_request("request body must be an object"));
+        Format::Json
     }
-    Ok(v)
+}
+
+/// Bodies up to this size are decoded on the runtime: within the bounds of
+/// [`body::decode`] that is well under a millisecond. Larger ones go to a blocking
+/// thread, a few at a time ([`DECODE_SLOTS`]).
+const INLINE_DECODE_BYTES: usize = 64 << 10;
+/// Large bodies decoded at once; more wait (asynchronously) for a slot.
+static DECODE_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+
+/// Decode a request body as JSON or YAML (see [`body_format`]), bounded: nesting
+/// deeper than [`body::MAX_DEPTH`] and YAML aliases adding more than the body limit
+/// are refused before anything is built. Malformed input is 400, too much alias
+/// expansion 413.
+pub async fn decode_body(st: &ApiState, h: &HeaderMap, body: Bytes) -> ApiResult<Value> {
+    let format = body_format(h);
+    let limits = body::Limits::new(st.max_body_bytes);
+    let res = if body.len() <= INLINE_DECODE_BYTES {
+        body::decode(format, &body, limits)
+    } else {
+        let _slot = DECODE_SLOTS.acquire().await.map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                "decoder closed",
+            )
+        })?;
+        tokio::task::spawn_blocking(move || body::decode(format, &body, limits))
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    format!("decoding the request body: {e}"),
+                )
+            })?
+    };
+    res.map_err(|e| match e {
+        DecodeError::AliasExpansion { .. } => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            e.to_string(),
+        ),
+        DecodeError::Syntax { format: "JSON", .. } => ApiError::bad_request(format!(
+            "{e} (YAML bodies need Content-Type: application/yaml)"
+        )),
+        e => ApiError::bad_request(e.to_string()),
+    })
+}
+
+/// 413 naming the body limit.
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "RequestEntityTooLarge",
+        format!("request body too large: limit is {limit} bytes"),
+    )
 }
 
 fn query_map(q: Option<&str>) -> std::collections::HashMap<String, String> {
@@ -395,21 +462,41 @@ async fn dispatch(
     req: Request,
 ) -> Response {
     let uri = req.uri().clone();
+    // A declared length over the limit is refused before any of the body is read;
+    // an undeclared one (chunked) stops being read at the limit.
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > st.max_body_bytes as u64) {
+        return too_large(st.max_body_bytes).into_response();
+    }
     let body = match axum::body::to_bytes(req.into_body(), st.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "RequestEntityTooLarge",
-                format!("reading request body: {e}"),
-            )
-            .into_response()
+            let mut err = too_large(st.max_body_bytes);
+            if !is_length_limit(&e) {
+                err = ApiError::bad_request(format!("reading request body: {e}"));
+            }
+            return err.into_response();
         }
     };
     match handle(&st, &method, &headers, uri.path(), uri.query(), body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
+}
+
+/// Whether reading a body failed on the size limit (not the connection).
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(x) = src {
+        if x.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        src = x.source();
+    }
+    false
 }
 
 async fn handle(
@@ -465,13 +552,13 @@ async fn handle(
             Ok(respond(h, StatusCode::OK, &o))
         }
         (Method::POST, None) => {
-            let mut obj = decode_body(h, &body)?;
+            let mut obj = decode_body(st, h, body).await?;
             set_namespace(rt, &mut obj, t.ns.as_deref())?;
             let o = st.store.create(rt, obj).await?;
             Ok(respond(h, StatusCode::CREATED, &o))
         }
         (Method::PUT, Some(name)) => {
-            let mut obj = decode_body(h, &body)?;
+            let mut obj = decode_body(st, h, body).await?;
             set_namespace(rt, &mut obj, t.ns.as_deref())?;
             match obj.pointer("/metadata/name").and_then(Value::as_str) {
                 Some(n) if n != name => {
@@ -500,7 +587,7 @@ async fn handle(
                     format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json (got {ct})"),
                 ));
             }
-            let patch = decode_body(h, &body)?;
+            let patch = decode_body(st, h, body).await?;
             let o = st
                 .store
                 .patch(rt, t.ns.as_deref(), name, &patch, part)
@@ -511,7 +598,8 @@ async fn handle(
             let pre = if body.is_empty() {
                 None
             } else {
-                decode_body(h, &body)?
+                decode_body(st, h, body)
+                    .await?
                     .pointer("/preconditions/resourceVersion")
                     .and_then(Value::as_str)
                     .and_then(|s| s.parse().ok())

@@ -73,6 +73,7 @@ pub enum Reason {
     TypeInvalid,
     Unknown,
     Forbidden,
+    TooLong,
 }
 
 impl Reason {
@@ -84,6 +85,7 @@ impl Reason {
             Reason::TypeInvalid => "FieldValueTypeInvalid",
             Reason::Unknown => "FieldValueUnknown",
             Reason::Forbidden => "FieldValueForbidden",
+            Reason::TooLong => "FieldValueTooLong",
         }
     }
 }

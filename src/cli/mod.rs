@@ -259,19 +259,17 @@ pub fn read_documents(spec: &str) -> Result<Vec<(String, Value)>> {
     Ok(out)
 }
 
-/// Split multi-document YAML (or one JSON document) into values; empty documents are skipped.
+/// Most bytes YAML aliases may add to a manifest (the server takes 3 MiB bodies).
+const MAX_ALIAS_BYTES: usize = 8 << 20;
+
+/// Split multi-document YAML (or one JSON document) into values; empty documents are
+/// skipped. Bounded as API bodies are ([`crate::api::body`]): nesting and alias
+/// expansion are checked before anything is built.
 pub fn parse_documents(text: &str) -> Result<Vec<Value>> {
-    use serde::Deserialize;
-    let mut docs = Vec::new();
-    for d in serde_norway::Deserializer::from_str(text) {
-        let v = Value::deserialize(d).map_err(|e| anyhow::anyhow!("malformed YAML: {e}"))?;
-        if v.is_null() {
-            continue;
-        }
-        if !v.is_object() {
-            bail!("document is not a mapping");
-        }
-        docs.push(v);
+    let limits = crate::api::body::Limits::new(MAX_ALIAS_BYTES);
+    let docs = crate::api::body::decode_yaml_documents(text, limits)?;
+    if docs.iter().any(|v| !v.is_object()) {
+        bail!("document is not a mapping");
     }
     Ok(docs)
 }

@@ -57,6 +57,11 @@ const MAX_BATCH: usize = 2048;
 /// that was most of the appliance's resident memory.
 const REDB_CACHE_BYTES: usize = 16 << 20;
 
+/// The largest value (its compact JSON text) a put may store: etcd's default request
+/// limit, which Kubernetes objects live within. Checked on the caller's thread when
+/// the text is made, before the transaction is queued, so nothing is stored.
+pub const MAX_VALUE_BYTES: usize = 1536 << 10;
+
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -179,6 +184,14 @@ pub enum KvError {
     },
     #[error("revision {requested} has been compacted (oldest available is {oldest})")]
     Compacted { requested: Rev, oldest: Rev },
+    #[error("revision {requested} is in the future (current is {current})")]
+    FutureRevision { requested: Rev, current: Rev },
+    #[error("{key}: value of {size} bytes is over the limit of {limit} bytes")]
+    TooLarge {
+        key: String,
+        size: usize,
+        limit: usize,
+    },
     #[error("watch fell too far behind and was closed")]
     Lagged,
     #[error("store is closed")]
@@ -456,7 +469,7 @@ impl Kv {
     pub async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.clone();
-        let texts = prepare(&ops);
+        let texts = prepare(&ops)?;
         // The queue is bounded; a full queue must not block the async runtime.
         match tx.try_send(Msg::Txn(Request { ops, texts, reply })) {
             Ok(()) => {}
@@ -474,16 +487,24 @@ impl Kv {
     /// Blocking variant of [`Kv::txn`] for non-async callers.
     pub fn txn_blocking(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
-        let texts = prepare(&ops);
+        let texts = prepare(&ops)?;
         self.tx
             .send(Msg::Txn(Request { ops, texts, reply }))
             .map_err(|_| KvError::Closed)?;
         rx.blocking_recv().map_err(|_| KvError::Closed)?
     }
 
-    /// Watch keys with `prefix` for changes after revision `from`.
+    /// Watch keys with `prefix` for changes after revision `from`. A `from` after the
+    /// current revision is refused (`FutureRevision`): nothing could say when, or
+    /// whether, that revision will be written.
     pub fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
         let st = self.state.read().unwrap();
+        if from > st.rev {
+            return Err(KvError::FutureRevision {
+                requested: from,
+                current: st.rev,
+            });
+        }
         if from < st.oldest_watchable {
             return Err(KvError::Compacted {
                 requested: from,
@@ -518,11 +539,23 @@ impl Kv {
 
 /// The text of each put in `ops`, serialized on the caller's thread: the writer thread
 /// is the one place every commit waits on, so it only splices in the revision.
-fn prepare(ops: &[Op]) -> Vec<Option<Prepared>> {
+/// `TooLarge` when a text is over [`MAX_VALUE_BYTES`].
+fn prepare(ops: &[Op]) -> Result<Vec<Option<Prepared>>, KvError> {
     ops.iter()
         .map(|op| match &op.action {
-            Action::Put(v) => Some(Prepared::new(v)),
-            Action::Delete => None,
+            Action::Put(v) => {
+                let p = Prepared::new(v);
+                let size = p.text.len();
+                if size > MAX_VALUE_BYTES {
+                    return Err(KvError::TooLarge {
+                        key: op.key.clone(),
+                        size,
+                        limit: MAX_VALUE_BYTES,
+                    });
+                }
+                Ok(Some(p))
+            }
+            Action::Delete => Ok(None),
         })
         .collect()
 }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use crate::api::labels;
 use crate::api::resource::{Registry, ResourceType};
 use crate::api::schema::{FieldError, Reason};
 use crate::api::selector::Selector;
@@ -49,6 +50,17 @@ pub enum StoreError {
     BadRequest(String),
     #[error("{0}")]
     Gone(String),
+    /// A watch from a revision not written yet (kube's "too large resource version").
+    #[error("Too large resource version: {requested}, current: {current}")]
+    TooLargeResourceVersion { requested: Rev, current: Rev },
+    /// An object whose stored text would be over [`kv::MAX_VALUE_BYTES`].
+    #[error("{qualified} \"{name}\" is too large: {size} bytes, limit is {limit}")]
+    TooLarge {
+        qualified: String,
+        name: String,
+        size: usize,
+        limit: usize,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -135,7 +147,29 @@ fn map_kv(e: KvError) -> StoreError {
             StoreError::Gone(format!("too old resource version: {requested} ({oldest})"))
         }
         KvError::Lagged => StoreError::Gone("watch closed: client too slow, re-list".into()),
+        KvError::FutureRevision { requested, current } => {
+            StoreError::TooLargeResourceVersion { requested, current }
+        }
+        KvError::TooLarge { key, size, limit } => StoreError::TooLarge {
+            qualified: "object".into(),
+            name: key,
+            size,
+            limit,
+        },
         other => StoreError::Internal(other.to_string()),
+    }
+}
+
+/// [`map_kv`] for a write of `rt` `name`: a value over the size limit names the object.
+fn map_write(rt: &ResourceType, name: &str, e: KvError) -> StoreError {
+    match e {
+        KvError::TooLarge { size, limit, .. } => StoreError::TooLarge {
+            qualified: rt.qualified(),
+            name: name.into(),
+            size,
+            limit,
+        },
+        other => map_kv(other),
     }
 }
 
@@ -418,6 +452,17 @@ impl Store {
                                     ));
                                 }
                             }
+                            // Syntax and size (Kubernetes' rules). Unchanged on an
+                            // update, they are not checked again: an object stored
+                            // before these rules keeps taking status writes.
+                            let old_l = old.and_then(|o| o.pointer(&format!("/metadata/{f}")));
+                            if old_l.and_then(Value::as_object) != Some(l) {
+                                if f == "labels" {
+                                    labels::check_labels(l, &mut causes);
+                                } else {
+                                    labels::check_annotations(l, &mut causes);
+                                }
+                            }
                         }
                         Some(_) => causes.push(field(
                             &format!("metadata.{f}"),
@@ -492,7 +537,7 @@ impl Store {
                 qualified: rt.qualified(),
                 name,
             }),
-            Err(e) => Err(map_kv(e)),
+            Err(e) => Err(map_write(rt, &name, e)),
         }
     }
 
@@ -653,7 +698,7 @@ impl Store {
             Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => {
                 Err(Self::conflict(rt, name))
             }
-            Err(e) => Err(map_kv(e)),
+            Err(e) => Err(map_write(rt, name, e)),
         }
     }
 
@@ -1157,7 +1202,8 @@ mod tests {
         let (_d, s) = store();
         let claim = rt("serverclaim");
         for (i, n) in ["b", "a", "c"].iter().enumerate() {
-            let o = json!({"metadata": {"name": n, "labels": {"i": i.to_string(), "é\"x": "\n"}},
+            let o = json!({"metadata": {"name": n, "labels": {"i": i.to_string(), "z": "v"},
+                "annotations": {"x": "é\"\n"}},
                 "spec": {"power": "On", "serverSelector": {"matchLabels": {"k": "v"}}, "image": "i:1"}});
             s.create(&claim, o).await.unwrap();
         }
@@ -1193,6 +1239,72 @@ mod tests {
             s.get_text(&claim, Some("default"), "a"),
             Err(StoreError::NotFound { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn object_limits_hold_on_every_write_path_and_store_nothing() {
+        let (_d, s) = store();
+        let srv = rt("server");
+        let bad = json!({"metadata": {"name": "a", "labels": {"../../x y": "v"}}, "spec": {"systemUUID": "u"}});
+        let err = s.create(&srv, bad).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Invalid { causes, .. } if causes[0].field == "metadata.labels"),
+            "{err}"
+        );
+        let o = s
+            .create(
+                &srv,
+                json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u"}}),
+            )
+            .await
+            .unwrap();
+        let rev = s.revision();
+        // Update, patch: bad label value, too many annotation bytes.
+        let mut u = (*o).clone();
+        u["metadata"]["labels"] = json!({"k": "a\nb"});
+        let err = s.update(&srv, u, Part::Main).await.unwrap_err();
+        assert!(err.to_string().contains("metadata.labels.k"), "{err}");
+        let big = json!({"metadata": {"annotations": {"n": "x".repeat(300 << 10)}}});
+        let err = s
+            .patch(&srv, None, "a", &big, Part::Main)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("262144"), "{err}");
+        // An object over 1.5 MiB in total, created or updated (the limit is checked
+        // where every write's text is made, status writes included).
+        let secret = rt("secret");
+        let big =
+            |n: &str| json!({"metadata": {"name": n}, "stringData": {"k": "x".repeat(1200 << 10)}});
+        let err = s.create(&secret, big("big")).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::TooLarge { size, limit: kv::MAX_VALUE_BYTES, .. } if size > 1600 << 10),
+            "{err}"
+        );
+        assert!(err.to_string().contains("secrets \"big\""), "{err}");
+        assert_eq!(s.revision(), rev, "nothing was stored");
+        let small = s
+            .create(&secret, json!({"metadata": {"name": "small"}}))
+            .await
+            .unwrap();
+        let rev = s.revision();
+        let err = s
+            .update_from(&secret, small, big("small"), Part::Main)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+        assert_eq!(s.revision(), rev, "nothing was stored");
+        // A watch may start at the current revision, not after it.
+        assert!(s.watch(&srv, None, rev).is_ok());
+        match s.watch(&srv, None, rev + 1) {
+            Err(e @ StoreError::TooLargeResourceVersion { .. }) => {
+                assert_eq!(
+                    e.to_string(),
+                    format!("Too large resource version: {}, current: {rev}", rev + 1)
+                )
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a watch from the future"),
+        }
     }
 
     #[test]
