@@ -7,6 +7,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod decode;
 pub mod dhcp;
 pub mod http;
 pub mod ignition;

@@ -1,7 +1,6 @@
 //! Resource types (registry, schema validation, selectors) and the kube-style REST
 //! API served on the operator listener.
 
-pub mod body;
 pub mod labels;
 pub mod resource;
 pub mod rest;

@@ -10,7 +10,7 @@
 //! and `?watch=true[&resourceVersion=R]` streaming newline-delimited JSON events.
 //! Bodies are YAML when the `Content-Type` names YAML (`application/yaml`), JSON
 //! otherwise (also when it is absent: kube's default, and nothing guesses); they are
-//! bounded before they are parsed ([`crate::api::body`]: size, nesting depth, alias
+//! bounded before they are parsed ([`crate::decode`]: size, nesting depth, alias
 //! expansion), and large ones are decoded on a blocking thread. Responses are
 //! JSON unless `Accept` asks for YAML; JSON GET, list and watch bodies are written
 //! around the objects' stored text, without parsing it. Every failure is a `Status` object with the
@@ -27,7 +27,7 @@ use axum::routing::{any, get};
 use axum::Router;
 use serde_json::{json, Value};
 
-use crate::api::body::{self, DecodeError, Format};
+use crate::decode::{self as body, DecodeError, Format};
 use crate::api::resource::ResourceType;
 use crate::api::selector::Selector;
 use crate::store::kv::Rev;

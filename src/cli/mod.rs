@@ -263,11 +263,11 @@ pub fn read_documents(spec: &str) -> Result<Vec<(String, Value)>> {
 const MAX_ALIAS_BYTES: usize = 8 << 20;
 
 /// Split multi-document YAML (or one JSON document) into values; empty documents are
-/// skipped. Bounded as API bodies are ([`crate::api::body`]): nesting and alias
+/// skipped. Bounded as API bodies are ([`crate::decode`]): nesting and alias
 /// expansion are checked before anything is built.
 pub fn parse_documents(text: &str) -> Result<Vec<Value>> {
-    let limits = crate::api::body::Limits::new(MAX_ALIAS_BYTES);
-    let docs = crate::api::body::decode_yaml_documents(text, limits)?;
+    let limits = crate::decode::Limits::new(MAX_ALIAS_BYTES);
+    let docs = crate::decode::decode_yaml_documents(text, limits)?;
     if docs.iter().any(|v| !v.is_object()) {
         bail!("document is not a mapping");
     }

@@ -41,6 +41,9 @@ pub fn translate(src: &str) -> Result<Translated, Error> {
     translate_with(src, &FilesDir::new())
 }
 
+/// Most bytes YAML aliases may add to a Butane config when expanded.
+const MAX_ALIAS_BYTES: usize = 8 << 20;
+
 /// Translates Butane YAML, resolving `local` references in `files`; the result has
 /// passed [`validate::check`]. Errors name the field path and line.
 pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> {
@@ -49,6 +52,10 @@ pub fn translate_with(src: &str, files: &FilesDir) -> Result<Translated, Error> 
         variant: Option<Value>,
         version: Option<Value>,
     }
+    // Butane text comes from Secrets (API clients): bound nesting and alias expansion
+    // before libyaml builds anything (deep flow nesting is quadratic in libyaml).
+    crate::decode::scan_yaml(src, crate::decode::Limits::new(MAX_ALIAS_BYTES))
+        .map_err(|e| Error::Yaml(e.to_string()))?;
     // Parse once optimistically; only on failure parse the header alone, so that a
     // wrong variant/version is reported as such rather than as a field error.
     let parsed: Result<Config, _> = serde_norway::from_str(src);
@@ -1604,6 +1611,22 @@ mod tests {
         }
         let t = translate("variant: flatcar\nversion: 1.1.0\n").unwrap();
         assert_eq!(t.version, IgnVersion::V3_4);
+    }
+
+    #[test]
+    fn deep_or_alias_heavy_butane_is_refused_quickly() {
+        // 100k levels of flow nesting took libyaml tens of seconds before the scan.
+        let deep = format!("variant: fcos\nversion: 1.5.0\nx: {}", "[".repeat(100_000));
+        let t = std::time::Instant::now();
+        let e = translate(&deep).unwrap_err().to_string();
+        assert!(e.contains("nesting deeper than"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(2), "{:?}", t.elapsed());
+        let big = "x".repeat(1 << 20);
+        let mut bomb = format!("variant: fcos\nversion: 1.5.0\na: &a {big}\nb: [");
+        bomb.push_str(&"*a, ".repeat(64));
+        bomb.push_str("*a]\n");
+        let e = translate(&bomb).unwrap_err().to_string();
+        assert!(e.contains("aliases expand"), "{e}");
     }
 
     #[test]

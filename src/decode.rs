@@ -1,5 +1,7 @@
-//! Bounded decoding of JSON and YAML documents: REST API request bodies and the CLI's
-//! `apply -f` manifests.
+//! Bounded decoding of JSON and YAML documents from outside: REST API request bodies,
+//! the CLI's `apply -f` manifests, and the Butane/YAML text of Ignition secrets and
+//! templates. It sits below every layer that reads such text (it imports nothing of
+//! the crate).
 //!
 //! Parsers are not trusted with hostile input: libyaml (under `serde_norway`) spends
 //! time quadratic in the nesting depth of flow collections (100,000 levels, a 200 KB
