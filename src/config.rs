@@ -69,6 +69,8 @@ pub struct ApiConfig {
     /// How long a connection may wait for a request's first byte, after the accept and
     /// between keep-alive requests (a watch in progress is not idle).
     pub idle_timeout_ms: u64,
+    /// A request body must be complete within this long of its head (408 after it).
+    pub body_read_timeout_ms: u64,
     /// Maximum request body size in bytes (413 beyond it, before the body is read;
     /// YAML aliases may not expand a body by more than this either).
     pub max_body_bytes: usize,
@@ -83,6 +85,7 @@ impl Default for ApiConfig {
             max_connections_per_source: 128,
             header_read_timeout_ms: 5_000,
             idle_timeout_ms: 60_000,
+            body_read_timeout_ms: 30_000,
             // Kubernetes' limit; a stored object is at most 1.5 MiB anyway.
             max_body_bytes: 3 << 20,
         }
@@ -437,6 +440,23 @@ impl Config {
         ] {
             if max == 0 || per == 0 {
                 bail!("{key}.max_connections and {key}.max_connections_per_source must be at least 1 (got {max} and {per})");
+            }
+        }
+        for (key, ms) in [
+            (
+                "api.header_read_timeout_ms",
+                self.api.header_read_timeout_ms,
+            ),
+            ("api.idle_timeout_ms", self.api.idle_timeout_ms),
+            ("api.body_read_timeout_ms", self.api.body_read_timeout_ms),
+            (
+                "http.header_read_timeout_ms",
+                self.http.header_read_timeout_ms,
+            ),
+            ("http.idle_timeout_ms", self.http.idle_timeout_ms),
+        ] {
+            if ms == 0 {
+                bail!("{key} must be at least 1");
             }
         }
         if self.dhcp.enabled && self.dhcp.interface.is_none() {

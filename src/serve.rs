@@ -109,6 +109,7 @@ pub async fn run(config: Config) -> Result<()> {
         store: store.clone(),
         token,
         max_body_bytes: ctx.config.api.max_body_bytes,
+        body_read_timeout: std::time::Duration::from_millis(ctx.config.api.body_read_timeout_ms),
         shutdown: coord.handle(),
         metrics,
     });

@@ -436,3 +436,43 @@ fn boot_listener_refuses_a_source_over_its_share() {
     assert_eq!(r.map(|x| x.0), Ok(200));
     drop(held);
 }
+
+/// A body trickled after its head (the head complete, so the connection is busy and
+/// no head or idle timeout applies) is answered 408 once `api.body_read_timeout_ms`
+/// passes, and the connection is released.
+#[test]
+fn api_slow_body_gets_408_after_the_body_timeout() {
+    let b = Bootplane::start(&["--set", "api.body_read_timeout_ms=1000"]);
+    let mut s = connect_from("127.0.0.7", api_addr(&b));
+    let head = format!(
+        "POST /api/v1/namespaces/default/secrets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{",
+        b.token
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while start.elapsed() < Duration::from_secs(8) {
+        let _ = s.write_all(b" ");
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                got.extend_from_slice(&buf[..n]);
+                if got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    let took = start.elapsed();
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "after {took:?}: {text:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+}

@@ -27,9 +27,9 @@ use axum::routing::{any, get};
 use axum::Router;
 use serde_json::{json, Value};
 
-use crate::decode::{self as body, DecodeError, Format};
 use crate::api::resource::ResourceType;
 use crate::api::selector::Selector;
+use crate::decode::{self as body, DecodeError, Format};
 use crate::store::kv::Rev;
 use crate::store::{meta, Part, Store, StoreError};
 
@@ -38,6 +38,9 @@ pub struct ApiState {
     pub store: Store,
     pub token: String,
     pub max_body_bytes: usize,
+    /// A request body must arrive within this long of its head (408 after it), so a
+    /// client trickling a body cannot hold its connection forever.
+    pub body_read_timeout: std::time::Duration,
     /// Open watch streams end when this fires.
     pub shutdown: crate::shutdown::Shutdown,
     /// Other subsystems' metrics (boot HTTP, DHCP, TFTP, ...), registered once at
@@ -471,9 +474,21 @@ async fn dispatch(
     if declared.is_some_and(|n| n > st.max_body_bytes as u64) {
         return too_large(st.max_body_bytes).into_response();
     }
-    let body = match axum::body::to_bytes(req.into_body(), st.max_body_bytes).await {
-        Ok(b) => b,
-        Err(e) => {
+    let read = axum::body::to_bytes(req.into_body(), st.max_body_bytes);
+    let body = match tokio::time::timeout(st.body_read_timeout, read).await {
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "Timeout",
+                format!(
+                    "request body not received within {} ms",
+                    st.body_read_timeout.as_millis()
+                ),
+            )
+            .into_response()
+        }
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
             let mut err = too_large(st.max_body_bytes);
             if !is_length_limit(&e) {
                 err = ApiError::bad_request(format!("reading request body: {e}"));

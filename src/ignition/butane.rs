@@ -1620,7 +1620,11 @@ mod tests {
         let t = std::time::Instant::now();
         let e = translate(&deep).unwrap_err().to_string();
         assert!(e.contains("nesting deeper than"), "{e}");
-        assert!(t.elapsed() < std::time::Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            t.elapsed()
+        );
         let big = "x".repeat(1 << 20);
         let mut bomb = format!("variant: fcos\nversion: 1.5.0\na: &a {big}\nb: [");
         bomb.push_str(&"*a, ".repeat(64));
