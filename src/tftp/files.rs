@@ -4,15 +4,21 @@
 //! refused, `.` and empty components are dropped. [`FileStore::open`] then resolves
 //! the path (with an optional leading MAC-address component that falls back to the
 //! shared file), canonicalises it and refuses anything that escapes the root through
-//! a symlink. Small files are kept in memory (shared by every transfer and revalidated
-//! by size/mtime/inode on each request); large ones are memory-mapped, so no transfer
-//! copies a file into its own buffer.
+//! a symlink. Only regular files are served: the file is opened with `O_NONBLOCK` (a
+//! FIFO would otherwise block `open(2)` until a writer came) and `O_NOFOLLOW`, and
+//! anything `fstat` does not call a regular file is refused. Small files are kept in
+//! memory (shared by every transfer and revalidated by size/mtime/inode on each
+//! request); large ones are memory-mapped, so no transfer copies a file into its own
+//! buffer. A file's netascii form is converted once per version and shared the same
+//! way (in the cache, within its budget, or for as long as any transfer holds it).
+//!
+//! Everything here blocks (file I/O, conversion): callers run it off the async runtime.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use memmap2::Mmap;
@@ -26,6 +32,17 @@ pub enum FileError {
     NotFound,
     #[error("read error: {0}")]
     Io(String),
+    #[error("file too large for netascii mode, use octet")]
+    TooLargeForNetascii,
+}
+
+/// The form a file is sent in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Form {
+    /// The bytes as stored.
+    Octet,
+    /// Converted to netascii (RFC 764): LF → CR LF, CR → CR NUL.
+    Netascii,
 }
 
 /// Normalise a request path to components relative to the root.
@@ -75,6 +92,8 @@ pub fn is_mac(c: &str) -> bool {
 pub enum FileData {
     Mem(Bytes),
     Map(Arc<Mmap>),
+    /// A converted form (netascii) shared by every transfer of one version of a file.
+    Converted(Arc<Vec<u8>>),
 }
 
 impl FileData {
@@ -82,6 +101,16 @@ impl FileData {
         match self {
             FileData::Mem(b) => b,
             FileData::Map(m) => m,
+            FileData::Converted(v) => v,
+        }
+    }
+
+    /// Bytes it holds in memory (a mapping costs only address space).
+    fn mem_cost(&self) -> u64 {
+        match self {
+            FileData::Mem(b) => b.len() as u64,
+            FileData::Map(_) => 0,
+            FileData::Converted(v) => v.len() as u64,
         }
     }
     pub fn len(&self) -> usize {
@@ -117,19 +146,47 @@ pub struct FileStore {
     root: PathBuf,
     small_max: u64,
     cache_max: u64,
+    netascii_max: u64,
     cache: Mutex<Cache>,
 }
 
+/// A file in one form.
+type Key = (PathBuf, Form);
+/// A load in progress, see [`Cache::loading`].
+type Gate = Arc<Mutex<Option<(Stamp, FileData)>>>;
+
 #[derive(Debug, Default)]
 struct Cache {
+    /// Memory held by `entries`, at most `cache_max`.
     bytes: u64,
-    entries: HashMap<PathBuf, (Stamp, FileData)>,
+    entries: HashMap<Key, (Stamp, FileData)>,
     /// Files being loaded, one gate each: the first request for a file loads it into
     /// the gate while the others for the same file wait and then take that copy (also
     /// when it did not fit the cache). Without this, a storm's first burst of RRQs
     /// loaded one private copy per request (76 MiB of copies of a 1 MiB boot file in
     /// one 10,000-machine run) and each transfer kept its copy to the end.
-    loading: HashMap<PathBuf, Arc<Mutex<Option<(Stamp, FileData)>>>>,
+    loading: HashMap<Key, Gate>,
+    /// Converted forms that did not fit the cache, while transfers hold them: a request
+    /// for the same version shares the copy instead of converting its own (2,048
+    /// netascii requests for one file used to hold 2,048 converted copies).
+    in_use: HashMap<PathBuf, (Stamp, Weak<Vec<u8>>)>,
+}
+
+impl Cache {
+    fn lookup(&self, key: &Key, stamp: &Stamp) -> Option<FileData> {
+        if let Some((s, d)) = self.entries.get(key) {
+            if s == stamp {
+                return Some(d.clone());
+            }
+        }
+        if key.1 == Form::Netascii {
+            let (s, w) = self.in_use.get(&key.0)?;
+            if s == stamp {
+                return w.upgrade().map(FileData::Converted);
+            }
+        }
+        None
+    }
 }
 
 impl FileStore {
@@ -150,8 +207,15 @@ impl FileStore {
             root,
             small_max,
             cache_max,
+            netascii_max: 16 << 20,
             cache: Mutex::new(Cache::default()),
         })
+    }
+
+    /// Largest file served in netascii form (16 MiB unless set).
+    pub fn with_netascii_max(mut self, max: u64) -> FileStore {
+        self.netascii_max = max;
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -187,41 +251,56 @@ impl FileStore {
         Ok(p)
     }
 
-    /// Resolve and load a file.
+    /// Resolve and load a file as stored.
     pub fn open(&self, name: &str) -> Result<FileData, FileError> {
+        self.open_as(name, Form::Octet)
+    }
+
+    /// Resolve and load a file in `form`. Blocks (file I/O, conversion).
+    pub fn open_as(&self, name: &str, form: Form) -> Result<FileData, FileError> {
         let path = self.resolve(name)?;
-        let file = File::open(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => FileError::NotFound,
-            std::io::ErrorKind::PermissionDenied => FileError::Refused("permission denied"),
-            _ => FileError::Io(e.to_string()),
-        })?;
-        let meta = file.metadata().map_err(|e| FileError::Io(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(FileError::NotFound);
+        let (file, meta) = open_regular(&path)?;
+        if form == Form::Netascii && meta.len() > self.netascii_max {
+            return Err(FileError::TooLargeForNetascii);
         }
-        let stamp = Stamp::of(&meta);
-        let cached = |c: &Cache| {
-            c.entries
-                .get(&path)
-                .filter(|(s, _)| *s == stamp)
-                .map(|(_, d)| d.clone())
-        };
+        self.get(&file, &meta, &path, &Stamp::of(&meta), form)
+    }
+
+    /// `file` in `form`: from the cache, or loaded (converted) once however many
+    /// requests for it arrive together.
+    fn get(
+        &self,
+        file: &File,
+        meta: &std::fs::Metadata,
+        path: &Path,
+        stamp: &Stamp,
+        form: Form,
+    ) -> Result<FileData, FileError> {
+        let key = (path.to_path_buf(), form);
         let gate = {
             let mut c = self.lock();
-            if let Some(d) = cached(&c) {
+            if let Some(d) = c.lookup(&key, stamp) {
                 return Ok(d);
             }
-            c.loading.entry(path.clone()).or_default().clone()
+            c.loading.entry(key.clone()).or_default().clone()
         };
         let loaded = {
             let mut slot = gate.lock().unwrap_or_else(|p| p.into_inner());
             match &*slot {
                 // loaded by whoever held the gate before
-                Some((s, d)) if *s == stamp => Ok(d.clone()),
+                Some((s, d)) if s == stamp => Ok(d.clone()),
                 _ => {
-                    let r = self.load(&file, &meta, path.clone(), stamp.clone());
+                    let r = match form {
+                        Form::Octet => load(file, meta, self.small_max),
+                        // the stored form comes from the cache (or is loaded) first; its
+                        // gate is only ever taken inside this one, never the other way
+                        Form::Netascii => self
+                            .get(file, meta, path, stamp, Form::Octet)
+                            .map(|src| FileData::Converted(Arc::new(to_netascii(src.as_slice())))),
+                    };
                     if let Ok(d) = &r {
-                        *slot = Some((stamp, d.clone()));
+                        self.keep(key.clone(), stamp.clone(), d.clone());
+                        *slot = Some((stamp.clone(), d.clone()));
                     }
                     r
                 }
@@ -231,53 +310,96 @@ impl FileStore {
         // the last one through the gate removes it (a request arriving after that
         // finds the file cached, or loads it again if it did not fit the cache)
         if Arc::strong_count(&gate) == 2 {
-            c.loading.remove(&path);
+            c.loading.remove(&key);
         }
         loaded
     }
 
-    /// Read or map `file` and cache the result.
-    fn load(
-        &self,
-        file: &File,
-        meta: &std::fs::Metadata,
-        path: PathBuf,
-        stamp: Stamp,
-    ) -> Result<FileData, FileError> {
-        let data = if meta.len() == 0 {
-            FileData::Mem(Bytes::new())
-        } else if meta.len() <= self.small_max {
-            let mut v = Vec::with_capacity(meta.len() as usize);
-            use std::io::Read as _;
-            file.take(meta.len())
-                .read_to_end(&mut v)
-                .map_err(|e| FileError::Io(e.to_string()))?;
-            FileData::Mem(Bytes::from(v))
-        } else {
-            // SAFETY: the map is read-only; a file truncated by someone else while it is
-            // served could fault the process, which is why operators replace boot assets
-            // by rename (a new inode gets a new map) rather than rewriting them in place.
-            let m = unsafe { Mmap::map(file) }.map_err(|e| FileError::Io(e.to_string()))?;
-            FileData::Map(Arc::new(m))
-        };
+    /// Cache `data` if it fits the budget; a converted form that does not is still
+    /// shared while transfers hold it.
+    fn keep(&self, key: Key, stamp: Stamp, data: FileData) {
         let mut c = self.lock();
-        let cost = match &data {
-            FileData::Mem(b) => b.len() as u64,
-            FileData::Map(_) => 0,
-        };
-        if let Some((_, FileData::Mem(b))) = c.entries.remove(&path) {
-            c.bytes -= b.len() as u64;
+        if let Some((_, old)) = c.entries.remove(&key) {
+            c.bytes -= old.mem_cost();
         }
+        let cost = data.mem_cost();
         if c.bytes + cost <= self.cache_max {
             c.bytes += cost;
-            c.entries.insert(path, (stamp, data.clone()));
+            c.entries.insert(key, (stamp, data));
+        } else if let FileData::Converted(v) = &data {
+            c.in_use.retain(|_, (_, w)| w.strong_count() > 0);
+            c.in_use.insert(key.0, (stamp, Arc::downgrade(v)));
         }
-        Ok(data)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Open `path` for reading if it is a regular file. Checked before opening (so a device
+/// is never opened) and again on the open file (it may have been replaced in between).
+fn open_regular(path: &Path) -> Result<(File, std::fs::Metadata), FileError> {
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => FileError::NotFound,
+        std::io::ErrorKind::PermissionDenied => FileError::Refused("permission denied"),
+        _ if e.raw_os_error() == Some(libc::ELOOP) => FileError::Refused("symbolic link"),
+        _ => FileError::Io(e.to_string()),
+    };
+    regular(path, &std::fs::symlink_metadata(path).map_err(io)?)?;
+    // O_NONBLOCK: opening a FIFO for reading waits for a writer otherwise (regular
+    // files ignore it); O_NOFOLLOW: the path is canonical, so a symlink now is a swap.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    regular(path, &meta)?;
+    Ok((file, meta))
+}
+
+/// Refuse what is not a regular file: a directory is "not found", anything else (FIFO,
+/// socket, device) is refused and logged, as it was put in the root by mistake.
+fn regular(path: &Path, meta: &std::fs::Metadata) -> Result<(), FileError> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(());
+    }
+    if t.is_dir() {
+        return Err(FileError::NotFound);
+    }
+    let kind = if t.is_fifo() {
+        "fifo"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "device"
+    } else {
+        "special file"
+    };
+    tracing::warn!(path = %path.display(), kind, "tftp: refusing a request for a file that is not a regular file");
+    Err(FileError::Refused("not a regular file"))
+}
+
+/// Read (small) or map (large) a file.
+fn load(file: &File, meta: &std::fs::Metadata, small_max: u64) -> Result<FileData, FileError> {
+    Ok(if meta.len() == 0 {
+        FileData::Mem(Bytes::new())
+    } else if meta.len() <= small_max {
+        let mut v = Vec::with_capacity(meta.len() as usize);
+        use std::io::Read as _;
+        file.take(meta.len())
+            .read_to_end(&mut v)
+            .map_err(|e| FileError::Io(e.to_string()))?;
+        FileData::Mem(Bytes::from(v))
+    } else {
+        // SAFETY: the map is read-only; a file truncated by someone else while it is
+        // served could fault the process, which is why operators replace boot assets
+        // by rename (a new inode gets a new map) rather than rewriting them in place.
+        let m = unsafe { Mmap::map(file) }.map_err(|e| FileError::Io(e.to_string()))?;
+        FileData::Map(Arc::new(m))
+    })
 }
 
 /// Convert bytes to netascii (RFC 764): LF → CR LF, CR → CR NUL.
@@ -406,6 +528,79 @@ mod tests {
         assert_eq!(s.open("small").unwrap().as_slice(), b"changed!");
         std::fs::write(root.join("empty"), b"").unwrap();
         assert!(s.open("empty").unwrap().is_empty());
+    }
+
+    #[test]
+    fn netascii_is_converted_once_per_version_and_shared() {
+        let d = tempfile::tempdir().unwrap();
+        let text = b"line\r\n".repeat(1000);
+        std::fs::write(d.path().join("t.txt"), &text).unwrap();
+        // no cache budget: the converted copy is still shared while a transfer holds it
+        let s = FileStore::new(d.path(), 1 << 20, 0).unwrap();
+        let a = s.open_as("t.txt", Form::Netascii).unwrap();
+        let b = s.open_as("t.txt", Form::Netascii).unwrap();
+        assert_eq!(a.as_slice(), &to_netascii(&text)[..]);
+        assert_eq!(
+            a.as_slice().as_ptr(),
+            b.as_slice().as_ptr(),
+            "a netascii request converted its own copy"
+        );
+        assert_eq!(s.open("t.txt").unwrap().as_slice(), &text[..]);
+        drop((a, b));
+        assert!(s.lock().in_use.values().all(|(_, w)| w.strong_count() == 0));
+        // with a budget it is cached, and counted in it with the stored form
+        let s = FileStore::new(d.path(), 1 << 20, 1 << 20).unwrap();
+        let p = s
+            .open_as("t.txt", Form::Netascii)
+            .unwrap()
+            .as_slice()
+            .as_ptr();
+        assert_eq!(
+            s.open_as("t.txt", Form::Netascii)
+                .unwrap()
+                .as_slice()
+                .as_ptr(),
+            p
+        );
+        assert_eq!(
+            s.lock().bytes,
+            (text.len() + to_netascii(&text).len()) as u64
+        );
+        // a new version is converted again
+        std::fs::write(d.path().join("t.txt"), b"new\n").unwrap();
+        assert_eq!(
+            s.open_as("t.txt", Form::Netascii).unwrap().as_slice(),
+            b"new\r\n"
+        );
+        let s = FileStore::new(d.path(), 1 << 20, 1 << 20)
+            .unwrap()
+            .with_netascii_max(3);
+        assert_eq!(
+            s.open_as("t.txt", Form::Netascii).unwrap_err(),
+            FileError::TooLargeForNetascii
+        );
+        assert_eq!(s.open("t.txt").unwrap().len(), 4);
+    }
+
+    #[test]
+    fn only_regular_files_are_served() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("pipe");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(d.path().join("sock")).unwrap();
+        let s = FileStore::new(d.path(), 1 << 20, 1 << 20).unwrap();
+        // (an open(2) of the FIFO without O_NONBLOCK would hang here)
+        for name in ["pipe", "sock"] {
+            assert_eq!(
+                s.open(name).unwrap_err(),
+                FileError::Refused("not a regular file"),
+                "{name}"
+            );
+        }
+        assert!(matches!(
+            open_regular(&fifo),
+            Err(FileError::Refused("not a regular file"))
+        ));
     }
 
     #[test]

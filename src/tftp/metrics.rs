@@ -29,6 +29,8 @@ pub enum ErrorKind {
     Timeout,
     /// Request dropped because `max_transfers` were running.
     Busy,
+    /// Request dropped because its client held `max_transfers_per_client` transfers.
+    ClientBusy,
     /// Local I/O error reading a file or socket.
     Io,
     /// Packet for no transfer on the listening port (dropped).
@@ -147,6 +149,113 @@ mod tests {
         assert!(
             s.contains("bootplane_tftp_transfer_duration_seconds_count 1"),
             "{s}"
+        );
+    }
+
+    /// Every metric family the API's `/metrics` exports (TFTP, DHCP and boot HTTP, as
+    /// `serve` registers them), with the sample names their type adds. (It sits here
+    /// because the README's TFTP metric names were the ones found wrong, issue 17.)
+    fn exported_names() -> Vec<String> {
+        // (an empty label family is not encoded at all: give each one a sample)
+        let mut reg = Registry::default();
+        let tftp = Metrics::default();
+        tftp.error(ErrorKind::Busy);
+        tftp.register(&mut reg);
+        let dhcp = crate::dhcp::Metrics::default();
+        dhcp.init_drop_reasons();
+        let subnet = crate::dhcp::metrics::SubnetLabels {
+            subnet: "10.0.0.0/24".into(),
+        };
+        dhcp.pool_used.get_or_create(&subnet).set(1);
+        dhcp.pool_size.get_or_create(&subnet).set(2);
+        dhcp.register(&mut reg);
+        crate::http::Metrics::new().register(&mut reg);
+        let mut s = String::new();
+        prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
+        let mut names = Vec::new();
+        for l in s.lines() {
+            let Some(rest) = l.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let (name, kind) = rest.split_once(' ').unwrap();
+            names.push(name.to_string());
+            match kind {
+                "counter" => names.push(format!("{name}_total")),
+                "histogram" => {
+                    for sfx in ["bucket", "sum", "count"] {
+                        names.push(format!("{name}_{sfx}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        names
+    }
+
+    /// The metric names a doc mentions in `code` spans: lowercase spans starting with
+    /// `bootplane_` or ending in `_*` (a prefix). `{a,b}` alternatives are expanded
+    /// (`...` dropped) and a trailing `{label}` is the label set, not part of the name.
+    fn mentioned(doc: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, span) in doc.split('`').enumerate() {
+            let metric_chars =
+                |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "_{},.*".contains(c);
+            if i % 2 == 0 || !span.chars().all(metric_chars) {
+                continue;
+            }
+            if !(span.starts_with("bootplane_") || span.ends_with("_*")) {
+                continue;
+            }
+            let mut names = vec![String::new()];
+            let mut rest = span;
+            while let Some(open) = rest.find('{') {
+                let close = rest[open..].find('}').map(|c| open + c).unwrap();
+                let (head, group) = (&rest[..open], &rest[open + 1..close]);
+                names.iter_mut().for_each(|n| n.push_str(head));
+                if group.contains(',') {
+                    let alts: Vec<&str> = group.split(',').filter(|a| *a != "...").collect();
+                    names = names
+                        .iter()
+                        .flat_map(|n| alts.iter().map(move |a| format!("{n}{a}")))
+                        .collect();
+                }
+                rest = &rest[close + 1..];
+            }
+            names.iter_mut().for_each(|n| n.push_str(rest));
+            out.extend(names);
+        }
+        out
+    }
+
+    #[test]
+    fn every_metric_name_the_docs_mention_is_exported() {
+        let exported = exported_names();
+        let docs = [
+            ("README.md", include_str!("../../README.md")),
+            ("ARCHITECTURE.md", include_str!("../../ARCHITECTURE.md")),
+        ];
+        let mut checked = 0;
+        for (file, doc) in docs {
+            for name in mentioned(doc) {
+                let found = match name.strip_suffix('*') {
+                    Some(prefix) => exported.iter().any(|e| e.starts_with(prefix)),
+                    None => exported.contains(&name),
+                };
+                assert!(
+                    found,
+                    "{file} names the metric `{name}`, which /metrics does not export"
+                );
+                checked += 1;
+            }
+        }
+        assert!(
+            checked >= 5,
+            "only {checked} metric names found in the docs"
+        );
+        // the parser itself
+        assert_eq!(
+            mentioned("`bootplane_x_{a,b,...}_total{reason}` and `y_*`, not `z_q` or `Y_*`"),
+            ["bootplane_x_a_total", "bootplane_x_b_total", "y_*"]
         );
     }
 }

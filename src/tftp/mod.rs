@@ -48,6 +48,10 @@ pub struct TftpConfig {
     pub root: PathBuf,
     /// Concurrent transfers; further requests are dropped (clients retransmit).
     pub max_transfers: usize,
+    /// Concurrent transfers one client may hold (by IPv4 address or IPv6 /64), so a
+    /// flood of stalled transfers from one source leaves slots for the others;
+    /// 0 = half of `max_transfers`.
+    pub max_transfers_per_client: usize,
     /// Largest blksize granted (also capped by the path MTU to the client).
     pub max_blksize: u16,
     /// Largest windowsize granted (RFC 7440).
@@ -66,11 +70,16 @@ pub struct TftpConfig {
     pub retransmit_max_ms: u64,
     /// Consecutive timeouts before a transfer is abandoned.
     pub max_retries: u32,
+    /// Largest `timeout` option (RFC 2349, seconds) accepted. A larger one is declined
+    /// (left out of the OACK; the RFC has the server echo the client's value or
+    /// nothing) and the transfer keeps the server's own retransmission timeouts.
+    pub max_timeout_secs: u64,
     /// Files up to this size are served from memory; larger ones are memory-mapped.
     pub small_file_max_bytes: u64,
     /// Total bytes of small files kept in memory.
     pub cache_max_bytes: u64,
-    /// Largest file served in netascii mode (converted in memory per request).
+    /// Largest file served in netascii mode (converted in memory once per version of
+    /// the file and shared by its transfers; counted in `cache_max_bytes` when kept).
     pub netascii_max_bytes: u64,
 }
 
@@ -81,6 +90,7 @@ impl Default for TftpConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 69)),
             root: PathBuf::from("ipxe"),
             max_transfers: 2048,
+            max_transfers_per_client: 0,
             max_blksize: 65464,
             max_windowsize: 64,
             single_port: false,
@@ -89,6 +99,7 @@ impl Default for TftpConfig {
             retransmit_min_ms: 20,
             retransmit_max_ms: 4000,
             max_retries: 6,
+            max_timeout_secs: 5,
             small_file_max_bytes: 4 << 20,
             cache_max_bytes: 32 << 20,
             netascii_max_bytes: 16 << 20,
@@ -107,6 +118,10 @@ impl TftpConfig {
             "tftp.max_blksize must be within 8..=65464"
         );
         ensure!(
+            (1..=255).contains(&self.max_timeout_secs),
+            "tftp.max_timeout_secs must be within 1..=255"
+        );
+        ensure!(
             self.max_windowsize >= 1,
             "tftp.max_windowsize must be at least 1"
         );
@@ -123,6 +138,14 @@ impl TftpConfig {
             "tftp.retransmit_max_ms must be at least retransmit_initial_ms"
         );
         Ok(())
+    }
+
+    /// Transfers one client may hold at once (`max_transfers_per_client`, 0 = half).
+    pub fn per_client_cap(&self) -> usize {
+        match self.max_transfers_per_client {
+            0 => (self.max_transfers / 2).max(1),
+            n => n.min(self.max_transfers),
+        }
     }
 }
 
@@ -167,6 +190,13 @@ mod tests {
         assert!(e.contains("max_transfer"), "{e}");
         let c = Config::from_toml("[tftp]\nmax_blksize = 4\n").unwrap();
         assert!(c.tftp.validate().is_err());
+        let c = Config::from_toml("[tftp]\nmax_timeout_secs = 0\n").unwrap();
+        assert!(c.tftp.validate().is_err());
+        let c = Config::from_toml("[tftp]\nmax_transfers = 10\n").unwrap();
+        assert_eq!(c.tftp.per_client_cap(), 5);
+        let c = Config::from_toml("[tftp]\nmax_transfers = 10\nmax_transfers_per_client = 99\n")
+            .unwrap();
+        assert_eq!(c.tftp.per_client_cap(), 10);
         crate::config::Config::default().tftp.validate().unwrap();
     }
 }

@@ -4,6 +4,11 @@
 //! listening socket with the peer's packets forwarded) before handing it to an engine
 //! thread, which drives it to its end. DATA goes out with `sendmmsg(2)` whose iovecs
 //! point straight into the cached/mapped file (no per-packet copy in user space).
+//!
+//! The listener task never blocks: preparing a transfer (opening, reading or mapping,
+//! converting the file) runs on the blocking pool. Slots are bounded twice: at most
+//! `max_transfers` in all, and at most `per_client_cap()` per client (IPv4 address or
+//! IPv6 /64), so one source stalling its transfers cannot lock the others out.
 
 use std::collections::HashMap;
 use std::io;
@@ -18,7 +23,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::engine::{socket_mtu, Engines, Job, Link, RawAddr};
-use super::files::{to_netascii, FileData, FileError, FileStore};
+use super::files::{FileError, FileStore, Form};
 use super::metrics::{ErrorKind, Metrics};
 use super::packet::{self, ErrorCode, Mode, Packet, Request};
 use super::transfer::{negotiate, Limits, Transfer};
@@ -33,17 +38,39 @@ struct Shared {
     files: FileStore,
     metrics: Arc<Metrics>,
     permits: Arc<Semaphore>,
-    /// Peers with a transfer in progress, with the engine that runs it (in single-port
-    /// mode the listener forwards their packets there).
-    /// (Shared with the guards the engines hold, not through `Shared`: an engine
-    /// thread must never own the last reference to the engines.)
-    active: Arc<Mutex<HashMap<SocketAddr, usize>>>,
+    /// Transfers one client may hold.
+    per_client: usize,
+    /// Transfers in progress. (Shared with the guards the engines hold, not through
+    /// `Shared`: an engine thread must never own the last reference to the engines.)
+    active: Arc<Mutex<Active>>,
     local_ip: IpAddr,
     engines: Engines,
 }
 
+/// Transfers in progress.
+#[derive(Default)]
+struct Active {
+    /// Peers with a transfer, with the engine that runs it (in single-port mode the
+    /// listener forwards their packets there).
+    peers: HashMap<SocketAddr, usize>,
+    /// Transfers per client (no entry for none).
+    clients: HashMap<IpAddr, usize>,
+}
+
+/// The client a peer counts as for `max_transfers_per_client`: its IPv4 address, or
+/// its IPv6 /64 (one host commonly holds a whole /64).
+fn client_of(peer: &SocketAddr) -> IpAddr {
+    match peer.ip() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !0u128 << 64).into()),
+        },
+        v4 => v4,
+    }
+}
+
 impl Shared {
-    fn active(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, usize>> {
+    fn active(&self) -> std::sync::MutexGuard<'_, Active> {
         lock(&self.active)
     }
 }
@@ -64,7 +91,8 @@ impl Server {
             &settings.root,
             settings.small_file_max_bytes,
             settings.cache_max_bytes,
-        )?;
+        )?
+        .with_netascii_max(settings.netascii_max_bytes);
         let sock = UdpSocket::bind(listen)
             .await
             .with_context(|| format!("binding tftp socket {listen}"))?;
@@ -81,10 +109,11 @@ impl Server {
         let shared = Shared {
             engines,
             permits: Arc::new(Semaphore::new(settings.max_transfers)),
+            per_client: settings.per_client_cap(),
             settings,
             files,
             metrics,
-            active: Arc::new(Mutex::new(HashMap::new())),
+            active: Arc::default(),
             local_ip: listen.ip(),
         };
         Ok(Server {
@@ -132,7 +161,7 @@ impl Server {
     fn handle(&self, pkt: &[u8], peer: SocketAddr) {
         let m = &self.shared.metrics;
         if self.shared.settings.single_port {
-            let engine = self.shared.active().get(&peer).copied();
+            let engine = self.shared.active().peers.get(&peer).copied();
             if let Some(e) = engine {
                 self.shared
                     .engines
@@ -164,7 +193,7 @@ impl Server {
     fn start(&self, req: Request, peer: SocketAddr) {
         let m = &self.shared.metrics;
         let mut active = self.shared.active();
-        if active.contains_key(&peer) {
+        if active.peers.contains_key(&peer) {
             // A retransmitted RRQ: the running transfer answers it by its own retransmission.
             return;
         }
@@ -173,9 +202,18 @@ impl Server {
             m.error(ErrorKind::Busy);
             return;
         };
+        let client = client_of(&peer);
+        let held = active.clients.get(&client).copied().unwrap_or(0);
+        if held >= self.shared.per_client {
+            // Silent drop too (the permit goes back): a client that behaves retransmits
+            // its RRQ and gets served when one of its own transfers ends.
+            m.error(ErrorKind::ClientBusy);
+            return;
+        }
         let assigned = self.shared.engines.pick();
         let engine = assigned.idx;
-        active.insert(peer, engine);
+        active.peers.insert(peer, engine);
+        active.clients.insert(client, held + 1);
         drop(active);
         let link = if self.shared.settings.single_port {
             LinkKind::Shared(self.sock.clone())
@@ -185,11 +223,14 @@ impl Server {
         let guard = ActiveGuard {
             active: self.shared.active.clone(),
             peer,
+            client,
             _permit: permit,
             _assigned: assigned,
         };
         let shared = self.shared.clone();
-        tokio::spawn(async move {
+        // Opening and reading the file blocks (and a conversion takes CPU): never on the
+        // runtime, whose other tasks (the API's /healthz among them) it would stall.
+        tokio::task::spawn_blocking(move || {
             if let Some(job) = prepare(&shared, link, peer, req, Box::new(guard)) {
                 if let Err(job) = shared.engines.submit(engine, job) {
                     let _ = job.link.send_now(&packet::error(
@@ -213,17 +254,25 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Held by a transfer until it ends: its `max_transfers` permit, its entry among
-/// the active peers and its place in its engine's load.
+/// the active peers, its count against its client and its place in its engine's load.
 struct ActiveGuard {
-    active: Arc<Mutex<HashMap<SocketAddr, usize>>>,
+    active: Arc<Mutex<Active>>,
     peer: SocketAddr,
+    client: IpAddr,
     _permit: OwnedSemaphorePermit,
     _assigned: super::engine::Assigned,
 }
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        lock(&self.active).remove(&self.peer);
+        let mut a = lock(&self.active);
+        a.peers.remove(&self.peer);
+        if let Some(n) = a.clients.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                a.clients.remove(&self.client);
+            }
+        }
     }
 }
 
@@ -292,12 +341,13 @@ fn file_error_kind(e: &FileError) -> (ErrorKind, ErrorCode) {
     match e {
         FileError::NotFound => (ErrorKind::NotFound, ErrorCode::FileNotFound),
         FileError::Refused(_) => (ErrorKind::AccessViolation, ErrorCode::AccessViolation),
-        FileError::Io(_) => (ErrorKind::Io, ErrorCode::NotDefined),
+        FileError::Io(_) | FileError::TooLargeForNetascii => (ErrorKind::Io, ErrorCode::NotDefined),
     }
 }
 
 /// Open the file, negotiate the options and open the transfer's socket. Refusals are
 /// answered here (from the transfer's socket, as RFC 1350 has it) and give `None`.
+/// Blocks (file I/O): runs on the blocking pool.
 fn prepare(
     shared: &Shared,
     kind: LinkKind,
@@ -320,24 +370,15 @@ fn prepare(
         let _ = link.send_now(&packet::error(code, &msg));
         None
     };
-    let data = match shared.files.open(&req.filename) {
+    let form = match req.mode {
+        Mode::Octet => Form::Octet,
+        Mode::Netascii => Form::Netascii,
+    };
+    let data = match shared.files.open_as(&req.filename, form) {
         Ok(d) => d,
         Err(e) => {
             let (kind, code) = file_error_kind(&e);
             return fail(kind, code, e.to_string());
-        }
-    };
-    let data = match req.mode {
-        Mode::Octet => data,
-        Mode::Netascii => {
-            if data.len() as u64 > shared.settings.netascii_max_bytes {
-                return fail(
-                    ErrorKind::Io,
-                    ErrorCode::NotDefined,
-                    "file too large for netascii mode, use octet".into(),
-                );
-            }
-            FileData::Mem(Bytes::from(to_netascii(data.as_slice())))
         }
     };
     let s = &shared.settings;
@@ -352,6 +393,7 @@ fn prepare(
         min_rto: Duration::from_millis(s.retransmit_min_ms),
         max_rto: Duration::from_millis(s.retransmit_max_ms),
         max_retries: s.max_retries,
+        max_timeout: Duration::from_secs(s.max_timeout_secs),
     };
     let neg = match negotiate(&req.options, data.len() as u64, &limits) {
         Ok(n) => n,
@@ -371,6 +413,16 @@ fn prepare(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clients_are_ipv4_addresses_and_ipv6_64s() {
+        let c = |a: &str| client_of(&a.parse().unwrap()).to_string();
+        assert_eq!(c("10.1.2.3:69"), "10.1.2.3");
+        assert_eq!(c("[::ffff:10.1.2.3]:69"), "10.1.2.3");
+        assert_eq!(c("[2001:db8:1:2:aaaa:bbbb:cccc:dddd]:69"), "2001:db8:1:2::");
+        assert_eq!(c("[2001:db8:1:2::1]:70"), c("[2001:db8:1:2:ffff::9]:71"));
+        assert_ne!(c("[2001:db8:1:2::1]:70"), c("[2001:db8:1:3::1]:70"));
+    }
 
     #[tokio::test]
     async fn the_listening_socket_holds_a_burst_of_requests() {

@@ -29,6 +29,8 @@ pub struct Limits {
     pub max_rto: Duration,
     /// Consecutive timeouts before the transfer is abandoned.
     pub max_retries: u32,
+    /// Largest `timeout` option accepted; a larger one is declined.
+    pub max_timeout: Duration,
 }
 
 /// The outcome of option negotiation.
@@ -46,6 +48,12 @@ pub struct Negotiated {
 /// Negotiate the options of a read request for a file of `size` bytes (as sent,
 /// i.e. after netascii conversion). Unknown options are ignored; a malformed or
 /// out-of-range value of a known option refuses the request with error 8.
+///
+/// A `timeout` above `limits.max_timeout` is declined, not reduced: RFC 2349 says the
+/// value in the OACK "must match the value specified by the client", so the server may
+/// only accept it as is or leave it out (RFC 2347: options not acknowledged are not in
+/// effect). Declined, the transfer uses the server's adaptive retransmission timeout;
+/// honoured, `timeout=255` held a stalled transfer's slot for half an hour.
 pub fn negotiate(
     options: &[(String, String)],
     size: u64,
@@ -94,8 +102,11 @@ pub fn negotiate(
                 if !(1..=255).contains(&v) {
                     return Err(refuse(name, value));
                 }
-                n.timeout = Some(Duration::from_secs(v as u64));
-                n.oack.push(("timeout", v.to_string()));
+                let t = Duration::from_secs(v as u64);
+                if t <= limits.max_timeout {
+                    n.timeout = Some(t);
+                    n.oack.push(("timeout", v.to_string()));
+                }
             }
             "windowsize" => {
                 let v: u32 = value.trim().parse().map_err(|_| refuse(name, value))?;
@@ -372,6 +383,7 @@ mod tests {
             min_rto: Duration::from_millis(100),
             max_rto: Duration::from_millis(800),
             max_retries: 3,
+            max_timeout: Duration::from_secs(5),
         }
     }
 
@@ -642,6 +654,21 @@ mod tests {
         t.on_event(Event::Timeout, at);
         t.on_event(Event::Ack(9), at + Duration::from_secs(3));
         assert_eq!(t.base_rto, before);
+    }
+
+    #[test]
+    fn a_timeout_above_the_maximum_is_declined() {
+        let l = limits();
+        let n = negotiate(&opts(&[("timeout", "255"), ("blksize", "1024")]), 1, &l).unwrap();
+        assert_eq!(n.timeout, None);
+        assert_eq!(n.oack, vec![("blksize", "1024".into())]);
+        let t = Transfer::new(1, &n, &l);
+        assert_eq!(t.rto(), l.initial_rto);
+        // alone, it leaves nothing to acknowledge: DATA 1 comes without an OACK
+        let n = negotiate(&opts(&[("timeout", "6")]), 1, &l).unwrap();
+        assert!(n.oack.is_empty());
+        let n = negotiate(&opts(&[("timeout", "5")]), 1, &l).unwrap();
+        assert_eq!(n.oack, vec![("timeout", "5".into())]);
     }
 
     #[test]
