@@ -153,7 +153,7 @@ mod tests {
     }
 
     /// Every metric family the API's `/metrics` exports (TFTP, DHCP and boot HTTP, as
-    /// `serve` registers them), with the sample names their type adds. (It sits here
+    /// `serve` registers them, and the API listener's connection metrics), with the sample names their type adds. (It sits here
     /// because the README's TFTP metric names were the ones found wrong, issue 17.)
     fn exported_names() -> Vec<String> {
         // (an empty label family is not encoded at all: give each one a sample)
@@ -170,6 +170,7 @@ mod tests {
         dhcp.pool_size.get_or_create(&subnet).set(2);
         dhcp.register(&mut reg);
         crate::http::Metrics::new().register(&mut reg);
+        crate::listen::ConnMetrics::default().register(reg.sub_registry_with_prefix("bootplane_api"));
         let mut s = String::new();
         prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
         let mut names = Vec::new();
