@@ -18,5 +18,6 @@ pub mod power;
 pub mod provision;
 pub mod serve;
 pub mod shutdown;
+pub mod statedir;
 pub mod store;
 pub mod tftp;
