@@ -10,8 +10,8 @@
 //! NFS images directory) are not rewritten: they are reachable only through the 0700
 //! directory, and an exported images tree must keep the modes the NFS server serves.
 
-use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
 use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
 use std::path::Path;
 
 use anyhow::{bail, Context as _, Result};
@@ -47,8 +47,8 @@ pub fn prepare(dir: &Path) -> Result<Vec<Fixed>> {
         }
     }
     // The directory itself may be a symlink an operator set up: follow it.
-    let md = std::fs::metadata(dir)
-        .with_context(|| format!("reading state dir {}", dir.display()))?;
+    let md =
+        std::fs::metadata(dir).with_context(|| format!("reading state dir {}", dir.display()))?;
     if !md.is_dir() {
         bail!("state dir {} is not a directory", dir.display());
     }
@@ -150,12 +150,20 @@ mod tests {
         assert_eq!(mode(&outside), 0o644);
         let mut got: Vec<(String, u32)> = fixed
             .iter()
-            .map(|x| (x.path.file_name().unwrap().to_string_lossy().into(), x.old_mode))
+            .map(|x| {
+                (
+                    x.path.file_name().unwrap().to_string_lossy().into(),
+                    x.old_mode,
+                )
+            })
             .collect();
         got.sort();
         assert_eq!(
             got,
-            vec![("state".to_string(), 0o755), ("store.redb".to_string(), 0o644)]
+            vec![
+                ("state".to_string(), 0o755),
+                ("store.redb".to_string(), 0o644)
+            ]
         );
         assert!(prepare(&dir).unwrap().is_empty(), "nothing left to fix");
     }

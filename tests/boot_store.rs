@@ -295,8 +295,7 @@ fn boot_token_dies_with_its_claim() {
     assert!(code == 200 || code == 202, "{v}");
     b.wait_for(30, "server available again", || {
         let s = b.get(&format!("{SERVERS}/tok-1"));
-        (s["status"]["state"] == "Available" && s["spec"]["serverClaimRef"].is_null())
-            .then_some(())
+        (s["status"]["state"] == "Available" && s["spec"]["serverClaimRef"].is_null()).then_some(())
     });
     let ign_b = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/tenant","contents":{"source":"data:,tenant-b"}}]}}"#;
     let secret_b = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tenant-b"}, "stringData": {"ignition": ign_b}});

@@ -591,7 +591,11 @@ fn trusted_checkpoint_is_still_checked_against_the_target() {
     // Change two bytes well inside the covered range (past the held first MiB).
     {
         use std::os::unix::fs::FileExt;
-        let f = fs::OpenOptions::new().read(true).write(true).open(&out).unwrap();
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&out)
+            .unwrap();
         let off = 2 * MIB as u64 + 4097;
         let mut b = [0u8; 2];
         f.read_at(&mut b, off).unwrap();
@@ -672,7 +676,10 @@ fn checkpoint_paths_that_are_symlinks_are_refused() {
         assert_eq!(o.status.code(), Some(23), "{what}: {err}");
         assert!(err.contains("symlink"), "{what}: {err}");
         assert!(
-            fs::symlink_metadata(&link).unwrap().file_type().is_symlink(),
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink(),
             "{what}: link replaced"
         );
         fs::remove_file(&link).unwrap();

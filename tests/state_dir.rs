@@ -57,8 +57,14 @@ fn fresh_state_dir_is_private() {
         .call()
         .is_err()
     {
-        assert!(child.try_wait().unwrap().is_none(), "bootplane exited early");
-        assert!(Instant::now() < deadline, "bootplane did not become healthy");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "bootplane exited early"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "bootplane did not become healthy"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();

@@ -463,9 +463,13 @@ impl BootHttp {
             }
         }
         let ignition_url = if self.sign_ignition_urls {
-            let token =
-                self.signer
-                    .mint(Purpose::Ignition, &m.server, &m.boot_id, now, self.token_ttl);
+            let token = self.signer.mint(
+                Purpose::Ignition,
+                &m.server,
+                &m.boot_id,
+                now,
+                self.token_ttl,
+            );
             format!("{}/ignition/{}/{}", self.base_url, m.server, token)
         } else {
             format!("{}/ignition/{}", self.base_url, m.server)

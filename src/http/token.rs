@@ -91,7 +91,10 @@ impl TokenSigner {
         ttl_secs: u64,
     ) -> String {
         let expiry = now.saturating_add(ttl_secs);
-        let tag = self.mac(purpose, server, boot, expiry).finalize().into_bytes();
+        let tag = self
+            .mac(purpose, server, boot, expiry)
+            .finalize()
+            .into_bytes();
         format!("{expiry}.{}", URL_SAFE_NO_PAD.encode(tag))
     }
 

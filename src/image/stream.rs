@@ -173,7 +173,10 @@ fn checkpoint_tmp(ckpt: &Path) -> PathBuf {
 fn check_checkpoint_paths(ckpt: &Path) -> PResult<()> {
     use std::os::unix::fs::MetadataExt as _;
     let tmp = checkpoint_tmp(ckpt);
-    for (p, what) in [(ckpt, "checkpoint path"), (tmp.as_path(), "checkpoint temporary path")] {
+    for (p, what) in [
+        (ckpt, "checkpoint path"),
+        (tmp.as_path(), "checkpoint temporary path"),
+    ] {
         match std::fs::symlink_metadata(p) {
             Ok(m) if m.file_type().is_symlink() => {
                 return Err(ProvisionError::Checkpoint(format!(
@@ -1033,9 +1036,9 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         if let Some(c) = read_checkpoint(&ckpt_path) {
             match c {
                 c if c.version == 1
-                        && c.image_sha256 == image_hex
-                        && c.chunk_size == plan.chunk
-                        && c.chunks_done > 0 =>
+                    && c.image_sha256 == image_hex
+                    && c.chunk_size == plan.chunk
+                    && c.chunks_done > 0 =>
                 {
                     if let Some(h) = ResumableSha256::restore(&c.hash_state)
                         .filter(|h| h.len() == c.chunks_done * plan.chunk)
