@@ -1033,24 +1033,21 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     let mut start = 0u64;
     let mut hasher = ResumableSha256::new();
     if opts.resume {
-        if let Some(c) = read_checkpoint(&ckpt_path) {
-            match c {
-                c if c.version == 1
-                    && c.image_sha256 == image_hex
-                    && c.chunk_size == plan.chunk
-                    && c.chunks_done > 0 =>
-                {
-                    if let Some(h) = ResumableSha256::restore(&c.hash_state)
-                        .filter(|h| h.len() == c.chunks_done * plan.chunk)
-                    {
-                        start = c.chunks_done;
-                        hasher = h;
-                        if c.target_fresh {
-                            target.mark_fresh();
-                        }
-                    }
+        let usable = read_checkpoint(&ckpt_path).filter(|c| {
+            c.version == 1
+                && c.image_sha256 == image_hex
+                && c.chunk_size == plan.chunk
+                && c.chunks_done > 0
+        });
+        if let Some(c) = usable {
+            if let Some(h) = ResumableSha256::restore(&c.hash_state)
+                .filter(|h| h.len() == c.chunks_done * plan.chunk)
+            {
+                start = c.chunks_done;
+                hasher = h;
+                if c.target_fresh {
+                    target.mark_fresh();
                 }
-                _ => {}
             }
         }
     }
