@@ -213,6 +213,7 @@ fn child(dir: PathBuf) {
             ips: vec!["127.0.0.1".parse().unwrap()],
             macs: vec![[0x52, 0x54, 0, 0xab, 0xcd, 0xef]],
             state: BootState::Ready,
+            boot_id: "bench/1".into(),
             files: Some(BootFiles {
                 image: "os-image:latest".into(),
                 arch: "amd64".into(),

@@ -330,6 +330,7 @@ fn serve_bench(json: &bytes::Bytes, secs: u64, rounds: usize) {
         ips: vec!["127.0.0.1".parse().expect("ip")],
         macs: vec![[0x52, 0x54, 0, 0, 0, 0]],
         state: BootState::Ready,
+        boot_id: "bench/1".into(),
         files: Some(BootFiles::default()),
         ignition: Some(IgnitionData {
             data: json.clone(),

@@ -20,5 +20,6 @@ pub mod power;
 pub mod provision;
 pub mod serve;
 pub mod shutdown;
+pub mod statedir;
 pub mod store;
 pub mod tftp;

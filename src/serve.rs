@@ -59,8 +59,8 @@ fn load_or_create_token(path: &Path) -> Result<String> {
 
 /// Run every enabled service until a signal arrives, then drain (bounded).
 pub async fn run(config: Config) -> Result<()> {
-    std::fs::create_dir_all(&config.state_dir)
-        .with_context(|| format!("creating state dir {}", config.state_dir.display()))?;
+    // Private (0700, files 0600) before anything secret is written into it.
+    crate::statedir::prepare(&config.state_dir)?;
     let token = api_token(&config)?;
     let store = Store::open(&config.state_dir)?;
     let ctx = Arc::new(Context {

@@ -257,3 +257,63 @@ fn reference_butane_secret_is_served_as_validated_ignition() {
         .to_string();
     assert!(msg.contains("relative/path"), "{s}");
 }
+
+/// A signed Ignition URL dies with the claim it was minted for: after the claim is
+/// deleted and the server claimed again with another Ignition secret, the old token
+/// (from an address the machine does not own) no longer opens the new tenant's
+/// Ignition; the token minted into the new script does.
+#[test]
+fn boot_token_dies_with_its_claim() {
+    let b = Bootplane::start(&[]);
+    let mut srv = server("tok-1", json!({}), "Recycle");
+    srv["status"]["networkInterfaces"] =
+        json!([{"name": "eth0", "macAddress": "52:54:00:42:00:21", "ip": "127.0.0.5"}]);
+    assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
+    let base = format!("http://127.0.0.1:{}", b.http_port);
+    // The machine's script (from its own address), and the token in its Ignition URL.
+    let ignition_url = |what: &str| -> String {
+        let (code, script) = curl("127.0.0.5", &format!("{base}/ipxe/script?server=tok-1"));
+        assert_eq!(code, 200, "{what}: {script}");
+        let url = kernel_line(&script)
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("ignition.config.url="))
+            .unwrap_or_else(|| panic!("{what}: no ignition url in {script}"))
+            .to_string();
+        assert!(url.starts_with(&format!("{base}/ignition/tok-1/")), "{url}");
+        url
+    };
+    let ign_a = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/tenant","contents":{"source":"data:,tenant-a"}}]}}"#;
+    let secret_a = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tenant-a"}, "stringData": {"ignition": ign_a}});
+    b.claim_ready_with_ignition("tenant-a", "tok-1", &secret_a, 20);
+    let old = ignition_url("first claim");
+    // The token works from an address the machine does not own.
+    let (code, body) = curl("127.0.0.6", &old);
+    assert_eq!((code, body.as_str()), (200, ign_a));
+
+    // Release the server and claim it again for another tenant.
+    let (code, v) = b.call("DELETE", &format!("{}/tenant-a", claims("default")), None);
+    assert!(code == 200 || code == 202, "{v}");
+    b.wait_for(30, "server available again", || {
+        let s = b.get(&format!("{SERVERS}/tok-1"));
+        (s["status"]["state"] == "Available" && s["spec"]["serverClaimRef"].is_null()).then_some(())
+    });
+    let ign_b = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/tenant","contents":{"source":"data:,tenant-b"}}]}}"#;
+    let secret_b = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tenant-b"}, "stringData": {"ignition": ign_b}});
+    b.claim_ready_with_ignition("tenant-b", "tok-1", &secret_b, 20);
+    // The boot index follows the store by watch: wait until it serves the new tenant.
+    b.wait_for(20, "new tenant served", || {
+        let (code, body) = curl("127.0.0.5", &format!("{base}/ignition/tok-1"));
+        (code == 200 && body == ign_b).then_some(())
+    });
+
+    let (code, body) = curl("127.0.0.6", &old);
+    assert!(
+        code == 403 || code == 404,
+        "the first claim's token still opens the server's Ignition: {code} {body}"
+    );
+    assert!(!body.contains("tenant-b"), "{body}");
+    let new = ignition_url("second claim");
+    assert_ne!(new, old);
+    let (code, body) = curl("127.0.0.6", &new);
+    assert_eq!((code, body.as_str()), (200, ign_b));
+}

@@ -540,3 +540,148 @@ fn zero_skip_on_a_new_file_gives_the_same_bytes() {
     assert_eq!(code, 0, "{lines:?}");
     assert_eq!(fs::read(&out).unwrap(), data);
 }
+
+/// Start a rate-limited copy of `img` to `out`, SIGKILL it once its checkpoint covers at
+/// least `frames` frames; returns the checkpoint path.
+fn kill_after_checkpoint(img: &Path, out: &Path, frames: u64) -> String {
+    let ck = format!("{}.bootplane-checkpoint", s(out));
+    let mut child = Command::new(bin())
+        .args(["provision", "--source", s(img), "--target", s(out)])
+        .args(["--max-rate", "6000000", "-q"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(b) = fs::read(&ck) {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b) {
+                if v["chunks_done"].as_u64().unwrap_or(0) >= frames {
+                    break;
+                }
+            }
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "copy finished before it could be killed"
+        );
+        assert!(Instant::now() < deadline, "no checkpoint within 60s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    ck
+}
+
+/// Bytes changed on the target between the kill and the resume, inside what the
+/// checkpoint covers, are caught even with `--trust-checkpoint`: the resume fails
+/// (checkpoint error) with the first MiB still zero, and the next run copies everything
+/// again and ends with the right image.
+#[test]
+fn trusted_checkpoint_is_still_checked_against_the_target() {
+    let d = tempfile::tempdir().unwrap();
+    let data = mixed(24 * MIB + 77, 91);
+    let raw = d.path().join("raw");
+    fs::write(&raw, &data).unwrap();
+    let img = d.path().join("img.bpz");
+    pack(&raw, &img, 1);
+    let out = d.path().join("out");
+    let ck = kill_after_checkpoint(&img, &out, 4);
+    // Change two bytes well inside the covered range (past the held first MiB).
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&out)
+            .unwrap();
+        let off = 2 * MIB as u64 + 4097;
+        let mut b = [0u8; 2];
+        f.read_at(&mut b, off).unwrap();
+        f.write_at(&[!b[0], !b[1]], off).unwrap();
+    }
+    let (code, lines) = provision(&[
+        "--source",
+        s(&img),
+        "--target",
+        s(&out),
+        "--trust-checkpoint",
+    ]);
+    let copied = fs::read(&out).unwrap();
+    assert!(
+        code != 0 || copied == data,
+        "resume trusted a checkpoint the target no longer matches and exited 0 with a wrong image: {lines:?}"
+    );
+    assert!(
+        head_is_zero(&out, MIB) || copied == data,
+        "first MiB written over a target whose bytes were not verified"
+    );
+    assert_eq!(code, 23, "checkpoint error expected: {lines:?}");
+    assert!(!Path::new(&ck).exists(), "mismatching checkpoint kept");
+    // The next run starts over and ends with the right image.
+    let (code, lines) = provision(&["--source", s(&img), "--target", s(&out)]);
+    assert_eq!(code, 0, "{lines:?}");
+    assert_eq!(last_stage(&lines)["resumed_from"].as_u64(), Some(0));
+    assert_eq!(fs::read(&out).unwrap(), data);
+}
+
+/// The checkpoint is never written through a symlink: a link at its temporary path (or
+/// at the checkpoint path itself) pointing at a victim file makes provision refuse with
+/// a clear error, and the victim is unchanged.
+#[test]
+fn checkpoint_paths_that_are_symlinks_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let data = mixed(12 * MIB + 5, 17);
+    let raw = d.path().join("raw");
+    fs::write(&raw, &data).unwrap();
+    let img = d.path().join("img.bpz");
+    pack(&raw, &img, 1);
+    let victim = d.path().join("victim");
+    let victim_bytes = b"precious root-owned data\n".repeat(100);
+    fs::write(&victim, &victim_bytes).unwrap();
+    let ckdir = d.path().join("ck");
+    fs::create_dir(&ckdir).unwrap();
+    let ck = ckdir.join("bootplane-loop2.checkpoint");
+    for (what, link) in [
+        ("temporary file", ckdir.join("bootplane-loop2.tmp")),
+        ("checkpoint", ck.clone()),
+    ] {
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let out = d.path().join(format!("out-{}", what.len()));
+        // Rate-limited to 3 s, so an unprotected run writes its checkpoint at least once.
+        let o = run_cmd(
+            Command::new(bin()).args([
+                "provision",
+                "--source",
+                s(&img),
+                "--target",
+                s(&out),
+                "--checkpoint",
+                s(&ck),
+                "--max-rate",
+                "4000000",
+                "-q",
+            ]),
+            120,
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        let now = fs::read(&victim).unwrap();
+        assert!(
+            now == victim_bytes,
+            "{what} symlink followed: victim rewritten to {:?} (exit {:?}, {err})",
+            String::from_utf8_lossy(&now[..now.len().min(60)]),
+            o.status.code()
+        );
+        assert_eq!(o.status.code(), Some(23), "{what}: {err}");
+        assert!(err.contains("symlink"), "{what}: {err}");
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "{what}: link replaced"
+        );
+        fs::remove_file(&link).unwrap();
+    }
+}

@@ -364,3 +364,62 @@ fn killed_job_is_retried_and_nfs_outage_is_reported() {
     assert_eq!(state(&action), "Succeeded", "{action:#}");
     assert_eq!(s390x_common::file_sha256(&target), sha);
 }
+
+/// When port 111 is taken in ganesha's namespace (a host portmapper, say), the rpcbind
+/// bootplane starts cannot serve it: bootplane says so at start (an error naming the
+/// port) and the export policies are not reported Applied but Error, reason PortInUse.
+#[test]
+fn portmapper_port_taken_is_reported_at_start_and_on_policies() {
+    let mut f = Flow::start(Options::default());
+    let img = image_bytes(1 << 20, 7);
+    let sha = f.write_image("pm", "pm.img", &img);
+    f.apply(&Flow::image_yaml("pm", "pm/pm.img", &sha, "Retain"));
+    f.wait_obj(30, "exportpolicies", "pm", |o| state(o) == "Applied");
+
+    // Restart with another process holding 111 (TCP and UDP) in the namespace.
+    assert!(f.bp.stop().success());
+    let _held = f.ns.hold_port(111);
+    let before = f.bp.log().len();
+    f.bp.spawn();
+    // Until the restarted bootplane has either started ganesha or given up on it.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let ep = loop {
+        let ep = f.obj("exportpolicies", "pm").expect("policy");
+        let log = f.bp.log()[before..].to_string();
+        if ep["status"]["state"] == "Error" || log.contains("nfs-ganesha started") {
+            break ep;
+        }
+        assert!(Instant::now() < deadline, "neither; log:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = f.bp.log()[before..].to_string();
+    assert_eq!(
+        state(&ep),
+        "Error",
+        "policy reported {} while bootplane's rpcbind could not have port 111: {ep:#}\nlog:\n{}",
+        state(&ep),
+        common::tail(&log, 30)
+    );
+    let cond = ep["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Applied")
+        .unwrap()
+        .clone();
+    assert_eq!(cond["status"], "False", "{cond}");
+    assert_eq!(cond["reason"], "PortInUse", "{cond}");
+    assert!(
+        cond["message"].as_str().unwrap_or("").contains("port 111"),
+        "{cond}"
+    );
+    assert_eq!(ep["status"]["appliedRules"], serde_json::json!([]));
+    // Said at start, as an error naming the port.
+    let said = f.bp.wait_for(20, "start-up error naming port 111", || {
+        f.bp.log()[before..]
+            .lines()
+            .find(|l| l.contains("ERROR") && l.contains("port 111"))
+            .map(String::from)
+    });
+    assert!(said.contains("nfs-ganesha"), "{said}");
+}

@@ -450,19 +450,28 @@ impl StoreBootIndex {
             .pointer("/spec/systemUUID")
             .and_then(Value::as_str)
             .and_then(valid_uuid);
-        let (state, files, ignition) = self.boot_state(s);
+        let mut boot_id = String::new();
+        let (state, files, ignition) = self.boot_state(s, &mut boot_id);
         self.mem.upsert(MachineBoot {
             server: server.to_string(),
             uuid,
             ips,
             macs,
             state,
+            boot_id,
             files,
             ignition,
         });
     }
 
-    fn boot_state(&self, s: &Value) -> (BootState, Option<BootFiles>, Option<IgnitionData>) {
+    /// What the server's boot configuration says it boots; `boot_id` is set to the
+    /// configuration's `<uid>/<generation>` when there is one (signed tokens are bound to
+    /// it, so they die with the claim or with a change of the configuration).
+    fn boot_state(
+        &self,
+        s: &Value,
+        boot_id: &mut String,
+    ) -> (BootState, Option<BootFiles>, Option<IgnitionData>) {
         let Some(r) = s
             .pointer("/spec/bootConfigurationRef")
             .filter(|r| !r.is_null())
@@ -481,6 +490,15 @@ impl StoreBootIndex {
                 None,
             );
         };
+        *boot_id = format!(
+            "{}/{}",
+            sbc.pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
+            sbc.pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+        );
         match sbc.pointer("/status/state").and_then(Value::as_str) {
             Some("Ready") => {}
             Some("Error") => {

@@ -794,6 +794,7 @@ impl S390x {
             Err(e) => {
                 let reason = match e {
                     NfsError::Down(_) => "ServerDown",
+                    NfsError::PortInUse(_) => "PortInUse",
                     NfsError::UnknownExport(_) => "NotExported",
                     _ => "BackendError",
                 };

@@ -105,7 +105,14 @@ fn rewrite(path: &Path, live: &[Lease]) -> Result<File> {
         encode(&Change::Put(l.clone()), &mut text);
     }
     {
-        let mut t = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut t = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
         t.write_all(text.as_bytes())
             .with_context(|| format!("writing {}", tmp.display()))?;
         t.sync_all()

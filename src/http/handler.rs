@@ -219,11 +219,17 @@ impl BootHttp {
     }
 
     /// A script URL carrying a signed token for `server` (for DHCP boot-file names when the
-    /// machine's address is not known in advance).
+    /// machine's address is not known in advance), bound to the boot the index holds for
+    /// it now: it stops working when that boot configuration goes or changes.
     pub fn signed_script_url(&self, server: &str) -> String {
+        let boot = self
+            .index
+            .lookup(&MachineId::Server(server.to_string()))
+            .map(|m| m.boot_id.clone())
+            .unwrap_or_default();
         let t = self
             .signer
-            .mint(Purpose::Script, server, unix_now(), self.token_ttl);
+            .mint(Purpose::Script, server, &boot, unix_now(), self.token_ttl);
         format!(
             "{}/ipxe/script?server={}&token={}",
             self.base_url, server, t
@@ -381,7 +387,7 @@ impl BootHttp {
         if !self.index.owns(&m, client) {
             let ok = q.token.as_deref().map(|t| {
                 self.signer
-                    .verify(t, Purpose::Script, &m.server, unix_now())
+                    .verify(t, Purpose::Script, &m.server, &m.boot_id, unix_now())
             });
             match ok {
                 Some(Ok(())) => {}
@@ -457,9 +463,13 @@ impl BootHttp {
             }
         }
         let ignition_url = if self.sign_ignition_urls {
-            let token = self
-                .signer
-                .mint(Purpose::Ignition, &m.server, now, self.token_ttl);
+            let token = self.signer.mint(
+                Purpose::Ignition,
+                &m.server,
+                &m.boot_id,
+                now,
+                self.token_ttl,
+            );
             format!("{}/ignition/{}/{}", self.base_url, m.server, token)
         } else {
             format!("{}/ignition/{}", self.base_url, m.server)
@@ -512,7 +522,7 @@ impl BootHttp {
         if !self.index.owns(&m, client) {
             match token.map(|t| {
                 self.signer
-                    .verify(t, Purpose::Ignition, &m.server, unix_now())
+                    .verify(t, Purpose::Ignition, &m.server, &m.boot_id, unix_now())
             }) {
                 Some(Ok(())) => {}
                 Some(Err(e)) => return self.refuse(route::IGNITION, &m, client, &e.to_string()),
@@ -812,6 +822,7 @@ mod tests {
             ips: vec!["127.0.0.2".parse().unwrap()],
             macs: vec![[0x52, 0x54, 0, 0xab, 0xcd, 0xef]],
             state: BootState::Ready,
+            boot_id: "sbc-uid-1/1".into(),
             files: Some(BootFiles {
                 image: "os-image:latest".into(),
                 arch: "amd64".into(),
@@ -873,6 +884,12 @@ mod tests {
         assert_eq!(s, StatusCode::FORBIDDEN);
         let (s, _) = get(&a, "/ignition/server-a", "127.0.0.2").await;
         assert_eq!(s, StatusCode::OK);
+        // Another boot of the same server (claimed again): the old token is worthless.
+        let mut again = machine();
+        again.boot_id = "sbc-uid-2/1".into();
+        idx.upsert(again);
+        let (s, _) = get(&a, path, "127.0.0.9").await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
         // Signed script URL for a machine fetching from elsewhere.
         let su = a.signed_script_url("server-a");
         let (s, _) = get(

@@ -142,6 +142,7 @@ mod tests {
             ips: vec![ip.parse().unwrap()],
             macs: vec![[2, 0, 0, 0, 0, 1]],
             state: BootState::NotClaimed,
+            boot_id: String::new(),
             files: None,
             ignition: None,
         }

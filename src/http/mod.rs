@@ -12,7 +12,8 @@
 //! Identity: a script or Ignition payload is given only to the machine it belongs to: the
 //! request's source address must be one of the machine's registered addresses, or the URL
 //! must carry a valid signed, expiring token ([`token`]) minted into that machine's
-//! script. Anyone else gets 403 (known machine, wrong client) and the refusal is logged
+//! script for its current boot configuration (a token dies with the claim it was minted
+//! for). Anyone else gets 403 (known machine, wrong client) and the refusal is logged
 //! and counted.
 //!
 //! The hot path never waits on the store: it asks a [`BootIndex`] answered from memory.
@@ -87,6 +88,11 @@ pub struct MachineBoot {
     pub ips: Vec<IpAddr>,
     pub macs: Vec<[u8; 6]>,
     pub state: BootState,
+    /// Which boot of the server this entry describes: the ServerBootConfiguration's UID
+    /// and generation (`<uid>/<generation>`), empty when none is bound. Signed tokens are
+    /// bound to it ([`token`]), so a token minted for one claim or configuration is
+    /// refused once the index holds another.
+    pub boot_id: String,
     /// Present when `state` is `Ready`.
     pub files: Option<BootFiles>,
     pub ignition: Option<IgnitionData>,

@@ -2,9 +2,14 @@
 //! machine whose source address is not registered (NAT, relay, a lease not yet known)
 //! can still fetch its own Ignition, and nobody else can.
 //!
-//! Format: `<expiry unix seconds>.<base64url(HMAC(key, "bootplane-v1|purpose|server|expiry"))>`.
-//! The MAC binds the server name and the purpose, so a token for one machine or one
-//! route is worthless for another. Verification is constant time (`hmac::verify_slice`).
+//! Format: `<expiry unix seconds>.<base64url(HMAC(key, "bootplane-v2|purpose|server|boot|expiry"))>`.
+//! The MAC binds the server name, the purpose and the boot the token was minted for
+//! ([`crate::http::MachineBoot::boot_id`]: the ServerBootConfiguration's UID and
+//! generation), so a token for one machine or one route is worthless for another, and a
+//! token dies with the boot configuration it was minted for: once the claim is deleted
+//! (or the configuration changed) the index holds another boot id and the old token no
+//! longer verifies, whoever claims the server next. Verification is constant time
+//! (`hmac::verify_slice`).
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -59,30 +64,49 @@ impl TokenSigner {
         TokenSigner::new(&key)
     }
 
-    fn mac(&self, purpose: Purpose, server: &str, expiry: u64) -> HmacSha256 {
+    fn mac(&self, purpose: Purpose, server: &str, boot: &str, expiry: u64) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.key).expect("hmac accepts any key length");
-        mac.update(b"bootplane-v1|");
+        mac.update(b"bootplane-v2|");
         mac.update(purpose.tag().as_bytes());
-        mac.update(b"|");
-        mac.update(server.as_bytes());
+        // Length-prefixed: no choice of server and boot id can collide with another.
+        for field in [server, boot] {
+            mac.update(b"|");
+            mac.update(field.len().to_string().as_bytes());
+            mac.update(b":");
+            mac.update(field.as_bytes());
+        }
         mac.update(b"|");
         mac.update(expiry.to_string().as_bytes());
         mac
     }
 
-    /// Mint a token valid until `now + ttl_secs` (unix seconds).
-    pub fn mint(&self, purpose: Purpose, server: &str, now: u64, ttl_secs: u64) -> String {
+    /// Mint a token for `server`'s boot `boot` (its [`crate::http::MachineBoot::boot_id`]),
+    /// valid until `now + ttl_secs` (unix seconds).
+    pub fn mint(
+        &self,
+        purpose: Purpose,
+        server: &str,
+        boot: &str,
+        now: u64,
+        ttl_secs: u64,
+    ) -> String {
         let expiry = now.saturating_add(ttl_secs);
-        let tag = self.mac(purpose, server, expiry).finalize().into_bytes();
+        let tag = self
+            .mac(purpose, server, boot, expiry)
+            .finalize()
+            .into_bytes();
         format!("{expiry}.{}", URL_SAFE_NO_PAD.encode(tag))
     }
 
-    /// Check a token for `server` and `purpose` at time `now` (unix seconds).
+    /// Check a token for `server`, its current boot `boot` and `purpose` at time `now`
+    /// (unix seconds). A token minted for another boot of the same server fails as a bad
+    /// signature.
     pub fn verify(
         &self,
         token: &str,
         purpose: Purpose,
         server: &str,
+        boot: &str,
         now: u64,
     ) -> Result<(), TokenError> {
         let (exp, sig) = token.split_once('.').ok_or(TokenError::Malformed)?;
@@ -94,7 +118,7 @@ impl TokenSigner {
             .decode(sig)
             .map_err(|_| TokenError::Malformed)?;
         // Check the signature first so an attacker learns nothing from the expiry path.
-        self.mac(purpose, server, expiry)
+        self.mac(purpose, server, boot, expiry)
             .verify_slice(&sig)
             .map_err(|_| TokenError::BadSignature)?;
         if now > expiry {
@@ -119,30 +143,47 @@ mod tests {
     #[test]
     fn roundtrip_and_binding() {
         let s = TokenSigner::new(b"0123456789abcdef0123456789abcdef");
-        let t = s.mint(Purpose::Ignition, "server-a", 1000, 60);
+        let t = s.mint(Purpose::Ignition, "server-a", "uid-1/1", 1000, 60);
         assert!(t.starts_with("1060."));
-        assert_eq!(s.verify(&t, Purpose::Ignition, "server-a", 1059), Ok(()));
         assert_eq!(
-            s.verify(&t, Purpose::Ignition, "server-a", 1061),
+            s.verify(&t, Purpose::Ignition, "server-a", "uid-1/1", 1059),
+            Ok(())
+        );
+        assert_eq!(
+            s.verify(&t, Purpose::Ignition, "server-a", "uid-1/1", 1061),
             Err(TokenError::Expired)
         );
         assert_eq!(
-            s.verify(&t, Purpose::Ignition, "server-b", 1000),
+            s.verify(&t, Purpose::Ignition, "server-b", "uid-1/1", 1000),
             Err(TokenError::BadSignature)
         );
         assert_eq!(
-            s.verify(&t, Purpose::Script, "server-a", 1000),
+            s.verify(&t, Purpose::Script, "server-a", "uid-1/1", 1000),
+            Err(TokenError::BadSignature)
+        );
+        // Another boot of the same server (a new claim, a changed configuration, none).
+        for boot in ["uid-2/1", "uid-1/2", ""] {
+            assert_eq!(
+                s.verify(&t, Purpose::Ignition, "server-a", boot, 1000),
+                Err(TokenError::BadSignature),
+                "{boot}"
+            );
+        }
+        // Fields are length-prefixed: moving bytes between them changes the MAC.
+        let a = s.mint(Purpose::Ignition, "ab", "c", 1000, 60);
+        assert_eq!(
+            s.verify(&a, Purpose::Ignition, "a", "bc", 1000),
             Err(TokenError::BadSignature)
         );
         let other = TokenSigner::new(b"another key another key another!");
         assert_eq!(
-            other.verify(&t, Purpose::Ignition, "server-a", 1000),
+            other.verify(&t, Purpose::Ignition, "server-a", "uid-1/1", 1000),
             Err(TokenError::BadSignature)
         );
         // Extending the expiry invalidates the signature.
         let forged = t.replacen("1060", "9999", 1);
         assert_eq!(
-            s.verify(&forged, Purpose::Ignition, "server-a", 1000),
+            s.verify(&forged, Purpose::Ignition, "server-a", "uid-1/1", 1000),
             Err(TokenError::BadSignature)
         );
         for bad in [
@@ -154,7 +195,7 @@ mod tests {
             "99999999999999999999999.aa",
         ] {
             assert!(
-                s.verify(bad, Purpose::Ignition, "server-a", 0).is_err(),
+                s.verify(bad, Purpose::Ignition, "server-a", "", 0).is_err(),
                 "{bad}"
             );
         }

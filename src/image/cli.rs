@@ -60,8 +60,11 @@ pub struct ProvisionArgs {
     /// Ignore any checkpoint and start from the beginning.
     #[arg(long)]
     pub no_resume: bool,
-    /// On resume, skip re-reading the target to check it against the checkpoint.
-    #[arg(long)]
+    /// Ignored (kept so existing job definitions still run): a resume always re-reads
+    /// what the checkpoint covers and checks it against the checkpoint's hash, since
+    /// trusting it let a target changed between the kill and the resume end up with a
+    /// wrong image and exit 0.
+    #[arg(long, hide = true)]
     pub trust_checkpoint: bool,
     /// Checkpoint file (default: TARGET.bootplane-checkpoint, or /var/tmp/bootplane-DEV.checkpoint for devices).
     #[arg(long)]
@@ -110,6 +113,9 @@ pub fn run_image(cmd: ImageCmd) -> anyhow::Result<()> {
 }
 
 pub fn run_provision(a: ProvisionArgs) -> anyhow::Result<i32> {
+    if a.trust_checkpoint {
+        eprintln!("warning: --trust-checkpoint is ignored: a checkpoint is always checked against the target before resuming");
+    }
     let opts = super::stream::Options {
         source: a.source,
         target: a.target,
@@ -118,7 +124,6 @@ pub fn run_provision(a: ProvisionArgs) -> anyhow::Result<i32> {
         frame_sha256: a.frame_sha256,
         zero_skip: a.zero_skip,
         resume: !a.no_resume,
-        verify_resume: !a.trust_checkpoint,
         checkpoint: a.checkpoint,
         max_rate: a.max_rate,
         decoders: a.decoders,

@@ -21,15 +21,21 @@
 //! Resume: after a durable prefix (`fdatasync`, at most once a second) a checkpoint file
 //! records how many frames are on the target and the SHA-256 midstate after them; a rerun
 //! with the same image and target continues from there (frame 0 is re-read for the held
-//! first MiB). Before continuing it re-reads the target up to the checkpoint and checks
-//! it hashes to the recorded midstate (`--trust-checkpoint` skips that), so a target
-//! changed in between is caught (exit 23, checkpoint dropped) rather than trusted. Per-frame SHA-256 is on by default with 4+ cores (`--frame-sha256`); with
+//! first MiB). Before continuing it always re-reads the target up to the checkpoint and
+//! checks it hashes to the recorded midstate, so a target changed in between is caught
+//! (exit 23, checkpoint dropped, the next run starts over) rather than trusted: the
+//! whole-image SHA-256 that gates the first MiB covers the target's bytes, not only the
+//! source's. The checkpoint (and its temporary file) is never opened through a symlink:
+//! it may live in a world-writable directory (`/var/tmp` for devices), so a symlink at
+//! either path is refused (exit 23), the temporary file is created `O_EXCL | O_NOFOLLOW`
+//! (mode 0600) and renamed over the checkpoint, and the checkpoint is read `O_NOFOLLOW`.
+//! Per-frame SHA-256 is on by default with 4+ cores (`--frame-sha256`); with
 //! fewer cores it would cost the serial hash its core, and zstd's per-frame checksum plus
 //! the whole-image SHA-256 already reject any corruption before the first MiB is written.
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -68,9 +74,6 @@ pub struct Options {
     pub frame_sha256: FrameSha,
     pub zero_skip: bool,
     pub resume: bool,
-    /// On resume, re-read what the checkpoint says is on the target and check it
-    /// against the checkpoint's SHA-256 midstate before continuing.
-    pub verify_resume: bool,
     pub checkpoint: Option<PathBuf>,
     pub max_rate: Option<u64>,
     pub decoders: Option<usize>,
@@ -88,7 +91,6 @@ impl Options {
             frame_sha256: FrameSha::Auto,
             zero_skip: false,
             resume: true,
-            verify_resume: true,
             checkpoint: None,
             max_rate: None,
             decoders: None,
@@ -136,14 +138,19 @@ struct Checkpoint {
     target_fresh: bool,
 }
 
-fn default_checkpoint(target: &std::path::Path, kind: TargetKind) -> PathBuf {
-    match kind {
-        TargetKind::File { .. } => {
+/// Where the checkpoint of a copy to `target` lives unless `--checkpoint` says: next to
+/// a file target, in `/var/tmp` for a block device. Decided before the target is opened
+/// (a target that does not exist yet becomes a file).
+fn default_checkpoint(target: &Path) -> PathBuf {
+    use std::os::unix::fs::FileTypeExt as _;
+    let is_block = std::fs::metadata(target).is_ok_and(|m| m.file_type().is_block_device());
+    match is_block {
+        false => {
             let mut s = target.as_os_str().to_owned();
             s.push(".bootplane-checkpoint");
             s.into()
         }
-        TargetKind::Block => {
+        true => {
             let name = target
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -151,6 +158,99 @@ fn default_checkpoint(target: &std::path::Path, kind: TargetKind) -> PathBuf {
             PathBuf::from(format!("/var/tmp/bootplane-{name}.checkpoint"))
         }
     }
+}
+
+/// A checkpoint is a few hundred bytes; anything larger is not one of ours.
+const CHECKPOINT_MAX: u64 = 64 << 10;
+
+/// The temporary file a checkpoint is written to before it is renamed into place.
+fn checkpoint_tmp(ckpt: &Path) -> PathBuf {
+    ckpt.with_extension("tmp")
+}
+
+/// Refuse a checkpoint path (or its temporary path) that is a symlink or not a regular
+/// file; a leftover temporary file of ours (a run killed while writing it) is removed.
+fn check_checkpoint_paths(ckpt: &Path) -> PResult<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let tmp = checkpoint_tmp(ckpt);
+    for (p, what) in [
+        (ckpt, "checkpoint path"),
+        (tmp.as_path(), "checkpoint temporary path"),
+    ] {
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(ProvisionError::Checkpoint(format!(
+                    "{what} {} is a symlink; refusing to follow it (remove it, or pass --checkpoint in a directory only root can write)",
+                    p.display()
+                )))
+            }
+            Ok(m) if !m.is_file() => {
+                return Err(ProvisionError::Checkpoint(format!(
+                    "{what} {} exists and is not a regular file",
+                    p.display()
+                )))
+            }
+            Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() => {
+                return Err(ProvisionError::Checkpoint(format!(
+                    "{what} {} belongs to uid {}, not to this user; refusing to use it",
+                    p.display(),
+                    m.uid()
+                )))
+            }
+            Ok(_) if p == tmp => std::fs::remove_file(p).map_err(|e| {
+                ProvisionError::Checkpoint(format!(
+                    "removing the stale {what} {}: {e}",
+                    p.display()
+                ))
+            })?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Read a checkpoint without following a symlink; `None` when there is none (or it is
+/// not one: too large, unreadable).
+fn read_checkpoint(ckpt: &Path) -> Option<Checkpoint> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(ckpt)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut b = Vec::new();
+    f.take(CHECKPOINT_MAX).read_to_end(&mut b).ok()?;
+    serde_json::from_slice(&b).ok()
+}
+
+/// Write `data` as the checkpoint: a new temporary file (`O_EXCL | O_NOFOLLOW`, 0600:
+/// nothing that someone else put at that path is opened or followed), synced, then
+/// renamed over `ckpt` (rename replaces a link at `ckpt`, never its target).
+fn write_checkpoint(ckpt: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let tmp = checkpoint_tmp(ckpt);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("creating {} (O_EXCL, no symlinks): {e}", tmp.display()),
+            )
+        })?;
+    let written = f.write_all(data).and_then(|_| f.sync_all());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, ckpt)
 }
 
 fn plan(opts: &Options) -> PResult<Plan> {
@@ -720,7 +820,7 @@ impl Seq<'_> {
                     let h = (HELD - raw_off).min(len as u64) as usize;
                     self.held.extend_from_slice(&buf.as_slice()[..h]);
                 }
-                if idx == 0 && self.start > 0 && self.opts.verify_resume {
+                if idx == 0 && self.start > 0 {
                     self.verify_prefix(&buf.as_slice()[..len])?;
                 }
                 if idx < self.start {
@@ -916,40 +1016,38 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         Kind::Zstd => zstd_min_size(plan.src.as_ref()),
         _ => plan.raw_size,
     };
+    let ckpt_path = opts
+        .checkpoint
+        .clone()
+        .unwrap_or_else(|| default_checkpoint(&opts.target));
+    // Before the target is touched: a refused checkpoint path changes nothing.
+    check_checkpoint_paths(&ckpt_path)?;
     let mut target = Target::open(&opts.target, min_size)?;
     let fresh_at_start = target.kind == (TargetKind::File { fresh: true });
     if fresh_at_start {
         target.presize(min_size.unwrap_or(0))?;
     }
-    let ckpt_path = opts
-        .checkpoint
-        .clone()
-        .unwrap_or_else(|| default_checkpoint(&opts.target, target.kind));
     let image_hex = hex::encode(plan.expected);
 
     // Resume point.
     let mut start = 0u64;
     let mut hasher = ResumableSha256::new();
     if opts.resume {
-        if let Ok(b) = std::fs::read(&ckpt_path) {
-            match serde_json::from_slice::<Checkpoint>(&b) {
-                Ok(c)
-                    if c.version == 1
-                        && c.image_sha256 == image_hex
-                        && c.chunk_size == plan.chunk
-                        && c.chunks_done > 0 =>
-                {
-                    if let Some(h) = ResumableSha256::restore(&c.hash_state)
-                        .filter(|h| h.len() == c.chunks_done * plan.chunk)
-                    {
-                        start = c.chunks_done;
-                        hasher = h;
-                        if c.target_fresh {
-                            target.mark_fresh();
-                        }
-                    }
+        let usable = read_checkpoint(&ckpt_path).filter(|c| {
+            c.version == 1
+                && c.image_sha256 == image_hex
+                && c.chunk_size == plan.chunk
+                && c.chunks_done > 0
+        });
+        if let Some(c) = usable {
+            if let Some(h) = ResumableSha256::restore(&c.hash_state)
+                .filter(|h| h.len() == c.chunks_done * plan.chunk)
+            {
+                start = c.chunks_done;
+                hasher = h;
+                if c.target_fresh {
+                    target.mark_fresh();
                 }
-                _ => {}
             }
         }
     }
@@ -998,16 +1096,8 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
             target_fresh: fresh_at_start,
         };
         let _g = ckpt_lock.lock();
-        let tmp = ckpt_path.with_extension("tmp");
         let data = serde_json::to_vec(&c).map_err(|e| ProvisionError::Internal(e.to_string()))?;
-        let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&data)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &ckpt_path)
-        };
-        write().map_err(|e| {
+        write_checkpoint(&ckpt_path, &data).map_err(|e| {
             ProvisionError::Checkpoint(format!("writing {}: {e}", ckpt_path.display()))
         })
     };
@@ -1242,17 +1332,15 @@ mod tests {
         assert_eq!(o.resumed_from, 0);
         assert_eq!(std::fs::read(&out).unwrap(), v);
 
-        // Trusting a checkpoint whose midstate is wrong still cannot pass: the
-        // whole-image SHA-256 fails (13).
+        // A checkpoint whose midstate is wrong (not what the target holds) is caught by
+        // the read-back too (23), before anything is written.
         let mut c = c;
         let mut h = ResumableSha256::new();
         h.update(&vec![1u8; 3 << 20]);
         c.hash_state = h.save();
         std::fs::write(&ck, serde_json::to_vec(&c).unwrap()).unwrap();
-        let mut trust = Options::new(img.to_str().unwrap(), &out);
-        trust.verify_resume = false;
-        let e = provision(&trust).unwrap_err();
-        assert_eq!(e.exit_code(), 13);
+        let e = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap_err();
+        assert_eq!(e.exit_code(), 23, "{e}");
         assert!(std::fs::read(&out).unwrap()[..1 << 20]
             .iter()
             .all(|&b| b == 0));

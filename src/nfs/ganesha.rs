@@ -36,6 +36,13 @@
 //!   `private_run` (default) ganesha and the rpcbind bootplane starts run in their own
 //!   mount namespace with a private tmpfs on `/run`, so they never collide with a host
 //!   rpcbind's socket; `netns` runs both inside a named network namespace.
+//! - rpcbind does not fail when port 111 is taken (by a host portmapper, say): it keeps
+//!   running on IPv6 alone, ganesha registers with it, and clients asking port 111 on
+//!   IPv4 reach the other portmapper and never find the server. So before starting it
+//!   (`manage_rpcbind`), bootplane binds TCP and UDP `0.0.0.0:111` itself in the
+//!   namespace ganesha will run in; when that fails the start fails with
+//!   [`NfsError::PortInUse`] naming the port: logged at start by the supervisor, and
+//!   export policies are reported `Error` (reason `PortInUse`), not `Applied`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -210,6 +217,12 @@ impl Ganesha {
             return Ok(());
         }
         self.kill_stale().await;
+        if self.cfg.manage_rpcbind {
+            if let Err(why) = self.portmapper_port_free().await {
+                inner.last_exit = Some(why.clone());
+                return Err(NfsError::PortInUse(why));
+            }
+        }
         self.write_config(&inner.table)?;
         let log = self.log_path();
         // ganesha appends forever; keep one old generation across restarts.
@@ -296,6 +309,33 @@ impl Ganesha {
         Ok(())
     }
 
+    /// Whether the rpcbind we are about to start can have port 111 (TCP and UDP, IPv4) in
+    /// ganesha's network namespace. A portmapper we just killed may take a moment to let
+    /// go, so a taken port is retried for up to 2 s before it is reported.
+    async fn portmapper_port_free(&self) -> Result<(), String> {
+        let netns = self.cfg.netns.clone();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let ns = netns.clone();
+            let r = tokio::task::spawn_blocking(move || probe_port(ns.as_deref(), PORTMAPPER_PORT))
+                .await
+                .unwrap_or_else(|e| Err(format!("port probe failed: {e}")));
+            match r {
+                Ok(()) => return Ok(()),
+                Err(detail) if Instant::now() >= deadline => {
+                    let place = match &netns {
+                        Some(ns) => format!(" in network namespace {ns}"),
+                        None => String::new(),
+                    };
+                    return Err(format!(
+                        "port {PORTMAPPER_PORT} (portmapper) is already in use{place} ({detail}): the rpcbind bootplane starts could not bind it and NFS clients would not find the server; stop the other portmapper, or set nfs.ganesha.manage_rpcbind = false to register with it"
+                    ));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
     /// A ganesha left running by an earlier bootplane process that was killed (its pid
     /// file is in our dir and its command line names our config): kill its process group
     /// (rpcbind included) so the new one can bind its ports and no stale rule survives.
@@ -318,12 +358,18 @@ impl Ganesha {
             // ganesha itself is gone (it dies with bootplane), but the rpcbind it started
             // stays in its process group with stale registrations: a new rpcbind could
             // not bind, and clients would be sent to ports nobody listens on.
-            for p in group_members(pid, "rpcbind") {
+            let stale = group_members(pid, "rpcbind");
+            for &p in &stale {
                 tracing::warn!(pid = p, "killing rpcbind left over from an earlier run");
                 // SAFETY: kill(2) on a process verified to be an rpcbind in our old group.
                 unsafe {
                     libc::kill(p, libc::SIGKILL);
                 }
+            }
+            // Gone (and its port 111 free) before the new one starts.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while stale.iter().any(|&p| is_live(p)) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             return;
         }
@@ -447,6 +493,52 @@ impl Drop for Ganesha {
             kill_group(inner.pgid, libc::SIGKILL);
         }
     }
+}
+
+/// The portmapper's well-known port.
+const PORTMAPPER_PORT: u16 = 111;
+
+/// Bind TCP and UDP `0.0.0.0:port` (and let go at once) in network namespace `netns`
+/// (`/run/netns/NAME`, as `ip netns` names it) or in ours. `Err` names what was in use;
+/// any other failure (no permission to bind a low port, say) cannot tell, so it passes.
+fn probe_port(netns: Option<&str>, port: u16) -> Result<(), String> {
+    let netns = netns.map(|n| PathBuf::from("/run/netns").join(n));
+    // A thread of its own: entering a namespace changes the calling thread for good.
+    let t = std::thread::Builder::new()
+        .name("nfs-port-probe".into())
+        .spawn(move || -> Result<(), String> {
+            if let Some(p) = &netns {
+                use std::os::fd::AsRawFd as _;
+                // Not there (or not enterable): ganesha's own start reports that.
+                let Ok(f) = std::fs::File::open(p) else {
+                    tracing::debug!(netns = %p.display(), "cannot open the namespace to probe the portmapper port");
+                    return Ok(());
+                };
+                // SAFETY: setns(2) with a valid namespace fd, on this short-lived thread,
+                // which only binds two sockets and ends.
+                if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    tracing::debug!(netns = %p.display(), error = %std::io::Error::last_os_error(), "cannot enter the namespace to probe the portmapper port");
+                    return Ok(());
+                }
+            }
+            let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+            let in_use = |proto: &str, r: std::io::Result<()>| match r {
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                    Err(format!("{proto} {addr}: {e}"))
+                }
+                Err(e) => {
+                    tracing::debug!(proto, %addr, error = %e, "cannot probe the portmapper port");
+                    Ok(())
+                }
+                Ok(()) => Ok(()),
+            };
+            // TcpListener sets SO_REUSEADDR, as rpcbind does: only a listener conflicts.
+            in_use("tcp", std::net::TcpListener::bind(addr).map(drop))?;
+            in_use("udp", std::net::UdpSocket::bind(addr).map(drop))
+        })
+        .map_err(|e| format!("spawning the port probe: {e}"))?;
+    t.join()
+        .unwrap_or_else(|_| Err("the port probe panicked".into()))
 }
 
 fn child_running(inner: &mut Inner) -> bool {

@@ -40,6 +40,10 @@ pub enum NfsError {
     UnknownExport(String),
     #[error("nfs server is down: {0}")]
     Down(String),
+    /// A port the NFS server (or the rpcbind started with it) must serve is taken by
+    /// another process, so the server cannot be started as configured.
+    #[error("nfs server cannot start: {0}")]
+    PortInUse(String),
     #[error("{0}")]
     Backend(String),
 }

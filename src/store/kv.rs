@@ -378,6 +378,18 @@ fn storage<E: std::fmt::Display>(e: E) -> KvError {
 impl Kv {
     /// Open (or create) the store at `path`, loading every key into memory.
     pub fn open(path: &Path) -> Result<Kv, KvError> {
+        // The store holds Secrets: create its file 0600 whatever the umask (redb
+        // initialises an empty file; an existing file is left as it is).
+        {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| storage(format!("creating {}: {e}", path.display())))?;
+        }
         let db = redb::Builder::new()
             .set_cache_size(REDB_CACHE_BYTES)
             .create(path)

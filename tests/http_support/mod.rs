@@ -132,6 +132,7 @@ pub fn ready_machine(root: &Path, base: &str) -> MachineBoot {
         ips: vec![MACHINE_IP.parse().unwrap()],
         macs: vec![MAC],
         state: BootState::Ready,
+        boot_id: "sbc-uid-a/1".into(),
         files: Some(resolved.boot_files(base)),
         ignition: Some(IgnitionData {
             data: IGNITION.into(),

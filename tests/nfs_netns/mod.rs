@@ -49,6 +49,40 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// Bind TCP and UDP `0.0.0.0:port` inside the namespace, as another service holding
+    /// the port would (retried for up to 5 s while a previous holder lets go); the port
+    /// stays taken while the returned sockets live.
+    pub fn hold_port(&self, port: u16) -> (std::net::TcpListener, std::net::UdpSocket) {
+        let path = format!("/run/netns/{}", self.0);
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd as _;
+            let f = std::fs::File::open(&path).unwrap();
+            // SAFETY: setns(2) with a valid namespace fd; it changes only this thread,
+            // which ends once the sockets are bound.
+            let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                let t = std::net::TcpListener::bind(("0.0.0.0", port));
+                let u = std::net::UdpSocket::bind(("0.0.0.0", port));
+                match (t, u) {
+                    (Ok(t), Ok(u)) => return (t, u),
+                    (t, u) => assert!(
+                        std::time::Instant::now() < deadline,
+                        "cannot hold port {port} in {path}: {:?} {:?}",
+                        t.err(),
+                        u.err()
+                    ),
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        })
+        .join()
+        .unwrap()
+    }
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.0]).output() {

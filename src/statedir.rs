@@ -1,0 +1,179 @@
+//! The state directory's permissions. It holds Secret data (the store with Ignition
+//! secrets, the API token, the boot-token key), so `serve` makes sure at start that it is
+//! private: the directory is created 0700 (or made 0700, with a warning saying what was
+//! changed), every regular file directly in it is made 0600 (each change logged), and a
+//! directory that belongs to another user is refused (whoever owns it could swap the
+//! files under us, and chmod would fail anyway unless we are root).
+//!
+//! Files bootplane creates there are created 0600 by their writers (`OpenOptions::mode`,
+//! so the umask can only narrow them). Subdirectories (`ganesha/`, `qemu/`, the default
+//! NFS images directory) are not rewritten: they are reachable only through the 0700
+//! directory, and an exported images tree must keep the modes the NFS server serves.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::path::Path;
+
+use anyhow::{bail, Context as _, Result};
+
+/// Mode of the state directory.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of every file directly in it.
+pub const FILE_MODE: u32 = 0o600;
+
+/// One permission change made by [`prepare`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fixed {
+    pub path: std::path::PathBuf,
+    pub old_mode: u32,
+    pub new_mode: u32,
+}
+
+/// Create `dir` 0700 when absent; otherwise check it is ours and make it and the files in
+/// it private. Every change is logged as a warning and returned.
+pub fn prepare(dir: &Path) -> Result<Vec<Fixed>> {
+    if std::fs::symlink_metadata(dir).is_err() {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        match std::fs::DirBuilder::new().mode(DIR_MODE).create(dir) {
+            Ok(()) => {}
+            // Created meanwhile by someone else: checked like any existing directory.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(e).with_context(|| format!("creating state dir {}", dir.display()))
+            }
+        }
+    }
+    // The directory itself may be a symlink an operator set up: follow it.
+    let md =
+        std::fs::metadata(dir).with_context(|| format!("reading state dir {}", dir.display()))?;
+    if !md.is_dir() {
+        bail!("state dir {} is not a directory", dir.display());
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if md.uid() != me {
+        bail!(
+            "state dir {} belongs to uid {}, not to uid {me} that runs bootplane; refusing to keep secrets in it (chown it, or choose another --state-dir)",
+            dir.display(),
+            md.uid()
+        );
+    }
+    let mut fixed = Vec::new();
+    let mode = md.permissions().mode() & 0o7777;
+    if mode != DIR_MODE {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))
+            .with_context(|| format!("making state dir {} private", dir.display()))?;
+        fixed.push(Fixed {
+            path: dir.to_path_buf(),
+            old_mode: mode,
+            new_mode: DIR_MODE,
+        });
+    }
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("listing state dir {}", dir.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("listing state dir {}", dir.display()))?;
+        let path = e.path();
+        // lstat: a symlink is never followed (its target is not ours to change).
+        let Ok(md) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let mode = md.permissions().mode() & 0o7777;
+        if !md.is_file() || mode & !FILE_MODE == 0 {
+            continue;
+        }
+        // Through a descriptor opened without following links: the entry cannot be
+        // swapped for a symlink between the check and the change.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .and_then(|f| {
+                f.set_permissions(std::fs::Permissions::from_mode(mode & FILE_MODE))?;
+                Ok(f)
+            });
+        if let Err(e) = f {
+            return Err(e).with_context(|| format!("making {} private", path.display()));
+        }
+        fixed.push(Fixed {
+            path,
+            old_mode: mode,
+            new_mode: mode & FILE_MODE,
+        });
+    }
+    for f in &fixed {
+        tracing::warn!(
+            path = %f.path.display(),
+            old_mode = %format!("{:#o}", f.old_mode),
+            new_mode = %format!("{:#o}", f.new_mode),
+            "state dir entry was open to other users; restricted it (it may hold secrets)"
+        );
+    }
+    Ok(fixed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn creates_private_and_fixes_open_entries() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("a/state");
+        assert!(prepare(&dir).unwrap().is_empty());
+        assert_eq!(mode(&dir), 0o700);
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let f = dir.join("store.redb");
+        std::fs::write(&f, b"x").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let ro = dir.join("ro");
+        std::fs::write(&ro, b"x").unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o400)).unwrap();
+        // A link to a file outside: neither followed nor changed.
+        let outside = t.path().join("outside");
+        std::fs::write(&outside, b"x").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
+        std::fs::create_dir(dir.join("sub")).unwrap();
+
+        let fixed = prepare(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&f), 0o600);
+        assert_eq!(mode(&ro), 0o400);
+        assert_eq!(mode(&outside), 0o644);
+        let mut got: Vec<(String, u32)> = fixed
+            .iter()
+            .map(|x| {
+                (
+                    x.path.file_name().unwrap().to_string_lossy().into(),
+                    x.old_mode,
+                )
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("state".to_string(), 0o755),
+                ("store.redb".to_string(), 0o644)
+            ]
+        );
+        assert!(prepare(&dir).unwrap().is_empty(), "nothing left to fix");
+    }
+
+    #[test]
+    fn a_file_is_not_a_state_dir() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        let e = prepare(&f).unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
+    }
+}
