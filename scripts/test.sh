@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run bootplane's whole test suite on a fresh Debian bookworm machine.
 # Installs the Debian packages the tests need (scripts/test-packages.txt) when missing,
-# then runs every unit, integration and end-to-end test. Needs root for apt and for
-# the network-namespace tests.
+# then runs every unit, integration and end-to-end test, then every fuzz target for
+# FUZZ_SECS seconds each (default 30; 0 skips them; scripts/fuzz.sh, docs/fuzzing.md).
+# Needs root for apt and for the network-namespace tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,4 +22,8 @@ if ((${#missing[@]})); then
   rm -f /usr/sbin/policy-rc.d
 fi
 
-exec cargo test --locked "$@"
+cargo test --locked "$@"
+fuzz_secs=${FUZZ_SECS:-30}
+if ((fuzz_secs > 0)); then
+  exec scripts/fuzz.sh "$fuzz_secs"
+fi

@@ -2,17 +2,18 @@
 //! authoritative, ports 67 and 4011, state kept across inputs so pools fill up,
 //! expire and get reclaimed) → encode the reply. Any panic is a bug.
 //!
-//! `cargo +nightly fuzz run dhcp_handle fuzz/seeds` (from the repo root). Without
+//! `scripts/fuzz.sh 600 dhcp_handle`, or `cargo +nightly fuzz run dhcp_handle fuzz/seeds/dhcp_handle`
+//! (from the repo root). Without
 //! cargo-fuzz, the same build by hand (from `fuzz/`):
 //! `RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
 //! -Cllvm-args=-sanitizer-coverage-inline-8bit-counters
 //! -Cllvm-args=-sanitizer-coverage-pc-table -Cllvm-args=-sanitizer-coverage-trace-compares
 //! --cfg fuzzing -Cdebug-assertions -Coverflow-checks" cargo +nightly build --release
 //! --target x86_64-unknown-linux-gnu --bin dhcp_handle`, then
-//! `target/x86_64-unknown-linux-gnu/release/dhcp_handle corpus/ seeds/ -max_total_time=600 -max_len=1500`.
+//! `target/x86_64-unknown-linux-gnu/release/dhcp_handle corpus/ seeds/dhcp_handle/ -max_total_time=600 -max_len=1500`.
 //! Record: 2026-11-21, 600 s clean, 21.7 M executions (after fixing the one crash it
 //! found: a repeated option 94, see `core::prevalidate`).
-//! `seeds/` holds one packet per firmware/message shape (first byte: mode/port/clock selector).
+//! `seeds/dhcp_handle/` holds one packet per firmware/message shape (first byte: mode/port/clock selector).
 #![no_main]
 
 use std::cell::RefCell;

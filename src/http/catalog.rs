@@ -65,7 +65,7 @@ pub struct Catalog {
 pub enum CatalogError {
     #[error("parsing image catalog: {0}")]
     Parse(String),
-    #[error("image {image}: {role} path {path:?} must be relative, without `..`, `\\` or empty segments")]
+    #[error("image {image}: {role} path {path:?} must be relative, without empty segments or segments starting with `.`, `\\`, `%` or control characters")]
     BadPath {
         image: String,
         role: &'static str,
@@ -254,12 +254,15 @@ impl ImageEntry {
     }
 }
 
+/// A catalog path the boot listener can serve under `/assets/images/` (the rules of
+/// `files::sanitize`): relative, no empty segment, no segment starting with `.` (so no
+/// `..` and no hidden files), no `\`, `%` or control characters.
 fn safe_relative(p: &str) -> bool {
     !p.is_empty()
         && !p.starts_with('/')
-        && !p.contains('\\')
-        && !p.contains('\0')
-        && p.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+        && !p.contains(['\\', '%'])
+        && !p.chars().any(char::is_control)
+        && p.split('/').all(|s| !s.is_empty() && !s.starts_with('.'))
 }
 
 /// Hashes catalog files under one directory, caching by (size, mtime).
@@ -412,6 +415,34 @@ mod tests {
             Catalog::parse(&twice),
             Err(CatalogError::Duplicate(_))
         ));
+    }
+
+    /// Found by the `catalog_toml` fuzz target: these paths were accepted, the image
+    /// became Ready, and the boot listener then refused every URL built from them (400),
+    /// so the machine could not boot. A catalog path must be one `/assets/` serves.
+    #[test]
+    fn paths_the_boot_listener_refuses_are_refused() {
+        for p in ["os/vml%z", "os/a%2fb", ".hidden/vmlinuz", "os/.vmlinuz", "os/a\\tb", "os/a\\u0001b"] {
+            let bad = text().replace("os/vmlinuz", p);
+            assert!(
+                matches!(Catalog::parse(&bad), Err(CatalogError::BadPath { role: "kernel", .. })),
+                "{p:?} accepted"
+            );
+        }
+        // What the listener serves stays accepted, and its URL maps back to the path.
+        let ok = text().replace("os/vmlinuz", "os/vm linuz+1~_-.img");
+        let c = Catalog::parse(&ok).unwrap();
+        let r = c.get("os-image:latest").unwrap();
+        let facts: HashMap<String, FileFact> = [(&r.kernel, A), (&r.initrd, B)]
+            .into_iter()
+            .map(|(f, h)| (f.path.clone(), FileFact::Present { sha256: h.into() }))
+            .collect();
+        let url = c.resolve("os-image:latest", &facts).unwrap().boot_files("http://h:1").kernel_url;
+        let raw = url.strip_prefix("http://h:1/assets/").unwrap();
+        assert_eq!(
+            crate::http::files::sanitize(raw).unwrap(),
+            "images/os/vm linuz+1~_-.img"
+        );
     }
 
     #[test]

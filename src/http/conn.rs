@@ -78,10 +78,10 @@ pub enum ConnError {
 }
 
 /// A parsed request plus what the loop needs to know about the connection.
-struct Head {
-    req: Request<()>,
-    keep_alive: bool,
-    has_body: bool,
+pub struct Head {
+    pub req: Request<()>,
+    pub keep_alive: bool,
+    pub has_body: bool,
 }
 
 /// Serve requests on `stream` until the client closes, an error, eviction or shutdown.
@@ -179,8 +179,9 @@ pub async fn serve(
     }
 }
 
-/// Parse one request head from the front of `buf`; `Ok(None)` when incomplete.
-fn parse(buf: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
+/// Parse one request head from the front of `buf` (consumed); `Ok(None)` when
+/// incomplete, `Err` with the status to answer when malformed.
+pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
     if buf.is_empty() {
         return Ok(None);
     }

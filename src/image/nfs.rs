@@ -21,6 +21,8 @@ const PMAP_PROG: u32 = 100000;
 const MOUNT_PROG: u32 = 100005;
 const NFS_PROG: u32 = 100003;
 const MAX_RECORD: usize = 64 << 20;
+/// A record is read in pieces of at most this size, so memory follows the bytes received.
+const READ_CHUNK: usize = 1 << 20;
 
 /// XDR encoder.
 #[derive(Default)]
@@ -106,6 +108,133 @@ fn nfs_status(what: &str, st: u32) -> ProvisionError {
     ProvisionError::Source(format!("nfs: {what}: {name} (status {st})"))
 }
 
+/// Read one RPC record (RFC 5531 record marking: fragments until the last-fragment
+/// bit), at most [`MAX_RECORD`] bytes in all, buffered as it arrives.
+pub fn read_record(s: &mut impl Read) -> PResult<Vec<u8>> {
+    let mut rec = Vec::new();
+    loop {
+        let mut h = [0u8; 4];
+        s.read_exact(&mut h)
+            .map_err(|e| ProvisionError::Source(format!("nfs: reading reply: {e}")))?;
+        let h = u32::from_be_bytes(h);
+        let n = (h & 0x7fff_ffff) as usize;
+        if rec.len() + n > MAX_RECORD {
+            return Err(ProvisionError::Source("nfs: reply record too large".into()));
+        }
+        let mut left = n;
+        while left > 0 {
+            let at = rec.len();
+            let k = left.min(READ_CHUNK);
+            rec.resize(at + k, 0);
+            s.read_exact(&mut rec[at..])
+                .map_err(|e| ProvisionError::Source(format!("nfs: reading reply: {e}")))?;
+            left -= k;
+        }
+        if h & 0x8000_0000 != 0 {
+            return Ok(rec);
+        }
+    }
+}
+
+/// Check an RPC reply record's header; returns (xid, the procedure's reply body).
+pub fn parse_reply(mut rec: Vec<u8>) -> PResult<(u32, Vec<u8>)> {
+    let mut r = Rd { b: &rec, p: 0 };
+    let xid = r.u32()?;
+    if r.u32()? != 1 {
+        return Err(ProvisionError::Source("nfs: not an rpc reply".into()));
+    }
+    if r.u32()? != 0 {
+        let why = r.u32().unwrap_or(99);
+        return Err(ProvisionError::Source(format!(
+            "nfs: rpc call denied ({})",
+            if why == 1 {
+                "authentication error"
+            } else {
+                "rpc version mismatch"
+            }
+        )));
+    }
+    r.u32()?;
+    r.opaque()?; // verifier
+    let st = r.u32()?;
+    if st != 0 {
+        return Err(ProvisionError::Source(format!(
+            "nfs: rpc call not accepted (accept_stat {st})"
+        )));
+    }
+    let p = r.p;
+    rec.drain(..p);
+    Ok((xid, rec))
+}
+
+/// PMAPPROC_GETPORT reply: the port, `None` when the program is not registered.
+pub fn parse_getport(b: &[u8]) -> PResult<Option<u16>> {
+    let port = Rd { b, p: 0 }.u32()?;
+    Ok(u16::try_from(port).ok().filter(|&p| p != 0))
+}
+
+/// MOUNTPROC3_MNT reply: the root file handle, or the mount status when refused.
+pub fn parse_mnt(b: &[u8]) -> PResult<Result<Vec<u8>, u32>> {
+    let mut r = Rd { b, p: 0 };
+    match r.u32()? {
+        0 => Ok(Ok(r.opaque()?.to_vec())),
+        st => Ok(Err(st)),
+    }
+}
+
+/// NFSPROC3_LOOKUP reply: the object's file handle and its size when the reply
+/// carries its attributes; `what` names the lookup in errors.
+pub fn parse_lookup(b: &[u8], what: &str) -> PResult<(Vec<u8>, Option<u64>)> {
+    let mut r = Rd { b, p: 0 };
+    let st = r.u32()?;
+    if st != 0 {
+        return Err(nfs_status(what, st));
+    }
+    let fh = r.opaque()?.to_vec();
+    Ok((fh, r.post_op_attr()?))
+}
+
+/// NFSPROC3_GETATTR reply: the file size.
+pub fn parse_getattr(b: &[u8], what: &str) -> PResult<u64> {
+    let mut r = Rd { b, p: 0 };
+    let st = r.u32()?;
+    if st != 0 {
+        return Err(nfs_status(what, st));
+    }
+    r.skip(20)?;
+    r.u64()
+}
+
+/// NFSPROC3_FSINFO reply: the READ size to use (the server's preferred size, clamped
+/// to 4 KiB..1 MiB; 64 KiB when the call failed).
+pub fn parse_fsinfo(b: &[u8]) -> PResult<u32> {
+    let mut r = Rd { b, p: 0 };
+    if r.u32()? == 0 {
+        r.post_op_attr()?;
+        Ok(r.u32()?.clamp(4096, 1 << 20))
+    } else {
+        Ok(64 << 10)
+    }
+}
+
+/// NFSPROC3_READ reply to a request for `count` bytes: the data (never more than
+/// `count` bytes) and the EOF flag; `what` names the read in errors.
+pub fn parse_read<'a>(b: &'a [u8], count: u32, what: &str) -> PResult<(&'a [u8], bool)> {
+    let mut r = Rd { b, p: 0 };
+    let st = r.u32()?;
+    if st != 0 {
+        return Err(nfs_status(what, st));
+    }
+    r.post_op_attr()?;
+    let n = r.u32()?;
+    let eof = r.u32()? != 0;
+    let data = r.opaque()?;
+    if n as usize != data.len() || n > count {
+        return Err(short());
+    }
+    Ok((data, eof))
+}
+
 struct Conn {
     s: TcpStream,
     xid: u32,
@@ -149,53 +278,7 @@ impl Conn {
 
     /// Read one reply record; returns (xid, body after the accepted-reply header).
     fn recv(&mut self) -> PResult<(u32, Vec<u8>)> {
-        let mut rec = Vec::new();
-        loop {
-            let mut h = [0u8; 4];
-            self.s
-                .read_exact(&mut h)
-                .map_err(|e| ProvisionError::Source(format!("nfs: reading reply: {e}")))?;
-            let h = u32::from_be_bytes(h);
-            let n = (h & 0x7fff_ffff) as usize;
-            if rec.len() + n > MAX_RECORD {
-                return Err(ProvisionError::Source("nfs: reply record too large".into()));
-            }
-            let at = rec.len();
-            rec.resize(at + n, 0);
-            self.s
-                .read_exact(&mut rec[at..])
-                .map_err(|e| ProvisionError::Source(format!("nfs: reading reply: {e}")))?;
-            if h & 0x8000_0000 != 0 {
-                break;
-            }
-        }
-        let mut r = Rd { b: &rec, p: 0 };
-        let xid = r.u32()?;
-        if r.u32()? != 1 {
-            return Err(ProvisionError::Source("nfs: not an rpc reply".into()));
-        }
-        if r.u32()? != 0 {
-            let why = r.u32().unwrap_or(99);
-            return Err(ProvisionError::Source(format!(
-                "nfs: rpc call denied ({})",
-                if why == 1 {
-                    "authentication error"
-                } else {
-                    "rpc version mismatch"
-                }
-            )));
-        }
-        r.u32()?;
-        r.opaque()?; // verifier
-        let st = r.u32()?;
-        if st != 0 {
-            return Err(ProvisionError::Source(format!(
-                "nfs: rpc call not accepted (accept_stat {st})"
-            )));
-        }
-        let p = r.p;
-        rec.drain(..p);
-        Ok((xid, rec))
+        parse_reply(read_record(&mut self.s)?)
     }
 
     fn call(&mut self, prog: u32, vers: u32, proc_: u32, args: &[u8]) -> PResult<Vec<u8>> {
@@ -214,13 +297,11 @@ fn getport(host: &str, prog: u32, vers: u32) -> PResult<u16> {
     let mut a = Xdr::default();
     a.u32(prog).u32(vers).u32(6).u32(0);
     let b = c.call(PMAP_PROG, 2, 3, &a.0)?;
-    let port = Rd { b: &b, p: 0 }.u32()?;
-    if port == 0 || port > 65535 {
-        return Err(ProvisionError::Source(format!(
+    parse_getport(&b)?.ok_or_else(|| {
+        ProvisionError::Source(format!(
             "nfs: program {prog} v{vers} is not registered on {host}"
-        )));
-    }
-    Ok(port as u16)
+        ))
+    })
 }
 
 /// Parsed `nfs://host[:port]/path`.
@@ -290,13 +371,13 @@ impl NfsSource {
             let mut a = Xdr::default();
             a.opaque(dir.as_bytes());
             let b = mc.call(MOUNT_PROG, 3, 1, &a.0)?;
-            let mut r = Rd { b: &b, p: 0 };
-            let st = r.u32()?;
-            if st == 0 {
-                found = Some((k, r.opaque()?.to_vec()));
-                break;
+            match parse_mnt(&b)? {
+                Ok(fh) => {
+                    found = Some((k, fh));
+                    break;
+                }
+                Err(st) => last_err = st,
             }
-            last_err = st;
         }
         let (k, mut fh) = found.ok_or_else(|| {
             ProvisionError::Source(format!(
@@ -315,13 +396,7 @@ impl NfsSource {
             let mut a = Xdr::default();
             a.opaque(&fh).opaque(name.as_bytes());
             let b = c.call(NFS_PROG, 3, 3, &a.0)?;
-            let mut r = Rd { b: &b, p: 0 };
-            let st = r.u32()?;
-            if st != 0 {
-                return Err(nfs_status(&format!("looking up {name:?} in {url}"), st));
-            }
-            fh = r.opaque()?.to_vec();
-            size = r.post_op_attr()?;
+            (fh, size) = parse_lookup(&b, &format!("looking up {name:?} in {url}"))?;
         }
         let size = match size {
             Some(s) => s,
@@ -329,25 +404,13 @@ impl NfsSource {
                 let mut a = Xdr::default();
                 a.opaque(&fh);
                 let b = c.call(NFS_PROG, 3, 1, &a.0)?;
-                let mut r = Rd { b: &b, p: 0 };
-                let st = r.u32()?;
-                if st != 0 {
-                    return Err(nfs_status(&format!("getattr {url}"), st));
-                }
-                r.skip(20)?;
-                r.u64()?
+                parse_getattr(&b, &format!("getattr {url}"))?
             }
         };
         let mut a = Xdr::default();
         a.opaque(&fh);
         let b = c.call(NFS_PROG, 3, 19, &a.0)?;
-        let mut r = Rd { b: &b, p: 0 };
-        let rsize = if r.u32()? == 0 {
-            r.post_op_attr()?;
-            r.u32()?.clamp(4096, 1 << 20)
-        } else {
-            64 << 10
-        };
+        let rsize = parse_fsinfo(&b)?;
         Ok(NfsSource {
             url: url.to_string(),
             host: u.host,
@@ -424,21 +487,8 @@ impl NfsReader {
             self.replies.insert(x, b);
         };
         self.inflight.pop_front();
-        let mut r = Rd { b: &body, p: 0 };
-        let st = r.u32()?;
-        if st != 0 {
-            return Err(nfs_status(
-                &format!("reading {} at offset {off}", self.url),
-                st,
-            ));
-        }
-        r.post_op_attr()?;
-        let n = r.u32()?;
-        let eof = r.u32()? != 0;
-        let data = r.opaque()?;
-        if n as usize != data.len() || n > count {
-            return Err(short());
-        }
+        let (data, eof) = parse_read(&body, count, &format!("reading {} at offset {off}", self.url))?;
+        let n = data.len() as u32;
         if n < count {
             if eof || n == 0 {
                 return Err(ProvisionError::Truncated(format!(
@@ -521,6 +571,49 @@ mod tests {
             p: 0,
         };
         assert!(r.post_op_attr().is_err());
+    }
+
+    #[test]
+    fn replies_parse_from_records() {
+        let mut body = Xdr::default();
+        body.u32(0).u32(0).u32(5).u32(1).opaque(b"hello"); // READ: ok, no attrs, 5, eof
+        let mut rec = Xdr::default();
+        rec.u32(9).u32(1).u32(0).u32(0).opaque(b"").u32(0);
+        rec.0.extend_from_slice(&body.0);
+        let mut wire = ((rec.0.len() as u32) | 0x8000_0000).to_be_bytes().to_vec();
+        wire.extend_from_slice(&rec.0);
+        let r = read_record(&mut &wire[..]).unwrap();
+        let (xid, b) = parse_reply(r).unwrap();
+        assert_eq!(xid, 9);
+        assert_eq!(parse_read(&b, 5, "r").unwrap(), (&b"hello"[..], true));
+        assert!(parse_read(&b, 4, "r").is_err(), "more data than asked for");
+        assert_eq!(parse_getport(&[0, 1, 0, 0]).unwrap(), None, "port 65536");
+        assert_eq!(parse_getport(&[0, 0, 8, 1]).unwrap(), Some(2049));
+        assert_eq!(parse_fsinfo(&[0, 0, 0, 1]).unwrap(), 64 << 10);
+        assert_eq!(parse_mnt(&[0, 0, 0, 13]).unwrap(), Err(13));
+        assert!(read_record(&mut &[0x80, 0, 0, 9, 1][..]).is_err(), "truncated record");
+    }
+
+    /// Found while fuzzing (`nfs_xdr` ran at 859 inputs/s): a 4-byte record mark made
+    /// the client allocate and zero the whole claimed fragment (up to 64 MiB) before
+    /// reading any of it. Memory must follow the bytes that actually arrive.
+    #[test]
+    fn a_record_mark_alone_commits_no_memory() {
+        struct Probe<'a>(&'a [u8], usize);
+        impl Read for Probe<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                self.1 = self.1.max(buf.len());
+                let n = buf.len().min(self.0.len());
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let mut p = Probe(&[0xbf, 0xff, 0xff, 0xff, 1, 2, 3], 0);
+        assert!(read_record(&mut p).is_err(), "3 of 1 GiB is truncated");
+        let mut p = Probe(&[0x83, 0xff, 0xff, 0xf0, 1, 2, 3], 0);
+        assert!(read_record(&mut p).is_err(), "3 of 64 MiB is truncated");
+        assert!(p.1 <= READ_CHUNK, "read into a {} byte buffer for 3 bytes", p.1);
     }
 
     #[test]
