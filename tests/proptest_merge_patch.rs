@@ -65,7 +65,11 @@ fn diff(a: &Value, b: &Value) -> Value {
         }
         (_, Value::Object(bm)) => {
             // Built up from `{}`: every member of `b`, recursively.
-            Value::Object(bm.iter().map(|(k, v)| (k.clone(), diff(&Value::Null, v))).collect())
+            Value::Object(
+                bm.iter()
+                    .map(|(k, v)| (k.clone(), diff(&Value::Null, v)))
+                    .collect(),
+            )
         }
         (_, b) => b.clone(),
     }

@@ -20,7 +20,11 @@ enum Req {
 }
 
 fn key() -> impl Strategy<Value = String> {
-    prop_oneof![Just("a".to_string()), Just("app.kubernetes.io/name".to_string()), "[a-c]{1,2}"]
+    prop_oneof![
+        Just("a".to_string()),
+        Just("app.kubernetes.io/name".to_string()),
+        "[a-c]{1,2}"
+    ]
 }
 
 fn val() -> impl Strategy<Value = String> {

@@ -1,5 +1,6 @@
-//! Fuzz the API's request bodies: bytes → `rest::decode_body` (JSON, YAML, or no
-//! Content-Type, picked by the first byte) → what the store does with an object of a
+//! Fuzz the API's request bodies: bytes → `rest::body_format` + the bounded
+//! `decode::decode` that `rest::decode_body` runs (JSON, YAML, or no Content-Type,
+//! picked by the first byte) → what the store does with an object of a
 //! registered kind (schema defaults + validation against the embedded CRDs), a
 //! ServerClaim's `spec.serverSelector` as the claim controller reads it, and the body
 //! as a JSON merge patch on a stored Server (applying it twice = once). Any panic is a
@@ -7,7 +8,8 @@
 #![no_main]
 
 use bootplane::api::resource::Registry;
-use bootplane::api::rest::decode_body;
+use bootplane::api::rest::body_format;
+use bootplane::decode::{decode, Limits};
 use bootplane::api::selector::Selector;
 use bootplane::store::merge_patch;
 use http::{header, HeaderMap, HeaderValue};
@@ -26,8 +28,8 @@ fuzz_target!(|data: &[u8]| {
     if let Some(ct) = ct {
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
     }
-    let Ok(obj) = decode_body(&h, body) else { return };
-    assert!(obj.is_object(), "decode_body returns objects only");
+    let Ok(obj) = decode(body_format(&h), body, Limits::new(3 << 20)) else { return };
+    assert!(obj.is_object(), "decode returns objects only");
 
     let reg = Registry::global();
     let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");

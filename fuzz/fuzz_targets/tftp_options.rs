@@ -29,6 +29,7 @@ fuzz_target!(|data: &[u8]| {
         min_rto: Duration::from_millis(20),
         max_rto: Duration::from_millis(4000),
         max_retries: u32::from(params[6] % 8),
+        max_timeout: Duration::from_secs(u64::from(params[7]).max(1)),
     };
     let split = rest
         .windows(2)
@@ -45,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
     assert!(n.blksize >= 8 && n.blksize <= limits.max_blksize.max(512) && n.blksize <= 65464);
     assert!(n.windowsize >= 1 && n.windowsize <= limits.max_windowsize.max(1));
     if let Some(t) = n.timeout {
-        assert!(t >= Duration::from_secs(1) && t <= Duration::from_secs(255));
+        assert!(t >= Duration::from_secs(1) && t <= limits.max_timeout);
     }
     if !n.oack.is_empty() {
         assert_eq!(packet::parse(&packet::oack(&n.oack)), Ok(Packet::Oack));

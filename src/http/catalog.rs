@@ -422,10 +422,20 @@ mod tests {
     /// so the machine could not boot. A catalog path must be one `/assets/` serves.
     #[test]
     fn paths_the_boot_listener_refuses_are_refused() {
-        for p in ["os/vml%z", "os/a%2fb", ".hidden/vmlinuz", "os/.vmlinuz", "os/a\\tb", "os/a\\u0001b"] {
+        for p in [
+            "os/vml%z",
+            "os/a%2fb",
+            ".hidden/vmlinuz",
+            "os/.vmlinuz",
+            "os/a\\tb",
+            "os/a\\u0001b",
+        ] {
             let bad = text().replace("os/vmlinuz", p);
             assert!(
-                matches!(Catalog::parse(&bad), Err(CatalogError::BadPath { role: "kernel", .. })),
+                matches!(
+                    Catalog::parse(&bad),
+                    Err(CatalogError::BadPath { role: "kernel", .. })
+                ),
                 "{p:?} accepted"
             );
         }
@@ -437,7 +447,11 @@ mod tests {
             .into_iter()
             .map(|(f, h)| (f.path.clone(), FileFact::Present { sha256: h.into() }))
             .collect();
-        let url = c.resolve("os-image:latest", &facts).unwrap().boot_files("http://h:1").kernel_url;
+        let url = c
+            .resolve("os-image:latest", &facts)
+            .unwrap()
+            .boot_files("http://h:1")
+            .kernel_url;
         let raw = url.strip_prefix("http://h:1/assets/").unwrap();
         assert_eq!(
             crate::http::files::sanitize(raw).unwrap(),

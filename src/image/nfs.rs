@@ -487,7 +487,11 @@ impl NfsReader {
             self.replies.insert(x, b);
         };
         self.inflight.pop_front();
-        let (data, eof) = parse_read(&body, count, &format!("reading {} at offset {off}", self.url))?;
+        let (data, eof) = parse_read(
+            &body,
+            count,
+            &format!("reading {} at offset {off}", self.url),
+        )?;
         let n = data.len() as u32;
         if n < count {
             if eof || n == 0 {
@@ -591,7 +595,10 @@ mod tests {
         assert_eq!(parse_getport(&[0, 0, 8, 1]).unwrap(), Some(2049));
         assert_eq!(parse_fsinfo(&[0, 0, 0, 1]).unwrap(), 64 << 10);
         assert_eq!(parse_mnt(&[0, 0, 0, 13]).unwrap(), Err(13));
-        assert!(read_record(&mut &[0x80, 0, 0, 9, 1][..]).is_err(), "truncated record");
+        assert!(
+            read_record(&mut &[0x80, 0, 0, 9, 1][..]).is_err(),
+            "truncated record"
+        );
     }
 
     /// Found while fuzzing (`nfs_xdr` ran at 859 inputs/s): a 4-byte record mark made
@@ -613,7 +620,11 @@ mod tests {
         assert!(read_record(&mut p).is_err(), "3 of 1 GiB is truncated");
         let mut p = Probe(&[0x83, 0xff, 0xff, 0xf0, 1, 2, 3], 0);
         assert!(read_record(&mut p).is_err(), "3 of 64 MiB is truncated");
-        assert!(p.1 <= READ_CHUNK, "read into a {} byte buffer for 3 bytes", p.1);
+        assert!(
+            p.1 <= READ_CHUNK,
+            "read into a {} byte buffer for 3 bytes",
+            p.1
+        );
     }
 
     #[test]

@@ -170,7 +170,8 @@ mod tests {
         dhcp.pool_size.get_or_create(&subnet).set(2);
         dhcp.register(&mut reg);
         crate::http::Metrics::new().register(&mut reg);
-        crate::listen::ConnMetrics::default().register(reg.sub_registry_with_prefix("bootplane_api"));
+        crate::listen::ConnMetrics::default()
+            .register(reg.sub_registry_with_prefix("bootplane_api"));
         let mut s = String::new();
         prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
         let mut names = Vec::new();

@@ -67,6 +67,7 @@ pub fn app() -> BootHttp {
     let idx = MemoryIndex::new();
     idx.upsert(MachineBoot {
         server: "server-a".into(),
+        boot_id: "sbc-uid-a/1".into(),
         uuid: Some("4c4c4544-0042-3510-8052-b4c04f4e4d32".into()),
         ips: vec![IpAddr::from(OWNER)],
         macs: vec![[0x52, 0x54, 0, 0xab, 0xcd, 0xef]],
@@ -86,6 +87,7 @@ pub fn app() -> BootHttp {
     });
     idx.upsert(MachineBoot {
         server: "server-b".into(),
+        boot_id: String::new(),
         uuid: None,
         ips: vec![],
         macs: vec![[0x52, 0x54, 0, 0, 0, 1]],
