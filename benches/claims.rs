@@ -100,6 +100,7 @@ fn main() {
                     agent
                         .post(&format!("{api}{servers}"))
                         .set("Authorization", auth)
+                        .set("Content-Type", "application/json")
                         .send_string(&body.to_string())
                         .expect("register server");
                 }
@@ -174,7 +175,7 @@ fn main() {
                         "spec": {"power": "On", "image": "os-image:latest", "serverSelector": {"matchLabels": {"pool": "bench"}}},
                     });
                     let sent = Instant::now();
-                    agent.post(&format!("{api}{claims}")).set("Authorization", auth).send_string(&body.to_string()).expect("apply claim");
+                    agent.post(&format!("{api}{claims}")).set("Authorization", auth).set("Content-Type", "application/json").send_string(&body.to_string()).expect("apply claim");
                     applied_at.lock().unwrap().insert(name, sent);
                 }
             });
