@@ -364,7 +364,10 @@ fn run(lab: &QemuLab, s: &Scenario) {
         t0.elapsed()
     );
     lab.keep_logs(s.server);
-    assert_eq!(lab.qemu_count(), 1, "qemu processes while booting");
+    // Never a second VM; the Linux scenario's init ends with `poweroff -f`, so by
+    // now its one VM may already have exited (CI saw 0 here once).
+    let n = lab.qemu_count();
+    assert!(n <= 1, "{n} qemu processes while booting (one VM per server)");
     let _ = last;
 
     // Progress recorded on the boot configuration.
