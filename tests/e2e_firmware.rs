@@ -367,7 +367,10 @@ fn run(lab: &QemuLab, s: &Scenario) {
     // Never a second VM; the Linux scenario's init ends with `poweroff -f`, so by
     // now its one VM may already have exited (CI saw 0 here once).
     let n = lab.qemu_count();
-    assert!(n <= 1, "{n} qemu processes while booting (one VM per server)");
+    assert!(
+        n <= 1,
+        "{n} qemu processes while booting (one VM per server)"
+    );
     let _ = last;
 
     // Progress recorded on the boot configuration.
