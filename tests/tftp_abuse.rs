@@ -15,28 +15,10 @@ use std::time::{Duration, Instant};
 use bootplane::tftp::TftpConfig;
 use tftp_common::*;
 
-fn req(name: &str, mode: &str, opts: &[(&str, &str)]) -> Vec<u8> {
-    let mut v = vec![0, 1];
-    for p in [name, mode]
-        .iter()
-        .copied()
-        .chain(opts.iter().flat_map(|(a, b)| [*a, *b]))
-    {
-        v.extend_from_slice(p.as_bytes());
-        v.push(0);
-    }
-    v
-}
-
 fn client_on(ip: &str, wait: Duration) -> UdpSocket {
     let s = UdpSocket::bind((ip, 0)).unwrap();
     s.set_read_timeout(Some(wait)).unwrap();
     s
-}
-
-fn recv(s: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
-    let mut b = vec![0u8; 70000];
-    s.recv_from(&mut b).ok().map(|(n, a)| (b[..n].to_vec(), a))
 }
 
 /// RFC 764 netascii of `b` (the reference the server's output is checked against).
@@ -61,7 +43,7 @@ fn fetch(addr: SocketAddr, ip: &str, name: &str, mode: &str, opts: &[(&str, &str
     let c = client_on(ip, Duration::from_secs(2));
     let mut got = Vec::new();
     let t0 = Instant::now();
-    c.send_to(&req(name, mode, opts), addr).unwrap();
+    c.send_to(&req(1, name, mode, opts), addr).unwrap();
     let mut expect: u16 = 1;
     loop {
         assert!(t0.elapsed() < Duration::from_secs(20), "{name}: too slow");
@@ -128,7 +110,7 @@ fn netascii_requests_for_one_file_share_one_converted_copy() {
         .map(|_| {
             let c = client_on("127.0.0.1", Duration::from_secs(5));
             c.send_to(
-                &req("notes.txt", "netascii", &[("blksize", "1428")]),
+                &req(1, "notes.txt", "netascii", &[("blksize", "1428")]),
                 srv.addr,
             )
             .unwrap();
@@ -172,7 +154,7 @@ fn a_stalled_timeout_255_flood_from_one_address_leaves_room_for_others() {
     let flood: Vec<UdpSocket> = (0..SLOTS)
         .map(|_| {
             let c = client_on("127.0.0.1", Duration::from_millis(100));
-            c.send_to(&req("big", "octet", &[("timeout", "255")]), srv.addr)
+            c.send_to(&req(1, "big", "octet", &[("timeout", "255")]), srv.addr)
                 .unwrap();
             c
         })
@@ -194,7 +176,7 @@ fn a_stalled_timeout_255_flood_from_one_address_leaves_room_for_others() {
     let c = client_on("127.0.0.2", Duration::from_millis(500));
     let mut served = None;
     for _ in 0..3 {
-        c.send_to(&req("small", "octet", &[]), srv.addr).unwrap();
+        c.send_to(&req(1, "small", "octet", &[]), srv.addr).unwrap();
         if let Some(r) = recv(&c) {
             served = Some(r);
             break;
@@ -231,7 +213,7 @@ fn timeout_above_the_maximum_is_declined_and_a_modest_one_kept() {
     let srv = start_server("127.0.0.1:0", d.path(), TftpConfig::default(), None);
     let c = client_on("127.0.0.1", Duration::from_secs(3));
     c.send_to(
-        &req("big", "octet", &[("blksize", "1024"), ("timeout", "255")]),
+        &req(1, "big", "octet", &[("blksize", "1024"), ("timeout", "255")]),
         srv.addr,
     )
     .unwrap();
@@ -251,7 +233,7 @@ fn timeout_above_the_maximum_is_declined_and_a_modest_one_kept() {
     assert!(t0.elapsed() < Duration::from_secs(3));
 
     let c = client_on("127.0.0.1", Duration::from_secs(3));
-    c.send_to(&req("big", "octet", &[("timeout", "2")]), srv.addr)
+    c.send_to(&req(1, "big", "octet", &[("timeout", "2")]), srv.addr)
         .unwrap();
     let (p, _) = recv(&c).expect("OACK");
     assert_eq!(&p[..], b"\0\x06timeout\x002\0");
@@ -300,7 +282,7 @@ fn a_fifo_in_the_root_is_refused_and_the_server_keeps_serving() {
     let clients: Vec<UdpSocket> = (0..4)
         .map(|_| {
             let c = client_on("127.0.0.1", Duration::from_secs(2));
-            c.send_to(&req("pipe", "octet", &[]), srv.addr).unwrap();
+            c.send_to(&req(1, "pipe", "octet", &[]), srv.addr).unwrap();
             c
         })
         .collect();
