@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use bootplane::http::server::Limits;
 use common::Bootplane;
+use http_support::wait_closed;
 
 /// Raise the soft open-file limit to at least `want` (up to the hard limit).
 fn raise_nofile(want: u64) {
@@ -97,26 +98,6 @@ fn get_from(
         .unwrap_or("")
         .to_string();
     Ok((code, body))
-}
-
-/// How long until the server closes `s` (EOF or reset), if within `limit`.
-fn wait_closed(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let mut buf = [0u8; 4096];
-    while start.elapsed() < limit {
-        match s.read(&mut buf) {
-            Ok(0) => return Some(start.elapsed()),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return Some(start.elapsed()),
-        }
-    }
-    None
 }
 
 /// Whether the server has already closed `s` (without waiting).
