@@ -1,6 +1,7 @@
 //! What an attacker or a careless client does to the TFTP server (issue 17): a burst of
 //! netascii requests for one file (memory), a flood of stalled transfers that ask for
-//! `timeout=255` from one address (slots), and a FIFO in the root (a blocked runtime).
+//! `timeout=255` from one address (slots), a transfer trickled one tiny block at a time
+//! (a slot held for hours), and a FIFO in the root (a blocked runtime).
 //! Each test checks that the server stays bounded and keeps serving the others.
 //!
 //! These run in their own test binary because one of them measures the process's RSS
@@ -237,6 +238,60 @@ fn timeout_above_the_maximum_is_declined_and_a_modest_one_kept() {
         .unwrap();
     let (p, _) = recv(&c).expect("OACK");
     assert_eq!(&p[..], b"\0\x06timeout\x002\0");
+}
+
+/// A client that acknowledges every block of `blksize=8`, just slowly enough never to
+/// exhaust the retries (one ACK a second), used to hold its slot for as long as the
+/// file lasted (a 200 kB file: 7 hours). Below `min_rate_bytes_per_sec` (512 by
+/// default) after the 10 s grace the transfer is ended with an ERROR and its slot freed.
+#[test]
+fn a_trickling_transfer_is_ended_after_the_grace() {
+    use bootplane::tftp::metrics::{ErrorKind, ErrorLabels};
+    let d = tmpdir();
+    std::fs::write(d.path().join("big"), pattern(200_000, 4)).unwrap();
+    let srv = start_server("127.0.0.1:0", d.path(), TftpConfig::default(), None);
+    let c = client_on("127.0.0.1", Duration::from_secs(3));
+    c.send_to(&req(1, "big", "octet", &[("blksize", "8")]), srv.addr)
+        .unwrap();
+    let (p, from) = recv(&c).expect("OACK");
+    assert_eq!(p[1], 6, "{p:?}");
+    let t0 = Instant::now();
+    let mut acked = 0u16;
+    let (took, err) = 'transfer: loop {
+        assert!(t0.elapsed() < Duration::from_secs(30), "still served after 30 s");
+        std::thread::sleep(Duration::from_secs(1));
+        let ack = acked.to_be_bytes();
+        c.send_to(&[0, 4, ack[0], ack[1]], from).unwrap();
+        // the next block (skipping retransmissions), or the server's ERROR
+        loop {
+            let (p, _) = recv(&c).expect("no packet for 3 s");
+            if p[1] == 5 {
+                break 'transfer (t0.elapsed(), p);
+            }
+            if p[1] == 3 && u16::from_be_bytes([p[2], p[3]]) == acked + 1 {
+                break;
+            }
+        }
+        acked += 1;
+    };
+    assert!(
+        took > Duration::from_millis(9500) && took < Duration::from_secs(14),
+        "ended after {took:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&err).contains("too slow"),
+        "{:?}",
+        String::from_utf8_lossy(&err)
+    );
+    let t = Instant::now();
+    while srv.metrics.transfers_active.get() != 0 {
+        assert!(t.elapsed() < Duration::from_secs(2), "slot not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let too_slow = ErrorLabels {
+        kind: ErrorKind::TooSlow,
+    };
+    assert_eq!(srv.metrics.errors.get_or_create(&too_slow).get(), 1);
 }
 
 /// Opens a FIFO for writing while the test unwinds: the old server blocked in

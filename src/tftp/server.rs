@@ -334,6 +334,9 @@ fn file_error_kind(e: &FileError) -> (ErrorKind, ErrorCode) {
     }
 }
 
+/// How long a transfer runs before `min_rate_bytes_per_sec` applies.
+const RATE_GRACE: Duration = Duration::from_secs(10);
+
 /// Open the file, negotiate the options and open the transfer's socket. Refusals are
 /// answered here (from the transfer's socket, as RFC 1350 has it) and give `None`.
 /// Blocks (file I/O): runs on the blocking pool.
@@ -383,6 +386,8 @@ fn prepare(
         max_rto: Duration::from_millis(s.retransmit_max_ms),
         max_retries: s.max_retries,
         max_timeout: Duration::from_secs(s.max_timeout_secs),
+        min_rate: s.min_rate_bytes_per_sec,
+        rate_grace: RATE_GRACE,
     };
     let neg = match negotiate(&req.options, data.len() as u64, &limits) {
         Ok(n) => n,
