@@ -32,8 +32,10 @@ pub struct Limits {
     /// Largest `timeout` option accepted; a larger one is declined.
     pub max_timeout: Duration,
     /// Smallest average rate (acknowledged bytes a second) a transfer must keep once
-    /// older than `rate_grace`; 0 = no minimum. Without it a client acknowledging one
-    /// small block just before each timeout holds its slot for days.
+    /// older than `rate_grace`, checked when an ACK moves it forward (a client that
+    /// stops acknowledging is ended by `max_retries`); 0 = no minimum. Without it a
+    /// client acknowledging one small block just before each timeout holds its slot
+    /// for days.
     pub min_rate: u64,
     /// Time a transfer gets before `min_rate` applies (counted in its allowance, so a
     /// fast start also covers a later stall).
@@ -309,9 +311,6 @@ impl Transfer {
                 self.retries += 1;
                 if self.retries > self.max_retries {
                     return self.finish(Outcome::TimedOut);
-                }
-                if self.too_slow(now) {
-                    return self.finish(Outcome::TooSlow);
                 }
                 self.sent_at = None;
                 self.rto = (self.rto * 2).min(self.max_rto);
@@ -690,13 +689,16 @@ mod tests {
         };
         assert_eq!(ended.0, Some(Outcome::TooSlow));
         assert!(ended.1 > sec(10) && ended.1 < sec(12), "{:?}", ended.1);
-        // timeouts are checked too (a client that stopped mid-way, with retries left)
-        let mut t = Transfer::new(1 << 20, &n, &Limits { max_retries: 100, ..l });
+        // a client that stopped acknowledging is ended by its retries, as before (the
+        // rate is checked on ACKs only: a dead client gets no ERROR, counts as a timeout)
+        let mut t = Transfer::new(1 << 20, &n, &l);
         t.start(t0);
-        assert_eq!(t.on_event(Event::Timeout, t0 + sec(9)).outcome, None);
+        for s in [9, 11, 13] {
+            assert_eq!(t.on_event(Event::Timeout, t0 + sec(s)).outcome, None);
+        }
         assert_eq!(
-            t.on_event(Event::Timeout, t0 + sec(11)).outcome,
-            Some(Outcome::TooSlow)
+            t.on_event(Event::Timeout, t0 + sec(15)).outcome,
+            Some(Outcome::TimedOut)
         );
         // a fast start pays for a later stall: 100 kB acknowledged in 1 s buys 100 s more
         let n = negotiate(&opts(&[("blksize", "10000")]), 200_000, &l).unwrap();
