@@ -214,7 +214,12 @@ fn timeout_above_the_maximum_is_declined_and_a_modest_one_kept() {
     let srv = start_server("127.0.0.1:0", d.path(), TftpConfig::default(), None);
     let c = client_on("127.0.0.1", Duration::from_secs(3));
     c.send_to(
-        &req(1, "big", "octet", &[("blksize", "1024"), ("timeout", "255")]),
+        &req(
+            1,
+            "big",
+            "octet",
+            &[("blksize", "1024"), ("timeout", "255")],
+        ),
         srv.addr,
     )
     .unwrap();
@@ -258,7 +263,10 @@ fn a_trickling_transfer_is_ended_after_the_grace() {
     let t0 = Instant::now();
     let mut acked = 0u16;
     let (took, err) = 'transfer: loop {
-        assert!(t0.elapsed() < Duration::from_secs(30), "still served after 30 s");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "still served after 30 s"
+        );
         std::thread::sleep(Duration::from_secs(1));
         let ack = acked.to_be_bytes();
         c.send_to(&[0, 4, ack[0], ack[1]], from).unwrap();

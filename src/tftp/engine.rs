@@ -476,10 +476,9 @@ impl Engine {
         if let Some(o) = step.outcome {
             if o == Outcome::TooSlow {
                 if let Some(Some(slot)) = self.slots.get(i) {
-                    let _ = slot.link.send_now(&packet::error(
-                        ErrorCode::NotDefined,
-                        "transfer too slow",
-                    ));
+                    let _ = slot
+                        .link
+                        .send_now(&packet::error(ErrorCode::NotDefined, "transfer too slow"));
                 }
             }
             self.finish(i, Ok(o));
