@@ -148,27 +148,6 @@ fn oversized_headers_get_431() {
     );
 }
 
-/// Reads until EOF/reset; returns how long the server took to close.
-fn wait_closed(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    s.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
-    let mut buf = [0u8; 4096];
-    while start.elapsed() < limit {
-        match s.read(&mut buf) {
-            Ok(0) => return Some(start.elapsed()),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return Some(start.elapsed()),
-        }
-    }
-    None
-}
-
 #[test]
 fn slow_and_idle_headers_are_closed() {
     let srv = start(limits(), |_| {});

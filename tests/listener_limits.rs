@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use bootplane::http::server::Limits;
 use common::Bootplane;
+use http_support::wait_closed;
 
 /// Raise the soft open-file limit to at least `want` (up to the hard limit).
 fn raise_nofile(want: u64) {
@@ -99,26 +100,6 @@ fn get_from(
     Ok((code, body))
 }
 
-/// How long until the server closes `s` (EOF or reset), if within `limit`.
-fn wait_closed(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let mut buf = [0u8; 4096];
-    while start.elapsed() < limit {
-        match s.read(&mut buf) {
-            Ok(0) => return Some(start.elapsed()),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return Some(start.elapsed()),
-        }
-    }
-    None
-}
-
 /// Whether the server has already closed `s` (without waiting).
 fn is_closed(s: &TcpStream) -> bool {
     s.set_nonblocking(true).unwrap();
@@ -134,6 +115,36 @@ fn is_closed(s: &TcpStream) -> bool {
 
 fn api_addr(b: &Bootplane) -> SocketAddr {
     format!("127.0.0.1:{}", b.api_port).parse().unwrap()
+}
+
+/// The API's `/metrics` text, fetched from a source no test floods.
+fn api_metrics(b: &Bootplane) -> String {
+    get_from(
+        "127.0.0.3",
+        api_addr(b),
+        "/metrics",
+        Some(&b.token),
+        Duration::from_secs(3),
+    )
+    .expect("/metrics")
+    .1
+}
+
+/// Read the watch stream `w` until an event naming `name` arrives.
+fn read_event(w: &mut TcpStream, name: &str, what: &str) {
+    let needle = format!("\"{name}\"");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(&needle) {
+        let n = w.read(&mut buf).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(n > 0, "{what} closed");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// `GET /boot.ipxe` on the boot listener at `addr` from `src`.
+fn boot_ipxe_from(src: &str, addr: SocketAddr) -> Result<(u16, String), String> {
+    get_from(src, addr, "/boot.ipxe", None, Duration::from_secs(3))
 }
 
 /// The attack: ~1,100 idle connections from one address (more than the API's
@@ -159,14 +170,7 @@ fn api_idle_flood_from_one_source_does_not_lock_out_healthz() {
     std::thread::sleep(Duration::from_millis(300));
     let open = flood.iter().filter(|s| !is_closed(s)).count();
     assert!(open <= 128, "{open} of the flood's connections still open");
-    let (_, metrics) = get_from(
-        "127.0.0.3",
-        addr,
-        "/metrics",
-        Some(&b.token),
-        Duration::from_secs(3),
-    )
-    .unwrap();
+    let metrics = api_metrics(&b);
     assert!(
         metrics.contains("bootplane_api_connections_evicted_total"),
         "{metrics}"
@@ -234,15 +238,7 @@ fn api_watches_count_against_the_per_source_share() {
     );
     assert_eq!(code, 201, "{v}");
     for (i, w) in watches.iter_mut().enumerate() {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&got).contains("\"w-1\"") {
-            let n = w
-                .read(&mut buf)
-                .unwrap_or_else(|e| panic!("watch {i}: {e}"));
-            assert!(n > 0, "watch {i} closed");
-            got.extend_from_slice(&buf[..n]);
-        }
+        read_event(w, "w-1", &format!("watch {i}"));
     }
 }
 
@@ -306,25 +302,13 @@ fn boot_listener_one_source_cannot_hold_every_slot() {
         .map(|_| connect_from(http_support::MACHINE_IP, srv.addr))
         .collect();
     std::thread::sleep(Duration::from_millis(200));
-    let r = get_from(
-        http_support::OTHER_IP,
-        srv.addr,
-        "/boot.ipxe",
-        None,
-        Duration::from_secs(3),
-    );
+    let r = boot_ipxe_from(http_support::OTHER_IP, srv.addr);
     assert_eq!(
         r.as_ref().map(|x| x.0),
         Ok(200),
         "boot.ipxe from another source while one holds every slot: {r:?}"
     );
-    let r = get_from(
-        http_support::MACHINE_IP,
-        srv.addr,
-        "/boot.ipxe",
-        None,
-        Duration::from_secs(3),
-    );
+    let r = boot_ipxe_from(http_support::MACHINE_IP, srv.addr);
     assert_eq!(r.as_ref().map(|x| x.0), Ok(200), "same source: {r:?}");
     drop(held);
 }
@@ -367,20 +351,8 @@ fn api_idle_timeout_closes_idle_connections_but_not_watches() {
         Some(&common::server("w-2", serde_json::json!({}), "Recycle")),
     );
     assert_eq!(code, 201, "{v}");
-    let mut got = Vec::new();
-    while !String::from_utf8_lossy(&got).contains("\"w-2\"") {
-        let n = watch.read(&mut buf).expect("watch still open");
-        assert!(n > 0, "watch closed");
-        got.extend_from_slice(&buf[..n]);
-    }
-    let (_, metrics) = get_from(
-        "127.0.0.3",
-        addr,
-        "/metrics",
-        Some(&b.token),
-        Duration::from_secs(3),
-    )
-    .unwrap();
+    read_event(&mut watch, "w-2", "watch");
+    let metrics = api_metrics(&b);
     assert!(
         metrics.contains("bootplane_api_connections_timed_out_total 3"),
         "{metrics}"
@@ -426,13 +398,7 @@ fn boot_listener_refuses_a_source_over_its_share() {
         .metrics
         .encode()
         .contains("bootplane_http_connections_refused_per_source_total 1"));
-    let r = get_from(
-        http_support::OTHER_IP,
-        srv.addr,
-        "/boot.ipxe",
-        None,
-        Duration::from_secs(3),
-    );
+    let r = boot_ipxe_from(http_support::OTHER_IP, srv.addr);
     assert_eq!(r.map(|x| x.0), Ok(200));
     drop(held);
 }

@@ -39,6 +39,8 @@ fn limits() -> impl Strategy<Value = Limits> {
         max_rto: Duration::from_millis(4000),
         max_retries: 6,
         max_timeout: Duration::from_secs(5),
+        min_rate: 512,
+        rate_grace: Duration::from_secs(10),
     })
 }
 

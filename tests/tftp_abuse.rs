@@ -1,6 +1,7 @@
 //! What an attacker or a careless client does to the TFTP server (issue 17): a burst of
 //! netascii requests for one file (memory), a flood of stalled transfers that ask for
-//! `timeout=255` from one address (slots), and a FIFO in the root (a blocked runtime).
+//! `timeout=255` from one address (slots), a transfer trickled one tiny block at a time
+//! (a slot held for hours), and a FIFO in the root (a blocked runtime).
 //! Each test checks that the server stays bounded and keeps serving the others.
 //!
 //! These run in their own test binary because one of them measures the process's RSS
@@ -15,28 +16,10 @@ use std::time::{Duration, Instant};
 use bootplane::tftp::TftpConfig;
 use tftp_common::*;
 
-fn req(name: &str, mode: &str, opts: &[(&str, &str)]) -> Vec<u8> {
-    let mut v = vec![0, 1];
-    for p in [name, mode]
-        .iter()
-        .copied()
-        .chain(opts.iter().flat_map(|(a, b)| [*a, *b]))
-    {
-        v.extend_from_slice(p.as_bytes());
-        v.push(0);
-    }
-    v
-}
-
 fn client_on(ip: &str, wait: Duration) -> UdpSocket {
     let s = UdpSocket::bind((ip, 0)).unwrap();
     s.set_read_timeout(Some(wait)).unwrap();
     s
-}
-
-fn recv(s: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
-    let mut b = vec![0u8; 70000];
-    s.recv_from(&mut b).ok().map(|(n, a)| (b[..n].to_vec(), a))
 }
 
 /// RFC 764 netascii of `b` (the reference the server's output is checked against).
@@ -61,7 +44,7 @@ fn fetch(addr: SocketAddr, ip: &str, name: &str, mode: &str, opts: &[(&str, &str
     let c = client_on(ip, Duration::from_secs(2));
     let mut got = Vec::new();
     let t0 = Instant::now();
-    c.send_to(&req(name, mode, opts), addr).unwrap();
+    c.send_to(&req(1, name, mode, opts), addr).unwrap();
     let mut expect: u16 = 1;
     loop {
         assert!(t0.elapsed() < Duration::from_secs(20), "{name}: too slow");
@@ -128,7 +111,7 @@ fn netascii_requests_for_one_file_share_one_converted_copy() {
         .map(|_| {
             let c = client_on("127.0.0.1", Duration::from_secs(5));
             c.send_to(
-                &req("notes.txt", "netascii", &[("blksize", "1428")]),
+                &req(1, "notes.txt", "netascii", &[("blksize", "1428")]),
                 srv.addr,
             )
             .unwrap();
@@ -172,7 +155,7 @@ fn a_stalled_timeout_255_flood_from_one_address_leaves_room_for_others() {
     let flood: Vec<UdpSocket> = (0..SLOTS)
         .map(|_| {
             let c = client_on("127.0.0.1", Duration::from_millis(100));
-            c.send_to(&req("big", "octet", &[("timeout", "255")]), srv.addr)
+            c.send_to(&req(1, "big", "octet", &[("timeout", "255")]), srv.addr)
                 .unwrap();
             c
         })
@@ -194,7 +177,7 @@ fn a_stalled_timeout_255_flood_from_one_address_leaves_room_for_others() {
     let c = client_on("127.0.0.2", Duration::from_millis(500));
     let mut served = None;
     for _ in 0..3 {
-        c.send_to(&req("small", "octet", &[]), srv.addr).unwrap();
+        c.send_to(&req(1, "small", "octet", &[]), srv.addr).unwrap();
         if let Some(r) = recv(&c) {
             served = Some(r);
             break;
@@ -231,7 +214,12 @@ fn timeout_above_the_maximum_is_declined_and_a_modest_one_kept() {
     let srv = start_server("127.0.0.1:0", d.path(), TftpConfig::default(), None);
     let c = client_on("127.0.0.1", Duration::from_secs(3));
     c.send_to(
-        &req("big", "octet", &[("blksize", "1024"), ("timeout", "255")]),
+        &req(
+            1,
+            "big",
+            "octet",
+            &[("blksize", "1024"), ("timeout", "255")],
+        ),
         srv.addr,
     )
     .unwrap();
@@ -251,10 +239,67 @@ fn timeout_above_the_maximum_is_declined_and_a_modest_one_kept() {
     assert!(t0.elapsed() < Duration::from_secs(3));
 
     let c = client_on("127.0.0.1", Duration::from_secs(3));
-    c.send_to(&req("big", "octet", &[("timeout", "2")]), srv.addr)
+    c.send_to(&req(1, "big", "octet", &[("timeout", "2")]), srv.addr)
         .unwrap();
     let (p, _) = recv(&c).expect("OACK");
     assert_eq!(&p[..], b"\0\x06timeout\x002\0");
+}
+
+/// A client that acknowledges every block of `blksize=8`, just slowly enough never to
+/// exhaust the retries (one ACK a second), used to hold its slot for as long as the
+/// file lasted (a 200 kB file: 7 hours). Below `min_rate_bytes_per_sec` (512 by
+/// default) after the 10 s grace the transfer is ended with an ERROR and its slot freed.
+#[test]
+fn a_trickling_transfer_is_ended_after_the_grace() {
+    use bootplane::tftp::metrics::{ErrorKind, ErrorLabels};
+    let d = tmpdir();
+    std::fs::write(d.path().join("big"), pattern(200_000, 4)).unwrap();
+    let srv = start_server("127.0.0.1:0", d.path(), TftpConfig::default(), None);
+    let c = client_on("127.0.0.1", Duration::from_secs(3));
+    c.send_to(&req(1, "big", "octet", &[("blksize", "8")]), srv.addr)
+        .unwrap();
+    let (p, from) = recv(&c).expect("OACK");
+    assert_eq!(p[1], 6, "{p:?}");
+    let t0 = Instant::now();
+    let mut acked = 0u16;
+    let (took, err) = 'transfer: loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "still served after 30 s"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        let ack = acked.to_be_bytes();
+        c.send_to(&[0, 4, ack[0], ack[1]], from).unwrap();
+        // the next block (skipping retransmissions), or the server's ERROR
+        loop {
+            let (p, _) = recv(&c).expect("no packet for 3 s");
+            if p[1] == 5 {
+                break 'transfer (t0.elapsed(), p);
+            }
+            if p[1] == 3 && u16::from_be_bytes([p[2], p[3]]) == acked + 1 {
+                break;
+            }
+        }
+        acked += 1;
+    };
+    assert!(
+        took > Duration::from_millis(9500) && took < Duration::from_secs(14),
+        "ended after {took:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&err).contains("too slow"),
+        "{:?}",
+        String::from_utf8_lossy(&err)
+    );
+    let t = Instant::now();
+    while srv.metrics.transfers_active.get() != 0 {
+        assert!(t.elapsed() < Duration::from_secs(2), "slot not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let too_slow = ErrorLabels {
+        kind: ErrorKind::TooSlow,
+    };
+    assert_eq!(srv.metrics.errors.get_or_create(&too_slow).get(), 1);
 }
 
 /// Opens a FIFO for writing while the test unwinds: the old server blocked in
@@ -300,7 +345,7 @@ fn a_fifo_in_the_root_is_refused_and_the_server_keeps_serving() {
     let clients: Vec<UdpSocket> = (0..4)
         .map(|_| {
             let c = client_on("127.0.0.1", Duration::from_secs(2));
-            c.send_to(&req("pipe", "octet", &[]), srv.addr).unwrap();
+            c.send_to(&req(1, "pipe", "octet", &[]), srv.addr).unwrap();
             c
         })
         .collect();

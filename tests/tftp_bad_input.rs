@@ -40,27 +40,6 @@ fn client() -> UdpSocket {
     s
 }
 
-fn req(op: u8, name: &str, mode: &str, opts: &[(&str, &str)]) -> Vec<u8> {
-    let mut v = vec![0, op];
-    for p in [name, mode]
-        .iter()
-        .copied()
-        .chain(opts.iter().flat_map(|(a, b)| [*a, *b]))
-    {
-        v.extend_from_slice(p.as_bytes());
-        v.push(0);
-    }
-    v
-}
-
-fn recv(s: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
-    let mut b = vec![0u8; 70000];
-    match s.recv_from(&mut b) {
-        Ok((n, a)) => Some((b[..n].to_vec(), a)),
-        Err(_) => None,
-    }
-}
-
 fn expect_error(s: &UdpSocket, code: u16, what: &str) {
     let (p, _) = recv(s).unwrap_or_else(|| panic!("{what}: no reply"));
     assert_eq!(&p[..2], &[0, 5], "{what}: not an ERROR: {p:?}");

@@ -30,6 +30,8 @@ fuzz_target!(|data: &[u8]| {
         max_rto: Duration::from_millis(4000),
         max_retries: u32::from(params[6] % 8),
         max_timeout: Duration::from_secs(u64::from(params[7]).max(1)),
+        min_rate: 512,
+        rate_grace: Duration::from_secs(10),
     };
     let split = rest
         .windows(2)

@@ -548,6 +548,10 @@ mod tests {
             source_key(ip("2001:db8:1:2:ffff::9")),
             source_key(ip("2001:db8:1:2::1"))
         );
+        assert_ne!(
+            source_key(ip("2001:db8:1:2::1")),
+            source_key(ip("2001:db8:1:3::1"))
+        );
     }
 
     #[tokio::test]

@@ -474,6 +474,13 @@ impl Engine {
             }
         }
         if let Some(o) = step.outcome {
+            if o == Outcome::TooSlow {
+                if let Some(Some(slot)) = self.slots.get(i) {
+                    let _ = slot
+                        .link
+                        .send_now(&packet::error(ErrorCode::NotDefined, "transfer too slow"));
+                }
+            }
             self.finish(i, Ok(o));
         }
     }
@@ -622,6 +629,11 @@ fn account(m: &Metrics, peer: SocketAddr, started: Instant, result: io::Result<O
         Ok(Outcome::TimedOut) => {
             m.transfers_failed.inc();
             m.error(ErrorKind::Timeout);
+        }
+        Ok(Outcome::TooSlow) => {
+            tracing::debug!(%peer, "tftp transfer ended: below the minimum rate");
+            m.transfers_failed.inc();
+            m.error(ErrorKind::TooSlow);
         }
         Ok(Outcome::PeerError { code, message }) => {
             tracing::debug!(%peer, code, %message, "tftp client aborted");

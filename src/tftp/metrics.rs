@@ -27,6 +27,8 @@ pub enum ErrorKind {
     PeerError,
     /// Retries exhausted.
     Timeout,
+    /// Ended for falling below `min_rate_bytes_per_sec`.
+    TooSlow,
     /// Request dropped because `max_transfers` were running.
     Busy,
     /// Request dropped because its client held `max_transfers_per_client` transfers.

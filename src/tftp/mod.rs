@@ -74,6 +74,11 @@ pub struct TftpConfig {
     /// (left out of the OACK; the RFC has the server echo the client's value or
     /// nothing) and the transfer keeps the server's own retransmission timeouts.
     pub max_timeout_secs: u64,
+    /// Smallest average rate, in acknowledged bytes a second, a transfer must keep once
+    /// older than 10 s (which count in its allowance); below it the transfer is ended
+    /// with an ERROR, so a client acknowledging a tiny block just before each timeout
+    /// cannot hold a slot for days. 0 = no minimum.
+    pub min_rate_bytes_per_sec: u64,
     /// Files up to this size are served from memory; larger ones are memory-mapped.
     pub small_file_max_bytes: u64,
     /// Total bytes of small files kept in memory.
@@ -100,6 +105,7 @@ impl Default for TftpConfig {
             retransmit_max_ms: 4000,
             max_retries: 6,
             max_timeout_secs: 5,
+            min_rate_bytes_per_sec: 512,
             small_file_max_bytes: 4 << 20,
             cache_max_bytes: 32 << 20,
             netascii_max_bytes: 16 << 20,

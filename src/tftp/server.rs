@@ -57,18 +57,6 @@ struct Active {
     clients: HashMap<IpAddr, usize>,
 }
 
-/// The client a peer counts as for `max_transfers_per_client`: its IPv4 address, or
-/// its IPv6 /64 (one host commonly holds a whole /64).
-fn client_of(peer: &SocketAddr) -> IpAddr {
-    match peer.ip() {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6((u128::from(v6) & !0u128 << 64).into()),
-        },
-        v4 => v4,
-    }
-}
-
 impl Shared {
     fn active(&self) -> std::sync::MutexGuard<'_, Active> {
         lock(&self.active)
@@ -202,7 +190,8 @@ impl Server {
             m.error(ErrorKind::Busy);
             return;
         };
-        let client = client_of(&peer);
+        // Counted by IPv4 address or IPv6 /64, as the HTTP listeners count sources.
+        let client = crate::listen::source_key(peer.ip());
         let held = active.clients.get(&client).copied().unwrap_or(0);
         if held >= self.shared.per_client {
             // Silent drop too (the permit goes back): a client that behaves retransmits
@@ -345,6 +334,9 @@ fn file_error_kind(e: &FileError) -> (ErrorKind, ErrorCode) {
     }
 }
 
+/// How long a transfer runs before `min_rate_bytes_per_sec` applies.
+const RATE_GRACE: Duration = Duration::from_secs(10);
+
 /// Open the file, negotiate the options and open the transfer's socket. Refusals are
 /// answered here (from the transfer's socket, as RFC 1350 has it) and give `None`.
 /// Blocks (file I/O): runs on the blocking pool.
@@ -394,6 +386,8 @@ fn prepare(
         max_rto: Duration::from_millis(s.retransmit_max_ms),
         max_retries: s.max_retries,
         max_timeout: Duration::from_secs(s.max_timeout_secs),
+        min_rate: s.min_rate_bytes_per_sec,
+        rate_grace: RATE_GRACE,
     };
     let neg = match negotiate(&req.options, data.len() as u64, &limits) {
         Ok(n) => n,
@@ -413,16 +407,6 @@ fn prepare(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn clients_are_ipv4_addresses_and_ipv6_64s() {
-        let c = |a: &str| client_of(&a.parse().unwrap()).to_string();
-        assert_eq!(c("10.1.2.3:69"), "10.1.2.3");
-        assert_eq!(c("[::ffff:10.1.2.3]:69"), "10.1.2.3");
-        assert_eq!(c("[2001:db8:1:2:aaaa:bbbb:cccc:dddd]:69"), "2001:db8:1:2::");
-        assert_eq!(c("[2001:db8:1:2::1]:70"), c("[2001:db8:1:2:ffff::9]:71"));
-        assert_ne!(c("[2001:db8:1:2::1]:70"), c("[2001:db8:1:3::1]:70"));
-    }
 
     #[tokio::test]
     async fn the_listening_socket_holds_a_burst_of_requests() {

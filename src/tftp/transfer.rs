@@ -31,6 +31,15 @@ pub struct Limits {
     pub max_retries: u32,
     /// Largest `timeout` option accepted; a larger one is declined.
     pub max_timeout: Duration,
+    /// Smallest average rate (acknowledged bytes a second) a transfer must keep once
+    /// older than `rate_grace`, checked when an ACK moves it forward (a client that
+    /// stops acknowledging is ended by `max_retries`); 0 = no minimum. Without it a
+    /// client acknowledging one small block just before each timeout holds its slot
+    /// for days.
+    pub min_rate: u64,
+    /// Time a transfer gets before `min_rate` applies (counted in its allowance, so a
+    /// fast start also covers a later stall).
+    pub rate_grace: Duration,
 }
 
 /// The outcome of option negotiation.
@@ -141,6 +150,8 @@ pub enum Outcome {
     TimedOut,
     /// The client sent an ERROR (code 8 = it rejected our OACK).
     PeerError { code: u16, message: String },
+    /// The transfer fell below [`Limits::min_rate`].
+    TooSlow,
 }
 
 /// Result of one event: what to send and whether the transfer ended.
@@ -188,6 +199,14 @@ pub struct Transfer {
     sent_at: Option<Instant>,
     retries: u32,
     max_retries: u32,
+    min_rate: u64,
+    rate_grace: Duration,
+    /// When the transfer started.
+    started: Option<Instant>,
+    /// A time before which the transfer cannot be too slow (the deadline its
+    /// acknowledged bytes had bought when last computed; it only moves later), so an
+    /// ACK costs one comparison until it is reached. None: no minimum rate.
+    slow_after: Option<Instant>,
     done: bool,
 }
 
@@ -213,6 +232,10 @@ impl Transfer {
             sent_at: None,
             retries: 0,
             max_retries: limits.max_retries,
+            min_rate: limits.min_rate,
+            rate_grace: limits.rate_grace,
+            started: None,
+            slow_after: None,
             done: false,
         }
     }
@@ -220,6 +243,10 @@ impl Transfer {
     /// The first transmission: the OACK, or the first window of DATA.
     pub fn start(&mut self, now: Instant) -> Step {
         self.sent_at = Some(now);
+        self.started = Some(now);
+        if self.min_rate > 0 {
+            self.slow_after = Some(now + self.rate_grace);
+        }
         if self.awaiting_oack_ack {
             Step {
                 send: Some(Send::Oack),
@@ -309,6 +336,9 @@ impl Transfer {
                     }
                     self.awaiting_oack_ack = false;
                     self.progress(now);
+                    if self.too_slow(now) {
+                        return self.finish(Outcome::TooSlow);
+                    }
                     return Step {
                         send: Some(self.send_window()),
                         ..Step::default()
@@ -325,6 +355,9 @@ impl Transfer {
                 self.progress(now);
                 if self.base > self.nblocks {
                     return self.finish(Outcome::Complete);
+                }
+                if self.too_slow(now) {
+                    return self.finish(Outcome::TooSlow);
                 }
                 Step {
                     send: Some(self.send_window()),
@@ -357,6 +390,22 @@ impl Transfer {
         self.rto = self.base_rto;
     }
 
+    /// Whether the transfer is below its minimum rate at `now`: older than its grace
+    /// plus the time its acknowledged bytes pay for at `min_rate`.
+    fn too_slow(&mut self, now: Instant) -> bool {
+        let (Some(after), Some(t0)) = (self.slow_after, self.started) else {
+            return false;
+        };
+        if now <= after {
+            return false;
+        }
+        let acked = ((self.base - 1) * self.blksize).min(self.len);
+        let bought = Duration::from_secs_f64(acked as f64 / self.min_rate as f64);
+        let after = t0 + self.rate_grace + bought;
+        self.slow_after = Some(after);
+        now > after
+    }
+
     fn finish(&mut self, o: Outcome) -> Step {
         self.done = true;
         Step {
@@ -384,6 +433,8 @@ mod tests {
             max_rto: Duration::from_millis(800),
             max_retries: 3,
             max_timeout: Duration::from_secs(5),
+            min_rate: 0,
+            rate_grace: Duration::from_secs(10),
         }
     }
 
@@ -609,6 +660,73 @@ mod tests {
             t.on_event(Event::Ack(70_001u64 as u16), now()).outcome,
             Some(Outcome::Complete)
         );
+    }
+
+    #[test]
+    fn a_transfer_below_the_minimum_rate_is_ended() {
+        let l = Limits {
+            min_rate: 1000,
+            rate_grace: Duration::from_secs(10),
+            max_rto: Duration::from_secs(4),
+            ..limits()
+        };
+        let sec = Duration::from_secs;
+        // blksize 8, one ACK every 3.9 s: never a timeout, 2 bytes a second
+        let n = negotiate(&opts(&[("blksize", "8")]), 1 << 20, &l).unwrap();
+        let mut t = Transfer::new(1 << 20, &n, &l);
+        let t0 = Instant::now();
+        t.start(t0);
+        let mut at = t0;
+        let mut wire = 0u16;
+        let ended = loop {
+            at += Duration::from_millis(3900);
+            let step = t.on_event(Event::Ack(wire), at);
+            wire += 1;
+            if step.outcome.is_some() {
+                break (step.outcome, at - t0);
+            }
+            assert!(at - t0 < sec(60), "a trickle held its slot for a minute");
+        };
+        assert_eq!(ended.0, Some(Outcome::TooSlow));
+        assert!(ended.1 > sec(10) && ended.1 < sec(12), "{:?}", ended.1);
+        // a client that stopped acknowledging is ended by its retries, as before (the
+        // rate is checked on ACKs only: a dead client gets no ERROR, counts as a timeout)
+        let mut t = Transfer::new(1 << 20, &n, &l);
+        t.start(t0);
+        for s in [9, 11, 13] {
+            assert_eq!(t.on_event(Event::Timeout, t0 + sec(s)).outcome, None);
+        }
+        assert_eq!(
+            t.on_event(Event::Timeout, t0 + sec(15)).outcome,
+            Some(Outcome::TimedOut)
+        );
+        // a fast start pays for a later stall: 100 kB acknowledged in 1 s buys 100 s more
+        let n = negotiate(&opts(&[("blksize", "10000")]), 200_000, &l).unwrap();
+        let mut t = Transfer::new(200_000, &n, &l);
+        t.start(t0);
+        for b in 0..=10u16 {
+            let s = t.on_event(Event::Ack(b), t0 + Duration::from_millis(100 * b as u64));
+            assert_eq!(s.outcome, None);
+        }
+        // (ACK 11: 110 kB, due by 10 + 110 s; ACK 12: 120 kB, due by 130 s)
+        assert_eq!(t.on_event(Event::Ack(11), t0 + sec(100)).outcome, None);
+        assert_eq!(
+            t.on_event(Event::Ack(12), t0 + sec(140)).outcome,
+            Some(Outcome::TooSlow)
+        );
+        // and a transfer that completes late still completes; 0 is no minimum
+        let n = negotiate(&[], 100, &l).unwrap();
+        let mut t = Transfer::new(100, &n, &l);
+        t.start(t0);
+        assert_eq!(
+            t.on_event(Event::Ack(1), t0 + sec(3600)).outcome,
+            Some(Outcome::Complete)
+        );
+        let l0 = Limits { min_rate: 0, ..l };
+        let n = negotiate(&[], 10_000, &l0).unwrap();
+        let mut t = Transfer::new(10_000, &n, &l0);
+        t.start(t0);
+        assert_eq!(t.on_event(Event::Ack(1), t0 + sec(3600)).outcome, None);
     }
 
     #[test]

@@ -3,11 +3,11 @@
 //! helpers to run the real `curl` from a chosen loopback source address.
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bootplane::http::catalog::{self, FileHasher};
 use bootplane::http::files::FileIo;
@@ -291,4 +291,26 @@ pub fn curl(source: &str, url: &str, extra: &[&str]) -> CurlOut {
         body: std::fs::read(&b).unwrap_or_default(),
         redirects,
     }
+}
+
+/// Read `s` until the server closes it (EOF or reset); how long that took, or None if
+/// it is still open after `limit`.
+pub fn wait_closed(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    use std::io::Read as _;
+    let start = Instant::now();
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < limit {
+        match s.read(&mut buf) {
+            Ok(0) => return Some(start.elapsed()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Some(start.elapsed()),
+        }
+    }
+    None
 }

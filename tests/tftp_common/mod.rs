@@ -3,7 +3,7 @@
 //! bounded client runs and namespace guards.
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -237,4 +237,24 @@ pub fn tmpdir() -> tempfile::TempDir {
 
 pub fn out_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(name.replace('/', "_"))
+}
+
+/// A request packet (`op` 1 = RRQ, 2 = WRQ) for `name` in `mode` with `opts`.
+pub fn req(op: u8, name: &str, mode: &str, opts: &[(&str, &str)]) -> Vec<u8> {
+    let mut v = vec![0, op];
+    for p in [name, mode]
+        .iter()
+        .copied()
+        .chain(opts.iter().flat_map(|(a, b)| [*a, *b]))
+    {
+        v.extend_from_slice(p.as_bytes());
+        v.push(0);
+    }
+    v
+}
+
+/// The next datagram on `s` and its sender, or None when the read timeout passes.
+pub fn recv(s: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
+    let mut b = vec![0u8; 70000];
+    s.recv_from(&mut b).ok().map(|(n, a)| (b[..n].to_vec(), a))
 }
