@@ -8,6 +8,12 @@
 //!     sendfile; goal >= 0.9x.
 //! (c) peak RSS while 1,000 clients (wrk -c1000) download the large asset; goal <= 64 MiB.
 //!
+//! Both sides are tuned as an operator with one load generator would: all of wrk's
+//! connections come from 127.0.0.1, so our listener's per-source share
+//! (`http.max_connections_per_source`, default 512) is raised to its total
+//! (`http.max_connections`, 4096); nginx runs 2 workers × 4096 connections with
+//! sendfile, tcp_nopush and unlimited keep-alive requests. The run prints both.
+//!
 //! `cargo bench --bench http_bench` (1 GiB asset, 3 rounds) or
 //! `cargo bench --bench http_bench -- --quick` (64 MiB asset, shorter runs).
 //! Options: `--size-mib N`, `--secs S`, `--rounds R`.
@@ -80,6 +86,12 @@ fn main() {
     println!(
         "http_bench: asset {size_mib} MiB, wrk {secs}s, {rounds} round(s), script {} bytes",
         script.len()
+    );
+    println!(
+        "    tuning for one load generator: bootplane per-source connection share = total ({}; \
+         every wrk connection comes from 127.0.0.1), nginx 2 workers x 4096 connections, \
+         sendfile + tcp_nopush, keepalive_requests 1000000",
+        bootplane::http::server::Limits::default().max_connections
     );
 
     // (a) requests/s

@@ -30,6 +30,10 @@ proptest! {
         let wire = encode(&m).expect("encodes");
         let f = fit(wire.clone(), max_len);
         prop_assert!(f.bytes.len() <= max_len, "{} > {}", f.bytes.len(), max_len);
+        if wire.len() <= max_len {
+            // Nothing to fit: the reply goes out as encoded.
+            prop_assert!(f.bytes == wire && f.dropped == 0 && f.overload == 0);
+        }
         let back = decode(&f.bytes).expect("a fitted reply decodes");
         let mut missing = 0;
         for (code, data) in &opts {

@@ -95,7 +95,17 @@ proptest! {
             Ok(Packet::Error { code, message })
         );
         let pairs: Vec<(&str, String)> = opts.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        prop_assert_eq!(packet::parse(&packet::oack(&pairs)), Ok(Packet::Oack));
+        let oack = packet::oack(&pairs);
+        prop_assert_eq!(packet::parse(&oack), Ok(Packet::Oack));
+        // `Packet::Oack` carries no options: check the bytes against RFC 2347's layout.
+        let mut want = 6u16.to_be_bytes().to_vec();
+        for (k, v) in &opts {
+            want.extend_from_slice(k.as_bytes());
+            want.push(0);
+            want.extend_from_slice(v.as_bytes());
+            want.push(0);
+        }
+        prop_assert_eq!(oack, want);
     }
 
     #[test]
@@ -126,5 +136,24 @@ proptest! {
         if !n.oack.is_empty() {
             prop_assert_eq!(packet::parse(&packet::oack(&n.oack)), Ok(Packet::Oack));
         }
+        // Each answer keeps what RFC 2348/2349/7440 allow against the client's own value
+        // (the first occurrence counts) and is what the transfer will use.
+        for (k, v) in &n.oack {
+            let asked = &options.iter().find(|(o, _)| o == k).unwrap().1;
+            let asked: u64 = asked.trim().parse().unwrap();
+            let v: u64 = v.parse().unwrap();
+            match *k {
+                "blksize" => prop_assert!(v <= asked && v == u64::from(n.blksize)),
+                "windowsize" => prop_assert!(v <= asked && v == u64::from(n.windowsize)),
+                "timeout" => prop_assert!(v == asked && n.timeout == Some(Duration::from_secs(v))),
+                "tsize" => prop_assert!(v == size && size > 0),
+                other => prop_assert!(false, "unknown option {} acknowledged", other),
+            }
+        }
+        // A value other than the RFC 1350 default is only used when the OACK says so.
+        let acked = |k: &str| n.oack.iter().any(|(o, _)| *o == k);
+        prop_assert!(n.blksize == 512 || acked("blksize"));
+        prop_assert!(n.windowsize == 1 || acked("windowsize"));
+        prop_assert!(n.timeout.is_none() || acked("timeout"));
     }
 }

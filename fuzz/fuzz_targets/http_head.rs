@@ -9,38 +9,25 @@
 #[path = "common/boot_app.rs"]
 mod boot_app;
 
-use std::net::IpAddr;
-
 use bootplane::http::conn;
-use bootplane::http::BootHttp;
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 
-thread_local! {
-    static APP: (tokio::runtime::Runtime, BootHttp) = (boot_app::runtime(), boot_app::app());
-}
-
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, raw)) = data.split_first() else { return };
-    let client = if sel & 1 == 0 {
-        IpAddr::from(boot_app::OWNER)
-    } else {
-        IpAddr::from([127, 0, 0, 9])
-    };
+    let client = boot_app::client(sel & 1 != 0);
     let mut buf = BytesMut::from(raw);
-    APP.with(|(rt, app)| {
-        for _ in 0..16 {
-            let before = buf.len();
-            match conn::parse(&mut buf) {
-                Ok(Some(head)) => {
-                    assert!(buf.len() < before, "a parsed head consumes input");
-                    boot_app::handle(rt, app, head.req, client);
-                    if head.has_body || !head.keep_alive {
-                        break;
-                    }
+    for _ in 0..16 {
+        let before = buf.len();
+        match conn::parse(&mut buf) {
+            Ok(Some(head)) => {
+                assert!(buf.len() < before, "a parsed head consumes input");
+                boot_app::handle(head.req, client);
+                if head.has_body || !head.keep_alive {
+                    break;
                 }
-                Ok(None) | Err(_) => break,
             }
+            Ok(None) | Err(_) => break,
         }
-    });
+    }
 });

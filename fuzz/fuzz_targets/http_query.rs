@@ -7,15 +7,8 @@
 #[path = "common/boot_app.rs"]
 mod boot_app;
 
-use std::net::IpAddr;
-
-use bootplane::http::BootHttp;
 use http::Request;
 use libfuzzer_sys::fuzz_target;
-
-thread_local! {
-    static APP: (tokio::runtime::Runtime, BootHttp) = (boot_app::runtime(), boot_app::app());
-}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, rest)) = data.split_first() else { return };
@@ -26,12 +19,5 @@ fuzz_target!(|data: &[u8]| {
         _ => "/assets/",
     };
     let Ok(req) = Request::get(format!("{prefix}{rest}")).body(()) else { return };
-    let client = if sel & 4 == 0 {
-        IpAddr::from(boot_app::OWNER)
-    } else {
-        IpAddr::from([127, 0, 0, 9])
-    };
-    APP.with(|(rt, app)| {
-        boot_app::handle(rt, app, req, client);
-    });
+    boot_app::handle(req, boot_app::client(sel & 4 != 0));
 });

@@ -1,7 +1,8 @@
 //! Fuzz RFC 9110 conditionals and ranges (`files::plan`, pure): `If-Match`,
 //! `If-None-Match`, `If-Modified-Since`, `If-Unmodified-Since`, `Range`, `If-Range`
 //! against a file of a length taken from the input. Checks: partial ranges are
-//! inclusive, ordered (start <= end), inside the file, at most `MAX_RANGES`.
+//! inclusive, ordered (start <= end), inside the file, at most `MAX_RANGES`; the file's
+//! own etag and date satisfy the conditionals that compare with them.
 //!
 //! Input: 1 flag byte (bit 0: HEAD instead of GET), 3 bytes of file length, 1 byte of
 //! mtime, then the six header values separated by `\n` in the order above (an absent
@@ -40,7 +41,19 @@ fuzz_target!(|data: &[u8]| {
             assert!(s <= e && e < len, "range {s}-{e} of {len}");
         }
     }
-    // The same request with the etag and date the file reports must plan the same.
-    assert_eq!(plan(is_get, &c, &meta), p);
-    let _ = meta.last_modified();
+    assert_eq!(plan(is_get, &c, &meta), p, "deterministic");
+    // The file's own validators (RFC 9110 section 13.1): its etag or date in
+    // If-None-Match / If-Modified-Since is 304; in If-Match / If-Unmodified-Since or
+    // If-Range it changes nothing about the input's Range.
+    let (etag, date) = (meta.etag.as_str(), meta.last_modified());
+    let own = |c: Conditions| plan(is_get, &c, &meta);
+    let none = Conditions::default();
+    assert_eq!(own(Conditions { if_none_match: Some(etag), ..none }), Plan::NotModified);
+    assert_eq!(own(Conditions { if_modified_since: Some(&date), ..none }), Plan::NotModified);
+    let ranged = Conditions { range: c.range, ..none };
+    let want = own(ranged);
+    assert_eq!(own(Conditions { if_match: Some(etag), ..ranged }), want);
+    assert_eq!(own(Conditions { if_unmodified_since: Some(&date), ..ranged }), want);
+    assert_eq!(own(Conditions { if_range: Some(etag), ..ranged }), want);
+    assert_eq!(own(Conditions { if_range: Some(&date), ..ranged }), want);
 });

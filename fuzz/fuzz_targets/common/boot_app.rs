@@ -2,8 +2,8 @@
 //! targets: one claimed machine (registered address 127.0.0.2), an assets directory and
 //! an images directory with a few small files, a fixed token key. Responses are checked
 //! against the listener's invariants (no redirects, Content-Length = body, partial
-//! bodies inside the file, Ignition only to its machine).
-#![allow(dead_code)]
+//! bodies inside the file, Ignition only to its machine). Both HTTP targets go through
+//! [`client`] and [`handle`].
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -21,10 +21,10 @@ use bootplane::ipxe::DefaultAction;
 use bytes::Bytes;
 use http::{header, Request, Response, StatusCode};
 
-pub const OWNER: [u8; 4] = [127, 0, 0, 2];
-pub const IGNITION: &[u8] = b"{\"ignition\":{\"version\":\"3.4.0\"},\"fuzz\":\"secret-ignition\"}";
+const OWNER: [u8; 4] = [127, 0, 0, 2];
+const IGNITION: &[u8] = b"{\"ignition\":{\"version\":\"3.4.0\"},\"fuzz\":\"secret-ignition\"}";
 /// Largest asset file; bodies are never longer than a multipart of 32 of them.
-pub const FILE_MAX: u64 = 4096;
+const FILE_MAX: u64 = 4096;
 
 /// The memory index without its progress log (which would grow for every input).
 struct Index(MemoryIndex);
@@ -48,7 +48,7 @@ fn dir() -> PathBuf {
     d
 }
 
-pub fn app() -> BootHttp {
+fn app() -> BootHttp {
     let d = dir();
     let s = Settings {
         base_url: "http://10.0.0.1:8080/".into(),
@@ -98,18 +98,34 @@ pub fn app() -> BootHttp {
     BootHttp::new(s, Arc::new(Index(idx)), Arc::new(Metrics::new())).expect("boot app")
 }
 
-pub fn runtime() -> tokio::runtime::Runtime {
+fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime")
 }
 
-/// Handle `req` from `client` and check the response; returns the status.
-pub fn handle(rt: &tokio::runtime::Runtime, app: &BootHttp, req: Request<()>, client: IpAddr) -> StatusCode {
+thread_local! {
+    /// Built once per fuzzing process: every input meets the same files and index.
+    static APP: (tokio::runtime::Runtime, BootHttp) = (runtime(), app());
+}
+
+/// The client address an input byte selects: the claimed machine's own address when
+/// `bit` is clear, another one when it is set.
+pub fn client(bit: bool) -> IpAddr {
+    if bit {
+        IpAddr::from([127, 0, 0, 9])
+    } else {
+        IpAddr::from(OWNER)
+    }
+}
+
+/// Handle `req` from `client` with this process's boot app and check the response;
+/// returns the status.
+pub fn handle(req: Request<()>, client: IpAddr) -> StatusCode {
     let is_head = req.method() == http::Method::HEAD;
     let is_ignition = req.uri().path().starts_with("/ignition/");
-    let resp: Response<FileBody> = rt.block_on(app.handle(req, client));
+    let resp: Response<FileBody> = APP.with(|(rt, app)| rt.block_on(app.handle(req, client)));
     let (parts, mut body) = resp.into_parts();
     assert!(
         !parts.status.is_redirection() || parts.status == StatusCode::NOT_MODIFIED,
