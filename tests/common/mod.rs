@@ -327,6 +327,24 @@ pub fn server(name: &str, labels: Value, policy: &str) -> Value {
     })
 }
 
+/// A claimable server like [`server`] (no labels, reclaim policy Recycle) whose one NIC
+/// has MAC `mac` and address `ip`: a machine that fetches from that (loopback) address.
+pub fn server_at(name: &str, mac: &str, ip: &str) -> Value {
+    let mut s = server(name, serde_json::json!({}), "Recycle");
+    s["status"]["networkInterfaces"] =
+        serde_json::json!([{"name": "eth0", "macAddress": mac, "ip": ip}]);
+    s
+}
+
+/// The condition of type `ty` in `obj`'s status; panics (showing `obj`) when there is none.
+pub fn condition(obj: &Value, ty: &str) -> Value {
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|l| l.iter().find(|c| c["type"] == ty))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {ty} condition in {obj:#}"))
+}
+
 pub fn claim(name: &str, selector: Option<Value>, server_ref: Option<&str>) -> Value {
     let mut spec = serde_json::json!({"image": "os-image:latest", "power": "On"});
     if let Some(s) = selector {
