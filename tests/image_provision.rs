@@ -563,7 +563,10 @@ fn checkpoint_paths_that_are_symlinks_are_refused() {
     fs::create_dir(&ckdir).unwrap();
     let ck = ckdir.join("bootplane-loop2.checkpoint");
     for (what, link) in [
-        ("temporary file", ckdir.join("bootplane-loop2.tmp")),
+        (
+            "temporary file",
+            ckdir.join("bootplane-loop2.checkpoint.tmp"),
+        ),
         ("checkpoint", ck.clone()),
     ] {
         std::os::unix::fs::symlink(&victim, &link).unwrap();
@@ -603,4 +606,24 @@ fn checkpoint_paths_that_are_symlinks_are_refused() {
         );
         fs::remove_file(&link).unwrap();
     }
+}
+
+/// The checkpoint's temporary file has a name of its own: a file of the operator's
+/// next to the target (`disk.img.tmp` for `disk.img`) is neither removed nor rewritten.
+#[test]
+fn a_file_next_to_the_target_is_not_taken_for_the_checkpoint_tmp() {
+    let d = tempfile::tempdir().unwrap();
+    let data = mixed(3 * MIB + 5, 23);
+    let (_, img) = write_and_pack(d.path(), &data, 1);
+    let out = d.path().join("disk.img");
+    let mine = d.path().join("disk.img.tmp");
+    fs::write(&mine, b"the operator's file\n").unwrap();
+    let (code, lines) = provision(&["--source", s(&img), "--target", s(&out)]);
+    assert_eq!(code, 0, "{lines:?}");
+    assert_eq!(fs::read(&out).unwrap(), data);
+    assert_eq!(
+        fs::read(&mine).ok().as_deref(),
+        Some(&b"the operator's file\n"[..]),
+        "disk.img.tmp removed or rewritten"
+    );
 }
