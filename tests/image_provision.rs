@@ -546,6 +546,24 @@ fn trusted_checkpoint_is_still_checked_against_the_target() {
     assert_eq!(code, 0, "{lines:?}");
     assert_eq!(last_stage(&lines)["resumed_from"].as_u64(), Some(0));
     assert_eq!(fs::read(&out).unwrap(), data);
+    // The flag is accepted (old job definitions still run) and said to be ignored.
+    let o = run_cmd(
+        Command::new(bin()).args([
+            "provision",
+            "--source",
+            s(&img),
+            "--target",
+            s(&out),
+            "--trust-checkpoint",
+        ]),
+        120,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("--trust-checkpoint is ignored"),
+        "no warning: {err}"
+    );
 }
 
 /// The checkpoint is never written through a symlink: a link at its temporary path (or
