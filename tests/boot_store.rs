@@ -19,10 +19,8 @@ fn kernel_line(script: &str) -> String {
 #[test]
 fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
     let b = Bootplane::start(&[]);
-    let mut srv = server("node-1", json!({}), "Recycle");
+    let mut srv = server_at("node-1", "52:54:00:42:00:01", "127.0.0.2");
     srv["spec"]["systemUUID"] = json!("4C4C4544-0042-0042-0042-000000000042");
-    srv["status"]["networkInterfaces"] =
-        json!([{"name": "eth0", "macAddress": "52:54:00:42:00:01", "ip": "127.0.0.2"}]);
     assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
     let ign = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/hostname","contents":{"source":"data:,node-1"}}]}}"#;
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "node-1-ign"}, "stringData": {"ignition": ign}});
@@ -96,13 +94,7 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
         };
         (has("IPXEScriptFetched") && has("IgnitionDataFetched")).then_some(s)
     });
-    let c = sbc["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "IPXEScriptFetched")
-        .unwrap()
-        .clone();
+    let c = condition(&sbc, "IPXEScriptFetched");
     assert!(c["message"].as_str().unwrap().contains("127.0.0.2"), "{c}");
     let (code, out, _) = b.cli(&["get", "sbc", "-o", "wide"]);
     assert_eq!(code, 0);
@@ -161,13 +153,7 @@ fn missing_image_or_secret_key_puts_the_configuration_in_error() {
                 .1;
             (s["status"]["state"] == "Error").then_some(s)
         });
-        let ready = s["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Ready")
-            .unwrap()
-            .clone();
+        let ready = condition(&s, "Ready");
         assert_eq!(ready["reason"], reason, "{s}");
         assert!(
             ready["message"].as_str().unwrap().contains(words),
@@ -177,13 +163,7 @@ fn missing_image_or_secret_key_puts_the_configuration_in_error() {
     // The servers wait, powered off, and say why.
     let s = b.get(&format!("{SERVERS}/e1"));
     assert_eq!(s["status"]["powerState"], "Off");
-    let cond = s["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "BootConfigurationReady")
-        .unwrap()
-        .clone();
+    let cond = condition(&s, "BootConfigurationReady");
     assert!(
         cond["message"].as_str().unwrap().contains("Error"),
         "{cond}"
@@ -193,9 +173,7 @@ fn missing_image_or_secret_key_puts_the_configuration_in_error() {
 #[test]
 fn reference_butane_secret_is_served_as_validated_ignition() {
     let b = Bootplane::start(&[]);
-    let mut srv = server("fc-1", json!({}), "Recycle");
-    srv["status"]["networkInterfaces"] =
-        json!([{"name": "eth0", "macAddress": "52:54:00:42:00:09", "ip": "127.0.0.4"}]);
+    let srv = server_at("fc-1", "52:54:00:42:00:09", "127.0.0.4");
     assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
     let (code, out, err) = b.cli(&[
         "apply",
@@ -265,9 +243,7 @@ fn reference_butane_secret_is_served_as_validated_ignition() {
 #[test]
 fn boot_token_dies_with_its_claim() {
     let b = Bootplane::start(&[]);
-    let mut srv = server("tok-1", json!({}), "Recycle");
-    srv["status"]["networkInterfaces"] =
-        json!([{"name": "eth0", "macAddress": "52:54:00:42:00:21", "ip": "127.0.0.5"}]);
+    let srv = server_at("tok-1", "52:54:00:42:00:21", "127.0.0.5");
     assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
     let base = format!("http://127.0.0.1:{}", b.http_port);
     // The machine's script (from its own address), and the token in its Ignition URL.

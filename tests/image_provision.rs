@@ -94,10 +94,7 @@ fn loop_device_round_trip_keeps_bytes_past_the_image() {
     fs::write(&backing, vec![0x5Au8; 16 * MIB]).unwrap();
     let lo = Loop::new(&backing);
     let data = mixed(9 * MIB + 1000, 11);
-    let raw = d.path().join("raw");
-    fs::write(&raw, &data).unwrap();
-    let img = d.path().join("img.bpz");
-    pack(&raw, &img, 4);
+    let (raw, img) = write_and_pack(d.path(), &data, 4);
     let ck = d.path().join("ckpt");
     let (code, lines) = provision(&[
         "--source",
@@ -181,10 +178,7 @@ fn mounted_or_exclusively_held_device_is_refused() {
     fs::write(&backing, vec![0u8; 32 * MIB]).unwrap();
     let lo = Loop::new(&backing);
     let data = mixed(3 * MIB + 5, 5);
-    let raw = d.path().join("raw");
-    fs::write(&raw, &data).unwrap();
-    let img = d.path().join("img.bpz");
-    pack(&raw, &img, 1);
+    let (_, img) = write_and_pack(d.path(), &data, 1);
     let ck = d.path().join("ckpt");
 
     // Held open with O_EXCL (as a mounted filesystem or another provisioner would).
@@ -252,10 +246,7 @@ fn prefilled(path: &Path, len: usize) {
 fn corrupt_frames_fail_with_the_first_mib_zeroed() {
     let d = tempfile::tempdir().unwrap();
     let data = mixed(12 * MIB + 3, 21);
-    let raw = d.path().join("raw");
-    fs::write(&raw, &data).unwrap();
-    let img = d.path().join("img.bpz");
-    pack(&raw, &img, 1);
+    let (_, img) = write_and_pack(d.path(), &data, 1);
     let manifest: serde_json::Value =
         serde_json::from_slice(&fs::read(format!("{}.manifest.json", s(&img))).unwrap()).unwrap();
     let frames = manifest["frames"].as_array().unwrap();
@@ -382,10 +373,7 @@ fn truncated_source_and_trailing_garbage_have_their_own_codes() {
 fn too_small_file_target_is_refused_untouched() {
     let d = tempfile::tempdir().unwrap();
     let data = mixed(5 * MIB + 1, 44);
-    let raw = d.path().join("raw");
-    fs::write(&raw, &data).unwrap();
-    let img = d.path().join("img.bpz");
-    pack(&raw, &img, 1);
+    let (_, img) = write_and_pack(d.path(), &data, 1);
     let out = d.path().join("small");
     prefilled(&out, 2 * MIB);
     let (code, lines) = provision(&["--source", s(&img), "--target", s(&out)]);
@@ -393,21 +381,14 @@ fn too_small_file_target_is_refused_untouched() {
     assert!(fs::read(&out).unwrap().iter().all(|&b| b == 0xAA));
 }
 
-/// Start a rate-limited copy, SIGKILL it after a checkpoint, check the head is zero,
-/// then rerun and check it resumed and produced an identical target.
-fn kill_and_resume(source: &str, raw: &[u8], out: &Path) {
+/// Start a rate-limited copy of `source` to `out` (with `extra` arguments), SIGKILL it
+/// once its checkpoint covers at least `frames` frames; returns the checkpoint path.
+fn kill_after_checkpoint(source: &str, extra: &[&str], out: &Path, frames: u64) -> String {
     let ck = format!("{}.bootplane-checkpoint", s(out));
     let mut child = Command::new(bin())
-        .args([
-            "provision",
-            "--source",
-            source,
-            "--target",
-            s(out),
-            "--max-rate",
-            "6000000",
-            "-q",
-        ])
+        .args(["provision", "--source", source, "--target", s(out)])
+        .args(extra)
+        .args(["--max-rate", "6000000", "-q"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -417,7 +398,7 @@ fn kill_and_resume(source: &str, raw: &[u8], out: &Path) {
     loop {
         if let Ok(b) = fs::read(&ck) {
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b) {
-                if v["chunks_done"].as_u64().unwrap_or(0) >= 3 {
+                if v["chunks_done"].as_u64().unwrap_or(0) >= frames {
                     break;
                 }
             }
@@ -431,6 +412,13 @@ fn kill_and_resume(source: &str, raw: &[u8], out: &Path) {
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
+    ck
+}
+
+/// Start a rate-limited copy, SIGKILL it after a checkpoint, check the head is zero,
+/// then rerun and check it resumed and produced an identical target.
+fn kill_and_resume(source: &str, raw: &[u8], out: &Path) {
+    let ck = kill_after_checkpoint(source, &[], out, 3);
     assert!(head_is_zero(out, MIB), "first MiB not zero after kill -9");
     assert_ne!(fs::read(out).unwrap(), raw);
     let (code, lines) = provision(&["--source", source, "--target", s(out)]);
@@ -446,10 +434,7 @@ fn kill_and_resume(source: &str, raw: &[u8], out: &Path) {
 fn kill_9_mid_copy_then_resume_from_file_and_http() {
     let d = tempfile::tempdir().unwrap();
     let data = mixed(40 * MIB + 123, 55);
-    let raw = d.path().join("raw");
-    fs::write(&raw, &data).unwrap();
-    let img = d.path().join("img.bpz");
-    pack(&raw, &img, 1);
+    let (raw, img) = write_and_pack(d.path(), &data, 1);
     kill_and_resume(s(&img), &data, &d.path().join("out-file"));
     let srv = http_server(d.path().to_path_buf());
     kill_and_resume(
@@ -460,31 +445,7 @@ fn kill_9_mid_copy_then_resume_from_file_and_http() {
     // A raw source resumes too (whole-image checksum only).
     let sha = sha256_hex(&data);
     let out = d.path().join("out-raw");
-    let mut child = Command::new(bin())
-        .args([
-            "provision",
-            "--source",
-            s(&raw),
-            "--target",
-            s(&out),
-            "--sha256",
-            &sha,
-            "--max-rate",
-            "12000000",
-            "-q",
-        ])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let ck = format!("{}.bootplane-checkpoint", s(&out));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !Path::new(&ck).exists() {
-        assert!(Instant::now() < deadline && child.try_wait().unwrap().is_none());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill_after_checkpoint(s(&raw), &["--sha256", &sha], &out, 1);
     let (code, lines) = provision(&["--source", s(&raw), "--target", s(&out), "--sha256", &sha]);
     assert_eq!(code, 0, "{lines:?}");
     assert!(last_stage(&lines)["resumed_from"].as_u64().unwrap() > 0);
@@ -531,47 +492,11 @@ fn zero_skip_on_a_new_file_gives_the_same_bytes() {
     let d = tempfile::tempdir().unwrap();
     let mut data = mixed(9 * MIB + 17, 77);
     data[2 * MIB..6 * MIB].fill(0);
-    let raw = d.path().join("raw");
-    fs::write(&raw, &data).unwrap();
-    let img = d.path().join("img.bpz");
-    pack(&raw, &img, 1);
+    let (_, img) = write_and_pack(d.path(), &data, 1);
     let out = d.path().join("out");
     let (code, lines) = provision(&["--source", s(&img), "--target", s(&out), "--zero-skip"]);
     assert_eq!(code, 0, "{lines:?}");
     assert_eq!(fs::read(&out).unwrap(), data);
-}
-
-/// Start a rate-limited copy of `img` to `out`, SIGKILL it once its checkpoint covers at
-/// least `frames` frames; returns the checkpoint path.
-fn kill_after_checkpoint(img: &Path, out: &Path, frames: u64) -> String {
-    let ck = format!("{}.bootplane-checkpoint", s(out));
-    let mut child = Command::new(bin())
-        .args(["provision", "--source", s(img), "--target", s(out)])
-        .args(["--max-rate", "6000000", "-q"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(b) = fs::read(&ck) {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b) {
-                if v["chunks_done"].as_u64().unwrap_or(0) >= frames {
-                    break;
-                }
-            }
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "copy finished before it could be killed"
-        );
-        assert!(Instant::now() < deadline, "no checkpoint within 60s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
-    ck
 }
 
 /// Bytes changed on the target between the kill and the resume, inside what the
@@ -582,12 +507,9 @@ fn kill_after_checkpoint(img: &Path, out: &Path, frames: u64) -> String {
 fn trusted_checkpoint_is_still_checked_against_the_target() {
     let d = tempfile::tempdir().unwrap();
     let data = mixed(24 * MIB + 77, 91);
-    let raw = d.path().join("raw");
-    fs::write(&raw, &data).unwrap();
-    let img = d.path().join("img.bpz");
-    pack(&raw, &img, 1);
+    let (_, img) = write_and_pack(d.path(), &data, 1);
     let out = d.path().join("out");
-    let ck = kill_after_checkpoint(&img, &out, 4);
+    let ck = kill_after_checkpoint(s(&img), &[], &out, 4);
     // Change two bytes well inside the covered range (past the held first MiB).
     {
         use std::os::unix::fs::FileExt;
@@ -624,6 +546,24 @@ fn trusted_checkpoint_is_still_checked_against_the_target() {
     assert_eq!(code, 0, "{lines:?}");
     assert_eq!(last_stage(&lines)["resumed_from"].as_u64(), Some(0));
     assert_eq!(fs::read(&out).unwrap(), data);
+    // The flag is accepted (old job definitions still run) and said to be ignored.
+    let o = run_cmd(
+        Command::new(bin()).args([
+            "provision",
+            "--source",
+            s(&img),
+            "--target",
+            s(&out),
+            "--trust-checkpoint",
+        ]),
+        120,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("--trust-checkpoint is ignored"),
+        "no warning: {err}"
+    );
 }
 
 /// The checkpoint is never written through a symlink: a link at its temporary path (or
@@ -633,10 +573,7 @@ fn trusted_checkpoint_is_still_checked_against_the_target() {
 fn checkpoint_paths_that_are_symlinks_are_refused() {
     let d = tempfile::tempdir().unwrap();
     let data = mixed(12 * MIB + 5, 17);
-    let raw = d.path().join("raw");
-    fs::write(&raw, &data).unwrap();
-    let img = d.path().join("img.bpz");
-    pack(&raw, &img, 1);
+    let (_, img) = write_and_pack(d.path(), &data, 1);
     let victim = d.path().join("victim");
     let victim_bytes = b"precious root-owned data\n".repeat(100);
     fs::write(&victim, &victim_bytes).unwrap();
@@ -644,7 +581,10 @@ fn checkpoint_paths_that_are_symlinks_are_refused() {
     fs::create_dir(&ckdir).unwrap();
     let ck = ckdir.join("bootplane-loop2.checkpoint");
     for (what, link) in [
-        ("temporary file", ckdir.join("bootplane-loop2.tmp")),
+        (
+            "temporary file",
+            ckdir.join("bootplane-loop2.checkpoint.tmp"),
+        ),
         ("checkpoint", ck.clone()),
     ] {
         std::os::unix::fs::symlink(&victim, &link).unwrap();
@@ -684,4 +624,24 @@ fn checkpoint_paths_that_are_symlinks_are_refused() {
         );
         fs::remove_file(&link).unwrap();
     }
+}
+
+/// The checkpoint's temporary file has a name of its own: a file of the operator's
+/// next to the target (`disk.img.tmp` for `disk.img`) is neither removed nor rewritten.
+#[test]
+fn a_file_next_to_the_target_is_not_taken_for_the_checkpoint_tmp() {
+    let d = tempfile::tempdir().unwrap();
+    let data = mixed(3 * MIB + 5, 23);
+    let (_, img) = write_and_pack(d.path(), &data, 1);
+    let out = d.path().join("disk.img");
+    let mine = d.path().join("disk.img.tmp");
+    fs::write(&mine, b"the operator's file\n").unwrap();
+    let (code, lines) = provision(&["--source", s(&img), "--target", s(&out)]);
+    assert_eq!(code, 0, "{lines:?}");
+    assert_eq!(fs::read(&out).unwrap(), data);
+    assert_eq!(
+        fs::read(&mine).ok().as_deref(),
+        Some(&b"the operator's file\n"[..]),
+        "disk.img.tmp removed or rewritten"
+    );
 }

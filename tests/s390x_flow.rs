@@ -400,13 +400,7 @@ fn portmapper_port_taken_is_reported_at_start_and_on_policies() {
         state(&ep),
         common::tail(&log, 30)
     );
-    let cond = ep["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Applied")
-        .unwrap()
-        .clone();
+    let cond = common::condition(&ep, "Applied");
     assert_eq!(cond["status"], "False", "{cond}");
     assert_eq!(cond["reason"], "PortInUse", "{cond}");
     assert!(

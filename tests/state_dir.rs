@@ -6,8 +6,6 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -39,36 +37,8 @@ fn fresh_state_dir_is_private() {
     let tmp = tempfile::tempdir().unwrap();
     chmod(tmp.path(), 0o755);
     let dir = tmp.path().join("var/bootplane");
-    let (api, http) = two_free_ports();
-    let mut child = Command::new(bin())
-        .arg("serve")
-        .arg("--state-dir")
-        .arg(&dir)
-        .args(["--api-listen", &format!("127.0.0.1:{api}")])
-        .args(["--http-listen", &format!("127.0.0.1:{http}")])
-        .args(["--power-driver", "test"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while ureq::get(&format!("http://127.0.0.1:{api}/healthz"))
-        .call()
-        .is_err()
-    {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "bootplane exited early"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "bootplane did not become healthy"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let mut b = Bootplane::start_in(&dir, &[]);
+    b.kill9();
     assert_eq!(mode(&dir), "700", "state dir");
     let fs = files(&dir);
     for f in ["store.redb", "api-token", "http-token-key"] {

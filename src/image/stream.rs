@@ -163,9 +163,14 @@ fn default_checkpoint(target: &Path) -> PathBuf {
 /// A checkpoint is a few hundred bytes; anything larger is not one of ours.
 const CHECKPOINT_MAX: u64 = 64 << 10;
 
-/// The temporary file a checkpoint is written to before it is renamed into place.
+/// The temporary file a checkpoint is written to before it is renamed into place:
+/// `CKPT.tmp`. Appended, not `with_extension`: that turned `disk.img.bootplane-checkpoint`
+/// into `disk.img.tmp`, a name that may be the operator's own file, which a stale
+/// temporary file of ours is removed as (and was truncated as before that).
 fn checkpoint_tmp(ckpt: &Path) -> PathBuf {
-    ckpt.with_extension("tmp")
+    let mut s = ckpt.as_os_str().to_owned();
+    s.push(".tmp");
+    s.into()
 }
 
 /// Refuse a checkpoint path (or its temporary path) that is a symlink or not a regular

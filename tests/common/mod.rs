@@ -22,7 +22,11 @@ pub fn two_free_ports() -> (u16, u16) {
 
 pub struct Bootplane {
     pub child: Option<Child>,
+    /// The state dir.
     pub dir: PathBuf,
+    /// Where the log and the test image catalog are written (the state dir unless
+    /// started with [`Bootplane::start_in`]).
+    aux: PathBuf,
     pub api: String,
     pub api_port: u16,
     pub http_port: u16,
@@ -40,10 +44,24 @@ impl Bootplane {
     pub fn start(extra: &[&str]) -> Bootplane {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
+        Bootplane::start_with(dir.clone(), dir, tmp, extra)
+    }
+
+    /// Start with state dir `dir`, which the caller owns and which may not exist yet
+    /// (`serve` creates it): the log and the image catalog go to a directory of their
+    /// own, so nothing but bootplane creates or writes `dir`.
+    pub fn start_in(dir: &Path, extra: &[&str]) -> Bootplane {
+        let tmp = tempfile::tempdir().unwrap();
+        let aux = tmp.path().to_path_buf();
+        Bootplane::start_with(dir.to_path_buf(), aux, tmp, extra)
+    }
+
+    fn start_with(dir: PathBuf, aux: PathBuf, tmp: tempfile::TempDir, extra: &[&str]) -> Bootplane {
         let (api_port, http_port) = two_free_ports();
         let mut b = Bootplane {
             child: None,
             dir,
+            aux,
             api: String::new(),
             api_port,
             http_port,
@@ -59,7 +77,7 @@ impl Bootplane {
     /// SHA-256), so boot configurations can become Ready.
     fn write_images(&self) -> PathBuf {
         use sha2::{Digest, Sha256};
-        let dir = self.dir.join("images");
+        let dir = self.aux.join("images");
         std::fs::create_dir_all(dir.join("os")).unwrap();
         let mut entries = String::new();
         for (role, body) in [
@@ -85,7 +103,7 @@ impl Bootplane {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join("log"))
+            .open(self.aux.join("log"))
             .unwrap();
         let mut cmd = Command::new(bin());
         cmd.arg("serve")
@@ -141,7 +159,7 @@ impl Bootplane {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+        std::fs::read_to_string(self.aux.join("log")).unwrap_or_default()
     }
 
     pub fn kill9(&mut self) {
@@ -325,6 +343,24 @@ pub fn server(name: &str, labels: Value, policy: &str) -> Value {
         "status": {"state": "Available", "powerState": "Off",
                    "networkInterfaces": [{"name": "eth0", "macAddress": format!("52:54:00:{:02x}:{:02x}:{:02x}", fxhash(name) as u8, (fxhash(name) >> 8) as u8, (fxhash(name) >> 16) as u8), "ip": "10.0.0.1"}]},
     })
+}
+
+/// A claimable server like [`server`] (no labels, reclaim policy Recycle) whose one NIC
+/// has MAC `mac` and address `ip`: a machine that fetches from that (loopback) address.
+pub fn server_at(name: &str, mac: &str, ip: &str) -> Value {
+    let mut s = server(name, serde_json::json!({}), "Recycle");
+    s["status"]["networkInterfaces"] =
+        serde_json::json!([{"name": "eth0", "macAddress": mac, "ip": ip}]);
+    s
+}
+
+/// The condition of type `ty` in `obj`'s status; panics (showing `obj`) when there is none.
+pub fn condition(obj: &Value, ty: &str) -> Value {
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|l| l.iter().find(|c| c["type"] == ty))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {ty} condition in {obj:#}"))
 }
 
 pub fn claim(name: &str, selector: Option<Value>, server_ref: Option<&str>) -> Value {

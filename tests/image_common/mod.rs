@@ -137,6 +137,16 @@ pub fn pack(raw: &Path, out: &Path, frame_mib: u64) {
     );
 }
 
+/// Write `data` to `DIR/raw` and pack it into `DIR/img.bpz` with `frame_mib` MiB frames;
+/// returns (raw, packed image).
+pub fn write_and_pack(dir: &Path, data: &[u8], frame_mib: u64) -> (PathBuf, PathBuf) {
+    let raw = dir.join("raw");
+    std::fs::write(&raw, data).unwrap();
+    let img = dir.join("img.bpz");
+    pack(&raw, &img, frame_mib);
+    (raw, img)
+}
+
 pub fn head_is_zero(path: &Path, n: usize) -> bool {
     let mut f = std::fs::File::open(path).unwrap();
     let mut b = vec![0u8; n];
