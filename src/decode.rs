@@ -7,10 +7,13 @@
 //! time quadratic in the nesting depth of flow collections (100,000 levels, a 200 KB
 //! body, took 21 s; 2 M levels, minutes), and expands every alias into a copy of its
 //! anchor (a 400 KB body of aliases to a 1 MB string grew the process by 470 MB). So
-//! before a document reaches a parser that builds values, a pre-scan checks it:
+//! each format's nesting (and YAML's aliases) is bounded:
 //!
-//! - JSON: one pass over the bytes counting `[`/`{` outside strings; deeper than
-//!   [`MAX_DEPTH`] is refused at the first byte past the limit.
+//! - JSON: serde_json refuses more than 128 levels itself, in linear time, so the
+//!   document is parsed and then its value checked against [`MAX_DEPTH`] (no second
+//!   pass over the bytes on the common path). A refused document is scanned once more
+//!   (counting `[`/`{` outside strings) to name the line and column where it goes too
+//!   deep.
 //! - YAML: libyaml's own event stream (the same lexer `serde_norway` uses, so the two
 //!   cannot disagree about structure), without building anything. Nesting is refused as
 //!   soon as it passes [`MAX_DEPTH`], which libyaml reaches after reading a bounded
@@ -19,7 +22,7 @@
 //!   included, so "billion laughs" nesting is counted in full), and the aliases of a
 //!   stream may not add more than [`Limits::max_alias_bytes`] to it.
 //!
-//! Only a document that passes is decoded (with `serde_json` or `serde_norway`), so the
+//! Only a YAML document that passes is decoded (with `serde_norway`), so the
 //! amplification is never allocated. The scans are linear; the REST API runs large
 //! bodies on a blocking thread (see `rest::decode_body`).
 
@@ -109,10 +112,26 @@ pub fn decode(format: Format, body: &[u8], limits: Limits) -> Result<Value, Deco
         return Err(DecodeError::Empty);
     }
     let v: Value = match format {
-        Format::Json => {
-            scan_json(text.as_bytes(), limits.max_depth)?;
-            serde_json::from_str(text).map_err(|e| syntax(format, e))?
-        }
+        // serde_json bounds nesting itself (128 levels), so the document is parsed
+        // first and its depth checked on the value, which is cheaper than a second
+        // pass over the bytes; only a refused document is scanned, for the position.
+        Format::Json => match serde_json::from_str::<Value>(text) {
+            Ok(v) if !deeper_than(&v, limits.max_depth) => v,
+            Ok(_) => {
+                scan_json(text.as_bytes(), limits.max_depth)?;
+                // Not reached: on valid JSON the scan counts the value's nesting.
+                return Err(DecodeError::TooDeep {
+                    format: format.name(),
+                    limit: limits.max_depth,
+                    line: 0,
+                    column: 0,
+                });
+            }
+            Err(e) => {
+                scan_json(text.as_bytes(), limits.max_depth)?;
+                return Err(syntax(format, e));
+            }
+        },
         Format::Yaml => {
             scan_yaml(text, limits)?;
             serde_norway::from_str(text).map_err(|e| syntax(format, e))?
@@ -141,6 +160,15 @@ fn syntax(format: Format, e: impl std::fmt::Display) -> DecodeError {
     DecodeError::Syntax {
         format: format.name(),
         message: e.to_string(),
+    }
+}
+
+/// Whether `v` holds a sequence or mapping nested more than `limit` levels deep.
+fn deeper_than(v: &Value, limit: usize) -> bool {
+    match v {
+        Value::Array(a) => limit == 0 || a.iter().any(|x| deeper_than(x, limit - 1)),
+        Value::Object(o) => limit == 0 || o.values().any(|x| deeper_than(x, limit - 1)),
+        _ => false,
     }
 }
 
@@ -427,6 +455,23 @@ mod tests {
         // Closing brackets in strings do not hide depth.
         let s = format!("[{}]", "\"]]]\",[".repeat(100));
         assert!(scan_json(s.as_bytes(), 64).is_err());
+        // `decode` checks the parsed value, and names the position when it refuses,
+        // past serde_json's own limit (128) too.
+        let wrap = |n| format!("{{\"a\": {}}}", nested("[", "]", n));
+        assert!(decode(Format::Json, wrap(63).as_bytes(), L).is_ok());
+        for n in [64, 127, 200, 100_000] {
+            let e = decode(Format::Json, wrap(n).as_bytes(), L).unwrap_err();
+            assert_eq!(
+                e,
+                DecodeError::TooDeep {
+                    format: "JSON",
+                    limit: 64,
+                    line: 1,
+                    column: 70
+                },
+                "{n} levels"
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! Input: the selector, then optionally `\n` and `key=value` label lines.
 #![no_main]
 
-use bootplane::api::selector::Selector;
+use bootplane::api::selector::{split_top, Selector};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 
@@ -25,22 +25,9 @@ fuzz_target!(|data: &[u8]| {
     if s.is_empty() {
         assert!(m && s.matches(None));
     }
-    // Split at top-level commas (outside parentheses) like the parser; each part is a
-    // selector of its own.
-    let mut parts = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
-    for (i, c) in sel.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                parts.push(&sel[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&sel[start..]);
+    // Split at top-level commas (outside parentheses) as the parser does; each part is
+    // a selector of its own.
+    let parts = split_top(sel);
     let mut all = true;
     for p in parts {
         let ps = Selector::parse(p).expect("a part of a valid selector parses");

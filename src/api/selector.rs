@@ -128,8 +128,9 @@ fn set(s: &str) -> Result<Vec<String>, String> {
         .collect())
 }
 
-/// Split on commas that are not inside parentheses.
-fn split_top(s: &str) -> Vec<&str> {
+/// Split a selector's string form into its requirements: on commas that are not
+/// inside parentheses (`a in (x,y),b` is two). [`Selector::parse`] parses each part.
+pub fn split_top(s: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let (mut depth, mut start) = (0, 0);
     for (i, c) in s.char_indices() {
