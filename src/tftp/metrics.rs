@@ -236,6 +236,7 @@ mod tests {
             ("README.md", include_str!("../../README.md")),
             ("ARCHITECTURE.md", include_str!("../../ARCHITECTURE.md")),
             ("docs/tftp.md", include_str!("../../docs/tftp.md")),
+            ("docs/dhcp.md", include_str!("../../docs/dhcp.md")),
             ("docs/http-boot.md", include_str!("../../docs/http-boot.md")),
         ];
         let mut checked = 0;
