@@ -7,7 +7,7 @@
 //! Input: the selector, then optionally `\n` and `key=value` label lines.
 #![no_main]
 
-use bootplane::api::selector::Selector;
+use bootplane::model::selector::Selector;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 

@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{set_condition, BootResolver};
-use crate::api::resource::ResourceType;
+use crate::model::registry::ResourceType;
 use crate::http::catalog::{Catalog, FileHasher};
 use crate::http::index::MemoryIndex;
 use crate::http::{

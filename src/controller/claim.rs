@@ -19,7 +19,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::{claim_ref, claimable_view, is_claimable, Controllers, Key, Next, CLAIM_FINALIZER};
-use crate::api::selector::Selector;
+use crate::model::selector::Selector;
 use crate::store::{meta, Part, StoreError};
 
 fn tolerates(claim: &Value, server: &Value) -> bool {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::api::resource::ResourceType;
+use crate::model::registry::ResourceType;
 use crate::power::PowerDriver;
 use crate::shutdown::Shutdown;
 use crate::store::{meta, Store, StoreError};

@@ -44,7 +44,7 @@ use serde_json::{json, Value};
 
 use super::queue::WorkQueue;
 use super::{controller_ref, finish, set_condition, watch_loop, Key, Next};
-use crate::api::resource::ResourceType;
+use crate::model::registry::ResourceType;
 use crate::nfs::{Access, ClientMatch, ExportBackend, ExportRule, NfsError, Protocol};
 use crate::provision::{JobError, JobRunner, JobState, NfsSource, ProvisionRequest};
 use crate::shutdown::Shutdown;

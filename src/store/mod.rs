@@ -21,10 +21,10 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::api::labels;
-use crate::api::resource::{Registry, ResourceType};
-use crate::api::schema::{FieldError, Reason};
-use crate::api::selector::Selector;
+use crate::model::labels;
+use crate::model::registry::{Registry, ResourceType};
+use crate::model::schema::{FieldError, Reason};
+use crate::model::selector::Selector;
 use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
 
 /// Errors callers branch on; each maps to one HTTP status (see `api::status`).
