@@ -243,7 +243,7 @@ pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
     f.hostname = f.labels.get(HOSTNAME_LABEL).cloned();
     for nic in super::server::nics(s) {
         if let Some(m) = nic.mac {
-            f.macs.push(crate::http::ident::MacFmt(&m).to_string());
+            f.macs.push(crate::model::ident::MacFmt(&m).to_string());
         }
         for a in nic.ips {
             let a = a.to_string();
@@ -315,9 +315,7 @@ fn translate_secret(ns: &str, name: &str, secret: &Value) -> Result<Value, (Stri
 }
 
 fn valid_uuid(s: &str) -> Option<String> {
-    uuid::Uuid::parse_str(s)
-        .ok()
-        .map(|u| u.hyphenated().to_string())
+    crate::model::ident::parse_uuid(s).ok()
 }
 
 /// Boot-progress status writes issued together.
@@ -762,7 +760,7 @@ mod tests {
 
     #[test]
     fn macs_and_uuids() {
-        let parse_mac = |m| crate::http::ident::parse_mac(m).ok();
+        let parse_mac = |m| crate::model::ident::parse_mac(m).ok();
         assert_eq!(
             parse_mac("52:54:00:AB:cd:01"),
             Some([0x52, 0x54, 0, 0xab, 0xcd, 1])

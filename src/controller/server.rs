@@ -38,7 +38,7 @@ pub fn nics(server: &Value) -> Vec<Nic> {
             mac: nic
                 .get("macAddress")
                 .and_then(Value::as_str)
-                .and_then(|m| crate::http::ident::parse_mac(m.trim()).ok()),
+                .and_then(|m| crate::model::ident::parse_mac(m.trim()).ok()),
             ips: nic
                 .get("ips")
                 .and_then(Value::as_array)

@@ -29,7 +29,8 @@ use futures::FutureExt as _;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::settings::{Mac, Reservation, Subnet};
+use super::settings::{Reservation, Subnet};
+use crate::model::ident::{Mac, MacFmt};
 use crate::shutdown::Shutdown;
 use crate::store::{meta, Store, StoreError};
 
@@ -73,7 +74,7 @@ pub fn merge(
     for (server, list) in servers {
         for r in list {
             if macs.contains(&r.mac) || ips.contains(&r.ip) {
-                tracing::warn!(server, ip = %r.ip, mac = %super::settings::fmt_mac(&r.mac),
+                tracing::warn!(server, ip = %r.ip, mac = %MacFmt(&r.mac),
                     "dhcp reservation conflicts with an earlier one; ignored");
                 continue;
             }

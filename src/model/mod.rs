@@ -6,6 +6,7 @@
 //! Imports nothing of the crate but itself: `store`, the protocol servers, the
 //! controllers and the REST API all build on it.
 
+pub mod ident;
 pub mod labels;
 pub mod registry;
 pub mod schema;
