@@ -27,11 +27,12 @@ use axum::routing::{any, get};
 use axum::Router;
 use serde_json::{json, Value};
 
+use crate::decode::{self as body, DecodeError, Format};
+use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::model::selector::Selector;
-use crate::decode::{self as body, DecodeError, Format};
 use crate::store::kv::Rev;
-use crate::store::{meta, Part, Store, StoreError};
+use crate::store::{Part, Store, StoreError};
 
 /// What the API handlers share.
 pub struct ApiState {

@@ -15,7 +15,6 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{set_condition, BootResolver};
-use crate::model::registry::ResourceType;
 use crate::http::catalog::{Catalog, FileHasher};
 use crate::http::index::MemoryIndex;
 use crate::http::{
@@ -23,8 +22,10 @@ use crate::http::{
 };
 use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
 use crate::ignition::{MachineFacts, RenderCache, RenderKey};
+use crate::model::meta;
+use crate::model::registry::ResourceType;
 use crate::shutdown::Shutdown;
-use crate::store::{meta, secret_data, Store, StoreError};
+use crate::store::{secret_data, Store, StoreError};
 
 /// Resolves a boot configuration's image against the catalog (every file present with
 /// its SHA-256) and renders the machine's Ignition: the operator template picked by

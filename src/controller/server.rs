@@ -15,8 +15,9 @@ use std::net::IpAddr;
 use serde_json::{json, Value};
 
 use super::{claim_ref, set_condition, Controllers, Next};
+use crate::model::meta;
 use crate::power::{Outcome, Power};
-use crate::store::{meta, Part, StoreError};
+use crate::store::{Part, StoreError};
 
 /// One entry of a Server's `status.networkInterfaces`: its MAC (when present and
 /// well-formed) and its addresses (`ips[]`, then the deprecated `ip`), in order.

@@ -31,8 +31,9 @@ use tokio::sync::watch;
 
 use super::settings::{Reservation, Subnet};
 use crate::model::ident::{Mac, MacFmt};
+use crate::model::meta;
 use crate::shutdown::Shutdown;
-use crate::store::{meta, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// The reservations one Server object asks for (see the module doc for the fields).
 pub fn from_server(obj: &Value, subnets: &[Subnet]) -> Vec<Reservation> {

@@ -8,6 +8,7 @@
 
 pub mod ident;
 pub mod labels;
+pub mod meta;
 pub mod registry;
 pub mod schema;
 pub mod selector;

@@ -146,7 +146,7 @@ pub struct VmSpec {
 
 /// Read the VM description off a Server object.
 pub fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmSpec> {
-    let name = crate::store::meta::name(server).to_string();
+    let name = crate::model::meta::name(server).to_string();
     if name.is_empty() || name.contains('/') || name.starts_with('.') {
         bail!("server name {name:?} cannot name a VM directory");
     }
