@@ -24,6 +24,7 @@ use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
 use crate::ignition::{MachineFacts, RenderCache, RenderKey};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
+use crate::model::views::nics;
 use crate::shutdown::Shutdown;
 use crate::store::{secret_data, Store, StoreError};
 
@@ -242,7 +243,7 @@ pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
         .map(|u| valid_uuid(u).unwrap_or_else(|| u.to_string()));
     f.labels = labels(s);
     f.hostname = f.labels.get(HOSTNAME_LABEL).cloned();
-    for nic in super::server::nics(s) {
+    for nic in nics(s) {
         if let Some(m) = nic.mac {
             f.macs.push(crate::model::ident::MacFmt(&m).to_string());
         }
@@ -441,7 +442,7 @@ impl StoreBootIndex {
     fn index(&self, server: &str, s: &Value) {
         let mut ips: Vec<IpAddr> = Vec::new();
         let mut macs = Vec::new();
-        for nic in super::server::nics(s) {
+        for nic in nics(s) {
             macs.extend(nic.mac);
             ips.extend(nic.ips);
         }

@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use super::settings::{Reservation, Subnet};
 use crate::model::ident::{Mac, MacFmt};
 use crate::model::meta;
+use crate::model::views::nics;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreError};
 
@@ -39,7 +40,7 @@ use crate::store::{Store, StoreError};
 pub fn from_server(obj: &Value, subnets: &[Subnet]) -> Vec<Reservation> {
     let name = meta::name(obj);
     let mut out = Vec::new();
-    for nic in crate::controller::server::nics(obj) {
+    for nic in nics(obj) {
         let Some(mac) = nic.mac else {
             continue;
         };

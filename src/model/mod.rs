@@ -12,3 +12,4 @@ pub mod meta;
 pub mod registry;
 pub mod schema;
 pub mod selector;
+pub mod views;
