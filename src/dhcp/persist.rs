@@ -231,7 +231,7 @@ mod tests {
     }
 
     #[test]
-    fn records_match_fmt_mac_and_read_back() {
+    fn records_match_mac_fmt_and_read_back() {
         let mut l = lease(7, 0xab, 99);
         l.mac = [0x00, 0x0c, 0xf1, 0x10, 0x9a, 0xff];
         let mut text = String::new();
