@@ -1,11 +1,11 @@
-//! Property tests of label selectors (`api::selector::Selector`): a selector written
+//! Property tests of label selectors (`model::selector::Selector`): a selector written
 //! from a model (equality, inequality, set membership, existence) parses, and matches
 //! exactly the label sets the model says it matches. There is no printer in the crate,
 //! so the string form is written here, as `kubectl -l` users write it.
 
 use std::collections::BTreeMap;
 
-use bootplane::api::selector::Selector;
+use bootplane::model::selector::Selector;
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 

@@ -10,7 +10,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bootplane::api::resource::Registry;
+use bootplane::model::registry::Registry;
 use bootplane::store::Store;
 use serde_json::json;
 

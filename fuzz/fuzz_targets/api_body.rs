@@ -7,10 +7,10 @@
 //! bug.
 #![no_main]
 
-use bootplane::api::resource::Registry;
+use bootplane::model::registry::Registry;
 use bootplane::api::rest::body_format;
 use bootplane::decode::{decode, Limits};
-use bootplane::api::selector::Selector;
+use bootplane::model::selector::Selector;
 use bootplane::store::merge_patch;
 use http::{header, HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;

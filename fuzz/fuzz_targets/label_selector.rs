@@ -7,7 +7,7 @@
 //! Input: the selector, then optionally `\n` and `key=value` label lines.
 #![no_main]
 
-use bootplane::api::selector::{split_top, Selector};
+use bootplane::model::selector::{split_top, Selector};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 

@@ -1,8 +1,4 @@
-//! Resource types (registry, schema validation, selectors) and the kube-style REST
-//! API served on the operator listener.
+//! The kube-style REST API served on the operator listener. The resource types it
+//! serves (registry, schema validation, selectors) are in [`crate::model`].
 
-pub mod labels;
-pub mod resource;
 pub mod rest;
-pub mod schema;
-pub mod selector;

@@ -27,11 +27,12 @@ use axum::routing::{any, get};
 use axum::Router;
 use serde_json::{json, Value};
 
-use crate::api::resource::ResourceType;
-use crate::api::selector::Selector;
 use crate::decode::{self as body, DecodeError, Format};
+use crate::model::meta;
+use crate::model::registry::ResourceType;
+use crate::model::selector::Selector;
 use crate::store::kv::Rev;
-use crate::store::{meta, Part, Store, StoreError};
+use crate::store::{Part, Store, StoreError};
 
 /// What the API handlers share.
 pub struct ApiState {
@@ -744,7 +745,7 @@ fn line(kind: &str, obj: &Value) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::resource::Registry;
+    use crate::model::registry::Registry;
 
     #[test]
     fn text_bodies_are_the_bytes_of_the_json_forms() {

@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::Value;
 
-use crate::api::resource::{Registry, ResourceType};
+use crate::model::registry::{Registry, ResourceType};
 
 #[derive(Debug, Args, Clone)]
 pub struct Conn {

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::api::resource::ResourceType;
+use crate::model::registry::ResourceType;
 
 pub struct Table {
     headers: Vec<String>,

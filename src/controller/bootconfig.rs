@@ -4,7 +4,8 @@
 use serde_json::json;
 
 use super::{set_condition, Controllers, Key, Next};
-use crate::store::{meta, StoreError};
+use crate::model::meta;
+use crate::store::StoreError;
 
 pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     let (ns, name) = key;

@@ -15,7 +15,6 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{set_condition, BootResolver};
-use crate::api::resource::ResourceType;
 use crate::http::catalog::{Catalog, FileHasher};
 use crate::http::index::MemoryIndex;
 use crate::http::{
@@ -23,8 +22,11 @@ use crate::http::{
 };
 use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
 use crate::ignition::{MachineFacts, RenderCache, RenderKey};
+use crate::model::meta;
+use crate::model::registry::ResourceType;
+use crate::model::views::nics;
 use crate::shutdown::Shutdown;
-use crate::store::{meta, secret_data, Store, StoreError};
+use crate::store::{secret_data, Store, StoreError};
 
 /// Resolves a boot configuration's image against the catalog (every file present with
 /// its SHA-256) and renders the machine's Ignition: the operator template picked by
@@ -241,9 +243,9 @@ pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
         .map(|u| valid_uuid(u).unwrap_or_else(|| u.to_string()));
     f.labels = labels(s);
     f.hostname = f.labels.get(HOSTNAME_LABEL).cloned();
-    for nic in super::server::nics(s) {
+    for nic in nics(s) {
         if let Some(m) = nic.mac {
-            f.macs.push(crate::http::ident::MacFmt(&m).to_string());
+            f.macs.push(crate::model::ident::MacFmt(&m).to_string());
         }
         for a in nic.ips {
             let a = a.to_string();
@@ -315,9 +317,7 @@ fn translate_secret(ns: &str, name: &str, secret: &Value) -> Result<Value, (Stri
 }
 
 fn valid_uuid(s: &str) -> Option<String> {
-    uuid::Uuid::parse_str(s)
-        .ok()
-        .map(|u| u.hyphenated().to_string())
+    crate::model::ident::parse_uuid(s).ok()
 }
 
 /// Boot-progress status writes issued together.
@@ -442,7 +442,7 @@ impl StoreBootIndex {
     fn index(&self, server: &str, s: &Value) {
         let mut ips: Vec<IpAddr> = Vec::new();
         let mut macs = Vec::new();
-        for nic in super::server::nics(s) {
+        for nic in nics(s) {
             macs.extend(nic.mac);
             ips.extend(nic.ips);
         }
@@ -762,7 +762,7 @@ mod tests {
 
     #[test]
     fn macs_and_uuids() {
-        let parse_mac = |m| crate::http::ident::parse_mac(m).ok();
+        let parse_mac = |m| crate::model::ident::parse_mac(m).ok();
         assert_eq!(
             parse_mac("52:54:00:AB:cd:01"),
             Some([0x52, 0x54, 0, 0xab, 0xcd, 1])

@@ -19,8 +19,9 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::{claim_ref, claimable_view, is_claimable, Controllers, Key, Next, CLAIM_FINALIZER};
-use crate::api::selector::Selector;
-use crate::store::{meta, Part, StoreError};
+use crate::model::meta;
+use crate::model::selector::Selector;
+use crate::store::{Part, StoreError};
 
 fn tolerates(claim: &Value, server: &Value) -> bool {
     let taints = server.pointer("/spec/taints").and_then(Value::as_array);

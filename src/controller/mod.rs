@@ -21,10 +21,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::api::resource::ResourceType;
+use crate::model::meta;
+use crate::model::registry::ResourceType;
 use crate::power::PowerDriver;
 use crate::shutdown::Shutdown;
-use crate::store::{meta, Store, StoreError};
+use crate::store::{Store, StoreError};
 use queue::WorkQueue;
 
 /// `(namespace, name)`.

@@ -44,11 +44,12 @@ use serde_json::{json, Value};
 
 use super::queue::WorkQueue;
 use super::{controller_ref, finish, set_condition, watch_loop, Key, Next};
-use crate::api::resource::ResourceType;
+use crate::model::meta;
+use crate::model::registry::ResourceType;
 use crate::nfs::{Access, ClientMatch, ExportBackend, ExportRule, NfsError, Protocol};
 use crate::provision::{JobError, JobRunner, JobState, NfsSource, ProvisionRequest};
 use crate::shutdown::Shutdown;
-use crate::store::{meta, Part, Store, StoreError};
+use crate::store::{Part, Store, StoreError};
 
 /// API group of the flow's resources.
 pub const GROUP: &str = "provisioning.bootplane.dev";

@@ -10,47 +10,12 @@
 //! - `Reserved` without a claim (claim deleted), or whose claim no longer exists →
 //!   power off, then `Available` (reclaimPolicy `Recycle`) or `Released` (`Retain`).
 
-use std::net::IpAddr;
-
 use serde_json::{json, Value};
 
 use super::{claim_ref, set_condition, Controllers, Next};
+use crate::model::meta;
 use crate::power::{Outcome, Power};
-use crate::store::{meta, Part, StoreError};
-
-/// One entry of a Server's `status.networkInterfaces`: its MAC (when present and
-/// well-formed) and its addresses (`ips[]`, then the deprecated `ip`), in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Nic {
-    pub mac: Option<[u8; 6]>,
-    pub ips: Vec<IpAddr>,
-}
-
-/// The network interfaces a Server object reports. Every reader of a Server's MACs
-/// and addresses (boot index, Ignition facts, DHCP reservations) goes through this.
-pub fn nics(server: &Value) -> Vec<Nic> {
-    server
-        .pointer("/status/networkInterfaces")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|nic| Nic {
-            mac: nic
-                .get("macAddress")
-                .and_then(Value::as_str)
-                .and_then(|m| crate::http::ident::parse_mac(m.trim()).ok()),
-            ips: nic
-                .get("ips")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .chain(nic.get("ip"))
-                .filter_map(Value::as_str)
-                .filter_map(|a| a.parse().ok())
-                .collect(),
-        })
-        .collect()
-}
+use crate::store::{Part, StoreError};
 
 pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreError> {
     let s = match c.store.get(&c.t_server, None, name) {

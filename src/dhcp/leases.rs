@@ -8,7 +8,8 @@ use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
 
-use super::settings::{fmt_mac, Mac, Reservation, Subnet};
+use super::settings::{Reservation, Subnet};
+use crate::model::ident::{Mac, MacFmt};
 
 /// Lifecycle of an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -37,7 +38,7 @@ pub struct Lease {
 }
 
 fn ser_mac<S: serde::Serializer>(m: &Mac, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&fmt_mac(m))
+    s.collect_str(&MacFmt(m))
 }
 
 impl Lease {

@@ -46,11 +46,12 @@ use tokio::net::UdpSocket;
 pub use self::core::{ClientInfo, Meta, Outcome, Reply, ReplyKind, Server};
 pub use self::leases::{Lease, LeaseIndex, LeaseState};
 pub use self::metrics::{DropReason, Metrics};
-pub use self::settings::{DhcpSettings, Mac, Reservation};
+pub use self::settings::{DhcpSettings, Reservation};
 
 use self::core::{PXE_PORT, SERVER_PORT};
 use self::persist::LeaseLog;
 use crate::config::DhcpMode;
+use crate::model::ident::Mac;
 use crate::serve::Context;
 use crate::shutdown::Shutdown;
 

@@ -19,8 +19,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::leases::{Change, Lease, LeaseState};
-use super::settings::parse_mac;
-use crate::http::ident::MacFmt;
+use crate::model::ident::{parse_mac, MacFmt};
 
 pub struct LeaseLog {
     file: File,
@@ -232,15 +231,12 @@ mod tests {
     }
 
     #[test]
-    fn records_match_fmt_mac_and_read_back() {
+    fn records_match_mac_fmt_and_read_back() {
         let mut l = lease(7, 0xab, 99);
         l.mac = [0x00, 0x0c, 0xf1, 0x10, 0x9a, 0xff];
         let mut text = String::new();
         encode(&Change::Put(l.clone()), &mut text);
-        let want = format!(
-            "P 10.0.0.7 {} 99 B hx\n",
-            crate::dhcp::settings::fmt_mac(&l.mac)
-        );
+        let want = format!("P 10.0.0.7 {} 99 B hx\n", MacFmt(&l.mac));
         assert_eq!(text, want);
         l.hostname = Some("hx".into());
         assert_eq!(decode(text.trim_end()), Some(Change::Put(l)));

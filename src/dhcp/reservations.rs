@@ -29,15 +29,18 @@ use futures::FutureExt as _;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::settings::{Mac, Reservation, Subnet};
+use super::settings::{Reservation, Subnet};
+use crate::model::ident::{Mac, MacFmt};
+use crate::model::meta;
+use crate::model::views::nics;
 use crate::shutdown::Shutdown;
-use crate::store::{meta, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// The reservations one Server object asks for (see the module doc for the fields).
 pub fn from_server(obj: &Value, subnets: &[Subnet]) -> Vec<Reservation> {
     let name = meta::name(obj);
     let mut out = Vec::new();
-    for nic in crate::controller::server::nics(obj) {
+    for nic in nics(obj) {
         let Some(mac) = nic.mac else {
             continue;
         };
@@ -73,7 +76,7 @@ pub fn merge(
     for (server, list) in servers {
         for r in list {
             if macs.contains(&r.mac) || ips.contains(&r.ip) {
-                tracing::warn!(server, ip = %r.ip, mac = %super::settings::fmt_mac(&r.mac),
+                tracing::warn!(server, ip = %r.ip, mac = %MacFmt(&r.mac),
                     "dhcp reservation conflicts with an earlier one; ignored");
                 continue;
             }

@@ -40,9 +40,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::config::{Config, DhcpMode};
-
-/// A MAC address (Ethernet, 6 bytes).
-pub type Mac = [u8; 6];
+use crate::model::ident::{self, Mac};
 
 #[derive(Debug, Error)]
 pub enum SettingsError {
@@ -210,25 +208,6 @@ pub fn prefix_mask(len: u8) -> u32 {
     }
 }
 
-pub fn parse_mac(s: &str) -> Result<Mac, SettingsError> {
-    let parts: Vec<&str> = s.split([':', '-']).collect();
-    if parts.len() != 6 {
-        return Err(invalid(format!(
-            "bad mac address {s:?} (expected aa:bb:cc:dd:ee:ff)"
-        )));
-    }
-    let mut mac = [0u8; 6];
-    for (i, p) in parts.iter().enumerate() {
-        mac[i] =
-            u8::from_str_radix(p, 16).map_err(|_| invalid(format!("bad mac address {s:?}")))?;
-    }
-    Ok(mac)
-}
-
-pub fn fmt_mac(m: &Mac) -> String {
-    crate::http::ident::MacFmt(m).to_string()
-}
-
 /// `A-B` (inclusive) or a single address.
 pub fn parse_range(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), SettingsError> {
     let (a, b) = match s.split_once('-') {
@@ -361,7 +340,12 @@ impl DhcpSettings {
         let mut reservations = Vec::new();
         for r in &raw.reservations {
             reservations.push(Reservation {
-                mac: parse_mac(&r.mac)?,
+                mac: ident::parse_mac(&r.mac).map_err(|_| {
+                    invalid(format!(
+                        "bad mac address {:?} (expected aa:bb:cc:dd:ee:ff)",
+                        r.mac
+                    ))
+                })?,
                 ip: r.ip,
                 hostname: r.hostname.clone(),
             });

@@ -14,11 +14,11 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
 use super::files::{self, Conditions, FileBody, FileIo, Plan, Root, StreamBudget};
-use super::ident::{parse_mac, parse_uuid, MacFmt};
 use super::metrics::RouteLabels;
 use super::token::{unix_now, Purpose, TokenSigner};
 use super::{BootEvent, BootIndex, BootState, MachineBoot, MachineId, Metrics};
 use crate::ipxe::{DefaultAction, MachineScript, Renderer};
+use crate::model::ident::{parse_mac, parse_uuid, MacFmt};
 
 /// Where iPXE binaries come from when the assets directory lacks them.
 pub const IPXE_SYSTEM_DIR: &str = "/usr/lib/ipxe";

@@ -28,7 +28,6 @@ pub mod catalog;
 pub mod conn;
 pub mod files;
 pub mod handler;
-pub mod ident;
 pub mod index;
 pub mod metrics;
 pub mod preview;
@@ -40,9 +39,21 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::model::ident::Mac;
+
 pub use handler::BootHttp;
-pub use ident::MachineId;
 pub use metrics::Metrics;
+
+/// A key into the [`BootIndex`]: what a request says about the machine asking.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum MachineId {
+    /// Lowercase hyphenated UUID ([`crate::model::ident::parse_uuid`]).
+    Uuid(String),
+    Mac(Mac),
+    Ip(IpAddr),
+    /// The Server's name (Ignition URLs and signed script URLs carry it).
+    Server(String),
+}
 
 /// Where a machine's boot configuration stands, as the boot listener needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +97,7 @@ pub struct MachineBoot {
     /// Registered addresses: the only sources allowed to fetch script and Ignition
     /// without a token.
     pub ips: Vec<IpAddr>,
-    pub macs: Vec<[u8; 6]>,
+    pub macs: Vec<Mac>,
     pub state: BootState,
     /// Which boot of the server this entry describes: the ServerBootConfiguration's UID
     /// and generation (`<uid>/<generation>`), empty when none is bound. Signed tokens are

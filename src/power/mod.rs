@@ -58,7 +58,7 @@ impl PowerDriver for Manual {
         "manual"
     }
     fn set_power(&self, server: &Value, want: Power) -> anyhow::Result<Outcome> {
-        let name = crate::store::meta::name(server);
+        let name = crate::model::meta::name(server);
         tracing::info!(server = name, power = want.as_str(), "manual power driver: please set the power state and confirm with `bootplane power confirm {name} {}`", want.as_str());
         Ok(Outcome::Pending(format!(
             "waiting for an operator to power the server {} and confirm status.powerState",

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Outcome, Power, PowerDriver};
+use crate::model::ident;
 
 /// Annotation (or label) on a Server choosing its firmware.
 pub const FIRMWARE_KEY: &str = "bootplane.dev/qemu-firmware";
@@ -145,7 +146,7 @@ pub struct VmSpec {
 
 /// Read the VM description off a Server object.
 pub fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmSpec> {
-    let name = crate::store::meta::name(server).to_string();
+    let name = crate::model::meta::name(server).to_string();
     if name.is_empty() || name.contains('/') || name.starts_with('.') {
         bail!("server name {name:?} cannot name a VM directory");
     }
@@ -157,8 +158,8 @@ pub fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmS
         .find_map(|n| n.get("macAddress").and_then(Value::as_str))
         .with_context(|| format!("server {name} has no status.networkInterfaces[].macAddress"))?;
     // The boot side's MAC syntax (`:`/`-` separated or 12 hex digits), in QEMU's form.
-    let mac = match crate::http::ident::parse_mac(mac.trim()) {
-        Ok(m) => crate::http::ident::MacFmt(&m).to_string(),
+    let mac = match ident::parse_mac(mac.trim()) {
+        Ok(m) => ident::MacFmt(&m).to_string(),
         Err(_) => bail!("server {name} has a malformed MAC {mac:?}"),
     };
     let fw = ["annotations", "labels"]
@@ -174,8 +175,7 @@ pub fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmS
     let uuid = server
         .pointer("/spec/systemUUID")
         .and_then(Value::as_str)
-        .filter(|u| uuid::Uuid::parse_str(u).is_ok())
-        .map(str::to_ascii_lowercase);
+        .and_then(|u| ident::parse_uuid(u).ok());
     let h = name.bytes().fold(0x811c9dc5u32, |h, b| {
         (h ^ b as u32).wrapping_mul(0x01000193)
     });

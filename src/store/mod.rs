@@ -21,10 +21,11 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::api::labels;
-use crate::api::resource::{Registry, ResourceType};
-use crate::api::schema::{FieldError, Reason};
-use crate::api::selector::Selector;
+use crate::model::labels;
+use crate::model::meta;
+use crate::model::registry::{Registry, ResourceType};
+use crate::model::schema::{FieldError, Reason};
+use crate::model::selector::Selector;
 use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
 
 /// Errors callers branch on; each maps to one HTTP status (see `api::status`).
@@ -176,57 +177,6 @@ fn map_write(rt: &ResourceType, name: &str, e: KvError) -> StoreError {
 /// The current time as the RFC 3339 string (seconds, `Z`) used in metadata and status.
 pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-/// Accessors for `metadata` fields of a JSON object.
-pub mod meta {
-    use serde_json::Value;
-
-    pub fn name(o: &Value) -> &str {
-        o.pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-    }
-    pub fn namespace(o: &Value) -> Option<&str> {
-        o.pointer("/metadata/namespace").and_then(Value::as_str)
-    }
-    pub fn uid(o: &Value) -> &str {
-        o.pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-    }
-    pub fn resource_version(o: &Value) -> Option<u64> {
-        o.pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse().ok())
-    }
-    pub fn finalizers(o: &Value) -> Vec<String> {
-        o.pointer("/metadata/finalizers")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|f| f.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-    pub fn is_deleting(o: &Value) -> bool {
-        o.pointer("/metadata/deletionTimestamp")
-            .is_some_and(|v| !v.is_null())
-    }
-    pub fn labels(o: &Value) -> Option<&serde_json::Map<String, Value>> {
-        o.pointer("/metadata/labels").and_then(Value::as_object)
-    }
-    pub fn owner_uids(o: &Value) -> Vec<&str> {
-        o.pointer("/metadata/ownerReferences")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|r| r.get("uid").and_then(Value::as_str))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
 }
 
 /// The object store. Cheap to clone.

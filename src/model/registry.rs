@@ -1,6 +1,6 @@
 //! The registry of resource types the API serves: each type's group, version, kind,
 //! plural, scope, schema and printer columns. CRD-defined kinds are loaded from the
-//! CRD YAML embedded in the binary (`src/api/crds/`), so validation follows the CRDs
+//! CRD YAML embedded in the binary (`src/model/crds/`), so validation follows the CRDs
 //! exactly; core kinds (`v1 Secret`) are declared here.
 
 use std::sync::{Arc, OnceLock};

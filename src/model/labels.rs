@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::api::schema::{FieldError, Reason};
+use super::schema::{FieldError, Reason};
 
 /// Longest name part of a key, and longest label value.
 pub const MAX_NAME_LEN: usize = 63;

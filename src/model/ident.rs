@@ -1,21 +1,20 @@
-//! Machine identifiers as iPXE sends them: SMBIOS UUID (any case, hyphenated or not)
-//! and MAC (`aa-bb-cc-dd-ee-ff` from `${net0/mac:hexhyp}`, or colon separated from
-//! `${mac}`). Parsing is strict: anything else is a malformed request (400), never a
-//! lookup with garbage.
+//! Machine identities, with the one grammar every reader uses: the HTTP boot listener
+//! (what iPXE sends), the DHCP settings and lease file, Server objects
+//! (`status.networkInterfaces[].macAddress`, `spec.systemUUID`) and the power driver.
+//!
+//! - MAC: `aa-bb-cc-dd-ee-ff` (iPXE's `${net0/mac:hexhyp}`), `aa:bb:cc:dd:ee:ff`
+//!   (`${mac}`, the config file) or `aabbccddeeff`; two hex digits per octet, any case,
+//!   one separator throughout. Formatted as `aa:bb:cc:dd:ee:ff` ([`MacFmt`]).
+//! - UUID (SMBIOS): any case, hyphenated or not (or braced/`urn:uuid:`), normalised
+//!   to lowercase hyphenated.
+//!
+//! Parsing is strict: anything else is an error (a 400 at the boot listener, a config
+//! error, an interface or UUID ignored), never a lookup with garbage.
 
 use std::fmt;
-use std::net::IpAddr;
 
-/// A key into the [`super::BootIndex`].
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum MachineId {
-    /// Lowercase hyphenated UUID.
-    Uuid(String),
-    Mac([u8; 6]),
-    Ip(IpAddr),
-    /// The Server's name (Ignition URLs and signed script URLs carry it).
-    Server(String),
-}
+/// A MAC address (Ethernet, 6 bytes).
+pub type Mac = [u8; 6];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
@@ -34,7 +33,7 @@ pub fn parse_uuid(s: &str) -> Result<String, IdError> {
 }
 
 /// Parse `aa-bb-cc-dd-ee-ff`, `aa:bb:cc:dd:ee:ff` or `aabbccddeeff`.
-pub fn parse_mac(s: &str) -> Result<[u8; 6], IdError> {
+pub fn parse_mac(s: &str) -> Result<Mac, IdError> {
     let err = || IdError::Mac(s.chars().take(64).collect());
     let hex: String = if s.len() == 17 {
         let sep = s.as_bytes()[2];
@@ -60,7 +59,7 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], IdError> {
 }
 
 /// Format as `aa:bb:cc:dd:ee:ff`.
-pub struct MacFmt<'a>(pub &'a [u8; 6]);
+pub struct MacFmt<'a>(pub &'a Mac);
 
 impl fmt::Display for MacFmt<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -110,5 +109,27 @@ mod tests {
             assert!(parse_mac(bad).is_err(), "{bad}");
         }
         assert_eq!(MacFmt(&want).to_string(), "52:54:00:ab:cd:ef");
+    }
+
+    /// The DHCP settings used to have a laxer grammar of their own (any mix of `:`
+    /// and `-`, one or two digits per octet, a leading `+`); no config, test or lease
+    /// file used it, and the boot side never accepted it.
+    #[test]
+    fn no_lax_forms() {
+        for bad in [
+            "52:54:0:ab:cd:ef",
+            "2:0:0:0:0:1",
+            "52:54-00:ab-cd:ef",
+            "+2:54:00:ab:cd:ef",
+            "52:54:00:ab:cd:ef ",
+            " 525400abcdef",
+            "52:54:00:ab:cd:ef:01",
+            "525400abcdef01",
+        ] {
+            assert!(parse_mac(bad).is_err(), "{bad}");
+        }
+        // What the DHCP settings and the lease file accepted and wrote stays valid.
+        let m = parse_mac("52:54:00:12:34:56").unwrap();
+        assert_eq!(parse_mac(&MacFmt(&m).to_string()).unwrap(), m);
     }
 }

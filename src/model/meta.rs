@@ -1,0 +1,77 @@
+//! Accessors for the `metadata` fields of a JSON object (name, namespace, uid,
+//! resourceVersion, finalizers, deletion, labels, owners). Absent or mistyped fields
+//! read as empty, never as an error.
+
+use serde_json::Value;
+
+pub fn name(o: &Value) -> &str {
+    o.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+pub fn namespace(o: &Value) -> Option<&str> {
+    o.pointer("/metadata/namespace").and_then(Value::as_str)
+}
+pub fn uid(o: &Value) -> &str {
+    o.pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+pub fn resource_version(o: &Value) -> Option<u64> {
+    o.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+}
+pub fn finalizers(o: &Value) -> Vec<String> {
+    o.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+pub fn is_deleting(o: &Value) -> bool {
+    o.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+pub fn labels(o: &Value) -> Option<&serde_json::Map<String, Value>> {
+    o.pointer("/metadata/labels").and_then(Value::as_object)
+}
+pub fn owner_uids(o: &Value) -> Vec<&str> {
+    o.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fields_and_defaults() {
+        let o = json!({"metadata": {
+            "name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "42",
+            "finalizers": ["f", 3], "deletionTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"k": "v"}, "ownerReferences": [{"uid": "o1"}, {"name": "x"}],
+        }});
+        assert_eq!((name(&o), namespace(&o), uid(&o)), ("a", Some("ns"), "u1"));
+        assert_eq!(resource_version(&o), Some(42));
+        assert_eq!(finalizers(&o), ["f"]);
+        assert!(is_deleting(&o));
+        assert_eq!(labels(&o).and_then(|l| l.get("k")), Some(&json!("v")));
+        assert_eq!(owner_uids(&o), ["o1"]);
+        let e = json!({"metadata": {"deletionTimestamp": null}});
+        assert_eq!((name(&e), namespace(&e), uid(&e)), ("", None, ""));
+        assert_eq!(resource_version(&e), None);
+        assert!(finalizers(&e).is_empty() && owner_uids(&e).is_empty());
+        assert!(!is_deleting(&e) && labels(&e).is_none());
+    }
+}
