@@ -211,8 +211,14 @@ fn readme_walkthrough_runs_as_written() {
 #[test]
 fn expect_lines_match_words_in_order() {
     let w = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-    assert!(matches("rack1-01   abc   <none>   On   Reserved   3s", &w("rack1-01 On Reserved")));
-    assert!(!matches("rack1-01   Reserved   On", &w("rack1-01 On Reserved")));
+    assert!(matches(
+        "rack1-01   abc   <none>   On   Reserved   3s",
+        &w("rack1-01 On Reserved")
+    ));
+    assert!(!matches(
+        "rack1-01   Reserved   On",
+        &w("rack1-01 On Reserved")
+    ));
     assert!(!matches("rack1-011   On   Reserved", &w("rack1-01 On")));
     let b = blocks("x\n```sh walkthrough\necho hi\n# expect: hi\n```\n```sh\nnot run\n```\n");
     assert_eq!(b.len(), 1);

@@ -314,7 +314,7 @@ fn plan(opts: &Options) -> PResult<Plan> {
     let expected = want.ok_or_else(|| {
         ProvisionError::Usage(format!(
             "no manifest for {} (give --manifest) and no --sha256 to verify against",
-            opts.source
+            source::shown(&opts.source)
         ))
     })?;
     let mut head = [0u8; 18];
