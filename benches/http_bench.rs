@@ -255,7 +255,7 @@ fn child(dir: PathBuf) {
             images_dir: None,
             ipxe_fallback_dir: None,
             file_io: io,
-            stream_budget_bytes: bootplane::config::HttpConfig::default().stream_budget_bytes,
+            stream_budget_bytes: bootplane::http::HttpConfig::default().stream_budget_bytes,
             sign_ignition_urls: true,
         };
         let metrics = Arc::new(Metrics::new());

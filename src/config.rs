@@ -1,8 +1,15 @@
 //! Configuration: one TOML file with documented defaults, overridden by flags and
 //! environment variables, validated into a [`Config`] before anything starts.
 //!
-//! Precedence (lowest to highest): built-in defaults → TOML file → env vars → flags.
-//! Flags and env vars are declared on the `serve` subcommand in `main.rs` (clap
+//! Each subsystem defines its own section type (with its defaults and checks) next to
+//! its code: [`ApiConfig`] in `api`, [`HttpConfig`] and [`BootConfig`] in `http`,
+//! [`DhcpConfig`] in `dhcp`, [`TftpConfig`] in `tftp`, [`ControllerConfig`] in
+//! `controller`, `NfsConfig`, `ProvisionConfig` and `PowerConfig` in theirs. This
+//! module only aggregates them (plus `state_dir` and `[log]`), applies the overrides
+//! and runs each section's `validate` and the checks that span sections.
+//!
+//! Precedence (lowest to highest): built-in defaults → TOML file → `--set` → env vars →
+//! flags. Flags and env vars are declared on the `serve` subcommand in `main.rs` (clap
 //! `env = ...`), so both arrive here as one [`Overrides`] value.
 
 use std::net::SocketAddr;
@@ -10,6 +17,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+
+use crate::api::ApiConfig;
+use crate::controller::ControllerConfig;
+use crate::dhcp::{DhcpConfig, DhcpMode};
+use crate::http::{BootConfig, HttpConfig};
+use crate::tftp::TftpConfig;
 
 /// The whole configuration. Every field has a default, so an empty file is valid.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -50,226 +63,7 @@ impl Default for Config {
     }
 }
 
-/// The operator-facing listener: REST API, `/metrics`, `/healthz`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ApiConfig {
-    pub listen: SocketAddr,
-    /// Bearer token. When absent, one is generated into `<state_dir>/api-token` (mode 0600).
-    pub token: Option<String>,
-    /// Maximum concurrent API connections. When reached, a new client still gets in:
-    /// the oldest idle connection of the source holding the most is closed for it.
-    pub max_connections: usize,
-    /// Connections one source (IPv4 address, IPv6 /64) may hold (at most
-    /// `max_connections`); beyond it its own oldest idle connection makes room, or
-    /// (none idle) the new one is refused.
-    pub max_connections_per_source: usize,
-    /// A request head must be complete within this long of its first byte.
-    pub header_read_timeout_ms: u64,
-    /// How long a connection may wait for a request's first byte, after the accept and
-    /// between keep-alive requests (a watch in progress is not idle).
-    pub idle_timeout_ms: u64,
-    /// A request body must be complete within this long of its head (408 after it).
-    pub body_read_timeout_ms: u64,
-    /// Maximum request body size in bytes (413 beyond it, before the body is read;
-    /// YAML aliases may not expand a body by more than this either).
-    pub max_body_bytes: usize,
-}
-
-impl Default for ApiConfig {
-    fn default() -> Self {
-        ApiConfig {
-            listen: "127.0.0.1:9090".parse().unwrap(),
-            token: None,
-            max_connections: 512,
-            max_connections_per_source: 128,
-            header_read_timeout_ms: 5_000,
-            idle_timeout_ms: 60_000,
-            body_read_timeout_ms: 30_000,
-            // Kubernetes' limit; a stored object is at most 1.5 MiB anyway.
-            max_body_bytes: 3 << 20,
-        }
-    }
-}
-
-/// The machine-facing HTTP boot listener.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct HttpConfig {
-    pub listen: SocketAddr,
-    /// URL machines use to reach this listener (e.g. `http://10.0.0.1:8080`); when
-    /// absent it is derived from the listen address.
-    pub public_url: Option<String>,
-    /// Root of `/assets/` (iPXE binaries, image files).
-    pub assets_dir: PathBuf,
-    /// Connections open at once. When reached, a new client still gets in: the oldest
-    /// idle connection of the source holding the most is closed for it.
-    pub max_connections: usize,
-    /// Connections one source (IPv4 address, IPv6 /64) may hold; beyond it its own
-    /// oldest idle connection makes room, or (none idle) the new one is refused.
-    pub max_connections_per_source: usize,
-    /// Request head limit (431 beyond it); at least 8192.
-    pub max_header_bytes: usize,
-    /// A request head must be complete within this long of its first byte.
-    pub header_read_timeout_ms: u64,
-    /// How long a connection may wait for a request's first byte, after the accept and
-    /// between keep-alive requests (default 30 s; nginx waits 60 s).
-    pub idle_timeout_ms: u64,
-    /// Threads serving the listener, each with its own runtime and `SO_REUSEPORT`
-    /// socket on `listen` (as nginx's worker processes); 0 (default) = one per core.
-    pub workers: usize,
-    /// Script for unknown / unclaimed / failed machines: `exit` (local disk), `retry`
-    /// (sleep `retry_secs`, chain `/boot.ipxe` again) or `discovery` (boot `discovery_image`).
-    pub unknown_action: String,
-    pub retry_secs: u32,
-    /// Image catalog reference booted by `unknown_action = "discovery"`.
-    pub discovery_image: Option<String>,
-    /// Console arguments appended to every kernel command line.
-    pub console: String,
-    /// Lifetime of the signed per-boot URLs minted into scripts (a rendered script, and so
-    /// its token, is reused for at most half of this).
-    pub token_ttl_secs: u64,
-    /// Put a signed per-boot token into each script's Ignition URL, so the machine can
-    /// fetch its Ignition even from an address not registered for it (default true).
-    pub sign_ignition_urls: bool,
-    /// HMAC key file for per-boot tokens; default `<state_dir>/http-token-key` (created, 0600).
-    pub token_key_file: Option<PathBuf>,
-    /// How file data reaches the socket: `sendfile` (default), `mmap` or `read`.
-    pub file_io: String,
-    /// Memory budget for file data in flight across all downloads: each download's chunk
-    /// is this divided by the number of downloads, clamped to 8 KiB..1 MiB.
-    pub stream_budget_bytes: usize,
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            listen: "0.0.0.0:8080".parse().unwrap(),
-            public_url: None,
-            assets_dir: PathBuf::from("ipxe"),
-            max_connections: 4096,
-            max_connections_per_source: 512,
-            max_header_bytes: 16 << 10,
-            header_read_timeout_ms: 5_000,
-            idle_timeout_ms: 30_000,
-            workers: 0,
-            unknown_action: "exit".into(),
-            retry_secs: 10,
-            discovery_image: None,
-            console: "console=tty0 console=ttyS0,115200".into(),
-            token_ttl_secs: 3600,
-            sign_ignition_urls: true,
-            token_key_file: None,
-            file_io: "sendfile".into(),
-            stream_budget_bytes: 8 << 20,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum DhcpMode {
-    #[default]
-    Proxy,
-    Authoritative,
-}
-
-impl std::str::FromStr for DhcpMode {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "proxy" => Ok(DhcpMode::Proxy),
-            "authoritative" => Ok(DhcpMode::Authoritative),
-            other => bail!("unknown dhcp mode {other:?} (expected proxy or authoritative)"),
-        }
-    }
-}
-
-/// DHCP server (disabled unless `enabled` or `--dhcp-interface` is given).
-/// The DHCP module owns the meaning of these keys; see `dhcp::settings` for the
-/// full example and `dhcp::DhcpSettings` for the validated form.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(default, deny_unknown_fields)]
-pub struct DhcpConfig {
-    pub enabled: bool,
-    pub interface: Option<String>,
-    pub mode: DhcpMode,
-    /// Authoritative pool range `START-END` for the interface's subnet (shorthand for one subnet).
-    pub range: Option<String>,
-    /// Our address (option 54); default: the interface's first IPv4 address.
-    pub server_ip: Option<std::net::Ipv4Addr>,
-    /// Prefix length of the `range` subnet (default 24).
-    pub prefix_len: Option<u8>,
-    /// Lease time in seconds (default 3600).
-    pub lease_time_secs: Option<u32>,
-    /// How long an offered address is held (default 30 s).
-    pub offer_hold_secs: Option<u32>,
-    pub router: Option<std::net::Ipv4Addr>,
-    pub dns: Vec<std::net::Ipv4Addr>,
-    pub domain: Option<String>,
-    pub subnets: Vec<crate::dhcp::settings::SubnetConfig>,
-    pub reservations: Vec<crate::dhcp::settings::ReservationConfig>,
-    pub boot: crate::dhcp::settings::BootFilesConfig,
-    /// Packets per second accepted from one MAC (default 20, burst 2x).
-    pub rate_limit_per_mac: Option<u32>,
-    /// Most packets read and handled per wakeup before replies go out (default 64).
-    pub max_batch: Option<usize>,
-    /// Group-commit window: least milliseconds between the starts of two lease-log
-    /// commits (default 2; 0 = commit as soon as the previous one is done).
-    pub commit_window_ms: Option<u64>,
-}
-
-/// TFTP server (disabled unless `enabled` or `--tftp-listen` is given). Typed keys
-/// are defined next to the server in `tftp::TftpConfig` (serde's `flatten` cannot be
-/// combined with `deny_unknown_fields`, so the section is one typed struct).
-pub use crate::tftp::TftpConfig;
-
-/// What the boot side renders and serves.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct BootConfig {
-    /// iPXE script templates.
-    pub ipxe_templates: PathBuf,
-    /// Ignition/Butane templates.
-    pub ignition_templates: PathBuf,
-    /// Image catalog directory.
-    pub images_dir: PathBuf,
-}
-
-impl Default for BootConfig {
-    fn default() -> Self {
-        BootConfig {
-            ipxe_templates: PathBuf::from("ipxe"),
-            ignition_templates: PathBuf::from("ignition"),
-            images_dir: PathBuf::from("images"),
-        }
-    }
-}
-
-/// Embedded controller settings.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ControllerConfig {
-    /// Run the reconcilers inside `serve`.
-    pub enabled: bool,
-    /// Concurrent reconciles per controller (cheap async tasks; more of them means
-    /// bigger group commits).
-    pub workers: usize,
-    /// Power driver for servers: `manual`, `test` (accepts every request at once) or
-    /// `qemu` (a VM per server, see `[power.qemu]`).
-    pub power_driver: String,
-}
-
-impl Default for ControllerConfig {
-    fn default() -> Self {
-        ControllerConfig {
-            enabled: true,
-            workers: 64,
-            power_driver: "manual".into(),
-        }
-    }
-}
-
+/// `[log]`: how `main` sets up tracing.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
@@ -405,7 +199,8 @@ impl Config {
         }
     }
 
-    /// Semantic checks that TOML typing cannot express.
+    /// Semantic checks that TOML typing cannot express: each section's own, then the
+    /// ones spanning sections.
     pub fn validate(&self) -> Result<()> {
         if self.state_dir.as_os_str().is_empty() {
             bail!("state_dir must not be empty");
@@ -416,68 +211,10 @@ impl Config {
                 self.api.listen
             );
         }
-        if let Some(t) = &self.api.token {
-            if t.len() < 16 {
-                bail!("api.token must be at least 16 characters");
-            }
-        }
-        if let Some(u) = &self.http.public_url {
-            if !(u.starts_with("http://") || u.starts_with("https://")) {
-                bail!("http.public_url must start with http:// or https:// (got {u:?})");
-            }
-        }
-        for (key, max, per) in [
-            (
-                "api",
-                self.api.max_connections,
-                self.api.max_connections_per_source,
-            ),
-            (
-                "http",
-                self.http.max_connections,
-                self.http.max_connections_per_source,
-            ),
-        ] {
-            if max == 0 || per == 0 {
-                bail!("{key}.max_connections and {key}.max_connections_per_source must be at least 1 (got {max} and {per})");
-            }
-        }
-        for (key, ms) in [
-            (
-                "api.header_read_timeout_ms",
-                self.api.header_read_timeout_ms,
-            ),
-            ("api.idle_timeout_ms", self.api.idle_timeout_ms),
-            ("api.body_read_timeout_ms", self.api.body_read_timeout_ms),
-            (
-                "http.header_read_timeout_ms",
-                self.http.header_read_timeout_ms,
-            ),
-            ("http.idle_timeout_ms", self.http.idle_timeout_ms),
-        ] {
-            if ms == 0 {
-                bail!("{key} must be at least 1");
-            }
-        }
-        if self.dhcp.enabled && self.dhcp.interface.is_none() {
-            bail!("dhcp.enabled needs dhcp.interface");
-        }
-        if self.dhcp.mode == DhcpMode::Authoritative
-            && self.dhcp.enabled
-            && self.dhcp.range.is_none()
-            && self.dhcp.subnets.is_empty()
-        {
-            bail!("authoritative dhcp needs dhcp.range or [[dhcp.subnets]]");
-        }
-        if self.controller.workers == 0 {
-            bail!("controller.workers must be at least 1");
-        }
-        match self.controller.power_driver.as_str() {
-            "manual" | "test" | "qemu" => {}
-            other => {
-                bail!("unknown controller.power_driver {other:?} (expected manual, test or qemu)")
-            }
-        }
+        self.api.validate()?;
+        self.http.validate()?;
+        self.dhcp.validate()?;
+        self.controller.validate()?;
         self.nfs.validate()?;
         self.provision.validate()?;
         if self.controller.power_driver == "qemu" {
@@ -490,18 +227,10 @@ impl Config {
         Ok(())
     }
 
-    /// The URL machines use to reach the boot listener.
+    /// The URL machines use to reach the boot listener (see
+    /// [`HttpConfig::public_http_url`]).
     pub fn public_http_url(&self) -> String {
-        if let Some(u) = &self.http.public_url {
-            return u.trim_end_matches('/').to_string();
-        }
-        let addr = self.http.listen;
-        let host = if addr.ip().is_unspecified() {
-            "127.0.0.1".to_string()
-        } else {
-            addr.ip().to_string()
-        };
-        format!("http://{}:{}", host, addr.port())
+        self.http.public_http_url()
     }
 }
 

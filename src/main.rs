@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
-use bootplane::config::{Config, DhcpMode, Overrides};
+use bootplane::config::{Config, Overrides};
+use bootplane::dhcp::DhcpMode;
 
 #[derive(Parser)]
 #[command(
@@ -41,7 +42,7 @@ enum Command {
     Provision(bootplane::image::cli::ProvisionArgs),
     /// Print what a machine would be served (Ignition config).
     #[command(subcommand)]
-    Render(bootplane::ignition::cli::RenderCmd),
+    Render(bootplane::cli::render::RenderCmd),
 }
 
 /// Every config key that has a flag. Each flag also reads a BOOTPLANE_* env var.
@@ -178,7 +179,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Power(a) => bootplane::cli::power(a),
         Command::Image(c) => bootplane::image::cli::run_image(c).map(|_| 0),
         Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),
-        Command::Render(c) => bootplane::ignition::cli::run(c),
+        Command::Render(c) => bootplane::cli::render::run(c),
     }
 }
 

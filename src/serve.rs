@@ -1,5 +1,9 @@
 //! `bootplane serve`: opens the store, starts the listeners and the controllers,
 //! and drains them on SIGINT/SIGTERM.
+//!
+//! The one composition root: every service below is started here with its own config
+//! section, the handles it needs (store, indexes, metrics) and a shutdown handle, and
+//! nothing outside `main.rs` imports this module.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,12 +14,6 @@ use anyhow::{Context as _, Result};
 use crate::config::Config;
 use crate::shutdown::{Coordinator, Shutdown};
 use crate::store::Store;
-
-/// Shared state handed to every service started by `serve`.
-pub struct Context {
-    pub config: Config,
-    pub store: Store,
-}
 
 /// The API token: configured, or read from / generated into `<state_dir>/api-token`
 /// (mode 0600).
@@ -63,33 +61,28 @@ pub async fn run(config: Config) -> Result<()> {
     crate::statedir::prepare(&config.state_dir)?;
     let token = api_token(&config)?;
     let store = Store::open(&config.state_dir)?;
-    let ctx = Arc::new(Context {
-        config,
-        store: store.clone(),
-    });
     let coord = Coordinator::new();
     let mut tasks = tokio::task::JoinSet::new();
 
     // Boot side: catalog, store-backed boot index, metrics shared with /metrics.
-    let catalog = crate::http::catalog::load(&ctx.config.boot.images_dir)?;
-    let templates =
-        crate::ignition::templates::TemplateSet::load(&ctx.config.boot.ignition_templates)
-            .with_context(|| {
-                format!(
-                    "loading ignition templates from {}",
-                    ctx.config.boot.ignition_templates.display()
-                )
-            })?;
+    let catalog = crate::http::catalog::load(&config.boot.images_dir)?;
+    let templates = crate::ignition::templates::TemplateSet::load(&config.boot.ignition_templates)
+        .with_context(|| {
+            format!(
+                "loading ignition templates from {}",
+                config.boot.ignition_templates.display()
+            )
+        })?;
     let resolver = Arc::new(
         crate::controller::bootside::CatalogResolver::with_templates(
             catalog,
-            crate::http::catalog::FileHasher::new(&ctx.config.boot.images_dir),
+            crate::http::catalog::FileHasher::new(&config.boot.images_dir),
             templates,
         ),
     );
-    let boot_slot = crate::http::preview::BootSlot::default();
+    let boot_slot = crate::api::preview::BootSlot::default();
     let http_metrics = Arc::new(crate::http::Metrics::new());
-    let runner = crate::provision::from_config(&ctx.config.provision)?;
+    let runner = crate::provision::from_config(&config.provision)?;
     let leases = crate::dhcp::leases::LeaseIndex::default();
     let dhcp_metrics = crate::dhcp::Metrics::default();
     let tftp_metrics = Arc::new(crate::tftp::Metrics::default());
@@ -97,10 +90,10 @@ pub async fn run(config: Config) -> Result<()> {
     // Operator API.
     let mut metrics = prometheus_client::registry::Registry::default();
     http_metrics.register(&mut metrics);
-    if ctx.config.dhcp.enabled {
+    if config.dhcp.enabled {
         dhcp_metrics.register(&mut metrics);
     }
-    if ctx.config.tftp.enabled {
+    if config.tftp.enabled {
         tftp_metrics.register(&mut metrics);
     }
     let api_conns = crate::listen::ConnMetrics::default();
@@ -108,23 +101,22 @@ pub async fn run(config: Config) -> Result<()> {
     let api_state = Arc::new(crate::api::rest::ApiState {
         store: store.clone(),
         token,
-        max_body_bytes: ctx.config.api.max_body_bytes,
-        body_read_timeout: std::time::Duration::from_millis(ctx.config.api.body_read_timeout_ms),
+        max_body_bytes: config.api.max_body_bytes,
+        body_read_timeout: std::time::Duration::from_millis(config.api.body_read_timeout_ms),
         shutdown: coord.handle(),
         metrics,
     });
-    let listener = tokio::net::TcpListener::bind(ctx.config.api.listen)
+    let listener = tokio::net::TcpListener::bind(config.api.listen)
         .await
-        .with_context(|| format!("binding api listener {}", ctx.config.api.listen))?;
+        .with_context(|| format!("binding api listener {}", config.api.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     {
         let s = coord.handle();
         let extra = crate::provision::router(runner.clone())
             .merge(crate::api::rest::leases_router(leases.clone()))
-            .merge(crate::http::preview::router(boot_slot.clone()));
+            .merge(crate::api::preview::router(boot_slot.clone()));
         let app = crate::api::rest::router(api_state, Some(extra));
-        let admission =
-            crate::listen::Admission::new("api", api_limits(&ctx.config.api), api_conns);
+        let admission = crate::listen::Admission::new("api", config.api.limits(), api_conns);
         tasks.spawn(async move {
             crate::listen::router::serve_router(listener, app, admission, s)
                 .await
@@ -132,10 +124,14 @@ pub async fn run(config: Config) -> Result<()> {
         });
     }
 
-    if ctx.config.controller.enabled {
-        let power = crate::power::from_config(&ctx.config)?;
+    if config.controller.enabled {
+        let power = crate::power::from_config(
+            &config.controller.power_driver,
+            &config.power,
+            &config.state_dir,
+        )?;
         let ctrl = crate::controller::Controllers::new(store.clone(), power, resolver.clone());
-        let (s, workers) = (coord.handle(), ctx.config.controller.workers);
+        let (s, workers) = (coord.handle(), config.controller.workers);
         tasks.spawn(async move {
             ctrl.run(workers, s).await;
             Ok(())
@@ -143,18 +139,18 @@ pub async fn run(config: Config) -> Result<()> {
     }
     // s390x flow: the NFS export backend and the provisioning reconcilers.
     {
-        let nfs = &ctx.config.nfs;
+        let nfs = &config.nfs;
         let backend: Arc<dyn crate::nfs::ExportBackend> = if nfs.enabled {
-            crate::nfs::from_config(nfs, &ctx.config.state_dir)?
+            crate::nfs::from_config(nfs, &config.state_dir)?
         } else {
             Arc::new(crate::nfs::Disabled)
         };
-        let p = &ctx.config.provision;
+        let p = &config.provision;
         let settings = crate::controller::s390x::Settings {
             images_dir: p
                 .images_dir
                 .clone()
-                .unwrap_or_else(|| ctx.config.state_dir.join("nfs-images")),
+                .unwrap_or_else(|| config.state_dir.join("nfs-images")),
             nfs_server: p.nfs_server.clone(),
             job_address: p.job_address.clone(),
             nfs_enabled: nfs.enabled,
@@ -163,10 +159,10 @@ pub async fn run(config: Config) -> Result<()> {
             std::fs::create_dir_all(&settings.images_dir)
                 .with_context(|| format!("creating {}", settings.images_dir.display()))?;
         }
-        if ctx.config.controller.enabled {
+        if config.controller.enabled {
             let c = crate::controller::s390x::S390x::new(store.clone(), backend, runner, settings);
             let (s, workers, run_backend) =
-                (coord.handle(), ctx.config.controller.workers, nfs.enabled);
+                (coord.handle(), config.controller.workers, nfs.enabled);
             tasks.spawn(async move {
                 c.run(workers, s, run_backend).await;
                 Ok(())
@@ -180,48 +176,51 @@ pub async fn run(config: Config) -> Result<()> {
         }
     }
     {
-        let dhcp_leases = ctx.config.dhcp.enabled.then(|| leases.clone());
+        let dhcp_leases = config.dhcp.enabled.then(|| leases.clone());
         let index = crate::controller::bootside::StoreBootIndex::start(
             store.clone(),
             resolver,
-            ctx.config.public_http_url(),
+            config.public_http_url(),
             dhcp_leases,
             coord.handle(),
         );
         let app = Arc::new(crate::http::BootHttp::from_config(
-            &ctx.config,
+            &config.http,
+            &config.boot,
+            &config.state_dir,
             index,
             http_metrics,
         )?);
         let _ = boot_slot.set(app.clone());
-        let (c, s) = (ctx.clone(), coord.handle());
+        let (http, s) = (config.http.clone(), coord.handle());
         tasks.spawn(async move {
-            crate::http::serve_app(c, app, s)
+            crate::http::run(&http, app, s)
                 .await
                 .context("boot http server")
         });
     }
-    if ctx.config.dhcp.enabled {
-        let (c, s) = (ctx.clone(), coord.handle());
-        let l = leases.clone();
+    if config.dhcp.enabled {
+        let settings =
+            crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())?;
         // Static reservations: the config file's plus the registered Servers'.
-        let r = crate::dhcp::reservations::start(store.clone(), &ctx.config, coord.handle())?;
+        let r = crate::dhcp::reservations::start(store.clone(), &settings, coord.handle());
+        let (state_dir, l, s) = (config.state_dir.clone(), leases.clone(), coord.handle());
         tasks.spawn(async move {
-            crate::dhcp::serve_with(c, s, dhcp_metrics, l, Some(r))
+            crate::dhcp::run(settings, &state_dir, dhcp_metrics, l, Some(r), s)
                 .await
                 .context("dhcp server")
         });
     }
-    if ctx.config.tftp.enabled {
-        let (c, s) = (ctx.clone(), coord.handle());
+    if config.tftp.enabled {
+        let (tftp, s) = (config.tftp.clone(), coord.handle());
         tasks.spawn(async move {
-            crate::tftp::serve_with_metrics(c, s, tftp_metrics)
+            crate::tftp::run(&tftp, tftp_metrics, s)
                 .await
                 .context("tftp server")
         });
     }
 
-    tracing::info!(state_dir = %ctx.config.state_dir.display(), "bootplane started");
+    tracing::info!(state_dir = %config.state_dir.display(), "bootplane started");
     let failed = tokio::select! {
         _ = crate::shutdown::signal() => None,
         Some(res) = tasks.join_next() => Some(res),
@@ -239,17 +238,6 @@ pub async fn run(config: Config) -> Result<()> {
     }
     tracing::info!("bootplane stopped");
     Ok(())
-}
-
-/// The API listener's connection admission limits (`[api]`).
-fn api_limits(c: &crate::config::ApiConfig) -> crate::listen::Limits {
-    crate::listen::Limits {
-        max_connections: c.max_connections,
-        max_per_source: c.max_connections_per_source,
-        header_read_timeout: Duration::from_millis(c.header_read_timeout_ms.max(100)),
-        idle_timeout: Duration::from_millis(c.idle_timeout_ms.max(100)),
-    }
-    .normalized()
 }
 
 /// Keeps a service alive until shutdown (for services with nothing else to wait on).

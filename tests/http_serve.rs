@@ -1,4 +1,5 @@
-//! `bootplane::http::serve` from a `Config`: operator templates loaded from
+//! The boot listener (`BootHttp::from_config` + `bootplane::http::run`) from a
+//! `Config`'s `[http]` and `[boot]` sections: operator templates loaded from
 //! `boot.ipxe_templates`, the token key created under `state_dir`, the discovery
 //! default resolved through the image catalog, and a clean shutdown.
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use bootplane::config::Config;
 use bootplane::http::index::MemoryIndex;
+use bootplane::http::{BootHttp, Metrics};
 use bootplane::shutdown::Coordinator;
 use http_support::curl;
 
@@ -58,16 +60,17 @@ fn serve_from_config_uses_templates_catalog_and_key() {
         .build()
         .unwrap();
     let coord = Coordinator::new();
-    let store = bootplane::store::Store::open(&cfg.state_dir.join("store")).unwrap();
-    let ctx = Arc::new(bootplane::serve::Context {
-        config: cfg.clone(),
-        store,
+    let (c, s) = (cfg.clone(), coord.handle());
+    let task = rt.spawn(async move {
+        let app = BootHttp::from_config(
+            &c.http,
+            &c.boot,
+            &c.state_dir,
+            Arc::new(MemoryIndex::new()),
+            Arc::new(Metrics::new()),
+        )?;
+        bootplane::http::run(&c.http, Arc::new(app), s).await
     });
-    let task = rt.spawn(bootplane::http::serve(
-        ctx,
-        Arc::new(MemoryIndex::new()),
-        coord.handle(),
-    ));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(

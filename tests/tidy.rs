@@ -1,5 +1,6 @@
 //! Checks that span the repository rather than one module: what the docs say about the
-//! running program must match what it exports.
+//! running program must match what it exports, and the top-level modules of `src/` must
+//! import each other without a cycle, with `serve` imported by `src/main.rs` only.
 
 use std::path::{Path, PathBuf};
 
@@ -127,4 +128,430 @@ fn every_metric_name_the_docs_mention_is_exported() {
         checked >= 5,
         "only {checked} metric names found in the docs"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Layering (issue 18): the `crate::` edges between the top-level modules of `src/` form no
+// cycle, and nothing but `src/main.rs` names `serve` (the composition root).
+// ---------------------------------------------------------------------------------------
+
+/// Edges that other issue-18 branches remove, allowed until those branches are merged
+/// (the lead empties this list then): `(from, to, why)`. An entry whose edge no longer
+/// exists fails the test, so the list only shrinks.
+const ALLOWED_UNTIL_MERGED: &[(&str, &str, &str)] = &[];
+
+/// Rust source with comments and the contents of string and character literals blanked
+/// (newlines kept, so line numbers stay), so that only code is searched for paths.
+fn strip_code(src: &str) -> String {
+    let c: Vec<char> = src.chars().collect();
+    let blank = |ch: char| if ch == '\n' { '\n' } else { ' ' };
+    let is_ident = |ch: char| ch.is_alphanumeric() || ch == '_';
+    let mut out = String::with_capacity(src.len());
+    let mut i = 0;
+    while i < c.len() {
+        let next = c.get(i + 1).copied();
+        if c[i] == '/' && next == Some('/') {
+            while i < c.len() && c[i] != '\n' {
+                out.push(' ');
+                i += 1;
+            }
+        } else if c[i] == '/' && next == Some('*') {
+            // Block comments nest in Rust.
+            let mut depth = 0;
+            while i < c.len() {
+                if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    out.push_str("  ");
+                    i += 2;
+                } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    out.push_str("  ");
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    out.push(blank(c[i]));
+                    i += 1;
+                }
+            }
+        } else if (c[i] == 'r' || (c[i] == 'b' && next == Some('r')))
+            && (i == 0 || !is_ident(c[i - 1]))
+            && {
+                let mut j = i + if c[i] == 'b' { 2 } else { 1 };
+                while c.get(j) == Some(&'#') {
+                    j += 1;
+                }
+                c.get(j) == Some(&'"')
+            }
+        {
+            // Raw string: r"..", r#".."#, br".."; ends at a quote followed by as many #.
+            while c[i] != '"' {
+                out.push(c[i]);
+                i += 1;
+            }
+            let hashes = out.chars().rev().take_while(|&h| h == '#').count();
+            out.push('"');
+            i += 1;
+            while i < c.len() {
+                if c[i] == '"' && (1..=hashes).all(|k| c.get(i + k) == Some(&'#')) {
+                    out.push('"');
+                    i += 1;
+                    break;
+                }
+                out.push(blank(c[i]));
+                i += 1;
+            }
+        } else if c[i] == '"' {
+            out.push('"');
+            i += 1;
+            while i < c.len() && c[i] != '"' {
+                if c[i] == '\\' {
+                    out.push(' ');
+                    i += 1;
+                }
+                if i < c.len() {
+                    out.push(blank(c[i]));
+                    i += 1;
+                }
+            }
+            out.push('"');
+            i += 1;
+        } else if c[i] == '\'' && (next == Some('\\') || c.get(i + 2) == Some(&'\'')) {
+            // A character literal ('x', '\n', '\'', '\u{..}'); otherwise a lifetime.
+            out.push('\'');
+            i += 1;
+            if c[i] == '\\' {
+                out.push_str("  ");
+                i += 2;
+            }
+            while i < c.len() && c[i] != '\'' {
+                out.push(blank(c[i]));
+                i += 1;
+            }
+            out.push('\'');
+            i += 1;
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The names following `ROOT::` in stripped code, with their 1-based lines: the first
+/// segment of every `ROOT::x::...` path and each top-level member of a
+/// `ROOT::{x, y::z, w::{..}}` group.
+fn root_refs(code: &str, root: &str) -> Vec<(String, usize)> {
+    let b = code.as_bytes();
+    let ident = |ch: u8| ch.is_ascii_alphanumeric() || ch == b'_';
+    let line = |at: usize| 1 + b[..at].iter().filter(|&&ch| ch == b'\n').count();
+    let read_ident = |mut p: usize| {
+        let s = p;
+        while p < b.len() && ident(b[p]) {
+            p += 1;
+        }
+        (code[s..p].to_string(), p)
+    };
+    let pat = format!("{root}::");
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(k) = code[from..].find(&pat) {
+        let at = from + k;
+        from = at + pat.len();
+        if at > 0 && ident(b[at - 1]) {
+            continue;
+        }
+        let mut p = from;
+        while p < b.len() && b[p].is_ascii_whitespace() {
+            p += 1;
+        }
+        if b.get(p) != Some(&b'{') {
+            let (name, _) = read_ident(p);
+            if !name.is_empty() {
+                out.push((name, line(p)));
+            }
+            continue;
+        }
+        // A group: the first identifier of each comma-separated item at depth 1.
+        let (mut depth, mut expect) = (0, true);
+        while p < b.len() {
+            match b[p] {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                b',' if depth == 1 => expect = true,
+                ch if ident(ch) && depth == 1 && expect => {
+                    let (name, end) = read_ident(p);
+                    out.push((name, line(p)));
+                    expect = false;
+                    p = end;
+                    continue;
+                }
+                _ => {}
+            }
+            p += 1;
+        }
+    }
+    out
+}
+
+/// The top-level module a file under `src/` belongs to (`None` for the crate roots).
+fn top_module(rel: &str) -> Option<String> {
+    let rest = rel.strip_prefix("src/")?;
+    match rest.split_once('/') {
+        Some((dir, _)) => Some(dir.to_string()),
+        None if rest == "lib.rs" || rest == "main.rs" => None,
+        None => Some(rest.trim_end_matches(".rs").to_string()),
+    }
+}
+
+/// `(from, to) → every file:line where from names to`, over the `src/` files given as
+/// (repository-relative path, text), for the top-level `modules`.
+type Edges = std::collections::BTreeMap<(String, String), Vec<String>>;
+
+fn module_edges(files: &[(String, String)], modules: &std::collections::BTreeSet<String>) -> Edges {
+    let mut edges = Edges::new();
+    for (rel, text) in files {
+        let Some(from) = top_module(rel) else {
+            continue;
+        };
+        for (to, line) in root_refs(&strip_code(text), "crate") {
+            if to != from && modules.contains(&to) {
+                edges
+                    .entry((from.clone(), to))
+                    .or_default()
+                    .push(format!("{rel}:{line}"));
+            }
+        }
+    }
+    edges
+}
+
+/// One cycle per strongly connected component of more than one module, each as
+/// `a → b (file:line) → ... → a`, shortest through the component's first module.
+fn cycles(edges: &Edges) -> Vec<String> {
+    use std::collections::{BTreeMap, BTreeSet, VecDeque};
+    let mut next: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (from, to) in edges.keys() {
+        next.entry(from).or_default().insert(to);
+        next.entry(to).or_default();
+    }
+    let reach = |start: &str| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![start];
+        while let Some(n) = todo.pop() {
+            for &m in &next[n] {
+                if seen.insert(m) {
+                    todo.push(m);
+                }
+            }
+        }
+        seen
+    };
+    let reach: BTreeMap<&str, BTreeSet<&str>> = next.keys().map(|&n| (n, reach(n))).collect();
+    let mut done = BTreeSet::new();
+    let mut out = Vec::new();
+    for &start in next.keys() {
+        if done.contains(start) || !reach[start].contains(start) {
+            continue;
+        }
+        let scc: BTreeSet<&str> = reach[start]
+            .iter()
+            .copied()
+            .filter(|m| reach[m].contains(start))
+            .collect();
+        done.extend(scc.iter().copied());
+        // Shortest path start → ... → start inside the component (BFS).
+        let mut prev: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = VecDeque::from([start]);
+        'bfs: while let Some(n) = queue.pop_front() {
+            for &m in &next[n] {
+                if !scc.contains(m) || prev.contains_key(m) {
+                    continue;
+                }
+                prev.insert(m, n);
+                if m == start {
+                    break 'bfs;
+                }
+                queue.push_back(m);
+            }
+        }
+        let mut path = vec![start];
+        let mut cur = prev[start];
+        while cur != start {
+            path.push(cur);
+            cur = prev[cur];
+        }
+        path.push(start);
+        path.reverse();
+        let mut s = format!("cycle of {} modules: {start}", scc.len());
+        for w in path.windows(2) {
+            let at = &edges[&(w[0].to_string(), w[1].to_string())];
+            s.push_str(&format!("\n  → {} ({})", w[1], at.join(", ")));
+        }
+        s.push_str("\n  every edge inside it:");
+        for ((from, to), at) in edges {
+            if scc.contains(from.as_str()) && scc.contains(to.as_str()) {
+                s.push_str(&format!("\n    {from} → {to} ({})", at.join(", ")));
+            }
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// Every `crate::serve` / `bootplane::serve` reference outside `src/main.rs` (and
+/// `src/serve.rs` itself), as `file:line`.
+fn serve_refs(files: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (rel, text) in files {
+        if rel == "src/main.rs" || rel == "src/serve.rs" {
+            continue;
+        }
+        let code = strip_code(text);
+        for root in ["crate", "bootplane"] {
+            for (name, line) in root_refs(&code, root) {
+                if name == "serve" {
+                    out.push(format!("{rel}:{line}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every `.rs` file under `dirs` (relative to the crate root), as (relative path, text).
+fn rust_files(dirs: &[&str]) -> Vec<(String, String)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<PathBuf> = rd.map(|e| e.unwrap().path()).collect();
+        entries.sort();
+        for p in entries {
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n == "target") {
+                    continue;
+                }
+                walk(root, &p, out);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                out.push((rel, std::fs::read_to_string(&p).unwrap()));
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    for d in dirs {
+        walk(root, &root.join(d), &mut out);
+    }
+    out
+}
+
+/// The top-level modules `src/lib.rs` declares.
+fn lib_modules() -> std::collections::BTreeSet<String> {
+    let lib =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    strip_code(&lib)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim().strip_prefix("pub ").unwrap_or(l.trim());
+            let name = l.strip_prefix("mod ")?.strip_suffix(';')?;
+            Some(name.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn layering_parser_reads_paths_and_groups() {
+    let src = "use crate::{a, b::{c, d}, e::f as g};\n// crate::h in a comment\n\
+               let s = \"crate::i in a string\"; let r = r#\"crate::j\"#;\n\
+               fn f<'a>(x: &'a str) -> char { crate::k::run(); '\\'' }\n\
+               /* crate::l /* nested */ crate::m */ $crate::n!(); notcrate::o::p();\n\
+               use bootplane::{serve, config};\n";
+    let code = strip_code(src);
+    assert_eq!(code.lines().count(), src.lines().count());
+    let names = |root| -> Vec<(String, usize)> { root_refs(&code, root) };
+    let want = |v: &[(&str, usize)]| -> Vec<(String, usize)> {
+        v.iter().map(|(n, l)| (n.to_string(), *l)).collect()
+    };
+    assert_eq!(
+        names("crate"),
+        want(&[("a", 1), ("b", 1), ("e", 1), ("k", 4), ("n", 5)])
+    );
+    assert_eq!(names("bootplane"), want(&[("serve", 6), ("config", 6)]));
+    assert_eq!(
+        top_module("src/dhcp/core/tests.rs").as_deref(),
+        Some("dhcp")
+    );
+    assert_eq!(top_module("src/config.rs").as_deref(), Some("config"));
+    assert_eq!(top_module("src/lib.rs"), None);
+}
+
+#[test]
+fn layering_check_finds_cycles_and_serve_imports() {
+    let files: Vec<(String, String)> = [
+        ("src/a/mod.rs", "use crate::b::X;\nuse crate::a::inner;\n"),
+        ("src/b.rs", "//! doc\nfn f() { crate::c::g() }\n"),
+        ("src/c/x.rs", "use crate::{a, d};\n"),
+        ("src/d.rs", "use crate::serve::Context; // upward\n"),
+        ("src/e.rs", "use crate::d::Y;\n"),
+        ("src/main.rs", "fn main() { bootplane::serve::run() }\n"),
+        ("tests/t.rs", "use bootplane::{config, serve};\n"),
+    ]
+    .iter()
+    .map(|(p, t)| (p.to_string(), t.to_string()))
+    .collect();
+    let modules = ["a", "b", "c", "d", "e", "serve"]
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    let edges = module_edges(&files, &modules);
+    assert!(!edges.contains_key(&("a".into(), "a".into())));
+    let found = cycles(&edges);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        found[0],
+        "cycle of 3 modules: a\n  → b (src/a/mod.rs:1)\n  → c (src/b.rs:2)\n  → a (src/c/x.rs:1)\n  \
+         every edge inside it:\n    a → b (src/a/mod.rs:1)\n    b → c (src/b.rs:2)\n    c → a (src/c/x.rs:1)"
+    );
+    assert_eq!(serve_refs(&files), ["src/d.rs:1", "tests/t.rs:1"]);
+    // Without the edge back to `a` there is no cycle.
+    let mut acyclic = edges.clone();
+    acyclic.remove(&("c".into(), "a".into()));
+    assert!(cycles(&acyclic).is_empty());
+}
+
+/// Issue 18's acceptance: no import cycle between the top-level modules of `src/`, and
+/// `serve` (the composition root) named only by `src/main.rs`.
+#[test]
+fn top_level_modules_form_no_cycle_and_only_main_imports_serve() {
+    let modules = lib_modules();
+    assert!(modules.len() >= 10, "modules of src/lib.rs: {modules:?}");
+    let mut edges = module_edges(&rust_files(&["src"]), &modules);
+    let mut problems = Vec::new();
+    for (from, to, why) in ALLOWED_UNTIL_MERGED {
+        if edges.remove(&(from.to_string(), to.to_string())).is_none() {
+            problems.push(format!(
+                "ALLOWED_UNTIL_MERGED lists {from} → {to} ({why}), which no longer exists: remove it"
+            ));
+        }
+    }
+    problems.extend(cycles(&edges));
+    for at in serve_refs(&rust_files(&[
+        "src",
+        "tests",
+        "benches",
+        "fuzz/fuzz_targets",
+    ])) {
+        problems.push(format!(
+            "{at}: names `serve`, which only src/main.rs may import"
+        ));
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }

@@ -32,7 +32,7 @@ fn server(mode: &str) -> Server {
     );
     let cfg = Config::from_toml(&text).expect("fuzz config");
     Server::new(
-        DhcpSettings::from_config(&cfg).expect("fuzz settings"),
+        DhcpSettings::from_config(&cfg.dhcp, &cfg.public_http_url()).expect("fuzz settings"),
         Ipv4Addr::new(10, 0, 0, 1),
     )
 }

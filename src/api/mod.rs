@@ -1,4 +1,8 @@
 //! The kube-style REST API served on the operator listener. The resource types it
 //! serves (registry, schema validation, selectors) are in [`crate::model`].
 
+pub mod preview;
 pub mod rest;
+pub mod settings;
+
+pub use settings::ApiConfig;

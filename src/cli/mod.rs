@@ -5,8 +5,9 @@
 //! local state dir's `api-token`. Resource names resolve as kubectl's do (plural,
 //! singular, kind or short name). `apply` creates what is missing and merge-patches
 //! what exists, so fields set by controllers (a claim's chosen `serverRef`) survive
-//! a re-apply.
+//! a re-apply. [`render`] is `bootplane render ignition|ipxe`.
 
+pub mod render;
 pub mod table;
 
 use std::io::{BufRead, Read};

@@ -14,6 +14,7 @@ pub mod claim;
 pub mod queue;
 pub mod s390x;
 pub mod server;
+pub mod settings;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,8 @@ use crate::power::PowerDriver;
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreError};
 use queue::WorkQueue;
+
+pub use settings::ControllerConfig;
 
 /// `(namespace, name)`.
 pub type Key = (String, String);

@@ -24,8 +24,7 @@ use dhcproto::v4::{
 use super::leases::{AllocError, LeaseTable};
 use super::metrics::DropReason;
 pub use super::overload::MIN_MESSAGE_LEN;
-use super::settings::{BootTarget, DhcpSettings, Reservation};
-use crate::config::DhcpMode;
+use super::settings::{BootTarget, DhcpMode, DhcpSettings, Reservation};
 use crate::model::ident::Mac;
 
 pub const SERVER_PORT: u16 = 67;

@@ -37,7 +37,6 @@ pub mod settings;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _, Result};
@@ -46,51 +45,15 @@ use tokio::net::UdpSocket;
 pub use self::core::{ClientInfo, Meta, Outcome, Reply, ReplyKind, Server};
 pub use self::leases::{Lease, LeaseIndex, LeaseState};
 pub use self::metrics::{DropReason, Metrics};
-pub use self::settings::{DhcpSettings, Reservation};
+pub use self::settings::{DhcpConfig, DhcpMode, DhcpSettings, Reservation};
 
 use self::core::{PXE_PORT, SERVER_PORT};
 use self::persist::LeaseLog;
-use crate::config::DhcpMode;
 use crate::model::ident::Mac;
-use crate::serve::Context;
 use crate::shutdown::Shutdown;
 
 /// Lease log file name inside the state directory.
 pub const LEASE_FILE: &str = "dhcp-leases.log";
-
-/// Run the DHCP server until shutdown.
-pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> Result<()> {
-    serve_with(
-        ctx,
-        shutdown,
-        Metrics::default(),
-        LeaseIndex::default(),
-        None,
-    )
-    .await
-}
-
-/// Like [`serve`], with the metrics and lease index the rest of the appliance reads,
-/// and the static reservations kept current from the registered Servers
-/// ([`reservations::start`]; `None` = the config file's only).
-pub async fn serve_with(
-    ctx: Arc<Context>,
-    shutdown: Shutdown,
-    metrics: Metrics,
-    index: LeaseIndex,
-    reservations: Option<tokio::sync::watch::Receiver<Vec<Reservation>>>,
-) -> Result<()> {
-    let settings = DhcpSettings::from_config(&ctx.config)?;
-    run(
-        settings,
-        &ctx.config.state_dir,
-        shutdown,
-        metrics,
-        index,
-        reservations,
-    )
-    .await
-}
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -267,14 +230,17 @@ impl Sockets<'_> {
     }
 }
 
-/// Bind the sockets, load the leases, and serve until shutdown.
+/// Bind the sockets, load the leases (`<state_dir>/dhcp-leases.log`), and serve until
+/// shutdown, counting into `metrics`, publishing leases to `index` (the rest of the
+/// appliance reads it), with the static reservations kept current by `reservations`
+/// ([`reservations::start`]; `None` = the settings' own only).
 pub async fn run(
     settings: DhcpSettings,
     state_dir: &Path,
-    mut shutdown: Shutdown,
     metrics: Metrics,
     index: LeaseIndex,
     mut reservations: Option<tokio::sync::watch::Receiver<Vec<Reservation>>>,
+    mut shutdown: Shutdown,
 ) -> Result<()> {
     let iface = settings.interface.clone();
     if iface.is_empty() {

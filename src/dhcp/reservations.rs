@@ -88,14 +88,18 @@ pub fn merge(
     out
 }
 
-/// [`watch_servers`] with the subnets and config reservations of `config`'s `[dhcp]`.
+/// [`watch_servers`] with the subnets and config-file reservations of `settings`.
 pub fn start(
     store: Store,
-    config: &crate::config::Config,
+    settings: &super::DhcpSettings,
     shutdown: Shutdown,
-) -> anyhow::Result<watch::Receiver<Vec<Reservation>>> {
-    let s = super::DhcpSettings::from_config(config)?;
-    Ok(watch_servers(store, s.reservations, s.subnets, shutdown))
+) -> watch::Receiver<Vec<Reservation>> {
+    watch_servers(
+        store,
+        settings.reservations.clone(),
+        settings.subnets.clone(),
+        shutdown,
+    )
 }
 
 /// Watch the store's Servers and publish the merged reservation list (config first)
@@ -208,11 +212,13 @@ mod tests {
     use serde_json::json;
 
     fn subnet() -> Vec<Subnet> {
-        let c = crate::config::Config::from_toml(
+        let c = super::super::settings::section_from_toml(
             "[dhcp]\nenabled = true\ninterface = \"x\"\nmode = \"authoritative\"\n[[dhcp.subnets]]\nnetwork = \"10.0.0.0/24\"\nranges = [\"10.0.0.100-10.0.0.200\"]\n",
         )
         .unwrap();
-        super::super::DhcpSettings::from_config(&c).unwrap().subnets
+        super::super::DhcpSettings::from_config(&c, "http://127.0.0.1:8080")
+            .unwrap()
+            .subnets
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! Typed DHCP settings: the `[dhcp]` section of the config (the generic keys in
-//! `config::DhcpConfig` plus the module-owned keys in its `extra` table), validated
-//! into [`DhcpSettings`] with clear errors before the server starts.
+//! Typed DHCP settings: the `[dhcp]` section of the config ([`DhcpConfig`], as written
+//! in the file), validated into [`DhcpSettings`] with clear errors before the server
+//! starts.
 //!
 //! ```toml
 //! [dhcp]
@@ -36,10 +36,10 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
+use anyhow::bail;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::config::{Config, DhcpMode};
 use crate::model::ident::{self, Mac};
 
 #[derive(Debug, Error)]
@@ -50,6 +50,76 @@ pub enum SettingsError {
 
 fn invalid(msg: impl Into<String>) -> SettingsError {
     SettingsError::Invalid(msg.into())
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DhcpMode {
+    #[default]
+    Proxy,
+    Authoritative,
+}
+
+impl std::str::FromStr for DhcpMode {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "proxy" => Ok(DhcpMode::Proxy),
+            "authoritative" => Ok(DhcpMode::Authoritative),
+            other => bail!("unknown dhcp mode {other:?} (expected proxy or authoritative)"),
+        }
+    }
+}
+
+/// `[dhcp]`: the DHCP server (disabled unless `enabled` or `--dhcp-interface` is
+/// given), as written in the file; [`DhcpSettings::from_config`] validates it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct DhcpConfig {
+    pub enabled: bool,
+    pub interface: Option<String>,
+    pub mode: DhcpMode,
+    /// Authoritative pool range `START-END` for the interface's subnet (shorthand for one subnet).
+    pub range: Option<String>,
+    /// Our address (option 54); default: the interface's first IPv4 address.
+    pub server_ip: Option<Ipv4Addr>,
+    /// Prefix length of the `range` subnet (default 24).
+    pub prefix_len: Option<u8>,
+    /// Lease time in seconds (default 3600).
+    pub lease_time_secs: Option<u32>,
+    /// How long an offered address is held (default 30 s).
+    pub offer_hold_secs: Option<u32>,
+    pub router: Option<Ipv4Addr>,
+    pub dns: Vec<Ipv4Addr>,
+    pub domain: Option<String>,
+    pub subnets: Vec<SubnetConfig>,
+    pub reservations: Vec<ReservationConfig>,
+    pub boot: BootFilesConfig,
+    /// Packets per second accepted from one MAC (default 20, burst 2x).
+    pub rate_limit_per_mac: Option<u32>,
+    /// Most packets read and handled per wakeup before replies go out (default 64).
+    pub max_batch: Option<usize>,
+    /// Group-commit window: least milliseconds between the starts of two lease-log
+    /// commits (default 2; 0 = commit as soon as the previous one is done).
+    pub commit_window_ms: Option<u64>,
+}
+
+impl DhcpConfig {
+    /// The checks made when the config is loaded (the rest, which need parsing, are
+    /// [`DhcpSettings::from_config`]'s, made when the server starts).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.enabled && self.interface.is_none() {
+            bail!("dhcp.enabled needs dhcp.interface");
+        }
+        if self.mode == DhcpMode::Authoritative
+            && self.enabled
+            && self.range.is_none()
+            && self.subnets.is_empty()
+        {
+            bail!("authoritative dhcp needs dhcp.range or [[dhcp.subnets]]");
+        }
+        Ok(())
+    }
 }
 
 /// One `[[dhcp.subnets]]` entry as written in the file.
@@ -255,11 +325,10 @@ fn boot_target(value: &str, public: &str) -> BootTarget {
 }
 
 impl DhcpSettings {
-    /// Build from the whole config (needs `http.public_url` for the HTTP boot URLs).
-    pub fn from_config(cfg: &Config) -> Result<DhcpSettings, SettingsError> {
-        let d = &cfg.dhcp;
+    /// Build from the `[dhcp]` section; `public` is the boot listener's URL (the HTTP
+    /// boot URLs and the default iPXE script URL are under it).
+    pub fn from_config(d: &DhcpConfig, public: &str) -> Result<DhcpSettings, SettingsError> {
         let raw = d;
-        let public = cfg.public_http_url();
         let lease_time = raw.lease_time_secs.unwrap_or(3600);
         if lease_time < 10 {
             return Err(invalid("lease_time_secs must be at least 10"));
@@ -359,11 +428,11 @@ impl DhcpSettings {
             .unwrap_or_else(|| "undionly.kpxe".into());
         let uefi = raw.boot.uefi.clone().unwrap_or_else(|| "ipxe.efi".into());
         let http = raw.boot.http.clone().unwrap_or_else(|| "ipxe.efi".into());
-        by_arch.insert(0, boot_target(&bios, &public));
+        by_arch.insert(0, boot_target(&bios, public));
         for a in [6u16, 7, 9] {
-            by_arch.insert(a, boot_target(&uefi, &public));
+            by_arch.insert(a, boot_target(&uefi, public));
         }
-        let http_target = match boot_target(&http, &public) {
+        let http_target = match boot_target(&http, public) {
             BootTarget::Tftp(f) => BootTarget::Http(format!("{public}/assets/{f}")),
             t => t,
         };
@@ -373,7 +442,7 @@ impl DhcpSettings {
             let code: u16 = k.parse().map_err(|_| {
                 invalid(format!("boot.arch key {k:?} is not an architecture number"))
             })?;
-            by_arch.insert(code, boot_target(v, &public));
+            by_arch.insert(code, boot_target(v, public));
         }
         let script_url = raw
             .boot
@@ -403,18 +472,32 @@ impl DhcpSettings {
     }
 }
 
+/// `[dhcp]` of a whole config file's text (other sections ignored), for tests.
+#[cfg(test)]
+pub(crate) fn section_from_toml(text: &str) -> Result<DhcpConfig, toml::de::Error> {
+    #[derive(Deserialize)]
+    struct File {
+        #[serde(default)]
+        dhcp: DhcpConfig,
+    }
+    toml::from_str::<File>(text).map(|f| f.dhcp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn cfg(text: &str) -> Config {
-        Config::from_toml(text).unwrap()
+    /// The boot listener's URL with the default `[http]` section.
+    const PUBLIC: &str = "http://127.0.0.1:8080";
+
+    fn cfg(text: &str) -> DhcpConfig {
+        section_from_toml(text).unwrap()
     }
 
     #[test]
     fn range_shorthand_and_defaults() {
-        let c = cfg("[http]\npublic_url = \"http://10.0.0.1:8080\"\n[dhcp]\nenabled = true\ninterface = \"eth1\"\nmode = \"authoritative\"\nrange = \"10.0.0.100-10.0.0.200\"\nrouter = \"10.0.0.1\"\n");
-        let s = DhcpSettings::from_config(&c).unwrap();
+        let c = cfg("[dhcp]\nenabled = true\ninterface = \"eth1\"\nmode = \"authoritative\"\nrange = \"10.0.0.100-10.0.0.200\"\nrouter = \"10.0.0.1\"\n");
+        let s = DhcpSettings::from_config(&c, "http://10.0.0.1:8080").unwrap();
         assert_eq!(s.subnets.len(), 1);
         assert_eq!(s.subnets[0].network, Ipv4Addr::new(10, 0, 0, 0));
         assert_eq!(s.subnets[0].pool_size(), 101);
@@ -445,7 +528,7 @@ uefi = "snponly.efi"
 11 = "ipxe-arm64.efi"
 19 = "http:ipxe-arm64.efi"
 "#);
-        let s = DhcpSettings::from_config(&c).unwrap();
+        let s = DhcpSettings::from_config(&c, PUBLIC).unwrap();
         assert_eq!(s.subnets[0].pool_size(), 10);
         assert!(!s.subnets[0].in_pool(Ipv4Addr::new(10, 1, 0, 15)));
         assert_eq!(s.reservations[0].mac, [0x52, 0x54, 0, 0x12, 0x34, 0x56]);
@@ -461,27 +544,29 @@ uefi = "snponly.efi"
 
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
-        let e = Config::from_toml("[dhcp]\nleasetime = 5\n")
+        let e = section_from_toml("[dhcp]\nleasetime = 5\n")
             .unwrap_err()
             .to_string();
         assert!(e.contains("leasetime"), "{e}");
-        let e = Config::from_toml("[dhcp.boot]\nbio = \"x\"\n")
+        let e = section_from_toml("[dhcp.boot]\nbio = \"x\"\n")
             .unwrap_err()
             .to_string();
         assert!(e.contains("bio"), "{e}");
-        let e = DhcpSettings::from_config(&cfg(
-            "[dhcp]\nmode = \"authoritative\"\nrange = \"10.0.0.9-10.0.0.1\"\n",
-        ))
+        let e = DhcpSettings::from_config(
+            &cfg("[dhcp]\nmode = \"authoritative\"\nrange = \"10.0.0.9-10.0.0.1\"\n"),
+            PUBLIC,
+        )
         .unwrap_err()
         .to_string();
         assert!(e.contains("ends before"), "{e}");
-        let e = DhcpSettings::from_config(&cfg(
-            "[dhcp]\n[[dhcp.reservations]]\nmac = \"zz\"\nip = \"10.0.0.1\"\n",
-        ))
+        let e = DhcpSettings::from_config(
+            &cfg("[dhcp]\n[[dhcp.reservations]]\nmac = \"zz\"\nip = \"10.0.0.1\"\n"),
+            PUBLIC,
+        )
         .unwrap_err()
         .to_string();
         assert!(e.contains("mac"), "{e}");
-        let e = DhcpSettings::from_config(&cfg("[dhcp]\nmode = \"authoritative\"\n"))
+        let e = DhcpSettings::from_config(&cfg("[dhcp]\nmode = \"authoritative\"\n"), PUBLIC)
             .unwrap_err()
             .to_string();
         assert!(e.contains("needs"), "{e}");

@@ -133,15 +133,17 @@ impl BootHttp {
         })
     }
 
-    /// Settings from the config: templates from `boot.ipxe_templates`, token key from
-    /// `http.token_key_file` (created when absent), discovery image from the catalog.
+    /// Settings from the `[http]` and `[boot]` sections: templates from
+    /// `boot.ipxe_templates`, token key from `http.token_key_file` (default
+    /// `<state_dir>/http-token-key`, created when absent), discovery image from the catalog.
     pub fn from_config(
-        cfg: &crate::config::Config,
+        h: &super::HttpConfig,
+        boot: &super::BootConfig,
+        state_dir: &Path,
         index: Arc<dyn BootIndex>,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<BootHttp> {
-        let h = &cfg.http;
-        let base_url = cfg.public_http_url();
+        let base_url = h.public_http_url();
         let default_action = match h.unknown_action.as_str() {
             "exit" => DefaultAction::Exit,
             "retry" => DefaultAction::Retry {
@@ -152,8 +154,8 @@ impl BootHttp {
                     .discovery_image
                     .as_deref()
                     .context("http.unknown_action = \"discovery\" needs http.discovery_image")?;
-                let catalog = super::catalog::load(&cfg.boot.images_dir)?;
-                let hasher = super::catalog::FileHasher::new(&cfg.boot.images_dir);
+                let catalog = super::catalog::load(&boot.images_dir)?;
+                let hasher = super::catalog::FileHasher::new(&boot.images_dir);
                 let img = hasher
                     .resolve(&catalog, r)
                     .with_context(|| format!("hashing discovery image {r}"))?
@@ -180,11 +182,11 @@ impl BootHttp {
         let key_file = h
             .token_key_file
             .clone()
-            .unwrap_or_else(|| cfg.state_dir.join("http-token-key"));
+            .unwrap_or_else(|| state_dir.join("http-token-key"));
         let key = load_or_create_key(&key_file)?;
         let mut templates = Vec::new();
         for (name, _) in crate::ipxe::BUILTIN_TEMPLATES {
-            let p = cfg.boot.ipxe_templates.join(name);
+            let p = boot.ipxe_templates.join(name);
             match std::fs::read_to_string(&p) {
                 Ok(t) => templates.push((name.to_string(), t)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -201,7 +203,7 @@ impl BootHttp {
             signer: TokenSigner::new(&key),
             templates,
             assets_dir: Some(h.assets_dir.clone()),
-            images_dir: Some(cfg.boot.images_dir.clone()),
+            images_dir: Some(boot.images_dir.clone()),
             ipxe_fallback_dir: Some(PathBuf::from(IPXE_SYSTEM_DIR)),
             file_io,
             stream_budget_bytes: h.stream_budget_bytes.max(files::MIN_CHUNK),

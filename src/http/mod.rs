@@ -30,8 +30,8 @@ pub mod files;
 pub mod handler;
 pub mod index;
 pub mod metrics;
-pub mod preview;
 pub mod server;
+pub mod settings;
 pub mod token;
 
 use std::net::IpAddr;
@@ -43,6 +43,7 @@ use crate::model::ident::Mac;
 
 pub use handler::BootHttp;
 pub use metrics::Metrics;
+pub use settings::{BootConfig, HttpConfig};
 
 /// A key into the [`BootIndex`]: what a request says about the machine asking.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -142,39 +143,24 @@ pub trait BootIndex: Send + Sync {
     }
 }
 
-/// Run the boot listener on `http.listen` until shutdown. Metrics go to a fresh
-/// [`Metrics`]; use [`serve_with_metrics`] to share them with the API's `/metrics`.
-pub async fn serve(
-    ctx: Arc<crate::serve::Context>,
-    index: Arc<dyn BootIndex>,
-    shutdown: crate::shutdown::Shutdown,
-) -> anyhow::Result<()> {
-    serve_with_metrics(ctx, index, Arc::new(Metrics::new()), shutdown).await
-}
-
-/// [`serve`] with caller-owned metrics.
-pub async fn serve_with_metrics(
-    ctx: Arc<crate::serve::Context>,
-    index: Arc<dyn BootIndex>,
-    metrics: Arc<Metrics>,
-    shutdown: crate::shutdown::Shutdown,
-) -> anyhow::Result<()> {
-    let app = Arc::new(BootHttp::from_config(&ctx.config, index, metrics)?);
-    serve_app(ctx, app, shutdown).await
-}
-
-/// [`serve`] with a caller-built application (shared, e.g., with the API's preview
-/// routes, [`preview`]).
-pub async fn serve_app(
-    ctx: Arc<crate::serve::Context>,
+/// Run the boot listener `app` on `config.listen` (`config.workers` threads, its
+/// connection limits) until shutdown. `serve` builds `app` with
+/// [`BootHttp::from_config`] and shares it with the API's preview routes.
+pub async fn run(
+    config: &HttpConfig,
     app: Arc<BootHttp>,
     shutdown: crate::shutdown::Shutdown,
 ) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    let http = &ctx.config.http;
-    let workers = server::worker_count(http.workers);
-    let listeners = server::bind(http.listen, workers)
-        .with_context(|| format!("binding boot http listener {}", http.listen))?;
-    tracing::info!(listen = %http.listen, workers, public_url = %app.base_url(), "boot http listening");
-    server::run_workers(listeners, app, server::Limits::from_config(http), shutdown).await
+    let workers = server::worker_count(config.workers);
+    let listeners = server::bind(config.listen, workers)
+        .with_context(|| format!("binding boot http listener {}", config.listen))?;
+    tracing::info!(listen = %config.listen, workers, public_url = %app.base_url(), "boot http listening");
+    server::run_workers(
+        listeners,
+        app,
+        server::Limits::from_config(config),
+        shutdown,
+    )
+    .await
 }

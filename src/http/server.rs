@@ -48,7 +48,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn from_config(c: &crate::config::HttpConfig) -> Limits {
+    pub fn from_config(c: &super::HttpConfig) -> Limits {
         Limits {
             max_connections: c.max_connections.max(1),
             max_connections_per_source: c.max_connections_per_source.max(1),
@@ -83,7 +83,7 @@ impl Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits::from_config(&crate::config::HttpConfig::default())
+        Limits::from_config(&super::HttpConfig::default())
     }
 }
 

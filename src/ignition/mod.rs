@@ -13,7 +13,7 @@
 //!   [`RenderCache`].
 //! - [`templates`] is the template directory as the boot side uses it: reload on
 //!   change, and the rule that picks a machine's template.
-//! - [`cli`] is `bootplane render ignition|ipxe`.
+//! - `bootplane render ignition|ipxe` (the command) is `crate::cli::render`.
 //!
 //! Errors carry the field path (`storage.files[2].mode`) and, for YAML input, the line
 //! and column, so they can go straight into a ServerBootConfiguration's `Error` condition.
@@ -23,7 +23,6 @@
 //! its line for the semantic errors found after deserialisation.
 
 pub mod butane;
-pub mod cli;
 mod deflate;
 mod locate;
 pub mod merge;

@@ -87,10 +87,15 @@ pub struct PowerConfig {
     pub qemu: qemu::QemuConfig,
 }
 
-/// The driver chosen by `controller.power_driver`, built from its `[power.*]` section.
-pub fn from_config(c: &crate::config::Config) -> anyhow::Result<Arc<dyn PowerDriver>> {
-    match c.controller.power_driver.as_str() {
-        "qemu" => Ok(qemu::Qemu::new(c.power.qemu.clone(), &c.state_dir)?),
+/// The driver named `driver` (`controller.power_driver`), built from its `[power.*]`
+/// section of `c` (the QEMU driver keeps its VMs under `state_dir`).
+pub fn from_config(
+    driver: &str,
+    c: &PowerConfig,
+    state_dir: &std::path::Path,
+) -> anyhow::Result<Arc<dyn PowerDriver>> {
+    match driver {
+        "qemu" => Ok(qemu::Qemu::new(c.qemu.clone(), state_dir)?),
         other => from_name(other),
     }
 }

@@ -24,21 +24,20 @@ pub mod packet;
 pub mod server;
 pub mod transfer;
 
-use std::sync::Arc;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::ensure;
 use serde::{Deserialize, Serialize};
 
-use crate::serve::Context;
 use crate::shutdown::Shutdown;
 
 pub use metrics::Metrics;
 pub use server::Server;
 
-/// The `[tftp]` config section (re-exported as `config::TftpConfig`).
+/// The `[tftp]` config section (TFTP is disabled unless `enabled` or `--tftp-listen`
+/// is given).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
 pub struct TftpConfig {
@@ -155,54 +154,45 @@ impl TftpConfig {
     }
 }
 
-/// Run the TFTP server until shutdown.
-pub async fn serve(ctx: Arc<Context>, shutdown: Shutdown) -> anyhow::Result<()> {
-    serve_with_metrics(ctx, shutdown, Arc::new(Metrics::default())).await
-}
-
-/// Like [`serve`], counting into `metrics` (the ones the API's `/metrics` shows).
-pub async fn serve_with_metrics(
-    ctx: Arc<Context>,
-    shutdown: Shutdown,
+/// Bind the `[tftp]` listener and serve until shutdown, counting into `metrics` (the
+/// ones the API's `/metrics` shows).
+pub async fn run(
+    config: &TftpConfig,
     metrics: Arc<Metrics>,
+    shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let c = &ctx.config.tftp;
-    let server = Server::bind(c, metrics).await?;
-    tracing::info!(listen = %server.local_addr()?, root = %c.root.display(), "tftp server listening");
+    let server = Server::bind(config, metrics).await?;
+    tracing::info!(listen = %server.local_addr()?, root = %config.root.display(), "tftp server listening");
     server.run(shutdown).await
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use super::TftpConfig;
+
+    fn section(text: &str) -> Result<TftpConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
 
     #[test]
     fn section_parses_and_rejects_unknown() {
-        let c = Config::from_toml(
-            "[tftp]\nenabled = true\nmax_transfers = 10\nsingle_port = true\nmax_windowsize = 8\n",
-        )
-        .unwrap();
+        let c =
+            section("enabled = true\nmax_transfers = 10\nsingle_port = true\nmax_windowsize = 8\n")
+                .unwrap();
         assert_eq!(
-            (
-                c.tftp.max_transfers,
-                c.tftp.single_port,
-                c.tftp.max_windowsize
-            ),
+            (c.max_transfers, c.single_port, c.max_windowsize),
             (10, true, 8)
         );
-        let e = Config::from_toml("[tftp]\nmax_transfer = 10\n")
-            .unwrap_err()
-            .to_string();
+        let e = section("max_transfer = 10\n").unwrap_err().to_string();
         assert!(e.contains("max_transfer"), "{e}");
-        let c = Config::from_toml("[tftp]\nmax_blksize = 4\n").unwrap();
-        assert!(c.tftp.validate().is_err());
-        let c = Config::from_toml("[tftp]\nmax_timeout_secs = 0\n").unwrap();
-        assert!(c.tftp.validate().is_err());
-        let c = Config::from_toml("[tftp]\nmax_transfers = 10\n").unwrap();
-        assert_eq!(c.tftp.per_client_cap(), 5);
-        let c = Config::from_toml("[tftp]\nmax_transfers = 10\nmax_transfers_per_client = 99\n")
-            .unwrap();
-        assert_eq!(c.tftp.per_client_cap(), 10);
-        crate::config::Config::default().tftp.validate().unwrap();
+        let c = section("max_blksize = 4\n").unwrap();
+        assert!(c.validate().is_err());
+        let c = section("max_timeout_secs = 0\n").unwrap();
+        assert!(c.validate().is_err());
+        let c = section("max_transfers = 10\n").unwrap();
+        assert_eq!(c.per_client_cap(), 5);
+        let c = section("max_transfers = 10\nmax_transfers_per_client = 99\n").unwrap();
+        assert_eq!(c.per_client_cap(), 10);
+        TftpConfig::default().validate().unwrap();
     }
 }

@@ -9,8 +9,8 @@ use dhcproto::v4::{
 };
 
 use super::*;
-use crate::config::Config;
 use crate::dhcp::leases::{self, LeaseState};
+use crate::dhcp::settings::section_from_toml;
 
 const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xaa, 0xbb, 0xcc];
@@ -20,9 +20,9 @@ const UUID: [u8; 16] = [
 
 fn settings(mode: &str) -> DhcpSettings {
     let text = format!(
-        "[http]\npublic_url = \"http://10.0.0.1:8080\"\n[dhcp]\nenabled = true\ninterface = \"veth0\"\nmode = \"{mode}\"\nrange = \"10.0.0.100-10.0.0.199\"\nrouter = \"10.0.0.1\"\ndns = [\"10.0.0.53\"]\nlease_time_secs = 600\n[[dhcp.subnets]]\nnetwork = \"10.9.0.0/24\"\nranges = [\"10.9.0.10-10.9.0.20\"]\nrouter = \"10.9.0.1\"\n"
+        "[dhcp]\nenabled = true\ninterface = \"veth0\"\nmode = \"{mode}\"\nrange = \"10.0.0.100-10.0.0.199\"\nrouter = \"10.0.0.1\"\ndns = [\"10.0.0.53\"]\nlease_time_secs = 600\n[[dhcp.subnets]]\nnetwork = \"10.9.0.0/24\"\nranges = [\"10.9.0.10-10.9.0.20\"]\nrouter = \"10.9.0.1\"\n"
     );
-    DhcpSettings::from_config(&Config::from_toml(&text).unwrap()).unwrap()
+    DhcpSettings::from_config(&section_from_toml(&text).unwrap(), "http://10.0.0.1:8080").unwrap()
 }
 
 fn server(mode: &str) -> Server {
@@ -771,11 +771,11 @@ fn long_replies_overload_file_and_sname_within_option_57() {
     // A long public URL makes the HTTP Boot reply outgrow the 312-octet options field.
     let long = format!("http://10.0.0.1:8080/{}", "p".repeat(150));
     let text = format!(
-        "[http]\npublic_url = \"{long}\"\n[dhcp]\nenabled = true\ninterface = \"veth0\"\nmode = \"authoritative\"\nrange = \"10.0.0.100-10.0.0.199\"\nrouter = \"10.0.0.1\"\ndns = [\"10.0.0.53\", \"10.0.0.54\"]\ndomain = \"{}.example\"\n",
+        "[dhcp]\nenabled = true\ninterface = \"veth0\"\nmode = \"authoritative\"\nrange = \"10.0.0.100-10.0.0.199\"\nrouter = \"10.0.0.1\"\ndns = [\"10.0.0.53\", \"10.0.0.54\"]\ndomain = \"{}.example\"\n",
         "d".repeat(40)
     );
     let mut s = Server::new(
-        DhcpSettings::from_config(&Config::from_toml(&text).unwrap()).unwrap(),
+        DhcpSettings::from_config(&section_from_toml(&text).unwrap(), &long).unwrap(),
         SERVER,
     );
     let url = format!("{long}/assets/ipxe.efi");

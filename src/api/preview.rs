@@ -19,8 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use super::{BootHttp, BootState, MachineId};
-use crate::api::rest::ApiError;
+use super::rest::ApiError;
+use crate::http::{BootHttp, BootState, MachineId};
 
 /// Path prefix of the preview routes.
 pub const PREVIEW_PATH: &str = "/apis/boot.bootplane.dev/v1alpha1/render";

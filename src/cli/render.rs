@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
-use super::{FilesDir, IgnitionSecret, MachineFacts, Renderer, Template};
+use crate::ignition::{FilesDir, IgnitionSecret, MachineFacts, Renderer, Template};
 
 #[derive(Subcommand)]
 pub enum RenderCmd {
@@ -84,7 +84,7 @@ pub struct IgnitionArgs {
 
 /// GET `path` on the API; the body, or the server's `Status` message as the error.
 fn api_get(conn: &ApiConn, path: &str) -> Result<String> {
-    crate::cli::Client::connect(&conn.api, conn.token.as_deref(), &conn.state_dir)?
+    super::Client::connect(&conn.api, conn.token.as_deref(), &conn.state_dir)?
         .request_text("GET", path, None)
 }
 
@@ -98,7 +98,7 @@ fn server_path(kind: &str, server: &str) -> Result<String> {
     }
     Ok(format!(
         "{}/{kind}/{server}",
-        crate::http::preview::PREVIEW_PATH
+        crate::api::preview::PREVIEW_PATH
     ))
 }
 
@@ -139,13 +139,13 @@ pub fn run(cmd: RenderCmd) -> Result<u8> {
         None => FilesDir::new(),
     };
     let config = if let Some(p) = &a.butane {
-        super::translate_with(&read(p)?, &files)
+        crate::ignition::translate_with(&read(p)?, &files)
             .with_context(|| format!("translating {}", p.display()))?
             .config
     } else if let Some(p) = &a.ignition {
-        let v = super::validate::parse_json(&read(p)?)
+        let v = crate::ignition::validate::parse_json(&read(p)?)
             .with_context(|| format!("parsing {}", p.display()))?;
-        super::validate(&v).with_context(|| format!("validating {}", p.display()))?;
+        crate::ignition::validate(&v).with_context(|| format!("validating {}", p.display()))?;
         v
     } else if a.template.is_some() || a.secret.is_some() {
         let mut r = Renderer::new();

@@ -1,0 +1,86 @@
+//! The `[api]` config section: the operator-facing listener (REST API, `/metrics`,
+//! `/healthz`), its token and its connection and request limits.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+/// The operator-facing listener: REST API, `/metrics`, `/healthz`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    pub listen: SocketAddr,
+    /// Bearer token. When absent, one is generated into `<state_dir>/api-token` (mode 0600).
+    pub token: Option<String>,
+    /// Maximum concurrent API connections. When reached, a new client still gets in:
+    /// the oldest idle connection of the source holding the most is closed for it.
+    pub max_connections: usize,
+    /// Connections one source (IPv4 address, IPv6 /64) may hold (at most
+    /// `max_connections`); beyond it its own oldest idle connection makes room, or
+    /// (none idle) the new one is refused.
+    pub max_connections_per_source: usize,
+    /// A request head must be complete within this long of its first byte.
+    pub header_read_timeout_ms: u64,
+    /// How long a connection may wait for a request's first byte, after the accept and
+    /// between keep-alive requests (a watch in progress is not idle).
+    pub idle_timeout_ms: u64,
+    /// A request body must be complete within this long of its head (408 after it).
+    pub body_read_timeout_ms: u64,
+    /// Maximum request body size in bytes (413 beyond it, before the body is read;
+    /// YAML aliases may not expand a body by more than this either).
+    pub max_body_bytes: usize,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: "127.0.0.1:9090".parse().unwrap(),
+            token: None,
+            max_connections: 512,
+            max_connections_per_source: 128,
+            header_read_timeout_ms: 5_000,
+            idle_timeout_ms: 60_000,
+            body_read_timeout_ms: 30_000,
+            // Kubernetes' limit; a stored object is at most 1.5 MiB anyway.
+            max_body_bytes: 3 << 20,
+        }
+    }
+}
+
+impl ApiConfig {
+    /// Semantic checks that TOML typing cannot express.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(t) = &self.token {
+            if t.len() < 16 {
+                bail!("api.token must be at least 16 characters");
+            }
+        }
+        let (max, per) = (self.max_connections, self.max_connections_per_source);
+        if max == 0 || per == 0 {
+            bail!("api.max_connections and api.max_connections_per_source must be at least 1 (got {max} and {per})");
+        }
+        for (key, ms) in [
+            ("api.header_read_timeout_ms", self.header_read_timeout_ms),
+            ("api.idle_timeout_ms", self.idle_timeout_ms),
+            ("api.body_read_timeout_ms", self.body_read_timeout_ms),
+        ] {
+            if ms == 0 {
+                bail!("{key} must be at least 1");
+            }
+        }
+        Ok(())
+    }
+
+    /// The listener's connection admission limits.
+    pub fn limits(&self) -> crate::listen::Limits {
+        crate::listen::Limits {
+            max_connections: self.max_connections,
+            max_per_source: self.max_connections_per_source,
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms.max(100)),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(100)),
+        }
+        .normalized()
+    }
+}

@@ -1,0 +1,164 @@
+//! The boot listener's config sections: `[http]` ([`HttpConfig`]: the listener, its
+//! limits and what it answers unknown machines) and `[boot]` ([`BootConfig`]: the
+//! template and image directories the boot side renders and serves from). `config`
+//! aggregates them into the whole file; [`super::BootHttp::from_config`] and
+//! [`super::server::Limits::from_config`] turn them into the running listener.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+/// The machine-facing HTTP boot listener.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    pub listen: SocketAddr,
+    /// URL machines use to reach this listener (e.g. `http://10.0.0.1:8080`); when
+    /// absent it is derived from the listen address.
+    pub public_url: Option<String>,
+    /// Root of `/assets/` (iPXE binaries, image files).
+    pub assets_dir: PathBuf,
+    /// Connections open at once. When reached, a new client still gets in: the oldest
+    /// idle connection of the source holding the most is closed for it.
+    pub max_connections: usize,
+    /// Connections one source (IPv4 address, IPv6 /64) may hold; beyond it its own
+    /// oldest idle connection makes room, or (none idle) the new one is refused.
+    pub max_connections_per_source: usize,
+    /// Request head limit (431 beyond it); at least 8192.
+    pub max_header_bytes: usize,
+    /// A request head must be complete within this long of its first byte.
+    pub header_read_timeout_ms: u64,
+    /// How long a connection may wait for a request's first byte, after the accept and
+    /// between keep-alive requests (default 30 s; nginx waits 60 s).
+    pub idle_timeout_ms: u64,
+    /// Threads serving the listener, each with its own runtime and `SO_REUSEPORT`
+    /// socket on `listen` (as nginx's worker processes); 0 (default) = one per core.
+    pub workers: usize,
+    /// Script for unknown / unclaimed / failed machines: `exit` (local disk), `retry`
+    /// (sleep `retry_secs`, chain `/boot.ipxe` again) or `discovery` (boot `discovery_image`).
+    pub unknown_action: String,
+    pub retry_secs: u32,
+    /// Image catalog reference booted by `unknown_action = "discovery"`.
+    pub discovery_image: Option<String>,
+    /// Console arguments appended to every kernel command line.
+    pub console: String,
+    /// Lifetime of the signed per-boot URLs minted into scripts (a rendered script, and so
+    /// its token, is reused for at most half of this).
+    pub token_ttl_secs: u64,
+    /// Put a signed per-boot token into each script's Ignition URL, so the machine can
+    /// fetch its Ignition even from an address not registered for it (default true).
+    pub sign_ignition_urls: bool,
+    /// HMAC key file for per-boot tokens; default `<state_dir>/http-token-key` (created, 0600).
+    pub token_key_file: Option<PathBuf>,
+    /// How file data reaches the socket: `sendfile` (default), `mmap` or `read`.
+    pub file_io: String,
+    /// Memory budget for file data in flight across all downloads: each download's chunk
+    /// is this divided by the number of downloads, clamped to 8 KiB..1 MiB.
+    pub stream_budget_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: "0.0.0.0:8080".parse().unwrap(),
+            public_url: None,
+            assets_dir: PathBuf::from("ipxe"),
+            max_connections: 4096,
+            max_connections_per_source: 512,
+            max_header_bytes: 16 << 10,
+            header_read_timeout_ms: 5_000,
+            idle_timeout_ms: 30_000,
+            workers: 0,
+            unknown_action: "exit".into(),
+            retry_secs: 10,
+            discovery_image: None,
+            console: "console=tty0 console=ttyS0,115200".into(),
+            token_ttl_secs: 3600,
+            sign_ignition_urls: true,
+            token_key_file: None,
+            file_io: "sendfile".into(),
+            stream_budget_bytes: 8 << 20,
+        }
+    }
+}
+
+impl HttpConfig {
+    /// Semantic checks that TOML typing cannot express.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(u) = &self.public_url {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                bail!("http.public_url must start with http:// or https:// (got {u:?})");
+            }
+        }
+        let (max, per) = (self.max_connections, self.max_connections_per_source);
+        if max == 0 || per == 0 {
+            bail!("http.max_connections and http.max_connections_per_source must be at least 1 (got {max} and {per})");
+        }
+        for (key, ms) in [
+            ("http.header_read_timeout_ms", self.header_read_timeout_ms),
+            ("http.idle_timeout_ms", self.idle_timeout_ms),
+        ] {
+            if ms == 0 {
+                bail!("{key} must be at least 1");
+            }
+        }
+        Ok(())
+    }
+
+    /// The URL machines use to reach the boot listener: `public_url` without a
+    /// trailing slash, else derived from `listen` (an unspecified address as 127.0.0.1).
+    pub fn public_http_url(&self) -> String {
+        if let Some(u) = &self.public_url {
+            return u.trim_end_matches('/').to_string();
+        }
+        let addr = self.listen;
+        let host = if addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            addr.ip().to_string()
+        };
+        format!("http://{}:{}", host, addr.port())
+    }
+}
+
+/// What the boot side renders and serves.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct BootConfig {
+    /// iPXE script templates.
+    pub ipxe_templates: PathBuf,
+    /// Ignition/Butane templates.
+    pub ignition_templates: PathBuf,
+    /// Image catalog directory.
+    pub images_dir: PathBuf,
+}
+
+impl Default for BootConfig {
+    fn default() -> Self {
+        BootConfig {
+            ipxe_templates: PathBuf::from("ipxe"),
+            ignition_templates: PathBuf::from("ignition"),
+            images_dir: PathBuf::from("images"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_url_is_trimmed_or_derived_from_listen() {
+        let mut h = HttpConfig::default();
+        assert_eq!(h.public_http_url(), "http://127.0.0.1:8080");
+        h.listen = "10.0.0.1:80".parse().unwrap();
+        assert_eq!(h.public_http_url(), "http://10.0.0.1:80");
+        h.public_url = Some("https://boot.example/".into());
+        assert_eq!(h.public_http_url(), "https://boot.example");
+        h.validate().unwrap();
+        h.public_url = Some("boot.example".into());
+        assert!(h.validate().unwrap_err().to_string().contains("public_url"));
+    }
+}
