@@ -23,4 +23,5 @@ pub mod serve;
 pub mod shutdown;
 pub mod statedir;
 pub mod store;
+pub mod sys;
 pub mod tftp;

@@ -352,10 +352,7 @@ pub struct StoreBootIndex {
 
 impl BootIndex for StoreBootIndex {
     fn lookup(&self, id: &MachineId) -> Option<Arc<MachineBoot>> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let now = crate::sys::unix_now();
         // The entry is returned as stored (never a per-request copy), so the listener's
         // per-machine script cache keeps hitting for lease-identified machines.
         self.mem.lookup(id).or_else(|| {
@@ -374,10 +371,7 @@ impl BootIndex for StoreBootIndex {
         let (Some(leases), IpAddr::V4(ip)) = (&self.leases, client) else {
             return false;
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let now = crate::sys::unix_now();
         leases
             .by_ip(ip)
             .is_some_and(|l| l.active(now) && m.macs.contains(&l.mac))

@@ -37,7 +37,9 @@ pub mod settings;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use crate::sys::unix_now;
 
 use anyhow::{bail, Context as _, Result};
 use tokio::net::UdpSocket;
@@ -54,13 +56,6 @@ use crate::shutdown::Shutdown;
 
 /// Lease log file name inside the state directory.
 pub const LEASE_FILE: &str = "dhcp-leases.log";
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 /// The interface's first IPv4 address and prefix length.
 pub fn interface_ipv4(name: &str) -> Result<(Ipv4Addr, u8)> {

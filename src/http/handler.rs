@@ -15,10 +15,11 @@ use http::{Method, Request, Response, StatusCode};
 
 use super::files::{self, Conditions, FileBody, FileIo, Plan, Root, StreamBudget};
 use super::metrics::RouteLabels;
-use super::token::{unix_now, Purpose, TokenSigner};
+use super::token::{Purpose, TokenSigner};
 use super::{BootEvent, BootIndex, BootState, MachineBoot, MachineId, Metrics};
 use crate::ipxe::{DefaultAction, MachineScript, Renderer};
 use crate::model::ident::{parse_mac, parse_uuid, MacFmt};
+use crate::sys::unix_now;
 
 /// Where iPXE binaries come from when the assets directory lacks them.
 pub const IPXE_SYSTEM_DIR: &str = "/usr/lib/ipxe";

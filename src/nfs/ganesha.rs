@@ -239,15 +239,7 @@ impl Ganesha {
         // If bootplane dies, ganesha dies with it: exports must not outlive the process
         // that revokes them (rpcbind, its child, is cleaned up by `kill_stale` on the
         // next start).
-        // SAFETY: prctl(2) is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::sys::die_with_parent(cmd.as_std_mut());
         let mut child = cmd
             .spawn()
             .map_err(|e| NfsError::Down(format!("spawning {}: {e}", self.cfg.ganesha_bin)))?;

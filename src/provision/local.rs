@@ -241,15 +241,7 @@ async fn run_attempt(
         .process_group(0);
     // The job dies with bootplane, so a restarted bootplane never finds an orphan still
     // writing the disk; the controller starts the job again under the same id.
-    // SAFETY: prctl(2) is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    crate::sys::die_with_parent(cmd.as_std_mut());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
