@@ -75,7 +75,7 @@ pub struct Settings {
     pub nfs_enabled: bool,
 }
 
-pub struct S390x {
+pub struct Provisioning {
     pub store: Store,
     pub backend: Arc<dyn ExportBackend>,
     pub runner: Arc<dyn JobRunner>,
@@ -274,19 +274,19 @@ fn job_state(s: JobState) -> &'static str {
     }
 }
 
-impl S390x {
+impl Provisioning {
     pub fn new(
         store: Store,
         backend: Arc<dyn ExportBackend>,
         runner: Arc<dyn JobRunner>,
         settings: Settings,
-    ) -> Arc<S390x> {
+    ) -> Arc<Provisioning> {
         let reg = store.registry();
         let t = |k: &str| {
             reg.by_kind(&format!("{GROUP}/v1alpha1"), k)
                 .unwrap_or_else(|| panic!("{k} type is registered"))
         };
-        Arc::new(S390x {
+        Arc::new(Provisioning {
             backend,
             runner,
             settings,
