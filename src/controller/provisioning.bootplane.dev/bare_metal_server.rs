@@ -141,30 +141,34 @@ impl Provisioning {
                 return Ok(Next::Done);
             }
         }
-        match self.provision(key, obj.clone(), &sv, &image).await? {
-            Ok(patch) => merge(&mut st, &patch),
+        // The server's spec is updated on the way: its status is written on that version.
+        let obj = match self.provision(key, obj.clone(), &sv, &image).await? {
+            Ok((obj, patch)) => {
+                merge(&mut st, &patch);
+                obj
+            }
             Err(waiting) => {
                 let patch = ServerStatusPatch::state(BareMetalServerState::Pending, waiting);
                 merge(&mut st, &patch);
                 self.set_status(&self.t_server, &obj, st).await?;
                 return Ok(Next::Done);
             }
-        }
+        };
         self.set_status(&self.t_server, &obj, st).await?;
         self.apply_retention(ns, &image).await?;
         Ok(Next::Done)
     }
 
     /// Steps 3 and on: the NFS details, the job's export rule, the server's spec and the
-    /// Provision action. Returns the status patch mirroring the action, or what the
-    /// server waits for.
+    /// Provision action. Returns the server as updated and the status patch mirroring the
+    /// action, or what the server waits for.
     async fn provision(
         &self,
         key: &Key,
         obj: Arc<Value>,
         sv: &BareMetalServer,
         image: &str,
-    ) -> Result<Result<ServerStatusPatch, Waiting>, StoreError> {
+    ) -> Result<Result<(Arc<Value>, ServerStatusPatch), Waiting>, StoreError> {
         let (ns, name) = key;
         if image.is_empty() {
             return Ok(Err(format!("label {IMAGE_LABEL} is missing")));
@@ -215,7 +219,7 @@ impl Provisioning {
         let mut action = owned_object(&self.t_action, ns, &rname, owner, to_json(&aspec));
         action["metadata"]["labels"] = serde_json::json!({ IMAGE_LABEL: image });
         let a = self.ensure(&self.t_action, action).await?;
-        Ok(Ok(mirror(&read(&self.t_action, &a)?)))
+        Ok(Ok((obj, mirror(&read(&self.t_action, &a)?))))
     }
 
     /// The server's Image, once it is `Available` and not being deleted.
