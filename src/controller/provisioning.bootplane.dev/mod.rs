@@ -33,7 +33,7 @@
 //!
 //! This file holds what they share: the [`Provisioning`] controller (queues, watches,
 //! dispatch of watch events to queues, workers) and the write helpers. Writers patch the
-//! stored JSON ([`merge`]): fields no view knows are kept, in their stored order.
+//! stored JSON (`merge`): fields no view knows are kept, in their stored order.
 //!
 //! Restart safety: every object has a deterministic name and ownerReferences, every
 //! write is a compare-and-swap or an idempotent create, and the job id is the action's
