@@ -146,7 +146,7 @@ pub async fn run(config: Config) -> Result<()> {
             Arc::new(crate::nfs::Disabled)
         };
         let p = &config.provision;
-        let settings = crate::controller::s390x::Settings {
+        let settings = crate::controller::provisioning::Settings {
             images_dir: p
                 .images_dir
                 .clone()
@@ -160,7 +160,12 @@ pub async fn run(config: Config) -> Result<()> {
                 .with_context(|| format!("creating {}", settings.images_dir.display()))?;
         }
         if config.controller.enabled {
-            let c = crate::controller::s390x::S390x::new(store.clone(), backend, runner, settings);
+            let c = crate::controller::provisioning::Provisioning::new(
+                store.clone(),
+                backend,
+                runner,
+                settings,
+            );
             let (s, workers, run_backend) =
                 (coord.handle(), config.controller.workers, nfs.enabled);
             tasks.spawn(async move {

@@ -11,8 +11,9 @@
 pub mod bootconfig;
 pub mod bootside;
 pub mod claim;
+#[path = "provisioning.bootplane.dev/mod.rs"]
+pub mod provisioning;
 pub mod queue;
-pub mod s390x;
 pub mod server;
 pub mod settings;
 
