@@ -1,6 +1,6 @@
 //! Request handling for the boot listener: route, identity check, render or stream,
 //! then one access log line and the metrics. Independent of the socket loop
-//! ([`super::server`]), so tests can drive it with any hyper connection.
+//! ([`super::server`]), so unit tests and fuzz targets call it without a socket.
 
 use std::borrow::Cow;
 use std::net::IpAddr;

@@ -1,4 +1,4 @@
-//! The machine-facing HTTP boot listener. Owned by issue 3.
+//! The machine-facing HTTP boot listener.
 //!
 //! Routes (all `GET`, `HEAD` also on assets):
 //! - `/boot.ipxe`: chainload script that sends iPXE to its per-machine script with its

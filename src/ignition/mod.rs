@@ -1,5 +1,5 @@
 //! Ignition rendering: Butane → Ignition translation, per-machine templates,
-//! validation. Pure: no I/O while rendering. Owned by issue 6.
+//! validation. Pure: no I/O while rendering.
 //!
 //! - [`butane`] translates Butane YAML (variants `fcos` 1.3–1.6 → Ignition 3.2–3.5 and
 //!   `flatcar` 1.0–1.1 → Ignition 3.3–3.4) into Ignition JSON. Local files

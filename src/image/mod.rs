@@ -1,4 +1,4 @@
-//! Image pipeline (issue 7): the packed image format, `bootplane image pack`, and the
+//! Image pipeline: the packed image format, `bootplane image pack`, and the
 //! verified streamer behind `bootplane provision` (read → decode → verify → write).
 //!
 //! - [`format`]: independent zstd frames + seek table + JSON manifest.

@@ -1,4 +1,4 @@
-//! iPXE script rendering from editable templates (pure, no I/O). Owned by issue 3.
+//! iPXE script rendering from editable templates (pure, no I/O).
 //!
 //! Three templates, each a minijinja template with an iPXE body:
 //! - `boot.ipxe.j2`: the chainload script served at `/boot.ipxe`; it sends iPXE on to
