@@ -14,6 +14,7 @@
 //! read update against it ([`Store::update_status`], [`Store::update_from`]).
 
 pub mod kv;
+pub mod watcher;
 
 use std::collections::HashSet;
 use std::path::Path;
