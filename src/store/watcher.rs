@@ -37,7 +37,8 @@ use std::time::Duration;
 use futures::Stream;
 use serde_json::Value;
 
-use super::kv::Rev;
+use super::backend::{KvBackend, KvWatch};
+use super::kv::{Kv, Rev};
 use super::{ObjectEvent, ObjectWatch, Objects, Store, StoreError};
 use crate::model::registry::ResourceType;
 
@@ -50,7 +51,7 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<ObjectEvent, StoreError>> + 
 
 /// One type's watch as a stream: its state (the in-flight `next`) lives here, across
 /// polls, so a dropped [`Watcher::next`] loses nothing.
-fn stream(w: ObjectWatch) -> EventStream {
+fn stream<W: KvWatch>(w: ObjectWatch<W>) -> EventStream {
     Box::pin(futures::stream::unfold(w, |mut w| async move {
         let r = w.next().await;
         Some((r, w))
@@ -71,11 +72,11 @@ impl Change {
 }
 
 /// What [`Watcher::next`] hands out.
-pub enum Batch<'w> {
+pub enum Batch<'w, B: KvBackend = Kv> {
     /// Every object of the listed types, now (the first batch, and after each `Gone`).
     Listed(Listing),
     /// Changes since the previous batch.
-    Events(Events<'w>),
+    Events(Events<'w, B>),
 }
 
 /// The objects of a (re-)listing with their types, parsed as they are taken.
@@ -104,13 +105,13 @@ impl Iterator for Listing {
 
 /// The changes of one batch: the first, then those already waiting (see the module
 /// doc). Dropping it early leaves the rest for the next batch.
-pub struct Events<'w> {
-    w: &'w mut Watcher,
+pub struct Events<'w, B: KvBackend = Kv> {
+    w: &'w mut Watcher<B>,
     first: Option<Change>,
     taken: usize,
 }
 
-impl Iterator for Events<'_> {
+impl<B: KvBackend> Iterator for Events<'_, B> {
     type Item = Change;
 
     fn next(&mut self) -> Option<Change> {
@@ -133,8 +134,8 @@ impl Iterator for Events<'_> {
 }
 
 /// See the module doc.
-pub struct Watcher {
-    store: Store,
+pub struct Watcher<B: KvBackend = Kv> {
+    store: Store<B>,
     /// What the logs call this watcher.
     name: &'static str,
     /// The followed types and whether each is listed.
@@ -148,9 +149,9 @@ pub struct Watcher {
     closed: bool,
 }
 
-impl Watcher {
+impl<B: KvBackend> Watcher<B> {
     /// A watcher of nothing yet; `name` is what its log lines say.
-    pub fn new(store: Store, name: &'static str) -> Watcher {
+    pub fn new(store: Store<B>, name: &'static str) -> Self {
         Watcher {
             store,
             name,
@@ -164,19 +165,19 @@ impl Watcher {
     }
 
     /// Also list and watch `t` (every namespace).
-    pub fn with(mut self, t: Arc<ResourceType>) -> Watcher {
+    pub fn with(mut self, t: Arc<ResourceType>) -> Self {
         self.types.push((t, true));
         self
     }
 
     /// Also watch `t`, without listing it (see the module doc).
-    pub fn with_unlisted(mut self, t: Arc<ResourceType>) -> Watcher {
+    pub fn with_unlisted(mut self, t: Arc<ResourceType>) -> Self {
         self.types.push((t, false));
         self
     }
 
     /// At most `n` (at least 1) events per [`Batch::Events`].
-    pub fn max_batch(mut self, n: usize) -> Watcher {
+    pub fn max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
         self
     }
@@ -188,7 +189,7 @@ impl Watcher {
     }
 
     /// The next batch; `None` once the store has closed. Cancel-safe.
-    pub async fn next(&mut self) -> Option<Batch<'_>> {
+    pub async fn next(&mut self) -> Option<Batch<'_, B>> {
         loop {
             if self.closed {
                 return None;
