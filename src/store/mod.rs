@@ -34,7 +34,7 @@ use backend::{KvBackend, KvWatch};
 use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
 use validate::{err_invalid, field};
 
-/// Errors callers branch on; each maps to one HTTP status (see `api::status`).
+/// Errors callers branch on; the REST API maps each to one HTTP status.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum StoreError {
     #[error("{qualified} \"{name}\" not found")]

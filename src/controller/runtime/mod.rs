@@ -52,7 +52,7 @@ use crate::store::{Store, StoreError};
 use queue::WorkQueue;
 
 /// How long reconciles in flight at shutdown may take to finish.
-pub const DRAIN: Duration = Duration::from_secs(5);
+pub const DRAIN: Duration = Duration::from_secs(2);
 
 /// What a reconcile asks of the runtime afterwards.
 #[derive(Debug, PartialEq, Eq)]
