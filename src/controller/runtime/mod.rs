@@ -9,7 +9,9 @@
 //! - **Dedup queues with in-flight tracking** ([`queue::WorkQueue`]): a key is queued
 //!   at most once, and a key added while it is being reconciled is reconciled again
 //!   afterwards, never twice at once.
-//! - **Workers**: each reconciler gets `workers` tasks taking keys off its queue.
+//! - **Workers**: each reconciler gets `workers` tasks taking keys off its queue
+//!   (the count is the controller set's choice: the metal set passes
+//!   `controller.workers`, more of them meaning bigger group commits).
 //!   Reconcilers are level-triggered and idempotent (they read the current objects,
 //!   act, and write with compare-and-swap), so a restart at any point just
 //!   reconciles again from what is stored.
