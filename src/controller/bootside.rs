@@ -10,7 +10,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use futures::FutureExt as _;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -26,6 +25,7 @@ use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::model::views::nics;
 use crate::shutdown::Shutdown;
+use crate::store::watcher::{Batch, Events, Watcher};
 use crate::store::{secret_data, Store, StoreError};
 
 /// Resolves a boot configuration's image against the catalog (every file present with
@@ -529,109 +529,75 @@ impl StoreBootIndex {
 
     async fn watch(self: Arc<Self>, mut shutdown: Shutdown) {
         let reg = self.store.registry();
-        let types: Vec<Arc<ResourceType>> = ["server", "sbc", "secret", "serverclaim"]
-            .iter()
-            .map(|k| reg.resolve(k).expect("type"))
-            .collect();
+        let t = |k: &str| reg.resolve(k).expect("type");
+        // Servers are listed; what the other types contribute is re-derived from them.
+        let mut w = Watcher::new(self.store.clone(), "boot entries")
+            .with(self.t_server.clone())
+            .with_unlisted(t("sbc"))
+            .with_unlisted(t("secret"))
+            .with_unlisted(t("serverclaim"))
+            .max_batch(COALESCE_MAX);
         // Template files are not in the store: an mtime/size check of the directory.
         let mut poll = tokio::time::interval(TEMPLATE_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        'relist: loop {
-            let rev = self.store.revision();
-            let (servers, _) = self.store.list(&self.t_server, None, None);
-            let mut listed = HashSet::new();
-            for s in servers {
-                // the listed object is the current one: no second read and parse
-                self.index(meta::name(&s), &s);
-                listed.insert(meta::name(&s).to_string());
+        loop {
+            let batch = tokio::select! {
+                b = w.next() => b,
+                _ = poll.tick() => {
+                    let r = self.resolver.clone();
+                    let reloaded = tokio::task::spawn_blocking(move || r.reload_templates_if_changed())
+                        .await
+                        .unwrap_or(false);
+                    if reloaded {
+                        w.relist();
+                    }
+                    continue;
+                }
+                _ = shutdown.recv() => return,
+            };
+            match batch {
+                None => return,
+                Some(Batch::Listed(servers)) => {
+                    let mut listed = HashSet::new();
+                    for (_, s) in servers {
+                        // the listed object is the current one: no second read and parse
+                        self.index(meta::name(&s), &s);
+                        listed.insert(meta::name(&s).to_string());
+                    }
+                    // A Server deleted while this watch was behind the event log has no
+                    // event left to say so: the listing is the whole truth.
+                    self.mem.retain(|name| listed.contains(name));
+                }
+                Some(Batch::Events(changes)) => self.apply(changes),
             }
-            // A Server deleted while this watch was behind the event log has no event
-            // left to say so: the listing is the whole truth.
-            self.mem.retain(|name| listed.contains(name));
-            let mut watches = Vec::new();
-            for t in &types {
-                match self.store.watch(t, None, rev) {
-                    Ok(w) => watches.push(w),
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue 'relist;
-                    }
+        }
+    }
+
+    /// Registering a fleet is a burst of events, several per server (its creation,
+    /// claim, boot configuration and their status writes): the watcher hands out the
+    /// events already waiting together, and each affected server is refreshed once,
+    /// from the store's current state. One refresh per event made the boot index fall
+    /// behind the store's event log and re-list during a 10,000-machine registration.
+    fn apply(&self, changes: Events<'_>) {
+        let mut refresh = HashSet::new();
+        let mut invalidate = HashSet::new();
+        for c in changes {
+            let is_server = c.t.kind == "Server";
+            for server in self.affected(&c.event.object) {
+                // A Server update keeps its render when the facts it was rendered from
+                // are unchanged (checked by the cache); a claim, boot configuration or
+                // secret change, or a deleted Server, drops it.
+                if !is_server || c.deleted() {
+                    invalidate.insert(server.clone());
                 }
+                refresh.insert(server);
             }
-            let mut iter = watches.into_iter();
-            let (mut ws, mut wb, mut wsec, mut wc) = (
-                iter.next().unwrap(),
-                iter.next().unwrap(),
-                iter.next().unwrap(),
-                iter.next().unwrap(),
-            );
-            loop {
-                let ev = tokio::select! {
-                    e = ws.next() => e,
-                    e = wb.next() => e,
-                    e = wsec.next() => e,
-                    e = wc.next() => e,
-                    _ = poll.tick() => {
-                        let r = self.resolver.clone();
-                        let reloaded = tokio::task::spawn_blocking(move || r.reload_templates_if_changed())
-                            .await
-                            .unwrap_or(false);
-                        if reloaded {
-                            continue 'relist;
-                        }
-                        continue;
-                    }
-                    _ = shutdown.recv() => return,
-                };
-                // Registering a fleet is a burst of events, several per server (its
-                // creation, claim, boot configuration and their status writes): take the
-                // events already waiting too, then refresh each affected server once,
-                // from the store's current state. One refresh per event made this task
-                // fall behind the store's event log and re-list during a 10,000-machine
-                // registration.
-                let mut refresh = HashSet::new();
-                let mut invalidate = HashSet::new();
-                let mut next = Some(ev);
-                let mut taken = 0;
-                while let Some(ev) = next.take() {
-                    match ev {
-                        Ok(ev) => {
-                            let is_server =
-                                ev.object.get("kind").and_then(Value::as_str) == Some("Server");
-                            for server in self.affected(&ev.object) {
-                                // A Server update keeps its render when the facts it was
-                                // rendered from are unchanged (checked by the cache); a
-                                // claim, boot configuration or secret change, or a deleted
-                                // Server, drops it.
-                                if !is_server || ev.kind == "DELETED" {
-                                    invalidate.insert(server.clone());
-                                }
-                                refresh.insert(server);
-                            }
-                        }
-                        Err(StoreError::Gone(m)) => {
-                            tracing::info!("boot entries: watch expired ({m}), re-listing");
-                            continue 'relist;
-                        }
-                        Err(_) => return,
-                    }
-                    taken += 1;
-                    if taken < COALESCE_MAX {
-                        next = ws
-                            .next()
-                            .now_or_never()
-                            .or_else(|| wb.next().now_or_never())
-                            .or_else(|| wsec.next().now_or_never())
-                            .or_else(|| wc.next().now_or_never());
-                    }
-                }
-                for server in &invalidate {
-                    self.resolver.renders().invalidate(server);
-                }
-                for server in &refresh {
-                    self.refresh(server);
-                }
-            }
+        }
+        for server in &invalidate {
+            self.resolver.renders().invalidate(server);
+        }
+        for server in &refresh {
+            self.refresh(server);
         }
     }
 

@@ -1,9 +1,9 @@
-//! Reconcilers and the small runtime they run on.
+//! Reconcilers, and the metal ones' controller set ([`Controllers`]: claims, servers,
+//! boot configurations) on the one [`runtime`].
 //!
-//! One watch task per resource type lists, then watches from the list's revision
-//! (re-listing after a 410), keeps in-memory indexes current (claimable servers,
-//! claim → bound server) and enqueues the keys each event concerns. Worker tasks
-//! take keys off per-controller [`queue::WorkQueue`]s and call the reconcilers,
+//! The set's watches keep in-memory indexes current (claimable servers, claim →
+//! bound server) and enqueue the keys each event concerns; the runtime's workers
+//! take keys off the per-reconciler [`queue::WorkQueue`]s and call the reconcilers,
 //! which are level-triggered and idempotent: they read the current objects, act,
 //! and write with compare-and-swap; a failed reconcile is retried with backoff, and
 //! a restart at any point just reconciles again from what is stored.
@@ -13,13 +13,15 @@ pub mod bootside;
 pub mod claim;
 #[path = "provisioning.bootplane.dev/mod.rs"]
 pub mod provisioning;
-pub mod queue;
+pub mod runtime;
 pub mod server;
 pub mod settings;
 
+pub(crate) use runtime::{finish, watch_loop};
+pub use runtime::{queue, Next};
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -27,8 +29,9 @@ use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::power::PowerDriver;
 use crate::shutdown::Shutdown;
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 use queue::WorkQueue;
+use runtime::Runtime;
 
 pub use settings::ControllerConfig;
 
@@ -37,13 +40,6 @@ pub type Key = (String, String);
 
 /// Finalizer the claim reconciler puts on every ServerClaim.
 pub const CLAIM_FINALIZER: &str = "metal.ironcore.dev/serverclaim";
-
-/// What a reconcile asks of the runtime afterwards.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Next {
-    Done,
-    After(Duration),
-}
 
 /// Decides whether a ServerBootConfiguration can be `Ready`: the boot side plugs in
 /// the image catalog and Ignition validation here.
@@ -196,50 +192,29 @@ impl Controllers {
         }
     }
 
-    /// Start watches and workers; returns when shutdown is signalled.
-    pub async fn run(self: Arc<Self>, workers: usize, mut shutdown: Shutdown) {
-        let mut tasks = tokio::task::JoinSet::new();
-        for t in [
+    /// Run the watches and reconcilers on the [`Runtime`] until shutdown.
+    pub async fn run(self: Arc<Self>, workers: usize, shutdown: Shutdown) {
+        let types = [
             self.t_server.clone(),
             self.t_claim.clone(),
             self.t_sbc.clone(),
             self.t_secret.clone(),
-        ] {
-            let c = self.clone();
-            tasks.spawn(
-                async move { watch_loop(&c.store, t, |t, o, del| c.dispatch(t, o, del)).await },
-            );
-        }
-        for _ in 0..workers {
-            let c = self.clone();
-            tasks.spawn(async move {
-                while let Some(k) = c.claims.get().await {
-                    let r = claim::reconcile(&c, &k).await;
-                    finish(&c.claims, k, r, "serverclaim");
-                }
-            });
-            let c = self.clone();
-            tasks.spawn(async move {
-                while let Some(k) = c.servers.get().await {
-                    let r = server::reconcile(&c, &k).await;
-                    finish(&c.servers, k, r, "server");
-                }
-            });
-            let c = self.clone();
-            tasks.spawn(async move {
-                while let Some(k) = c.sbcs.get().await {
-                    let r = bootconfig::reconcile(&c, &k).await;
-                    finish(&c.sbcs, k, r, "serverbootconfiguration");
-                }
-            });
-        }
-        shutdown.recv().await;
-        self.claims.shutdown();
-        self.servers.shutdown();
-        self.sbcs.shutdown();
-        // Workers finish their current reconcile (bounded by the drain timeout).
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        ];
+        Runtime::new(self.clone(), self.store.clone(), workers)
+            .watch(types, |c: &Controllers, t, o, del| c.dispatch(t, o, del))
+            .reconciler("serverclaim", self.claims.clone(), |c, k| async move {
+                claim::reconcile(&c, &k).await
+            })
+            .reconciler("server", self.servers.clone(), |c, k| async move {
+                server::reconcile(&c, &k).await
+            })
+            .reconciler(
+                "serverbootconfiguration",
+                self.sbcs.clone(),
+                |c, k| async move { bootconfig::reconcile(&c, &k).await },
+            )
+            .run(shutdown)
+            .await
     }
 
     fn dispatch(&self, t: &ResourceType, o: &Arc<Value>, deleted: bool) {
@@ -251,69 +226,6 @@ impl Controllers {
             _ => {}
         }
     }
-}
-
-/// List `t`, hand every object to `dispatch`, then watch from the list's revision and
-/// hand on each event (`deleted` for DELETED); re-list after a 410. Returns when the
-/// watch ends (store closed). Every controller's watch task is this loop.
-pub(crate) async fn watch_loop(
-    store: &Store,
-    t: Arc<ResourceType>,
-    dispatch: impl Fn(&ResourceType, &Arc<Value>, bool),
-) {
-    loop {
-        let (items, rev) = store.list(&t, None, None);
-        for o in items {
-            dispatch(&t, &o, false);
-        }
-        let mut w = match store.watch(&t, None, rev) {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(kind = %t.kind, error = %e, "watch failed, re-listing");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        loop {
-            match w.next().await {
-                Ok(ev) => dispatch(&t, &ev.object, ev.kind == "DELETED"),
-                Err(StoreError::Gone(m)) => {
-                    tracing::info!(kind = %t.kind, "watch expired ({m}), re-listing");
-                    break;
-                }
-                Err(e) => {
-                    tracing::debug!(kind = %t.kind, error = %e, "watch ended");
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// After a reconcile of `k` from `q`: forget or requeue it as the result asks, retry
-/// failures with backoff (conflicts quietly), and mark it done.
-pub(crate) fn finish<K: Clone + Eq + std::hash::Hash + Send + std::fmt::Debug + 'static>(
-    q: &Arc<WorkQueue<K>>,
-    k: K,
-    r: Result<Next, StoreError>,
-    what: &str,
-) {
-    match r {
-        Ok(Next::Done) => q.forget(&k),
-        Ok(Next::After(d)) => {
-            q.forget(&k);
-            q.add_after(k.clone(), d);
-        }
-        Err(e) => {
-            if matches!(e, StoreError::Conflict { .. }) {
-                tracing::debug!(kind = what, key = ?k, error = %e, "reconcile conflict, retrying");
-            } else {
-                tracing::warn!(kind = what, key = ?k, error = %e, "reconcile failed, retrying with backoff");
-            }
-            q.add_rate_limited(k.clone());
-        }
-    }
-    q.done(&k);
 }
 
 /// `metadata.ownerReferences` naming `owner` (of type `rt`) as the controlling owner,

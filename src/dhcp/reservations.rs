@@ -23,9 +23,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
-use futures::FutureExt as _;
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -34,7 +32,8 @@ use crate::model::ident::{Mac, MacFmt};
 use crate::model::meta;
 use crate::model::views::nics;
 use crate::shutdown::Shutdown;
-use crate::store::{Store, StoreError};
+use crate::store::watcher::{Batch, Watcher};
+use crate::store::Store;
 
 /// The reservations one Server object asks for (see the module doc for the fields).
 pub fn from_server(obj: &Value, subnets: &[Subnet]) -> Vec<Reservation> {
@@ -128,72 +127,56 @@ pub fn watch_servers(
                 }
             });
         };
-        'relist: loop {
-            let rev = store.revision();
-            let (servers, _) = store.list(&t, None, None);
-            per_server.clear();
-            for s in servers {
-                let r = from_server(&s, &subnets);
-                if !r.is_empty() {
-                    per_server.insert(meta::name(&s).to_string(), r);
-                }
-            }
-            publish(&per_server);
-            let mut w = match store.watch(&t, None, rev) {
-                Ok(w) => w,
-                Err(_) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(200)) => continue 'relist,
-                        _ = shutdown.recv() => return,
-                    }
-                }
+        // Every event already waiting is applied before one merge and publish:
+        // registering a fleet is a burst of Server events, and merging the whole list
+        // per event made that quadratic.
+        let mut w = Watcher::new(store, "dhcp reservations")
+            .with(t)
+            .max_batch(usize::MAX);
+        loop {
+            let batch = tokio::select! {
+                b = w.next() => b,
+                _ = shutdown.recv() => return,
             };
-            loop {
-                let first = tokio::select! {
-                    e = w.next() => e,
-                    _ = shutdown.recv() => return,
-                };
-                // Apply this event and every one already waiting, then merge and publish
-                // once: registering a fleet is a burst of Server events, and merging the
-                // whole list per event made that quadratic. Events that leave a server's
-                // reservation as it was (status updates) change nothing.
-                let mut changed = false;
-                let mut next = Some(first);
-                while let Some(ev) = next.take() {
-                    match ev {
-                        Ok(ev) => {
-                            let name = meta::name(&ev.object).to_string();
-                            let r = if ev.kind == "DELETED" {
-                                Vec::new()
-                            } else {
-                                from_server(&ev.object, &subnets)
-                            };
-                            if let Some(first) = r.first() {
-                                tracing::debug!(server = %name, uuid = ?ev.object.pointer("/spec/systemUUID"),
-                                    ip = %first.ip, "server reservation");
-                            }
-                            changed |= if r.is_empty() {
-                                per_server.remove(&name).is_some()
-                            } else if per_server.get(&name) == Some(&r) {
-                                false
-                            } else {
-                                per_server.insert(name, r);
-                                true
-                            };
-                        }
-                        Err(StoreError::Gone(m)) => {
-                            tracing::info!("dhcp reservations: watch expired ({m}), re-listing");
-                            continue 'relist;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "watching servers for dhcp reservations failed");
-                            return;
+            match batch {
+                None => return,
+                Some(Batch::Listed(servers)) => {
+                    per_server.clear();
+                    for (_, s) in servers {
+                        let r = from_server(&s, &subnets);
+                        if !r.is_empty() {
+                            per_server.insert(meta::name(&s).to_string(), r);
                         }
                     }
-                    next = w.next().now_or_never();
-                }
-                if changed {
                     publish(&per_server);
+                }
+                Some(Batch::Events(changes)) => {
+                    // Events that leave a server's reservation as it was (status
+                    // updates) change nothing.
+                    let mut changed = false;
+                    for c in changes {
+                        let name = meta::name(&c.event.object).to_string();
+                        let r = if c.deleted() {
+                            Vec::new()
+                        } else {
+                            from_server(&c.event.object, &subnets)
+                        };
+                        if let Some(first) = r.first() {
+                            tracing::debug!(server = %name, uuid = ?c.event.object.pointer("/spec/systemUUID"),
+                                ip = %first.ip, "server reservation");
+                        }
+                        changed |= if r.is_empty() {
+                            per_server.remove(&name).is_some()
+                        } else if per_server.get(&name) == Some(&r) {
+                            false
+                        } else {
+                            per_server.insert(name, r);
+                            true
+                        };
+                    }
+                    if changed {
+                        publish(&per_server);
+                    }
                 }
             }
         }

@@ -1,8 +1,10 @@
-//! The object store: Kubernetes object semantics on top of the revisioned KV
-//! ([`kv`], etcd semantics). This is where `metadata` is owned: `uid`,
+//! The object store: Kubernetes object semantics on top of a revisioned key-value
+//! backend with etcd's semantics ([`backend::KvBackend`]; the redb engine [`kv`] is
+//! the only one today). This is where `metadata` is owned: `uid`,
 //! `creationTimestamp`, `generation`, `resourceVersion` (= the KV `mod_rev`),
 //! finalizers and `deletionTimestamp`, and cascading deletion of dependents named
-//! by `ownerReferences`. Every write is validated against the type's schema first.
+//! by `ownerReferences`. Every write is validated against the type's schema first
+//! (`validate.rs`). [`watcher`] is the list → watch → re-list loop over it.
 //!
 //! Controllers and the REST API both go through [`Store`]; nothing else writes the KV.
 //!
@@ -13,7 +15,10 @@
 //! [`Store::list_text`], [`ObjectEvent::text`]); writers that hold the object they
 //! read update against it ([`Store::update_status`], [`Store::update_from`]).
 
+pub mod backend;
 pub mod kv;
+mod validate;
+pub mod watcher;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -21,14 +26,15 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::model::labels;
 use crate::model::meta;
 use crate::model::registry::{Registry, ResourceType};
 use crate::model::schema::{FieldError, Reason};
 use crate::model::selector::Selector;
+use backend::{KvBackend, KvWatch};
 use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
+use validate::{err_invalid, field};
 
-/// Errors callers branch on; each maps to one HTTP status (see `api::status`).
+/// Errors callers branch on; the REST API maps each to one HTTP status.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum StoreError {
     #[error("{qualified} \"{name}\" not found")]
@@ -112,11 +118,12 @@ impl Iterator for Objects<'_> {
     }
 }
 
-pub struct ObjectWatch {
-    inner: kv::Watch,
+/// A watch of one type's objects (over the backend's key watch).
+pub struct ObjectWatch<W = kv::Watch> {
+    inner: W,
 }
 
-impl ObjectWatch {
+impl<W: KvWatch> ObjectWatch<W> {
     pub async fn next(&mut self) -> Result<ObjectEvent> {
         let e = self.inner.next().await.map_err(map_kv)?;
         let kind = match (e.kind, e.existed) {
@@ -181,39 +188,13 @@ pub fn now() -> String {
 
 /// The object store. Cheap to clone.
 #[derive(Clone)]
-pub struct Store {
-    kv: Kv,
+pub struct Store<B = Kv> {
+    kv: B,
     reg: &'static Registry,
 }
 
-fn err_invalid(rt: &ResourceType, name: &str, causes: Vec<FieldError>) -> StoreError {
-    StoreError::Invalid {
-        kind: rt.kind.clone(),
-        name: name.to_string(),
-        causes,
-    }
-}
-
-fn field(f: &str, reason: Reason, message: impl Into<String>) -> FieldError {
-    FieldError {
-        field: f.into(),
-        reason,
-        message: message.into(),
-    }
-}
-
-/// RFC 1123 subdomain, as kube requires for most object names.
-fn valid_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 253
-        && n.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && n.as_bytes()[0].is_ascii_alphanumeric()
-        && n.as_bytes()[n.len() - 1].is_ascii_alphanumeric()
-}
-
 impl Store {
-    /// Open the store in `dir` (created if needed).
+    /// Open the store in `dir` (created if needed), on the redb engine.
     pub fn open(dir: &Path) -> anyhow::Result<Store> {
         use anyhow::Context;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -224,12 +205,23 @@ impl Store {
             reg: Registry::global(),
         })
     }
+}
+
+impl<B: KvBackend> Store<B> {
+    /// A store over `kv`, with the global registry.
+    pub fn with_backend(kv: B) -> Store<B> {
+        Store {
+            kv,
+            reg: Registry::global(),
+        }
+    }
 
     pub fn registry(&self) -> &'static Registry {
         self.reg
     }
 
-    pub fn kv(&self) -> &Kv {
+    /// The backend, for what the object layer does not cover (tests, tools).
+    pub fn kv(&self) -> &B {
         &self.kv
     }
 
@@ -282,7 +274,7 @@ impl Store {
         sel: Option<&Selector>,
     ) -> (Vec<Arc<str>>, Rev) {
         let ns = if rt.namespaced { ns } else { None };
-        let (kvs, rev) = self.kv.list(&rt.prefix(ns));
+        let (kvs, rev) = self.kv.range(&rt.prefix(ns));
         let out = kvs
             .into_iter()
             .filter(|kv| sel.is_none_or(|s| s.matches(meta::labels(&kv.value()))))
@@ -303,7 +295,7 @@ impl Store {
         sel: Option<&'a Selector>,
     ) -> (Objects<'a>, Rev) {
         let ns = if rt.namespaced { ns } else { None };
-        let (kvs, rev) = self.kv.list(&rt.prefix(ns));
+        let (kvs, rev) = self.kv.range(&rt.prefix(ns));
         (
             Objects {
                 kvs: kvs.into_iter(),
@@ -313,142 +305,16 @@ impl Store {
         )
     }
 
-    pub fn watch(&self, rt: &ResourceType, ns: Option<&str>, from: Rev) -> Result<ObjectWatch> {
+    pub fn watch(
+        &self,
+        rt: &ResourceType,
+        ns: Option<&str>,
+        from: Rev,
+    ) -> Result<ObjectWatch<B::Watch>> {
         let ns = if rt.namespaced { ns } else { None };
         Ok(ObjectWatch {
             inner: self.kv.watch(&rt.prefix(ns), from).map_err(map_kv)?,
         })
-    }
-
-    /// Normalise and validate an object for `rt`; `old` is the stored object on update.
-    fn check(&self, rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<()> {
-        let Value::Object(map) = obj else {
-            return Err(StoreError::BadRequest(
-                "object must be a JSON/YAML mapping".into(),
-            ));
-        };
-        let name = map
-            .get("metadata")
-            .and_then(|m| m.get("name"))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        match map.get("apiVersion").and_then(Value::as_str) {
-            Some(v) if v == rt.api_version() => {}
-            Some(v) => {
-                return Err(StoreError::BadRequest(format!(
-                    "apiVersion {v:?} does not match {} for kind {}",
-                    rt.api_version(),
-                    rt.kind
-                )))
-            }
-            None => {
-                map.insert("apiVersion".into(), Value::String(rt.api_version()));
-            }
-        }
-        match map.get("kind").and_then(Value::as_str) {
-            Some(k) if k == rt.kind => {}
-            Some(k) => {
-                return Err(StoreError::BadRequest(format!(
-                    "kind {k:?} does not match {}",
-                    rt.kind
-                )))
-            }
-            None => {
-                map.insert("kind".into(), Value::String(rt.kind.clone()));
-            }
-        }
-        let mut causes = Vec::new();
-        match map.get_mut("metadata") {
-            Some(Value::Object(m)) => {
-                if !valid_name(&name) {
-                    causes.push(field(
-                        "metadata.name",
-                        if name.is_empty() { Reason::Required } else { Reason::Invalid },
-                        if name.is_empty() {
-                            "Required value: name is required".to_string()
-                        } else {
-                            format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")
-                        },
-                    ));
-                }
-                if rt.namespaced {
-                    let ns = m
-                        .get("namespace")
-                        .and_then(Value::as_str)
-                        .unwrap_or("default")
-                        .to_string();
-                    if !valid_name(&ns) {
-                        causes.push(field(
-                            "metadata.namespace",
-                            Reason::Invalid,
-                            format!("Invalid value: {ns:?}"),
-                        ));
-                    }
-                    m.insert("namespace".into(), Value::String(ns));
-                } else {
-                    m.remove("namespace");
-                }
-                for f in ["labels", "annotations"] {
-                    match m.get(f) {
-                        None | Some(Value::Null) => {}
-                        Some(Value::Object(l)) => {
-                            for (k, v) in l {
-                                if !v.is_string() {
-                                    causes.push(field(
-                                        &format!("metadata.{f}.{k}"),
-                                        Reason::TypeInvalid,
-                                        "must be a string",
-                                    ));
-                                }
-                            }
-                            // Syntax and size (Kubernetes' rules). Unchanged on an
-                            // update, they are not checked again: an object stored
-                            // before these rules keeps taking status writes.
-                            let old_l = old.and_then(|o| o.pointer(&format!("/metadata/{f}")));
-                            if old_l.and_then(Value::as_object) != Some(l) {
-                                if f == "labels" {
-                                    labels::check_labels(l, &mut causes);
-                                } else {
-                                    labels::check_annotations(l, &mut causes);
-                                }
-                            }
-                        }
-                        Some(_) => causes.push(field(
-                            &format!("metadata.{f}"),
-                            Reason::TypeInvalid,
-                            "must be a map of strings",
-                        )),
-                    }
-                }
-            }
-            _ => causes.push(field("metadata", Reason::Required, "Required value")),
-        }
-        if rt.kind == "Secret" && rt.group.is_empty() {
-            check_secret(map, &mut causes);
-        }
-        if let Some(schema) = &rt.schema {
-            schema.apply_defaults(obj);
-            schema.validate("", obj, old, &mut causes);
-        }
-        // Stricter than the CRD (which has no enum here): the controllers can only act
-        // on On and Off, so anything else is refused up front.
-        if rt.group == "metal.ironcore.dev" && (rt.kind == "Server" || rt.kind == "ServerClaim") {
-            if let Some(p) = obj.pointer("/spec/power").filter(|p| !p.is_null()) {
-                if p != "On" && p != "Off" {
-                    causes.push(field(
-                        "spec.power",
-                        Reason::NotSupported,
-                        format!("Unsupported value: {p}: supported values: \"On\", \"Off\""),
-                    ));
-                }
-            }
-        }
-        if causes.is_empty() {
-            Ok(())
-        } else {
-            Err(err_invalid(rt, &name, causes))
-        }
     }
 
     /// Create an object. Its namespace defaults to `default`.
@@ -468,7 +334,7 @@ impl Store {
                 obj["metadata"]["name"] = Value::String(format!("{prefix}{suffix}"));
             }
         }
-        self.check(rt, &mut obj, None)?;
+        validate::check(rt, &mut obj, None)?;
         let m = obj["metadata"].as_object_mut().expect("checked");
         m.insert(
             "uid".into(),
@@ -581,7 +447,7 @@ impl Store {
                 }
             }
         }
-        self.check(rt, &mut new, Some(&cur))?;
+        validate::check(rt, &mut new, Some(&cur))?;
         self.commit_update(rt, ns.as_deref(), &name, cur, cur_rv, new)
             .await
     }
@@ -608,7 +474,7 @@ impl Store {
                 vec![field("metadata", Reason::Required, "Required value")],
             ));
         }
-        self.check(rt, &mut new, Some(cur))?;
+        validate::check(rt, &mut new, Some(cur))?;
         self.commit_update(rt, ns.as_deref(), &name, cur.clone(), cur_rv, new)
             .await
     }
@@ -858,84 +724,6 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-fn check_secret(map: &mut Map<String, Value>, causes: &mut Vec<FieldError>) {
-    use base64::Engine;
-    const ALLOWED: &[&str] = &[
-        "apiVersion",
-        "kind",
-        "metadata",
-        "data",
-        "stringData",
-        "type",
-        "immutable",
-    ];
-    for k in map.keys() {
-        if !ALLOWED.contains(&k.as_str()) {
-            causes.push(field(k, Reason::Unknown, format!("unknown field \"{k}\"")));
-        }
-    }
-    if let Some(Value::Object(sd)) = map.remove("stringData") {
-        let data = map
-            .entry("data")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(d) = data {
-            for (k, v) in sd {
-                match v {
-                    Value::String(s) => {
-                        d.insert(
-                            k,
-                            Value::String(base64::engine::general_purpose::STANDARD.encode(s)),
-                        );
-                    }
-                    _ => causes.push(field(
-                        &format!("stringData.{k}"),
-                        Reason::TypeInvalid,
-                        "must be a string",
-                    )),
-                }
-            }
-        }
-    }
-    match map.get("data") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(d)) => {
-            for (k, v) in d {
-                match v.as_str() {
-                    Some(s) => {
-                        if let Err(e) = base64::engine::general_purpose::STANDARD.decode(s) {
-                            causes.push(field(
-                                &format!("data.{k}"),
-                                Reason::Invalid,
-                                format!("illegal base64 data: {e}"),
-                            ));
-                        }
-                    }
-                    None => causes.push(field(
-                        &format!("data.{k}"),
-                        Reason::TypeInvalid,
-                        "must be a base64 string",
-                    )),
-                }
-                if k.is_empty()
-                    || !k
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
-                {
-                    causes.push(field(&format!("data.{k}"), Reason::Invalid, "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"));
-                }
-            }
-        }
-        Some(_) => causes.push(field(
-            "data",
-            Reason::TypeInvalid,
-            "must be a map of base64 strings",
-        )),
-    }
-    if !map.contains_key("type") {
-        map.insert("type".into(), Value::String("Opaque".into()));
-    }
-}
-
 /// Base64-decoded value of one key of a Secret's `data`.
 pub fn secret_data(secret: &Value, key: &str) -> Option<Vec<u8>> {
     use base64::Engine;
@@ -968,299 +756,4 @@ fn with_status(cur: &Value, status: Option<Value>) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn store() -> (tempfile::TempDir, Store) {
-        let d = tempfile::tempdir().unwrap();
-        let s = Store::open(d.path()).unwrap();
-        (d, s)
-    }
-
-    fn rt(name: &str) -> Arc<ResourceType> {
-        Registry::global().resolve(name).unwrap()
-    }
-
-    #[tokio::test]
-    async fn create_sets_metadata_and_update_is_cas() {
-        let (_d, s) = store();
-        let srv = rt("server");
-        let o = s
-            .create(
-                &srv,
-                json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u1"}}),
-            )
-            .await
-            .unwrap();
-        assert_eq!(o["apiVersion"], "metal.ironcore.dev/v1alpha1");
-        assert_eq!(o["metadata"]["generation"], 1);
-        assert_eq!(o["spec"]["reclaimPolicy"], "Recycle", "default applied");
-        assert!(o["metadata"]["uid"].as_str().unwrap().len() > 10);
-        let mut stale = (*o).clone();
-        let mut upd = (*o).clone();
-        upd["spec"]["power"] = json!("On");
-        let o2 = s.update(&srv, upd, Part::Main).await.unwrap();
-        assert_eq!(o2["metadata"]["generation"], 2);
-        stale["spec"]["power"] = json!("Off");
-        let err = s.update(&srv, stale, Part::Main).await.unwrap_err();
-        assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
-        // Status through the main endpoint is ignored; through Status it lands.
-        let mut st = (*o2).clone();
-        st["status"] = json!({"state": "Available"});
-        let o3 = s.update(&srv, st.clone(), Part::Main).await.unwrap();
-        assert!(o3.get("status").is_none());
-        let o4 = s.update(&srv, st, Part::Status).await.unwrap();
-        assert_eq!(o4["status"]["state"], "Available");
-        assert_eq!(
-            o4["metadata"]["generation"], 2,
-            "status does not bump generation"
-        );
-    }
-
-    #[tokio::test]
-    async fn finalizers_and_cascade() {
-        let (_d, s) = store();
-        let claim = rt("serverclaim");
-        let sbc = rt("sbc");
-        let c = s
-            .create(&claim, json!({"metadata": {"name": "c", "finalizers": ["x/f"]}, "spec": {"image": "i", "power": "On"}}))
-            .await
-            .unwrap();
-        let owner = json!([{"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim", "name": "c", "uid": c["metadata"]["uid"]}]);
-        s.create(&sbc, json!({"metadata": {"name": "c", "ownerReferences": owner}, "spec": {"serverRef": {"name": "s"}}}))
-            .await
-            .unwrap();
-        let marked = s.delete(&claim, None, "c", None).await.unwrap();
-        assert!(meta::is_deleting(&marked));
-        assert!(
-            s.get(&sbc, None, "c").is_ok(),
-            "dependent stays while owner is only marked"
-        );
-        let mut f = (*s.get(&claim, None, "c").unwrap()).clone();
-        f["metadata"]["finalizers"] = json!([]);
-        s.update(&claim, f, Part::Main).await.unwrap();
-        assert!(matches!(
-            s.get(&claim, None, "c"),
-            Err(StoreError::NotFound { .. })
-        ));
-        assert!(
-            matches!(s.get(&sbc, None, "c"), Err(StoreError::NotFound { .. })),
-            "cascaded"
-        );
-    }
-
-    #[tokio::test]
-    async fn validation_names_problems_and_stores_nothing() {
-        let (_d, s) = store();
-        let claim = rt("serverclaim");
-        let err = s
-            .create(
-                &claim,
-                json!({"metadata": {"name": "c"}, "spec": {"power": "Sideways", "bogus": 1}}),
-            )
-            .await
-            .unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("spec.image: Required value"), "{msg}");
-        assert!(msg.contains("spec.power"), "{msg}");
-        assert!(msg.contains("unknown field \"spec.bogus\""), "{msg}");
-        assert_eq!(s.revision(), 0);
-        let c = s
-            .create(&claim, json!({"metadata": {"name": "c"}, "spec": {"image": "i", "power": "On", "serverRef": {"name": "a"}}}))
-            .await
-            .unwrap();
-        let mut u = (*c).clone();
-        u["spec"]["serverRef"]["name"] = json!("b");
-        let err = s.update(&claim, u, Part::Main).await.unwrap_err();
-        assert!(err.to_string().contains("serverRef is immutable"), "{err}");
-        let secret = rt("secret");
-        let err = s
-            .create(
-                &secret,
-                json!({"metadata": {"name": "x"}, "data": {"k": "not base64!"}}),
-            )
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("data.k: illegal base64"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn update_status_matches_update_of_the_status_part() {
-        let (_d, s) = store();
-        let srv = rt("server");
-        let body = json!({"metadata": {"name": "a", "labels": {"z": "1", "a": "2"}},
-            "spec": {"systemUUID": "u1"}, "status": {"state": "Available", "powerState": "Off"}});
-        let a = s.create(&srv, body.clone()).await.unwrap();
-        let mut b_body = body.clone();
-        b_body["metadata"]["name"] = json!("b");
-        let b = s.create(&srv, b_body).await.unwrap();
-        let status = json!({"state": "Reserved", "powerState": "Off", "conditions": []});
-        let mut o = (*a).clone();
-        o["status"] = status.clone();
-        let via_update = s.update(&srv, o, Part::Status).await.unwrap();
-        let via_status = s.update_status(&srv, &b, status.clone()).await.unwrap();
-        // Same object but for the server-owned identity fields, same field order.
-        let strip = |v: &Value| {
-            let mut v = v.clone();
-            for f in ["name", "uid", "resourceVersion", "creationTimestamp"] {
-                v["metadata"].as_object_mut().unwrap().remove(f);
-            }
-            v.to_string()
-        };
-        assert_eq!(strip(&via_update), strip(&via_status));
-        assert_eq!(via_status["status"], status);
-        assert_eq!(
-            via_status["metadata"]["generation"], 1,
-            "status is not spec"
-        );
-        // Unchanged: nothing written. Stale: conflict, nothing written.
-        let rev = s.revision();
-        let same = s
-            .update_status(&srv, &via_status, status.clone())
-            .await
-            .unwrap();
-        assert!(Arc::ptr_eq(&same, &via_status));
-        assert_eq!(s.revision(), rev);
-        let err = s
-            .update_status(&srv, &b, json!({"state": "Error"}))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
-        assert_eq!(s.get(&srv, None, "b").unwrap(), via_status);
-        // An object without status gets one (appended, as update does).
-        let mut c_body = body.clone();
-        c_body["metadata"]["name"] = json!("c");
-        c_body.as_object_mut().unwrap().remove("status");
-        let c = s.create(&srv, c_body).await.unwrap();
-        let c2 = s
-            .update_status(&srv, &c, json!({"state": "Available"}))
-            .await
-            .unwrap();
-        let keys: Vec<&String> = c2.as_object().unwrap().keys().collect();
-        assert_eq!(keys.last().unwrap().as_str(), "status");
-        // Still validated.
-        let err = s
-            .update_status(&srv, &c2, json!({"state": 5}))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
-    }
-
-    #[tokio::test]
-    async fn texts_are_the_bytes_of_the_parsed_objects() {
-        let (_d, s) = store();
-        let claim = rt("serverclaim");
-        for (i, n) in ["b", "a", "c"].iter().enumerate() {
-            let o = json!({"metadata": {"name": n, "labels": {"i": i.to_string(), "z": "v"},
-                "annotations": {"x": "é\"\n"}},
-                "spec": {"power": "On", "serverSelector": {"matchLabels": {"k": "v"}}, "image": "i:1"}});
-            s.create(&claim, o).await.unwrap();
-        }
-        let t = s.get_text(&claim, Some("default"), "a").unwrap();
-        let v = s.get(&claim, Some("default"), "a").unwrap();
-        assert_eq!(&*t, serde_json::to_string(&*v).unwrap());
-        assert!(
-            t.starts_with(r#"{"metadata":{"name":"a","labels":{"i":"1","#),
-            "{t}"
-        );
-        let (texts, rev) = s.list_text(&claim, Some("default"), None);
-        let (objs, rev2) = s.list(&claim, Some("default"), None);
-        assert_eq!(rev, rev2);
-        let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
-        let objs: Vec<String> = objs.map(|o| o.to_string()).collect();
-        assert_eq!(texts, objs);
-        let sel = Selector::parse("i=2").unwrap();
-        let (texts, _) = s.list_text(&claim, None, Some(&sel));
-        assert_eq!(texts.len(), 1);
-        assert!(texts[0].contains(r#""name":"c""#));
-        // Watch events carry the same text; a deletion's text is not offered (its
-        // object carries the deleting revision).
-        let mut w = s.watch(&claim, None, 0).unwrap();
-        for _ in 0..3 {
-            let e = w.next().await.unwrap();
-            assert_eq!(&**e.text.as_ref().unwrap(), e.object.to_string());
-        }
-        s.delete(&claim, Some("default"), "a", None).await.unwrap();
-        let e = w.next().await.unwrap();
-        assert_eq!((e.kind, e.text.is_none()), ("DELETED", true));
-        assert_eq!(e.object["metadata"]["resourceVersion"], e.rev.to_string());
-        assert!(matches!(
-            s.get_text(&claim, Some("default"), "a"),
-            Err(StoreError::NotFound { .. })
-        ));
-    }
-
-    #[tokio::test]
-    async fn object_limits_hold_on_every_write_path_and_store_nothing() {
-        let (_d, s) = store();
-        let srv = rt("server");
-        let bad = json!({"metadata": {"name": "a", "labels": {"../../x y": "v"}}, "spec": {"systemUUID": "u"}});
-        let err = s.create(&srv, bad).await.unwrap_err();
-        assert!(
-            matches!(&err, StoreError::Invalid { causes, .. } if causes[0].field == "metadata.labels"),
-            "{err}"
-        );
-        let o = s
-            .create(
-                &srv,
-                json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u"}}),
-            )
-            .await
-            .unwrap();
-        let rev = s.revision();
-        // Update, patch: bad label value, too many annotation bytes.
-        let mut u = (*o).clone();
-        u["metadata"]["labels"] = json!({"k": "a\nb"});
-        let err = s.update(&srv, u, Part::Main).await.unwrap_err();
-        assert!(err.to_string().contains("metadata.labels.k"), "{err}");
-        let big = json!({"metadata": {"annotations": {"n": "x".repeat(300 << 10)}}});
-        let err = s
-            .patch(&srv, None, "a", &big, Part::Main)
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("262144"), "{err}");
-        // An object over 1.5 MiB in total, created or updated (the limit is checked
-        // where every write's text is made, status writes included).
-        let secret = rt("secret");
-        let big =
-            |n: &str| json!({"metadata": {"name": n}, "stringData": {"k": "x".repeat(1200 << 10)}});
-        let err = s.create(&secret, big("big")).await.unwrap_err();
-        assert!(
-            matches!(err, StoreError::TooLarge { size, limit: kv::MAX_VALUE_BYTES, .. } if size > 1600 << 10),
-            "{err}"
-        );
-        assert!(err.to_string().contains("secrets \"big\""), "{err}");
-        assert_eq!(s.revision(), rev, "nothing was stored");
-        let small = s
-            .create(&secret, json!({"metadata": {"name": "small"}}))
-            .await
-            .unwrap();
-        let rev = s.revision();
-        let err = s
-            .update_from(&secret, small, big("small"), Part::Main)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
-        assert_eq!(s.revision(), rev, "nothing was stored");
-        // A watch may start at the current revision, not after it.
-        assert!(s.watch(&srv, None, rev).is_ok());
-        match s.watch(&srv, None, rev + 1) {
-            Err(e @ StoreError::TooLargeResourceVersion { .. }) => {
-                assert_eq!(
-                    e.to_string(),
-                    format!("Too large resource version: {}, current: {rev}", rev + 1)
-                )
-            }
-            Err(e) => panic!("{e}"),
-            Ok(_) => panic!("a watch from the future"),
-        }
-    }
-
-    #[test]
-    fn merge_patch_rfc7386() {
-        let mut t = json!({"a": "b", "c": {"d": "e", "f": "g"}});
-        merge_patch(&mut t, &json!({"a": "z", "c": {"f": null}}));
-        assert_eq!(t, json!({"a": "z", "c": {"d": "e"}}));
-    }
-}
+mod tests;

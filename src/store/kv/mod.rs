@@ -1,4 +1,7 @@
-//! A revisioned key-value store with etcd's semantics, embedded on redb.
+//! A revisioned key-value store with etcd's semantics, embedded on redb: the
+//! store's only [`KvBackend`] today (the seam and the types it shares live in
+//! [`super::backend`], re-exported here). The writer thread is in `commit.rs`, the
+//! text a put stores in `text.rs`.
 //!
 //! - One global revision, bumped once per committed transaction; every key records
 //!   the revision that created it and the one that last modified it (`mod_rev`,
@@ -29,17 +32,22 @@
 //! log, so the log is the only history kept in memory: an event shares its text with
 //! the map entry while it is the current version.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+mod commit;
+mod text;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::thread;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
-/// A global revision (etcd's `revision`).
-pub type Rev = u64;
+pub use super::backend::*;
+use commit::writer_loop;
+use text::{prepare, Prepared};
 
 /// How many past events are kept, for watch replay and for live watchers (a watcher
 /// further behind than this is closed and re-lists). Each event pins its object
@@ -57,11 +65,6 @@ const MAX_BATCH: usize = 2048;
 /// that was most of the appliance's resident memory.
 const REDB_CACHE_BYTES: usize = 16 << 20;
 
-/// The largest value (its compact JSON text) a put may store: etcd's default request
-/// limit, which Kubernetes objects live within. Checked on the caller's thread when
-/// the text is made, before the transaction is queued, so nothing is stored.
-pub const MAX_VALUE_BYTES: usize = 1536 << 10;
-
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -70,145 +73,6 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// written (the watch event, then a `get` in the reconcile it queues), so those reads
 /// share the writer's value instead of parsing. Bounded: ~5 KiB per object.
 const HOT_WRITES: usize = 1024;
-
-/// One stored value with its revisions.
-#[derive(Debug, Clone)]
-pub struct KeyValue {
-    pub key: Arc<str>,
-    /// The value as compact JSON text (what redb stores; see the module doc).
-    pub raw: Arc<str>,
-    pub create_rev: Rev,
-    pub mod_rev: Rev,
-    /// The parsed value, while this version is among the last [`HOT_WRITES`] written.
-    hot: Option<Arc<Value>>,
-}
-
-impl KeyValue {
-    /// The value (field order kept): shared while hot, else parsed from
-    /// [`KeyValue::raw`].
-    pub fn value(&self) -> Arc<Value> {
-        match &self.hot {
-            Some(v) => v.clone(),
-            None => Arc::new(parse(&self.key, &self.raw)),
-        }
-    }
-}
-
-/// Parse stored text. The text was written by `serde_json` itself (or checked by
-/// [`decode`] at open), so it always parses; `Null` would only stand for a bug.
-fn parse(key: &str, raw: &str) -> Value {
-    serde_json::from_str(raw).unwrap_or_else(|e| {
-        tracing::error!(key, error = %e, "stored value does not parse");
-        Value::Null
-    })
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    Put,
-    Delete,
-}
-
-/// A committed change. For deletes, `kv` holds the last value with `mod_rev` set to
-/// the deleting revision.
-#[derive(Debug, Clone)]
-pub struct Event {
-    pub kind: EventKind,
-    pub kv: KeyValue,
-    /// Whether the key existed before this change (false for creates). The previous
-    /// value itself is not kept: every event in the replay log would pin a second,
-    /// superseded copy of its object, and no watcher reads it.
-    pub existed: bool,
-}
-
-impl Event {
-    pub fn rev(&self) -> Rev {
-        self.kv.mod_rev
-    }
-}
-
-/// The guard of one operation in a transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compare {
-    /// No condition.
-    Any,
-    /// The key must not exist.
-    Absent,
-    /// The key must exist.
-    Exists,
-    /// The key must exist with this `mod_rev`.
-    ModRev(Rev),
-}
-
-#[derive(Debug, Clone)]
-pub enum Action {
-    Put(Arc<Value>),
-    Delete,
-}
-
-#[derive(Debug, Clone)]
-pub struct Op {
-    pub key: String,
-    pub compare: Compare,
-    pub action: Action,
-}
-
-impl Op {
-    pub fn put(key: impl Into<String>, compare: Compare, value: Value) -> Op {
-        Op {
-            key: key.into(),
-            compare,
-            action: Action::Put(Arc::new(value)),
-        }
-    }
-    pub fn delete(key: impl Into<String>, compare: Compare) -> Op {
-        Op {
-            key: key.into(),
-            compare,
-            action: Action::Delete,
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error, Clone, PartialEq)]
-pub enum KvError {
-    #[error("{key} already exists")]
-    AlreadyExists { key: String },
-    #[error("{key} not found")]
-    NotFound { key: String },
-    #[error("{key} was modified (expected revision {expected}, found {actual})")]
-    Conflict {
-        key: String,
-        expected: Rev,
-        actual: Rev,
-    },
-    #[error("revision {requested} has been compacted (oldest available is {oldest})")]
-    Compacted { requested: Rev, oldest: Rev },
-    #[error("revision {requested} is in the future (current is {current})")]
-    FutureRevision { requested: Rev, current: Rev },
-    #[error("{key}: value of {size} bytes is over the limit of {limit} bytes")]
-    TooLarge {
-        key: String,
-        size: usize,
-        limit: usize,
-    },
-    #[error("watch fell too far behind and was closed")]
-    Lagged,
-    #[error("store is closed")]
-    Closed,
-    #[error("storage error: {0}")]
-    Storage(String),
-}
-
-/// Result of a committed transaction: its revision and the new value of each op
-/// (`None` for deletes), stored and as the parsed value that was written (with its
-/// `metadata.resourceVersion` stamped), so writers need not parse it back.
-#[derive(Debug, Clone)]
-pub struct TxnResult {
-    pub rev: Rev,
-    pub kvs: Vec<Option<KeyValue>>,
-    pub values: Vec<Option<Arc<Value>>>,
-}
 
 struct State {
     map: BTreeMap<Arc<str>, KeyValue>,
@@ -227,105 +91,6 @@ struct Request {
     /// only splices in the revision.
     texts: Vec<Option<Prepared>>,
     reply: oneshot::Sender<Result<TxnResult, KvError>>,
-}
-
-/// A value's compact JSON text, serialized before commit with an empty slot where
-/// `metadata.resourceVersion`'s digits go (the revision is only known at commit).
-/// Splicing the revision in at `slot` gives exactly the text of the value after
-/// [`stamp`]: `resourceVersion` keeps its place in `metadata`, or comes last when it
-/// was absent, as `serde_json::Map::insert` does.
-#[derive(Debug)]
-struct Prepared {
-    text: String,
-    /// Byte offset of the revision's digits (between the quotes), when the value is
-    /// a map with a `metadata` map.
-    slot: Option<usize>,
-}
-
-impl Prepared {
-    fn new(v: &Value) -> Prepared {
-        let mut out = Vec::with_capacity(512);
-        let top = match v {
-            Value::Object(m) if m.get("metadata").is_some_and(Value::is_object) => m,
-            _ => {
-                ser(&mut out, v);
-                return Prepared {
-                    text: utf8(out),
-                    slot: None,
-                };
-            }
-        };
-        let mut slot = 0;
-        out.push(b'{');
-        for (i, (k, val)) in top.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            ser(&mut out, k);
-            out.push(b':');
-            match val {
-                Value::Object(md) if k == "metadata" => {
-                    out.push(b'{');
-                    let mut placed = false;
-                    for (j, (mk, mv)) in md.iter().enumerate() {
-                        if j > 0 {
-                            out.push(b',');
-                        }
-                        ser(&mut out, mk);
-                        out.push(b':');
-                        if mk == "resourceVersion" {
-                            out.push(b'"');
-                            slot = out.len();
-                            out.push(b'"');
-                            placed = true;
-                        } else {
-                            ser(&mut out, mv);
-                        }
-                    }
-                    if !placed {
-                        if !md.is_empty() {
-                            out.push(b',');
-                        }
-                        out.extend_from_slice(b"\"resourceVersion\":\"");
-                        slot = out.len();
-                        out.push(b'"');
-                    }
-                    out.push(b'}');
-                }
-                _ => ser(&mut out, val),
-            }
-        }
-        out.push(b'}');
-        Prepared {
-            text: utf8(out),
-            slot: Some(slot),
-        }
-    }
-
-    /// The text with `rev` in its slot.
-    fn stamped(&self, rev: Rev) -> Arc<str> {
-        match self.slot {
-            None => Arc::from(self.text.as_str()),
-            Some(at) => {
-                let digits = rev.to_string();
-                let mut s = String::with_capacity(self.text.len() + digits.len());
-                s.push_str(&self.text[..at]);
-                s.push_str(&digits);
-                s.push_str(&self.text[at..]);
-                Arc::from(s)
-            }
-        }
-    }
-}
-
-/// `serde_json` only writes UTF-8.
-fn utf8(b: Vec<u8>) -> String {
-    String::from_utf8(b).expect("serde_json writes utf-8")
-}
-
-/// Append `v`'s compact JSON to `out`.
-fn ser<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
-    serde_json::to_writer(out, v).expect("serializing json cannot fail")
 }
 
 enum Msg {
@@ -549,29 +314,6 @@ impl Kv {
     }
 }
 
-/// The text of each put in `ops`, serialized on the caller's thread: the writer thread
-/// is the one place every commit waits on, so it only splices in the revision.
-/// `TooLarge` when a text is over [`MAX_VALUE_BYTES`].
-fn prepare(ops: &[Op]) -> Result<Vec<Option<Prepared>>, KvError> {
-    ops.iter()
-        .map(|op| match &op.action {
-            Action::Put(v) => {
-                let p = Prepared::new(v);
-                let size = p.text.len();
-                if size > MAX_VALUE_BYTES {
-                    return Err(KvError::TooLarge {
-                        key: op.key.clone(),
-                        size,
-                        limit: MAX_VALUE_BYTES,
-                    });
-                }
-                Ok(Some(p))
-            }
-            Action::Delete => Ok(None),
-        })
-        .collect()
-}
-
 /// A stream of events after a revision, for keys with a prefix. It reads the replay
 /// log whenever the writer publishes a revision, so it holds no history of its own
 /// beyond the events it has taken and not yet returned.
@@ -624,264 +366,52 @@ impl Watch {
     }
 }
 
-fn writer_loop(
-    db: Database,
-    state: Arc<RwLock<State>>,
-    rx: std::sync::mpsc::Receiver<Msg>,
-    events: watch::Sender<Rev>,
-) {
-    // Old versions are freed on a thread of their own: a parsed object is hundreds of
-    // allocations, mostly made on other threads, and freeing them took a quarter of
-    // the writer's time, which every commit waits on. At most a few commits' garbage
-    // waits (the writer blocks after acknowledging), so memory is not held longer.
-    let (reap, reaped) = std::sync::mpsc::sync_channel::<Garbage>(REAP_QUEUE);
-    let reaper = thread::Builder::new()
-        .name("store-reaper".into())
-        .spawn(move || while reaped.recv().is_ok() {})
-        .map_err(|e| tracing::warn!(error = %e, "no reaper thread, freeing on the writer"))
-        .ok();
-    let mut closing = None;
-    while let Ok(first) = rx.recv() {
-        let mut batch = Vec::new();
-        match first {
-            Msg::Txn(r) => batch.push(r),
-            Msg::Close(done) => closing = Some(done),
-        }
-        while closing.is_none() && batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(Msg::Txn(r)) => batch.push(r),
-                Ok(Msg::Close(done)) => closing = Some(done),
-                Err(_) => break,
-            }
-        }
-        if !batch.is_empty() {
-            let garbage = commit_batch(&db, &state, &events, batch);
-            if reaper.is_some() {
-                let _ = reap.send(garbage);
-            }
-        }
-        if closing.is_some() {
-            break;
-        }
+/// The redb engine as the store's backend: each operation is the inherent one
+/// (static dispatch, inlined).
+impl KvBackend for Kv {
+    type Watch = Watch;
+
+    #[inline]
+    fn revision(&self) -> Rev {
+        Kv::revision(self)
     }
-    drop(rx);
-    drop(reap);
-    if let Some(r) = reaper {
-        let _ = r.join();
+
+    #[inline]
+    fn get(&self, key: &str) -> Option<KeyValue> {
+        Kv::get(self, key)
     }
-    drop(db);
-    // Watchers see `Closed` once they have read everything published.
-    drop(events);
-    tracing::debug!("store closed");
-    if let Some(done) = closing {
-        let _ = done.send(());
+
+    #[inline]
+    fn range(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
+        Kv::list(self, prefix)
+    }
+
+    #[inline]
+    fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, f: F) -> Rev {
+        Kv::scan(self, prefix, f)
+    }
+
+    #[inline]
+    fn txn(&self, ops: Vec<Op>) -> impl Future<Output = Result<TxnResult, KvError>> + Send {
+        Kv::txn(self, ops)
+    }
+
+    #[inline]
+    fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
+        Kv::watch(self, prefix, from)
+    }
+
+    #[inline]
+    fn close(&self) {
+        Kv::close(self)
     }
 }
 
-fn commit_batch(
-    db: &Database,
-    state: &Arc<RwLock<State>>,
-    events: &watch::Sender<Rev>,
-    mut batch: Vec<Request>,
-) -> Garbage {
-    let mut garbage = Garbage::default();
-    // 1. Validate in order against committed state + what this batch already changed.
-    let mut overlay: HashMap<Arc<str>, Option<KeyValue>> = HashMap::new();
-    let mut results: Vec<Result<TxnResult, KvError>> = Vec::with_capacity(batch.len());
-    let mut evs: Vec<Event> = Vec::new();
-    let base_rev;
-    {
-        let st = state.read().unwrap();
-        base_rev = st.rev;
-        let mut rev = st.rev;
-        // A key's value as this batch sees it: its own earlier writes, else committed.
-        let current =
-            |k: &str, overlay: &HashMap<Arc<str>, Option<KeyValue>>| -> Option<KeyValue> {
-                match overlay.get(k) {
-                    Some(v) => v.clone(),
-                    None => st.map.get(k).cloned(),
-                }
-            };
-        for req in batch.iter_mut() {
-            let mut check = Ok(());
-            for op in &req.ops {
-                let cur = current(&op.key, &overlay);
-                let r = match (op.compare, &cur) {
-                    (Compare::Any, _) => Ok(()),
-                    (Compare::Absent, None) => Ok(()),
-                    (Compare::Absent, Some(_)) => Err(KvError::AlreadyExists {
-                        key: op.key.clone(),
-                    }),
-                    (Compare::Exists, Some(_)) => Ok(()),
-                    (Compare::Exists | Compare::ModRev(_), None) => Err(KvError::NotFound {
-                        key: op.key.clone(),
-                    }),
-                    (Compare::ModRev(want), Some(c)) if c.mod_rev == want => Ok(()),
-                    (Compare::ModRev(want), Some(c)) => Err(KvError::Conflict {
-                        key: op.key.clone(),
-                        expected: want,
-                        actual: c.mod_rev,
-                    }),
-                };
-                if matches!(op.action, Action::Delete) && cur.is_none() && r.is_ok() {
-                    check = Err(KvError::NotFound {
-                        key: op.key.clone(),
-                    });
-                    break;
-                }
-                if r.is_err() {
-                    check = r;
-                    break;
-                }
-            }
-            if let Err(e) = check {
-                results.push(Err(e));
-                continue;
-            }
-            rev += 1;
-            let mut kvs = Vec::with_capacity(req.ops.len());
-            let mut values = Vec::with_capacity(req.ops.len());
-            for (op, text) in req.ops.iter_mut().zip(&req.texts) {
-                let key: Arc<str> = Arc::from(op.key.as_str());
-                let prev = current(&op.key, &overlay);
-                match &mut op.action {
-                    Action::Put(v) => {
-                        let mut v = std::mem::replace(v, Arc::new(Value::Null));
-                        stamp(Arc::make_mut(&mut v), rev);
-                        let raw = text
-                            .as_ref()
-                            .expect("prepare() gives every put its text")
-                            .stamped(rev);
-                        let kv = KeyValue {
-                            key: key.clone(),
-                            raw,
-                            create_rev: prev.as_ref().map(|p| p.create_rev).unwrap_or(rev),
-                            mod_rev: rev,
-                            hot: Some(v.clone()),
-                        };
-                        values.push(Some(v));
-                        evs.push(Event {
-                            kind: EventKind::Put,
-                            kv: kv.clone(),
-                            existed: prev.is_some(),
-                        });
-                        overlay.insert(key, Some(kv.clone()));
-                        kvs.push(Some(kv));
-                    }
-                    Action::Delete => {
-                        let p = prev.expect("checked above");
-                        let kv = KeyValue { mod_rev: rev, ..p };
-                        evs.push(Event {
-                            kind: EventKind::Delete,
-                            kv,
-                            existed: true,
-                        });
-                        overlay.insert(key, None);
-                        kvs.push(None);
-                        values.push(None);
-                    }
-                }
-            }
-            results.push(Ok(TxnResult { rev, kvs, values }));
-        }
-        let _ = base_rev;
-        drop(st);
-        // 2. Persist the batch in one durable transaction.
-        if rev > base_rev {
-            if let Err(e) = persist(db, &overlay, rev) {
-                tracing::error!(error = %e, "store commit failed");
-                for (req, _) in batch.into_iter().zip(results) {
-                    let _ = req.reply.send(Err(e.clone()));
-                }
-                return garbage;
-            }
-            // 3. Publish, then acknowledge. What the new versions replace is not freed
-            // here (a parsed object is hundreds of allocations; freeing them under the
-            // write lock stalled every reader) but handed to the reaper thread.
-            let mut st = state.write().unwrap();
-            for (k, v) in overlay {
-                match v {
-                    Some(kv) => {
-                        garbage.old.extend(st.map.insert(k, kv));
-                    }
-                    None => {
-                        garbage.old.extend(st.map.remove(&k));
-                    }
-                }
-            }
-            st.rev = rev;
-            for e in evs {
-                if st.log.len() >= EVENT_LOG_CAP {
-                    if let Some(old) = st.log.pop_front() {
-                        st.oldest_watchable = old.rev();
-                        garbage.events.push(old);
-                    }
-                }
-                if e.kind == EventKind::Put {
-                    st.hot.push_back((e.kv.key.clone(), e.rev()));
-                    if st.hot.len() > HOT_WRITES {
-                        let (k, r) = st.hot.pop_front().expect("not empty");
-                        if let Some(cur) = st.map.get_mut(&k).filter(|c| c.mod_rev == r) {
-                            garbage.values.extend(cur.hot.take());
-                        }
-                    }
-                }
-                st.log.push_back(e);
-                if let Some(i) = st.log.len().checked_sub(HOT_WRITES + 1) {
-                    garbage.values.extend(st.log[i].kv.hot.take());
-                }
-            }
-            drop(st);
-            events.send_replace(rev);
-        }
+impl KvWatch for Watch {
+    #[inline]
+    fn next(&mut self) -> impl Future<Output = Result<Event, KvError>> + Send {
+        Watch::next(self)
     }
-    for (req, res) in batch.into_iter().zip(results) {
-        let _ = req.reply.send(res);
-    }
-    garbage
-}
-
-/// Old versions and parsed values a commit unlinked, freed by the reaper thread.
-#[derive(Default)]
-struct Garbage {
-    old: Vec<KeyValue>,
-    events: Vec<Event>,
-    values: Vec<Arc<Value>>,
-}
-
-/// Objects (JSON maps with a `metadata` map) carry their `mod_rev` as
-/// `metadata.resourceVersion`, set here at commit like kube's etcd3 versioner.
-fn stamp(v: &mut Value, rev: Rev) {
-    if let Some(Value::Object(meta)) = v.get_mut("metadata") {
-        meta.insert("resourceVersion".into(), Value::String(rev.to_string()));
-    }
-}
-
-fn persist(
-    db: &Database,
-    overlay: &HashMap<Arc<str>, Option<KeyValue>>,
-    rev: Rev,
-) -> Result<(), KvError> {
-    let w = db.begin_write().map_err(storage)?;
-    {
-        let mut t = w.open_table(KV).map_err(storage)?;
-        let mut buf = Vec::new();
-        for (k, v) in overlay {
-            match v {
-                Some(kv) => {
-                    encode(kv, &mut buf);
-                    t.insert(&**k, buf.as_slice()).map_err(storage)?;
-                }
-                None => {
-                    t.remove(&**k).map_err(storage)?;
-                }
-            }
-        }
-        let mut m = w.open_table(META).map_err(storage)?;
-        m.insert("rev", rev).map_err(storage)?;
-    }
-    w.commit().map_err(storage)?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1072,31 +602,6 @@ mod tests {
         assert_eq!(*cold, *written);
         let keys: Vec<&String> = cold.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["z", "metadata", "a"]);
-    }
-
-    #[test]
-    fn prepared_text_is_the_stamped_value_serialized() {
-        let cases = [
-            json!({"metadata": {"name": "x"}, "spec": {"a": [1, 2.5, "t\"q\\"], "b": null}}),
-            json!({"kind": "K", "metadata": {"resourceVersion": "7", "name": "x"}, "z": {}}),
-            json!({"metadata": {}, "status": {"phase": "Bound"}}),
-            json!({"m\u{e9}ta\n": 1, "metadata": {"labels": {"a\"b": "\u{1f600}"}}}),
-            json!({"metadata": "not a map", "n": 1}),
-            json!({"no": "metadata"}),
-            json!([1, {"metadata": {}}]),
-            json!("text"),
-            json!({}),
-        ];
-        for v in cases {
-            let p = Prepared::new(&v);
-            for rev in [1, 42, u64::MAX] {
-                let mut stamped = v.clone();
-                stamp(&mut stamped, rev);
-                assert_eq!(&*p.stamped(rev), stamped.to_string(), "{v}");
-                let back: Value = serde_json::from_str(&p.stamped(rev)).unwrap();
-                assert_eq!(back, stamped);
-            }
-        }
     }
 
     #[tokio::test]

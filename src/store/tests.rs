@@ -1,0 +1,297 @@
+//! The object store's tests: metadata, compare-and-swap, finalizers and cascading
+//! deletion, validation, stored texts and limits.
+
+use super::*;
+use serde_json::json;
+
+fn store() -> (tempfile::TempDir, Store) {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path()).unwrap();
+    (d, s)
+}
+
+fn rt(name: &str) -> Arc<ResourceType> {
+    Registry::global().resolve(name).unwrap()
+}
+
+#[tokio::test]
+async fn create_sets_metadata_and_update_is_cas() {
+    let (_d, s) = store();
+    let srv = rt("server");
+    let o = s
+        .create(
+            &srv,
+            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u1"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(o["apiVersion"], "metal.ironcore.dev/v1alpha1");
+    assert_eq!(o["metadata"]["generation"], 1);
+    assert_eq!(o["spec"]["reclaimPolicy"], "Recycle", "default applied");
+    assert!(o["metadata"]["uid"].as_str().unwrap().len() > 10);
+    let mut stale = (*o).clone();
+    let mut upd = (*o).clone();
+    upd["spec"]["power"] = json!("On");
+    let o2 = s.update(&srv, upd, Part::Main).await.unwrap();
+    assert_eq!(o2["metadata"]["generation"], 2);
+    stale["spec"]["power"] = json!("Off");
+    let err = s.update(&srv, stale, Part::Main).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+    // Status through the main endpoint is ignored; through Status it lands.
+    let mut st = (*o2).clone();
+    st["status"] = json!({"state": "Available"});
+    let o3 = s.update(&srv, st.clone(), Part::Main).await.unwrap();
+    assert!(o3.get("status").is_none());
+    let o4 = s.update(&srv, st, Part::Status).await.unwrap();
+    assert_eq!(o4["status"]["state"], "Available");
+    assert_eq!(
+        o4["metadata"]["generation"], 2,
+        "status does not bump generation"
+    );
+}
+
+#[tokio::test]
+async fn finalizers_and_cascade() {
+    let (_d, s) = store();
+    let claim = rt("serverclaim");
+    let sbc = rt("sbc");
+    let c = s
+        .create(&claim, json!({"metadata": {"name": "c", "finalizers": ["x/f"]}, "spec": {"image": "i", "power": "On"}}))
+        .await
+        .unwrap();
+    let owner = json!([{"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim", "name": "c", "uid": c["metadata"]["uid"]}]);
+    s.create(&sbc, json!({"metadata": {"name": "c", "ownerReferences": owner}, "spec": {"serverRef": {"name": "s"}}}))
+        .await
+        .unwrap();
+    let marked = s.delete(&claim, None, "c", None).await.unwrap();
+    assert!(meta::is_deleting(&marked));
+    assert!(
+        s.get(&sbc, None, "c").is_ok(),
+        "dependent stays while owner is only marked"
+    );
+    let mut f = (*s.get(&claim, None, "c").unwrap()).clone();
+    f["metadata"]["finalizers"] = json!([]);
+    s.update(&claim, f, Part::Main).await.unwrap();
+    assert!(matches!(
+        s.get(&claim, None, "c"),
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(
+        matches!(s.get(&sbc, None, "c"), Err(StoreError::NotFound { .. })),
+        "cascaded"
+    );
+}
+
+#[tokio::test]
+async fn validation_names_problems_and_stores_nothing() {
+    let (_d, s) = store();
+    let claim = rt("serverclaim");
+    let err = s
+        .create(
+            &claim,
+            json!({"metadata": {"name": "c"}, "spec": {"power": "Sideways", "bogus": 1}}),
+        )
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("spec.image: Required value"), "{msg}");
+    assert!(msg.contains("spec.power"), "{msg}");
+    assert!(msg.contains("unknown field \"spec.bogus\""), "{msg}");
+    assert_eq!(s.revision(), 0);
+    let c = s
+        .create(&claim, json!({"metadata": {"name": "c"}, "spec": {"image": "i", "power": "On", "serverRef": {"name": "a"}}}))
+        .await
+        .unwrap();
+    let mut u = (*c).clone();
+    u["spec"]["serverRef"]["name"] = json!("b");
+    let err = s.update(&claim, u, Part::Main).await.unwrap_err();
+    assert!(err.to_string().contains("serverRef is immutable"), "{err}");
+    let secret = rt("secret");
+    let err = s
+        .create(
+            &secret,
+            json!({"metadata": {"name": "x"}, "data": {"k": "not base64!"}}),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("data.k: illegal base64"), "{err}");
+}
+
+#[tokio::test]
+async fn update_status_matches_update_of_the_status_part() {
+    let (_d, s) = store();
+    let srv = rt("server");
+    let body = json!({"metadata": {"name": "a", "labels": {"z": "1", "a": "2"}},
+        "spec": {"systemUUID": "u1"}, "status": {"state": "Available", "powerState": "Off"}});
+    let a = s.create(&srv, body.clone()).await.unwrap();
+    let mut b_body = body.clone();
+    b_body["metadata"]["name"] = json!("b");
+    let b = s.create(&srv, b_body).await.unwrap();
+    let status = json!({"state": "Reserved", "powerState": "Off", "conditions": []});
+    let mut o = (*a).clone();
+    o["status"] = status.clone();
+    let via_update = s.update(&srv, o, Part::Status).await.unwrap();
+    let via_status = s.update_status(&srv, &b, status.clone()).await.unwrap();
+    // Same object but for the server-owned identity fields, same field order.
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        for f in ["name", "uid", "resourceVersion", "creationTimestamp"] {
+            v["metadata"].as_object_mut().unwrap().remove(f);
+        }
+        v.to_string()
+    };
+    assert_eq!(strip(&via_update), strip(&via_status));
+    assert_eq!(via_status["status"], status);
+    assert_eq!(
+        via_status["metadata"]["generation"], 1,
+        "status is not spec"
+    );
+    // Unchanged: nothing written. Stale: conflict, nothing written.
+    let rev = s.revision();
+    let same = s
+        .update_status(&srv, &via_status, status.clone())
+        .await
+        .unwrap();
+    assert!(Arc::ptr_eq(&same, &via_status));
+    assert_eq!(s.revision(), rev);
+    let err = s
+        .update_status(&srv, &b, json!({"state": "Error"}))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+    assert_eq!(s.get(&srv, None, "b").unwrap(), via_status);
+    // An object without status gets one (appended, as update does).
+    let mut c_body = body.clone();
+    c_body["metadata"]["name"] = json!("c");
+    c_body.as_object_mut().unwrap().remove("status");
+    let c = s.create(&srv, c_body).await.unwrap();
+    let c2 = s
+        .update_status(&srv, &c, json!({"state": "Available"}))
+        .await
+        .unwrap();
+    let keys: Vec<&String> = c2.as_object().unwrap().keys().collect();
+    assert_eq!(keys.last().unwrap().as_str(), "status");
+    // Still validated.
+    let err = s
+        .update_status(&srv, &c2, json!({"state": 5}))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn texts_are_the_bytes_of_the_parsed_objects() {
+    let (_d, s) = store();
+    let claim = rt("serverclaim");
+    for (i, n) in ["b", "a", "c"].iter().enumerate() {
+        let o = json!({"metadata": {"name": n, "labels": {"i": i.to_string(), "z": "v"},
+            "annotations": {"x": "é\"\n"}},
+            "spec": {"power": "On", "serverSelector": {"matchLabels": {"k": "v"}}, "image": "i:1"}});
+        s.create(&claim, o).await.unwrap();
+    }
+    let t = s.get_text(&claim, Some("default"), "a").unwrap();
+    let v = s.get(&claim, Some("default"), "a").unwrap();
+    assert_eq!(&*t, serde_json::to_string(&*v).unwrap());
+    assert!(
+        t.starts_with(r#"{"metadata":{"name":"a","labels":{"i":"1","#),
+        "{t}"
+    );
+    let (texts, rev) = s.list_text(&claim, Some("default"), None);
+    let (objs, rev2) = s.list(&claim, Some("default"), None);
+    assert_eq!(rev, rev2);
+    let texts: Vec<&str> = texts.iter().map(|t| &**t).collect();
+    let objs: Vec<String> = objs.map(|o| o.to_string()).collect();
+    assert_eq!(texts, objs);
+    let sel = Selector::parse("i=2").unwrap();
+    let (texts, _) = s.list_text(&claim, None, Some(&sel));
+    assert_eq!(texts.len(), 1);
+    assert!(texts[0].contains(r#""name":"c""#));
+    // Watch events carry the same text; a deletion's text is not offered (its
+    // object carries the deleting revision).
+    let mut w = s.watch(&claim, None, 0).unwrap();
+    for _ in 0..3 {
+        let e = w.next().await.unwrap();
+        assert_eq!(&**e.text.as_ref().unwrap(), e.object.to_string());
+    }
+    s.delete(&claim, Some("default"), "a", None).await.unwrap();
+    let e = w.next().await.unwrap();
+    assert_eq!((e.kind, e.text.is_none()), ("DELETED", true));
+    assert_eq!(e.object["metadata"]["resourceVersion"], e.rev.to_string());
+    assert!(matches!(
+        s.get_text(&claim, Some("default"), "a"),
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn object_limits_hold_on_every_write_path_and_store_nothing() {
+    let (_d, s) = store();
+    let srv = rt("server");
+    let bad = json!({"metadata": {"name": "a", "labels": {"../../x y": "v"}}, "spec": {"systemUUID": "u"}});
+    let err = s.create(&srv, bad).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Invalid { causes, .. } if causes[0].field == "metadata.labels"),
+        "{err}"
+    );
+    let o = s
+        .create(
+            &srv,
+            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u"}}),
+        )
+        .await
+        .unwrap();
+    let rev = s.revision();
+    // Update, patch: bad label value, too many annotation bytes.
+    let mut u = (*o).clone();
+    u["metadata"]["labels"] = json!({"k": "a\nb"});
+    let err = s.update(&srv, u, Part::Main).await.unwrap_err();
+    assert!(err.to_string().contains("metadata.labels.k"), "{err}");
+    let big = json!({"metadata": {"annotations": {"n": "x".repeat(300 << 10)}}});
+    let err = s
+        .patch(&srv, None, "a", &big, Part::Main)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("262144"), "{err}");
+    // An object over 1.5 MiB in total, created or updated (the limit is checked
+    // where every write's text is made, status writes included).
+    let secret = rt("secret");
+    let big =
+        |n: &str| json!({"metadata": {"name": n}, "stringData": {"k": "x".repeat(1200 << 10)}});
+    let err = s.create(&secret, big("big")).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::TooLarge { size, limit: kv::MAX_VALUE_BYTES, .. } if size > 1600 << 10),
+        "{err}"
+    );
+    assert!(err.to_string().contains("secrets \"big\""), "{err}");
+    assert_eq!(s.revision(), rev, "nothing was stored");
+    let small = s
+        .create(&secret, json!({"metadata": {"name": "small"}}))
+        .await
+        .unwrap();
+    let rev = s.revision();
+    let err = s
+        .update_from(&secret, small, big("small"), Part::Main)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+    assert_eq!(s.revision(), rev, "nothing was stored");
+    // A watch may start at the current revision, not after it.
+    assert!(s.watch(&srv, None, rev).is_ok());
+    match s.watch(&srv, None, rev + 1) {
+        Err(e @ StoreError::TooLargeResourceVersion { .. }) => {
+            assert_eq!(
+                e.to_string(),
+                format!("Too large resource version: {}, current: {rev}", rev + 1)
+            )
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a watch from the future"),
+    }
+}
+
+#[test]
+fn merge_patch_rfc7386() {
+    let mut t = json!({"a": "b", "c": {"d": "e", "f": "g"}});
+    merge_patch(&mut t, &json!({"a": "z", "c": {"f": null}}));
+    assert_eq!(t, json!({"a": "z", "c": {"d": "e"}}));
+}

@@ -1,0 +1,245 @@
+//! Validation of objects before they are written: the identity fields every object
+//! has (apiVersion, kind, name, namespace, labels, annotations), the type's schema
+//! (with its defaults applied), and the built-in types' own rules (Secrets).
+
+use serde_json::{Map, Value};
+
+use super::{Result, StoreError};
+use crate::model::labels;
+use crate::model::registry::ResourceType;
+use crate::model::schema::{FieldError, Reason};
+
+pub(super) fn err_invalid(rt: &ResourceType, name: &str, causes: Vec<FieldError>) -> StoreError {
+    StoreError::Invalid {
+        kind: rt.kind.clone(),
+        name: name.to_string(),
+        causes,
+    }
+}
+
+pub(super) fn field(f: &str, reason: Reason, message: impl Into<String>) -> FieldError {
+    FieldError {
+        field: f.into(),
+        reason,
+        message: message.into(),
+    }
+}
+
+/// RFC 1123 subdomain, as kube requires for most object names.
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 253
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && n.as_bytes()[0].is_ascii_alphanumeric()
+        && n.as_bytes()[n.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Normalise and validate an object for `rt`; `old` is the stored object on update.
+pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<()> {
+    let Value::Object(map) = obj else {
+        return Err(StoreError::BadRequest(
+            "object must be a JSON/YAML mapping".into(),
+        ));
+    };
+    let name = map
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    match map.get("apiVersion").and_then(Value::as_str) {
+        Some(v) if v == rt.api_version() => {}
+        Some(v) => {
+            return Err(StoreError::BadRequest(format!(
+                "apiVersion {v:?} does not match {} for kind {}",
+                rt.api_version(),
+                rt.kind
+            )))
+        }
+        None => {
+            map.insert("apiVersion".into(), Value::String(rt.api_version()));
+        }
+    }
+    match map.get("kind").and_then(Value::as_str) {
+        Some(k) if k == rt.kind => {}
+        Some(k) => {
+            return Err(StoreError::BadRequest(format!(
+                "kind {k:?} does not match {}",
+                rt.kind
+            )))
+        }
+        None => {
+            map.insert("kind".into(), Value::String(rt.kind.clone()));
+        }
+    }
+    let mut causes = Vec::new();
+    match map.get_mut("metadata") {
+        Some(Value::Object(m)) => {
+            if !valid_name(&name) {
+                causes.push(field(
+                    "metadata.name",
+                    if name.is_empty() { Reason::Required } else { Reason::Invalid },
+                    if name.is_empty() {
+                        "Required value: name is required".to_string()
+                    } else {
+                        format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")
+                    },
+                ));
+            }
+            if rt.namespaced {
+                let ns = m
+                    .get("namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default")
+                    .to_string();
+                if !valid_name(&ns) {
+                    causes.push(field(
+                        "metadata.namespace",
+                        Reason::Invalid,
+                        format!("Invalid value: {ns:?}"),
+                    ));
+                }
+                m.insert("namespace".into(), Value::String(ns));
+            } else {
+                m.remove("namespace");
+            }
+            for f in ["labels", "annotations"] {
+                match m.get(f) {
+                    None | Some(Value::Null) => {}
+                    Some(Value::Object(l)) => {
+                        for (k, v) in l {
+                            if !v.is_string() {
+                                causes.push(field(
+                                    &format!("metadata.{f}.{k}"),
+                                    Reason::TypeInvalid,
+                                    "must be a string",
+                                ));
+                            }
+                        }
+                        // Syntax and size (Kubernetes' rules). Unchanged on an
+                        // update, they are not checked again: an object stored
+                        // before these rules keeps taking status writes.
+                        let old_l = old.and_then(|o| o.pointer(&format!("/metadata/{f}")));
+                        if old_l.and_then(Value::as_object) != Some(l) {
+                            if f == "labels" {
+                                labels::check_labels(l, &mut causes);
+                            } else {
+                                labels::check_annotations(l, &mut causes);
+                            }
+                        }
+                    }
+                    Some(_) => causes.push(field(
+                        &format!("metadata.{f}"),
+                        Reason::TypeInvalid,
+                        "must be a map of strings",
+                    )),
+                }
+            }
+        }
+        _ => causes.push(field("metadata", Reason::Required, "Required value")),
+    }
+    if rt.kind == "Secret" && rt.group.is_empty() {
+        check_secret(map, &mut causes);
+    }
+    if let Some(schema) = &rt.schema {
+        schema.apply_defaults(obj);
+        schema.validate("", obj, old, &mut causes);
+    }
+    // Stricter than the CRD (which has no enum here): the controllers can only act
+    // on On and Off, so anything else is refused up front.
+    if rt.group == "metal.ironcore.dev" && (rt.kind == "Server" || rt.kind == "ServerClaim") {
+        if let Some(p) = obj.pointer("/spec/power").filter(|p| !p.is_null()) {
+            if p != "On" && p != "Off" {
+                causes.push(field(
+                    "spec.power",
+                    Reason::NotSupported,
+                    format!("Unsupported value: {p}: supported values: \"On\", \"Off\""),
+                ));
+            }
+        }
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(err_invalid(rt, &name, causes))
+    }
+}
+
+fn check_secret(map: &mut Map<String, Value>, causes: &mut Vec<FieldError>) {
+    use base64::Engine;
+    const ALLOWED: &[&str] = &[
+        "apiVersion",
+        "kind",
+        "metadata",
+        "data",
+        "stringData",
+        "type",
+        "immutable",
+    ];
+    for k in map.keys() {
+        if !ALLOWED.contains(&k.as_str()) {
+            causes.push(field(k, Reason::Unknown, format!("unknown field \"{k}\"")));
+        }
+    }
+    if let Some(Value::Object(sd)) = map.remove("stringData") {
+        let data = map
+            .entry("data")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(d) = data {
+            for (k, v) in sd {
+                match v {
+                    Value::String(s) => {
+                        d.insert(
+                            k,
+                            Value::String(base64::engine::general_purpose::STANDARD.encode(s)),
+                        );
+                    }
+                    _ => causes.push(field(
+                        &format!("stringData.{k}"),
+                        Reason::TypeInvalid,
+                        "must be a string",
+                    )),
+                }
+            }
+        }
+    }
+    match map.get("data") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(d)) => {
+            for (k, v) in d {
+                match v.as_str() {
+                    Some(s) => {
+                        if let Err(e) = base64::engine::general_purpose::STANDARD.decode(s) {
+                            causes.push(field(
+                                &format!("data.{k}"),
+                                Reason::Invalid,
+                                format!("illegal base64 data: {e}"),
+                            ));
+                        }
+                    }
+                    None => causes.push(field(
+                        &format!("data.{k}"),
+                        Reason::TypeInvalid,
+                        "must be a base64 string",
+                    )),
+                }
+                if k.is_empty()
+                    || !k
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+                {
+                    causes.push(field(&format!("data.{k}"), Reason::Invalid, "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"));
+                }
+            }
+        }
+        Some(_) => causes.push(field(
+            "data",
+            Reason::TypeInvalid,
+            "must be a map of base64 strings",
+        )),
+    }
+    if !map.contains_key("type") {
+        map.insert("type".into(), Value::String("Opaque".into()));
+    }
+}
