@@ -17,7 +17,6 @@ pub mod runtime;
 pub mod server;
 pub mod settings;
 
-pub(crate) use runtime::{finish, watch_loop};
 pub use runtime::{queue, Next};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

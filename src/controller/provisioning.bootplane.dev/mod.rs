@@ -63,7 +63,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{json, Value};
 
 use super::queue::WorkQueue;
-use super::{finish, watch_loop, Key};
+use super::runtime::Runtime;
+use super::Key;
 use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::model::views;
@@ -267,8 +268,9 @@ impl Provisioning {
         })
     }
 
-    /// Converge the backend, run it, and run watches and workers until shutdown.
-    pub async fn run(self: Arc<Self>, workers: usize, mut shutdown: Shutdown, backend_run: bool) {
+    /// Converge the backend, run it, and run watches and workers on the one
+    /// [`Runtime`] until shutdown.
+    pub async fn run(self: Arc<Self>, workers: usize, shutdown: Shutdown, backend_run: bool) {
         if self.settings.nfs_enabled {
             self.converge_exports().await;
         }
@@ -276,8 +278,7 @@ impl Provisioning {
             let (b, sd) = (self.backend.clone(), shutdown.child());
             tokio::spawn(async move { b.run(sd).await })
         });
-        let mut tasks = tokio::task::JoinSet::new();
-        for t in [
+        let types = [
             self.t_image.clone(),
             self.t_zonal.clone(),
             self.t_volume.clone(),
@@ -286,42 +287,28 @@ impl Provisioning {
             self.t_spec.clone(),
             self.t_server.clone(),
             self.t_action.clone(),
-        ] {
-            let c = self.clone();
-            tasks.spawn(
-                async move { watch_loop(&c.store, t, |t, o, del| c.dispatch(t, o, del)).await },
-            );
-        }
-        for _ in 0..workers.clamp(1, 8) {
-            macro_rules! worker {
-                ($q:ident, $f:ident, $what:expr) => {{
-                    let c = self.clone();
-                    tasks.spawn(async move {
-                        while let Some(k) = c.$q.get().await {
-                            let r = c.$f(&k).await;
-                            finish(&c.$q, k, r, $what);
-                        }
-                    });
-                }};
-            }
-            worker!(images, reconcile_image, "image");
-            worker!(policies, reconcile_policy, "exportpolicy");
-            worker!(specs, reconcile_spec, "baremetalspec");
-            worker!(servers, reconcile_server, "baremetalserver");
-            worker!(actions, reconcile_action, "serveraction");
-        }
-        shutdown.recv().await;
-        for q in [
-            &self.images,
-            &self.policies,
-            &self.specs,
-            &self.servers,
-            &self.actions,
-        ] {
-            q.shutdown();
-        }
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        ];
+        // These reconcilers drive the export backend and the job runner: at most 8
+        // workers each, whatever `controller.workers` says.
+        Runtime::new(self.clone(), self.store.clone(), workers.clamp(1, 8))
+            .watch(types, |c: &Provisioning, t, o, del| c.dispatch(t, o, del))
+            .reconciler("image", self.images.clone(), |c, k| async move {
+                c.reconcile_image(&k).await
+            })
+            .reconciler("exportpolicy", self.policies.clone(), |c, k| async move {
+                c.reconcile_policy(&k).await
+            })
+            .reconciler("baremetalspec", self.specs.clone(), |c, k| async move {
+                c.reconcile_spec(&k).await
+            })
+            .reconciler("baremetalserver", self.servers.clone(), |c, k| async move {
+                c.reconcile_server(&k).await
+            })
+            .reconciler("serveraction", self.actions.clone(), |c, k| async move {
+                c.reconcile_action(&k).await
+            })
+            .run(shutdown)
+            .await;
         // The backend stops its server on the same shutdown signal (bounded).
         if let Some(h) = backend {
             if tokio::time::timeout(Duration::from_secs(8), h)
