@@ -11,8 +11,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
+use tokio::task::JoinSet;
+
+use crate::api::preview::BootSlot;
 use crate::config::Config;
-use crate::shutdown::{Coordinator, Shutdown};
+use crate::controller::bootside::CatalogResolver;
+use crate::dhcp::leases::LeaseIndex;
+use crate::shutdown::Coordinator;
 use crate::store::Store;
 
 /// The API token: configured, or read from / generated into `<state_dir>/api-token`
@@ -61,10 +66,34 @@ pub async fn run(config: Config) -> Result<()> {
     crate::statedir::prepare(&config.state_dir)?;
     let token = api_token(&config)?;
     let store = Store::open(&config.state_dir)?;
-    let coord = Coordinator::new();
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut s = Services {
+        resolver: boot_resolver(&config)?,
+        runner: crate::provision::from_config(&config.provision)?,
+        store,
+        coord: Coordinator::new(),
+        tasks: JoinSet::new(),
+        boot_slot: BootSlot::default(),
+        http_metrics: Arc::new(crate::http::Metrics::new()),
+        leases: LeaseIndex::default(),
+        dhcp_metrics: crate::dhcp::Metrics::default(),
+        tftp_metrics: Arc::new(crate::tftp::Metrics::default()),
+    };
+    s.start_api(&config, token).await?;
+    s.start_controllers(&config)?;
+    s.start_provisioning(&config)?;
+    s.start_boot_http(&config)?;
+    if config.dhcp.enabled {
+        s.start_dhcp(&config)?;
+    }
+    if config.tftp.enabled {
+        s.start_tftp(&config);
+    }
+    tracing::info!(state_dir = %config.state_dir.display(), "bootplane started");
+    s.wait_and_drain().await
+}
 
-    // Boot side: catalog, store-backed boot index, metrics shared with /metrics.
+/// The catalog and Ignition templates behind the boot index.
+fn boot_resolver(config: &Config) -> Result<Arc<CatalogResolver>> {
     let catalog = crate::http::catalog::load(&config.boot.images_dir)?;
     let templates = crate::ignition::templates::TemplateSet::load(&config.boot.ignition_templates)
         .with_context(|| {
@@ -73,72 +102,90 @@ pub async fn run(config: Config) -> Result<()> {
                 config.boot.ignition_templates.display()
             )
         })?;
-    let resolver = Arc::new(
-        crate::controller::bootside::CatalogResolver::with_templates(
-            catalog,
-            crate::http::catalog::FileHasher::new(&config.boot.images_dir),
-            templates,
-        ),
-    );
-    let boot_slot = crate::api::preview::BootSlot::default();
-    let http_metrics = Arc::new(crate::http::Metrics::new());
-    let runner = crate::provision::from_config(&config.provision)?;
-    let leases = crate::dhcp::leases::LeaseIndex::default();
-    let dhcp_metrics = crate::dhcp::Metrics::default();
-    let tftp_metrics = Arc::new(crate::tftp::Metrics::default());
+    Ok(Arc::new(CatalogResolver::with_templates(
+        catalog,
+        crate::http::catalog::FileHasher::new(&config.boot.images_dir),
+        templates,
+    )))
+}
 
-    // Operator API.
-    let mut metrics = prometheus_client::registry::Registry::default();
-    http_metrics.register(&mut metrics);
-    if config.dhcp.enabled {
-        dhcp_metrics.register(&mut metrics);
-    }
-    if config.tftp.enabled {
-        tftp_metrics.register(&mut metrics);
-    }
-    let api_conns = crate::listen::ConnMetrics::default();
-    api_conns.register(metrics.sub_registry_with_prefix("bootplane_api"));
-    let api_state = Arc::new(crate::api::rest::ApiState {
-        store: store.clone(),
-        token,
-        max_body_bytes: config.api.max_body_bytes,
-        body_read_timeout: std::time::Duration::from_millis(config.api.body_read_timeout_ms),
-        shutdown: coord.handle(),
-        metrics,
-    });
-    let listener = tokio::net::TcpListener::bind(config.api.listen)
-        .await
-        .with_context(|| format!("binding api listener {}", config.api.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "api listening");
-    {
-        let s = coord.handle();
-        let extra = crate::provision::router(runner.clone())
-            .merge(crate::api::rest::leases_router(leases.clone()))
-            .merge(crate::api::preview::router(boot_slot.clone()));
+/// What the services share, built once in [`run`]; each `start_*` step spawns one
+/// service into `tasks` with the inputs it needs, handed over explicitly.
+struct Services {
+    store: Store,
+    coord: Coordinator,
+    tasks: JoinSet<Result<()>>,
+    resolver: Arc<CatalogResolver>,
+    runner: Arc<dyn crate::provision::JobRunner>,
+    /// The boot listener's app, for the API's render preview (set once it exists).
+    boot_slot: BootSlot,
+    http_metrics: Arc<crate::http::Metrics>,
+    leases: LeaseIndex,
+    dhcp_metrics: crate::dhcp::Metrics,
+    tftp_metrics: Arc<crate::tftp::Metrics>,
+}
+
+impl Services {
+    /// The operator API, with `/metrics` of every enabled service.
+    async fn start_api(&mut self, config: &Config, token: String) -> Result<()> {
+        let mut metrics = prometheus_client::registry::Registry::default();
+        self.http_metrics.register(&mut metrics);
+        if config.dhcp.enabled {
+            self.dhcp_metrics.register(&mut metrics);
+        }
+        if config.tftp.enabled {
+            self.tftp_metrics.register(&mut metrics);
+        }
+        let api_conns = crate::listen::ConnMetrics::default();
+        api_conns.register(metrics.sub_registry_with_prefix("bootplane_api"));
+        let api_state = Arc::new(crate::api::rest::ApiState {
+            store: self.store.clone(),
+            token,
+            max_body_bytes: config.api.max_body_bytes,
+            body_read_timeout: Duration::from_millis(config.api.body_read_timeout_ms),
+            shutdown: self.coord.handle(),
+            metrics,
+        });
+        let listener = tokio::net::TcpListener::bind(config.api.listen)
+            .await
+            .with_context(|| format!("binding api listener {}", config.api.listen))?;
+        tracing::info!(addr = %listener.local_addr()?, "api listening");
+        let extra = crate::provision::router(self.runner.clone())
+            .merge(crate::api::rest::leases_router(self.leases.clone()))
+            .merge(crate::api::preview::router(self.boot_slot.clone()));
         let app = crate::api::rest::router(api_state, Some(extra));
         let admission = crate::listen::Admission::new("api", config.api.limits(), api_conns);
-        tasks.spawn(async move {
+        let s = self.coord.handle();
+        self.tasks.spawn(async move {
             crate::listen::router::serve_router(listener, app, admission, s)
                 .await
                 .context("api server")
         });
+        Ok(())
     }
 
-    if config.controller.enabled {
+    /// The metal reconcilers (claims, servers, boot configurations) and power.
+    fn start_controllers(&mut self, config: &Config) -> Result<()> {
+        if !config.controller.enabled {
+            return Ok(());
+        }
         let power = crate::power::from_config(
             &config.controller.power_driver,
             &config.power,
             &config.state_dir,
         )?;
-        let ctrl = crate::controller::Controllers::new(store.clone(), power, resolver.clone());
-        let (s, workers) = (coord.handle(), config.controller.workers);
-        tasks.spawn(async move {
+        let ctrl =
+            crate::controller::Controllers::new(self.store.clone(), power, self.resolver.clone());
+        let (s, workers) = (self.coord.handle(), config.controller.workers);
+        self.tasks.spawn(async move {
             ctrl.run(workers, s).await;
             Ok(())
         });
+        Ok(())
     }
-    // s390x flow: the NFS export backend and the provisioning reconcilers.
-    {
+
+    /// The NFS export backend and the provisioning reconcilers.
+    fn start_provisioning(&mut self, config: &Config) -> Result<()> {
         let nfs = &config.nfs;
         let backend: Arc<dyn crate::nfs::ExportBackend> = if nfs.enabled {
             crate::nfs::from_config(nfs, &config.state_dir)?
@@ -159,93 +206,104 @@ pub async fn run(config: Config) -> Result<()> {
             std::fs::create_dir_all(&settings.images_dir)
                 .with_context(|| format!("creating {}", settings.images_dir.display()))?;
         }
+        let s = self.coord.handle();
         if config.controller.enabled {
             let c = crate::controller::provisioning::Provisioning::new(
-                store.clone(),
+                self.store.clone(),
                 backend,
-                runner,
+                self.runner.clone(),
                 settings,
             );
-            let (s, workers, run_backend) =
-                (coord.handle(), config.controller.workers, nfs.enabled);
-            tasks.spawn(async move {
+            let (workers, run_backend) = (config.controller.workers, nfs.enabled);
+            self.tasks.spawn(async move {
                 c.run(workers, s, run_backend).await;
                 Ok(())
             });
         } else if nfs.enabled {
-            let s = coord.handle();
-            tasks.spawn(async move {
+            self.tasks.spawn(async move {
                 backend.run(s).await;
                 Ok(())
             });
         }
+        Ok(())
     }
-    {
-        let dhcp_leases = config.dhcp.enabled.then(|| leases.clone());
+
+    /// The boot listener over the store-backed boot index.
+    fn start_boot_http(&mut self, config: &Config) -> Result<()> {
+        let dhcp_leases = config.dhcp.enabled.then(|| self.leases.clone());
         let index = crate::controller::bootside::StoreBootIndex::start(
-            store.clone(),
-            resolver,
+            self.store.clone(),
+            self.resolver.clone(),
             config.public_http_url(),
             dhcp_leases,
-            coord.handle(),
+            self.coord.handle(),
         );
         let app = Arc::new(crate::http::BootHttp::from_config(
             &config.http,
             &config.boot,
             &config.state_dir,
             index,
-            http_metrics,
+            self.http_metrics.clone(),
         )?);
-        let _ = boot_slot.set(app.clone());
-        let (http, s) = (config.http.clone(), coord.handle());
-        tasks.spawn(async move {
+        let _ = self.boot_slot.set(app.clone());
+        let (http, s) = (config.http.clone(), self.coord.handle());
+        self.tasks.spawn(async move {
             crate::http::run(&http, app, s)
                 .await
                 .context("boot http server")
         });
+        Ok(())
     }
-    if config.dhcp.enabled {
+
+    /// DHCP, with the config file's reservations plus the registered Servers'.
+    fn start_dhcp(&mut self, config: &Config) -> Result<()> {
         let settings =
             crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())?;
-        // Static reservations: the config file's plus the registered Servers'.
-        let r = crate::dhcp::reservations::start(store.clone(), &settings, coord.handle());
-        let (state_dir, l, s) = (config.state_dir.clone(), leases.clone(), coord.handle());
-        tasks.spawn(async move {
-            crate::dhcp::run(settings, &state_dir, dhcp_metrics, l, Some(r), s)
+        let r =
+            crate::dhcp::reservations::start(self.store.clone(), &settings, self.coord.handle());
+        let (state_dir, l, s) = (
+            config.state_dir.clone(),
+            self.leases.clone(),
+            self.coord.handle(),
+        );
+        let metrics = self.dhcp_metrics.clone();
+        self.tasks.spawn(async move {
+            crate::dhcp::run(settings, &state_dir, metrics, l, Some(r), s)
                 .await
                 .context("dhcp server")
         });
+        Ok(())
     }
-    if config.tftp.enabled {
-        let (tftp, s) = (config.tftp.clone(), coord.handle());
-        tasks.spawn(async move {
-            crate::tftp::run(&tftp, tftp_metrics, s)
+
+    fn start_tftp(&mut self, config: &Config) {
+        let (tftp, s) = (config.tftp.clone(), self.coord.handle());
+        let metrics = self.tftp_metrics.clone();
+        self.tasks.spawn(async move {
+            crate::tftp::run(&tftp, metrics, s)
                 .await
                 .context("tftp server")
         });
     }
 
-    tracing::info!(state_dir = %config.state_dir.display(), "bootplane started");
-    let failed = tokio::select! {
-        _ = crate::shutdown::signal() => None,
-        Some(res) = tasks.join_next() => Some(res),
-    };
-    if !coord.drain(Duration::from_secs(10)).await {
-        tracing::warn!("some tasks did not finish within 10s of shutdown");
+    /// Until a signal or a service ending on its own; then drain every service
+    /// (bounded) and close the store.
+    async fn wait_and_drain(mut self) -> Result<()> {
+        let failed = tokio::select! {
+            _ = crate::shutdown::signal() => None,
+            Some(res) = self.tasks.join_next() => Some(res),
+        };
+        if !self.coord.drain(Duration::from_secs(10)).await {
+            tracing::warn!("some tasks did not finish within 10s of shutdown");
+        }
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        let st = self.store.clone();
+        tokio::task::spawn_blocking(move || st.close()).await.ok();
+        if let Some(res) = failed {
+            res.context("service task panicked")??;
+            anyhow::bail!("a service stopped unexpectedly");
+        }
+        tracing::info!("bootplane stopped");
+        Ok(())
     }
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    let st = store.clone();
-    tokio::task::spawn_blocking(move || st.close()).await.ok();
-    if let Some(res) = failed {
-        res.context("service task panicked")??;
-        anyhow::bail!("a service stopped unexpectedly");
-    }
-    tracing::info!("bootplane stopped");
-    Ok(())
-}
-
-/// Keeps a service alive until shutdown (for services with nothing else to wait on).
-pub async fn until_shutdown(mut s: Shutdown) {
-    s.recv().await
 }
