@@ -49,7 +49,6 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
         .unwrap_or("")
         .to_string();
     let claimed = claim_ref(&s).is_some();
-    let mut next = Next::Done;
     match state.as_str() {
         "" => {
             status["state"] = json!("Initial");
@@ -64,93 +63,8 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
         "Available" if claimed => {
             status["state"] = json!("Reserved");
         }
-        "Reserved" if !claimed => {
-            if power != "Off" {
-                apply_power(c, &s, &mut status, Power::Off)?;
-            }
-            if status.get("powerState").and_then(Value::as_str) == Some("Off") {
-                let policy = s
-                    .pointer("/spec/reclaimPolicy")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Recycle");
-                status["state"] = json!(if policy == "Retain" {
-                    "Released"
-                } else {
-                    "Available"
-                });
-                set_condition(
-                    &mut status,
-                    "PowerReady",
-                    true,
-                    "Released",
-                    "server released from its claim",
-                );
-                if let Some(l) = status.get_mut("conditions").and_then(Value::as_array_mut) {
-                    l.retain(|c| {
-                        c.get("type").and_then(Value::as_str) != Some("BootConfigurationReady")
-                    });
-                }
-            }
-        }
-        "Reserved" => {
-            let sbc_ref = s
-                .pointer("/spec/bootConfigurationRef")
-                .cloned()
-                .unwrap_or(Value::Null);
-            let ns = sbc_ref
-                .get("namespace")
-                .and_then(Value::as_str)
-                .unwrap_or("default");
-            let bn = sbc_ref.get("name").and_then(Value::as_str).unwrap_or("");
-            let sbc_state = c.store.get(&c.t_sbc, Some(ns), bn).ok().and_then(|b| {
-                b.pointer("/status/state")
-                    .and_then(Value::as_str)
-                    .map(String::from)
-            });
-            let want = Power::parse(
-                s.pointer("/spec/power")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Off"),
-            )
-            .unwrap_or(Power::Off);
-            match sbc_state.as_deref() {
-                Some("Ready") => {
-                    set_condition(
-                        &mut status,
-                        "BootConfigurationReady",
-                        true,
-                        "Ready",
-                        &format!("ServerBootConfiguration {ns}/{bn} is Ready"),
-                    );
-                    if power != want.as_str() {
-                        apply_power(c, &s, &mut status, want)?;
-                    } else {
-                        set_condition(
-                            &mut status,
-                            "PowerReady",
-                            true,
-                            "InState",
-                            &format!("server is powered {}", want.as_str()),
-                        );
-                    }
-                }
-                other => {
-                    set_condition(
-                        &mut status,
-                        "BootConfigurationReady",
-                        false,
-                        "Waiting",
-                        &format!(
-                        "waiting for ServerBootConfiguration {ns}/{bn} to become Ready (now {})",
-                        other.unwrap_or("absent")
-                    ),
-                    );
-                    if want == Power::Off && power != "Off" {
-                        apply_power(c, &s, &mut status, Power::Off)?;
-                    }
-                }
-            }
-        }
+        "Reserved" if !claimed => release(c, &s, &mut status, &power)?,
+        "Reserved" => drive_reserved(c, &s, &mut status, &power)?,
         _ => {
             // Available without claim, Released, Error, Parked, Initial: an unclaimed
             // server is kept powered as its spec says only when it asks for Off.
@@ -164,9 +78,106 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
     }
     if Some(&status) != s.get("status") {
         c.store.update_status(&c.t_server, &s, status).await?;
-        next = Next::Done;
     }
-    Ok(next)
+    Ok(Next::Done)
+}
+
+/// A reserved server whose claim is gone: power it off, then make it Available
+/// (`reclaimPolicy: Recycle`) or Released (`Retain`).
+fn release(c: &Controllers, s: &Value, status: &mut Value, power: &str) -> Result<(), StoreError> {
+    if power != "Off" {
+        apply_power(c, s, status, Power::Off)?;
+    }
+    if status.get("powerState").and_then(Value::as_str) == Some("Off") {
+        let policy = s
+            .pointer("/spec/reclaimPolicy")
+            .and_then(Value::as_str)
+            .unwrap_or("Recycle");
+        status["state"] = json!(if policy == "Retain" {
+            "Released"
+        } else {
+            "Available"
+        });
+        set_condition(
+            status,
+            "PowerReady",
+            true,
+            "Released",
+            "server released from its claim",
+        );
+        if let Some(l) = status.get_mut("conditions").and_then(Value::as_array_mut) {
+            l.retain(|c| c.get("type").and_then(Value::as_str) != Some("BootConfigurationReady"));
+        }
+    }
+    Ok(())
+}
+
+/// A claimed server: wait for its boot configuration to be Ready, then power it as
+/// its spec asks.
+fn drive_reserved(
+    c: &Controllers,
+    s: &Value,
+    status: &mut Value,
+    power: &str,
+) -> Result<(), StoreError> {
+    let sbc_ref = s
+        .pointer("/spec/bootConfigurationRef")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let ns = sbc_ref
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let bn = sbc_ref.get("name").and_then(Value::as_str).unwrap_or("");
+    let sbc_state = c.store.get(&c.t_sbc, Some(ns), bn).ok().and_then(|b| {
+        b.pointer("/status/state")
+            .and_then(Value::as_str)
+            .map(String::from)
+    });
+    let want = Power::parse(
+        s.pointer("/spec/power")
+            .and_then(Value::as_str)
+            .unwrap_or("Off"),
+    )
+    .unwrap_or(Power::Off);
+    match sbc_state.as_deref() {
+        Some("Ready") => {
+            set_condition(
+                status,
+                "BootConfigurationReady",
+                true,
+                "Ready",
+                &format!("ServerBootConfiguration {ns}/{bn} is Ready"),
+            );
+            if power != want.as_str() {
+                apply_power(c, s, status, want)?;
+            } else {
+                set_condition(
+                    status,
+                    "PowerReady",
+                    true,
+                    "InState",
+                    &format!("server is powered {}", want.as_str()),
+                );
+            }
+        }
+        other => {
+            set_condition(
+                status,
+                "BootConfigurationReady",
+                false,
+                "Waiting",
+                &format!(
+                    "waiting for ServerBootConfiguration {ns}/{bn} to become Ready (now {})",
+                    other.unwrap_or("absent")
+                ),
+            );
+            if want == Power::Off && power != "Off" {
+                apply_power(c, s, status, Power::Off)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn apply_power(
