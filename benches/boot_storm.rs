@@ -127,10 +127,11 @@ fn args() -> Args {
 // ---------------------------------------------------------------- namespaces
 
 // Namespaces (unique names, deleted with what runs in them on drop) and child
-// processes (killed on drop), shared with the DHCP integration tests.
-#[path = "../tests/dhcp_support/mod.rs"]
-mod dhcp_support;
-use dhcp_support::{veth_pair, Netns, Proc};
+// processes (killed on drop), shared with the integration tests (tests/support).
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::netns::{veth_pair, Netns};
+use support::process::Proc;
 
 #[path = "support/procfs.rs"]
 mod procfs;

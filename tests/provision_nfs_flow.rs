@@ -7,7 +7,7 @@
 //! a small provisioner script built on the real libnfs client `nfs-cp`; it takes the
 //! same arguments and speaks the same JSON progress lines. The runner and the NFS
 //! server are bootplane's. Everything runs in a network namespace this test creates
-//! (client address 127.0.0.2/127.0.0.3 via local routes, see tests/nfs_netns).
+//! (client address 127.0.0.2/127.0.0.3 via local routes, see tests/support/netns.rs).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,8 +18,9 @@ use bootplane::provision::local::{LocalConfig, LocalRunner, RetryPolicy};
 use bootplane::provision::{JobRunner, JobState, JobStatus, NfsSource, ProvisionRequest};
 use sha2::{Digest, Sha256};
 
-mod nfs_netns;
-use nfs_netns::Netns;
+mod support;
+use support::netns::Netns;
+use support::require::require_tools;
 
 /// Provisioner stand-in: `--source URL --target PATH --sha256 HEX`, copies with nfs-cp,
 /// verifies, zeroes the first MiB on mismatch, reports JSON progress on stderr.
@@ -69,8 +70,8 @@ fn sha256_hex(p: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
-    nfs_netns::require_tools(&["ganesha.nfsd", "rpcbind", "nfs-cp", "sha256sum"]);
-    let ns = Netns::new("bpflow");
+    require_tools(&["ganesha.nfsd", "rpcbind", "nfs-cp", "sha256sum"]);
+    let ns = Netns::with_loopback_sources("flow");
 
     let tmp = tempfile::tempdir().unwrap();
     let images = tmp.path().join("images");
@@ -93,7 +94,7 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
     let g = Ganesha::new(
         GaneshaConfig {
             dir: Some(tmp.path().join("ganesha")),
-            netns: Some(ns.0.clone()),
+            netns: Some(ns.name.clone()),
             ..Default::default()
         },
         tmp.path(),
@@ -104,7 +105,7 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
             "ip".into(),
             "netns".into(),
             "exec".into(),
-            ns.0.clone(),
+            ns.name.clone(),
             "sh".into(),
             script.display().to_string(),
         ],
