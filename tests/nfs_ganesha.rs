@@ -8,7 +8,6 @@
 //! has source address 127.0.0.N, which is what ganesha matches rules against.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use bootplane::nfs::ganesha::{Ganesha, GaneshaConfig};
@@ -16,6 +15,7 @@ use bootplane::nfs::{Access, ExportBackend, ExportRule, NfsError, Protocol};
 
 mod support;
 use support::netns::Netns;
+use support::nfs::{assert_denied, nfs_client};
 use support::process::must;
 use support::require::require_tools;
 
@@ -33,29 +33,7 @@ fn require_nfs_tools() {
 
 /// Run an NFS client inside the namespace; Ok(stdout) or Err(stderr).
 fn client(ns: &Netns, tool: &str, url: &str) -> Result<String, String> {
-    let out = Command::new("timeout")
-        .args(["20", "ip", "netns", "exec", &ns.name, tool, url])
-        .output()
-        .expect("running nfs client");
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{} (status {})",
-            String::from_utf8_lossy(&out.stderr).trim(),
-            out.status
-        ))
-    }
-}
-
-fn assert_denied(r: Result<String, String>, what: &str) {
-    match r {
-        Ok(out) => panic!("{what}: expected access denied, got {out:?}"),
-        Err(e) => assert!(
-            e.contains("Permission denied") || e.contains("ACCES") || e.contains("PERM"),
-            "{what}: expected a permission error, got {e}"
-        ),
-    }
+    nfs_client(ns, tool, url).map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
 /// ganesha's warnings and errors, for failure messages.

@@ -16,9 +16,9 @@ use bootplane::nfs::ganesha::{Ganesha, GaneshaConfig};
 use bootplane::nfs::{ExportBackend, ExportRule};
 use bootplane::provision::local::{LocalConfig, LocalRunner, RetryPolicy};
 use bootplane::provision::{JobRunner, JobState, JobStatus, NfsSource, ProvisionRequest};
-use sha2::{Digest, Sha256};
 
 mod support;
+use support::data::{sha256_file, sha256_hex};
 use support::netns::Netns;
 use support::require::require_tools;
 
@@ -64,10 +64,6 @@ async fn wait_done(r: &dyn JobRunner, id: &str) -> JobStatus {
     }
 }
 
-fn sha256_hex(p: &Path) -> String {
-    hex::encode(Sha256::digest(std::fs::read(p).unwrap()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
     require_tools(&["ganesha.nfsd", "rpcbind", "nfs-cp", "sha256sum"]);
@@ -87,7 +83,7 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
     }
     img.truncate((3 << 20) + 123);
     std::fs::write(images.join("disk.img"), &img).unwrap();
-    let want = hex::encode(Sha256::digest(&img));
+    let want = sha256_hex(&img);
     let script = tmp.path().join("provisioner.sh");
     std::fs::write(&script, PROVISIONER).unwrap();
 
@@ -169,7 +165,7 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
         )
         .await;
         assert_eq!(s.state, JobState::Succeeded, "{s:?}");
-        assert_eq!(sha256_hex(&target), want);
+        assert_eq!(sha256_file(&target), want);
         assert_eq!(
             (s.progress.bytes, s.progress.total),
             (img.len() as u64, Some(img.len() as u64))

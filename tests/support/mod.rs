@@ -7,7 +7,8 @@
 //! - [`process`]: running programs with time limits, children killed on drop, polling;
 //! - [`bootplane`]: the real binary (`serve` until `/healthz` answers, the CLI, the
 //!   state dir), and [`api`]: the objects and paths the API tests use;
-//! - [`http`], [`tftp`], [`dhcp`], [`image`], [`provisioning`]: per-area fixtures;
+//! - [`http`], [`tftp`], [`dhcp`], [`image`], [`nfs`], [`provisioning`]: per-area
+//!   fixtures;
 //! - [`data`]: deterministic test bytes, their hashes, the fixtures directory.
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
@@ -23,6 +24,7 @@ pub mod dhcp;
 pub mod http;
 pub mod image;
 pub mod netns;
+pub mod nfs;
 pub mod process;
 pub mod provisioning;
 pub mod require;

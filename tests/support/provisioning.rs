@@ -6,7 +6,6 @@
 //! that namespace.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -14,6 +13,7 @@ use serde_json::Value;
 use super::bootplane::{bin, tail, Bootplane};
 use super::data::sha256_hex;
 use super::netns::Netns;
+use super::nfs::{assert_denied, nfs_client};
 use super::require::require_tools;
 
 pub const API: &str = "/apis/provisioning.bootplane.dev/v1alpha1/namespaces/default";
@@ -217,30 +217,11 @@ impl Flow {
     /// Read `nfs://<addr>/<export>/<file>` with nfs-cat from `addr` (inside the
     /// namespace, the server sees the client as `addr`). Ok(bytes) or Err(stderr).
     pub fn nfs_cat(&self, addr: &str, export: &str, file: &str) -> Result<Vec<u8>, String> {
-        let url = format!("nfs://{addr}{export}/{file}");
-        let out = Command::new("timeout")
-            .args(["20", "ip", "netns", "exec", &self.ns.name, "nfs-cat", &url])
-            .output()
-            .expect("running nfs-cat");
-        if out.status.success() {
-            Ok(out.stdout)
-        } else {
-            Err(format!(
-                "{} (status {})",
-                String::from_utf8_lossy(&out.stderr).trim(),
-                out.status
-            ))
-        }
+        nfs_client(&self.ns, "nfs-cat", &format!("nfs://{addr}{export}/{file}"))
     }
 
     pub fn assert_denied(&self, addr: &str, export: &str, file: &str, what: &str) {
-        match self.nfs_cat(addr, export, file) {
-            Ok(b) => panic!("{what}: expected access denied, read {} bytes", b.len()),
-            Err(e) => assert!(
-                e.contains("Permission denied") || e.contains("ACCES") || e.contains("PERM"),
-                "{what}: expected a permission error, got {e}"
-            ),
-        }
+        assert_denied(self.nfs_cat(addr, export, file), what);
     }
 
     /// Job starts logged by the wrapper: (job id, pid).
