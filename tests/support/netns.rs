@@ -83,18 +83,24 @@ impl Netns {
         self.ip(&["link", "set", dev, "up"]);
     }
 
+    /// Run `f` on a new thread inside this namespace (threads it starts stay there
+    /// too) and return its result; the rest of the process stays where it is.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let name = self.name.clone();
+        std::thread::spawn(move || {
+            enter_thread(&name);
+            f()
+        })
+        .join()
+        .expect("namespace thread panicked")
+    }
+
     /// Bind TCP and UDP `0.0.0.0:port` inside the namespace, as another service holding
     /// the port would (retried for up to 5 s while a previous holder lets go); the port
     /// stays taken while the returned sockets live.
     pub fn hold_port(&self, port: u16) -> (std::net::TcpListener, std::net::UdpSocket) {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::spawn(move || {
-            use std::os::fd::AsRawFd as _;
-            let f = std::fs::File::open(&path).unwrap();
-            // SAFETY: setns(2) with a valid namespace fd; it changes only this thread,
-            // which ends once the sockets are bound.
-            let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        let name = self.name.clone();
+        self.run(move || {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             loop {
                 let t = std::net::TcpListener::bind(("0.0.0.0", port));
@@ -103,7 +109,7 @@ impl Netns {
                     (Ok(t), Ok(u)) => return (t, u),
                     (t, u) => assert!(
                         std::time::Instant::now() < deadline,
-                        "cannot hold port {port} in {path}: {:?} {:?}",
+                        "cannot hold port {port} in {name}: {:?} {:?}",
                         t.err(),
                         u.err()
                     ),
@@ -111,9 +117,19 @@ impl Netns {
                 std::thread::sleep(Duration::from_millis(50));
             }
         })
-        .join()
-        .unwrap()
     }
+}
+
+/// Move the calling thread into the network namespace `name`: sockets it (and threads
+/// it starts later) opens are in that namespace; other threads are not affected.
+pub fn enter_thread(name: &str) {
+    use std::os::fd::AsRawFd as _;
+    let path = format!("/run/netns/{name}");
+    let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+    // SAFETY: setns(2) with a valid namespace fd (open for the call); it changes only
+    // the calling thread's network namespace.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
 }
 
 impl Drop for Netns {

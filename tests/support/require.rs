@@ -1,7 +1,8 @@
 //! "Require a tool": a test that drives a real program fails (never skips) when it is
 //! missing, with a message naming the Debian package to install. Every package named
 //! here is in scripts/test-packages.txt, which scripts/test.sh installs, or is on every
-//! machine that builds the crate (coreutils, dpkg, apt, and gcc as the linker).
+//! machine that builds the crate (coreutils, libc-bin, dpkg, apt, and gcc as the
+//! linker). A tool missing from the table fails the test too, saying so.
 
 use std::path::Path;
 
@@ -35,6 +36,7 @@ pub fn package_of(tool: &str) -> Option<&'static str> {
         "qemu-system-x86_64" => "qemu-system-x86",
         "timeout" | "sha256sum" => "coreutils",
         "dpkg-deb" => "dpkg",
+        "ldd" => "libc-bin",
         "apt-get" | "apt-cache" => "apt",
         "cc" => "gcc",
         _ => return None,

@@ -12,6 +12,7 @@ use bootplane::shutdown::Coordinator;
 use bootplane::tftp::{Metrics, Server, TftpConfig};
 
 use super::data::pattern;
+use super::netns::enter_thread;
 use super::process::wait_output;
 
 /// A running server; dropping it shuts it down.
@@ -48,11 +49,7 @@ pub fn start_server(
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {
         if let Some(ns) = netns {
-            let f = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("opening netns");
-            use std::os::fd::AsRawFd;
-            // SAFETY: setns on this thread only, with a valid namespace fd.
-            let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+            enter_thread(&ns);
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
