@@ -127,10 +127,11 @@ fn args() -> Args {
 // ---------------------------------------------------------------- namespaces
 
 // Namespaces (unique names, deleted with what runs in them on drop) and child
-// processes (killed on drop), shared with the DHCP integration tests.
-#[path = "../tests/dhcp_support/mod.rs"]
-mod dhcp_support;
-use dhcp_support::{veth_pair, Netns, Proc};
+// processes (killed on drop), shared with the integration tests (tests/support).
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::netns::{veth_pair, Netns};
+use support::process::Proc;
 
 #[path = "support/procfs.rs"]
 mod procfs;
@@ -142,8 +143,6 @@ use procfs::{children, clk_tck};
 trait StormNetns {
     /// Run `ip -n NS -b FILE` over `lines`.
     fn ip_batch(&self, lines: &str, dir: &Path);
-    /// Run `f` on a thread inside this namespace (threads it starts stay there too).
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T;
 }
 
 impl StormNetns for Netns {
@@ -151,18 +150,6 @@ impl StormNetns for Netns {
         let f = dir.join(format!("batch-{}", COUNTER.fetch_add(1, Ordering::SeqCst)));
         std::fs::write(&f, lines).unwrap();
         self.ip(&["-b", f.to_str().unwrap()]);
-    }
-
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = format!("/var/run/netns/{}", self.name);
-        std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).expect("opening netns");
-            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .expect("namespace thread panicked")
     }
 }
 

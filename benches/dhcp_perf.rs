@@ -54,16 +54,18 @@
 //! `DHCP_BENCH_CPU_RATE`, `DHCP_BENCH_RCVBUF` (see above).
 //! Traffic stays on a veth between two network namespaces this bench creates.
 
-#[path = "../tests/dhcp_support/mod.rs"]
-mod dhcp_support;
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "../tests/support/mod.rs"]
+mod support;
 use procfs::proc_cpu;
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use dhcp_support::*;
+use support::netns::*;
+use support::process::*;
+use support::require::require;
 
 const POOL_START: &str = "10.199.1.0";
 const POOL_END: &str = "10.199.250.255";

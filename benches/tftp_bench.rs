@@ -38,9 +38,10 @@ use bootplane::net::raise_rcvbuf;
 use tokio::net::UdpSocket;
 
 // Deterministic test files, as the TFTP tests make them.
-#[path = "../tests/tftp_common/mod.rs"]
-mod tftp_common;
-use tftp_common::pattern;
+#[path = "../tests/support/data.rs"]
+#[allow(dead_code)] // only `pattern` is used here
+mod data;
+use data::pattern;
 
 #[path = "support/procfs.rs"]
 mod procfs;

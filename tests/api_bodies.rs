@@ -5,12 +5,13 @@
 //! refused quickly with a kube `Status`, store nothing, and leave `/healthz` answering
 //! and the server's memory where it was.
 
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::{json, Value};
+use support::api::*;
+use support::bootplane::*;
 
 /// A resident-set figure of the server process (`VmRSS`, `VmHWM`), in KiB.
 fn status_kib(b: &Bootplane, field: &str) -> u64 {

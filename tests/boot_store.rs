@@ -3,10 +3,13 @@
 //! the iPXE chain to its kernel, initrd and Ignition, the fetches are recorded as
 //! conditions on the ServerBootConfiguration, and another address is refused.
 
-mod common;
+mod support;
 
-use common::*;
 use serde_json::{json, Value};
+use support::api::*;
+use support::bootplane::*;
+use support::data::fixtures;
+use support::http::curl_get;
 
 fn kernel_line(script: &str) -> String {
     script
@@ -31,7 +34,7 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
 
     let base = format!("http://127.0.0.1:{}", b.http_port);
     // Follow the chain as iPXE does: /boot.ipxe, substitute its variables, fetch on.
-    let (code, chain) = curl("127.0.0.2", &format!("{base}/boot.ipxe"));
+    let (code, chain) = curl_get("127.0.0.2", &format!("{base}/boot.ipxe"));
     assert_eq!(code, 200, "{chain}");
     assert!(chain.starts_with("#!ipxe"), "{chain}");
     let next = chain
@@ -48,7 +51,7 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
         .replace("${buildarch:uristring}", "x86_64")
         .replace("${platform:uristring}", "pcbios");
     assert!(!url.contains("${"), "unsubstituted variable in {url}");
-    let (code, script) = curl("127.0.0.2", &url);
+    let (code, script) = curl_get("127.0.0.2", &url);
     assert_eq!(code, 200, "{script}");
     let kernel = kernel_line(&script);
     assert!(kernel.contains("/assets/images/os/kernel"), "{kernel}");
@@ -62,19 +65,19 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
         .unwrap()
         .to_string();
     let kernel_url = kernel.split_whitespace().nth(1).unwrap().to_string();
-    let (code, body) = curl("127.0.0.2", &kernel_url);
+    let (code, body) = curl_get("127.0.0.2", &kernel_url);
     assert_eq!((code, body.as_str()), (200, "test kernel\n"));
-    let (code, body) = curl("127.0.0.2", &ign_url);
+    let (code, body) = curl_get("127.0.0.2", &ign_url);
     assert_eq!(code, 200);
     assert_eq!(body, ign);
 
     // Another address gets neither the script nor (without the signed URL) the Ignition.
-    let (code, _) = curl("127.0.0.3", &url);
+    let (code, _) = curl_get("127.0.0.3", &url);
     assert!(
         code == 403 || code == 404,
         "script from a foreign address: {code}"
     );
-    let (code, _) = curl("127.0.0.3", &format!("{base}/ignition/node-1"));
+    let (code, _) = curl_get("127.0.0.3", &format!("{base}/ignition/node-1"));
     assert!(
         code == 403 || code == 404,
         "ignition from a foreign address: {code}"
@@ -191,7 +194,7 @@ fn reference_butane_secret_is_served_as_validated_ignition() {
     b.wait_for(20, "Ready", || {
         (b.call("GET", &path, None).1["status"]["state"] == "Ready").then_some(())
     });
-    let (code, body) = curl(
+    let (code, body) = curl_get(
         "127.0.0.4",
         &format!("http://127.0.0.1:{}/ignition/fc-1", b.http_port),
     );
@@ -248,7 +251,7 @@ fn boot_token_dies_with_its_claim() {
     let base = format!("http://127.0.0.1:{}", b.http_port);
     // The machine's script (from its own address), and the token in its Ignition URL.
     let ignition_url = |what: &str| -> String {
-        let (code, script) = curl("127.0.0.5", &format!("{base}/ipxe/script?server=tok-1"));
+        let (code, script) = curl_get("127.0.0.5", &format!("{base}/ipxe/script?server=tok-1"));
         assert_eq!(code, 200, "{what}: {script}");
         let url = kernel_line(&script)
             .split_whitespace()
@@ -263,7 +266,7 @@ fn boot_token_dies_with_its_claim() {
     b.claim_ready_with_ignition("tenant-a", "tok-1", &secret_a, 20);
     let old = ignition_url("first claim");
     // The token works from an address the machine does not own.
-    let (code, body) = curl("127.0.0.6", &old);
+    let (code, body) = curl_get("127.0.0.6", &old);
     assert_eq!((code, body.as_str()), (200, ign_a));
 
     // Release the server and claim it again for another tenant.
@@ -278,11 +281,11 @@ fn boot_token_dies_with_its_claim() {
     b.claim_ready_with_ignition("tenant-b", "tok-1", &secret_b, 20);
     // The boot index follows the store by watch: wait until it serves the new tenant.
     b.wait_for(20, "new tenant served", || {
-        let (code, body) = curl("127.0.0.5", &format!("{base}/ignition/tok-1"));
+        let (code, body) = curl_get("127.0.0.5", &format!("{base}/ignition/tok-1"));
         (code == 200 && body == ign_b).then_some(())
     });
 
-    let (code, body) = curl("127.0.0.6", &old);
+    let (code, body) = curl_get("127.0.0.6", &old);
     assert!(
         code == 403 || code == 404,
         "the first claim's token still opens the server's Ignition: {code} {body}"
@@ -290,6 +293,6 @@ fn boot_token_dies_with_its_claim() {
     assert!(!body.contains("tenant-b"), "{body}");
     let new = ignition_url("second claim");
     assert_ne!(new, old);
-    let (code, body) = curl("127.0.0.6", &new);
+    let (code, body) = curl_get("127.0.0.6", &new);
     assert_eq!((code, body.as_str()), (200, ign_b));
 }

@@ -1,14 +1,16 @@
 //! Issue 2 acceptance: the real `bootplane` binary, its REST API and CLI, the
 //! store's crash safety and watch semantics, and the claim reconciler under races.
 
-mod common;
+mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
 use serde_json::{json, Value};
+use support::api::*;
+use support::bootplane::*;
+use support::data::fixtures;
 
 fn phase_counts(b: &Bootplane, ns: &str) -> (usize, usize, usize) {
     let list = b.get(&claims(ns));

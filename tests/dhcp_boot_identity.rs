@@ -3,12 +3,15 @@
 //! its iPXE script from the address bootplane leased to it, while another address on
 //! the same link is refused. Real dhclient, real bootplane, in namespaces the test makes.
 
-mod dhcp_support;
+mod support;
 
 use std::time::Duration;
 
-use dhcp_support::*;
 use sha2::{Digest, Sha256};
+use support::dhcp::*;
+use support::netns::*;
+use support::process::*;
+use support::require::*;
 
 /// HTTP status of a GET from the client namespace, from a given source address.
 fn curl_code(lab: &Lab, from: &str, url: &str) -> (u16, String) {

@@ -3,11 +3,14 @@
 //! udhcpc do DORA, renew and release; after `kill -9` and a restart the server
 //! still knows whose address is whose.
 
-mod dhcp_support;
+mod support;
 
 use std::time::Duration;
 
-use dhcp_support::*;
+use support::dhcp::*;
+use support::netns::*;
+use support::process::*;
+use support::require::*;
 
 const CONFIG: &str = "[dhcp]\nlease_time_secs = 10\n";
 

@@ -4,7 +4,7 @@
 //! can send exactly what firmware sends) must get its address from dnsmasq and its
 //! boot file from bootplane; then, as UEFI PXE does, ask bootplane on port 4011.
 
-mod dhcp_support;
+mod support;
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -15,7 +15,9 @@ use dhcproto::v4::{
 };
 use dhcproto::{Decodable, Decoder, Encodable};
 
-use dhcp_support::*;
+use support::dhcp::*;
+use support::process::*;
+use support::require::*;
 
 /// Run `f` on a thread that has entered network namespace `ns` (sockets it opens stay there).
 fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {

@@ -2,12 +2,15 @@
 //! come from the Servers registered in the store, and DHCP and TFTP metrics are on the
 //! API listener's `/metrics`. Real dhclient and tftp-hpa, in namespaces the test makes.
 
-mod dhcp_support;
+mod support;
 
 use std::process::Output;
 use std::time::Duration;
 
-use dhcp_support::*;
+use support::dhcp::*;
+use support::netns::*;
+use support::process::*;
+use support::require::*;
 
 /// One dhclient run (`-1`: one attempt) with its own lease file; `release` runs `-r`.
 fn dhclient(lab: &Lab, tag: &str, release: bool) -> Output {

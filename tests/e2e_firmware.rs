@@ -24,15 +24,18 @@
 //! from TFTP unless it already runs on the UNDI driver: the loop is broken by the HTTP
 //! script, as it must be on such firmware.
 
-mod dhcp_support;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dhcp_support::*;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use support::bootplane::bootplane_cli;
+use support::netns::*;
+use support::process::*;
+use support::require::*;
 
 /// One namespace with a bridge `br0` (10.199.NET.1/24) and bootplane inside.
 struct QemuLab {
@@ -45,9 +48,7 @@ struct QemuLab {
 impl QemuLab {
     fn new(net: u8) -> QemuLab {
         let ns = Netns::new("q");
-        ns.ip(&["link", "add", "br0", "type", "bridge"]);
-        ns.ip(&["addr", "add", &format!("10.199.{net}.1/24"), "dev", "br0"]);
-        ns.ip(&["link", "set", "br0", "up"]);
+        ns.bridge("br0", &format!("10.199.{net}.1/24"));
         QemuLab {
             ns,
             dir: tempfile::tempdir().unwrap(),
@@ -414,20 +415,15 @@ fn run(lab: &QemuLab, s: &Scenario) {
 }
 
 fn require_all() {
-    for t in ["qemu-system-x86_64", "ip", "dpkg-deb", "apt-get"] {
-        require(t);
-    }
-    for f in [
-        "/usr/lib/ipxe/undionly.kpxe",
-        "/usr/lib/ipxe/ipxe.efi",
-        "/usr/lib/ipxe/qemu/pxe-e1000.rom",
-        "/usr/share/OVMF/OVMF_CODE_4M.fd",
-        "/usr/share/seabios/bios-256k.bin",
+    require_tools(&["qemu-system-x86_64", "ip", "dpkg-deb", "apt-get"]);
+    for (f, package) in [
+        ("/usr/lib/ipxe/undionly.kpxe", "ipxe"),
+        ("/usr/lib/ipxe/ipxe.efi", "ipxe"),
+        ("/usr/lib/ipxe/qemu/pxe-e1000.rom", "ipxe-qemu"),
+        ("/usr/share/OVMF/OVMF_CODE_4M.fd", "ovmf"),
+        ("/usr/share/seabios/bios-256k.bin", "seabios"),
     ] {
-        assert!(
-            Path::new(f).exists(),
-            "{f} missing (scripts/test.sh installs scripts/test-packages.txt)"
-        );
+        require_file(f, package);
     }
 }
 

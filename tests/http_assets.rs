@@ -2,10 +2,10 @@
 //! 416, ETag/If-None-Match, If-Modified-Since, If-Range, If-Match; `.efi` with the
 //! right type and length and never a redirect (also Debian's iPXE binaries).
 
-mod http_support;
+mod support;
 
 use bootplane::http::server::Limits;
-use http_support::*;
+use support::http::*;
 
 fn blob(srv: &Srv) -> Vec<u8> {
     std::fs::read(srv.dir.path().join("assets/sub/blob.bin")).unwrap()

@@ -3,14 +3,14 @@
 //! limit, malformed UUID/MAC, other methods. Nothing outside the roots is readable and
 //! the server keeps serving.
 
-mod http_support;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use bootplane::http::server::Limits;
-use http_support::*;
+use support::http::*;
 
 fn limits() -> Limits {
     Limits {

@@ -2,11 +2,11 @@
 //! the per-machine script, then its kernel, initrd and Ignition, with the real curl from
 //! the machine's address (127.0.0.2) and from another address (127.0.0.3).
 
-mod http_support;
+mod support;
 
 use bootplane::http::server::Limits;
 use bootplane::http::BootEvent;
-use http_support::*;
+use support::http::*;
 
 /// Expand the iPXE settings the chain line uses, as iPXE would for this machine.
 fn expand(line: &str, uuid: &str) -> String {

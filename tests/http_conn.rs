@@ -5,7 +5,7 @@
 //! idle timeout (first byte of a request) apart from the header read timeout; the
 //! per-core workers (`run_workers`: every SO_REUSEPORT socket serves, shutdown drains).
 
-mod http_support;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bootplane::http::server::Limits;
-use http_support::*;
+use support::http::*;
 
 /// One parsed response: status, lower-cased headers, body (by Content-Length).
 struct Reply {

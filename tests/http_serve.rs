@@ -3,7 +3,7 @@
 //! `boot.ipxe_templates`, the token key created under `state_dir`, the discovery
 //! default resolved through the image catalog, and a clean shutdown.
 
-mod http_support;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use bootplane::config::Config;
 use bootplane::http::index::MemoryIndex;
 use bootplane::http::{BootHttp, Metrics};
 use bootplane::shutdown::Coordinator;
-use http_support::curl;
+use support::http::curl;
 
 #[test]
 fn serve_from_config_uses_templates_catalog_and_key() {

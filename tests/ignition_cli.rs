@@ -2,26 +2,20 @@
 //! for a template + facts + secret, and exits non-zero with a located error otherwise.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
+mod support;
+use support::bootplane::bin;
+use support::process::run_cmd;
+
+/// Run the binary from the repository root (fixture paths are relative to it).
 fn bootplane(args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bootplane"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("bootplane {args:?} timed out");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
+    run_cmd(
+        Command::new(bin())
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR")),
+        30,
+    )
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! -root DIR` into a temp directory; the files, links, directories and units must appear
 //! there with the right contents and modes.
 //!
-//! The whole path is the product's: bootplane runs as a process (tests/common), the
+//! The whole path is the product's: bootplane runs as a process (tests/support/bootplane.rs), the
 //! test registers a Server (address 127.0.0.5, labels), a Butane `fcos` Secret and a
 //! ServerClaim through the API, the operator template comes from a private
 //! `boot.ignition_templates` directory (picked by the Server's
@@ -19,7 +19,7 @@
 //! `setfiles`; the test puts a no-op `setfiles` first in PATH (SELinux labels are not
 //! what is tested here) and gives the root an `etc/selinux/config` saying `disabled`.
 
-mod common;
+mod support;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -27,8 +27,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::json;
+use support::api::*;
+use support::bootplane::*;
+use support::http::curl_get;
 
 const IGNITION: &str = "/usr/lib/dracut/modules.d/30ignition/ignition";
 
@@ -219,7 +221,7 @@ fn real_ignition_client_fetches_from_bootplane_and_applies_files() {
 
     // The machine asks for its script from its registered address.
     let base = format!("http://127.0.0.1:{}", b.http_port);
-    let (code, script) = curl(MACHINE_IP, &format!("{base}/ipxe/script?server=server-a"));
+    let (code, script) = curl_get(MACHINE_IP, &format!("{base}/ipxe/script?server=server-a"));
     assert_eq!(code, 200, "{script}");
     let ign_url = script
         .split_whitespace()
@@ -231,7 +233,7 @@ fn real_ignition_client_fetches_from_bootplane_and_applies_files() {
         "signed per-boot URL: {ign_url}"
     );
     // Without the token, 127.0.0.1 is not this machine.
-    let (code, _) = curl("127.0.0.1", &format!("{base}/ignition/server-a"));
+    let (code, _) = curl_get("127.0.0.1", &format!("{base}/ignition/server-a"));
     assert_eq!(code, 403, "unsigned ignition URL from a foreign address");
 
     let local = dir.join("local.ign");

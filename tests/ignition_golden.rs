@@ -6,16 +6,20 @@
 //! To regenerate the expected files after an intended change:
 //! `BOOTPLANE_BLESS=1 cargo test --test ignition_golden` (then review the diff).
 
+mod support;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
 use bootplane::ignition::{self, FilesDir, IgnVersion};
 use serde_json::Value;
+use support::data::fixtures;
+use support::process::run_cmd;
+use support::require::require;
 
 fn corpus_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/butane")
+    fixtures().join("butane")
 }
 
 fn corpus() -> Vec<(String, String)> {
@@ -54,25 +58,6 @@ fn keys(v: &Value, p: &str, out: &mut BTreeSet<String>) {
         }
         Value::Array(a) => a.iter().for_each(|x| keys(x, p, out)),
         _ => {}
-    }
-}
-
-fn run_with_timeout(cmd: &mut Command, limit: Duration) -> std::process::Output {
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e} (is Debian's `ignition` package installed? see scripts/test-packages.txt)"));
-    let start = std::time::Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            panic!("{cmd:?} timed out after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -177,6 +162,7 @@ fn corpus_covers_every_section_and_version() {
 
 #[test]
 fn corpus_outputs_pass_schema_and_real_ignition_validate() {
+    require("ignition-validate");
     let files = files_dir();
     let dir = tempfile::tempdir().unwrap();
     let mut checked_by_real = 0;
@@ -186,10 +172,7 @@ fn corpus_outputs_pass_schema_and_real_ignition_validate() {
         if t.version <= IgnVersion::V3_3 {
             let p = dir.path().join(format!("{name}.ign"));
             std::fs::write(&p, serde_json::to_vec(&t.config).unwrap()).unwrap();
-            let out = run_with_timeout(
-                Command::new("ignition-validate").arg(&p),
-                Duration::from_secs(20),
-            );
+            let out = run_cmd(Command::new("ignition-validate").arg(&p), 20);
             assert!(
                 out.status.success(),
                 "{name}: ignition-validate failed: {}{}",
@@ -207,6 +190,7 @@ fn corpus_outputs_pass_schema_and_real_ignition_validate() {
 
 #[test]
 fn real_ignition_validate_rejects_what_we_reject() {
+    require("ignition-validate");
     // The reverse direction: configs our validator rejects are also rejected by the
     // real one, so our errors are not stricter than Ignition on these rules.
     let dir = tempfile::tempdir().unwrap();
@@ -222,20 +206,15 @@ fn real_ignition_validate_rejects_what_we_reject() {
         assert!(ignition::validate(&v).is_err(), "we accepted {b}");
         let p = dir.path().join(format!("bad{i}.ign"));
         std::fs::write(&p, b).unwrap();
-        let out = run_with_timeout(
-            Command::new("ignition-validate").arg(&p),
-            Duration::from_secs(20),
-        );
+        let out = run_cmd(Command::new("ignition-validate").arg(&p), 20);
         assert!(!out.status.success(), "ignition-validate accepted {b}");
     }
 }
 
 #[test]
 fn metal_operator_sample_secret_renders_and_validates() {
-    let src = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ignition_secret.yaml"),
-    )
-    .unwrap();
+    require("ignition-validate");
+    let src = std::fs::read_to_string(fixtures().join("ignition_secret.yaml")).unwrap();
     let secret = ignition::IgnitionSecret::from_manifest(&src).unwrap();
     assert_eq!(secret.format.as_deref(), Some("fcos"));
     let r = ignition::Renderer::new();
@@ -252,10 +231,7 @@ fn metal_operator_sample_secret_renders_and_validates() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("sample.ign");
     std::fs::write(&p, &out.json).unwrap();
-    let o = run_with_timeout(
-        Command::new("ignition-validate").arg(&p),
-        Duration::from_secs(20),
-    );
+    let o = run_cmd(Command::new("ignition-validate").arg(&p), 20);
     assert!(
         o.status.success(),
         "{}{}",

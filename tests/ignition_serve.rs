@@ -11,12 +11,14 @@
 //! - a template that fails for a machine (undefined variable) or a label naming a
 //!   missing template puts the ServerBootConfiguration into `Error` with the reason.
 
-mod common;
+mod support;
 
 use std::process::Command;
 
-use common::*;
 use serde_json::{json, Value};
+use support::api::*;
+use support::bootplane::*;
+use support::http::curl_get;
 
 /// Decoded contents of the file at `path` in a served config (plain `data:,` URLs).
 fn file(cfg: &Value, path: &str) -> Option<String> {
@@ -94,7 +96,7 @@ fn served_config_follows_secret_facts_and_template_changes_and_render_cli_shows_
 
     let url = format!("http://127.0.0.1:{}/ignition/s1", b.http_port);
     let served = || -> Value {
-        let (code, body) = curl(IP, &url);
+        let (code, body) = curl_get(IP, &url);
         assert_eq!(code, 200, "{body}");
         serde_json::from_str(&body).unwrap()
     };
@@ -110,7 +112,7 @@ fn served_config_follows_secret_facts_and_template_changes_and_render_cli_shows_
     // The CLI prints exactly what the machine gets, through the API.
     let (code, out, err) = render(&b, &["ignition", "--server", "s1"]);
     assert_eq!(code, 0, "{err}");
-    let (_, body) = curl(IP, &url);
+    let (_, body) = curl_get(IP, &url);
     assert_eq!(out.trim_end(), body);
     let (code, out, err) = render(&b, &["ipxe", "--server", "s1"]);
     assert_eq!(code, 0, "{err}");

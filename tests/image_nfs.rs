@@ -2,14 +2,18 @@
 //! FSAL) with rpcbind, both inside a network namespace and a private mount namespace
 //! this test creates, reached over the namespace's loopback.
 
-mod image_common;
+mod support;
 
 use std::fs;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use image_common::*;
+use support::bootplane::bin;
+use support::data::sha256_hex;
+use support::image::*;
+use support::netns::Netns;
+use support::process::*;
 
 const MIB: usize = 1 << 20;
 
@@ -53,7 +57,7 @@ fn nfs_source_against_ganesha() {
     let conf = d.path().join("ganesha.conf");
     fs::write(&conf, ganesha_conf(&export, &state)).unwrap();
 
-    let ns = Netns::new();
+    let ns = Netns::new("img");
     // rpcbind and ganesha talk over /run: give them a private one.
     let script = format!(
         "mount -t tmpfs tmpfs /run && mkdir -p /run/rpcbind /run/ganesha && (rpcbind -f -w &) && sleep 0.3 && \

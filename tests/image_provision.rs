@@ -1,7 +1,7 @@
 //! End-to-end tests of `bootplane image pack` and `bootplane provision` with the real
 //! binary, the `zstd` CLI, loop block devices, `mkfs.ext4`/`mount`, and an HTTP source.
 
-mod image_common;
+mod support;
 
 use std::fs;
 use std::os::unix::fs::OpenOptionsExt;
@@ -9,7 +9,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use image_common::*;
+use support::bootplane::bin;
+use support::data::sha256_hex;
+use support::image::*;
+use support::process::*;
 
 const MIB: usize = 1 << 20;
 

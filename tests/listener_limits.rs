@@ -3,8 +3,7 @@
 //! their sockets to 127.0.0.x source addresses, so each test plays several sources
 //! on loopback.
 
-mod common;
-mod http_support;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,8 +11,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use bootplane::http::server::Limits;
-use common::Bootplane;
-use http_support::wait_closed;
+use support::api;
+use support::bootplane::Bootplane;
+use support::http;
+use support::http::wait_closed;
 
 /// Raise the soft open-file limit to at least `want` (up to the hard limit).
 fn raise_nofile(want: u64) {
@@ -185,7 +186,7 @@ fn open_watch(src: &str, b: &Bootplane) -> Result<TcpStream, String> {
     s.write_all(
         format!(
             "GET {}?watch=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
-            common::SERVERS,
+            api::SERVERS,
             b.token
         )
         .as_bytes(),
@@ -233,8 +234,8 @@ fn api_watches_count_against_the_per_source_share() {
     // Every watch still streams.
     let (code, v) = b.call(
         "POST",
-        common::SERVERS,
-        Some(&common::server("w-1", serde_json::json!({}), "Recycle")),
+        api::SERVERS,
+        Some(&api::server("w-1", serde_json::json!({}), "Recycle")),
     );
     assert_eq!(code, 201, "{v}");
     for (i, w) in watches.iter_mut().enumerate() {
@@ -289,7 +290,7 @@ fn api_slow_head_is_closed_after_the_header_timeout() {
 #[test]
 fn boot_listener_one_source_cannot_hold_every_slot() {
     raise_nofile(4096);
-    let srv = http_support::start(
+    let srv = http::start(
         Limits {
             max_connections: 64,
             header_read_timeout: Duration::from_secs(8),
@@ -299,16 +300,16 @@ fn boot_listener_one_source_cannot_hold_every_slot() {
         |_| {},
     );
     let held: Vec<TcpStream> = (0..100)
-        .map(|_| connect_from(http_support::MACHINE_IP, srv.addr))
+        .map(|_| connect_from(http::MACHINE_IP, srv.addr))
         .collect();
     std::thread::sleep(Duration::from_millis(200));
-    let r = boot_ipxe_from(http_support::OTHER_IP, srv.addr);
+    let r = boot_ipxe_from(http::OTHER_IP, srv.addr);
     assert_eq!(
         r.as_ref().map(|x| x.0),
         Ok(200),
         "boot.ipxe from another source while one holds every slot: {r:?}"
     );
-    let r = boot_ipxe_from(http_support::MACHINE_IP, srv.addr);
+    let r = boot_ipxe_from(http::MACHINE_IP, srv.addr);
     assert_eq!(r.as_ref().map(|x| x.0), Ok(200), "same source: {r:?}");
     drop(held);
 }
@@ -347,8 +348,8 @@ fn api_idle_timeout_closes_idle_connections_but_not_watches() {
     // The watch outlived all of that and still streams.
     let (code, v) = b.call(
         "POST",
-        common::SERVERS,
-        Some(&common::server("w-2", serde_json::json!({}), "Recycle")),
+        api::SERVERS,
+        Some(&api::server("w-2", serde_json::json!({}), "Recycle")),
     );
     assert_eq!(code, 201, "{v}");
     read_event(&mut watch, "w-2", "watch");
@@ -364,7 +365,7 @@ fn api_idle_timeout_closes_idle_connections_but_not_watches() {
 /// and another source is still served.
 #[test]
 fn boot_listener_refuses_a_source_over_its_share() {
-    let srv = http_support::start(
+    let srv = http::start(
         Limits {
             max_connections: 64,
             max_connections_per_source: 8,
@@ -380,14 +381,14 @@ fn boot_listener_refuses_a_source_over_its_share() {
         .unwrap();
     let held: Vec<TcpStream> = (0..8)
         .map(|_| {
-            let mut s = connect_from(http_support::MACHINE_IP, srv.addr);
+            let mut s = connect_from(http::MACHINE_IP, srv.addr);
             s.write_all(b"GET /assets/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
                 .unwrap();
             s
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let mut extra = connect_from(http_support::MACHINE_IP, srv.addr);
+    let mut extra = connect_from(http::MACHINE_IP, srv.addr);
     let _ = extra.write_all(b"GET /boot.ipxe HTTP/1.1\r\nHost: x\r\n\r\n");
     let took = wait_closed(&mut extra, Duration::from_secs(3));
     assert!(
@@ -398,7 +399,7 @@ fn boot_listener_refuses_a_source_over_its_share() {
         .metrics
         .encode()
         .contains("bootplane_http_connections_refused_per_source_total 1"));
-    let r = boot_ipxe_from(http_support::OTHER_IP, srv.addr);
+    let r = boot_ipxe_from(http::OTHER_IP, srv.addr);
     assert_eq!(r.map(|x| x.0), Ok(200));
     drop(held);
 }

@@ -8,17 +8,19 @@
 //! has source address 127.0.0.N, which is what ganesha matches rules against.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use bootplane::nfs::ganesha::{Ganesha, GaneshaConfig};
 use bootplane::nfs::{Access, ExportBackend, ExportRule, NfsError, Protocol};
 
-mod nfs_netns;
-use nfs_netns::{run, Netns};
+mod support;
+use support::netns::Netns;
+use support::nfs::{assert_denied, nfs_client};
+use support::process::must;
+use support::require::require_tools;
 
-fn require_tools() {
-    nfs_netns::require_tools(&[
+fn require_nfs_tools() {
+    require_tools(&[
         "ganesha.nfsd",
         "rpcbind",
         "nfs-cat",
@@ -31,29 +33,7 @@ fn require_tools() {
 
 /// Run an NFS client inside the namespace; Ok(stdout) or Err(stderr).
 fn client(ns: &Netns, tool: &str, url: &str) -> Result<String, String> {
-    let out = Command::new("timeout")
-        .args(["20", "ip", "netns", "exec", &ns.0, tool, url])
-        .output()
-        .expect("running nfs client");
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{} (status {})",
-            String::from_utf8_lossy(&out.stderr).trim(),
-            out.status
-        ))
-    }
-}
-
-fn assert_denied(r: Result<String, String>, what: &str) {
-    match r {
-        Ok(out) => panic!("{what}: expected access denied, got {out:?}"),
-        Err(e) => assert!(
-            e.contains("Permission denied") || e.contains("ACCES") || e.contains("PERM"),
-            "{what}: expected a permission error, got {e}"
-        ),
-    }
+    nfs_client(ns, tool, url).map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
 /// ganesha's warnings and errors, for failure messages.
@@ -74,15 +54,15 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    require_tools();
-    let ns = Netns::new("bpnfs");
+    require_nfs_tools();
+    let ns = Netns::with_loopback_sources("nfs");
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("images");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("disk.img"), b"bootplane-image-bytes\n").unwrap();
     let cfg = GaneshaConfig {
         dir: Some(tmp.path().join("ganesha")),
-        netns: Some(ns.0.clone()),
+        netns: Some(ns.name.clone()),
         ..Default::default()
     };
     let g = Ganesha::new(cfg.clone(), tmp.path()).unwrap();
@@ -237,7 +217,7 @@ async fn killed_server_is_reported_and_restarted_on_next_change() {
 
         // Kill ganesha behind bootplane's back.
         let pid = std::fs::read_to_string(s.g.log_path().with_file_name("ganesha.pid")).unwrap();
-        run(&["kill", "-9", pid.trim()]);
+        must("kill", &["-9", pid.trim()]);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let err = s.g.health().await.unwrap_err();
         assert!(err.to_string().contains("ganesha exited"), "{err}");
@@ -342,7 +322,7 @@ async fn supervisor_restarts_a_dead_server_and_stops_on_shutdown() {
         };
         let pid_file = s.g.log_path().with_file_name("ganesha.pid");
         let old = std::fs::read_to_string(&pid_file).unwrap();
-        run(&["kill", "-9", old.trim()]);
+        must("kill", &["-9", old.trim()]);
         let start = std::time::Instant::now();
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -390,7 +370,7 @@ async fn revocation_stops_a_client_in_the_middle_of_a_file() {
         .unwrap();
         let script = format!(
             "set -o pipefail; timeout 60 ip netns exec {} nfs-cat nfs://127.0.0.2/images/big/big.img | (sleep 3; wc -c)",
-            s.ns.0
+            s.ns.name
         );
         let child = tokio::process::Command::new("bash")
             .args(["-c", &script])

@@ -7,7 +7,7 @@
 //! a small provisioner script built on the real libnfs client `nfs-cp`; it takes the
 //! same arguments and speaks the same JSON progress lines. The runner and the NFS
 //! server are bootplane's. Everything runs in a network namespace this test creates
-//! (client address 127.0.0.2/127.0.0.3 via local routes, see tests/nfs_netns).
+//! (client address 127.0.0.2/127.0.0.3 via local routes, see tests/support/netns.rs).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,10 +16,11 @@ use bootplane::nfs::ganesha::{Ganesha, GaneshaConfig};
 use bootplane::nfs::{ExportBackend, ExportRule};
 use bootplane::provision::local::{LocalConfig, LocalRunner, RetryPolicy};
 use bootplane::provision::{JobRunner, JobState, JobStatus, NfsSource, ProvisionRequest};
-use sha2::{Digest, Sha256};
 
-mod nfs_netns;
-use nfs_netns::Netns;
+mod support;
+use support::data::{sha256_file, sha256_hex};
+use support::netns::Netns;
+use support::require::require_tools;
 
 /// Provisioner stand-in: `--source URL --target PATH --sha256 HEX`, copies with nfs-cp,
 /// verifies, zeroes the first MiB on mismatch, reports JSON progress on stderr.
@@ -63,14 +64,10 @@ async fn wait_done(r: &dyn JobRunner, id: &str) -> JobStatus {
     }
 }
 
-fn sha256_hex(p: &Path) -> String {
-    hex::encode(Sha256::digest(std::fs::read(p).unwrap()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
-    nfs_netns::require_tools(&["ganesha.nfsd", "rpcbind", "nfs-cp", "sha256sum"]);
-    let ns = Netns::new("bpflow");
+    require_tools(&["ganesha.nfsd", "rpcbind", "nfs-cp", "sha256sum"]);
+    let ns = Netns::with_loopback_sources("flow");
 
     let tmp = tempfile::tempdir().unwrap();
     let images = tmp.path().join("images");
@@ -86,14 +83,14 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
     }
     img.truncate((3 << 20) + 123);
     std::fs::write(images.join("disk.img"), &img).unwrap();
-    let want = hex::encode(Sha256::digest(&img));
+    let want = sha256_hex(&img);
     let script = tmp.path().join("provisioner.sh");
     std::fs::write(&script, PROVISIONER).unwrap();
 
     let g = Ganesha::new(
         GaneshaConfig {
             dir: Some(tmp.path().join("ganesha")),
-            netns: Some(ns.0.clone()),
+            netns: Some(ns.name.clone()),
             ..Default::default()
         },
         tmp.path(),
@@ -104,7 +101,7 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
             "ip".into(),
             "netns".into(),
             "exec".into(),
-            ns.0.clone(),
+            ns.name.clone(),
             "sh".into(),
             script.display().to_string(),
         ],
@@ -168,7 +165,7 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
         )
         .await;
         assert_eq!(s.state, JobState::Succeeded, "{s:?}");
-        assert_eq!(sha256_hex(&target), want);
+        assert_eq!(sha256_file(&target), want);
         assert_eq!(
             (s.progress.bytes, s.progress.total),
             (img.len() as u64, Some(img.len() as u64))

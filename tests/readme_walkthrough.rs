@@ -24,7 +24,7 @@
 //! is killed (with the server the walk-through started) when the test ends, however
 //! it ends.
 
-mod common;
+mod support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -127,13 +127,13 @@ fn readme_walkthrough_runs_as_written() {
         script.push_str(&format!("echo '{SEP}'\n{}", b.text));
     }
 
-    let bin_dir = Path::new(common::bin()).parent().unwrap();
+    let bin_dir = Path::new(support::bootplane::bin()).parent().unwrap();
     let path = format!(
         "{}:{}",
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let (api_port, http_port) = common::two_free_ports();
+    let (api_port, http_port) = support::bootplane::two_free_ports();
     let mut cmd = Command::new("bash");
     cmd.args(["-euo", "pipefail", "-c", &script])
         .current_dir(work)
@@ -184,7 +184,7 @@ fn readme_walkthrough_runs_as_written() {
     let log = std::fs::read_to_string(work.join("bootplane.log")).unwrap_or_default();
     let report = format!(
         "--- stdout\n{out}\n--- stderr\n{err}\n--- bootplane.log (last 40 lines)\n{}",
-        common::tail(&log, 40)
+        support::bootplane::tail(&log, 40)
     );
     match status {
         None => panic!("the walk-through did not finish within 120 s\n{report}"),

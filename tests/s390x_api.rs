@@ -3,12 +3,12 @@
 //! of kinds works in `bootplane get`, and an Image says why it cannot be exported
 //! when the export backend is disabled.
 
-mod common;
+mod support;
 
 use std::path::Path;
 
-use common::Bootplane;
 use serde_json::{json, Value};
+use support::bootplane::Bootplane;
 
 const API: &str = "/apis/provisioning.bootplane.dev/v1alpha1/namespaces/default";
 

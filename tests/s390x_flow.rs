@@ -3,13 +3,12 @@
 //! the real `bootplane provision`. Access is checked with the real libnfs client
 //! (`nfs-cat`) from the job's address (127.0.0.2) and from another one (127.0.0.3).
 
-mod common;
-mod nfs_netns;
-mod s390x_common;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use s390x_common::{image_bytes, is_live, state, Flow, Options};
+use support::data::{pattern, sha256_file, sha256_hex};
+use support::provisioning::{is_live, state, Flow, Options};
 
 /// Apply Image + BareMetalSpec → BareMetalServer → rule for the job's address → the
 /// job streams the image over NFS into a target file → action Succeeded, SHA-256
@@ -19,7 +18,7 @@ use s390x_common::{image_bytes, is_live, state, Flow, Options};
 #[test]
 fn image_to_disk_with_rule_lifecycle_and_checksum_failure() {
     let f = Flow::start(Options::default());
-    let img = image_bytes((3 << 20) + 123, 1);
+    let img = pattern((3 << 20) + 123, 1);
     let sha = f.write_image("disk", "disk.img", &img);
     let export = "/images/default/disk";
 
@@ -63,7 +62,7 @@ fn image_to_disk_with_rule_lifecycle_and_checksum_failure() {
     assert_eq!(action["status"]["jobRef"], action["metadata"]["uid"]);
     assert_eq!(action["status"]["progress"]["bytes"], img.len() as u64);
     assert_eq!(action["status"]["progress"]["percent"], 100);
-    assert_eq!(s390x_common::file_sha256(&target), sha);
+    assert_eq!(sha256_file(&target), sha);
     let server = f.wait_obj(10, "baremetalservers", "disk-01", |o| {
         state(o) == "Provisioned"
     });
@@ -79,7 +78,7 @@ fn image_to_disk_with_rule_lifecycle_and_checksum_failure() {
     let read = f
         .nfs_cat("127.0.0.2", export, "disk.img")
         .expect("nfs-cat from the job's address while its rule exists");
-    assert_eq!(s390x_common::sha256_hex(&read), sha);
+    assert_eq!(sha256_hex(&read), sha);
     f.assert_denied("127.0.0.3", export, "disk.img", "address without a rule");
 
     // The CLI lists every kind of the flow in one call.
@@ -121,7 +120,7 @@ fn image_to_disk_with_rule_lifecycle_and_checksum_failure() {
     assert!(f.obj("baremetalservers", "disk-01").is_none());
 
     // Checksum mismatch: Failed with the reason, the target's first MiB zeroed.
-    let bad = image_bytes(3 << 20, 2);
+    let bad = pattern(3 << 20, 2);
     f.write_image("bad", "bad.img", &bad);
     let wrong = "ab".repeat(32);
     f.apply(&Flow::image_yaml("bad", "bad/bad.img", &wrong, "Delete"));
@@ -178,7 +177,7 @@ fn restart_mid_flow_completes_without_duplicate_jobs() {
         max_retries: 0,
         retry_exit_codes: vec![],
     });
-    let img = image_bytes(6 << 20, 3);
+    let img = pattern(6 << 20, 3);
     let sha = f.write_image("slow", "slow.img", &img);
     f.apply(&Flow::image_yaml("slow", "slow/slow.img", &sha, "Retain"));
     f.wait_obj(30, "images", "slow", |o| state(o) == "Available");
@@ -206,7 +205,7 @@ fn restart_mid_flow_completes_without_duplicate_jobs() {
     });
     assert_eq!(state(&action), "Succeeded", "{action:#}");
     assert_eq!(action["status"]["restarts"], 1);
-    assert_eq!(s390x_common::file_sha256(&target), sha);
+    assert_eq!(sha256_file(&target), sha);
     let starts = f.starts();
     assert_eq!(starts.len(), 2, "{starts:?}");
     assert!(
@@ -226,7 +225,7 @@ fn restart_mid_flow_completes_without_duplicate_jobs() {
         matches!(state(o), "Succeeded" | "Failed")
     });
     assert_eq!(state(&action), "Succeeded", "{action:#}");
-    assert_eq!(s390x_common::file_sha256(&target2), sha);
+    assert_eq!(sha256_file(&target2), sha);
     let uid = action["metadata"]["uid"].as_str().unwrap().to_string();
     let n = f.starts().iter().filter(|(id, _)| *id == uid).count();
     assert_eq!(n, 1, "one job for slow-02: {:?}", f.starts());
@@ -297,12 +296,12 @@ fn killed_job_is_retried_and_nfs_outage_is_reported() {
         max_retries: 1,
         retry_exit_codes: vec![10],
     });
-    let img = image_bytes(24 << 20, 4);
+    let img = pattern(24 << 20, 4);
     let sha = f.write_image("k", "k.img", &img);
     f.apply(&Flow::image_yaml("k", "k/k.img", &sha, "Retain"));
     // Larger than what the provisioner reads ahead of its (rate-limited) writes, so
     // that a server outage mid-copy reaches the reader.
-    let big = image_bytes(64 << 20, 5);
+    let big = pattern(64 << 20, 5);
     let big_sha = f.write_image("big", "big.img", &big);
     f.apply(&Flow::image_yaml("big", "big/big.img", &big_sha, "Retain"));
     f.wait_obj(30, "images", "k", |o| state(o) == "Available");
@@ -321,7 +320,7 @@ fn killed_job_is_retried_and_nfs_outage_is_reported() {
     });
     assert_eq!(state(&action), "Succeeded", "{action:#}");
     assert_eq!(action["status"]["attempts"], 2);
-    assert_eq!(s390x_common::file_sha256(&target), sha);
+    assert_eq!(sha256_file(&target), sha);
 
     // NFS server down mid-copy and kept down: the retry fails too, and the action says why.
     let target = f.path("k-02.img");
@@ -362,7 +361,7 @@ fn killed_job_is_retried_and_nfs_outage_is_reported() {
         matches!(state(o), "Succeeded" | "Failed")
     });
     assert_eq!(state(&action), "Succeeded", "{action:#}");
-    assert_eq!(s390x_common::file_sha256(&target), sha);
+    assert_eq!(sha256_file(&target), sha);
 }
 
 /// When port 111 is taken in ganesha's namespace (a host portmapper, say), the rpcbind
@@ -371,7 +370,7 @@ fn killed_job_is_retried_and_nfs_outage_is_reported() {
 #[test]
 fn portmapper_port_taken_is_reported_at_start_and_on_policies() {
     let mut f = Flow::start(Options::default());
-    let img = image_bytes(1 << 20, 7);
+    let img = pattern(1 << 20, 7);
     let sha = f.write_image("pm", "pm.img", &img);
     f.apply(&Flow::image_yaml("pm", "pm/pm.img", &sha, "Retain"));
     f.wait_obj(30, "exportpolicies", "pm", |o| state(o) == "Applied");
@@ -398,9 +397,9 @@ fn portmapper_port_taken_is_reported_at_start_and_on_policies() {
         "Error",
         "policy reported {} while bootplane's rpcbind could not have port 111: {ep:#}\nlog:\n{}",
         state(&ep),
-        common::tail(&log, 30)
+        support::bootplane::tail(&log, 30)
     );
-    let cond = common::condition(&ep, "Applied");
+    let cond = support::api::condition(&ep, "Applied");
     assert_eq!(cond["status"], "False", "{cond}");
     assert_eq!(cond["reason"], "PortInUse", "{cond}");
     assert!(

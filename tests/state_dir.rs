@@ -2,12 +2,12 @@
 //! key): `bootplane serve` keeps it 0700 and every file in it 0600, fixing (and
 //! saying so in its log) a directory or file left more open.
 
-mod common;
+mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::*;
+use support::bootplane::*;
 
 /// The permission bits, in octal.
 fn mode(p: &Path) -> String {

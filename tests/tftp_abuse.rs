@@ -7,14 +7,15 @@
 //! These run in their own test binary because one of them measures the process's RSS
 //! (the server runs in-process), which the other TFTP tests' files would disturb.
 
-mod tftp_common;
+mod support;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bootplane::tftp::TftpConfig;
-use tftp_common::*;
+use support::data::*;
+use support::tftp::*;
 
 fn client_on(ip: &str, wait: Duration) -> UdpSocket {
     let s = UdpSocket::bind((ip, 0)).unwrap();

@@ -3,14 +3,15 @@
 //! rejection, duplicate ACKs (no Sorcerer's Apprentice), the transfer limit. Each
 //! gets the right ERROR code or a silent drop; the server keeps serving afterwards.
 
-mod tftp_common;
+mod support;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use bootplane::tftp::metrics::ErrorKind;
 use bootplane::tftp::TftpConfig;
-use tftp_common::*;
+use support::data::*;
+use support::tftp::*;
 
 const SECRET: &[u8] = b"TOP-SECRET-OUTSIDE-ROOT";
 

@@ -2,14 +2,16 @@
 //! every file arrives byte-identical (SHA-256) for sizes 0, 511, 512, 513, 1 MiB and
 //! 33 MiB (67,584 blocks of 512: block numbers roll over), with and without options.
 
-mod tftp_common;
+mod support;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use bootplane::tftp::TftpConfig;
-use tftp_common::*;
+use support::data::*;
+use support::require::require;
+use support::tftp::*;
 
 const LIMIT: Duration = Duration::from_secs(120);
 const BIG: usize = 33 << 20;
@@ -65,7 +67,7 @@ fn tftp_hpa_all_sizes() {
             name,
             out.to_str().unwrap(),
         ]);
-        let r = run_bounded(&mut c, LIMIT);
+        let r = run_client(&mut c, LIMIT);
         check(&root, name, &out, &r, "tftp-hpa");
     }
     assert!(s.metrics.transfers_completed.get() >= sizes().len() as u64);
@@ -98,7 +100,7 @@ fn atftp_all_sizes_with_blksize_512_and_windowsize() {
             &root,
             name,
             &out,
-            &run_bounded(&mut c, LIMIT),
+            &run_client(&mut c, LIMIT),
             "atftp blksize 512",
         );
     }
@@ -125,7 +127,7 @@ fn atftp_all_sizes_with_blksize_512_and_windowsize() {
                 &root,
                 name,
                 &out,
-                &run_bounded(&mut c, LIMIT),
+                &run_client(&mut c, LIMIT),
                 &format!("atftp blksize {blk} windowsize {win}"),
             );
         }
@@ -155,7 +157,7 @@ fn curl_all_sizes() {
                 &root,
                 name,
                 &out,
-                &run_bounded(&mut c, LIMIT),
+                &run_client(&mut c, LIMIT),
                 &format!("curl blksize {blk}"),
             );
         }
@@ -180,7 +182,7 @@ fn busybox_all_sizes() {
                 &root,
                 name,
                 &out,
-                &run_bounded(&mut c, LIMIT),
+                &run_client(&mut c, LIMIT),
                 &format!("busybox blksize {blk:?}"),
             );
         }
@@ -214,7 +216,7 @@ fn netascii_mac_prefix_and_backslash_paths_with_real_clients() {
         "text.txt",
         out.to_str().unwrap(),
     ]);
-    let r = run_bounded(&mut c, LIMIT);
+    let r = run_client(&mut c, LIMIT);
     assert!(r.ok, "{} {}", r.stdout, r.stderr);
     assert_eq!(std::fs::read(&out).unwrap(), text);
 
@@ -239,7 +241,7 @@ fn netascii_mac_prefix_and_backslash_paths_with_real_clients() {
             &root,
             real,
             &out,
-            &run_bounded(&mut c, LIMIT),
+            &run_client(&mut c, LIMIT),
             &format!("atftp {req}"),
         );
     }
@@ -287,8 +289,8 @@ fn single_port_mode_with_real_clients() {
         "127.0.0.1",
         &port,
     ]);
-    let t = std::thread::spawn(move || run_bounded(&mut cb, LIMIT));
-    let ra = run_bounded(&mut ca, LIMIT);
+    let t = std::thread::spawn(move || run_client(&mut cb, LIMIT));
+    let ra = run_client(&mut ca, LIMIT);
     let rb = t.join().unwrap();
     check(&root, "a", &out_a, &ra, "tftp-hpa single-port");
     check(&root, "b", &out_b, &rb, "atftp single-port");

@@ -8,19 +8,22 @@
 //! 100 < N drop` on the input hook, which every loopback packet crosses once; dropping
 //! on output would instead fail the sender's sendto with EPERM, which real loss never does).
 
-mod tftp_common;
+mod support;
 
 use std::time::Duration;
 
 use bootplane::tftp::TftpConfig;
-use tftp_common::*;
+use support::data::*;
+use support::netns::Netns;
+use support::require::require;
+use support::tftp::*;
 
 const LIMIT: Duration = Duration::from_secs(150);
 
 /// Drop `percent`% of UDP packets inside `ns`; returns which mechanism did it.
 fn add_loss(ns: &Netns, percent: u32) -> &'static str {
     let netem = ns
-        .command("tc")
+        .cmd("tc")
         .args([
             "qdisc",
             "add",
@@ -42,8 +45,8 @@ fn add_loss(ns: &Netns, percent: u32) -> &'static str {
         "tc netem failed: {err}"
     );
     require("nft");
-    ns.exec_ok(&["nft", "add", "table", "inet", "bploss"]);
-    ns.exec_ok(&[
+    ns.exec(&["nft", "add", "table", "inet", "bploss"]);
+    ns.exec(&[
         "nft",
         "add",
         "chain",
@@ -53,7 +56,7 @@ fn add_loss(ns: &Netns, percent: u32) -> &'static str {
         "{ type filter hook input priority 0 ; policy accept ; }",
     ]);
     let n = percent.to_string();
-    ns.exec_ok(&[
+    ns.exec(&[
         "nft", "add", "rule", "inet", "bploss", "out", "meta", "l4proto", "udp", "numgen",
         "random", "mod", "100", "<", &n, "drop",
     ]);
@@ -92,9 +95,9 @@ fn fetch_all(percent: u32, files: &[&str]) {
     for name in files {
         // tftp-hpa: lockstep, no options, retransmits its ACK every second
         let out = d.path().join(format!("hpa-{name}"));
-        let mut c = ns.command("sh");
+        let mut c = ns.cmd("sh");
         c.args(["-c", &format!("printf 'mode binary\\nrexmt 1\\ntimeout 60\\nget {name} {}\\nquit\\n' | tftp 127.0.0.1 {port}", out.display())]);
-        let r = run_bounded(&mut c, LIMIT);
+        let r = run_client(&mut c, LIMIT);
         assert!(
             r.ok && out.exists(),
             "tftp-hpa {name} at {percent}%: {} {}",
@@ -116,7 +119,7 @@ fn fetch_all(percent: u32, files: &[&str]) {
         loop {
             attempts += 1;
             let _ = std::fs::remove_file(&out);
-            let mut c = ns.command("atftp");
+            let mut c = ns.cmd("atftp");
             c.args([
                 "--tftp-timeout",
                 "1",
@@ -132,7 +135,7 @@ fn fetch_all(percent: u32, files: &[&str]) {
                 "127.0.0.1",
                 &port,
             ]);
-            let r = run_bounded(&mut c, LIMIT);
+            let r = run_client(&mut c, LIMIT);
             if r.ok {
                 assert_eq!(
                     sha256_file(&out),

@@ -1,24 +1,26 @@
-//! Helpers for the s390x flow tests: a network namespace the test creates (ganesha
-//! and the provisioning jobs run in it; loopback addresses 127.0.0.2-4 get `local`
-//! routes with themselves as source, so an NFS client that connects to 127.0.0.N is
-//! seen by the server as 127.0.0.N), a `bootplane serve` configured for the flow, and
-//! REST/NFS helpers. All traffic stays on loopback inside that namespace.
-#![allow(dead_code)]
+//! Provisioning flow test helpers (the `provisioning.bootplane.dev` group): a network
+//! namespace the test creates (ganesha and the provisioning jobs run in it; loopback
+//! addresses 127.0.0.2-4 get `local` routes with themselves as source, so an NFS client
+//! that connects to 127.0.0.N is seen by the server as 127.0.0.N), a `bootplane serve`
+//! configured for the flow, and REST/NFS helpers. All traffic stays on loopback inside
+//! that namespace.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
-use crate::common::{bin, tail, Bootplane};
-pub use crate::nfs_netns::Netns;
+use super::bootplane::{bin, tail, Bootplane};
+use super::data::sha256_hex;
+use super::netns::Netns;
+use super::nfs::{assert_denied, nfs_client};
+use super::require::require_tools;
 
 pub const API: &str = "/apis/provisioning.bootplane.dev/v1alpha1/namespaces/default";
 
-pub fn require_tools() {
-    crate::nfs_netns::require_tools(&[
+/// The programs the flow runs: fail (never skip) when one is missing.
+pub fn require_flow_tools() {
+    require_tools(&[
         "ganesha.nfsd",
         "rpcbind",
         "nfs-cat",
@@ -26,28 +28,6 @@ pub fn require_tools() {
         "unshare",
         "timeout",
     ]);
-}
-
-/// Deterministic non-repeating bytes.
-pub fn image_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len + 8);
-    let mut x: u64 = 0x9e3779b97f4a7c15 ^ seed;
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-pub fn sha256_hex(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
-}
-
-pub fn file_sha256(p: &Path) -> String {
-    sha256_hex(&std::fs::read(p).unwrap_or_default())
 }
 
 #[derive(Default)]
@@ -73,8 +53,8 @@ pub struct Flow {
 
 impl Flow {
     pub fn start(o: Options) -> Flow {
-        require_tools();
-        let ns = Netns::new("bps390");
+        require_flow_tools();
+        let ns = Netns::with_loopback_sources("prov");
         let tmp = tempfile::tempdir().unwrap();
         let images = tmp.path().join("images");
         std::fs::create_dir_all(&images).unwrap();
@@ -89,7 +69,7 @@ impl Flow {
             format!(
                 "#!/bin/sh\necho \"$BOOTPLANE_JOB_ID $$\" >> {starts}\nexec ip netns exec {ns} {bin} provision {rate}\"$@\"\n",
                 starts = starts.display(),
-                ns = ns.0,
+                ns = ns.name,
                 bin = bin(),
             ),
         )
@@ -107,7 +87,7 @@ impl Flow {
         let codes: Vec<String> = o.retry_exit_codes.iter().map(|c| c.to_string()).collect();
         let sets = [
             "nfs.enabled=true".to_string(),
-            format!("nfs.ganesha.netns={:?}", ns.0),
+            format!("nfs.ganesha.netns={:?}", ns.name),
             format!(
                 "nfs.ganesha.ganesha_bin={:?}",
                 ganesha.display().to_string()
@@ -237,30 +217,11 @@ impl Flow {
     /// Read `nfs://<addr>/<export>/<file>` with nfs-cat from `addr` (inside the
     /// namespace, the server sees the client as `addr`). Ok(bytes) or Err(stderr).
     pub fn nfs_cat(&self, addr: &str, export: &str, file: &str) -> Result<Vec<u8>, String> {
-        let url = format!("nfs://{addr}{export}/{file}");
-        let out = Command::new("timeout")
-            .args(["20", "ip", "netns", "exec", &self.ns.0, "nfs-cat", &url])
-            .output()
-            .expect("running nfs-cat");
-        if out.status.success() {
-            Ok(out.stdout)
-        } else {
-            Err(format!(
-                "{} (status {})",
-                String::from_utf8_lossy(&out.stderr).trim(),
-                out.status
-            ))
-        }
+        nfs_client(&self.ns, "nfs-cat", &format!("nfs://{addr}{export}/{file}"))
     }
 
     pub fn assert_denied(&self, addr: &str, export: &str, file: &str, what: &str) {
-        match self.nfs_cat(addr, export, file) {
-            Ok(b) => panic!("{what}: expected access denied, read {} bytes", b.len()),
-            Err(e) => assert!(
-                e.contains("Permission denied") || e.contains("ACCES") || e.contains("PERM"),
-                "{what}: expected a permission error, got {e}"
-            ),
-        }
+        assert_denied(self.nfs_cat(addr, export, file), what);
     }
 
     /// Job starts logged by the wrapper: (job id, pid).

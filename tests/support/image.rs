@@ -1,15 +1,13 @@
-//! Helpers shared by the image tests (included with `mod image_common;`).
-#![allow(dead_code)]
+//! Image test helpers: deterministic mixed images, `bootplane provision` and `pack`
+//! runs, loop devices and mounts released on drop, and a minimal HTTP image source.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_bootplane")
-}
+use super::bootplane::bin;
+use super::process::{run_cmd, tool};
 
 /// Deterministic mixed image: random-looking, text and zero runs, `size` bytes.
 pub fn mixed(size: usize, seed: u64) -> Vec<u8> {
@@ -34,69 +32,6 @@ pub fn mixed(size: usize, seed: u64) -> Vec<u8> {
         kind += 1;
     }
     v
-}
-
-pub fn sha256_hex(data: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(data))
-}
-
-/// Run a command to completion within `secs`, panicking on timeout or a missing tool.
-pub fn run_cmd(cmd: &mut Command, secs: u64) -> Output {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run {cmd:?} (install it: scripts/test-packages.txt): {e}")
-        });
-    wait_output(child, secs, &format!("{cmd:?}"))
-}
-
-pub fn wait_output(mut child: Child, secs: u64, what: &str) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut out = child.stdout.take();
-    let mut err = child.stderr.take();
-    let to = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        if let Some(o) = out.as_mut() {
-            let _ = o.read_to_end(&mut v);
-        }
-        v
-    });
-    let te = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        if let Some(e) = err.as_mut() {
-            let _ = e.read_to_end(&mut v);
-        }
-        v
-    });
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return Output {
-                status,
-                stdout: to.join().unwrap(),
-                stderr: te.join().unwrap(),
-            };
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {secs}s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-pub fn tool(name: &str, args: &[&str]) -> Output {
-    let o = run_cmd(Command::new(name).args(args), 120);
-    assert!(
-        o.status.success(),
-        "{name} {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
 }
 
 /// `bootplane provision ARGS`; returns (exit code, JSON progress lines).
@@ -161,16 +96,6 @@ pub fn head_is_zero(path: &Path, n: usize) -> bool {
     b[..got].iter().all(|&x| x == 0)
 }
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-pub fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}{}x{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::SeqCst)
-    )
-}
-
 /// A loop device over a backing file, detached on drop.
 pub struct Loop {
     pub dev: PathBuf,
@@ -199,54 +124,6 @@ pub struct Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.dir).status();
-    }
-}
-
-/// A network namespace; on drop kills every process in it and deletes it.
-pub struct Netns {
-    pub name: String,
-}
-
-impl Netns {
-    pub fn new() -> Netns {
-        let name = unique("bpimg");
-        tool("ip", &["netns", "add", &name]);
-        let ns = Netns { name };
-        tool("ip", &["-n", &ns.name, "link", "set", "lo", "up"]);
-        ns
-    }
-    pub fn cmd(&self, prog: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, prog]);
-        c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            let o = Command::new("ip")
-                .args(["netns", "pids", &self.name])
-                .output();
-            let pids: Vec<String> = o
-                .map(|o| {
-                    String::from_utf8_lossy(&o.stdout)
-                        .split_whitespace()
-                        .map(String::from)
-                        .collect()
-                })
-                .unwrap_or_default();
-            if pids.is_empty() {
-                break;
-            }
-            for p in &pids {
-                let _ = Command::new("kill").args(["-9", p]).status();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
     }
 }
 

@@ -1,7 +1,6 @@
-//! Shared fixture for the boot HTTP integration tests: an in-process listener on
-//! 127.0.0.1 with a temp directory of assets and images, an in-memory index, and
-//! helpers to run the real `curl` from a chosen loopback source address.
-#![allow(dead_code)]
+//! Boot HTTP test helpers: an in-process listener on 127.0.0.1 with a temp directory
+//! of assets and images and an in-memory index, and the real `curl` run from a chosen
+//! loopback source address.
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -291,6 +290,13 @@ pub fn curl(source: &str, url: &str, extra: &[&str]) -> CurlOut {
         body: std::fs::read(&b).unwrap_or_default(),
         redirects,
     }
+}
+
+/// GET `url` with curl from the loopback source address `from`: (HTTP code, body);
+/// code 0 when no response came.
+pub fn curl_get(from: &str, url: &str) -> (u16, String) {
+    let out = curl(from, url, &["--max-time", "10"]);
+    (out.code, out.text())
 }
 
 /// Read `s` until the server closes it (EOF or reset); how long that took, or None if

@@ -1,18 +1,19 @@
-//! Helpers shared by the TFTP integration tests: an in-process server on its own
-//! runtime thread (optionally inside a network namespace), deterministic test files,
-//! bounded client runs and namespace guards.
-#![allow(dead_code)]
+//! TFTP test helpers: an in-process server on its own runtime thread (optionally
+//! inside a network namespace), deterministic test files, bounded client runs and raw
+//! request packets.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bootplane::shutdown::Coordinator;
 use bootplane::tftp::{Metrics, Server, TftpConfig};
-use sha2::{Digest, Sha256};
+
+use super::data::pattern;
+use super::netns::enter_thread;
+use super::process::wait_output;
 
 /// A running server; dropping it shuts it down.
 pub struct TestServer {
@@ -48,11 +49,7 @@ pub fn start_server(
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {
         if let Some(ns) = netns {
-            let f = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("opening netns");
-            use std::os::fd::AsRawFd;
-            // SAFETY: setns on this thread only, with a valid namespace fd.
-            let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+            enter_thread(&ns);
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -85,28 +82,6 @@ pub fn start_server(
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift), different per seed.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-pub fn sha256(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
-}
-
-pub fn sha256_file(p: &Path) -> String {
-    sha256(&std::fs::read(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display())))
-}
-
 /// Write `files` (name, len) with pattern content into `dir`.
 pub fn write_files(dir: &Path, files: &[(&str, usize)]) {
     for (i, (name, len)) in files.iter().enumerate() {
@@ -127,10 +102,10 @@ pub struct Run {
 }
 
 /// Run a client command with a hard time limit (killed and reported on expiry).
-pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Run {
+pub fn run_client(cmd: &mut Command, limit: Duration) -> Run {
     let start = Instant::now();
     let desc = format!("{cmd:?}");
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -138,97 +113,13 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Run {
         .unwrap_or_else(|e| {
             panic!("cannot run {desc} (is the client installed? scripts/test.sh installs it): {e}")
         });
-    loop {
-        if let Some(_status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            return Run {
-                ok: out.status.success(),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-                elapsed: start.elapsed(),
-            };
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{desc} did not finish within {limit:?}\nstdout: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
+    let out = wait_output(child, limit, &desc);
+    Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: start.elapsed(),
     }
-}
-
-/// Fail (not skip) when a required tool is missing.
-pub fn require(tool: &str) {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "{tool} is not installed; run scripts/test.sh (it installs scripts/test-packages.txt)"
-    );
-}
-
-static NS_COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A network namespace deleted on drop (also when the test fails).
-pub struct Netns {
-    pub name: String,
-}
-
-impl Netns {
-    pub fn new(tag: &str) -> Netns {
-        let name = format!(
-            "bp-tftp-{tag}-{}-{}",
-            std::process::id(),
-            NS_COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
-        sh(&["ip", "netns", "add", &name]);
-        let ns = Netns { name };
-        ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// Run a command inside the namespace and require success.
-    pub fn exec_ok(&self, args: &[&str]) {
-        let mut full = vec!["ip", "netns", "exec", &self.name];
-        full.extend_from_slice(args);
-        sh(&full);
-    }
-
-    /// A `Command` that runs inside the namespace.
-    pub fn command(&self, prog: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, prog]);
-        c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-pub fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 pub fn tmpdir() -> tempfile::TempDir {

@@ -1,13 +1,16 @@
-//! Shared helpers for integration tests: run the real `bootplane` binary on free
-//! loopback ports with a private state dir, and talk to its API.
-#![allow(dead_code)]
+//! The real `bootplane` binary in tests: `serve` on free loopback ports with a private
+//! state dir (started until `/healthz` answers, killed on drop), its API and its CLI
+//! (also inside a network namespace).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use super::api::{claim, claims, sbcs};
+use super::netns::Netns;
 
 /// Two distinct free ports: both listeners are held until both are known, so the
 /// kernel cannot hand out the same port twice (binding and dropping one at a time could).
@@ -172,6 +175,7 @@ impl Bootplane {
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("running");
+        // SAFETY: kill(2) on our own child's pid; it is not reaped yet, so the pid is ours.
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -298,93 +302,33 @@ impl Drop for Bootplane {
     }
 }
 
-/// GET with curl from a given loopback source address: (http code, body).
-pub fn curl(from: &str, url: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--interface",
-            from,
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_code}",
-        ])
-        .args(["--max-time", "10", url])
-        .output()
-        .expect("curl is installed (scripts/test-packages.txt)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
-}
-
 pub fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-pub const SERVERS: &str = "/apis/metal.ironcore.dev/v1alpha1/servers";
-
-pub fn claims(ns: &str) -> String {
-    format!("/apis/metal.ironcore.dev/v1alpha1/namespaces/{ns}/serverclaims")
-}
-
-pub fn sbcs(ns: &str) -> String {
-    format!("/apis/metal.ironcore.dev/v1alpha1/namespaces/{ns}/serverbootconfigurations")
-}
-
-/// A registered, claimable server (inventory given through the API).
-pub fn server(name: &str, labels: Value, policy: &str) -> Value {
-    serde_json::json!({
-        "apiVersion": "metal.ironcore.dev/v1alpha1",
-        "kind": "Server",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"systemUUID": format!("00000000-0000-0000-0000-{:012x}", fxhash(name)), "reclaimPolicy": policy},
-        "status": {"state": "Available", "powerState": "Off",
-                   "networkInterfaces": [{"name": "eth0", "macAddress": format!("52:54:00:{:02x}:{:02x}:{:02x}", fxhash(name) as u8, (fxhash(name) >> 8) as u8, (fxhash(name) >> 16) as u8), "ip": "10.0.0.1"}]},
-    })
-}
-
-/// A claimable server like [`server`] (no labels, reclaim policy Recycle) whose one NIC
-/// has MAC `mac` and address `ip`: a machine that fetches from that (loopback) address.
-pub fn server_at(name: &str, mac: &str, ip: &str) -> Value {
-    let mut s = server(name, serde_json::json!({}), "Recycle");
-    s["status"]["networkInterfaces"] =
-        serde_json::json!([{"name": "eth0", "macAddress": mac, "ip": ip}]);
-    s
-}
-
-/// The condition of type `ty` in `obj`'s status; panics (showing `obj`) when there is none.
-pub fn condition(obj: &Value, ty: &str) -> Value {
-    obj.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .and_then(|l| l.iter().find(|c| c["type"] == ty))
-        .cloned()
-        .unwrap_or_else(|| panic!("no {ty} condition in {obj:#}"))
-}
-
-pub fn claim(name: &str, selector: Option<Value>, server_ref: Option<&str>) -> Value {
-    let mut spec = serde_json::json!({"image": "os-image:latest", "power": "On"});
-    if let Some(s) = selector {
-        spec["serverSelector"] = s;
+/// Run the bootplane CLI in `ns` against the API there (127.0.0.1:9090), with
+/// `state_dir`; `stdin` is fed to it when given.
+pub fn bootplane_cli(ns: &Netns, state_dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut c = ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
+    c.args(args)
+        .args([
+            "--server",
+            "http://127.0.0.1:9090",
+            "--state-dir",
+            state_dir.to_str().unwrap(),
+        ])
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
     }
-    if let Some(r) = server_ref {
-        spec["serverRef"] = serde_json::json!({"name": r});
-    }
-    serde_json::json!({
-        "apiVersion": "metal.ironcore.dev/v1alpha1",
-        "kind": "ServerClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": spec,
-    })
-}
-
-pub fn fxhash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    })
-}
-
-pub fn fixtures() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"))
+    child.wait_with_output().unwrap()
 }

@@ -1,0 +1,66 @@
+//! Kubernetes-style objects for the API tests: resource paths and builders for the
+//! Server and ServerClaim bodies the tests POST, and status accessors.
+
+use serde_json::Value;
+
+pub const SERVERS: &str = "/apis/metal.ironcore.dev/v1alpha1/servers";
+
+pub fn claims(ns: &str) -> String {
+    format!("/apis/metal.ironcore.dev/v1alpha1/namespaces/{ns}/serverclaims")
+}
+
+pub fn sbcs(ns: &str) -> String {
+    format!("/apis/metal.ironcore.dev/v1alpha1/namespaces/{ns}/serverbootconfigurations")
+}
+
+/// A registered, claimable server (inventory given through the API).
+pub fn server(name: &str, labels: Value, policy: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "metal.ironcore.dev/v1alpha1",
+        "kind": "Server",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"systemUUID": format!("00000000-0000-0000-0000-{:012x}", fxhash(name)), "reclaimPolicy": policy},
+        "status": {"state": "Available", "powerState": "Off",
+                   "networkInterfaces": [{"name": "eth0", "macAddress": format!("52:54:00:{:02x}:{:02x}:{:02x}", fxhash(name) as u8, (fxhash(name) >> 8) as u8, (fxhash(name) >> 16) as u8), "ip": "10.0.0.1"}]},
+    })
+}
+
+/// A claimable server like [`server`] (no labels, reclaim policy Recycle) whose one NIC
+/// has MAC `mac` and address `ip`: a machine that fetches from that (loopback) address.
+pub fn server_at(name: &str, mac: &str, ip: &str) -> Value {
+    let mut s = server(name, serde_json::json!({}), "Recycle");
+    s["status"]["networkInterfaces"] =
+        serde_json::json!([{"name": "eth0", "macAddress": mac, "ip": ip}]);
+    s
+}
+
+/// The condition of type `ty` in `obj`'s status; panics (showing `obj`) when there is none.
+pub fn condition(obj: &Value, ty: &str) -> Value {
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|l| l.iter().find(|c| c["type"] == ty))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {ty} condition in {obj:#}"))
+}
+
+pub fn claim(name: &str, selector: Option<Value>, server_ref: Option<&str>) -> Value {
+    let mut spec = serde_json::json!({"image": "os-image:latest", "power": "On"});
+    if let Some(s) = selector {
+        spec["serverSelector"] = s;
+    }
+    if let Some(r) = server_ref {
+        spec["serverRef"] = serde_json::json!({"name": r});
+    }
+    serde_json::json!({
+        "apiVersion": "metal.ironcore.dev/v1alpha1",
+        "kind": "ServerClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+    })
+}
+
+pub fn fxhash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}

@@ -1,0 +1,31 @@
+//! The one support module of the integration tests (`mod support;` in each
+//! `tests/*.rs`), by concern:
+//!
+//! - [`netns`]: network namespaces with unique names per test, veth pairs, bridges,
+//!   and cleanup on drop (processes killed, namespace deleted), also on panic;
+//! - [`require`]: fail, never skip, when a tool is missing, naming its Debian package;
+//! - [`process`]: running programs with time limits, children killed on drop, polling;
+//! - [`bootplane`]: the real binary (`serve` until `/healthz` answers, the CLI, the
+//!   state dir), and [`api`]: the objects and paths the API tests use;
+//! - [`http`], [`tftp`], [`dhcp`], [`image`], [`nfs`], [`provisioning`]: per-area
+//!   fixtures;
+//! - [`data`]: deterministic test bytes, their hashes, the fixtures directory.
+//!
+//! Benches that need namespaces include this module too (`#[path]`).
+
+// Each test binary compiles this whole module but uses only part of it, so unused
+// helpers are expected in every binary: allow dead code here, once, for all of them.
+#![allow(dead_code)]
+
+pub mod api;
+pub mod bootplane;
+pub mod data;
+pub mod dhcp;
+pub mod http;
+pub mod image;
+pub mod netns;
+pub mod nfs;
+pub mod process;
+pub mod provisioning;
+pub mod require;
+pub mod tftp;
