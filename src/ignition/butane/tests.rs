@@ -1,5 +1,8 @@
 //! Unit tests of the Butane translator.
 
+use super::data_url::{
+    encode_data_url, url_cache, URL_CACHE_BYTES, URL_CACHE_ENTRIES, URL_SEEN_KEYS,
+};
 use super::*;
 
 #[test]
