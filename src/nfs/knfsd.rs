@@ -20,6 +20,7 @@ use futures::FutureExt as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::rules::{RuleDiff, RuleTarget};
 use super::{
     normalize_rules, validate_export_name, validate_fs_path, Access, ExportBackend, ExportRule,
     Health, NfsError,
@@ -212,6 +213,60 @@ pub fn render_exports(
     Ok(Some(out))
 }
 
+/// An export (its path file read), with the backend locked.
+pub(super) struct OpenExport<'a> {
+    knfsd: &'a Knfsd,
+    _lock: tokio::sync::MutexGuard<'a, ()>,
+    export: &'a str,
+    fs_path: PathBuf,
+}
+
+impl Knfsd {
+    async fn open<'a>(&'a self, export: &'a str) -> Result<OpenExport<'a>, NfsError> {
+        let lock = self.lock.lock().await;
+        let fs_path = self
+            .read_path(export)?
+            .ok_or_else(|| NfsError::UnknownExport(export.into()))?;
+        Ok(OpenExport {
+            knfsd: self,
+            _lock: lock,
+            export,
+            fs_path,
+        })
+    }
+}
+
+/// The rules file records the rules; the exports file is rendered whole and applied
+/// with `exportfs -r` on every call, a change or not (as before the shared path: the
+/// kernel's table may have been changed behind bootplane's back).
+impl RuleTarget for OpenExport<'_> {
+    type Applied = ExportRule;
+
+    async fn in_force(&mut self) -> Result<Vec<ExportRule>, NfsError> {
+        Ok(self.knfsd.read_rules(self.export))
+    }
+
+    fn same(desired: &ExportRule, applied: &ExportRule) -> bool {
+        desired == applied
+    }
+
+    async fn unchanged(&mut self, rules: &[ExportRule]) -> Result<(), NfsError> {
+        self.knfsd
+            .write_and_apply(self.export, &self.fs_path, rules)
+            .await
+    }
+
+    async fn change(
+        &mut self,
+        rules: &[ExportRule],
+        _diff: &RuleDiff<'_, ExportRule>,
+    ) -> Result<(), NfsError> {
+        self.knfsd
+            .write_and_apply(self.export, &self.fs_path, rules)
+            .await
+    }
+}
+
 impl ExportBackend for Knfsd {
     fn name(&self) -> &'static str {
         "knfsd"
@@ -247,14 +302,7 @@ impl ExportBackend for Knfsd {
         export: &'a str,
         rules: Vec<ExportRule>,
     ) -> BoxFuture<'a, Result<(), NfsError>> {
-        async move {
-            let _g = self.lock.lock().await;
-            let fs_path = self
-                .read_path(export)?
-                .ok_or_else(|| NfsError::UnknownExport(export.into()))?;
-            self.write_and_apply(export, &fs_path, &rules).await
-        }
-        .boxed()
+        super::rules::set_rules(rules, self.open(export)).boxed()
     }
 
     fn remove_export<'a>(&'a self, export: &'a str) -> BoxFuture<'a, Result<(), NfsError>> {

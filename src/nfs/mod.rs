@@ -14,11 +14,14 @@
 //!   HTTP server only, never against a real ONTAP system.
 //!
 //! Rules are evaluated in `index` order, first match wins, and a client that matches
-//! no rule is denied: every backend renders "no rule" as "no access".
+//! no rule is denied: every backend renders "no rule" as "no access". `set_rules` takes
+//! one path for every backend (`nfs/rules.rs`): normalise, compare with the rules in
+//! force, apply and record a change.
 
 pub mod ganesha;
 pub mod knfsd;
 pub mod ontap;
+mod rules;
 
 use std::fmt;
 use std::net::IpAddr;

@@ -57,9 +57,10 @@ use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
+use super::rules::{RuleDiff, RuleTarget};
 use super::{
-    normalize_rules, validate_export_name, validate_fs_path, Access, ExportBackend, ExportRule,
-    Health, NfsError, Protocol,
+    validate_export_name, validate_fs_path, Access, ExportBackend, ExportRule, Health, NfsError,
+    Protocol,
 };
 
 /// `[nfs.ganesha]`.
@@ -752,6 +753,66 @@ fn render_config(cfg: &GaneshaConfig, dir: &Path, table: &ExportTable) -> String
     out
 }
 
+/// An export of the table, with the table locked.
+pub(super) struct OpenExport<'a> {
+    ganesha: &'a Ganesha,
+    inner: tokio::sync::MutexGuard<'a, Inner>,
+    export: &'a str,
+}
+
+impl Ganesha {
+    async fn open<'a>(&'a self, export: &'a str) -> Result<OpenExport<'a>, NfsError> {
+        let mut open = OpenExport {
+            ganesha: self,
+            inner: self.inner.lock().await,
+            export,
+        };
+        open.entry()?;
+        Ok(open)
+    }
+}
+
+impl OpenExport<'_> {
+    fn entry(&mut self) -> Result<&mut ExportEntry, NfsError> {
+        let export = self.export;
+        self.inner
+            .table
+            .exports
+            .get_mut(export)
+            .ok_or_else(|| NfsError::UnknownExport(export.into()))
+    }
+}
+
+/// The table records each export's rules; a change rewrites ganesha.conf and reloads.
+impl RuleTarget for OpenExport<'_> {
+    type Applied = ExportRule;
+
+    async fn in_force(&mut self) -> Result<Vec<ExportRule>, NfsError> {
+        Ok(self.entry()?.rules.clone())
+    }
+
+    fn same(desired: &ExportRule, applied: &ExportRule) -> bool {
+        desired == applied
+    }
+
+    async fn unchanged(&mut self, _rules: &[ExportRule]) -> Result<(), NfsError> {
+        if child_running(&mut self.inner) {
+            Ok(())
+        } else {
+            self.ganesha.start_locked(&mut self.inner).await
+        }
+    }
+
+    async fn change(
+        &mut self,
+        rules: &[ExportRule],
+        _diff: &RuleDiff<'_, ExportRule>,
+    ) -> Result<(), NfsError> {
+        self.entry()?.rules = rules.to_vec();
+        self.ganesha.apply(&mut self.inner).await
+    }
+}
+
 impl ExportBackend for Ganesha {
     fn name(&self) -> &'static str {
         "ganesha"
@@ -818,25 +879,7 @@ impl ExportBackend for Ganesha {
         export: &'a str,
         rules: Vec<ExportRule>,
     ) -> BoxFuture<'a, Result<(), NfsError>> {
-        async move {
-            let rules = normalize_rules(rules)?;
-            let mut inner = self.inner.lock().await;
-            let e = inner
-                .table
-                .exports
-                .get_mut(export)
-                .ok_or_else(|| NfsError::UnknownExport(export.into()))?;
-            if e.rules == rules {
-                return if child_running(&mut inner) {
-                    Ok(())
-                } else {
-                    self.start_locked(&mut inner).await
-                };
-            }
-            e.rules = rules;
-            self.apply(&mut inner).await
-        }
-        .boxed()
+        super::rules::set_rules(rules, self.open(export)).boxed()
     }
 
     fn remove_export<'a>(&'a self, export: &'a str) -> BoxFuture<'a, Result<(), NfsError>> {
