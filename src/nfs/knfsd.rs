@@ -22,8 +22,8 @@ use sha2::{Digest, Sha256};
 
 use super::rules::{RuleDiff, RuleTarget};
 use super::{
-    normalize_rules, validate_export_name, validate_fs_path, Access, ExportBackend, ExportRule,
-    Health, NfsError,
+    normalize_rules, validate_export_name, validate_fs_path, write_atomic, Access, ExportBackend,
+    ExportRule, Health, NfsError,
 };
 
 /// `[nfs.knfsd]`.
@@ -118,11 +118,11 @@ impl Knfsd {
     ) -> Result<(), NfsError> {
         let file = self.exports_file(export);
         match render_exports(export, fs_path, rules)? {
-            Some(text) => write(&file, text.as_bytes())?,
+            Some(text) => write_atomic(&file, text.as_bytes())?,
             None => remove(&file)?,
         }
         let json = serde_json::to_vec(rules).map_err(NfsError::backend)?;
-        write(&self.rules_file(export), &json)?;
+        write_atomic(&self.rules_file(export), &json)?;
         self.exportfs().await
     }
 
@@ -143,14 +143,6 @@ impl Knfsd {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
     }
-}
-
-fn write(p: &Path, data: &[u8]) -> Result<(), NfsError> {
-    let tmp = p.with_extension("tmp");
-    std::fs::write(&tmp, data)
-        .map_err(|e| NfsError::Backend(format!("writing {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, p)
-        .map_err(|e| NfsError::Backend(format!("renaming {}: {e}", p.display())))
 }
 
 fn remove(p: &Path) -> Result<(), NfsError> {
@@ -287,7 +279,7 @@ impl ExportBackend for Knfsd {
             if self.read_path(export)?.as_deref() == Some(fs_path) {
                 return Ok(());
             }
-            write(
+            write_atomic(
                 &self.path_file(export),
                 format!("{}\n", fs_path.display()).as_bytes(),
             )?;

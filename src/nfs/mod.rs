@@ -287,6 +287,16 @@ pub(crate) fn validate_fs_path(export: &str, fs_path: &Path) -> Result<(), NfsEr
         .map_err(|why| NfsError::InvalidExport(export.into(), format!("fs path {why}")))
 }
 
+/// Writes `data` to `path` through `<path>.tmp` and a rename, so readers (ganesha, mountd)
+/// never see half a file.
+pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<(), NfsError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)
+        .map_err(|e| NfsError::Backend(format!("writing {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| NfsError::Backend(format!("renaming {}: {e}", path.display())))
+}
+
 /// Health as reported by a backend.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Health {

@@ -59,8 +59,8 @@ use tokio::sync::Mutex;
 
 use super::rules::{RuleDiff, RuleTarget};
 use super::{
-    validate_export_name, validate_fs_path, Access, ExportBackend, ExportRule, Health, NfsError,
-    Protocol,
+    validate_export_name, validate_fs_path, write_atomic, Access, ExportBackend, ExportRule,
+    Health, NfsError, Protocol,
 };
 
 /// `[nfs.ganesha]`.
@@ -662,14 +662,6 @@ fn reload_problem(text: &str) -> Option<String> {
                 && (l.contains(":CONFIG :") || l.contains(":EXPORT :"))
         })
         .map(|l| l.to_string())
-}
-
-fn write_atomic(path: &Path, data: &[u8]) -> Result<(), NfsError> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data)
-        .map_err(|e| NfsError::Backend(format!("writing {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| NfsError::Backend(format!("renaming {}: {e}", path.display())))
 }
 
 fn protocols_list(p: &[Protocol]) -> String {
