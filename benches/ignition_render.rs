@@ -176,7 +176,7 @@ fn main() {
     );
 
     // Re-render of the same machines after a secret change (new resourceVersion): every
-    // machine renders again. The data-URL cache in butane.rs keeps a URL when its
+    // machine renders again. The data-URL cache in butane/data_url.rs keeps a URL when its
     // contents are seen the second time, so this pass still encodes and the next one
     // (below) takes every file's URL from the cache, as renders of machines sharing
     // static template files or the `files/` tree do.

@@ -404,18 +404,7 @@ impl Server {
                 let mut m = self.base_reply(req, MessageType::Ack);
                 m.set_ciaddr(ci);
                 self.add_lease_opts(&mut m, si, false);
-                if let Some(b) = self.boot_choice(client) {
-                    self.add_boot(&mut m, req, client, &b, false);
-                }
-                let unicast = (!ci.is_unspecified()).then_some(ci);
-                let (dest, broadcast) = self.dest_for(req, unicast, false);
-                Outcome::Reply(Reply {
-                    msg: m,
-                    dest,
-                    broadcast,
-                    kind: ReplyKind::Inform,
-                    max_len: MIN_MESSAGE_LEN,
-                })
+                self.ack_reply(m, req, client, ReplyKind::Inform)
             }
             _ => Outcome::Drop(DropReason::Ignored),
         }
@@ -491,16 +480,29 @@ impl Server {
         m.set_yiaddr(wanted);
         m.set_ciaddr(ci);
         self.add_lease_opts(&mut m, si, true);
+        self.ack_reply(m, req, client, ReplyKind::Ack)
+    }
+
+    /// The end of an ACK (or the ACK answering an INFORM) `m`: the client's boot options
+    /// added, sent to the `ciaddr` of `req` when it has one.
+    fn ack_reply(
+        &self,
+        mut m: Message,
+        req: &Message,
+        client: &ClientInfo,
+        kind: ReplyKind,
+    ) -> Outcome {
         if let Some(b) = self.boot_choice(client) {
             self.add_boot(&mut m, req, client, &b, false);
         }
+        let ci = req.ciaddr();
         let unicast = (!ci.is_unspecified()).then_some(ci);
         let (dest, broadcast) = self.dest_for(req, unicast, false);
         Outcome::Reply(Reply {
             msg: m,
             dest,
             broadcast,
-            kind: ReplyKind::Ack,
+            kind,
             max_len: MIN_MESSAGE_LEN,
         })
     }

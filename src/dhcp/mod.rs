@@ -225,6 +225,176 @@ impl Sockets<'_> {
     }
 }
 
+/// Opens the lease log at `log_path` and loads its unexpired leases into `server`'s
+/// table and `index`; returns the log and how many leases it held.
+fn load_leases(
+    log_path: &Path,
+    server: &mut Server,
+    index: &LeaseIndex,
+) -> Result<(LeaseLog, usize)> {
+    let (log, leases) = LeaseLog::open(log_path, unix_now(), 7 * 86_400)?;
+    let loaded: Vec<leases::Change> = leases.iter().cloned().map(leases::Change::Put).collect();
+    for l in leases {
+        server.table.load(l);
+    }
+    index.apply(&loaded);
+    Ok((log, loaded.len()))
+}
+
+/// Adds the datagrams already queued on the sockets to `batch`, up to `max_batch`.
+fn drain_queued(sockets: &Sockets<'_>, batch: &mut Vec<Packet>, max_batch: usize, buf: &mut [u8]) {
+    for (sock, port) in [(Some(sockets.s67), SERVER_PORT), (sockets.s4011, PXE_PORT)] {
+        let Some(sock) = sock else { continue };
+        while batch.len() < max_batch {
+            match sock.try_recv_from(buf) {
+                Ok((n, a)) => {
+                    if let Some(src) = v4(a) {
+                        batch.push(Packet {
+                            data: buf[..n].to_vec(),
+                            src,
+                            port,
+                        });
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// At shutdown: waits (up to 5 s) for the lease-log write in flight and sends the ACKs
+/// it releases, so they are not lost without a trace.
+async fn finish_inflight(
+    h: tokio::task::JoinHandle<Commit>,
+    acks: Vec<(Reply, u16)>,
+    sockets: &Sockets<'_>,
+    metrics: &Metrics,
+) {
+    if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(5), h).await {
+        if c.result.is_ok() {
+            for (r, port) in acks {
+                sockets.send(&r, port, metrics).await;
+            }
+        }
+    }
+}
+
+/// Refreshes the pool utilisation gauges (a scan of the lease table).
+fn set_pool_gauges(server: &Server, metrics: &Metrics) {
+    for (net, used, size) in server.table.utilisation(unix_now()) {
+        let l = metrics::SubnetLabels {
+            subnet: net.to_string(),
+        };
+        metrics.pool_used.get_or_create(&l).set(used as i64);
+        metrics.pool_size.get_or_create(&l).set(size as i64);
+    }
+}
+
+/// One datagram read (or a failed read) on `port`: queued on `batch` as a packet.
+async fn received(
+    r: std::io::Result<(usize, SocketAddr)>,
+    buf: &[u8],
+    port: u16,
+    batch: &mut Vec<Packet>,
+) {
+    match r {
+        Ok((n, a)) => {
+            if let Some(src) = v4(a) {
+                batch.push(Packet {
+                    data: buf[..n].to_vec(),
+                    src,
+                    port,
+                });
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "dhcp receive failed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// One request through the rate limit, the decoder and the server at `now` (the batch's
+/// clock readings): the reply to send and the port to send it from, if any (drops and
+/// silences are counted here).
+fn handle_packet(
+    server: &mut Server,
+    limiter: &mut RateLimiter,
+    metrics: &Metrics,
+    p: Packet,
+    (now_unix, now_i): (u64, Instant),
+) -> Option<(Reply, u16)> {
+    metrics.received.inc();
+    if p.data.len() >= 34 {
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&p.data[28..34]);
+        if !limiter.allow(mac, now_i) {
+            metrics.drop(DropReason::RateLimited);
+            return None;
+        }
+    }
+    let Some(msg) = self::core::decode(&p.data) else {
+        metrics.drop(DropReason::Malformed);
+        return None;
+    };
+    let meta = Meta {
+        now: now_unix,
+        src: p.src,
+        local_port: p.port,
+    };
+    match server.handle(&msg, &meta) {
+        Outcome::Reply(r) => return Some((r, p.port)),
+        Outcome::Silent => match msg.opts().msg_type() {
+            Some(dhcproto::v4::MessageType::Release) => {
+                metrics.releases.inc();
+            }
+            Some(dhcproto::v4::MessageType::Decline) => {
+                metrics.declines.inc();
+            }
+            _ => {}
+        },
+        Outcome::Drop(reason) => metrics.drop(reason),
+    }
+    None
+}
+
+/// A lease-log write has ended: on success the leases are published and the ACKs that
+/// waited for it are sent, on failure they are dropped; the log is compacted when due.
+/// Returns the log for the next write.
+async fn committed(
+    c: Commit,
+    acks: Vec<(Reply, u16)>,
+    server: &Server,
+    index: &LeaseIndex,
+    metrics: &Metrics,
+    sockets: &Sockets<'_>,
+    log_path: &Path,
+) -> LeaseLog {
+    let mut log = c.log;
+    match c.result {
+        Ok(()) => {
+            metrics.commits.inc();
+            index.apply(&c.journal);
+            for (r, port) in acks {
+                sockets.send(&r, port, metrics).await;
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, path = %log_path.display(), "writing leases failed; not acknowledging");
+            for _ in acks {
+                metrics.drop(DropReason::PersistFailed);
+            }
+        }
+    }
+    if log.wants_compaction(|| server.table.persisted().count()) {
+        let snapshot: Vec<Lease> = server.table.persisted().cloned().collect();
+        if let Err(e) = log.compact(&snapshot) {
+            tracing::warn!(error = %e, "compacting lease log failed");
+        }
+    }
+    log
+}
+
 /// Bind the sockets, load the leases (`<state_dir>/dhcp-leases.log`), and serve until
 /// shutdown, counting into `metrics`, publishing leases to `index` (the rest of the
 /// appliance reads it), with the static reservations kept current by `reservations`
@@ -255,14 +425,8 @@ pub async fn run(
         server.set_reservations(rx.borrow_and_update().clone());
     }
 
-    let now = unix_now();
     let log_path = state_dir.join(LEASE_FILE);
-    let (log, leases) = LeaseLog::open(&log_path, now, 7 * 86_400)?;
-    let loaded: Vec<leases::Change> = leases.iter().cloned().map(leases::Change::Put).collect();
-    for l in leases {
-        server.table.load(l);
-    }
-    index.apply(&loaded);
+    let (log, loaded) = load_leases(&log_path, &mut server, &index)?;
 
     let s67 = udp_socket(&iface, SERVER_PORT)?;
     let s4011 = if mode == DhcpMode::Proxy {
@@ -270,7 +434,7 @@ pub async fn run(
     } else {
         None
     };
-    tracing::info!(interface = %iface, %server_ip, ?mode, leases = loaded.len(), log = %log_path.display(), "dhcp server listening");
+    tracing::info!(interface = %iface, %server_ip, ?mode, leases = loaded, log = %log_path.display(), "dhcp server listening");
 
     let mut log = Some(log);
     let mut limiter = RateLimiter::new(rate, Instant::now());
@@ -307,15 +471,7 @@ pub async fn run(
             _ = shutdown.recv() => break,
             // The window is over: the group commit below starts.
             _ = &mut commit_timer, if timer_armed => timer_armed = false,
-            _ = gauge_tick.tick() => {
-                for (net, used, size) in server.table.utilisation(unix_now()) {
-                    let l = metrics::SubnetLabels {
-                        subnet: net.to_string(),
-                    };
-                    metrics.pool_used.get_or_create(&l).set(used as i64);
-                    metrics.pool_size.get_or_create(&l).set(size as i64);
-                }
-            }
+            _ = gauge_tick.tick() => set_pool_gauges(&server, &metrics),
             changed = async {
                 match reservations.as_mut() {
                     Some(rx) => rx.changed().await,
@@ -333,115 +489,30 @@ pub async fn run(
             done = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
                 inflight = None;
                 let c = done.context("lease log writer panicked")?;
-                log = Some(c.log);
                 let acks = std::mem::take(&mut inflight_acks);
-                match c.result {
-                    Ok(()) => {
-                        metrics.commits.inc();
-                        index.apply(&c.journal);
-                        for (r, port) in acks {
-                            sockets.send(&r, port, &metrics).await;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, path = %log_path.display(), "writing leases failed; not acknowledging");
-                        for _ in acks {
-                            metrics.drop(DropReason::PersistFailed);
-                        }
-                    }
-                }
-                if let Some(l) = log.as_mut() {
-                    if l.wants_compaction(|| server.table.persisted().count()) {
-                        let snapshot: Vec<Lease> = server.table.persisted().cloned().collect();
-                        if let Err(e) = l.compact(&snapshot) {
-                            tracing::warn!(error = %e, "compacting lease log failed");
-                        }
-                    }
-                }
+                log = Some(committed(c, acks, &server, &index, &metrics, &sockets, &log_path).await);
             }
-            r = s67.recv_from(&mut buf), if reading => match r {
-                Ok((n, a)) => {
-                    if let Some(src) = v4(a) {
-                        batch.push(Packet { data: buf[..n].to_vec(), src, port: SERVER_PORT });
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "dhcp receive failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
+            r = s67.recv_from(&mut buf), if reading => received(r, &buf, SERVER_PORT, &mut batch).await,
             r = async {
                 match &s4011 {
                     Some(s) => s.recv_from(&mut buf2).await,
                     None => std::future::pending().await,
                 }
-            }, if reading => match r {
-                Ok((n, a)) => {
-                    if let Some(src) = v4(a) {
-                        batch.push(Packet { data: buf2[..n].to_vec(), src, port: PXE_PORT });
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "dhcp receive failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
+            }, if reading => received(r, &buf2, PXE_PORT, &mut batch).await,
         }
 
         if !batch.is_empty() {
-            // Drain what is already queued, up to the batch bound.
-            for (sock, port) in [(Some(&s67), SERVER_PORT), (s4011.as_ref(), PXE_PORT)] {
-                let Some(sock) = sock else { continue };
-                while batch.len() < max_batch {
-                    match sock.try_recv_from(&mut buf) {
-                        Ok((n, a)) => {
-                            if let Some(src) = v4(a) {
-                                batch.push(Packet {
-                                    data: buf[..n].to_vec(),
-                                    src,
-                                    port,
-                                });
-                            }
-                        }
-                        Err(_) => break,
-                    }
-                }
-            }
-            let now_unix = unix_now();
-            let now_i = Instant::now();
+            drain_queued(&sockets, &mut batch, max_batch, &mut buf);
+            let now = (unix_now(), Instant::now());
             for p in batch.drain(..) {
-                metrics.received.inc();
-                if p.data.len() >= 34 {
-                    let mut mac = [0u8; 6];
-                    mac.copy_from_slice(&p.data[28..34]);
-                    if !limiter.allow(mac, now_i) {
-                        metrics.drop(DropReason::RateLimited);
-                        continue;
-                    }
-                }
-                let Some(msg) = self::core::decode(&p.data) else {
-                    metrics.drop(DropReason::Malformed);
-                    continue;
-                };
-                let meta = Meta {
-                    now: now_unix,
-                    src: p.src,
-                    local_port: p.port,
-                };
-                match server.handle(&msg, &meta) {
+                let reply = handle_packet(&mut server, &mut limiter, &metrics, p, now);
+                if let Some((r, port)) = reply {
                     // An ACK waits for its lease to be durable; everything else leaves now.
-                    Outcome::Reply(r) if r.kind == ReplyKind::Ack => pending_acks.push((r, p.port)),
-                    Outcome::Reply(r) => sockets.send(&r, p.port, &metrics).await,
-                    Outcome::Silent => match msg.opts().msg_type() {
-                        Some(dhcproto::v4::MessageType::Release) => {
-                            metrics.releases.inc();
-                        }
-                        Some(dhcproto::v4::MessageType::Decline) => {
-                            metrics.declines.inc();
-                        }
-                        _ => {}
-                    },
-                    Outcome::Drop(reason) => metrics.drop(reason),
+                    if r.kind == ReplyKind::Ack {
+                        pending_acks.push((r, port));
+                    } else {
+                        sockets.send(&r, port, &metrics).await;
+                    }
                 }
             }
             pending_journal.extend(server.table.take_journal());
@@ -470,15 +541,8 @@ pub async fn run(
             }
         }
     }
-    // Finish the write in flight so its ACKs are not lost without a trace.
     if let Some(h) = inflight.take() {
-        if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(5), h).await {
-            if c.result.is_ok() {
-                for (r, port) in inflight_acks.drain(..) {
-                    sockets.send(&r, port, &metrics).await;
-                }
-            }
-        }
+        finish_inflight(h, inflight_acks, &sockets, &metrics).await;
     }
     tracing::info!("dhcp server stopped");
     Ok(())

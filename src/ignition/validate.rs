@@ -436,6 +436,15 @@ pub fn semantic(c: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
 }
 
 fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
+    storage_nodes(st, v, out);
+    storage_disks(st, out);
+    storage_raid(st, out);
+    storage_filesystems(st, out);
+    storage_luks(st, v, out);
+}
+
+/// Files, directories and links: absolute, unique paths, modes, owners, contents.
+fn storage_nodes(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
     // Paths are unique across files, directories and links.
     let mut seen: HashMap<String, String> = HashMap::new();
     for kind in ["files", "directories", "links"] {
@@ -476,6 +485,10 @@ fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
             }
         }
     }
+}
+
+/// Disks and their partitions: unique devices, numbers and labels, valid guids.
+fn storage_disks(st: &Value, out: &mut Vec<Issue>) {
     dupes(arr(st, "disks"), "device", "storage.disks", "disk", out);
     for (i, d) in arr(st, "disks") {
         let p = format!("storage.disks[{i}]");
@@ -518,6 +531,10 @@ fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
             }
         }
     }
+}
+
+/// RAID arrays: unique names, known levels.
+fn storage_raid(st: &Value, out: &mut Vec<Issue>) {
     dupes(arr(st, "raid"), "name", "storage.raid", "raid", out);
     for (i, r) in arr(st, "raid") {
         if let Some(l) = s(r, "level") {
@@ -546,6 +563,10 @@ fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
             }
         }
     }
+}
+
+/// Filesystems: unique, absolute devices, absolute paths, supported formats.
+fn storage_filesystems(st: &Value, out: &mut Vec<Issue>) {
     dupes(
         arr(st, "filesystems"),
         "device",
@@ -579,6 +600,11 @@ fn storage(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
             }
         }
     }
+}
+
+/// LUKS volumes: unique names, absolute devices, key files, tang URLs, newer fields
+/// gated by version.
+fn storage_luks(st: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
     dupes(arr(st, "luks"), "name", "storage.luks", "luks volume", out);
     for (i, l) in arr(st, "luks") {
         let p = format!("storage.luks[{i}]");

@@ -276,42 +276,7 @@ impl Schema {
                     }
                 }
             }
-            Value::Object(map) => {
-                for r in &self.required {
-                    if map.get(r).is_none_or(|x| x.is_null()) {
-                        errs.push(FieldError {
-                            field: join(path, r),
-                            reason: Reason::Required,
-                            message: "Required value".into(),
-                        });
-                    }
-                }
-                for (k, child) in map {
-                    // Object metadata is the API server's to validate (as in kube,
-                    // where CRD schemas cannot constrain it).
-                    if path.is_empty() && k == "metadata" {
-                        continue;
-                    }
-                    let cpath = join(path, k);
-                    let old_child = old.and_then(|o| o.get(k));
-                    if let Some(s) = self.properties.get(k) {
-                        s.validate(&cpath, child, old_child, errs);
-                    } else {
-                        match &self.additional_properties {
-                            Some(AdditionalProperties::Schema(s)) => {
-                                s.validate(&cpath, child, old_child, errs)
-                            }
-                            Some(AdditionalProperties::Bool(true)) => {}
-                            _ if self.preserve_unknown_fields || self.embedded_resource => {}
-                            _ => errs.push(FieldError {
-                                field: cpath.clone(),
-                                reason: Reason::Unknown,
-                                message: format!("unknown field \"{cpath}\""),
-                            }),
-                        }
-                    }
-                }
-            }
+            Value::Object(map) => self.validate_object(path, map, old, errs),
             _ => {}
         }
         for r in &self.validations {
@@ -322,6 +287,52 @@ impl Schema {
                         reason: Reason::Invalid,
                         message: r.message.clone().filter(|m| !m.is_empty()).unwrap_or(msg),
                     });
+                }
+            }
+        }
+    }
+
+    /// The object part of [`Schema::validate`]: required properties, each property
+    /// against its schema (`additionalProperties` for the unlisted ones), unknown ones
+    /// refused unless the schema preserves them.
+    fn validate_object(
+        &self,
+        path: &str,
+        map: &serde_json::Map<String, Value>,
+        old: Option<&Value>,
+        errs: &mut Vec<FieldError>,
+    ) {
+        for r in &self.required {
+            if map.get(r).is_none_or(|x| x.is_null()) {
+                errs.push(FieldError {
+                    field: join(path, r),
+                    reason: Reason::Required,
+                    message: "Required value".into(),
+                });
+            }
+        }
+        for (k, child) in map {
+            // Object metadata is the API server's to validate (as in kube,
+            // where CRD schemas cannot constrain it).
+            if path.is_empty() && k == "metadata" {
+                continue;
+            }
+            let cpath = join(path, k);
+            let old_child = old.and_then(|o| o.get(k));
+            if let Some(s) = self.properties.get(k) {
+                s.validate(&cpath, child, old_child, errs);
+            } else {
+                match &self.additional_properties {
+                    Some(AdditionalProperties::Schema(s)) => {
+                        s.validate(&cpath, child, old_child, errs)
+                    }
+                    Some(AdditionalProperties::Bool(true)) => {}
+                    _ if self.preserve_unknown_fields || self.embedded_resource => {}
+                    _ => errs.push(FieldError {
+                        field: cpath.clone(),
+                        reason: Reason::Unknown,
+                        message: format!("unknown field \"{cpath}\""),
+                    }),
                 }
             }
         }

@@ -20,9 +20,10 @@ use futures::FutureExt as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::rules::{RuleDiff, RuleTarget};
 use super::{
-    normalize_rules, validate_export_name, validate_fs_path, Access, ExportBackend, ExportRule,
-    Health, NfsError,
+    normalize_rules, validate_export_name, validate_fs_path, write_atomic, Access, ExportBackend,
+    ExportRule, Health, NfsError,
 };
 
 /// `[nfs.knfsd]`.
@@ -117,11 +118,11 @@ impl Knfsd {
     ) -> Result<(), NfsError> {
         let file = self.exports_file(export);
         match render_exports(export, fs_path, rules)? {
-            Some(text) => write(&file, text.as_bytes())?,
+            Some(text) => write_atomic(&file, text.as_bytes())?,
             None => remove(&file)?,
         }
         let json = serde_json::to_vec(rules).map_err(NfsError::backend)?;
-        write(&self.rules_file(export), &json)?;
+        write_atomic(&self.rules_file(export), &json)?;
         self.exportfs().await
     }
 
@@ -142,14 +143,6 @@ impl Knfsd {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
     }
-}
-
-fn write(p: &Path, data: &[u8]) -> Result<(), NfsError> {
-    let tmp = p.with_extension("tmp");
-    std::fs::write(&tmp, data)
-        .map_err(|e| NfsError::Backend(format!("writing {}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, p)
-        .map_err(|e| NfsError::Backend(format!("renaming {}: {e}", p.display())))
 }
 
 fn remove(p: &Path) -> Result<(), NfsError> {
@@ -212,6 +205,60 @@ pub fn render_exports(
     Ok(Some(out))
 }
 
+/// An export (its path file read), with the backend locked.
+pub(super) struct OpenExport<'a> {
+    knfsd: &'a Knfsd,
+    _lock: tokio::sync::MutexGuard<'a, ()>,
+    export: &'a str,
+    fs_path: PathBuf,
+}
+
+impl Knfsd {
+    async fn open<'a>(&'a self, export: &'a str) -> Result<OpenExport<'a>, NfsError> {
+        let lock = self.lock.lock().await;
+        let fs_path = self
+            .read_path(export)?
+            .ok_or_else(|| NfsError::UnknownExport(export.into()))?;
+        Ok(OpenExport {
+            knfsd: self,
+            _lock: lock,
+            export,
+            fs_path,
+        })
+    }
+}
+
+/// The rules file records the rules; the exports file is rendered whole and applied
+/// with `exportfs -r` on every call, a change or not (as before the shared path: the
+/// kernel's table may have been changed behind bootplane's back).
+impl RuleTarget for OpenExport<'_> {
+    type Applied = ExportRule;
+
+    async fn in_force(&mut self) -> Result<Vec<ExportRule>, NfsError> {
+        Ok(self.knfsd.read_rules(self.export))
+    }
+
+    fn same(desired: &ExportRule, applied: &ExportRule) -> bool {
+        desired == applied
+    }
+
+    async fn unchanged(&mut self, rules: &[ExportRule]) -> Result<(), NfsError> {
+        self.knfsd
+            .write_and_apply(self.export, &self.fs_path, rules)
+            .await
+    }
+
+    async fn change(
+        &mut self,
+        rules: &[ExportRule],
+        _diff: &RuleDiff<'_, ExportRule>,
+    ) -> Result<(), NfsError> {
+        self.knfsd
+            .write_and_apply(self.export, &self.fs_path, rules)
+            .await
+    }
+}
+
 impl ExportBackend for Knfsd {
     fn name(&self) -> &'static str {
         "knfsd"
@@ -232,7 +279,7 @@ impl ExportBackend for Knfsd {
             if self.read_path(export)?.as_deref() == Some(fs_path) {
                 return Ok(());
             }
-            write(
+            write_atomic(
                 &self.path_file(export),
                 format!("{}\n", fs_path.display()).as_bytes(),
             )?;
@@ -247,14 +294,7 @@ impl ExportBackend for Knfsd {
         export: &'a str,
         rules: Vec<ExportRule>,
     ) -> BoxFuture<'a, Result<(), NfsError>> {
-        async move {
-            let _g = self.lock.lock().await;
-            let fs_path = self
-                .read_path(export)?
-                .ok_or_else(|| NfsError::UnknownExport(export.into()))?;
-            self.write_and_apply(export, &fs_path, &rules).await
-        }
-        .boxed()
+        super::rules::set_rules(rules, self.open(export)).boxed()
     }
 
     fn remove_export<'a>(&'a self, export: &'a str) -> BoxFuture<'a, Result<(), NfsError>> {

@@ -14,11 +14,14 @@
 //!   HTTP server only, never against a real ONTAP system.
 //!
 //! Rules are evaluated in `index` order, first match wins, and a client that matches
-//! no rule is denied: every backend renders "no rule" as "no access".
+//! no rule is denied: every backend renders "no rule" as "no access". `set_rules` takes
+//! one path for every backend (`nfs/rules.rs`): normalise, compare with the rules in
+//! force, apply and record a change.
 
 pub mod ganesha;
 pub mod knfsd;
 pub mod ontap;
+mod rules;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -282,6 +285,16 @@ pub(crate) fn validate_fs_path(export: &str, fs_path: &Path) -> Result<(), NfsEr
     }
     validate_path_chars(s)
         .map_err(|why| NfsError::InvalidExport(export.into(), format!("fs path {why}")))
+}
+
+/// Writes `data` to `path` through `<path>.tmp` and a rename, so readers (ganesha, mountd)
+/// never see half a file.
+pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<(), NfsError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)
+        .map_err(|e| NfsError::Backend(format!("writing {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| NfsError::Backend(format!("renaming {}: {e}", path.display())))
 }
 
 /// Health as reported by a backend.

@@ -33,10 +33,8 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{
-    normalize_rules, validate_export_name, Access, ExportBackend, ExportRule, Health, NfsError,
-    Protocol,
-};
+use super::rules::{RuleDiff, RuleTarget};
+use super::{validate_export_name, Access, ExportBackend, ExportRule, Health, NfsError, Protocol};
 
 /// `[nfs.ontap]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -287,12 +285,17 @@ impl Client {
         Ok(())
     }
 
-    fn set_rules(&self, export: &str, rules: &[ExportRule]) -> Result<(), NfsError> {
+    /// The path of the rules of `export`'s policy (`.../export-policies/{id}/rules`).
+    fn rules_path(&self, export: &str) -> Result<String, NfsError> {
         let name = self.policy_name(export);
         let id = self
             .policy_id(&name)?
             .ok_or_else(|| NfsError::UnknownExport(export.into()))?;
-        let base = format!("/api/protocols/nfs/export-policies/{id}/rules");
+        Ok(format!("/api/protocols/nfs/export-policies/{id}/rules"))
+    }
+
+    /// The rule records of the policy at `base` (those with an index).
+    fn rules_in_force(&self, base: &str) -> Result<Vec<Value>, NfsError> {
         let existing = self
             .call(
                 "GET",
@@ -305,22 +308,19 @@ impl Client {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        let desired: Vec<Value> = rules.iter().map(rule_json).collect();
-        let mut keep = Vec::new();
-        for e in &existing {
-            let Some(idx) = e.get("index").and_then(Value::as_u64) else {
-                continue;
-            };
-            if desired.iter().any(|d| same_rule(d, e)) {
-                keep.push(idx);
-            } else {
-                self.call("DELETE", &format!("{base}/{idx}"), None)?;
-            }
+        Ok(existing
+            .into_iter()
+            .filter(|e| e.get("index").and_then(Value::as_u64).is_some())
+            .collect())
+    }
+
+    /// Deletes the rules at indexes `stale`, then creates the rule bodies `missing`.
+    fn change_rules(&self, base: &str, stale: &[u64], missing: &[Value]) -> Result<(), NfsError> {
+        for idx in stale {
+            self.call("DELETE", &format!("{base}/{idx}"), None)?;
         }
-        for d in &desired {
-            if !keep.contains(&d["index"].as_u64().unwrap_or(0)) {
-                self.call("POST", &base, Some(d))?;
-            }
+        for d in missing {
+            self.call("POST", base, Some(d))?;
         }
         Ok(())
     }
@@ -428,6 +428,57 @@ fn same_rule(desired: &Value, existing: &Value) -> bool {
             .all(|k| set(desired.get(*k), None) == set(existing.get(*k), None))
 }
 
+/// An export's policy rules (`.../export-policies/{id}/rules`).
+pub(super) struct PolicyRules<'a> {
+    ontap: &'a Ontap,
+    base: String,
+}
+
+impl Ontap {
+    async fn open<'a>(&'a self, export: &'a str) -> Result<PolicyRules<'a>, NfsError> {
+        let export = export.to_string();
+        let base = self.blocking(move |c| c.rules_path(&export)).await?;
+        Ok(PolicyRules { ontap: self, base })
+    }
+}
+
+/// ONTAP is the record: the rules in force are read back from the export policy, and a
+/// change deletes the stale rules before it creates the missing ones.
+impl RuleTarget for PolicyRules<'_> {
+    /// An ONTAP rule record.
+    type Applied = Value;
+
+    async fn in_force(&mut self) -> Result<Vec<Value>, NfsError> {
+        let base = self.base.clone();
+        self.ontap.blocking(move |c| c.rules_in_force(&base)).await
+    }
+
+    fn same(desired: &ExportRule, applied: &Value) -> bool {
+        same_rule(&rule_json(desired), applied)
+    }
+
+    async fn unchanged(&mut self, _rules: &[ExportRule]) -> Result<(), NfsError> {
+        Ok(())
+    }
+
+    async fn change(
+        &mut self,
+        _rules: &[ExportRule],
+        diff: &RuleDiff<'_, Value>,
+    ) -> Result<(), NfsError> {
+        let base = self.base.clone();
+        let stale: Vec<u64> = diff
+            .stale
+            .iter()
+            .filter_map(|e| e.get("index").and_then(Value::as_u64))
+            .collect();
+        let missing: Vec<Value> = diff.missing.iter().map(|r| rule_json(r)).collect();
+        self.ontap
+            .blocking(move |c| c.change_rules(&base, &stale, &missing))
+            .await
+    }
+}
+
 impl ExportBackend for Ontap {
     fn name(&self) -> &'static str {
         "ontap"
@@ -451,12 +502,7 @@ impl ExportBackend for Ontap {
         export: &'a str,
         rules: Vec<ExportRule>,
     ) -> BoxFuture<'a, Result<(), NfsError>> {
-        async move {
-            let rules = normalize_rules(rules)?;
-            let export = export.to_string();
-            self.blocking(move |c| c.set_rules(&export, &rules)).await
-        }
-        .boxed()
+        super::rules::set_rules(rules, self.open(export)).boxed()
     }
 
     fn remove_export<'a>(&'a self, export: &'a str) -> BoxFuture<'a, Result<(), NfsError>> {

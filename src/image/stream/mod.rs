@@ -51,6 +51,15 @@ use super::progress::Progress;
 use super::source::{self, Source};
 use super::target::{Pool, PooledBuf, Target, TargetKind};
 
+mod checkpoint;
+mod read;
+
+use checkpoint::{
+    check_checkpoint_paths, default_checkpoint, read_checkpoint, write_checkpoint, Checkpoint,
+};
+pub(super) use read::read_full;
+use read::{decode_stream, decode_worker, read_framed, read_raw};
+
 /// Bytes at the start of the target written last.
 pub const HELD: u64 = 1 << 20;
 /// Chunk size for plain zstd and raw sources.
@@ -125,137 +134,6 @@ struct Plan {
     expected: [u8; 32],
     raw_size: Option<u64>,
     chunk: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-struct Checkpoint {
-    version: u32,
-    image_sha256: String,
-    chunk_size: u64,
-    chunks_done: u64,
-    hash_state: String,
-    /// The target was a new file in the first run (so it may grow and is cut to size).
-    target_fresh: bool,
-}
-
-/// Where the checkpoint of a copy to `target` lives unless `--checkpoint` says: next to
-/// a file target, in `/var/tmp` for a block device. Decided before the target is opened
-/// (a target that does not exist yet becomes a file).
-fn default_checkpoint(target: &Path) -> PathBuf {
-    use std::os::unix::fs::FileTypeExt as _;
-    let is_block = std::fs::metadata(target).is_ok_and(|m| m.file_type().is_block_device());
-    match is_block {
-        false => {
-            let mut s = target.as_os_str().to_owned();
-            s.push(".bootplane-checkpoint");
-            s.into()
-        }
-        true => {
-            let name = target
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "disk".into());
-            PathBuf::from(format!("/var/tmp/bootplane-{name}.checkpoint"))
-        }
-    }
-}
-
-/// A checkpoint is a few hundred bytes; anything larger is not one of ours.
-const CHECKPOINT_MAX: u64 = 64 << 10;
-
-/// The temporary file a checkpoint is written to before it is renamed into place:
-/// `CKPT.tmp`. Appended, not `with_extension`: that turned `disk.img.bootplane-checkpoint`
-/// into `disk.img.tmp`, a name that may be the operator's own file, which a stale
-/// temporary file of ours is removed as (and was truncated as before that).
-fn checkpoint_tmp(ckpt: &Path) -> PathBuf {
-    let mut s = ckpt.as_os_str().to_owned();
-    s.push(".tmp");
-    s.into()
-}
-
-/// Refuse a checkpoint path (or its temporary path) that is a symlink or not a regular
-/// file; a leftover temporary file of ours (a run killed while writing it) is removed.
-fn check_checkpoint_paths(ckpt: &Path) -> PResult<()> {
-    use std::os::unix::fs::MetadataExt as _;
-    let tmp = checkpoint_tmp(ckpt);
-    for (p, what) in [
-        (ckpt, "checkpoint path"),
-        (tmp.as_path(), "checkpoint temporary path"),
-    ] {
-        match std::fs::symlink_metadata(p) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(ProvisionError::Checkpoint(format!(
-                    "{what} {} is a symlink; refusing to follow it (remove it, or pass --checkpoint in a directory only root can write)",
-                    p.display()
-                )))
-            }
-            Ok(m) if !m.is_file() => {
-                return Err(ProvisionError::Checkpoint(format!(
-                    "{what} {} exists and is not a regular file",
-                    p.display()
-                )))
-            }
-            Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() => {
-                return Err(ProvisionError::Checkpoint(format!(
-                    "{what} {} belongs to uid {}, not to this user; refusing to use it",
-                    p.display(),
-                    m.uid()
-                )))
-            }
-            Ok(_) if p == tmp => std::fs::remove_file(p).map_err(|e| {
-                ProvisionError::Checkpoint(format!(
-                    "removing the stale {what} {}: {e}",
-                    p.display()
-                ))
-            })?,
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Read a checkpoint without following a symlink; `None` when there is none (or it is
-/// not one: too large, unreadable).
-fn read_checkpoint(ckpt: &Path) -> Option<Checkpoint> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(ckpt)
-        .ok()?;
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut b = Vec::new();
-    f.take(CHECKPOINT_MAX).read_to_end(&mut b).ok()?;
-    serde_json::from_slice(&b).ok()
-}
-
-/// Write `data` as the checkpoint: a new temporary file (`O_EXCL | O_NOFOLLOW`, 0600:
-/// nothing that someone else put at that path is opened or followed), synced, then
-/// renamed over `ckpt` (rename replaces a link at `ckpt`, never its target).
-fn write_checkpoint(ckpt: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = checkpoint_tmp(ckpt);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("creating {} (O_EXCL, no symlinks): {e}", tmp.display()),
-            )
-        })?;
-    let written = f.write_all(data).and_then(|_| f.sync_all());
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, ckpt)
 }
 
 fn plan(opts: &Options) -> PResult<Plan> {
@@ -409,328 +287,6 @@ struct WriteJob {
     off: u64,
     zero: bool,
     state: String,
-}
-
-fn read_exact_or(r: &mut dyn Read, buf: &mut [u8], what: impl Fn() -> String) -> PResult<()> {
-    let n = read_full(r, buf).map_err(|e| ProvisionError::Source(format!("{}: {e}", what())))?;
-    if n < buf.len() {
-        return Err(ProvisionError::Truncated(format!(
-            "{}: source ended after {n} of {} bytes",
-            what(),
-            buf.len()
-        )));
-    }
-    Ok(())
-}
-
-/// Read until `buf` is full or the source ends; returns the bytes read.
-pub(super) fn read_full<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-/// Reader for packed images: frame 0, then frames `start..`, then the seek table.
-fn read_framed(
-    plan: &Plan,
-    m: &Manifest,
-    start: u64,
-    tx: SyncSender<(u64, Vec<u8>)>,
-    sh: &Shared,
-) -> PResult<()> {
-    let order: Vec<u64> = if start > 0 {
-        std::iter::once(0)
-            .chain(start..m.frames.len() as u64)
-            .collect()
-    } else {
-        (0..m.frames.len() as u64).collect()
-    };
-    let mut r: Option<(Box<dyn Read + Send>, u64)> = None;
-    for i in order {
-        if sh.aborted() {
-            return Ok(());
-        }
-        let f = &m.frames[i as usize];
-        if r.as_ref().is_none_or(|(_, pos)| *pos != f.offset) {
-            r = Some((plan.src.open_at(f.offset)?, f.offset));
-        }
-        let (rd, pos) = r.as_mut().expect("reader opened above");
-        let mut v = vec![0u8; f.compressed_size as usize];
-        read_exact_or(rd.as_mut(), &mut v, || {
-            format!("reading frame {i} at offset {}", f.offset)
-        })?;
-        *pos += f.compressed_size;
-        if tx.send((i, v)).is_err() {
-            return Ok(());
-        }
-    }
-    // The seek table, then nothing.
-    let end = m.frames_end();
-    let (rd, pos) = match r {
-        Some((rd, pos)) if pos == end => (rd, pos),
-        _ => (plan.src.open_at(end)?, end),
-    };
-    let mut rd = rd;
-    let mut tail = vec![0u8; (m.compressed_size - pos) as usize];
-    read_exact_or(rd.as_mut(), &mut tail, || "reading the seek table".into())?;
-    if !tail.is_empty() && format::parse_seek_table(&tail).is_none_or(|t| t.len() != m.frames.len())
-    {
-        return Err(ProvisionError::Trailing(format!(
-            "{} bytes after the last frame are not a seek table",
-            tail.len()
-        )));
-    }
-    let mut one = [0u8; 1];
-    match rd.read(&mut one) {
-        Ok(0) => Ok(()),
-        Ok(_) => Err(ProvisionError::Trailing(format!(
-            "data after the image's {} bytes",
-            m.compressed_size
-        ))),
-        Err(e) => Err(ProvisionError::Source(format!("reading past the end: {e}"))),
-    }
-}
-
-fn decode_one(
-    d: &mut zstd::bulk::Decompressor<'static>,
-    m: &Manifest,
-    i: u64,
-    comp: &[u8],
-    pool: &Pool,
-    frame_sha: bool,
-) -> PResult<Chunk> {
-    let f = &m.frames[i as usize];
-    let len = f.raw_size as usize;
-    let mut buf = pool.get();
-    let n = d
-        .decompress_to_buffer(comp, &mut buf.as_mut_slice()[..len])
-        .map_err(|e| {
-            ProvisionError::Integrity(format!(
-                "frame {i} (raw offset {}): zstd: {e}",
-                f.raw_offset
-            ))
-        })?;
-    if n != len {
-        return Err(ProvisionError::Integrity(format!(
-            "frame {i}: decoded {n} bytes, manifest says {len}"
-        )));
-    }
-    if frame_sha {
-        let got = Sha256::digest(&buf.as_slice()[..len]);
-        if hex::encode(got) != f.sha256 {
-            return Err(ProvisionError::Integrity(format!(
-                "frame {i} (raw offset {}): sha256 {} does not match the manifest's {}",
-                f.raw_offset,
-                hex::encode(got),
-                f.sha256
-            )));
-        }
-    }
-    Ok(Chunk { idx: i, buf, len })
-}
-
-/// Decoder thread. After a failure anywhere it keeps draining its input (discarding),
-/// so no producer stays blocked on a full channel; it ends when the reader is done.
-fn decode_worker(
-    m: &Manifest,
-    rx: &Mutex<Receiver<(u64, Vec<u8>)>>,
-    tx: &SyncSender<Chunk>,
-    pool: &Pool,
-    frame_sha: bool,
-    sh: &Shared,
-) {
-    let mut d = match zstd::bulk::Decompressor::new() {
-        Ok(d) => Some(d),
-        Err(e) => {
-            sh.fail(ProvisionError::Internal(format!("zstd context: {e}")));
-            None
-        }
-    };
-    loop {
-        let job = match rx.lock() {
-            Ok(r) => r.recv(),
-            Err(_) => return,
-        };
-        let Ok((i, comp)) = job else { return };
-        let Some(d) = d.as_mut() else { continue };
-        if sh.aborted() {
-            continue;
-        }
-        match decode_one(d, m, i, &comp, pool, frame_sha) {
-            Ok(c) => {
-                if tx.send(c).is_err() {
-                    sh.fail(ProvisionError::Internal("sequencer ended early".into()));
-                }
-            }
-            Err(e) => sh.fail(e),
-        }
-    }
-}
-
-/// Reader+decoder for a plain zstd stream: fills chunk-sized buffers in order.
-fn decode_stream(plan: &Plan, tx: SyncSender<Chunk>, pool: &Pool, sh: &Shared) -> PResult<()> {
-    use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
-    let mut r = plan.src.open_at(0)?;
-    let mut dec =
-        Decoder::new().map_err(|e| ProvisionError::Internal(format!("zstd context: {e}")))?;
-    let chunk = plan.chunk as usize;
-    let mut inbuf = vec![0u8; 1 << 20];
-    let mut at_boundary = true;
-    let mut idx = 0u64;
-    let mut consumed = 0u64;
-    let mut out = pool.get();
-    let mut fill = 0usize;
-    loop {
-        if sh.aborted() {
-            return Ok(());
-        }
-        let n = match r.read(&mut inbuf) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(ProvisionError::Source(format!(
-                    "reading {}: {e}",
-                    plan.src.describe()
-                )))
-            }
-        };
-        if n == 0 {
-            break;
-        }
-        let mut input = InBuffer::around(&inbuf[..n]);
-        while input.pos < n {
-            let before = input.pos;
-            let mut o = OutBuffer::around(&mut out.as_mut_slice()[fill..chunk]);
-            let res = dec.run(&mut input, &mut o);
-            let written = o.pos();
-            fill += written;
-            match res {
-                Ok(hint) => at_boundary = hint == 0,
-                Err(e) => {
-                    let off = consumed + before as u64;
-                    return Err(if at_boundary && (idx > 0 || fill > 0) {
-                        ProvisionError::Trailing(format!(
-                            "data after the last zstd frame at compressed offset {off}: {e}"
-                        ))
-                    } else {
-                        ProvisionError::Integrity(format!(
-                            "zstd data near compressed offset {off}: {e}"
-                        ))
-                    });
-                }
-            }
-            if fill == chunk {
-                let full = std::mem::replace(&mut out, pool.get());
-                if tx
-                    .send(Chunk {
-                        idx,
-                        buf: full,
-                        len: chunk,
-                    })
-                    .is_err()
-                {
-                    return Ok(());
-                }
-                idx += 1;
-                fill = 0;
-            }
-        }
-        consumed += n as u64;
-    }
-    // Drain output still buffered inside the decoder.
-    loop {
-        let mut o = OutBuffer::around(&mut out.as_mut_slice()[fill..chunk]);
-        let hint = dec
-            .run(&mut InBuffer::around(&[]), &mut o)
-            .map_err(|e| ProvisionError::Integrity(format!("zstd: {e}")))?;
-        let w = o.pos();
-        fill += w;
-        if fill == chunk {
-            let full = std::mem::replace(&mut out, pool.get());
-            if tx
-                .send(Chunk {
-                    idx,
-                    buf: full,
-                    len: chunk,
-                })
-                .is_err()
-            {
-                return Ok(());
-            }
-            idx += 1;
-            fill = 0;
-            continue;
-        }
-        // With no input and nothing left to flush, zstd asks for the next frame's
-        // header: that is not "inside a frame", so only count calls that produced output.
-        if w == 0 {
-            break;
-        }
-        at_boundary = hint == 0;
-    }
-    if !at_boundary {
-        return Err(ProvisionError::Truncated(format!(
-            "{} ends in the middle of a zstd frame",
-            plan.src.describe()
-        )));
-    }
-    if consumed == 0 {
-        return Err(ProvisionError::Truncated(format!(
-            "{} is empty",
-            plan.src.describe()
-        )));
-    }
-    if fill > 0 {
-        let _ = tx.send(Chunk {
-            idx,
-            buf: out,
-            len: fill,
-        });
-    }
-    Ok(())
-}
-
-/// Reader for raw images: chunk 0, then chunks from `start`.
-fn read_raw(
-    plan: &Plan,
-    start: u64,
-    tx: SyncSender<Chunk>,
-    pool: &Pool,
-    sh: &Shared,
-) -> PResult<()> {
-    let chunk = plan.chunk as usize;
-    let mut idx = 0u64;
-    let mut r = plan.src.open_at(0)?;
-    loop {
-        if sh.aborted() {
-            return Ok(());
-        }
-        if idx == 1 && start > 1 {
-            idx = start;
-            r = plan.src.open_at(start * plan.chunk)?;
-        }
-        let mut buf = pool.get();
-        let n = read_full(r.as_mut(), &mut buf.as_mut_slice()[..chunk])
-            .map_err(|e| ProvisionError::Source(format!("reading {}: {e}", plan.src.describe())))?;
-        if n == 0 {
-            break;
-        }
-        if tx.send(Chunk { idx, buf, len: n }).is_err() {
-            return Ok(());
-        }
-        idx += 1;
-        if n < chunk {
-            break;
-        }
-    }
-    Ok(())
 }
 
 struct Seq<'a> {
@@ -1000,45 +556,115 @@ pub fn provision(opts: &Options) -> PResult<Outcome> {
     r
 }
 
-fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome> {
-    let plan = match plan(opts) {
-        Ok(p) => p,
-        Err(e) => {
-            // The source or image is bad: an existing target (that passes the busy checks)
-            // must not stay bootable with whatever it held before.
-            if !matches!(e, ProvisionError::Usage(_) | ProvisionError::Internal(_))
-                && opts.target.exists()
-            {
-                if let Ok(t) = Target::open(&opts.target, None) {
-                    let _ = t.zero_head(HELD);
-                }
-            }
-            return Err(e);
+/// The copy itself: the read, decode, hash and write stages on their threads (see the
+/// module doc) until the source ends or a stage fails (the failure is in `sh`); `seqr`
+/// is the in-order stage, holding the hasher and the first MiB afterwards.
+fn run_stages(
+    seqr: &mut Seq<'_>,
+    frame_sha: bool,
+    cores: usize,
+    ckpt: &(dyn Fn(u64, &str) -> PResult<()> + Sync),
+    progress: &Progress,
+    sh: &Shared,
+) {
+    let (opts, plan, target, start) = (seqr.opts, seqr.plan, seqr.target, seqr.start);
+    let decoders = opts.decoders.unwrap_or(cores).max(1);
+    let writers = opts.writers.max(1);
+    let pool = Pool::new(plan.chunk as usize);
+    let tracker = Mutex::new(Tracker {
+        done: BTreeMap::new(),
+        next_seq: 0,
+        last_ckpt: Instant::now(),
+    });
+    // Queue depths in frames: deep enough to ride out scheduling hiccups on a busy
+    // machine, small enough to keep memory bounded (about 16 raw frames in flight).
+    let (chunk_tx, chunk_rx) = sync_channel::<Chunk>(decoders.max(4));
+    let (job_tx, job_rx) = sync_channel::<WriteJob>(writers.max(4));
+    let job_rx = Mutex::new(job_rx);
+    let (comp_tx, comp_rx) = sync_channel::<(u64, Vec<u8>)>((decoders * 2).max(6));
+    let comp_rx = Mutex::new(comp_rx);
+    std::thread::scope(|s| {
+        for _ in 0..writers {
+            s.spawn(|| {
+                write_worker(&job_rx, target, &tracker, ckpt, progress, sh);
+                sh.add_cpu(3);
+            });
         }
-    };
-    progress.set_total(plan.raw_size);
-    let min_size = match plan.kind {
-        Kind::Zstd => zstd_min_size(plan.src.as_ref()),
-        _ => plan.raw_size,
-    };
-    let ckpt_path = opts
-        .checkpoint
-        .clone()
-        .unwrap_or_else(|| default_checkpoint(&opts.target));
-    // Before the target is touched: a refused checkpoint path changes nothing.
-    check_checkpoint_paths(&ckpt_path)?;
-    let mut target = Target::open(&opts.target, min_size)?;
-    let fresh_at_start = target.kind == (TargetKind::File { fresh: true });
-    if fresh_at_start {
-        target.presize(min_size.unwrap_or(0))?;
-    }
-    let image_hex = hex::encode(plan.expected);
+        match &plan.kind {
+            Kind::Framed(m) => {
+                let sh2 = sh;
+                s.spawn(move || {
+                    if let Err(e) = read_framed(plan, m, start, comp_tx, sh2) {
+                        sh2.fail(e);
+                    }
+                    sh2.add_cpu(0);
+                });
+                for _ in 0..decoders {
+                    let tx = chunk_tx.clone();
+                    let (pool, comp_rx) = (&pool, &comp_rx);
+                    s.spawn(move || {
+                        decode_worker(m, comp_rx, &tx, pool, frame_sha, sh);
+                        sh.add_cpu(1);
+                    });
+                }
+                drop(chunk_tx);
+            }
+            Kind::Zstd => {
+                drop(comp_tx);
+                let pool = &pool;
+                s.spawn(move || {
+                    if let Err(e) = decode_stream(plan, chunk_tx, pool, sh) {
+                        sh.fail(e);
+                    }
+                    sh.add_cpu(1);
+                });
+            }
+            Kind::Raw => {
+                drop(comp_tx);
+                let pool = &pool;
+                s.spawn(move || {
+                    if let Err(e) = read_raw(plan, start, chunk_tx, pool, sh) {
+                        sh.fail(e);
+                    }
+                    sh.add_cpu(0);
+                });
+            }
+        }
+        if let Err(e) = seqr.run(chunk_rx, job_tx, sh) {
+            sh.fail(e);
+        }
+        sh.add_cpu(2);
+    });
+}
 
-    // Resume point.
+/// [`plan`], and when the source or image is bad, the first MiB of an existing target
+/// (that passes the busy checks) zeroed: it must not stay bootable with whatever it
+/// held before.
+fn plan_or_clear_target(opts: &Options) -> PResult<Plan> {
+    plan(opts).inspect_err(|e| {
+        if !matches!(e, ProvisionError::Usage(_) | ProvisionError::Internal(_))
+            && opts.target.exists()
+        {
+            if let Ok(t) = Target::open(&opts.target, None) {
+                let _ = t.zero_head(HELD);
+            }
+        }
+    })
+}
+
+/// Where a `--resume` run continues: the frames done and the SHA-256 midstate after them,
+/// from a checkpoint of this image and chunk size (frame 0 and a fresh hash otherwise).
+fn resume_point(
+    opts: &Options,
+    plan: &Plan,
+    ckpt_path: &Path,
+    image_hex: &str,
+    target: &mut Target,
+) -> (u64, ResumableSha256) {
     let mut start = 0u64;
     let mut hasher = ResumableSha256::new();
     if opts.resume {
-        let usable = read_checkpoint(&ckpt_path).filter(|c| {
+        let usable = read_checkpoint(ckpt_path).filter(|c| {
             c.version == 1
                 && c.image_sha256 == image_hex
                 && c.chunk_size == plan.chunk
@@ -1060,6 +686,51 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         start = 0;
         hasher = ResumableSha256::new();
     }
+    (start, hasher)
+}
+
+/// The last step of a verified copy: everything else synced, the held first MiB (`held`,
+/// of an image of `raw_size` bytes) written and synced, a file target trimmed to size.
+fn write_held_head(target: &Target, held: &[u8], raw_size: u64) -> PResult<()> {
+    target.sync()?;
+    if held.len() as u64 != raw_size.min(HELD) {
+        return Err(ProvisionError::Internal(format!(
+            "held {} bytes of the first MiB",
+            held.len()
+        )));
+    }
+    if !held.is_empty() {
+        let n = held.len().div_ceil(target.block) * target.block;
+        let mut b = super::target::AlignedBuf::new(n);
+        b.as_mut_slice()[..held.len()].copy_from_slice(held);
+        target.write_at(&b.as_slice()[..n], 0)?;
+    }
+    target.sync()?;
+    target.trim_file(raw_size)?;
+    target.sync()
+}
+
+fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome> {
+    let plan = plan_or_clear_target(opts)?;
+    progress.set_total(plan.raw_size);
+    let min_size = match plan.kind {
+        Kind::Zstd => zstd_min_size(plan.src.as_ref()),
+        _ => plan.raw_size,
+    };
+    let ckpt_path = opts
+        .checkpoint
+        .clone()
+        .unwrap_or_else(|| default_checkpoint(&opts.target));
+    // Before the target is touched: a refused checkpoint path changes nothing.
+    check_checkpoint_paths(&ckpt_path)?;
+    let mut target = Target::open(&opts.target, min_size)?;
+    let fresh_at_start = target.kind == (TargetKind::File { fresh: true });
+    if fresh_at_start {
+        target.presize(min_size.unwrap_or(0))?;
+    }
+    let image_hex = hex::encode(plan.expected);
+
+    let (start, hasher) = resume_point(opts, &plan, &ckpt_path, &image_hex, &mut target);
     let head = plan.raw_size.map(|r| r.min(HELD)).unwrap_or(HELD);
     target.zero_head(head)?;
     let cores = std::thread::available_parallelism()
@@ -1081,14 +752,6 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         abort: AtomicBool::new(false),
         cpu: Default::default(),
     };
-    let decoders = opts.decoders.unwrap_or(cores).max(1);
-    let writers = opts.writers.max(1);
-    let pool = Pool::new(plan.chunk as usize);
-    let tracker = Mutex::new(Tracker {
-        done: BTreeMap::new(),
-        next_seq: 0,
-        last_ckpt: Instant::now(),
-    });
     let ckpt_lock = Mutex::new(());
     let target = target;
     let ckpt = |done: u64, state: &str| -> PResult<()> {
@@ -1115,65 +778,7 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         hasher,
         held: Vec::with_capacity(HELD as usize),
     };
-    // Queue depths in frames: deep enough to ride out scheduling hiccups on a busy
-    // machine, small enough to keep memory bounded (about 16 raw frames in flight).
-    let (chunk_tx, chunk_rx) = sync_channel::<Chunk>(decoders.max(4));
-    let (job_tx, job_rx) = sync_channel::<WriteJob>(writers.max(4));
-    let job_rx = Mutex::new(job_rx);
-    let (comp_tx, comp_rx) = sync_channel::<(u64, Vec<u8>)>((decoders * 2).max(6));
-    let comp_rx = Mutex::new(comp_rx);
-    std::thread::scope(|s| {
-        for _ in 0..writers {
-            s.spawn(|| {
-                write_worker(&job_rx, &target, &tracker, &ckpt, progress, &sh);
-                sh.add_cpu(3);
-            });
-        }
-        match &plan.kind {
-            Kind::Framed(m) => {
-                let (plan, sh2) = (&plan, &sh);
-                s.spawn(move || {
-                    if let Err(e) = read_framed(plan, m, start, comp_tx, sh2) {
-                        sh2.fail(e);
-                    }
-                    sh2.add_cpu(0);
-                });
-                for _ in 0..decoders {
-                    let tx = chunk_tx.clone();
-                    let (pool, comp_rx, sh) = (&pool, &comp_rx, &sh);
-                    s.spawn(move || {
-                        decode_worker(m, comp_rx, &tx, pool, frame_sha, sh);
-                        sh.add_cpu(1);
-                    });
-                }
-                drop(chunk_tx);
-            }
-            Kind::Zstd => {
-                drop(comp_tx);
-                let (plan, pool, sh) = (&plan, &pool, &sh);
-                s.spawn(move || {
-                    if let Err(e) = decode_stream(plan, chunk_tx, pool, sh) {
-                        sh.fail(e);
-                    }
-                    sh.add_cpu(1);
-                });
-            }
-            Kind::Raw => {
-                drop(comp_tx);
-                let (plan, pool, sh) = (&plan, &pool, &sh);
-                s.spawn(move || {
-                    if let Err(e) = read_raw(plan, start, chunk_tx, pool, sh) {
-                        sh.fail(e);
-                    }
-                    sh.add_cpu(0);
-                });
-            }
-        }
-        if let Err(e) = seqr.run(chunk_rx, job_tx, &sh) {
-            sh.fail(e);
-        }
-        sh.add_cpu(2);
-    });
+    run_stages(&mut seqr, frame_sha, cores, &ckpt, progress, &sh);
 
     let cpu: BTreeMap<&'static str, f64> = ["read", "decode", "hash", "write"]
         .iter()
@@ -1223,26 +828,7 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         }
     }
     // Everything but the first MiB is verified: make it durable, then write the head.
-    let r = (|| -> PResult<()> {
-        target.sync()?;
-        let held = &seqr.held;
-        if held.len() as u64 != raw_size.min(HELD) {
-            return Err(ProvisionError::Internal(format!(
-                "held {} bytes of the first MiB",
-                held.len()
-            )));
-        }
-        if !held.is_empty() {
-            let n = held.len().div_ceil(target.block) * target.block;
-            let mut b = super::target::AlignedBuf::new(n);
-            b.as_mut_slice()[..held.len()].copy_from_slice(held);
-            target.write_at(&b.as_slice()[..n], 0)?;
-        }
-        target.sync()?;
-        target.trim_file(raw_size)?;
-        target.sync()
-    })();
-    if let Err(e) = r {
+    if let Err(e) = write_held_head(&target, &seqr.held, raw_size) {
         return Err(fail(e));
     }
     let _ = std::fs::remove_file(&ckpt_path);
@@ -1263,95 +849,4 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn data(n: usize) -> Vec<u8> {
-        (0..n)
-            .map(|i| {
-                if (i / 100_000) % 3 == 0 {
-                    0
-                } else {
-                    (i * 7 % 251) as u8
-                }
-            })
-            .collect()
-    }
-
-    #[test]
-    fn library_round_trip_and_resume_from_a_checkpoint() {
-        let d = tempfile::tempdir().unwrap();
-        let raw = d.path().join("raw");
-        let v = data(5 * (1 << 20) + 333);
-        std::fs::write(&raw, &v).unwrap();
-        let img = d.path().join("img.zst");
-        let opts = crate::image::pack::PackOptions {
-            frame_size: 1 << 20,
-            level: 1,
-            threads: 2,
-        };
-        let m =
-            crate::image::pack::pack(&raw, &img, &crate::image::pack::manifest_path(&img), &opts)
-                .unwrap();
-        let out = d.path().join("out");
-        let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
-        assert_eq!(o.resumed_from, 0);
-        assert_eq!(std::fs::read(&out).unwrap(), v);
-
-        // A checkpoint saying 3 frames are done (with the matching midstate) resumes at frame 3.
-        let mut h = ResumableSha256::new();
-        h.update(&v[..3 << 20]);
-        let c = Checkpoint {
-            version: 1,
-            image_sha256: m.sha256.clone(),
-            chunk_size: 1 << 20,
-            chunks_done: 3,
-            hash_state: h.save(),
-            target_fresh: false,
-        };
-        let ck = d.path().join("out.bootplane-checkpoint");
-        std::fs::write(&ck, serde_json::to_vec(&c).unwrap()).unwrap();
-        let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
-        assert_eq!(o.resumed_from, 3 << 20);
-        assert_eq!(std::fs::read(&out).unwrap(), v);
-        assert!(!ck.exists());
-
-        // A target changed since the checkpoint is caught before resuming (23), the
-        // checkpoint is dropped and the next run starts over.
-        std::fs::write(&ck, serde_json::to_vec(&c).unwrap()).unwrap();
-        {
-            use std::os::unix::fs::FileExt;
-            let f = std::fs::OpenOptions::new().write(true).open(&out).unwrap();
-            f.write_all_at(b"tampered", (2 << 20) + 5).unwrap();
-        }
-        let e = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap_err();
-        assert_eq!(e.exit_code(), 23, "{e}");
-        assert!(std::fs::read(&out).unwrap()[..1 << 20]
-            .iter()
-            .all(|&b| b == 0));
-        assert!(
-            !ck.exists(),
-            "a checkpoint that does not match the target is dropped"
-        );
-        let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
-        assert_eq!(o.resumed_from, 0);
-        assert_eq!(std::fs::read(&out).unwrap(), v);
-
-        // A checkpoint whose midstate is wrong (not what the target holds) is caught by
-        // the read-back too (23), before anything is written.
-        let mut c = c;
-        let mut h = ResumableSha256::new();
-        h.update(&vec![1u8; 3 << 20]);
-        c.hash_state = h.save();
-        std::fs::write(&ck, serde_json::to_vec(&c).unwrap()).unwrap();
-        let e = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap_err();
-        assert_eq!(e.exit_code(), 23, "{e}");
-        assert!(std::fs::read(&out).unwrap()[..1 << 20]
-            .iter()
-            .all(|&b| b == 0));
-        assert!(
-            !ck.exists(),
-            "a checkpoint that led to a mismatch is dropped"
-        );
-    }
-}
+mod tests;
