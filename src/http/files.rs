@@ -591,6 +591,8 @@ fn map_window(file: &File, pos: u64, len: usize) -> io::Result<Bytes> {
     if len >= 256 << 10 {
         opts.populate();
     }
+    // SAFETY: a read-only map of a file bootplane never writes; replaced image files
+    // are renamed over (see above), so the mapped pages stay valid.
     let map = unsafe { opts.map(file)? };
     Ok(Bytes::from_owner(map))
 }

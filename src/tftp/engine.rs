@@ -155,11 +155,14 @@ impl Engines {
             if wake < 0 {
                 return Err(io::Error::last_os_error());
             }
+            // SAFETY: `wake` is a valid fd just returned by eventfd, owned by nobody else.
             let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(wake) });
+            // SAFETY: a plain syscall with no pointer arguments.
             let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
             if ep < 0 {
                 return Err(io::Error::last_os_error());
             }
+            // SAFETY: `ep` is a valid fd just returned by epoll_create1, owned by nobody else.
             let ep = unsafe { OwnedFd::from_raw_fd(ep) };
             epoll_ctl(
                 &ep,
@@ -687,8 +690,10 @@ pub(super) struct RawAddr {
     len: libc::socklen_t,
 }
 
-// The storage is plain bytes; it is only read by the kernel during sendmmsg.
+// SAFETY: the storage is plain bytes with no pointers; it is only read by the kernel
+// during sendmmsg, so moving or sharing it between threads is sound.
 unsafe impl std::marker::Send for RawAddr {}
+// SAFETY: as for Send: no interior mutability, no pointers.
 unsafe impl Sync for RawAddr {}
 
 impl RawAddr {
