@@ -247,15 +247,7 @@ fn drain_queued(sockets: &Sockets<'_>, batch: &mut Vec<Packet>, max_batch: usize
         let Some(sock) = sock else { continue };
         while batch.len() < max_batch {
             match sock.try_recv_from(buf) {
-                Ok((n, a)) => {
-                    if let Some(src) = v4(a) {
-                        batch.push(Packet {
-                            data: buf[..n].to_vec(),
-                            src,
-                            port,
-                        });
-                    }
-                }
+                Ok((n, a)) => queue_datagram(&buf[..n], a, port, batch),
                 Err(_) => break,
             }
         }
@@ -298,19 +290,22 @@ async fn received(
     batch: &mut Vec<Packet>,
 ) {
     match r {
-        Ok((n, a)) => {
-            if let Some(src) = v4(a) {
-                batch.push(Packet {
-                    data: buf[..n].to_vec(),
-                    src,
-                    port,
-                });
-            }
-        }
+        Ok((n, a)) => queue_datagram(&buf[..n], a, port, batch),
         Err(e) => {
             tracing::warn!(error = %e, "dhcp receive failed");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+}
+
+/// A datagram from an IPv4 source, queued on `batch` (others are ignored).
+fn queue_datagram(data: &[u8], from: SocketAddr, port: u16, batch: &mut Vec<Packet>) {
+    if let Some(src) = v4(from) {
+        batch.push(Packet {
+            data: data.to_vec(),
+            src,
+            port,
+        });
     }
 }
 
