@@ -112,12 +112,7 @@ impl Provisioning {
             .add_finalizer(&self.t_server, obj, SERVER_FINALIZER)
             .await?;
         let mut st = status_of(&obj);
-        let image = sv
-            .metadata
-            .labels
-            .get(IMAGE_LABEL)
-            .cloned()
-            .unwrap_or_default();
+        let image = image_of(&sv);
         let image_ref = ServerStatusPatch {
             image_ref: Some(NameRef::new(&image)),
             ..Default::default()
@@ -300,12 +295,7 @@ impl Provisioning {
         if !sv.metadata.finalizers.iter().any(|f| f == SERVER_FINALIZER) {
             return Ok(Next::Done);
         }
-        let image = sv
-            .metadata
-            .labels
-            .get(IMAGE_LABEL)
-            .cloned()
-            .unwrap_or_default();
+        let image = image_of(sv);
         let rname = rule_name(name);
         match self
             .store
@@ -414,4 +404,13 @@ mod tests {
             r#"{"bareMetalSpecRef":{"name":"m1"},"target":"/dev/dasda","actionRef":{"name":"m1-provision"},"nfs":{"server":"10.0.0.1","export":"/images/default/demo","path":"disk.img"},"exportPolicyRuleRef":{"name":"m1-provision"}}"#
         );
     }
+}
+
+/// The Image a BareMetalServer names in its `IMAGE_LABEL` (empty when it has none).
+fn image_of(sv: &BareMetalServer) -> String {
+    sv.metadata
+        .labels
+        .get(IMAGE_LABEL)
+        .cloned()
+        .unwrap_or_default()
 }
