@@ -39,6 +39,11 @@ pub fn text(o: &Output) -> String {
 /// Run a command to completion within `secs` (stdin empty, output captured); panics
 /// on timeout (showing the output so far) or when the program is missing.
 pub fn run_cmd(cmd: &mut Command, secs: u64) -> Output {
+    run_for(cmd, Duration::from_secs(secs))
+}
+
+/// [`run_cmd`] with any time limit.
+pub fn run_for(cmd: &mut Command, limit: Duration) -> Output {
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -47,7 +52,7 @@ pub fn run_cmd(cmd: &mut Command, secs: u64) -> Output {
         .unwrap_or_else(|e| {
             panic!("cannot run {cmd:?} (install it: scripts/test-packages.txt): {e}")
         });
-    wait_output(child, Duration::from_secs(secs), &format!("{cmd:?}"))
+    wait_output(child, limit, &format!("{cmd:?}"))
 }
 
 /// Collect `child`'s piped stdout and stderr (read while it runs, so a full pipe

@@ -4,7 +4,7 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use bootplane::tftp::{Metrics, Server, TftpConfig};
 
 use super::data::pattern;
 use super::netns::enter_thread;
-use super::process::wait_output;
+use super::process::run_for;
 
 /// A running server; dropping it shuts it down.
 pub struct TestServer {
@@ -104,16 +104,7 @@ pub struct Run {
 /// Run a client command with a hard time limit (killed and reported on expiry).
 pub fn run_client(cmd: &mut Command, limit: Duration) -> Run {
     let start = Instant::now();
-    let desc = format!("{cmd:?}");
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run {desc} (is the client installed? scripts/test.sh installs it): {e}")
-        });
-    let out = wait_output(child, limit, &desc);
+    let out = run_for(cmd, limit);
     Run {
         ok: out.status.success(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
