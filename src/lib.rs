@@ -19,6 +19,7 @@ pub mod net;
 pub mod nfs;
 pub mod power;
 pub mod provision;
+pub mod redfish;
 pub mod serve;
 pub mod shutdown;
 pub mod statedir;
