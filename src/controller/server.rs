@@ -197,7 +197,7 @@ fn apply_power(
                 &format!(
                     "power {} applied by the {} driver",
                     want.as_str(),
-                    c.power.name()
+                    c.power.name_for(s)
                 ),
             );
         }
