@@ -56,6 +56,10 @@ pub trait PowerDriver: Send + Sync {
     }
     /// Ask for `want` on `server` (the Server object). Must be idempotent.
     fn set_power(&self, server: &Value, want: Power) -> anyhow::Result<Outcome>;
+    /// Restart `server` (start it when it is off), with its one-time network boot.
+    fn reset(&self, server: &Value) -> anyhow::Result<Outcome> {
+        anyhow::bail!("the {} power driver cannot reset a server", self.name_for(server))
+    }
 }
 
 /// Logs the wanted state and leaves confirmation to an operator.

@@ -373,9 +373,33 @@ struct BootNote {
     message: String,
 }
 
+/// What an operation brings a Server to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Power(Power),
+    /// Restart (or start) it with the one-time boot.
+    Reset,
+}
+
+impl Action {
+    fn as_str(self) -> &'static str {
+        match self {
+            Action::Power(p) => p.as_str(),
+            Action::Reset => "Reset",
+        }
+    }
+    /// The power state once done.
+    fn ends(self) -> Power {
+        match self {
+            Action::Power(p) => p,
+            Action::Reset => Power::On,
+        }
+    }
+}
+
 /// A running (or backing-off) operation on one Server.
 struct Op {
-    want: Power,
+    want: Action,
     gen: u64,
     message: String,
 }
@@ -450,7 +474,7 @@ impl Redfish {
             .unwrap_or(self.cfg.boot_mode)
     }
 
-    fn start(&self, name: &str, want: Power, message: String) -> Outcome {
+    fn start(&self, name: &str, want: Action, message: String) -> Outcome {
         let mut ops = self.ops.lock().unwrap();
         if let Some(op) = ops.get(name) {
             if op.want == want {
@@ -481,7 +505,7 @@ impl Redfish {
     }
 
     /// Drive one operation to its end, retrying with backoff.
-    async fn drive(self: Arc<Self>, name: String, want: Power, gen: u64) {
+    async fn drive(self: Arc<Self>, name: String, want: Action, gen: u64) {
         let mut delay = Duration::from_secs(1);
         let cap = Duration::from_secs(self.cfg.retry_max_secs);
         let mut attempt = 0u32;
@@ -494,7 +518,7 @@ impl Redfish {
                 }
                 Err(e) => {
                     let msg = format!(
-                        "redfish: power {} failed (attempt {attempt}): {e}",
+                        "redfish: {} failed (attempt {attempt}): {e}",
                         want.as_str()
                     );
                     tracing::warn!(server = %name, reason = e.reason(), "{msg}");
@@ -516,7 +540,7 @@ impl Redfish {
     }
 
     /// One try at bringing the Server to `want`.
-    async fn attempt(&self, name: &str, want: Power) -> Result<Option<BootNote>, AttemptError> {
+    async fn attempt(&self, name: &str, want: Action) -> Result<Option<BootNote>, AttemptError> {
         let server = match self.store.get(&self.t_server, None, name) {
             Ok(s) => s,
             Err(StoreError::NotFound { .. }) => return Ok(None),
@@ -527,14 +551,26 @@ impl Redfish {
         let bmc = self.pool.bmc(target);
         let sys = self.system_of(&bmc, &base, &server).await?;
         match want {
-            Power::On => {
-                if sys.power_state == Some(PowerState::On) {
+            Action::Power(Power::On) | Action::Reset => {
+                let on = sys.power_state == Some(PowerState::On);
+                if on && want != Action::Reset {
                     return Ok(None);
                 }
                 let note = self.one_time_boot(&bmc, &sys, &server).await?;
-                bmc.reset(&sys, ResetType::On).await?;
-                self.wait_for(&bmc, &sys, PowerState::On, self.cfg.power_wait_secs)
-                    .await?;
+                let kind = if !on {
+                    ResetType::On
+                } else if sys.reset_types.is_empty()
+                    || sys.reset_types.iter().any(|t| t == "ForceRestart")
+                {
+                    ResetType::ForceRestart
+                } else {
+                    ResetType::PowerCycle
+                };
+                bmc.reset(&sys, kind).await?;
+                let secs = self.cfg.power_wait_secs;
+                if !self.wait_for(&bmc, &sys, PowerState::On, secs).await? {
+                    return Err(AttemptError::NotReached("On", secs));
+                }
                 if note.used == BootMode::VirtualMedia {
                     if let Some(me) = self.me.upgrade() {
                         self.handle
@@ -543,7 +579,7 @@ impl Redfish {
                 }
                 Ok(Some(note))
             }
-            Power::Off => {
+            Action::Power(Power::Off) => {
                 if sys.power_state != Some(PowerState::Off) {
                     self.power_off(&bmc, &sys).await?;
                 }
@@ -825,10 +861,10 @@ impl Redfish {
     }
 
     /// Write the result of a finished operation, then forget it.
-    async fn record_done(&self, name: &str, gen: u64, want: Power, note: Option<BootNote>) {
+    async fn record_done(&self, name: &str, gen: u64, want: Action, note: Option<BootNote>) {
         if self.current(name, gen) {
             self.write_status(name, |st| {
-                st["powerState"] = json!(want.as_str());
+                st["powerState"] = json!(want.ends().as_str());
                 set_condition(
                     st,
                     "PowerReady",
@@ -959,7 +995,11 @@ impl PowerDriver for Redfish {
             "redfish: asking the BMC to power the server {}",
             want.as_str()
         );
-        Ok(self.start(name, want, msg))
+        Ok(self.start(name, Action::Power(want), msg))
+    }
+    fn reset(&self, server: &Value) -> anyhow::Result<Outcome> {
+        let msg = "redfish: asking the BMC to restart the server".to_string();
+        Ok(self.start(meta::name(server), Action::Reset, msg))
     }
 }
 
@@ -986,6 +1026,13 @@ impl PowerDriver for PerServer {
             self.redfish.set_power(server, want)
         } else {
             self.default.set_power(server, want)
+        }
+    }
+    fn reset(&self, server: &Value) -> anyhow::Result<Outcome> {
+        if has_bmc(server) {
+            self.redfish.reset(server)
+        } else {
+            self.default.reset(server)
         }
     }
 }
