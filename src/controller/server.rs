@@ -104,6 +104,9 @@ async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &String) -> Res
         Ok(Outcome::Pending(msg)) => {
             set_condition(&mut status, "PowerReady", false, "Pending", &msg);
         }
+        Ok(Outcome::Retrying(reason, msg)) => {
+            set_condition(&mut status, "PowerReady", false, reason, &msg);
+        }
         Err(e) => {
             set_condition(&mut status, "PowerReady", false, "ResetFailed", &format!("{e:#}"));
         }
@@ -239,6 +242,9 @@ fn apply_power(
         }
         Ok(Outcome::Pending(msg)) => {
             set_condition(status, "PowerReady", false, "Pending", &msg);
+        }
+        Ok(Outcome::Retrying(reason, msg)) => {
+            set_condition(status, "PowerReady", false, reason, &msg);
         }
         Err(e) => {
             set_condition(

@@ -45,6 +45,9 @@ pub enum Outcome {
     /// The request was handed on; the state will be confirmed later (an operator or
     /// a BMC poll updates `status.powerState`).
     Pending(String),
+    /// The request is being retried after a failure: `(reason, message)` for the
+    /// `PowerReady` condition.
+    Retrying(&'static str, String),
 }
 
 pub trait PowerDriver: Send + Sync {

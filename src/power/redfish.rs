@@ -402,6 +402,17 @@ struct Op {
     want: Action,
     gen: u64,
     message: String,
+    /// The reason of the last failure, while retrying.
+    failing: Option<&'static str>,
+}
+
+impl Op {
+    fn outcome(&self) -> Outcome {
+        match self.failing {
+            Some(r) => Outcome::Retrying(r, self.message.clone()),
+            None => Outcome::Pending(self.message.clone()),
+        }
+    }
 }
 
 /// See the module doc.
@@ -478,7 +489,7 @@ impl Redfish {
         let mut ops = self.ops.lock().unwrap();
         if let Some(op) = ops.get(name) {
             if op.want == want {
-                return Outcome::Pending(op.message.clone());
+                return op.outcome();
             }
         }
         let gen = self.gen.fetch_add(1, Ordering::Relaxed) + 1;
@@ -488,6 +499,7 @@ impl Redfish {
                 want,
                 gen,
                 message: message.clone(),
+                failing: None,
             },
         );
         if let Some(me) = self.me.upgrade() {
@@ -525,6 +537,7 @@ impl Redfish {
                     if let Some(op) = self.ops.lock().unwrap().get_mut(&name) {
                         if op.gen == gen {
                             op.message = msg.clone();
+                            op.failing = Some(e.reason());
                         }
                     }
                     self.write_status(&name, |st| {
