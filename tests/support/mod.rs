@@ -9,7 +9,8 @@
 //!   state dir), and [`api`]: the objects and paths the API tests use;
 //! - [`http`], [`tftp`], [`dhcp`], [`image`], [`nfs`], [`provisioning`]: per-area
 //!   fixtures;
-//! - [`data`]: deterministic test bytes, their hashes, the fixtures directory.
+//! - [`data`]: deterministic test bytes, their hashes, the fixtures directory;
+//! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters.
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -21,6 +22,7 @@ pub mod api;
 pub mod bootplane;
 pub mod data;
 pub mod dhcp;
+pub mod fakebmc;
 pub mod http;
 pub mod image;
 pub mod netns;
