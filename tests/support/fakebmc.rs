@@ -62,6 +62,8 @@ pub struct SysState {
     pub media_inserted: bool,
     /// Bumped by every change (the ETag is `W/"<version>"`).
     pub version: u64,
+    /// Every `ResetType` it was sent, in order.
+    pub resets: Vec<String>,
 }
 
 struct Scripted {
@@ -84,6 +86,7 @@ struct Inner {
     session_refusal: Option<u16>,
     etag_required: bool,
     media_actions: bool,
+    ignore_graceful: bool,
     task: Option<(u32, TaskEnd)>,
     boot_targets: Vec<String>,
     systems: Mutex<Vec<SysState>>,
@@ -111,6 +114,7 @@ pub struct Builder {
     session_refusal: Option<u16>,
     etag_required: bool,
     media_actions: bool,
+    ignore_graceful: bool,
     task: Option<(u32, TaskEnd)>,
     boot_targets: Vec<String>,
     delay: Duration,
@@ -164,6 +168,12 @@ impl Builder {
         self.boot_targets = targets.iter().map(|s| s.to_string()).collect();
         self
     }
+    /// `GracefulShutdown` is recorded but leaves the system On (an OS that ignores the
+    /// ACPI power button).
+    pub fn ignore_graceful(mut self, on: bool) -> Self {
+        self.ignore_graceful = on;
+        self
+    }
     /// Every answer waits this long.
     pub fn delay(mut self, d: Duration) -> Self {
         self.delay = d;
@@ -180,6 +190,7 @@ impl Builder {
             http_boot_uri: None,
             media_image: None,
             media_inserted: false,
+            resets: Vec::new(),
             version: 1,
         };
         let inner = Arc::new(Inner {
@@ -189,6 +200,7 @@ impl Builder {
             session_refusal: self.session_refusal,
             etag_required: self.etag_required,
             media_actions: self.media_actions,
+            ignore_graceful: self.ignore_graceful,
             task: self.task,
             boot_targets: self.boot_targets,
             systems: Mutex::new(vec![sys; self.systems]),
@@ -256,6 +268,7 @@ impl FakeBmc {
             boot_targets: ["None", "Pxe", "Cd", "Hdd", "UefiHttp"].iter().map(|s| s.to_string()).collect(),
             delay: Duration::ZERO,
             listeners: 1,
+            ignore_graceful: false,
         }
     }
     /// `@odata.id` of system `i` (0-based).
@@ -291,6 +304,10 @@ impl FakeBmc {
     }
     pub fn set_delay(&self, d: Duration) {
         *self.inner.delay.lock().unwrap() = d;
+    }
+    /// Drop every scripted fault still pending.
+    pub fn clear_faults(&self) {
+        self.inner.faults.lock().unwrap().clear();
     }
     /// The next `times` requests on `path` (every path when `None`) get `fault`.
     pub fn push_fault(&self, path: Option<&str>, fault: Fault, times: u32) {
@@ -414,6 +431,18 @@ fn route(st: &Inner, method: &Method, path: &str, headers: &HeaderMap, body: &[u
             Some(i) => patch_system(st, i, headers, &json_body),
             None => error(404, "no such system"),
         },
+        // Each system's own media collection holds its own device (as blade BMCs and
+        // sushy-tools do); the manager's lists them all.
+        (Method::GET, ["Systems", id, "VirtualMedia"]) => match sys_index(id) {
+            Some(i) => ok_json(
+                collection(
+                    &format!("/redfish/v1/Systems/{}/VirtualMedia", i + 1),
+                    std::iter::once(format!("/redfish/v1/Managers/BMC/VirtualMedia/Cd{}", i + 1)),
+                ),
+                None,
+            ),
+            None => error(404, "no such system"),
+        },
         (Method::POST, ["Systems", id, "Actions", "ComputerSystem.Reset"]) => match sys_index(id) {
             Some(i) => reset(st, i, &json_body),
             None => error(404, "no such system"),
@@ -494,6 +523,7 @@ fn system(st: &Inner, i: usize, s: &SysState) -> Value {
             "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle"],
         } },
         "Links": { "ManagedBy": [{ "@odata.id": "/redfish/v1/Managers/BMC" }] },
+        "VirtualMedia": { "@odata.id": format!("/redfish/v1/Systems/{id}/VirtualMedia") },
     })
 }
 
@@ -535,8 +565,10 @@ fn patch_system(st: &Inner, i: usize, headers: &HeaderMap, v: &Value) -> Respons
     no_content()
 }
 
-fn apply_reset(s: &mut SysState, kind: &str) {
+fn apply_reset(s: &mut SysState, kind: &str, ignore_graceful: bool) {
+    s.resets.push(kind.to_string());
     s.power = match kind {
+        "GracefulShutdown" if ignore_graceful => s.power.clone(),
         "ForceOff" | "GracefulShutdown" => "Off".into(),
         _ => "On".into(),
     };
@@ -548,7 +580,7 @@ fn reset(st: &Inner, i: usize, v: &Value) -> Response {
         return error(400, "ResetType missing");
     };
     let Some((polls, end)) = st.task.clone() else {
-        apply_reset(&mut st.systems.lock().unwrap()[i], kind);
+        apply_reset(&mut st.systems.lock().unwrap()[i], kind, st.ignore_graceful);
         return no_content();
     };
     let id = st.next_id.fetch_add(1, Ordering::SeqCst);
@@ -570,7 +602,7 @@ fn task_monitor(st: &Inner, id: &str) -> Response {
     let body = match &t.end {
         TaskEnd::Completed => {
             let (i, kind) = t.apply.clone();
-            apply_reset(&mut st.systems.lock().unwrap()[i], &kind);
+            apply_reset(&mut st.systems.lock().unwrap()[i], &kind, st.ignore_graceful);
             json!({ "TaskState": "Completed", "TaskStatus": "OK" })
         }
         TaskEnd::Exception(m) => json!({ "TaskState": "Exception", "TaskStatus": "Critical", "Messages": [{ "Message": m }] }),
