@@ -79,7 +79,11 @@ pub struct Sushy {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn py_str(s: &str) -> String {
@@ -97,7 +101,11 @@ fn htpasswd_line(user: &str, password: &str) -> String {
         ]),
         60,
     );
-    assert!(out.status.success(), "bcrypt: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "bcrypt: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     format!("{user}:{}", String::from_utf8_lossy(&out.stdout).trim())
 }
 
@@ -106,12 +114,35 @@ fn htpasswd_line(user: &str, password: &str) -> String {
 fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let out = run_cmd(
-        Command::new("openssl").args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"])
-            .args(["-addext", "basicConstraints=critical,CA:FALSE", "-addext", "subjectAltName=IP:127.0.0.1"])
-            .arg("-keyout").arg(&key).arg("-out").arg(&cert),
+        Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=127.0.0.1",
+            ])
+            .args([
+                "-addext",
+                "basicConstraints=critical,CA:FALSE",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert),
         60,
     );
-    assert!(out.status.success(), "openssl req: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "openssl req: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     (cert, key)
 }
 
@@ -123,8 +154,13 @@ impl Sushy {
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).unwrap();
         let mut cfg = String::new();
-        cfg += &format!("SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\n");
-        cfg += &format!("SUSHY_EMULATOR_STATE_DIR = {}\n", py_str(state.to_str().unwrap()));
+        cfg += &format!(
+            "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\n"
+        );
+        cfg += &format!(
+            "SUSHY_EMULATOR_STATE_DIR = {}\n",
+            py_str(state.to_str().unwrap())
+        );
         if opts.libvirt_uri.is_none() {
             cfg += "SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_FAKE_SYSTEMS = [\n";
             for (i, s) in opts.systems.iter().enumerate() {
@@ -138,13 +174,22 @@ impl Sushy {
         if let Some((user, password)) = &opts.auth {
             let file = dir.path().join("htpasswd");
             std::fs::write(&file, htpasswd_line(user, password) + "\n").unwrap();
-            cfg += &format!("SUSHY_EMULATOR_AUTH_FILE = {}\n", py_str(file.to_str().unwrap()));
+            cfg += &format!(
+                "SUSHY_EMULATOR_AUTH_FILE = {}\n",
+                py_str(file.to_str().unwrap())
+            );
         }
         let mut cert_pem = None;
         if opts.tls {
             let (cert, key) = self_signed(dir.path());
-            cfg += &format!("SUSHY_EMULATOR_SSL_CERT = {}\n", py_str(cert.to_str().unwrap()));
-            cfg += &format!("SUSHY_EMULATOR_SSL_KEY = {}\n", py_str(key.to_str().unwrap()));
+            cfg += &format!(
+                "SUSHY_EMULATOR_SSL_CERT = {}\n",
+                py_str(cert.to_str().unwrap())
+            );
+            cfg += &format!(
+                "SUSHY_EMULATOR_SSL_KEY = {}\n",
+                py_str(key.to_str().unwrap())
+            );
             cert_pem = Some(std::fs::read(cert).unwrap());
         }
         if let Some(uri) = &opts.libvirt_uri {
@@ -157,7 +202,14 @@ impl Sushy {
         std::fs::write(dir.path().join("emulator.conf"), cfg).unwrap();
         let scheme = if opts.tls { "https" } else { "http" };
         let base_url = format!("{scheme}://127.0.0.1:{port}");
-        let mut s = Sushy { port, base_url, cert_pem, dir, child: None, libvirt_uri: opts.libvirt_uri };
+        let mut s = Sushy {
+            port,
+            base_url,
+            cert_pem,
+            dir,
+            child: None,
+            libvirt_uri: opts.libvirt_uri,
+        };
         s.spawn();
         s
     }
@@ -174,7 +226,8 @@ impl Sushy {
             .open(self.dir.path().join("emulator.log"))
             .unwrap();
         let mut cmd = Command::new(venv_bin("sushy-emulator"));
-        cmd.arg("--config").arg(self.dir.path().join("emulator.conf"));
+        cmd.arg("--config")
+            .arg(self.dir.path().join("emulator.conf"));
         if let Some(uri) = &self.libvirt_uri {
             cmd.args(["--libvirt-uri", uri]);
         }
@@ -183,7 +236,10 @@ impl Sushy {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
-        self.child = Some(cmd.spawn().unwrap_or_else(|e| panic!("starting sushy-emulator (run scripts/test.sh): {e}")));
+        self.child = Some(
+            cmd.spawn()
+                .unwrap_or_else(|e| panic!("starting sushy-emulator (run scripts/test.sh): {e}")),
+        );
         self.wait_listening(Duration::from_secs(30));
     }
 
@@ -195,9 +251,17 @@ impl Sushy {
                 return;
             }
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-                panic!("sushy-emulator exited ({status}) before listening:\n{}", self.log());
+                panic!(
+                    "sushy-emulator exited ({status}) before listening:\n{}",
+                    self.log()
+                );
             }
-            assert!(start.elapsed() < limit, "sushy-emulator not listening on {} after {limit:?}:\n{}", self.port, self.log());
+            assert!(
+                start.elapsed() < limit,
+                "sushy-emulator not listening on {} after {limit:?}:\n{}",
+                self.port,
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -213,7 +277,13 @@ impl Sushy {
     /// Start it again on the same port with the same state (after [`Sushy::kill`]).
     pub fn restart(&mut self) {
         self.kill();
-        let _ = writeln!(std::fs::OpenOptions::new().append(true).open(self.dir.path().join("emulator.log")).unwrap(), "--- restart ---");
+        let _ = writeln!(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(self.dir.path().join("emulator.log"))
+                .unwrap(),
+            "--- restart ---"
+        );
         self.spawn();
     }
 }
