@@ -2,7 +2,8 @@
 //! /opt/bootplane-test-venv) as a test peer: a generated config file (fake driver with N
 //! systems, or `--libvirt-uri`), a state directory per emulator, a free loopback port,
 //! optional basic auth (an htpasswd file with bcrypt hashes made by the venv's bcrypt),
-//! optional TLS (a self-signed certificate for 127.0.0.1 made with the `openssl` CLI).
+//! optional TLS (a self-signed certificate for its IP made with the `openssl` CLI),
+//! optional listen address and command prefix (`ip netns exec NS`) for namespace tests.
 //! Started and waited for until it answers; killed on drop; [`Sushy::kill`] and
 //! [`Sushy::restart`] (same port, same state) for outage tests.
 //!
@@ -64,18 +65,24 @@ pub struct Options {
     pub libvirt_uri: Option<String>,
     /// Extra `NAME = value` Python lines for the config file.
     pub extra_config: Vec<String>,
+    /// Listen here instead of 127.0.0.1 (e.g. an address inside a test namespace).
+    pub listen_ip: Option<std::net::Ipv4Addr>,
+    /// Run the emulator through this command (e.g. `ip netns exec NS`).
+    pub prefix: Vec<String>,
 }
 
 /// A running emulator.
 pub struct Sushy {
     pub port: u16,
-    /// `http(s)://127.0.0.1:PORT`.
+    /// `http(s)://IP:PORT` (127.0.0.1 unless `listen_ip`).
     pub base_url: String,
     /// The self-signed certificate (PEM) with `tls`.
     pub cert_pem: Option<Vec<u8>>,
     dir: tempfile::TempDir,
     child: Option<Child>,
     libvirt_uri: Option<String>,
+    ip: std::net::Ipv4Addr,
+    prefix: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -111,7 +118,7 @@ fn htpasswd_line(user: &str, password: &str) -> String {
 
 /// A self-signed certificate for IP 127.0.0.1 (not a CA: usable as a server
 /// certificate and, configured as the only root, as its own trust anchor).
-fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
+fn self_signed(dir: &Path, ip: std::net::Ipv4Addr) -> (PathBuf, PathBuf) {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let out = run_cmd(
         Command::new("openssl")
@@ -124,13 +131,13 @@ fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
                 "-days",
                 "2",
                 "-subj",
-                "/CN=127.0.0.1",
+                &format!("/CN={ip}"),
             ])
             .args([
                 "-addext",
                 "basicConstraints=critical,CA:FALSE",
                 "-addext",
-                "subjectAltName=IP:127.0.0.1",
+                &format!("subjectAltName=IP:{ip}"),
             ])
             .arg("-keyout")
             .arg(&key)
@@ -151,12 +158,11 @@ impl Sushy {
     pub fn start(opts: Options) -> Sushy {
         let dir = tempfile::Builder::new().prefix("sushy-").tempdir().unwrap();
         let port = free_port();
+        let ip = opts.listen_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).unwrap();
         let mut cfg = String::new();
-        cfg += &format!(
-            "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\n"
-        );
+        cfg += &format!("SUSHY_EMULATOR_LISTEN_IP = '{ip}'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\n");
         cfg += &format!(
             "SUSHY_EMULATOR_STATE_DIR = {}\n",
             py_str(state.to_str().unwrap())
@@ -181,7 +187,7 @@ impl Sushy {
         }
         let mut cert_pem = None;
         if opts.tls {
-            let (cert, key) = self_signed(dir.path());
+            let (cert, key) = self_signed(dir.path(), ip);
             cfg += &format!(
                 "SUSHY_EMULATOR_SSL_CERT = {}\n",
                 py_str(cert.to_str().unwrap())
@@ -201,7 +207,7 @@ impl Sushy {
         }
         std::fs::write(dir.path().join("emulator.conf"), cfg).unwrap();
         let scheme = if opts.tls { "https" } else { "http" };
-        let base_url = format!("{scheme}://127.0.0.1:{port}");
+        let base_url = format!("{scheme}://{ip}:{port}");
         let mut s = Sushy {
             port,
             base_url,
@@ -209,6 +215,8 @@ impl Sushy {
             dir,
             child: None,
             libvirt_uri: opts.libvirt_uri,
+            ip,
+            prefix: opts.prefix,
         };
         s.spawn();
         s
@@ -225,7 +233,15 @@ impl Sushy {
             .append(true)
             .open(self.dir.path().join("emulator.log"))
             .unwrap();
-        let mut cmd = Command::new(venv_bin("sushy-emulator"));
+        let emulator = venv_bin("sushy-emulator");
+        let mut cmd = match self.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(emulator);
+                c
+            }
+            None => Command::new(emulator),
+        };
         cmd.arg("--config")
             .arg(self.dir.path().join("emulator.conf"));
         if let Some(uri) = &self.libvirt_uri {
@@ -244,7 +260,7 @@ impl Sushy {
     }
 
     fn wait_listening(&mut self, limit: Duration) {
-        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        let addr: SocketAddr = (self.ip, self.port).into();
         let start = Instant::now();
         loop {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
