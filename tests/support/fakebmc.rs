@@ -321,7 +321,7 @@ impl FakeBmc {
         let mut systems = self.inner.systems.lock().unwrap();
         systems
             .iter_mut()
-            .map(|s| settle(s))
+            .map(settle)
             .filter(|s| s.power == "On")
             .count()
     }
@@ -518,7 +518,7 @@ fn route(st: &Inner, method: &Method, path: &str, headers: &HeaderMap, body: &[u
             None,
         ),
         (m, ["Managers", "BMC", "VirtualMedia", dev, rest @ ..]) => {
-            match dev.strip_prefix("Cd").and_then(|i| sys_index(i)) {
+            match dev.strip_prefix("Cd").and_then(sys_index) {
                 Some(i) => media(st, i, m, rest, headers, &json_body),
                 None => error(404, "no such device"),
             }
