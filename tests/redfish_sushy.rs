@@ -430,16 +430,11 @@ fn tls_with_a_self_signed_certificate() {
         assert!(!err.transient());
         assert_eq!(pool.stats(&e.base_url).requests, 1);
 
-        // With the certificate as the configured CA bundle (after an unrelated one:
-        // bundles hold several).
-        let other =
-            std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
-        let mut bundle = other
-            .split_inclusive("-----END CERTIFICATE-----\n")
-            .next()
-            .unwrap_or("")
-            .as_bytes()
-            .to_vec();
+        // With the certificate as the configured CA bundle, after an unrelated
+        // self-signed one (bundles hold several).
+        let other_dir = tempfile::tempdir().unwrap();
+        let (other, _) = support::sushy::self_signed(other_dir.path(), [127, 0, 0, 2].into());
+        let mut bundle = std::fs::read(other).unwrap();
         bundle.extend_from_slice(e.cert_pem.as_ref().unwrap());
         let pool = Pool::new(Settings {
             ca_pem: Some(bundle),

@@ -59,7 +59,7 @@ pub struct Options {
     pub systems: Vec<FakeSystem>,
     /// Basic auth: the only accepted user and password.
     pub auth: Option<(String, String)>,
-    /// Serve HTTPS with a self-signed certificate for 127.0.0.1.
+    /// Serve HTTPS with a self-signed certificate for its listen IP.
     pub tls: bool,
     /// The libvirt driver on this URI instead of the fake driver.
     pub libvirt_uri: Option<String>,
@@ -116,9 +116,9 @@ fn htpasswd_line(user: &str, password: &str) -> String {
     format!("{user}:{}", String::from_utf8_lossy(&out.stdout).trim())
 }
 
-/// A self-signed certificate for IP 127.0.0.1 (not a CA: usable as a server
+/// A self-signed certificate for `ip` in `dir` (not a CA: usable as a server
 /// certificate and, configured as the only root, as its own trust anchor).
-fn self_signed(dir: &Path, ip: std::net::Ipv4Addr) -> (PathBuf, PathBuf) {
+pub fn self_signed(dir: &Path, ip: std::net::Ipv4Addr) -> (PathBuf, PathBuf) {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let out = run_cmd(
         Command::new("openssl")
