@@ -4,14 +4,14 @@
 //! optional basic auth (an htpasswd file with bcrypt hashes made by the venv's bcrypt),
 //! optional TLS (a self-signed certificate for its IP made with the `openssl` CLI),
 //! optional listen address and command prefix (`ip netns exec NS`) for namespace tests.
-//! Started and waited for until it answers; killed on drop; [`Sushy::kill`] and
+//! Started and waited for until it answers (the service root); killed on drop; [`Sushy::kill`] and
 //! [`Sushy::restart`] (same port, same state) for outage tests.
 //!
 //! What the fake driver does (sushy-tools 2.2.0, `resources/systems/fakedriver.py`):
 //! power changes apply 1-11 s after the reset action; GET always reports
 //! `BootSourceOverrideEnabled: Continuous`; there is no SessionService.
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -263,7 +263,7 @@ impl Sushy {
         let addr: SocketAddr = (self.ip, self.port).into();
         let start = Instant::now();
         loop {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            if self.answers(&addr) {
                 return;
             }
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
@@ -280,6 +280,24 @@ impl Sushy {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// It accepts a connection and, over plain HTTP, answers `GET /redfish/v1/` (the
+    /// service root needs no credentials); over TLS accepting is enough (the tests make
+    /// the handshake).
+    fn answers(&self, addr: &SocketAddr) -> bool {
+        let Ok(mut c) = TcpStream::connect_timeout(addr, Duration::from_millis(200)) else {
+            return false;
+        };
+        if self.base_url.starts_with("https://") {
+            return true;
+        }
+        let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut head = [0u8; 12];
+        c.write_all(b"GET /redfish/v1/ HTTP/1.0\r\n\r\n").is_ok()
+            && c.read_exact(&mut head).is_ok()
+            && head.starts_with(b"HTTP/1.")
+            && &head[9..12] == b"200"
     }
 
     /// SIGKILL the emulator (its state directory stays).
