@@ -13,7 +13,12 @@ fn str_at(v: &Value, key: &str) -> Option<String> {
 fn strings_at(v: &Value, key: &str) -> Vec<String> {
     v.get(key)
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -30,7 +35,10 @@ pub(crate) fn members(v: &Value) -> Result<Vec<String>, Error> {
         .ok_or_else(|| Error::Malformed("collection without Members".into()))?;
     members
         .iter()
-        .map(|m| str_at(m, "@odata.id").ok_or_else(|| Error::Malformed("member without @odata.id".into())))
+        .map(|m| {
+            str_at(m, "@odata.id")
+                .ok_or_else(|| Error::Malformed("member without @odata.id".into()))
+        })
         .collect()
 }
 
@@ -52,7 +60,9 @@ pub(crate) fn sessions_link(v: &Value) -> Option<String> {
 /// `odata_id` is the path the object was read from (used when the body lacks one).
 pub(crate) fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
     let boot = v.get("Boot").cloned().unwrap_or(Value::Null);
-    let reset = v.get("Actions").and_then(|a| a.get("#ComputerSystem.Reset"));
+    let reset = v
+        .get("Actions")
+        .and_then(|a| a.get("#ComputerSystem.Reset"));
     System {
         odata_id: str_at(v, "@odata.id").unwrap_or_else(|| odata_id.to_owned()),
         id: str_at(v, "Id").unwrap_or_default(),
@@ -61,7 +71,10 @@ pub(crate) fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System 
         model: str_at(v, "Model"),
         serial_number: str_at(v, "SerialNumber"),
         bios_version: str_at(v, "BiosVersion"),
-        power_state: v.get("PowerState").and_then(Value::as_str).and_then(PowerState::parse),
+        power_state: v
+            .get("PowerState")
+            .and_then(Value::as_str)
+            .and_then(PowerState::parse),
         boot: Boot {
             target: str_at(&boot, "BootSourceOverrideTarget"),
             enabled: str_at(&boot, "BootSourceOverrideEnabled"),
@@ -197,21 +210,33 @@ mod tests {
         assert_eq!(s.reset_types, ["On"]);
         assert_eq!(s.etag.as_deref(), Some("W/\"1\""));
         assert_eq!(s.managers, ["/redfish/v1/Managers/1"]);
-        assert_eq!(s.virtual_media.as_deref(), Some("/redfish/v1/Systems/1/VirtualMedia"));
+        assert_eq!(
+            s.virtual_media.as_deref(),
+            Some("/redfish/v1/Systems/1/VirtualMedia")
+        );
         // The header ETag wins over @odata.etag.
-        assert_eq!(system(&v, "/x", Some("\"h\"".into())).etag.as_deref(), Some("\"h\""));
+        assert_eq!(
+            system(&v, "/x", Some("\"h\"".into())).etag.as_deref(),
+            Some("\"h\"")
+        );
     }
 
     #[test]
     fn task_states() {
-        assert_eq!(task(&json!({"TaskState": "Running"})), TaskProgress::Running);
+        assert_eq!(
+            task(&json!({"TaskState": "Running"})),
+            TaskProgress::Running
+        );
         assert_eq!(task(&json!({"TaskState": "Completed"})), TaskProgress::Done);
         assert_eq!(task(&json!({"Id": "result"})), TaskProgress::Done);
         assert_eq!(
             task(&json!({"TaskState": "Exception", "Messages": [{"Message": "disk on fire"}]})),
             TaskProgress::Failed("disk on fire".into())
         );
-        assert_eq!(task(&json!({"TaskState": "Killed"})), TaskProgress::Failed("task state Killed".into()));
+        assert_eq!(
+            task(&json!({"TaskState": "Killed"})),
+            TaskProgress::Failed("task state Killed".into())
+        );
     }
 
     #[test]
@@ -220,6 +245,9 @@ mod tests {
             "@Message.ExtendedInfo": [{"Message": "the value is bad"}]}}"#;
         assert_eq!(error_message(body), "the value is bad");
         assert_eq!(error_message(b"plain text"), "plain text");
-        assert_eq!(error_message("é".repeat(300).as_bytes()).chars().count(), 101);
+        assert_eq!(
+            error_message("é".repeat(300).as_bytes()).chars().count(),
+            101
+        );
     }
 }

@@ -10,7 +10,8 @@
 //! - [`http`], [`tftp`], [`dhcp`], [`image`], [`nfs`], [`provisioning`]: per-area
 //!   fixtures;
 //! - [`data`]: deterministic test bytes, their hashes, the fixtures directory;
-//! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters.
+//! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters;
+//! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer.
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -30,4 +31,5 @@ pub mod nfs;
 pub mod process;
 pub mod provisioning;
 pub mod require;
+pub mod sushy;
 pub mod tftp;
