@@ -506,14 +506,15 @@ async fn virtual_media_through_actions_or_patch() {
         let (_p, bmc) = bmc_on(&fake, settings());
         let s = bmc.system(&fake.system_path(1)).await.unwrap();
         assert_eq!(
-            s.virtual_media, None,
-            "the fake puts media under its manager"
+            s.virtual_media.as_deref(),
+            Some("/redfish/v1/Systems/2/VirtualMedia"),
+            "the fake links each system's own media collection"
         );
         let m = bmc.manager(&s.managers[0]).await.unwrap();
         assert_eq!(m.firmware_version.as_deref(), Some("1.2.3"));
         let vms = bmc.virtual_media(&s).await.unwrap();
-        assert_eq!(vms.len(), 2);
-        let vm = &vms[1];
+        assert_eq!(vms.len(), 1, "only the system's own device");
+        let vm = &vms[0];
         assert_eq!(vm.media_types, ["CD", "DVD"]);
         assert_eq!(vm.insert_target.is_some(), actions);
         bmc.insert_media(vm, "http://10.0.0.1/boot/m2.iso")
@@ -525,7 +526,7 @@ async fn virtual_media_through_actions_or_patch() {
             (Some("http://10.0.0.1/boot/m2.iso"), true),
             "actions {actions}"
         );
-        let vm = bmc.virtual_media(&s).await.unwrap().remove(1);
+        let vm = bmc.virtual_media(&s).await.unwrap().remove(0);
         assert_eq!(
             (vm.image.as_deref(), vm.inserted),
             (Some("http://10.0.0.1/boot/m2.iso"), true)
