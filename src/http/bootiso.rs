@@ -13,7 +13,7 @@
 //!   the CD under UEFI (`autoexec.ipxe` came in 2021), so there iPXE autoboots: its
 //!   DHCP request gets bootplane's answer (`/boot.ipxe`, when bootplane's DHCP serves
 //!   the network) and the machine is identified by MAC/UUID, not by the ISO's token.
-
+//!
 //! Routes:
 //! - `/boot.iso`: the generic ISO; its script chains `<base_url>/boot.ipxe`, which finds
 //!   the machine by MAC/UUID as a PXE boot does ([`BootHttp::boot_iso_url`]);
