@@ -138,6 +138,8 @@ pub struct Redfish {
     gen: AtomicU64,
     /// `base_url` → system UUID (lowercase) → `@odata.id`.
     systems: Mutex<HashMap<String, HashMap<String, String>>>,
+    /// `base_url` → the gate one listing of its systems holds.
+    listing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     t_server: Arc<ResourceType>,
     t_sbc: Arc<ResourceType>,
 }
@@ -168,6 +170,7 @@ impl Redfish {
             ops: Mutex::new(HashMap::new()),
             gen: AtomicU64::new(0),
             systems: Mutex::new(HashMap::new()),
+            listing: Mutex::new(HashMap::new()),
             t_server,
             t_sbc,
         }))
@@ -335,15 +338,34 @@ impl Redfish {
             return bmc.find_system(None).await;
         };
         let base = base.to_string();
-        let known = self
-            .systems
+        let cached = |me: &Self| {
+            me.systems
+                .lock()
+                .unwrap()
+                .get(&base)
+                .and_then(|m| m.get(&uuid).cloned())
+        };
+        let matches = |s: &System| s.uuid.as_deref().map(str::to_ascii_lowercase).as_deref() == Some(&uuid);
+        if let Some(id) = cached(self) {
+            if let Ok(s) = bmc.system(&id).await {
+                if matches(&s) {
+                    return Ok(s);
+                }
+            }
+        }
+        // One listing per BMC at a time: the Servers of a BMC looked up together wait
+        // for the first one's listing instead of each listing every system.
+        let gate = self
+            .listing
             .lock()
             .unwrap()
-            .get(&base)
-            .and_then(|m| m.get(&uuid).cloned());
-        if let Some(id) = known {
+            .entry(base.clone())
+            .or_default()
+            .clone();
+        let _one = gate.lock().await;
+        if let Some(id) = cached(self) {
             if let Ok(s) = bmc.system(&id).await {
-                if s.uuid.as_deref().map(str::to_ascii_lowercase).as_deref() == Some(&uuid) {
+                if matches(&s) {
                     return Ok(s);
                 }
             }
