@@ -28,7 +28,7 @@ fn link_at(v: &Value, key: &str) -> Option<String> {
 }
 
 /// The `@odata.id`s of a collection's `Members`.
-pub(crate) fn members(v: &Value) -> Result<Vec<String>, Error> {
+pub fn members(v: &Value) -> Result<Vec<String>, Error> {
     let members = v
         .get("Members")
         .and_then(Value::as_array)
@@ -42,7 +42,7 @@ pub(crate) fn members(v: &Value) -> Result<Vec<String>, Error> {
         .collect()
 }
 
-pub(crate) fn service_root(v: &Value) -> ServiceRoot {
+pub fn service_root(v: &Value) -> ServiceRoot {
     ServiceRoot {
         redfish_version: str_at(v, "RedfishVersion"),
         uuid: str_at(v, "UUID"),
@@ -53,12 +53,12 @@ pub(crate) fn service_root(v: &Value) -> ServiceRoot {
 }
 
 /// `Links.Sessions` of the service root, the sessions collection's usual place.
-pub(crate) fn sessions_link(v: &Value) -> Option<String> {
+pub fn sessions_link(v: &Value) -> Option<String> {
     v.get("Links").and_then(|l| link_at(l, "Sessions"))
 }
 
 /// `odata_id` is the path the object was read from (used when the body lacks one).
-pub(crate) fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
+pub fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
     let boot = v.get("Boot").cloned().unwrap_or(Value::Null);
     let reset = v
         .get("Actions")
@@ -97,7 +97,7 @@ pub(crate) fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System 
     }
 }
 
-pub(crate) fn manager(v: &Value, odata_id: &str) -> Manager {
+pub fn manager(v: &Value, odata_id: &str) -> Manager {
     Manager {
         odata_id: str_at(v, "@odata.id").unwrap_or_else(|| odata_id.to_owned()),
         firmware_version: str_at(v, "FirmwareVersion"),
@@ -107,7 +107,7 @@ pub(crate) fn manager(v: &Value, odata_id: &str) -> Manager {
     }
 }
 
-pub(crate) fn virtual_media(v: &Value, odata_id: &str, etag: Option<String>) -> VirtualMedia {
+pub fn virtual_media(v: &Value, odata_id: &str, etag: Option<String>) -> VirtualMedia {
     let action = |name: &str| {
         v.get("Actions")
             .and_then(|a| a.get(name))
@@ -127,7 +127,7 @@ pub(crate) fn virtual_media(v: &Value, odata_id: &str, etag: Option<String>) -> 
 
 /// What a task monitor's answer says: still running, done, or failed (with why).
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum TaskProgress {
+pub enum TaskProgress {
     Running,
     Done,
     Failed(String),
@@ -135,7 +135,7 @@ pub(crate) enum TaskProgress {
 
 /// A task monitor's `200` body: a `Task` (judged by `TaskState`) or, once done, the
 /// operation's own result (anything without `TaskState`).
-pub(crate) fn task(v: &Value) -> TaskProgress {
+pub fn task(v: &Value) -> TaskProgress {
     let Some(state) = v.get("TaskState").and_then(Value::as_str) else {
         return TaskProgress::Done;
     };
@@ -158,7 +158,7 @@ pub(crate) fn task(v: &Value) -> TaskProgress {
 
 /// The human part of a Redfish error body (`error.message`, else the first extended
 /// info message), else the body's start.
-pub(crate) fn error_message(body: &[u8]) -> String {
+pub fn error_message(body: &[u8]) -> String {
     if let Ok(v) = serde_json::from_slice::<Value>(body) {
         let err = v.get("error");
         let ext = err
