@@ -153,3 +153,78 @@ fn target_from(
         insecure,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    async fn store_with(objs: &[(&str, Value)]) -> (tempfile::TempDir, Store) {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path()).unwrap();
+        for (t, o) in objs {
+            let rt = s.registry().resolve(t).unwrap();
+            s.create(&rt, o.clone()).await.unwrap();
+        }
+        (d, s)
+    }
+
+    fn secret(name: &str, user: &str, pass: &str) -> Value {
+        json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
+               "metadata": {"name": name}, "stringData": {"username": user, "password": pass}})
+    }
+
+    fn bmc(name: &str, ip: &str, protocol: Value, annotations: Value) -> Value {
+        json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
+               "metadata": {"name": name, "annotations": annotations},
+               "spec": {"access": {"ip": ip}, "bmcSecretRef": {"name": "sec"}, "protocol": protocol}})
+    }
+
+    #[tokio::test]
+    async fn bmc_ref_resolves_scheme_port_credentials_and_insecure() {
+        let (_d, s) = store_with(&[
+            ("bmcsecret", secret("sec", "admin", "pw")),
+            ("bmc", bmc("a", "10.0.0.5", json!({"name": "Redfish", "port": 8443}), json!({}))),
+            ("bmc", bmc("b", "fd00::5", json!({"name": "RedfishLocal", "port": 8000}),
+                        json!({INSECURE_ANNOTATION: "true"}))),
+            ("bmc", bmc("c", "10.0.0.6", json!({"name": "Redfish", "port": 80, "scheme": "http"}), json!({}))),
+            ("bmc", bmc("d", "10.0.0.7", json!({"name": "IPMI", "port": 623}), json!({}))),
+        ])
+        .await;
+        let server = |b: &str| json!({"metadata": {"name": "s"}, "spec": {"bmcRef": {"name": b}}});
+        let (n, t) = server_target(&s, &server("a")).unwrap();
+        assert_eq!((n.as_str(), t.base_url.as_str(), t.insecure), ("a", "https://10.0.0.5:8443", false));
+        assert_eq!((t.username.as_str(), t.password.0.as_str()), ("admin", "pw"));
+        assert_eq!(format!("{t:?}").contains("pw"), false, "the password prints");
+        let (_, t) = server_target(&s, &server("b")).unwrap();
+        assert_eq!((t.base_url.as_str(), t.insecure), ("http://[fd00::5]:8000", true));
+        let (_, t) = server_target(&s, &server("c")).unwrap();
+        assert_eq!(t.base_url, "http://10.0.0.6:80");
+        assert_eq!(server_target(&s, &server("d")).unwrap_err().reason(), "UnsupportedProtocol");
+        assert_eq!(server_target(&s, &server("nope")).unwrap_err(), ResolveError::BmcNotFound("nope".into()));
+        assert_eq!(
+            server_target(&s, &json!({"metadata": {"name": "s"}, "spec": {}})).unwrap_err(),
+            ResolveError::NoBmc
+        );
+    }
+
+    #[tokio::test]
+    async fn inline_bmc_and_missing_secret_parts() {
+        let (_d, s) = store_with(&[("bmcsecret", secret("half", "admin", ""))]).await;
+        let inline = |secret: &str| {
+            json!({"metadata": {"name": "s", "annotations": {INSECURE_ANNOTATION: "true"}},
+                   "spec": {"bmc": {"address": "10.1.1.1", "bmcSecretRef": {"name": secret},
+                                    "protocol": {"name": "Redfish", "port": 443}}}})
+        };
+        assert!(has_bmc(&inline("half")));
+        assert!(!has_bmc(&json!({"spec": {"bmcRef": {"name": ""}}})));
+        assert_eq!(
+            server_target(&s, &inline("half")).unwrap_err(),
+            ResolveError::SecretIncomplete("half".into(), "password")
+        );
+        assert_eq!(
+            server_target(&s, &inline("gone")).unwrap_err(),
+            ResolveError::SecretNotFound("gone".into())
+        );
+    }
+}
