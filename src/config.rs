@@ -220,6 +220,7 @@ impl Config {
         if self.controller.power_driver == "qemu" {
             self.power.qemu.validate()?;
         }
+        self.power.redfish.validate()?;
         match self.log.format.as_str() {
             "text" | "json" => {}
             other => bail!("unknown log.format {other:?} (expected text or json)"),

@@ -109,6 +109,29 @@ fn boot_resolver(config: &Config) -> Result<Arc<CatalogResolver>> {
     )))
 }
 
+/// The boot listener's signed per-machine URLs, for the Redfish driver's one-time
+/// UEFI HTTP and virtual-media boots (resolved at each call: the listener starts after
+/// the controllers).
+struct BootTargets(BootSlot);
+
+impl crate::power::redfish::BootTargets for BootTargets {
+    fn http_boot_uri(
+        &self,
+        server: &str,
+        _artifact: crate::power::redfish::HttpBootArtifact,
+    ) -> Option<String> {
+        self.0.get().map(|b| b.signed_script_url(server))
+    }
+    fn media_uri(&self, server: &str) -> Option<String> {
+        self.0.get().map(|b| b.signed_script_url(server))
+    }
+    fn owns(&self, uri: &str) -> bool {
+        self.0
+            .get()
+            .is_some_and(|b| uri.starts_with(&format!("{}/", b.base_url())))
+    }
+}
+
 /// What the services share, built once in [`run`]; each `start_*` step spawns one
 /// service into `tasks` with the inputs it needs, handed over explicitly.
 struct Services {
@@ -169,13 +192,36 @@ impl Services {
         if !config.controller.enabled {
             return Ok(());
         }
-        let power = crate::power::from_config(
+        let default = crate::power::from_config(
             &config.controller.power_driver,
             &config.power,
             &config.state_dir,
         )?;
+        // Servers naming a BMC are powered through Redfish, the rest by the default.
+        let targets = Arc::new(BootTargets(self.boot_slot.clone()));
+        let redfish =
+            crate::power::redfish::Redfish::new(self.store.clone(), config.power.redfish.clone(), targets)?;
+        let bmcs = crate::controller::bmc::BmcControllers::new(
+            self.store.clone(),
+            redfish.pool().clone(),
+            Duration::from_secs(config.power.redfish.poll_interval_secs),
+        );
+        let power = Arc::new(crate::power::redfish::PerServer {
+            default,
+            redfish: redfish.clone(),
+        });
         let ctrl =
             crate::controller::Controllers::new(self.store.clone(), power, self.resolver.clone());
+        let s = self.coord.handle();
+        self.tasks.spawn(async move {
+            redfish.run(s).await;
+            Ok(())
+        });
+        let (s, workers) = (self.coord.handle(), config.controller.workers);
+        self.tasks.spawn(async move {
+            bmcs.run(workers, s).await;
+            Ok(())
+        });
         let (s, workers) = (self.coord.handle(), config.controller.workers);
         self.tasks.spawn(async move {
             ctrl.run(workers, s).await;

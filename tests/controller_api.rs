@@ -72,6 +72,8 @@ fn reference_samples_apply_unchanged_and_get_shows_them() {
         "ignition_secret.yaml",
         "metal_v1alpha1_serverclaim.yaml",
         "metal_v1alpha1_serverbootconfiguration.yaml",
+        "metal_v1alpha1_bmcsecret.yaml",
+        "metal_v1alpha1_bmc.yaml",
     ] {
         let (code, out, err) = b.cli(&["apply", "-f", dir.join(f).to_str().unwrap()]);
         assert_eq!(code, 0, "{f}: {out} {err}");
@@ -107,6 +109,14 @@ fn reference_samples_apply_unchanged_and_get_shows_them() {
     let (_, out, _) = b.cli(&["get", "server", "endpoint-sample-system-0", "-o", "json"]);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["spec"]["bmcRef"]["name"], "bmc-sample");
+    // BMCSecret: stringData is stored as base64 data, like a Secret's.
+    let (_, out, _) = b.cli(&["get", "bmcsecret", "bmcsecret-sample", "-o", "json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["data"]["password"], "YmFy", "{out}");
+    assert!(v.get("stringData").is_none(), "{out}");
+    let (code, out, _) = b.cli(&["get", "bmcs"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("bmc-sample"), "{out}");
     // The sample server has no inventory, so it waits in Initial and the claim cannot bind.
     b.wait_for(20, "sample server Initial", || {
         (b.get(&format!("{SERVERS}/endpoint-sample-system-0"))["status"]["state"] == "Initial")

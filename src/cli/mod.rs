@@ -461,38 +461,55 @@ pub fn get(a: GetArgs) -> Result<u8> {
 
 #[derive(Debug, Args)]
 pub struct PowerArgs {
-    /// `confirm`: record that a server's power state was changed by hand.
+    /// `confirm`: record that a server's power state was changed by hand; `reset`:
+    /// restart it through its power driver (with its one-time network boot).
     pub action: String,
     #[arg(value_name = "SERVER")]
     pub target: String,
-    /// `On` or `Off`.
-    pub state: String,
+    /// `On` or `Off` (for `confirm`).
+    pub state: Option<String>,
     #[command(flatten)]
     pub conn: Conn,
 }
 
-/// `bootplane power confirm SERVER On|Off`: the manual power driver's confirmation.
+/// `bootplane power confirm SERVER On|Off`: the manual power driver's confirmation;
+/// `bootplane power reset SERVER`: a restart through the Server's power driver.
 pub fn power(a: PowerArgs) -> Result<u8> {
-    if a.action != "confirm" {
-        bail!("unknown power action {:?} (expected confirm)", a.action);
+    let rt = resolve(Registry::global(), "server")?;
+    if a.action == "reset" {
+        let client = Client::new(&a.conn)?;
+        let key = crate::controller::server::RESET_ANNOTATION;
+        client.request(
+            "PATCH",
+            &Client::path(&rt, None, Some(&a.target)),
+            Some((
+                "application/merge-patch+json",
+                &serde_json::json!({"metadata": {"annotations": {key: crate::store::now()}}}),
+            )),
+        )?;
+        println!("server.metal.ironcore.dev/{} reset requested", a.target);
+        return Ok(0);
     }
-    if a.state != "On" && a.state != "Off" {
-        bail!("power state must be On or Off, not {:?}", a.state);
+    if a.action != "confirm" {
+        bail!("unknown power action {:?} (expected confirm or reset)", a.action);
+    }
+    let state = a.state.as_deref().unwrap_or("");
+    if state != "On" && state != "Off" {
+        bail!("power state must be On or Off, not {state:?}");
     }
     let client = Client::new(&a.conn)?;
-    let rt = resolve(Registry::global(), "server")?;
     let path = format!("{}/status", Client::path(&rt, None, Some(&a.target)));
     client.request(
         "PATCH",
         &path,
         Some((
             "application/merge-patch+json",
-            &serde_json::json!({"status": {"powerState": a.state}}),
+            &serde_json::json!({"status": {"powerState": state}}),
         )),
     )?;
     println!(
-        "server.metal.ironcore.dev/{} power {} confirmed",
-        a.target, a.state
+        "server.metal.ironcore.dev/{} power {state} confirmed",
+        a.target
     );
     Ok(0)
 }

@@ -8,6 +8,7 @@
 //! and write with compare-and-swap; a failed reconcile is retried with backoff, and
 //! a restart at any point just reconciles again from what is stored.
 
+pub mod bmc;
 pub mod bootconfig;
 pub mod bootside;
 pub mod claim;
@@ -32,6 +33,7 @@ use crate::store::Store;
 use queue::WorkQueue;
 use runtime::Runtime;
 
+pub use crate::model::meta::set_condition;
 pub use settings::ControllerConfig;
 
 /// `(namespace, name)`.
@@ -240,41 +242,3 @@ pub(crate) fn controller_ref(rt: &ResourceType, owner: &Value) -> Value {
     }])
 }
 
-/// Set (or refresh) a condition in a `status.conditions` list; the transition time
-/// changes only when the condition's status does. Returns whether anything changed.
-pub fn set_condition(status: &mut Value, ty: &str, st: bool, reason: &str, message: &str) -> bool {
-    if !status.is_object() {
-        *status = json!({});
-    }
-    let conds = status
-        .as_object_mut()
-        .expect("object")
-        .entry("conditions")
-        .or_insert_with(|| json!([]));
-    if !conds.is_array() {
-        *conds = json!([]);
-    }
-    let list = conds.as_array_mut().expect("array");
-    let s = if st { "True" } else { "False" };
-    let now = crate::store::now();
-    if let Some(c) = list
-        .iter_mut()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
-    {
-        let same = c.get("status").and_then(Value::as_str) == Some(s)
-            && c.get("reason").and_then(Value::as_str) == Some(reason)
-            && c.get("message").and_then(Value::as_str) == Some(message);
-        if same {
-            return false;
-        }
-        if c.get("status").and_then(Value::as_str) != Some(s) {
-            c["lastTransitionTime"] = json!(now);
-        }
-        c["status"] = json!(s);
-        c["reason"] = json!(reason);
-        c["message"] = json!(message);
-        return true;
-    }
-    list.push(json!({"type": ty, "status": s, "reason": reason, "message": message, "lastTransitionTime": now}));
-    true
-}

@@ -8,7 +8,8 @@
 //!   `BootConfigurationReady` says why not), then apply `spec.power` through the power
 //!   driver (condition `PowerReady` says what is pending);
 //! - `Reserved` without a claim (claim deleted), or whose claim no longer exists →
-//!   power off, then `Available` (reclaimPolicy `Recycle`) or `Released` (`Retain`).
+//!   power off, then `Available` (reclaimPolicy `Recycle`) or `Released` (`Retain`);
+//! - annotation `bootplane.dev/reset-requested` → the power driver's reset, once.
 
 use serde_json::{json, Value};
 
@@ -36,6 +37,12 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
                 .await?;
             return Ok(Next::Done);
         }
+    }
+    if s.pointer("/metadata/annotations")
+        .and_then(|a| a.get(RESET_ANNOTATION))
+        .is_some()
+    {
+        return reset(c, &s, name).await;
     }
     let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
     let state = status
@@ -79,6 +86,38 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
     if Some(&status) != s.get("status") {
         c.store.update_status(&c.t_server, &s, status).await?;
     }
+    Ok(Next::Done)
+}
+
+/// Annotation asking for a restart (`bootplane power reset SERVER` sets it): handed to
+/// the power driver once, then removed.
+pub const RESET_ANNOTATION: &str = "bootplane.dev/reset-requested";
+
+async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &String) -> Result<Next, StoreError> {
+    let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
+    let driver = c.power.name_for(s);
+    match c.power.reset(s) {
+        Ok(Outcome::Done) => {
+            status["powerState"] = json!("On");
+            set_condition(&mut status, "PowerReady", true, "Reset", &format!("server reset by the {driver} driver"));
+        }
+        Ok(Outcome::Pending(msg)) => {
+            set_condition(&mut status, "PowerReady", false, "Pending", &msg);
+        }
+        Ok(Outcome::Retrying(reason, msg)) => {
+            set_condition(&mut status, "PowerReady", false, reason, &msg);
+        }
+        Err(e) => {
+            set_condition(&mut status, "PowerReady", false, "ResetFailed", &format!("{e:#}"));
+        }
+    }
+    if Some(&status) != s.get("status") {
+        c.store.update_status(&c.t_server, s, status).await?;
+    }
+    let patch = json!({"metadata": {"annotations": {RESET_ANNOTATION: null}}});
+    c.store
+        .patch(&c.t_server, None, name, &patch, Part::Main)
+        .await?;
     Ok(Next::Done)
 }
 
@@ -197,12 +236,15 @@ fn apply_power(
                 &format!(
                     "power {} applied by the {} driver",
                     want.as_str(),
-                    c.power.name()
+                    c.power.name_for(s)
                 ),
             );
         }
         Ok(Outcome::Pending(msg)) => {
             set_condition(status, "PowerReady", false, "Pending", &msg);
+        }
+        Ok(Outcome::Retrying(reason, msg)) => {
+            set_condition(status, "PowerReady", false, reason, &msg);
         }
         Err(e) => {
             set_condition(

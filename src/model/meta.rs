@@ -1,8 +1,9 @@
 //! Accessors for the `metadata` fields of a JSON object (name, namespace, uid,
 //! resourceVersion, finalizers, deletion, labels, owners). Absent or mistyped fields
-//! read as empty, never as an error.
+//! read as empty, never as an error. Also [`set_condition`], the one way a
+//! `status.conditions` entry is written.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 pub fn name(o: &Value) -> &str {
     o.pointer("/metadata/name")
@@ -74,4 +75,43 @@ mod tests {
         assert!(finalizers(&e).is_empty() && owner_uids(&e).is_empty());
         assert!(!is_deleting(&e) && labels(&e).is_none());
     }
+}
+
+/// Set (or refresh) a condition in a `status.conditions` list; the transition time
+/// changes only when the condition's status does. Returns whether anything changed.
+pub fn set_condition(status: &mut Value, ty: &str, st: bool, reason: &str, message: &str) -> bool {
+    if !status.is_object() {
+        *status = json!({});
+    }
+    let conds = status
+        .as_object_mut()
+        .expect("object")
+        .entry("conditions")
+        .or_insert_with(|| json!([]));
+    if !conds.is_array() {
+        *conds = json!([]);
+    }
+    let list = conds.as_array_mut().expect("array");
+    let s = if st { "True" } else { "False" };
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    if let Some(c) = list
+        .iter_mut()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
+    {
+        let same = c.get("status").and_then(Value::as_str) == Some(s)
+            && c.get("reason").and_then(Value::as_str) == Some(reason)
+            && c.get("message").and_then(Value::as_str) == Some(message);
+        if same {
+            return false;
+        }
+        if c.get("status").and_then(Value::as_str) != Some(s) {
+            c["lastTransitionTime"] = json!(now);
+        }
+        c["status"] = json!(s);
+        c["reason"] = json!(reason);
+        c["message"] = json!(message);
+        return true;
+    }
+    list.push(json!({"type": ty, "status": s, "reason": reason, "message": message, "lastTransitionTime": now}));
+    true
 }

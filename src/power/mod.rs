@@ -1,9 +1,12 @@
 //! Power drivers behind one trait. `manual` asks a person (it logs the wanted state
 //! and waits for `status.powerState` to be confirmed through the API); `test`
 //! confirms every request at once; `qemu` ([`qemu`]) starts and stops a QEMU VM per
-//! Server (a virtual BMC for tests and demos). Redfish comes later, behind the same trait.
+//! Server (a virtual BMC for tests and demos); `redfish` ([`redfish`]) drives real
+//! servers through their BMCs and is chosen per Server (those naming a BMC), so a fleet
+//! mixes it with the configured driver ([`redfish::PerServer`]).
 
 pub mod qemu;
+pub mod redfish;
 
 use std::sync::Arc;
 
@@ -42,12 +45,24 @@ pub enum Outcome {
     /// The request was handed on; the state will be confirmed later (an operator or
     /// a BMC poll updates `status.powerState`).
     Pending(String),
+    /// The request is being retried after a failure: `(reason, message)` for the
+    /// `PowerReady` condition.
+    Retrying(&'static str, String),
 }
 
 pub trait PowerDriver: Send + Sync {
     fn name(&self) -> &'static str;
+    /// The driver that acts on this Server (differs from [`PowerDriver::name`] when
+    /// the driver is chosen per Server).
+    fn name_for(&self, _server: &Value) -> &'static str {
+        self.name()
+    }
     /// Ask for `want` on `server` (the Server object). Must be idempotent.
     fn set_power(&self, server: &Value, want: Power) -> anyhow::Result<Outcome>;
+    /// Restart `server` (start it when it is off), with its one-time network boot.
+    fn reset(&self, server: &Value) -> anyhow::Result<Outcome> {
+        anyhow::bail!("the {} power driver cannot reset a server", self.name_for(server))
+    }
 }
 
 /// Logs the wanted state and leaves confirmation to an operator.
@@ -79,12 +94,13 @@ impl PowerDriver for Instant {
     }
 }
 
-/// `[power]`: settings of the drivers that need any (the driver itself is chosen by
-/// `controller.power_driver`).
+/// `[power]`: settings of the drivers that need any (the default driver is chosen by
+/// `controller.power_driver`; Servers naming a BMC use `redfish`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct PowerConfig {
     pub qemu: qemu::QemuConfig,
+    pub redfish: redfish::RedfishConfig,
 }
 
 /// The driver named `driver` (`controller.power_driver`), built from its `[power.*]`

@@ -139,7 +139,9 @@ pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> 
         }
         _ => causes.push(field("metadata", Reason::Required, "Required value")),
     }
-    if rt.kind == "Secret" && rt.group.is_empty() {
+    if (rt.kind == "Secret" && rt.group.is_empty())
+        || (rt.kind == "BMCSecret" && rt.group == "metal.ironcore.dev")
+    {
         check_secret(map, &mut causes);
     }
     if let Some(schema) = &rt.schema {

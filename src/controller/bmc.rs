@@ -1,0 +1,246 @@
+//! The BMC reconciler: keeps each `BMC`'s status current from what its Redfish service
+//! says, on the one [`super::runtime`].
+//!
+//! Every `[power.redfish] poll_interval_secs` (and whenever the BMC or its BMCSecret
+//! changes) it reads the service root, the systems, the first system's manager and
+//! virtual media, and writes `status`: `state` (`Enabled` or `Error`), `manufacturer`,
+//! `model`, `serialNumber`, `firmwareVersion`, `powerState`, `ip`, and the conditions
+//! `Reachable` (reason `Unreachable`, `Timeout`, `TLSError`, `MalformedResponse`,
+//! `BMCError`), `Authenticated` (`CredentialsRefused`), `Configured` (`BMCNotFound`,
+//! `SecretNotFound`, `SecretIncomplete`, `NoAddress`, `UnsupportedProtocol`) and
+//! `BootModes` (False, reason `FeatureMissing`, naming what the BMC lacks of Pxe,
+//! UefiHttp and virtual media).
+//!
+//! **Invariant:** nothing written here carries a credential: the secret is read only to
+//! build the client target.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::Rng;
+use serde_json::{json, Value};
+
+use super::queue::WorkQueue;
+use super::runtime::Runtime;
+use super::{set_condition, Next};
+use crate::model::meta;
+use crate::model::registry::ResourceType;
+use crate::power::redfish::bmc_target;
+use crate::redfish::{self, Bmc, PowerState};
+use crate::shutdown::Shutdown;
+use crate::store::{Store, StoreError};
+
+/// The BMC controller set.
+pub struct BmcControllers {
+    store: Store,
+    pool: redfish::Pool,
+    poll: Duration,
+    queue: Arc<WorkQueue<String>>,
+    /// BMCSecret → the BMCs naming it.
+    by_secret: Mutex<HashMap<String, BTreeSet<String>>>,
+    t_bmc: Arc<ResourceType>,
+    t_secret: Arc<ResourceType>,
+}
+
+/// What one look at a BMC found.
+#[derive(Default)]
+struct Observed {
+    manufacturer: Option<String>,
+    model: Option<String>,
+    serial: Option<String>,
+    firmware: Option<String>,
+    power: Option<PowerState>,
+    missing: Vec<&'static str>,
+    systems: usize,
+}
+
+impl BmcControllers {
+    pub fn new(store: Store, pool: redfish::Pool, poll: Duration) -> Arc<BmcControllers> {
+        let reg = store.registry();
+        Arc::new(BmcControllers {
+            t_bmc: reg.resolve("bmc").expect("bmc type"),
+            t_secret: reg.resolve("bmcsecret").expect("bmcsecret type"),
+            store,
+            pool,
+            poll,
+            queue: WorkQueue::new(),
+            by_secret: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub async fn run(self: Arc<Self>, workers: usize, shutdown: Shutdown) {
+        let types = [self.t_bmc.clone(), self.t_secret.clone()];
+        Runtime::new(self.clone(), self.store.clone(), workers.clamp(1, 16))
+            .watch(types, |c: &BmcControllers, t, o, del| c.dispatch(t, o, del))
+            .reconciler("bmc", self.queue.clone(), |c, k| async move {
+                c.reconcile(&k).await
+            })
+            .run(shutdown)
+            .await;
+    }
+
+    fn dispatch(&self, t: &ResourceType, o: &Arc<Value>, deleted: bool) {
+        let name = meta::name(o).to_string();
+        if t.kind == "BMC" {
+            let secret = o
+                .pointer("/spec/bmcSecretRef/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let mut idx = self.by_secret.lock().unwrap();
+            for set in idx.values_mut() {
+                set.remove(&name);
+            }
+            if !deleted {
+                idx.entry(secret).or_default().insert(name.clone());
+                drop(idx);
+                self.queue.add(name);
+            }
+        } else {
+            let bmcs = self
+                .by_secret
+                .lock()
+                .unwrap()
+                .get(&name)
+                .cloned()
+                .unwrap_or_default();
+            for b in bmcs {
+                self.queue.add(b);
+            }
+        }
+    }
+
+    fn next_poll(&self) -> Next {
+        let jitter = rand::thread_rng().gen_range(Duration::ZERO..=self.poll / 10);
+        Next::After(self.poll + jitter)
+    }
+
+    async fn reconcile(&self, name: &String) -> Result<Next, StoreError> {
+        let bmc = match self.store.get(&self.t_bmc, None, name) {
+            Ok(b) => b,
+            Err(StoreError::NotFound { .. }) => return Ok(Next::Done),
+            Err(e) => return Err(e),
+        };
+        if meta::is_deleting(&bmc) {
+            return Ok(Next::Done);
+        }
+        let mut st = bmc.get("status").cloned().unwrap_or_else(|| json!({}));
+        if let Some(ip) = bmc.pointer("/spec/access/ip").and_then(Value::as_str) {
+            st["ip"] = json!(ip);
+        }
+        match bmc_target(&self.store, &bmc) {
+            Err(e) => {
+                st["state"] = json!("Error");
+                set_condition(&mut st, "Configured", false, e.reason(), &e.to_string());
+            }
+            Ok(target) => {
+                set_condition(&mut st, "Configured", true, "Resolved", "address and credentials found");
+                let client = self.pool.bmc(target);
+                match observe(&client).await {
+                    Ok(o) => write_observed(&mut st, &o),
+                    Err(e) => write_error(&mut st, &e),
+                }
+            }
+        }
+        if Some(&st) != bmc.get("status") {
+            match self.store.update_status(&self.t_bmc, &bmc, st).await {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.next_poll())
+    }
+}
+
+/// Read what the status shows from the BMC.
+async fn observe(bmc: &Bmc) -> Result<Observed, redfish::Error> {
+    let root = bmc.service_root().await?;
+    let ids = bmc.systems().await?;
+    let mut o = Observed {
+        manufacturer: root.vendor.clone(),
+        model: root.product.clone(),
+        systems: ids.len(),
+        ..Observed::default()
+    };
+    let Some(first) = ids.first() else {
+        return Ok(o);
+    };
+    let sys = bmc.system(first).await?;
+    o.manufacturer = sys.manufacturer.clone().or(o.manufacturer);
+    o.model = sys.model.clone().or(o.model);
+    o.serial = sys.serial_number.clone();
+    o.power = sys.power_state;
+    if let Some(m) = sys.managers.first() {
+        if let Ok(m) = bmc.manager(m).await {
+            o.firmware = m.firmware_version;
+            o.manufacturer = m.manufacturer.or(o.manufacturer);
+            o.model = m.model.or(o.model);
+        }
+    }
+    let allowed = &sys.boot.allowed_targets;
+    for t in ["Pxe", "UefiHttp"] {
+        if !allowed.is_empty() && !allowed.iter().any(|a| a == t) {
+            o.missing.push(t);
+        }
+    }
+    let has_cd = match bmc.virtual_media(&sys).await {
+        Ok(v) => v
+            .iter()
+            .any(|d| d.media_types.iter().any(|t| t == "CD" || t == "DVD")),
+        Err(redfish::Error::Unsupported(_)) => false,
+        Err(e) => return Err(e),
+    };
+    if !has_cd {
+        o.missing.push("VirtualMedia");
+    }
+    Ok(o)
+}
+
+fn write_observed(st: &mut Value, o: &Observed) {
+    st["state"] = json!("Enabled");
+    for (k, v) in [
+        ("manufacturer", &o.manufacturer),
+        ("model", &o.model),
+        ("serialNumber", &o.serial),
+        ("firmwareVersion", &o.firmware),
+    ] {
+        if let Some(v) = v {
+            st[k] = json!(v);
+        }
+    }
+    if let Some(p) = o.power {
+        st["powerState"] = json!(p.as_str());
+    }
+    set_condition(st, "Reachable", true, "Answered", "the Redfish service answered");
+    set_condition(
+        st,
+        "Authenticated",
+        true,
+        "CredentialsAccepted",
+        &format!("credentials accepted; {} system(s)", o.systems),
+    );
+    if o.missing.is_empty() {
+        set_condition(st, "BootModes", true, "Available", "Pxe, UefiHttp and virtual media available");
+    } else {
+        let msg = format!(
+            "the BMC lacks {} (one-time boots asking for it fall back to Pxe)",
+            o.missing.join(", ")
+        );
+        set_condition(st, "BootModes", false, "FeatureMissing", &msg);
+    }
+}
+
+fn write_error(st: &mut Value, e: &redfish::Error) {
+    st["state"] = json!("Error");
+    let msg = e.to_string();
+    match e {
+        redfish::Error::Unauthorized(_) => {
+            set_condition(st, "Reachable", true, "Answered", "the Redfish service answered");
+            set_condition(st, "Authenticated", false, e.reason(), &msg);
+        }
+        _ => {
+            set_condition(st, "Reachable", false, e.reason(), &msg);
+        }
+    }
+}

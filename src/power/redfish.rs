@@ -1,0 +1,1051 @@
+//! The `redfish` power driver: Servers whose spec names a BMC (`spec.bmcRef` → `BMC` →
+//! `BMCSecret`, or inline `spec.bmc`) are powered through it, the others by the
+//! configured driver ([`PerServer`] chooses per Server, so a fleet can mix them).
+//!
+//! - **Asynchronous, one operation per Server**: [`Redfish::set_power`] is called by
+//!   the Server reconciler and returns at once (`Pending`); a task per Server drives
+//!   the BMC (one-time boot override, reset, waiting for the reported state) and
+//!   writes `status.powerState` and the `PowerReady` / `BootOverride` conditions when
+//!   done. A second call for the same state joins the running operation; a call for
+//!   the other state supersedes it (the old task stops at its next step).
+//! - **On**: the one-time network boot chosen by the Server's annotation
+//!   `bootplane.dev/boot-mode` (`Pxe`, `UefiHttp`, `VirtualMedia`, `None`; default
+//!   `[power.redfish] boot_mode`), then `Reset On`, then the BMC is polled until it
+//!   reports On. `UefiHttp` sets `HttpBootUri` to the machine's own signed URL on the
+//!   boot listener; `VirtualMedia` inserts the machine's signed boot ISO, boots `Cd`
+//!   once and ejects the media once the machine has fetched its script (or at the next
+//!   power-off). A BMC lacking the mode falls back to `Pxe` (and `Pxe` to the
+//!   machine's own boot order) with condition `BootOverride` False, reason
+//!   `ModeUnsupported`.
+//! - **Off**: `GracefulShutdown`, then `ForceOff` after `shutdown_timeout_secs`.
+//! - **Failures** set `PowerReady` False with the reason (`Unreachable`,
+//!   `CredentialsRefused`, `BMCNotFound`, ...) and are retried with exponential backoff
+//!   and jitter up to `retry_max_secs` between attempts, re-reading the BMC and its
+//!   secret each time (a fixed secret is picked up without a restart).
+//! - **Polling** ([`Redfish::run`]): every `poll_interval_secs` the power state of each
+//!   Server with a BMC is read and a change made behind bootplane's back is written to
+//!   `status.powerState` with `PowerReady` False, reason `ChangedOutsideBootplane`; the
+//!   Server reconciler then applies `spec.power` again where it must.
+//!
+//! **Invariant:** credentials are read from the store for each attempt and live only in
+//! [`crate::redfish::Target`] (whose password prints as `<redacted>`); no message this
+//! driver writes or logs carries them.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{Outcome, Power, PowerDriver};
+use crate::model::meta::{self, set_condition};
+use crate::model::registry::ResourceType;
+use crate::redfish::{
+    self, Bmc, BootOverride, BootTarget, Password, PowerState, ResetType, System, Target,
+};
+use crate::shutdown::Shutdown;
+use crate::store::{secret_data, Store, StoreError};
+
+/// Server annotation choosing the one-time network boot.
+pub const BOOT_MODE_ANNOTATION: &str = "bootplane.dev/boot-mode";
+/// BMC (or Server, for an inline `spec.bmc`) annotation: `"true"` skips TLS
+/// certificate verification for that BMC.
+pub const INSECURE_ANNOTATION: &str = "bootplane.dev/bmc-insecure-skip-verify";
+
+/// The one-time network boot set before power-on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BootMode {
+    None,
+    Pxe,
+    UefiHttp,
+    VirtualMedia,
+}
+
+impl BootMode {
+    pub fn parse(s: &str) -> Option<BootMode> {
+        Some(match s {
+            "None" => BootMode::None,
+            "Pxe" => BootMode::Pxe,
+            "UefiHttp" => BootMode::UefiHttp,
+            "VirtualMedia" => BootMode::VirtualMedia,
+            _ => return None,
+        })
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootMode::None => "None",
+            BootMode::Pxe => "Pxe",
+            BootMode::UefiHttp => "UefiHttp",
+            BootMode::VirtualMedia => "VirtualMedia",
+        }
+    }
+}
+
+/// What `HttpBootUri` points at: the per-machine boot ISO or the iPXE EFI binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HttpBootArtifact {
+    Iso,
+    Efi,
+}
+
+/// `[power.redfish]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedfishConfig {
+    /// One-time boot for Servers without the annotation.
+    pub boot_mode: BootMode,
+    pub http_boot_artifact: HttpBootArtifact,
+    /// How often every Server's power state is read from its BMC.
+    pub poll_interval_secs: u64,
+    /// How long a graceful shutdown may take before `ForceOff`.
+    pub shutdown_timeout_secs: u64,
+    /// How long the BMC may take to report the asked-for state after a reset.
+    pub power_wait_secs: u64,
+    /// Longest wait between two attempts of a failing operation.
+    pub retry_max_secs: u64,
+    /// Per request to a BMC.
+    pub timeout_secs: u64,
+    /// Attempts per request (connect errors, timeouts, 5xx, 429).
+    pub attempts: u32,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+    pub per_bmc_concurrency: usize,
+    pub global_concurrency: usize,
+    /// PEM bundle of the CAs BMC certificates are verified against.
+    pub ca_bundle: Option<PathBuf>,
+    pub task_timeout_secs: u64,
+}
+
+impl Default for RedfishConfig {
+    fn default() -> Self {
+        RedfishConfig {
+            boot_mode: BootMode::Pxe,
+            http_boot_artifact: HttpBootArtifact::Iso,
+            poll_interval_secs: 30,
+            shutdown_timeout_secs: 120,
+            power_wait_secs: 300,
+            retry_max_secs: 300,
+            timeout_secs: 20,
+            attempts: 4,
+            backoff_base_ms: 500,
+            backoff_max_ms: 10_000,
+            per_bmc_concurrency: 4,
+            global_concurrency: 64,
+            ca_bundle: None,
+            task_timeout_secs: 300,
+        }
+    }
+}
+
+impl RedfishConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (k, v) in [
+            ("poll_interval_secs", self.poll_interval_secs),
+            ("power_wait_secs", self.power_wait_secs),
+            ("retry_max_secs", self.retry_max_secs),
+            ("timeout_secs", self.timeout_secs),
+            ("attempts", self.attempts as u64),
+            ("per_bmc_concurrency", self.per_bmc_concurrency as u64),
+            ("global_concurrency", self.global_concurrency as u64),
+            ("task_timeout_secs", self.task_timeout_secs),
+        ] {
+            anyhow::ensure!(v > 0, "power.redfish.{k} must be at least 1");
+        }
+        anyhow::ensure!(
+            self.backoff_base_ms <= self.backoff_max_ms,
+            "power.redfish.backoff_base_ms must not exceed backoff_max_ms"
+        );
+        Ok(())
+    }
+
+    /// The client settings (reads the CA bundle).
+    pub fn client_settings(&self) -> anyhow::Result<redfish::Settings> {
+        use anyhow::Context as _;
+        let ca_pem = match &self.ca_bundle {
+            Some(p) => Some(
+                std::fs::read(p)
+                    .with_context(|| format!("reading power.redfish.ca_bundle {}", p.display()))?,
+            ),
+            None => None,
+        };
+        Ok(redfish::Settings {
+            timeout: Duration::from_secs(self.timeout_secs),
+            attempts: self.attempts,
+            backoff_base: Duration::from_millis(self.backoff_base_ms),
+            backoff_max: Duration::from_millis(self.backoff_max_ms),
+            per_bmc_concurrency: self.per_bmc_concurrency,
+            global_concurrency: self.global_concurrency,
+            ca_pem,
+            task_timeout: Duration::from_secs(self.task_timeout_secs),
+        })
+    }
+}
+
+/// Where a BMC is pointed for a network boot: the boot listener's signed per-machine
+/// URLs (the composition root plugs the boot listener in here).
+pub trait BootTargets: Send + Sync {
+    /// The machine's own UEFI HTTP boot URI, `None` when there is no boot listener.
+    fn http_boot_uri(&self, server: &str, artifact: HttpBootArtifact) -> Option<String>;
+    /// The boot ISO a BMC mounts as virtual media for this machine.
+    fn media_uri(&self, server: &str) -> Option<String>;
+    /// Whether `uri` is one of this listener's (media bootplane inserted).
+    fn owns(&self, uri: &str) -> bool;
+}
+
+/// Why a Server's or BMC's Redfish target could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("server has neither spec.bmcRef nor spec.bmc")]
+    NoBmc,
+    #[error("BMC {0} not found")]
+    BmcNotFound(String),
+    #[error("BMC {0} has no address (spec.access.ip)")]
+    NoAddress(String),
+    #[error("BMCSecret {0} not found")]
+    SecretNotFound(String),
+    #[error("BMCSecret {0} has no {1}")]
+    SecretIncomplete(String, &'static str),
+    #[error("BMC protocol {0:?} is not a Redfish one (Redfish, RedfishLocal)")]
+    Protocol(String),
+}
+
+impl ResolveError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ResolveError::NoBmc | ResolveError::BmcNotFound(_) => "BMCNotFound",
+            ResolveError::NoAddress(_) => "NoAddress",
+            ResolveError::SecretNotFound(_) => "SecretNotFound",
+            ResolveError::SecretIncomplete(..) => "SecretIncomplete",
+            ResolveError::Protocol(_) => "UnsupportedProtocol",
+        }
+    }
+}
+
+/// Whether the Server names a BMC (and so is powered by Redfish).
+pub fn has_bmc(server: &Value) -> bool {
+    server
+        .pointer("/spec/bmcRef/name")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty())
+        || server.pointer("/spec/bmc").is_some_and(Value::is_object)
+}
+
+fn annotation_true(o: &Value, key: &str) -> bool {
+    o.pointer("/metadata/annotations")
+        .and_then(|a| a.get(key))
+        .and_then(Value::as_str)
+        == Some("true")
+}
+
+/// The Redfish target of a BMC object.
+pub fn bmc_target(store: &Store, bmc: &Value) -> Result<Target, ResolveError> {
+    let name = meta::name(bmc);
+    let address = bmc
+        .pointer("/spec/access/ip")
+        .and_then(Value::as_str)
+        .or_else(|| bmc.pointer("/spec/hostname").and_then(Value::as_str))
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| ResolveError::NoAddress(name.to_string()))?;
+    let secret = bmc
+        .pointer("/spec/bmcSecretRef/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    target_from(
+        store,
+        address,
+        bmc.pointer("/spec/protocol").unwrap_or(&Value::Null),
+        secret,
+        annotation_true(bmc, INSECURE_ANNOTATION),
+    )
+}
+
+/// The BMC name (or `inline` for `spec.bmc`) and Redfish target of a Server.
+pub fn server_target(store: &Store, server: &Value) -> Result<(String, Target), ResolveError> {
+    if let Some(n) = server
+        .pointer("/spec/bmcRef/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+    {
+        let t = store.registry().resolve("bmc").expect("bmc type");
+        let bmc = store
+            .get(&t, None, n)
+            .map_err(|_| ResolveError::BmcNotFound(n.to_string()))?;
+        return Ok((n.to_string(), bmc_target(store, &bmc)?));
+    }
+    let b = server.pointer("/spec/bmc").ok_or(ResolveError::NoBmc)?;
+    let address = b
+        .get("address")
+        .and_then(Value::as_str)
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| ResolveError::NoAddress(format!("inline in {}", meta::name(server))))?;
+    let secret = b
+        .pointer("/bmcSecretRef/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let target = target_from(
+        store,
+        address,
+        b.get("protocol").unwrap_or(&Value::Null),
+        secret,
+        annotation_true(server, INSECURE_ANNOTATION),
+    )?;
+    Ok(("inline".into(), target))
+}
+
+fn target_from(
+    store: &Store,
+    address: &str,
+    protocol: &Value,
+    secret: &str,
+    insecure: bool,
+) -> Result<Target, ResolveError> {
+    let pname = protocol.get("name").and_then(Value::as_str).unwrap_or("Redfish");
+    let default_scheme = match pname {
+        "Redfish" => "https",
+        "RedfishLocal" | "RedfishKube" => "http",
+        other => return Err(ResolveError::Protocol(other.to_string())),
+    };
+    let scheme = match protocol.get("scheme").and_then(Value::as_str) {
+        Some(s @ ("http" | "https")) => s,
+        _ => default_scheme,
+    };
+    let port = protocol
+        .get("port")
+        .and_then(Value::as_u64)
+        .filter(|p| *p > 0 && *p < 65536)
+        .unwrap_or(if scheme == "https" { 443 } else { 80 });
+    let host = if address.contains(':') && !address.starts_with('[') {
+        format!("[{address}]")
+    } else {
+        address.to_string()
+    };
+    let t = store.registry().resolve("bmcsecret").expect("bmcsecret type");
+    let s = store
+        .get(&t, None, secret)
+        .map_err(|_| ResolveError::SecretNotFound(secret.to_string()))?;
+    let field = |k: &'static str| {
+        secret_data(&s, k)
+            .and_then(|b| String::from_utf8(b).ok())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| ResolveError::SecretIncomplete(secret.to_string(), k))
+    };
+    Ok(Target {
+        base_url: format!("{scheme}://{host}:{port}"),
+        username: field("username")?,
+        password: Password(field("password")?),
+        insecure,
+    })
+}
+
+/// Why one attempt failed.
+#[derive(Debug, thiserror::Error)]
+enum AttemptError {
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    #[error(transparent)]
+    Redfish(#[from] redfish::Error),
+    #[error("the BMC did not report {0} within {1} s")]
+    NotReached(&'static str, u64),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl AttemptError {
+    fn reason(&self) -> &'static str {
+        match self {
+            AttemptError::Resolve(e) => e.reason(),
+            AttemptError::Redfish(e) => e.reason(),
+            AttemptError::NotReached(..) => "StateNotReached",
+            AttemptError::Store(_) => "StoreError",
+        }
+    }
+}
+
+/// What the boot override did.
+struct BootNote {
+    asked: BootMode,
+    used: BootMode,
+    message: String,
+}
+
+/// What an operation brings a Server to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Power(Power),
+    /// Restart (or start) it with the one-time boot.
+    Reset,
+}
+
+impl Action {
+    fn as_str(self) -> &'static str {
+        match self {
+            Action::Power(p) => p.as_str(),
+            Action::Reset => "Reset",
+        }
+    }
+    /// The power state once done.
+    fn ends(self) -> Power {
+        match self {
+            Action::Power(p) => p,
+            Action::Reset => Power::On,
+        }
+    }
+}
+
+/// A running (or backing-off) operation on one Server.
+struct Op {
+    want: Action,
+    gen: u64,
+    message: String,
+    /// The reason of the last failure, while retrying.
+    failing: Option<&'static str>,
+}
+
+impl Op {
+    fn outcome(&self) -> Outcome {
+        match self.failing {
+            Some(r) => Outcome::Retrying(r, self.message.clone()),
+            None => Outcome::Pending(self.message.clone()),
+        }
+    }
+}
+
+/// See the module doc.
+pub struct Redfish {
+    me: Weak<Redfish>,
+    store: Store,
+    pool: redfish::Pool,
+    cfg: RedfishConfig,
+    targets: Arc<dyn BootTargets>,
+    handle: tokio::runtime::Handle,
+    ops: Mutex<HashMap<String, Op>>,
+    gen: AtomicU64,
+    /// `base_url` → system UUID (lowercase) → `@odata.id`.
+    systems: Mutex<HashMap<String, HashMap<String, String>>>,
+    t_server: Arc<ResourceType>,
+    t_sbc: Arc<ResourceType>,
+}
+
+impl Redfish {
+    /// Must be called on the runtime the operations run on.
+    pub fn new(
+        store: Store,
+        cfg: RedfishConfig,
+        targets: Arc<dyn BootTargets>,
+    ) -> anyhow::Result<Arc<Redfish>> {
+        cfg.validate()?;
+        let pool = redfish::Pool::new(cfg.client_settings()?)?;
+        let reg = store.registry();
+        let (t_server, t_sbc) = (
+            reg.resolve("server").expect("server type"),
+            reg.resolve("serverbootconfiguration").expect("sbc type"),
+        );
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| anyhow::anyhow!("the redfish driver needs a tokio runtime"))?;
+        Ok(Arc::new_cyclic(|me| Redfish {
+            me: me.clone(),
+            store,
+            pool,
+            cfg,
+            targets,
+            handle,
+            ops: Mutex::new(HashMap::new()),
+            gen: AtomicU64::new(0),
+            systems: Mutex::new(HashMap::new()),
+            t_server,
+            t_sbc,
+        }))
+    }
+
+    /// The client pool (shared with the BMC reconciler, so the limits are global).
+    pub fn pool(&self) -> &redfish::Pool {
+        &self.pool
+    }
+
+    pub fn config(&self) -> &RedfishConfig {
+        &self.cfg
+    }
+
+    /// Operations running or backing off now.
+    pub fn in_flight(&self) -> usize {
+        self.ops.lock().unwrap().len()
+    }
+
+    fn boot_mode(&self, server: &Value) -> BootMode {
+        server
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(BOOT_MODE_ANNOTATION))
+            .and_then(Value::as_str)
+            .and_then(BootMode::parse)
+            .unwrap_or(self.cfg.boot_mode)
+    }
+
+    fn start(&self, name: &str, want: Action, message: String) -> Outcome {
+        let mut ops = self.ops.lock().unwrap();
+        if let Some(op) = ops.get(name) {
+            if op.want == want {
+                return op.outcome();
+            }
+        }
+        let gen = self.gen.fetch_add(1, Ordering::Relaxed) + 1;
+        ops.insert(
+            name.to_string(),
+            Op {
+                want,
+                gen,
+                message: message.clone(),
+                failing: None,
+            },
+        );
+        if let Some(me) = self.me.upgrade() {
+            self.handle.spawn(me.drive(name.to_string(), want, gen));
+        }
+        Outcome::Pending(message)
+    }
+
+    fn current(&self, name: &str, gen: u64) -> bool {
+        self.ops
+            .lock()
+            .unwrap()
+            .get(name)
+            .is_some_and(|o| o.gen == gen)
+    }
+
+    /// Drive one operation to its end, retrying with backoff.
+    async fn drive(self: Arc<Self>, name: String, want: Action, gen: u64) {
+        let mut delay = Duration::from_secs(1);
+        let cap = Duration::from_secs(self.cfg.retry_max_secs);
+        let mut attempt = 0u32;
+        while self.current(&name, gen) {
+            attempt += 1;
+            match self.attempt(&name, want).await {
+                Ok(note) => {
+                    self.record_done(&name, gen, want, note).await;
+                    return;
+                }
+                Err(e) => {
+                    let msg = format!(
+                        "redfish: {} failed (attempt {attempt}): {e}",
+                        want.as_str()
+                    );
+                    tracing::warn!(server = %name, reason = e.reason(), "{msg}");
+                    if let Some(op) = self.ops.lock().unwrap().get_mut(&name) {
+                        if op.gen == gen {
+                            op.message = msg.clone();
+                            op.failing = Some(e.reason());
+                        }
+                    }
+                    self.write_status(&name, |st| {
+                        set_condition(st, "PowerReady", false, e.reason(), &msg);
+                    })
+                    .await;
+                    let wait = rand::thread_rng().gen_range(delay / 2..=delay);
+                    tokio::time::sleep(wait).await;
+                    delay = (delay * 2).min(cap);
+                }
+            }
+        }
+    }
+
+    /// One try at bringing the Server to `want`.
+    async fn attempt(&self, name: &str, want: Action) -> Result<Option<BootNote>, AttemptError> {
+        let server = match self.store.get(&self.t_server, None, name) {
+            Ok(s) => s,
+            Err(StoreError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let (_, target) = server_target(&self.store, &server)?;
+        let base = target.base_url.clone();
+        let bmc = self.pool.bmc(target);
+        let sys = self.system_of(&bmc, &base, &server).await?;
+        match want {
+            Action::Power(Power::On) | Action::Reset => {
+                let on = sys.power_state == Some(PowerState::On);
+                if on && want != Action::Reset {
+                    return Ok(None);
+                }
+                let note = self.one_time_boot(&bmc, &sys, &server).await?;
+                let kind = if !on {
+                    ResetType::On
+                } else if sys.reset_types.is_empty()
+                    || sys.reset_types.iter().any(|t| t == "ForceRestart")
+                {
+                    ResetType::ForceRestart
+                } else {
+                    ResetType::PowerCycle
+                };
+                bmc.reset(&sys, kind).await?;
+                let secs = self.cfg.power_wait_secs;
+                if !self.wait_for(&bmc, &sys, PowerState::On, secs).await? {
+                    return Err(AttemptError::NotReached("On", secs));
+                }
+                if note.used == BootMode::VirtualMedia {
+                    if let Some(me) = self.me.upgrade() {
+                        self.handle
+                            .spawn(me.eject_after_boot(name.to_string(), bmc.clone(), sys.clone()));
+                    }
+                }
+                Ok(Some(note))
+            }
+            Action::Power(Power::Off) => {
+                if sys.power_state != Some(PowerState::Off) {
+                    self.power_off(&bmc, &sys).await?;
+                }
+                self.eject_ours(&bmc, &sys).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The Server's system on its BMC: `spec.systemURI`, else by `spec.systemUUID`
+    /// (the BMC's systems are listed once and remembered), else the only one.
+    async fn system_of(
+        &self,
+        bmc: &Bmc,
+        base: &str,
+        server: &Value,
+    ) -> Result<System, redfish::Error> {
+        if let Some(uri) = server.pointer("/spec/systemURI").and_then(Value::as_str) {
+            if !uri.is_empty() {
+                return bmc.system(uri).await;
+            }
+        }
+        let uuid = server
+            .pointer("/spec/systemUUID")
+            .and_then(Value::as_str)
+            .filter(|u| !u.is_empty())
+            .map(str::to_ascii_lowercase);
+        let Some(uuid) = uuid else {
+            return bmc.find_system(None).await;
+        };
+        let base = base.to_string();
+        let known = self
+            .systems
+            .lock()
+            .unwrap()
+            .get(&base)
+            .and_then(|m| m.get(&uuid).cloned());
+        if let Some(id) = known {
+            if let Ok(s) = bmc.system(&id).await {
+                if s.uuid.as_deref().map(str::to_ascii_lowercase).as_deref() == Some(&uuid) {
+                    return Ok(s);
+                }
+            }
+        }
+        // List the BMC's systems once for every Server on it.
+        let mut found = None;
+        let mut index = HashMap::new();
+        for id in bmc.systems().await? {
+            let s = bmc.system(&id).await?;
+            if let Some(u) = &s.uuid {
+                let u = u.to_ascii_lowercase();
+                if u == uuid {
+                    found = Some(s.clone());
+                }
+                index.insert(u, id);
+            }
+        }
+        self.systems.lock().unwrap().insert(base, index);
+        found.ok_or_else(|| {
+            redfish::Error::Unsupported(format!("a system with UUID {uuid} (not on this BMC)"))
+        })
+    }
+
+    /// Poll the BMC until it reports `want`, for at most `secs` seconds.
+    async fn wait_for(
+        &self,
+        bmc: &Bmc,
+        sys: &System,
+        want: PowerState,
+        secs: u64,
+    ) -> Result<bool, AttemptError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        let mut every = Duration::from_millis(500);
+        loop {
+            let s = bmc.system(&sys.odata_id).await?;
+            if s.power_state == Some(want) {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() + every > deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(every).await;
+            every = (every * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Graceful shutdown (when the BMC offers it), `ForceOff` after the timeout.
+    async fn power_off(&self, bmc: &Bmc, sys: &System) -> Result<(), AttemptError> {
+        let graceful = sys.reset_types.is_empty()
+            || sys.reset_types.iter().any(|t| t == "GracefulShutdown");
+        if graceful && self.cfg.shutdown_timeout_secs > 0 {
+            bmc.reset(sys, ResetType::GracefulShutdown).await?;
+            if self
+                .wait_for(bmc, sys, PowerState::Off, self.cfg.shutdown_timeout_secs)
+                .await?
+            {
+                return Ok(());
+            }
+            tracing::info!(system = %sys.odata_id, "graceful shutdown timed out: ForceOff");
+        }
+        bmc.reset(sys, ResetType::ForceOff).await?;
+        if self
+            .wait_for(bmc, sys, PowerState::Off, self.cfg.power_wait_secs)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(AttemptError::NotReached("Off", self.cfg.power_wait_secs))
+        }
+    }
+
+    /// Set the one-time boot the Server asks for, falling back when the BMC lacks it.
+    async fn one_time_boot(
+        &self,
+        bmc: &Bmc,
+        sys: &System,
+        server: &Value,
+    ) -> Result<BootNote, redfish::Error> {
+        let name = meta::name(server);
+        let asked = self.boot_mode(server);
+        let mut why = String::new();
+        let mut mode = asked;
+        loop {
+            let r = match mode {
+                BootMode::None => {
+                    return Ok(BootNote {
+                        asked,
+                        used: mode,
+                        message: if why.is_empty() {
+                            "no one-time boot override asked for".into()
+                        } else {
+                            format!("{why}; booting by the machine's own boot order")
+                        },
+                    })
+                }
+                BootMode::Pxe => self.set_override(bmc, sys, BootTarget::Pxe, None).await,
+                BootMode::UefiHttp => {
+                    match self.targets.http_boot_uri(name, self.cfg.http_boot_artifact) {
+                        Some(uri) => {
+                            self.set_override(bmc, sys, BootTarget::UefiHttp, Some(uri))
+                                .await
+                        }
+                        None => Err(redfish::Error::Unsupported(
+                            "UefiHttp here: the boot listener is disabled".into(),
+                        )),
+                    }
+                }
+                BootMode::VirtualMedia => self.insert_boot_media(bmc, sys, name).await,
+            };
+            match r {
+                Ok(()) => {
+                    let message = if why.is_empty() {
+                        format!("one-time boot {} set", mode.as_str())
+                    } else {
+                        format!("{why}; one-time boot {} set instead", mode.as_str())
+                    };
+                    return Ok(BootNote {
+                        asked,
+                        used: mode,
+                        message,
+                    });
+                }
+                Err(redfish::Error::Unsupported(what)) => {
+                    if !why.is_empty() {
+                        why.push_str("; ");
+                    }
+                    why.push_str(&format!("{} not possible: BMC lacks {what}", mode.as_str()));
+                    mode = match mode {
+                        BootMode::UefiHttp | BootMode::VirtualMedia => BootMode::Pxe,
+                        _ => BootMode::None,
+                    };
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn set_override(
+        &self,
+        bmc: &Bmc,
+        sys: &System,
+        target: BootTarget,
+        uri: Option<String>,
+    ) -> Result<(), redfish::Error> {
+        let o = BootOverride {
+            target,
+            once: true,
+            http_boot_uri: uri,
+            mode: None,
+        };
+        bmc.set_boot_override(sys, &o).await
+    }
+
+    /// Insert the machine's boot ISO into a CD/DVD virtual media device and boot `Cd`
+    /// once.
+    async fn insert_boot_media(
+        &self,
+        bmc: &Bmc,
+        sys: &System,
+        name: &str,
+    ) -> Result<(), redfish::Error> {
+        let Some(uri) = self.targets.media_uri(name) else {
+            return Err(redfish::Error::Unsupported(
+                "VirtualMedia here: the boot listener is disabled".into(),
+            ));
+        };
+        let devices = bmc.virtual_media(sys).await?;
+        let vm = devices
+            .iter()
+            .find(|d| {
+                d.media_types
+                    .iter()
+                    .any(|t| t == "CD" || t == "DVD")
+            })
+            .ok_or_else(|| redfish::Error::Unsupported("a CD or DVD virtual media device".into()))?;
+        if vm.inserted {
+            bmc.eject_media(vm).await?;
+        }
+        bmc.insert_media(vm, &uri).await?;
+        self.set_override(bmc, sys, BootTarget::Cd, None).await
+    }
+
+    /// Eject media bootplane inserted.
+    async fn eject_ours(&self, bmc: &Bmc, sys: &System) -> Result<(), redfish::Error> {
+        let devices = match bmc.virtual_media(sys).await {
+            Ok(d) => d,
+            Err(redfish::Error::Unsupported(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for vm in devices {
+            if vm.inserted && vm.image.as_deref().is_some_and(|i| self.targets.owns(i)) {
+                bmc.eject_media(&vm).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a virtual-media boot: eject the ISO once the machine has fetched its
+    /// script (its boot configuration's `IPXEScriptFetched`), so the next boot does
+    /// not start from it again; gives up after `power_wait_secs` (the power-off ejects).
+    async fn eject_after_boot(self: Arc<Self>, name: String, bmc: Bmc, sys: System) {
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_secs(self.cfg.power_wait_secs.max(600));
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if self.script_fetched(&name) {
+                match self.eject_ours(&bmc, &sys).await {
+                    Ok(()) => tracing::info!(server = %name, "virtual media ejected after the boot"),
+                    Err(e) => tracing::warn!(server = %name, "ejecting virtual media: {e}"),
+                }
+                return;
+            }
+        }
+    }
+
+    fn script_fetched(&self, name: &str) -> bool {
+        let Ok(s) = self.store.get(&self.t_server, None, name) else {
+            return false;
+        };
+        let Some(r) = s.pointer("/spec/bootConfigurationRef") else {
+            return false;
+        };
+        let ns = r.get("namespace").and_then(Value::as_str).unwrap_or("default");
+        let n = r.get("name").and_then(Value::as_str).unwrap_or("");
+        self.store
+            .get(&self.t_sbc, Some(ns), n)
+            .ok()
+            .and_then(|b| {
+                b.pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .map(|l| {
+                        l.iter().any(|c| {
+                            c.get("type").and_then(Value::as_str) == Some("IPXEScriptFetched")
+                                && c.get("status").and_then(Value::as_str) == Some("True")
+                        })
+                    })
+            })
+            .unwrap_or(false)
+    }
+
+    /// Write the result of a finished operation, then forget it.
+    async fn record_done(&self, name: &str, gen: u64, want: Action, note: Option<BootNote>) {
+        if self.current(name, gen) {
+            self.write_status(name, |st| {
+                st["powerState"] = json!(want.ends().as_str());
+                set_condition(
+                    st,
+                    "PowerReady",
+                    true,
+                    "Applied",
+                    &format!("power {} applied through the BMC (redfish)", want.as_str()),
+                );
+                if let Some(n) = &note {
+                    let ok = n.used == n.asked;
+                    let reason = if ok { "Set" } else { "ModeUnsupported" };
+                    set_condition(st, "BootOverride", ok, reason, &n.message);
+                }
+            })
+            .await;
+        }
+        let mut ops = self.ops.lock().unwrap();
+        if ops.get(name).is_some_and(|o| o.gen == gen) {
+            ops.remove(name);
+        }
+    }
+
+    /// Read-modify-write of a Server's status (retried on conflicts).
+    async fn write_status(&self, name: &str, f: impl Fn(&mut Value)) {
+        for _ in 0..8 {
+            let Ok(cur) = self.store.get(&self.t_server, None, name) else {
+                return;
+            };
+            let mut st = cur.get("status").cloned().unwrap_or_else(|| json!({}));
+            f(&mut st);
+            if Some(&st) == cur.get("status") {
+                return;
+            }
+            match self.store.update_status(&self.t_server, &cur, st).await {
+                Ok(_) => return,
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => {
+                    tracing::warn!(server = %name, "writing power status: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Read every Server's power state from its BMC every `poll_interval_secs`, until
+    /// shutdown.
+    pub async fn run(self: Arc<Self>, mut shutdown: Shutdown) {
+        let every = Duration::from_secs(self.cfg.poll_interval_secs);
+        loop {
+            let jitter = rand::thread_rng().gen_range(Duration::ZERO..=every / 10);
+            tokio::select! {
+                _ = shutdown.recv() => return,
+                _ = tokio::time::sleep(every + jitter) => {}
+            }
+            self.poll_once().await;
+        }
+    }
+
+    /// One pass over the Servers with a BMC (no operation running for them).
+    pub async fn poll_once(&self) {
+        let names: Vec<String> = {
+            let (objs, _) = self.store.list(&self.t_server, None, None);
+            objs.filter(|s| has_bmc(s) && !meta::is_deleting(s))
+                .map(|s| meta::name(&s).to_string())
+                .collect()
+        };
+        let limit = Arc::new(tokio::sync::Semaphore::new(self.cfg.global_concurrency));
+        let mut set = tokio::task::JoinSet::new();
+        for name in names {
+            if self.ops.lock().unwrap().contains_key(&name) {
+                continue;
+            }
+            let Some(me) = self.me.upgrade() else { return };
+            let permit = limit.clone().acquire_owned().await.expect("open");
+            set.spawn(async move {
+                me.poll_server(&name).await;
+                drop(permit);
+            });
+        }
+        while set.join_next().await.is_some() {}
+    }
+
+    async fn poll_server(&self, name: &str) {
+        let Ok(server) = self.store.get(&self.t_server, None, name) else {
+            return;
+        };
+        let Ok((_, target)) = server_target(&self.store, &server) else {
+            return;
+        };
+        let base = target.base_url.clone();
+        let bmc = self.pool.bmc(target);
+        let observed = match self.system_of(&bmc, &base, &server).await {
+            Ok(s) => s.power_state,
+            Err(e) => {
+                tracing::debug!(server = %name, "power poll: {e}");
+                return;
+            }
+        };
+        let observed = match observed {
+            Some(PowerState::On) => Power::On,
+            Some(PowerState::Off) => Power::Off,
+            _ => return,
+        };
+        let recorded = server.pointer("/status/powerState").and_then(Value::as_str);
+        if recorded == Some(observed.as_str()) || self.ops.lock().unwrap().contains_key(name) {
+            return;
+        }
+        tracing::info!(server = %name, observed = observed.as_str(), "power state changed outside bootplane");
+        let msg = format!(
+            "the BMC reports the server {}; it was {} (changed outside bootplane)",
+            observed.as_str(),
+            recorded.unwrap_or("unknown")
+        );
+        self.write_status(name, |st| {
+            st["powerState"] = json!(observed.as_str());
+            set_condition(st, "PowerReady", false, "ChangedOutsideBootplane", &msg);
+        })
+        .await;
+    }
+}
+
+impl PowerDriver for Redfish {
+    fn name(&self) -> &'static str {
+        "redfish"
+    }
+    fn set_power(&self, server: &Value, want: Power) -> anyhow::Result<Outcome> {
+        let name = meta::name(server);
+        let msg = format!(
+            "redfish: asking the BMC to power the server {}",
+            want.as_str()
+        );
+        Ok(self.start(name, Action::Power(want), msg))
+    }
+    fn reset(&self, server: &Value) -> anyhow::Result<Outcome> {
+        let msg = "redfish: asking the BMC to restart the server".to_string();
+        Ok(self.start(meta::name(server), Action::Reset, msg))
+    }
+}
+
+/// Chooses the driver per Server: `redfish` for those naming a BMC, the configured
+/// default for the rest.
+pub struct PerServer {
+    pub default: Arc<dyn PowerDriver>,
+    pub redfish: Arc<Redfish>,
+}
+
+impl PowerDriver for PerServer {
+    fn name(&self) -> &'static str {
+        self.default.name()
+    }
+    fn name_for(&self, server: &Value) -> &'static str {
+        if has_bmc(server) {
+            "redfish"
+        } else {
+            self.default.name_for(server)
+        }
+    }
+    fn set_power(&self, server: &Value, want: Power) -> anyhow::Result<Outcome> {
+        if has_bmc(server) {
+            self.redfish.set_power(server, want)
+        } else {
+            self.default.set_power(server, want)
+        }
+    }
+    fn reset(&self, server: &Value) -> anyhow::Result<Outcome> {
+        if has_bmc(server) {
+            self.redfish.reset(server)
+        } else {
+            self.default.reset(server)
+        }
+    }
+}
