@@ -21,6 +21,8 @@
 //! reconciler map Redfish objects to Server and BMC status.
 
 mod client;
+mod parse;
+mod transport;
 mod types;
 
 pub use client::{Bmc, BmcStats, Pool};
