@@ -65,6 +65,10 @@ boot\n\
 echo bootplane-e2e: ignition fetch failed\n\
 sleep 600\n";
 
+/// The BMC's credentials (sushy-emulator's htpasswd; bootplane's BMCSecret).
+const BMC_USER: &str = "bmc-admin";
+const BMC_PASSWORD: &str = "sushy-e2e-password";
+
 /// One namespace with libvirtd, sushy-emulator and bootplane. Fields drop in order:
 /// bootplane, sushy, libvirt (domains destroyed and undefined), the namespace, the dir.
 struct Lab {
@@ -89,8 +93,8 @@ impl Lab {
             &ns,
             dir.path(),
             &libvirt.uri(),
-            &format!("10.199.{net}.1"),
-            8000,
+            (&format!("10.199.{net}.1"), 8000),
+            Some((BMC_USER, BMC_PASSWORD)),
         );
         let mut lab = Lab {
             bp: None,
@@ -150,6 +154,12 @@ ipxe_templates = "{templates}"
 ignition_templates = "{ign}"
 [controller]
 power_driver = "test"
+[power.redfish]
+poll_interval_secs = 2
+shutdown_timeout_secs = 2
+power_wait_secs = 60
+retry_max_secs = 5
+timeout_secs = 60
 "#,
             state = self.path("state").display(),
             ip = self.ip(),
@@ -204,7 +214,9 @@ power_driver = "test"
                 .timeout(Duration::from_secs(120))
                 .build()
                 .unwrap();
-            let mut r = c.request(method, &url);
+            let mut r = c
+                .request(method, &url)
+                .basic_auth(BMC_USER, Some(BMC_PASSWORD));
             if let Some(b) = body {
                 r = r.json(&b);
             }
@@ -305,7 +317,7 @@ fn templates(dir: &Path) -> PathBuf {
 
 /// Register + claim a Server for a new domain `name` (MAC and UUID from `last`), and
 /// define the domain (not started).
-fn claimed_vm(lab: &Lab, name: &str, last: u8) -> Vm {
+fn claimed_vm(lab: &Lab, name: &str, last: u8, uefi: bool) -> Vm {
     let mac = format!("52:54:00:e2:{:02x}:{last:02x}", lab.net);
     let uuid = format!("4c4c4544-00e2-00e2-00{:02x}-0000000000{last:02x}", lab.net);
     let ign = format!(
@@ -340,6 +352,7 @@ fn claimed_vm(lab: &Lab, name: &str, last: u8) -> Vm {
     let serial = lab.path(&format!("{name}.serial.log"));
     lab.libvirt.define(&DomainSpec {
         name,
+        uefi,
         uuid: &uuid,
         mac: &mac,
         bridge: "br0",
@@ -443,7 +456,7 @@ fn chain_lines(lab: &Lab, vm: &Vm) -> Vec<String> {
 #[test]
 fn pxe_once_boots_through_bootplane() {
     let lab = Lab::new(71);
-    let vm = claimed_vm(&lab, "rf-pxe", 1);
+    let vm = claimed_vm(&lab, "rf-pxe", 1, false);
     lab.redfish_ok(
         "PATCH",
         &vm.system(),
@@ -468,11 +481,18 @@ fn pxe_once_boots_through_bootplane() {
 }
 
 /// Lines of a CD boot of the ISO, then the network chain.
-fn cd_lines(lab: &Lab, vm: &Vm) -> Vec<String> {
-    let mut l = vec![
-        "Booting from DVD/CD".to_string(),
-        "iPXE ISO boot image".to_string(),
-    ];
+fn cd_lines(lab: &Lab, vm: &Vm, uefi: bool) -> Vec<String> {
+    let mut l = if uefi {
+        vec![
+            "BdsDxe: loading Boot0001 \"UEFI QEMU DVD-ROM".to_string(),
+            "iPXE initialising devices".to_string(),
+        ]
+    } else {
+        vec![
+            "Booting from DVD/CD".to_string(),
+            "iPXE ISO boot image".to_string(),
+        ]
+    };
     l.extend(chain_lines(lab, vm));
     l
 }
@@ -490,7 +510,7 @@ fn cdrom_of(lab: &Lab, vm: &Vm) -> Option<(String, bool)> {
 #[test]
 fn virtual_media_cd_boots_through_bootplane() {
     let lab = Lab::new(72);
-    let vm = claimed_vm(&lab, "rf-vmedia", 2);
+    let vm = claimed_vm(&lab, "rf-vmedia", 2, false);
     let iso = format!("http://{}:8080{BOOT_ISO}", lab.ip());
     let media = format!("{}/VirtualMedia/Cd", vm.system());
     lab.redfish_ok(
@@ -519,7 +539,7 @@ fn virtual_media_cd_boots_through_bootplane() {
         "uploaded volume differs"
     );
 
-    let lines = cd_lines(&lab, &vm);
+    let lines = cd_lines(&lab, &vm, false);
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     power_boot_and_off(&lab, &vm, &lines, Duration::from_secs(150));
 
@@ -540,7 +560,7 @@ fn virtual_media_cd_boots_through_bootplane() {
 #[test]
 fn uefi_http_boot_uri_boots_through_bootplane() {
     let lab = Lab::new(73);
-    let vm = claimed_vm(&lab, "rf-http", 3);
+    let vm = claimed_vm(&lab, "rf-http", 3, true);
     let uri = format!("http://{}:8080{BOOT_ISO}", lab.ip());
     lab.redfish_ok(
         "PATCH",
@@ -552,8 +572,9 @@ fn uefi_http_boot_uri_boots_through_bootplane() {
         }})),
     );
     let sys = lab.redfish_ok("GET", &vm.system(), None);
-    // sushy-tools 2.2.0: the URI is downloaded as an ISO and booted as a CD (its GET
-    // shows HttpBootUri only for a domain in UEFI boot mode; this one runs SeaBIOS).
+    assert_eq!(sys["Boot"]["BootSourceOverrideMode"], "UEFI", "{sys}");
+    assert_eq!(sys["Boot"]["HttpBootUri"], uri.as_str(), "{sys}");
+    // sushy-tools 2.2.0: the URI is downloaded as an ISO and booted as a CD.
     assert_eq!(sys["Boot"]["BootSourceOverrideTarget"], "Cd", "{sys}");
     let (src, first) = cdrom_of(&lab, &vm).expect("a cdrom on the domain");
     assert!(
@@ -567,9 +588,236 @@ fn uefi_http_boot_uri_boots_through_bootplane() {
         "uploaded volume differs"
     );
 
-    let lines = cd_lines(&lab, &vm);
+    let lines = cd_lines(&lab, &vm, true);
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     power_boot_and_off(&lab, &vm, &lines, Duration::from_secs(150));
+}
+
+// ---- the real flow: bootplane's `redfish` power driver drives sushy -------------------
+
+/// Define the domain, then apply a BMCSecret + BMC (sushy, `RedfishLocal` on port 8000),
+/// a Server with `spec.bmcRef`, the VM's UUID and MAC and the boot-mode annotation, an
+/// Ignition Secret and a ServerClaim with `power: On`: bootplane itself powers it on.
+fn bmc_claimed_vm(lab: &Lab, name: &str, last: u8, mode: &str, uefi: bool) -> Vm {
+    let mac = format!("52:54:00:e2:{:02x}:{last:02x}", lab.net);
+    let uuid = format!("4c4c4544-00e2-00e2-00{:02x}-0000000000{last:02x}", lab.net);
+    let serial = lab.path(&format!("{name}.serial.log"));
+    lab.libvirt.define(&DomainSpec {
+        name,
+        uefi,
+        uuid: &uuid,
+        mac: &mac,
+        bridge: "br0",
+        memory_mib: 256,
+        serial_log: &serial,
+    });
+    let ign = format!(
+        r#"{{"ignition":{{"version":"3.3.0"}},"storage":{{"files":[{{"path":"/etc/e2e-marker","contents":{{"source":"data:,hello-from-{name}"}}}}]}}}}"#
+    );
+    let yaml = format!(
+        "apiVersion: metal.ironcore.dev/v1alpha1\nkind: BMCSecret\nmetadata: {{name: {name}-bmc}}\n\
+         stringData: {{username: {BMC_USER}, password: {BMC_PASSWORD}}}\n---\n\
+         apiVersion: metal.ironcore.dev/v1alpha1\nkind: BMC\nmetadata: {{name: {name}-bmc}}\n\
+         spec: {{access: {{ip: \"{ip}\"}}, bmcSecretRef: {{name: {name}-bmc}}, protocol: {{name: RedfishLocal, port: 8000}}}}\n---\n\
+         apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\n\
+         metadata: {{name: {name}, annotations: {{bootplane.dev/boot-mode: {mode}}}}}\n\
+         spec: {{systemUUID: {uuid}, bmcRef: {{name: {name}-bmc}}}}\n\
+         status: {{state: Available, powerState: \"Off\", networkInterfaces: [{{name: eth0, macAddress: \"{mac}\"}}]}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-ign, namespace: default}}\nstringData: {{ignition: '{ign}'}}\n---\n\
+         apiVersion: metal.ironcore.dev/v1alpha1\nkind: ServerClaim\nmetadata: {{name: {name}-claim, namespace: default}}\n\
+         spec: {{power: \"On\", image: \"os-image:latest\", serverRef: {{name: {name}}}, ignitionSecretRef: {{name: {name}-ign}}}}\n",
+        ip = lab.ip(),
+    );
+    let out = lab.cli(&["apply", "-f", "-"], Some(&yaml));
+    assert!(out.status.success(), "apply: {}", text(&out));
+    Vm {
+        name: name.to_string(),
+        uuid,
+        serial,
+    }
+}
+
+/// The Server's condition `ty`: (status, reason).
+fn server_condition(lab: &Lab, name: &str, ty: &str) -> Option<(String, String)> {
+    let v = lab.get_json("servers", name)?;
+    let c = v
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == ty)?
+        .clone();
+    Some((
+        c["status"].as_str()?.to_string(),
+        c["reason"].as_str().unwrap_or("").to_string(),
+    ))
+}
+
+/// bootplane powers the VM on through sushy (domain running, powerState On, PowerReady
+/// and BootOverride True), the console shows `serial`, the boot configuration records the
+/// script and Ignition fetches; `booted` checks what the mode left on the domain; then the
+/// claim is deleted and bootplane powers the VM off through sushy.
+fn driver_boot_and_release(lab: &Lab, vm: &Vm, serial: &[&str], booted: impl Fn(&Lab, &Vm)) {
+    let t0 = Instant::now();
+    wait_for(
+        Duration::from_secs(90),
+        || {
+            lab.get_json("servers", &vm.name)
+                .is_some_and(|v| v["status"]["powerState"] == "On")
+        },
+        || {
+            format!(
+                "bootplane did not power {} on: {:?}\n--- sushy ---\n{}\n--- bootplane ---\n{}",
+                vm.name,
+                lab.get_json("servers", &vm.name),
+                tail(&lab.sushy.log(), 30),
+                tail(&lab.log(), 60)
+            )
+        },
+    );
+    assert_eq!(lab.libvirt.state(&vm.name), "running");
+    assert_eq!(
+        server_condition(lab, &vm.name, "BootOverride"),
+        Some(("True".into(), "Set".into())),
+        "{:?}",
+        lab.get_json("servers", &vm.name)
+    );
+    assert_eq!(
+        server_condition(lab, &vm.name, "PowerReady").map(|c| c.0),
+        Some("True".into())
+    );
+    wait_console(lab, vm, serial, Duration::from_secs(150));
+    eprintln!("{}: claimed to booted in {:.1?}", vm.name, t0.elapsed());
+    wait_for(
+        Duration::from_secs(20),
+        || {
+            lab.get_json("sbc", &vm.claim()).is_some_and(|v| {
+                condition_true(&v, "IPXEScriptFetched") && condition_true(&v, "IgnitionDataFetched")
+            })
+        },
+        || format!("conditions not set: {:?}", lab.get_json("sbc", &vm.claim())),
+    );
+    booted(lab, vm);
+
+    let out = lab.cli(&["delete", "serverclaims", &vm.claim()], None);
+    assert!(out.status.success(), "delete: {}", text(&out));
+    wait_for(
+        Duration::from_secs(60),
+        || {
+            lab.get_json("servers", &vm.name).is_some_and(|v| {
+                v["status"]["state"] == "Available" && v["status"]["powerState"] == "Off"
+            })
+        },
+        || {
+            format!(
+                "server not released and off: {:?}\n{}",
+                lab.get_json("servers", &vm.name),
+                tail(&lab.log(), 40)
+            )
+        },
+    );
+    assert_eq!(lab.libvirt.state(&vm.name), "shut off");
+    let sys = lab.redfish_ok("GET", &vm.system(), None);
+    assert_eq!(sys["PowerState"], "Off", "{sys}");
+    let log = lab.sushy.log();
+    assert!(
+        log.contains("ResetType") || log.contains("Actions/ComputerSystem.Reset"),
+        "no reset in sushy's log"
+    );
+    assert!(!lab.log().contains(BMC_PASSWORD), "the BMC password is in bootplane's log");
+}
+
+/// Poll the console until `serial` shows in order (panics with all logs after `limit`).
+fn wait_console(lab: &Lab, vm: &Vm, serial: &[&str], limit: Duration) {
+    let t0 = Instant::now();
+    loop {
+        let console = lab.serial(vm);
+        if in_order(&console, serial).is_ok() {
+            lab.keep_logs(vm);
+            return;
+        }
+        if t0.elapsed() > limit {
+            lab.keep_logs(vm);
+            panic!(
+                "{}: console never showed {:?} within {limit:?}\n--- serial ---\n{console}\n\
+                 --- qemu ---\n{}\n--- sushy ---\n{}\n--- bootplane ---\n{}",
+                vm.name,
+                in_order(&console, serial).unwrap_err(),
+                tail(&lab.libvirt.qemu_log(&vm.name), 20),
+                tail(&lab.sushy.log(), 20),
+                tail(&lab.log(), 60)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Whether `path` is an ISO 9660 image (the primary volume descriptor at 32 KiB).
+fn is_iso(path: &str) -> bool {
+    std::fs::read(path).is_ok_and(|b| b.len() > 0x8006 && &b[0x8001..0x8006] == b"CD001")
+}
+
+#[test]
+fn driver_pxe_once() {
+    let lab = Lab::new(74);
+    let vm = bmc_claimed_vm(&lab, "rfd-pxe", 4, "Pxe", false);
+    let mut lines = vec!["iPXE (PCI 00:02.0) starting execution".to_string()];
+    lines.extend(chain_lines(&lab, &vm));
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    driver_boot_and_release(&lab, &vm, &lines, |lab, vm| {
+        let xml = lab.libvirt.inactive_xml(&vm.name);
+        let nic = &xml[xml.find("<interface").unwrap()..xml.find("</interface>").unwrap()];
+        assert!(nic.contains("<boot order='1'/>"), "no NIC boot order from sushy: {xml}");
+        let console = lab.serial(vm);
+        assert!(!console.contains("Booting from DVD/CD"), "{console}");
+    });
+}
+
+#[test]
+fn driver_virtual_media_cd() {
+    let lab = Lab::new(75);
+    let vm = bmc_claimed_vm(&lab, "rfd-vmedia", 5, "VirtualMedia", false);
+    let lines = cd_lines(&lab, &vm, false);
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    driver_boot_and_release(&lab, &vm, &lines, |lab, vm| {
+        // bootplane ejects the media once the machine fetched its script.
+        wait_for(
+            Duration::from_secs(30),
+            || cdrom_of(lab, vm).is_none(),
+            || format!("media not ejected: {:?}", cdrom_of(lab, vm)),
+        );
+        let m = lab.redfish_ok("GET", &format!("{}/VirtualMedia/Cd", vm.system()), None);
+        assert_eq!(m["Inserted"], false, "{m}");
+    });
+}
+
+#[test]
+fn driver_uefi_http_boot_uri() {
+    let lab = Lab::new(76);
+    let vm = bmc_claimed_vm(&lab, "rfd-http", 6, "UefiHttp", true);
+    let lines = cd_lines(&lab, &vm, true);
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    // Checked as soon as the override is set: sushy-tools downloads HttpBootUri and
+    // attaches it as a cdrom first in the boot order.
+    wait_for(
+        Duration::from_secs(60),
+        || cdrom_of(&lab, &vm).is_some(),
+        || {
+            format!(
+                "no cdrom from HttpBootUri: {:?}\n--- sushy ---\n{}\n--- bootplane ---\n{}",
+                lab.get_json("servers", &vm.name),
+                tail(&lab.sushy.log(), 10),
+                tail(&lab.log(), 30)
+            )
+        },
+    );
+    let (src, first) = cdrom_of(&lab, &vm).unwrap();
+    assert!(first, "the HttpBootUri cdrom is not first in the boot order");
+    assert!(
+        is_iso(&src),
+        "HttpBootUri's content is not an ISO image: {:?}",
+        String::from_utf8_lossy(&std::fs::read(&src).unwrap_or_default()[..64.min(std::fs::metadata(&src).map(|m| m.len() as usize).unwrap_or(0))])
+    );
+    driver_boot_and_release(&lab, &vm, &lines, |_, _| {});
 }
 
 /// The console as text (ANSI escape sequences and CRs removed).

@@ -83,6 +83,7 @@ pub fn require_libvirt() {
         "python3-libvirt",
     );
     require_file("/usr/share/seabios/bios-256k.bin", "seabios");
+    require_file("/usr/share/OVMF/OVMF_CODE_4M.fd", "ovmf");
     let sushy = format!("{VENV}/bin/sushy-emulator");
     assert!(
         Path::new(&sushy).is_file(),
@@ -90,9 +91,14 @@ pub fn require_libvirt() {
     );
 }
 
-/// One VM: SeaBIOS (serial console mirrored to COM1), one NIC on `bridge`, COM1 to a file.
+/// One VM: SeaBIOS (serial console mirrored to COM1) or OVMF, one NIC on `bridge`,
+/// COM1 to a file.
 pub struct DomainSpec<'a> {
     pub name: &'a str,
+    /// OVMF (`pflash` loader, NVRAM from the VARS template, kept under the daemon's
+    /// `/var/lib/libvirt`) instead of SeaBIOS: sushy-tools then reports boot mode UEFI
+    /// and offers `UefiHttp`.
+    pub uefi: bool,
     pub uuid: &'a str,
     pub mac: &'a str,
     pub bridge: &'a str,
@@ -104,6 +110,12 @@ impl DomainSpec<'_> {
     /// The domain XML: type `qemu` (TCG), i440fx, no disk, no graphics. No boot order:
     /// sushy-emulator writes the per-device `<boot order>` a Redfish override asks for.
     pub fn xml(&self) -> String {
+        let firmware = if self.uefi {
+            "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader>\n    \
+             <nvram template='/usr/share/OVMF/OVMF_VARS_4M.fd'/>"
+        } else {
+            "<bios useserial='yes'/>"
+        };
         format!(
             r#"<domain type='qemu'>
   <name>{name}</name>
@@ -112,8 +124,9 @@ impl DomainSpec<'_> {
   <vcpu>1</vcpu>
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
-    <bios useserial='yes'/>
+    {firmware}
   </os>
+  <features><acpi/></features>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>restart</on_reboot>
   <devices>
@@ -307,7 +320,15 @@ pub struct Sushy {
 impl Sushy {
     /// Start it in `ns` against `libvirt_uri`; its TMPDIR (downloads, state) is
     /// `dir/sushy-tmp`. Waits until `/redfish/v1/Systems` answers.
-    pub fn start(ns: &Netns, dir: &Path, libvirt_uri: &str, ip: &str, port: u16) -> Sushy {
+    /// With `user`, it asks for HTTP basic auth with that user and password (a bcrypt
+    /// htpasswd file, `SUSHY_EMULATOR_AUTH_FILE`); sushy-tools has no SessionService.
+    pub fn start(
+        ns: &Netns,
+        dir: &Path,
+        libvirt_uri: &str,
+        (ip, port): (&str, u16),
+        user: Option<(&str, &str)>,
+    ) -> Sushy {
         require_libvirt();
         let tmp = dir.join("sushy-tmp");
         std::fs::create_dir_all(&tmp).unwrap();
@@ -316,6 +337,29 @@ impl Sushy {
         let mut c = ns.cmd(&format!("{VENV}/bin/sushy-emulator"));
         c.args(["--interface", ip, "--port", &port.to_string()])
             .args(["--libvirt-uri", libvirt_uri])
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        if let Some((u, p)) = user {
+            let htpasswd = dir.join("sushy.htpasswd");
+            let hash = run_for(
+                Command::new(format!("{VENV}/bin/python3")).args([
+                    "-c",
+                    "import bcrypt,sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(rounds=4)).decode())",
+                    p,
+                ]),
+                Duration::from_secs(30),
+            );
+            assert!(hash.status.success(), "bcrypt: {hash:?}");
+            let hash = String::from_utf8(hash.stdout).unwrap();
+            std::fs::write(&htpasswd, format!("{u}:{}\n", hash.trim())).unwrap();
+            let conf = dir.join("sushy.conf");
+            std::fs::write(
+                &conf,
+                format!("SUSHY_EMULATOR_AUTH_FILE = {:?}\n", htpasswd.display().to_string()),
+            )
+            .unwrap();
+            c.arg("--config").arg(&conf);
+        }
+        c
             .env("TMPDIR", &tmp)
             .stdin(Stdio::null())
             .stdout(f.try_clone().unwrap())
@@ -325,7 +369,8 @@ impl Sushy {
             log,
             proc: Proc::spawn(c),
         };
-        let url = format!("{}/redfish/v1/Systems", s.base);
+        // The service root needs no credentials, with or without auth.
+        let url = format!("{}/redfish/v1/", s.base);
         let ns_name = ns.name.clone();
         wait_for(
             Duration::from_secs(30),
