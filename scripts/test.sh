@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run bootplane's whole test suite on a fresh Debian bookworm machine.
 # Installs the Debian packages the tests need (scripts/test-packages.txt) when missing,
+# and the pinned PyPI tools (scripts/test-python.txt) into /opt/bootplane-test-venv,
 # then runs every unit, integration and end-to-end test, then every fuzz target for
 # FUZZ_SECS seconds each (default 30; 0 skips them; scripts/fuzz.sh, docs/fuzzing.md).
 # Needs root for apt and for the network-namespace tests.
@@ -20,6 +21,18 @@ if ((${#missing[@]})); then
   printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
   rm -f /usr/sbin/policy-rc.d
+fi
+
+# Python tools from PyPI (scripts/test-python.txt, pinned) in a virtualenv made by Debian's
+# python3 (python3-venv) with the system site packages (python3-libvirt); reinstalled only
+# when the pinned list changes (its hash is kept in the venv).
+venv=/opt/bootplane-test-venv
+want=$(sha256sum scripts/test-python.txt | cut -d' ' -f1)
+if [[ ! -x $venv/bin/python3 ]] || [[ "$(cat "$venv/.test-python.sha256" 2>/dev/null)" != "$want" ]]; then
+  echo "installing test python packages into $venv"
+  [[ -x $venv/bin/python3 ]] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r scripts/test-python.txt
+  echo "$want" > "$venv/.test-python.sha256"
 fi
 
 cargo test --locked "$@"

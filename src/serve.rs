@@ -118,12 +118,18 @@ impl crate::power::redfish::BootTargets for BootTargets {
     fn http_boot_uri(
         &self,
         server: &str,
-        _artifact: crate::power::redfish::HttpBootArtifact,
+        artifact: crate::power::redfish::HttpBootArtifact,
     ) -> Option<String> {
-        self.0.get().map(|b| b.signed_script_url(server))
+        use crate::power::redfish::HttpBootArtifact as A;
+        let artifact = match artifact {
+            A::Iso => crate::http::BootArtifact::Iso,
+            A::Efi => crate::http::BootArtifact::Efi,
+        };
+        self.0.get().map(|b| b.signed_boot_url(server, artifact))
     }
     fn media_uri(&self, server: &str) -> Option<String> {
-        self.0.get().map(|b| b.signed_script_url(server))
+        let iso = crate::http::BootArtifact::Iso;
+        self.0.get().map(|b| b.signed_boot_url(server, iso))
     }
     fn owns(&self, uri: &str) -> bool {
         self.0

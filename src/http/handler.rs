@@ -48,14 +48,14 @@ pub struct Settings {
 
 /// The boot listener's application state.
 pub struct BootHttp {
-    index: Arc<dyn BootIndex>,
+    pub(super) index: Arc<dyn BootIndex>,
     renderer: Renderer,
-    signer: TokenSigner,
+    pub(super) signer: TokenSigner,
     metrics: Arc<Metrics>,
-    base_url: String,
+    pub(super) base_url: String,
     console: String,
     default_action: DefaultAction,
-    token_ttl: u64,
+    pub(super) token_ttl: u64,
     assets: Option<Root>,
     images: Option<Root>,
     ipxe_fallback: Option<PathBuf>,
@@ -63,6 +63,7 @@ pub struct BootHttp {
     boot_script: Bytes,
     sign_ignition_urls: bool,
     scripts: std::sync::RwLock<std::collections::HashMap<String, CachedScript>>,
+    pub(super) boot_iso: super::bootiso::BootIso,
 }
 
 /// A rendered per-machine script, reused while the machine entry is unchanged (same
@@ -83,6 +84,8 @@ pub mod route {
     pub const SCRIPT: &str = "script";
     pub const IGNITION: &str = "ignition";
     pub const ASSETS: &str = "assets";
+    pub const ISO: &str = "boot_iso";
+    pub const EFI: &str = "boot_efi";
     pub const OTHER: &str = "other";
 }
 
@@ -131,6 +134,7 @@ impl BootHttp {
             boot_script,
             sign_ignition_urls: s.sign_ignition_urls,
             scripts: Default::default(),
+            boot_iso: super::bootiso::BootIso::unconfigured(),
         })
     }
 
@@ -210,7 +214,8 @@ impl BootHttp {
             stream_budget_bytes: h.stream_budget_bytes.max(files::MIN_CHUNK),
             sign_ignition_urls: h.sign_ignition_urls,
         };
-        BootHttp::new(settings, index, metrics)
+        let iso = super::bootiso::BootIso::load(&h.boot_iso);
+        Ok(BootHttp::new(settings, index, metrics)?.with_boot_iso(iso))
     }
 
     pub fn base_url(&self) -> &str {
@@ -251,6 +256,10 @@ impl BootHttp {
             route::IGNITION
         } else if path.starts_with("/assets/") {
             route::ASSETS
+        } else if path == "/boot.iso" || path == "/ipxe/boot.iso" {
+            route::ISO
+        } else if path == "/ipxe/boot.efi" {
+            route::EFI
         } else {
             route::OTHER
         };
@@ -268,6 +277,7 @@ impl BootHttp {
                 }
                 route::IGNITION => self.ignition(&path["/ignition/".len()..], client, &mut server),
                 route::ASSETS => self.asset(&req, &path["/assets/".len()..]).await,
+                route::ISO | route::EFI => self.boot_target(&req, client, &mut server).await,
                 _ => text(StatusCode::NOT_FOUND, "not found\n"),
             }
         };
@@ -559,7 +569,7 @@ impl BootHttp {
         }
     }
 
-    async fn asset<B>(&self, req: &Request<B>, raw: &str) -> Resp {
+    pub(super) async fn asset<B>(&self, req: &Request<B>, raw: &str) -> Resp {
         let rel = match files::sanitize(raw) {
             Ok(r) => r,
             Err(e) => return bad_request(&e.to_string()),
@@ -678,15 +688,15 @@ impl BootHttp {
 /// Query parameters of `/ipxe/script`. Empty values count as absent (iPXE expands an
 /// unset setting to nothing). Values borrow from the request unless percent-decoded.
 #[derive(Debug, Default)]
-struct Query<'a> {
+pub(super) struct Query<'a> {
     uuid: Option<Cow<'a, str>>,
     mac: Option<Cow<'a, str>>,
-    server: Option<Cow<'a, str>>,
-    token: Option<Cow<'a, str>>,
+    pub(super) server: Option<Cow<'a, str>>,
+    pub(super) token: Option<Cow<'a, str>>,
 }
 
 impl<'a> Query<'a> {
-    fn parse(q: &'a str) -> Result<Query<'a>, String> {
+    pub(super) fn parse(q: &'a str) -> Result<Query<'a>, String> {
         if q.len() > 2048 {
             return Err("query too long".into());
         }
@@ -716,7 +726,7 @@ impl<'a> Query<'a> {
 }
 
 /// A Kubernetes object name (DNS subdomain).
-fn valid_name(s: &str) -> bool {
+pub(super) fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
         && s.bytes()
@@ -725,7 +735,7 @@ fn valid_name(s: &str) -> bool {
         && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
 }
 
-fn header_value(s: &str, fallback: &'static str) -> HeaderValue {
+pub(super) fn header_value(s: &str, fallback: &'static str) -> HeaderValue {
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(fallback))
 }
 
@@ -743,7 +753,7 @@ fn script_response(status: StatusCode, body: Bytes) -> Resp {
     r
 }
 
-fn text(status: StatusCode, msg: &str) -> Resp {
+pub(super) fn text(status: StatusCode, msg: &str) -> Resp {
     let mut r = Response::new(FileBody::bytes(Bytes::copy_from_slice(msg.as_bytes())));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -755,7 +765,7 @@ fn text(status: StatusCode, msg: &str) -> Resp {
     r
 }
 
-fn bad_request(msg: &str) -> Resp {
+pub(super) fn bad_request(msg: &str) -> Resp {
     let m: String = msg.chars().filter(|c| !c.is_control()).take(200).collect();
     text(StatusCode::BAD_REQUEST, &format!("bad request: {m}\n"))
 }

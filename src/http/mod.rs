@@ -8,6 +8,8 @@
 //! - `/ignition/<server>[/<token>]`: the machine's Ignition payload, as given by the index.
 //! - `/assets/<path>`: iPXE binaries and image files (`/assets/images/...` comes from the
 //!   image catalog directory), with `HEAD`, `Range`, conditionals and no redirects.
+//! - `/boot.iso`, `/ipxe/boot.iso?server=&token=`, `/ipxe/boot.efi?server=&token=`: what
+//!   a BMC is pointed at for virtual media and UEFI HTTP boot ([`bootiso`]).
 //!
 //! Identity: a script or Ignition payload is given only to the machine it belongs to: the
 //! request's source address must be one of the machine's registered addresses, or the URL
@@ -24,11 +26,13 @@
 //! route needs the raw (still percent-encoded) path to reject traversal in every
 //! encoding before anything is decoded, and the per-request cost stays minimal.
 
+pub mod bootiso;
 pub mod catalog;
 pub mod conn;
 pub mod files;
 pub mod handler;
 pub mod index;
+pub mod iso9660;
 pub mod metrics;
 pub mod server;
 pub mod settings;
@@ -41,6 +45,7 @@ use bytes::Bytes;
 
 use crate::model::ident::Mac;
 
+pub use bootiso::BootArtifact;
 pub use handler::BootHttp;
 pub use metrics::Metrics;
 pub use settings::{BootConfig, HttpConfig};

@@ -57,6 +57,32 @@ pub struct HttpConfig {
     /// Memory budget for file data in flight across all downloads: each download's chunk
     /// is this divided by the number of downloads, clamped to 8 KiB..1 MiB.
     pub stream_budget_bytes: usize,
+    /// `[http.boot_iso]`: the files the boot ISO is built from.
+    pub boot_iso: BootIsoConfig,
+}
+
+/// `[http.boot_iso]`: the third-party files inside the boot ISO that `/boot.iso` and
+/// `/ipxe/boot.iso` serve (see [`super::bootiso`]). Defaults are Debian's paths; a
+/// missing file is a warning at start-up and a 503 naming it when an ISO is asked for.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct BootIsoConfig {
+    /// ISOLINUX's El Torito boot file (Debian `isolinux`).
+    pub isolinux_bin: PathBuf,
+    /// ISOLINUX's core module, loaded by `isolinux.bin` (Debian `syslinux-common`).
+    pub ldlinux_c32: PathBuf,
+    /// iPXE as a Linux kernel; it runs the chain script it is given as initrd (Debian `ipxe`).
+    pub ipxe_lkrn: PathBuf,
+}
+
+impl Default for BootIsoConfig {
+    fn default() -> Self {
+        BootIsoConfig {
+            isolinux_bin: PathBuf::from("/usr/lib/ISOLINUX/isolinux.bin"),
+            ldlinux_c32: PathBuf::from("/usr/lib/syslinux/modules/bios/ldlinux.c32"),
+            ipxe_lkrn: PathBuf::from("/usr/lib/ipxe/ipxe.lkrn"),
+        }
+    }
 }
 
 impl Default for HttpConfig {
@@ -80,6 +106,7 @@ impl Default for HttpConfig {
             token_key_file: None,
             file_io: "sendfile".into(),
             stream_budget_bytes: 8 << 20,
+            boot_iso: BootIsoConfig::default(),
         }
     }
 }

@@ -23,6 +23,10 @@ type HmacSha256 = Hmac<Sha256>;
 pub enum Purpose {
     Script,
     Ignition,
+    /// The per-machine boot ISO (`/ipxe/boot.iso`), for a BMC's virtual media or HTTP boot.
+    BootIso,
+    /// The iPXE EFI binary behind a machine's UEFI HTTP boot URI (`/ipxe/boot.efi`).
+    BootEfi,
 }
 
 impl Purpose {
@@ -30,6 +34,8 @@ impl Purpose {
         match self {
             Purpose::Script => "script",
             Purpose::Ignition => "ignition",
+            Purpose::BootIso => "boot-iso",
+            Purpose::BootEfi => "boot-efi",
         }
     }
 }

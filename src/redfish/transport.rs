@@ -175,7 +175,8 @@ fn retry_after(h: &HeaderMap) -> Option<Duration> {
 fn status_failure(status: u16, headers: &HeaderMap, body: &[u8]) -> Failure {
     match status {
         401 | 403 => fail(Error::Unauthorized(status), false),
-        429 | 500..=599 => Failure {
+        // 501: the BMC does not implement it; waiting will not change that.
+        429 | 500 | 502..=599 => Failure {
             error: Error::Status { status, message: parse::error_message(body) },
             retryable: true,
             retry_after: retry_after(headers),

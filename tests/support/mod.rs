@@ -11,7 +11,8 @@
 //!   fixtures;
 //! - [`libvirt`]: a private libvirt daemon in a test's namespace and sushy-emulator
 //!   (libvirt driver) in front of it;
-//! - [`data`]: deterministic test bytes, their hashes, the fixtures directory.
+//! - [`data`]: deterministic test bytes, their hashes, the fixtures directory;
+//! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters.
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -23,6 +24,7 @@ pub mod api;
 pub mod bootplane;
 pub mod data;
 pub mod dhcp;
+pub mod fakebmc;
 pub mod http;
 pub mod image;
 pub mod libvirt;

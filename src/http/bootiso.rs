@@ -1,0 +1,429 @@
+//! What a BMC is pointed at: the boot ISO (virtual media, and UEFI HTTP boot on BMCs
+//! that boot a downloaded ISO as a CD, as sushy-tools does) and the iPXE EFI binary
+//! (UEFI HTTP boot), served by the boot listener.
+//!
+//! The ISO is built here, in memory ([`super::iso9660`]): ISOLINUX (`isolinux.bin`, its
+//! boot information table patched, and `ldlinux.c32`) boots iPXE's `ipxe.lkrn` with the
+//! chain script as its initrd; iPXE runs an initrd that is a script (`#!ipxe`) as its
+//! script, so the ISO holds `#!ipxe`, `dhcp`, `chain <URL>` and nothing machine-specific
+//! beyond the URL. This is the layout of iPXE's own `ipxe.iso` (ISOLINUX + `ipxe.krn`),
+//! with the script given at boot instead of compiled in. BIOS boot only: Debian
+//! bookworm's iPXE (2019) has no way for `ipxe.efi` booted from a CD to find a script
+//! beside it (iPXE's `autoexec.ipxe` came in 2021).
+//!
+//! Routes:
+//! - `/boot.iso`: the generic ISO; its script chains `<base_url>/boot.ipxe`, which finds
+//!   the machine by MAC/UUID as a PXE boot does ([`BootHttp::boot_iso_url`]);
+//! - `/ipxe/boot.iso?server=NAME&token=T`: the machine's own ISO, whose script chains its
+//!   signed script URL ([`BootHttp::signed_script_url`]);
+//! - `/ipxe/boot.efi?server=NAME&token=T`: `ipxe.efi` (assets directory, else Debian's
+//!   `/usr/lib/ipxe`), for a UEFI HTTP boot URI.
+//!
+//! The per-machine URLs come from [`BootHttp::signed_boot_url`] with a token of their own
+//! purpose ([`Purpose::BootIso`], [`Purpose::BootEfi`]): a script token fetches no ISO
+//! and an ISO token no script; like the others it dies with the boot it was minted for.
+//! A bad or expired token gets 403, an unknown server 404, a missing ISOLINUX/iPXE file
+//! 503 naming it (and a warning at start-up). `HEAD`, `Range` (one range; several get
+//! the whole image) and conditionals work on the ISO as on files; its ETag is a digest
+//! of its bytes.
+//!
+//! The three files are read once at start-up. An ISO is built once per distinct script:
+//! the generic one once, a machine's again only when its boot changes or its token is
+//! past half its lifetime (as scripts are cached). An ISO is ~500 KiB (Debian's
+//! `ipxe.lkrn` alone is 300 KiB); building one (copying and a SHA-256) takes under a
+//! millisecond, so it is done on the request's task.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use sha2::{Digest, Sha256};
+
+use super::files::{self, Conditions, FileBody, FileMeta, Plan};
+use super::handler::{bad_request, header_value, route, text, valid_name, Query};
+use super::iso9660::{self, ElTorito, IsoFile};
+use super::metrics::RouteLabels;
+use super::settings::BootIsoConfig;
+use super::token::Purpose;
+use super::{BootHttp, MachineBoot, MachineId};
+use crate::sys::unix_now;
+
+/// A per-machine boot target (what a BMC's UEFI HTTP boot URI points at).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootArtifact {
+    /// The machine's boot ISO (`/ipxe/boot.iso`).
+    Iso,
+    /// The iPXE EFI binary (`/ipxe/boot.efi`).
+    Efi,
+}
+
+impl BootArtifact {
+    fn purpose(self) -> Purpose {
+        match self {
+            BootArtifact::Iso => Purpose::BootIso,
+            BootArtifact::Efi => Purpose::BootEfi,
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            BootArtifact::Iso => "/ipxe/boot.iso",
+            BootArtifact::Efi => "/ipxe/boot.efi",
+        }
+    }
+}
+
+/// ISOLINUX's configuration: boot iPXE with the chain script as its initrd, at once.
+pub const ISOLINUX_CFG: &str =
+    "DEFAULT ipxe\nPROMPT 0\nTIMEOUT 0\nLABEL ipxe\n KERNEL ipxe.krn\n INITRD chain.ipx\n";
+
+/// The script inside an ISO: bring the network up, continue at `url`.
+pub fn chain_script(url: &str) -> String {
+    format!("#!ipxe\ndhcp\nchain {url}\n")
+}
+
+/// Cached ISOs beyond this are dropped wholesale (~500 KiB each: 32 MiB at most).
+const ISO_CACHE_MAX: usize = 64;
+
+/// The ISO's third-party files, read at start-up.
+struct Parts {
+    isolinux_bin: Vec<u8>,
+    ldlinux_c32: Vec<u8>,
+    ipxe_lkrn: Vec<u8>,
+}
+
+/// A built ISO with its validators.
+struct Image {
+    body: Bytes,
+    meta: FileMeta,
+}
+
+struct Cached {
+    /// The boot the embedded token was minted for ("" for the generic ISO).
+    boot_id: String,
+    minted: u64,
+    image: Arc<Image>,
+}
+
+/// The boot ISO builder and its cache, held by [`BootHttp`].
+pub struct BootIso {
+    /// `Err`: why no ISO can be built (a file missing), said to whoever asks for one.
+    parts: Result<Parts, String>,
+    /// Timestamp of the ISOs' files and `Last-Modified` (start-up time).
+    stamp: u64,
+    cache: Mutex<HashMap<String, Cached>>,
+}
+
+impl BootIso {
+    /// No ISO: every request for one gets 503 (a [`BootHttp`] built without config).
+    pub fn unconfigured() -> BootIso {
+        BootIso::with_parts(Err("boot iso not configured".into()))
+    }
+
+    /// Read the files `cfg` names (at start-up). A missing one is logged as a warning
+    /// and makes ISO requests fail with its name; the rest of the listener is unaffected.
+    pub fn load(cfg: &BootIsoConfig) -> BootIso {
+        let read = |p: &Path, pkg: &str| {
+            std::fs::read(p).map_err(|e| format!("{} ({pkg}): {e}", p.display()))
+        };
+        let parts = (|| {
+            Ok(Parts {
+                isolinux_bin: read(&cfg.isolinux_bin, "Debian isolinux")?,
+                ldlinux_c32: read(&cfg.ldlinux_c32, "Debian syslinux-common")?,
+                ipxe_lkrn: read(&cfg.ipxe_lkrn, "Debian ipxe")?,
+            })
+        })();
+        if let Err(e) = &parts {
+            tracing::warn!(error = %e, "boot iso unavailable (http.boot_iso): /boot.iso and /ipxe/boot.iso will answer 503");
+        }
+        BootIso::with_parts(parts)
+    }
+
+    /// From the files' bytes (tests, or a caller that has them already).
+    pub fn from_bytes(isolinux_bin: Vec<u8>, ldlinux_c32: Vec<u8>, ipxe_lkrn: Vec<u8>) -> BootIso {
+        BootIso::with_parts(Ok(Parts {
+            isolinux_bin,
+            ldlinux_c32,
+            ipxe_lkrn,
+        }))
+    }
+
+    fn with_parts(parts: Result<Parts, String>) -> BootIso {
+        BootIso {
+            parts,
+            stamp: unix_now(),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The ISO image booting `script`.
+    pub fn image(&self, script: &str) -> Result<Vec<u8>, String> {
+        let p = self.parts.as_ref().map_err(Clone::clone)?;
+        let files = [
+            IsoFile {
+                name: "isolinux.bin",
+                data: &p.isolinux_bin,
+            },
+            IsoFile {
+                name: "ldlinux.c32",
+                data: &p.ldlinux_c32,
+            },
+            IsoFile {
+                name: "isolinux.cfg",
+                data: ISOLINUX_CFG.as_bytes(),
+            },
+            IsoFile {
+                name: "ipxe.krn",
+                data: &p.ipxe_lkrn,
+            },
+            IsoFile {
+                name: "chain.ipx",
+                data: script.as_bytes(),
+            },
+        ];
+        let el = ElTorito {
+            boot_file: "isolinux.bin",
+            load_sectors: 4,
+            boot_info_table: true,
+        };
+        iso9660::build("BOOTPLANE", &files, Some(el), self.stamp).map_err(|e| e.to_string())
+    }
+
+    /// The cached image under `key` if made for `boot_id` less than `fresh_for` seconds
+    /// ago, else the one `script()` gives (built and cached).
+    fn cached(
+        &self,
+        key: &str,
+        boot_id: &str,
+        fresh_for: u64,
+        script: impl FnOnce(u64) -> String,
+    ) -> Result<Arc<Image>, String> {
+        let now = unix_now();
+        {
+            let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = cache.get(key) {
+                if c.boot_id == boot_id && now >= c.minted && now - c.minted < fresh_for {
+                    return Ok(c.image.clone());
+                }
+            }
+        }
+        let body = Bytes::from(self.image(&script(now))?);
+        let digest = Sha256::digest(&body);
+        let mut meta = FileMeta::new(
+            body.len() as u64,
+            UNIX_EPOCH + Duration::from_secs(self.stamp),
+        );
+        meta.etag = format!("\"{}\"", hex(&digest[..12]));
+        let image = Arc::new(Image { body, meta });
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= ISO_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(
+            key.to_string(),
+            Cached {
+                boot_id: boot_id.to_string(),
+                minted: now,
+                image: image.clone(),
+            },
+        );
+        Ok(image)
+    }
+}
+
+type Resp = Response<FileBody>;
+
+impl BootHttp {
+    /// Use `iso` for the ISO routes ([`BootHttp::from_config`] loads it from `[http.boot_iso]`).
+    pub fn with_boot_iso(mut self, iso: BootIso) -> BootHttp {
+        self.boot_iso = iso;
+        self
+    }
+
+    /// The generic boot ISO's URL (virtual media for any machine bootplane knows by MAC
+    /// or UUID).
+    pub fn boot_iso_url(&self) -> String {
+        format!("{}/boot.iso", self.base_url)
+    }
+
+    /// `server`'s own boot target URL (a UEFI HTTP boot URI or a virtual media image),
+    /// carrying a token for that artifact bound to the boot the index holds for it now.
+    pub fn signed_boot_url(&self, server: &str, artifact: BootArtifact) -> String {
+        let boot = self
+            .index
+            .lookup(&MachineId::Server(server.to_string()))
+            .map(|m| m.boot_id.clone())
+            .unwrap_or_default();
+        let t = self.signer.mint(
+            artifact.purpose(),
+            server,
+            &boot,
+            unix_now(),
+            self.token_ttl,
+        );
+        format!(
+            "{}{}?server={server}&token={t}",
+            self.base_url,
+            artifact.path()
+        )
+    }
+
+    /// `/boot.iso`, `/ipxe/boot.iso`, `/ipxe/boot.efi`.
+    pub(super) async fn boot_target<B>(
+        &self,
+        req: &Request<B>,
+        client: IpAddr,
+        server_out: &mut Option<Arc<MachineBoot>>,
+    ) -> Resp {
+        let artifact = match req.uri().path() {
+            "/boot.iso" => {
+                let url = format!("{}/boot.ipxe", self.base_url);
+                let img = self
+                    .boot_iso
+                    .cached("", "", u64::MAX, |_| chain_script(&url));
+                return self.iso_response(req, img);
+            }
+            "/ipxe/boot.iso" => BootArtifact::Iso,
+            _ => BootArtifact::Efi,
+        };
+        let q = match Query::parse(req.uri().query().unwrap_or("")) {
+            Ok(q) => q,
+            Err(msg) => return bad_request(&msg),
+        };
+        let Some(name) = q.server.as_deref() else {
+            return bad_request("missing server");
+        };
+        if !valid_name(name) {
+            return bad_request("malformed server name");
+        }
+        let Some(m) = self.index.lookup(&MachineId::Server(name.to_string())) else {
+            return text(StatusCode::NOT_FOUND, "unknown server\n");
+        };
+        *server_out = Some(m.clone());
+        let checked = match q.token.as_deref() {
+            None => Err("no token".to_string()),
+            Some(t) => self
+                .signer
+                .verify(t, artifact.purpose(), &m.server, &m.boot_id, unix_now())
+                .map_err(|e| e.to_string()),
+        };
+        if let Err(why) = checked {
+            let route = if artifact == BootArtifact::Iso {
+                route::ISO
+            } else {
+                route::EFI
+            };
+            self.metrics()
+                .identity_refused
+                .get_or_create(&RouteLabels { route })
+                .inc();
+            tracing::warn!(server = %m.server, client = %client, route, why = %why, "boot target refused");
+            return text(StatusCode::FORBIDDEN, &format!("forbidden: {why}\n"));
+        }
+        match artifact {
+            BootArtifact::Efi => self.asset(req, "ipxe.efi").await,
+            BootArtifact::Iso => {
+                let img = self
+                    .boot_iso
+                    .cached(&m.server, &m.boot_id, self.token_ttl / 2, |now| {
+                        let t = self.signer.mint(
+                            Purpose::Script,
+                            &m.server,
+                            &m.boot_id,
+                            now,
+                            self.token_ttl,
+                        );
+                        chain_script(&format!(
+                            "{}/ipxe/script?server={}&token={t}",
+                            self.base_url, m.server
+                        ))
+                    });
+                self.iso_response(req, img)
+            }
+        }
+    }
+
+    fn iso_response<B>(&self, req: &Request<B>, img: Result<Arc<Image>, String>) -> Resp {
+        let img = match img {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot build the boot iso");
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("boot iso unavailable: {e}\n"),
+                );
+            }
+        };
+        bytes_response(req, &img.body, &img.meta, "application/x-iso9660-image")
+    }
+}
+
+/// An in-memory body with `HEAD`, conditionals and one `Range` (several: the whole body).
+fn bytes_response<B>(req: &Request<B>, body: &Bytes, meta: &FileMeta, ctype: &'static str) -> Resp {
+    let h = req.headers();
+    let get = |n: header::HeaderName| h.get(n).and_then(|v| v.to_str().ok());
+    let cond = Conditions {
+        if_match: get(header::IF_MATCH),
+        if_none_match: get(header::IF_NONE_MATCH),
+        if_modified_since: get(header::IF_MODIFIED_SINCE),
+        if_unmodified_since: get(header::IF_UNMODIFIED_SINCE),
+        range: get(header::RANGE),
+        if_range: get(header::IF_RANGE),
+    };
+    let mut hm = HeaderMap::new();
+    hm.insert(header::ETAG, header_value(&meta.etag, "\"0\""));
+    hm.insert(
+        header::LAST_MODIFIED,
+        header_value(&meta.last_modified(), "Thu, 01 Jan 1970 00:00:00 GMT"),
+    );
+    hm.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    let len = meta.len;
+    let (status, out) = match files::plan(req.method() == Method::GET, &cond, meta) {
+        Plan::NotModified => (StatusCode::NOT_MODIFIED, FileBody::empty()),
+        Plan::PreconditionFailed => {
+            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+            (StatusCode::PRECONDITION_FAILED, FileBody::empty())
+        }
+        Plan::Unsatisfiable => {
+            hm.insert(
+                header::CONTENT_RANGE,
+                header_value(&format!("bytes */{len}"), "bytes */0"),
+            );
+            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+            (StatusCode::RANGE_NOT_SATISFIABLE, FileBody::empty())
+        }
+        Plan::Partial(r) if r.len() == 1 => {
+            let (s, e) = r[0];
+            hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+            hm.insert(
+                header::CONTENT_RANGE,
+                header_value(&format!("bytes {s}-{e}/{len}"), "bytes */0"),
+            );
+            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(e - s + 1));
+            let part = body.slice(s as usize..=e as usize);
+            (StatusCode::PARTIAL_CONTENT, FileBody::bytes(part))
+        }
+        Plan::Full | Plan::Partial(_) => {
+            hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            (StatusCode::OK, FileBody::bytes(body.clone()))
+        }
+    };
+    let mut r = Response::new(out);
+    *r.status_mut() = status;
+    *r.headers_mut() = hm;
+    r
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+#[path = "bootiso_tests.rs"]
+mod tests;
