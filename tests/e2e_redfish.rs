@@ -3,35 +3,52 @@
 //!
 //! Each test builds one network namespace with a bridge `br0` (10.199.NET.1/24) and runs
 //! inside it: a private libvirt daemon (tests/support/libvirt.rs), sushy-emulator
-//! (sushy-tools 2.2.0, libvirt driver) on 10.199.NET.1:8000, and `bootplane serve` with
-//! authoritative DHCP, TFTP and the boot HTTP listener. The VM is a libvirt domain of
-//! type `qemu` (TCG, SeaBIOS, console on COM1 to a file, one virtio NIC on `br0`). The
-//! test registers a Server with the VM's MAC and UUID, claims it with an Ignition Secret
-//! (bootplane's `test` power driver: bootplane considers it On, Redfish does the real
-//! work), then talks Redfish to sushy itself:
+//! (sushy-tools 2.2.0, libvirt driver, HTTP basic auth) on 10.199.NET.1:8000, and
+//! `bootplane serve` with authoritative DHCP, TFTP and the boot HTTP listener. The VM is
+//! a libvirt domain of type `qemu` (TCG; console on COM1 to a file; one virtio NIC on
+//! `br0`; no disk). The per-machine iPXE template also fetches the machine's Ignition
+//! with iPXE (the test image's "kernel" is an iPXE script, not Linux).
 //!
-//! - `pxe_once_boots_through_bootplane`: PATCH `Boot {Pxe, Once}` → sushy writes
-//!   `<boot order='1'/>` on the domain's interface → Reset On → SeaBIOS runs the NIC's
-//!   iPXE ROM → bootplane's DHCP → script → Ignition → kernel;
-//! - `virtual_media_cd_boots_through_bootplane`: InsertMedia of an ISO bootplane serves →
-//!   sushy downloads it, uploads it as a volume of the `default` pool and attaches it as
-//!   an IDE cdrom → PATCH `Boot {Cd, Once}` (cdrom boot order 1) → Reset On → SeaBIOS
-//!   boots the CD (iPXE) → the same chain over the network → EjectMedia removes the
-//!   cdrom;
-//! - `uefi_http_boot_uri_boots_through_bootplane`: PATCH `Boot {UefiHttp, Once,
-//!   HttpBootUri}` → sushy-tools 2.2.0 downloads the URI as an ISO, attaches it as a
-//!   cdrom and sets the boot device to Cd (it has no real HTTP boot) → Reset On → as above.
+//! **The real flow** (`driver_*`): the test applies a BMCSecret, a BMC (`RedfishLocal`,
+//! sushy), a Server with `spec.bmcRef`, the VM's UUID and MAC and the annotation
+//! `bootplane.dev/boot-mode`, an Ignition Secret and a ServerClaim with `power: On`.
+//! bootplane's `redfish` driver sets the one-time boot and sends Reset On; the VM boots
+//! through bootplane; the boot configuration's IPXEScriptFetched and IgnitionDataFetched
+//! conditions and the Server's PowerReady and BootOverride (True, `Set`) are checked;
+//! deleting the claim makes bootplane power it off through sushy (GracefulShutdown, which
+//! iPXE ignores, then ForceOff after `shutdown_timeout_secs`): domain "shut off",
+//! Redfish PowerState Off, Server Available/Off.
 //!
-//! Each then checks the boot configuration's IPXEScriptFetched and IgnitionDataFetched
-//! conditions through bootplane's API, powers the VM off with Reset ForceOff (domain
-//! "shut off", Redfish PowerState Off) and deletes the claim.
+//! - `driver_pxe_once`: PATCH `Boot {Pxe, Once}` → sushy writes `<boot order='1'/>` on
+//!   the domain's interface → SeaBIOS runs the NIC's iPXE ROM → bootplane's DHCP →
+//!   `boot.ipxe` → the machine's script → Ignition → kernel, initrd;
+//! - `driver_virtual_media_cd`: InsertMedia of the machine's signed ISO
+//!   (`/ipxe/boot.iso?server=…`) → sushy downloads it (to its TMPDIR), uploads it as a
+//!   volume of the daemon's `default` pool and attaches it as an IDE cdrom; `Boot {Cd,
+//!   Once}` gives the cdrom boot order 1 → SeaBIOS boots the CD (ISOLINUX → iPXE) → its
+//!   script runs `dhcp` and chains the machine's signed script directly (no
+//!   `boot.ipxe`) → … ; bootplane ejects the media once the script was fetched (the
+//!   cdrom is gone from the domain, the Redfish media shows Inserted false);
+//! - `driver_uefi_http_boot_uri`: PATCH `Boot {UefiHttp, Once, HttpBootUri = the
+//!   machine's signed ISO}` → sushy-tools 2.2.0 downloads the URI as an ISO, attaches it
+//!   as a cdrom and sets the boot device to Cd (it has no real HTTP boot) → as above.
+//!   sushy offers `UefiHttp` only for a domain with a `pflash` loader, and bootplane's
+//!   ISO boots under BIOS only, so this domain runs SeaBIOS loaded as pflash
+//!   ([`Firmware::SeaBiosAsPflash`]).
 //!
-//! The ISO is Debian's `ipxe.iso` served from bootplane's assets (it DHCPs and chains
-//! bootplane's script, as the NIC ROM does): [`BOOT_ISO`] is the one line to change to
-//! bootplane's own `/boot.iso` once that route exists.
+//! **Plain Redfish** (the others): the Server has no BMC (bootplane's `test` power
+//! driver); the test itself talks Redfish to sushy, then checks the same console lines
+//! and conditions and powers off with Reset ForceOff. They pin sushy's side of each mode
+//! without bootplane's driver in between: `pxe_once_boots_through_bootplane`;
+//! `virtual_media_cd_boots_through_bootplane` (bootplane's generic `/boot.iso`, whose
+//! script chains `boot.ipxe`; EjectMedia removes the cdrom);
+//! `uefi_http_boot_uri_boots_through_bootplane` (a real UEFI machine, OVMF: sushy
+//! reports boot mode UEFI and the HttpBootUri; the URI is Debian's `ipxe.iso`, whose
+//! UEFI El Torito image OVMF boots).
 //!
-//! sushy-tools ignores `BootSourceOverrideEnabled` (libvirt boot order is persistent):
-//! the tests send `Once` as a BMC client would and check only the target.
+//! sushy-tools ignores `BootSourceOverrideEnabled` (libvirt boot order is persistent and
+//! its GET always says `Continuous`): the tests send `Once` as a BMC client would and
+//! check only the target.
 
 mod support;
 
@@ -42,14 +59,15 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use support::bootplane::{bootplane_cli, tail};
-use support::libvirt::{require_libvirt, DomainSpec, Libvirtd, Sushy};
+use support::libvirt::{require_libvirt, DomainSpec, Firmware, Libvirtd, Sushy};
 use support::netns::*;
 use support::process::*;
 use support::require::*;
 
-/// The ISO (path on bootplane's boot listener) InsertMedia and HttpBootUri point at.
-/// Debian's ipxe.iso copied into the assets dir until bootplane serves `/boot.iso`.
-const BOOT_ISO: &str = "/assets/ipxe.iso";
+/// Debian's `ipxe.iso` (BIOS and UEFI El Torito images; its iPXE DHCPs and chains
+/// bootplane's `boot.ipxe`), copied into bootplane's assets: the CD an OVMF machine can
+/// boot (bootplane's own ISO is BIOS-only).
+const DEBIAN_IPXE_ISO: &str = "/assets/ipxe.iso";
 
 /// A per-machine script that also fetches the machine's Ignition config with iPXE (the
 /// tiny test "kernel" below is an iPXE script, not Linux), then boots the image.
@@ -120,7 +138,8 @@ impl Lab {
         read(&self.path("bootplane.log"))
     }
 
-    /// bootplane with DHCP (authoritative), TFTP, HTTP and the `test` power driver.
+    /// bootplane with DHCP (authoritative), TFTP, HTTP, the `test` power driver for
+    /// Servers without a BMC and `[power.redfish]` (short polls and timeouts) for the rest.
     fn start_bootplane(&mut self) {
         let assets = self.path("assets");
         std::fs::create_dir_all(&assets).unwrap();
@@ -317,7 +336,7 @@ fn templates(dir: &Path) -> PathBuf {
 
 /// Register + claim a Server for a new domain `name` (MAC and UUID from `last`), and
 /// define the domain (not started).
-fn claimed_vm(lab: &Lab, name: &str, last: u8, uefi: bool) -> Vm {
+fn claimed_vm(lab: &Lab, name: &str, last: u8, firmware: Firmware) -> Vm {
     let mac = format!("52:54:00:e2:{:02x}:{last:02x}", lab.net);
     let uuid = format!("4c4c4544-00e2-00e2-00{:02x}-0000000000{last:02x}", lab.net);
     let ign = format!(
@@ -352,7 +371,7 @@ fn claimed_vm(lab: &Lab, name: &str, last: u8, uefi: bool) -> Vm {
     let serial = lab.path(&format!("{name}.serial.log"));
     lab.libvirt.define(&DomainSpec {
         name,
-        uefi,
+        firmware,
         uuid: &uuid,
         mac: &mac,
         bridge: "br0",
@@ -438,13 +457,18 @@ fn power_boot_and_off(lab: &Lab, vm: &Vm, serial: &[&str], limit: Duration) {
     assert!(out.status.success(), "delete: {}", text(&out));
 }
 
-/// What the console shows from the chained script on, whatever booted iPXE.
-fn chain_lines(lab: &Lab, vm: &Vm) -> Vec<String> {
-    let ip = lab.ip();
+/// The console from `boot.ipxe` (the generic chain script) to the machine's script.
+fn identify_lines(lab: &Lab) -> Vec<String> {
     vec![
-        format!("Filename: http://{ip}:8080/boot.ipxe"),
+        format!("http://{}:8080/boot.ipxe... ok", lab.ip()),
         "bootplane: identifying ".into(),
-        format!("http://{ip}:8080/ipxe/script... ok"),
+    ]
+}
+
+/// The console from the machine's own script on: Ignition, kernel and initrd fetched.
+fn script_lines(lab: &Lab, vm: &Vm) -> Vec<String> {
+    vec![
+        format!("http://{}:8080/ipxe/script", lab.ip()),
         format!("bootplane: booting {}", vm.name),
         "bootplane-e2e: ignition fetched".into(),
         "/assets/images/os/kernel... ok".into(),
@@ -453,10 +477,35 @@ fn chain_lines(lab: &Lab, vm: &Vm) -> Vec<String> {
     ]
 }
 
+/// A network boot by the NIC's iPXE ROM under SeaBIOS, through bootplane's DHCP.
+fn pxe_lines(lab: &Lab, vm: &Vm) -> Vec<String> {
+    let mut l = vec![
+        "iPXE (PCI 00:02.0) starting execution".to_string(),
+        format!("Filename: http://{}:8080/boot.ipxe", lab.ip()),
+    ];
+    l.extend(identify_lines(lab));
+    l.extend(script_lines(lab, vm));
+    l
+}
+
+/// SeaBIOS boots bootplane's ISO (ISOLINUX → iPXE); with `generic` its script chains
+/// `boot.ipxe`, else (a machine's own ISO) the machine's signed script directly.
+fn bios_cd_lines(lab: &Lab, vm: &Vm, generic: bool) -> Vec<String> {
+    let mut l = vec![
+        "Booting from DVD/CD".to_string(),
+        "iPXE initialising devices".to_string(),
+    ];
+    if generic {
+        l.extend(identify_lines(lab));
+    }
+    l.extend(script_lines(lab, vm));
+    l
+}
+
 #[test]
 fn pxe_once_boots_through_bootplane() {
     let lab = Lab::new(71);
-    let vm = claimed_vm(&lab, "rf-pxe", 1, false);
+    let vm = claimed_vm(&lab, "rf-pxe", 1, Firmware::SeaBios);
     lab.redfish_ok(
         "PATCH",
         &vm.system(),
@@ -471,30 +520,12 @@ fn pxe_once_boots_through_bootplane() {
         "sushy set no NIC boot order: {xml}"
     );
 
-    let mut lines = vec!["iPXE (PCI 00:02.0) starting execution".to_string()];
-    lines.extend(chain_lines(&lab, &vm));
+    let lines = pxe_lines(&lab, &vm);
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     power_boot_and_off(&lab, &vm, &lines, Duration::from_secs(150));
     let console = lab.serial(&vm);
     assert!(!console.contains("Booting from DVD/CD"), "{console}");
     assert!(!console.contains("Booting from Hard Disk"), "{console}");
-}
-
-/// Lines of a CD boot of the ISO, then the network chain.
-fn cd_lines(lab: &Lab, vm: &Vm, uefi: bool) -> Vec<String> {
-    let mut l = if uefi {
-        vec![
-            "BdsDxe: loading Boot0001 \"UEFI QEMU DVD-ROM".to_string(),
-            "iPXE initialising devices".to_string(),
-        ]
-    } else {
-        vec![
-            "Booting from DVD/CD".to_string(),
-            "iPXE ISO boot image".to_string(),
-        ]
-    };
-    l.extend(chain_lines(lab, vm));
-    l
 }
 
 /// The cdrom sushy attached: its source file (a volume in the `default` pool) and
@@ -510,8 +541,8 @@ fn cdrom_of(lab: &Lab, vm: &Vm) -> Option<(String, bool)> {
 #[test]
 fn virtual_media_cd_boots_through_bootplane() {
     let lab = Lab::new(72);
-    let vm = claimed_vm(&lab, "rf-vmedia", 2, false);
-    let iso = format!("http://{}:8080{BOOT_ISO}", lab.ip());
+    let vm = claimed_vm(&lab, "rf-vmedia", 2, Firmware::SeaBios);
+    let iso = format!("http://{}:8080/boot.iso", lab.ip());
     let media = format!("{}/VirtualMedia/Cd", vm.system());
     lab.redfish_ok(
         "POST",
@@ -532,14 +563,9 @@ fn virtual_media_cd_boots_through_bootplane() {
         "{src}"
     );
     assert!(first, "the cdrom is not first in the boot order");
-    let served = std::fs::read("/usr/lib/ipxe/ipxe.iso").unwrap();
-    assert_eq!(
-        std::fs::read(&src).unwrap(),
-        served,
-        "uploaded volume differs"
-    );
+    assert!(is_iso(&src), "the uploaded volume is not an ISO image");
 
-    let lines = cd_lines(&lab, &vm, false);
+    let lines = bios_cd_lines(&lab, &vm, true);
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     power_boot_and_off(&lab, &vm, &lines, Duration::from_secs(150));
 
@@ -560,8 +586,8 @@ fn virtual_media_cd_boots_through_bootplane() {
 #[test]
 fn uefi_http_boot_uri_boots_through_bootplane() {
     let lab = Lab::new(73);
-    let vm = claimed_vm(&lab, "rf-http", 3, true);
-    let uri = format!("http://{}:8080{BOOT_ISO}", lab.ip());
+    let vm = claimed_vm(&lab, "rf-http", 3, Firmware::Ovmf);
+    let uri = format!("http://{}:8080{DEBIAN_IPXE_ISO}", lab.ip());
     lab.redfish_ok(
         "PATCH",
         &vm.system(),
@@ -588,7 +614,13 @@ fn uefi_http_boot_uri_boots_through_bootplane() {
         "uploaded volume differs"
     );
 
-    let lines = cd_lines(&lab, &vm, true);
+    let mut lines = vec![
+        "BdsDxe: loading Boot0001 \"UEFI QEMU DVD-ROM".to_string(),
+        "iPXE initialising devices".to_string(),
+        format!("Filename: http://{}:8080/boot.ipxe", lab.ip()),
+    ];
+    lines.extend(identify_lines(&lab));
+    lines.extend(script_lines(&lab, &vm));
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     power_boot_and_off(&lab, &vm, &lines, Duration::from_secs(150));
 }
@@ -598,13 +630,13 @@ fn uefi_http_boot_uri_boots_through_bootplane() {
 /// Define the domain, then apply a BMCSecret + BMC (sushy, `RedfishLocal` on port 8000),
 /// a Server with `spec.bmcRef`, the VM's UUID and MAC and the boot-mode annotation, an
 /// Ignition Secret and a ServerClaim with `power: On`: bootplane itself powers it on.
-fn bmc_claimed_vm(lab: &Lab, name: &str, last: u8, mode: &str, uefi: bool) -> Vm {
+fn bmc_claimed_vm(lab: &Lab, name: &str, last: u8, mode: &str, firmware: Firmware) -> Vm {
     let mac = format!("52:54:00:e2:{:02x}:{last:02x}", lab.net);
     let uuid = format!("4c4c4544-00e2-00e2-00{:02x}-0000000000{last:02x}", lab.net);
     let serial = lab.path(&format!("{name}.serial.log"));
     lab.libvirt.define(&DomainSpec {
         name,
-        uefi,
+        firmware,
         uuid: &uuid,
         mac: &mac,
         bridge: "br0",
@@ -666,9 +698,11 @@ fn driver_boot_and_release(lab: &Lab, vm: &Vm, serial: &[&str], booted: impl Fn(
         },
         || {
             format!(
-                "bootplane did not power {} on: {:?}\n--- sushy ---\n{}\n--- bootplane ---\n{}",
+                "bootplane did not power {} on: {}\n--- sushy ---\n{}\n--- bootplane ---\n{}",
                 vm.name,
-                lab.get_json("servers", &vm.name),
+                lab.get_json("servers", &vm.name)
+                    .map(|v| v["status"].clone())
+                    .unwrap_or_default(),
                 tail(&lab.sushy.log(), 30),
                 tail(&lab.log(), 60)
             )
@@ -723,7 +757,10 @@ fn driver_boot_and_release(lab: &Lab, vm: &Vm, serial: &[&str], booted: impl Fn(
         log.contains("ResetType") || log.contains("Actions/ComputerSystem.Reset"),
         "no reset in sushy's log"
     );
-    assert!(!lab.log().contains(BMC_PASSWORD), "the BMC password is in bootplane's log");
+    assert!(
+        !lab.log().contains(BMC_PASSWORD),
+        "the BMC password is in bootplane's log"
+    );
 }
 
 /// Poll the console until `serial` shows in order (panics with all logs after `limit`).
@@ -759,14 +796,16 @@ fn is_iso(path: &str) -> bool {
 #[test]
 fn driver_pxe_once() {
     let lab = Lab::new(74);
-    let vm = bmc_claimed_vm(&lab, "rfd-pxe", 4, "Pxe", false);
-    let mut lines = vec!["iPXE (PCI 00:02.0) starting execution".to_string()];
-    lines.extend(chain_lines(&lab, &vm));
+    let vm = bmc_claimed_vm(&lab, "rfd-pxe", 4, "Pxe", Firmware::SeaBios);
+    let lines = pxe_lines(&lab, &vm);
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     driver_boot_and_release(&lab, &vm, &lines, |lab, vm| {
         let xml = lab.libvirt.inactive_xml(&vm.name);
         let nic = &xml[xml.find("<interface").unwrap()..xml.find("</interface>").unwrap()];
-        assert!(nic.contains("<boot order='1'/>"), "no NIC boot order from sushy: {xml}");
+        assert!(
+            nic.contains("<boot order='1'/>"),
+            "no NIC boot order from sushy: {xml}"
+        );
         let console = lab.serial(vm);
         assert!(!console.contains("Booting from DVD/CD"), "{console}");
     });
@@ -775,8 +814,8 @@ fn driver_pxe_once() {
 #[test]
 fn driver_virtual_media_cd() {
     let lab = Lab::new(75);
-    let vm = bmc_claimed_vm(&lab, "rfd-vmedia", 5, "VirtualMedia", false);
-    let lines = cd_lines(&lab, &vm, false);
+    let vm = bmc_claimed_vm(&lab, "rfd-vmedia", 5, "VirtualMedia", Firmware::SeaBios);
+    let lines = bios_cd_lines(&lab, &vm, false);
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     driver_boot_and_release(&lab, &vm, &lines, |lab, vm| {
         // bootplane ejects the media once the machine fetched its script.
@@ -793,8 +832,8 @@ fn driver_virtual_media_cd() {
 #[test]
 fn driver_uefi_http_boot_uri() {
     let lab = Lab::new(76);
-    let vm = bmc_claimed_vm(&lab, "rfd-http", 6, "UefiHttp", true);
-    let lines = cd_lines(&lab, &vm, true);
+    let vm = bmc_claimed_vm(&lab, "rfd-http", 6, "UefiHttp", Firmware::SeaBiosAsPflash);
+    let lines = bios_cd_lines(&lab, &vm, false);
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
     // Checked as soon as the override is set: sushy-tools downloads HttpBootUri and
     // attaches it as a cdrom first in the boot order.
@@ -811,13 +850,27 @@ fn driver_uefi_http_boot_uri() {
         },
     );
     let (src, first) = cdrom_of(&lab, &vm).unwrap();
-    assert!(first, "the HttpBootUri cdrom is not first in the boot order");
+    assert!(
+        first,
+        "the HttpBootUri cdrom is not first in the boot order"
+    );
     assert!(
         is_iso(&src),
-        "HttpBootUri's content is not an ISO image: {:?}",
-        String::from_utf8_lossy(&std::fs::read(&src).unwrap_or_default()[..64.min(std::fs::metadata(&src).map(|m| m.len() as usize).unwrap_or(0))])
+        "HttpBootUri's content is not an ISO image: {src}"
     );
-    driver_boot_and_release(&lab, &vm, &lines, |_, _| {});
+    let sys = lab.redfish_ok("GET", &vm.system(), None);
+    let uri = sys["Boot"]["HttpBootUri"].as_str().unwrap_or_default();
+    assert!(
+        uri.starts_with(&format!(
+            "http://{}:8080/ipxe/boot.iso?server=rfd-http&",
+            lab.ip()
+        )),
+        "HttpBootUri is not the machine's ISO: {sys}"
+    );
+    driver_boot_and_release(&lab, &vm, &lines, |lab, vm| {
+        let console = lab.serial(vm);
+        assert!(!console.contains("bootplane: identifying"), "{console}");
+    });
 }
 
 /// The console as text (ANSI escape sequences and CRs removed).

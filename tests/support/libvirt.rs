@@ -91,14 +91,28 @@ pub fn require_libvirt() {
     );
 }
 
+/// The domain's firmware. sushy-tools 2.2.0 reports boot mode UEFI, and offers
+/// `UefiHttp` in `BootSourceOverrideTarget@Redfish.AllowableValues`, exactly when the
+/// domain's `<loader>` is of type `pflash`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Firmware {
+    /// SeaBIOS as QEMU's `-bios` (sushy: boot mode Legacy).
+    SeaBios,
+    /// OVMF as `pflash`, NVRAM from Debian's VARS template (kept under the daemon's
+    /// `/var/lib/libvirt`).
+    Ovmf,
+    /// SeaBIOS loaded as a `pflash` image: the machine boots BIOS media, but
+    /// sushy-tools takes it for UEFI and accepts `UefiHttp`. For bootplane's boot ISO,
+    /// which is BIOS-bootable only (see docs/http-boot.md). Writable (libvirt wants an
+    /// NVRAM store for a read-only pflash loader), so each domain gets its own copy.
+    SeaBiosAsPflash,
+}
+
 /// One VM: SeaBIOS (serial console mirrored to COM1) or OVMF, one NIC on `bridge`,
 /// COM1 to a file.
 pub struct DomainSpec<'a> {
     pub name: &'a str,
-    /// OVMF (`pflash` loader, NVRAM from the VARS template, kept under the daemon's
-    /// `/var/lib/libvirt`) instead of SeaBIOS: sushy-tools then reports boot mode UEFI
-    /// and offers `UefiHttp`.
-    pub uefi: bool,
+    pub firmware: Firmware,
     pub uuid: &'a str,
     pub mac: &'a str,
     pub bridge: &'a str,
@@ -109,12 +123,18 @@ pub struct DomainSpec<'a> {
 impl DomainSpec<'_> {
     /// The domain XML: type `qemu` (TCG), i440fx, no disk, no graphics. No boot order:
     /// sushy-emulator writes the per-device `<boot order>` a Redfish override asks for.
-    pub fn xml(&self) -> String {
-        let firmware = if self.uefi {
-            "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader>\n    \
-             <nvram template='/usr/share/OVMF/OVMF_VARS_4M.fd'/>"
-        } else {
-            "<bios useserial='yes'/>"
+    /// `dir` holds per-domain firmware copies.
+    pub fn xml(&self, dir: &Path) -> String {
+        let firmware = match self.firmware {
+            Firmware::SeaBios => "<bios useserial='yes'/>",
+            Firmware::Ovmf => {
+                "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader>\n    \
+                 <nvram template='/usr/share/OVMF/OVMF_VARS_4M.fd'/>"
+            }
+            Firmware::SeaBiosAsPflash => &format!(
+                "<loader readonly='no' type='pflash'>{}</loader>\n    <bios useserial='yes'/>",
+                dir.join(format!("{}.bios.bin", self.name)).display()
+            ),
         };
         format!(
             r#"<domain type='qemu'>
@@ -278,7 +298,11 @@ impl Libvirtd {
     /// Define (not start) a domain; it is destroyed and undefined on drop.
     pub fn define(&self, spec: &DomainSpec) {
         let path = self.dir.join(format!("{}.xml", spec.name));
-        std::fs::write(&path, spec.xml()).unwrap();
+        if spec.firmware == Firmware::SeaBiosAsPflash {
+            let bios = self.dir.join(format!("{}.bios.bin", spec.name));
+            std::fs::copy("/usr/share/seabios/bios-256k.bin", bios).unwrap();
+        }
+        std::fs::write(&path, spec.xml(&self.dir)).unwrap();
         self.must(&["define", path.to_str().unwrap()]);
         self.domains.lock().unwrap().push(spec.name.to_string());
     }
@@ -354,13 +378,15 @@ impl Sushy {
             let conf = dir.join("sushy.conf");
             std::fs::write(
                 &conf,
-                format!("SUSHY_EMULATOR_AUTH_FILE = {:?}\n", htpasswd.display().to_string()),
+                format!(
+                    "SUSHY_EMULATOR_AUTH_FILE = {:?}\n",
+                    htpasswd.display().to_string()
+                ),
             )
             .unwrap();
             c.arg("--config").arg(&conf);
         }
-        c
-            .env("TMPDIR", &tmp)
+        c.env("TMPDIR", &tmp)
             .stdin(Stdio::null())
             .stdout(f.try_clone().unwrap())
             .stderr(f);
