@@ -752,11 +752,18 @@ fn driver_boot_and_release(lab: &Lab, vm: &Vm, serial: &[&str], booted: impl Fn(
     assert_eq!(lab.libvirt.state(&vm.name), "shut off");
     let sys = lab.redfish_ok("GET", &vm.system(), None);
     assert_eq!(sys["PowerState"], "Off", "{sys}");
-    let log = lab.sushy.log();
+    // Reset On, then GracefulShutdown (ignored by iPXE) and ForceOff: all from bootplane.
+    let resets = lab
+        .sushy
+        .log()
+        .lines()
+        .filter(|l| l.contains("/Actions/ComputerSystem.Reset HTTP/") && l.ends_with(" 204 -"))
+        .count();
     assert!(
-        log.contains("ResetType") || log.contains("Actions/ComputerSystem.Reset"),
-        "no reset in sushy's log"
+        resets >= 3,
+        "{resets} resets in sushy's log (On, GracefulShutdown, ForceOff)"
     );
+    lab.keep_logs(vm);
     assert!(
         !lab.log().contains(BMC_PASSWORD),
         "the BMC password is in bootplane's log"
