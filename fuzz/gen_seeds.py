@@ -235,4 +235,36 @@ put("nfs_xdr", "read_fragments", rec(struct.pack(">II", 0, 0), last=False) + str
 put("nfs_xdr", "denied", struct.pack(">I", 0x80000000 | 16) + struct.pack(">IIII", 7, 1, 1, 1))
 put("nfs_xdr", "two_replies", rec(struct.pack(">I", 2049), xid=1) + rec(struct.pack(">I", 0) + opaque(FH), xid=2))
 
+# redfish_json: BMC answers (shapes from the DMTF schemas, sushy-tools and the fake BMC).
+import json as _json
+RF = {
+    "system": {"@odata.id": "/redfish/v1/Systems/1", "@odata.etag": "W/\"3\"", "Id": "1",
+               "UUID": "5A2C0000-0000-4000-8000-000000000001", "Manufacturer": "Fake", "Model": "Fake-1",
+               "SerialNumber": "SN00001", "BiosVersion": "F.1", "PowerState": "On",
+               "Boot": {"BootSourceOverrideTarget": "Pxe", "BootSourceOverrideEnabled": "Once",
+                        "BootSourceOverrideMode": "UEFI", "HttpBootUri": "http://10.0.0.1/ipxe/boot.iso",
+                        "BootSourceOverrideTarget@Redfish.AllowableValues": ["None", "Pxe", "Cd", "Hdd", "UefiHttp"]},
+               "Actions": {"#ComputerSystem.Reset": {"target": "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset",
+                           "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown"]}},
+               "Links": {"ManagedBy": [{"@odata.id": "/redfish/v1/Managers/BMC"}]},
+               "VirtualMedia": {"@odata.id": "/redfish/v1/Systems/1/VirtualMedia"}},
+    "collection": {"@odata.id": "/redfish/v1/Systems", "Members@odata.count": 2,
+                   "Members": [{"@odata.id": "/redfish/v1/Systems/1"}, {"@odata.id": "/redfish/v1/Systems/2"}]},
+    "root": {"@odata.id": "/redfish/v1/", "RedfishVersion": "1.11.0", "UUID": "00000000-0000-0000-0000-00000000F00D",
+             "Vendor": "Fake", "Product": "FakeBMC", "SessionService": {"@odata.id": "/redfish/v1/SessionService"},
+             "Links": {"Sessions": {"@odata.id": "/redfish/v1/SessionService/Sessions"}}},
+    "manager": {"@odata.id": "/redfish/v1/Managers/BMC", "FirmwareVersion": "1.2.3", "Manufacturer": "Fake",
+                "Model": "FakeBMC", "VirtualMedia": {"@odata.id": "/redfish/v1/Managers/BMC/VirtualMedia"}},
+    "vmedia": {"@odata.id": "/redfish/v1/Managers/BMC/VirtualMedia/Cd1", "Id": "Cd1", "MediaTypes": ["CD", "DVD"],
+               "Image": "http://10.0.0.1/boot.iso", "Inserted": True,
+               "Actions": {"#VirtualMedia.InsertMedia": {"target": "/redfish/v1/Managers/BMC/VirtualMedia/Cd1/Actions/VirtualMedia.InsertMedia"},
+                           "#VirtualMedia.EjectMedia": {"target": "/redfish/v1/Managers/BMC/VirtualMedia/Cd1/Actions/VirtualMedia.EjectMedia"}}},
+    "task_running": {"TaskState": "Running", "PercentComplete": 40},
+    "task_failed": {"TaskState": "Exception", "Messages": [{"Message": "the host refused"}]},
+    "error": {"error": {"code": "Base.1.8.GeneralError", "message": "bad request",
+                        "@Message.ExtendedInfo": [{"Message": "The property Foo is unknown."}]}},
+}
+for name, body in RF.items():
+    put("redfish_json", name, _json.dumps(body).encode())
+
 print("seeds written under", SEEDS)

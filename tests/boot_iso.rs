@@ -7,10 +7,14 @@
 //! - the generic ISO on a VM with the registered MAC of Server `iso-generic`: ISOLINUX
 //!   → iPXE → `chain /boot.ipxe` → `/ipxe/script?uuid=&mac=` → its own script;
 //! - the per-machine ISO of Server `iso-signed` on a VM whose MAC is registered for no
-//!   Server, so only the signed script URL inside that ISO can identify it.
+//!   Server, so only the signed script URL inside that ISO can identify it;
+//! - the generic ISO on a UEFI VM (OVMF, its PXE off, virtio-net) of Server `iso-uefi`:
+//!   the ISO's UEFI El Torito entry → `EFI/BOOT/BOOTX64.EFI` (`ipxe.efi`) → iPXE's own
+//!   DHCP → bootplane's DHCP answer (`/boot.ipxe`) → its script.
 //!
-//! Asserted from bootplane's side: both boot configurations get `IPXEScriptFetched`
-//! and the access log shows each VM's address fetching its script. The token for the
+//! Asserted from bootplane's side: every boot configuration gets `IPXEScriptFetched`,
+//! the access log shows each VM's address fetching its script, and no firmware fetched
+//! `ipxe.efi` over the network (iPXE came from the CDs). The token for the
 //! ISO URL is minted here with bootplane's own signer from the state directory's key and
 //! the boot configuration's UID and generation, as `BootHttp::signed_boot_url` mints it.
 
@@ -141,13 +145,14 @@ power_driver = "test"
         assert!(out.status.success(), "curl {url}: {}", text(&out));
     }
 
-    /// Boot `iso` in a VM with NIC `mac` on a new tap on br0.
-    fn boot(&mut self, tap: &str, mac: &str, iso: &Path) {
+    /// Boot `iso` in a VM with NIC `mac` on a new tap on br0: SeaBIOS, or with `uefi`
+    /// OVMF (its own PXE off, the CD first in its boot order).
+    fn boot(&mut self, tap: &str, mac: &str, iso: &Path, uefi: bool) {
         self.ns.ip(&["tuntap", "add", tap, "mode", "tap"]);
         self.ns.ip(&["link", "set", tap, "master", "br0"]);
         self.ns.ip(&["link", "set", tap, "up"]);
-        let mut c = self.ns.cmd("qemu-system-x86_64");
-        c.args([
+        let serial = self.path(&format!("{tap}.serial"));
+        let mut a: Vec<String> = [
             "-machine",
             "pc,accel=tcg",
             "-m",
@@ -155,20 +160,47 @@ power_driver = "test"
             "-display",
             "none",
             "-no-reboot",
-        ])
-        .args(["-cdrom", iso.to_str().unwrap(), "-boot", "order=d"])
-        .args([
-            "-serial",
-            &format!("file:{}", self.path(&format!("{tap}.serial")).display()),
-        ])
-        .args([
-            "-netdev",
-            &format!("tap,id=n0,ifname={tap},script=no,downscript=no"),
-        ])
-        .args(["-device", &format!("e1000,netdev=n0,mac={mac},romfile=")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(self.path(&format!("{tap}.qemu.log"))).unwrap());
+            "-device",
+            "ide-cd,drive=cd0,bootindex=0",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.push("-serial".into());
+        a.push(format!("file:{}", serial.display()));
+        a.push("-netdev".into());
+        a.push(format!("tap,id=n0,ifname={tap},script=no,downscript=no"));
+        a.push("-drive".into());
+        a.push(format!(
+            "file={},media=cdrom,if=none,id=cd0,readonly=on",
+            iso.display()
+        ));
+        a.push("-device".into());
+        if uefi {
+            a.push(format!("virtio-net-pci,netdev=n0,mac={mac},romfile="));
+            let vars = self.path(&format!("{tap}.vars.fd"));
+            std::fs::copy("/usr/share/OVMF/OVMF_VARS_4M.fd", &vars).unwrap();
+            a.push("-drive".into());
+            a.push(
+                "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd"
+                    .into(),
+            );
+            a.push("-drive".into());
+            a.push(format!(
+                "if=pflash,format=raw,unit=1,file={}",
+                vars.display()
+            ));
+            for v in ["IPv4PXESupport", "IPv6PXESupport"] {
+                a.push("-fw_cfg".into());
+                a.push(format!("name=opt/org.tianocore/{v},string=n"));
+            }
+        } else {
+            a.push(format!("e1000,netdev=n0,mac={mac},romfile="));
+        }
+        let mut c = self.ns.cmd("qemu-system-x86_64");
+        c.args(&a)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.path(&format!("{tap}.qemu.log"))).unwrap());
         self.vms.push(Proc::spawn(c));
     }
 }
@@ -233,12 +265,15 @@ fn generic_and_per_machine_iso_boot_and_fetch_their_scripts() {
         ),
         ("/usr/lib/ipxe/ipxe.lkrn", "ipxe"),
         ("/usr/share/seabios/bios-256k.bin", "seabios"),
+        ("/usr/share/OVMF/OVMF_CODE_4M.fd", "ovmf"),
+        ("/usr/lib/ipxe/ipxe.efi", "ipxe"),
     ] {
         require_file(f, package);
     }
     let mut lab = Lab::start();
     let yaml = server_and_claim("iso-generic", "52:54:00:15:00:01", 1)
-        + &server_and_claim("iso-signed", "52:54:00:15:00:02", 2);
+        + &server_and_claim("iso-signed", "52:54:00:15:00:02", 2)
+        + &server_and_claim("iso-uefi", "52:54:00:15:00:03", 3);
     lab.cli(&["apply", "-f", "-"], Some(&yaml));
     let mut boot_ids = Vec::new();
     for claim in ["iso-generic-claim", "iso-signed-claim"] {
@@ -298,11 +333,13 @@ fn generic_and_per_machine_iso_boot_and_fetch_their_scripts() {
     assert_eq!(text(&out).trim(), "403");
 
     let t0 = Instant::now();
-    lab.boot("tapg", "52:54:00:15:00:01", &generic);
+    lab.boot("tapg", "52:54:00:15:00:01", &generic, false);
     // Registered for no Server: only the signed URL in its ISO can name it.
-    lab.boot("taps", "52:54:00:15:00:99", &signed);
-    let limit = Duration::from_secs(240);
-    let mut pending = vec!["iso-generic", "iso-signed"];
+    lab.boot("taps", "52:54:00:15:00:99", &signed, false);
+    // UEFI: the ISO's EFI entry starts ipxe.efi, which boots through bootplane's DHCP.
+    lab.boot("tapu", "52:54:00:15:00:03", &generic, true);
+    let limit = Duration::from_secs(300);
+    let mut pending = vec!["iso-generic", "iso-signed", "iso-uefi"];
     while !pending.is_empty() {
         pending.retain(|server| {
             let s = lab.sbc(&format!("{server}-claim"));
@@ -319,11 +356,13 @@ fn generic_and_per_machine_iso_boot_and_fetch_their_scripts() {
         if t0.elapsed() > limit {
             let serial = |t: &str| read(&lab.path(&format!("{t}.serial")));
             panic!(
-                "{pending:?}: no IPXEScriptFetched within {limit:?}\n--- tapg ---\n{}\n--- taps ---\n{}\n--- qemu ---\n{}{}\n--- bootplane ---\n{}",
+                "{pending:?}: no IPXEScriptFetched within {limit:?}\n--- tapg ---\n{}\n--- taps ---\n{}\n--- tapu ---\n{}\n--- qemu ---\n{}{}{}\n--- bootplane ---\n{}",
                 serial("tapg"),
                 serial("taps"),
+                serial("tapu"),
                 read(&lab.path("tapg.qemu.log")),
                 read(&lab.path("taps.qemu.log")),
+                read(&lab.path("tapu.qemu.log")),
                 tail(&lab.log(), 80)
             );
         }
@@ -335,8 +374,16 @@ fn generic_and_per_machine_iso_boot_and_fetch_their_scripts() {
         script_fetch_by(&log, server)
             .unwrap_or_else(|| panic!("no script fetch by {server} in:\n{}", tail(&log, 80)))
     };
-    let (g, s) = (access("iso-generic"), access("iso-signed"));
-    eprintln!("{g}\n{s}");
+    let (g, s, u) = (
+        access("iso-generic"),
+        access("iso-signed"),
+        access("iso-uefi"),
+    );
+    eprintln!("{g}\n{s}\n{u}");
+    // Nothing was network-booted by the firmware itself: iPXE came from the CDs.
+    assert!(!log.contains("path=/assets/ipxe.efi"), "{}", tail(&log, 80));
+    let serial = read(&lab.path("tapu.serial"));
+    assert!(serial.contains("iPXE"), "UEFI console: {serial}");
     // Kill the VMs now (also done by Drop on failure).
     for vm in &mut lab.vms {
         vm.kill9();

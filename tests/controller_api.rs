@@ -145,7 +145,8 @@ fn apply_multi_document_stdin_and_directory() {
         code, 1,
         "the ssh placeholder secret fails, the rest apply: {out} {err}"
     );
-    assert_eq!(out.matches("created").count(), 4, "{out}");
+    // server, serverclaim, serverbootconfiguration, ignition secret, bmc, bmcsecret.
+    assert_eq!(out.matches("created").count(), 6, "{out}");
     let (_, out, _) = b.cli(&["get", "srv", "-l", "app.kubernetes.io/name=server"]);
     assert!(
         out.contains("endpoint-sample-system-0") && !out.contains("s1 "),

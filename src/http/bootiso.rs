@@ -2,14 +2,17 @@
 //! that boot a downloaded ISO as a CD, as sushy-tools does) and the iPXE EFI binary
 //! (UEFI HTTP boot), served by the boot listener.
 //!
-//! The ISO is built here, in memory ([`super::iso9660`]): ISOLINUX (`isolinux.bin`, its
-//! boot information table patched, and `ldlinux.c32`) boots iPXE's `ipxe.lkrn` with the
-//! chain script as its initrd; iPXE runs an initrd that is a script (`#!ipxe`) as its
-//! script, so the ISO holds `#!ipxe`, `dhcp`, `chain <URL>` and nothing machine-specific
-//! beyond the URL. This is the layout of iPXE's own `ipxe.iso` (ISOLINUX + `ipxe.krn`),
-//! with the script given at boot instead of compiled in. BIOS boot only: Debian
-//! bookworm's iPXE (2019) has no way for `ipxe.efi` booted from a CD to find a script
-//! beside it (iPXE's `autoexec.ipxe` came in 2021).
+//! The ISO is built here, in memory ([`super::iso9660`]), with two El Torito entries:
+//! - BIOS: ISOLINUX (`isolinux.bin`, its boot information table patched, and
+//!   `ldlinux.c32`) boots iPXE's `ipxe.lkrn` with the chain script as its initrd; iPXE
+//!   runs an initrd that is a script (`#!ipxe`) as its script, so the ISO holds
+//!   `#!ipxe`, `dhcp`, `chain <URL>`. This is the layout of iPXE's own `ipxe.iso`
+//!   (ISOLINUX + `ipxe.krn`) with the script given at boot instead of compiled in.
+//! - UEFI: an EFI System Partition image ([`super::fat`]) with `ipxe.efi` as
+//!   `EFI/BOOT/BOOTX64.EFI`. Debian bookworm's iPXE (2019) cannot read a script from
+//!   the CD under UEFI (`autoexec.ipxe` came in 2021), so there iPXE autoboots: its
+//!   DHCP request gets bootplane's answer (`/boot.ipxe`, when bootplane's DHCP serves
+//!   the network) and the machine is identified by MAC/UUID, not by the ISO's token.
 //!
 //! Routes:
 //! - `/boot.iso`: the generic ISO; its script chains `<base_url>/boot.ipxe`, which finds
@@ -27,11 +30,11 @@
 //! the whole image) and conditionals work on the ISO as on files; its ETag is a digest
 //! of its bytes.
 //!
-//! The three files are read once at start-up. An ISO is built once per distinct script:
+//! The four files are read once at start-up (and the ESP image made then). An ISO is built once per distinct script:
 //! the generic one once, a machine's again only when its boot changes or its token is
-//! past half its lifetime (as scripts are cached). An ISO is ~500 KiB (Debian's
-//! `ipxe.lkrn` alone is 300 KiB); building one (copying and a SHA-256) takes under a
-//! millisecond, so it is done on the request's task.
+//! past half its lifetime (as scripts are cached). An ISO is ~1.4 MiB (Debian's
+//! `ipxe.efi` is 830 KiB, `ipxe.lkrn` 300 KiB); building one (copying and a SHA-256)
+//! takes about a millisecond, so it is done on the request's task.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -44,6 +47,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
+use super::fat;
 use super::files::{self, Conditions, FileBody, FileMeta, Plan};
 use super::handler::{bad_request, header_value, route, text, valid_name, Query};
 use super::iso9660::{self, ElTorito, IsoFile};
@@ -87,14 +91,16 @@ pub fn chain_script(url: &str) -> String {
     format!("#!ipxe\ndhcp\nchain {url}\n")
 }
 
-/// Cached ISOs beyond this are dropped wholesale (~500 KiB each: 32 MiB at most).
-const ISO_CACHE_MAX: usize = 64;
+/// Cached ISOs beyond this are dropped wholesale (~1.4 MiB each: 45 MiB at most).
+const ISO_CACHE_MAX: usize = 32;
 
 /// The ISO's third-party files, read at start-up.
 struct Parts {
     isolinux_bin: Vec<u8>,
     ldlinux_c32: Vec<u8>,
     ipxe_lkrn: Vec<u8>,
+    /// FAT image with `ipxe.efi` as `EFI/BOOT/BOOTX64.EFI`, made at start-up.
+    esp: Vec<u8>,
 }
 
 /// A built ISO with its validators.
@@ -132,10 +138,13 @@ impl BootIso {
             std::fs::read(p).map_err(|e| format!("{} ({pkg}): {e}", p.display()))
         };
         let parts = (|| {
+            let efi = read(&cfg.ipxe_efi, "Debian ipxe")?;
             Ok(Parts {
                 isolinux_bin: read(&cfg.isolinux_bin, "Debian isolinux")?,
                 ldlinux_c32: read(&cfg.ldlinux_c32, "Debian syslinux-common")?,
                 ipxe_lkrn: read(&cfg.ipxe_lkrn, "Debian ipxe")?,
+                esp: fat::esp_with_bootx64(&efi)
+                    .map_err(|e| format!("{}: {e}", cfg.ipxe_efi.display()))?,
             })
         })();
         if let Err(e) = &parts {
@@ -145,12 +154,18 @@ impl BootIso {
     }
 
     /// From the files' bytes (tests, or a caller that has them already).
-    pub fn from_bytes(isolinux_bin: Vec<u8>, ldlinux_c32: Vec<u8>, ipxe_lkrn: Vec<u8>) -> BootIso {
-        BootIso::with_parts(Ok(Parts {
+    pub fn from_bytes(
+        isolinux_bin: Vec<u8>,
+        ldlinux_c32: Vec<u8>,
+        ipxe_lkrn: Vec<u8>,
+        ipxe_efi: &[u8],
+    ) -> Result<BootIso, fat::FatError> {
+        Ok(BootIso::with_parts(Ok(Parts {
             isolinux_bin,
             ldlinux_c32,
             ipxe_lkrn,
-        }))
+            esp: fat::esp_with_bootx64(ipxe_efi)?,
+        })))
     }
 
     fn with_parts(parts: Result<Parts, String>) -> BootIso {
@@ -185,11 +200,16 @@ impl BootIso {
                 name: "chain.ipx",
                 data: script.as_bytes(),
             },
+            IsoFile {
+                name: "efi.img",
+                data: &p.esp,
+            },
         ];
         let el = ElTorito {
             boot_file: "isolinux.bin",
             load_sectors: 4,
             boot_info_table: true,
+            efi_image: Some("efi.img"),
         };
         iso9660::build("BOOTPLANE", &files, Some(el), self.stamp).map_err(|e| e.to_string())
     }

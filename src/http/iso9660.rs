@@ -2,7 +2,8 @@
 //! directory of a few files, and optionally an El Torito no-emulation boot entry whose
 //! boot file gets its boot information table patched in, as `mkisofs -no-emul-boot
 //! -boot-load-size 4 -boot-info-table` and `xorriso -boot-info-table` do (ISOLINUX reads
-//! the table to find itself on the disc).
+//! the table to find itself on the disc), plus a UEFI (platform 0xEF) entry for an EFI
+//! System Partition image, as `xorriso -eltorito-alt-boot -e efi.img -no-emul-boot`.
 //!
 //! Hand-written rather than a crate: the maintained pure-Rust writer on crates.io,
 //! `hadris-iso` (2.x, 3.0 in release candidates), needs Rust 1.88 (bootplane's MSRV is
@@ -43,6 +44,10 @@ pub struct ElTorito<'a> {
     pub load_sectors: u16,
     /// Patch the boot information table into the boot file (bytes 8..64).
     pub boot_info_table: bool,
+    /// Name of a file of the image that is an EFI System Partition image (FAT), for a
+    /// second, UEFI (platform 0xEF) no-emulation entry, as `xorriso -eltorito-alt-boot
+    /// -e efi.img -no-emul-boot` adds.
+    pub efi_image: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,19 +82,23 @@ pub fn build(
     }
     // Directory records are sorted by name (ECMA-119 9.3).
     names.sort();
-    let boot_idx = match boot {
+    let find = |name: &str| -> Result<usize, IsoError> {
+        let n = iso_name(name)?;
+        names
+            .iter()
+            .find(|(m, _)| *m == n)
+            .map(|(_, i)| *i)
+            .ok_or_else(|| IsoError::NoBootFile(name.to_string()))
+    };
+    let (boot_idx, efi_idx) = match boot {
         Some(b) => {
-            let n = iso_name(b.boot_file)?;
-            let (_, i) = names
-                .iter()
-                .find(|(m, _)| *m == n)
-                .ok_or_else(|| IsoError::NoBootFile(b.boot_file.to_string()))?;
-            if b.boot_info_table && files[*i].data.len() < 64 {
+            let i = find(b.boot_file)?;
+            if b.boot_info_table && files[i].data.len() < 64 {
                 return Err(IsoError::BootFileTooShort(b.boot_file.to_string()));
             }
-            Some(*i)
+            (Some(i), b.efi_image.map(find).transpose()?)
         }
-        None => None,
+        None => (None, None),
     };
     let date = DirDate::from_unix(unix_secs);
     // The root directory's size: records never cross a sector boundary.
@@ -165,10 +174,12 @@ pub fn build(
         img[at..at + f.data.len()].copy_from_slice(f.data);
     }
     if let (Some(b), Some(i)) = (boot, boot_idx) {
+        let efi = efi_idx.map(|e| (extents[e], files[e].data.len()));
         write_catalog(
             sector_mut(&mut img, catalog_lba),
             extents[i],
             b.load_sectors,
+            efi,
         );
         if b.boot_info_table {
             let at = extents[i] as usize * SECTOR;
@@ -199,8 +210,10 @@ fn patch_boot_info_table(file: &mut [u8], file_lba: u32) {
 }
 
 /// Validation entry (x86, checksummed, 55 AA) and the default entry: bootable, no
-/// emulation, default load segment, `load_sectors` 512-byte sectors from `lba`.
-fn write_catalog(s: &mut [u8], lba: u32, load_sectors: u16) {
+/// emulation, default load segment, `load_sectors` 512-byte sectors from `lba`; then,
+/// with `efi` (LBA, length), a final section header for platform 0xEF (UEFI) with one
+/// no-emulation entry covering that image.
+fn write_catalog(s: &mut [u8], lba: u32, load_sectors: u16, efi: Option<(u32, usize)>) {
     s[0] = 1;
     s[30] = 0x55;
     s[31] = 0xAA;
@@ -212,6 +225,18 @@ fn write_catalog(s: &mut [u8], lba: u32, load_sectors: u16) {
     e[0] = 0x88;
     e[6..8].copy_from_slice(&load_sectors.to_le_bytes());
     e[8..12].copy_from_slice(&lba.to_le_bytes());
+    if let Some((efi_lba, len)) = efi {
+        let h = &mut s[64..96];
+        h[0] = 0x91;
+        h[1] = 0xEF;
+        h[2..4].copy_from_slice(&1u16.to_le_bytes());
+        let e = &mut s[96..128];
+        e[0] = 0x88;
+        // 512-byte sectors; 0 when it does not fit (firmware then reads to the end).
+        let count = u16::try_from(len.div_ceil(512)).unwrap_or(0);
+        e[6..8].copy_from_slice(&count.to_le_bytes());
+        e[8..12].copy_from_slice(&efi_lba.to_le_bytes());
+    }
 }
 
 fn write_pvd(s: &mut [u8], volume_id: &str, total: u32, root: &[u8], date: &DirDate) {

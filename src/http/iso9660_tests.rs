@@ -30,6 +30,7 @@ fn read_back_by_isoinfo_and_osirrox() {
     let boot = bytes(5001, 1);
     let big = bytes(70_001, 2);
     let cfg = b"DEFAULT x\n".to_vec();
+    let esp = bytes(3 * 512 + 7, 3);
     let files = [
         IsoFile {
             name: "isolinux.bin",
@@ -47,11 +48,16 @@ fn read_back_by_isoinfo_and_osirrox() {
             name: "EMPTY",
             data: &[],
         },
+        IsoFile {
+            name: "efi.img",
+            data: &esp,
+        },
     ];
     let el = ElTorito {
         boot_file: "isolinux.bin",
         load_sectors: 4,
         boot_info_table: true,
+        efi_image: Some("efi.img"),
     };
     // 2026-11-25 02:40:00 UTC
     let img = build("bootplane test", &files, Some(el), 1_795_574_400).unwrap();
@@ -77,8 +83,31 @@ fn read_back_by_isoinfo_and_osirrox() {
     assert!(d.contains("Boot media 0 (No Emulation Boot)"), "{d}");
     assert!(d.contains("Nsect 4"), "{d}");
     assert!(d.contains("Bootid 88 (bootable)"), "{d}");
+    // xorriso's report of the catalog: the BIOS entry and the UEFI one.
+    let r = run("xorriso", &["-indev", p, "-report_el_torito", "plain"]);
+    assert!(
+        r.contains("El Torito boot img :   1  BIOS  y   none"),
+        "{r}"
+    );
+    assert!(
+        r.contains("El Torito boot img :   2  UEFI  y   none"),
+        "{r}"
+    );
+    assert!(r.contains("/ISOLINUX.BIN") && r.contains("/EFI.IMG"), "{r}");
 
     // The boot file's LBA from the catalog, and its table.
+    let esp_lba = {
+        let c = u32::from_le_bytes(img[17 * SECTOR + 71..17 * SECTOR + 75].try_into().unwrap());
+        let e = &img[c as usize * SECTOR + 96..];
+        assert_eq!(&img[c as usize * SECTOR + 64..][..4], &[0x91, 0xEF, 1, 0]);
+        assert_eq!(
+            u16::from_le_bytes([e[6], e[7]]),
+            4,
+            "512-byte sectors of efi.img"
+        );
+        u32::from_le_bytes(e[8..12].try_into().unwrap())
+    };
+    assert_eq!(&img[esp_lba as usize * SECTOR..][..esp.len()], &esp[..]);
     let cat = u32::from_le_bytes(img[17 * SECTOR + 71..17 * SECTOR + 75].try_into().unwrap());
     let c = &img[cat as usize * SECTOR..];
     let lba = u32::from_le_bytes(c[40..44].try_into().unwrap());
@@ -110,6 +139,7 @@ fn read_back_by_isoinfo_and_osirrox() {
         ("IPXE.KRN", &big),
         ("ISOLINUX.CFG", &cfg),
         ("EMPTY", &Vec::new()),
+        ("EFI.IMG", &esp),
     ] {
         // osirrox maps names without Rock Ridge to lowercase and drops ";1".
         let got = std::fs::read(out.join(n.to_lowercase()))
@@ -174,6 +204,7 @@ fn bad_input_is_an_error() {
         boot_file: "b",
         load_sectors: 4,
         boot_info_table: true,
+        efi_image: None,
     };
     assert!(matches!(
         build("X", &[f("a")], Some(el), 0),
@@ -182,5 +213,14 @@ fn bad_input_is_an_error() {
     assert!(matches!(
         build("X", &[f("b")], Some(el), 0),
         Err(IsoError::BootFileTooShort(_))
+    ));
+    let el = ElTorito {
+        boot_info_table: false,
+        efi_image: Some("nope"),
+        ..el
+    };
+    assert!(matches!(
+        build("X", &[f("b")], Some(el), 0),
+        Err(IsoError::NoBootFile(_))
     ));
 }

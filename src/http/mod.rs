@@ -29,6 +29,7 @@
 pub mod bootiso;
 pub mod catalog;
 pub mod conn;
+pub mod fat;
 pub mod files;
 pub mod handler;
 pub mod index;

@@ -73,6 +73,8 @@ pub struct BootIsoConfig {
     pub ldlinux_c32: PathBuf,
     /// iPXE as a Linux kernel; it runs the chain script it is given as initrd (Debian `ipxe`).
     pub ipxe_lkrn: PathBuf,
+    /// iPXE for UEFI, the ISO's UEFI boot entry (`EFI/BOOT/BOOTX64.EFI` in its ESP image).
+    pub ipxe_efi: PathBuf,
 }
 
 impl Default for BootIsoConfig {
@@ -81,6 +83,7 @@ impl Default for BootIsoConfig {
             isolinux_bin: PathBuf::from("/usr/lib/ISOLINUX/isolinux.bin"),
             ldlinux_c32: PathBuf::from("/usr/lib/syslinux/modules/bios/ldlinux.c32"),
             ipxe_lkrn: PathBuf::from("/usr/lib/ipxe/ipxe.lkrn"),
+            ipxe_efi: PathBuf::from("/usr/lib/ipxe/ipxe.efi"),
         }
     }
 }

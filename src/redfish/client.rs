@@ -80,7 +80,8 @@ fn client(settings: &Settings, insecure: bool) -> Result<reqwest::Client, Error>
             b = b.add_root_certificate(c);
         }
     }
-    b.build().map_err(|e| Error::Tls(format!("building the http client: {e}")))
+    b.build()
+        .map_err(|e| Error::Tls(format!("building the http client: {e}")))
 }
 
 impl Pool {
@@ -132,7 +133,10 @@ impl Pool {
         bmcs.get(base_url.trim_end_matches('/'))
             .map(|s| {
                 let c = s.counters.lock().unwrap_or_else(|p| p.into_inner());
-                BmcStats { requests: c.requests, max_in_flight: c.max_in_flight }
+                BmcStats {
+                    requests: c.requests,
+                    max_in_flight: c.max_in_flight,
+                }
             })
             .unwrap_or_default()
     }
@@ -178,12 +182,18 @@ impl Bmc {
         let Some(uuid) = uuid else {
             return match ids.as_slice() {
                 [only] => self.system(only).await,
-                _ => Err(Error::Unsupported(format!("a single system (it has {})", ids.len()))),
+                _ => Err(Error::Unsupported(format!(
+                    "a single system (it has {})",
+                    ids.len()
+                ))),
             };
         };
         for id in &ids {
             let s = self.system(id).await?;
-            if s.uuid.as_deref().is_some_and(|u| u.eq_ignore_ascii_case(uuid)) {
+            if s.uuid
+                .as_deref()
+                .is_some_and(|u| u.eq_ignore_ascii_case(uuid))
+            {
                 return Ok(s);
             }
         }
@@ -198,14 +208,16 @@ impl Bmc {
     /// `POST` the system's reset action; follows a task monitor to completion.
     /// `Error::Unsupported` when the BMC lists its reset types and `kind` is not one.
     pub async fn reset(&self, system: &System, kind: ResetType) -> Result<(), Error> {
-        if !system.reset_types.is_empty() && !system.reset_types.iter().any(|t| t == kind.as_str()) {
+        if !system.reset_types.is_empty() && !system.reset_types.iter().any(|t| t == kind.as_str())
+        {
             return Err(Error::Unsupported(format!("reset type {}", kind.as_str())));
         }
         let target = system
             .reset_target
             .clone()
             .unwrap_or_else(|| format!("{}/Actions/ComputerSystem.Reset", system.odata_id));
-        self.action(&target, &json!({ "ResetType": kind.as_str() })).await
+        self.action(&target, &json!({ "ResetType": kind.as_str() }))
+            .await
     }
 
     /// `PATCH` `Boot` (with `If-Match` when the BMC gave an ETag); `Error::Unsupported`
@@ -229,7 +241,12 @@ impl Bmc {
         if let Some(mode) = &o.mode {
             boot["BootSourceOverrideMode"] = json!(mode);
         }
-        self.patch(&system.odata_id, system.etag.as_deref(), &json!({ "Boot": boot })).await
+        self.patch(
+            &system.odata_id,
+            system.etag.as_deref(),
+            &json!({ "Boot": boot }),
+        )
+        .await
     }
 
     /// The virtual media devices of a system (its own collection, else its managers').
@@ -279,14 +296,29 @@ impl Bmc {
 
     /// The counters of this BMC (the same as `Pool::stats(base_url)`).
     pub fn stats(&self) -> BmcStats {
-        let c = self.inner.shared.counters.lock().unwrap_or_else(|p| p.into_inner());
-        BmcStats { requests: c.requests, max_in_flight: c.max_in_flight }
+        let c = self
+            .inner
+            .shared
+            .counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        BmcStats {
+            requests: c.requests,
+            max_in_flight: c.max_in_flight,
+        }
     }
 
     /// `GET` a resource: its JSON and its ETag (header; `@odata.etag` is read by the
     /// parsers).
     async fn get(&self, path: &str) -> Result<(Value, Option<String>), Error> {
-        let resp = self.call(&Req { method: Method::GET, path, body: None, if_match: None }).await?;
+        let resp = self
+            .call(&Req {
+                method: Method::GET,
+                path,
+                body: None,
+                if_match: None,
+            })
+            .await?;
         let v = serde_json::from_slice(&resp.body)
             .map_err(|e| Error::Malformed(format!("{path}: {e}")))?;
         Ok((v, resp.etag))
@@ -295,16 +327,32 @@ impl Bmc {
     /// `PATCH` with `If-Match` (when an ETag is known); a `412`/`428` re-reads the
     /// resource for its current ETag and tries once more.
     async fn patch(&self, path: &str, etag: Option<&str>, body: &Value) -> Result<(), Error> {
-        let req = Req { method: Method::PATCH, path, body: Some(body), if_match: etag };
+        let req = Req {
+            method: Method::PATCH,
+            path,
+            body: Some(body),
+            if_match: etag,
+        };
         match self.call(&req).await {
             Ok(resp) => self.follow(resp).await,
-            Err(Error::Status { status: 412 | 428, .. }) => {
+            Err(Error::Status {
+                status: 412 | 428, ..
+            }) => {
                 let (v, header) = self.get(path).await?;
-                let fresh = header.or_else(|| v.get("@odata.etag").and_then(Value::as_str).map(str::to_owned));
+                let fresh = header.or_else(|| {
+                    v.get("@odata.etag")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                });
                 let Some(fresh) = fresh else {
-                    return Err(Error::Unsupported(format!("an etag for {path} (it asks for If-Match)")));
+                    return Err(Error::Unsupported(format!(
+                        "an etag for {path} (it asks for If-Match)"
+                    )));
                 };
-                let req = Req { if_match: Some(&fresh), ..req };
+                let req = Req {
+                    if_match: Some(&fresh),
+                    ..req
+                };
                 let resp = self.call(&req).await?;
                 self.follow(resp).await
             }
@@ -314,7 +362,12 @@ impl Bmc {
 
     /// `POST` an action and follow its task monitor, if any.
     async fn action(&self, target: &str, body: &Value) -> Result<(), Error> {
-        let req = Req { method: Method::POST, path: target, body: Some(body), if_match: None };
+        let req = Req {
+            method: Method::POST,
+            path: target,
+            body: Some(body),
+            if_match: None,
+        };
         let resp = self.call(&req).await?;
         self.follow(resp).await
     }
@@ -329,7 +382,12 @@ impl Bmc {
         let deadline = Instant::now() + limit;
         let mut pause = Duration::from_millis(100);
         loop {
-            let req = Req { method: Method::GET, path: &monitor, body: None, if_match: None };
+            let req = Req {
+                method: Method::GET,
+                path: &monitor,
+                body: None,
+                if_match: None,
+            };
             let resp = self.call(&req).await?;
             let progress = if resp.status == 202 {
                 TaskProgress::Running
@@ -345,7 +403,10 @@ impl Bmc {
                 TaskProgress::Failed(why) => return Err(Error::TaskFailed(self.scrub(&why))),
                 TaskProgress::Running => {}
             }
-            let wait = resp.retry_after.unwrap_or(pause).min(Duration::from_secs(5));
+            let wait = resp
+                .retry_after
+                .unwrap_or(pause)
+                .min(Duration::from_secs(5));
             if Instant::now() + wait > deadline {
                 return Err(Error::Timeout(limit));
             }
@@ -375,11 +436,24 @@ impl Bmc {
     async fn auth(&self) -> Result<Auth, Error> {
         let t = &self.inner.target;
         let mut cache = self.inner.shared.auth.lock().await;
-        if let Some(a) = cache.get(&t.username).filter(|a| a.password_is(&t.password)) {
+        if let Some(a) = cache
+            .get(&t.username)
+            .filter(|a| a.password_is(&t.password))
+        {
             return Ok(a.clone());
         }
         let basic = Auth::basic(&t.username, &t.password);
-        let root = self.send_retrying(&Req { method: Method::GET, path: ROOT, body: None, if_match: None }, &basic).await?;
+        let root = self
+            .send_retrying(
+                &Req {
+                    method: Method::GET,
+                    path: ROOT,
+                    body: None,
+                    if_match: None,
+                },
+                &basic,
+            )
+            .await?;
         let root: Value = serde_json::from_slice(&root.body)
             .map_err(|e| Error::Malformed(format!("service root: {e}")))?;
         let auth = match parse::service_root(&root).session_service {
@@ -399,13 +473,23 @@ impl Bmc {
     async fn login(&self, sessions: &str, basic: Auth) -> Result<Auth, Error> {
         let t = &self.inner.target;
         let body = json!({ "UserName": t.username, "Password": t.password.0 });
-        let req = Req { method: Method::POST, path: sessions, body: Some(&body), if_match: None };
+        let req = Req {
+            method: Method::POST,
+            path: sessions,
+            body: Some(&body),
+            if_match: None,
+        };
         match self.send_retrying(&req, &Auth::None).await {
             Ok(resp) => match resp.token {
                 Some(token) => Ok(Auth::token(token, &t.password)),
-                None => Err(Error::Malformed("session created without X-Auth-Token".into())),
+                None => Err(Error::Malformed(
+                    "session created without X-Auth-Token".into(),
+                )),
             },
-            Err(Error::Status { status: 404 | 405 | 501, .. }) => Ok(basic),
+            Err(Error::Status {
+                status: 404 | 405 | 501,
+                ..
+            }) => Ok(basic),
             Err(e) => Err(e),
         }
     }
@@ -428,7 +512,11 @@ impl Bmc {
                 Ok(resp) => return Ok(resp),
                 Err(f) => f,
             };
-            let Failure { error, retryable, retry_after } = f;
+            let Failure {
+                error,
+                retryable,
+                retry_after,
+            } = f;
             let error = self.scrub_error(error, auth);
             if !retryable || attempt >= s.attempts.max(1) {
                 return Err(error);
@@ -452,7 +540,10 @@ impl Bmc {
         match e {
             Error::Unreachable(m) => Error::Unreachable(s(m)),
             Error::Tls(m) => Error::Tls(s(m)),
-            Error::Status { status, message } => Error::Status { status, message: s(message) },
+            Error::Status { status, message } => Error::Status {
+                status,
+                message: s(message),
+            },
             Error::Malformed(m) => Error::Malformed(s(m)),
             Error::Unsupported(m) => Error::Unsupported(s(m)),
             Error::TaskFailed(m) => Error::TaskFailed(s(m)),

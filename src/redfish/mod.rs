@@ -21,7 +21,7 @@
 //! reconciler map Redfish objects to Server and BMC status.
 
 mod client;
-mod parse;
+pub mod parse;
 mod transport;
 mod types;
 

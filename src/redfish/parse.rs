@@ -13,7 +13,12 @@ fn str_at(v: &Value, key: &str) -> Option<String> {
 fn strings_at(v: &Value, key: &str) -> Vec<String> {
     v.get(key)
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -23,18 +28,21 @@ fn link_at(v: &Value, key: &str) -> Option<String> {
 }
 
 /// The `@odata.id`s of a collection's `Members`.
-pub(crate) fn members(v: &Value) -> Result<Vec<String>, Error> {
+pub fn members(v: &Value) -> Result<Vec<String>, Error> {
     let members = v
         .get("Members")
         .and_then(Value::as_array)
         .ok_or_else(|| Error::Malformed("collection without Members".into()))?;
     members
         .iter()
-        .map(|m| str_at(m, "@odata.id").ok_or_else(|| Error::Malformed("member without @odata.id".into())))
+        .map(|m| {
+            str_at(m, "@odata.id")
+                .ok_or_else(|| Error::Malformed("member without @odata.id".into()))
+        })
         .collect()
 }
 
-pub(crate) fn service_root(v: &Value) -> ServiceRoot {
+pub fn service_root(v: &Value) -> ServiceRoot {
     ServiceRoot {
         redfish_version: str_at(v, "RedfishVersion"),
         uuid: str_at(v, "UUID"),
@@ -45,14 +53,16 @@ pub(crate) fn service_root(v: &Value) -> ServiceRoot {
 }
 
 /// `Links.Sessions` of the service root, the sessions collection's usual place.
-pub(crate) fn sessions_link(v: &Value) -> Option<String> {
+pub fn sessions_link(v: &Value) -> Option<String> {
     v.get("Links").and_then(|l| link_at(l, "Sessions"))
 }
 
 /// `odata_id` is the path the object was read from (used when the body lacks one).
-pub(crate) fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
+pub fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
     let boot = v.get("Boot").cloned().unwrap_or(Value::Null);
-    let reset = v.get("Actions").and_then(|a| a.get("#ComputerSystem.Reset"));
+    let reset = v
+        .get("Actions")
+        .and_then(|a| a.get("#ComputerSystem.Reset"));
     System {
         odata_id: str_at(v, "@odata.id").unwrap_or_else(|| odata_id.to_owned()),
         id: str_at(v, "Id").unwrap_or_default(),
@@ -61,7 +71,10 @@ pub(crate) fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System 
         model: str_at(v, "Model"),
         serial_number: str_at(v, "SerialNumber"),
         bios_version: str_at(v, "BiosVersion"),
-        power_state: v.get("PowerState").and_then(Value::as_str).and_then(PowerState::parse),
+        power_state: v
+            .get("PowerState")
+            .and_then(Value::as_str)
+            .and_then(PowerState::parse),
         boot: Boot {
             target: str_at(&boot, "BootSourceOverrideTarget"),
             enabled: str_at(&boot, "BootSourceOverrideEnabled"),
@@ -84,7 +97,7 @@ pub(crate) fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System 
     }
 }
 
-pub(crate) fn manager(v: &Value, odata_id: &str) -> Manager {
+pub fn manager(v: &Value, odata_id: &str) -> Manager {
     Manager {
         odata_id: str_at(v, "@odata.id").unwrap_or_else(|| odata_id.to_owned()),
         firmware_version: str_at(v, "FirmwareVersion"),
@@ -94,7 +107,7 @@ pub(crate) fn manager(v: &Value, odata_id: &str) -> Manager {
     }
 }
 
-pub(crate) fn virtual_media(v: &Value, odata_id: &str, etag: Option<String>) -> VirtualMedia {
+pub fn virtual_media(v: &Value, odata_id: &str, etag: Option<String>) -> VirtualMedia {
     let action = |name: &str| {
         v.get("Actions")
             .and_then(|a| a.get(name))
@@ -114,7 +127,7 @@ pub(crate) fn virtual_media(v: &Value, odata_id: &str, etag: Option<String>) -> 
 
 /// What a task monitor's answer says: still running, done, or failed (with why).
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum TaskProgress {
+pub enum TaskProgress {
     Running,
     Done,
     Failed(String),
@@ -122,7 +135,7 @@ pub(crate) enum TaskProgress {
 
 /// A task monitor's `200` body: a `Task` (judged by `TaskState`) or, once done, the
 /// operation's own result (anything without `TaskState`).
-pub(crate) fn task(v: &Value) -> TaskProgress {
+pub fn task(v: &Value) -> TaskProgress {
     let Some(state) = v.get("TaskState").and_then(Value::as_str) else {
         return TaskProgress::Done;
     };
@@ -145,7 +158,7 @@ pub(crate) fn task(v: &Value) -> TaskProgress {
 
 /// The human part of a Redfish error body (`error.message`, else the first extended
 /// info message), else the body's start.
-pub(crate) fn error_message(body: &[u8]) -> String {
+pub fn error_message(body: &[u8]) -> String {
     if let Ok(v) = serde_json::from_slice::<Value>(body) {
         let err = v.get("error");
         let ext = err
@@ -197,21 +210,33 @@ mod tests {
         assert_eq!(s.reset_types, ["On"]);
         assert_eq!(s.etag.as_deref(), Some("W/\"1\""));
         assert_eq!(s.managers, ["/redfish/v1/Managers/1"]);
-        assert_eq!(s.virtual_media.as_deref(), Some("/redfish/v1/Systems/1/VirtualMedia"));
+        assert_eq!(
+            s.virtual_media.as_deref(),
+            Some("/redfish/v1/Systems/1/VirtualMedia")
+        );
         // The header ETag wins over @odata.etag.
-        assert_eq!(system(&v, "/x", Some("\"h\"".into())).etag.as_deref(), Some("\"h\""));
+        assert_eq!(
+            system(&v, "/x", Some("\"h\"".into())).etag.as_deref(),
+            Some("\"h\"")
+        );
     }
 
     #[test]
     fn task_states() {
-        assert_eq!(task(&json!({"TaskState": "Running"})), TaskProgress::Running);
+        assert_eq!(
+            task(&json!({"TaskState": "Running"})),
+            TaskProgress::Running
+        );
         assert_eq!(task(&json!({"TaskState": "Completed"})), TaskProgress::Done);
         assert_eq!(task(&json!({"Id": "result"})), TaskProgress::Done);
         assert_eq!(
             task(&json!({"TaskState": "Exception", "Messages": [{"Message": "disk on fire"}]})),
             TaskProgress::Failed("disk on fire".into())
         );
-        assert_eq!(task(&json!({"TaskState": "Killed"})), TaskProgress::Failed("task state Killed".into()));
+        assert_eq!(
+            task(&json!({"TaskState": "Killed"})),
+            TaskProgress::Failed("task state Killed".into())
+        );
     }
 
     #[test]
@@ -220,6 +245,9 @@ mod tests {
             "@Message.ExtendedInfo": [{"Message": "the value is bad"}]}}"#;
         assert_eq!(error_message(body), "the value is bad");
         assert_eq!(error_message(b"plain text"), "plain text");
-        assert_eq!(error_message("é".repeat(300).as_bytes()).chars().count(), 101);
+        assert_eq!(
+            error_message("é".repeat(300).as_bytes()).chars().count(),
+            101
+        );
     }
 }

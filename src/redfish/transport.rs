@@ -55,11 +55,18 @@ pub(super) enum Auth {
 impl Auth {
     pub(super) fn basic(user: &str, password: &Password) -> Auth {
         use base64::Engine as _;
-        let b64 = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{}", password.0));
-        Auth::Basic { header: format!("Basic {b64}"), password: password.clone() }
+        let b64 =
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{}", password.0));
+        Auth::Basic {
+            header: format!("Basic {b64}"),
+            password: password.clone(),
+        }
     }
     pub(super) fn token(token: String, password: &Password) -> Auth {
-        Auth::Token { token, password: password.clone() }
+        Auth::Token {
+            token,
+            password: password.clone(),
+        }
     }
     pub(super) fn is_token(&self) -> bool {
         matches!(self, Auth::Token { .. })
@@ -101,21 +108,33 @@ impl Drop for InFlight<'_> {
 }
 
 fn fail(error: Error, retryable: bool) -> Failure {
-    Failure { error, retryable, retry_after: None }
+    Failure {
+        error,
+        retryable,
+        retry_after: None,
+    }
 }
 
 /// The URL of `path` on the BMC; an absolute URL (a task monitor's `Location`) must
 /// point at the same BMC, credentials never go elsewhere.
 fn url_of(base: &str, path: &str) -> Result<String, Failure> {
     if path.starts_with("http://") || path.starts_with("https://") {
-        let same = path.strip_prefix(base).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        let same = path
+            .strip_prefix(base)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
         if !same {
-            return Err(fail(Error::Malformed(format!("link to another host: {path}")), false));
+            return Err(fail(
+                Error::Malformed(format!("link to another host: {path}")),
+                false,
+            ));
         }
         return Ok(path.to_owned());
     }
     if !path.starts_with('/') {
-        return Err(fail(Error::Malformed(format!("relative link: {path}")), false));
+        return Err(fail(
+            Error::Malformed(format!("relative link: {path}")),
+            false,
+        ));
     }
     Ok(format!("{base}{path}"))
 }
@@ -130,7 +149,11 @@ pub(super) async fn send(bmc: &BmcInner, req: &Req<'_>, auth: &Auth) -> Result<R
     let _global_permit = bmc.pool.global.acquire().await.map_err(closed)?;
     let _in_flight = InFlight::enter(&bmc.shared.counters);
 
-    let client = if bmc.target.insecure { &bmc.pool.insecure } else { &bmc.pool.verified };
+    let client = if bmc.target.insecure {
+        &bmc.pool.insecure
+    } else {
+        &bmc.pool.verified
+    };
     let mut rb = client
         .request(req.method.clone(), url)
         .timeout(settings.timeout)
@@ -144,9 +167,14 @@ pub(super) async fn send(bmc: &BmcInner, req: &Req<'_>, auth: &Auth) -> Result<R
         rb = rb.header(IF_MATCH, tag);
     }
     if let Some(body) = req.body {
-        rb = rb.header(CONTENT_TYPE, "application/json").body(body.to_string());
+        rb = rb
+            .header(CONTENT_TYPE, "application/json")
+            .body(body.to_string());
     }
-    let resp = rb.send().await.map_err(|e| transport_failure(&e, settings.timeout))?;
+    let resp = rb
+        .send()
+        .await
+        .map_err(|e| transport_failure(&e, settings.timeout))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = read_bounded(resp, settings.timeout).await?;
@@ -169,7 +197,11 @@ fn header(h: &HeaderMap, name: &str) -> Option<String> {
 
 /// `Retry-After` in seconds (the HTTP-date form is not used by BMCs we know; ignored).
 fn retry_after(h: &HeaderMap) -> Option<Duration> {
-    header(h, "retry-after")?.trim().parse::<u64>().ok().map(Duration::from_secs)
+    header(h, "retry-after")?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_secs)
 }
 
 fn status_failure(status: u16, headers: &HeaderMap, body: &[u8]) -> Failure {
@@ -177,23 +209,42 @@ fn status_failure(status: u16, headers: &HeaderMap, body: &[u8]) -> Failure {
         401 | 403 => fail(Error::Unauthorized(status), false),
         // 501: the BMC does not implement it; waiting will not change that.
         429 | 500 | 502..=599 => Failure {
-            error: Error::Status { status, message: parse::error_message(body) },
+            error: Error::Status {
+                status,
+                message: parse::error_message(body),
+            },
             retryable: true,
             retry_after: retry_after(headers),
         },
-        _ => fail(Error::Status { status, message: parse::error_message(body) }, false),
+        _ => fail(
+            Error::Status {
+                status,
+                message: parse::error_message(body),
+            },
+            false,
+        ),
     }
 }
 
 /// The body, at most [`MAX_BODY`] bytes.
 async fn read_bounded(mut resp: reqwest::Response, timeout: Duration) -> Result<Bytes, Failure> {
     if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(fail(Error::Malformed(format!("response over {MAX_BODY} bytes")), false));
+        return Err(fail(
+            Error::Malformed(format!("response over {MAX_BODY} bytes")),
+            false,
+        ));
     }
     let mut buf = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| transport_failure(&e, timeout))? {
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| transport_failure(&e, timeout))?
+    {
         if buf.len() + chunk.len() > MAX_BODY {
-            return Err(fail(Error::Malformed(format!("response over {MAX_BODY} bytes")), false));
+            return Err(fail(
+                Error::Malformed(format!("response over {MAX_BODY} bytes")),
+                false,
+            ));
         }
         buf.extend_from_slice(&chunk);
     }
@@ -220,7 +271,10 @@ fn tls_cause(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         if let Some(t) = err.downcast_ref::<rustls::Error>() {
             return Some(t.to_string());
         }
-        if let Some(inner) = err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        if let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             if let Some(t) = tls_cause(inner) {
                 return Some(t);
             }
@@ -249,7 +303,9 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// Full-jitter exponential backoff before attempt `attempt + 1`: uniform in
 /// `[0, min(backoff_max, backoff_base * 2^(attempt-1))]`.
 pub(super) fn backoff(s: &Settings, attempt: u32) -> Duration {
-    let exp = s.backoff_base.saturating_mul(1u32 << (attempt.saturating_sub(1)).min(20));
+    let exp = s
+        .backoff_base
+        .saturating_mul(1u32 << (attempt.saturating_sub(1)).min(20));
     let cap = exp.min(s.backoff_max);
     let nanos = cap.as_nanos().min(u64::MAX as u128) as u64;
     Duration::from_nanos(rand::thread_rng().gen_range(0..=nanos))
@@ -284,7 +340,10 @@ mod tests {
     #[test]
     fn links_stay_on_the_bmc() {
         let base = "https://10.0.0.5:443";
-        assert_eq!(url_of(base, "/redfish/v1/").ok().unwrap(), "https://10.0.0.5:443/redfish/v1/");
+        assert_eq!(
+            url_of(base, "/redfish/v1/").ok().unwrap(),
+            "https://10.0.0.5:443/redfish/v1/"
+        );
         assert!(url_of(base, "https://10.0.0.5:443/redfish/v1/TaskMonitors/1").is_ok());
         assert!(url_of(base, "https://10.0.0.5:4430/x").is_err());
         assert!(url_of(base, "https://evil.example/x").is_err());

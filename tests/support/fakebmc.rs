@@ -62,6 +62,10 @@ pub struct SysState {
     pub media_inserted: bool,
     /// Bumped by every change (the ETag is `W/"<version>"`).
     pub version: u64,
+    /// Every `ResetType` it was sent, in order.
+    pub resets: Vec<String>,
+    /// A power change not yet applied (see [`Builder::power_delay`]): when, and to what.
+    pub pending: Option<(std::time::Instant, String)>,
 }
 
 struct Scripted {
@@ -84,7 +88,9 @@ struct Inner {
     session_refusal: Option<u16>,
     etag_required: bool,
     media_actions: bool,
+    ignore_graceful: bool,
     task: Option<(u32, TaskEnd)>,
+    power_delay: Duration,
     boot_targets: Vec<String>,
     systems: Mutex<Vec<SysState>>,
     tokens: Mutex<Vec<String>>,
@@ -111,7 +117,9 @@ pub struct Builder {
     session_refusal: Option<u16>,
     etag_required: bool,
     media_actions: bool,
+    ignore_graceful: bool,
     task: Option<(u32, TaskEnd)>,
+    power_delay: Duration,
     boot_targets: Vec<String>,
     delay: Duration,
     listeners: usize,
@@ -159,9 +167,21 @@ impl Builder {
         self.task = Some((polls, end));
         self
     }
+    /// Resets take effect this long after they are accepted (`PoweringOn`/`PoweringOff`
+    /// meanwhile), like real BMCs and sushy's fake driver.
+    pub fn power_delay(mut self, d: Duration) -> Self {
+        self.power_delay = d;
+        self
+    }
     /// `BootSourceOverrideTarget@Redfish.AllowableValues`.
     pub fn boot_targets(mut self, targets: &[&str]) -> Self {
         self.boot_targets = targets.iter().map(|s| s.to_string()).collect();
+        self
+    }
+    /// `GracefulShutdown` is recorded but leaves the system On (an OS that ignores the
+    /// ACPI power button).
+    pub fn ignore_graceful(mut self, on: bool) -> Self {
+        self.ignore_graceful = on;
         self
     }
     /// Every answer waits this long.
@@ -180,7 +200,9 @@ impl Builder {
             http_boot_uri: None,
             media_image: None,
             media_inserted: false,
+            resets: Vec::new(),
             version: 1,
+            pending: None,
         };
         let inner = Arc::new(Inner {
             username: self.username,
@@ -189,7 +211,9 @@ impl Builder {
             session_refusal: self.session_refusal,
             etag_required: self.etag_required,
             media_actions: self.media_actions,
+            ignore_graceful: self.ignore_graceful,
             task: self.task,
+            power_delay: self.power_delay,
             boot_targets: self.boot_targets,
             systems: Mutex::new(vec![sys; self.systems]),
             tokens: Mutex::new(Vec::new()),
@@ -204,18 +228,27 @@ impl Builder {
             next_id: AtomicU64::new(1),
             last_auth: Mutex::new(None),
         });
-        let app = axum::Router::new().fallback(handle).with_state(inner.clone());
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(inner.clone());
         let mut base_urls = Vec::new();
         let mut tasks = Vec::new();
         for _ in 0..self.listeners {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind fake bmc");
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind fake bmc");
             base_urls.push(format!("http://{}", listener.local_addr().unwrap()));
             let app = app.clone();
             tasks.push(tokio::spawn(async move {
                 let _ = axum::serve(listener, app).await;
             }));
         }
-        FakeBmc { base_url: base_urls[0].clone(), base_urls, inner, tasks }
+        FakeBmc {
+            base_url: base_urls[0].clone(),
+            base_urls,
+            inner,
+            tasks,
+        }
     }
 }
 
@@ -253,9 +286,14 @@ impl FakeBmc {
             etag_required: false,
             media_actions: true,
             task: None,
-            boot_targets: ["None", "Pxe", "Cd", "Hdd", "UefiHttp"].iter().map(|s| s.to_string()).collect(),
+            power_delay: Duration::ZERO,
+            boot_targets: ["None", "Pxe", "Cd", "Hdd", "UefiHttp"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             delay: Duration::ZERO,
             listeners: 1,
+            ignore_graceful: false,
         }
     }
     /// `@odata.id` of system `i` (0-based).
@@ -264,7 +302,13 @@ impl FakeBmc {
     }
     /// Requests seen on `path` (any method).
     pub fn requests(&self, path: &str) -> u64 {
-        self.inner.per_path.lock().unwrap().get(path).copied().unwrap_or(0)
+        self.inner
+            .per_path
+            .lock()
+            .unwrap()
+            .get(path)
+            .copied()
+            .unwrap_or(0)
     }
     pub fn total_requests(&self) -> u64 {
         self.inner.total.load(Ordering::SeqCst)
@@ -281,7 +325,18 @@ impl FakeBmc {
         self.inner.tokens.lock().unwrap().clear();
     }
     pub fn state(&self, i: usize) -> SysState {
-        self.inner.systems.lock().unwrap()[i].clone()
+        let mut systems = self.inner.systems.lock().unwrap();
+        settle(&mut systems[i]);
+        systems[i].clone()
+    }
+    /// How many systems are `On` now.
+    pub fn powered_on(&self) -> usize {
+        let mut systems = self.inner.systems.lock().unwrap();
+        systems
+            .iter_mut()
+            .map(settle)
+            .filter(|s| s.power == "On")
+            .count()
     }
     /// Change a system behind the client's back (e.g. its power state).
     pub fn set_power(&self, i: usize, power: &str) {
@@ -292,9 +347,17 @@ impl FakeBmc {
     pub fn set_delay(&self, d: Duration) {
         *self.inner.delay.lock().unwrap() = d;
     }
+    /// Drop every scripted fault still pending.
+    pub fn clear_faults(&self) {
+        self.inner.faults.lock().unwrap().clear();
+    }
     /// The next `times` requests on `path` (every path when `None`) get `fault`.
     pub fn push_fault(&self, path: Option<&str>, fault: Fault, times: u32) {
-        self.inner.faults.lock().unwrap().push(Scripted { path: path.map(str::to_owned), fault, times });
+        self.inner.faults.lock().unwrap().push(Scripted {
+            path: path.map(str::to_owned),
+            fault,
+            times,
+        });
     }
     /// The last credentials header it was sent (`Basic ...` or `Token ...`).
     pub fn last_auth(&self) -> Option<String> {
@@ -311,7 +374,13 @@ impl Drop for Flight<'_> {
     }
 }
 
-async fn handle(State(st): State<Arc<Inner>>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn handle(
+    State(st): State<Arc<Inner>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let path = uri.path().to_owned();
     st.total.fetch_add(1, Ordering::SeqCst);
     *st.per_path.lock().unwrap().entry(path.clone()).or_default() += 1;
@@ -329,10 +398,18 @@ async fn handle(State(st): State<Arc<Inner>>, method: Method, uri: Uri, headers:
         Some(Fault::StatusMessage(s, m)) => return error(s, &m),
         Some(Fault::StatusRetryAfter(s, secs)) => {
             let mut r = error(s, "scripted fault");
-            r.headers_mut().insert("retry-after", HeaderValue::from(secs));
+            r.headers_mut()
+                .insert("retry-after", HeaderValue::from(secs));
             return r;
         }
-        Some(Fault::Malformed) => return (StatusCode::OK, [("content-type", "application/json")], "{\"Id\": ").into_response(),
+        Some(Fault::Malformed) => {
+            return (
+                StatusCode::OK,
+                [("content-type", "application/json")],
+                "{\"Id\": ",
+            )
+                .into_response()
+        }
         Some(Fault::Huge) => {
             let big = json!({ "Id": "x", "Pad": "a".repeat(2 << 20) }).to_string();
             return (StatusCode::OK, [("content-type", "application/json")], big).into_response();
@@ -355,13 +432,24 @@ fn take_fault(st: &Inner, path: &str) -> Option<Fault> {
 fn error(status: u16, message: &str) -> Response {
     let body = json!({ "error": { "code": "Base.1.0.GeneralError", "message": message } });
     let status = StatusCode::from_u16(status).unwrap();
-    (status, [("content-type", "application/json")], body.to_string()).into_response()
+    (
+        status,
+        [("content-type", "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 fn ok_json(v: Value, etag: Option<String>) -> Response {
-    let mut r = (StatusCode::OK, [("content-type", "application/json")], v.to_string()).into_response();
+    let mut r = (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        v.to_string(),
+    )
+        .into_response();
     if let Some(tag) = etag {
-        r.headers_mut().insert("etag", HeaderValue::from_str(&tag).unwrap());
+        r.headers_mut()
+            .insert("etag", HeaderValue::from_str(&tag).unwrap());
     }
     r
 }
@@ -381,8 +469,12 @@ fn authorized(st: &Inner, headers: &HeaderMap) -> bool {
         return false;
     };
     *st.last_auth.lock().unwrap() = Some(basic.to_owned());
-    let Some(b64) = basic.strip_prefix("Basic ") else { return false };
-    let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(b64) else { return false };
+    let Some(b64) = basic.strip_prefix("Basic ") else {
+        return false;
+    };
+    let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(b64) else {
+        return false;
+    };
     raw == format!("{}:{}", st.username, st.password).into_bytes()
 }
 
@@ -400,18 +492,41 @@ fn route(st: &Inner, method: &Method, path: &str, headers: &HeaderMap, body: &[u
     let parts: Vec<&str> = p.split('/').skip(3).collect();
     let json_body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let n = st.systems.lock().unwrap().len();
-    let sys_index = |id: &str| id.parse::<usize>().ok().filter(|i| (1..=n).contains(i)).map(|i| i - 1);
+    let sys_index = |id: &str| {
+        id.parse::<usize>()
+            .ok()
+            .filter(|i| (1..=n).contains(i))
+            .map(|i| i - 1)
+    };
     match (method.clone(), parts.as_slice()) {
-        (Method::GET, ["Systems"]) => ok_json(collection("/redfish/v1/Systems", (1..=n).map(|i| format!("/redfish/v1/Systems/{i}"))), None),
+        (Method::GET, ["Systems"]) => ok_json(
+            collection(
+                "/redfish/v1/Systems",
+                (1..=n).map(|i| format!("/redfish/v1/Systems/{i}")),
+            ),
+            None,
+        ),
         (Method::GET, ["Systems", id]) => match sys_index(id) {
             Some(i) => {
-                let s = st.systems.lock().unwrap()[i].clone();
+                let s = settle(&mut st.systems.lock().unwrap()[i]).clone();
                 ok_json(system(st, i, &s), Some(etag(&s)))
             }
             None => error(404, "no such system"),
         },
         (Method::PATCH, ["Systems", id]) => match sys_index(id) {
             Some(i) => patch_system(st, i, headers, &json_body),
+            None => error(404, "no such system"),
+        },
+        // Each system's own media collection holds its own device (as blade BMCs and
+        // sushy-tools do); the manager's lists them all.
+        (Method::GET, ["Systems", id, "VirtualMedia"]) => match sys_index(id) {
+            Some(i) => ok_json(
+                collection(
+                    &format!("/redfish/v1/Systems/{}/VirtualMedia", i + 1),
+                    std::iter::once(format!("/redfish/v1/Managers/BMC/VirtualMedia/Cd{}", i + 1)),
+                ),
+                None,
+            ),
             None => error(404, "no such system"),
         },
         (Method::POST, ["Systems", id, "Actions", "ComputerSystem.Reset"]) => match sys_index(id) {
@@ -424,11 +539,15 @@ fn route(st: &Inner, method: &Method, path: &str, headers: &HeaderMap, body: &[u
                     "VirtualMedia": { "@odata.id": "/redfish/v1/Managers/BMC/VirtualMedia" } }),
             None,
         ),
-        (Method::GET, ["Managers", "BMC", "VirtualMedia"]) => {
-            ok_json(collection("/redfish/v1/Managers/BMC/VirtualMedia", (1..=n).map(|i| format!("/redfish/v1/Managers/BMC/VirtualMedia/Cd{i}"))), None)
-        }
+        (Method::GET, ["Managers", "BMC", "VirtualMedia"]) => ok_json(
+            collection(
+                "/redfish/v1/Managers/BMC/VirtualMedia",
+                (1..=n).map(|i| format!("/redfish/v1/Managers/BMC/VirtualMedia/Cd{i}")),
+            ),
+            None,
+        ),
         (m, ["Managers", "BMC", "VirtualMedia", dev, rest @ ..]) => {
-            match dev.strip_prefix("Cd").and_then(|i| sys_index(i)) {
+            match dev.strip_prefix("Cd").and_then(sys_index) {
                 Some(i) => media(st, i, m, rest, headers, &json_body),
                 None => error(404, "no such device"),
             }
@@ -463,9 +582,18 @@ fn login(st: &Inner, body: &[u8]) -> Response {
     let n = st.sessions_created.fetch_add(1, Ordering::SeqCst) + 1;
     let token = format!("tok{n}x{}", st.next_id.fetch_add(1, Ordering::SeqCst));
     st.tokens.lock().unwrap().push(token.clone());
-    let mut r = (StatusCode::CREATED, [("content-type", "application/json")], json!({ "Id": n.to_string() }).to_string()).into_response();
-    r.headers_mut().insert("x-auth-token", HeaderValue::from_str(&token).unwrap());
-    r.headers_mut().insert("location", HeaderValue::from_str(&format!("/redfish/v1/SessionService/Sessions/{n}")).unwrap());
+    let mut r = (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        json!({ "Id": n.to_string() }).to_string(),
+    )
+        .into_response();
+    r.headers_mut()
+        .insert("x-auth-token", HeaderValue::from_str(&token).unwrap());
+    r.headers_mut().insert(
+        "location",
+        HeaderValue::from_str(&format!("/redfish/v1/SessionService/Sessions/{n}")).unwrap(),
+    );
     r
 }
 
@@ -494,6 +622,7 @@ fn system(st: &Inner, i: usize, s: &SysState) -> Value {
             "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle"],
         } },
         "Links": { "ManagedBy": [{ "@odata.id": "/redfish/v1/Managers/BMC" }] },
+        "VirtualMedia": { "@odata.id": format!("/redfish/v1/Systems/{id}/VirtualMedia") },
     })
 }
 
@@ -535,11 +664,40 @@ fn patch_system(st: &Inner, i: usize, headers: &HeaderMap, v: &Value) -> Respons
     no_content()
 }
 
-fn apply_reset(s: &mut SysState, kind: &str) {
-    s.power = match kind {
-        "ForceOff" | "GracefulShutdown" => "Off".into(),
-        _ => "On".into(),
+/// Apply a pending power change that is due.
+fn settle(s: &mut SysState) -> &mut SysState {
+    if let Some((at, to)) = s.pending.take() {
+        if std::time::Instant::now() >= at {
+            s.power = to;
+            s.version += 1;
+        } else {
+            s.pending = Some((at, to));
+        }
+    }
+    s
+}
+
+fn apply_reset(st: &Inner, s: &mut SysState, kind: &str) {
+    s.resets.push(kind.to_string());
+    if kind == "GracefulShutdown" && st.ignore_graceful {
+        s.version += 1;
+        return;
+    }
+    let to = match kind {
+        "ForceOff" | "GracefulShutdown" => "Off",
+        _ => "On",
     };
+    if st.power_delay.is_zero() {
+        s.power = to.into();
+    } else {
+        s.power = if to == "On" {
+            "PoweringOn"
+        } else {
+            "PoweringOff"
+        }
+        .into();
+        s.pending = Some((std::time::Instant::now() + st.power_delay, to.into()));
+    }
     s.version += 1;
 }
 
@@ -548,37 +706,70 @@ fn reset(st: &Inner, i: usize, v: &Value) -> Response {
         return error(400, "ResetType missing");
     };
     let Some((polls, end)) = st.task.clone() else {
-        apply_reset(&mut st.systems.lock().unwrap()[i], kind);
+        apply_reset(st, &mut st.systems.lock().unwrap()[i], kind);
         return no_content();
     };
     let id = st.next_id.fetch_add(1, Ordering::SeqCst);
-    st.tasks.lock().unwrap().insert(id, Task { polls_left: polls, end, apply: (i, kind.into()) });
-    let mut r = (StatusCode::ACCEPTED, [("content-type", "application/json")], json!({ "TaskState": "New" }).to_string()).into_response();
-    r.headers_mut().insert("location", HeaderValue::from_str(&format!("/redfish/v1/TaskMonitors/{id}")).unwrap());
+    st.tasks.lock().unwrap().insert(
+        id,
+        Task {
+            polls_left: polls,
+            end,
+            apply: (i, kind.into()),
+        },
+    );
+    let mut r = (
+        StatusCode::ACCEPTED,
+        [("content-type", "application/json")],
+        json!({ "TaskState": "New" }).to_string(),
+    )
+        .into_response();
+    r.headers_mut().insert(
+        "location",
+        HeaderValue::from_str(&format!("/redfish/v1/TaskMonitors/{id}")).unwrap(),
+    );
     r
 }
 
 fn task_monitor(st: &Inner, id: &str) -> Response {
-    let Ok(id) = id.parse::<u64>() else { return error(404, "no such task") };
+    let Ok(id) = id.parse::<u64>() else {
+        return error(404, "no such task");
+    };
     let mut tasks = st.tasks.lock().unwrap();
-    let Some(t) = tasks.get_mut(&id) else { return error(404, "no such task") };
+    let Some(t) = tasks.get_mut(&id) else {
+        return error(404, "no such task");
+    };
     if t.polls_left > 0 {
         t.polls_left -= 1;
         let body = json!({ "TaskState": "Running", "PercentComplete": 50 }).to_string();
-        return (StatusCode::ACCEPTED, [("content-type", "application/json")], body).into_response();
+        return (
+            StatusCode::ACCEPTED,
+            [("content-type", "application/json")],
+            body,
+        )
+            .into_response();
     }
     let body = match &t.end {
         TaskEnd::Completed => {
             let (i, kind) = t.apply.clone();
-            apply_reset(&mut st.systems.lock().unwrap()[i], &kind);
+            apply_reset(st, &mut st.systems.lock().unwrap()[i], &kind);
             json!({ "TaskState": "Completed", "TaskStatus": "OK" })
         }
-        TaskEnd::Exception(m) => json!({ "TaskState": "Exception", "TaskStatus": "Critical", "Messages": [{ "Message": m }] }),
+        TaskEnd::Exception(m) => {
+            json!({ "TaskState": "Exception", "TaskStatus": "Critical", "Messages": [{ "Message": m }] })
+        }
     };
     ok_json(body, None)
 }
 
-fn media(st: &Inner, i: usize, m: Method, rest: &[&str], headers: &HeaderMap, v: &Value) -> Response {
+fn media(
+    st: &Inner,
+    i: usize,
+    m: Method,
+    rest: &[&str],
+    headers: &HeaderMap,
+    v: &Value,
+) -> Response {
     let mut systems = st.systems.lock().unwrap();
     let s = &mut systems[i];
     let id = format!("/redfish/v1/Managers/BMC/VirtualMedia/Cd{}", i + 1);
@@ -606,7 +797,9 @@ fn media(st: &Inner, i: usize, m: Method, rest: &[&str], headers: &HeaderMap, v:
             no_content()
         }
         (Method::POST, ["Actions", "VirtualMedia.InsertMedia"]) if st.media_actions => {
-            let Some(image) = v["Image"].as_str() else { return error(400, "Image missing") };
+            let Some(image) = v["Image"].as_str() else {
+                return error(400, "Image missing");
+            };
             s.media_image = Some(image.into());
             s.media_inserted = v["Inserted"].as_bool().unwrap_or(true);
             s.version += 1;

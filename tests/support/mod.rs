@@ -12,7 +12,8 @@
 //! - [`libvirt`]: a private libvirt daemon in a test's namespace and sushy-emulator
 //!   (libvirt driver) in front of it;
 //! - [`data`]: deterministic test bytes, their hashes, the fixtures directory;
-//! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters.
+//! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters;
+//! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer.
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -33,4 +34,5 @@ pub mod nfs;
 pub mod process;
 pub mod provisioning;
 pub mod require;
+pub mod sushy;
 pub mod tftp;

@@ -31,316 +31,27 @@
 //! [`crate::redfish::Target`] (whose password prints as `<redacted>`); no message this
 //! driver writes or logs carries them.
 
+
+mod resolve;
+mod settings;
+
+pub use resolve::{bmc_target, has_bmc, server_target, ResolveError};
+pub use settings::*;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rand::Rng;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{Outcome, Power, PowerDriver};
 use crate::model::meta::{self, set_condition};
 use crate::model::registry::ResourceType;
-use crate::redfish::{
-    self, Bmc, BootOverride, BootTarget, Password, PowerState, ResetType, System, Target,
-};
+use crate::redfish::{self, Bmc, BootOverride, BootTarget, PowerState, ResetType, System};
 use crate::shutdown::Shutdown;
-use crate::store::{secret_data, Store, StoreError};
-
-/// Server annotation choosing the one-time network boot.
-pub const BOOT_MODE_ANNOTATION: &str = "bootplane.dev/boot-mode";
-/// BMC (or Server, for an inline `spec.bmc`) annotation: `"true"` skips TLS
-/// certificate verification for that BMC.
-pub const INSECURE_ANNOTATION: &str = "bootplane.dev/bmc-insecure-skip-verify";
-
-/// The one-time network boot set before power-on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum BootMode {
-    None,
-    Pxe,
-    UefiHttp,
-    VirtualMedia,
-}
-
-impl BootMode {
-    pub fn parse(s: &str) -> Option<BootMode> {
-        Some(match s {
-            "None" => BootMode::None,
-            "Pxe" => BootMode::Pxe,
-            "UefiHttp" => BootMode::UefiHttp,
-            "VirtualMedia" => BootMode::VirtualMedia,
-            _ => return None,
-        })
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BootMode::None => "None",
-            BootMode::Pxe => "Pxe",
-            BootMode::UefiHttp => "UefiHttp",
-            BootMode::VirtualMedia => "VirtualMedia",
-        }
-    }
-}
-
-/// What `HttpBootUri` points at: the per-machine boot ISO or the iPXE EFI binary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HttpBootArtifact {
-    Iso,
-    Efi,
-}
-
-/// `[power.redfish]`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct RedfishConfig {
-    /// One-time boot for Servers without the annotation.
-    pub boot_mode: BootMode,
-    pub http_boot_artifact: HttpBootArtifact,
-    /// How often every Server's power state is read from its BMC.
-    pub poll_interval_secs: u64,
-    /// How long a graceful shutdown may take before `ForceOff`.
-    pub shutdown_timeout_secs: u64,
-    /// How long the BMC may take to report the asked-for state after a reset.
-    pub power_wait_secs: u64,
-    /// Longest wait between two attempts of a failing operation.
-    pub retry_max_secs: u64,
-    /// Per request to a BMC.
-    pub timeout_secs: u64,
-    /// Attempts per request (connect errors, timeouts, 5xx, 429).
-    pub attempts: u32,
-    pub backoff_base_ms: u64,
-    pub backoff_max_ms: u64,
-    pub per_bmc_concurrency: usize,
-    pub global_concurrency: usize,
-    /// PEM bundle of the CAs BMC certificates are verified against.
-    pub ca_bundle: Option<PathBuf>,
-    pub task_timeout_secs: u64,
-}
-
-impl Default for RedfishConfig {
-    fn default() -> Self {
-        RedfishConfig {
-            boot_mode: BootMode::Pxe,
-            http_boot_artifact: HttpBootArtifact::Iso,
-            poll_interval_secs: 30,
-            shutdown_timeout_secs: 120,
-            power_wait_secs: 300,
-            retry_max_secs: 300,
-            timeout_secs: 20,
-            attempts: 4,
-            backoff_base_ms: 500,
-            backoff_max_ms: 10_000,
-            per_bmc_concurrency: 4,
-            global_concurrency: 64,
-            ca_bundle: None,
-            task_timeout_secs: 300,
-        }
-    }
-}
-
-impl RedfishConfig {
-    pub fn validate(&self) -> anyhow::Result<()> {
-        for (k, v) in [
-            ("poll_interval_secs", self.poll_interval_secs),
-            ("power_wait_secs", self.power_wait_secs),
-            ("retry_max_secs", self.retry_max_secs),
-            ("timeout_secs", self.timeout_secs),
-            ("attempts", self.attempts as u64),
-            ("per_bmc_concurrency", self.per_bmc_concurrency as u64),
-            ("global_concurrency", self.global_concurrency as u64),
-            ("task_timeout_secs", self.task_timeout_secs),
-        ] {
-            anyhow::ensure!(v > 0, "power.redfish.{k} must be at least 1");
-        }
-        anyhow::ensure!(
-            self.backoff_base_ms <= self.backoff_max_ms,
-            "power.redfish.backoff_base_ms must not exceed backoff_max_ms"
-        );
-        Ok(())
-    }
-
-    /// The client settings (reads the CA bundle).
-    pub fn client_settings(&self) -> anyhow::Result<redfish::Settings> {
-        use anyhow::Context as _;
-        let ca_pem = match &self.ca_bundle {
-            Some(p) => Some(
-                std::fs::read(p)
-                    .with_context(|| format!("reading power.redfish.ca_bundle {}", p.display()))?,
-            ),
-            None => None,
-        };
-        Ok(redfish::Settings {
-            timeout: Duration::from_secs(self.timeout_secs),
-            attempts: self.attempts,
-            backoff_base: Duration::from_millis(self.backoff_base_ms),
-            backoff_max: Duration::from_millis(self.backoff_max_ms),
-            per_bmc_concurrency: self.per_bmc_concurrency,
-            global_concurrency: self.global_concurrency,
-            ca_pem,
-            task_timeout: Duration::from_secs(self.task_timeout_secs),
-        })
-    }
-}
-
-/// Where a BMC is pointed for a network boot: the boot listener's signed per-machine
-/// URLs (the composition root plugs the boot listener in here).
-pub trait BootTargets: Send + Sync {
-    /// The machine's own UEFI HTTP boot URI, `None` when there is no boot listener.
-    fn http_boot_uri(&self, server: &str, artifact: HttpBootArtifact) -> Option<String>;
-    /// The boot ISO a BMC mounts as virtual media for this machine.
-    fn media_uri(&self, server: &str) -> Option<String>;
-    /// Whether `uri` is one of this listener's (media bootplane inserted).
-    fn owns(&self, uri: &str) -> bool;
-}
-
-/// Why a Server's or BMC's Redfish target could not be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ResolveError {
-    #[error("server has neither spec.bmcRef nor spec.bmc")]
-    NoBmc,
-    #[error("BMC {0} not found")]
-    BmcNotFound(String),
-    #[error("BMC {0} has no address (spec.access.ip)")]
-    NoAddress(String),
-    #[error("BMCSecret {0} not found")]
-    SecretNotFound(String),
-    #[error("BMCSecret {0} has no {1}")]
-    SecretIncomplete(String, &'static str),
-    #[error("BMC protocol {0:?} is not a Redfish one (Redfish, RedfishLocal)")]
-    Protocol(String),
-}
-
-impl ResolveError {
-    pub fn reason(&self) -> &'static str {
-        match self {
-            ResolveError::NoBmc | ResolveError::BmcNotFound(_) => "BMCNotFound",
-            ResolveError::NoAddress(_) => "NoAddress",
-            ResolveError::SecretNotFound(_) => "SecretNotFound",
-            ResolveError::SecretIncomplete(..) => "SecretIncomplete",
-            ResolveError::Protocol(_) => "UnsupportedProtocol",
-        }
-    }
-}
-
-/// Whether the Server names a BMC (and so is powered by Redfish).
-pub fn has_bmc(server: &Value) -> bool {
-    server
-        .pointer("/spec/bmcRef/name")
-        .and_then(Value::as_str)
-        .is_some_and(|n| !n.is_empty())
-        || server.pointer("/spec/bmc").is_some_and(Value::is_object)
-}
-
-fn annotation_true(o: &Value, key: &str) -> bool {
-    o.pointer("/metadata/annotations")
-        .and_then(|a| a.get(key))
-        .and_then(Value::as_str)
-        == Some("true")
-}
-
-/// The Redfish target of a BMC object.
-pub fn bmc_target(store: &Store, bmc: &Value) -> Result<Target, ResolveError> {
-    let name = meta::name(bmc);
-    let address = bmc
-        .pointer("/spec/access/ip")
-        .and_then(Value::as_str)
-        .or_else(|| bmc.pointer("/spec/hostname").and_then(Value::as_str))
-        .filter(|a| !a.is_empty())
-        .ok_or_else(|| ResolveError::NoAddress(name.to_string()))?;
-    let secret = bmc
-        .pointer("/spec/bmcSecretRef/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    target_from(
-        store,
-        address,
-        bmc.pointer("/spec/protocol").unwrap_or(&Value::Null),
-        secret,
-        annotation_true(bmc, INSECURE_ANNOTATION),
-    )
-}
-
-/// The BMC name (or `inline` for `spec.bmc`) and Redfish target of a Server.
-pub fn server_target(store: &Store, server: &Value) -> Result<(String, Target), ResolveError> {
-    if let Some(n) = server
-        .pointer("/spec/bmcRef/name")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-    {
-        let t = store.registry().resolve("bmc").expect("bmc type");
-        let bmc = store
-            .get(&t, None, n)
-            .map_err(|_| ResolveError::BmcNotFound(n.to_string()))?;
-        return Ok((n.to_string(), bmc_target(store, &bmc)?));
-    }
-    let b = server.pointer("/spec/bmc").ok_or(ResolveError::NoBmc)?;
-    let address = b
-        .get("address")
-        .and_then(Value::as_str)
-        .filter(|a| !a.is_empty())
-        .ok_or_else(|| ResolveError::NoAddress(format!("inline in {}", meta::name(server))))?;
-    let secret = b
-        .pointer("/bmcSecretRef/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let target = target_from(
-        store,
-        address,
-        b.get("protocol").unwrap_or(&Value::Null),
-        secret,
-        annotation_true(server, INSECURE_ANNOTATION),
-    )?;
-    Ok(("inline".into(), target))
-}
-
-fn target_from(
-    store: &Store,
-    address: &str,
-    protocol: &Value,
-    secret: &str,
-    insecure: bool,
-) -> Result<Target, ResolveError> {
-    let pname = protocol.get("name").and_then(Value::as_str).unwrap_or("Redfish");
-    let default_scheme = match pname {
-        "Redfish" => "https",
-        "RedfishLocal" | "RedfishKube" => "http",
-        other => return Err(ResolveError::Protocol(other.to_string())),
-    };
-    let scheme = match protocol.get("scheme").and_then(Value::as_str) {
-        Some(s @ ("http" | "https")) => s,
-        _ => default_scheme,
-    };
-    let port = protocol
-        .get("port")
-        .and_then(Value::as_u64)
-        .filter(|p| *p > 0 && *p < 65536)
-        .unwrap_or(if scheme == "https" { 443 } else { 80 });
-    let host = if address.contains(':') && !address.starts_with('[') {
-        format!("[{address}]")
-    } else {
-        address.to_string()
-    };
-    let t = store.registry().resolve("bmcsecret").expect("bmcsecret type");
-    let s = store
-        .get(&t, None, secret)
-        .map_err(|_| ResolveError::SecretNotFound(secret.to_string()))?;
-    let field = |k: &'static str| {
-        secret_data(&s, k)
-            .and_then(|b| String::from_utf8(b).ok())
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| ResolveError::SecretIncomplete(secret.to_string(), k))
-    };
-    Ok(Target {
-        base_url: format!("{scheme}://{host}:{port}"),
-        username: field("username")?,
-        password: Password(field("password")?),
-        insecure,
-    })
-}
+use crate::store::{Store, StoreError};
 
 /// Why one attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -427,6 +138,8 @@ pub struct Redfish {
     gen: AtomicU64,
     /// `base_url` → system UUID (lowercase) → `@odata.id`.
     systems: Mutex<HashMap<String, HashMap<String, String>>>,
+    /// `base_url` → the gate one listing of its systems holds.
+    listing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     t_server: Arc<ResourceType>,
     t_sbc: Arc<ResourceType>,
 }
@@ -457,6 +170,7 @@ impl Redfish {
             ops: Mutex::new(HashMap::new()),
             gen: AtomicU64::new(0),
             systems: Mutex::new(HashMap::new()),
+            listing: Mutex::new(HashMap::new()),
             t_server,
             t_sbc,
         }))
@@ -624,15 +338,34 @@ impl Redfish {
             return bmc.find_system(None).await;
         };
         let base = base.to_string();
-        let known = self
-            .systems
+        let cached = |me: &Self| {
+            me.systems
+                .lock()
+                .unwrap()
+                .get(&base)
+                .and_then(|m| m.get(&uuid).cloned())
+        };
+        let matches = |s: &System| s.uuid.as_deref().map(str::to_ascii_lowercase).as_deref() == Some(&uuid);
+        if let Some(id) = cached(self) {
+            if let Ok(s) = bmc.system(&id).await {
+                if matches(&s) {
+                    return Ok(s);
+                }
+            }
+        }
+        // One listing per BMC at a time: the Servers of a BMC looked up together wait
+        // for the first one's listing instead of each listing every system.
+        let gate = self
+            .listing
             .lock()
             .unwrap()
-            .get(&base)
-            .and_then(|m| m.get(&uuid).cloned());
-        if let Some(id) = known {
+            .entry(base.clone())
+            .or_default()
+            .clone();
+        let _one = gate.lock().await;
+        if let Some(id) = cached(self) {
             if let Ok(s) = bmc.system(&id).await {
-                if s.uuid.as_deref().map(str::to_ascii_lowercase).as_deref() == Some(&uuid) {
+                if matches(&s) {
                     return Ok(s);
                 }
             }

@@ -1,0 +1,263 @@
+//! Redfish power at fleet scale: N Servers behind fake BMCs (`tests/support/fakebmc.rs`,
+//! in this process, real loopback sockets), claimed at once; how long until every one is
+//! On, what bootplane spent doing it, and whether any BMC ever saw more requests at once
+//! than `power.redfish.per_bmc_concurrency` allows (counted by each fake BMC itself,
+//! server-side).
+//!
+//! ```sh
+//! cargo bench --bench redfish_power                            # 1,000 servers, 100 BMCs, 3 rounds
+//! cargo bench --bench redfish_power -- --count 200 --bmcs 20 --rounds 1 --power-delay-ms 0
+//! ```
+//!
+//! Each round starts a fresh bootplane (default `[power.redfish]` but the limit given with
+//! `--per-bmc`) and fresh BMCs (`--count / --bmcs` systems each, every reset applied after
+//! `--power-delay-ms`, as a real machine takes a moment to report On), registers a
+//! BMCSecret, BMC and Server per machine, then applies N claims from 16 API clients.
+//! Measured from the first claim sent: until every Server's `status.powerState` is On
+//! (a watch on Servers) and until every fake system is On; bootplane's CPU seconds and
+//! peak RSS; requests per Server; the highest concurrency any one BMC saw. Prints the
+//! median and spread over the rounds and every goal, met or not. There is no peer run
+//! side by side: metal-operator needs a Kubernetes API server, which this machine cannot
+//! run (see docs/benchmarks.md).
+
+use std::collections::HashSet;
+use std::io::BufRead;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+#[path = "support/procfs.rs"]
+mod procfs;
+
+use support::bootplane::Bootplane;
+use support::fakebmc::{uuid_of, FakeBmc};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Round {
+    all_on_api: f64,
+    all_on_bmc: f64,
+    cpu: f64,
+    rss_mib: f64,
+    requests_per_server: f64,
+    max_bmc_concurrency: u64,
+}
+
+fn post_all(b: &Bootplane, path: &str, bodies: Vec<Value>, clients: usize) {
+    let bodies = Arc::new(Mutex::new(bodies));
+    std::thread::scope(|s| {
+        for _ in 0..clients {
+            let bodies = bodies.clone();
+            s.spawn(move || {
+                let agent = ureq::AgentBuilder::new().build();
+                loop {
+                    let Some(body) = bodies.lock().unwrap().pop() else { return };
+                    agent
+                        .post(&format!("{}{path}", b.api))
+                        .set("Authorization", &format!("Bearer {}", b.token))
+                        .set("Content-Type", "application/json")
+                        .send_string(&body.to_string())
+                        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+                }
+            });
+        }
+    });
+}
+
+fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration) -> Round {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let per = count.div_ceil(bmcs);
+    let fakes: Vec<FakeBmc> = rt.block_on(async {
+        let mut v = Vec::new();
+        for _ in 0..bmcs {
+            v.push(
+                FakeBmc::builder()
+                    .systems(per)
+                    .credentials("admin", "bench-password")
+                    .power_delay(power_delay)
+                    .start()
+                    .await,
+            );
+        }
+        v
+    });
+    let b = Bootplane::start(&[
+        "--set",
+        &format!("power.redfish.per_bmc_concurrency={per_bmc}"),
+    ]);
+    let pid = b.child.as_ref().unwrap().id();
+    let (mut secrets, mut bmc_objs, mut servers) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, f) in fakes.iter().enumerate() {
+        let port: u16 = f.base_url.rsplit(':').next().unwrap().parse().unwrap();
+        let name = format!("bmc-{k:04}");
+        secrets.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
+            "metadata": {"name": name}, "stringData": {"username": "admin", "password": "bench-password"}}));
+        bmc_objs.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
+            "metadata": {"name": name}, "spec": {"access": {"ip": "127.0.0.1"}, "bmcSecretRef": {"name": name},
+            "protocol": {"name": "RedfishLocal", "port": port}}}));
+    }
+    for i in 0..count {
+        let (k, j) = (i / per, i % per);
+        servers.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+            "metadata": {"name": format!("srv-{i:05}"), "labels": {"pool": "bench"}},
+            "spec": {"systemUUID": uuid_of(j).to_lowercase(), "bmcRef": {"name": format!("bmc-{k:04}")}},
+            "status": {"state": "Available", "powerState": "Off"}}));
+    }
+    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets", secrets, 16);
+    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/bmcs", bmc_objs, 16);
+    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/servers", servers, 16);
+    // Let the BMC reconciler's first look and the claimable index settle.
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Watch Servers from now on: the first event with powerState On per Server.
+    let list: Value = serde_json::from_str(
+        &ureq::get(&format!("{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1", b.api))
+            .set("Authorization", &format!("Bearer {}", b.token))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap(),
+    )
+    .unwrap();
+    let rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let on: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let all_on_api: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let watcher = {
+        let (on, all_on_api) = (on.clone(), all_on_api.clone());
+        let url = format!("{}/apis/metal.ironcore.dev/v1alpha1/servers?watch=true&resourceVersion={rv}", b.api);
+        let auth = format!("Bearer {}", b.token);
+        std::thread::spawn(move || {
+            let r = ureq::get(&url).set("Authorization", &auth).call().unwrap();
+            for line in std::io::BufReader::new(r.into_reader()).lines() {
+                let Ok(line) = line else { return };
+                let ev: Value = serde_json::from_str(&line).unwrap();
+                if ev["object"]["status"]["powerState"] == "On" {
+                    let mut s = on.lock().unwrap();
+                    s.insert(ev["object"]["metadata"]["name"].as_str().unwrap().to_string());
+                    if s.len() == count {
+                        *all_on_api.lock().unwrap() = Some(Instant::now());
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    let requests_before: u64 = fakes.iter().map(|f| f.total_requests()).sum();
+    let cpu0 = procfs::proc_cpu(pid);
+    let claims: Vec<Value> = (0..count)
+        .map(|i| json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+            "metadata": {"name": format!("claim-{i:05}"), "namespace": "default"},
+            "spec": {"power": "On", "image": "os-image:latest",
+                     "serverSelector": {"matchLabels": {"pool": "bench"}}}}))
+        .collect();
+    let t0 = Instant::now();
+    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims", claims, 16);
+    let deadline = t0 + Duration::from_secs(600);
+    let mut all_on_bmc = None;
+    while Instant::now() < deadline {
+        if all_on_bmc.is_none() && fakes.iter().map(|f| f.powered_on()).sum::<usize>() >= count {
+            all_on_bmc = Some(t0.elapsed().as_secs_f64());
+        }
+        if all_on_bmc.is_some() && watcher.is_finished() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cpu = procfs::proc_cpu(pid) - cpu0;
+    let rss_kib = procfs::status_kib(pid, "VmHWM:").unwrap_or(0);
+    let requests: u64 = fakes.iter().map(|f| f.total_requests()).sum::<u64>() - requests_before;
+    let all_on_api = all_on_api.lock().unwrap().map(|t| (t - t0).as_secs_f64());
+    let r = Round {
+        all_on_api: all_on_api.unwrap_or_else(|| {
+            eprintln!("timed out: {} of {count} Servers On", on.lock().unwrap().len());
+            f64::NAN
+        }),
+        all_on_bmc: all_on_bmc.unwrap_or(f64::NAN),
+        cpu,
+        rss_mib: rss_kib as f64 / 1024.0,
+        requests_per_server: requests as f64 / count as f64,
+        max_bmc_concurrency: fakes.iter().map(|f| f.max_concurrent()).max().unwrap_or(0),
+    };
+    drop(b);
+    drop(fakes);
+    r
+}
+
+fn median_spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn main() {
+    let count = arg("--count", 1000) as usize;
+    let bmcs = arg("--bmcs", 100) as usize;
+    let rounds = arg("--rounds", 3).max(1);
+    let per_bmc = arg("--per-bmc", 4);
+    let delay = Duration::from_millis(arg("--power-delay-ms", 1000));
+    println!(
+        "redfish_power: {count} servers on {bmcs} fake BMCs ({} systems each), per-BMC limit {per_bmc}, \
+         power applied {} ms after a reset, {rounds} rounds",
+        count.div_ceil(bmcs),
+        delay.as_millis()
+    );
+    let mut all = Vec::new();
+    for i in 0..rounds {
+        let r = round(count, bmcs, per_bmc, delay);
+        println!(
+            "round {}: all On (API) {:.2} s, all On (BMCs) {:.2} s, bootplane CPU {:.2} s, peak RSS {:.0} MiB, \
+             {:.1} requests/server, max concurrency at one BMC {}",
+            i + 1,
+            r.all_on_api,
+            r.all_on_bmc,
+            r.cpu,
+            r.rss_mib,
+            r.requests_per_server,
+            r.max_bmc_concurrency
+        );
+        all.push(r);
+    }
+    let show = |what: &str, unit: &str, v: Vec<f64>| {
+        let (m, lo, hi) = median_spread(v);
+        println!("{what:<34} median {m:>8.2} {unit:<4} (min {lo:.2}, max {hi:.2})");
+        m
+    };
+    let on = show("all Servers On (status), from claim", "s", all.iter().map(|r| r.all_on_api).collect());
+    show("all systems On (at the BMCs)", "s", all.iter().map(|r| r.all_on_bmc).collect());
+    let cpu = show("bootplane CPU", "s", all.iter().map(|r| r.cpu).collect());
+    show("bootplane peak RSS", "MiB", all.iter().map(|r| r.rss_mib).collect());
+    show("requests per Server", "", all.iter().map(|r| r.requests_per_server).collect());
+    let maxc = all.iter().map(|r| r.max_bmc_concurrency).max().unwrap_or(0);
+    let floor = delay.as_secs_f64();
+    println!("goals:");
+    println!(
+        "  no BMC sees more than {per_bmc} requests at once: max {maxc}: {}",
+        if maxc <= per_bmc { "met" } else { "NOT met" }
+    );
+    println!(
+        "  every Server On: {}",
+        if all.iter().all(|r| r.all_on_api.is_finite()) { "met" } else { "NOT met" }
+    );
+    println!(
+        "  all On within 30 s of the claims (the machines' own {floor:.1} s included): {on:.2} s: {}",
+        if on <= 30.0 { "met" } else { "NOT met" }
+    );
+    println!(
+        "  bootplane CPU under 10 ms per Server: {:.1} ms: {}",
+        cpu * 1000.0 / count as f64,
+        if cpu * 1000.0 / count as f64 <= 10.0 { "met" } else { "NOT met" }
+    );
+}
