@@ -101,11 +101,6 @@ pub enum Firmware {
     /// OVMF as `pflash`, NVRAM from Debian's VARS template (kept under the daemon's
     /// `/var/lib/libvirt`).
     Ovmf,
-    /// SeaBIOS loaded as a `pflash` image: the machine boots BIOS media, but
-    /// sushy-tools takes it for UEFI and accepts `UefiHttp`. For bootplane's boot ISO,
-    /// which is BIOS-bootable only (see docs/http-boot.md). Writable (libvirt wants an
-    /// NVRAM store for a read-only pflash loader), so each domain gets its own copy.
-    SeaBiosAsPflash,
 }
 
 /// One VM: SeaBIOS (serial console mirrored to COM1) or OVMF, one NIC on `bridge`,
@@ -123,18 +118,13 @@ pub struct DomainSpec<'a> {
 impl DomainSpec<'_> {
     /// The domain XML: type `qemu` (TCG), i440fx, no disk, no graphics. No boot order:
     /// sushy-emulator writes the per-device `<boot order>` a Redfish override asks for.
-    /// `dir` holds per-domain firmware copies.
-    pub fn xml(&self, dir: &Path) -> String {
+    pub fn xml(&self) -> String {
         let firmware = match self.firmware {
             Firmware::SeaBios => "<bios useserial='yes'/>",
             Firmware::Ovmf => {
                 "<loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE_4M.fd</loader>\n    \
                  <nvram template='/usr/share/OVMF/OVMF_VARS_4M.fd'/>"
             }
-            Firmware::SeaBiosAsPflash => &format!(
-                "<loader readonly='no' type='pflash'>{}</loader>\n    <bios useserial='yes'/>",
-                dir.join(format!("{}.bios.bin", self.name)).display()
-            ),
         };
         format!(
             r#"<domain type='qemu'>
@@ -298,11 +288,7 @@ impl Libvirtd {
     /// Define (not start) a domain; it is destroyed and undefined on drop.
     pub fn define(&self, spec: &DomainSpec) {
         let path = self.dir.join(format!("{}.xml", spec.name));
-        if spec.firmware == Firmware::SeaBiosAsPflash {
-            let bios = self.dir.join(format!("{}.bios.bin", spec.name));
-            std::fs::copy("/usr/share/seabios/bios-256k.bin", bios).unwrap();
-        }
-        std::fs::write(&path, spec.xml(&self.dir)).unwrap();
+        std::fs::write(&path, spec.xml()).unwrap();
         self.must(&["define", path.to_str().unwrap()]);
         self.domains.lock().unwrap().push(spec.name.to_string());
     }
