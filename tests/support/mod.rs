@@ -9,6 +9,8 @@
 //!   state dir), and [`api`]: the objects and paths the API tests use;
 //! - [`http`], [`tftp`], [`dhcp`], [`image`], [`nfs`], [`provisioning`]: per-area
 //!   fixtures;
+//! - [`libvirt`]: a private libvirt daemon in a test's namespace and sushy-emulator
+//!   (libvirt driver) in front of it;
 //! - [`data`]: deterministic test bytes, their hashes, the fixtures directory;
 //! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters;
 //! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer.
@@ -26,6 +28,7 @@ pub mod dhcp;
 pub mod fakebmc;
 pub mod http;
 pub mod image;
+pub mod libvirt;
 pub mod netns;
 pub mod nfs;
 pub mod process;

@@ -34,6 +34,8 @@ pub fn package_of(tool: &str) -> Option<&'static str> {
         "perfdhcp" => "kea-admin",
         "ignition" | "ignition-validate" => "ignition",
         "qemu-system-x86_64" => "qemu-system-x86",
+        "libvirtd" => "libvirt-daemon",
+        "virsh" => "libvirt-clients",
         "timeout" | "sha256sum" => "coreutils",
         "dpkg-deb" => "dpkg",
         "ldd" => "libc-bin",
