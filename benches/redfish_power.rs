@@ -11,7 +11,8 @@
 //!
 //! Each round starts a fresh bootplane (default `[power.redfish]` but the limit given with
 //! `--per-bmc`) and fresh BMCs (`--count / --bmcs` systems each, every reset applied after
-//! `--power-delay-ms`, as a real machine takes a moment to report On), registers a
+//! `--power-delay-ms`, as a real machine takes a moment to report On; every answer after
+//! `--bmc-latency-ms`, default 50, so requests overlap at a BMC), registers a
 //! BMCSecret, BMC and Server per machine, then applies N claims from 16 API clients.
 //! Measured from the first claim sent: until every Server's `status.powerState` is On
 //! (a watch on Servers) and until every fake system is On; bootplane's CPU seconds and
@@ -74,7 +75,7 @@ fn post_all(b: &Bootplane, path: &str, bodies: Vec<Value>, clients: usize) {
     });
 }
 
-fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration) -> Round {
+fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration, latency: Duration) -> Round {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -89,6 +90,7 @@ fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration) -> Roun
                     .systems(per)
                     .credentials("admin", "bench-password")
                     .power_delay(power_delay)
+                    .delay(latency)
                     .start()
                     .await,
             );
@@ -208,15 +210,19 @@ fn main() {
     let rounds = arg("--rounds", 3).max(1);
     let per_bmc = arg("--per-bmc", 4);
     let delay = Duration::from_millis(arg("--power-delay-ms", 1000));
+    // Every answer takes this long (real BMCs answer in tens to hundreds of ms), so
+    // requests overlap at a BMC and its concurrency limit is exercised.
+    let latency = Duration::from_millis(arg("--bmc-latency-ms", 50));
     println!(
-        "redfish_power: {count} servers on {bmcs} fake BMCs ({} systems each), per-BMC limit {per_bmc}, \
-         power applied {} ms after a reset, {rounds} rounds",
+        "redfish_power: {count} servers on {bmcs} fake BMCs ({} systems each, {} ms per answer), \
+         per-BMC limit {per_bmc}, power applied {} ms after a reset, {rounds} rounds",
         count.div_ceil(bmcs),
+        latency.as_millis(),
         delay.as_millis()
     );
     let mut all = Vec::new();
     for i in 0..rounds {
-        let r = round(count, bmcs, per_bmc, delay);
+        let r = round(count, bmcs, per_bmc, delay, latency);
         println!(
             "round {}: all On (API) {:.2} s, all On (BMCs) {:.2} s, bootplane CPU {:.2} s, peak RSS {:.0} MiB, \
              {:.1} requests/server, max concurrency at one BMC {}",
