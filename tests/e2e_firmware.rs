@@ -27,12 +27,12 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use support::bootplane::bootplane_cli;
+use support::bootplane::{bootplane_cli, get_json_in, serve_in};
 use support::netns::*;
 use support::process::*;
 use support::require::*;
@@ -115,27 +115,11 @@ stop_grace_ms = 1000
             ign = repo.join("ignition").display(),
         );
         std::fs::write(self.path("bootplane.toml"), cfg).unwrap();
-        let log = std::fs::File::create(self.path("bootplane.log")).unwrap();
-        let mut c = self.ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
-        c.args([
-            "serve",
-            "--config",
-            self.path("bootplane.toml").to_str().unwrap(),
-        ])
-        .env("RUST_LOG", "info,bootplane=debug")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-        self.bp = Some(Proc::spawn(c));
-        wait_for(
-            Duration::from_secs(30),
-            || {
-                let l = self.log();
-                l.contains("dhcp server listening") && l.contains("bootplane started")
-            },
-            || format!("bootplane did not start: {}", self.log()),
-        );
+        self.bp = Some(serve_in(
+            &self.ns,
+            &self.path("bootplane.toml"),
+            &self.path("bootplane.log"),
+        ));
     }
 
     /// The bootplane CLI against this instance's API (inside the namespace).
@@ -144,11 +128,7 @@ stop_grace_ms = 1000
     }
 
     fn get_json(&self, kind: &str, name: &str) -> Option<Value> {
-        let out = self.cli(&["get", kind, name, "-o", "json"], None);
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
+        get_json_in(&self.ns, &self.path("state"), kind, name)
     }
 
     /// The VM's serial console as text (ANSI escape sequences removed).

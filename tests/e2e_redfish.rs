@@ -51,12 +51,12 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use support::bootplane::{bootplane_cli, tail};
+use support::bootplane::{bootplane_cli, get_json_in, serve_in, tail};
 use support::libvirt::{require_libvirt, DomainSpec, Firmware, Libvirtd, Sushy};
 use support::netns::*;
 use support::process::*;
@@ -181,27 +181,11 @@ timeout_secs = 60
             ign = repo.join("ignition").display(),
         );
         std::fs::write(self.path("bootplane.toml"), cfg).unwrap();
-        let log = std::fs::File::create(self.path("bootplane.log")).unwrap();
-        let mut c = self.ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
-        c.args([
-            "serve",
-            "--config",
-            self.path("bootplane.toml").to_str().unwrap(),
-        ])
-        .env("RUST_LOG", "info,bootplane=debug")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
-        self.bp = Some(Proc::spawn(c));
-        wait_for(
-            Duration::from_secs(30),
-            || {
-                let l = self.log();
-                l.contains("dhcp server listening") && l.contains("bootplane started")
-            },
-            || format!("bootplane did not start: {}", self.log()),
-        );
+        self.bp = Some(serve_in(
+            &self.ns,
+            &self.path("bootplane.toml"),
+            &self.path("bootplane.log"),
+        ));
     }
 
     fn cli(&self, args: &[&str], stdin: Option<&str>) -> Output {
@@ -209,11 +193,7 @@ timeout_secs = 60
     }
 
     fn get_json(&self, kind: &str, name: &str) -> Option<Value> {
-        let out = self.cli(&["get", kind, name, "-o", "json"], None);
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
+        get_json_in(&self.ns, &self.path("state"), kind, name)
     }
 
     /// One Redfish call to sushy (from a thread inside the namespace): status and body.

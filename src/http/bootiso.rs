@@ -385,16 +385,7 @@ impl BootHttp {
 
 /// An in-memory body with `HEAD`, conditionals and one `Range` (several: the whole body).
 fn bytes_response<B>(req: &Request<B>, body: &Bytes, meta: &FileMeta, ctype: &'static str) -> Resp {
-    let h = req.headers();
-    let get = |n: header::HeaderName| h.get(n).and_then(|v| v.to_str().ok());
-    let cond = Conditions {
-        if_match: get(header::IF_MATCH),
-        if_none_match: get(header::IF_NONE_MATCH),
-        if_modified_since: get(header::IF_MODIFIED_SINCE),
-        if_unmodified_since: get(header::IF_UNMODIFIED_SINCE),
-        range: get(header::RANGE),
-        if_range: get(header::IF_RANGE),
-    };
+    let cond = Conditions::of(req.headers());
     let mut hm = HeaderMap::new();
     hm.insert(header::ETAG, header_value(&meta.etag, "\"0\""));
     hm.insert(

@@ -191,6 +191,21 @@ pub struct Conditions<'a> {
     pub if_range: Option<&'a str>,
 }
 
+impl<'a> Conditions<'a> {
+    /// The conditional and range headers of a request.
+    pub fn of(h: &'a http::HeaderMap) -> Conditions<'a> {
+        let get = |n: http::header::HeaderName| h.get(n).and_then(|v| v.to_str().ok());
+        Conditions {
+            if_match: get(http::header::IF_MATCH),
+            if_none_match: get(http::header::IF_NONE_MATCH),
+            if_modified_since: get(http::header::IF_MODIFIED_SINCE),
+            if_unmodified_since: get(http::header::IF_UNMODIFIED_SINCE),
+            range: get(http::header::RANGE),
+            if_range: get(http::header::IF_RANGE),
+        }
+    }
+}
+
 /// What to send (inclusive byte ranges).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Plan {

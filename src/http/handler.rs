@@ -606,16 +606,7 @@ impl BootHttp {
                 return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
             }
         };
-        let h = req.headers();
-        let get = |n: header::HeaderName| h.get(n).and_then(|v| v.to_str().ok());
-        let cond = Conditions {
-            if_match: get(header::IF_MATCH),
-            if_none_match: get(header::IF_NONE_MATCH),
-            if_modified_since: get(header::IF_MODIFIED_SINCE),
-            if_unmodified_since: get(header::IF_UNMODIFIED_SINCE),
-            range: get(header::RANGE),
-            if_range: get(header::IF_RANGE),
-        };
+        let cond = Conditions::of(req.headers());
         let meta = f.meta.clone();
         let ctype = files::content_type(&rel);
         let plan = files::plan(req.method() == Method::GET, &cond, &meta);

@@ -332,3 +332,35 @@ pub fn bootplane_cli(ns: &Netns, state_dir: &Path, args: &[&str], stdin: Option<
     }
     child.wait_with_output().unwrap()
 }
+
+/// `bootplane serve --config CONFIG` in `ns` (stderr to `log`, debug logging, no colour),
+/// once its log says DHCP listens and it started: the namespace labs' bootplane.
+pub fn serve_in(ns: &Netns, config: &Path, log: &Path) -> super::process::Proc {
+    let file = std::fs::File::create(log).unwrap();
+    let mut c = ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
+    c.args(["serve", "--config", config.to_str().unwrap()])
+        .env("RUST_LOG", "info,bootplane=debug")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file);
+    let p = super::process::Proc::spawn(c);
+    super::process::wait_for(
+        Duration::from_secs(30),
+        || {
+            let l = super::process::read(log);
+            l.contains("dhcp server listening") && l.contains("bootplane started")
+        },
+        || format!("bootplane did not start: {}", super::process::read(log)),
+    );
+    p
+}
+
+/// `bootplane get KIND NAME -o json` through the CLI in `ns`; `None` when it fails.
+pub fn get_json_in(ns: &Netns, state_dir: &Path, kind: &str, name: &str) -> Option<Value> {
+    let out = bootplane_cli(ns, state_dir, &["get", kind, name, "-o", "json"], None);
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
