@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-#[path = "../tests/support/mod.rs"]
-mod support;
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use support::bootplane::Bootplane;
 use support::fakebmc::{uuid_of, FakeBmc};
@@ -62,7 +62,9 @@ fn post_all(b: &Bootplane, path: &str, bodies: Vec<Value>, clients: usize) {
             s.spawn(move || {
                 let agent = ureq::AgentBuilder::new().build();
                 loop {
-                    let Some(body) = bodies.lock().unwrap().pop() else { return };
+                    let Some(body) = bodies.lock().unwrap().pop() else {
+                        return;
+                    };
                     agent
                         .post(&format!("{}{path}", b.api))
                         .set("Authorization", &format!("Bearer {}", b.token))
@@ -75,7 +77,13 @@ fn post_all(b: &Bootplane, path: &str, bodies: Vec<Value>, clients: usize) {
     });
 }
 
-fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration, latency: Duration) -> Round {
+fn round(
+    count: usize,
+    bmcs: usize,
+    per_bmc: u64,
+    power_delay: Duration,
+    latency: Duration,
+) -> Round {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -119,7 +127,12 @@ fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration, latency
             "spec": {"systemUUID": uuid_of(j).to_lowercase(), "bmcRef": {"name": format!("bmc-{k:04}")}},
             "status": {"state": "Available", "powerState": "Off"}}));
     }
-    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets", secrets, 16);
+    post_all(
+        &b,
+        "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets",
+        secrets,
+        16,
+    );
     post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/bmcs", bmc_objs, 16);
     post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/servers", servers, 16);
     // Let the BMC reconciler's first look and the claimable index settle.
@@ -127,20 +140,29 @@ fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration, latency
 
     // Watch Servers from now on: the first event with powerState On per Server.
     let list: Value = serde_json::from_str(
-        &ureq::get(&format!("{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1", b.api))
-            .set("Authorization", &format!("Bearer {}", b.token))
-            .call()
-            .unwrap()
-            .into_string()
-            .unwrap(),
+        &ureq::get(&format!(
+            "{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1",
+            b.api
+        ))
+        .set("Authorization", &format!("Bearer {}", b.token))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap(),
     )
     .unwrap();
-    let rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let on: Arc<Mutex<HashSet<String>>> = Arc::default();
     let all_on_api: Arc<Mutex<Option<Instant>>> = Arc::default();
     let watcher = {
         let (on, all_on_api) = (on.clone(), all_on_api.clone());
-        let url = format!("{}/apis/metal.ironcore.dev/v1alpha1/servers?watch=true&resourceVersion={rv}", b.api);
+        let url = format!(
+            "{}/apis/metal.ironcore.dev/v1alpha1/servers?watch=true&resourceVersion={rv}",
+            b.api
+        );
         let auth = format!("Bearer {}", b.token);
         std::thread::spawn(move || {
             let r = ureq::get(&url).set("Authorization", &auth).call().unwrap();
@@ -149,7 +171,12 @@ fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration, latency
                 let ev: Value = serde_json::from_str(&line).unwrap();
                 if ev["object"]["status"]["powerState"] == "On" {
                     let mut s = on.lock().unwrap();
-                    s.insert(ev["object"]["metadata"]["name"].as_str().unwrap().to_string());
+                    s.insert(
+                        ev["object"]["metadata"]["name"]
+                            .as_str()
+                            .unwrap()
+                            .to_string(),
+                    );
                     if s.len() == count {
                         *all_on_api.lock().unwrap() = Some(Instant::now());
                         return;
@@ -161,13 +188,20 @@ fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration, latency
     let requests_before: u64 = fakes.iter().map(|f| f.total_requests()).sum();
     let cpu0 = procfs::proc_cpu(pid);
     let claims: Vec<Value> = (0..count)
-        .map(|i| json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
+        .map(|i| {
+            json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
             "metadata": {"name": format!("claim-{i:05}"), "namespace": "default"},
             "spec": {"power": "On", "image": "os-image:latest",
-                     "serverSelector": {"matchLabels": {"pool": "bench"}}}}))
+                     "serverSelector": {"matchLabels": {"pool": "bench"}}}})
+        })
         .collect();
     let t0 = Instant::now();
-    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims", claims, 16);
+    post_all(
+        &b,
+        "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims",
+        claims,
+        16,
+    );
     let deadline = t0 + Duration::from_secs(600);
     let mut all_on_bmc = None;
     while Instant::now() < deadline {
@@ -185,7 +219,10 @@ fn round(count: usize, bmcs: usize, per_bmc: u64, power_delay: Duration, latency
     let all_on_api = all_on_api.lock().unwrap().map(|t| (t - t0).as_secs_f64());
     let r = Round {
         all_on_api: all_on_api.unwrap_or_else(|| {
-            eprintln!("timed out: {} of {count} Servers On", on.lock().unwrap().len());
+            eprintln!(
+                "timed out: {} of {count} Servers On",
+                on.lock().unwrap().len()
+            );
             f64::NAN
         }),
         all_on_bmc: all_on_bmc.unwrap_or(f64::NAN),
@@ -241,11 +278,27 @@ fn main() {
         println!("{what:<34} median {m:>8.2} {unit:<4} (min {lo:.2}, max {hi:.2})");
         m
     };
-    let on = show("all Servers On (status), from claim", "s", all.iter().map(|r| r.all_on_api).collect());
-    show("all systems On (at the BMCs)", "s", all.iter().map(|r| r.all_on_bmc).collect());
+    let on = show(
+        "all Servers On (status), from claim",
+        "s",
+        all.iter().map(|r| r.all_on_api).collect(),
+    );
+    show(
+        "all systems On (at the BMCs)",
+        "s",
+        all.iter().map(|r| r.all_on_bmc).collect(),
+    );
     let cpu = show("bootplane CPU", "s", all.iter().map(|r| r.cpu).collect());
-    show("bootplane peak RSS", "MiB", all.iter().map(|r| r.rss_mib).collect());
-    show("requests per Server", "", all.iter().map(|r| r.requests_per_server).collect());
+    show(
+        "bootplane peak RSS",
+        "MiB",
+        all.iter().map(|r| r.rss_mib).collect(),
+    );
+    show(
+        "requests per Server",
+        "",
+        all.iter().map(|r| r.requests_per_server).collect(),
+    );
     let maxc = all.iter().map(|r| r.max_bmc_concurrency).max().unwrap_or(0);
     let floor = delay.as_secs_f64();
     println!("goals:");
@@ -255,7 +308,11 @@ fn main() {
     );
     println!(
         "  every Server On: {}",
-        if all.iter().all(|r| r.all_on_api.is_finite()) { "met" } else { "NOT met" }
+        if all.iter().all(|r| r.all_on_api.is_finite()) {
+            "met"
+        } else {
+            "NOT met"
+        }
     );
     println!(
         "  all On within 30 s of the claims (the machines' own {floor:.1} s included): {on:.2} s: {}",
@@ -264,6 +321,10 @@ fn main() {
     println!(
         "  bootplane CPU under 10 ms per Server: {:.1} ms: {}",
         cpu * 1000.0 / count as f64,
-        if cpu * 1000.0 / count as f64 <= 10.0 { "met" } else { "NOT met" }
+        if cpu * 1000.0 / count as f64 <= 10.0 {
+            "met"
+        } else {
+            "NOT met"
+        }
     );
 }

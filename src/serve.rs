@@ -205,8 +205,11 @@ impl Services {
         )?;
         // Servers naming a BMC are powered through Redfish, the rest by the default.
         let targets = Arc::new(BootTargets(self.boot_slot.clone()));
-        let redfish =
-            crate::power::redfish::Redfish::new(self.store.clone(), config.power.redfish.clone(), targets)?;
+        let redfish = crate::power::redfish::Redfish::new(
+            self.store.clone(),
+            config.power.redfish.clone(),
+            targets,
+        )?;
         let bmcs = crate::controller::bmc::BmcControllers::new(
             self.store.clone(),
             redfish.pool().clone(),

@@ -98,7 +98,14 @@ fn wait_power(b: &Bootplane, name: &str, want: &str, secs: u64) -> Value {
     })
 }
 
-fn wait_condition(b: &Bootplane, path: &str, ty: &str, status: &str, reason: &str, secs: u64) -> Value {
+fn wait_condition(
+    b: &Bootplane,
+    path: &str,
+    ty: &str,
+    status: &str,
+    reason: &str,
+    secs: u64,
+) -> Value {
     b.wait_for(secs, &format!("{path} {ty}={status} ({reason})"), || {
         let o = b.get(path);
         let c = o["status"]["conditions"]
@@ -109,30 +116,50 @@ fn wait_condition(b: &Bootplane, path: &str, ty: &str, status: &str, reason: &st
 }
 
 fn claim_on(b: &Bootplane, claim_name: &str, server: &str) {
-    let (c, v) = b.call("POST", &claims("default"), Some(&claim(claim_name, None, Some(server))));
+    let (c, v) = b.call(
+        "POST",
+        &claims("default"),
+        Some(&claim(claim_name, None, Some(server))),
+    );
     assert_eq!(c, 201, "{v}");
 }
 
 fn delete_claim(b: &Bootplane, claim_name: &str) {
-    let (c, v) = b.call("DELETE", &format!("{}/{claim_name}", claims("default")), None);
+    let (c, v) = b.call(
+        "DELETE",
+        &format!("{}/{claim_name}", claims("default")),
+        None,
+    );
     assert!(c == 200 || c == 202, "{c} {v}");
 }
 
 /// Nothing but the BMCSecret shows the password: not the log, not any other object.
 fn assert_password_nowhere(b: &Bootplane, password: &str) {
-    assert!(!b.log().contains(password), "the log shows the BMC password");
+    assert!(
+        !b.log().contains(password),
+        "the log shows the BMC password"
+    );
     for path in [SERVERS, BMCS, &claims("default"), &sbcs("default")] {
         let body = b.get(path).to_string();
         assert!(!body.contains(password), "{path} shows the BMC password");
     }
     let (_, metrics) = b.call("GET", "/metrics", None);
-    assert!(!metrics.to_string().contains(password), "/metrics shows the BMC password");
+    assert!(
+        !metrics.to_string().contains(password),
+        "/metrics shows the BMC password"
+    );
 }
 
 #[test]
 fn claim_powers_on_with_one_time_boot_modes_and_delete_powers_off() {
     let rt = runtime();
-    let fake = rt.block_on(FakeBmc::builder().systems(4).credentials("admin", PASSWORD).ignore_graceful(true).start());
+    let fake = rt.block_on(
+        FakeBmc::builder()
+            .systems(4)
+            .credentials("admin", PASSWORD)
+            .ignore_graceful(true)
+            .start(),
+    );
     let b = start();
     add_bmc(&b, "bmc-a", &fake.base_url, PASSWORD);
     add_server(&b, "s-pxe", "bmc-a", 0, None);
@@ -155,7 +182,12 @@ fn claim_powers_on_with_one_time_boot_modes_and_delete_powers_off() {
     assert_eq!(condition(&bmc, "Authenticated")["status"], "True");
     assert_eq!(condition(&bmc, "BootModes")["status"], "True", "{bmc}");
 
-    for (c, s) in [("c-pxe", "s-pxe"), ("c-http", "s-http"), ("c-media", "s-media"), ("c-none", "s-none")] {
+    for (c, s) in [
+        ("c-pxe", "s-pxe"),
+        ("c-http", "s-http"),
+        ("c-media", "s-media"),
+        ("c-none", "s-none"),
+    ] {
         claim_on(&b, c, s);
     }
     for s in ["s-pxe", "s-http", "s-media", "s-none"] {
@@ -164,14 +196,30 @@ fn claim_powers_on_with_one_time_boot_modes_and_delete_powers_off() {
     }
     // Pxe, once.
     let st = fake.state(0);
-    assert_eq!((st.power.as_str(), st.boot_target.as_str(), st.boot_enabled.as_str()), ("On", "Pxe", "Once"));
-    assert_eq!(condition(&server(&b, "s-pxe"), "BootOverride")["reason"], "Set");
+    assert_eq!(
+        (
+            st.power.as_str(),
+            st.boot_target.as_str(),
+            st.boot_enabled.as_str()
+        ),
+        ("On", "Pxe", "Once")
+    );
+    assert_eq!(
+        condition(&server(&b, "s-pxe"), "BootOverride")["reason"],
+        "Set"
+    );
     // UefiHttp with the machine's own signed boot URI on the boot listener.
     let st = fake.state(1);
-    assert_eq!((st.boot_target.as_str(), st.boot_enabled.as_str()), ("UefiHttp", "Once"));
+    assert_eq!(
+        (st.boot_target.as_str(), st.boot_enabled.as_str()),
+        ("UefiHttp", "Once")
+    );
     let uri = st.http_boot_uri.clone().expect("HttpBootUri set");
     assert!(
-        uri.starts_with(&format!("http://127.0.0.1:{}/ipxe/boot.iso?server=s-http&token=", b.http_port)),
+        uri.starts_with(&format!(
+            "http://127.0.0.1:{}/ipxe/boot.iso?server=s-http&token=",
+            b.http_port
+        )),
         "{uri}"
     );
     // The URI serves an ISO (its primary volume descriptor at 32 KiB) to anyone holding it.
@@ -181,9 +229,18 @@ fn claim_powers_on_with_one_time_boot_modes_and_delete_powers_off() {
     assert_eq!(&body[32769..32774], b"CD001", "not an ISO 9660 image");
     // VirtualMedia: the machine's ISO inserted, Cd once.
     let st = fake.state(2);
-    assert_eq!((st.boot_target.as_str(), st.boot_enabled.as_str()), ("Cd", "Once"));
+    assert_eq!(
+        (st.boot_target.as_str(), st.boot_enabled.as_str()),
+        ("Cd", "Once")
+    );
     assert!(st.media_inserted, "media not inserted: {st:?}");
-    assert!(st.media_image.as_deref().unwrap_or("").contains("/ipxe/boot.iso?server=s-media&token="), "{st:?}");
+    assert!(
+        st.media_image
+            .as_deref()
+            .unwrap_or("")
+            .contains("/ipxe/boot.iso?server=s-media&token="),
+        "{st:?}"
+    );
     // None: no override, just On.
     let st = fake.state(3);
     assert_eq!((st.power.as_str(), st.boot_target.as_str()), ("On", "None"));
@@ -191,9 +248,18 @@ fn claim_powers_on_with_one_time_boot_modes_and_delete_powers_off() {
     // Reset through the driver: ForceRestart with the one-time boot again.
     let (code, out, err) = b.cli(&["power", "reset", "s-pxe"]);
     assert_eq!(code, 0, "{out} {err}");
-    b.wait_for(20, "ForceRestart sent", || fake.state(0).resets.iter().any(|r| r == "ForceRestart").then_some(()));
+    b.wait_for(20, "ForceRestart sent", || {
+        fake.state(0)
+            .resets
+            .iter()
+            .any(|r| r == "ForceRestart")
+            .then_some(())
+    });
     b.wait_for(10, "reset annotation removed", || {
-        server(&b, "s-pxe")["metadata"]["annotations"].get("bootplane.dev/reset-requested").is_none().then_some(())
+        server(&b, "s-pxe")["metadata"]["annotations"]
+            .get("bootplane.dev/reset-requested")
+            .is_none()
+            .then_some(())
     });
 
     // Deleting the claims powers the servers off: graceful first; this BMC's OS ignores
@@ -204,16 +270,25 @@ fn claim_powers_on_with_one_time_boot_modes_and_delete_powers_off() {
     for s in ["s-pxe", "s-http", "s-media", "s-none"] {
         b.wait_for(40, &format!("{s} Available and Off"), || {
             let v = server(&b, s);
-            (v["status"]["state"] == "Available" && v["status"]["powerState"] == "Off").then_some(())
+            (v["status"]["state"] == "Available" && v["status"]["powerState"] == "Off")
+                .then_some(())
         });
     }
     for i in 0..4 {
         let st = fake.state(i);
         assert_eq!(st.power, "Off");
         let n = st.resets.len();
-        assert_eq!(&st.resets[n - 2..], ["GracefulShutdown", "ForceOff"], "system {i}: {:?}", st.resets);
+        assert_eq!(
+            &st.resets[n - 2..],
+            ["GracefulShutdown", "ForceOff"],
+            "system {i}: {:?}",
+            st.resets
+        );
     }
-    assert!(!fake.state(2).media_inserted, "virtual media still inserted after power-off");
+    assert!(
+        !fake.state(2).media_inserted,
+        "virtual media still inserted after power-off"
+    );
     assert_password_nowhere(&b, PASSWORD);
 }
 
@@ -221,40 +296,98 @@ fn claim_powers_on_with_one_time_boot_modes_and_delete_powers_off() {
 fn a_bmc_without_the_mode_falls_back_to_pxe_with_a_condition() {
     let rt = runtime();
     let fake = rt.block_on(
-        FakeBmc::builder().systems(1).credentials("admin", PASSWORD).boot_targets(&["None", "Pxe", "Hdd"]).start(),
+        FakeBmc::builder()
+            .systems(1)
+            .credentials("admin", PASSWORD)
+            .boot_targets(&["None", "Pxe", "Hdd"])
+            .start(),
     );
     let b = start();
     add_bmc(&b, "bmc-old", &fake.base_url, PASSWORD);
     add_server(&b, "s-old", "bmc-old", 0, Some("UefiHttp"));
-    let bmc = wait_condition(&b, &format!("{BMCS}/bmc-old"), "BootModes", "False", "FeatureMissing", 20);
-    assert!(bmc["message"].as_str().unwrap().contains("UefiHttp"), "{bmc}");
+    let bmc = wait_condition(
+        &b,
+        &format!("{BMCS}/bmc-old"),
+        "BootModes",
+        "False",
+        "FeatureMissing",
+        20,
+    );
+    assert!(
+        bmc["message"].as_str().unwrap().contains("UefiHttp"),
+        "{bmc}"
+    );
     claim_on(&b, "c-old", "s-old");
     let v = wait_power(&b, "s-old", "On", 30);
     let c = condition(&v, "BootOverride");
-    assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("False"), Some("ModeUnsupported")), "{c}");
-    assert!(c["message"].as_str().unwrap().contains("Pxe set instead"), "{c}");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("ModeUnsupported")),
+        "{c}"
+    );
+    assert!(
+        c["message"].as_str().unwrap().contains("Pxe set instead"),
+        "{c}"
+    );
     let st = fake.state(0);
-    assert_eq!((st.boot_target.as_str(), st.boot_enabled.as_str()), ("Pxe", "Once"));
+    assert_eq!(
+        (st.boot_target.as_str(), st.boot_enabled.as_str()),
+        ("Pxe", "Once")
+    );
 }
 
 #[test]
 fn refused_credentials_back_off_and_a_fixed_secret_is_picked_up() {
     let rt = runtime();
-    let fake = rt.block_on(FakeBmc::builder().systems(1).credentials("admin", PASSWORD).start());
+    let fake = rt.block_on(
+        FakeBmc::builder()
+            .systems(1)
+            .credentials("admin", PASSWORD)
+            .start(),
+    );
     let b = start();
     add_bmc(&b, "bmc-w", &fake.base_url, "wrong-password-xyz");
     add_server(&b, "s-w", "bmc-w", 0, None);
-    let c = wait_condition(&b, &format!("{BMCS}/bmc-w"), "Authenticated", "False", "CredentialsRefused", 20);
-    assert!(!c["message"].as_str().unwrap().contains("wrong-password-xyz"), "{c}");
+    let c = wait_condition(
+        &b,
+        &format!("{BMCS}/bmc-w"),
+        "Authenticated",
+        "False",
+        "CredentialsRefused",
+        20,
+    );
+    assert!(
+        !c["message"]
+            .as_str()
+            .unwrap()
+            .contains("wrong-password-xyz"),
+        "{c}"
+    );
     claim_on(&b, "c-w", "s-w");
-    let c = wait_condition(&b, &format!("{SERVERS}/s-w"), "PowerReady", "False", "CredentialsRefused", 20);
-    assert!(!c["message"].as_str().unwrap().contains("wrong-password-xyz"), "{c}");
+    let c = wait_condition(
+        &b,
+        &format!("{SERVERS}/s-w"),
+        "PowerReady",
+        "False",
+        "CredentialsRefused",
+        20,
+    );
+    assert!(
+        !c["message"]
+            .as_str()
+            .unwrap()
+            .contains("wrong-password-xyz"),
+        "{c}"
+    );
     // No retry storm: over 8 s, the driver backs off (1, 2, 2, ... s) and the BMC poll
     // runs once a second; each look costs a handful of requests.
     let before = fake.total_requests();
     std::thread::sleep(Duration::from_secs(8));
     let spent = fake.total_requests() - before;
-    assert!(spent <= 60, "{spent} requests in 8 s with refused credentials");
+    assert!(
+        spent <= 60,
+        "{spent} requests in 8 s with refused credentials"
+    );
     assert_eq!(fake.state(0).power, "Off");
     // The operator fixes the secret: picked up without a restart.
     let patch = json!({"stringData": {"password": PASSWORD}});
@@ -262,7 +395,14 @@ fn refused_credentials_back_off_and_a_fixed_secret_is_picked_up() {
     assert_eq!(code, 200, "{v}");
     wait_power(&b, "s-w", "On", 30);
     assert_eq!(fake.state(0).power, "On");
-    wait_condition(&b, &format!("{BMCS}/bmc-w"), "Authenticated", "True", "CredentialsAccepted", 20);
+    wait_condition(
+        &b,
+        &format!("{BMCS}/bmc-w"),
+        "Authenticated",
+        "True",
+        "CredentialsAccepted",
+        20,
+    );
     assert_password_nowhere(&b, "wrong-password-xyz");
     assert_password_nowhere(&b, PASSWORD);
 }
@@ -270,31 +410,78 @@ fn refused_credentials_back_off_and_a_fixed_secret_is_picked_up() {
 #[test]
 fn unreachable_slow_failing_and_malformed_bmcs_give_reasons_and_recover() {
     let rt = runtime();
-    let fake = rt.block_on(FakeBmc::builder().systems(2).credentials("admin", PASSWORD).start());
+    let fake = rt.block_on(
+        FakeBmc::builder()
+            .systems(2)
+            .credentials("admin", PASSWORD)
+            .start(),
+    );
     let b = start();
     // A BMC nobody answers for.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
     add_bmc(&b, "bmc-dead", &dead, PASSWORD);
-    wait_condition(&b, &format!("{BMCS}/bmc-dead"), "Reachable", "False", "Unreachable", 20);
+    wait_condition(
+        &b,
+        &format!("{BMCS}/bmc-dead"),
+        "Reachable",
+        "False",
+        "Unreachable",
+        20,
+    );
 
     add_bmc(&b, "bmc-f", &fake.base_url, PASSWORD);
     add_server(&b, "s-f", "bmc-f", 0, None);
-    wait_condition(&b, &format!("{BMCS}/bmc-f"), "Reachable", "True", "Answered", 20);
+    wait_condition(
+        &b,
+        &format!("{BMCS}/bmc-f"),
+        "Reachable",
+        "True",
+        "Answered",
+        20,
+    );
     // Slow: every answer takes longer than timeout_secs (1 s).
     fake.set_delay(Duration::from_millis(1500));
-    wait_condition(&b, &format!("{BMCS}/bmc-f"), "Reachable", "False", "Timeout", 20);
+    wait_condition(
+        &b,
+        &format!("{BMCS}/bmc-f"),
+        "Reachable",
+        "False",
+        "Timeout",
+        20,
+    );
     fake.set_delay(Duration::ZERO);
     // Malformed JSON for a while.
     fake.push_fault(None, Fault::Malformed, 10_000);
-    wait_condition(&b, &format!("{BMCS}/bmc-f"), "Reachable", "False", "MalformedResponse", 20);
+    wait_condition(
+        &b,
+        &format!("{BMCS}/bmc-f"),
+        "Reachable",
+        "False",
+        "MalformedResponse",
+        20,
+    );
     claim_on(&b, "c-f", "s-f");
-    wait_condition(&b, &format!("{SERVERS}/s-f"), "PowerReady", "False", "MalformedResponse", 20);
+    wait_condition(
+        &b,
+        &format!("{SERVERS}/s-f"),
+        "PowerReady",
+        "False",
+        "MalformedResponse",
+        20,
+    );
     // Then 5xx.
     fake.clear_faults();
     fake.push_fault(None, Fault::Status(503), 10_000);
-    wait_condition(&b, &format!("{SERVERS}/s-f"), "PowerReady", "False", "BMCError", 20);
+    wait_condition(
+        &b,
+        &format!("{SERVERS}/s-f"),
+        "PowerReady",
+        "False",
+        "BMCError",
+        20,
+    );
     let before = fake.total_requests();
     std::thread::sleep(Duration::from_secs(6));
     let spent = fake.total_requests() - before;
@@ -302,7 +489,14 @@ fn unreachable_slow_failing_and_malformed_bmcs_give_reasons_and_recover() {
     // The BMC recovers: the claim's server comes On.
     fake.clear_faults();
     wait_power(&b, "s-f", "On", 30);
-    wait_condition(&b, &format!("{BMCS}/bmc-f"), "Reachable", "True", "Answered", 20);
+    wait_condition(
+        &b,
+        &format!("{BMCS}/bmc-f"),
+        "Reachable",
+        "True",
+        "Answered",
+        20,
+    );
 
     // Power changed behind bootplane's back: observed, recorded with a reason, and the
     // claimed server is powered On again.
@@ -318,8 +512,14 @@ fn unreachable_slow_failing_and_malformed_bmcs_give_reasons_and_recover() {
             || fake.state(0).resets.len() > resets;
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(seen, "the power change was not observed: {:#}", server(&b, "s-f"));
-    b.wait_for(30, "powered On again", || (fake.state(0).power == "On").then_some(()));
+    assert!(
+        seen,
+        "the power change was not observed: {:#}",
+        server(&b, "s-f")
+    );
+    b.wait_for(30, "powered On again", || {
+        (fake.state(0).power == "On").then_some(())
+    });
     wait_power(&b, "s-f", "On", 30);
     assert!(fake.state(0).resets.len() > resets);
     assert_password_nowhere(&b, PASSWORD);

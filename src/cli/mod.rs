@@ -491,7 +491,10 @@ pub fn power(a: PowerArgs) -> Result<u8> {
         return Ok(0);
     }
     if a.action != "confirm" {
-        bail!("unknown power action {:?} (expected confirm or reset)", a.action);
+        bail!(
+            "unknown power action {:?} (expected confirm or reset)",
+            a.action
+        );
     }
     let state = a.state.as_deref().unwrap_or("");
     if state != "On" && state != "Off" {

@@ -135,7 +135,13 @@ impl BmcControllers {
                 set_condition(&mut st, "Configured", false, e.reason(), &e.to_string());
             }
             Ok(target) => {
-                set_condition(&mut st, "Configured", true, "Resolved", "address and credentials found");
+                set_condition(
+                    &mut st,
+                    "Configured",
+                    true,
+                    "Resolved",
+                    "address and credentials found",
+                );
                 let client = self.pool.bmc(target);
                 match observe(&client).await {
                     Ok(o) => write_observed(&mut st, &o),
@@ -212,7 +218,13 @@ fn write_observed(st: &mut Value, o: &Observed) {
     if let Some(p) = o.power {
         st["powerState"] = json!(p.as_str());
     }
-    set_condition(st, "Reachable", true, "Answered", "the Redfish service answered");
+    set_condition(
+        st,
+        "Reachable",
+        true,
+        "Answered",
+        "the Redfish service answered",
+    );
     set_condition(
         st,
         "Authenticated",
@@ -221,7 +233,13 @@ fn write_observed(st: &mut Value, o: &Observed) {
         &format!("credentials accepted; {} system(s)", o.systems),
     );
     if o.missing.is_empty() {
-        set_condition(st, "BootModes", true, "Available", "Pxe, UefiHttp and virtual media available");
+        set_condition(
+            st,
+            "BootModes",
+            true,
+            "Available",
+            "Pxe, UefiHttp and virtual media available",
+        );
     } else {
         let msg = format!(
             "the BMC lacks {} (one-time boots asking for it fall back to Pxe)",
@@ -236,7 +254,13 @@ fn write_error(st: &mut Value, e: &redfish::Error) {
     let msg = e.to_string();
     match e {
         redfish::Error::Unauthorized(_) => {
-            set_condition(st, "Reachable", true, "Answered", "the Redfish service answered");
+            set_condition(
+                st,
+                "Reachable",
+                true,
+                "Answered",
+                "the Redfish service answered",
+            );
             set_condition(st, "Authenticated", false, e.reason(), &msg);
         }
         _ => {

@@ -241,4 +241,3 @@ pub(crate) fn controller_ref(rt: &ResourceType, owner: &Value) -> Value {
         "blockOwnerDeletion": true,
     }])
 }
-

@@ -18,7 +18,7 @@ use crate::model::meta;
 use crate::power::{Outcome, Power};
 use crate::store::{Part, StoreError};
 
-pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreError> {
+pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> {
     let s = match c.store.get(&c.t_server, None, name) {
         Ok(s) => s,
         Err(StoreError::NotFound { .. }) => return Ok(Next::Done),
@@ -93,13 +93,19 @@ pub async fn reconcile(c: &Controllers, name: &String) -> Result<Next, StoreErro
 /// the power driver once, then removed.
 pub const RESET_ANNOTATION: &str = "bootplane.dev/reset-requested";
 
-async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &String) -> Result<Next, StoreError> {
+async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &str) -> Result<Next, StoreError> {
     let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
     let driver = c.power.name_for(s);
     match c.power.reset(s) {
         Ok(Outcome::Done) => {
             status["powerState"] = json!("On");
-            set_condition(&mut status, "PowerReady", true, "Reset", &format!("server reset by the {driver} driver"));
+            set_condition(
+                &mut status,
+                "PowerReady",
+                true,
+                "Reset",
+                &format!("server reset by the {driver} driver"),
+            );
         }
         Ok(Outcome::Pending(msg)) => {
             set_condition(&mut status, "PowerReady", false, "Pending", &msg);
@@ -108,7 +114,13 @@ async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &String) -> Res
             set_condition(&mut status, "PowerReady", false, reason, &msg);
         }
         Err(e) => {
-            set_condition(&mut status, "PowerReady", false, "ResetFailed", &format!("{e:#}"));
+            set_condition(
+                &mut status,
+                "PowerReady",
+                false,
+                "ResetFailed",
+                &format!("{e:#}"),
+            );
         }
     }
     if Some(&status) != s.get("status") {

@@ -51,32 +51,6 @@ pub fn owner_uids(o: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn fields_and_defaults() {
-        let o = json!({"metadata": {
-            "name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "42",
-            "finalizers": ["f", 3], "deletionTimestamp": "2026-01-01T00:00:00Z",
-            "labels": {"k": "v"}, "ownerReferences": [{"uid": "o1"}, {"name": "x"}],
-        }});
-        assert_eq!((name(&o), namespace(&o), uid(&o)), ("a", Some("ns"), "u1"));
-        assert_eq!(resource_version(&o), Some(42));
-        assert_eq!(finalizers(&o), ["f"]);
-        assert!(is_deleting(&o));
-        assert_eq!(labels(&o).and_then(|l| l.get("k")), Some(&json!("v")));
-        assert_eq!(owner_uids(&o), ["o1"]);
-        let e = json!({"metadata": {"deletionTimestamp": null}});
-        assert_eq!((name(&e), namespace(&e), uid(&e)), ("", None, ""));
-        assert_eq!(resource_version(&e), None);
-        assert!(finalizers(&e).is_empty() && owner_uids(&e).is_empty());
-        assert!(!is_deleting(&e) && labels(&e).is_none());
-    }
-}
-
 /// Set (or refresh) a condition in a `status.conditions` list; the transition time
 /// changes only when the condition's status does. Returns whether anything changed.
 pub fn set_condition(status: &mut Value, ty: &str, st: bool, reason: &str, message: &str) -> bool {
@@ -114,4 +88,30 @@ pub fn set_condition(status: &mut Value, ty: &str, st: bool, reason: &str, messa
     }
     list.push(json!({"type": ty, "status": s, "reason": reason, "message": message, "lastTransitionTime": now}));
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fields_and_defaults() {
+        let o = json!({"metadata": {
+            "name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "42",
+            "finalizers": ["f", 3], "deletionTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"k": "v"}, "ownerReferences": [{"uid": "o1"}, {"name": "x"}],
+        }});
+        assert_eq!((name(&o), namespace(&o), uid(&o)), ("a", Some("ns"), "u1"));
+        assert_eq!(resource_version(&o), Some(42));
+        assert_eq!(finalizers(&o), ["f"]);
+        assert!(is_deleting(&o));
+        assert_eq!(labels(&o).and_then(|l| l.get("k")), Some(&json!("v")));
+        assert_eq!(owner_uids(&o), ["o1"]);
+        let e = json!({"metadata": {"deletionTimestamp": null}});
+        assert_eq!((name(&e), namespace(&e), uid(&e)), ("", None, ""));
+        assert_eq!(resource_version(&e), None);
+        assert!(finalizers(&e).is_empty() && owner_uids(&e).is_empty());
+        assert!(!is_deleting(&e) && labels(&e).is_none());
+    }
 }

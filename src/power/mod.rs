@@ -61,7 +61,10 @@ pub trait PowerDriver: Send + Sync {
     fn set_power(&self, server: &Value, want: Power) -> anyhow::Result<Outcome>;
     /// Restart `server` (start it when it is off), with its one-time network boot.
     fn reset(&self, server: &Value) -> anyhow::Result<Outcome> {
-        anyhow::bail!("the {} power driver cannot reset a server", self.name_for(server))
+        anyhow::bail!(
+            "the {} power driver cannot reset a server",
+            self.name_for(server)
+        )
     }
 }
 

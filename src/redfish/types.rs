@@ -103,7 +103,10 @@ impl Error {
     /// Worth retrying later (the BMC may come back); credentials and missing features
     /// are not fixed by waiting.
     pub fn transient(&self) -> bool {
-        !matches!(self, Error::Unauthorized(_) | Error::Unsupported(_) | Error::Tls(_))
+        !matches!(
+            self,
+            Error::Unauthorized(_) | Error::Unsupported(_) | Error::Tls(_)
+        )
     }
 }
 

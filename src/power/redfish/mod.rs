@@ -31,7 +31,6 @@
 //! [`crate::redfish::Target`] (whose password prints as `<redacted>`); no message this
 //! driver writes or logs carries them.
 
-
 mod resolve;
 mod settings;
 
@@ -243,10 +242,7 @@ impl Redfish {
                     return;
                 }
                 Err(e) => {
-                    let msg = format!(
-                        "redfish: {} failed (attempt {attempt}): {e}",
-                        want.as_str()
-                    );
+                    let msg = format!("redfish: {} failed (attempt {attempt}): {e}", want.as_str());
                     tracing::warn!(server = %name, reason = e.reason(), "{msg}");
                     if let Some(op) = self.ops.lock().unwrap().get_mut(&name) {
                         if op.gen == gen {
@@ -300,8 +296,11 @@ impl Redfish {
                 }
                 if note.used == BootMode::VirtualMedia {
                     if let Some(me) = self.me.upgrade() {
-                        self.handle
-                            .spawn(me.eject_after_boot(name.to_string(), bmc.clone(), sys.clone()));
+                        self.handle.spawn(me.eject_after_boot(
+                            name.to_string(),
+                            bmc.clone(),
+                            sys.clone(),
+                        ));
                     }
                 }
                 Ok(Some(note))
@@ -345,7 +344,8 @@ impl Redfish {
                 .get(&base)
                 .and_then(|m| m.get(&uuid).cloned())
         };
-        let matches = |s: &System| s.uuid.as_deref().map(str::to_ascii_lowercase).as_deref() == Some(&uuid);
+        let matches =
+            |s: &System| s.uuid.as_deref().map(str::to_ascii_lowercase).as_deref() == Some(&uuid);
         if let Some(id) = cached(self) {
             if let Ok(s) = bmc.system(&id).await {
                 if matches(&s) {
@@ -414,8 +414,8 @@ impl Redfish {
 
     /// Graceful shutdown (when the BMC offers it), `ForceOff` after the timeout.
     async fn power_off(&self, bmc: &Bmc, sys: &System) -> Result<(), AttemptError> {
-        let graceful = sys.reset_types.is_empty()
-            || sys.reset_types.iter().any(|t| t == "GracefulShutdown");
+        let graceful =
+            sys.reset_types.is_empty() || sys.reset_types.iter().any(|t| t == "GracefulShutdown");
         if graceful && self.cfg.shutdown_timeout_secs > 0 {
             bmc.reset(sys, ResetType::GracefulShutdown).await?;
             if self
@@ -463,7 +463,10 @@ impl Redfish {
                 }
                 BootMode::Pxe => self.set_override(bmc, sys, BootTarget::Pxe, None).await,
                 BootMode::UefiHttp => {
-                    match self.targets.http_boot_uri(name, self.cfg.http_boot_artifact) {
+                    match self
+                        .targets
+                        .http_boot_uri(name, self.cfg.http_boot_artifact)
+                    {
                         Some(uri) => {
                             self.set_override(bmc, sys, BootTarget::UefiHttp, Some(uri))
                                 .await
@@ -535,12 +538,10 @@ impl Redfish {
         let devices = bmc.virtual_media(sys).await?;
         let vm = devices
             .iter()
-            .find(|d| {
-                d.media_types
-                    .iter()
-                    .any(|t| t == "CD" || t == "DVD")
-            })
-            .ok_or_else(|| redfish::Error::Unsupported("a CD or DVD virtual media device".into()))?;
+            .find(|d| d.media_types.iter().any(|t| t == "CD" || t == "DVD"))
+            .ok_or_else(|| {
+                redfish::Error::Unsupported("a CD or DVD virtual media device".into())
+            })?;
         if vm.inserted {
             bmc.eject_media(vm).await?;
         }
@@ -573,7 +574,9 @@ impl Redfish {
             tokio::time::sleep(Duration::from_secs(2)).await;
             if self.script_fetched(&name) {
                 match self.eject_ours(&bmc, &sys).await {
-                    Ok(()) => tracing::info!(server = %name, "virtual media ejected after the boot"),
+                    Ok(()) => {
+                        tracing::info!(server = %name, "virtual media ejected after the boot")
+                    }
                     Err(e) => tracing::warn!(server = %name, "ejecting virtual media: {e}"),
                 }
                 return;
@@ -588,7 +591,10 @@ impl Redfish {
         let Some(r) = s.pointer("/spec/bootConfigurationRef") else {
             return false;
         };
-        let ns = r.get("namespace").and_then(Value::as_str).unwrap_or("default");
+        let ns = r
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
         let n = r.get("name").and_then(Value::as_str).unwrap_or("");
         self.store
             .get(&self.t_sbc, Some(ns), n)

@@ -116,7 +116,10 @@ fn target_from(
     secret: &str,
     insecure: bool,
 ) -> Result<Target, ResolveError> {
-    let pname = protocol.get("name").and_then(Value::as_str).unwrap_or("Redfish");
+    let pname = protocol
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("Redfish");
     let default_scheme = match pname {
         "Redfish" => "https",
         "RedfishLocal" | "RedfishKube" => "http",
@@ -136,7 +139,10 @@ fn target_from(
     } else {
         address.to_string()
     };
-    let t = store.registry().resolve("bmcsecret").expect("bmcsecret type");
+    let t = store
+        .registry()
+        .resolve("bmcsecret")
+        .expect("bmcsecret type");
     let s = store
         .get(&t, None, secret)
         .map_err(|_| ResolveError::SecretNotFound(secret.to_string()))?;
@@ -184,24 +190,74 @@ mod tests {
     async fn bmc_ref_resolves_scheme_port_credentials_and_insecure() {
         let (_d, s) = store_with(&[
             ("bmcsecret", secret("sec", "admin", "pw")),
-            ("bmc", bmc("a", "10.0.0.5", json!({"name": "Redfish", "port": 8443}), json!({}))),
-            ("bmc", bmc("b", "fd00::5", json!({"name": "RedfishLocal", "port": 8000}),
-                        json!({INSECURE_ANNOTATION: "true"}))),
-            ("bmc", bmc("c", "10.0.0.6", json!({"name": "Redfish", "port": 80, "scheme": "http"}), json!({}))),
-            ("bmc", bmc("d", "10.0.0.7", json!({"name": "IPMI", "port": 623}), json!({}))),
+            (
+                "bmc",
+                bmc(
+                    "a",
+                    "10.0.0.5",
+                    json!({"name": "Redfish", "port": 8443}),
+                    json!({}),
+                ),
+            ),
+            (
+                "bmc",
+                bmc(
+                    "b",
+                    "fd00::5",
+                    json!({"name": "RedfishLocal", "port": 8000}),
+                    json!({INSECURE_ANNOTATION: "true"}),
+                ),
+            ),
+            (
+                "bmc",
+                bmc(
+                    "c",
+                    "10.0.0.6",
+                    json!({"name": "Redfish", "port": 80, "scheme": "http"}),
+                    json!({}),
+                ),
+            ),
+            (
+                "bmc",
+                bmc(
+                    "d",
+                    "10.0.0.7",
+                    json!({"name": "IPMI", "port": 623}),
+                    json!({}),
+                ),
+            ),
         ])
         .await;
         let server = |b: &str| json!({"metadata": {"name": "s"}, "spec": {"bmcRef": {"name": b}}});
         let (n, t) = server_target(&s, &server("a")).unwrap();
-        assert_eq!((n.as_str(), t.base_url.as_str(), t.insecure), ("a", "https://10.0.0.5:8443", false));
-        assert_eq!((t.username.as_str(), t.password.0.as_str()), ("admin", "pw"));
-        assert_eq!(format!("{t:?}").contains("pw"), false, "the password prints");
+        assert_eq!(
+            (n.as_str(), t.base_url.as_str(), t.insecure),
+            ("a", "https://10.0.0.5:8443", false)
+        );
+        assert_eq!(
+            (t.username.as_str(), t.password.0.as_str()),
+            ("admin", "pw")
+        );
+        assert_eq!(
+            format!("{t:?}").contains("pw"),
+            false,
+            "the password prints"
+        );
         let (_, t) = server_target(&s, &server("b")).unwrap();
-        assert_eq!((t.base_url.as_str(), t.insecure), ("http://[fd00::5]:8000", true));
+        assert_eq!(
+            (t.base_url.as_str(), t.insecure),
+            ("http://[fd00::5]:8000", true)
+        );
         let (_, t) = server_target(&s, &server("c")).unwrap();
         assert_eq!(t.base_url, "http://10.0.0.6:80");
-        assert_eq!(server_target(&s, &server("d")).unwrap_err().reason(), "UnsupportedProtocol");
-        assert_eq!(server_target(&s, &server("nope")).unwrap_err(), ResolveError::BmcNotFound("nope".into()));
+        assert_eq!(
+            server_target(&s, &server("d")).unwrap_err().reason(),
+            "UnsupportedProtocol"
+        );
+        assert_eq!(
+            server_target(&s, &server("nope")).unwrap_err(),
+            ResolveError::BmcNotFound("nope".into())
+        );
         assert_eq!(
             server_target(&s, &json!({"metadata": {"name": "s"}, "spec": {}})).unwrap_err(),
             ResolveError::NoBmc
