@@ -77,6 +77,7 @@ pub async fn run(config: Config) -> Result<()> {
         leases: LeaseIndex::default(),
         dhcp_metrics: crate::dhcp::Metrics::default(),
         tftp_metrics: Arc::new(crate::tftp::Metrics::default()),
+        redfish_metrics: Arc::default(),
     };
     s.start_api(&config, token).await?;
     s.start_controllers(&config)?;
@@ -152,6 +153,7 @@ struct Services {
     leases: LeaseIndex,
     dhcp_metrics: crate::dhcp::Metrics,
     tftp_metrics: Arc<crate::tftp::Metrics>,
+    redfish_metrics: Arc<crate::power::redfish::metrics::Metrics>,
 }
 
 impl Services {
@@ -164,6 +166,9 @@ impl Services {
         }
         if config.tftp.enabled {
             self.tftp_metrics.register(&mut metrics);
+        }
+        if config.controller.enabled {
+            self.redfish_metrics.register(&mut metrics);
         }
         let api_conns = crate::listen::ConnMetrics::default();
         api_conns.register(metrics.sub_registry_with_prefix("bootplane_api"));
@@ -209,6 +214,7 @@ impl Services {
             self.store.clone(),
             config.power.redfish.clone(),
             targets,
+            self.redfish_metrics.clone(),
         )?;
         let bmcs = crate::controller::bmc::BmcControllers::new(
             self.store.clone(),

@@ -133,6 +133,15 @@ fn delete_claim(b: &Bootplane, claim_name: &str) {
     assert!(c == 200 || c == 202, "{c} {v}");
 }
 
+/// `/metrics` as text.
+fn metrics_text(b: &Bootplane) -> String {
+    b.req("GET", "/metrics")
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap()
+}
+
 /// Nothing but the BMCSecret shows the password: not the log, not any other object.
 fn assert_password_nowhere(b: &Bootplane, password: &str) {
     assert!(
@@ -143,9 +152,13 @@ fn assert_password_nowhere(b: &Bootplane, password: &str) {
         let body = b.get(path).to_string();
         assert!(!body.contains(password), "{path} shows the BMC password");
     }
-    let (_, metrics) = b.call("GET", "/metrics", None);
+    let metrics = metrics_text(b);
     assert!(
-        !metrics.to_string().contains(password),
+        metrics.contains("bootplane_redfish_power_attempts_total"),
+        "no redfish metrics: {metrics}"
+    );
+    assert!(
+        !metrics.contains(password),
         "/metrics shows the BMC password"
     );
 }
@@ -403,6 +416,13 @@ fn refused_credentials_back_off_and_a_fixed_secret_is_picked_up() {
         "CredentialsAccepted",
         20,
     );
+    let m = metrics_text(&b);
+    for series in [
+        r#"bootplane_redfish_power_attempts_total{action="On",result="CredentialsRefused"}"#,
+        r#"bootplane_redfish_power_attempts_total{action="On",result="ok"} 1"#,
+    ] {
+        assert!(m.contains(series), "{series} not in /metrics:\n{m}");
+    }
     assert_password_nowhere(&b, "wrong-password-xyz");
     assert_password_nowhere(&b, PASSWORD);
 }

@@ -24,6 +24,13 @@ fn exported_names() -> Vec<String> {
     let tftp = bootplane::tftp::Metrics::default();
     tftp.error(bootplane::tftp::metrics::ErrorKind::Busy);
     tftp.register(&mut reg);
+    let redfish = bootplane::power::redfish::metrics::Metrics::default();
+    let attempt = bootplane::power::redfish::metrics::AttemptLabels {
+        action: "On".into(),
+        result: "ok".into(),
+    };
+    redfish.attempts.get_or_create(&attempt).inc();
+    redfish.register(&mut reg);
     bootplane::listen::ConnMetrics::default()
         .register(reg.sub_registry_with_prefix("bootplane_api"));
     let mut s = String::new();

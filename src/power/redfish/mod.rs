@@ -31,6 +31,7 @@
 //! [`crate::redfish::Target`] (whose password prints as `<redacted>`); no message this
 //! driver writes or logs carries them.
 
+pub mod metrics;
 mod resolve;
 mod settings;
 
@@ -141,6 +142,7 @@ pub struct Redfish {
     listing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     t_server: Arc<ResourceType>,
     t_sbc: Arc<ResourceType>,
+    metrics: Arc<metrics::Metrics>,
 }
 
 impl Redfish {
@@ -149,6 +151,7 @@ impl Redfish {
         store: Store,
         cfg: RedfishConfig,
         targets: Arc<dyn BootTargets>,
+        metrics: Arc<metrics::Metrics>,
     ) -> anyhow::Result<Arc<Redfish>> {
         cfg.validate()?;
         let pool = redfish::Pool::new(cfg.client_settings()?)?;
@@ -172,6 +175,7 @@ impl Redfish {
             listing: Mutex::new(HashMap::new()),
             t_server,
             t_sbc,
+            metrics,
         }))
     }
 
@@ -215,6 +219,7 @@ impl Redfish {
                 failing: None,
             },
         );
+        self.metrics.operations_active.set(ops.len() as i64);
         if let Some(me) = self.me.upgrade() {
             self.handle.spawn(me.drive(name.to_string(), want, gen));
         }
@@ -236,7 +241,19 @@ impl Redfish {
         let mut attempt = 0u32;
         while self.current(&name, gen) {
             attempt += 1;
-            match self.attempt(&name, want).await {
+            let r = self.attempt(&name, want).await;
+            let result = match &r {
+                Ok(_) => "ok",
+                Err(e) => e.reason(),
+            };
+            self.metrics
+                .attempts
+                .get_or_create(&metrics::AttemptLabels {
+                    action: want.as_str().into(),
+                    result: result.into(),
+                })
+                .inc();
+            match r {
                 Ok(note) => {
                     self.record_done(&name, gen, want, note).await;
                     return;
@@ -636,6 +653,7 @@ impl Redfish {
         if ops.get(name).is_some_and(|o| o.gen == gen) {
             ops.remove(name);
         }
+        self.metrics.operations_active.set(ops.len() as i64);
     }
 
     /// Read-modify-write of a Server's status (retried on conflicts).
@@ -714,6 +732,7 @@ impl Redfish {
                 return;
             }
         };
+        self.metrics.polls.inc();
         let observed = match observed {
             Some(PowerState::On) => Power::On,
             Some(PowerState::Off) => Power::Off,
@@ -724,6 +743,7 @@ impl Redfish {
             return;
         }
         tracing::info!(server = %name, observed = observed.as_str(), "power state changed outside bootplane");
+        self.metrics.changes_observed.inc();
         let msg = format!(
             "the BMC reports the server {}; it was {} (changed outside bootplane)",
             observed.as_str(),
