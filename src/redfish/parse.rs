@@ -6,6 +6,13 @@ use serde_json::Value;
 
 use super::types::*;
 
+/// The object's own `@odata.id`, else (absent or empty) the path it was read from.
+fn self_link(v: &Value, read_from: &str) -> String {
+    str_at(v, "@odata.id")
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| read_from.to_owned())
+}
+
 fn str_at(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(str::to_owned)
 }
@@ -64,7 +71,7 @@ pub fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
         .get("Actions")
         .and_then(|a| a.get("#ComputerSystem.Reset"));
     System {
-        odata_id: str_at(v, "@odata.id").unwrap_or_else(|| odata_id.to_owned()),
+        odata_id: self_link(v, odata_id),
         id: str_at(v, "Id").unwrap_or_default(),
         uuid: str_at(v, "UUID"),
         manufacturer: str_at(v, "Manufacturer"),
@@ -99,7 +106,7 @@ pub fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
 
 pub fn manager(v: &Value, odata_id: &str) -> Manager {
     Manager {
-        odata_id: str_at(v, "@odata.id").unwrap_or_else(|| odata_id.to_owned()),
+        odata_id: self_link(v, odata_id),
         firmware_version: str_at(v, "FirmwareVersion"),
         manufacturer: str_at(v, "Manufacturer"),
         model: str_at(v, "Model"),
@@ -114,7 +121,7 @@ pub fn virtual_media(v: &Value, odata_id: &str, etag: Option<String>) -> Virtual
             .and_then(|a| str_at(a, "target"))
     };
     VirtualMedia {
-        odata_id: str_at(v, "@odata.id").unwrap_or_else(|| odata_id.to_owned()),
+        odata_id: self_link(v, odata_id),
         id: str_at(v, "Id").unwrap_or_default(),
         media_types: strings_at(v, "MediaTypes"),
         image: str_at(v, "Image").filter(|s| !s.is_empty()),
@@ -248,6 +255,23 @@ mod tests {
         assert_eq!(
             error_message("é".repeat(300).as_bytes()).chars().count(),
             101
+        );
+    }
+
+    #[test]
+    fn an_empty_self_link_keeps_the_path_read_from() {
+        // Found by the redfish_json fuzz target: `"@odata.id": ""` made the object's
+        // path empty, so every later request on it failed as malformed.
+        let v = json!({"@odata.id": "", "Id": "Cd1"});
+        let p = "/redfish/v1/Managers/1/VirtualMedia/Cd1";
+        assert_eq!(virtual_media(&v, p, None).odata_id, p);
+        assert_eq!(
+            system(&v, "/redfish/v1/Systems/1", None).odata_id,
+            "/redfish/v1/Systems/1"
+        );
+        assert_eq!(
+            manager(&v, "/redfish/v1/Managers/1").odata_id,
+            "/redfish/v1/Managers/1"
         );
     }
 }
