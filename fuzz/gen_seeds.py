@@ -260,6 +260,8 @@ RF = {
                "Actions": {"#VirtualMedia.InsertMedia": {"target": "/redfish/v1/Managers/BMC/VirtualMedia/Cd1/Actions/VirtualMedia.InsertMedia"},
                            "#VirtualMedia.EjectMedia": {"target": "/redfish/v1/Managers/BMC/VirtualMedia/Cd1/Actions/VirtualMedia.EjectMedia"}}},
     "task_running": {"TaskState": "Running", "PercentComplete": 40},
+    # found by the target: an empty self link must not replace the path read from
+    "empty_self_link": {"@odata.id": "", "PowerState": "On", "Members": [{"@odata.id": "/redfish/v1/Systems/1"}]},
     "task_failed": {"TaskState": "Exception", "Messages": [{"Message": "the host refused"}]},
     "error": {"error": {"code": "Base.1.8.GeneralError", "message": "bad request",
                         "@Message.ExtendedInfo": [{"Message": "The property Foo is unknown."}]}},
