@@ -43,13 +43,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::fat;
-use super::files::{self, Conditions, FileBody, FileMeta, Plan};
-use super::handler::{bad_request, header_value, route, text, valid_name, Query};
+use super::files::{FileBody, FileMeta};
+use super::handler::{bad_request, ranged_response, route, text, valid_name, Query, Source};
 use super::iso9660::{self, ElTorito, IsoFile};
 use super::metrics::RouteLabels;
 use super::settings::BootIsoConfig;
@@ -379,56 +378,13 @@ impl BootHttp {
                 );
             }
         };
-        bytes_response(req, &img.body, &img.meta, "application/x-iso9660-image")
+        ranged_response(
+            req,
+            &img.meta,
+            "application/x-iso9660-image",
+            Source::Bytes(img.body.clone()),
+        )
     }
-}
-
-/// An in-memory body with `HEAD`, conditionals and one `Range` (several: the whole body).
-fn bytes_response<B>(req: &Request<B>, body: &Bytes, meta: &FileMeta, ctype: &'static str) -> Resp {
-    let cond = Conditions::of(req.headers());
-    let mut hm = HeaderMap::new();
-    hm.insert(header::ETAG, header_value(&meta.etag, "\"0\""));
-    hm.insert(
-        header::LAST_MODIFIED,
-        header_value(&meta.last_modified(), "Thu, 01 Jan 1970 00:00:00 GMT"),
-    );
-    hm.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    let len = meta.len;
-    let (status, out) = match files::plan(req.method() == Method::GET, &cond, meta) {
-        Plan::NotModified => (StatusCode::NOT_MODIFIED, FileBody::empty()),
-        Plan::PreconditionFailed => {
-            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
-            (StatusCode::PRECONDITION_FAILED, FileBody::empty())
-        }
-        Plan::Unsatisfiable => {
-            hm.insert(
-                header::CONTENT_RANGE,
-                header_value(&format!("bytes */{len}"), "bytes */0"),
-            );
-            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
-            (StatusCode::RANGE_NOT_SATISFIABLE, FileBody::empty())
-        }
-        Plan::Partial(r) if r.len() == 1 => {
-            let (s, e) = r[0];
-            hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-            hm.insert(
-                header::CONTENT_RANGE,
-                header_value(&format!("bytes {s}-{e}/{len}"), "bytes */0"),
-            );
-            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(e - s + 1));
-            let part = body.slice(s as usize..=e as usize);
-            (StatusCode::PARTIAL_CONTENT, FileBody::bytes(part))
-        }
-        Plan::Full | Plan::Partial(_) => {
-            hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-            (StatusCode::OK, FileBody::bytes(body.clone()))
-        }
-    };
-    let mut r = Response::new(out);
-    *r.status_mut() = status;
-    *r.headers_mut() = hm;
-    r
 }
 
 fn hex(b: &[u8]) -> String {

@@ -8,6 +8,7 @@ use crate::http::index::MemoryIndex;
 use crate::http::token::TokenSigner;
 use crate::http::{BootState, Metrics};
 use crate::ipxe::DefaultAction;
+use http::header::{self, HeaderMap};
 use http_body_util::BodyExt;
 
 const BASE: &str = "http://10.0.0.1:8080";

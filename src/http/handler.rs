@@ -606,74 +606,98 @@ impl BootHttp {
                 return text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n");
             }
         };
-        let cond = Conditions::of(req.headers());
         let meta = f.meta.clone();
         let ctype = files::content_type(&rel);
-        let plan = files::plan(req.method() == Method::GET, &cond, &meta);
-        let mut hm = HeaderMap::new();
-        hm.insert(header::ETAG, header_value(&meta.etag, "\"0\""));
-        hm.insert(
-            header::LAST_MODIFIED,
-            header_value(&meta.last_modified(), "Thu, 01 Jan 1970 00:00:00 GMT"),
-        );
-        hm.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-        let (status, body) = match plan {
-            Plan::NotModified => (StatusCode::NOT_MODIFIED, FileBody::empty()),
-            Plan::PreconditionFailed => {
-                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
-                (StatusCode::PRECONDITION_FAILED, FileBody::empty())
-            }
-            Plan::Unsatisfiable => {
-                hm.insert(
-                    header::CONTENT_RANGE,
-                    header_value(&format!("bytes */{}", meta.len), "bytes */0"),
-                );
-                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
-                (StatusCode::RANGE_NOT_SATISFIABLE, FileBody::empty())
-            }
-            Plan::Full => {
-                hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.len));
-                let body = if meta.len == 0 || req.method() == Method::HEAD {
-                    FileBody::empty()
-                } else {
-                    FileBody::range(f.file, 0, meta.len - 1, self.budget.clone())
-                };
-                (StatusCode::OK, body)
-            }
-            Plan::Partial(ranges) if ranges.len() == 1 => {
-                let (s, e) = ranges[0];
-                hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-                hm.insert(
-                    header::CONTENT_RANGE,
-                    header_value(&format!("bytes {s}-{e}/{}", meta.len), "bytes */0"),
-                );
-                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(e - s + 1));
-                (
-                    StatusCode::PARTIAL_CONTENT,
-                    FileBody::range(f.file, s, e, self.budget.clone()),
-                )
-            }
-            Plan::Partial(ranges) => {
-                let (body, boundary) =
-                    FileBody::multipart(f.file, &ranges, meta.len, ctype, self.budget.clone());
-                let len = http_body::Body::size_hint(&body).exact().unwrap_or(0);
-                hm.insert(
-                    header::CONTENT_TYPE,
-                    header_value(
-                        &format!("multipart/byteranges; boundary={boundary}"),
-                        "multipart/byteranges",
-                    ),
-                );
-                hm.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-                (StatusCode::PARTIAL_CONTENT, body)
-            }
-        };
-        let mut r = Response::new(body);
-        *r.status_mut() = status;
-        *r.headers_mut() = hm;
-        r
+        ranged_response(req, &meta, ctype, Source::File(f.file, self.budget.clone()))
     }
+}
+
+/// Where a ranged response's bytes come from.
+pub(super) enum Source {
+    /// An open file, streamed under the listener's budget.
+    File(std::fs::File, Arc<files::StreamBudget>),
+    /// A body held in memory (several ranges get the whole body).
+    Bytes(Bytes),
+}
+
+/// The response for a file-like body: validators (ETag, Last-Modified), the
+/// conditionals and `Range` planned by [`files::plan`], `HEAD` without a body: the one
+/// builder for assets and boot ISOs.
+pub(super) fn ranged_response<B>(
+    req: &Request<B>,
+    meta: &files::FileMeta,
+    ctype: &'static str,
+    source: Source,
+) -> Resp {
+    let cond = Conditions::of(req.headers());
+    let plan = files::plan(req.method() == Method::GET, &cond, meta);
+    let head = req.method() == Method::HEAD;
+    let mut hm = HeaderMap::new();
+    hm.insert(header::ETAG, header_value(&meta.etag, "\"0\""));
+    hm.insert(
+        header::LAST_MODIFIED,
+        header_value(&meta.last_modified(), "Thu, 01 Jan 1970 00:00:00 GMT"),
+    );
+    hm.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    let len = meta.len;
+    let full = |hm: &mut HeaderMap, source: Source| {
+        hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+        hm.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        let body = match source {
+            _ if len == 0 || head => FileBody::empty(),
+            Source::File(f, budget) => FileBody::range(f, 0, len - 1, budget),
+            Source::Bytes(b) => FileBody::bytes(b),
+        };
+        (StatusCode::OK, body)
+    };
+    let (status, body) = match (plan, source) {
+        (Plan::NotModified, _) => (StatusCode::NOT_MODIFIED, FileBody::empty()),
+        (Plan::PreconditionFailed, _) => {
+            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+            (StatusCode::PRECONDITION_FAILED, FileBody::empty())
+        }
+        (Plan::Unsatisfiable, _) => {
+            hm.insert(
+                header::CONTENT_RANGE,
+                header_value(&format!("bytes */{len}"), "bytes */0"),
+            );
+            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
+            (StatusCode::RANGE_NOT_SATISFIABLE, FileBody::empty())
+        }
+        (Plan::Full, source) => full(&mut hm, source),
+        (Plan::Partial(ranges), source) if ranges.len() == 1 => {
+            let (s, e) = ranges[0];
+            hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+            hm.insert(
+                header::CONTENT_RANGE,
+                header_value(&format!("bytes {s}-{e}/{len}"), "bytes */0"),
+            );
+            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(e - s + 1));
+            let body = match source {
+                Source::File(f, budget) => FileBody::range(f, s, e, budget),
+                Source::Bytes(b) => FileBody::bytes(b.slice(s as usize..=e as usize)),
+            };
+            (StatusCode::PARTIAL_CONTENT, body)
+        }
+        (Plan::Partial(ranges), Source::File(f, budget)) => {
+            let (body, boundary) = FileBody::multipart(f, &ranges, len, ctype, budget);
+            let n = http_body::Body::size_hint(&body).exact().unwrap_or(0);
+            hm.insert(
+                header::CONTENT_TYPE,
+                header_value(
+                    &format!("multipart/byteranges; boundary={boundary}"),
+                    "multipart/byteranges",
+                ),
+            );
+            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+            (StatusCode::PARTIAL_CONTENT, body)
+        }
+        (Plan::Partial(_), source) => full(&mut hm, source),
+    };
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    *r.headers_mut() = hm;
+    r
 }
 
 /// Query parameters of `/ipxe/script`. Empty values count as absent (iPXE expands an
