@@ -25,8 +25,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
+use support::api::condition_true;
 use support::bootplane::{bootplane_cli, tail};
+use support::image::tiny_ipxe_image;
 use support::netns::Netns;
 use support::process::*;
 use support::require::*;
@@ -70,7 +71,7 @@ impl Lab {
             vms: Vec::new(),
         };
         let images = lab.path("images");
-        tiny_image(&images);
+        tiny_ipxe_image(&images, "boot-iso test kernel");
         let cfg = format!(
             r#"state_dir = "{state}"
 [http]
@@ -205,27 +206,6 @@ power_driver = "test"
     }
 }
 
-/// An image whose "kernel" is an iPXE script that idles: the boot stops there.
-fn tiny_image(dir: &Path) {
-    std::fs::create_dir_all(dir.join("os")).unwrap();
-    let mut entries = String::new();
-    for (role, body) in [
-        ("kernel", "#!ipxe\necho boot-iso test kernel\nsleep 600\n"),
-        ("initrd", "boot-iso test initrd\n"),
-    ] {
-        std::fs::write(dir.join("os").join(role), body).unwrap();
-        let sha = hex::encode(Sha256::digest(body.as_bytes()));
-        entries.push_str(&format!(
-            "{role} = {{ path = \"os/{role}\", sha256 = \"{sha}\" }}\n"
-        ));
-    }
-    std::fs::write(
-        dir.join("catalog.toml"),
-        format!("[[image]]\nref = \"os-image:latest\"\ncmdline = \"quiet\"\n{entries}"),
-    )
-    .unwrap();
-}
-
 fn server_and_claim(name: &str, mac: &str, last: u8) -> String {
     format!(
         "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {{name: {name}}}\n\
@@ -234,12 +214,6 @@ fn server_and_claim(name: &str, mac: &str, last: u8) -> String {
          apiVersion: metal.ironcore.dev/v1alpha1\nkind: ServerClaim\nmetadata: {{name: {name}-claim, namespace: default}}\n\
          spec: {{power: \"On\", image: \"os-image:latest\", serverRef: {{name: {name}}}}}\n---\n"
     )
-}
-
-fn condition_true(sbc: &Value, ty: &str) -> bool {
-    sbc.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|l| l.iter().any(|c| c["type"] == ty && c["status"] == "True"))
 }
 
 /// The access log line of a script fetch by `server` from a leased address.

@@ -31,8 +31,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-use support::bootplane::{bootplane_cli, get_json_in, serve_in};
+use support::api::condition_true;
+use support::bootplane::{bootplane_cli, get_json_in, ipxe_templates, serve_in};
+use support::image::{tiny_ipxe_image, write_catalog};
 use support::netns::*;
 use support::process::*;
 use support::require::*;
@@ -177,29 +178,6 @@ impl Drop for QemuLab {
     }
 }
 
-fn sha(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
-}
-
-/// An image catalog with one image whose kernel/initrd are the given files.
-fn write_catalog(dir: &Path, image: &str, kernel: &Path, initrd: &Path, cmdline: &str) {
-    std::fs::create_dir_all(dir.join("os")).unwrap();
-    let mut entries = String::new();
-    for (role, src) in [("kernel", kernel), ("initrd", initrd)] {
-        let body = std::fs::read(src).unwrap();
-        std::fs::write(dir.join("os").join(role), &body).unwrap();
-        entries.push_str(&format!(
-            "{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n",
-            sha(&body)
-        ));
-    }
-    std::fs::write(
-        dir.join("catalog.toml"),
-        format!("[[image]]\nref = \"{image}\"\ncmdline = \"{cmdline}\"\n{entries}"),
-    )
-    .unwrap();
-}
-
 /// A small image whose "kernel" is an iPXE script: iPXE fetches kernel and initrd over
 /// HTTP and runs it, which prints a marker (proof that both were fetched and booted).
 /// A started lab on 10.199.`net`.0/24 serving the tiny test image with the default
@@ -208,40 +186,10 @@ fn tiny_lab(net: u8) -> QemuLab {
     require_all();
     let mut lab = QemuLab::new(net);
     let images = lab.path("images");
-    tiny_image(&images);
-    let t = templates(lab.dir.path(), None);
+    tiny_ipxe_image(&images, "bootplane-e2e: kernel image running");
+    let t = ipxe_templates(lab.dir.path(), &[]);
     lab.start(&images, &t);
     lab
-}
-
-fn tiny_image(dir: &Path) {
-    let k = dir.join("tiny-kernel");
-    let i = dir.join("tiny-initrd");
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(
-        &k,
-        "#!ipxe\necho bootplane-e2e: kernel image running\nsleep 600\n",
-    )
-    .unwrap();
-    std::fs::write(&i, "bootplane-e2e initrd\n").unwrap();
-    write_catalog(dir, "os-image:latest", &k, &i, "quiet");
-}
-
-/// The repo's iPXE templates, optionally with a replaced `boot.ipxe.j2`.
-fn templates(dir: &Path, boot: Option<&str>) -> PathBuf {
-    let t = dir.join("ipxe-templates");
-    std::fs::create_dir_all(&t).unwrap();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("ipxe");
-    for e in std::fs::read_dir(&repo).unwrap() {
-        let e = e.unwrap();
-        if e.file_name().to_string_lossy().ends_with(".j2") {
-            std::fs::copy(e.path(), t.join(e.file_name())).unwrap();
-        }
-    }
-    if let Some(b) = boot {
-        std::fs::write(t.join("boot.ipxe.j2"), b).unwrap();
-    }
-    t
 }
 
 /// What one scenario does and expects.
@@ -254,12 +202,6 @@ struct Scenario<'a> {
     boot_limit: Duration,
     /// Also wait for IgnitionDataFetched.
     ignition: bool,
-}
-
-fn condition_true(sbc: &Value, ty: &str) -> bool {
-    sbc.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|l| l.iter().any(|c| c["type"] == ty && c["status"] == "True"))
 }
 
 fn in_order(hay: &str, needles: &[&str]) -> Result<(), String> {
@@ -412,7 +354,7 @@ fn bios_tftp_undionly_chain() {
     require_all();
     let mut lab = QemuLab::new(61);
     let images = lab.path("images");
-    tiny_image(&images);
+    tiny_ipxe_image(&images, "bootplane-e2e: kernel image running");
     // The ROM's iPXE chains undionly.kpxe from TFTP; iPXE running on the UNDI driver
     // (the chained one) goes on to the machine's script.
     let boot = "#!ipxe\n\
@@ -425,7 +367,7 @@ fn bios_tftp_undionly_chain() {
         :failed\n\
         echo bootplane: could not fetch this machine's script\n\
         exit 1\n";
-    let t = templates(lab.dir.path(), Some(boot));
+    let t = ipxe_templates(lab.dir.path(), &[("boot.ipxe.j2", boot)]);
     lab.start(&images, &t);
     run(
         &lab,
@@ -759,8 +701,12 @@ fn bios_ipxe_rom_boots_linux_and_fetches_ignition() {
     std::fs::create_dir_all(&images).unwrap();
     let rd = lab.path("initramfs.cpio");
     std::fs::write(&rd, initramfs(&e1000)).unwrap();
-    write_catalog(&images, "os-image:latest", &vmlinuz, &rd, "panic=-1");
-    let t = templates(lab.dir.path(), None);
+    let (kernel, initrd) = (
+        std::fs::read(&vmlinuz).unwrap(),
+        std::fs::read(&rd).unwrap(),
+    );
+    write_catalog(&images, "os-image:latest", &kernel, &initrd, "panic=-1");
+    let t = ipxe_templates(lab.dir.path(), &[]);
     lab.start(&images, &t);
     run(
         &lab,
@@ -786,32 +732,6 @@ fn bios_ipxe_rom_boots_linux_and_fetches_ignition() {
             ignition: true,
         },
     );
-}
-
-/// Remove ANSI escape sequences (`ESC [ ... letter`, `ESC ( X`) and carriage returns.
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars().peekable();
-    while let Some(c) = it.next() {
-        match c {
-            '\u{1b}' => match it.next() {
-                Some('[') => {
-                    for d in it.by_ref() {
-                        if d.is_ascii_alphabetic() {
-                            break;
-                        }
-                    }
-                }
-                Some(_) => {
-                    it.next();
-                }
-                None => {}
-            },
-            '\r' => {}
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 fn tail(s: &str, n: usize) -> String {

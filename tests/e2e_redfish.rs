@@ -55,8 +55,9 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-use support::bootplane::{bootplane_cli, get_json_in, serve_in, tail};
+use support::api::condition_true;
+use support::bootplane::{bootplane_cli, get_json_in, ipxe_templates, serve_in, tail};
+use support::image::tiny_ipxe_image;
 use support::libvirt::{require_libvirt, DomainSpec, Firmware, Libvirtd, Sushy};
 use support::netns::*;
 use support::process::*;
@@ -140,8 +141,8 @@ impl Lab {
                 .unwrap_or_else(|e| panic!("/usr/lib/ipxe/{f} (apt-get install ipxe): {e}"));
         }
         let images = self.path("images");
-        tiny_image(&images);
-        let templates = templates(self.dir.path());
+        tiny_ipxe_image(&images, "bootplane-e2e: kernel image running");
+        let templates = ipxe_templates(self.dir.path(), &[("machine.ipxe.j2", MACHINE_IPXE)]);
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
         let cfg = format!(
             r#"state_dir = "{state}"
@@ -266,46 +267,6 @@ impl Vm {
     }
 }
 
-fn sha(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
-}
-
-/// A catalog with one image whose "kernel" is an iPXE script: iPXE fetches kernel and
-/// initrd over HTTP and runs it, which prints a marker.
-fn tiny_image(dir: &Path) {
-    std::fs::create_dir_all(dir.join("os")).unwrap();
-    let kernel = "#!ipxe\necho bootplane-e2e: kernel image running\nsleep 600\n";
-    let initrd = "bootplane-e2e initrd\n";
-    let mut entries = String::new();
-    for (role, body) in [("kernel", kernel), ("initrd", initrd)] {
-        std::fs::write(dir.join("os").join(role), body).unwrap();
-        entries.push_str(&format!(
-            "{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n",
-            sha(body.as_bytes())
-        ));
-    }
-    std::fs::write(
-        dir.join("catalog.toml"),
-        format!("[[image]]\nref = \"os-image:latest\"\ncmdline = \"quiet\"\n{entries}"),
-    )
-    .unwrap();
-}
-
-/// The repo's iPXE templates with [`MACHINE_IPXE`] as the per-machine script.
-fn templates(dir: &Path) -> PathBuf {
-    let t = dir.join("ipxe-templates");
-    std::fs::create_dir_all(&t).unwrap();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("ipxe");
-    for e in std::fs::read_dir(&repo).unwrap() {
-        let e = e.unwrap();
-        if e.file_name().to_string_lossy().ends_with(".j2") {
-            std::fs::copy(e.path(), t.join(e.file_name())).unwrap();
-        }
-    }
-    std::fs::write(t.join("machine.ipxe.j2"), MACHINE_IPXE).unwrap();
-    t
-}
-
 /// Register + claim a Server for a new domain `name` (MAC and UUID from `last`), and
 /// define the domain (not started).
 fn claimed_vm(lab: &Lab, name: &str, last: u8, firmware: Firmware) -> Vm {
@@ -355,12 +316,6 @@ fn claimed_vm(lab: &Lab, name: &str, last: u8, firmware: Firmware) -> Vm {
         uuid,
         serial,
     }
-}
-
-fn condition_true(sbc: &Value, ty: &str) -> bool {
-    sbc.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|l| l.iter().any(|c| c["type"] == ty && c["status"] == "True"))
 }
 
 fn in_order(hay: &str, needles: &[&str]) -> Result<(), String> {
@@ -849,30 +804,4 @@ fn driver_uefi_http_boot_uri() {
         "HttpBootUri is not the machine's ISO: {sys}"
     );
     driver_boot_and_release(&lab, &vm, &lines, |_, _| {});
-}
-
-/// The console as text (ANSI escape sequences and CRs removed).
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars().peekable();
-    while let Some(c) = it.next() {
-        match c {
-            '\u{1b}' => match it.next() {
-                Some('[') => {
-                    for d in it.by_ref() {
-                        if d.is_ascii_alphabetic() {
-                            break;
-                        }
-                    }
-                }
-                Some(_) => {
-                    it.next();
-                }
-                None => {}
-            },
-            '\r' => {}
-            c => out.push(c),
-        }
-    }
-    out
 }

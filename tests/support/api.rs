@@ -43,6 +43,13 @@ pub fn condition(obj: &Value, ty: &str) -> Value {
         .unwrap_or_else(|| panic!("no {ty} condition in {obj:#}"))
 }
 
+/// Whether `obj` has a condition of type `ty` with status True.
+pub fn condition_true(obj: &Value, ty: &str) -> bool {
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|l| l.iter().any(|c| c["type"] == ty && c["status"] == "True"))
+}
+
 pub fn claim(name: &str, selector: Option<Value>, server_ref: Option<&str>) -> Value {
     let mut spec = serde_json::json!({"image": "os-image:latest", "power": "On"});
     if let Some(s) = selector {

@@ -79,25 +79,14 @@ impl Bootplane {
     /// A private image catalog with `os-image:latest` (small real files with their
     /// SHA-256), so boot configurations can become Ready.
     fn write_images(&self) -> PathBuf {
-        use sha2::{Digest, Sha256};
         let dir = self.aux.join("images");
-        std::fs::create_dir_all(dir.join("os")).unwrap();
-        let mut entries = String::new();
-        for (role, body) in [
-            ("kernel", &b"test kernel\n"[..]),
-            ("initrd", &b"test initrd\n"[..]),
-        ] {
-            std::fs::write(dir.join("os").join(role), body).unwrap();
-            entries.push_str(&format!(
-                "{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n",
-                hex::encode(Sha256::digest(body))
-            ));
-        }
-        std::fs::write(
-            dir.join("catalog.toml"),
-            format!("[[image]]\nref = \"os-image:latest\"\ncmdline = \"quiet\"\n{entries}"),
-        )
-        .unwrap();
+        super::image::write_catalog(
+            &dir,
+            "os-image:latest",
+            b"test kernel\n",
+            b"test initrd\n",
+            "quiet",
+        );
         dir
     }
 
@@ -363,4 +352,22 @@ pub fn get_json_in(ns: &Netns, state_dir: &Path, kind: &str, name: &str) -> Opti
         return None;
     }
     serde_json::from_slice(&out.stdout).ok()
+}
+
+/// A copy of the repo's iPXE templates (`ipxe/*.j2`) under `dir/ipxe-templates`, with
+/// `overrides` (`(file name, text)`) written over them.
+pub fn ipxe_templates(dir: &Path, overrides: &[(&str, &str)]) -> PathBuf {
+    let t = dir.join("ipxe-templates");
+    std::fs::create_dir_all(&t).unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("ipxe");
+    for e in std::fs::read_dir(&repo).unwrap() {
+        let e = e.unwrap();
+        if e.file_name().to_string_lossy().ends_with(".j2") {
+            std::fs::copy(e.path(), t.join(e.file_name())).unwrap();
+        }
+    }
+    for (name, text) in overrides {
+        std::fs::write(t.join(name), text).unwrap();
+    }
+    t
 }

@@ -1,5 +1,6 @@
 //! Image test helpers: deterministic mixed images, `bootplane provision` and `pack`
-//! runs, loop devices and mounts released on drop, and a minimal HTTP image source.
+//! runs, loop devices and mounts released on drop, a minimal HTTP image source, and the
+//! boot image catalogs the boot tests serve ([`write_catalog`], [`tiny_ipxe_image`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -197,4 +198,38 @@ fn serve_conn(mut s: std::net::TcpStream, root: &Path) {
             return;
         }
     }
+}
+
+/// An image catalog `dir/catalog.toml` with one image `image` whose kernel and initrd
+/// are the given bytes (written under `dir/os/`, with their SHA-256).
+pub fn write_catalog(dir: &Path, image: &str, kernel: &[u8], initrd: &[u8], cmdline: &str) {
+    use sha2::{Digest, Sha256};
+    std::fs::create_dir_all(dir.join("os")).unwrap();
+    let mut entries = String::new();
+    for (role, body) in [("kernel", kernel), ("initrd", initrd)] {
+        std::fs::write(dir.join("os").join(role), body).unwrap();
+        entries.push_str(&format!(
+            "{role} = {{ path = \"os/{role}\", sha256 = \"{}\" }}\n",
+            hex::encode(Sha256::digest(body))
+        ));
+    }
+    std::fs::write(
+        dir.join("catalog.toml"),
+        format!("[[image]]\nref = \"{image}\"\ncmdline = \"{cmdline}\"\n{entries}"),
+    )
+    .unwrap();
+}
+
+/// The boot tests' `os-image:latest`: its "kernel" is an iPXE script that echoes
+/// `marker` and idles, so a console showing the marker proves kernel and initrd were
+/// fetched over HTTP and booted.
+pub fn tiny_ipxe_image(dir: &Path, marker: &str) {
+    let kernel = format!("#!ipxe\necho {marker}\nsleep 600\n");
+    write_catalog(
+        dir,
+        "os-image:latest",
+        kernel.as_bytes(),
+        b"bootplane-e2e initrd\n",
+        "quiet",
+    );
 }

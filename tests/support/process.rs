@@ -167,3 +167,30 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool, msg: impl Fn() 
     }
     panic!("timed out after {limit:?}: {}", msg());
 }
+
+/// Remove ANSI escape sequences (`ESC [ ... letter`, `ESC ( X`) and carriage returns (a
+/// serial console as text).
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        match c {
+            '\u{1b}' => match it.next() {
+                Some('[') => {
+                    for d in it.by_ref() {
+                        if d.is_ascii_alphabetic() {
+                            break;
+                        }
+                    }
+                }
+                Some(_) => {
+                    it.next();
+                }
+                None => {}
+            },
+            '\r' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
