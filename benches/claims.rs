@@ -28,14 +28,9 @@ fn port() -> u16 {
         .port()
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -49,10 +44,10 @@ mod procfs;
 use procfs::proc_cpu;
 
 fn main() {
-    let count = arg("--count", 10_000);
-    let clients = arg("--clients", 32);
+    let count = arg("--count", 10_000usize);
+    let clients = arg("--clients", 32usize);
     // 0 = the config default (controller.workers).
-    let workers = arg("--workers", 0);
+    let workers = arg("--workers", 0usize);
     let dir = tempfile::tempdir().unwrap();
     let (api_port, http_port) = (port(), port());
     let api = format!("http://127.0.0.1:{api_port}");

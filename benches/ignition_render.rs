@@ -88,22 +88,17 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let machines = arg("--machines", if quick { 200 } else { 2000 });
-    let lookups = arg("--lookups", if quick { 100_000 } else { 1_000_000 });
-    let peer_runs = arg("--peer-runs", if quick { 5 } else { 20 });
-    let secs = arg("--secs", if quick { 2 } else { 5 }) as u64;
-    let rounds = arg("--rounds", if quick { 1 } else { 3 });
+    let machines = arg("--machines", if quick { 200usize } else { 2000 });
+    let lookups = arg("--lookups", if quick { 100_000usize } else { 1_000_000 });
+    let peer_runs = arg("--peer-runs", if quick { 5usize } else { 20 });
+    let secs = arg("--secs", if quick { 2u64 } else { 5 });
+    let rounds = arg("--rounds", if quick { 1usize } else { 3 });
 
     let mut r = Renderer::new();
     let t = Template::new("default.bu", template());

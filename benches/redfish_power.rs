@@ -36,14 +36,9 @@ mod support;
 use support::bootplane::Bootplane;
 use support::fakebmc::{uuid_of, FakeBmc};
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 
 struct Round {
     all_on_api: f64,
@@ -242,14 +237,14 @@ fn median_spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 fn main() {
-    let count = arg("--count", 1000) as usize;
-    let bmcs = arg("--bmcs", 100) as usize;
-    let rounds = arg("--rounds", 3).max(1);
-    let per_bmc = arg("--per-bmc", 4);
-    let delay = Duration::from_millis(arg("--power-delay-ms", 1000));
+    let count = arg("--count", 1000usize);
+    let bmcs = arg("--bmcs", 100usize);
+    let rounds = arg("--rounds", 3u64).max(1);
+    let per_bmc = arg("--per-bmc", 4u64);
+    let delay = Duration::from_millis(arg("--power-delay-ms", 1000u64));
     // Every answer takes this long (real BMCs answer in tens to hundreds of ms), so
     // requests overlap at a BMC and its concurrency limit is exercised.
-    let latency = Duration::from_millis(arg("--bmc-latency-ms", 50));
+    let latency = Duration::from_millis(arg("--bmc-latency-ms", 50u64));
     println!(
         "redfish_power: {count} servers on {bmcs} fake BMCs ({} systems each, {} ms per answer), \
          per-BMC limit {per_bmc}, power applied {} ms after a reset, {rounds} rounds",
