@@ -218,13 +218,7 @@ fn write_observed(st: &mut Value, o: &Observed) {
     if let Some(p) = o.power {
         st["powerState"] = json!(p.as_str());
     }
-    set_condition(
-        st,
-        "Reachable",
-        true,
-        "Answered",
-        "the Redfish service answered",
-    );
+    answered(st);
     set_condition(
         st,
         "Authenticated",
@@ -249,18 +243,23 @@ fn write_observed(st: &mut Value, o: &Observed) {
     }
 }
 
+/// The BMC answered (whatever it said).
+fn answered(st: &mut Value) {
+    set_condition(
+        st,
+        "Reachable",
+        true,
+        "Answered",
+        "the Redfish service answered",
+    );
+}
+
 fn write_error(st: &mut Value, e: &redfish::Error) {
     st["state"] = json!("Error");
     let msg = e.to_string();
     match e {
         redfish::Error::Unauthorized(_) => {
-            set_condition(
-                st,
-                "Reachable",
-                true,
-                "Answered",
-                "the Redfish service answered",
-            );
+            answered(st);
             set_condition(st, "Authenticated", false, e.reason(), &msg);
         }
         _ => {

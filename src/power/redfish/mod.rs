@@ -84,6 +84,9 @@ struct BootNote {
     message: String,
 }
 
+/// The most systems of one BMC read to find a Server's (blade chassis hold tens).
+const MAX_SYSTEMS: usize = 1024;
+
 /// What an operation brings a Server to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
@@ -390,7 +393,9 @@ impl Redfish {
         // List the BMC's systems once for every Server on it.
         let mut found = None;
         let mut index = HashMap::new();
-        for id in bmc.systems().await? {
+        // Bounded: a BMC listing more systems than any chassis holds is read only up
+        // to MAX_SYSTEMS (each costs a request).
+        for id in bmc.systems().await?.into_iter().take(MAX_SYSTEMS) {
             let s = bmc.system(&id).await?;
             if let Some(u) = &s.uuid {
                 let u = u.to_ascii_lowercase();
