@@ -43,6 +43,8 @@ pub struct Config {
     pub provision: crate::provision::ProvisionConfig,
     /// Power driver settings (`[power.qemu]`, see `crate::power`).
     pub power: crate::power::PowerConfig,
+    /// Discovery (`[discovery]`, see `crate::controller::discovery`).
+    pub discovery: crate::controller::discovery::DiscoveryConfig,
 }
 
 impl Default for Config {
@@ -59,6 +61,7 @@ impl Default for Config {
             nfs: crate::nfs::NfsConfig::default(),
             provision: crate::provision::ProvisionConfig::default(),
             power: crate::power::PowerConfig::default(),
+            discovery: Default::default(),
         }
     }
 }
@@ -221,6 +224,7 @@ impl Config {
             self.power.qemu.validate()?;
         }
         self.power.redfish.validate()?;
+        self.discovery.validate()?;
         match self.log.format.as_str() {
             "text" | "json" => {}
             other => bail!("unknown log.format {other:?} (expected text or json)"),

@@ -220,6 +220,7 @@ impl Services {
             self.store.clone(),
             redfish.pool().clone(),
             Duration::from_secs(config.power.redfish.poll_interval_secs),
+            config.discovery.enabled,
         );
         let power = Arc::new(crate::power::redfish::PerServer {
             default,

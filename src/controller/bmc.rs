@@ -11,6 +11,9 @@
 //! `BootModes` (False, reason `FeatureMissing`, naming what the BMC lacks of Pxe,
 //! UefiHttp and virtual media).
 //!
+//! With `[discovery] enabled`, each look also registers the BMC's systems as Servers
+//! ([`super::systems`]), and the BMC's condition `SystemsDiscovered` says how many.
+//!
 //! **Invariant:** nothing written here carries a credential: the secret is read only to
 //! build the client target.
 
@@ -22,6 +25,7 @@ use rand::Rng;
 use serde_json::{json, Value};
 
 use super::queue::WorkQueue;
+use super::systems::{self, Seen, SyncError, SystemIndex};
 use super::runtime::Runtime;
 use super::{set_condition, Next};
 use crate::model::meta;
@@ -41,6 +45,11 @@ pub struct BmcControllers {
     by_secret: Mutex<HashMap<String, BTreeSet<String>>>,
     t_bmc: Arc<ResourceType>,
     t_secret: Arc<ResourceType>,
+    t_server: Arc<ResourceType>,
+    /// Register the BMCs' systems as Servers (`[discovery] enabled`).
+    discover: bool,
+    systems: SystemIndex,
+    seen: Seen,
 }
 
 /// What one look at a BMC found.
@@ -53,14 +62,25 @@ struct Observed {
     power: Option<PowerState>,
     missing: Vec<&'static str>,
     systems: usize,
+    /// The `@odata.id`s of the systems the BMC lists.
+    ids: Vec<String>,
 }
 
 impl BmcControllers {
-    pub fn new(store: Store, pool: redfish::Pool, poll: Duration) -> Arc<BmcControllers> {
+    pub fn new(
+        store: Store,
+        pool: redfish::Pool,
+        poll: Duration,
+        discover: bool,
+    ) -> Arc<BmcControllers> {
         let reg = store.registry();
         Arc::new(BmcControllers {
             t_bmc: reg.resolve("bmc").expect("bmc type"),
             t_secret: reg.resolve("bmcsecret").expect("bmcsecret type"),
+            t_server: reg.resolve("server").expect("server type"),
+            discover,
+            systems: SystemIndex::default(),
+            seen: Seen::default(),
             store,
             pool,
             poll,
@@ -70,7 +90,10 @@ impl BmcControllers {
     }
 
     pub async fn run(self: Arc<Self>, workers: usize, shutdown: Shutdown) {
-        let types = [self.t_bmc.clone(), self.t_secret.clone()];
+        let mut types = vec![self.t_bmc.clone(), self.t_secret.clone()];
+        if self.discover {
+            types.push(self.t_server.clone());
+        }
         Runtime::new(self.clone(), self.store.clone(), workers.clamp(1, 16))
             .watch(types, |c: &BmcControllers, t, o, del| c.dispatch(t, o, del))
             .reconciler("bmc", self.queue.clone(), |c, k| async move {
@@ -82,6 +105,10 @@ impl BmcControllers {
 
     fn dispatch(&self, t: &ResourceType, o: &Arc<Value>, deleted: bool) {
         let name = meta::name(o).to_string();
+        if t.kind == "Server" {
+            self.systems.on_server(o, deleted);
+            return;
+        }
         if t.kind == "BMC" {
             let secret = o
                 .pointer("/spec/bmcSecretRef/name")
@@ -96,6 +123,9 @@ impl BmcControllers {
                 idx.entry(secret).or_default().insert(name.clone());
                 drop(idx);
                 self.queue.add(name);
+            } else {
+                drop(idx);
+                self.seen.forget(&name);
             }
         } else {
             let bmcs = self
@@ -144,7 +174,12 @@ impl BmcControllers {
                 );
                 let client = self.pool.bmc(target);
                 match observe(&client).await {
-                    Ok(o) => write_observed(&mut st, &o),
+                    Ok(o) => {
+                        write_observed(&mut st, &o);
+                        if self.discover {
+                            self.sync_systems(name, &client, &o.ids, &mut st).await?;
+                        }
+                    }
                     Err(e) => write_error(&mut st, &e),
                 }
             }
@@ -159,6 +194,53 @@ impl BmcControllers {
     }
 }
 
+impl BmcControllers {
+    /// Register the BMC's systems as Servers; the outcome goes into the BMC's
+    /// `SystemsDiscovered` condition (a Redfish failure there too; a store failure is
+    /// the reconcile's error, retried).
+    async fn sync_systems(
+        &self,
+        name: &str,
+        client: &Bmc,
+        ids: &[String],
+        st: &mut Value,
+    ) -> Result<(), StoreError> {
+        let r = systems::sync(
+            &self.store,
+            &self.t_server,
+            &self.systems,
+            &self.seen,
+            name,
+            client,
+            ids,
+        )
+        .await;
+        match r {
+            Ok(s) => {
+                let mut msg = format!("{} system(s) registered as Servers", ids.len() - s.without_uuid);
+                if s.created > 0 {
+                    msg.push_str(&format!(", {} new", s.created));
+                }
+                if s.gone > 0 {
+                    msg.push_str(&format!("; {} Server(s) whose system is gone", s.gone));
+                }
+                if s.without_uuid > 0 {
+                    msg.push_str(&format!(
+                        "; {} system(s) without a UUID skipped",
+                        s.without_uuid
+                    ));
+                }
+                set_condition(st, "SystemsDiscovered", true, "Registered", &msg);
+            }
+            Err(SyncError::Redfish(e)) => {
+                set_condition(st, "SystemsDiscovered", false, e.reason(), &e.to_string());
+            }
+            Err(SyncError::Store(e)) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
 /// Read what the status shows from the BMC.
 async fn observe(bmc: &Bmc) -> Result<Observed, redfish::Error> {
     let root = bmc.service_root().await?;
@@ -167,6 +249,7 @@ async fn observe(bmc: &Bmc) -> Result<Observed, redfish::Error> {
         manufacturer: root.vendor.clone(),
         model: root.product.clone(),
         systems: ids.len(),
+        ids: ids.clone(),
         ..Observed::default()
     };
     let Some(first) = ids.first() else {

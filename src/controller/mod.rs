@@ -12,11 +12,13 @@ pub mod bmc;
 pub mod bootconfig;
 pub mod bootside;
 pub mod claim;
+pub mod discovery;
 #[path = "provisioning.bootplane.dev/mod.rs"]
 pub mod provisioning;
 pub mod runtime;
 pub mod server;
 pub mod settings;
+pub mod systems;
 
 pub use runtime::{queue, Next};
 

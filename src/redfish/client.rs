@@ -156,6 +156,8 @@ pub(super) struct BmcInner {
 
 /// The Redfish service root every BMC serves.
 const ROOT: &str = "/redfish/v1/";
+/// Host NICs read per system; a BMC listing more is cut here.
+pub const MAX_NICS: usize = 64;
 
 impl Bmc {
     pub async fn service_root(&self) -> Result<ServiceRoot, Error> {
@@ -271,6 +273,24 @@ impl Bmc {
                 let (v, etag) = self.get(&id).await?;
                 out.push(parse::virtual_media(&v, &id, etag));
             }
+        }
+        Ok(out)
+    }
+
+    /// The host NICs the BMC reports for `system` (empty when it has no
+    /// `EthernetInterfaces`), at most [`MAX_NICS`].
+    pub async fn ethernet_interfaces(
+        &self,
+        system: &System,
+    ) -> Result<Vec<EthernetInterface>, Error> {
+        let Some(c) = &system.ethernet_interfaces else {
+            return Ok(Vec::new());
+        };
+        let (v, _) = self.get(c).await?;
+        let mut out = Vec::new();
+        for id in parse::members(&v)?.into_iter().take(MAX_NICS) {
+            let (v, _) = self.get(&id).await?;
+            out.push(parse::ethernet_interface(&v));
         }
         Ok(out)
     }

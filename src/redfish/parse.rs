@@ -101,6 +101,17 @@ pub fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
             .map(|a| a.iter().filter_map(|m| str_at(m, "@odata.id")).collect())
             .unwrap_or_default(),
         virtual_media: link_at(v, "VirtualMedia"),
+        ethernet_interfaces: link_at(v, "EthernetInterfaces"),
+    }
+}
+
+pub fn ethernet_interface(v: &Value) -> EthernetInterface {
+    EthernetInterface {
+        id: str_at(v, "Id").unwrap_or_default(),
+        mac: str_at(v, "MACAddress")
+            .filter(|m| !m.is_empty())
+            .or_else(|| str_at(v, "PermanentMACAddress").filter(|m| !m.is_empty())),
+        link_status: str_at(v, "LinkStatus"),
     }
 }
 

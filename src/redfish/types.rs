@@ -235,6 +235,18 @@ pub struct System {
     pub managers: Vec<String>,
     /// `VirtualMedia.@odata.id` on the system, when the BMC puts it there.
     pub virtual_media: Option<String>,
+    /// `EthernetInterfaces.@odata.id`: the host's NICs as the BMC knows them.
+    pub ethernet_interfaces: Option<String>,
+}
+
+/// One host NIC a BMC reports (`EthernetInterface`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EthernetInterface {
+    pub id: String,
+    /// `MACAddress` (else `PermanentMACAddress`), as the BMC wrote it.
+    pub mac: Option<String>,
+    /// `LinkStatus` (`LinkUp`, `LinkDown`, `NoLink`).
+    pub link_status: Option<String>,
 }
 
 /// The parts of a `Manager` bootplane reads.

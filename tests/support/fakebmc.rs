@@ -106,6 +106,9 @@ struct Inner {
     /// Every Authorization / X-Auth-Token / body it was sent (to check what the
     /// client puts where).
     last_auth: Mutex<Option<String>>,
+    seed: u16,
+    /// Systems left out of the `Systems` collection (gone from the BMC).
+    hidden: Mutex<std::collections::HashSet<usize>>,
 }
 
 /// Builds a [`FakeBmc`].
@@ -123,6 +126,7 @@ pub struct Builder {
     boot_targets: Vec<String>,
     delay: Duration,
     listeners: usize,
+    seed: u16,
 }
 
 impl Builder {
@@ -184,6 +188,12 @@ impl Builder {
         self.ignore_graceful = on;
         self
     }
+    /// Distinguishes this BMC's systems from other fake BMCs' (UUIDs, NIC MACs): see
+    /// [`uuid_for`] and [`mac_for`].
+    pub fn seed(mut self, seed: u16) -> Self {
+        self.seed = seed;
+        self
+    }
     /// Every answer waits this long.
     pub fn delay(mut self, d: Duration) -> Self {
         self.delay = d;
@@ -227,6 +237,8 @@ impl Builder {
             sessions_created: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             last_auth: Mutex::new(None),
+            seed: self.seed,
+            hidden: Mutex::new(std::collections::HashSet::new()),
         });
         let app = axum::Router::new()
             .fallback(handle)
@@ -272,7 +284,24 @@ impl Drop for FakeBmc {
 
 /// The UUID of system `i` (upper case, so lookups must ignore case).
 pub fn uuid_of(i: usize) -> String {
-    format!("5A2C0000-0000-4000-8000-{i:012X}")
+    uuid_for(0, i)
+}
+
+/// The UUID of system `i` of the fake BMC built with [`Builder::seed`] `seed`.
+pub fn uuid_for(seed: u16, i: usize) -> String {
+    format!("5A2C{seed:04X}-0000-4000-8000-{i:012X}")
+}
+
+/// The MAC of NIC `n` (0 or 1) of system `i` of the fake BMC with seed `seed`.
+pub fn mac_for(seed: u16, i: usize, n: usize) -> String {
+    format!(
+        "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        seed >> 8,
+        seed & 0xff,
+        (i >> 8) & 0xff,
+        i & 0xff,
+        n
+    )
 }
 
 impl FakeBmc {
@@ -294,6 +323,7 @@ impl FakeBmc {
             delay: Duration::ZERO,
             listeners: 1,
             ignore_graceful: false,
+            seed: 0,
         }
     }
     /// `@odata.id` of system `i` (0-based).
@@ -309,6 +339,15 @@ impl FakeBmc {
             .get(path)
             .copied()
             .unwrap_or(0)
+    }
+    /// Leave system `i` out of the `Systems` collection (`false`), or put it back.
+    pub fn set_present(&self, i: usize, present: bool) {
+        let mut h = self.inner.hidden.lock().unwrap();
+        if present {
+            h.remove(&i);
+        } else {
+            h.insert(i);
+        }
     }
     pub fn total_requests(&self) -> u64 {
         self.inner.total.load(Ordering::SeqCst)
@@ -499,13 +538,38 @@ fn route(st: &Inner, method: &Method, path: &str, headers: &HeaderMap, body: &[u
             .map(|i| i - 1)
     };
     match (method.clone(), parts.as_slice()) {
-        (Method::GET, ["Systems"]) => ok_json(
-            collection(
-                "/redfish/v1/Systems",
-                (1..=n).map(|i| format!("/redfish/v1/Systems/{i}")),
+        (Method::GET, ["Systems"]) => {
+            let hidden = st.hidden.lock().unwrap().clone();
+            ok_json(
+                collection(
+                    "/redfish/v1/Systems",
+                    (1..=n)
+                        .filter(|i| !hidden.contains(&(i - 1)))
+                        .map(|i| format!("/redfish/v1/Systems/{i}")),
+                ),
+                None,
+            )
+        }
+        (Method::GET, ["Systems", id, "EthernetInterfaces"]) => match sys_index(id) {
+            Some(i) => ok_json(
+                collection(
+                    &format!("/redfish/v1/Systems/{}/EthernetInterfaces", i + 1),
+                    (0..2).map(|n| format!("/redfish/v1/Systems/{}/EthernetInterfaces/{n}", i + 1)),
+                ),
+                None,
             ),
-            None,
-        ),
+            None => error(404, "no such system"),
+        },
+        (Method::GET, ["Systems", id, "EthernetInterfaces", nic]) => {
+            match (sys_index(id), nic.parse::<usize>().ok().filter(|n| *n < 2)) {
+                (Some(i), Some(nic)) => ok_json(
+                    json!({ "@odata.id": p, "Id": nic.to_string(), "MACAddress": mac_for(st.seed, i, nic),
+                            "LinkStatus": if nic == 0 { "LinkUp" } else { "LinkDown" } }),
+                    None,
+                ),
+                _ => error(404, "no such interface"),
+            }
+        }
         (Method::GET, ["Systems", id]) => match sys_index(id) {
             Some(i) => {
                 let s = settle(&mut st.systems.lock().unwrap()[i]).clone();
@@ -610,7 +674,7 @@ fn system(st: &Inner, i: usize, s: &SysState) -> Value {
     let id = i + 1;
     json!({
         "@odata.id": format!("/redfish/v1/Systems/{id}"), "@odata.etag": etag(s), "Id": id.to_string(),
-        "UUID": uuid_of(i), "Manufacturer": "Fake", "Model": "Fake-1", "SerialNumber": format!("SN{id:05}"),
+        "UUID": uuid_for(st.seed, i), "Manufacturer": "Fake", "Model": "Fake-1", "SerialNumber": format!("SN{id:05}"),
         "BiosVersion": "F.1", "PowerState": s.power,
         "Boot": {
             "BootSourceOverrideTarget": s.boot_target, "BootSourceOverrideEnabled": s.boot_enabled,
@@ -623,6 +687,7 @@ fn system(st: &Inner, i: usize, s: &SysState) -> Value {
         } },
         "Links": { "ManagedBy": [{ "@odata.id": "/redfish/v1/Managers/BMC" }] },
         "VirtualMedia": { "@odata.id": format!("/redfish/v1/Systems/{id}/VirtualMedia") },
+        "EthernetInterfaces": { "@odata.id": format!("/redfish/v1/Systems/{id}/EthernetInterfaces") },
     })
 }
 
