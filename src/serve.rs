@@ -226,8 +226,12 @@ impl Services {
             default,
             redfish: redfish.clone(),
         });
-        let ctrl =
-            crate::controller::Controllers::new(self.store.clone(), power, self.resolver.clone());
+        let ctrl = crate::controller::Controllers::new(
+            self.store.clone(),
+            power,
+            self.resolver.clone(),
+            crate::controller::firstboot::FirstBoot::from_config(&config.discovery),
+        );
         let s = self.coord.handle();
         self.tasks.spawn(async move {
             redfish.run(s).await;
@@ -293,20 +297,36 @@ impl Services {
     /// The boot listener over the store-backed boot index.
     fn start_boot_http(&mut self, config: &Config) -> Result<()> {
         let dhcp_leases = config.dhcp.enabled.then(|| self.leases.clone());
+        // First boots: the discovery image's script and the agent's inventory, written by
+        // the inventory writer.
+        let d = &config.discovery;
+        let discovery = (d.enabled && d.first_boot).then(|| {
+            let (tx, rx) = tokio::sync::mpsc::channel(crate::controller::inventory::QUEUE);
+            let (store, s) = (self.store.clone(), self.coord.handle());
+            self.tasks.spawn(async move {
+                crate::controller::inventory::run(store, rx, s).await;
+                Ok(())
+            });
+            (d.image.clone(), tx)
+        });
         let index = crate::controller::bootside::StoreBootIndex::start(
             self.store.clone(),
             self.resolver.clone(),
             config.public_http_url(),
             dhcp_leases,
+            discovery,
             self.coord.handle(),
         );
-        let app = Arc::new(crate::http::BootHttp::from_config(
-            &config.http,
-            &config.boot,
-            &config.state_dir,
-            index,
-            self.http_metrics.clone(),
-        )?);
+        let app = Arc::new(
+            crate::http::BootHttp::from_config(
+                &config.http,
+                &config.boot,
+                &config.state_dir,
+                index,
+                self.http_metrics.clone(),
+            )?
+            .with_discovery(d.lldp_wait_secs),
+        );
         let _ = self.boot_slot.set(app.clone());
         let (http, s) = (config.http.clone(), self.coord.handle());
         self.tasks.spawn(async move {

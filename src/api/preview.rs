@@ -86,6 +86,12 @@ fn ignition(slot: &BootSlot, server: &str) -> Response {
             format!("server {server} has neither an ignition template nor an ignition secret"),
         )
         .into_response(),
+        (BootState::Discovery, _) => ApiError::new(
+            StatusCode::CONFLICT,
+            "InDiscovery",
+            format!("server {server} is in Discovery: it boots the discovery image, no Ignition"),
+        )
+        .into_response(),
         (BootState::NotClaimed, _) => ApiError::new(
             StatusCode::CONFLICT,
             "NotClaimed",

@@ -346,6 +346,9 @@ pub struct StoreBootIndex {
     /// DHCP leases (when bootplane's DHCP server runs): a machine's leased address
     /// counts as its own for the identity check.
     leases: Option<crate::dhcp::leases::LeaseIndex>,
+    /// First boots (`[discovery]`): the discovery image's catalog reference and the
+    /// queue to the inventory writer ([`super::inventory`]).
+    discovery: Option<(String, mpsc::Sender<crate::http::InventoryReport>)>,
     t_server: Arc<ResourceType>,
     t_sbc: Arc<ResourceType>,
 }
@@ -392,6 +395,13 @@ impl BootIndex for StoreBootIndex {
         // Fails only once the writer has stopped (shutdown).
         let _ = self.progress.send(key);
     }
+
+    fn record_inventory(&self, report: crate::http::InventoryReport) -> bool {
+        match &self.discovery {
+            Some((_, tx)) => tx.try_send(report).is_ok(),
+            None => false,
+        }
+    }
 }
 
 impl StoreBootIndex {
@@ -401,6 +411,7 @@ impl StoreBootIndex {
         resolver: Arc<CatalogResolver>,
         base_url: String,
         leases: Option<crate::dhcp::leases::LeaseIndex>,
+        discovery: Option<(String, mpsc::Sender<crate::http::InventoryReport>)>,
         shutdown: Shutdown,
     ) -> Arc<StoreBootIndex> {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -413,6 +424,7 @@ impl StoreBootIndex {
             progress: tx,
             queued: Default::default(),
             leases,
+            discovery,
             t_server: reg.resolve("server").expect("server"),
             t_sbc: reg.resolve("sbc").expect("sbc"),
         });
@@ -466,6 +478,22 @@ impl StoreBootIndex {
         s: &Value,
         boot_id: &mut String,
     ) -> (BootState, Option<BootFiles>, Option<IgnitionData>) {
+        if let Some((image, _)) = &self.discovery {
+            if s.pointer("/status/state").and_then(Value::as_str) == Some("Discovery") {
+                *boot_id = super::inventory::boot_id(s);
+                return match self.resolver.hasher.resolve(&self.resolver.catalog, image) {
+                    Ok(Ok(r)) => (BootState::Discovery, Some(r.boot_files(&self.base_url)), None),
+                    Ok(Err(e)) => {
+                        tracing::warn!(image, error = %e, "discovery image not in the catalog");
+                        (BootState::Discovery, None, None)
+                    }
+                    Err(e) => {
+                        tracing::warn!(image, error = %e, "reading the discovery image");
+                        (BootState::Discovery, None, None)
+                    }
+                };
+            }
+        }
         let Some(r) = s
             .pointer("/spec/bootConfigurationRef")
             .filter(|r| !r.is_null())

@@ -13,6 +13,8 @@ pub mod bootconfig;
 pub mod bootside;
 pub mod claim;
 pub mod discovery;
+pub mod firstboot;
+pub mod inventory;
 #[path = "provisioning.bootplane.dev/mod.rs"]
 pub mod provisioning;
 pub mod runtime;
@@ -79,6 +81,8 @@ pub struct Controllers {
     pub t_claim: Arc<ResourceType>,
     pub t_sbc: Arc<ResourceType>,
     pub t_secret: Arc<ResourceType>,
+    /// First boots of Servers with a BMC (`[discovery]`), when on.
+    pub first_boot: Option<firstboot::FirstBoot>,
 }
 
 pub fn is_claimable(s: &Value) -> bool {
@@ -118,6 +122,7 @@ impl Controllers {
         store: Store,
         power: Arc<dyn PowerDriver>,
         resolver: Arc<dyn BootResolver>,
+        first_boot: Option<firstboot::FirstBoot>,
     ) -> Arc<Controllers> {
         let reg = store.registry();
         Arc::new(Controllers {
@@ -131,6 +136,7 @@ impl Controllers {
             t_claim: reg.resolve("serverclaim").expect("claim type"),
             t_sbc: reg.resolve("serverbootconfiguration").expect("sbc type"),
             t_secret: reg.resolve("secret").expect("secret type"),
+            first_boot,
             store,
         })
     }

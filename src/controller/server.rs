@@ -1,8 +1,10 @@
 //! The Server reconciler: the server state machine as far as the embedded mode
 //! reaches it, and power.
 //!
-//! - no state yet → `Initial` (discovery is not built in; an operator registers the
-//!   inventory, with `status.state: Available`, through the API);
+//! - no state yet → `Initial`; with first boots on (`[discovery]`) a Server naming a BMC
+//!   goes on to `Discovery` ([`super::firstboot`]: discovery image, inventory, then
+//!   `Available`); any other waits for an operator to register its inventory with
+//!   `status.state: Available` through the API;
 //! - `Available` + `spec.serverClaimRef` → `Reserved`;
 //! - `Reserved`: wait for the ServerBootConfiguration to be `Ready` (condition
 //!   `BootConfigurationReady` says why not), then apply `spec.power` through the power
@@ -56,7 +58,12 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
         .unwrap_or("")
         .to_string();
     let claimed = claim_ref(&s).is_some();
+    let first_boot = c.first_boot.as_ref().filter(|_| super::firstboot::has_bmc(&s));
+    let mut step = None;
     match state.as_str() {
+        "" | "Initial" if first_boot.is_some() && !claimed => {
+            status["state"] = json!("Discovery");
+        }
         "" => {
             status["state"] = json!("Initial");
             set_condition(
@@ -64,8 +71,11 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
                 "Discovered",
                 false,
                 "AwaitingRegistration",
-                "discovery is not built in; register the inventory with status.state Available",
+                "no first boot for this server (it names no BMC, or [discovery] first_boot is off); register the inventory with status.state Available",
             );
+        }
+        "Discovery" if first_boot.is_some() && !claimed => {
+            step = Some(super::firstboot::step(c, first_boot.unwrap(), &s, &mut status));
         }
         "Available" if claimed => {
             status["state"] = json!("Reserved");
@@ -86,7 +96,13 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
     if Some(&status) != s.get("status") {
         c.store.update_status(&c.t_server, &s, status).await?;
     }
-    Ok(Next::Done)
+    match step {
+        Some(step) => {
+            super::firstboot::finish(c, &s, &step).await?;
+            Ok(step.next)
+        }
+        None => Ok(Next::Done),
+    }
 }
 
 /// Annotation asking for a restart (`bootplane power reset SERVER` sets it): handed to

@@ -24,7 +24,11 @@
 //!   connection evicted (while idle) to make room for another client;
 //! - requests that carry a body (`Content-Length` > 0 or `Transfer-Encoding`) are
 //!   answered (the handler refuses every method but GET and HEAD) and the connection
-//!   is closed, so a body is never mistaken for the next request;
+//!   is closed, so a body is never mistaken for the next request; the one exception is
+//!   the discovery agent's inventory post ([`super::discovery`]): its body is read when
+//!   it has a `Content-Length` of at most [`super::discovery::MAX_INVENTORY_BYTES`]
+//!   (413 beyond, 411 for a chunked one) and arrives within
+//!   [`super::discovery::BODY_TIMEOUT`];
 //! - keep-alive per RFC 9112 §9.3 (HTTP/1.1 unless `Connection: close`; HTTP/1.0 only
 //!   with `Connection: keep-alive`);
 //! - a write that makes no progress for [`WRITE_STALL`] closes the connection;
@@ -82,6 +86,10 @@ pub struct Head {
     pub req: Request<()>,
     pub keep_alive: bool,
     pub has_body: bool,
+    /// The `Content-Length`, when given.
+    pub content_length: Option<u64>,
+    /// A `Transfer-Encoding` was given.
+    pub chunked: bool,
 }
 
 /// Serve requests on `stream` until the client closes, an error, eviction or shutdown.
@@ -152,11 +160,25 @@ pub async fn serve(
         let Head {
             req,
             keep_alive,
-            has_body,
+            mut has_body,
+            content_length,
+            chunked,
         } = head;
         let is_head = req.method() == Method::HEAD;
+        let mut body = Bytes::new();
+        if has_body && super::discovery::takes_body(req.method(), req.uri().path()) {
+            if chunked {
+                return fail(&stream, &mut out, StatusCode::LENGTH_REQUIRED).await;
+            }
+            let len = content_length.unwrap_or(0) as usize;
+            if len > super::discovery::MAX_INVENTORY_BYTES {
+                return fail(&stream, &mut out, StatusCode::PAYLOAD_TOO_LARGE).await;
+            }
+            body = read_body(&mut stream, &mut rbuf, len).await?;
+            has_body = false;
+        }
         let close = !keep_alive || has_body;
-        let resp = app.handle(req, client).await;
+        let resp = app.handle_with_body(req, body, client).await;
         let (parts, mut body) = resp.into_parts();
         let body_len = if is_head { 0 } else { body.remaining() };
         write_head(&mut out, &parts, body_len, close);
@@ -176,6 +198,24 @@ pub async fn serve(
         }
         slot.end();
         head_started = false;
+    }
+}
+
+/// Read a request body of `len` bytes (part may already be in `rbuf`), within
+/// [`super::discovery::BODY_TIMEOUT`].
+async fn read_body(stream: &mut TcpStream, rbuf: &mut BytesMut, len: usize) -> Result<Bytes, ConnError> {
+    let read = async {
+        while rbuf.len() < len {
+            rbuf.reserve(len - rbuf.len());
+            if stream.read_buf(rbuf).await? == 0 {
+                return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+        Ok(rbuf.split_to(len).freeze())
+    };
+    match tokio::time::timeout(super::discovery::BODY_TIMEOUT, read).await {
+        Ok(r) => r,
+        Err(_) => Err(ConnError::HeaderTimeout),
     }
 }
 
@@ -218,7 +258,7 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
         _ => Version::HTTP_11,
     };
     let mut headers = HeaderMap::with_capacity(r.headers.len());
-    let (mut close, mut ka, mut has_body) = (false, false, false);
+    let (mut close, mut ka, mut has_body, mut chunked) = (false, false, false, false);
     let mut content_length: Option<u64> = None;
     for h in r.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| bad)?;
@@ -241,6 +281,7 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
             has_body |= n > 0;
         } else if name == header::TRANSFER_ENCODING {
             has_body = true;
+            chunked = true;
         }
         headers.append(name, value);
     }
@@ -257,6 +298,8 @@ pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
         req,
         keep_alive,
         has_body,
+        content_length,
+        chunked,
     }))
 }
 

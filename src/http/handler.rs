@@ -49,13 +49,15 @@ pub struct Settings {
 /// The boot listener's application state.
 pub struct BootHttp {
     pub(super) index: Arc<dyn BootIndex>,
-    renderer: Renderer,
+    pub(super) renderer: Renderer,
     pub(super) signer: TokenSigner,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
     pub(super) base_url: String,
-    console: String,
+    pub(super) console: String,
     default_action: DefaultAction,
     pub(super) token_ttl: u64,
+    /// `bootplane.lldp_wait=` in discovery scripts ([`BootHttp::with_discovery`]).
+    pub(super) lldp_wait_secs: u32,
     assets: Option<Root>,
     images: Option<Root>,
     ipxe_fallback: Option<PathBuf>,
@@ -86,10 +88,11 @@ pub mod route {
     pub const ASSETS: &str = "assets";
     pub const ISO: &str = "boot_iso";
     pub const EFI: &str = "boot_efi";
+    pub const INVENTORY: &str = "inventory";
     pub const OTHER: &str = "other";
 }
 
-type Resp = Response<FileBody>;
+pub(super) type Resp = Response<FileBody>;
 
 impl BootHttp {
     pub fn new(
@@ -135,7 +138,14 @@ impl BootHttp {
             sign_ignition_urls: s.sign_ignition_urls,
             scripts: Default::default(),
             boot_iso: super::bootiso::BootIso::unconfigured(),
+            lldp_wait_secs: 10,
         })
+    }
+
+    /// How long discovery agents listen for LLDP (`[discovery] lldp_wait_secs`).
+    pub fn with_discovery(mut self, lldp_wait_secs: u32) -> BootHttp {
+        self.lldp_wait_secs = lldp_wait_secs;
+        self
     }
 
     /// Settings from the `[http]` and `[boot]` sections: templates from
@@ -246,6 +256,12 @@ impl BootHttp {
 
     /// Handle one request from `client`.
     pub async fn handle<B>(&self, req: Request<B>, client: IpAddr) -> Resp {
+        self.handle_with_body(req, Bytes::new(), client).await
+    }
+
+    /// Handle one request whose body the connection loop read (only requests for which
+    /// [`super::discovery::takes_body`] holds have one).
+    pub async fn handle_with_body<B>(&self, req: Request<B>, body: Bytes, client: IpAddr) -> Resp {
         let start = Instant::now();
         let path = req.uri().path();
         let route = if path == "/boot.ipxe" {
@@ -260,11 +276,23 @@ impl BootHttp {
             route::ISO
         } else if path == "/ipxe/boot.efi" {
             route::EFI
+        } else if path.starts_with(super::discovery::PREFIX) {
+            route::INVENTORY
         } else {
             route::OTHER
         };
         let mut server: Option<Arc<MachineBoot>> = None;
-        let resp = if req.method() != Method::GET && req.method() != Method::HEAD {
+        let resp = if route == route::INVENTORY {
+            if req.method() == Method::POST {
+                let rest = &path[super::discovery::PREFIX.len()..];
+                self.inventory(rest, &body, client, &mut server)
+            } else {
+                let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+                r.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("POST"));
+                r
+            }
+        } else if req.method() != Method::GET && req.method() != Method::HEAD {
             let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
@@ -302,6 +330,7 @@ impl BootHttp {
             let p = req.uri().path();
             let p = match route {
                 route::IGNITION => p.splitn(4, '/').take(3).collect::<Vec<_>>().join("/"),
+                route::INVENTORY => p.splitn(5, '/').take(4).collect::<Vec<_>>().join("/"),
                 _ => p.to_string(),
             };
             let shown: String = p.chars().take(200).collect();
@@ -436,6 +465,17 @@ impl BootHttp {
             },
             (BootState::Ready, None) => default(&format!("{} has no boot files", m.server)),
             (BootState::NotClaimed, _) => default(&format!("{} is not claimed", m.server)),
+            (BootState::Discovery, Some(files)) => match self.discovery_script(m, files) {
+                Ok(body) => (body, true),
+                Err(e) => {
+                    tracing::error!(server = %m.server, error = %e, "rendering discovery script");
+                    default(&format!("cannot render the discovery script of {}", m.server))
+                }
+            },
+            (BootState::Discovery, None) => default(&format!(
+                "{} is in Discovery but the discovery image is not available",
+                m.server
+            )),
             (BootState::Error(r), _) => {
                 tracing::info!(server = %m.server, reason = %r, "boot configuration in error, serving default script");
                 default(&format!(
@@ -819,174 +859,5 @@ fn load_or_create_key(path: &Path) -> anyhow::Result<Vec<u8>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::http::index::MemoryIndex;
-    use crate::http::{BootFiles, IgnitionData};
-    use http_body_util::BodyExt;
-
-    fn app(index: Arc<MemoryIndex>) -> BootHttp {
-        let s = Settings {
-            base_url: "http://10.0.0.1:8080/".into(),
-            console: "console=ttyS0".into(),
-            default_action: DefaultAction::Exit,
-            token_ttl_secs: 60,
-            signer: TokenSigner::new(&[7u8; 32]),
-            templates: vec![],
-            assets_dir: None,
-            images_dir: None,
-            ipxe_fallback_dir: None,
-            file_io: FileIo::Sendfile,
-            stream_budget_bytes: 1 << 20,
-            sign_ignition_urls: true,
-        };
-        BootHttp::new(s, index, Arc::new(Metrics::new())).unwrap()
-    }
-
-    fn machine() -> MachineBoot {
-        MachineBoot {
-            server: "server-a".into(),
-            uuid: Some("4c4c4544-0042-3510-8052-b4c04f4e4d32".into()),
-            ips: vec!["127.0.0.2".parse().unwrap()],
-            macs: vec![[0x52, 0x54, 0, 0xab, 0xcd, 0xef]],
-            state: BootState::Ready,
-            boot_id: "sbc-uid-1/1".into(),
-            files: Some(BootFiles {
-                image: "os-image:latest".into(),
-                arch: "amd64".into(),
-                kernel_url: "http://10.0.0.1:8080/assets/images/k".into(),
-                initrd_url: "http://10.0.0.1:8080/assets/images/i".into(),
-                rootfs_url: String::new(),
-                cmdline: "rd.neednet=1".into(),
-            }),
-            ignition: Some(IgnitionData {
-                data: Bytes::from_static(b"{\"ignition\":{}}"),
-                content_type: "application/json".into(),
-            }),
-        }
-    }
-
-    async fn get(app: &BootHttp, uri: &str, client: &str) -> (StatusCode, String) {
-        let req = Request::get(uri).body(()).unwrap();
-        let r = app.handle(req, client.parse().unwrap()).await;
-        let status = r.status();
-        let body = r.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8_lossy(&body).into_owned())
-    }
-
-    #[tokio::test]
-    async fn script_identity_and_tokens() {
-        let idx = Arc::new(MemoryIndex::new());
-        idx.upsert(machine());
-        let a = app(idx.clone());
-        let (s, body) = get(
-            &a,
-            "/ipxe/script?uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32&mac=52-54-00-ab-cd-ef",
-            "127.0.0.2",
-        )
-        .await;
-        assert_eq!(s, StatusCode::OK);
-        assert!(
-            body.contains("ignition.config.url=http://10.0.0.1:8080/ignition/server-a/"),
-            "{body}"
-        );
-        assert_eq!(idx.events().len(), 1);
-        let (s, _) = get(
-            &a,
-            "/ipxe/script?uuid=4c4c4544-0042-3510-8052-b4c04f4e4d32",
-            "127.0.0.3",
-        )
-        .await;
-        assert_eq!(s, StatusCode::FORBIDDEN);
-        // The token minted into the script opens the Ignition from any address.
-        let url = body
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("ignition.config.url="))
-            .unwrap();
-        let path = url.strip_prefix("http://10.0.0.1:8080").unwrap();
-        let (s, ign) = get(&a, path, "127.0.0.9").await;
-        assert_eq!((s, ign.as_str()), (StatusCode::OK, "{\"ignition\":{}}"));
-        let (s, _) = get(&a, "/ignition/server-a", "127.0.0.9").await;
-        assert_eq!(s, StatusCode::FORBIDDEN);
-        let (s, _) = get(&a, "/ignition/server-a/1.AAAA", "127.0.0.9").await;
-        assert_eq!(s, StatusCode::FORBIDDEN);
-        let (s, _) = get(&a, "/ignition/server-a", "127.0.0.2").await;
-        assert_eq!(s, StatusCode::OK);
-        // Another boot of the same server (claimed again): the old token is worthless.
-        let mut again = machine();
-        again.boot_id = "sbc-uid-2/1".into();
-        idx.upsert(again);
-        let (s, _) = get(&a, path, "127.0.0.9").await;
-        assert_eq!(s, StatusCode::FORBIDDEN);
-        // Signed script URL for a machine fetching from elsewhere.
-        let su = a.signed_script_url("server-a");
-        let (s, _) = get(
-            &a,
-            su.strip_prefix("http://10.0.0.1:8080").unwrap(),
-            "127.0.0.9",
-        )
-        .await;
-        assert_eq!(s, StatusCode::OK);
-        let t = a.metrics().encode();
-        assert!(
-            t.contains("bootplane_http_identity_refused_total{route=\"script\"} 1"),
-            "{t}"
-        );
-    }
-
-    #[tokio::test]
-    async fn unknown_unclaimed_and_malformed() {
-        let idx = Arc::new(MemoryIndex::new());
-        let mut m = machine();
-        m.state = BootState::NotClaimed;
-        idx.upsert(m);
-        let a = app(idx);
-        let (s, body) = get(
-            &a,
-            "/ipxe/script?uuid=00000000-0000-0000-0000-000000000001",
-            "127.0.0.5",
-        )
-        .await;
-        assert_eq!(s, StatusCode::OK);
-        assert!(
-            body.starts_with("#!ipxe\n")
-                && body.contains("unknown machine")
-                && body.contains("\nexit\n"),
-            "{body}"
-        );
-        let (s, body) = get(&a, "/ipxe/script?mac=52:54:00:ab:cd:ef", "127.0.0.2").await;
-        assert_eq!(s, StatusCode::OK);
-        assert!(body.contains("server-a is not claimed"), "{body}");
-        for bad in [
-            "/ipxe/script?uuid=nope",
-            "/ipxe/script?mac=12-34",
-            "/ipxe/script?uuid=%ff",
-            "/ignition/..",
-            "/ignition/A_B",
-        ] {
-            let (s, _) = get(&a, bad, "127.0.0.2").await;
-            assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}");
-        }
-        let (s, body) = get(&a, "/boot.ipxe", "127.0.0.2").await;
-        assert_eq!(s, StatusCode::OK);
-        assert!(
-            body.contains("http://10.0.0.1:8080/ipxe/script?uuid=${uuid}&"),
-            "{body}"
-        );
-        let (s, _) = get(&a, "/nothing", "127.0.0.2").await;
-        assert_eq!(s, StatusCode::NOT_FOUND);
-    }
-
-    #[test]
-    fn key_file_created_once() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("sub/key");
-        let k1 = load_or_create_key(&p).unwrap();
-        assert_eq!(k1, load_or_create_key(&p).unwrap());
-        use std::os::unix::fs::PermissionsExt;
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
-    }
-}
+#[path = "handler_tests.rs"]
+mod tests;

@@ -22,6 +22,11 @@ pub struct RouteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
     pub event: &'static str,
 }
@@ -45,6 +50,9 @@ pub struct Metrics {
     pub boot_progress: Family<EventLabels, Counter>,
     /// Script/Ignition requests refused by the identity check, by route.
     pub identity_refused: Family<RouteLabels, Counter>,
+    /// Inventory posts by outcome (`accepted`, `forbidden`, `malformed`, `invalid`,
+    /// `too_large`, `conflict`, `unknown`, `busy`).
+    pub inventory: Family<ResultLabels, Counter>,
     /// Open, refused, evicted and timed-out connections ([`crate::listen::Admission`]).
     pub connections: crate::listen::ConnMetrics,
     /// Connections that ended with a protocol error or a header read timeout.
@@ -106,6 +114,7 @@ impl Metrics {
             latency,
             boot_progress,
             identity_refused: Family::default(),
+            inventory: Family::default(),
             connections: crate::listen::ConnMetrics::default(),
             connection_errors: Counter::default(),
             hot: std::sync::Arc::new(hot),
@@ -147,6 +156,11 @@ impl Metrics {
             "identity_refused",
             "Script/Ignition requests refused by the identity check",
             self.identity_refused.clone(),
+        );
+        r.register(
+            "discovery_inventory",
+            "Discovery agents' inventory posts by outcome",
+            self.inventory.clone(),
         );
         self.connections.register(r);
         r.register(

@@ -10,6 +10,8 @@
 //!   image catalog directory), with `HEAD`, `Range`, conditionals and no redirects.
 //! - `/boot.iso`, `/ipxe/boot.iso?server=&token=`, `/ipxe/boot.efi?server=&token=`: what
 //!   a BMC is pointed at for virtual media and UEFI HTTP boot ([`bootiso`]).
+//! - `POST /discovery/inventory/<server>[/<token>]`: the discovery agent's inventory
+//!   report ([`discovery`]), the one route that reads a request body.
 //!
 //! Identity: a script or Ignition payload is given only to the machine it belongs to: the
 //! request's source address must be one of the machine's registered addresses, or the URL
@@ -27,6 +29,7 @@
 //! encoding before anything is decoded, and the per-request cost stays minimal.
 
 pub mod bootiso;
+pub mod discovery;
 pub mod catalog;
 pub mod conn;
 pub mod fat;
@@ -71,6 +74,9 @@ pub enum BootState {
     NotClaimed,
     /// The boot configuration is in `Error` (the reason names what is missing).
     Error(String),
+    /// The Server is in `Discovery`: it boots the discovery image (`files`) and its agent
+    /// posts the inventory.
+    Discovery,
 }
 
 /// Kernel, initrd and rootfs URLs plus the default command line of the claimed image.
@@ -116,6 +122,17 @@ pub struct MachineBoot {
     pub ignition: Option<IgnitionData>,
 }
 
+/// What the discovery agent of a Server in `Discovery` reported, checked
+/// ([`discovery::check`]) and identified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InventoryReport {
+    pub server: String,
+    /// The `boot_id` of the entry it was accepted for.
+    pub boot_id: String,
+    pub client: IpAddr,
+    pub inventory: bootplane_probe::Inventory,
+}
+
 /// A boot progress step recorded on the ServerBootConfiguration's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BootEvent {
@@ -141,6 +158,11 @@ pub trait BootIndex: Send + Sync {
     fn lookup(&self, id: &MachineId) -> Option<Arc<MachineBoot>>;
     /// Note that `server` fetched its script or Ignition from `client`.
     fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr);
+    /// Hand over a checked inventory report (queue it; never write inline). `false`
+    /// when it cannot be taken now (queue full, or no writer): the agent retries.
+    fn record_inventory(&self, _report: InventoryReport) -> bool {
+        false
+    }
     /// Whether `client` is one of `m`'s own addresses (the identity check). By default
     /// its registered addresses; an index that knows DHCP leases also counts the
     /// address leased to one of its MACs.

@@ -27,6 +27,8 @@ pub enum Purpose {
     BootIso,
     /// The iPXE EFI binary behind a machine's UEFI HTTP boot URI (`/ipxe/boot.efi`).
     BootEfi,
+    /// The discovery agent's inventory post (`/discovery/inventory/<server>/<token>`).
+    Inventory,
 }
 
 impl Purpose {
@@ -36,6 +38,7 @@ impl Purpose {
             Purpose::Ignition => "ignition",
             Purpose::BootIso => "boot-iso",
             Purpose::BootEfi => "boot-efi",
+            Purpose::Inventory => "inventory",
         }
     }
 }

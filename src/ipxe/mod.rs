@@ -1,6 +1,6 @@
 //! iPXE script rendering from editable templates (pure, no I/O).
 //!
-//! Three templates, each a minijinja template with an iPXE body:
+//! Four templates, each a minijinja template with an iPXE body:
 //! - `boot.ipxe.j2`: the chainload script served at `/boot.ipxe`; it sends iPXE on to
 //!   its per-machine script with `${uuid}`, `${net0/mac:hexhyp}`, `${buildarch}` and
 //!   `${platform}` URL-encoded by iPXE itself (`:uristring`).
@@ -8,6 +8,8 @@
 //!   image's command line, the Ignition URL and console args), `initrd`, `boot`.
 //! - `default.ipxe.j2`: everyone else (unknown, not claimed, error): exit to the local
 //!   disk, a retry loop, or a discovery image. It is always a runnable iPXE script.
+//! - `discovery.ipxe.j2`: a known Server in `Discovery`: the discovery image with the
+//!   signed URL its agent posts the inventory to (`bootplane.inventory=`).
 //!
 //! The shipped versions live in `ipxe/` and are compiled in as defaults; the HTTP
 //! listener loads operator-edited copies from `boot.ipxe_templates` at start-up and hands
@@ -22,12 +24,14 @@ use serde::Serialize;
 pub const BOOT_TEMPLATE: &str = "boot.ipxe.j2";
 pub const MACHINE_TEMPLATE: &str = "machine.ipxe.j2";
 pub const DEFAULT_TEMPLATE: &str = "default.ipxe.j2";
+pub const DISCOVERY_TEMPLATE: &str = "discovery.ipxe.j2";
 
 /// The shipped templates, used when the templates directory lacks a file.
-pub const BUILTIN_TEMPLATES: [(&str, &str); 3] = [
+pub const BUILTIN_TEMPLATES: [(&str, &str); 4] = [
     (BOOT_TEMPLATE, include_str!("../../ipxe/boot.ipxe.j2")),
     (MACHINE_TEMPLATE, include_str!("../../ipxe/machine.ipxe.j2")),
     (DEFAULT_TEMPLATE, include_str!("../../ipxe/default.ipxe.j2")),
+    (DISCOVERY_TEMPLATE, include_str!("../../ipxe/discovery.ipxe.j2")),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +56,20 @@ pub struct MachineScript<'a> {
     pub rootfs_url: &'a str,
     pub cmdline: &'a str,
     pub ignition_url: &'a str,
+    pub console: &'a str,
+    pub base_url: &'a str,
+}
+
+/// The values of `discovery.ipxe.j2`.
+#[derive(Debug, Serialize)]
+pub struct DiscoveryScript<'a> {
+    pub server: &'a str,
+    pub image: &'a str,
+    pub kernel_url: &'a str,
+    pub initrd_url: &'a str,
+    pub cmdline: &'a str,
+    pub inventory_url: &'a str,
+    pub lldp_wait: u32,
     pub console: &'a str,
     pub base_url: &'a str,
 }
@@ -139,6 +157,24 @@ impl Renderer {
             check(field, v)?;
         }
         self.render(MACHINE_TEMPLATE, minijinja::Value::from_serialize(m))
+    }
+
+    /// The script of a Server in `Discovery`: boot the discovery image, whose agent posts
+    /// the inventory to `inventory_url`.
+    pub fn discovery_script(&self, d: &DiscoveryScript<'_>) -> Result<String, RenderError> {
+        for (field, v) in [
+            ("server", d.server),
+            ("image", d.image),
+            ("kernel_url", d.kernel_url),
+            ("initrd_url", d.initrd_url),
+            ("cmdline", d.cmdline),
+            ("inventory_url", d.inventory_url),
+            ("console", d.console),
+            ("base_url", d.base_url),
+        ] {
+            check(field, v)?;
+        }
+        self.render(DISCOVERY_TEMPLATE, minijinja::Value::from_serialize(d))
     }
 
     /// The script for a machine without a ready boot configuration. `reason` is shown

@@ -1,0 +1,232 @@
+//! First boot (the metalprobe role): a new Server with a BMC goes `Initial → Discovery →
+//! Available` through the discovery image.
+//!
+//! - `Initial` (with a BMC, `[discovery] enabled` and `first_boot`) → `Discovery`.
+//! - `Discovery`, no inventory yet: boot it through the power driver (one-time network
+//!   boot + power on, the driver's [`crate::power::PowerDriver::reset`]); the boot side
+//!   serves the discovery image with a signed inventory URL. The attempt and its start are
+//!   kept in the annotation [`ATTEMPT_ANNOTATION`] (`"<n> <unix start>"`). A boot that has
+//!   not reported within `report_timeout_secs` is powered off, and the next one starts
+//!   `retry_backoff_secs × 2^(n-1)` later; after `attempts` boots the Server stays in
+//!   `Discovery`, powered off, with `Discovered` False, reason `InventoryTimeout` (remove
+//!   the annotation to start over).
+//! - `Discovery` with `Discovered` True (the inventory was written,
+//!   [`super::inventory`]): power off, then `Available`.
+//!
+//! Conditions: `Discovered` (False `Booting`/`Waiting`/`InventoryTimeout`, True
+//! `InventoryReported`); power through `PowerReady` as everywhere else.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{set_condition, Controllers, Next};
+use crate::model::meta;
+use crate::power::{Outcome, Power};
+use crate::store::{Part, StoreError};
+use crate::sys::unix_now;
+
+/// Annotation holding the discovery boot in progress: `"<attempt> <unix start>"`.
+pub const ATTEMPT_ANNOTATION: &str = "bootplane.dev/discovery-attempt";
+
+/// The first-boot settings the Server reconciler needs (from `[discovery]`).
+#[derive(Debug, Clone)]
+pub struct FirstBoot {
+    pub report_timeout: Duration,
+    pub attempts: u32,
+    pub retry_backoff: Duration,
+}
+
+impl FirstBoot {
+    pub fn from_config(c: &super::discovery::DiscoveryConfig) -> Option<FirstBoot> {
+        (c.enabled && c.first_boot).then(|| FirstBoot {
+            report_timeout: Duration::from_secs(c.report_timeout_secs),
+            attempts: c.attempts,
+            retry_backoff: Duration::from_secs(c.retry_backoff_secs),
+        })
+    }
+}
+
+/// Whether a Server takes part in first boots: it names a BMC.
+pub fn has_bmc(s: &Value) -> bool {
+    s.pointer("/spec/bmcRef/name").is_some_and(|n| !n.is_null())
+        || s.pointer("/spec/bmc").is_some_and(|b| !b.is_null())
+}
+
+fn discovered(status: &Value) -> bool {
+    status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|l| {
+            l.iter()
+                .any(|c| c["type"] == super::inventory::DISCOVERED && c["status"] == "True")
+        })
+}
+
+/// `(attempt, started)` from the annotation.
+fn attempt_of(s: &Value) -> Option<(u32, u64)> {
+    let a = s
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(ATTEMPT_ANNOTATION))
+        .and_then(Value::as_str)?;
+    let (n, t) = a.split_once(' ')?;
+    Some((n.parse().ok()?, t.parse().ok()?))
+}
+
+/// What [`step`] decided beyond the status: when to look again, and a new value for the
+/// attempt annotation (`Some(None)`: remove it), written after the status.
+pub struct Step {
+    pub next: Next,
+    pub attempt: Option<Option<String>>,
+}
+
+impl Step {
+    fn next(next: Next) -> Step {
+        Step {
+            next,
+            attempt: None,
+        }
+    }
+}
+
+/// Write the attempt annotation [`step`] asked for.
+pub async fn finish(c: &Controllers, s: &Value, step: &Step) -> Result<(), StoreError> {
+    let Some(v) = &step.attempt else {
+        return Ok(());
+    };
+    let patch = json!({"metadata": {"annotations": {ATTEMPT_ANNOTATION: v}}});
+    c.store
+        .patch(&c.t_server, None, meta::name(s), &patch, Part::Main)
+        .await
+        .map(|_| ())
+}
+
+/// One step of the `Discovery` state for Server `s` (its status being built in `status`,
+/// written by the caller, then [`finish`]).
+pub fn step(c: &Controllers, fb: &FirstBoot, s: &Value, status: &mut Value) -> Step {
+    let power = status
+        .get("powerState")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if discovered(status) {
+        if power != "Off" {
+            power_off(c, s, status);
+            return Step::next(Next::Done);
+        }
+        status["state"] = json!("Available");
+        return Step {
+            next: Next::Done,
+            attempt: attempt_of(s).map(|_| None),
+        };
+    }
+    let now = unix_now();
+    let timeout = fb.report_timeout.as_secs();
+    match attempt_of(s) {
+        None => {
+            // A fresh start: make sure it is off first, so the boot is a clean one.
+            boot(c, s, status, 1);
+            Step {
+                next: Next::After(fb.report_timeout),
+                attempt: Some(Some(format!("1 {now}"))),
+            }
+        }
+        Some((n, started)) if now < started + timeout => {
+            let left = started + timeout - now;
+            set_condition(
+                status,
+                super::inventory::DISCOVERED,
+                false,
+                "Booting",
+                &format!(
+                    "discovery boot {n} of {}: waiting up to {left} s more for the agent's inventory",
+                    fb.attempts
+                ),
+            );
+            Step::next(Next::After(Duration::from_secs(left + 1)))
+        }
+        Some((n, started)) if n >= fb.attempts => {
+            if power != "Off" {
+                power_off(c, s, status);
+            }
+            set_condition(
+                status,
+                super::inventory::DISCOVERED,
+                false,
+                "InventoryTimeout",
+                &format!(
+                    "no inventory after {n} discovery boot(s) of {timeout} s each (the last began at unix {started}); check that the machine network-boots and reaches the boot listener, then remove annotation {ATTEMPT_ANNOTATION} to try again"
+                ),
+            );
+            Step::next(Next::Done)
+        }
+        Some((n, started)) => {
+            let backoff = fb.retry_backoff.as_secs().saturating_mul(1 << (n - 1).min(16));
+            let next_at = started + timeout + backoff;
+            if now < next_at {
+                if power != "Off" {
+                    power_off(c, s, status);
+                }
+                set_condition(
+                    status,
+                    super::inventory::DISCOVERED,
+                    false,
+                    "Waiting",
+                    &format!(
+                        "discovery boot {n} of {} reported nothing within {timeout} s; boot {} in {} s",
+                        fb.attempts,
+                        n + 1,
+                        next_at - now
+                    ),
+                );
+                return Step::next(Next::After(Duration::from_secs(next_at - now + 1)));
+            }
+            boot(c, s, status, n + 1);
+            Step {
+                next: Next::After(fb.report_timeout),
+                attempt: Some(Some(format!("{} {now}", n + 1))),
+            }
+        }
+    }
+}
+
+/// Start discovery boot `n`: the driver's reset (one-time network boot, then on or
+/// restart).
+fn boot(c: &Controllers, s: &Value, status: &mut Value, n: u32) {
+    let driver = c.power.name_for(s);
+    let msg = format!("discovery boot {n}: one-time network boot through the {driver} driver");
+    set_condition(status, super::inventory::DISCOVERED, false, "Booting", &msg);
+    match c.power.reset(s) {
+        Ok(Outcome::Done) => {
+            status["powerState"] = json!("On");
+            set_condition(status, "PowerReady", true, "Reset", &msg);
+        }
+        Ok(Outcome::Pending(m)) => {
+            set_condition(status, "PowerReady", false, "Pending", &m);
+        }
+        Ok(Outcome::Retrying(reason, m)) => {
+            set_condition(status, "PowerReady", false, reason, &m);
+        }
+        Err(e) => {
+            set_condition(status, "PowerReady", false, "ResetFailed", &format!("{e:#}"));
+        }
+    }
+}
+
+fn power_off(c: &Controllers, s: &Value, status: &mut Value) {
+    match c.power.set_power(s, Power::Off) {
+        Ok(Outcome::Done) => {
+            status["powerState"] = json!("Off");
+            set_condition(status, "PowerReady", true, "Applied", "powered off after discovery");
+        }
+        Ok(Outcome::Pending(m)) => {
+            set_condition(status, "PowerReady", false, "Pending", &m);
+        }
+        Ok(Outcome::Retrying(reason, m)) => {
+            set_condition(status, "PowerReady", false, reason, &m);
+        }
+        Err(e) => {
+            set_condition(status, "PowerReady", false, "DriverError", &format!("{e:#}"));
+        }
+    }
+}

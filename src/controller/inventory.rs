@@ -1,0 +1,306 @@
+//! Inventory reports → Server status: the writer behind the boot listener's
+//! `POST /discovery/inventory` (the listener checks identity and shape and queues; this
+//! writes, off the request path).
+//!
+//! A report fills `status.networkInterfaces` (name, MAC, carrier, IPs, LLDP neighbours),
+//! `status.storages` (one storage per transport, its drives with capacity, model, vendor,
+//! media type), `status.processors`, `status.totalSystemMemory` and, where the BMC left
+//! them empty, manufacturer/model/serial/SKU/BIOS version; drive serial numbers (the
+//! CRD's drives have no field for them) go into the annotation
+//! [`DRIVE_SERIALS_ANNOTATION`]. The condition `Discovered` turns True (reason
+//! `InventoryReported`), and the Server reconciler powers the machine off and makes it
+//! `Available`. A report for a Server no longer in `Discovery`, or for another discovery
+//! boot than the one it was accepted for, is dropped.
+
+use std::collections::BTreeMap;
+
+use bootplane_probe::Inventory;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::set_condition;
+use crate::http::InventoryReport;
+use crate::model::ident::{parse_mac, MacFmt};
+use crate::model::registry::ResourceType;
+use crate::shutdown::Shutdown;
+use crate::store::{Part, Store, StoreError};
+
+/// Annotation holding the drives' serial numbers (`{"sda": "SERIAL", ...}` as JSON).
+pub const DRIVE_SERIALS_ANNOTATION: &str = "bootplane.dev/drive-serials";
+/// The condition a report sets.
+pub const DISCOVERED: &str = "Discovered";
+/// Reports waiting for the writer; beyond it the listener answers 503 and the agent
+/// retries.
+pub const QUEUE: usize = 1024;
+
+/// The `boot_id` of a Server's discovery boots (its uid: stable across attempts, new
+/// for a re-created Server).
+pub fn boot_id(server: &Value) -> String {
+    format!(
+        "discovery/{}",
+        server
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    )
+}
+
+/// A Kubernetes quantity for `bytes`: the largest binary suffix that divides it exactly.
+pub fn quantity(bytes: u64) -> String {
+    for (shift, suffix) in [(50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
+        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// Write `inv` into `status` (and the drive serials into `annotations`).
+pub fn apply(status: &mut Value, annotations: &mut BTreeMap<String, String>, inv: &Inventory) {
+    let nics: Vec<Value> = inv
+        .nics
+        .iter()
+        .map(|n| {
+            let mac = parse_mac(&n.mac_address)
+                .map(|m| MacFmt(&m).to_string())
+                .unwrap_or_else(|_| n.mac_address.clone());
+            let mut v = json!({
+                "name": n.name,
+                "macAddress": mac,
+                "carrierStatus": if n.carrier { "Up" } else { "Down" },
+            });
+            if let Some(ip) = n.ips.first() {
+                v["ip"] = json!(ip);
+                v["ips"] = json!(n.ips);
+            }
+            if !n.neighbors.is_empty() {
+                v["neighbors"] = n
+                    .neighbors
+                    .iter()
+                    .map(|nb| {
+                        let mut o = serde_json::Map::new();
+                        for (k, f) in [
+                            ("macAddress", &nb.mac_address),
+                            ("portID", &nb.port_id),
+                            ("portDescription", &nb.port_description),
+                            ("systemName", &nb.system_name),
+                            ("systemDescription", &nb.system_description),
+                        ] {
+                            if let Some(f) = f {
+                                o.insert(k.into(), json!(f));
+                            }
+                        }
+                        Value::Object(o)
+                    })
+                    .collect();
+            }
+            v
+        })
+        .collect();
+    status["networkInterfaces"] = json!(nics);
+    let mut storages: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let mut serials = BTreeMap::new();
+    for d in &inv.disks {
+        let transport = d.transport.clone().unwrap_or_else(|| "unknown".into());
+        let mut drive = json!({
+            "name": d.name,
+            "capacity": quantity(d.size_bytes),
+            "mediaType": if d.rotational { "HDD" } else { "SSD" },
+            "type": transport,
+        });
+        for (k, f) in [("model", &d.model), ("vendor", &d.vendor)] {
+            if let Some(f) = f {
+                drive[k] = json!(f);
+            }
+        }
+        if let Some(s) = &d.serial {
+            serials.insert(d.name.clone(), s.clone());
+        }
+        storages.entry(transport).or_default().push(drive);
+    }
+    status["storages"] = storages
+        .into_iter()
+        .map(|(name, drives)| json!({"name": name, "drives": drives}))
+        .collect();
+    status["processors"] = inv
+        .cpus
+        .iter()
+        .map(|c| {
+            let mut p = json!({
+                "id": c.id,
+                "type": "CPU",
+                "totalCores": c.cores,
+                "totalThreads": c.threads,
+            });
+            for (k, f) in [
+                ("manufacturer", &c.manufacturer),
+                ("model", &c.model),
+                ("architecture", &c.architecture),
+            ] {
+                if let Some(f) = f {
+                    p[k] = json!(f);
+                }
+            }
+            if let Some(mhz) = c.max_speed_mhz {
+                p["maxSpeedMHz"] = json!(mhz);
+            }
+            p
+        })
+        .collect();
+    status["totalSystemMemory"] = json!(quantity(inv.memory_bytes));
+    let s = &inv.system;
+    for (k, f) in [
+        ("manufacturer", &s.manufacturer),
+        ("model", &s.product),
+        ("serialNumber", &s.serial_number),
+        ("sku", &s.sku),
+        ("biosVersion", &s.bios_version),
+    ] {
+        if let Some(f) = f.as_deref().filter(|f| !f.trim().is_empty()) {
+            if status.get(k).and_then(Value::as_str).is_none_or(str::is_empty) {
+                status[k] = json!(f);
+            }
+        }
+    }
+    if serials.is_empty() {
+        annotations.remove(DRIVE_SERIALS_ANNOTATION);
+    } else {
+        annotations.insert(
+            DRIVE_SERIALS_ANNOTATION.into(),
+            serde_json::to_string(&serials).unwrap_or_default(),
+        );
+    }
+}
+
+/// Write reports as they come until shutdown (each Server's in turn; a failure is logged,
+/// the agent is not told: it was already answered 202, and the Server stays in
+/// `Discovery` to be booted again).
+pub async fn run(
+    store: Store,
+    mut rx: mpsc::Receiver<InventoryReport>,
+    mut shutdown: Shutdown,
+) {
+    let t_server = store.registry().resolve("server").expect("server type");
+    loop {
+        let r = tokio::select! {
+            r = rx.recv() => match r { Some(r) => r, None => return },
+            _ = shutdown.recv() => return,
+        };
+        if let Err(e) = write(&store, &t_server, &r).await {
+            tracing::warn!(server = %r.server, error = %e, "writing an inventory report");
+        }
+    }
+}
+
+async fn write(store: &Store, t: &ResourceType, r: &InventoryReport) -> Result<(), StoreError> {
+    for _ in 0..8 {
+        let s = store.get(t, None, &r.server)?;
+        if s.pointer("/status/state").and_then(Value::as_str) != Some("Discovery")
+            || boot_id(&s) != r.boot_id
+        {
+            tracing::info!(server = %r.server, "inventory report for a boot that is over, dropped");
+            return Ok(());
+        }
+        let mut annotations: BTreeMap<String, String> = s
+            .pointer("/metadata/annotations")
+            .and_then(|a| serde_json::from_value(a.clone()).ok())
+            .unwrap_or_default();
+        let before = annotations.clone();
+        let mut st = s.get("status").cloned().unwrap_or_else(|| json!({}));
+        apply(&mut st, &mut annotations, &r.inventory);
+        let inv = &r.inventory;
+        let msg = format!(
+            "inventory reported from {}: {} NIC(s), {} disk(s), {} CPU(s), {} memory",
+            r.client,
+            inv.nics.len(),
+            inv.disks.len(),
+            inv.cpus.len(),
+            quantity(inv.memory_bytes)
+        );
+        set_condition(&mut st, DISCOVERED, true, "InventoryReported", &msg);
+        if annotations != before {
+            let patch = json!({"metadata": {
+                "annotations": {DRIVE_SERIALS_ANNOTATION: annotations.get(DRIVE_SERIALS_ANNOTATION)},
+            }});
+            match store.patch(t, None, &r.server, &patch, Part::Main).await {
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e),
+                Ok(_) => continue, // status against the new version
+            }
+        }
+        match store.update_status(t, &s, st).await {
+            Err(StoreError::Conflict { .. }) => continue,
+            other => return other.map(|_| ()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bootplane_probe::{Cpu, Disk, Nic};
+
+    #[test]
+    fn quantities_use_exact_binary_suffixes() {
+        assert_eq!(quantity(1 << 30), "1Gi");
+        assert_eq!(quantity(3 << 29), "1536Mi");
+        assert_eq!(quantity(1000), "1000");
+        assert_eq!(quantity(0), "0");
+        assert_eq!(quantity(10 << 40), "10Ti");
+    }
+
+    #[test]
+    fn a_report_fills_the_status() {
+        let inv = Inventory {
+            system_uuid: "5a2c0000-0000-4000-8000-000000000001".into(),
+            nics: vec![Nic {
+                name: "eth0".into(),
+                mac_address: "52:54:00:AA:00:01".into(),
+                carrier: true,
+                ips: vec!["10.0.0.5".into()],
+                ..Nic::default()
+            }],
+            disks: vec![
+                Disk {
+                    name: "sda".into(),
+                    size_bytes: 2 << 30,
+                    model: Some("QEMU HARDDISK".into()),
+                    serial: Some("S1".into()),
+                    transport: Some("scsi".into()),
+                    ..Disk::default()
+                },
+                Disk {
+                    name: "sdb".into(),
+                    size_bytes: 1 << 30,
+                    rotational: true,
+                    transport: Some("scsi".into()),
+                    ..Disk::default()
+                },
+            ],
+            cpus: vec![Cpu {
+                id: "CPU 0".into(),
+                cores: 2,
+                threads: 4,
+                max_speed_mhz: Some(2000),
+                ..Cpu::default()
+            }],
+            memory_bytes: 1 << 30,
+            ..Inventory::default()
+        };
+        let mut st = json!({"manufacturer": "BMC says"});
+        let mut ann = BTreeMap::new();
+        apply(&mut st, &mut ann, &inv);
+        assert_eq!(st["networkInterfaces"][0]["macAddress"], "52:54:00:aa:00:01");
+        assert_eq!(st["networkInterfaces"][0]["carrierStatus"], "Up");
+        assert_eq!(st["networkInterfaces"][0]["ips"], json!(["10.0.0.5"]));
+        assert_eq!(st["storages"][0]["name"], "scsi");
+        assert_eq!(st["storages"][0]["drives"][0]["capacity"], "2Gi");
+        assert_eq!(st["storages"][0]["drives"][0]["mediaType"], "SSD");
+        assert_eq!(st["storages"][0]["drives"][1]["mediaType"], "HDD");
+        assert_eq!(st["processors"][0]["totalThreads"], 4);
+        assert_eq!(st["totalSystemMemory"], "1Gi");
+        assert_eq!(st["manufacturer"], "BMC says");
+        assert_eq!(ann[DRIVE_SERIALS_ANNOTATION], r#"{"sda":"S1"}"#);
+    }
+}
