@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Inventory {
     /// SMBIOS system UUID (type 1), lowercase canonical form.
+    #[serde(rename = "systemUUID")]
     pub system_uuid: String,
     #[serde(default)]
     pub system: SystemInfo,

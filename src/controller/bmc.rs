@@ -25,8 +25,8 @@ use rand::Rng;
 use serde_json::{json, Value};
 
 use super::queue::WorkQueue;
-use super::systems::{self, Seen, SyncError, SystemIndex};
 use super::runtime::Runtime;
+use super::systems::{self, Seen, SyncError, SystemIndex};
 use super::{set_condition, Next};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
@@ -217,7 +217,10 @@ impl BmcControllers {
         .await;
         match r {
             Ok(s) => {
-                let mut msg = format!("{} system(s) registered as Servers", ids.len() - s.without_uuid);
+                let mut msg = format!(
+                    "{} system(s) registered as Servers",
+                    ids.len() - s.without_uuid
+                );
                 if s.created > 0 {
                     msg.push_str(&format!(", {} new", s.created));
                 }

@@ -482,7 +482,11 @@ impl StoreBootIndex {
             if s.pointer("/status/state").and_then(Value::as_str) == Some("Discovery") {
                 *boot_id = super::inventory::boot_id(s);
                 return match self.resolver.hasher.resolve(&self.resolver.catalog, image) {
-                    Ok(Ok(r)) => (BootState::Discovery, Some(r.boot_files(&self.base_url)), None),
+                    Ok(Ok(r)) => (
+                        BootState::Discovery,
+                        Some(r.boot_files(&self.base_url)),
+                        None,
+                    ),
                     Ok(Err(e)) => {
                         tracing::warn!(image, error = %e, "discovery image not in the catalog");
                         (BootState::Discovery, None, None)

@@ -161,7 +161,10 @@ pub fn step(c: &Controllers, fb: &FirstBoot, s: &Value, status: &mut Value) -> S
             Step::next(Next::Done)
         }
         Some((n, started)) => {
-            let backoff = fb.retry_backoff.as_secs().saturating_mul(1 << (n - 1).min(16));
+            let backoff = fb
+                .retry_backoff
+                .as_secs()
+                .saturating_mul(1 << (n - 1).min(16));
             let next_at = started + timeout + backoff;
             if now < next_at {
                 if power != "Off" {
@@ -208,7 +211,13 @@ fn boot(c: &Controllers, s: &Value, status: &mut Value, n: u32) {
             set_condition(status, "PowerReady", false, reason, &m);
         }
         Err(e) => {
-            set_condition(status, "PowerReady", false, "ResetFailed", &format!("{e:#}"));
+            set_condition(
+                status,
+                "PowerReady",
+                false,
+                "ResetFailed",
+                &format!("{e:#}"),
+            );
         }
     }
 }
@@ -217,7 +226,13 @@ fn power_off(c: &Controllers, s: &Value, status: &mut Value) {
     match c.power.set_power(s, Power::Off) {
         Ok(Outcome::Done) => {
             status["powerState"] = json!("Off");
-            set_condition(status, "PowerReady", true, "Applied", "powered off after discovery");
+            set_condition(
+                status,
+                "PowerReady",
+                true,
+                "Applied",
+                "powered off after discovery",
+            );
         }
         Ok(Outcome::Pending(m)) => {
             set_condition(status, "PowerReady", false, "Pending", &m);
@@ -226,7 +241,13 @@ fn power_off(c: &Controllers, s: &Value, status: &mut Value) {
             set_condition(status, "PowerReady", false, reason, &m);
         }
         Err(e) => {
-            set_condition(status, "PowerReady", false, "DriverError", &format!("{e:#}"));
+            set_condition(
+                status,
+                "PowerReady",
+                false,
+                "DriverError",
+                &format!("{e:#}"),
+            );
         }
     }
 }

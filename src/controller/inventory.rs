@@ -157,7 +157,11 @@ pub fn apply(status: &mut Value, annotations: &mut BTreeMap<String, String>, inv
         ("biosVersion", &s.bios_version),
     ] {
         if let Some(f) = f.as_deref().filter(|f| !f.trim().is_empty()) {
-            if status.get(k).and_then(Value::as_str).is_none_or(str::is_empty) {
+            if status
+                .get(k)
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
                 status[k] = json!(f);
             }
         }
@@ -175,11 +179,7 @@ pub fn apply(status: &mut Value, annotations: &mut BTreeMap<String, String>, inv
 /// Write reports as they come until shutdown (each Server's in turn; a failure is logged,
 /// the agent is not told: it was already answered 202, and the Server stays in
 /// `Discovery` to be booted again).
-pub async fn run(
-    store: Store,
-    mut rx: mpsc::Receiver<InventoryReport>,
-    mut shutdown: Shutdown,
-) {
+pub async fn run(store: Store, mut rx: mpsc::Receiver<InventoryReport>, mut shutdown: Shutdown) {
     let t_server = store.registry().resolve("server").expect("server type");
     loop {
         let r = tokio::select! {
@@ -291,7 +291,10 @@ mod tests {
         let mut st = json!({"manufacturer": "BMC says"});
         let mut ann = BTreeMap::new();
         apply(&mut st, &mut ann, &inv);
-        assert_eq!(st["networkInterfaces"][0]["macAddress"], "52:54:00:aa:00:01");
+        assert_eq!(
+            st["networkInterfaces"][0]["macAddress"],
+            "52:54:00:aa:00:01"
+        );
         assert_eq!(st["networkInterfaces"][0]["carrierStatus"], "Up");
         assert_eq!(st["networkInterfaces"][0]["ips"], json!(["10.0.0.5"]));
         assert_eq!(st["storages"][0]["name"], "scsi");

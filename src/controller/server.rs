@@ -58,7 +58,10 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
         .unwrap_or("")
         .to_string();
     let claimed = claim_ref(&s).is_some();
-    let first_boot = c.first_boot.as_ref().filter(|_| super::firstboot::has_bmc(&s));
+    let first_boot = c
+        .first_boot
+        .as_ref()
+        .filter(|_| super::firstboot::has_bmc(&s));
     let mut step = None;
     match state.as_str() {
         "" | "Initial" if first_boot.is_some() && !claimed => {
@@ -75,7 +78,12 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
             );
         }
         "Discovery" if first_boot.is_some() && !claimed => {
-            step = Some(super::firstboot::step(c, first_boot.unwrap(), &s, &mut status));
+            step = Some(super::firstboot::step(
+                c,
+                first_boot.unwrap(),
+                &s,
+                &mut status,
+            ));
         }
         "Available" if claimed => {
             status["state"] = json!("Reserved");

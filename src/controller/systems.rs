@@ -238,7 +238,11 @@ pub fn server_object(bmc: &str, sys: &redfish::System, uuid: &str) -> Value {
 }
 
 /// The status a new Server starts with: what the BMC says of the system and its NICs.
-pub fn initial_status(bmc: &str, sys: &redfish::System, nics: &[redfish::EthernetInterface]) -> Value {
+pub fn initial_status(
+    bmc: &str,
+    sys: &redfish::System,
+    nics: &[redfish::EthernetInterface],
+) -> Value {
     let mut st = json!({});
     for (k, v) in [
         ("manufacturer", &sys.manufacturer),
@@ -296,10 +300,33 @@ async fn create(
         Err(StoreError::AlreadyExists { .. }) => return Ok(false),
         Err(e) => return Err(e),
     };
-    tracing::info!(server = meta::name(&created), bmc, system = %sys.odata_id, uuid, "discovered a server");
-    store
-        .update_status(t_server, &created, initial_status(bmc, sys, nics))
-        .await?;
+    let name = meta::name(&created).to_string();
+    tracing::info!(server = %name, bmc, system = %sys.odata_id, uuid, "discovered a server");
+    // The Server reconciler may write its first state in between: merge into whatever
+    // status is there by then (what the BMC says fills only what is absent).
+    let init = initial_status(bmc, sys, nics);
+    let mut cur = created;
+    for _ in 0..8 {
+        let mut st = cur.get("status").cloned().unwrap_or_else(|| json!({}));
+        if let (Some(st), Some(init)) = (st.as_object_mut(), init.as_object()) {
+            for (k, v) in init {
+                if k != "conditions" && !st.contains_key(k) {
+                    st.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        set_condition(
+            &mut st,
+            PRESENT,
+            true,
+            "ReportedByBMC",
+            &format!("BMC {bmc} lists system {}", sys.odata_id),
+        );
+        match store.update_status(t_server, &cur, st).await {
+            Err(StoreError::Conflict { .. }) => cur = store.get(t_server, None, &name)?,
+            other => return other.map(|_| true),
+        }
+    }
     Ok(true)
 }
 
@@ -356,7 +383,10 @@ mod tests {
 
     #[test]
     fn names_are_rfc1123_and_stable() {
-        assert_eq!(server_name("bmc-a", "System.Embedded.1"), "bmc-a-system-embedded-1");
+        assert_eq!(
+            server_name("bmc-a", "System.Embedded.1"),
+            "bmc-a-system-embedded-1"
+        );
         assert_eq!(server_name("bmc-a", "1"), "bmc-a-1");
         let odd = server_name("bmc-a", "///");
         assert!(odd.starts_with("bmc-a-system-") && odd.len() == "bmc-a-system-".len() + 12);
@@ -384,7 +414,9 @@ mod tests {
         );
         assert_eq!(i.servers_of("b").len(), 1);
         i.on_server(&s, true);
-        assert!(i.server_with_uuid("5a2c0000-0000-4000-8000-000000000001").is_none());
+        assert!(i
+            .server_with_uuid("5a2c0000-0000-4000-8000-000000000001")
+            .is_none());
         assert!(i.servers_of("b").is_empty());
     }
 }

@@ -203,7 +203,11 @@ pub async fn serve(
 
 /// Read a request body of `len` bytes (part may already be in `rbuf`), within
 /// [`super::discovery::BODY_TIMEOUT`].
-async fn read_body(stream: &mut TcpStream, rbuf: &mut BytesMut, len: usize) -> Result<Bytes, ConnError> {
+async fn read_body(
+    stream: &mut TcpStream,
+    rbuf: &mut BytesMut,
+    len: usize,
+) -> Result<Bytes, ConnError> {
     let read = async {
         while rbuf.len() < len {
             rbuf.reserve(len - rbuf.len());

@@ -87,7 +87,11 @@ pub fn check(inv: &Inventory) -> Result<(), String> {
                 ("systemName", &nb.system_name),
                 ("systemDescription", &nb.system_description),
             ] {
-                text_ok(&format!("nics[{i}].neighbors[{j}].{f}"), v.as_deref(), MAX_TEXT)?;
+                text_ok(
+                    &format!("nics[{i}].neighbors[{j}].{f}"),
+                    v.as_deref(),
+                    MAX_TEXT,
+                )?;
             }
         }
     }

@@ -469,7 +469,10 @@ impl BootHttp {
                 Ok(body) => (body, true),
                 Err(e) => {
                     tracing::error!(server = %m.server, error = %e, "rendering discovery script");
-                    default(&format!("cannot render the discovery script of {}", m.server))
+                    default(&format!(
+                        "cannot render the discovery script of {}",
+                        m.server
+                    ))
                 }
             },
             (BootState::Discovery, None) => default(&format!(

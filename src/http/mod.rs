@@ -29,9 +29,9 @@
 //! encoding before anything is decoded, and the per-request cost stays minimal.
 
 pub mod bootiso;
-pub mod discovery;
 pub mod catalog;
 pub mod conn;
+pub mod discovery;
 pub mod fat;
 pub mod files;
 pub mod handler;

@@ -31,7 +31,10 @@ pub const BUILTIN_TEMPLATES: [(&str, &str); 4] = [
     (BOOT_TEMPLATE, include_str!("../../ipxe/boot.ipxe.j2")),
     (MACHINE_TEMPLATE, include_str!("../../ipxe/machine.ipxe.j2")),
     (DEFAULT_TEMPLATE, include_str!("../../ipxe/default.ipxe.j2")),
-    (DISCOVERY_TEMPLATE, include_str!("../../ipxe/discovery.ipxe.j2")),
+    (
+        DISCOVERY_TEMPLATE,
+        include_str!("../../ipxe/discovery.ipxe.j2"),
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]
