@@ -293,6 +293,14 @@ impl Libvirtd {
         self.domains.lock().unwrap().push(spec.name.to_string());
     }
 
+    /// Define (not start) domain `name` from its XML; destroyed and undefined on drop.
+    pub fn define_xml(&self, name: &str, xml: &str) {
+        let path = self.dir.join(format!("{name}.xml"));
+        std::fs::write(&path, xml).unwrap();
+        self.must(&["define", path.to_str().unwrap()]);
+        self.domains.lock().unwrap().push(name.to_string());
+    }
+
     /// `virsh domstate NAME`: "running", "shut off", …
     pub fn state(&self, name: &str) -> String {
         self.must(&["domstate", name]).trim().to_string()
