@@ -35,41 +35,22 @@ mod procfs;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use support::api::bmc_objects;
 use support::bootplane::Bootplane;
 use support::fakebmc::{mac_for, uuid_for, FakeBmc};
 
 #[path = "support/args.rs"]
 mod args;
+#[path = "support/post.rs"]
+mod post;
 use args::arg;
+use post::post_all;
 
 struct Round {
     available: f64,
     cpu: f64,
     rss_mib: f64,
     requests_per_server: f64,
-}
-
-fn post_all(b: &Bootplane, path: &str, bodies: Vec<Value>, clients: usize) {
-    let bodies = Arc::new(Mutex::new(bodies));
-    std::thread::scope(|s| {
-        for _ in 0..clients {
-            let bodies = bodies.clone();
-            s.spawn(move || {
-                let agent = ureq::AgentBuilder::new().build();
-                loop {
-                    let Some(body) = bodies.lock().unwrap().pop() else {
-                        return;
-                    };
-                    agent
-                        .post(&format!("{}{path}", b.api))
-                        .set("Authorization", &format!("Bearer {}", b.token))
-                        .set("Content-Type", "application/json")
-                        .send_string(&body.to_string())
-                        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
-                }
-            });
-        }
-    });
 }
 
 /// The inventory the agent of system `i` of the fake BMC seeded `seed` posts.
@@ -188,16 +169,13 @@ fn round(
     let pid = b.child.as_ref().unwrap().id();
     let (mut secrets, mut bmc_objs) = (Vec::new(), Vec::new());
     for (k, f) in fakes.iter().enumerate() {
-        let port: u16 = f.base_url.rsplit(':').next().unwrap().parse().unwrap();
-        let name = format!("bmc-{k:04}");
-        secrets.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
-            "metadata": {"name": name}, "stringData": {"username": "admin", "password": "bench-password"}}));
-        bmc_objs.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
-            "metadata": {"name": name}, "spec": {"access": {"ip": "127.0.0.1"}, "bmcSecretRef": {"name": name},
-            "protocol": {"name": "RedfishLocal", "port": port}}}));
+        let (secret, bmc) = bmc_objects(&format!("bmc-{k:04}"), &f.base_url, "bench-password");
+        secrets.push(secret);
+        bmc_objs.push(bmc);
     }
     post_all(
-        &b,
+        &b.api,
+        &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets",
         secrets,
         16,
@@ -256,7 +234,13 @@ fn round(
     let requests_before: u64 = fakes.iter().map(|f| f.total_requests()).sum();
     let cpu0 = procfs::proc_cpu(pid);
     let t0 = Instant::now();
-    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/bmcs", bmc_objs, 16);
+    post_all(
+        &b.api,
+        &b.token,
+        "/apis/metal.ironcore.dev/v1alpha1/bmcs",
+        bmc_objs,
+        16,
+    );
     let deadline = t0 + Duration::from_secs(900);
     while Instant::now() < deadline && !watcher.is_finished() {
         std::thread::sleep(Duration::from_millis(20));
