@@ -24,7 +24,7 @@ mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
 
 die() { echo "make-discovery-image: error: $*" >&2; exit 1; }
-for t in cargo apt-get apt-cache dpkg-deb python3 file sha256sum xz; do
+for t in cargo apt-get apt-cache dpkg-deb python3 file ldd sha256sum; do
   command -v "$t" >/dev/null || die "$t is not installed"
 done
 
