@@ -43,6 +43,8 @@ fn image() -> PathBuf {
         "dpkg-deb",
         "qemu-system-x86_64",
         "sha256sum",
+        "file",
+        "python3",
     ]);
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("discovery-image");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/make-discovery-image.sh");

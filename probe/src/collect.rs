@@ -143,7 +143,8 @@ pub fn disks(root: &Path) -> Vec<Disk> {
             Disk {
                 size_bytes: sectors.saturating_mul(512),
                 model: attr(&d.join("device/model")),
-                vendor: attr(&d.join("device/vendor")),
+                // virtio-blk's `device/vendor` is the PCI vendor ID (0x1af4), not a vendor.
+                vendor: attr(&d.join("device/vendor")).filter(|v| !v.starts_with("0x")),
                 serial: disk_serial(&d),
                 rotational: attr(&d.join("queue/rotational")).as_deref() == Some("1"),
                 transport: transport(&name, &link),

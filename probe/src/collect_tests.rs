@@ -104,7 +104,11 @@ fn full_tree() {
         &r,
         "vda",
         "pci0000:00/0000:00:04.0/virtio2",
-        &[("size", b"100\n"), ("serial", b"VIRT-1\n")],
+        &[
+            ("size", b"100\n"),
+            ("serial", b"VIRT-1\n"),
+            ("device/vendor", b"0x1af4\n"),
+        ],
     );
     disk(
         &r,
@@ -163,6 +167,7 @@ fn full_tree() {
     assert_eq!(sda.transport.as_deref(), Some("scsi"));
     assert_eq!(inv.disks[2].serial.as_deref(), Some("VIRT-1"));
     assert_eq!(inv.disks[2].transport.as_deref(), Some("virtio"));
+    assert_eq!(inv.disks[2].vendor, None, "a PCI vendor id is not a vendor");
     assert_eq!(inv.disks[0].serial.as_deref(), Some("NVME-9"));
     assert_eq!(inv.disks[0].transport.as_deref(), Some("nvme"));
 }
