@@ -4,6 +4,9 @@
 //! listener as 10.0.2.2; nothing leaves loopback), and the test's own HTTP listener
 //! receives the agent's POST.
 //!
+//! The image is built into a catalog directory, and its `catalog-entry.toml` must parse
+//! and resolve (files present with their SHA-256) through bootplane's own catalog code.
+//!
 //! - `inventory_matches_the_vm_and_it_powers_off`: 2 NICs (e1000 + virtio-net, fixed
 //!   MACs), 2 virtio-scsi disks (`scsi-hd` with serial/vendor/product, different sizes,
 //!   one non-rotational), 2 sockets, 1 GiB and SMBIOS types 0/1/4 set on the command line:
@@ -24,6 +27,7 @@ use std::process::Command;
 use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
+use bootplane::http::catalog::{Catalog, FileHasher};
 use bootplane_probe::{Cpu, Disk, Inventory, Nic, SystemInfo};
 use support::process::*;
 use support::require::*;
@@ -46,24 +50,33 @@ fn image() -> PathBuf {
         "file",
         "python3",
     ]);
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("discovery-image");
+    // Built straight into a catalog directory, as an operator would (images/<name>/).
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let images = tmp.join("discovery-images");
+    let out = images.join("bootplane-discovery");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/make-discovery-image.sh");
-    let o = run_cmd(Command::new(&script).arg(&out), 900);
+    let o = run_cmd(
+        Command::new(&script)
+            .arg(&out)
+            .env("CACHE_DIR", tmp.join("discovery-image/cache")),
+        900,
+    );
     assert!(
         o.status.success(),
         "make-discovery-image.sh failed:\n{}\n{}",
         text(&o),
         String::from_utf8_lossy(&o.stderr)
     );
+    // Its catalog entry is one bootplane's catalog reads and resolves to Ready files.
     let entry = read(&out.join("catalog-entry.toml"));
-    assert!(
-        entry.contains("ref = \"bootplane-discovery:latest\""),
-        "{entry}"
-    );
-    assert!(
-        entry.contains("cmdline = \"console=ttyS0 panic=-1\""),
-        "{entry}"
-    );
+    let catalog = Catalog::parse(&entry).unwrap_or_else(|e| panic!("{e}: {entry}"));
+    let resolved = FileHasher::new(&images)
+        .resolve(&catalog, "bootplane-discovery:latest")
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}: {entry}"));
+    assert_eq!(resolved.cmdline, "console=ttyS0 panic=-1");
+    assert_eq!(resolved.kernel, "bootplane-discovery/vmlinuz");
+    assert_eq!(resolved.initrd, "bootplane-discovery/initramfs.img");
     *b = Some(out.clone());
     out
 }

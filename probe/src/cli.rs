@@ -4,7 +4,8 @@
 //! `--url` or the kernel command line (`bootplane.inventory=`), and with `--poweroff`
 //! powers the machine off once bootplane has accepted it.
 //!
-//! Exit status: 0 accepted (or printed), 1 refused (4xx) or deadline passed, 2 usage.
+//! Exit status: 0 accepted (or printed, or `--help`), 1 refused (4xx) or deadline passed,
+//! 2 usage.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -89,11 +90,12 @@ fn read_cmdline() -> String {
 pub fn run(args: &[String]) -> i32 {
     let a = match parse_args(args) {
         Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            return 0;
+        }
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("bootplane probe: {e}");
-            }
-            eprintln!("{USAGE}");
+            eprintln!("bootplane probe: {e}\n{USAGE}");
             return 2;
         }
     };
@@ -231,6 +233,7 @@ mod tests {
             assert!(parse_args(&s(bad)).is_err(), "{bad:?}");
         }
         assert_eq!(run(&s(&["--nope"])), 2);
+        assert_eq!(run(&s(&["probe", "--help"])), 0);
     }
 
     #[test]
