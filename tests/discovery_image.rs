@@ -15,6 +15,9 @@
 //! - `refused_inventory_is_not_retried`: the listener answers 403: exactly one POST, the
 //!   agent says why on the console and does not power off (PID 1 exits, the kernel
 //!   panics, and `panic=-1` reboots, which `-no-reboot` turns into QEMU exiting);
+//! - `lldp_neighbours_are_heard_on_a_veth`: in a namespace of its own, python3 sends two
+//!   switches' LLDP frames (and a non-LLDP one) into a veth; `bootplane probe --print` on
+//!   the peer reports exactly those two neighbours;
 //! - `bootplane_probe_prints_this_host`: `bootplane probe --print` on the test host prints
 //!   an inventory the contract type reads back.
 
@@ -313,4 +316,66 @@ fn bootplane_probe_prints_this_host() {
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("usage: bootplane probe"));
+}
+
+/// A switch's LLDP frames (sent by python3 through an AF_PACKET socket on one end of a
+/// veth pair in a namespace this test creates) are heard by `bootplane probe` on the
+/// other end: the whole command, with a fixture root naming that NIC.
+#[test]
+fn lldp_neighbours_are_heard_on_a_veth() {
+    require_tools(&["ip", "python3"]);
+    let ns = support::netns::Netns::new("lldp");
+    ns.ip(&["link", "add", "sw0", "type", "veth", "peer", "name", "nic0"]);
+    ns.ip(&["link", "set", "sw0", "up"]);
+    ns.ip(&["link", "set", "nic0", "up"]);
+    let root = tempfile::tempdir().unwrap();
+    let nic = root.path().join("sys/class/net/nic0");
+    std::fs::create_dir_all(nic.join("device")).unwrap();
+    std::fs::write(nic.join("address"), "52:54:00:99:00:01\n").unwrap();
+    std::fs::write(nic.join("carrier"), "1\n").unwrap();
+    // Two switches on the wire (a second chassis, same port) and a non-LLDP frame, every
+    // 200 ms until killed.
+    let sender = r#"
+import socket, struct, time
+def tlv(k, v): return struct.pack(">H", (k << 9) | len(v)) + v
+def frame(chassis, name):
+    return (bytes.fromhex("0180c200000e021122334455") + b"\x88\xcc" + tlv(1, b"\x04" + chassis)
+            + tlv(2, b"\x05swp1") + tlv(3, b"\x00\x78") + tlv(4, b"to rack 9")
+            + tlv(5, name) + tlv(6, b"Switch OS 4.2") + b"\x00\x00")
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("sw0", 0))
+while True:
+    s.send(frame(bytes.fromhex("021122334455"), b"leaf-01"))
+    s.send(frame(bytes.fromhex("02aabbccddee"), b"leaf-02"))
+    s.send(bytes.fromhex("ffffffffffff021122334455") + b"\x08\x00" + b"\x00" * 46)
+    time.sleep(0.2)
+"#;
+    let mut c = ns.cmd("python3");
+    c.args(["-c", sender]);
+    let _sender = Proc::spawn(c);
+    let mut c = ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
+    c.args(["probe", "--print", "--lldp-wait", "2", "--root"])
+        .arg(root.path());
+    let o = run_cmd(&mut c, 60);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let inv: Inventory =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(inv.nics.len(), 1, "{inv:?}");
+    let mut heard = inv.nics[0].neighbors.clone();
+    heard.sort_by(|a, b| a.system_name.cmp(&b.system_name));
+    let neighbour = |mac: &str, name: &str| bootplane_probe::Neighbor {
+        mac_address: Some(mac.into()),
+        chassis_id: Some(mac.into()),
+        port_id: Some("swp1".into()),
+        port_description: Some("to rack 9".into()),
+        system_name: Some(name.into()),
+        system_description: Some("Switch OS 4.2".into()),
+    };
+    assert_eq!(
+        heard,
+        vec![
+            neighbour("02:11:22:33:44:55", "leaf-01"),
+            neighbour("02:aa:bb:cc:dd:ee", "leaf-02")
+        ]
+    );
 }
