@@ -21,7 +21,7 @@ async fn create_sets_metadata_and_update_is_cas() {
     let o = s
         .create(
             &srv,
-            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u1"}}),
+            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000001"}}),
         )
         .await
         .unwrap();
@@ -122,7 +122,7 @@ async fn update_status_matches_update_of_the_status_part() {
     let (_d, s) = store();
     let srv = rt("server");
     let body = json!({"metadata": {"name": "a", "labels": {"z": "1", "a": "2"}},
-        "spec": {"systemUUID": "u1"}, "status": {"state": "Available", "powerState": "Off"}});
+        "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000001"}, "status": {"state": "Available", "powerState": "Off"}});
     let a = s.create(&srv, body.clone()).await.unwrap();
     let mut b_body = body.clone();
     b_body["metadata"]["name"] = json!("b");
@@ -227,7 +227,7 @@ async fn texts_are_the_bytes_of_the_parsed_objects() {
 async fn object_limits_hold_on_every_write_path_and_store_nothing() {
     let (_d, s) = store();
     let srv = rt("server");
-    let bad = json!({"metadata": {"name": "a", "labels": {"../../x y": "v"}}, "spec": {"systemUUID": "u"}});
+    let bad = json!({"metadata": {"name": "a", "labels": {"../../x y": "v"}}, "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000002"}});
     let err = s.create(&srv, bad).await.unwrap_err();
     assert!(
         matches!(&err, StoreError::Invalid { causes, .. } if causes[0].field == "metadata.labels"),
@@ -236,7 +236,7 @@ async fn object_limits_hold_on_every_write_path_and_store_nothing() {
     let o = s
         .create(
             &srv,
-            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u"}}),
+            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000002"}}),
         )
         .await
         .unwrap();
