@@ -19,7 +19,7 @@ pub fn server(name: &str, labels: Value, policy: &str) -> Value {
         "apiVersion": "metal.ironcore.dev/v1alpha1",
         "kind": "Server",
         "metadata": {"name": name, "labels": labels},
-        "spec": {"systemUUID": format!("00000000-0000-0000-0000-{:012x}", fxhash(name)), "reclaimPolicy": policy},
+        "spec": {"systemUUID": format!("00000000-0000-0000-0000-{:012x}", fxhash(name) & 0xffff_ffff_ffff), "reclaimPolicy": policy},
         "status": {"state": "Available", "powerState": "Off",
                    "networkInterfaces": [{"name": "eth0", "macAddress": format!("52:54:00:{:02x}:{:02x}:{:02x}", fxhash(name) as u8, (fxhash(name) >> 8) as u8, (fxhash(name) >> 16) as u8), "ip": "10.0.0.1"}]},
     })
