@@ -87,6 +87,40 @@ fn inventory_url(b: &Bootplane, name: &str) -> String {
         .to_string()
 }
 
+/// A thread following Server `name` through a watch, returning the states its status
+/// showed, in order, once it is `Available`.
+fn watch_states(b: &Bootplane, name: &str) -> std::thread::JoinHandle<Vec<String>> {
+    use std::io::BufRead;
+    let rv = b.get(&format!("{SERVERS}?limit=1"))["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = b
+        .req("GET", &format!("{SERVERS}?watch=true&resourceVersion={rv}"))
+        .call()
+        .unwrap();
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        let mut seen: Vec<String> = Vec::new();
+        for line in std::io::BufReader::new(r.into_reader()).lines() {
+            let Ok(line) = line else { break };
+            let ev: Value = serde_json::from_str(&line).unwrap();
+            if ev["object"]["metadata"]["name"] != name.as_str() {
+                continue;
+            }
+            if let Some(st) = ev["object"]["status"]["state"].as_str() {
+                if seen.last().map(String::as_str) != Some(st) {
+                    seen.push(st.to_string());
+                }
+                if st == "Available" {
+                    break;
+                }
+            }
+        }
+        seen
+    })
+}
+
 /// What the agent on system `i` of the fake BMC seeded `seed` would report.
 fn inventory(seed: u16, i: usize) -> Value {
     json!({
@@ -154,6 +188,8 @@ fn systems_become_servers_boot_once_report_and_become_available() {
             .start(),
     );
     let b = start(&[]);
+    // The states bmc-a-1 goes through, from a watch started before anything exists.
+    let states = watch_states(&b, "bmc-a-1");
     add_bmc(&b, "bmc-a", &fake.base_url, PASSWORD);
     // Every system becomes exactly one Server, in Discovery, booted once (Pxe, On).
     let list = b.wait_for(30, "3 Servers in Discovery", || {
@@ -251,6 +287,12 @@ fn systems_become_servers_boot_once_report_and_become_available() {
             "bootplane_http_discovery_inventory_total{result=\"accepted\"}"
         ),
         3.0
+    );
+    let seen = states.join().unwrap();
+    assert_eq!(
+        seen,
+        ["Initial", "Discovery", "Available"],
+        "states of bmc-a-1"
     );
 
     // Discovery again (the BMC is polled every second; then a restart): nothing changes.

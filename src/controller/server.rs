@@ -64,8 +64,11 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
         .filter(|_| super::firstboot::has_bmc(&s));
     let mut step = None;
     match state.as_str() {
-        "" | "Initial" if first_boot.is_some() && !claimed => {
+        "Initial" if first_boot.is_some() && !claimed => {
             status["state"] = json!("Discovery");
+        }
+        "" if first_boot.is_some() => {
+            status["state"] = json!("Initial");
         }
         "" => {
             status["state"] = json!("Initial");
