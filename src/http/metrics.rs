@@ -131,7 +131,7 @@ impl Metrics {
                 // before the first discovery.
                 let f: Family<ResultLabels, Counter> = Family::default();
                 for result in INVENTORY_RESULTS {
-                    f.get_or_create(&ResultLabels { result });
+                    let _ = f.get_or_create(&ResultLabels { result });
                 }
                 f
             },
