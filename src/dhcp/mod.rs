@@ -444,8 +444,7 @@ pub async fn run_scope(
         Some(ip) => ip,
         None => interface_ipv4(&iface)?.0,
     };
-    let max_batch = settings.max_batch;
-    let commit_window = settings.commit_window;
+    let (max_batch, commit_window) = (settings.max_batch, settings.commit_window);
     metrics.init_drop_reasons();
     let rate = f64::from(settings.rate_limit_per_mac);
     let mode = settings.mode;
