@@ -17,7 +17,7 @@
 //! Server that reaches `Discovery` to one of `--agents` agent threads, which read the
 //! inventory URL from the Server's discovery script (the operator's preview route: the
 //! same script the machine gets) and post a 2-NIC, 2-disk, 2-CPU inventory there.
-//! Measured from the first BMC applied: every Server created, every Server `Available`;
+//! Measured from the first BMC applied: every Server `Available` (as a watch on Servers sees it);
 //! bootplane's CPU seconds and peak RSS; BMC requests per Server. Prints the median and
 //! spread over the rounds and every goal, met or not. No peer runs side by side:
 //! metal-operator's discovery needs a Kubernetes API server and its metalprobe image,
@@ -35,42 +35,22 @@ mod procfs;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use support::api::bmc_objects;
 use support::bootplane::Bootplane;
 use support::fakebmc::{mac_for, uuid_for, FakeBmc};
 
 #[path = "support/args.rs"]
 mod args;
+#[path = "support/post.rs"]
+mod post;
 use args::arg;
+use post::post_all;
 
 struct Round {
-    created: f64,
     available: f64,
     cpu: f64,
     rss_mib: f64,
     requests_per_server: f64,
-}
-
-fn post_all(b: &Bootplane, path: &str, bodies: Vec<Value>, clients: usize) {
-    let bodies = Arc::new(Mutex::new(bodies));
-    std::thread::scope(|s| {
-        for _ in 0..clients {
-            let bodies = bodies.clone();
-            s.spawn(move || {
-                let agent = ureq::AgentBuilder::new().build();
-                loop {
-                    let Some(body) = bodies.lock().unwrap().pop() else {
-                        return;
-                    };
-                    agent
-                        .post(&format!("{}{path}", b.api))
-                        .set("Authorization", &format!("Bearer {}", b.token))
-                        .set("Content-Type", "application/json")
-                        .send_string(&body.to_string())
-                        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
-                }
-            });
-        }
-    });
 }
 
 /// The inventory the agent of system `i` of the fake BMC seeded `seed` posts.
@@ -115,7 +95,9 @@ fn agents(b: &Bootplane, n: usize, rx: mpsc::Receiver<String>) -> Vec<std::threa
                         .expect("server name bmc-KKKK-I");
                     for _ in 0..200 {
                         let script = agent
-                            .get(&format!("{api}/apis/boot.bootplane.dev/v1alpha1/render/ipxe/{name}"))
+                            .get(&format!(
+                                "{api}/apis/boot.bootplane.dev/v1alpha1/render/ipxe/{name}"
+                            ))
                             .set("Authorization", &format!("Bearer {token}"))
                             .call()
                             .ok()
@@ -146,7 +128,13 @@ fn agents(b: &Bootplane, n: usize, rx: mpsc::Receiver<String>) -> Vec<std::threa
         .collect()
 }
 
-fn round(count: usize, bmcs: usize, n_agents: usize, power_delay: Duration, latency: Duration) -> Round {
+fn round(
+    count: usize,
+    bmcs: usize,
+    n_agents: usize,
+    power_delay: Duration,
+    latency: Duration,
+) -> Round {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -181,29 +169,37 @@ fn round(count: usize, bmcs: usize, n_agents: usize, power_delay: Duration, late
     let pid = b.child.as_ref().unwrap().id();
     let (mut secrets, mut bmc_objs) = (Vec::new(), Vec::new());
     for (k, f) in fakes.iter().enumerate() {
-        let port: u16 = f.base_url.rsplit(':').next().unwrap().parse().unwrap();
-        let name = format!("bmc-{k:04}");
-        secrets.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
-            "metadata": {"name": name}, "stringData": {"username": "admin", "password": "bench-password"}}));
-        bmc_objs.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
-            "metadata": {"name": name}, "spec": {"access": {"ip": "127.0.0.1"}, "bmcSecretRef": {"name": name},
-            "protocol": {"name": "RedfishLocal", "port": port}}}));
+        let (secret, bmc) = bmc_objects(&format!("bmc-{k:04}"), &f.base_url, "bench-password");
+        secrets.push(secret);
+        bmc_objs.push(bmc);
     }
-    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets", secrets, 16);
+    post_all(
+        &b.api,
+        &b.token,
+        "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets",
+        secrets,
+        16,
+    );
     // Watch Servers from now on.
     let list: Value = serde_json::from_str(
-        &ureq::get(&format!("{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1", b.api))
-            .set("Authorization", &format!("Bearer {}", b.token))
-            .call()
-            .unwrap()
-            .into_string()
-            .unwrap(),
+        &ureq::get(&format!(
+            "{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1",
+            b.api
+        ))
+        .set("Authorization", &format!("Bearer {}", b.token))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap(),
     )
     .unwrap();
-    let rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let (tx, rx) = mpsc::channel::<String>();
     let workers = agents(&b, n_agents, rx);
-    let done: Arc<Mutex<(Option<Instant>, Option<Instant>)>> = Arc::default();
+    let done: Arc<Mutex<Option<Instant>>> = Arc::default();
     let watcher = {
         let done = done.clone();
         let url = format!(
@@ -212,14 +208,13 @@ fn round(count: usize, bmcs: usize, n_agents: usize, power_delay: Duration, late
         );
         let auth = format!("Bearer {}", b.token);
         std::thread::spawn(move || {
-            let (mut seen, mut sent, mut avail) = (HashSet::new(), HashSet::new(), HashSet::new());
+            let (mut sent, mut avail) = (HashSet::new(), HashSet::new());
             let r = ureq::get(&url).set("Authorization", &auth).call().unwrap();
             for line in std::io::BufReader::new(r.into_reader()).lines() {
                 let Ok(line) = line else { return };
                 let ev: Value = serde_json::from_str(&line).unwrap();
                 let o = &ev["object"];
                 let name = o["metadata"]["name"].as_str().unwrap_or("").to_string();
-                seen.insert(name.clone());
                 match o["status"]["state"].as_str() {
                     Some("Discovery") if sent.insert(name.clone()) => {
                         let _ = tx.send(name);
@@ -227,7 +222,7 @@ fn round(count: usize, bmcs: usize, n_agents: usize, power_delay: Duration, late
                     Some("Available") => {
                         avail.insert(name);
                         if avail.len() == count {
-                            done.lock().unwrap().1 = Some(Instant::now());
+                            *done.lock().unwrap() = Some(Instant::now());
                             return;
                         }
                     }
@@ -239,40 +234,21 @@ fn round(count: usize, bmcs: usize, n_agents: usize, power_delay: Duration, late
     let requests_before: u64 = fakes.iter().map(|f| f.total_requests()).sum();
     let cpu0 = procfs::proc_cpu(pid);
     let t0 = Instant::now();
-    let t0_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
-    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/bmcs", bmc_objs, 16);
+    post_all(
+        &b.api,
+        &b.token,
+        "/apis/metal.ironcore.dev/v1alpha1/bmcs",
+        bmc_objs,
+        16,
+    );
     let deadline = t0 + Duration::from_secs(900);
     while Instant::now() < deadline && !watcher.is_finished() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let cpu = procfs::proc_cpu(pid) - cpu0;
-    // When the last Server was created, from the store's creation timestamps (1 s
-    // resolution): the watch above may see a burst late, which says nothing of when.
-    let list: Value = serde_json::from_str(
-        &ureq::get(&format!("{}/apis/metal.ironcore.dev/v1alpha1/servers", b.api))
-            .set("Authorization", &format!("Bearer {}", b.token))
-            .call()
-            .unwrap()
-            .into_string()
-            .unwrap(),
-    )
-    .unwrap();
-    let last_created = list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s["metadata"]["creationTimestamp"].as_str())
-        .filter_map(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .map(|t| t.timestamp())
-        .max()
-        .unwrap_or(0);
     let rss_kib = procfs::status_kib(pid, "VmHWM:").unwrap_or(0);
     let requests: u64 = fakes.iter().map(|f| f.total_requests()).sum::<u64>() - requests_before;
-    let (_, available) = *done.lock().unwrap();
-    let created = (last_created as f64 + 1.0 - t0_unix).max(0.0);
+    let available = *done.lock().unwrap();
     let secs = |t: Option<Instant>| t.map(|t| (t - t0).as_secs_f64()).unwrap_or(f64::NAN);
     drop(b);
     for w in workers {
@@ -280,7 +256,6 @@ fn round(count: usize, bmcs: usize, n_agents: usize, power_delay: Duration, late
     }
     drop(fakes);
     Round {
-        created,
         available: secs(available),
         cpu,
         rss_mib: rss_kib as f64 / 1024.0,
@@ -311,10 +286,9 @@ fn main() {
     for i in 0..rounds {
         let r = round(count, bmcs, n_agents, delay, latency);
         println!(
-            "round {}: all Servers created by {:.0} s (1 s resolution), all Available {:.2} s, bootplane CPU {:.2} s, peak RSS {:.0} MiB, \
+            "round {}: all Available {:.2} s, bootplane CPU {:.2} s, peak RSS {:.0} MiB, \
              {:.1} BMC requests/server",
             i + 1,
-            r.created,
             r.available,
             r.cpu,
             r.rss_mib,
@@ -327,15 +301,30 @@ fn main() {
         println!("{what:<36} median {m:>8.2} {unit:<4} (min {lo:.2}, max {hi:.2})");
         m
     };
-    show("all Servers created (1 s resolution)", "s", all.iter().map(|r| r.created).collect());
-    let avail = show("all Servers Available", "s", all.iter().map(|r| r.available).collect());
+    let avail = show(
+        "all Servers Available",
+        "s",
+        all.iter().map(|r| r.available).collect(),
+    );
     let cpu = show("bootplane CPU", "s", all.iter().map(|r| r.cpu).collect());
-    show("bootplane peak RSS", "MiB", all.iter().map(|r| r.rss_mib).collect());
-    show("BMC requests per Server", "", all.iter().map(|r| r.requests_per_server).collect());
+    show(
+        "bootplane peak RSS",
+        "MiB",
+        all.iter().map(|r| r.rss_mib).collect(),
+    );
+    show(
+        "BMC requests per Server",
+        "",
+        all.iter().map(|r| r.requests_per_server).collect(),
+    );
     println!("goals:");
     println!(
         "  every Server Available: {}",
-        if all.iter().all(|r| r.available.is_finite()) { "met" } else { "NOT met" }
+        if all.iter().all(|r| r.available.is_finite()) {
+            "met"
+        } else {
+            "NOT met"
+        }
     );
     println!(
         "  all Available within 60 s of the BMCs (two power changes of {:.1} s each included): {avail:.2} s: {}",
@@ -345,6 +334,10 @@ fn main() {
     println!(
         "  bootplane CPU under 20 ms per Server: {:.1} ms: {}",
         cpu * 1000.0 / count as f64,
-        if cpu * 1000.0 / count as f64 <= 20.0 { "met" } else { "NOT met" }
+        if cpu * 1000.0 / count as f64 <= 20.0 {
+            "met"
+        } else {
+            "NOT met"
+        }
     );
 }

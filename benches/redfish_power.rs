@@ -33,12 +33,16 @@ mod procfs;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use support::api::bmc_objects;
 use support::bootplane::Bootplane;
 use support::fakebmc::{uuid_of, FakeBmc};
 
 #[path = "support/args.rs"]
 mod args;
+#[path = "support/post.rs"]
+mod post;
 use args::arg;
+use post::post_all;
 
 struct Round {
     all_on_api: f64,
@@ -47,29 +51,6 @@ struct Round {
     rss_mib: f64,
     requests_per_server: f64,
     max_bmc_concurrency: u64,
-}
-
-fn post_all(b: &Bootplane, path: &str, bodies: Vec<Value>, clients: usize) {
-    let bodies = Arc::new(Mutex::new(bodies));
-    std::thread::scope(|s| {
-        for _ in 0..clients {
-            let bodies = bodies.clone();
-            s.spawn(move || {
-                let agent = ureq::AgentBuilder::new().build();
-                loop {
-                    let Some(body) = bodies.lock().unwrap().pop() else {
-                        return;
-                    };
-                    agent
-                        .post(&format!("{}{path}", b.api))
-                        .set("Authorization", &format!("Bearer {}", b.token))
-                        .set("Content-Type", "application/json")
-                        .send_string(&body.to_string())
-                        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
-                }
-            });
-        }
-    });
 }
 
 fn round(
@@ -107,13 +88,9 @@ fn round(
     let pid = b.child.as_ref().unwrap().id();
     let (mut secrets, mut bmc_objs, mut servers) = (Vec::new(), Vec::new(), Vec::new());
     for (k, f) in fakes.iter().enumerate() {
-        let port: u16 = f.base_url.rsplit(':').next().unwrap().parse().unwrap();
-        let name = format!("bmc-{k:04}");
-        secrets.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
-            "metadata": {"name": name}, "stringData": {"username": "admin", "password": "bench-password"}}));
-        bmc_objs.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
-            "metadata": {"name": name}, "spec": {"access": {"ip": "127.0.0.1"}, "bmcSecretRef": {"name": name},
-            "protocol": {"name": "RedfishLocal", "port": port}}}));
+        let (secret, bmc) = bmc_objects(&format!("bmc-{k:04}"), &f.base_url, "bench-password");
+        secrets.push(secret);
+        bmc_objs.push(bmc);
     }
     for i in 0..count {
         let (k, j) = (i / per, i % per);
@@ -123,13 +100,26 @@ fn round(
             "status": {"state": "Available", "powerState": "Off"}}));
     }
     post_all(
-        &b,
+        &b.api,
+        &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets",
         secrets,
         16,
     );
-    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/bmcs", bmc_objs, 16);
-    post_all(&b, "/apis/metal.ironcore.dev/v1alpha1/servers", servers, 16);
+    post_all(
+        &b.api,
+        &b.token,
+        "/apis/metal.ironcore.dev/v1alpha1/bmcs",
+        bmc_objs,
+        16,
+    );
+    post_all(
+        &b.api,
+        &b.token,
+        "/apis/metal.ironcore.dev/v1alpha1/servers",
+        servers,
+        16,
+    );
     // Let the BMC reconciler's first look and the claimable index settle.
     std::thread::sleep(Duration::from_secs(2));
 
@@ -192,7 +182,8 @@ fn round(
         .collect();
     let t0 = Instant::now();
     post_all(
-        &b,
+        &b.api,
+        &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims",
         claims,
         16,

@@ -270,3 +270,45 @@ for name, body in RF.items():
     put("redfish_json", name, _json.dumps(body).encode())
 
 print("seeds written under", SEEDS)
+
+
+# --- discovery agent: an SMBIOS table like QEMU's (types 0/1/4/17/127), a 3.0 entry
+# point, LLDP frames (plain and 802.1Q-tagged) -------------------------------------------
+def smbios_struct(kind, handle, length, sets, strings):
+    a = bytearray(length)
+    a[0], a[1] = kind, length
+    a[2:4] = struct.pack("<H", handle)
+    for off, b in sets:
+        a[off:off + len(b)] = b
+    return bytes(a) + (z(*strings) + b"\0" if strings else b"\0\0")
+
+
+UUID_LE = bytes.fromhex("3a2b1c6f5e4d604f8a9b0c1d2e3f4a5b")
+W = lambda v: struct.pack("<H", v)
+table = smbios_struct(0, 0, 0x18, [(4, b"\x01"), (5, b"\x02")], ["Bootplane", "BP-1.0"])
+table += smbios_struct(1, 0x100, 0x1B, [(4, b"\x01"), (5, b"\x02"), (7, b"\x03"), (8, UUID_LE), (0x19, b"\x04")],
+                       ["Bootplane", "ProbeVM", "SN-1234", "SKU-9"])
+for i in range(2):
+    table += smbios_struct(4, 0x400 + i, 0x30, [(4, b"\x01"), (7, b"\x02"), (0x10, b"\x03"), (0x14, W(2500)),
+                                                (0x18, b"\x41"), (0x23, b"\x01"), (0x25, b"\x01"),
+                                                (0x2A, W(1)), (0x2E, W(1))],
+                           ["CPU %d" % i, "BootplaneCPU", "ProbeCore"])
+table += smbios_struct(4, 0x402, 0x30, [(4, b"\x01"), (0x18, b"\x41"), (0x23, b"\xff"), (0x25, b"\xff"),
+                                        (0x2A, W(300)), (0x2E, W(600))], ["CPU 2"])
+table += smbios_struct(17, 0x1100, 0x28, [(0x0C, W(1024))], [])
+table += smbios_struct(17, 0x1101, 0x28, [(0x0C, W(0x7FFF)), (0x1C, struct.pack("<I", 65536))], [])
+table += smbios_struct(127, 0xFEFF, 4, [], [])
+put("probe_parsers", "smbios_table", table)
+put("probe_parsers", "entry_point_3", b"_SM3_\0\0\x03" + bytes(16))
+
+
+def tlv(kind, value):
+    return struct.pack(">H", (kind << 9) | len(value)) + value
+
+
+LLDP_HDR = bytes([1, 0x80, 0xC2, 0, 0, 0x0E, 2, 0x11, 0x22, 0x33, 0x44, 0x55])
+put("probe_parsers", "lldp_frame", LLDP_HDR + b"\x88\xcc" + tlv(1, b"\x04\x02\x11\x22\x33\x44\x55")
+    + tlv(2, b"\x05Ethernet1/7") + tlv(3, b"\x00\x78") + tlv(4, b"uplink") + tlv(5, b"leaf-01")
+    + tlv(6, b"Switch OS 4.2") + b"\0\0")
+put("probe_parsers", "lldp_vlan_frame", LLDP_HDR + b"\x81\x00\x00\x0a\x88\xcc"
+    + tlv(1, b"\x05\x01\x0a\x00\x00\x01") + tlv(2, b"\x03\x01\x02\x03\x04\x05\x06") + b"\0\0")

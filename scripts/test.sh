@@ -35,6 +35,8 @@ if [[ ! -x $venv/bin/python3 ]] || [[ "$(cat "$venv/.test-python.sha256" 2>/dev/
   echo "$want" > "$venv/.test-python.sha256"
 fi
 
+# The discovery agent is its own small crate (probe/, built static for the image).
+cargo test --locked --manifest-path probe/Cargo.toml
 cargo test --locked "$@"
 fuzz_secs=${FUZZ_SECS:-30}
 if ((fuzz_secs > 0)); then

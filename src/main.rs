@@ -43,6 +43,15 @@ enum Command {
     /// Print what a machine would be served (Ignition config).
     #[command(subcommand)]
     Render(bootplane::cli::render::RenderCmd),
+    /// The discovery agent: print or post this machine's inventory (see docs/discovery.md;
+    /// `bootplane probe --help`).
+    #[command(disable_help_flag = true)]
+    Probe {
+        /// Passed to the agent: [--url URL] [--root DIR] [--lldp-wait S] [--deadline S]
+        /// [--print] [--poweroff].
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// Every config key that has a flag. Each flag also reads a BOOTPLANE_* env var.
@@ -180,6 +189,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Image(c) => bootplane::image::cli::run_image(c).map(|_| 0),
         Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),
         Command::Render(c) => bootplane::cli::render::run(c),
+        Command::Probe { args } => Ok(bootplane_probe::cli::run(&args).clamp(0, 255) as u8),
     }
 }
 

@@ -280,7 +280,7 @@ fn yaml_alias_bomb_is_refused_without_growing_memory() {
         "peak RSS grew from {hwm0} KiB to {hwm1} KiB"
     );
     // A few aliases to a small node are fine.
-    let ok = "metadata:\n  name: aliased\n  labels: &l {rack: r1}\n  annotations: *l\nspec: {systemUUID: u}\n";
+    let ok = "metadata:\n  name: aliased\n  labels: &l {rack: r1}\n  annotations: *l\nspec: {systemUUID: 4c4c4544-0000-0000-0000-00000000a11a}\n";
     let (c, v) = post_server(&b, Some("application/yaml"), ok.as_bytes());
     assert_eq!(c, 201, "{v}");
     assert_eq!(v["metadata"]["annotations"]["rack"], "r1");
@@ -294,7 +294,7 @@ fn a_body_without_content_type_is_json() {
     let (c, v) = post_server(&b, None, s.to_string().as_bytes());
     assert_eq!(c, 201, "{v}");
     // YAML without a Content-Type is not guessed at: it is malformed JSON.
-    let yaml = "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {name: no-ct-yaml}\nspec: {systemUUID: u}\n";
+    let yaml = "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {name: no-ct-yaml}\nspec: {systemUUID: 4c4c4544-0000-0000-0000-00000000c0de}\n";
     let (c, v) = post_server(&b, None, yaml.as_bytes());
     assert_eq!(c, 400, "{v}");
     let m = v["message"].as_str().unwrap_or("");

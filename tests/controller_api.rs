@@ -139,7 +139,7 @@ fn reference_samples_apply_unchanged_and_get_shows_them() {
 #[test]
 fn apply_multi_document_stdin_and_directory() {
     let b = Bootplane::start(&[]);
-    let docs = "---\napiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata:\n  name: s1\nspec:\n  systemUUID: a\n---\n\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: sec\nstringData:\n  ignition: '{}'\n";
+    let docs = "---\napiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata:\n  name: s1\nspec:\n  systemUUID: 4c4c4544-0000-0000-0000-0000000000a1\n---\n\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: sec\nstringData:\n  ignition: '{}'\n";
     let (code, out, err) = b.cli_stdin(&["apply", "-f", "-"], Some(docs));
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().count(), 2, "{out}");

@@ -12,13 +12,11 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::api::SERVERS;
+use support::api::{add_bmc, SERVERS};
 use support::bootplane::Bootplane;
 use support::fakebmc::{mac_for, uuid_for, FakeBmc};
 
 const PASSWORD: &str = "Disc0very-pa55";
-const BMCS: &str = "/apis/metal.ironcore.dev/v1alpha1/bmcs";
-const BMCSECRETS: &str = "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets";
 const RENDER: &str = "/apis/boot.bootplane.dev/v1alpha1/render/ipxe";
 
 fn start(extra: &[&str]) -> Bootplane {
@@ -46,25 +44,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn add_bmc(b: &Bootplane, name: &str, base_url: &str) {
-    let port: u16 = base_url.rsplit(':').next().unwrap().parse().unwrap();
-    let secret = json!({
-        "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
-        "metadata": {"name": name},
-        "stringData": {"username": "admin", "password": PASSWORD},
-    });
-    let (c, v) = b.call("POST", BMCSECRETS, Some(&secret));
-    assert_eq!(c, 201, "{v}");
-    let bmc = json!({
-        "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
-        "metadata": {"name": name},
-        "spec": {"access": {"ip": "127.0.0.1"}, "bmcSecretRef": {"name": name},
-                 "protocol": {"name": "RedfishLocal", "port": port}},
-    });
-    let (c, v) = b.call("POST", BMCS, Some(&bmc));
-    assert_eq!(c, 201, "{v}");
 }
 
 /// Condition `ty` of `o` (`null` when absent).
@@ -175,7 +154,7 @@ fn systems_become_servers_boot_once_report_and_become_available() {
             .start(),
     );
     let b = start(&[]);
-    add_bmc(&b, "bmc-a", &fake.base_url);
+    add_bmc(&b, "bmc-a", &fake.base_url, PASSWORD);
     // Every system becomes exactly one Server, in Discovery, booted once (Pxe, On).
     let list = b.wait_for(30, "3 Servers in Discovery", || {
         let l = servers(&b);
@@ -343,7 +322,7 @@ fn a_machine_that_never_reports_is_retried_then_left_in_discovery() {
         "--set",
         "discovery.retry_backoff_secs=1",
     ]);
-    add_bmc(&b, "bmc-t", &fake.base_url);
+    add_bmc(&b, "bmc-t", &fake.base_url, PASSWORD);
     let s = b.wait_for(60, "InventoryTimeout", || {
         let s = server(&b, "bmc-t-1");
         (condition(&s, "Discovered")["reason"] == "InventoryTimeout").then_some(s)
@@ -384,7 +363,7 @@ fn bad_inventories_are_refused_counted_and_write_nothing() {
             .start(),
     );
     let b = start(&[]);
-    add_bmc(&b, "bmc-x", &fake.base_url);
+    add_bmc(&b, "bmc-x", &fake.base_url, PASSWORD);
     b.wait_for(30, "2 Servers in Discovery", || {
         let l = servers(&b);
         (l.len() == 2 && l.iter().all(|s| s["status"]["state"] == "Discovery")).then_some(())

@@ -162,7 +162,12 @@ lldp_wait_secs = 2
     }
 
     fn apply(&self, yaml: &str) {
-        let out = bootplane_cli(&self.ns, &self.path("state"), &["apply", "-f", "-"], Some(yaml));
+        let out = bootplane_cli(
+            &self.ns,
+            &self.path("state"),
+            &["apply", "-f", "-"],
+            Some(yaml),
+        );
         assert!(out.status.success(), "apply: {}", text(&out));
     }
 
@@ -201,7 +206,14 @@ lldp_wait_secs = 2
         self.get_json("servers", &format!("sushy-{uuid}"))
     }
 
-    fn wait_server(&self, vm: &str, uuid: &str, limit: Duration, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+    fn wait_server(
+        &self,
+        vm: &str,
+        uuid: &str,
+        limit: Duration,
+        what: &str,
+        f: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(s) = self.server(uuid) {
@@ -218,7 +230,10 @@ lldp_wait_secs = 2
                 }
             } else if Instant::now() > deadline {
                 self.keep_logs(vm);
-                panic!("{what}: no Server for {uuid}\n{}", tail_lines(&self.log(), 60));
+                panic!(
+                    "{what}: no Server for {uuid}\n{}",
+                    tail_lines(&self.log(), 60)
+                );
             }
             std::thread::sleep(Duration::from_millis(500));
         }
@@ -327,25 +342,44 @@ fn vm_is_discovered_and_its_inventory_matches_its_configuration() {
     let m = machine(&lab, "disc-a", 1);
     lab.add_bmc();
     // bootplane registers the system and boots it into the discovery image.
-    let s = lab.wait_server(&m.name, &m.uuid, Duration::from_secs(60), "Server in Discovery", |s| {
-        s["status"]["state"] == "Discovery"
-    });
+    let s = lab.wait_server(
+        &m.name,
+        &m.uuid,
+        Duration::from_secs(60),
+        "Server in Discovery",
+        |s| s["status"]["state"] == "Discovery",
+    );
     let macs: Vec<&str> = s["status"]["networkInterfaces"]
         .as_array()
         .map(|l| l.iter().filter_map(|n| n["macAddress"].as_str()).collect())
         .unwrap_or_default();
-    assert_eq!(macs, [m.macs[0].as_str(), m.macs[1].as_str()], "NICs from the BMC: {s:#}");
-    let s = lab.wait_server(&m.name, &m.uuid, Duration::from_secs(420), "Server Available", |s| {
-        s["status"]["state"] == "Available"
-    });
+    assert_eq!(
+        macs,
+        [m.macs[0].as_str(), m.macs[1].as_str()],
+        "NICs from the BMC: {s:#}"
+    );
+    let s = lab.wait_server(
+        &m.name,
+        &m.uuid,
+        Duration::from_secs(420),
+        "Server Available",
+        |s| s["status"]["state"] == "Available",
+    );
     lab.keep_logs(&m.name);
     let st = &s["status"];
     assert_eq!(st["powerState"], "Off", "{s:#}");
     assert_eq!(lab.libvirt.state(&m.name), "shut off");
-    assert_eq!(condition(&s, "Discovered")["reason"], "InventoryReported", "{s:#}");
+    assert_eq!(
+        condition(&s, "Discovered")["reason"],
+        "InventoryReported",
+        "{s:#}"
+    );
     // NICs: both MACs, both carriers up, an address leased by bootplane on the first.
     let nics = st["networkInterfaces"].as_array().unwrap();
-    let mut got: Vec<&str> = nics.iter().map(|n| n["macAddress"].as_str().unwrap()).collect();
+    let mut got: Vec<&str> = nics
+        .iter()
+        .map(|n| n["macAddress"].as_str().unwrap())
+        .collect();
     got.sort();
     assert_eq!(got, [m.macs[0].as_str(), m.macs[1].as_str()], "{s:#}");
     for n in nics {
@@ -353,7 +387,8 @@ fn vm_is_discovered_and_its_inventory_matches_its_configuration() {
     }
     let net = format!("10.199.{}.", lab.net);
     assert!(
-        nics.iter().any(|n| n["ip"].as_str().is_some_and(|ip| ip.starts_with(&net))),
+        nics.iter()
+            .any(|n| n["ip"].as_str().is_some_and(|ip| ip.starts_with(&net))),
         "no leased address: {s:#}"
     );
     // Disks: exactly the two SCSI disks, with their sizes, vendor and product.
@@ -383,7 +418,10 @@ fn vm_is_discovered_and_its_inventory_matches_its_configuration() {
     }
     // 2 vCPUs (QEMU: 2 sockets of 1 core), 1 GiB installed.
     let cpus = st["processors"].as_array().unwrap();
-    let threads: u64 = cpus.iter().map(|c| c["totalThreads"].as_u64().unwrap_or(0)).sum();
+    let threads: u64 = cpus
+        .iter()
+        .map(|c| c["totalThreads"].as_u64().unwrap_or(0))
+        .sum();
     assert_eq!(threads, 2, "{s:#}");
     assert_eq!(st["totalSystemMemory"], "1Gi", "{s:#}");
     assert_eq!(s["spec"]["systemUUID"], m.uuid.as_str());
@@ -395,15 +433,24 @@ fn vm_whose_agent_cannot_reach_bootplane_stays_in_discovery_with_a_reason() {
     let lab = Lab::new(72, "report_timeout_secs = 150\nattempts = 1");
     let m = machine(&lab, "disc-b", 2);
     lab.add_bmc();
-    lab.wait_server(&m.name, &m.uuid, Duration::from_secs(60), "Server in Discovery", |s| {
-        s["status"]["state"] == "Discovery"
-    });
+    lab.wait_server(
+        &m.name,
+        &m.uuid,
+        Duration::from_secs(60),
+        "Server in Discovery",
+        |s| s["status"]["state"] == "Discovery",
+    );
     // Once iPXE has fetched the kernel and initrd, cut both links: Linux boots, the agent
     // finds no DHCP server and cannot reach bootplane.
     wait_for(
         Duration::from_secs(240),
         || lab.serial(&m.name).contains("Linux version"),
-        || format!("the discovery kernel did not start:\n{}", tail_lines(&lab.serial(&m.name), 40)),
+        || {
+            format!(
+                "the discovery kernel did not start:\n{}",
+                tail_lines(&lab.serial(&m.name), 40)
+            )
+        },
     );
     let ifs = lab.libvirt.must(&["domiflist", &m.name]);
     for line in ifs.lines().skip(2) {
@@ -411,17 +458,27 @@ fn vm_whose_agent_cannot_reach_bootplane_stays_in_discovery_with_a_reason() {
             lab.libvirt.must(&["domif-setlink", &m.name, dev, "down"]);
         }
     }
-    let s = lab.wait_server(&m.name, &m.uuid, Duration::from_secs(240), "InventoryTimeout", |s| {
-        condition(s, "Discovered")["reason"] == "InventoryTimeout"
-    });
+    let s = lab.wait_server(
+        &m.name,
+        &m.uuid,
+        Duration::from_secs(240),
+        "InventoryTimeout",
+        |s| condition(s, "Discovered")["reason"] == "InventoryTimeout",
+    );
     lab.keep_logs(&m.name);
     assert_eq!(s["status"]["state"], "Discovery", "{s:#}");
-    let msg = condition(&s, "Discovered")["message"].as_str().unwrap_or("").to_string();
+    let msg = condition(&s, "Discovered")["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     assert!(msg.contains("no inventory after 1 discovery boot"), "{msg}");
     wait_for(
         Duration::from_secs(60),
         || lab.libvirt.state(&m.name) == "shut off",
         || "the VM was not powered off".into(),
     );
-    assert!(s["status"]["networkInterfaces"][0]["ip"].is_null(), "an inventory was written: {s:#}");
+    assert!(
+        s["status"]["networkInterfaces"][0]["ip"].is_null(),
+        "an inventory was written: {s:#}"
+    );
 }

@@ -14,13 +14,11 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::api::{claim, claims, condition, sbcs, SERVERS};
+use support::api::{add_bmc, claim, claims, condition, sbcs, BMCS, BMCSECRETS, SERVERS};
 use support::bootplane::Bootplane;
 use support::fakebmc::{uuid_of, FakeBmc, Fault};
 
 const PASSWORD: &str = "Sup3r-s3cret-BMC-pa55";
-const BMCS: &str = "/apis/metal.ironcore.dev/v1alpha1/bmcs";
-const BMCSECRETS: &str = "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets";
 
 fn start() -> Bootplane {
     Bootplane::start(&[
@@ -49,26 +47,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// Apply a BMCSecret and a BMC named `name` at the fake's address.
-fn add_bmc(b: &Bootplane, name: &str, base_url: &str, password: &str) {
-    let port: u16 = base_url.rsplit(':').next().unwrap().parse().unwrap();
-    let secret = json!({
-        "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
-        "metadata": {"name": name},
-        "stringData": {"username": "admin", "password": password},
-    });
-    let (c, v) = b.call("POST", BMCSECRETS, Some(&secret));
-    assert_eq!(c, 201, "{v}");
-    let bmc = json!({
-        "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
-        "metadata": {"name": name},
-        "spec": {"access": {"ip": "127.0.0.1"}, "bmcSecretRef": {"name": name},
-                 "protocol": {"name": "RedfishLocal", "port": port}},
-    });
-    let (c, v) = b.call("POST", BMCS, Some(&bmc));
-    assert_eq!(c, 201, "{v}");
 }
 
 /// Register an Available, Off Server on system `i` of BMC `bmc`, with an optional

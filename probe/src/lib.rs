@@ -3,8 +3,20 @@
 //!
 //! [`Inventory`] is the contract between the agent and the boot listener's
 //! `POST /discovery/inventory` route; the main crate checks and maps it onto the
-//! Server's status. Everything here is std + serde so the agent links statically.
+//! Server's status. Everything here is std + serde + libc so the agent links statically.
+//!
+//! - [`smbios`]: the DMI table parser (system, BIOS, processors, memory devices);
+//! - [`collect`]: the sysfs/procfs collectors, reading from a root directory;
+//! - [`lldp`]: the LLDP frame parser and listener;
+//! - [`http`]: the bounded HTTP POST with retries;
+//! - [`cli`]: the `bootplane probe` command.
 
+pub mod cli;
+pub mod collect;
+pub mod http;
 pub mod inventory;
+pub mod lldp;
+pub mod smbios;
+pub mod sys;
 
 pub use inventory::{Cpu, Disk, Inventory, Neighbor, Nic, SystemInfo};

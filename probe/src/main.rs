@@ -2,6 +2,6 @@
 //! `/bin/bootplane` in the discovery initramfs, so it runs as `bootplane probe`).
 
 fn main() {
-    eprintln!("bootplane probe: not built yet");
-    std::process::exit(2);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    std::process::exit(bootplane_probe::cli::run(&args));
 }

@@ -94,7 +94,7 @@ impl BmcControllers {
         if self.discover {
             types.push(self.t_server.clone());
         }
-        Runtime::new(self.clone(), self.store.clone(), workers.clamp(1, 16))
+        Runtime::new(self.clone(), self.store.clone(), workers.clamp(1, 64))
             .watch(types, |c: &BmcControllers, t, o, del| c.dispatch(t, o, del))
             .reconciler("bmc", self.queue.clone(), |c, k| async move {
                 c.reconcile(&k).await

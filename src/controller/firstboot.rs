@@ -20,9 +20,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::server::record_power;
 use super::{set_condition, Controllers, Next};
 use crate::model::meta;
-use crate::power::{Outcome, Power};
+use crate::power::Power;
 use crate::store::{Part, StoreError};
 use crate::sys::unix_now;
 
@@ -199,55 +200,26 @@ fn boot(c: &Controllers, s: &Value, status: &mut Value, n: u32) {
     let driver = c.power.name_for(s);
     let msg = format!("discovery boot {n}: one-time network boot through the {driver} driver");
     set_condition(status, super::inventory::DISCOVERED, false, "Booting", &msg);
-    match c.power.reset(s) {
-        Ok(Outcome::Done) => {
-            status["powerState"] = json!("On");
-            set_condition(status, "PowerReady", true, "Reset", &msg);
-        }
-        Ok(Outcome::Pending(m)) => {
-            set_condition(status, "PowerReady", false, "Pending", &m);
-        }
-        Ok(Outcome::Retrying(reason, m)) => {
-            set_condition(status, "PowerReady", false, reason, &m);
-        }
-        Err(e) => {
-            set_condition(
-                status,
-                "PowerReady",
-                false,
-                "ResetFailed",
-                &format!("{e:#}"),
-            );
-        }
-    }
+    record_power(status, c.power.reset(s), "ResetFailed", |st| {
+        st["powerState"] = json!("On");
+        set_condition(st, "PowerReady", true, "Reset", &msg);
+    });
 }
 
 fn power_off(c: &Controllers, s: &Value, status: &mut Value) {
-    match c.power.set_power(s, Power::Off) {
-        Ok(Outcome::Done) => {
-            status["powerState"] = json!("Off");
+    record_power(
+        status,
+        c.power.set_power(s, Power::Off),
+        "DriverError",
+        |st| {
+            st["powerState"] = json!("Off");
             set_condition(
-                status,
+                st,
                 "PowerReady",
                 true,
                 "Applied",
                 "powered off after discovery",
             );
-        }
-        Ok(Outcome::Pending(m)) => {
-            set_condition(status, "PowerReady", false, "Pending", &m);
-        }
-        Ok(Outcome::Retrying(reason, m)) => {
-            set_condition(status, "PowerReady", false, reason, &m);
-        }
-        Err(e) => {
-            set_condition(
-                status,
-                "PowerReady",
-                false,
-                "DriverError",
-                &format!("{e:#}"),
-            );
-        }
-    }
+        },
+    );
 }

@@ -97,7 +97,7 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
                 && s.pointer("/spec/power").and_then(Value::as_str) == Some("Off")
                 && power == "On"
             {
-                apply_power(c, &s, &mut status, Power::Off)?;
+                apply_power(c, &s, &mut status, Power::Off);
             }
         }
     }
@@ -120,33 +120,16 @@ pub const RESET_ANNOTATION: &str = "bootplane.dev/reset-requested";
 async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &str) -> Result<Next, StoreError> {
     let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
     let driver = c.power.name_for(s);
-    match c.power.reset(s) {
-        Ok(Outcome::Done) => {
-            status["powerState"] = json!("On");
-            set_condition(
-                &mut status,
-                "PowerReady",
-                true,
-                "Reset",
-                &format!("server reset by the {driver} driver"),
-            );
-        }
-        Ok(Outcome::Pending(msg)) => {
-            set_condition(&mut status, "PowerReady", false, "Pending", &msg);
-        }
-        Ok(Outcome::Retrying(reason, msg)) => {
-            set_condition(&mut status, "PowerReady", false, reason, &msg);
-        }
-        Err(e) => {
-            set_condition(
-                &mut status,
-                "PowerReady",
-                false,
-                "ResetFailed",
-                &format!("{e:#}"),
-            );
-        }
-    }
+    record_power(&mut status, c.power.reset(s), "ResetFailed", |st| {
+        st["powerState"] = json!("On");
+        set_condition(
+            st,
+            "PowerReady",
+            true,
+            "Reset",
+            &format!("server reset by the {driver} driver"),
+        );
+    });
     if Some(&status) != s.get("status") {
         c.store.update_status(&c.t_server, s, status).await?;
     }
@@ -161,7 +144,7 @@ async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &str) -> Result
 /// (`reclaimPolicy: Recycle`) or Released (`Retain`).
 fn release(c: &Controllers, s: &Value, status: &mut Value, power: &str) -> Result<(), StoreError> {
     if power != "Off" {
-        apply_power(c, s, status, Power::Off)?;
+        apply_power(c, s, status, Power::Off);
     }
     if status.get("powerState").and_then(Value::as_str) == Some("Off") {
         let policy = s
@@ -225,7 +208,7 @@ fn drive_reserved(
                 &format!("ServerBootConfiguration {ns}/{bn} is Ready"),
             );
             if power != want.as_str() {
-                apply_power(c, s, status, want)?;
+                apply_power(c, s, status, want);
             } else {
                 set_condition(
                     status,
@@ -248,34 +231,37 @@ fn drive_reserved(
                 ),
             );
             if want == Power::Off && power != "Off" {
-                apply_power(c, s, status, Power::Off)?;
+                apply_power(c, s, status, Power::Off);
             }
         }
     }
     Ok(())
 }
 
-fn apply_power(
-    c: &Controllers,
-    s: &Value,
+fn apply_power(c: &Controllers, s: &Value, status: &mut Value, want: Power) {
+    let driver = c.power.name_for(s);
+    record_power(status, c.power.set_power(s, want), "DriverError", |st| {
+        st["powerState"] = json!(want.as_str());
+        set_condition(
+            st,
+            "PowerReady",
+            true,
+            "Applied",
+            &format!("power {} applied by the {driver} driver", want.as_str()),
+        );
+    });
+}
+
+/// A power driver's answer into `status`: `done` when it is applied, else `PowerReady`
+/// False with why (`Pending`, the driver's retry reason, or `err_reason` and the error).
+pub(super) fn record_power(
     status: &mut Value,
-    want: Power,
-) -> Result<(), StoreError> {
-    match c.power.set_power(s, want) {
-        Ok(Outcome::Done) => {
-            status["powerState"] = json!(want.as_str());
-            set_condition(
-                status,
-                "PowerReady",
-                true,
-                "Applied",
-                &format!(
-                    "power {} applied by the {} driver",
-                    want.as_str(),
-                    c.power.name_for(s)
-                ),
-            );
-        }
+    r: anyhow::Result<Outcome>,
+    err_reason: &str,
+    done: impl FnOnce(&mut Value),
+) {
+    match r {
+        Ok(Outcome::Done) => done(status),
         Ok(Outcome::Pending(msg)) => {
             set_condition(status, "PowerReady", false, "Pending", &msg);
         }
@@ -283,14 +269,7 @@ fn apply_power(
             set_condition(status, "PowerReady", false, reason, &msg);
         }
         Err(e) => {
-            set_condition(
-                status,
-                "PowerReady",
-                false,
-                "DriverError",
-                &format!("{e:#}"),
-            );
+            set_condition(status, "PowerReady", false, err_reason, &format!("{e:#}"));
         }
     }
-    Ok(())
 }

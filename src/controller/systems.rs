@@ -17,6 +17,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
+use futures::StreamExt;
 use serde_json::{json, Map, Value};
 
 use super::set_condition;
@@ -28,6 +29,8 @@ use crate::store::{Store, StoreError};
 
 /// Label naming the BMC a discovered Server came from.
 pub const BMC_LABEL: &str = "bootplane.dev/bmc";
+/// New systems of one BMC read at once (the pool's per-BMC limit applies beneath).
+const READ_AHEAD: usize = 8;
 /// The condition saying whether the BMC still lists the Server's system.
 pub const PRESENT: &str = "SystemPresent";
 
@@ -132,27 +135,46 @@ pub async fn sync(
     let mut out = Synced::default();
     let known = seen.0.lock().unwrap().get(bmc).cloned().unwrap_or_default();
     let mut present: HashMap<String, String> = HashMap::new();
+    let mut new = Vec::new();
     for id in ids {
-        if let Some(u) = known.get(id) {
-            present.insert(id.clone(), u.clone());
-            continue;
-        }
-        let sys = client.system(id).await?;
-        let Some(uuid) = sys.uuid.as_deref().and_then(|u| parse_uuid(u).ok()) else {
-            out.without_uuid += 1;
-            continue;
-        };
-        if index.server_with_uuid(&uuid).is_none() {
-            let nics = match client.ethernet_interfaces(&sys).await {
-                Ok(n) => n,
-                Err(redfish::Error::Unsupported(_)) => Vec::new(),
-                Err(e) => return Err(e.into()),
-            };
-            if create(store, t_server, bmc, &sys, &uuid, &nics).await? {
-                out.created += 1;
+        match known.get(id) {
+            Some(u) => {
+                present.insert(id.clone(), u.clone());
             }
+            None => new.push(id.clone()),
         }
-        present.insert(id.clone(), uuid);
+    }
+    // New systems are read side by side (the pool's per-BMC limit bounds them): a
+    // blade chassis of 16 systems costs one round of reads, not sixteen.
+    let results: Vec<Result<Option<(String, String, bool)>, SyncError>> =
+        futures::stream::iter(new)
+            .map(|id| async move {
+                let sys = client.system(&id).await?;
+                let Some(uuid) = sys.uuid.as_deref().and_then(|u| parse_uuid(u).ok()) else {
+                    return Ok(None);
+                };
+                let mut created = false;
+                if index.server_with_uuid(&uuid).is_none() {
+                    let nics = match client.ethernet_interfaces(&sys).await {
+                        Ok(n) => n,
+                        Err(redfish::Error::Unsupported(_)) => Vec::new(),
+                        Err(e) => return Err(e.into()),
+                    };
+                    created = create(store, t_server, bmc, &sys, &uuid, &nics).await?;
+                }
+                Ok(Some((id, uuid, created)))
+            })
+            .buffer_unordered(READ_AHEAD)
+            .collect()
+            .await;
+    for r in results {
+        match r? {
+            Some((id, uuid, created)) => {
+                out.created += usize::from(created);
+                present.insert(id, uuid);
+            }
+            None => out.without_uuid += 1,
+        }
     }
     let present_uuids: BTreeSet<&String> = present.values().collect();
     for (server, uuid) in index.servers_of(bmc) {

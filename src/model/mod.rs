@@ -1,11 +1,13 @@
 //! The model layer: what the resources are, independent of where they are stored or
 //! how they are served. The resource registry (CRDs embedded in the binary), schema
-//! validation, label selectors and label syntax, machine identities (MAC, UUID),
-//! `metadata` accessors and typed views of the fields the controllers read.
+//! validation and the constraints bootplane adds to the CRDs, label selectors and
+//! label syntax, machine identities (MAC, UUID), `metadata` accessors and typed views
+//! of the fields the controllers read.
 //!
 //! Imports nothing of the crate but itself: `store`, the protocol servers, the
 //! controllers and the REST API all build on it.
 
+pub mod constraints;
 pub mod ident;
 pub mod labels;
 pub mod meta;

@@ -3,6 +3,12 @@
 //! and bounds, `x-kubernetes-int-or-string`, defaults, unknown fields (rejected, as
 //! with kubectl's strict field validation) and the CEL rules the reference CRDs use.
 //!
+//! Formats: `date-time` (RFC 3339) and the integer ranges of `int32`/`int64` are
+//! checked here; `ip` (which kube itself does not check) is left to
+//! [`super::constraints`], which covers every field that has it; `byte` occurs only in
+//! `BMCSecret.data`, whose base64 the store checks as it does a Secret's. Any other
+//! format is ignored.
+//!
 //! CEL is not implemented in general. The rule shapes that occur in the metal-operator
 //! CRDs are recognised: `self == oldSelf` (immutable once set), `!has(oldSelf.F) ||
 //! has(self.F)` (required once set), `has(self.A) != has(self.B)` (exactly one) and
@@ -230,6 +236,15 @@ impl Schema {
                 }
             }
             Value::Number(num) => {
+                let fits = match self.format.as_deref() {
+                    Some("int32") => num.as_i64().is_some_and(|i| i32::try_from(i).is_ok()),
+                    Some("int64") => num.as_i64().is_some(),
+                    _ => true,
+                };
+                if !fits && (num.is_i64() || num.is_u64()) {
+                    let f = self.format.as_deref().unwrap_or("");
+                    errs.push(invalid(path, v, &format!("must fit in {f}")));
+                }
                 let f = num.as_f64().unwrap_or(0.0);
                 if let Some(m) = self.maximum {
                     if f > m {
@@ -537,6 +552,23 @@ mod tests {
         let e = errs(json!({"spec": {"image": "x"}}), Some(old.clone()));
         assert_eq!(e[0].message, "serverRef is required once set");
         assert!(errs(old.clone(), Some(old)).is_empty());
+    }
+
+    #[test]
+    fn integer_formats_are_ranges() {
+        let mut s: Schema = serde_json::from_value(json!({"type": "object", "properties": {
+            "a": {"type": "integer", "format": "int32"},
+            "b": {"type": "integer", "format": "int64"}}}))
+        .unwrap();
+        s.prepare().unwrap();
+        let check = |v: Value| {
+            let mut e = Vec::new();
+            s.validate("", &v, None, &mut e);
+            e.into_iter().map(|e| e.field).collect::<Vec<_>>()
+        };
+        assert!(check(json!({"a": i32::MAX, "b": i64::MIN})).is_empty());
+        assert_eq!(check(json!({"a": 1u64 << 31, "b": u64::MAX})), ["a", "b"]);
+        assert_eq!(check(json!({"a": -(1i64 << 31) - 1})), ["a"]);
     }
 
     #[test]

@@ -39,6 +39,10 @@ macro_rules! string_enum {
         }
 
         impl $name {
+            /// The values bootplane knows, as written (the variants but `Other`).
+            #[allow(dead_code)]
+            pub const VALUES: &'static [&'static str] = &[$(stringify!($var)),+];
+
             pub fn as_str(&self) -> &str {
                 match self {
                     $($name::$var => stringify!($var),)+
@@ -85,8 +89,20 @@ string_enum! {
 }
 
 string_enum! {
-    /// `Server.spec.power`, `Server.status.powerState`, `ServerClaim.spec.power`.
+    /// `Server.spec.power`, `ServerClaim.spec.power`; also how `Server.status.powerState`
+    /// is read (its transitional values, [`ServerPowerState`], read as `Other`).
     PowerState { On, Off }
+}
+
+string_enum! {
+    /// `Server.status.powerState` and `BMC.status.powerState` (metal-operator's
+    /// `ServerPowerState` and `BMCPowerState`: Redfish's `PowerState` values).
+    ServerPowerState { On, Off, Paused, PoweringOn, PoweringOff }
+}
+
+string_enum! {
+    /// `BMC.status.state` (metal-operator's `BMCState`).
+    BmcState { Enabled, Error, Pending }
 }
 
 string_enum! {
@@ -471,7 +487,8 @@ mod tests {
         serde_norway::from_str(text).unwrap()
     }
 
-    /// `obj` is an object the store would accept (defaults applied, schema valid).
+    /// `obj` is valid for the type's schema, defaults applied (bootplane's constraints
+    /// are not applied: views also read objects stored before those existed).
     fn valid(kind: &str, mut obj: Value) -> Value {
         let t = Registry::global().resolve(kind).unwrap();
         let schema = t.schema.as_ref().unwrap();

@@ -338,12 +338,15 @@ impl Bmc {
             return Ok(Vec::new());
         };
         let (v, _) = self.get(c).await?;
-        let mut out = Vec::new();
-        for id in parse::members(&v)?.into_iter().take(MAX_NICS) {
-            let (v, _) = self.get(&id).await?;
-            out.push(parse::ethernet_interface(&v));
-        }
-        Ok(out)
+        // Read side by side (the per-BMC limit applies), in the collection's order.
+        let reads = parse::members(&v)?
+            .into_iter()
+            .take(MAX_NICS)
+            .map(|id| async move {
+                let (v, _) = self.get(&id).await?;
+                Ok::<_, Error>(parse::ethernet_interface(&v))
+            });
+        futures::future::try_join_all(reads).await
     }
 
     /// `InsertMedia` (Inserted, WriteProtected) `image` into `vm`.

@@ -21,7 +21,7 @@ async fn create_sets_metadata_and_update_is_cas() {
     let o = s
         .create(
             &srv,
-            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u1"}}),
+            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000001"}}),
         )
         .await
         .unwrap();
@@ -122,7 +122,7 @@ async fn update_status_matches_update_of_the_status_part() {
     let (_d, s) = store();
     let srv = rt("server");
     let body = json!({"metadata": {"name": "a", "labels": {"z": "1", "a": "2"}},
-        "spec": {"systemUUID": "u1"}, "status": {"state": "Available", "powerState": "Off"}});
+        "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000001"}, "status": {"state": "Available", "powerState": "Off"}});
     let a = s.create(&srv, body.clone()).await.unwrap();
     let mut b_body = body.clone();
     b_body["metadata"]["name"] = json!("b");
@@ -227,7 +227,7 @@ async fn texts_are_the_bytes_of_the_parsed_objects() {
 async fn object_limits_hold_on_every_write_path_and_store_nothing() {
     let (_d, s) = store();
     let srv = rt("server");
-    let bad = json!({"metadata": {"name": "a", "labels": {"../../x y": "v"}}, "spec": {"systemUUID": "u"}});
+    let bad = json!({"metadata": {"name": "a", "labels": {"../../x y": "v"}}, "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000002"}});
     let err = s.create(&srv, bad).await.unwrap_err();
     assert!(
         matches!(&err, StoreError::Invalid { causes, .. } if causes[0].field == "metadata.labels"),
@@ -236,7 +236,7 @@ async fn object_limits_hold_on_every_write_path_and_store_nothing() {
     let o = s
         .create(
             &srv,
-            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "u"}}),
+            json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000002"}}),
         )
         .await
         .unwrap();
@@ -294,4 +294,142 @@ fn merge_patch_rfc7386() {
     let mut t = json!({"a": "b", "c": {"d": "e", "f": "g"}});
     merge_patch(&mut t, &json!({"a": "z", "c": {"f": null}}));
     assert_eq!(t, json!({"a": "z", "c": {"d": "e"}}));
+}
+
+/// Status writes, from a controller (`update_status`) or the `/status` subresource
+/// (`update`/`patch` with `Part::Status`), are checked against bootplane's constraints
+/// (`model::constraints`) and store nothing when refused; a value stored before a rule
+/// existed does not block writes that leave it alone.
+#[tokio::test]
+async fn status_writes_are_checked_and_old_values_stand() {
+    let (_d, s) = store();
+    let srv = rt("server");
+    let o = s
+        .create(&srv, json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000003"},
+            "status": {"state": "Available", "powerState": "Off"}}))
+        .await
+        .unwrap();
+    let rev = s.revision();
+    let field_of = |e: &StoreError| -> Vec<String> {
+        match e {
+            StoreError::Invalid { causes, .. } => causes.iter().map(|c| c.field.clone()).collect(),
+            other => panic!("not Invalid: {other}"),
+        }
+    };
+    let err = s
+        .update_status(&srv, &o, json!({"state": "Availble", "powerState": "Off"}))
+        .await
+        .unwrap_err();
+    assert_eq!(field_of(&err), ["status.state"]);
+    assert!(
+        err.to_string().contains("Unsupported value: \"Availble\""),
+        "{err}"
+    );
+    let nics = json!([{"name": "eth0", "macAddress": "52:54:00:00:00:01"}, {"name": "eth1", "macAddress": "52:54:00:00:00"}]);
+    let err = s
+        .update_status(
+            &srv,
+            &o,
+            json!({"state": "Available", "networkInterfaces": nics}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(field_of(&err), ["status.networkInterfaces[1].macAddress"]);
+    let err = s
+        .patch(
+            &srv,
+            None,
+            "a",
+            &json!({"status": {"powerState": "Of"}}),
+            Part::Status,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(field_of(&err), ["status.powerState"]);
+    let mut u = (*o).clone();
+    u["status"]["state"] = json!("available");
+    let err = s.update(&srv, u, Part::Status).await.unwrap_err();
+    assert_eq!(field_of(&err), ["status.state"]);
+    let err = s
+        .patch(
+            &srv,
+            None,
+            "a",
+            &json!({"spec": {"systemUUID": "not-a-uuid"}}),
+            Part::Main,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(field_of(&err), ["spec.systemUUID"]);
+    assert_eq!(s.revision(), rev, "nothing was stored");
+    // The other kinds' status enums.
+    let claim = rt("serverclaim");
+    let c = s
+        .create(
+            &claim,
+            json!({"metadata": {"name": "c"}, "spec": {"image": "i", "power": "On"}}),
+        )
+        .await
+        .unwrap();
+    let err = s
+        .update_status(&claim, &c, json!({"phase": "Bund"}))
+        .await
+        .unwrap_err();
+    assert_eq!(field_of(&err), ["status.phase"]);
+    let bmc = rt("bmc");
+    let b = s
+        .create(
+            &bmc,
+            json!({"metadata": {"name": "b"}, "spec": {"access": {"ip": "10.0.0.9"},
+            "bmcSecretRef": {"name": "x"}, "protocol": {"name": "Redfish", "port": 443}}}),
+        )
+        .await
+        .unwrap();
+    let err = s
+        .update_status(
+            &bmc,
+            &b,
+            json!({"state": "Enabled", "powerState": "Standby"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(field_of(&err), ["status.powerState"]);
+    // A Server stored before the rules (written to the KV directly, as an older
+    // bootplane could have): writes that leave its values alone go through.
+    let old = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+        "metadata": {"name": "old", "uid": "u-old", "generation": 1},
+        "spec": {"systemUUID": "u1", "reclaimPolicy": "Recycle"},
+        "status": {"state": "Parked", "networkInterfaces": [{"name": "eth0", "macAddress": "bogus"}]}});
+    s.kv()
+        .txn(vec![kv::Op::put(
+            srv.key(None, "old"),
+            kv::Compare::Absent,
+            old,
+        )])
+        .await
+        .unwrap();
+    let cur = s.get(&srv, None, "old").unwrap();
+    let mut st = cur["status"].clone();
+    st["conditions"] = json!([]);
+    let cur = s.update_status(&srv, &cur, st).await.unwrap();
+    assert_eq!(cur["status"]["conditions"], json!([]));
+    let cur = s
+        .patch(
+            &srv,
+            None,
+            "old",
+            &json!({"metadata": {"labels": {"rack": "r1"}}}),
+            Part::Main,
+        )
+        .await
+        .unwrap();
+    assert_eq!(cur["status"]["state"], "Parked");
+    let err = s
+        .update_status(&srv, &cur, json!({"state": "Parkd"}))
+        .await
+        .unwrap_err();
+    assert_eq!(field_of(&err), ["status.state"]);
+    s.update_status(&srv, &cur, json!({"state": "Available"}))
+        .await
+        .unwrap();
 }

@@ -1,13 +1,16 @@
 //! Validation of objects before they are written: the identity fields every object
 //! has (apiVersion, kind, name, namespace, labels, annotations), the type's schema
-//! (with its defaults applied), and the built-in types' own rules (Secrets).
+//! (with its defaults applied), the constraints bootplane adds to the reference CRDs
+//! (`model::constraints`: enums such as `status.state`, UUID/MAC/IP formats), and the
+//! built-in types' own rules (Secrets). Every write goes through [`check`]: create,
+//! update of either part, `update_status`, merge patch.
 
 use serde_json::{Map, Value};
 
 use super::{Result, StoreError};
-use crate::model::labels;
 use crate::model::registry::ResourceType;
 use crate::model::schema::{FieldError, Reason};
+use crate::model::{constraints, labels};
 
 pub(super) fn err_invalid(rt: &ResourceType, name: &str, causes: Vec<FieldError>) -> StoreError {
     StoreError::Invalid {
@@ -148,19 +151,9 @@ pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> 
         schema.apply_defaults(obj);
         schema.validate("", obj, old, &mut causes);
     }
-    // Stricter than the CRD (which has no enum here): the controllers can only act
-    // on On and Off, so anything else is refused up front.
-    if rt.group == "metal.ironcore.dev" && (rt.kind == "Server" || rt.kind == "ServerClaim") {
-        if let Some(p) = obj.pointer("/spec/power").filter(|p| !p.is_null()) {
-            if p != "On" && p != "Off" {
-                causes.push(field(
-                    "spec.power",
-                    Reason::NotSupported,
-                    format!("Unsupported value: {p}: supported values: \"On\", \"Off\""),
-                ));
-            }
-        }
-    }
+    // What the CRDs leave out (enums, UUID/MAC/IP formats), values an update leaves
+    // unchanged excepted (`model::constraints`).
+    constraints::check(&rt.group, &rt.kind, obj, old, &mut causes);
     if causes.is_empty() {
         Ok(())
     } else {

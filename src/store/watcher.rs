@@ -312,7 +312,7 @@ mod tests {
     async fn server(s: &Store, name: &str) {
         s.create(
             &rt("server"),
-            json!({"metadata": {"name": name}, "spec": {"systemUUID": name}}),
+            json!({"metadata": {"name": name}, "spec": {"systemUUID": uuid::Uuid::new_v4().to_string()}}),
         )
         .await
         .unwrap();

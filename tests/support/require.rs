@@ -39,6 +39,8 @@ pub fn package_of(tool: &str) -> Option<&'static str> {
         "timeout" | "sha256sum" => "coreutils",
         "dpkg-deb" => "dpkg",
         "ldd" => "libc-bin",
+        "file" => "file",
+        "python3" => "python3",
         "apt-get" | "apt-cache" => "apt",
         "cc" => "gcc",
         _ => return None,

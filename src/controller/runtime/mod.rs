@@ -247,7 +247,7 @@ mod tests {
             store
                 .create(
                     &t,
-                    serde_json::json!({"metadata": {"name": n}, "spec": {"systemUUID": n}}),
+                    serde_json::json!({"metadata": {"name": n}, "spec": {"systemUUID": uuid::Uuid::new_v4().to_string()}}),
                 )
                 .await
                 .unwrap();
