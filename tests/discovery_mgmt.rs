@@ -103,17 +103,33 @@ fn management_leases_become_endpoints_bmcs_and_secrets_once() {
     // An Endpoint per known-prefix lease, with the leased address; none for the unknown.
     let (good, wrong) = (endpoint_name(GOOD), endpoint_name(WRONG));
     for (name, mac, ip) in [(&good, GOOD, &ips[0]), (&wrong, WRONG, &ips[1])] {
-        let ep = lab.wait(20, &format!("endpoint {name}"), || lab.get("endpoint", name));
+        let ep = lab.wait(20, &format!("endpoint {name}"), || {
+            lab.get("endpoint", name)
+        });
         assert_eq!(ep["spec"]["ip"], ip.as_str(), "{ep}");
         assert_eq!(ep["spec"]["macAddress"], mac, "{ep}");
     }
     let eps = names(&lab.cli(&["get", "endpoints"], None));
-    assert_eq!(eps, vec![good.clone(), wrong.clone()], "only known prefixes");
+    assert_eq!(
+        eps,
+        vec![good.clone(), wrong.clone()],
+        "only known prefixes"
+    );
     let m = lab.metrics();
-    assert_eq!(metric(&m, "bootplane_discovery_unknown_mac_total"), 1.0, "{m}");
-    assert_eq!(metric(&m, "bootplane_discovery_endpoints_created_total"), 2.0);
+    assert_eq!(
+        metric(&m, "bootplane_discovery_unknown_mac_total"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "bootplane_discovery_endpoints_created_total"),
+        2.0
+    );
     assert!(metric(&m, "bootplane_dhcp_management_acks_total") >= 3.0);
-    assert_eq!(metric(&m, "bootplane_dhcp_management_reports_dropped_total"), 0.0);
+    assert_eq!(
+        metric(&m, "bootplane_dhcp_management_reports_dropped_total"),
+        0.0
+    );
     assert!(
         read(&lab.path("state/dhcp-management-leases.log")).contains(UNKNOWN),
         "the management scope keeps its own lease log"
@@ -133,7 +149,10 @@ fn management_leases_become_endpoints_bmcs_and_secrets_once() {
         let vendor = lab.get("bmcsecret", default).unwrap();
         assert_eq!(secret["data"], vendor["data"]);
         for o in [&bmc, &secret] {
-            assert_eq!(o["metadata"]["ownerReferences"][0]["uid"], ep["metadata"]["uid"]);
+            assert_eq!(
+                o["metadata"]["ownerReferences"][0]["uid"],
+                ep["metadata"]["uid"]
+            );
             assert_eq!(o["metadata"]["ownerReferences"][0]["kind"], "Endpoint");
         }
     }
@@ -144,7 +163,10 @@ fn management_leases_become_endpoints_bmcs_and_secrets_once() {
         (b["status"]["state"] == "Enabled" && condition(&b, "Authenticated")["status"] == "True")
             .then_some(b)
     });
-    assert_eq!(b["status"]["conditions"].as_array().map(|c| !c.is_empty()), Some(true));
+    assert_eq!(
+        b["status"]["conditions"].as_array().map(|c| !c.is_empty()),
+        Some(true)
+    );
     assert!(bmc_a.sessions_created() >= 1);
 
     // Wrong default credentials: refused, then throttled; at most 3 logins reach the BMC.
@@ -157,7 +179,10 @@ fn management_leases_become_endpoints_bmcs_and_secrets_once() {
     assert!(!b.to_string().contains("factory-default"), "{b}");
     std::thread::sleep(Duration::from_secs(4));
     let logins = bmc_b.requests("/redfish/v1/SessionService/Sessions");
-    assert_eq!(logins, 3, "auth attempts that reached the wrong-credentials BMC");
+    assert_eq!(
+        logins, 3,
+        "auth attempts that reached the wrong-credentials BMC"
+    );
     assert_eq!(bmc_b.sessions_created(), 0);
 
     // Re-leasing and restarting change nothing.
@@ -168,7 +193,10 @@ fn management_leases_become_endpoints_bmcs_and_secrets_once() {
                 v.push((format!("{kind}/{n}"), rv(&lab.get(kind, n).unwrap())));
             }
             let b = lab.get("bmc", n).unwrap();
-            v.push((format!("bmc/{n}"), format!("{} {}", b["metadata"]["uid"], b["spec"])));
+            v.push((
+                format!("bmc/{n}"),
+                format!("{} {}", b["metadata"]["uid"], b["spec"]),
+            ));
         }
         v
     };
@@ -177,14 +205,21 @@ fn management_leases_become_endpoints_bmcs_and_secrets_once() {
     lab.bp.as_mut().unwrap().kill9();
     lab.bp = None;
     lab.start(MAC_DB, "");
-    for i in 0..3 {
-        assert_eq!(lab.lease(i), ips[i], "address after restart");
+    for (i, ip) in ips.iter().enumerate() {
+        assert_eq!(&lab.lease(i), ip, "address after restart");
     }
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(snapshot(&lab), before, "re-leasing/restarting rewrote objects");
+    assert_eq!(
+        snapshot(&lab),
+        before,
+        "re-leasing/restarting rewrote objects"
+    );
     assert_eq!(names(&lab.cli(&["get", "endpoints"], None)).len(), 2);
     let m = lab.metrics();
-    assert_eq!(metric(&m, "bootplane_discovery_endpoints_created_total"), 0.0);
+    assert_eq!(
+        metric(&m, "bootplane_discovery_endpoints_created_total"),
+        0.0
+    );
     assert_eq!(metric(&m, "bootplane_discovery_bmcs_created_total"), 0.0);
     assert_eq!(metric(&m, "bootplane_discovery_unknown_mac_total"), 1.0);
 

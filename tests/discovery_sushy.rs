@@ -51,7 +51,12 @@ fn servers(lab: &Lab) -> BTreeMap<String, (String, String, String)> {
         .unwrap_or_default()
         .iter()
         .map(|s| {
-            let f = |p: &str| s.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+            let f = |p: &str| {
+                s.pointer(p)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
             (
                 f("/metadata/name"),
                 (
@@ -75,13 +80,20 @@ fn expected() -> BTreeMap<String, String> {
     m
 }
 
-fn check_servers(lab: &Lab, want: &BTreeMap<String, String>) -> BTreeMap<String, (String, String, String)> {
+fn check_servers(
+    lab: &Lab,
+    want: &BTreeMap<String, String>,
+) -> BTreeMap<String, (String, String, String)> {
     let got = servers(lab);
     assert_eq!(got.len(), EMULATORS * PER_EMULATOR);
     let uuids: BTreeSet<&String> = got.values().map(|(_, u, _)| u).collect();
     assert_eq!(uuids.len(), got.len(), "a system UUID has two Servers");
     for (name, (_, uuid, bmc)) in &got {
-        assert_eq!(want.get(uuid), Some(bmc), "server {name} ({uuid}) names the wrong BMC");
+        assert_eq!(
+            want.get(uuid),
+            Some(bmc),
+            "server {name} ({uuid}) names the wrong BMC"
+        );
     }
     got
 }
@@ -103,7 +115,12 @@ fn three_hundred_systems_behind_six_discovered_bmcs_are_one_server_each() {
                     systems: fake_systems(i as u32 + 1, PER_EMULATOR),
                     auth: Some(("admin".into(), "sushy-pw".into())),
                     listen_ip: Some(ips[i].parse().unwrap()),
-                    prefix: vec!["ip".into(), "netns".into(), "exec".into(), lab.bmcs[i].1.name.clone()],
+                    prefix: vec![
+                        "ip".into(),
+                        "netns".into(),
+                        "exec".into(),
+                        lab.bmcs[i].1.name.clone(),
+                    ],
                     port: Some(8000),
                     ..Options::default()
                 };
@@ -132,7 +149,8 @@ fn three_hundred_systems_behind_six_discovered_bmcs_are_one_server_each() {
         let ep = lab.get("endpoint", &name).unwrap();
         assert_eq!(ep["spec"]["ip"], ip.as_str());
         let bmc = lab.wait(30, "bmc enabled", || {
-            lab.get("bmc", &name).filter(|b| b["status"]["state"] == "Enabled")
+            lab.get("bmc", &name)
+                .filter(|b| b["status"]["state"] == "Enabled")
         });
         assert_eq!(condition(&bmc, "Authenticated")["status"], "True", "{bmc}");
     }
@@ -142,7 +160,10 @@ fn three_hundred_systems_behind_six_discovered_bmcs_are_one_server_each() {
                 let n = endpoint_name(m);
                 let ep = lab.get("endpoint", &n).unwrap();
                 let b = lab.get("bmc", &n).unwrap();
-                format!("{} {} {}", ep["metadata"]["resourceVersion"], b["metadata"]["uid"], b["spec"])
+                format!(
+                    "{} {} {}",
+                    ep["metadata"]["resourceVersion"], b["metadata"]["uid"], b["spec"]
+                )
             })
             .collect()
     };
@@ -158,7 +179,10 @@ fn three_hundred_systems_behind_six_discovered_bmcs_are_one_server_each() {
     // Several polls of every BMC (power.redfish.poll_interval_secs = 1) after the restart.
     std::thread::sleep(Duration::from_secs(8));
     let m = lab.metrics();
-    assert_eq!(metric(&m, "bootplane_discovery_endpoints_created_total"), 0.0);
+    assert_eq!(
+        metric(&m, "bootplane_discovery_endpoints_created_total"),
+        0.0
+    );
     assert_eq!(metric(&m, "bootplane_discovery_bmcs_created_total"), 0.0);
     let after = check_servers(&lab, &want);
     assert_eq!(after, before, "servers changed after discovery ran again");

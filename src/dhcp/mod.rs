@@ -440,14 +440,12 @@ pub async fn run_scope(
     if iface.is_empty() {
         bail!("dhcp needs an interface (dhcp.interface or --dhcp-interface)");
     }
-    let server_ip = match settings.server_ip {
-        Some(ip) => ip,
-        None => interface_ipv4(&iface)?.0,
-    };
+    let server_ip = settings
+        .server_ip
+        .map_or_else(|| interface_ipv4(&iface).map(|a| a.0), Ok)?;
     let (max_batch, commit_window) = (settings.max_batch, settings.commit_window);
     metrics.init_drop_reasons();
-    let rate = f64::from(settings.rate_limit_per_mac);
-    let mode = settings.mode;
+    let (rate, mode) = (f64::from(settings.rate_limit_per_mac), settings.mode);
     let mut server = Server::new(settings, server_ip);
     if let Some(rx) = reservations.as_mut() {
         server.set_reservations(rx.borrow_and_update().clone());
@@ -534,7 +532,8 @@ pub async fn run_scope(
             drain_queued(&sockets, &mut batch, max_batch, &mut buf);
             let now = (unix_now(), Instant::now());
             for p in batch.drain(..) {
-                let reply = handle_packet(&mut server, &mut limiter, &mut reporter, &metrics, p, now);
+                let reply =
+                    handle_packet(&mut server, &mut limiter, &mut reporter, &metrics, p, now);
                 if let Some((r, port)) = reply {
                     // An ACK waits for its lease to be durable; everything else leaves now.
                     if r.kind == ReplyKind::Ack {

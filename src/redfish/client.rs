@@ -81,7 +81,13 @@ impl AuthBudget {
     }
 
     /// `Err` when `max` attempts were refused within `interval` (nothing may be sent).
-    fn check(&mut self, credentials: u64, max: u32, interval: Duration, now: Instant) -> Result<(), Error> {
+    fn check(
+        &mut self,
+        credentials: u64,
+        max: u32,
+        interval: Duration,
+        now: Instant,
+    ) -> Result<(), Error> {
         self.window(credentials, interval, now);
         if self.refused.len() < max.max(1) as usize {
             return Ok(());

@@ -145,11 +145,14 @@ impl Management {
             }
         };
         let reconcilers = Runtime::new(self.clone(), self.store.clone(), workers.clamp(1, 8))
-            .watch([self.t_endpoint.clone()], |c: &Management, _, o, deleted| {
-                if !deleted {
-                    c.queue.add(meta::name(o).to_string());
-                }
-            })
+            .watch(
+                [self.t_endpoint.clone()],
+                |c: &Management, _, o, deleted| {
+                    if !deleted {
+                        c.queue.add(meta::name(o).to_string());
+                    }
+                },
+            )
             .reconciler("endpoint", self.queue.clone(), |c, k| async move {
                 c.reconcile(&k).await
             })
@@ -166,7 +169,9 @@ impl Management {
         };
         for _ in 0..3 {
             match self.upsert_endpoint(g, entry).await {
-                Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => continue,
+                Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => {
+                    continue
+                }
                 Err(e) => {
                     tracing::warn!(mac = %MacFmt(&g.mac), error = %e, "writing the endpoint failed");
                     return;
@@ -219,13 +224,20 @@ impl Management {
         if meta::is_deleting(&ep) {
             return Ok(Next::Done);
         }
-        let mac = ep.pointer("/spec/macAddress").and_then(Value::as_str).unwrap_or("");
+        let mac = ep
+            .pointer("/spec/macAddress")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let Some(entry) = parse_mac(mac).ok().and_then(|m| self.db.lookup(&m)) else {
             return Ok(Next::Done);
         };
         let owner = controller_ref(&self.t_endpoint, &ep);
         if !self.exists(&self.t_secret, name)? {
-            let default = match self.store.get(&self.t_secret, None, &entry.default_credentials_secret) {
+            let default = match self.store.get(
+                &self.t_secret,
+                None,
+                &entry.default_credentials_secret,
+            ) {
                 Ok(s) => s,
                 Err(StoreError::NotFound { .. }) => {
                     tracing::warn!(endpoint = %name, secret = %entry.default_credentials_secret, "default-credentials BMCSecret not found; waiting for it");

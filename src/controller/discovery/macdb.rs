@@ -149,7 +149,7 @@ impl MacDb {
             }
             if !valid_name(&e.default_credentials_secret) {
                 return Err(bad(
-                    "defaultCredentialsSecret must be a BMCSecret name".into(),
+                    "defaultCredentialsSecret must be a BMCSecret name".into()
                 ));
             }
             if entries.contains_key(&prefix) {
@@ -256,6 +256,9 @@ mod tests {
             MacDb::parse(&format!("macPrefixes:\n{many}")),
             Err(MacDbError::TooMany(_))
         ));
-        assert!(matches!(MacDb::parse("macPrefixes: 3"), Err(MacDbError::Syntax(_))));
+        assert!(matches!(
+            MacDb::parse("macPrefixes: 3"),
+            Err(MacDbError::Syntax(_))
+        ));
     }
 }

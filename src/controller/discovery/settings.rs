@@ -125,8 +125,10 @@ mod tests {
         assert!(!DiscoveryConfig::default().management());
         let e = parse("[dhcp]\nenabled = true\ninterface = \"m0\"\n").unwrap_err();
         assert!(e.to_string().contains("authoritative"), "{e}");
-        let e = parse("[dhcp]\nenabled = true\nmode = \"authoritative\"\nrange = \"10.9.0.10-10.9.0.20\"\n")
-            .unwrap_err();
+        let e = parse(
+            "[dhcp]\nenabled = true\nmode = \"authoritative\"\nrange = \"10.9.0.10-10.9.0.20\"\n",
+        )
+        .unwrap_err();
         assert!(format!("{e:#}").contains("interface"), "{e:#}");
         assert!(parse("[dhcp]\nbogus = 1\n").is_err());
     }

@@ -348,6 +348,9 @@ mod tests {
         // Inline spec.access wins over an endpointRef.
         let mut both = by_ref("d", "gone");
         both["spec"]["access"] = json!({"ip": "10.0.0.10"});
-        assert_eq!(bmc_target(&s, &both).unwrap().base_url, "http://10.0.0.10:8000");
+        assert_eq!(
+            bmc_target(&s, &both).unwrap().base_url,
+            "http://10.0.0.10:8000"
+        );
     }
 }
