@@ -442,6 +442,13 @@ fn bad_inventories_are_refused_counted_and_write_nothing() {
     // Oversized: refused before the body is read.
     let (c, _) = post(&url, &vec![b' '; 300 << 10]);
     assert_eq!(c, 413);
+    assert_eq!(
+        metric(
+            &b,
+            "bootplane_http_discovery_inventory_total{result=\"too_large\"}"
+        ),
+        1.0
+    );
     // A chunked body: no.
     let resp = ureq::post(&url)
         .set("Transfer-Encoding", "chunked")

@@ -40,15 +40,24 @@ const BMC_USER: &str = "bmc-admin";
 const BMC_PASSWORD: &str = "sushy-discovery-pw";
 const IMAGE: &str = "bootplane-discovery:latest";
 
-/// The discovery image, built once per target dir by the repository's script.
+/// The discovery image, built by the repository's script into the same place as
+/// tests/discovery_image.rs builds it (downloads cached under target/), once per process.
 fn discovery_image() -> (Vec<u8>, Vec<u8>) {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("discovery-image");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let o = run_for(
-        Command::new(repo.join("scripts/make-discovery-image.sh")).arg(&out),
-        Duration::from_secs(900),
-    );
-    assert!(o.status.success(), "make-discovery-image.sh: {}", text(&o));
+    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let out = tmp.join("discovery-images/bootplane-discovery");
+    if built.is_none() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let o = run_for(
+            Command::new(repo.join("scripts/make-discovery-image.sh"))
+                .arg(&out)
+                .env("CACHE_DIR", tmp.join("discovery-image/cache")),
+            Duration::from_secs(900),
+        );
+        assert!(o.status.success(), "make-discovery-image.sh: {}", text(&o));
+        *built = Some(out.clone());
+    }
     (
         std::fs::read(out.join("vmlinuz")).unwrap(),
         std::fs::read(out.join("initramfs.img")).unwrap(),
@@ -240,9 +249,15 @@ lldp_wait_secs = 2
     }
 }
 
+/// The last `n` lines of `s`, without control characters (a console's escapes would
+/// garble the test's report).
 fn tail_lines(s: &str, n: usize) -> String {
     let l: Vec<&str> = s.lines().collect();
-    l[l.len().saturating_sub(n)..].join("\n")
+    l[l.len().saturating_sub(n)..]
+        .join("\n")
+        .chars()
+        .filter(|c| *c == '\n' || !c.is_control())
+        .collect()
 }
 
 /// The domain of these tests: SeaBIOS (console on COM1), 2 virtio NICs on `br0`, 2 SCSI

@@ -146,27 +146,28 @@ pub async fn sync(
     }
     // New systems are read side by side (the pool's per-BMC limit bounds them): a
     // blade chassis of 16 systems costs one round of reads, not sixteen.
-    let results: Vec<Result<Option<(String, String, bool)>, SyncError>> =
-        futures::stream::iter(new)
-            .map(|id| async move {
-                let sys = client.system(&id).await?;
-                let Some(uuid) = sys.uuid.as_deref().and_then(|u| parse_uuid(u).ok()) else {
-                    return Ok(None);
+    // Per new system: `(id, uuid, created)`, or `None` without a usable UUID.
+    type Found = Option<(String, String, bool)>;
+    let results: Vec<Result<Found, SyncError>> = futures::stream::iter(new)
+        .map(|id| async move {
+            let sys = client.system(&id).await?;
+            let Some(uuid) = sys.uuid.as_deref().and_then(|u| parse_uuid(u).ok()) else {
+                return Ok(None);
+            };
+            let mut created = false;
+            if index.server_with_uuid(&uuid).is_none() {
+                let nics = match client.ethernet_interfaces(&sys).await {
+                    Ok(n) => n,
+                    Err(redfish::Error::Unsupported(_)) => Vec::new(),
+                    Err(e) => return Err(e.into()),
                 };
-                let mut created = false;
-                if index.server_with_uuid(&uuid).is_none() {
-                    let nics = match client.ethernet_interfaces(&sys).await {
-                        Ok(n) => n,
-                        Err(redfish::Error::Unsupported(_)) => Vec::new(),
-                        Err(e) => return Err(e.into()),
-                    };
-                    created = create(store, t_server, bmc, &sys, &uuid, &nics).await?;
-                }
-                Ok(Some((id, uuid, created)))
-            })
-            .buffer_unordered(READ_AHEAD)
-            .collect()
-            .await;
+                created = create(store, t_server, bmc, &sys, &uuid, &nics).await?;
+            }
+            Ok(Some((id, uuid, created)))
+        })
+        .buffer_unordered(READ_AHEAD)
+        .collect()
+        .await;
     for r in results {
         match r? {
             Some((id, uuid, created)) => {

@@ -167,12 +167,20 @@ pub async fn serve(
         let is_head = req.method() == Method::HEAD;
         let mut body = Bytes::new();
         if has_body && super::discovery::takes_body(req.method(), req.uri().path()) {
-            if chunked {
-                return fail(&stream, &mut out, StatusCode::LENGTH_REQUIRED).await;
-            }
             let len = content_length.unwrap_or(0) as usize;
-            if len > super::discovery::MAX_INVENTORY_BYTES {
-                return fail(&stream, &mut out, StatusCode::PAYLOAD_TOO_LARGE).await;
+            if chunked || len > super::discovery::MAX_INVENTORY_BYTES {
+                app.metrics()
+                    .inventory
+                    .get_or_create(&super::metrics::ResultLabels {
+                        result: "too_large",
+                    })
+                    .inc();
+                let status = if chunked {
+                    StatusCode::LENGTH_REQUIRED
+                } else {
+                    StatusCode::PAYLOAD_TOO_LARGE
+                };
+                return fail(&stream, &mut out, status).await;
             }
             body = read_body(&mut stream, &mut rbuf, len).await?;
             has_body = false;

@@ -69,6 +69,18 @@ struct Hot {
     ignition_fetched: Counter,
 }
 
+/// The outcomes of an inventory post (`bootplane_http_discovery_inventory_total`).
+pub const INVENTORY_RESULTS: [&str; 8] = [
+    "accepted",
+    "forbidden",
+    "malformed",
+    "invalid",
+    "too_large",
+    "conflict",
+    "unknown",
+    "busy",
+];
+
 /// Routes whose series are resolved at start (those of the boot listener).
 pub const HOT_ROUTES: [&str; 5] = ["boot_ipxe", "script", "ignition", "assets", "other"];
 
@@ -114,7 +126,15 @@ impl Metrics {
             latency,
             boot_progress,
             identity_refused: Family::default(),
-            inventory: Family::default(),
+            inventory: {
+                // Every outcome exported from the start (at 0), so rates and alerts work
+                // before the first discovery.
+                let f: Family<ResultLabels, Counter> = Family::default();
+                for result in INVENTORY_RESULTS {
+                    f.get_or_create(&ResultLabels { result });
+                }
+                f
+            },
             connections: crate::listen::ConnMetrics::default(),
             connection_errors: Counter::default(),
             hot: std::sync::Arc::new(hot),
