@@ -12,11 +12,7 @@ use prometheus_client::registry::Registry;
 fn exported_names() -> Vec<String> {
     // (an empty label family is not encoded at all: give each one a sample)
     let mut reg = Registry::default();
-    let http = bootplane::http::Metrics::new();
-    http.inventory
-        .get_or_create(&bootplane::http::metrics::ResultLabels { result: "accepted" })
-        .inc();
-    http.register(&mut reg);
+    bootplane::http::Metrics::new().register(&mut reg);
     let dhcp = bootplane::dhcp::Metrics::default();
     dhcp.init_drop_reasons();
     let subnet = bootplane::dhcp::metrics::SubnetLabels {

@@ -289,3 +289,73 @@ fn ignore_exists(r: Result<Arc<Value>, StoreError>) -> Result<bool, StoreError> 
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DB: &str = "macPrefixes:
+- {macPrefix: \"52:54:00\", protocol: Redfish, port: 8443, defaultCredentialsSecret: vendor}
+";
+
+    fn grant(last: u8, ip: [u8; 4]) -> Grant {
+        Grant {
+            mac: [0x52, 0x54, 0, 0, 0, last],
+            ip: ip.into(),
+            hostname: None,
+            vendor_class: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn leases_make_endpoints_that_follow_the_address_and_unknown_ones_are_counted() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let m = Management::new(store.clone(), MacDb::parse(DB).unwrap(), Metrics::default());
+        let get = |n: &str| store.get(&m.t_endpoint, None, n).unwrap();
+        m.lease(&grant(1, [10, 0, 0, 5])).await;
+        let e = get("bmc-525400000001");
+        assert_eq!(e["spec"]["ip"], "10.0.0.5");
+        assert_eq!(e["spec"]["macAddress"], "52:54:00:00:00:01");
+        // The same lease again writes nothing; a new address is followed.
+        m.lease(&grant(1, [10, 0, 0, 5])).await;
+        assert_eq!(get("bmc-525400000001"), e);
+        m.lease(&grant(1, [10, 0, 0, 6])).await;
+        let moved = get("bmc-525400000001");
+        assert_eq!(moved["spec"]["ip"], "10.0.0.6");
+        assert_eq!(moved["metadata"]["uid"], e["metadata"]["uid"]);
+        assert_eq!(m.metrics.endpoints_moved.get(), 1);
+        // Unknown prefix: counted, nothing written.
+        let mut other = grant(2, [10, 0, 0, 7]);
+        other.mac[0] = 0x02;
+        m.lease(&other).await;
+        assert_eq!(m.metrics.unknown_mac.get(), 1);
+        assert_eq!(m.metrics.endpoints_created.get(), 1);
+        assert!(store.get(&m.t_endpoint, None, "bmc-025400000002").is_err());
+
+        // Endpoint → BMC + BMCSecret: waits for the default secret, then creates both once.
+        let name = "bmc-525400000001".to_string();
+        assert!(matches!(m.reconcile(&name).await, Ok(Next::After(_))));
+        assert!(store.get(&m.t_bmc, None, &name).is_err());
+        let vendor = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
+            "metadata": {"name": "vendor"}, "stringData": {"username": "root", "password": "calvin"}});
+        store.create(&m.t_secret, vendor).await.unwrap();
+        assert_eq!(m.reconcile(&name).await.unwrap(), Next::Done);
+        let bmc = store.get(&m.t_bmc, None, &name).unwrap();
+        assert_eq!(
+            bmc["spec"]["protocol"],
+            json!({"name": "Redfish", "port": 8443})
+        );
+        assert_eq!(bmc["spec"]["endpointRef"]["name"], name.as_str());
+        assert_eq!(
+            bmc["metadata"]["ownerReferences"][0]["uid"],
+            e["metadata"]["uid"]
+        );
+        let secret = store.get(&m.t_secret, None, &name).unwrap();
+        let vendor = store.get(&m.t_secret, None, "vendor").unwrap();
+        assert_eq!(secret["data"], vendor["data"]);
+        assert_eq!(m.reconcile(&name).await.unwrap(), Next::Done);
+        assert_eq!(store.get(&m.t_bmc, None, &name).unwrap(), bmc);
+        assert_eq!(m.metrics.bmcs_created.get(), 1);
+    }
+}
