@@ -7,7 +7,8 @@
 //! `/metrics`); a BMC + BMCSecret per Endpoint with the database's protocol, port and
 //! default credentials, owned by the Endpoint; the BMC with the right default credentials
 //! becomes `Enabled`/Authenticated; the one with wrong ones is Authenticated=False and
-//! throttled, with at most `auth_attempts` logins reaching it; re-leasing and restarting
+//! throttled, with at most `auth_attempts` logins reaching it, until the operator fixes
+//! its BMCSecret; re-leasing and restarting
 //! bootplane change nothing; deleting an Endpoint removes its BMC and BMCSecret.
 
 mod support;
@@ -184,6 +185,22 @@ fn management_leases_become_endpoints_bmcs_and_secrets_once() {
         "auth attempts that reached the wrong-credentials BMC"
     );
     assert_eq!(bmc_b.sessions_created(), 0);
+
+    // The operator puts the right password into the BMC's secret: a new budget, in at once.
+    let fixed = format!(
+        "apiVersion: metal.ironcore.dev/v1alpha1\nkind: BMCSecret\nmetadata:\n  name: {wrong}\nstringData:\n  username: admin\n  password: changed-by-operator\n"
+    );
+    let out = lab.cli(&["apply", "-f", "-"], Some(&fixed));
+    assert!(out.status.success(), "{out:?}");
+    lab.wait(20, "wrong bmc authenticated after the fix", || {
+        let b = lab.get("bmc", &wrong)?;
+        (condition(&b, "Authenticated")["status"] == "True").then_some(())
+    });
+    assert_eq!(
+        bmc_b.sessions_created(),
+        1,
+        "one login with the new credentials"
+    );
 
     // Re-leasing and restarting change nothing.
     let snapshot = |lab: &Lab| -> Vec<(String, String)> {
