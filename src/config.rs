@@ -225,6 +225,12 @@ impl Config {
         }
         self.power.redfish.validate()?;
         self.discovery.validate()?;
+        if self.dhcp.enabled
+            && self.discovery.dhcp.enabled
+            && self.dhcp.interface == self.discovery.dhcp.interface
+        {
+            bail!("discovery.dhcp.interface must differ from dhcp.interface (one DHCP scope per interface)");
+        }
         match self.log.format.as_str() {
             "text" | "json" => {}
             other => bail!("unknown log.format {other:?} (expected text or json)"),

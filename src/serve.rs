@@ -60,6 +60,10 @@ fn load_or_create_token(path: &Path) -> Result<String> {
     Ok(token)
 }
 
+/// The management scope's lease log in the state directory (the provisioning scope's
+/// is [`crate::dhcp::LEASE_FILE`]).
+pub const MANAGEMENT_LEASE_FILE: &str = "dhcp-management-leases.log";
+
 /// Run every enabled service until a signal arrives, then drain (bounded).
 pub async fn run(config: Config) -> Result<()> {
     // Private (0700, files 0600) before anything secret is written into it.
@@ -78,6 +82,8 @@ pub async fn run(config: Config) -> Result<()> {
         dhcp_metrics: crate::dhcp::Metrics::default(),
         tftp_metrics: Arc::new(crate::tftp::Metrics::default()),
         redfish_metrics: Arc::default(),
+        mgmt_dhcp_metrics: crate::dhcp::Metrics::default(),
+        discovery_metrics: Default::default(),
     };
     s.start_api(&config, token).await?;
     s.start_controllers(&config)?;
@@ -88,6 +94,9 @@ pub async fn run(config: Config) -> Result<()> {
     }
     if config.tftp.enabled {
         s.start_tftp(&config);
+    }
+    if config.discovery.management() {
+        s.start_management(&config)?;
     }
     tracing::info!(state_dir = %config.state_dir.display(), "bootplane started");
     s.wait_and_drain().await
@@ -154,6 +163,9 @@ struct Services {
     dhcp_metrics: crate::dhcp::Metrics,
     tftp_metrics: Arc<crate::tftp::Metrics>,
     redfish_metrics: Arc<crate::power::redfish::metrics::Metrics>,
+    /// The management DHCP scope's and the Endpoint intake's (`[discovery.dhcp]`).
+    mgmt_dhcp_metrics: crate::dhcp::Metrics,
+    discovery_metrics: crate::controller::discovery::endpoints::Metrics,
 }
 
 impl Services {
@@ -166,6 +178,11 @@ impl Services {
         }
         if config.tftp.enabled {
             self.tftp_metrics.register(&mut metrics);
+        }
+        if config.discovery.management() {
+            self.mgmt_dhcp_metrics
+                .register_with_prefix(&mut metrics, "bootplane_dhcp_management");
+            self.discovery_metrics.register(&mut metrics);
         }
         if config.controller.enabled {
             self.redfish_metrics.register(&mut metrics);
@@ -353,6 +370,39 @@ impl Services {
             crate::dhcp::run(settings, &state_dir, metrics, l, Some(r), s)
                 .await
                 .context("dhcp server")
+        });
+        Ok(())
+    }
+
+    /// The management scope (`[discovery.dhcp]`: a second DHCP server on its own
+    /// interface and lease log) and the Endpoint → BMC reconcilers its leases feed.
+    fn start_management(&mut self, config: &Config) -> Result<()> {
+        use crate::controller::discovery::endpoints::{load_db, GRANT_QUEUE};
+        let d = &config.discovery;
+        let db = load_db(d.mac_db.as_deref())?;
+        let settings = crate::dhcp::DhcpSettings::from_config(&d.dhcp, &config.public_http_url())
+            .context("discovery.dhcp")?;
+        let (tx, rx) = tokio::sync::mpsc::channel(GRANT_QUEUE);
+        let scope = crate::dhcp::Scope {
+            log_path: config.state_dir.join(MANAGEMENT_LEASE_FILE),
+            grants: Some(tx),
+        };
+        let (metrics, s) = (self.mgmt_dhcp_metrics.clone(), self.coord.handle());
+        self.tasks.spawn(async move {
+            crate::dhcp::run_scope(settings, scope, metrics, LeaseIndex::default(), None, s)
+                .await
+                .context("management dhcp server")
+        });
+        tracing::info!(prefixes = db.len(), "management network discovery on");
+        let mgmt = crate::controller::discovery::Management::new(
+            self.store.clone(),
+            db,
+            self.discovery_metrics.clone(),
+        );
+        let (s, workers) = (self.coord.handle(), config.controller.workers);
+        self.tasks.spawn(async move {
+            mgmt.run(rx, workers, s).await;
+            Ok(())
         });
         Ok(())
     }

@@ -74,6 +74,7 @@ fn reference_samples_apply_unchanged_and_get_shows_them() {
         "metal_v1alpha1_serverbootconfiguration.yaml",
         "metal_v1alpha1_bmcsecret.yaml",
         "metal_v1alpha1_bmc.yaml",
+        "metal_v1alpha1_endpoint.yaml",
     ] {
         let (code, out, err) = b.cli(&["apply", "-f", dir.join(f).to_str().unwrap()]);
         assert_eq!(code, 0, "{f}: {out} {err}");
@@ -117,6 +118,12 @@ fn reference_samples_apply_unchanged_and_get_shows_them() {
     let (code, out, _) = b.cli(&["get", "bmcs"]);
     assert_eq!(code, 0);
     assert!(out.contains("bmc-sample"), "{out}");
+    let (code, out, _) = b.cli(&["get", "endpoints"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("endpoint-sample") && out.contains("23:11:8A:33:CF:EA"),
+        "{out}"
+    );
     // The sample server has no inventory, so it waits in Initial and the claim cannot bind.
     b.wait_for(20, "sample server Initial", || {
         (b.get(&format!("{SERVERS}/endpoint-sample-system-0"))["status"]["state"] == "Initial")
@@ -145,8 +152,8 @@ fn apply_multi_document_stdin_and_directory() {
         code, 1,
         "the ssh placeholder secret fails, the rest apply: {out} {err}"
     );
-    // server, serverclaim, serverbootconfiguration, ignition secret, bmc, bmcsecret.
-    assert_eq!(out.matches("created").count(), 6, "{out}");
+    // server, serverclaim, serverbootconfiguration, ignition secret, bmc, bmcsecret, endpoint.
+    assert_eq!(out.matches("created").count(), 7, "{out}");
     let (_, out, _) = b.cli(&["get", "srv", "-l", "app.kubernetes.io/name=server"]);
     assert!(
         out.contains("endpoint-sample-system-0") && !out.contains("s1 "),

@@ -21,6 +21,8 @@ fn exported_names() -> Vec<String> {
     dhcp.pool_used.get_or_create(&subnet).set(1);
     dhcp.pool_size.get_or_create(&subnet).set(2);
     dhcp.register(&mut reg);
+    dhcp.register_with_prefix(&mut reg, "bootplane_dhcp_management");
+    bootplane::controller::discovery::endpoints::Metrics::default().register(&mut reg);
     let tftp = bootplane::tftp::Metrics::default();
     tftp.error(bootplane::tftp::metrics::ErrorKind::Busy);
     tftp.register(&mut reg);

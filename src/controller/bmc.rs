@@ -344,7 +344,7 @@ fn write_error(st: &mut Value, e: &redfish::Error) {
     st["state"] = json!("Error");
     let msg = e.to_string();
     match e {
-        redfish::Error::Unauthorized(_) => {
+        redfish::Error::Unauthorized(_) | redfish::Error::AuthThrottled { .. } => {
             answered(st);
             set_condition(st, "Authenticated", false, e.reason(), &msg);
         }

@@ -70,6 +70,8 @@ pub struct Metrics {
     pub pool_size: Family<SubnetLabels, Gauge>,
     /// Durable lease-log commits (one per batch with changes).
     pub commits: Counter,
+    /// Granted leases not reported because the reader's channel was full ([`super::grants`]).
+    pub reports_dropped: Counter,
 }
 
 impl Metrics {
@@ -89,7 +91,12 @@ impl Metrics {
     }
 
     pub fn register(&self, r: &mut Registry) {
-        let r = r.sub_registry_with_prefix("bootplane_dhcp");
+        self.register_with_prefix(r, "bootplane_dhcp");
+    }
+
+    /// Registers under `prefix` (a second scope, e.g. `bootplane_dhcp_management`).
+    pub fn register_with_prefix(&self, r: &mut Registry, prefix: &str) {
+        let r = r.sub_registry_with_prefix(prefix);
         r.register("received", "DHCP packets received", self.received.clone());
         r.register("offers", "DHCPOFFERs sent", self.offers.clone());
         r.register("acks", "DHCPACKs sent", self.acks.clone());
@@ -114,5 +121,10 @@ impl Metrics {
             self.pool_size.clone(),
         );
         r.register("commits", "durable lease-log commits", self.commits.clone());
+        r.register(
+            "reports_dropped",
+            "granted leases not reported (the reader's channel was full)",
+            self.reports_dropped.clone(),
+        );
     }
 }

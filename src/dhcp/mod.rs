@@ -27,6 +27,7 @@
 //! share the port with the authoritative server of the segment.
 
 pub mod core;
+pub mod grants;
 pub mod leases;
 pub mod metrics;
 pub mod overload;
@@ -36,7 +37,7 @@ pub mod settings;
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::sys::unix_now;
@@ -45,11 +46,13 @@ use anyhow::{bail, Context as _, Result};
 use tokio::net::UdpSocket;
 
 pub use self::core::{ClientInfo, Meta, Outcome, Reply, ReplyKind, Server};
+pub use self::grants::Grant;
 pub use self::leases::{Lease, LeaseIndex, LeaseState};
 pub use self::metrics::{DropReason, Metrics};
 pub use self::settings::{DhcpConfig, DhcpMode, DhcpSettings, Reservation};
 
 use self::core::{PXE_PORT, SERVER_PORT};
+use self::grants::Reporter;
 use self::persist::LeaseLog;
 use crate::model::ident::Mac;
 use crate::shutdown::Shutdown;
@@ -315,6 +318,7 @@ fn queue_datagram(data: &[u8], from: SocketAddr, port: u16, batch: &mut Vec<Pack
 fn handle_packet(
     server: &mut Server,
     limiter: &mut RateLimiter,
+    reporter: &mut Reporter,
     metrics: &Metrics,
     p: Packet,
     (now_unix, now_i): (u64, Instant),
@@ -338,7 +342,12 @@ fn handle_packet(
         local_port: p.port,
     };
     match server.handle(&msg, &meta) {
-        Outcome::Reply(r) => return Some((r, p.port)),
+        Outcome::Reply(r) => {
+            if r.kind == ReplyKind::Ack {
+                reporter.acked(&msg, &r);
+            }
+            return Some((r, p.port));
+        }
         Outcome::Silent => match msg.opts().msg_type() {
             Some(dhcproto::v4::MessageType::Release) => {
                 metrics.releases.inc();
@@ -399,6 +408,31 @@ pub async fn run(
     state_dir: &Path,
     metrics: Metrics,
     index: LeaseIndex,
+    reservations: Option<tokio::sync::watch::Receiver<Vec<Reservation>>>,
+    shutdown: Shutdown,
+) -> Result<()> {
+    let log_path = state_dir.join(LEASE_FILE);
+    let scope = Scope {
+        log_path,
+        grants: None,
+    };
+    run_scope(settings, scope, metrics, index, reservations, shutdown).await
+}
+
+/// What sets one DHCP instance apart from another on the same host: its lease log,
+/// and who hears of its granted leases ([`grants`]; after they are durable).
+pub struct Scope {
+    pub log_path: PathBuf,
+    pub grants: Option<tokio::sync::mpsc::Sender<Grant>>,
+}
+
+/// [`run`] with the lease log and grant reports of `scope` (the management scope runs
+/// a second instance on its own interface, see `crate::controller::discovery`).
+pub async fn run_scope(
+    settings: DhcpSettings,
+    scope: Scope,
+    metrics: Metrics,
+    index: LeaseIndex,
     mut reservations: Option<tokio::sync::watch::Receiver<Vec<Reservation>>>,
     mut shutdown: Shutdown,
 ) -> Result<()> {
@@ -406,21 +440,18 @@ pub async fn run(
     if iface.is_empty() {
         bail!("dhcp needs an interface (dhcp.interface or --dhcp-interface)");
     }
-    let server_ip = match settings.server_ip {
-        Some(ip) => ip,
-        None => interface_ipv4(&iface)?.0,
-    };
-    let max_batch = settings.max_batch;
-    let commit_window = settings.commit_window;
+    let server_ip = settings
+        .server_ip
+        .map_or_else(|| interface_ipv4(&iface).map(|a| a.0), Ok)?;
+    let (max_batch, commit_window) = (settings.max_batch, settings.commit_window);
     metrics.init_drop_reasons();
-    let rate = f64::from(settings.rate_limit_per_mac);
-    let mode = settings.mode;
+    let (rate, mode) = (f64::from(settings.rate_limit_per_mac), settings.mode);
     let mut server = Server::new(settings, server_ip);
     if let Some(rx) = reservations.as_mut() {
         server.set_reservations(rx.borrow_and_update().clone());
     }
 
-    let log_path = state_dir.join(LEASE_FILE);
+    let (log_path, mut reporter) = (scope.log_path, Reporter::new(scope.grants));
     let (log, loaded) = load_leases(&log_path, &mut server, &index)?;
 
     let s67 = udp_socket(&iface, SERVER_PORT)?;
@@ -484,6 +515,7 @@ pub async fn run(
             done = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
                 inflight = None;
                 let c = done.context("lease log writer panicked")?;
+                reporter.committed(c.result.is_ok(), &metrics);
                 let acks = std::mem::take(&mut inflight_acks);
                 log = Some(committed(c, acks, &server, &index, &metrics, &sockets, &log_path).await);
             }
@@ -500,7 +532,8 @@ pub async fn run(
             drain_queued(&sockets, &mut batch, max_batch, &mut buf);
             let now = (unix_now(), Instant::now());
             for p in batch.drain(..) {
-                let reply = handle_packet(&mut server, &mut limiter, &metrics, p, now);
+                let reply =
+                    handle_packet(&mut server, &mut limiter, &mut reporter, &metrics, p, now);
                 if let Some((r, port)) = reply {
                     // An ACK waits for its lease to be durable; everything else leaves now.
                     if r.kind == ReplyKind::Ack {
@@ -516,6 +549,7 @@ pub async fn run(
         // Group commit: everything that accumulated while the previous write ran.
         if inflight.is_none() {
             if pending_journal.is_empty() {
+                reporter.flush(&metrics);
                 for (r, port) in pending_acks.drain(..) {
                     sockets.send(&r, port, &metrics).await;
                 }
@@ -526,6 +560,7 @@ pub async fn run(
                     if let Some(l) = log.take() {
                         let journal = std::mem::take(&mut pending_journal);
                         inflight_acks = std::mem::take(&mut pending_acks);
+                        reporter.committing();
                         inflight = Some(tokio::task::spawn_blocking(move || commit(l, journal)));
                         last_commit = now;
                     }

@@ -182,6 +182,7 @@ const CRDS: &[&str] = &[
     include_str!("crds/metal.ironcore.dev_serverbootconfigurations.yaml"),
     include_str!("crds/metal.ironcore.dev_bmcs.yaml"),
     include_str!("crds/metal.ironcore.dev_bmcsecrets.yaml"),
+    include_str!("crds/metal.ironcore.dev_endpoints.yaml"),
     include_str!("crds/provisioning.bootplane.dev_images.yaml"),
     include_str!("crds/provisioning.bootplane.dev_zonalimages.yaml"),
     include_str!("crds/provisioning.bootplane.dev_storagevolumes.yaml"),

@@ -53,6 +53,62 @@ pub(super) struct Shared {
     pub(super) counters: Mutex<Counters>,
     /// Credentials per username (single-flight: the first request discovers them).
     pub(super) auth: tokio::sync::Mutex<HashMap<String, Auth>>,
+    /// Refused credential attempts (see [`AuthBudget`]).
+    pub(super) budget: Mutex<AuthBudget>,
+}
+
+/// The refused credential attempts on one BMC within the interval, for one set of
+/// credentials (a hash of username and password: a change starts a new budget).
+#[derive(Default)]
+pub(super) struct AuthBudget {
+    credentials: u64,
+    refused: std::collections::VecDeque<Instant>,
+}
+
+impl AuthBudget {
+    fn window(&mut self, credentials: u64, interval: Duration, now: Instant) {
+        if self.credentials != credentials {
+            self.credentials = credentials;
+            self.refused.clear();
+        }
+        while self
+            .refused
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= interval)
+        {
+            self.refused.pop_front();
+        }
+    }
+
+    /// `Err` when `max` attempts were refused within `interval` (nothing may be sent).
+    fn check(
+        &mut self,
+        credentials: u64,
+        max: u32,
+        interval: Duration,
+        now: Instant,
+    ) -> Result<(), Error> {
+        self.window(credentials, interval, now);
+        if self.refused.len() < max.max(1) as usize {
+            return Ok(());
+        }
+        let oldest = *self.refused.front().expect("non-empty");
+        let left = interval.saturating_sub(now.duration_since(oldest));
+        Err(Error::AuthThrottled {
+            attempts: self.refused.len() as u32,
+            retry_in_secs: left.as_secs() + u64::from(left.subsec_nanos() > 0),
+        })
+    }
+
+    fn refused(&mut self, credentials: u64, interval: Duration, now: Instant) {
+        self.window(credentials, interval, now);
+        self.refused.push_back(now);
+    }
+
+    fn accepted(&mut self, credentials: u64) {
+        self.credentials = credentials;
+        self.refused.clear();
+    }
 }
 
 #[derive(Default)]
@@ -108,6 +164,7 @@ impl Pool {
                     limit: Semaphore::new(self.inner.settings.per_bmc_concurrency.max(1)),
                     counters: Mutex::new(Counters::default()),
                     auth: tokio::sync::Mutex::new(HashMap::new()),
+                    budget: Mutex::new(AuthBudget::default()),
                 })
             })
             .clone()
@@ -449,6 +506,12 @@ impl Bmc {
                     self.forget(&auth).await;
                     renewed = true;
                 }
+                Err(e @ Error::Unauthorized(_)) if !auth.is_token() => {
+                    // Basic credentials refused: they count, and are discovered again.
+                    self.forget(&auth).await;
+                    self.budget(|b, c, s| b.refused(c, s.auth_interval, Instant::now()));
+                    return Err(e);
+                }
                 other => return other,
             }
         }
@@ -465,6 +528,38 @@ impl Bmc {
         {
             return Ok(a.clone());
         }
+        self.budget(|b, c, s| b.check(c, s.auth_attempts, s.auth_interval, Instant::now()))?;
+        let found = self.discover_auth().await;
+        match &found {
+            Ok(_) => self.budget(|b, c, _| b.accepted(c)),
+            Err(Error::Unauthorized(_)) => {
+                self.budget(|b, c, s| b.refused(c, s.auth_interval, Instant::now()))
+            }
+            Err(_) => {}
+        }
+        let auth = found?;
+        cache.insert(t.username.clone(), auth.clone());
+        Ok(auth)
+    }
+
+    /// Runs `f` on this BMC's auth budget for the target's credentials.
+    fn budget<R>(&self, f: impl FnOnce(&mut AuthBudget, u64, &Settings) -> R) -> R {
+        use std::hash::{Hash, Hasher};
+        let t = &self.inner.target;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&t.username, &t.password.0).hash(&mut h);
+        let mut b = self
+            .inner
+            .shared
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        f(&mut b, h.finish(), &self.inner.pool.settings)
+    }
+
+    /// Service root with basic auth, then a session when the BMC has a session service.
+    async fn discover_auth(&self) -> Result<Auth, Error> {
+        let t = &self.inner.target;
         let basic = Auth::basic(&t.username, &t.password);
         let root = self
             .send_retrying(
@@ -487,7 +582,6 @@ impl Bmc {
                 self.login(&sessions, basic).await?
             }
         };
-        cache.insert(t.username.clone(), auth.clone());
         Ok(auth)
     }
 
@@ -570,7 +664,40 @@ impl Bmc {
             Error::Malformed(m) => Error::Malformed(s(m)),
             Error::Unsupported(m) => Error::Unsupported(s(m)),
             Error::TaskFailed(m) => Error::TaskFailed(s(m)),
-            e @ (Error::Timeout(_) | Error::Unauthorized(_)) => e,
+            e @ (Error::Timeout(_) | Error::Unauthorized(_) | Error::AuthThrottled { .. }) => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn refused_attempts_throttle_until_the_interval_passes_or_credentials_change() {
+        let (t0, iv) = (Instant::now(), Duration::from_secs(300));
+        let mut b = AuthBudget::default();
+        for i in 0..3 {
+            b.check(1, 3, iv, t0).unwrap();
+            b.refused(1, iv, t0 + Duration::from_secs(i));
+        }
+        let e = b.check(1, 3, iv, t0 + Duration::from_secs(10)).unwrap_err();
+        assert_eq!(
+            e,
+            Error::AuthThrottled {
+                attempts: 3,
+                retry_in_secs: 290
+            }
+        );
+        assert!(e.to_string().contains("next attempt in 290s"), "{e}");
+        assert_eq!(e.reason(), "CredentialsRefused");
+        // The first refusal ages out: one more attempt.
+        b.check(1, 3, iv, t0 + Duration::from_secs(300)).unwrap();
+        // New credentials: a new budget.
+        b.refused(1, iv, t0 + Duration::from_secs(301));
+        b.check(2, 3, iv, t0 + Duration::from_secs(301)).unwrap();
+        b.refused(2, iv, t0 + Duration::from_secs(301));
+        b.accepted(2);
+        b.check(2, 1, iv, t0 + Duration::from_secs(302)).unwrap();
     }
 }

@@ -21,6 +21,10 @@ pub struct Settings {
     pub ca_pem: Option<Vec<u8>>,
     /// Longest a task monitor is polled.
     pub task_timeout: Duration,
+    /// Refused credential attempts per BMC within `auth_interval` before further ones
+    /// fail locally ([`Error::AuthThrottled`]) instead of reaching the BMC (no lockout).
+    pub auth_attempts: u32,
+    pub auth_interval: Duration,
 }
 
 impl Default for Settings {
@@ -34,6 +38,8 @@ impl Default for Settings {
             global_concurrency: 64,
             ca_pem: None,
             task_timeout: Duration::from_secs(300),
+            auth_attempts: 3,
+            auth_interval: Duration::from_secs(300),
         }
     }
 }
@@ -74,6 +80,9 @@ pub enum Error {
     Timeout(Duration),
     #[error("bmc refused the credentials (http {0})")]
     Unauthorized(u16),
+    /// Not sent: the credentials were refused `attempts` times within the interval.
+    #[error("bmc refused the credentials {attempts} times; authentication throttled (nothing sent), next attempt in {retry_in_secs}s or when the credentials change")]
+    AuthThrottled { attempts: u32, retry_in_secs: u64 },
     #[error("tls: {0}")]
     Tls(String),
     #[error("bmc answered http {status}: {message}")]
@@ -92,7 +101,7 @@ impl Error {
         match self {
             Error::Unreachable(_) => "Unreachable",
             Error::Timeout(_) => "Timeout",
-            Error::Unauthorized(_) => "CredentialsRefused",
+            Error::Unauthorized(_) | Error::AuthThrottled { .. } => "CredentialsRefused",
             Error::Tls(_) => "TLSError",
             Error::Status { .. } => "BMCError",
             Error::Malformed(_) => "MalformedResponse",
@@ -105,7 +114,10 @@ impl Error {
     pub fn transient(&self) -> bool {
         !matches!(
             self,
-            Error::Unauthorized(_) | Error::Unsupported(_) | Error::Tls(_)
+            Error::Unauthorized(_)
+                | Error::AuthThrottled { .. }
+                | Error::Unsupported(_)
+                | Error::Tls(_)
         )
     }
 }

@@ -127,9 +127,16 @@ pub struct Builder {
     delay: Duration,
     listeners: usize,
     seed: u16,
+    bind: String,
 }
 
 impl Builder {
+    /// Listen on `addr` (default `127.0.0.1:0`), e.g. `0.0.0.0:8000` from a thread in a
+    /// test's namespace, for a BMC at the address its DHCP lease gave it.
+    pub fn bind(mut self, addr: &str) -> Self {
+        self.bind = addr.to_string();
+        self
+    }
     /// Serve the same BMC on `n` loopback ports (each a different `base_url` to a
     /// client, so one server sees several "BMCs" at once: the global limit test).
     pub fn listeners(mut self, n: usize) -> Self {
@@ -246,7 +253,7 @@ impl Builder {
         let mut base_urls = Vec::new();
         let mut tasks = Vec::new();
         for _ in 0..self.listeners {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            let listener = tokio::net::TcpListener::bind(self.bind.as_str())
                 .await
                 .expect("bind fake bmc");
             base_urls.push(format!("http://{}", listener.local_addr().unwrap()));
@@ -324,6 +331,7 @@ impl FakeBmc {
             listeners: 1,
             ignore_graceful: false,
             seed: 0,
+            bind: "127.0.0.1:0".into(),
         }
     }
     /// `@odata.id` of system `i` (0-based).

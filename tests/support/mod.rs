@@ -13,7 +13,8 @@
 //!   (libvirt driver) in front of it;
 //! - [`data`]: deterministic test bytes, their hashes, the fixtures directory;
 //! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters;
-//! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer.
+//! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer;
+//! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane).
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -29,6 +30,7 @@ pub mod fakebmc;
 pub mod http;
 pub mod image;
 pub mod libvirt;
+pub mod mgmt;
 pub mod netns;
 pub mod nfs;
 pub mod process;

@@ -69,6 +69,8 @@ pub struct Options {
     pub listen_ip: Option<std::net::Ipv4Addr>,
     /// Run the emulator through this command (e.g. `ip netns exec NS`).
     pub prefix: Vec<String>,
+    /// Listen on this port instead of a free one (e.g. the port a BMC database names).
+    pub port: Option<u16>,
 }
 
 /// A running emulator.
@@ -157,7 +159,7 @@ impl Sushy {
     /// Start an emulator on a free loopback port and wait until it accepts connections.
     pub fn start(opts: Options) -> Sushy {
         let dir = tempfile::Builder::new().prefix("sushy-").tempdir().unwrap();
-        let port = free_port();
+        let port = opts.port.unwrap_or_else(free_port);
         let ip = opts.listen_ip.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).unwrap();

@@ -4,6 +4,10 @@
 //! agent (`bootplane probe`) reports the inventory ([`super::inventory`]), and only then
 //! is it `Available` ([`super::firstboot`]).
 
+pub mod endpoints;
+pub mod macdb;
 pub mod settings;
 
+pub use endpoints::Management;
+pub use macdb::MacDb;
 pub use settings::DiscoveryConfig;

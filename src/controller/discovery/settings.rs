@@ -9,9 +9,18 @@
 //! attempts = 3                         # boots before a Server is left in Discovery
 //! retry_backoff_secs = 30              # off this long before the next boot (doubling)
 //! lldp_wait_secs = 10                  # how long the agent listens for LLDP
+//! mac_db = "/etc/bootplane/bmc-macs.yaml" # MAC prefix → BMC protocol, port, default secret
+//!
+//! [discovery.dhcp]                     # the management scope (BMCs' DHCP)
+//! enabled = true
+//! interface = "mgmt0"
+//! mode = "authoritative"
+//! range = "10.10.0.100-10.10.0.250"
 //! ```
 
-use anyhow::{bail, Result};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 
 /// `[discovery]`: off unless `enabled`.
@@ -33,6 +42,12 @@ pub struct DiscoveryConfig {
     pub retry_backoff_secs: u64,
     /// How long the agent listens for LLDP neighbours (kernel argument `bootplane.lldp_wait`).
     pub lldp_wait_secs: u32,
+    // Management network (BMCs → Endpoints → BMCs); kept together.
+    /// The MAC-prefix database ([`super::macdb`]); without it no lease becomes an Endpoint.
+    pub mac_db: Option<PathBuf>,
+    /// `[discovery.dhcp]`: the management scope, a second authoritative DHCP server on
+    /// its own interface whose granted leases become Endpoints.
+    pub dhcp: crate::dhcp::DhcpConfig,
 }
 
 impl Default for DiscoveryConfig {
@@ -45,6 +60,8 @@ impl Default for DiscoveryConfig {
             attempts: 3,
             retry_backoff_secs: 30,
             lldp_wait_secs: 10,
+            mac_db: None,
+            dhcp: Default::default(),
         }
     }
 }
@@ -63,6 +80,56 @@ impl DiscoveryConfig {
         if self.enabled && self.first_boot && self.image.trim().is_empty() {
             bail!("discovery.first_boot needs discovery.image");
         }
+        self.validate_management()
+    }
+
+    /// The management scope's checks: authoritative, its own interface.
+    fn validate_management(&self) -> Result<()> {
+        if !self.dhcp.enabled {
+            return Ok(());
+        }
+        if self.dhcp.mode != crate::dhcp::DhcpMode::Authoritative {
+            bail!("discovery.dhcp.mode must be \"authoritative\" (the management scope hands out addresses)");
+        }
+        self.dhcp
+            .validate()
+            .context("discovery.dhcp (the management scope)")?;
         Ok(())
+    }
+
+    /// Whether the management scope runs.
+    pub fn management(&self) -> bool {
+        self.enabled && self.dhcp.enabled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml_text: &str) -> Result<DiscoveryConfig> {
+        let c: DiscoveryConfig = toml::from_str(toml_text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    #[test]
+    fn management_scope_keys_parse_and_are_checked() {
+        let c = parse(
+            "enabled = true\nmac_db = \"/m.yaml\"\n[dhcp]\nenabled = true\ninterface = \"m0\"\nmode = \"authoritative\"\nrange = \"10.9.0.10-10.9.0.20\"\n",
+        )
+        .unwrap();
+        assert!(c.management());
+        assert_eq!(c.mac_db.as_deref(), Some(std::path::Path::new("/m.yaml")));
+        assert_eq!(c.dhcp.interface.as_deref(), Some("m0"));
+        assert!(!DiscoveryConfig::default().management());
+        let e = parse("[dhcp]\nenabled = true\ninterface = \"m0\"\n").unwrap_err();
+        assert!(e.to_string().contains("authoritative"), "{e}");
+        let e = parse(
+            "[dhcp]\nenabled = true\nmode = \"authoritative\"\nrange = \"10.9.0.10-10.9.0.20\"\n",
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("interface"), "{e:#}");
+        assert!(parse("[dhcp]\nbogus = 1\n").is_err());
     }
 }

@@ -1,5 +1,6 @@
 //! From a Server or a BMC object to a Redfish [`Target`]: `spec.bmcRef` → `BMC` →
-//! `BMCSecret`, or an inline `spec.bmc`; the protocol's scheme and port; the per-BMC
+//! `BMCSecret`, or an inline `spec.bmc`; a BMC's address from `spec.access.ip` or its
+//! `spec.endpointRef` → `Endpoint`'s `spec.ip`; the protocol's scheme and port; the per-BMC
 //! `insecure` opt-out annotation.
 
 use serde_json::Value;
@@ -18,6 +19,10 @@ pub enum ResolveError {
     BmcNotFound(String),
     #[error("BMC {0} has no address (spec.access.ip)")]
     NoAddress(String),
+    #[error("Endpoint {0} not found")]
+    EndpointNotFound(String),
+    #[error("Endpoint {0} has no spec.ip")]
+    EndpointNoAddress(String),
     #[error("BMCSecret {0} not found")]
     SecretNotFound(String),
     #[error("BMCSecret {0} has no {1}")]
@@ -30,7 +35,8 @@ impl ResolveError {
     pub fn reason(&self) -> &'static str {
         match self {
             ResolveError::NoBmc | ResolveError::BmcNotFound(_) => "BMCNotFound",
-            ResolveError::NoAddress(_) => "NoAddress",
+            ResolveError::NoAddress(_) | ResolveError::EndpointNoAddress(_) => "NoAddress",
+            ResolveError::EndpointNotFound(_) => "EndpointNotFound",
             ResolveError::SecretNotFound(_) => "SecretNotFound",
             ResolveError::SecretIncomplete(..) => "SecretIncomplete",
             ResolveError::Protocol(_) => "UnsupportedProtocol",
@@ -54,15 +60,38 @@ fn annotation_true(o: &Value, key: &str) -> bool {
         == Some("true")
 }
 
+/// The address of a BMC object: `spec.access.ip`, else its Endpoint's `spec.ip`
+/// (`spec.endpointRef`), else `spec.hostname`.
+fn bmc_address(store: &Store, bmc: &Value) -> Result<String, ResolveError> {
+    let name = meta::name(bmc);
+    let non_empty = |p: &str| {
+        bmc.pointer(p)
+            .and_then(Value::as_str)
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+    };
+    if let Some(ip) = non_empty("/spec/access/ip") {
+        return Ok(ip);
+    }
+    if let Some(ep) = non_empty("/spec/endpointRef/name") {
+        let t = store.registry().resolve("endpoint").expect("endpoint type");
+        let e = store
+            .get(&t, None, &ep)
+            .map_err(|_| ResolveError::EndpointNotFound(ep.clone()))?;
+        return e
+            .pointer("/spec/ip")
+            .and_then(Value::as_str)
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .ok_or(ResolveError::EndpointNoAddress(ep));
+    }
+    non_empty("/spec/hostname").ok_or_else(|| ResolveError::NoAddress(name.to_string()))
+}
+
 /// The Redfish target of a BMC object.
 pub fn bmc_target(store: &Store, bmc: &Value) -> Result<Target, ResolveError> {
-    let name = meta::name(bmc);
-    let address = bmc
-        .pointer("/spec/access/ip")
-        .and_then(Value::as_str)
-        .or_else(|| bmc.pointer("/spec/hostname").and_then(Value::as_str))
-        .filter(|a| !a.is_empty())
-        .ok_or_else(|| ResolveError::NoAddress(name.to_string()))?;
+    let address = bmc_address(store, bmc)?;
+    let address = address.as_str();
     let secret = bmc
         .pointer("/spec/bmcSecretRef/name")
         .and_then(Value::as_str)
@@ -281,6 +310,47 @@ mod tests {
         assert_eq!(
             server_target(&s, &inline("gone")).unwrap_err(),
             ResolveError::SecretNotFound("gone".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn endpoint_ref_gives_the_address_and_a_missing_endpoint_says_so() {
+        let by_ref = |name: &str, ep: &str| {
+            json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
+                   "metadata": {"name": name},
+                   "spec": {"endpointRef": {"name": ep}, "bmcSecretRef": {"name": "sec"},
+                            "protocol": {"name": "RedfishLocal", "port": 8000}}})
+        };
+        let (_d, s) = store_with(&[
+            ("bmcsecret", secret("sec", "admin", "pw")),
+            (
+                "endpoint",
+                json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Endpoint",
+                       "metadata": {"name": "ep"},
+                       "spec": {"ip": "10.0.0.9", "macAddress": "52:54:00:00:00:01"}}),
+            ),
+            (
+                "endpoint",
+                json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Endpoint",
+                       "metadata": {"name": "noip"}, "spec": {}}),
+            ),
+        ])
+        .await;
+        let t = bmc_target(&s, &by_ref("a", "ep")).unwrap();
+        assert_eq!(t.base_url, "http://10.0.0.9:8000");
+        let e = bmc_target(&s, &by_ref("b", "gone")).unwrap_err();
+        assert_eq!(e, ResolveError::EndpointNotFound("gone".into()));
+        assert_eq!(e.reason(), "EndpointNotFound");
+        assert_eq!(
+            bmc_target(&s, &by_ref("c", "noip")).unwrap_err().reason(),
+            "NoAddress"
+        );
+        // Inline spec.access wins over an endpointRef.
+        let mut both = by_ref("d", "gone");
+        both["spec"]["access"] = json!({"ip": "10.0.0.10"});
+        assert_eq!(
+            bmc_target(&s, &both).unwrap().base_url,
+            "http://10.0.0.10:8000"
         );
     }
 }

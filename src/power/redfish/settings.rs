@@ -78,6 +78,10 @@ pub struct RedfishConfig {
     /// PEM bundle of the CAs BMC certificates are verified against.
     pub ca_bundle: Option<PathBuf>,
     pub task_timeout_secs: u64,
+    /// Refused credential attempts per BMC per `auth_interval_secs`; beyond them calls
+    /// fail without contacting the BMC (so wrong default credentials never lock it out).
+    pub auth_attempts: u32,
+    pub auth_interval_secs: u64,
 }
 
 impl Default for RedfishConfig {
@@ -97,6 +101,8 @@ impl Default for RedfishConfig {
             global_concurrency: 64,
             ca_bundle: None,
             task_timeout_secs: 300,
+            auth_attempts: 3,
+            auth_interval_secs: 300,
         }
     }
 }
@@ -112,6 +118,8 @@ impl RedfishConfig {
             ("per_bmc_concurrency", self.per_bmc_concurrency as u64),
             ("global_concurrency", self.global_concurrency as u64),
             ("task_timeout_secs", self.task_timeout_secs),
+            ("auth_attempts", self.auth_attempts as u64),
+            ("auth_interval_secs", self.auth_interval_secs),
         ] {
             anyhow::ensure!(v > 0, "power.redfish.{k} must be at least 1");
         }
@@ -141,6 +149,8 @@ impl RedfishConfig {
             global_concurrency: self.global_concurrency,
             ca_pem,
             task_timeout: Duration::from_secs(self.task_timeout_secs),
+            auth_attempts: self.auth_attempts,
+            auth_interval: Duration::from_secs(self.auth_interval_secs),
         })
     }
 }

@@ -1,0 +1,361 @@
+//! Management network → fleet: each lease granted by the management DHCP scope whose
+//! MAC has a known prefix ([`super::macdb`]) becomes an `Endpoint` (`bmc-<mac>`, its
+//! `spec.macAddress` and `spec.ip`, the IP following the lease), and each such Endpoint
+//! a `BMC` (`spec.endpointRef`, the database's protocol and port, `spec.bmcSecretRef`)
+//! and a `BMCSecret` (a copy of the vendor's default-credentials BMCSecret), both owned
+//! by the Endpoint so that deleting it removes them. Existing objects are left as they
+//! are (an operator's edits stay), so a restart or a re-lease writes nothing.
+//!
+//! Unknown prefixes are counted (`bootplane_discovery_unknown_mac_total`) and logged once
+//! at debug level. Nothing here reads or writes a credential except the copy of the
+//! default secret's `data`, which never reaches a log, a condition or a metric.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::macdb::{Entry, MacDb};
+use crate::controller::queue::WorkQueue;
+use crate::controller::runtime::Runtime;
+use crate::controller::{controller_ref, Next};
+use crate::dhcp::Grant;
+use crate::model::ident::{parse_mac, MacFmt};
+use crate::model::meta;
+use crate::model::registry::ResourceType;
+use crate::shutdown::Shutdown;
+use crate::store::{Part, Store, StoreError};
+
+/// Granted leases waiting for the intake (the DHCP loop drops and counts beyond this).
+pub const GRANT_QUEUE: usize = 1024;
+/// How soon an Endpoint whose default-credentials secret is missing is looked at again.
+const SECRET_RETRY: Duration = Duration::from_secs(10);
+
+/// Discovery counters on `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    pub unknown_mac: Counter,
+    pub endpoints_created: Counter,
+    pub endpoints_moved: Counter,
+    pub bmcs_created: Counter,
+}
+
+impl Metrics {
+    pub fn register(&self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("bootplane_discovery");
+        r.register(
+            "unknown_mac",
+            "management leases whose MAC prefix is not in the database",
+            self.unknown_mac.clone(),
+        );
+        r.register(
+            "endpoints_created",
+            "Endpoints created from management leases",
+            self.endpoints_created.clone(),
+        );
+        r.register(
+            "endpoints_moved",
+            "Endpoints whose IP followed a new lease",
+            self.endpoints_moved.clone(),
+        );
+        r.register(
+            "bmcs_created",
+            "BMCs (with their BMCSecrets) created from Endpoints",
+            self.bmcs_created.clone(),
+        );
+    }
+}
+
+/// Reads the MAC-prefix database at `path` (none: an empty one), size-bounded before
+/// it is read.
+pub fn load_db(path: Option<&std::path::Path>) -> anyhow::Result<MacDb> {
+    use anyhow::Context as _;
+    let Some(path) = path else {
+        return Ok(MacDb::default());
+    };
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("reading discovery.mac_db {}", path.display()))?
+        .len();
+    if len > super::macdb::MAX_BYTES as u64 {
+        anyhow::bail!(
+            "discovery.mac_db {} is {len} bytes (at most {})",
+            path.display(),
+            super::macdb::MAX_BYTES
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading discovery.mac_db {}", path.display()))?;
+    MacDb::parse(&text).with_context(|| format!("discovery.mac_db {}", path.display()))
+}
+
+/// The Endpoint name of a MAC: `bmc-` and its 12 hex digits.
+pub fn endpoint_name(mac: &[u8; 6]) -> String {
+    let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+    format!("bmc-{hex}")
+}
+
+/// The management-network controller set.
+pub struct Management {
+    store: Store,
+    db: Arc<MacDb>,
+    metrics: Metrics,
+    queue: Arc<WorkQueue<String>>,
+    t_endpoint: Arc<ResourceType>,
+    t_bmc: Arc<ResourceType>,
+    t_secret: Arc<ResourceType>,
+}
+
+impl Management {
+    pub fn new(store: Store, db: MacDb, metrics: Metrics) -> Arc<Management> {
+        let reg = store.registry();
+        Arc::new(Management {
+            t_endpoint: reg.resolve("endpoint").expect("endpoint type"),
+            t_bmc: reg.resolve("bmc").expect("bmc type"),
+            t_secret: reg.resolve("bmcsecret").expect("bmcsecret type"),
+            store,
+            db: Arc::new(db),
+            metrics,
+            queue: WorkQueue::new(),
+        })
+    }
+
+    /// Runs the lease intake and the Endpoint reconciler until shutdown.
+    pub async fn run(
+        self: Arc<Self>,
+        mut grants: mpsc::Receiver<Grant>,
+        workers: usize,
+        shutdown: Shutdown,
+    ) {
+        let intake = {
+            let me = self.clone();
+            let mut stop = shutdown.child();
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.recv() => break,
+                        g = grants.recv() => match g {
+                            Some(g) => me.lease(&g).await,
+                            None => break,
+                        },
+                    }
+                }
+            }
+        };
+        let reconcilers = Runtime::new(self.clone(), self.store.clone(), workers.clamp(1, 8))
+            .watch(
+                [self.t_endpoint.clone()],
+                |c: &Management, _, o, deleted| {
+                    if !deleted {
+                        c.queue.add(meta::name(o).to_string());
+                    }
+                },
+            )
+            .reconciler("endpoint", self.queue.clone(), |c, k| async move {
+                c.reconcile(&k).await
+            })
+            .run(shutdown);
+        tokio::join!(intake, reconcilers);
+    }
+
+    /// One granted lease: its Endpoint created, or its IP updated.
+    async fn lease(&self, g: &Grant) {
+        let Some(entry) = self.db.lookup(&g.mac) else {
+            self.metrics.unknown_mac.inc();
+            tracing::debug!(mac = %MacFmt(&g.mac), ip = %g.ip, vendor_class = ?g.vendor_class, "management lease with an unknown mac prefix; ignored");
+            return;
+        };
+        for _ in 0..3 {
+            match self.upsert_endpoint(g, entry).await {
+                Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => {
+                    continue
+                }
+                Err(e) => {
+                    tracing::warn!(mac = %MacFmt(&g.mac), error = %e, "writing the endpoint failed");
+                    return;
+                }
+                Ok(()) => return,
+            }
+        }
+    }
+
+    async fn upsert_endpoint(&self, g: &Grant, entry: &Entry) -> Result<(), StoreError> {
+        let name = endpoint_name(&g.mac);
+        let ip = g.ip.to_string();
+        match self.store.get(&self.t_endpoint, None, &name) {
+            Ok(cur) => {
+                if cur.pointer("/spec/ip").and_then(Value::as_str) == Some(ip.as_str()) {
+                    return Ok(());
+                }
+                let mut next = (*cur).clone();
+                next["spec"]["ip"] = json!(ip);
+                self.store
+                    .update_from(&self.t_endpoint, cur, next, Part::Main)
+                    .await?;
+                self.metrics.endpoints_moved.inc();
+                tracing::info!(endpoint = %name, %ip, "endpoint follows its new lease");
+                Ok(())
+            }
+            Err(StoreError::NotFound { .. }) => {
+                let obj = json!({
+                    "apiVersion": self.t_endpoint.api_version(),
+                    "kind": "Endpoint",
+                    "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "bootplane"}},
+                    "spec": {"macAddress": MacFmt(&g.mac).to_string(), "ip": ip},
+                });
+                self.store.create(&self.t_endpoint, obj).await?;
+                self.metrics.endpoints_created.inc();
+                tracing::info!(endpoint = %name, %ip, manufacturer = %entry.manufacturer, "endpoint created from a management lease");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// An Endpoint with a known prefix → its BMCSecret and BMC (created once).
+    async fn reconcile(&self, name: &String) -> Result<Next, StoreError> {
+        let ep = match self.store.get(&self.t_endpoint, None, name) {
+            Ok(e) => e,
+            Err(StoreError::NotFound { .. }) => return Ok(Next::Done),
+            Err(e) => return Err(e),
+        };
+        if meta::is_deleting(&ep) {
+            return Ok(Next::Done);
+        }
+        let mac = ep
+            .pointer("/spec/macAddress")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let Some(entry) = parse_mac(mac).ok().and_then(|m| self.db.lookup(&m)) else {
+            return Ok(Next::Done);
+        };
+        let owner = controller_ref(&self.t_endpoint, &ep);
+        if !self.exists(&self.t_secret, name)? {
+            let default = match self.store.get(
+                &self.t_secret,
+                None,
+                &entry.default_credentials_secret,
+            ) {
+                Ok(s) => s,
+                Err(StoreError::NotFound { .. }) => {
+                    tracing::warn!(endpoint = %name, secret = %entry.default_credentials_secret, "default-credentials BMCSecret not found; waiting for it");
+                    return Ok(Next::After(SECRET_RETRY));
+                }
+                Err(e) => return Err(e),
+            };
+            let secret = json!({
+                "apiVersion": self.t_secret.api_version(),
+                "kind": "BMCSecret",
+                "metadata": {"name": name, "ownerReferences": owner},
+                "data": default.get("data").cloned().unwrap_or_else(|| json!({})),
+            });
+            ignore_exists(self.store.create(&self.t_secret, secret).await)?;
+        }
+        if !self.exists(&self.t_bmc, name)? {
+            let bmc = json!({
+                "apiVersion": self.t_bmc.api_version(),
+                "kind": "BMC",
+                "metadata": {"name": name, "ownerReferences": owner},
+                "spec": {
+                    "endpointRef": {"name": name},
+                    "bmcSecretRef": {"name": name},
+                    "protocol": {"name": entry.protocol.name(), "port": entry.port},
+                },
+            });
+            if ignore_exists(self.store.create(&self.t_bmc, bmc).await)? {
+                self.metrics.bmcs_created.inc();
+                tracing::info!(bmc = %name, manufacturer = %entry.manufacturer, protocol = entry.protocol.name(), port = entry.port, "bmc created from its endpoint");
+            }
+        }
+        Ok(Next::Done)
+    }
+
+    fn exists(&self, t: &ResourceType, name: &str) -> Result<bool, StoreError> {
+        match self.store.get(t, None, name) {
+            Ok(_) => Ok(true),
+            Err(StoreError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A create that lost a race to another writer is fine: `Ok(created)`.
+fn ignore_exists(r: Result<Arc<Value>, StoreError>) -> Result<bool, StoreError> {
+    match r {
+        Ok(_) => Ok(true),
+        Err(StoreError::AlreadyExists { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DB: &str = "macPrefixes:
+- {macPrefix: \"52:54:00\", protocol: Redfish, port: 8443, defaultCredentialsSecret: vendor}
+";
+
+    fn grant(last: u8, ip: [u8; 4]) -> Grant {
+        Grant {
+            mac: [0x52, 0x54, 0, 0, 0, last],
+            ip: ip.into(),
+            hostname: None,
+            vendor_class: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn leases_make_endpoints_that_follow_the_address_and_unknown_ones_are_counted() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let m = Management::new(store.clone(), MacDb::parse(DB).unwrap(), Metrics::default());
+        let get = |n: &str| store.get(&m.t_endpoint, None, n).unwrap();
+        m.lease(&grant(1, [10, 0, 0, 5])).await;
+        let e = get("bmc-525400000001");
+        assert_eq!(e["spec"]["ip"], "10.0.0.5");
+        assert_eq!(e["spec"]["macAddress"], "52:54:00:00:00:01");
+        // The same lease again writes nothing; a new address is followed.
+        m.lease(&grant(1, [10, 0, 0, 5])).await;
+        assert_eq!(get("bmc-525400000001"), e);
+        m.lease(&grant(1, [10, 0, 0, 6])).await;
+        let moved = get("bmc-525400000001");
+        assert_eq!(moved["spec"]["ip"], "10.0.0.6");
+        assert_eq!(moved["metadata"]["uid"], e["metadata"]["uid"]);
+        assert_eq!(m.metrics.endpoints_moved.get(), 1);
+        // Unknown prefix: counted, nothing written.
+        let mut other = grant(2, [10, 0, 0, 7]);
+        other.mac[0] = 0x02;
+        m.lease(&other).await;
+        assert_eq!(m.metrics.unknown_mac.get(), 1);
+        assert_eq!(m.metrics.endpoints_created.get(), 1);
+        assert!(store.get(&m.t_endpoint, None, "bmc-025400000002").is_err());
+
+        // Endpoint → BMC + BMCSecret: waits for the default secret, then creates both once.
+        let name = "bmc-525400000001".to_string();
+        assert!(matches!(m.reconcile(&name).await, Ok(Next::After(_))));
+        assert!(store.get(&m.t_bmc, None, &name).is_err());
+        let vendor = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
+            "metadata": {"name": "vendor"}, "stringData": {"username": "root", "password": "calvin"}});
+        store.create(&m.t_secret, vendor).await.unwrap();
+        assert_eq!(m.reconcile(&name).await.unwrap(), Next::Done);
+        let bmc = store.get(&m.t_bmc, None, &name).unwrap();
+        assert_eq!(
+            bmc["spec"]["protocol"],
+            json!({"name": "Redfish", "port": 8443})
+        );
+        assert_eq!(bmc["spec"]["endpointRef"]["name"], name.as_str());
+        assert_eq!(
+            bmc["metadata"]["ownerReferences"][0]["uid"],
+            e["metadata"]["uid"]
+        );
+        let secret = store.get(&m.t_secret, None, &name).unwrap();
+        let vendor = store.get(&m.t_secret, None, "vendor").unwrap();
+        assert_eq!(secret["data"], vendor["data"]);
+        assert_eq!(m.reconcile(&name).await.unwrap(), Next::Done);
+        assert_eq!(store.get(&m.t_bmc, None, &name).unwrap(), bmc);
+        assert_eq!(m.metrics.bmcs_created.get(), 1);
+    }
+}
