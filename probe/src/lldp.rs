@@ -84,7 +84,9 @@ pub fn parse_lldpdu(mut p: &[u8]) -> Option<Neighbor> {
         p = &p[2 + len..];
         match kind {
             0 => break,
-            1 if !v.is_empty() => {
+            // One chassis ID per LLDPDU (IEEE 802.1AB: the first TLV); a repeated one is
+            // ignored, so the MAC and the ID always come from the same TLV.
+            1 if !v.is_empty() && !have_chassis => {
                 have_chassis = true;
                 n.chassis_id = id_value(v[0], &v[1..], 4);
                 if v[0] == 4 && v.len() == 7 {
@@ -290,6 +292,20 @@ mod tests {
                 system_description: Some("Switch OS 4.2".into()),
             }
         );
+    }
+
+    /// Found by the `probe_parsers` fuzz target: a second chassis TLV whose ID cannot be
+    /// read left the first one's MAC without its chassis ID.
+    #[test]
+    fn a_repeated_chassis_tlv_is_ignored() {
+        let f = frame(&[
+            tlv(1, &[4, 0x02, 0x11, 0x22, 0x33, 0x44, 0x55]),
+            tlv(1, &[4, 0x01]),
+            tlv(2, b"\x05Ethernet1/7"),
+        ]);
+        let n = parse_frame(&f).unwrap();
+        assert_eq!(n.chassis_id.as_deref(), Some("02:11:22:33:44:55"));
+        assert_eq!(n.mac_address, n.chassis_id);
     }
 
     #[test]
