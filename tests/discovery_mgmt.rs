@@ -168,6 +168,8 @@ fn management_leases_become_endpoints_bmcs_and_secrets_once() {
         b["status"]["conditions"].as_array().map(|c| !c.is_empty()),
         Some(true)
     );
+    // Its address is the Endpoint's (the BMC has no inline access).
+    assert_eq!(b["status"]["ip"], ips[0].as_str(), "{b}");
     assert!(bmc_a.sessions_created() >= 1);
 
     // Wrong default credentials: refused, then throttled; at most 3 logins reach the BMC.

@@ -43,6 +43,10 @@ pub struct BmcControllers {
     queue: Arc<WorkQueue<String>>,
     /// BMCSecret → the BMCs naming it.
     by_secret: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// Endpoint → the BMCs naming it in `spec.endpointRef` (a moved lease reaches its BMC
+    /// at once, not at the next poll).
+    by_endpoint: Mutex<HashMap<String, BTreeSet<String>>>,
+    t_endpoint: Arc<ResourceType>,
     t_bmc: Arc<ResourceType>,
     t_secret: Arc<ResourceType>,
     t_server: Arc<ResourceType>,
@@ -86,11 +90,17 @@ impl BmcControllers {
             poll,
             queue: WorkQueue::new(),
             by_secret: Mutex::new(HashMap::new()),
+            by_endpoint: Mutex::new(HashMap::new()),
+            t_endpoint: reg.resolve("endpoint").expect("endpoint type"),
         })
     }
 
     pub async fn run(self: Arc<Self>, workers: usize, shutdown: Shutdown) {
-        let mut types = vec![self.t_bmc.clone(), self.t_secret.clone()];
+        let mut types = vec![
+            self.t_bmc.clone(),
+            self.t_secret.clone(),
+            self.t_endpoint.clone(),
+        ];
         if self.discover {
             types.push(self.t_server.clone());
         }
@@ -109,34 +119,42 @@ impl BmcControllers {
             self.systems.on_server(o, deleted);
             return;
         }
-        if t.kind == "BMC" {
-            let secret = o
-                .pointer("/spec/bmcSecretRef/name")
+        let refs = |o: &Value, p: &str| {
+            o.pointer(p)
                 .and_then(Value::as_str)
                 .unwrap_or("")
-                .to_string();
-            let mut idx = self.by_secret.lock().unwrap();
-            for set in idx.values_mut() {
-                set.remove(&name);
+                .to_string()
+        };
+        match t.kind.as_str() {
+            "BMC" => {
+                for (idx, target) in [
+                    (&self.by_secret, refs(o, "/spec/bmcSecretRef/name")),
+                    (&self.by_endpoint, refs(o, "/spec/endpointRef/name")),
+                ] {
+                    let mut idx = idx.lock().unwrap();
+                    for set in idx.values_mut() {
+                        set.remove(&name);
+                    }
+                    if !deleted && !target.is_empty() {
+                        idx.entry(target).or_default().insert(name.clone());
+                    }
+                }
+                if deleted {
+                    self.seen.forget(&name);
+                } else {
+                    self.queue.add(name);
+                }
             }
-            if !deleted {
-                idx.entry(secret).or_default().insert(name.clone());
-                drop(idx);
-                self.queue.add(name);
-            } else {
-                drop(idx);
-                self.seen.forget(&name);
-            }
-        } else {
-            let bmcs = self
-                .by_secret
-                .lock()
-                .unwrap()
-                .get(&name)
-                .cloned()
-                .unwrap_or_default();
-            for b in bmcs {
-                self.queue.add(b);
+            kind => {
+                let idx = if kind == "Endpoint" {
+                    &self.by_endpoint
+                } else {
+                    &self.by_secret
+                };
+                let bmcs = idx.lock().unwrap().get(&name).cloned().unwrap_or_default();
+                for b in bmcs {
+                    self.queue.add(b);
+                }
             }
         }
     }
@@ -156,7 +174,7 @@ impl BmcControllers {
             return Ok(Next::Done);
         }
         let mut st = bmc.get("status").cloned().unwrap_or_else(|| json!({}));
-        if let Some(ip) = bmc.pointer("/spec/access/ip").and_then(Value::as_str) {
+        if let Some(ip) = self.address(&bmc) {
             st["ip"] = json!(ip);
         }
         match bmc_target(&self.store, &bmc) {
@@ -195,6 +213,20 @@ impl BmcControllers {
 }
 
 impl BmcControllers {
+    /// The BMC's IP: `spec.access.ip`, else its Endpoint's `spec.ip`.
+    fn address(&self, bmc: &Value) -> Option<String> {
+        if let Some(ip) = bmc.pointer("/spec/access/ip").and_then(Value::as_str) {
+            return Some(ip.to_string());
+        }
+        let ep = bmc
+            .pointer("/spec/endpointRef/name")
+            .and_then(Value::as_str)?;
+        let e = self.store.get(&self.t_endpoint, None, ep).ok()?;
+        e.pointer("/spec/ip")
+            .and_then(Value::as_str)
+            .map(String::from)
+    }
+
     /// Register the BMC's systems as Servers; the outcome goes into the BMC's
     /// `SystemsDiscovered` condition (a Redfish failure there too; a store failure is
     /// the reconcile's error, retried).
