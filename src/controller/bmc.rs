@@ -164,7 +164,7 @@ impl BmcControllers {
         Next::After(self.poll + jitter)
     }
 
-    async fn reconcile(&self, name: &String) -> Result<Next, StoreError> {
+    async fn reconcile(&self, name: &str) -> Result<Next, StoreError> {
         let bmc = match self.store.get(&self.t_bmc, None, name) {
             Ok(b) => b,
             Err(StoreError::NotFound { .. }) => return Ok(Next::Done),

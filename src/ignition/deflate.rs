@@ -163,7 +163,7 @@ fn encode(data: &[u8], toks: &[Tok]) -> Vec<u8> {
         w.put(1 | (1 << 1), 3); // BFINAL, BTYPE 01
         write_tokens(
             &mut w,
-            &toks,
+            toks,
             &codes(&fixed_lit),
             &fixed_lit,
             &codes(&fixed_dist),
@@ -189,7 +189,7 @@ fn encode(data: &[u8], toks: &[Tok]) -> Vec<u8> {
         }
         write_tokens(
             &mut w,
-            &toks,
+            toks,
             &codes(&lit_len),
             &lit_len,
             &codes(&dist_len),

@@ -85,10 +85,8 @@ impl MarkedEventReceiver for Indexer {
             return;
         }
         match &ev {
-            Event::Scalar(..) | Event::Alias(..) => {
-                if self.begin_value(&ev, mark).is_some() {
-                    self.end_value();
-                }
+            Event::Scalar(..) | Event::Alias(..) if self.begin_value(&ev, mark).is_some() => {
+                self.end_value();
             }
             Event::MappingStart(..) | Event::SequenceStart(..) => {
                 let seg = self

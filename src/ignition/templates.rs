@@ -1,6 +1,6 @@
 //! The operator's template directory (`boot.ignition_templates`, default `ignition/`)
 //! as the boot side uses it: loaded once, re-loaded when a file in it changes (an mtime
-//! + size check of the directory, its templates and its `files/` tree, polled by the
+//! and size check of the directory, its templates and its `files/` tree, polled by the
 //! boot index), and the rule that picks a machine's template.
 //!
 //! Selection: the label `bootplane.dev/ignition-template` on the ServerClaim, else on

@@ -261,7 +261,7 @@ impl Registry {
                 t.plural == n
                     || t.singular == n
                     || t.kind.to_ascii_lowercase() == n
-                    || t.short_names.iter().any(|s| *s == n)
+                    || t.short_names.contains(&n)
                     || t.qualified() == n
                     || format!("{}.{}", t.singular, t.group) == n
             })
