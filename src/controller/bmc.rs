@@ -47,6 +47,9 @@ pub struct BmcControllers {
     /// at once, not at the next poll).
     by_endpoint: Mutex<HashMap<String, BTreeSet<String>>>,
     t_endpoint: Arc<ResourceType>,
+    /// Per BMC, the generation and annotations last seen: its own status writes (which
+    /// change neither) do not make it look at the BMC again.
+    seen_spec: Mutex<HashMap<String, (i64, String)>>,
     t_bmc: Arc<ResourceType>,
     t_secret: Arc<ResourceType>,
     t_server: Arc<ResourceType>,
@@ -91,6 +94,7 @@ impl BmcControllers {
             queue: WorkQueue::new(),
             by_secret: Mutex::new(HashMap::new()),
             by_endpoint: Mutex::new(HashMap::new()),
+            seen_spec: Mutex::new(HashMap::new()),
             t_endpoint: reg.resolve("endpoint").expect("endpoint type"),
         })
     }
@@ -139,10 +143,25 @@ impl BmcControllers {
                         idx.entry(target).or_default().insert(name.clone());
                     }
                 }
+                let mut seen = self.seen_spec.lock().unwrap();
                 if deleted {
+                    seen.remove(&name);
+                    drop(seen);
                     self.seen.forget(&name);
                 } else {
-                    self.queue.add(name);
+                    let now = (
+                        o.pointer("/metadata/generation")
+                            .and_then(Value::as_i64)
+                            .unwrap_or(0),
+                        o.pointer("/metadata/annotations")
+                            .map(Value::to_string)
+                            .unwrap_or_default(),
+                    );
+                    if seen.get(&name) != Some(&now) {
+                        seen.insert(name.clone(), now);
+                        drop(seen);
+                        self.queue.add(name);
+                    }
                 }
             }
             kind => {
