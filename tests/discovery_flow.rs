@@ -296,35 +296,36 @@ fn systems_become_servers_boot_once_report_and_become_available() {
     );
 
     // Discovery again (the BMC is polled every second; then a restart): nothing changes.
-    let before: Vec<(String, String)> = servers(&b)
-        .iter()
-        .map(|s| {
-            (
-                s["metadata"]["uid"].as_str().unwrap().to_string(),
-                s["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap()
-                    .to_string(),
-            )
-        })
-        .collect();
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    // The last power-off confirmations may still land just after Available: the snapshot
+    // is taken once two looks 3 s apart agree.
+    let snapshot = |b: &Bootplane| -> Vec<(String, String)> {
+        servers(b)
+            .iter()
+            .map(|s| {
+                (
+                    s["metadata"]["uid"].as_str().unwrap().to_string(),
+                    s["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect()
+    };
+    let mut before = snapshot(&b);
+    for _ in 0..10 {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        let now = snapshot(&b);
+        if now == before {
+            break;
+        }
+        before = now;
+    }
     let mut b = b;
     b.stop();
     b.spawn();
     std::thread::sleep(std::time::Duration::from_secs(4));
-    let after: Vec<(String, String)> = servers(&b)
-        .iter()
-        .map(|s| {
-            (
-                s["metadata"]["uid"].as_str().unwrap().to_string(),
-                s["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap()
-                    .to_string(),
-            )
-        })
-        .collect();
+    let after = snapshot(&b);
     assert_eq!(before, after, "re-discovery changed the Servers");
 
     // A system the BMC stops listing is flagged, not deleted; back, it is present again.
