@@ -16,6 +16,7 @@
 //! Conditions: `Discovered` (False `Booting`/`Waiting`/`InventoryTimeout`, True
 //! `InventoryReported`); power through `PowerReady` as everywhere else.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -79,6 +80,9 @@ fn attempt_of(s: &Value) -> Option<(u32, u64)> {
 pub struct Step {
     pub next: Next,
     pub attempt: Option<Option<String>>,
+    /// The Server as stored after this step recorded a new attempt (before booting it):
+    /// the status is written onto it.
+    pub base: Option<Arc<Value>>,
 }
 
 impl Step {
@@ -86,8 +90,24 @@ impl Step {
         Step {
             next,
             attempt: None,
+            base: None,
         }
     }
+}
+
+/// Record discovery attempt `n` (started now) before its boot is asked for: a reconcile
+/// retried after a failed status write then sees the attempt under way instead of
+/// booting the machine a second time. Pinned to `s`'s resourceVersion: the status built
+/// from `s` may only go onto the version right after it (a conflict retries the
+/// reconcile, nothing booted yet).
+async fn record_attempt(c: &Controllers, s: &Value, n: u32) -> Result<Arc<Value>, StoreError> {
+    let patch = json!({"metadata": {
+        "resourceVersion": s.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null),
+        "annotations": {ATTEMPT_ANNOTATION: format!("{n} {}", unix_now())},
+    }});
+    c.store
+        .patch(&c.t_server, None, meta::name(s), &patch, Part::Main)
+        .await
 }
 
 /// Write the attempt annotation [`step`] asked for.
@@ -103,8 +123,13 @@ pub async fn finish(c: &Controllers, s: &Value, step: &Step) -> Result<(), Store
 }
 
 /// One step of the `Discovery` state for Server `s` (its status being built in `status`,
-/// written by the caller, then [`finish`]).
-pub fn step(c: &Controllers, fb: &FirstBoot, s: &Value, status: &mut Value) -> Step {
+/// written by the caller onto [`Step::base`] or `s`, then [`finish`]).
+pub async fn step(
+    c: &Controllers,
+    fb: &FirstBoot,
+    s: &Value,
+    status: &mut Value,
+) -> Result<Step, StoreError> {
     let power = status
         .get("powerState")
         .and_then(Value::as_str)
@@ -113,24 +138,27 @@ pub fn step(c: &Controllers, fb: &FirstBoot, s: &Value, status: &mut Value) -> S
     if discovered(status) {
         if power != "Off" {
             power_off(c, s, status);
-            return Step::next(Next::Done);
+            return Ok(Step::next(Next::Done));
         }
         status["state"] = json!("Available");
-        return Step {
+        return Ok(Step {
             next: Next::Done,
             attempt: attempt_of(s).map(|_| None),
-        };
+            base: None,
+        });
     }
     let now = unix_now();
     let timeout = fb.report_timeout.as_secs();
     match attempt_of(s) {
         None => {
             // A fresh start: make sure it is off first, so the boot is a clean one.
-            boot(c, s, status, 1);
-            Step {
+            let base = record_attempt(c, s, 1).await?;
+            boot(c, &base, status, 1);
+            Ok(Step {
                 next: Next::After(fb.report_timeout),
-                attempt: Some(Some(format!("1 {now}"))),
-            }
+                attempt: None,
+                base: Some(base),
+            })
         }
         Some((n, started)) if now < started + timeout => {
             let left = started + timeout - now;
@@ -144,7 +172,7 @@ pub fn step(c: &Controllers, fb: &FirstBoot, s: &Value, status: &mut Value) -> S
                     fb.attempts
                 ),
             );
-            Step::next(Next::After(Duration::from_secs(left + 1)))
+            Ok(Step::next(Next::After(Duration::from_secs(left + 1))))
         }
         Some((n, started)) if n >= fb.attempts => {
             if power != "Off" {
@@ -159,7 +187,7 @@ pub fn step(c: &Controllers, fb: &FirstBoot, s: &Value, status: &mut Value) -> S
                     "no inventory after {n} discovery boot(s) of {timeout} s each (the last began at unix {started}); check that the machine network-boots and reaches the boot listener, then remove annotation {ATTEMPT_ANNOTATION} to try again"
                 ),
             );
-            Step::next(Next::Done)
+            Ok(Step::next(Next::Done))
         }
         Some((n, started)) => {
             let backoff = fb
@@ -183,13 +211,17 @@ pub fn step(c: &Controllers, fb: &FirstBoot, s: &Value, status: &mut Value) -> S
                         next_at - now
                     ),
                 );
-                return Step::next(Next::After(Duration::from_secs(next_at - now + 1)));
+                return Ok(Step::next(Next::After(Duration::from_secs(
+                    next_at - now + 1,
+                ))));
             }
-            boot(c, s, status, n + 1);
-            Step {
+            let base = record_attempt(c, s, n + 1).await?;
+            boot(c, &base, status, n + 1);
+            Ok(Step {
                 next: Next::After(fb.report_timeout),
-                attempt: Some(Some(format!("{} {now}", n + 1))),
-            }
+                attempt: None,
+                base: Some(base),
+            })
         }
     }
 }

@@ -81,12 +81,7 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
             );
         }
         "Discovery" if first_boot.is_some() && !claimed => {
-            step = Some(super::firstboot::step(
-                c,
-                first_boot.unwrap(),
-                &s,
-                &mut status,
-            ));
+            step = Some(super::firstboot::step(c, first_boot.unwrap(), &s, &mut status).await?);
         }
         "Available" if claimed => {
             status["state"] = json!("Reserved");
@@ -104,8 +99,14 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
             }
         }
     }
-    if Some(&status) != s.get("status") {
-        c.store.update_status(&c.t_server, &s, status).await?;
+    // A discovery boot records its attempt before the driver acts (so a retried
+    // reconcile never boots twice): the status goes onto that newer version.
+    let base = step
+        .as_ref()
+        .and_then(|st| st.base.clone())
+        .unwrap_or_else(|| s.clone());
+    if Some(&status) != base.get("status") {
+        c.store.update_status(&c.t_server, &base, status).await?;
     }
     match step {
         Some(step) => {
