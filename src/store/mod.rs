@@ -16,7 +16,9 @@
 //! read update against it ([`Store::update_status`], [`Store::update_from`]).
 
 pub mod backend;
+pub mod etcd;
 pub mod kv;
+pub mod settings;
 mod validate;
 pub mod watcher;
 
