@@ -14,7 +14,9 @@
 //! - [`data`]: deterministic test bytes, their hashes, the fixtures directory;
 //! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters;
 //! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer;
-//! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane).
+//! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane);
+//! - [`etcd`]: a real etcd cluster on loopback (members killed and restarted on their
+//!   data dirs, all killed on drop) for the store on etcd.
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -26,6 +28,7 @@ pub mod api;
 pub mod bootplane;
 pub mod data;
 pub mod dhcp;
+pub mod etcd;
 pub mod fakebmc;
 pub mod http;
 pub mod image;
