@@ -342,7 +342,8 @@ fn wait_settled(fleet: &[Bootplane], ns: &str, want: (usize, usize, usize), secs
 #[test]
 fn four_hundred_claims_race_for_a_hundred_servers_through_three_appliances() {
     let etcd = EtcdCluster::start(3);
-    let mut fleet = start_appliances(&etcd, 3, &unique_prefix("race"));
+    let prefix = unique_prefix("race");
+    let mut fleet = start_appliances(&etcd, 3, &prefix);
     let leader = wait_one_leader(&fleet, "metal", 30);
     eprintln!("metal leader: appliance {leader}");
     let started = Instant::now();
@@ -389,6 +390,42 @@ fn four_hundred_claims_race_for_a_hundred_servers_through_three_appliances() {
     // Still exactly one leader of each group.
     wait_one_leader(&fleet, "metal", 5);
     wait_one_leader(&fleet, "provisioning", 5);
+    // The key layout docs/cluster.md gives: objects and elections under the prefix,
+    // nothing outside it.
+    let out = etcd.etcdctl(&["get", "", "--from-key", "--keys-only"]);
+    assert!(out.status.success(), "{}", support::process::text(&out));
+    let keys: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    let outside: Vec<&String> = keys
+        .iter()
+        .filter(|k| {
+            !k.starts_with(&format!("{prefix}objects/"))
+                && !k.starts_with(&format!("{prefix}election/"))
+        })
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "keys outside {prefix}objects/ and {prefix}election/: {outside:?}"
+    );
+    for k in [
+        format!("{prefix}objects/metal.ironcore.dev/servers/race0-s000"),
+        format!("{prefix}objects/metal.ironcore.dev/serverclaims/r0/c000"),
+    ] {
+        assert!(keys.contains(&k), "no key {k}");
+    }
+    for group in ["metal", "provisioning"] {
+        let n = keys
+            .iter()
+            .filter(|k| k.starts_with(&format!("{prefix}election/{group}/")))
+            .count();
+        assert_eq!(
+            n, 3,
+            "one candidate key per appliance in the {group} election"
+        );
+    }
 }
 
 /// SIGKILL the appliance leading `metal` in the middle of a claim burst: another one
