@@ -86,8 +86,29 @@ struct Inner {
     request_timeout: Duration,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> KvError {
-    KvError::Unavailable(format!("etcd: {e}"))
+fn unavailable(e: impl Into<Unreachable>) -> KvError {
+    KvError::Unavailable(format!("etcd: {}", e.into().0))
+}
+
+/// An etcd failure as one short line (a gRPC status' code and message, not the
+/// transport's whole error chain).
+struct Unreachable(String);
+
+impl From<etcd_client::Error> for Unreachable {
+    fn from(e: etcd_client::Error) -> Self {
+        Unreachable(match e {
+            etcd_client::Error::GRpcStatus(s) => {
+                format!("{}: {}", s.code().description().to_lowercase(), s.message())
+            }
+            other => other.to_string(),
+        })
+    }
+}
+
+impl From<&str> for Unreachable {
+    fn from(s: &str) -> Self {
+        Unreachable(s.to_string())
+    }
 }
 
 /// `rev` as etcd's signed revision.
