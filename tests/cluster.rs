@@ -26,6 +26,8 @@ fn etcd_cluster_keeps_quorum_with_one_member_down_and_recovers() {
 
     c.kill(0);
     assert!(!c.is_running(0));
+    // Member 0 may have been etcd's leader: the two left elect one first.
+    c.wait_healthy(Duration::from_secs(10));
     c.put("/t/b", "2")
         .unwrap_or_else(|e| panic!("write with one member down: {e}\n{}", c.logs()));
     assert_eq!(c.get("/t/b").unwrap().as_deref(), Some("2"));
@@ -178,6 +180,34 @@ fn election_log(fleet: &[Bootplane]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The candidate keys of `group`'s election under `prefix` as etcd has them (key,
+/// create revision, lease, value), for failure messages.
+fn election_keys(etcd: &EtcdCluster, prefix: &str, group: &str) -> String {
+    let out = etcd.etcdctl(&[
+        "get",
+        "--prefix",
+        &format!("{prefix}election/{group}/"),
+        "-w",
+        "fields",
+    ]);
+    if !out.status.success() {
+        return format!("(etcdctl failed: {})", support::process::text(&out));
+    }
+    let fields: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            ["\"Key\"", "\"CreateRevision\"", "\"Lease\"", "\"Value\""]
+                .iter()
+                .any(|f| l.starts_with(f))
+        })
+        .map(str::to_string)
+        .collect();
+    if fields.is_empty() {
+        return "(none: no candidate key exists)".into();
+    }
+    fields.join("\n")
 }
 
 /// Wait (up to `secs`) until exactly one running appliance leads `group` and every
@@ -435,7 +465,8 @@ fn four_hundred_claims_race_for_a_hundred_servers_through_three_appliances() {
 #[test]
 fn killing_the_metal_leader_mid_burst_fails_over_and_loses_nothing() {
     let etcd = EtcdCluster::start(3);
-    let mut fleet = start_appliances(&etcd, 3, &unique_prefix("failover"));
+    let prefix = unique_prefix("failover");
+    let mut fleet = start_appliances(&etcd, 3, &prefix);
     let leader = wait_one_leader(&fleet, "metal", 30);
     create_servers(&fleet, "kb", "kb", 60, 6);
     let acked = Mutex::new(Vec::<String>::new());
@@ -481,8 +512,9 @@ fn killing_the_metal_leader_mid_burst_fails_over_and_loses_nothing() {
             assert!(
                 killed.elapsed() < limit,
                 "no single appliance took over metal within {limit:?} of the leader's kill \
-                 (appliance {leader}; now leading: {l:?}); logs:\n{}",
-                election_log(&fleet)
+                 (appliance {leader}; now leading: {l:?}); logs:\n{}\ncandidate keys:\n{}",
+                election_log(&fleet),
+                election_keys(&etcd, &prefix, "metal")
             );
             std::thread::sleep(Duration::from_millis(50));
         }
