@@ -26,6 +26,7 @@ pub mod api;
 pub mod bootplane;
 pub mod data;
 pub mod dhcp;
+pub mod etcd_solo;
 pub mod fakebmc;
 pub mod http;
 pub mod image;
