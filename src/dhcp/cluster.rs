@@ -121,7 +121,8 @@ fn decode(ip: Ipv4Addr, value: &[u8]) -> Option<Lease> {
     Some(Lease {
         ip,
         mac: parse_mac(&r.mac).ok()?,
-        hostname: r.hostname,
+        // As the core takes it from option 12: at most 63 characters.
+        hostname: r.hostname.map(|h| h.chars().take(63).collect()),
         expires: r.expires,
         state: r.state,
     })
