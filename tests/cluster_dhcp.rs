@@ -136,6 +136,15 @@ lease_time_secs = {lease_time}
         }
     }
 
+    /// Kill appliance `i` (SIGKILL) and start it again on the same config.
+    fn restart(&mut self, i: usize) {
+        let name = ["a", "b"][i];
+        self.bps[i].kill9();
+        let path = self.path(&format!("{name}.toml"));
+        let log = self.path(&format!("bootplane-{name}-2.log"));
+        self.bps[i] = serve_in(&self.apps[i], &path, &log);
+    }
+
     /// A udhcpc hook script: `bound|renew <interface> <ip> <lease secs>` to `log`, the
     /// address configured (renewals are unicast from it).
     fn script(&self) -> PathBuf {
@@ -319,6 +328,12 @@ fn two_appliances_lease_200_clients_with_no_address_twice() {
     assert_eq!(failures, (0, 0));
     // (a REQUEST retransmitted while its ACK waited is ACKed again: more ACKs than clients)
     assert!(acks.0 + acks.1 >= N as u64);
+
+    // a restarted appliance lists the segment's leases from etcd before it answers
+    lab.restart(0);
+    assert_eq!(lab.listed(0).len(), N);
+    let log = read(&lab.path("bootplane-a-2.log"));
+    assert!(log.contains(&format!("leases={N}")), "{log}");
 }
 
 #[test]

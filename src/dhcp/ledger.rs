@@ -166,29 +166,47 @@ impl Ledger {
         }
     }
 
-    /// The verdicts of `acks` (their commit ended as `settled`) at `now`, and the
-    /// (address, MAC) pairs they grant.
+    /// The verdicts of `acks` (their commit ended as `settled`) at `now`, and whether a
+    /// grant of `(address, MAC)` among them became durable.
     pub fn verdicts(
         &self,
         settled: &Settled,
         acks: &[(Reply, u16)],
         now: u64,
-    ) -> (Vec<Verdict>, HashSet<(Ipv4Addr, Mac)>) {
-        let verdicts: Vec<Verdict> = acks
-            .iter()
-            .map(|(r, _)| match (self, settled) {
-                (_, Settled::Log(true)) => Verdict::Send,
-                (_, Settled::Log(false)) => Verdict::Drop,
-                (Ledger::Cluster(c), Settled::Cluster(o)) => c.verdict(o, r, now),
-                (Ledger::Log { .. }, Settled::Cluster(_)) => Verdict::Drop,
-            })
-            .collect();
-        let granted = acks
-            .iter()
-            .zip(&verdicts)
-            .filter(|(_, v)| matches!(v, Verdict::Send | Verdict::Renewal(_)))
-            .filter_map(|((r, _), _)| Some((r.msg.yiaddr(), cluster::reply_mac(r)?)))
-            .collect();
-        (verdicts, granted)
+    ) -> (Vec<Verdict>, Granted) {
+        match (self, settled) {
+            (_, Settled::Log(ok)) => {
+                let v = if *ok { Verdict::Send } else { Verdict::Drop };
+                (vec![v; acks.len()], Granted::All(*ok))
+            }
+            (Ledger::Cluster(c), Settled::Cluster(o)) => {
+                let verdicts: Vec<Verdict> =
+                    acks.iter().map(|(r, _)| c.verdict(o, r, now)).collect();
+                let granted = acks
+                    .iter()
+                    .zip(&verdicts)
+                    .filter(|(_, v)| matches!(v, Verdict::Send | Verdict::Renewal(_)))
+                    .filter_map(|((r, _), _)| Some((r.msg.yiaddr(), cluster::reply_mac(r)?)))
+                    .collect();
+                (verdicts, Granted::These(granted))
+            }
+            (Ledger::Log { .. }, Settled::Cluster(_)) => unreachable!("settled by its own ledger"),
+        }
+    }
+}
+
+/// Which grants of a commit became durable.
+pub enum Granted {
+    /// All of them or none (the lease log).
+    All(bool),
+    These(HashSet<(Ipv4Addr, Mac)>),
+}
+
+impl Granted {
+    pub fn contains(&self, ip: Ipv4Addr, mac: Mac) -> bool {
+        match self {
+            Granted::All(ok) => *ok,
+            Granted::These(s) => s.contains(&(ip, mac)),
+        }
     }
 }

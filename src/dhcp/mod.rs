@@ -431,7 +431,7 @@ impl Pipeline {
             .finish(done, &mut ctx.server.table, ctx.index, ctx.metrics);
         let (verdicts, granted) = self.ledger.verdicts(&settled, &acks, unix_now());
         ctx.reporter
-            .committed(|g| granted.contains(&(g.ip, g.mac)), ctx.metrics);
+            .committed(|g| granted.contains(g.ip, g.mac), ctx.metrics);
         for ((mut r, port), v) in acks.into_iter().zip(verdicts) {
             match v {
                 Verdict::Send => {}
