@@ -14,7 +14,8 @@
 //! - [`data`]: deterministic test bytes, their hashes, the fixtures directory;
 //! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters;
 //! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer;
-//! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane).
+//! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane);
+//! - [`etcd_solo`]: a single-member etcd (loopback or a namespace) for the DHCP lease tests.
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
