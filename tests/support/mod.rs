@@ -15,7 +15,9 @@
 //! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters;
 //! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer;
 //! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane);
-//! - [`etcd_solo`]: a single-member etcd (loopback or a namespace) for the DHCP lease tests.
+//! - [`etcd`]: a real etcd cluster on loopback (members killed and restarted on their
+//!   data dirs, all killed on drop) for the store on etcd;
+//! - [`etcd_solo`]: a single-member etcd inside a network namespace (the DHCP cluster lab).
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -27,6 +29,7 @@ pub mod api;
 pub mod bootplane;
 pub mod data;
 pub mod dhcp;
+pub mod etcd;
 pub mod etcd_solo;
 pub mod fakebmc;
 pub mod http;
