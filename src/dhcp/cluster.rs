@@ -413,7 +413,8 @@ async fn follow(
 }
 
 /// The mirror task: [`follow`] again and again (at once after a compaction, after a
-/// growing pause up to 5 s after an error), until shutdown or the loop is gone.
+/// growing pause up to 2 s after an error: a listing is cheap, and it is what tells the
+/// loop that new leases can be granted again), until shutdown or the loop is gone.
 pub async fn mirror(
     client: Client,
     keys: Keys,
@@ -450,7 +451,7 @@ pub async fn mirror(
             _ = shutdown.recv() => return,
             _ = tokio::time::sleep(pause) => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(5));
+        pause = (pause * 2).min(Duration::from_secs(2));
     }
 }
 
