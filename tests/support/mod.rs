@@ -16,7 +16,8 @@
 //! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer;
 //! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane);
 //! - [`etcd`]: a real etcd cluster on loopback (members killed and restarted on their
-//!   data dirs, all killed on drop) for the store on etcd.
+//!   data dirs, all killed on drop) for the store on etcd;
+//! - [`etcd_solo`]: a single-member etcd inside a network namespace (the DHCP cluster lab).
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -29,6 +30,7 @@ pub mod bootplane;
 pub mod data;
 pub mod dhcp;
 pub mod etcd;
+pub mod etcd_solo;
 pub mod fakebmc;
 pub mod http;
 pub mod image;
