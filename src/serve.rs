@@ -148,6 +148,16 @@ impl crate::power::redfish::BootTargets for BootTargets {
     }
 }
 
+/// With the store on etcd, a DHCP scope's leases are there too, shared with the other
+/// appliances under `{prefix}dhcp/{scope}/` (`crate::dhcp::cluster`); else in its lease log.
+fn shared_leases(config: &Config, scope: &str) -> Option<crate::dhcp::Shared> {
+    use crate::store::settings::BackendKind;
+    (config.store.backend == BackendKind::Etcd).then(|| crate::dhcp::Shared {
+        etcd: config.store.etcd.clone(),
+        scope: scope.into(),
+    })
+}
+
 /// What the services share, built once in [`run`]; each `start_*` step spawns one
 /// service into `tasks` with the inputs it needs, handed over explicitly.
 struct Services {
@@ -326,14 +336,18 @@ impl Services {
             crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())?;
         let r =
             crate::dhcp::reservations::start(self.store.clone(), &settings, self.coord.handle());
-        let (state_dir, l, s) = (
-            config.state_dir.clone(),
+        let scope = crate::dhcp::Scope {
+            log_path: config.state_dir.join(crate::dhcp::LEASE_FILE),
+            grants: None,
+            shared: shared_leases(config, "boot"),
+        };
+        let (l, s, metrics) = (
             self.leases.clone(),
             self.coord.handle(),
+            self.dhcp_metrics.clone(),
         );
-        let metrics = self.dhcp_metrics.clone();
         self.tasks.spawn(async move {
-            crate::dhcp::run(settings, &state_dir, metrics, l, Some(r), s)
+            crate::dhcp::run_scope(settings, scope, metrics, l, Some(r), s)
                 .await
                 .context("dhcp server")
         });
@@ -352,6 +366,7 @@ impl Services {
         let scope = crate::dhcp::Scope {
             log_path: config.state_dir.join(MANAGEMENT_LEASE_FILE),
             grants: Some(tx),
+            shared: shared_leases(config, "management"),
         };
         let (metrics, s) = (self.mgmt_dhcp_metrics.clone(), self.coord.handle());
         self.tasks.spawn(async move {

@@ -29,6 +29,7 @@ pub mod bootplane;
 pub mod data;
 pub mod dhcp;
 pub mod etcd;
+pub mod etcd_solo;
 pub mod fakebmc;
 pub mod http;
 pub mod image;
