@@ -164,7 +164,8 @@ fn machine_claimed_through_one_appliance_boots_from_the_other() {
     let (b_ip, a_ip) = (lab.addr(1), lab.addr(2));
     // A's boot listener gets an address on the bridge too: reachable by the VM, but
     // nothing the VM is given points there.
-    lab.ns.ip(&["addr", "add", &format!("{a_ip}/24"), "dev", "br0"]);
+    lab.ns
+        .ip(&["addr", "add", &format!("{a_ip}/24"), "dev", "br0"]);
     let etcd = EtcdCluster::start_in(3, &lab.ns, "127.0.0.1");
 
     let images = lab.path("images");
@@ -249,7 +250,12 @@ fn machine_claimed_through_one_appliance_boots_from_the_other() {
     wait_for(
         Duration::from_secs(30),
         || b.leads(&lab.ns, "metal") == Some(false),
-        || format!("appliance b exports no metal leader gauge\n{}", logs(&a, &b)),
+        || {
+            format!(
+                "appliance b exports no metal leader gauge\n{}",
+                logs(&a, &b)
+            )
+        },
     );
     assert_eq!(
         a.leads(&lab.ns, "metal"),
@@ -293,7 +299,11 @@ fn machine_claimed_through_one_appliance_boots_from_the_other() {
         ignition: true,
     };
     let claim = format!("{}-claim", s.server);
-    let out = a.cli(&lab.ns, &["apply", "-f", "-"], Some(&scenario_yaml(NET, &s)));
+    let out = a.cli(
+        &lab.ns,
+        &["apply", "-f", "-"],
+        Some(&scenario_yaml(NET, &s)),
+    );
     assert!(out.status.success(), "apply through a: {}", text(&out));
 
     // The metal leader (A) powers the machine on: the VM is A's.
@@ -342,8 +352,7 @@ fn machine_claimed_through_one_appliance_boots_from_the_other() {
         Duration::from_secs(30),
         || {
             a.get_json(&lab.ns, "sbc", &claim).is_some_and(|v| {
-                condition_true(&v, "IPXEScriptFetched")
-                    && condition_true(&v, "IgnitionDataFetched")
+                condition_true(&v, "IPXEScriptFetched") && condition_true(&v, "IgnitionDataFetched")
             })
         },
         || {
@@ -363,13 +372,13 @@ fn machine_claimed_through_one_appliance_boots_from_the_other() {
     assert!(acks >= 3.0, "b's DHCP ACKs: {acks}\n{mb}");
     let tftp = sample_sum(&mb, "bootplane_tftp_transfers_completed_total", &[]);
     assert!(tftp >= 1.0, "b's TFTP transfers: {tftp}");
-    for route in ["boot", "script", "ignition", "assets"] {
+    for route in ["boot_ipxe", "script", "ignition", "assets"] {
         let n = sample_sum(
             &mb,
             "bootplane_http_requests_total",
             &[&format!("route=\"{route}\""), "code=\"200\""],
         );
-        assert!(n >= 1.0, "b served no {route} request");
+        assert!(n >= 1.0, "b served no {route} request:\n{mb}");
     }
     assert_eq!(sample_sum(&ma, "bootplane_dhcp_acks_total", &[]), 0.0);
     assert_eq!(sample_sum(&ma, "bootplane_dhcp_offers_total", &[]), 0.0);
@@ -378,7 +387,7 @@ fn machine_claimed_through_one_appliance_boots_from_the_other() {
         0.0
     );
     let a_http = sample_sum(&ma, "bootplane_http_requests_total", &[]);
-    assert_eq!(a_http, 0.0, "appliance a served boot HTTP requests");
+    assert_eq!(a_http, 0.0, "appliance a served boot HTTP requests:\n{ma}");
     for progress in ["IPXEScriptFetched", "IgnitionDataFetched"] {
         let label = format!("event=\"{progress}\"");
         assert!(
@@ -391,6 +400,28 @@ fn machine_claimed_through_one_appliance_boots_from_the_other() {
             "a recorded {progress}"
         );
     }
+    assert!(
+        ma.contains("bootplane_http_requests_total"),
+        "a exports its boot listener's metrics"
+    );
+    // The access logs: B's name the VM's script and Ignition, A's has none.
+    let b_log = b.log();
+    for path in [
+        "path=/ipxe/script status=200",
+        "path=/ignition/cluster-linux status=200",
+    ] {
+        assert!(
+            b_log
+                .lines()
+                .any(|l| l.contains(path) && l.contains("server=\"cluster-linux\"")),
+            "b's access log lacks {path}"
+        );
+    }
+    assert!(
+        !a.log().contains("bootplane::http::access"),
+        "a's access log is not empty:\n{}",
+        a.log()
+    );
     let mac = "52:54:00:e2:41:01";
     let leases = b.cli(&lab.ns, &["get", "leases"], None);
     assert!(
@@ -400,7 +431,11 @@ fn machine_claimed_through_one_appliance_boots_from_the_other() {
     );
     // Leadership did not move while the machine booted.
     assert_eq!(a.leads(&lab.ns, "metal"), Some(true), "a still leads metal");
-    assert_eq!(b.leads(&lab.ns, "metal"), Some(false), "b does not lead metal");
+    assert_eq!(
+        b.leads(&lab.ns, "metal"),
+        Some(false),
+        "b does not lead metal"
+    );
 
     // Unclaim through A: the VM stops, the server is Available again.
     let out = a.cli(&lab.ns, &["delete", "serverclaims", &claim], None);

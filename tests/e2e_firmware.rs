@@ -197,7 +197,6 @@ fn bios_ipxe_rom_boots_linux_and_fetches_ignition() {
     );
 }
 
-
 #[test]
 fn vms_die_with_bootplane() {
     let mut lab = tiny_lab(64);

@@ -363,8 +363,7 @@ pub fn serve_in_with(
         Duration::from_secs(30),
         || {
             let l = super::process::read(log);
-            ready.iter().all(|r| l.contains(r))
-                || p.child.try_wait().ok().flatten().is_some()
+            ready.iter().all(|r| l.contains(r)) || p.child.try_wait().ok().flatten().is_some()
         },
         || format!("bootplane did not start: {}", super::process::read(log)),
     );
@@ -387,13 +386,7 @@ pub fn get_json_at(
     kind: &str,
     name: &str,
 ) -> Option<Value> {
-    let out = bootplane_cli_at(
-        ns,
-        api,
-        state_dir,
-        &["get", kind, name, "-o", "json"],
-        None,
-    );
+    let out = bootplane_cli_at(ns, api, state_dir, &["get", kind, name, "-o", "json"], None);
     if !out.status.success() {
         return None;
     }

@@ -302,13 +302,17 @@ pub fn run_scenario(lab: &QemuLab, s: &Scenario) {
     assert_eq!(lab.qemu_count(), 1, "qemu processes after power On");
 
     // The firmware boots through bootplane; read its console.
-    wait_console(s, || lab.serial(s.server), || {
-        format!(
-            "--- qemu.log ---\n{}\n--- bootplane ---\n{}",
-            read(&lab.path(&format!("state/qemu/{}/qemu.log", s.server))),
-            tail(&lab.log(), 60)
-        )
-    });
+    wait_console(
+        s,
+        || lab.serial(s.server),
+        || {
+            format!(
+                "--- qemu.log ---\n{}\n--- bootplane ---\n{}",
+                read(&lab.path(&format!("state/qemu/{}/qemu.log", s.server))),
+                tail(&lab.log(), 60)
+            )
+        },
+    );
     lab.keep_logs(s.server);
     // Never a second VM; the Linux scenario's init ends with `poweroff -f`, so by
     // now its one VM may already have exited (CI saw 0 here once).
@@ -600,4 +604,3 @@ pub fn initramfs(e1000: &Path) -> Vec<u8> {
     c.file("init", 0o755, init.as_bytes());
     c.finish()
 }
-
