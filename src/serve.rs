@@ -272,8 +272,11 @@ impl Services {
             }
         };
         for (group, start) in GROUPS {
-            let election =
-                crate::store::etcd::election::Election::new(etcd.clone(), &config.store.etcd, group);
+            let election = crate::store::etcd::election::Election::new(
+                etcd.clone(),
+                &config.store.etcd,
+                group,
+            );
             let lead = Lead {
                 election,
                 store: self.store.clone(),
@@ -423,7 +426,12 @@ impl Services {
 
 impl Controllers {
     /// The metal reconcilers (claims, servers, boot configurations, BMCs) and power.
-    fn start_metal(&self, store: Store, coord: &Coordinator, tasks: &mut JoinSet<Result<()>>) -> Result<()> {
+    fn start_metal(
+        &self,
+        store: Store,
+        coord: &Coordinator,
+        tasks: &mut JoinSet<Result<()>>,
+    ) -> Result<()> {
         let config = &self.config;
         if !config.controller.enabled {
             return Ok(());
@@ -476,7 +484,12 @@ impl Controllers {
     }
 
     /// The NFS export backend and the provisioning reconcilers.
-    fn start_provisioning(&self, store: Store, coord: &Coordinator, tasks: &mut JoinSet<Result<()>>) -> Result<()> {
+    fn start_provisioning(
+        &self,
+        store: Store,
+        coord: &Coordinator,
+        tasks: &mut JoinSet<Result<()>>,
+    ) -> Result<()> {
         let config = &self.config;
         let nfs = &config.nfs;
         let backend: Arc<dyn crate::nfs::ExportBackend> = if nfs.enabled {
@@ -551,7 +564,9 @@ impl Lead {
             let fenced = self.store.fenced(leadership.fence.clone());
             let mut done = false;
             match (self.start)(&self.controllers, fenced, &coord, &mut tasks) {
-                Err(e) => tracing::error!(group, error = %format!("{e:#}"), "starting the controllers failed"),
+                Err(e) => {
+                    tracing::error!(group, error = %format!("{e:#}"), "starting the controllers failed")
+                }
                 Ok(()) => {
                     done = tokio::select! {
                         _ = shutdown.recv() => true,

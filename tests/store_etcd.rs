@@ -59,10 +59,17 @@ async fn objects_cas_and_errors_as_on_the_embedded_engine() {
     let s = open(&c, "/t1/").await;
     let srv = rt("server");
     let o = s.create(&srv, server("a")).await.unwrap();
-    let rv: u64 = o["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+    let rv: u64 = o["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(rv > 0);
     // Read-your-writes: the mirror shows it as soon as create returned.
-    assert_eq!(s.get(&srv, None, "a").unwrap()["metadata"]["resourceVersion"], o["metadata"]["resourceVersion"]);
+    assert_eq!(
+        s.get(&srv, None, "a").unwrap()["metadata"]["resourceVersion"],
+        o["metadata"]["resourceVersion"]
+    );
     assert_eq!(
         s.get_text(&srv, None, "a").unwrap().as_ref(),
         o.to_string(),
@@ -87,7 +94,10 @@ async fn objects_cas_and_errors_as_on_the_embedded_engine() {
     let claim = rt("serverclaim");
     let sbc = rt("sbc");
     let cl = s
-        .create(&claim, json!({"metadata": {"name": "c"}, "spec": {"image": "i", "power": "On"}}))
+        .create(
+            &claim,
+            json!({"metadata": {"name": "c"}, "spec": {"image": "i", "power": "On"}}),
+        )
         .await
         .unwrap();
     let owner = json!([{"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim", "name": "c", "uid": cl["metadata"]["uid"]}]);
@@ -96,9 +106,19 @@ async fn objects_cas_and_errors_as_on_the_embedded_engine() {
         .unwrap();
     let before = s.revision();
     s.delete(&claim, None, "c", None).await.unwrap();
-    assert!(matches!(s.get(&claim, None, "c"), Err(StoreError::NotFound { .. })));
-    assert!(matches!(s.get(&sbc, None, "c"), Err(StoreError::NotFound { .. })), "cascaded");
-    assert_eq!(s.revision(), before + 1, "owner and dependent deleted in one revision");
+    assert!(matches!(
+        s.get(&claim, None, "c"),
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(
+        matches!(s.get(&sbc, None, "c"), Err(StoreError::NotFound { .. })),
+        "cascaded"
+    );
+    assert_eq!(
+        s.revision(),
+        before + 1,
+        "owner and dependent deleted in one revision"
+    );
     let err = s.delete(&claim, None, "c", None).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
     s.close();
@@ -117,14 +137,20 @@ async fn appliances_share_one_truth_watch_in_order_and_cas_has_one_winner() {
     }
     let mut names = Vec::new();
     while names.len() < 30 {
-        let e = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(5), w.next())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(e.kind, "ADDED");
         names.push(e.object["metadata"]["name"].as_str().unwrap().to_string());
     }
     let want: Vec<String> = (0..30).map(|i| format!("s{i:02}")).collect();
     assert_eq!(names, want, "every change once, in order");
     until(5, "b's mirror", || b.get(&srv, None, "s29").is_ok()).await;
-    assert_eq!(a.list_text(&srv, None, None).0, b.list_text(&srv, None, None).0);
+    assert_eq!(
+        a.list_text(&srv, None, None).0,
+        b.list_text(&srv, None, None).0
+    );
     // 32 writers on two appliances update the same version: one wins.
     let cur = a.get(&srv, None, "s00").unwrap();
     let mut tasks = Vec::new();
@@ -132,7 +158,9 @@ async fn appliances_share_one_truth_watch_in_order_and_cas_has_one_winner() {
         let s = if i % 2 == 0 { a.clone() } else { b.clone() };
         let (srv, mut o) = (srv.clone(), (*cur).clone());
         o["metadata"]["labels"] = json!({"writer": i.to_string()});
-        tasks.push(tokio::spawn(async move { s.update(&srv, o, Part::Main).await.is_ok() }));
+        tasks.push(tokio::spawn(async move {
+            s.update(&srv, o, Part::Main).await.is_ok()
+        }));
     }
     let mut wins = 0;
     for t in tasks {
@@ -141,7 +169,10 @@ async fn appliances_share_one_truth_watch_in_order_and_cas_has_one_winner() {
     assert_eq!(wins, 1);
     // A watch from before the mirror's listing has no history: 410, re-list.
     let late = open(&c, "/t2/").await;
-    let err = late.watch(&srv, None, from).err().expect("a revision before the listing");
+    let err = late
+        .watch(&srv, None, from)
+        .err()
+        .expect("a revision before the listing");
     assert!(matches!(err, StoreError::Gone(_)), "{err}");
     for s in [a, b, late] {
         s.close();
@@ -152,7 +183,9 @@ async fn appliances_share_one_truth_watch_in_order_and_cas_has_one_winner() {
 async fn a_leader_that_lost_its_lease_cannot_write() {
     let c = EtcdCluster::start(1);
     let s = open(&c, "/t3/").await;
-    let Backend::Etcd(kv) = s.kv().clone() else { unreachable!() };
+    let Backend::Etcd(kv) = s.kv().clone() else {
+        unreachable!()
+    };
     let cfg = cfg(&c, "/t3/");
     let e1 = Election::new(kv.client().clone(), &cfg, "metal");
     let stop = tokio_util::sync::CancellationToken::new();
@@ -170,9 +203,16 @@ async fn a_leader_that_lost_its_lease_cannot_write() {
     assert!(!second.is_finished(), "one leader at a time");
     // The first leader's lease ends (as when it is paused past its TTL).
     l1.resign().await;
-    let f2 = tokio::time::timeout(Duration::from_secs(5), second).await.unwrap().unwrap().unwrap();
+    let f2 = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     let err = fenced.create(&srv, server("y")).await.unwrap_err();
-    assert!(matches!(err, StoreError::Unavailable(ref m) if m.contains("no longer the leader")), "{err}");
+    assert!(
+        matches!(err, StoreError::Unavailable(ref m) if m.contains("no longer the leader")),
+        "{err}"
+    );
     assert!(s.get(&srv, None, "y").is_err(), "nothing written");
     s.fenced(f2).create(&srv, server("y")).await.unwrap();
     s.close();
@@ -185,22 +225,35 @@ async fn without_quorum_writes_get_unavailable_reads_go_on_and_it_recovers() {
     let srv = rt("server");
     s.create(&srv, server("a")).await.unwrap();
     c.kill(2);
-    s.create(&srv, server("b")).await.expect("one member down: no effect");
+    s.create(&srv, server("b"))
+        .await
+        .expect("one member down: no effect");
     c.kill(1);
     let t = Instant::now();
     let err = s.create(&srv, server("c")).await.unwrap_err();
-    println!("write without quorum refused after {:?}: {err}", t.elapsed());
+    println!(
+        "write without quorum refused after {:?}: {err}",
+        t.elapsed()
+    );
     assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
     assert!(err.to_string().starts_with("store unavailable"), "{err}");
-    assert!(t.elapsed() < Duration::from_secs(5), "bounded by the request timeout");
-    assert!(s.get(&srv, None, "a").is_ok() && s.get(&srv, None, "b").is_ok(), "reads go on");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "bounded by the request timeout"
+    );
+    assert!(
+        s.get(&srv, None, "a").is_ok() && s.get(&srv, None, "b").is_ok(),
+        "reads go on"
+    );
     c.restart(1);
     c.restart(2);
     let t = Instant::now();
     loop {
         match s.create(&srv, server("c")).await {
             Ok(_) => break,
-            Err(StoreError::Unavailable(_)) | Err(StoreError::AlreadyExists { .. }) if t.elapsed() < Duration::from_secs(30) => {
+            Err(StoreError::Unavailable(_)) | Err(StoreError::AlreadyExists { .. })
+                if t.elapsed() < Duration::from_secs(30) =>
+            {
                 if s.get(&srv, None, "c").is_ok() {
                     break;
                 }
@@ -209,11 +262,17 @@ async fn without_quorum_writes_get_unavailable_reads_go_on_and_it_recovers() {
             Err(e) => panic!("{e}"),
         }
     }
-    println!("writes accepted again {:?} after the members restarted", t.elapsed());
+    println!(
+        "writes accepted again {:?} after the members restarted",
+        t.elapsed()
+    );
     // The mirror followed: a write through a second appliance shows up here.
     let other = open(&c, "/t4/").await;
     other.create(&srv, server("d")).await.unwrap();
-    until(10, "the first mirror to resume", || s.get(&srv, None, "d").is_ok()).await;
+    until(10, "the first mirror to resume", || {
+        s.get(&srv, None, "d").is_ok()
+    })
+    .await;
     s.close();
     other.close();
 }
@@ -226,21 +285,32 @@ async fn migrate_into_etcd_and_back_keeps_every_object() {
     let srv = rt("server");
     let secret = rt("secret");
     for i in 0..250 {
-        embedded.create(&srv, server(&format!("m{i:03}"))).await.unwrap();
+        embedded
+            .create(&srv, server(&format!("m{i:03}")))
+            .await
+            .unwrap();
     }
     embedded
-        .create(&secret, json!({"metadata": {"name": "s", "namespace": "default"}, "data": {"k": "dg=="}}))
+        .create(
+            &secret,
+            json!({"metadata": {"name": "s", "namespace": "default"}, "data": {"k": "dg=="}}),
+        )
         .await
         .unwrap();
     let etcd = open(&c, "/t5/").await;
-    let n = bootplane::store::migrate::migrate(&embedded, &etcd).await.unwrap();
+    let n = bootplane::store::migrate::migrate(&embedded, &etcd)
+        .await
+        .unwrap();
     assert_eq!(n, 251);
     let strip = |s: &Store| -> Vec<Value> {
         let mut out = Vec::new();
         for t in [&srv, &secret] {
             for o in s.list(t, None, None).0 {
                 let mut o = (*o).clone();
-                o["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+                o["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("resourceVersion");
                 out.push(o);
             }
         }
@@ -248,12 +318,216 @@ async fn migrate_into_etcd_and_back_keeps_every_object() {
     };
     let want = strip(&embedded);
     assert_eq!(strip(&etcd), want, "uids, timestamps and bodies kept");
-    let err = bootplane::store::migrate::migrate(&embedded, &etcd).await.unwrap_err();
+    let err = bootplane::store::migrate::migrate(&embedded, &etcd)
+        .await
+        .unwrap_err();
     assert!(format!("{err:#}").contains("never merges"), "{err:#}");
     let back = Store::open(&dir.path().join("b")).unwrap();
-    bootplane::store::migrate::migrate(&etcd, &back).await.unwrap();
+    bootplane::store::migrate::migrate(&etcd, &back)
+        .await
+        .unwrap();
     assert_eq!(strip(&back), want);
     for s in [embedded, etcd, back] {
-        tokio::task::spawn_blocking(move || s.close()).await.unwrap();
+        tokio::task::spawn_blocking(move || s.close())
+            .await
+            .unwrap();
     }
+}
+
+/// `openssl` with `args` in `dir`; panics with its output on failure.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = support::process::run_cmd(
+        std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args),
+        60,
+    );
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA (`{name}-ca.pem`) and a certificate it signed for `cn` (`{name}-{cn}.pem`/.key).
+fn ca(dir: &std::path::Path, name: &str) {
+    let subj = format!("/CN={name}-ca");
+    let (key, pem) = (format!("{name}-ca.key"), format!("{name}-ca.pem"));
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &subj,
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
+fn signed(dir: &std::path::Path, ca_name: &str, cn: &str, usage: &str) {
+    let ext = format!("{cn}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        format!(
+            "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"
+        ),
+    )
+    .unwrap();
+    let (key, csr, pem) = (
+        format!("{cn}.key"),
+        format!("{cn}.csr"),
+        format!("{cn}.pem"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            &format!("/CN={cn}"),
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &format!("{ca_name}-ca.pem"),
+            "-CAkey",
+            &format!("{ca_name}-ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &pem,
+            "-extfile",
+            &ext,
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_tls_with_a_client_certificate() {
+    support::require::require("openssl");
+    support::require::require("etcd");
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    ca(dir, "good");
+    ca(dir, "other");
+    signed(dir, "good", "server", "serverAuth");
+    signed(dir, "good", "client", "clientAuth");
+    signed(dir, "other", "stranger", "clientAuth");
+    let ports = support::etcd::free_ports(2);
+    let url = format!("https://127.0.0.1:{}", ports[0]);
+    let peer = format!("http://127.0.0.1:{}", ports[1]);
+    let mut cmd = std::process::Command::new("etcd");
+    cmd.current_dir(dir)
+        .args(["--name", "tls", "--data-dir", "data"])
+        .args([
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("tls={peer}")])
+        .args(["--cert-file", "server.pem", "--key-file", "server.key"])
+        .args(["--trusted-ca-file", "good-ca.pem", "--client-cert-auth"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap());
+    let _etcd = support::process::Proc::spawn(cmd);
+    let base = EtcdConfig {
+        endpoints: vec![url.clone()],
+        prefix: "/tls/".into(),
+        request_timeout_ms: 2_000,
+        dial_timeout_ms: 1_000,
+        ca_file: Some(dir.join("good-ca.pem")),
+        cert_file: Some(dir.join("client.pem")),
+        key_file: Some(dir.join("client.key")),
+        ..EtcdConfig::default()
+    };
+    base.validate().unwrap();
+    // The member takes a moment to start: retry the good configuration.
+    let t = Instant::now();
+    let kv = loop {
+        match EtcdKv::open(&base).await {
+            Ok(kv) => break kv,
+            Err(e) if t.elapsed() < Duration::from_secs(20) => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("{e:#}\n{}", support::process::read(&dir.join("etcd.log"))),
+        }
+    };
+    let s = Store::with_backend(Backend::Etcd(kv));
+    s.create(&rt("server"), server("tls")).await.unwrap();
+    assert!(s.get(&rt("server"), None, "tls").is_ok());
+    s.close();
+    // No client certificate, a certificate of another CA, or a wrong CA: refused.
+    let refusals = [
+        EtcdConfig {
+            cert_file: None,
+            key_file: None,
+            ..base.clone()
+        },
+        EtcdConfig {
+            cert_file: Some(dir.join("stranger.pem")),
+            key_file: Some(dir.join("stranger.key")),
+            ..base.clone()
+        },
+        EtcdConfig {
+            ca_file: Some(dir.join("other-ca.pem")),
+            ..base.clone()
+        },
+    ];
+    for (i, c) in refusals.iter().enumerate() {
+        let err = EtcdKv::open(c)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("case {i} was accepted"));
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("listing /tls/objects from etcd"),
+            "case {i}: {msg}"
+        );
+    }
+    // A missing key file is a configuration error named as such.
+    let err = EtcdKv::open(&EtcdConfig {
+        key_file: Some(dir.join("nope.key")),
+        ..base.clone()
+    })
+    .await
+    .err()
+    .unwrap();
+    assert!(
+        format!("{err:#}").contains("store.etcd.key_file"),
+        "{err:#}"
+    );
 }

@@ -126,8 +126,11 @@ impl From<StoreError> for ApiError {
             // etcd unreachable or without quorum: nothing was written (or, after a
             // timeout, it is unknown whether it was); reads go on from the mirror.
             StoreError::Unavailable(_) => {
-                let mut a =
-                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", message);
+                let mut a = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailable",
+                    message,
+                );
                 a.details = Some(json!({"retryAfterSeconds": 1}));
                 a
             }

@@ -236,18 +236,28 @@ impl Writer {
         }
     }
 
-    /// Every intent's Txn, `TXN_CONCURRENCY` at once; outcomes in no particular order.
+    /// Every intent's Txn, `TXN_CONCURRENCY` at once, all within one request timeout
+    /// (so an unreachable etcd fails a commit of thousands of leases in that time, not in
+    /// one timeout per wave); outcomes in no particular order.
     pub async fn write(&self, intents: Vec<Intent>) -> Vec<(Ipv4Addr, Outcome)> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
         futures::stream::iter(intents)
-            .map(|it| async move { (it.ip, self.write_one(it).await) })
+            .map(|it| async move { (it.ip, self.write_by(it, deadline).await) })
             .buffer_unordered(TXN_CONCURRENCY)
             .collect()
             .await
     }
 
-    /// Compare-and-swap one address: put `want` (or delete the known record) if the key
-    /// is still at the revision known; if not, decide again on what the key holds.
+    /// [`Writer::write`] of one intent.
     pub async fn write_one(&self, it: Intent) -> Outcome {
+        self.write_by(it, tokio::time::Instant::now() + self.timeout)
+            .await
+    }
+
+    /// Compare-and-swap one address by `deadline`: put `want` (or delete the known
+    /// record) if the key is still at the revision known; if not, decide again on what
+    /// the key holds.
+    async fn write_by(&self, it: Intent, deadline: tokio::time::Instant) -> Outcome {
         let key = self.keys.key(it.ip);
         let mut cur = it.known;
         for _ in 0..CAS_ROUNDS {
@@ -268,7 +278,7 @@ impl Writer {
                 .and_then([op])
                 .or_else([TxnOp::get(key.clone(), None)]);
             let mut kv = self.kv.clone();
-            let resp = match tokio::time::timeout(self.timeout, kv.txn(txn)).await {
+            let resp = match tokio::time::timeout_at(deadline, kv.txn(txn)).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, %key, "dhcp lease txn failed");
@@ -413,7 +423,8 @@ async fn follow(
 }
 
 /// The mirror task: [`follow`] again and again (at once after a compaction, after a
-/// growing pause up to 5 s after an error), until shutdown or the loop is gone.
+/// growing pause up to 2 s after an error: a listing is cheap, and it is what tells the
+/// loop that new leases can be granted again), until shutdown or the loop is gone.
 pub async fn mirror(
     client: Client,
     keys: Keys,
@@ -450,7 +461,7 @@ pub async fn mirror(
             _ = shutdown.recv() => return,
             _ = tokio::time::sleep(pause) => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(5));
+        pause = (pause * 2).min(Duration::from_secs(2));
     }
 }
 

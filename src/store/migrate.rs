@@ -38,7 +38,11 @@ pub async fn migrate(from: &Store, to: &Store) -> Result<usize> {
     }
     let (check, _) = to.kv().range("/");
     if check.len() != all.len() {
-        bail!("copied {} objects but the destination shows {}", all.len(), check.len());
+        bail!(
+            "copied {} objects but the destination shows {}",
+            all.len(),
+            check.len()
+        );
     }
     Ok(copied)
 }

@@ -214,7 +214,10 @@ impl Store {
 
     /// Open the store `[store]` names: the embedded one in `state_dir`, or etcd
     /// (connected, mirror loaded).
-    pub async fn from_config(cfg: &settings::StoreConfig, state_dir: &Path) -> anyhow::Result<Store> {
+    pub async fn from_config(
+        cfg: &settings::StoreConfig,
+        state_dir: &Path,
+    ) -> anyhow::Result<Store> {
         match cfg.backend {
             settings::BackendKind::Embedded => Store::open(state_dir),
             settings::BackendKind::Etcd => {

@@ -112,7 +112,12 @@ impl EtcdConfig {
             bail!("store.etcd.lease_ttl_secs must be between 2 and 300");
         }
         if let Some(n) = &self.name {
-            if n.is_empty() || n.len() > 63 || !n.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)) {
+            if n.is_empty()
+                || n.len() > 63
+                || !n
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+            {
                 bail!("store.etcd.name {n:?} must be 1-63 characters of [A-Za-z0-9-._]");
             }
         }
@@ -148,7 +153,10 @@ mod tests {
             assert!(err.contains(says), "{err}");
         };
         bad(|e| e.endpoints.clear(), "endpoints");
-        bad(|e| e.endpoints = vec!["127.0.0.1:2379".into()], "not an http");
+        bad(
+            |e| e.endpoints = vec!["127.0.0.1:2379".into()],
+            "not an http",
+        );
         bad(|e| e.endpoints = vec!["https://a:2379".into()], "ca_file");
         bad(|e| e.cert_file = Some("c".into()), "key_file");
         bad(|e| e.prefix = "bootplane".into(), "prefix");

@@ -271,6 +271,37 @@ impl EtcdCluster {
         }
     }
 
+    /// The member etcd's Raft currently follows as leader, as the running members
+    /// report it (`/v3/maintenance/status`); None while there is none or they disagree.
+    pub fn leader(&self) -> Option<usize> {
+        let status = |port: u16| -> Option<(String, String)> {
+            let body = ureq::post(&format!("http://127.0.0.1:{port}/v3/maintenance/status"))
+                .timeout(Duration::from_secs(2))
+                .send_string("{}")
+                .ok()?
+                .into_string()
+                .ok()?;
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let member = v["header"]["member_id"].as_str()?.to_string();
+            let leader = v["leader"].as_str()?.to_string();
+            (leader != "0").then_some((member, leader))
+        };
+        let mut ids = Vec::new();
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            ids.push(status(m.client_port)?);
+        }
+        let leader = &ids.first()?.1;
+        if ids.iter().any(|(_, l)| l != leader) {
+            return None;
+        }
+        let running: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].child.is_some())
+            .collect();
+        ids.iter()
+            .position(|(m, _)| m == leader)
+            .map(|p| running[p])
+    }
+
     /// Whether every running member answers healthy now.
     pub fn healthy(&self) -> bool {
         let ports: Vec<u16> = self

@@ -20,11 +20,15 @@ pub async fn connect(cfg: &EtcdConfig) -> Result<etcd_client::Client> {
         .with_keep_alive_while_idle(true)
         .with_require_leader(true);
     if let Some(ca) = &cfg.ca_file {
-        let pem = std::fs::read(ca).with_context(|| format!("reading store.etcd.ca_file {}", ca.display()))?;
-        let mut tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(pem));
+        let pem = std::fs::read(ca)
+            .with_context(|| format!("reading store.etcd.ca_file {}", ca.display()))?;
+        let mut tls =
+            etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(pem));
         if let (Some(c), Some(k)) = (&cfg.cert_file, &cfg.key_file) {
-            let cert = std::fs::read(c).with_context(|| format!("reading store.etcd.cert_file {}", c.display()))?;
-            let key = std::fs::read(k).with_context(|| format!("reading store.etcd.key_file {}", k.display()))?;
+            let cert = std::fs::read(c)
+                .with_context(|| format!("reading store.etcd.cert_file {}", c.display()))?;
+            let key = std::fs::read(k)
+                .with_context(|| format!("reading store.etcd.key_file {}", k.display()))?;
             tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
         }
         opts = opts.with_tls(tls);

@@ -44,12 +44,18 @@ impl Metrics {
 
     /// Export the group's series (0) before any election ends.
     pub fn declare(&self, group: &str) {
-        self.leader.get_or_create(&GroupLabel { group: group.into() }).set(0);
+        self.leader
+            .get_or_create(&GroupLabel {
+                group: group.into(),
+            })
+            .set(0);
     }
 
     pub fn set(&self, group: &str, leading: bool) {
         self.leader
-            .get_or_create(&GroupLabel { group: group.into() })
+            .get_or_create(&GroupLabel {
+                group: group.into(),
+            })
             .set(leading as i64);
     }
 }
@@ -57,9 +63,11 @@ impl Metrics {
 /// The election of one controller group.
 pub struct Election {
     client: etcd_client::Client,
-    name: String,
+    /// `{prefix}election/{group}/`: each candidate's key is this + its lease id (hex).
+    prefix: String,
     member: String,
     ttl: Duration,
+    request_timeout: Duration,
     pub group: &'static str,
 }
 
@@ -73,7 +81,8 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// Resolves when the lease could not be renewed in time (see the module doc).
+    /// Resolves when the lease could not be renewed in time, or a write was fenced
+    /// (see the module doc).
     pub async fn lost(&self) {
         self.lost.cancelled().await
     }
@@ -82,18 +91,26 @@ impl Leadership {
     /// once). Best effort: an unreachable etcd lets the lease expire instead.
     pub async fn resign(self) {
         self.renew.abort();
+        self.lost.cancel();
         let mut lc = self.client.lease_client();
         let _ = tokio::time::timeout(Duration::from_secs(2), lc.revoke(self.lease)).await;
     }
+}
+
+type Failed = etcd_client::Error;
+
+fn failed(what: &str) -> Failed {
+    etcd_client::Error::ElectError(what.into())
 }
 
 impl Election {
     pub fn new(client: etcd_client::Client, cfg: &EtcdConfig, group: &'static str) -> Election {
         Election {
             client,
-            name: format!("{}election/{group}", cfg.prefix),
+            prefix: format!("{}election/{group}/", cfg.prefix),
             member: cfg.member_name(),
             ttl: Duration::from_secs(cfg.lease_ttl_secs),
+            request_timeout: Duration::from_millis(cfg.request_timeout_ms),
             group,
         }
     }
@@ -105,11 +122,10 @@ impl Election {
         loop {
             let attempt = tokio::select! {
                 _ = stop.cancelled() => return None,
-                r = self.attempt(stop) => r,
+                r = self.attempt() => r,
             };
             match attempt {
-                Ok(Some(l)) => return Some(l),
-                Ok(None) => return None,
+                Ok(l) => return Some(l),
                 Err(e) => {
                     tracing::warn!(group = self.group, error = %e, "leader election failed; retrying");
                 }
@@ -122,52 +138,114 @@ impl Election {
         }
     }
 
-    async fn attempt(&self, stop: &CancellationToken) -> Result<Option<Leadership>, etcd_client::Error> {
+    /// etcd's election recipe, run here rather than through its `Campaign` RPC (whose
+    /// server side deletes the candidate's key when the call is cut, e.g. by a request
+    /// timeout, which left candidates elected on a key that no longer existed): put
+    /// this candidate's key on a fresh lease; wait until no key created before it
+    /// remains (watching the one just before it); then check the key is still ours.
+    async fn attempt(&self) -> Result<Leadership, Failed> {
         let mut lc = self.client.lease_client();
         let ttl = i64::try_from(self.ttl.as_secs()).unwrap_or(10);
-        let lease = lc.grant(ttl, None).await?.id();
+        let lease = self.bounded(lc.grant(ttl, None)).await?.id();
         let lost = CancellationToken::new();
         let renew = tokio::spawn(renew(self.client.clone(), lease, self.ttl, lost.clone()));
-        let mut ec = self.client.election_client();
-        // The client's request timeout ends a campaign that waits behind a leader;
-        // campaigning again with the same lease resumes the same candidacy.
-        let elected = loop {
-            if lost.is_cancelled() || stop.is_cancelled() {
+        let out = tokio::select! {
+            r = self.queue(lease) => r,
+            _ = lost.cancelled() => Err(failed("lease lost while campaigning")),
+        };
+        match out {
+            Ok(create_rev) => Ok(Leadership {
+                fence: Fence::new(self.key(lease).into_bytes(), create_rev, lost.clone()),
+                lease,
+                lost,
+                renew,
+                client: self.client.clone(),
+            }),
+            Err(e) => {
                 renew.abort();
                 let _ = tokio::time::timeout(Duration::from_secs(1), lc.revoke(lease)).await;
-                if stop.is_cancelled() {
-                    return Ok(None);
-                }
-                return Err(etcd_client::Error::ElectError("lease lost while campaigning".into()));
+                Err(e)
             }
-            match ec.campaign(self.name.clone(), self.member.clone(), lease).await {
-                Ok(r) => break r,
-                Err(etcd_client::Error::GRpcStatus(s))
-                    if matches!(s.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled) =>
+        }
+    }
+
+    fn key(&self, lease: i64) -> String {
+        format!("{}{lease:x}", self.prefix)
+    }
+
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, Failed>>,
+    ) -> Result<T, Failed> {
+        tokio::time::timeout(self.request_timeout, f)
+            .await
+            .map_err(|_| failed("request timed out"))?
+    }
+
+    /// Enter the queue with `lease`'s key and wait for its turn; the key's create
+    /// revision once it leads.
+    async fn queue(&self, lease: i64) -> Result<i64, Failed> {
+        use etcd_client::{
+            Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+            WatchOptions,
+        };
+        let key = self.key(lease);
+        let mut kv = self.client.kv_client();
+        let put = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                self.member.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let r = self.bounded(kv.txn(put)).await?;
+        if !r.succeeded() {
+            return Err(failed("a fresh lease's key already exists"));
+        }
+        let mine = r
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| failed("no revision"))?;
+        loop {
+            // The candidate just before this one, if any.
+            let before = GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(mine - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1);
+            let r = self
+                .bounded(kv.get(self.prefix.clone(), Some(before)))
+                .await?;
+            let Some(prev) = r.kvs().first() else {
+                break;
+            };
+            let (prev_key, at) = (
+                prev.key().to_vec(),
+                r.header().map(|h| h.revision()).unwrap_or(0),
+            );
+            // Wait for it to go (deleted: resigned, or its lease expired).
+            let mut wc = self.client.watch_client();
+            let opts = WatchOptions::new().with_start_revision(at + 1);
+            let mut stream = self.bounded(wc.watch(prev_key, Some(opts))).await?;
+            loop {
+                let Some(m) = stream.message().await? else {
+                    break;
+                };
+                if m.canceled()
+                    || m.events()
+                        .iter()
+                        .any(|e| e.event_type() == etcd_client::EventType::Delete)
                 {
-                    continue
-                }
-                Err(e) => {
-                    renew.abort();
-                    let _ = tokio::time::timeout(Duration::from_secs(1), lc.revoke(lease)).await;
-                    return Err(e);
+                    break;
                 }
             }
-        };
-        let Some(key) = elected.leader() else {
-            renew.abort();
-            return Err(etcd_client::Error::ElectError("campaign answered without a leader key".into()));
-        };
-        Ok(Some(Leadership {
-            fence: Fence {
-                key: key.key().to_vec(),
-                create_rev: key.rev(),
-            },
-            lease,
-            lost,
-            renew,
-            client: self.client.clone(),
-        }))
+        }
+        // Elected only if the key is still this lease's (it went if the lease did).
+        let r = self.bounded(kv.get(key, None)).await?;
+        match r.kvs().first() {
+            Some(k) if k.create_revision() == mine && k.lease() == lease => Ok(mine),
+            _ => Err(failed("the candidate key went while waiting")),
+        }
     }
 }
 

@@ -38,12 +38,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use etcd_client::{Compare as ECompare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use etcd_client::{
+    Compare as ECompare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::backend::{Action, Compare, Event, EventKind, KeyValue, KvBackend, KvError, Op, Rev, TxnResult};
+use super::backend::{
+    Action, Compare, Event, EventKind, KeyValue, KvBackend, KvError, Op, Rev, TxnResult,
+};
 use super::kv::text::{prepare, stamp};
 use super::kv::{compare, Garbage, State, Watch};
 use super::settings::EtcdConfig;
@@ -57,11 +62,23 @@ const RESUME_MIN: Duration = Duration::from_millis(100);
 const RESUME_MAX: Duration = Duration::from_secs(2);
 
 /// A controller group's leadership: writes through a fenced store require this key
-/// to exist with this create revision (see the module doc).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// to exist with this create revision (see the module doc). A write refused by the
+/// fence cancels `lost`: the leadership is over, whatever the lease renewal thinks.
+#[derive(Debug, Clone)]
 pub struct Fence {
     pub key: Vec<u8>,
     pub create_rev: i64,
+    lost: CancellationToken,
+}
+
+impl Fence {
+    pub fn new(key: Vec<u8>, create_rev: i64, lost: CancellationToken) -> Fence {
+        Fence {
+            key,
+            create_rev,
+            lost,
+        }
+    }
 }
 
 /// The etcd backend. Cheap to clone; clones share one mirror and connection.
@@ -108,6 +125,43 @@ impl From<etcd_client::Error> for Unreachable {
 impl From<&str> for Unreachable {
     fn from(s: &str) -> Self {
         Unreachable(s.to_string())
+    }
+}
+
+/// Whether `e` says the request never reached an etcd member that could apply it
+/// (connection refused or reset before sending, or a member without a leader
+/// refusing it), so sending it again cannot apply it twice.
+fn not_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable
+                && (s.message().contains("connect") || s.message().contains("no leader"))
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Run `f` until it answers, retrying requests that were not sent (a dead member's
+/// endpoint, see [`not_sent`]) on the next endpoint the client picks, within `limit`.
+async fn retrying<T, F, Fut>(limit: Duration, mut f: F) -> Result<T, KvError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let end = tokio::time::Instant::now() + limit;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let left = end.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, f()).await {
+            Err(_) => return Err(unavailable("request timed out (no quorum?)")),
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if not_sent(&e) && tokio::time::Instant::now() + pause < end => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            Ok(Err(e)) => return Err(unavailable(e)),
+        }
     }
 }
 
@@ -198,30 +252,46 @@ impl EtcdKv {
         for (op, text) in ops.iter().zip(&texts) {
             let k = self.etcd_key(&op.key);
             let guard = match (op.compare, &op.action) {
-                (Compare::Absent, _) => Some(ECompare::create_revision(k.clone(), CompareOp::Equal, 0)),
+                (Compare::Absent, _) => {
+                    Some(ECompare::create_revision(k.clone(), CompareOp::Equal, 0))
+                }
                 (Compare::Exists, _) | (Compare::Any, Action::Delete) => {
                     Some(ECompare::create_revision(k.clone(), CompareOp::Greater, 0))
                 }
-                (Compare::ModRev(r), _) => Some(ECompare::mod_revision(k.clone(), CompareOp::Equal, srev(r))),
+                (Compare::ModRev(r), _) => {
+                    Some(ECompare::mod_revision(k.clone(), CompareOp::Equal, srev(r)))
+                }
                 (Compare::Any, Action::Put(_)) => None,
             };
             when.extend(guard);
             then.push(match (&op.action, text) {
-                (Action::Put(_), Some(p)) => TxnOp::put(k.clone(), p.text.as_bytes(), Some(PutOptions::new().with_prev_key())),
+                (Action::Put(_), Some(p)) => TxnOp::put(
+                    k.clone(),
+                    p.text.as_bytes(),
+                    Some(PutOptions::new().with_prev_key()),
+                ),
                 _ => TxnOp::delete(k.clone(), None),
             });
             otherwise.push(TxnOp::get(k, Some(GetOptions::new().with_keys_only())));
         }
         if let Some(f) = &self.fence {
-            when.push(ECompare::create_revision(f.key.clone(), CompareOp::Equal, f.create_rev));
-            otherwise.push(TxnOp::get(f.key.clone(), Some(GetOptions::new().with_keys_only())));
+            when.push(ECompare::create_revision(
+                f.key.clone(),
+                CompareOp::Equal,
+                f.create_rev,
+            ));
+            otherwise.push(TxnOp::get(
+                f.key.clone(),
+                Some(GetOptions::new().with_keys_only()),
+            ));
         }
         let txn = Txn::new().when(when).and_then(then).or_else(otherwise);
-        let mut kv = self.inner.client.kv_client();
-        let resp = tokio::time::timeout(self.inner.request_timeout, kv.txn(txn))
-            .await
-            .map_err(|_| unavailable("request timed out (no quorum?)"))?
-            .map_err(unavailable)?;
+        let kv = self.inner.client.kv_client();
+        let resp = retrying(self.inner.request_timeout, || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await?;
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         self.note_rev(rev);
         let answers = resp.op_responses();
@@ -257,9 +327,13 @@ impl EtcdKv {
         }
         // Read-your-writes: the mirror shows this revision before the caller goes on.
         let mut seen = self.inner.published.clone();
-        let caught_up = tokio::time::timeout(self.inner.request_timeout, seen.wait_for(|r| *r >= rev)).await;
+        let caught_up =
+            tokio::time::timeout(self.inner.request_timeout, seen.wait_for(|r| *r >= rev)).await;
         if !matches!(caught_up, Ok(Ok(_))) {
-            tracing::warn!(rev, "committed to etcd, but the mirror has not caught up yet");
+            tracing::warn!(
+                rev,
+                "committed to etcd, but the mirror has not caught up yet"
+            );
         }
         Ok(TxnResult { rev, kvs, values })
     }
@@ -286,6 +360,7 @@ impl EtcdKv {
         }
         if let Some(f) = &self.fence {
             if found(ops.len()).is_none_or(|kv| srev(kv.create_rev) != f.create_rev) {
+                f.lost.cancel();
                 return KvError::Fenced;
             }
         }
@@ -300,7 +375,13 @@ impl EtcdKv {
 
     pub fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
         let known = self.inner.known.load(Ordering::Relaxed);
-        Watch::open(&self.inner.state, &self.inner.published, prefix, from, Some(known))
+        Watch::open(
+            &self.inner.state,
+            &self.inner.published,
+            prefix,
+            from,
+            Some(known),
+        )
     }
 
     /// Stop following etcd: later transactions fail with `Closed`, watchers end.
@@ -341,18 +422,27 @@ fn mirror_kv(root: &str, kv: &etcd_client::KeyValue, parsed: bool) -> Option<Key
 }
 
 /// Every key under `root` at one revision, a page at a time.
-async fn list(client: &etcd_client::Client, root: &str) -> Result<(BTreeMap<Arc<str>, KeyValue>, Rev), KvError> {
-    let mut kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
+async fn list(
+    client: &etcd_client::Client,
+    root: &str,
+) -> Result<(BTreeMap<Arc<str>, KeyValue>, Rev), KvError> {
+    let kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
     let end = prefix_end(root.as_bytes());
     let mut from = root.as_bytes().to_vec();
     let mut rev = 0i64;
     let mut map = BTreeMap::new();
     loop {
-        let mut opts = GetOptions::new().with_range(end.clone()).with_limit(LIST_PAGE);
+        let mut opts = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(LIST_PAGE);
         if rev > 0 {
             opts = opts.with_revision(rev);
         }
-        let page = kv.get(from.clone(), Some(opts)).await.map_err(unavailable)?;
+        let page = retrying(Duration::from_secs(5), || {
+            let (mut kv, from, opts) = (kv.clone(), from.clone(), opts.clone());
+            async move { kv.get(from, Some(opts)).await }
+        })
+        .await?;
         if rev == 0 {
             rev = page.header().map(|h| h.revision()).unwrap_or(0);
         }
@@ -425,17 +515,30 @@ async fn watch_from(inner: &Inner, events: &watch::Sender<Rev>, from: Rev) -> Re
     let opts = WatchOptions::new()
         .with_range(prefix_end(root))
         .with_start_revision(srev(from + 1));
-    let mut wc = inner.client.watch_client().max_decoding_message_size(MAX_MESSAGE);
-    let mut stream = wc.watch(root.to_vec(), Some(opts)).await.map_err(|e| Cut::Failed(e.to_string()))?;
+    let mut wc = inner
+        .client
+        .watch_client()
+        .max_decoding_message_size(MAX_MESSAGE);
+    let mut stream = wc
+        .watch(root.to_vec(), Some(opts))
+        .await
+        .map_err(|e| Cut::Failed(e.to_string()))?;
     loop {
-        let Some(resp) = stream.message().await.map_err(|e| Cut::Failed(e.to_string()))? else {
+        let Some(resp) = stream
+            .message()
+            .await
+            .map_err(|e| Cut::Failed(e.to_string()))?
+        else {
             return Err(Cut::Failed("stream ended".into()));
         };
         if resp.compact_revision() > 0 {
             return Err(Cut::Compacted);
         }
         if resp.canceled() {
-            return Err(Cut::Failed(format!("watch canceled: {}", resp.cancel_reason())));
+            return Err(Cut::Failed(format!(
+                "watch canceled: {}",
+                resp.cancel_reason()
+            )));
         }
         if let Some(h) = resp.header() {
             inner.known.fetch_max(urev(h.revision()), Ordering::Relaxed);
@@ -470,18 +573,29 @@ fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event])
                         if let Some(m) = mirror_kv(&inner.root, kv, true) {
                             let existed = m.create_rev < m.mod_rev;
                             changes.push((m.key.clone(), Some(m.clone())));
-                            out.push(Event { kind: EventKind::Put, kv: m, existed });
+                            out.push(Event {
+                                kind: EventKind::Put,
+                                kv: m,
+                                existed,
+                            });
                         }
                     }
                     EventType::Delete => {
-                        let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(inner.root.as_str())) else {
+                        let Some(key) = kv
+                            .key_str()
+                            .ok()
+                            .and_then(|k| k.strip_prefix(inner.root.as_str()))
+                        else {
                             continue;
                         };
                         if let Some(prev) = st.get(key).cloned() {
                             changes.push((prev.key.clone(), None));
                             out.push(Event {
                                 kind: EventKind::Delete,
-                                kv: KeyValue { mod_rev: rev, ..prev },
+                                kv: KeyValue {
+                                    mod_rev: rev,
+                                    ..prev
+                                },
                                 existed: true,
                             });
                         }
@@ -515,7 +629,10 @@ impl KvBackend for EtcdKv {
         self.inner.state.read().unwrap().scan(prefix, f)
     }
 
-    fn txn(&self, ops: Vec<Op>) -> impl std::future::Future<Output = Result<TxnResult, KvError>> + Send {
+    fn txn(
+        &self,
+        ops: Vec<Op>,
+    ) -> impl std::future::Future<Output = Result<TxnResult, KvError>> + Send {
         EtcdKv::txn(self, ops)
     }
 

@@ -206,7 +206,6 @@ fn commit_batch(
     garbage
 }
 
-
 fn persist(
     db: &Database,
     overlay: &HashMap<Arc<str>, Option<KeyValue>>,

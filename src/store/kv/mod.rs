@@ -46,8 +46,8 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 pub use super::backend::*;
-use commit::writer_loop;
 pub(in crate::store) use commit::compare;
+use commit::writer_loop;
 use text::{prepare, Prepared};
 
 /// How many past events are kept, for watch replay and for live watchers (a watcher
@@ -132,8 +132,15 @@ impl State {
 
     /// Replace everything with `map` at `rev` (a backend that had to list again):
     /// the log is emptied, so every watcher is told to re-list.
-    pub(in crate::store) fn reset(&mut self, map: BTreeMap<Arc<str>, KeyValue>, rev: Rev, garbage: &mut Garbage) {
-        garbage.old.extend(std::mem::replace(&mut self.map, map).into_values());
+    pub(in crate::store) fn reset(
+        &mut self,
+        map: BTreeMap<Arc<str>, KeyValue>,
+        rev: Rev,
+        garbage: &mut Garbage,
+    ) {
+        garbage
+            .old
+            .extend(std::mem::replace(&mut self.map, map).into_values());
         garbage.events.extend(self.log.drain(..));
         self.hot.clear();
         self.rev = rev;
