@@ -13,6 +13,10 @@
 //! - `--max-txn-ops 10000`: one store transaction holds every write of a cascading
 //!   deletion, which can be far more than the default 128 operations;
 //! - `--auto-compaction-retention` is left at its default (off).
+//!
+//! [`EtcdCluster::start_in`] runs the members inside a network namespace on an address
+//! of it (the namespace's loopback, or a bridge that appliances in other namespaces
+//! reach): appliances running in namespaces cannot reach the host's 127.0.0.1.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -21,6 +25,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::netns::{enter_thread, Netns};
 use super::process::run_for;
 use super::require::require;
 
@@ -44,9 +49,14 @@ struct Member {
 /// A request to the launcher thread: spawn this command, answer with the child.
 type Spawn = (Command, mpsc::Sender<std::io::Result<Child>>);
 
-/// An etcd cluster on 127.0.0.1; every member is killed on drop.
+/// An etcd cluster on 127.0.0.1 (or on an address inside a namespace, see
+/// [`EtcdCluster::start_in`]); every member is killed on drop.
 pub struct EtcdCluster {
     members: Vec<Member>,
+    /// The address every member listens on.
+    host: String,
+    /// The network namespace the members run in (None: this process's).
+    netns: Option<String>,
     initial_cluster: String,
     token: String,
     launcher: Option<mpsc::Sender<Spawn>>,
@@ -56,21 +66,53 @@ pub struct EtcdCluster {
 
 /// `n` distinct free loopback ports: every listener is held until all are known.
 pub fn free_ports(n: usize) -> Vec<u16> {
+    free_ports_on("127.0.0.1", n)
+}
+
+/// `n` distinct free ports on `host` (an address of the calling thread's namespace).
+fn free_ports_on(host: &str, n: usize) -> Vec<u16> {
     let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .map(|_| TcpListener::bind((host, 0)).unwrap())
         .collect();
     held.iter()
         .map(|l| l.local_addr().unwrap().port())
         .collect()
 }
 
+/// Run `f` in the namespace `netns` (on a thread of its own), or here when None.
+fn in_netns<T: Send>(netns: Option<&str>, f: impl FnOnce() -> T + Send) -> T {
+    match netns {
+        None => f(),
+        Some(name) => std::thread::scope(|s| {
+            s.spawn(|| {
+                enter_thread(name);
+                f()
+            })
+            .join()
+            .expect("namespace thread panicked")
+        }),
+    }
+}
+
 impl EtcdCluster {
     /// Start `n` members and wait (up to 30 s) until each answers healthy.
     pub fn start(n: usize) -> EtcdCluster {
+        EtcdCluster::start_on(n, None, "127.0.0.1")
+    }
+
+    /// Start `n` members inside `ns`, listening on `host` (an address of `ns`: its
+    /// 127.0.0.1 for appliances in `ns` itself, or a bridge's address that appliances
+    /// in other namespaces reach), and wait until each answers healthy. The members
+    /// stay in `ns`; health checks and `etcdctl` run there too.
+    pub fn start_in(n: usize, ns: &Netns, host: &str) -> EtcdCluster {
+        EtcdCluster::start_on(n, Some(ns.name.clone()), host)
+    }
+
+    fn start_on(n: usize, netns: Option<String>, host: &str) -> EtcdCluster {
         assert!(n >= 1, "a cluster needs at least one member");
         require("etcd");
         let dir = tempfile::tempdir().unwrap();
-        let ports = free_ports(2 * n);
+        let ports = in_netns(netns.as_deref(), || free_ports_on(host, 2 * n));
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
@@ -83,7 +125,7 @@ impl EtcdCluster {
             .collect();
         let initial_cluster = members
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .map(|m| format!("{}=http://{host}:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
         let token = format!(
@@ -94,9 +136,14 @@ impl EtcdCluster {
         let (tx, rx) = mpsc::channel::<Spawn>();
         // The members' parent-death signal follows this thread: it lives as long as the
         // cluster (until the sender is dropped), so a restart from any test thread is safe.
+        // In a namespace, the thread enters it first: the members it spawns start there.
+        let launcher_ns = netns.clone();
         let launcher_thread = std::thread::Builder::new()
             .name("etcd-launcher".into())
             .spawn(move || {
+                if let Some(name) = &launcher_ns {
+                    enter_thread(name);
+                }
                 for (mut cmd, reply) in rx {
                     bootplane::sys::die_with_parent(&mut cmd);
                     let _ = reply.send(cmd.spawn());
@@ -105,6 +152,8 @@ impl EtcdCluster {
             .unwrap();
         let mut c = EtcdCluster {
             members,
+            host: host.to_string(),
+            netns,
             initial_cluster,
             token,
             launcher: Some(tx),
@@ -121,8 +170,8 @@ impl EtcdCluster {
     fn spawn(&mut self, i: usize) {
         let m = &self.members[i];
         assert!(m.child.is_none(), "member {} is already running", m.name);
-        let client = format!("http://127.0.0.1:{}", m.client_port);
-        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let client = format!("http://{}:{}", self.host, m.client_port);
+        let peer = format!("http://{}:{}", self.host, m.peer_port);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -166,7 +215,7 @@ impl EtcdCluster {
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("http://{}:{}", self.host, m.client_port))
             .collect()
     }
 
@@ -177,6 +226,14 @@ impl EtcdCluster {
 
     pub fn len(&self) -> usize {
         self.members.len()
+    }
+
+    /// The running members' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|m| m.child.as_ref().map(|c| c.id()))
+            .collect()
     }
 
     /// Whether member `i` is running (started and not killed).
@@ -202,8 +259,8 @@ impl EtcdCluster {
 
     /// Whether the member at client port `port` answers `/health` with true within 2 s
     /// (it has a leader and can serve a quorum read).
-    fn member_healthy(port: u16) -> bool {
-        let r = ureq::get(&format!("http://127.0.0.1:{port}/health"))
+    fn member_healthy(host: &str, port: u16) -> bool {
+        let r = ureq::get(&format!("http://{host}:{port}/health"))
             .timeout(Duration::from_secs(2))
             .call();
         match r {
@@ -247,10 +304,16 @@ impl EtcdCluster {
 
     /// Whether every running member answers healthy now.
     pub fn healthy(&self) -> bool {
-        self.members
+        let ports: Vec<u16> = self
+            .members
             .iter()
             .filter(|m| m.child.is_some())
-            .all(|m| Self::member_healthy(m.client_port))
+            .map(|m| m.client_port)
+            .collect();
+        let host = self.host.as_str();
+        in_netns(self.netns.as_deref(), || {
+            ports.iter().all(|p| Self::member_healthy(host, *p))
+        })
     }
 
     /// Wait until every running member answers healthy; panics (with the members'
@@ -283,7 +346,14 @@ impl EtcdCluster {
     /// most); the caller checks the status.
     pub fn etcdctl(&self, args: &[&str]) -> Output {
         require("etcdctl");
-        let mut c = Command::new("etcdctl");
+        let mut c = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "etcdctl"]);
+                c
+            }
+            None => Command::new("etcdctl"),
+        };
         c.env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", self.endpoints_csv()))
             .args(["--dial-timeout=1s", "--command-timeout=2s"])

@@ -16,8 +16,11 @@
 //! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer;
 //! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane);
 //! - [`etcd`]: a real etcd cluster on loopback (members killed and restarted on their
-//!   data dirs, all killed on drop) for the store on etcd;
-//! - [`etcd_solo`]: a single-member etcd inside a network namespace (the DHCP cluster lab).
+//!   data dirs, all killed on drop) for the store on etcd, also inside a namespace;
+//! - [`etcd_solo`]: a single-member etcd inside a network namespace (the DHCP cluster lab);
+//! - [`qemu`]: the QEMU firmware lab of the end-to-end tests (a namespace with a bridge,
+//!   bootplane's `qemu` power driver, the scenario runner, a Debian kernel and an
+//!   initramfs running `ignition`).
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -40,6 +43,7 @@ pub mod netns;
 pub mod nfs;
 pub mod process;
 pub mod provisioning;
+pub mod qemu;
 pub mod require;
 pub mod sushy;
 pub mod tftp;
