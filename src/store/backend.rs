@@ -273,12 +273,10 @@ impl KvBackend for Backend {
         }
     }
 
-    fn txn(&self, ops: Vec<Op>) -> impl Future<Output = Result<TxnResult, KvError>> + Send {
-        async move {
-            match self {
-                Backend::Embedded(k) => k.txn(ops).await,
-                Backend::Etcd(e) => e.txn(ops).await,
-            }
+    async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
+        match self {
+            Backend::Embedded(k) => k.txn(ops).await,
+            Backend::Etcd(e) => e.txn(ops).await,
         }
     }
 
