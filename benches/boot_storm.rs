@@ -7,7 +7,18 @@
 //! cargo bench --bench boot_storm -- --quick               # 100 machines
 //! cargo bench --bench boot_storm -- --machines 500 --ramp 2 --only bootplane
 //! cargo bench --bench boot_storm -- --client-threads 2 --client-tftp-threads 2  # the defaults
+//! cargo bench --bench boot_storm -- --cluster              # appliances on etcd, below
+//! cargo bench --bench boot_storm -- --cluster --quick      # 100 machines, 1 round
 //! ```
+//!
+//! `--cluster` (issue 21, `storm_support/cluster.rs`) runs, in one invocation and
+//! interleaved round by round (`--rounds`, default 3): 1 appliance on the embedded
+//! store; 2 appliances on a 3-member etcd both answering the machines' segment; the
+//! same 2 with the `metal` leader SIGKILLed when half of the machines have powered on.
+//! It prints failures by stage, time to complete, median and spread per scenario and
+//! of the per-round ratio, and every goal, met or not. There, a machine whose boot
+//! fails at a stage starts over from DHCP once (`--boot-retries`, default 1 there, 0
+//! elsewhere), as firmware retries its boot sequence.
 //!
 //! Each machine is a tokio task in this process that behaves like PXE firmware and
 //! iPXE (its TFTP transfer is driven by a small epoll client engine, see
@@ -86,6 +97,12 @@ struct Args {
     timeout: u64,
     client_threads: usize,
     tftp_threads: usize,
+    /// `--cluster`: the cluster scenarios instead of bootplane vs the peer.
+    cluster: bool,
+    /// Rounds of each cluster scenario.
+    rounds: usize,
+    /// Whole-boot retries per machine (default 0, 1 with `--cluster`).
+    boot_retries: Option<u32>,
 }
 
 fn args() -> Args {
@@ -121,6 +138,12 @@ fn args() -> Args {
         tftp_threads: get("--client-tftp-threads")
             .and_then(|v| v.parse().ok())
             .unwrap_or(2),
+        cluster: a.iter().any(|x| x == "--cluster"),
+        rounds: get("--rounds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(if quick { 1 } else { 3 })
+            .max(1),
+        boot_retries: get("--boot-retries").and_then(|v| v.parse().ok()),
     }
 }
 
@@ -130,13 +153,16 @@ fn args() -> Args {
 // processes (killed on drop), shared with the integration tests (tests/support).
 #[path = "../tests/support/mod.rs"]
 mod support;
-use support::netns::{veth_pair, Netns};
+use support::netns::{enter_thread, veth_pair, Netns};
 use support::process::Proc;
 
 #[path = "support/procfs.rs"]
 mod procfs;
 #[path = "storm_support/tftp_client.rs"]
 mod tftp_client;
+// `--cluster`: the storm against appliances on etcd (issue 21).
+#[path = "storm_support/cluster.rs"]
+mod cluster;
 use procfs::{children, clk_tck};
 
 /// What the storm needs of a namespace beyond the shared test helper's.
@@ -334,6 +360,10 @@ struct Result1 {
     total: Duration,
     stage: [Duration; 5],
     retransmits: u32,
+    /// Attempts that failed (by stage) before a whole-boot retry (`--boot-retries`).
+    absorbed: Vec<Stage>,
+    /// The address the machine booted with.
+    ip: Option<Ipv4Addr>,
 }
 
 /// Replies to the shared port-68 socket, by xid.
@@ -650,7 +680,41 @@ impl Http {
     }
 }
 
-async fn boot(ctx: Arc<Ctx>, m: Machine, http_base: String) -> Result1 {
+/// Where a machine's HTTP requests go: one fixed base URL, or the address that
+/// answered its DHCP (next-server) on the boot port (several appliances on a segment).
+#[derive(Clone)]
+enum HttpBase {
+    Fixed(String),
+    FromLease,
+}
+
+/// One machine's boot, retried from DHCP after a failed stage up to `retries` times
+/// (firmware that finds no boot program tries its boot sequence again); the failures
+/// of the attempts before are kept as `absorbed`.
+async fn boot(ctx: Arc<Ctx>, m: Machine, base: HttpBase, retries: u32) -> Result1 {
+    let start = Instant::now();
+    let mut absorbed = Vec::new();
+    let mut retx = 0;
+    let mut attempt = 0;
+    loop {
+        let mut r = boot_once(&ctx, &m, &base).await;
+        retx += r.retransmits;
+        match &r.failed {
+            Some((stage, _)) if attempt < retries => {
+                absorbed.push(*stage);
+                attempt += 1;
+            }
+            _ => {
+                r.total = start.elapsed();
+                r.retransmits = retx;
+                r.absorbed = absorbed;
+                return r;
+            }
+        }
+    }
+}
+
+async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
     let start = Instant::now();
     let mut stage = [Duration::ZERO; 5];
     let mut retx = 0u32;
@@ -665,8 +729,10 @@ async fn boot(ctx: Arc<Ctx>, m: Machine, http_base: String) -> Result1 {
         total: start.elapsed(),
         stage,
         retransmits: retx,
+        absorbed: Vec::new(),
+        ip: None,
     };
-    let lease = match dhcp(&ctx, &m, &mut retx).await {
+    let lease = match dhcp(ctx, m, &mut retx).await {
         Ok(l) => l,
         Err(e) => return fail(Stage::Dhcp, e, stage, retx),
     };
@@ -679,7 +745,11 @@ async fn boot(ctx: Arc<Ctx>, m: Machine, http_base: String) -> Result1 {
         );
     }
     lap(Stage::Dhcp, &mut stage);
-    match tftp(&ctx, &lease, &mut retx).await {
+    let http_base = match base {
+        HttpBase::Fixed(b) => b.clone(),
+        HttpBase::FromLease => format!("http://{}:{HTTP_PORT}", lease.tftp),
+    };
+    match tftp(ctx, &lease, &mut retx).await {
         Ok(n) if n == BOOT_FILE_SIZE => {}
         Ok(n) => return fail(Stage::Tftp, format!("got {n} bytes"), stage, retx),
         Err(e) => return fail(Stage::Tftp, e, stage, retx),
@@ -749,6 +819,8 @@ async fn boot(ctx: Arc<Ctx>, m: Machine, http_base: String) -> Result1 {
         total: start.elapsed(),
         stage,
         retransmits: retx,
+        absorbed: Vec::new(),
+        ip: Some(lease.ip),
     }
 }
 
@@ -766,8 +838,12 @@ fn self_cpu() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// Something to do when half of the machines have powered on (the machine N/2's
+/// power-on runs it): the cluster scenario's SIGKILL of an appliance.
+type AtHalf = Box<dyn FnOnce() + Send>;
+
 /// Run the storm from inside the client namespace.
-fn storm(a: &StormArgs) -> StormResult {
+fn storm(a: &StormArgs, at_half: Option<AtHalf>) -> StormResult {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(a.client_threads)
         .enable_all()
@@ -819,13 +895,19 @@ fn storm(a: &StormArgs) -> StormResult {
         let t0 = tokio::time::Instant::now();
         let t0s = Instant::now();
         let mut handles = Vec::with_capacity(a.machines);
+        let at_half = Arc::new(Mutex::new(at_half));
         for i in 0..a.machines {
             let at = t0 + Duration::from_secs_f64(a.ramp * i as f64 / a.machines as f64);
             let (ctx, sem, base) = (ctx.clone(), sem.clone(), a.http_base.clone());
+            let hook = (i == a.machines / 2).then(|| at_half.clone());
+            let retries = a.boot_retries;
             handles.push(tokio::spawn(async move {
                 tokio::time::sleep_until(at).await;
+                if let Some(f) = hook.and_then(|h| h.lock().unwrap().take()) {
+                    f();
+                }
                 let _permit = sem.acquire_owned().await.expect("semaphore");
-                boot(ctx, Machine::new(i), base).await
+                boot(ctx, Machine::new(i), base, retries).await
             }));
         }
         let deadline = t0 + Duration::from_secs(a.timeout);
@@ -839,6 +921,8 @@ fn storm(a: &StormArgs) -> StormResult {
                     total: Duration::ZERO,
                     stage: [Duration::ZERO; 5],
                     retransmits: 0,
+                    absorbed: Vec::new(),
+                    ip: None,
                 }),
                 Err(_) => results.push(Result1 {
                     ok: false,
@@ -846,6 +930,8 @@ fn storm(a: &StormArgs) -> StormResult {
                     total: Duration::ZERO,
                     stage: [Duration::ZERO; 5],
                     retransmits: 0,
+                    absorbed: Vec::new(),
+                    ip: None,
                 }),
             }
         }
@@ -864,10 +950,12 @@ struct StormArgs {
     machines: usize,
     ramp: f64,
     concurrency: usize,
-    http_base: String,
+    http_base: HttpBase,
     timeout: u64,
     client_threads: usize,
     tftp_threads: usize,
+    /// Whole-boot retries after a failed stage (0: a failed stage fails the machine).
+    boot_retries: u32,
 }
 
 // ---------------------------------------------------------------- the two sides
@@ -898,11 +986,9 @@ struct Side {
     note: String,
 }
 
-fn run_bootplane(a: &Args, dir: &Path) -> Side {
-    let n = a.machines;
-    let pool = n + (n / 10).max(64);
-    let lab = Lab::new(pool, dir);
-    let (lo, hi) = lab.range();
+/// The image catalog the storm's boot configurations use (`os-image:latest`, tiny
+/// kernel and initrd with their SHA-256), under `dir/images`.
+fn storm_images(dir: &Path) -> PathBuf {
     let images = dir.join("images");
     std::fs::create_dir_all(images.join("os")).unwrap();
     let mut entries = String::new();
@@ -922,24 +1008,47 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
         format!("[[image]]\nref = \"os-image:latest\"\n{entries}"),
     )
     .unwrap();
+    images
+}
+
+/// A storm appliance's configuration: API on 127.0.0.1:9090, boot HTTP on every
+/// address (public URL on `ip`), authoritative DHCP on `iface` over `range`, TFTP of
+/// `tftp_root`, the `test` power driver.
+fn bootplane_config(
+    state: &Path,
+    iface: &str,
+    ip: Ipv4Addr,
+    (lo, hi): (Ipv4Addr, Ipv4Addr),
+    tftp_root: &Path,
+    images: &Path,
+) -> String {
+    format!(
+        "state_dir = \"{state}\"\n\
+         [api]\nlisten = \"127.0.0.1:9090\"\n\
+         [http]\nlisten = \"0.0.0.0:{HTTP_PORT}\"\npublic_url = \"http://{ip}:{HTTP_PORT}\"\n\
+         [dhcp]\nenabled = true\ninterface = \"{iface}\"\nmode = \"authoritative\"\nrange = \"{lo}-{hi}\"\nprefix_len = {PREFIX}\n\
+         [dhcp.boot]\nbios = \"{BOOT_FILE}\"\n\
+         [tftp]\nenabled = true\nlisten = \"0.0.0.0:69\"\nroot = \"{tftp}\"\n\
+         [boot]\nimages_dir = \"{images}\"\n\
+         [controller]\npower_driver = \"test\"\n",
+        state = state.display(),
+        tftp = tftp_root.display(),
+        images = images.display(),
+    )
+}
+
+fn run_bootplane(a: &Args, dir: &Path) -> Side {
+    let n = a.machines;
+    let pool = n + (n / 10).max(64);
+    let lab = Lab::new(pool, dir);
+    let (lo, hi) = lab.range();
+    let images = storm_images(dir);
     let tftp_root = boot_file(dir);
     let state = dir.join("state");
     let cfg = dir.join("bootplane.toml");
     std::fs::write(
         &cfg,
-        format!(
-            "state_dir = \"{state}\"\n\
-             [api]\nlisten = \"127.0.0.1:9090\"\n\
-             [http]\nlisten = \"0.0.0.0:{HTTP_PORT}\"\npublic_url = \"http://{SERVER_IP}:{HTTP_PORT}\"\n\
-             [dhcp]\nenabled = true\ninterface = \"vs\"\nmode = \"authoritative\"\nrange = \"{lo}-{hi}\"\nprefix_len = {PREFIX}\n\
-             [dhcp.boot]\nbios = \"{BOOT_FILE}\"\n\
-             [tftp]\nenabled = true\nlisten = \"0.0.0.0:69\"\nroot = \"{tftp}\"\n\
-             [boot]\nimages_dir = \"{images}\"\n\
-             [controller]\npower_driver = \"test\"\n",
-            state = state.display(),
-            tftp = tftp_root.display(),
-            images = images.display(),
-        ),
+        bootplane_config(&state, "vs", SERVER_IP, (lo, hi), &tftp_root, &images),
     )
     .unwrap();
     let log_path = dir.join("bootplane.log");
@@ -971,7 +1080,7 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
 
     // Register N servers (by MAC + UUID), one ignition secret, N claims by serverRef.
     let t = Instant::now();
-    let ready = lab.server.run(move || register(n, &token));
+    let ready = register(n, &[(lab.server.name.clone(), token)]);
     println!(
         "bootplane: {n} servers registered and claimed, {ready} boot configurations Ready in {:.1}s",
         t.elapsed().as_secs_f64()
@@ -987,12 +1096,13 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
         machines: n,
         ramp: a.ramp,
         concurrency: a.concurrency,
-        http_base: format!("http://{SERVER_IP}:{HTTP_PORT}"),
+        http_base: HttpBase::Fixed(format!("http://{SERVER_IP}:{HTTP_PORT}")),
         timeout: a.timeout,
         client_threads: a.client_threads,
         tftp_threads: a.tftp_threads,
+        boot_retries: a.boot_retries.unwrap_or(0),
     };
-    let storm_res = lab.client.run(move || storm(&sa));
+    let storm_res = lab.client.run(move || storm(&sa, None));
     stop.store(true, Ordering::SeqCst);
     let storm_rss_kib = sampler.join().unwrap_or(0);
     let after = usage_of(&[pid]);
@@ -1018,11 +1128,15 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
     }
 }
 
-/// Inside the server namespace: register and claim N machines, wait for Ready.
-fn register(n: usize, token: &str) -> usize {
+/// Register and claim N machines through the appliances `apps` (each a namespace name
+/// and the API token of the appliance there, its API on 127.0.0.1:9090 in it): the
+/// writes are spread over the appliances, a client thread per appliance in turn. Waits
+/// until every appliance has seen every boot configuration Ready, and returns the
+/// fewest any appliance saw.
+fn register(n: usize, apps: &[(String, String)]) -> usize {
     let api = "http://127.0.0.1:9090";
-    let auth = format!("Bearer {token}");
-    let post = |agent: &ureq::Agent, path: &str, body: &Value| {
+    let post = |agent: &ureq::Agent, app: usize, path: &str, body: &Value| {
+        let auth = format!("Bearer {}", apps[app].1);
         for k in 0..5 {
             match agent
                 .post(&format!("{api}{path}"))
@@ -1037,21 +1151,30 @@ fn register(n: usize, token: &str) -> usize {
             }
         }
     };
+    let k = apps.len();
     let agent = ureq::AgentBuilder::new().build();
-    post(
-        &agent,
-        "/api/v1/namespaces/default/secrets",
-        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "storm-ign"}, "stringData": {"ignition": IGNITION}}),
-    );
+    let (first, _) = &apps[0];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_thread(first);
+            post(
+                &agent,
+                0,
+                "/api/v1/namespaces/default/secrets",
+                &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "storm-ign"}, "stringData": {"ignition": IGNITION}}),
+            );
+        });
+    });
     let clients = 16;
     std::thread::scope(|s| {
         for c in 0..clients {
             let post = &post;
             s.spawn(move || {
+                enter_thread(&apps[c % k].0);
                 let agent = ureq::AgentBuilder::new().build();
                 for i in (c..n).step_by(clients) {
                     let m = Machine::new(i);
-                    post(&agent, "/apis/metal.ironcore.dev/v1alpha1/servers", &json!({
+                    post(&agent, c % k, "/apis/metal.ironcore.dev/v1alpha1/servers", &json!({
                         "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
                         "metadata": {"name": m.name()},
                         "spec": {"systemUUID": m.uuid_str()},
@@ -1062,64 +1185,58 @@ fn register(n: usize, token: &str) -> usize {
             });
         }
     });
-    // Count boot configurations turning Ready from a watch (listing 10,000 objects on
-    // every poll would itself cost the server memory).
+    // Count boot configurations turning Ready from a watch on every appliance (listing
+    // 10,000 objects on every poll would itself cost the server memory).
     let sbcs = "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverbootconfigurations";
-    let rv: String = agent
-        .get(&format!("{api}{sbcs}"))
-        .set("Authorization", &auth)
-        .call()
-        .ok()
-        .and_then(|r| r.into_string().ok())
-        .and_then(|s| serde_json::from_str::<Value>(&s).ok())
-        .and_then(|v| {
-            v["metadata"]["resourceVersion"]
-                .as_str()
-                .map(str::to_string)
-        })
-        .expect("listing boot configurations");
-    let ready_count = Arc::new(AtomicUsize::new(0));
+    let ready_counts: Vec<Arc<AtomicUsize>> = (0..k).map(|_| Arc::default()).collect();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
-    {
-        let (url, auth, ready_count) = (
-            format!("{api}{sbcs}?watch=true&resourceVersion={rv}"),
-            auth.clone(),
-            ready_count.clone(),
+    for (app, (netns, token)) in apps.iter().enumerate() {
+        let (url, auth, ready_count, ready_tx, netns) = (
+            format!("{api}{sbcs}"),
+            format!("Bearer {token}"),
+            ready_counts[app].clone(),
+            ready_tx.clone(),
+            netns.clone(),
         );
+        let (listed_tx, listed_rx) = std::sync::mpsc::channel::<()>();
         std::thread::spawn(move || {
-            use std::io::BufRead;
-            let Ok(r) = ureq::get(&url).set("Authorization", &auth).call() else {
-                return;
-            };
-            let mut seen = std::collections::HashSet::new();
-            for line in std::io::BufReader::new(r.into_reader()).lines() {
-                let Ok(line) = line else { return };
-                let Ok(ev) = serde_json::from_str::<Value>(&line) else {
-                    continue;
-                };
-                if ev["object"]["status"]["state"] == "Ready" {
-                    if let Some(name) = ev["object"]["metadata"]["name"].as_str() {
-                        if seen.insert(name.to_string()) {
-                            ready_count.store(seen.len(), Ordering::SeqCst);
-                            if seen.len() >= n {
-                                let _ = ready_tx.send(());
-                                return;
-                            }
-                        }
-                    }
-                }
-            }
+            enter_thread(&netns);
+            let rv: String = ureq::get(&url)
+                .set("Authorization", &auth)
+                .call()
+                .ok()
+                .and_then(|r| r.into_string().ok())
+                .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+                .and_then(|v| {
+                    v["metadata"]["resourceVersion"]
+                        .as_str()
+                        .map(str::to_string)
+                })
+                .expect("listing boot configurations");
+            let _ = listed_tx.send(());
+            watch_ready(
+                &format!("{url}?watch=true&resourceVersion={rv}"),
+                &auth,
+                n,
+                &ready_count,
+            );
+            let _ = ready_tx.send(());
         });
+        listed_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("listing boot configurations");
     }
     std::thread::scope(|s| {
         for c in 0..clients {
             let post = &post;
             s.spawn(move || {
+                enter_thread(&apps[(c + 1) % k].0);
                 let agent = ureq::AgentBuilder::new().build();
                 for i in (c..n).step_by(clients) {
                     let m = Machine::new(i);
                     post(
                         &agent,
+                        (c + 1) % k,
                         "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims",
                         &json!({
                             "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim",
@@ -1134,13 +1251,43 @@ fn register(n: usize, token: &str) -> usize {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(120 + n as u64 / 50);
-    while ready_rx.recv_timeout(Duration::from_millis(200)).is_err() {
-        if Instant::now() > deadline {
-            break;
+    let mut done = 0;
+    while done < k && Instant::now() < deadline {
+        if ready_rx.recv_timeout(Duration::from_millis(200)).is_ok() {
+            done += 1;
         }
     }
-    let ready = ready_count.load(Ordering::SeqCst);
-    ready
+    ready_counts
+        .iter()
+        .map(|c| c.load(Ordering::SeqCst))
+        .min()
+        .unwrap_or(0)
+}
+
+/// Follow the watch `url` and count the boot configurations seen Ready into `count`,
+/// until `n` are (or the watch ends).
+fn watch_ready(url: &str, auth: &str, n: usize, count: &AtomicUsize) {
+    use std::io::BufRead;
+    let Ok(r) = ureq::get(url).set("Authorization", auth).call() else {
+        return;
+    };
+    let mut seen = std::collections::HashSet::new();
+    for line in std::io::BufReader::new(r.into_reader()).lines() {
+        let Ok(line) = line else { return };
+        let Ok(ev) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if ev["object"]["status"]["state"] == "Ready" {
+            if let Some(name) = ev["object"]["metadata"]["name"].as_str() {
+                if seen.insert(name.to_string()) {
+                    count.store(seen.len(), Ordering::SeqCst);
+                    if seen.len() >= n {
+                        return;
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn run_peer(a: &Args, dir: &Path) -> Side {
@@ -1260,12 +1407,13 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
         machines: n,
         ramp: a.ramp,
         concurrency: a.concurrency,
-        http_base: base,
+        http_base: HttpBase::Fixed(base),
         timeout: a.timeout,
         client_threads: a.client_threads,
         tftp_threads: a.tftp_threads,
+        boot_retries: a.boot_retries.unwrap_or(0),
     };
-    let storm_res = lab.client.run(move || storm(&sa));
+    let storm_res = lab.client.run(move || storm(&sa, None));
     stop.store(true, Ordering::SeqCst);
     let storm_rss_kib = sampler.join().unwrap_or(0);
     let after = usage_of(&[dpid, npid]);
@@ -1305,6 +1453,29 @@ struct Summary {
     p99: f64,
     rss_mib: f64,
     cpu_s: f64,
+    /// Machines that failed, by stage ("0" when none).
+    failures: String,
+    /// Failed attempts a whole-boot retry absorbed, by stage ("0" when none).
+    absorbed: String,
+    absorbed_n: usize,
+    /// Booted machines sharing an address with another booted machine.
+    shared_ips: usize,
+}
+
+/// "stage k, stage k" for the stages counted in `stages` ("0" when empty).
+fn by_stage(stages: impl Iterator<Item = Stage> + Clone) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for st in STAGES {
+        let k = stages.clone().filter(|s| *s == st).count();
+        if k > 0 {
+            out.push(format!("{} {k}", st.name()));
+        }
+    }
+    if out.is_empty() {
+        "0".into()
+    } else {
+        out.join(", ")
+    }
 }
 
 fn summarize(s: &Side) -> Summary {
@@ -1316,16 +1487,14 @@ fn summarize(s: &Side) -> Summary {
         .map(|x| x.total.as_secs_f64())
         .collect();
     t.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let mut fails: Vec<String> = Vec::new();
-    for st in STAGES {
-        let k = r
-            .iter()
-            .filter(|x| matches!(&x.failed, Some((s2, _)) if *s2 == st))
-            .count();
-        if k > 0 {
-            fails.push(format!("{} {k}", st.name()));
-        }
-    }
+    let failures = by_stage(r.iter().filter_map(|x| x.failed.as_ref().map(|f| f.0)));
+    let absorbed = by_stage(r.iter().flat_map(|x| x.absorbed.iter().copied()));
+    let absorbed_n: usize = r.iter().map(|x| x.absorbed.len()).sum();
+    let mut ips: Vec<Ipv4Addr> = r.iter().filter(|x| x.ok).filter_map(|x| x.ip).collect();
+    ips.sort();
+    let shared_ips = (0..ips.len())
+        .filter(|&i| (i > 0 && ips[i - 1] == ips[i]) || ips.get(i + 1) == Some(&ips[i]))
+        .count();
     let retx: u32 = r.iter().map(|x| x.retransmits).sum();
     let cpu_s = (s
         .usage_after
@@ -1349,13 +1518,22 @@ fn summarize(s: &Side) -> Summary {
         "{:<14} booted {ok}/{} | failures: {} | completion {:.2}s | boot time p50 {:.2}s p99 {:.2}s | peak RSS {rss_mib:.1} MiB (storm {:.1}) | CPU {cpu_s:.2}s | retransmits {retx}",
         s.name,
         r.len(),
-        if fails.is_empty() { "0".to_string() } else { fails.join(", ") },
+        failures,
         s.storm.completion.as_secs_f64(),
         pct(&t, 0.5),
         pct(&t, 0.99),
         s.storm_rss_kib as f64 / 1024.0,
     );
     println!("{:<14} stage p50/p99 (s): {}", "", stage_p50.join(" | "));
+    if absorbed_n > 0 {
+        println!(
+            "{:<14} failed attempts retried from DHCP (firmware boot retry): {absorbed}",
+            ""
+        );
+    }
+    if shared_ips > 0 {
+        println!("{:<14} {shared_ips} booted machines share an address", "");
+    }
     println!(
         "{:<14} simulated machines (this process) used {:.2}s CPU",
         "", s.storm.client_cpu
@@ -1379,6 +1557,10 @@ fn summarize(s: &Side) -> Summary {
         p99: pct(&t, 0.99),
         rss_mib,
         cpu_s,
+        failures,
+        absorbed,
+        absorbed_n,
+        shared_ips,
     }
 }
 
@@ -1401,6 +1583,16 @@ fn main() {
     };
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
     let _ = std::io::stdout().flush();
+    if a.cluster {
+        println!(
+            "boot storm, cluster: {} machines, ramp {:.1}s, load average {}",
+            a.machines,
+            a.ramp,
+            loadavg()
+        );
+        cluster::main_cluster(&a);
+        return;
+    }
     println!(
         "boot storm: {} machines, ramp {:.1}s ({:.0} power-ons/s), concurrency {}, load average {}",
         a.machines,

@@ -45,6 +45,8 @@ pub struct Config {
     pub power: crate::power::PowerConfig,
     /// Discovery (`[discovery]`, see `crate::controller::discovery`).
     pub discovery: crate::controller::discovery::DiscoveryConfig,
+    /// The store's engine (`[store]`, see `crate::store::settings`).
+    pub store: crate::store::settings::StoreConfig,
 }
 
 impl Default for Config {
@@ -62,6 +64,7 @@ impl Default for Config {
             provision: crate::provision::ProvisionConfig::default(),
             power: crate::power::PowerConfig::default(),
             discovery: Default::default(),
+            store: Default::default(),
         }
     }
 }
@@ -225,6 +228,7 @@ impl Config {
         }
         self.power.redfish.validate()?;
         self.discovery.validate()?;
+        self.store.validate()?;
         if self.dhcp.enabled
             && self.discovery.dhcp.enabled
             && self.dhcp.interface == self.discovery.dhcp.interface

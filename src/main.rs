@@ -43,6 +43,9 @@ enum Command {
     /// Print what a machine would be served (Ignition config).
     #[command(subcommand)]
     Render(bootplane::cli::render::RenderCmd),
+    /// The store itself (`bootplane store migrate --to etcd|embedded`).
+    #[command(subcommand)]
+    Store(StoreCmd),
     /// The discovery agent: print or post this machine's inventory (see docs/discovery.md;
     /// `bootplane probe --help`).
     #[command(disable_help_flag = true)]
@@ -123,6 +126,30 @@ impl ConfigFlags {
     }
 }
 
+#[derive(Subcommand)]
+enum StoreCmd {
+    /// Copy every object from the configured embedded store (the state dir) into etcd
+    /// (`[store.etcd]`), or back; the destination must be empty. Stop every appliance
+    /// first (docs/cluster.md).
+    Migrate(MigrateArgs),
+}
+
+#[derive(Args)]
+struct MigrateArgs {
+    /// The engine to copy into: `etcd` (from the state dir's store) or `embedded`
+    /// (from etcd into the state dir's store).
+    #[arg(long, value_enum)]
+    to: MigrateTo,
+    #[command(flatten)]
+    flags: ConfigFlags,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum MigrateTo {
+    Etcd,
+    Embedded,
+}
+
 #[derive(Args)]
 struct ServeArgs {
     #[command(flatten)]
@@ -189,6 +216,29 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Image(c) => bootplane::image::cli::run_image(c).map(|_| 0),
         Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),
         Command::Render(c) => bootplane::cli::render::run(c),
+        Command::Store(StoreCmd::Migrate(a)) => {
+            let cfg = a.flags.resolve()?;
+            init_logging(&cfg);
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                use bootplane::store::{etcd::EtcdKv, Backend, Store};
+                let embedded = Store::open(&cfg.state_dir)?;
+                let etcd = Store::with_backend(Backend::Etcd(EtcdKv::open(&cfg.store.etcd).await?));
+                let (from, to, what) = match a.to {
+                    MigrateTo::Etcd => (&embedded, &etcd, "into etcd"),
+                    MigrateTo::Embedded => (&etcd, &embedded, "into the embedded store"),
+                };
+                let n = bootplane::store::migrate::migrate(from, to).await;
+                for s in [embedded.clone(), etcd.clone()] {
+                    tokio::task::spawn_blocking(move || s.close()).await?;
+                }
+                eprintln!("copied {} objects {what}", n?);
+                anyhow::Ok(())
+            })?;
+            Ok(0)
+        }
         Command::Probe { args } => Ok(bootplane_probe::cli::run(&args).clamp(0, 255) as u8),
     }
 }

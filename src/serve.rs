@@ -69,8 +69,9 @@ pub async fn run(config: Config) -> Result<()> {
     // Private (0700, files 0600) before anything secret is written into it.
     crate::statedir::prepare(&config.state_dir)?;
     let token = api_token(&config)?;
-    let store = Store::open(&config.state_dir)?;
+    let store = Store::from_config(&config.store, &config.state_dir).await?;
     let mut s = Services {
+        leader_metrics: Default::default(),
         resolver: boot_resolver(&config)?,
         runner: crate::provision::from_config(&config.provision)?,
         store,
@@ -86,8 +87,7 @@ pub async fn run(config: Config) -> Result<()> {
         discovery_metrics: Default::default(),
     };
     s.start_api(&config, token).await?;
-    s.start_controllers(&config)?;
-    s.start_provisioning(&config)?;
+    s.start_controller_groups(&config)?;
     s.start_boot_http(&config)?;
     if config.dhcp.enabled {
         s.start_dhcp(&config)?;
@@ -148,6 +148,16 @@ impl crate::power::redfish::BootTargets for BootTargets {
     }
 }
 
+/// With the store on etcd, a DHCP scope's leases are there too, shared with the other
+/// appliances under `{prefix}dhcp/{scope}/` (`crate::dhcp::cluster`); else in its lease log.
+fn shared_leases(config: &Config, scope: &str) -> Option<crate::dhcp::Shared> {
+    use crate::store::settings::BackendKind;
+    (config.store.backend == BackendKind::Etcd).then(|| crate::dhcp::Shared {
+        etcd: config.store.etcd.clone(),
+        scope: scope.into(),
+    })
+}
+
 /// What the services share, built once in [`run`]; each `start_*` step spawns one
 /// service into `tasks` with the inputs it needs, handed over explicitly.
 struct Services {
@@ -166,6 +176,27 @@ struct Services {
     /// The management DHCP scope's and the Endpoint intake's (`[discovery.dhcp]`).
     mgmt_dhcp_metrics: crate::dhcp::Metrics,
     discovery_metrics: crate::controller::discovery::endpoints::Metrics,
+    /// `bootplane_store_leader{group}` (etcd backend).
+    leader_metrics: crate::store::etcd::election::Metrics,
+}
+
+/// The controller groups: each runs on one appliance at a time when the store is on
+/// etcd (the leader of its election), on this appliance otherwise.
+const GROUPS: [(&str, StartGroup); 2] = [
+    ("metal", Controllers::start_metal),
+    ("provisioning", Controllers::start_provisioning),
+];
+
+/// Starts one group's reconcilers on `store` under `coord`, into `tasks`.
+type StartGroup = fn(&Controllers, Store, &Coordinator, &mut JoinSet<Result<()>>) -> Result<()>;
+
+/// What the controller groups are built from, again at each term of leadership.
+struct Controllers {
+    config: Config,
+    resolver: Arc<CatalogResolver>,
+    runner: Arc<dyn crate::provision::JobRunner>,
+    boot_slot: BootSlot,
+    redfish_metrics: Arc<crate::power::redfish::metrics::Metrics>,
 }
 
 impl Services {
@@ -186,6 +217,12 @@ impl Services {
         }
         if config.controller.enabled {
             self.redfish_metrics.register(&mut metrics);
+            if matches!(self.store.kv(), crate::store::Backend::Etcd(_)) {
+                self.leader_metrics.register(&mut metrics);
+                for (group, _) in GROUPS {
+                    self.leader_metrics.declare(group);
+                }
+            }
         }
         let api_conns = crate::listen::ConnMetrics::default();
         api_conns.register(metrics.sub_registry_with_prefix("bootplane_api"));
@@ -215,98 +252,40 @@ impl Services {
         Ok(())
     }
 
-    /// The metal reconcilers (claims, servers, boot configurations) and power.
-    fn start_controllers(&mut self, config: &Config) -> Result<()> {
-        if !config.controller.enabled {
-            return Ok(());
-        }
-        let default = crate::power::from_config(
-            &config.controller.power_driver,
-            &config.power,
-            &config.state_dir,
-        )?;
-        // Servers naming a BMC are powered through Redfish, the rest by the default.
-        let targets = Arc::new(BootTargets(self.boot_slot.clone()));
-        let redfish = crate::power::redfish::Redfish::new(
-            self.store.clone(),
-            config.power.redfish.clone(),
-            targets,
-            self.redfish_metrics.clone(),
-        )?;
-        let bmcs = crate::controller::bmc::BmcControllers::new(
-            self.store.clone(),
-            redfish.pool().clone(),
-            Duration::from_secs(config.power.redfish.poll_interval_secs),
-            config.discovery.enabled,
-        );
-        let power = Arc::new(crate::power::redfish::PerServer {
-            default,
-            redfish: redfish.clone(),
+    /// The controller groups: here, or (etcd) each under its leader election. With
+    /// the controllers off, only the NFS backend runs (on every appliance).
+    fn start_controller_groups(&mut self, config: &Config) -> Result<()> {
+        let c = Arc::new(Controllers {
+            config: config.clone(),
+            resolver: self.resolver.clone(),
+            runner: self.runner.clone(),
+            boot_slot: self.boot_slot.clone(),
+            redfish_metrics: self.redfish_metrics.clone(),
         });
-        let ctrl = crate::controller::Controllers::new(
-            self.store.clone(),
-            power,
-            self.resolver.clone(),
-            crate::controller::firstboot::FirstBoot::from_config(&config.discovery),
-        );
-        let s = self.coord.handle();
-        self.tasks.spawn(async move {
-            redfish.run(s).await;
-            Ok(())
-        });
-        let (s, workers) = (self.coord.handle(), config.controller.workers);
-        self.tasks.spawn(async move {
-            bmcs.run(workers, s).await;
-            Ok(())
-        });
-        let (s, workers) = (self.coord.handle(), config.controller.workers);
-        self.tasks.spawn(async move {
-            ctrl.run(workers, s).await;
-            Ok(())
-        });
-        Ok(())
-    }
-
-    /// The NFS export backend and the provisioning reconcilers.
-    fn start_provisioning(&mut self, config: &Config) -> Result<()> {
-        let nfs = &config.nfs;
-        let backend: Arc<dyn crate::nfs::ExportBackend> = if nfs.enabled {
-            crate::nfs::from_config(nfs, &config.state_dir)?
-        } else {
-            Arc::new(crate::nfs::Disabled)
+        let etcd = match self.store.kv() {
+            crate::store::Backend::Etcd(e) if config.controller.enabled => e.client().clone(),
+            _ => {
+                for (_, start) in GROUPS {
+                    start(&c, self.store.clone(), &self.coord, &mut self.tasks)?;
+                }
+                return Ok(());
+            }
         };
-        let p = &config.provision;
-        let settings = crate::controller::provisioning::Settings {
-            images_dir: p
-                .images_dir
-                .clone()
-                .unwrap_or_else(|| config.state_dir.join("nfs-images")),
-            nfs_server: p.nfs_server.clone(),
-            job_address: p.job_address.clone(),
-            nfs_enabled: nfs.enabled,
-        };
-        if nfs.enabled {
-            std::fs::create_dir_all(&settings.images_dir)
-                .with_context(|| format!("creating {}", settings.images_dir.display()))?;
-        }
-        let s = self.coord.handle();
-        if config.controller.enabled {
-            let c = crate::controller::provisioning::Provisioning::new(
-                self.store.clone(),
-                backend,
-                self.runner.clone(),
-                settings,
+        for (group, start) in GROUPS {
+            let election = crate::store::etcd::election::Election::new(
+                etcd.clone(),
+                &config.store.etcd,
+                group,
             );
-            let (workers, run_backend) = (config.controller.workers, nfs.enabled);
-            self.tasks.spawn(async move {
-                c.run(workers, s, run_backend).await;
-                Ok(())
-            });
-        } else if nfs.enabled {
-            self.tasks.spawn(async move {
-                backend.run(s).await;
-                Ok(())
-            });
+            let lead = Lead {
+                election,
+                store: self.store.clone(),
+                controllers: c.clone(),
+                start,
+                metrics: self.leader_metrics.clone(),
+            };
+            let s = self.coord.handle();
+            self.tasks.spawn(lead.run(s));
         }
         Ok(())
     }
@@ -360,14 +339,18 @@ impl Services {
             crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())?;
         let r =
             crate::dhcp::reservations::start(self.store.clone(), &settings, self.coord.handle());
-        let (state_dir, l, s) = (
-            config.state_dir.clone(),
+        let scope = crate::dhcp::Scope {
+            log_path: config.state_dir.join(crate::dhcp::LEASE_FILE),
+            grants: None,
+            shared: shared_leases(config, "boot"),
+        };
+        let (l, s, metrics) = (
             self.leases.clone(),
             self.coord.handle(),
+            self.dhcp_metrics.clone(),
         );
-        let metrics = self.dhcp_metrics.clone();
         self.tasks.spawn(async move {
-            crate::dhcp::run(settings, &state_dir, metrics, l, Some(r), s)
+            crate::dhcp::run_scope(settings, scope, metrics, l, Some(r), s)
                 .await
                 .context("dhcp server")
         });
@@ -386,6 +369,7 @@ impl Services {
         let scope = crate::dhcp::Scope {
             log_path: config.state_dir.join(MANAGEMENT_LEASE_FILE),
             grants: Some(tx),
+            shared: shared_leases(config, "management"),
         };
         let (metrics, s) = (self.mgmt_dhcp_metrics.clone(), self.coord.handle());
         self.tasks.spawn(async move {
@@ -437,5 +421,182 @@ impl Services {
         }
         tracing::info!("bootplane stopped");
         Ok(())
+    }
+}
+
+impl Controllers {
+    /// The metal reconcilers (claims, servers, boot configurations, BMCs) and power.
+    fn start_metal(
+        &self,
+        store: Store,
+        coord: &Coordinator,
+        tasks: &mut JoinSet<Result<()>>,
+    ) -> Result<()> {
+        let config = &self.config;
+        if !config.controller.enabled {
+            return Ok(());
+        }
+        let default = crate::power::from_config(
+            &config.controller.power_driver,
+            &config.power,
+            &config.state_dir,
+        )?;
+        // Servers naming a BMC are powered through Redfish, the rest by the default.
+        let targets = Arc::new(BootTargets(self.boot_slot.clone()));
+        let redfish = crate::power::redfish::Redfish::new(
+            store.clone(),
+            config.power.redfish.clone(),
+            targets,
+            self.redfish_metrics.clone(),
+        )?;
+        let bmcs = crate::controller::bmc::BmcControllers::new(
+            store.clone(),
+            redfish.pool().clone(),
+            Duration::from_secs(config.power.redfish.poll_interval_secs),
+            config.discovery.enabled,
+        );
+        let power = Arc::new(crate::power::redfish::PerServer {
+            default,
+            redfish: redfish.clone(),
+        });
+        let ctrl = crate::controller::Controllers::new(
+            store.clone(),
+            power,
+            self.resolver.clone(),
+            crate::controller::firstboot::FirstBoot::from_config(&config.discovery),
+        );
+        let s = coord.handle();
+        tasks.spawn(async move {
+            redfish.run(s).await;
+            Ok(())
+        });
+        let (s, workers) = (coord.handle(), config.controller.workers);
+        tasks.spawn(async move {
+            bmcs.run(workers, s).await;
+            Ok(())
+        });
+        let (s, workers) = (coord.handle(), config.controller.workers);
+        tasks.spawn(async move {
+            ctrl.run(workers, s).await;
+            Ok(())
+        });
+        Ok(())
+    }
+
+    /// The NFS export backend and the provisioning reconcilers.
+    fn start_provisioning(
+        &self,
+        store: Store,
+        coord: &Coordinator,
+        tasks: &mut JoinSet<Result<()>>,
+    ) -> Result<()> {
+        let config = &self.config;
+        let nfs = &config.nfs;
+        let backend: Arc<dyn crate::nfs::ExportBackend> = if nfs.enabled {
+            crate::nfs::from_config(nfs, &config.state_dir)?
+        } else {
+            Arc::new(crate::nfs::Disabled)
+        };
+        let p = &config.provision;
+        let settings = crate::controller::provisioning::Settings {
+            images_dir: p
+                .images_dir
+                .clone()
+                .unwrap_or_else(|| config.state_dir.join("nfs-images")),
+            nfs_server: p.nfs_server.clone(),
+            job_address: p.job_address.clone(),
+            nfs_enabled: nfs.enabled,
+        };
+        if nfs.enabled {
+            std::fs::create_dir_all(&settings.images_dir)
+                .with_context(|| format!("creating {}", settings.images_dir.display()))?;
+        }
+        let s = coord.handle();
+        if config.controller.enabled {
+            let c = crate::controller::provisioning::Provisioning::new(
+                store.clone(),
+                backend,
+                self.runner.clone(),
+                settings,
+            );
+            let (workers, run_backend) = (config.controller.workers, nfs.enabled);
+            tasks.spawn(async move {
+                c.run(workers, s, run_backend).await;
+                Ok(())
+            });
+        } else if nfs.enabled {
+            tasks.spawn(async move {
+                backend.run(s).await;
+                Ok(())
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One controller group under its leader election (etcd backend): campaign, run the
+/// group on the fenced store while leading, stop it when the lease is lost (or a
+/// reconciler ends), resign, campaign again.
+struct Lead {
+    election: crate::store::etcd::election::Election,
+    store: Store,
+    controllers: Arc<Controllers>,
+    start: StartGroup,
+    metrics: crate::store::etcd::election::Metrics,
+}
+
+impl Lead {
+    async fn run(self, mut shutdown: crate::shutdown::Shutdown) -> Result<()> {
+        let group = self.election.group;
+        let stop = tokio_util::sync::CancellationToken::new();
+        loop {
+            let leadership = tokio::select! {
+                _ = shutdown.recv() => return Ok(()),
+                l = self.election.campaign(&stop) => l,
+            };
+            let Some(leadership) = leadership else {
+                return Ok(());
+            };
+            tracing::info!(group, "became leader");
+            self.metrics.set(group, true);
+            let coord = Coordinator::new();
+            let mut tasks = JoinSet::new();
+            let fenced = self.store.fenced(leadership.fence.clone());
+            let mut done = false;
+            match (self.start)(&self.controllers, fenced, &coord, &mut tasks) {
+                Err(e) => {
+                    tracing::error!(group, error = %format!("{e:#}"), "starting the controllers failed")
+                }
+                Ok(()) => {
+                    done = tokio::select! {
+                        _ = shutdown.recv() => true,
+                        _ = leadership.lost() => {
+                            tracing::warn!(group, "lost leadership: election lease not renewed in time");
+                            false
+                        }
+                        Some(r) = tasks.join_next() => {
+                            tracing::error!(group, result = ?r.map(|r| r.map_err(|e| format!("{e:#}"))), "a controller stopped; resigning");
+                            false
+                        }
+                    };
+                }
+            }
+            self.metrics.set(group, false);
+            if !coord.drain(Duration::from_secs(8)).await {
+                tracing::warn!(group, "some controllers did not finish within 8s");
+            }
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+            leadership.resign().await;
+            tracing::info!(group, "stepped down");
+            if done {
+                return Ok(());
+            }
+            // Give another appliance the first chance.
+            tokio::select! {
+                _ = shutdown.recv() => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
     }
 }

@@ -35,6 +35,9 @@ fn exported_names() -> Vec<String> {
     redfish.register(&mut reg);
     bootplane::listen::ConnMetrics::default()
         .register(reg.sub_registry_with_prefix("bootplane_api"));
+    let leader = bootplane::store::etcd::election::Metrics::default();
+    leader.declare("metal");
+    leader.register(&mut reg);
     let mut s = String::new();
     prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
     let mut names = Vec::new();

@@ -123,6 +123,17 @@ impl From<StoreError> for ApiError {
                 ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
             }
             StoreError::Gone(_) => ApiError::new(StatusCode::GONE, "Expired", message),
+            // etcd unreachable or without quorum: nothing was written (or, after a
+            // timeout, it is unknown whether it was); reads go on from the mirror.
+            StoreError::Unavailable(_) => {
+                let mut a = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailable",
+                    message,
+                );
+                a.details = Some(json!({"retryAfterSeconds": 1}));
+                a
+            }
             // As kube's watch cache answers a resourceVersion it has not seen yet
             // (after waiting for it): 504 Timeout, cause ResourceVersionTooLarge.
             StoreError::TooLargeResourceVersion { .. } => {

@@ -320,6 +320,8 @@ fn valid_uuid(s: &str) -> Option<String> {
     crate::model::ident::parse_uuid(s).ok()
 }
 
+/// Pause before boot-progress writes the store refused as unavailable are tried again.
+const PROGRESS_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Boot-progress status writes issued together.
 const PROGRESS_BATCH: usize = 256;
 
@@ -691,12 +693,50 @@ impl StoreBootIndex {
                 }
             }
             let this = &self;
-            futures::future::join_all(work.into_iter().map(|(server, events)| async move {
-                if let Err(e) = this.record_conditions(&server, &events).await {
-                    tracing::warn!(server, error = %e, "recording boot progress");
+            let results =
+                futures::future::join_all(work.into_iter().map(|(server, events)| async move {
+                    match this.record_conditions(&server, &events).await {
+                        Ok(()) => None,
+                        // The store cannot take writes now (etcd without quorum): kept, and
+                        // written once it can (the conditions are the machine's history).
+                        Err(StoreError::Unavailable(_)) => Some((server, events)),
+                        Err(e) => {
+                            tracing::warn!(server, error = %e, "recording boot progress");
+                            None
+                        }
+                    }
+                }))
+                .await;
+            let retry: Vec<_> = results.into_iter().flatten().collect();
+            if !retry.is_empty() {
+                tracing::warn!(
+                    machines = retry.len(),
+                    "store unavailable: boot progress kept for a retry"
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(PROGRESS_RETRY) => {}
+                    _ = shutdown.recv() => return,
                 }
-            }))
-            .await;
+                for (server, events) in retry {
+                    for (event, client) in events {
+                        // A newer fetch queued meanwhile wins (its client is the latest).
+                        let key = (server.clone(), event);
+                        let fresh = {
+                            let mut q = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+                            match q.entry(key.clone()) {
+                                std::collections::hash_map::Entry::Occupied(_) => false,
+                                std::collections::hash_map::Entry::Vacant(v) => {
+                                    v.insert(client);
+                                    true
+                                }
+                            }
+                        };
+                        if fresh {
+                            let _ = self.progress.send(key);
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -513,6 +513,41 @@ impl Server {
         matches!(self.table.choose(si, mac, Some(ip), now), Ok(got) if got == ip)
     }
 
+    /// The NAK that replaces `ack` when its lease could not be granted after all
+    /// (another appliance holds the address: [`super::cluster`]); the client starts over.
+    pub fn nak_for(&self, ack: &Reply) -> Reply {
+        let a = &ack.msg;
+        let mut m = Message::default();
+        m.set_opcode(Opcode::BootReply)
+            .set_htype(a.htype())
+            .set_xid(a.xid())
+            .set_flags(a.flags())
+            .set_giaddr(a.giaddr())
+            .set_chaddr(a.chaddr());
+        let o = m.opts_mut();
+        o.insert(DhcpOption::MessageType(MessageType::Nak));
+        o.insert(DhcpOption::ServerIdentifier(self.server_ip));
+        o.insert(DhcpOption::Message(
+            "address taken by another server".into(),
+        ));
+        if let Some(ra) = a.opts().get(OptionCode::RelayAgentInformation) {
+            o.insert(ra.clone());
+        }
+        // RFC 2131 4.3.2: a NAK goes to the relay, else broadcast.
+        let (dest, broadcast) = if a.giaddr().is_unspecified() {
+            (SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT), true)
+        } else {
+            (ack.dest, false)
+        };
+        Reply {
+            msg: m,
+            dest,
+            broadcast,
+            kind: ReplyKind::Nak,
+            max_len: MIN_MESSAGE_LEN,
+        }
+    }
+
     // ---- reply building ------------------------------------------------------
 
     fn base_reply(&self, req: &Message, mtype: MessageType) -> Message {
@@ -616,6 +651,15 @@ impl Server {
             _ => (SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT), true),
         }
     }
+}
+
+/// `ack` with its lease time (option 51) lowered to `secs`, and T1/T2 (58/59) with
+/// it: a renewal granted only up to what the lease already had ([`super::cluster`]).
+pub fn shorten_lease(ack: &mut Reply, secs: u32) {
+    let o = ack.msg.opts_mut();
+    o.insert(DhcpOption::AddressLeaseTime(secs));
+    o.insert(DhcpOption::Renewal(secs / 2));
+    o.insert(DhcpOption::Rebinding(secs / 8 * 7));
 }
 
 /// Walk the option TLVs and refuse shapes that make dhcproto 0.15 assert or

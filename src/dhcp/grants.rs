@@ -78,12 +78,11 @@ impl Reporter {
         self.inflight.append(&mut self.pending);
     }
 
-    /// The commit ended (`durable`: its leases are on disk): report its grants.
-    pub(crate) fn committed(&mut self, durable: bool, metrics: &Metrics) {
-        let done = std::mem::take(&mut self.inflight);
-        if durable {
-            self.send(done, metrics);
-        }
+    /// The commit ended: report its grants whose leases are durable (`durable`).
+    pub(crate) fn committed(&mut self, durable: impl Fn(&Grant) -> bool, metrics: &Metrics) {
+        let mut done = std::mem::take(&mut self.inflight);
+        done.retain(|g| durable(g));
+        self.send(done, metrics);
     }
 
     /// The pending ACKs left without a commit (their leases were already durable).

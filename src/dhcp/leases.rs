@@ -6,13 +6,13 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, RwLock};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::settings::{Reservation, Subnet};
 use crate::model::ident::{Mac, MacFmt};
 
 /// Lifecycle of an address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LeaseState {
     /// Offered, not yet requested (memory only, never persisted).
@@ -153,6 +153,43 @@ pub struct LeaseTable {
     reservations: HashMap<Mac, Reservation>,
     reserved_ips: HashSet<Ipv4Addr>,
     journal: Vec<Change>,
+    /// Shared with other appliances ([`LeaseTable::share`]): how long past its expiry
+    /// another MAC's lease still holds its address (clock skew between appliances),
+    /// and whether free addresses are searched from a point the MAC hashes to.
+    shared: Option<u64>,
+}
+
+/// FNV-1a of a MAC: the same on every appliance (no per-process random state).
+fn mac_hash(mac: &Mac) -> u32 {
+    mac.iter().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// Does `l` still hold its address against other MACs at `now`, `margin` seconds of
+/// clock skew allowed for (a released lease never does; an offer only until it ends)?
+pub fn holds(l: &Lease, now: u64, margin: u64) -> bool {
+    match l.state {
+        LeaseState::Bound | LeaseState::Declined => l.expires.saturating_add(margin) > now,
+        LeaseState::Offered => l.expires > now,
+        LeaseState::Released => false,
+    }
+}
+
+/// May `want` replace the durable record `cur` of its address at `now`? The rule every
+/// appliance applies before its compare-and-swap ([`super::cluster`]): no record; the
+/// same MAC (a declined address only by another decline); or a record that no longer
+/// holds the address ([`holds`] with `margin`).
+pub fn may_replace(cur: Option<&Lease>, want: &Lease, now: u64, margin: u64) -> bool {
+    match cur {
+        None => true,
+        Some(c) if c.mac == want.mac => {
+            c.state != LeaseState::Declined
+                || want.state == LeaseState::Declined
+                || !holds(c, now, margin)
+        }
+        Some(c) => !holds(c, now, margin),
+    }
 }
 
 impl LeaseTable {
@@ -165,9 +202,23 @@ impl LeaseTable {
             reservations: HashMap::new(),
             reserved_ips: HashSet::new(),
             journal: Vec::new(),
+            shared: None,
         };
         t.set_reservations(reservations);
         t
+    }
+
+    /// The table is one of several appliances' views of the same addresses: another
+    /// MAC's lease holds its address `margin_secs` past its expiry (clock skew), and
+    /// the free address given to a MAC is the first at or after a point its hash picks
+    /// in the pool, so two appliances offering to two clients at once rarely pick the
+    /// same address (lowest-free-first would make every concurrent pair collide).
+    pub fn share(&mut self, margin_secs: u64) {
+        self.shared = Some(margin_secs);
+    }
+
+    fn margin(&self) -> u64 {
+        self.shared.unwrap_or(0)
     }
 
     pub fn subnets(&self) -> &[Subnet] {
@@ -273,18 +324,75 @@ impl LeaseTable {
     }
 
     fn forget(&mut self, ip: Ipv4Addr) {
-        if let Some(old) = self.by_ip.remove(&ip) {
-            if self.by_mac.get(&old.mac) == Some(&ip) {
-                self.by_mac.remove(&old.mac);
-            }
+        if let Some(old) = self.remove(ip) {
             if old.state != LeaseState::Offered {
                 self.journal.push(Change::Forget(ip));
             }
-            if let Some(i) = self.subnet_index_for(ip) {
-                let s = &self.subnets[i];
-                if s.in_pool(ip) && !self.reserved_ips.contains(&ip) {
-                    self.free[i].insert(u32::from(ip));
+        }
+    }
+
+    /// Drop `ip`'s lease from the table (not journaled) and free the address.
+    fn remove(&mut self, ip: Ipv4Addr) -> Option<Lease> {
+        let old = self.by_ip.remove(&ip)?;
+        if self.by_mac.get(&old.mac) == Some(&ip) {
+            self.by_mac.remove(&old.mac);
+        }
+        if let Some(i) = self.subnet_index_for(ip) {
+            let s = &self.subnets[i];
+            if s.in_pool(ip) && !self.reserved_ips.contains(&ip) {
+                self.free[i].insert(u32::from(ip));
+            }
+        }
+        Some(old)
+    }
+
+    /// Make `ip`'s entry what the shared store durably holds for it (`record`; `None`:
+    /// no record), learned from another appliance or from a commit's outcome; nothing is
+    /// journaled. An offer of ours stays unless the record holds the address at `now`.
+    /// A MAC holding two addresses in the store (it moved between appliances) keeps both
+    /// blocked; the one expiring last is its address here.
+    pub fn learn(&mut self, ip: Ipv4Addr, record: Option<Lease>, now: u64) {
+        let cur = self.by_ip.get(&ip);
+        let Some(l) = record else {
+            if cur.is_some_and(|c| c.state != LeaseState::Offered) {
+                self.remove(ip);
+            }
+            return;
+        };
+        if let Some(c) = cur {
+            let keep_offer = c.state == LeaseState::Offered && !holds(&l, now, self.margin());
+            if *c == l || keep_offer {
+                return;
+            }
+        }
+        if self.by_ip.get(&ip).is_some_and(|c| c.mac != l.mac) {
+            self.remove(ip);
+        }
+        if let Some(i) = self.subnet_index_for(ip) {
+            self.free[i].remove(&u32::from(ip));
+        }
+        let mac = l.mac;
+        let declined = l.state == LeaseState::Declined;
+        self.by_ip.insert(ip, l);
+        if declined {
+            if self.by_mac.get(&mac) == Some(&ip) {
+                self.by_mac.remove(&mac);
+            }
+            return;
+        }
+        match self.by_mac.get(&mac).copied() {
+            Some(other) if other != ip => {
+                let other_lease = self.by_ip.get(&other);
+                if other_lease.is_some_and(|o| o.state == LeaseState::Offered) {
+                    // It took its address elsewhere: our offer is void.
+                    self.remove(other);
+                    self.by_mac.insert(mac, ip);
+                } else if other_lease.is_none_or(|o| o.expires <= self.by_ip[&ip].expires) {
+                    self.by_mac.insert(mac, ip);
                 }
+            }
+            _ => {
+                self.by_mac.insert(mac, ip);
             }
         }
     }
@@ -301,7 +409,21 @@ impl LeaseTable {
         }
         match self.by_ip.get(&ip) {
             None => true,
-            Some(l) => (l.mac == *mac && l.state != LeaseState::Declined) || !l.active(now),
+            Some(l) => {
+                (l.mac == *mac && l.state != LeaseState::Declined) || !holds(l, now, self.margin())
+            }
+        }
+    }
+
+    /// Where the search for a free address for `mac` in subnet `si` starts: the pool's
+    /// lowest address, or (shared) a point in it the MAC hashes to.
+    fn search_start(&self, si: usize, mac: &Mac) -> u32 {
+        let s = &self.subnets[si];
+        let lo = s.ranges.iter().map(|r| u32::from(r.0)).min().unwrap_or(0);
+        let hi = s.ranges.iter().map(|r| u32::from(r.1)).max().unwrap_or(0);
+        match self.shared {
+            Some(_) if hi > lo => lo + mac_hash(mac) % (hi - lo + 1),
+            _ => lo,
         }
     }
 
@@ -335,22 +457,27 @@ impl LeaseTable {
                 return Ok(ip);
             }
         }
-        while let Some(v) = self.free[si].pop_first() {
+        let start = self.search_start(si, mac);
+        loop {
+            let f = &self.free[si];
+            let Some(v) = f.range(start..).next().or_else(|| f.first()).copied() else {
+                break;
+            };
             let ip = Ipv4Addr::from(v);
             if self.available_to(si, ip, mac, now) {
-                // Put it back: it leaves the free set when a lease is inserted.
-                self.free[si].insert(v);
+                // It stays in the free set until a lease is inserted.
                 return Ok(ip);
             }
+            self.free[si].remove(&v);
         }
         // Reclaim: the address whose lease ended longest ago.
-        let s = &self.subnets[si];
+        let (s, margin) = (&self.subnets[si], self.margin());
         let victim = self
             .by_ip
             .values()
             .filter(|l| {
                 s.contains(l.ip)
-                    && !l.active(now)
+                    && !holds(l, now, margin)
                     && s.in_pool(l.ip)
                     && !self.reserved_ips.contains(&l.ip)
             })
@@ -550,5 +677,141 @@ mod tests {
                 .unwrap(),
             Ipv4Addr::new(10, 0, 0, 12)
         );
+    }
+
+    #[test]
+    fn shared_tables_search_from_the_macs_hash_and_hold_past_expiry() {
+        let mut sub = subnet();
+        sub.ranges = vec![(Ipv4Addr::new(10, 0, 0, 10), Ipv4Addr::new(10, 0, 0, 250))];
+        sub.exclude.clear();
+        let (mut a, mut b) = (
+            LeaseTable::new(vec![sub.clone()], vec![]),
+            LeaseTable::new(vec![sub.clone()], vec![]),
+        );
+        a.share(5);
+        b.share(5);
+        // the same MAC gets the same address from two appliances' tables
+        let pick = |t: &mut LeaseTable, m: u8| t.choose(0, &[2, 0, 0, 0, 0, m], None, 0).unwrap();
+        for m in 0..20 {
+            assert_eq!(pick(&mut a, m), pick(&mut b, m));
+        }
+        // and different MACs are spread out (lowest-free-first would give .10 to all)
+        let distinct: HashSet<Ipv4Addr> = (0..20).map(|m| pick(&mut a, m)).collect();
+        assert!(distinct.len() >= 15, "{distinct:?}");
+        // another MAC's lease holds its address 5 s past its expiry
+        let ip = pick(&mut a, 1);
+        a.bind(ip, [2, 0, 0, 0, 0, 1], None, 100);
+        let other = [9; 6];
+        assert!(!a.available_to(0, ip, &other, 104));
+        assert!(a.available_to(0, ip, &other, 105));
+        assert!(a.available_to(0, ip, &[2, 0, 0, 0, 0, 1], 104));
+    }
+
+    #[test]
+    fn may_replace_is_the_cas_rule() {
+        let l = |mac: u8, exp: u64, state| Lease {
+            ip: Ipv4Addr::new(10, 0, 0, 10),
+            mac: [mac; 6],
+            hostname: None,
+            expires: exp,
+            state,
+        };
+        let want = l(1, 200, LeaseState::Bound);
+        assert!(may_replace(None, &want, 100, 5));
+        assert!(may_replace(
+            Some(&l(1, 150, LeaseState::Bound)),
+            &want,
+            100,
+            5
+        ));
+        assert!(!may_replace(
+            Some(&l(2, 150, LeaseState::Bound)),
+            &want,
+            100,
+            5
+        ));
+        assert!(
+            !may_replace(Some(&l(2, 98, LeaseState::Bound)), &want, 100, 5),
+            "skew margin"
+        );
+        assert!(may_replace(
+            Some(&l(2, 95, LeaseState::Bound)),
+            &want,
+            100,
+            5
+        ));
+        assert!(may_replace(
+            Some(&l(2, 150, LeaseState::Released)),
+            &want,
+            100,
+            5
+        ));
+        assert!(!may_replace(
+            Some(&l(1, 150, LeaseState::Declined)),
+            &want,
+            100,
+            5
+        ));
+        assert!(!may_replace(
+            Some(&l(2, 150, LeaseState::Declined)),
+            &want,
+            100,
+            5
+        ));
+    }
+
+    #[test]
+    fn learn_mirrors_records_without_journaling() {
+        let mut t = LeaseTable::new(vec![subnet()], vec![]);
+        t.share(0);
+        let ip10 = Ipv4Addr::new(10, 0, 0, 10);
+        let ip12 = Ipv4Addr::new(10, 0, 0, 12);
+        // our offer to MAC 1 is void once another appliance binds the address to MAC 2
+        t.offer(ip10, [1; 6], None, 130);
+        let theirs = Lease {
+            ip: ip10,
+            mac: [2; 6],
+            hostname: None,
+            expires: 1000,
+            state: LeaseState::Bound,
+        };
+        t.learn(ip10, Some(theirs.clone()), 100);
+        assert_eq!(t.get(ip10), Some(&theirs));
+        assert!(t.by_mac(&[1; 6]).is_none());
+        assert_eq!(t.choose(0, &[1; 6], Some(ip10), 100).unwrap(), ip12);
+        // an expired record does not override our offer
+        t.offer(ip12, [1; 6], None, 130);
+        let stale = Lease {
+            ip: ip12,
+            mac: [3; 6],
+            hostname: None,
+            expires: 50,
+            state: LeaseState::Bound,
+        };
+        t.learn(ip12, Some(stale), 100);
+        assert_eq!(t.get(ip12).unwrap().state, LeaseState::Offered);
+        // MAC 2 moved to .12 elsewhere: both stay blocked, .12 (later expiry) is its own
+        let moved = Lease {
+            ip: ip12,
+            mac: [2; 6],
+            hostname: None,
+            expires: 2000,
+            state: LeaseState::Bound,
+        };
+        t.learn(ip12, Some(moved), 100);
+        assert_eq!(t.by_mac(&[2; 6]).unwrap().ip, ip12);
+        assert!(t.get(ip10).is_some());
+        assert_eq!(
+            t.choose(0, &[4; 6], None, 100),
+            Err(AllocError::PoolExhausted)
+        );
+        // a deleted record frees its address; an offer of ours is kept
+        t.learn(ip10, None, 100);
+        assert!(t.get(ip10).is_none());
+        assert_eq!(t.choose(0, &[4; 6], None, 100).unwrap(), ip10);
+        t.offer(ip10, [4; 6], None, 130);
+        t.learn(ip10, None, 100);
+        assert_eq!(t.get(ip10).unwrap().state, LeaseState::Offered);
+        assert!(t.take_journal().is_empty(), "learning journals nothing");
     }
 }

@@ -26,10 +26,13 @@ pub enum DropReason {
     PersistFailed,
     /// Sending the reply failed.
     SendFailed,
+    /// etcd (the leases shared with other appliances) is unreachable: no new address
+    /// is offered ([`super::cluster`]).
+    LedgerUnavailable,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::Malformed,
         DropReason::NotRequest,
         DropReason::RateLimited,
@@ -38,6 +41,7 @@ impl DropReason {
         DropReason::NoSubnet,
         DropReason::PersistFailed,
         DropReason::SendFailed,
+        DropReason::LedgerUnavailable,
     ];
 }
 
@@ -72,6 +76,16 @@ pub struct Metrics {
     pub commits: Counter,
     /// Granted leases not reported because the reader's channel was full ([`super::grants`]).
     pub reports_dropped: Counter,
+    /// Leases shared through etcd ([`super::cluster`]): ACKs that became NAKs because
+    /// another appliance's client holds the address (the compare-and-swap lost).
+    pub cluster_conflicts: Counter,
+    /// Lease writes to etcd that failed (unreachable, no leader, timeout).
+    pub cluster_commit_failures: Counter,
+    /// Renewals ACKed from the mirror, for the time their lease had left, while etcd
+    /// was unreachable.
+    pub cluster_degraded_acks: Counter,
+    /// Listings of the scope's leases in etcd (start, watch compacted or broken).
+    pub cluster_relists: Counter,
 }
 
 impl Metrics {
@@ -125,6 +139,26 @@ impl Metrics {
             "reports_dropped",
             "granted leases not reported (the reader's channel was full)",
             self.reports_dropped.clone(),
+        );
+        r.register(
+            "cluster_conflicts",
+            "ACKs turned into NAKs: another appliance holds the address (etcd compare-and-swap lost)",
+            self.cluster_conflicts.clone(),
+        );
+        r.register(
+            "cluster_commit_failures",
+            "lease writes to etcd that failed (unreachable, no leader, timeout)",
+            self.cluster_commit_failures.clone(),
+        );
+        r.register(
+            "cluster_degraded_acks",
+            "renewals ACKed from the mirror for the time left while etcd was unreachable",
+            self.cluster_degraded_acks.clone(),
+        );
+        r.register(
+            "cluster_relists",
+            "listings of the scope's leases in etcd (start, watch compacted or broken)",
+            self.cluster_relists.clone(),
         );
     }
 }

@@ -6,9 +6,11 @@
 //! reads a packet, drains whatever else is already queued (up to `max_batch`),
 //! handles the batch and sends every reply at once, except ACKs: those wait for
 //! their lease changes to be durable. Lease changes are written by one commit at a
-//! time on the blocking pool (one append + one fdatasync, see [`persist`]); while it
-//! runs, the loop keeps answering, and everything that accumulates is the next
-//! commit (group commit that grows with disk latency). Commits start at most once
+//! time off the loop, into the scope's [`ledger`]: the lease log (one append + one
+//! fdatasync on the blocking pool, see [`persist`]) or, with several appliances, etcd
+//! (a compare-and-swap per address, see [`cluster`]); while it runs, the loop keeps
+//! answering, and everything that accumulates is the next commit (group commit that
+//! grows with the write's latency). Commits start at most once
 //! per `commit_window` (default 2 ms; earlier when `max_batch` ACKs wait): with a
 //! fast disk and a steady trickle of clients every commit would otherwise carry one
 //! or two leases (measured: 13,191 commits for 18,170 ACKs at 2,000 leases/s; with
@@ -16,7 +18,8 @@
 //! measurably, the per-packet kernel path dominates it). An ACK waits at most one
 //! window longer. A commit's ACKs are sent
 //! when it returns, after its changes are published to the [`LeaseIndex`], so an
-//! ACK is never on the wire before its lease is on disk. At most `max(4 × max_batch,
+//! ACK is never on the wire before its lease is durable (etcd: an ACK whose address
+//! another appliance won becomes a NAK). At most `max(4 × max_batch,
 //! 4096)` ACKs may wait for disk; beyond that the loop stops reading (the bound on
 //! in-flight work; the kernel buffer absorbs the rest). A per-MAC token bucket
 //! drops floods from one client before they cost a decode.
@@ -26,9 +29,11 @@
 //! replies to clients without an address, SO_REUSEADDR/SO_REUSEPORT so a proxy can
 //! share the port with the authoritative server of the segment.
 
+pub mod cluster;
 pub mod core;
 pub mod grants;
 pub mod leases;
+pub mod ledger;
 pub mod metrics;
 pub mod overload;
 pub mod persist;
@@ -53,6 +58,7 @@ pub use self::settings::{DhcpConfig, DhcpMode, DhcpSettings, Reservation};
 
 use self::core::{PXE_PORT, SERVER_PORT};
 use self::grants::Reporter;
+use self::ledger::{Done, Ledger, Verdict};
 use self::persist::LeaseLog;
 use crate::model::ident::Mac;
 use crate::shutdown::Shutdown;
@@ -175,22 +181,6 @@ fn v4(a: SocketAddr) -> Option<SocketAddrV4> {
     }
 }
 
-/// One durable write of lease changes (runs on the blocking pool).
-struct Commit {
-    log: LeaseLog,
-    journal: Vec<leases::Change>,
-    result: std::io::Result<()>,
-}
-
-fn commit(mut log: LeaseLog, journal: Vec<leases::Change>) -> Commit {
-    let result = log.append(&journal);
-    Commit {
-        log,
-        journal,
-        result,
-    }
-}
-
 struct Sockets<'a> {
     s67: &'a UdpSocket,
     s4011: Option<&'a UdpSocket>,
@@ -252,23 +242,6 @@ fn drain_queued(sockets: &Sockets<'_>, batch: &mut Vec<Packet>, max_batch: usize
             match sock.try_recv_from(buf) {
                 Ok((n, a)) => queue_datagram(&buf[..n], a, port, batch),
                 Err(_) => break,
-            }
-        }
-    }
-}
-
-/// At shutdown: waits (up to 5 s) for the lease-log write in flight and sends the ACKs
-/// it releases, so they are not lost without a trace.
-async fn finish_inflight(
-    h: tokio::task::JoinHandle<Commit>,
-    acks: Vec<(Reply, u16)>,
-    sockets: &Sockets<'_>,
-    metrics: &Metrics,
-) {
-    if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(5), h).await {
-        if c.result.is_ok() {
-            for (r, port) in acks {
-                sockets.send(&r, port, metrics).await;
             }
         }
     }
@@ -362,41 +335,191 @@ fn handle_packet(
     None
 }
 
-/// A lease-log write has ended: on success the leases are published and the ACKs that
-/// waited for it are sent, on failure they are dropped; the log is compacted when due.
-/// Returns the log for the next write.
-async fn committed(
-    c: Commit,
+/// Lease changes on their way to the ledger, and the ACKs that wait for them.
+struct Pipeline {
+    ledger: Ledger,
+    /// Changes and the ACKs that wait for them, not yet handed to the ledger.
+    journal: Vec<leases::Change>,
     acks: Vec<(Reply, u16)>,
-    server: &Server,
-    index: &LeaseIndex,
-    metrics: &Metrics,
-    sockets: &Sockets<'_>,
-    log_path: &Path,
-) -> LeaseLog {
-    let mut log = c.log;
-    match c.result {
-        Ok(()) => {
-            metrics.commits.inc();
-            index.apply(&c.journal);
-            for (r, port) in acks {
+    /// The commit running (at most one) and the ACKs it releases.
+    inflight: Option<tokio::task::JoinHandle<Done>>,
+    inflight_acks: Vec<(Reply, u16)>,
+    /// Group-commit window: when the last commit started.
+    window: Duration,
+    last_commit: Instant,
+    max_batch: usize,
+}
+
+impl Pipeline {
+    fn new(ledger: Ledger, window: Duration, max_batch: usize) -> Pipeline {
+        Pipeline {
+            ledger,
+            journal: Vec::new(),
+            acks: Vec::new(),
+            inflight: None,
+            inflight_acks: Vec::new(),
+            window,
+            last_commit: Instant::now()
+                .checked_sub(window)
+                .unwrap_or_else(Instant::now),
+            max_batch,
+        }
+    }
+
+    /// ACKs waiting for a commit.
+    fn waiting(&self) -> usize {
+        self.acks.len() + self.inflight_acks.len()
+    }
+
+    /// A reply of the batch: an ACK waits for its lease to be durable, an OFFER is not
+    /// made while new leases cannot be granted, everything else leaves now.
+    async fn reply(&mut self, r: Reply, port: u16, sockets: &Sockets<'_>, metrics: &Metrics) {
+        match r.kind {
+            ReplyKind::Ack => self.acks.push((r, port)),
+            ReplyKind::Offer if !self.ledger.available() => {
+                metrics.drop(DropReason::LedgerUnavailable)
+            }
+            _ => sockets.send(&r, port, metrics).await,
+        }
+    }
+
+    /// The batch's lease changes join the next commit.
+    fn queue(&mut self, changes: Vec<leases::Change>) {
+        self.ledger.queued(&changes);
+        self.journal.extend(changes);
+    }
+
+    /// Start the group commit when the window allows (ACKs with nothing to commit leave
+    /// at once); otherwise, when the window ends (for the timer), if anything waits.
+    async fn step(
+        &mut self,
+        reporter: &mut Reporter,
+        metrics: &Metrics,
+        sockets: &Sockets<'_>,
+    ) -> Option<Instant> {
+        if self.inflight.is_some() {
+            return None;
+        }
+        if self.journal.is_empty() {
+            reporter.flush(metrics);
+            for (r, port) in self.acks.drain(..) {
                 sockets.send(&r, port, metrics).await;
             }
+            return None;
         }
-        Err(e) => {
-            tracing::error!(error = %e, path = %log_path.display(), "writing leases failed; not acknowledging");
-            for _ in acks {
-                metrics.drop(DropReason::PersistFailed);
+        let now = Instant::now();
+        let due = self.last_commit + self.window;
+        if now < due && self.acks.len() < self.max_batch {
+            return Some(due);
+        }
+        if self.ledger.can_begin() {
+            let journal = std::mem::take(&mut self.journal);
+            self.inflight_acks = std::mem::take(&mut self.acks);
+            reporter.committing();
+            self.inflight = Some(self.ledger.begin(journal));
+            self.last_commit = now;
+        }
+        None
+    }
+
+    /// The commit in flight ended: settle it with the ledger, then send (or replace, or
+    /// drop) each ACK it released and report the grants that became durable.
+    async fn settle(&mut self, done: Done, ctx: &mut Ctx<'_, '_>) {
+        let acks = std::mem::take(&mut self.inflight_acks);
+        let settled = self
+            .ledger
+            .finish(done, &mut ctx.server.table, ctx.index, ctx.metrics);
+        let (verdicts, granted) = self.ledger.verdicts(&settled, &acks, unix_now());
+        ctx.reporter
+            .committed(|g| granted.contains(g.ip, g.mac), ctx.metrics);
+        for ((mut r, port), v) in acks.into_iter().zip(verdicts) {
+            match v {
+                Verdict::Send => {}
+                Verdict::Renewal(secs) => {
+                    let t = match r.msg.opts().get(dhcproto::v4::OptionCode::AddressLeaseTime) {
+                        Some(dhcproto::v4::DhcpOption::AddressLeaseTime(t)) => *t,
+                        _ => secs,
+                    };
+                    self::core::shorten_lease(&mut r, secs.min(t));
+                    ctx.metrics.cluster_degraded_acks.inc();
+                }
+                Verdict::Nak => {
+                    r = ctx.server.nak_for(&r);
+                    ctx.metrics.cluster_conflicts.inc();
+                }
+                Verdict::Drop => {
+                    ctx.metrics.drop(DropReason::PersistFailed);
+                    continue;
+                }
             }
+            ctx.sockets.send(&r, port, ctx.metrics).await;
         }
     }
-    if log.wants_compaction(|| server.table.persisted().count()) {
-        let snapshot: Vec<Lease> = server.table.persisted().cloned().collect();
-        if let Err(e) = log.compact(&snapshot) {
-            tracing::warn!(error = %e, "compacting lease log failed");
+}
+
+/// What settling a commit touches besides the pipeline.
+struct Ctx<'s, 'a> {
+    server: &'s mut Server,
+    index: &'s LeaseIndex,
+    reporter: &'s mut Reporter,
+    metrics: &'s Metrics,
+    sockets: &'s Sockets<'a>,
+}
+
+/// The commit in flight, awaited.
+async fn inflight_done(h: &mut Option<tokio::task::JoinHandle<Done>>) -> Result<Done> {
+    h.as_mut()
+        .expect("guarded")
+        .await
+        .context("lease writer panicked")
+}
+
+/// The ledger of a scope, with its leases loaded into `server`'s table and `index`:
+/// the lease log at `log_path`, or (`shared`) etcd's listing of the scope, waited for
+/// (`None`: shutdown came first). Also how many leases were loaded.
+async fn open_ledger(
+    log_path: PathBuf,
+    shared: Option<Shared>,
+    server: &mut Server,
+    (index, metrics): (&LeaseIndex, &Metrics),
+    shutdown: &mut Shutdown,
+) -> Result<Option<(Ledger, usize)>> {
+    let Some(sh) = shared else {
+        let (log, loaded) = load_leases(&log_path, server, index)?;
+        let ledger = Ledger::Log {
+            log: Some(log),
+            path: log_path,
+        };
+        return Ok(Some((ledger, loaded)));
+    };
+    server.table.share(cluster::SKEW_MARGIN_SECS);
+    let started = cluster::Ledger::start(&sh.etcd, &sh.scope, metrics, shutdown).await?;
+    let Some((mut c, first)) = started else {
+        return Ok(None);
+    };
+    c.observe(first, &mut server.table, index);
+    let loaded = server.table.persisted().count();
+    Ok(Some((Ledger::Cluster(Box::new(c)), loaded)))
+}
+
+/// A change of the reservations (`changed`: the watch's news) applied to `server`.
+fn reservations_changed(
+    changed: std::result::Result<(), tokio::sync::watch::error::RecvError>,
+    reservations: &mut Option<tokio::sync::watch::Receiver<Vec<Reservation>>>,
+    server: &mut Server,
+) {
+    match changed {
+        Ok(()) => {
+            let list = reservations
+                .as_mut()
+                .map(|rx| rx.borrow_and_update().clone())
+                .unwrap_or_default();
+            tracing::info!(count = list.len(), "dhcp reservations applied");
+            server.set_reservations(list);
         }
+        // The watch ended (shutdown): keep the last list.
+        Err(_) => *reservations = None,
     }
-    log
 }
 
 /// Bind the sockets, load the leases (`<state_dir>/dhcp-leases.log`), and serve until
@@ -415,15 +538,26 @@ pub async fn run(
     let scope = Scope {
         log_path,
         grants: None,
+        shared: None,
     };
     run_scope(settings, scope, metrics, index, reservations, shutdown).await
 }
 
-/// What sets one DHCP instance apart from another on the same host: its lease log,
-/// and who hears of its granted leases ([`grants`]; after they are durable).
+/// Leases shared with other appliances through etcd ([`cluster`]) instead of the lease log.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    pub etcd: crate::store::settings::EtcdConfig,
+    /// The scope's name in the keys: `boot` (`[dhcp]`), `management` (`[discovery.dhcp]`).
+    pub scope: String,
+}
+
+/// What sets one DHCP instance apart from another on the same host: its lease log (or
+/// its leases in etcd, `shared`), and who hears of its granted leases ([`grants`];
+/// after they are durable).
 pub struct Scope {
     pub log_path: PathBuf,
     pub grants: Option<tokio::sync::mpsc::Sender<Grant>>,
+    pub shared: Option<Shared>,
 }
 
 /// [`run`] with the lease log and grant reports of `scope` (the management scope runs
@@ -450,9 +584,16 @@ pub async fn run_scope(
     if let Some(rx) = reservations.as_mut() {
         server.set_reservations(rx.borrow_and_update().clone());
     }
-
-    let (log_path, mut reporter) = (scope.log_path, Reporter::new(scope.grants));
-    let (log, loaded) = load_leases(&log_path, &mut server, &index)?;
+    let mut reporter = Reporter::new(scope.grants);
+    let held = match &scope.shared {
+        Some(s) => format!("etcd {}dhcp/{}/", s.etcd.prefix, s.scope),
+        None => scope.log_path.display().to_string(),
+    };
+    let m = (&index, &metrics);
+    let opened = open_ledger(scope.log_path, scope.shared, &mut server, m, &mut shutdown).await?;
+    let Some((ledger, loaded)) = opened else {
+        return Ok(());
+    };
 
     let s67 = udp_socket(&iface, SERVER_PORT)?;
     let s4011 = if mode == DhcpMode::Proxy {
@@ -460,39 +601,29 @@ pub async fn run_scope(
     } else {
         None
     };
-    tracing::info!(interface = %iface, %server_ip, ?mode, leases = loaded, log = %log_path.display(), "dhcp server listening");
+    tracing::info!(interface = %iface, %server_ip, ?mode, leases = loaded, log = %held, "dhcp server listening");
 
-    let mut log = Some(log);
     let mut limiter = RateLimiter::new(rate, Instant::now());
-    let mut buf = vec![0u8; 2048];
-    let mut buf2 = vec![0u8; 2048];
+    let (mut buf, mut buf2) = (vec![0u8; 2048], vec![0u8; 2048]);
     // Pool utilisation gauges: refreshed on a timer, not per packet (a scan of the table).
     let mut gauge_tick = tokio::time::interval(Duration::from_secs(1));
     gauge_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut batch: Vec<Packet> = Vec::with_capacity(max_batch);
-    // Lease changes and the ACKs that wait for them, not yet handed to the writer.
-    let mut pending_journal: Vec<leases::Change> = Vec::new();
-    let mut pending_acks: Vec<(Reply, u16)> = Vec::new();
-    // The commit being written (at most one) and the ACKs it releases.
-    let mut inflight: Option<tokio::task::JoinHandle<Commit>> = None;
-    let mut inflight_acks: Vec<(Reply, u16)> = Vec::new();
-    // Bound on in-flight work: stop reading while this many ACKs wait for disk.
+    // Bound on in-flight work: stop reading while this many ACKs wait for a commit.
     let max_waiting = (max_batch * 4).max(4096);
     let sockets = Sockets {
         s67: &s67,
         s4011: s4011.as_ref(),
     };
-    // Group-commit window: when the last commit started, and a timer for the next one.
-    let mut last_commit = Instant::now()
-        .checked_sub(commit_window)
-        .unwrap_or_else(Instant::now);
+    let mut p = Pipeline::new(ledger, commit_window, max_batch);
+    // The group-commit window's timer.
     let commit_timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(commit_timer);
     let mut timer_armed = false;
 
     loop {
         batch.clear();
-        let reading = pending_acks.len() + inflight_acks.len() < max_waiting;
+        let reading = p.waiting() < max_waiting;
         tokio::select! {
             _ = shutdown.recv() => break,
             // The window is over: the group commit below starts.
@@ -503,22 +634,13 @@ pub async fn run_scope(
                     Some(rx) => rx.changed().await,
                     None => std::future::pending().await,
                 }
-            } => match changed {
-                Ok(()) => {
-                    let list = reservations.as_mut().map(|rx| rx.borrow_and_update().clone()).unwrap_or_default();
-                    tracing::info!(count = list.len(), "dhcp reservations applied");
-                    server.set_reservations(list);
-                }
-                // The watch ended (shutdown): keep the last list.
-                Err(_) => reservations = None,
-            },
-            done = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
-                inflight = None;
-                let c = done.context("lease log writer panicked")?;
-                reporter.committed(c.result.is_ok(), &metrics);
-                let acks = std::mem::take(&mut inflight_acks);
-                log = Some(committed(c, acks, &server, &index, &metrics, &sockets, &log_path).await);
+            } => reservations_changed(changed, &mut reservations, &mut server),
+            done = inflight_done(&mut p.inflight), if p.inflight.is_some() => {
+                p.inflight = None;
+                let (server, index, reporter, metrics) = (&mut server, &index, &mut reporter, &metrics);
+                p.settle(done?, &mut Ctx { server, index, reporter, metrics, sockets: &sockets }).await;
             }
+            msg = p.ledger.next_mirror() => p.ledger.observe(msg, &mut server.table, &index),
             r = s67.recv_from(&mut buf), if reading => received(r, &buf, SERVER_PORT, &mut batch).await,
             r = async {
                 match &s4011 {
@@ -531,48 +653,41 @@ pub async fn run_scope(
         if !batch.is_empty() {
             drain_queued(&sockets, &mut batch, max_batch, &mut buf);
             let now = (unix_now(), Instant::now());
-            for p in batch.drain(..) {
+            for pk in batch.drain(..) {
                 let reply =
-                    handle_packet(&mut server, &mut limiter, &mut reporter, &metrics, p, now);
+                    handle_packet(&mut server, &mut limiter, &mut reporter, &metrics, pk, now);
                 if let Some((r, port)) = reply {
-                    // An ACK waits for its lease to be durable; everything else leaves now.
-                    if r.kind == ReplyKind::Ack {
-                        pending_acks.push((r, port));
-                    } else {
-                        sockets.send(&r, port, &metrics).await;
-                    }
+                    p.reply(r, port, &sockets, &metrics).await;
                 }
             }
-            pending_journal.extend(server.table.take_journal());
+            p.queue(server.table.take_journal());
         }
 
-        // Group commit: everything that accumulated while the previous write ran.
-        if inflight.is_none() {
-            if pending_journal.is_empty() {
-                reporter.flush(&metrics);
-                for (r, port) in pending_acks.drain(..) {
-                    sockets.send(&r, port, &metrics).await;
-                }
-            } else {
-                let now = Instant::now();
-                let due = last_commit + commit_window;
-                if now >= due || pending_acks.len() >= max_batch {
-                    if let Some(l) = log.take() {
-                        let journal = std::mem::take(&mut pending_journal);
-                        inflight_acks = std::mem::take(&mut pending_acks);
-                        reporter.committing();
-                        inflight = Some(tokio::task::spawn_blocking(move || commit(l, journal)));
-                        last_commit = now;
-                    }
-                } else if !timer_armed {
-                    commit_timer.as_mut().reset(due.into());
-                    timer_armed = true;
-                }
+        // Group commit: everything that accumulated while the previous one ran.
+        if let Some(due) = p.step(&mut reporter, &metrics, &sockets).await {
+            if !timer_armed {
+                commit_timer.as_mut().reset(due.into());
+                timer_armed = true;
             }
         }
     }
-    if let Some(h) = inflight.take() {
-        finish_inflight(h, inflight_acks, &sockets, &metrics).await;
+    // At shutdown: wait (up to 5 s) for the commit in flight and send what it releases,
+    // so those ACKs are not lost without a trace.
+    if let Some(h) = p.inflight.take() {
+        if let Ok(Ok(done)) = tokio::time::timeout(Duration::from_secs(5), h).await {
+            let (server, index, reporter, metrics) = (&mut server, &index, &mut reporter, &metrics);
+            p.settle(
+                done,
+                &mut Ctx {
+                    server,
+                    index,
+                    reporter,
+                    metrics,
+                    sockets: &sockets,
+                },
+            )
+            .await;
+        }
     }
     tracing::info!("dhcp server stopped");
     Ok(())

@@ -341,7 +341,7 @@ mod tests {
         assert_eq!(seen.iter().filter(|(c, _)| *c == 52).count(), 0);
         // the options field itself carries 52 = 1
         let main = tlvs(&f.bytes[COOKIE_END..]).unwrap();
-        assert!(main.iter().any(|t| t.code == 52 && &*t.data == [1]));
+        assert!(main.iter().any(|t| t.code == 52 && *t.data == [1]));
 
         // a bigger overflow uses sname too
         let mut more = opts.clone();

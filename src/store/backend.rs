@@ -2,8 +2,9 @@
 //! etcd-shaped operations [`super::Store`] is written against ([`KvBackend`]), and
 //! the values they take and give.
 //!
-//! The redb engine ([`super::kv::Kv`]) is the only backend today; an etcd one plugs
-//! in here. What a backend must provide, as etcd does:
+//! Two engines implement it: redb ([`super::kv::Kv`], one appliance) and etcd
+//! ([`super::etcd::EtcdKv`], several); [`Backend`] is the one the store runs on,
+//! chosen by `[store] backend`. What a backend must provide, as etcd does:
 //! - one global revision, bumped once per committed transaction; each key records
 //!   the revision that created it and the one that last modified it (`mod_rev`);
 //! - `get` of a key and `range` of a prefix (in key order, with the revision read at);
@@ -13,17 +14,19 @@
 //!   [`KvError::Compacted`] when that revision is no longer kept and
 //!   [`KvError::Lagged`] when a live watch fell behind (both become 410 Gone above);
 //! - a stored object's text carries its `mod_rev` as `metadata.resourceVersion`
-//!   (kube's etcd3 versioner; the redb engine writes it at commit, an etcd backend
-//!   would splice it in on read).
+//!   (kube's etcd3 versioner; the redb engine writes it at commit, the etcd backend
+//!   stamps it on read).
 //!
-//! Cost: [`super::Store`] is generic over the backend (default [`super::kv::Kv`]),
-//! so every call is static dispatch, inlined as before the seam: no boxing, no
-//! dynamic dispatch and no extra copy per operation.
+//! Cost: [`super::Store`] is generic over the backend (default [`Backend`], an enum
+//! of the two: one predictable branch per call, no boxing, no extra copy).
 
 use std::future::Future;
 use std::sync::Arc;
 
 use serde_json::Value;
+
+use super::etcd::EtcdKv;
+use super::kv::{Kv, Watch};
 
 /// A global revision (etcd's `revision`).
 pub type Rev = u64;
@@ -194,6 +197,14 @@ pub enum KvError {
     Lagged,
     #[error("store is closed")]
     Closed,
+    /// The backend cannot commit now (etcd unreachable or without quorum); nothing
+    /// was written, or (on a timeout) it is unknown whether it was.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The write was fenced: this appliance no longer holds the leadership it wrote
+    /// under (see [`super::etcd`]).
+    #[error("this appliance is no longer the leader of its controller group")]
+    Fenced,
     #[error("storage error: {0}")]
     Storage(String),
 }
@@ -206,4 +217,81 @@ pub struct TxnResult {
     pub rev: Rev,
     pub kvs: Vec<Option<KeyValue>>,
     pub values: Vec<Option<Arc<Value>>>,
+}
+
+/// The engine a store runs on (`[store] backend`). Both serve reads and watches
+/// from the same in-memory state type, so they share the watch type.
+#[derive(Clone)]
+pub enum Backend {
+    Embedded(Kv),
+    Etcd(EtcdKv),
+}
+
+impl Backend {
+    /// A clone whose every write also requires `fence` (etcd only: an embedded
+    /// store has one appliance and no elections, so it is returned as is).
+    pub fn fenced(&self, fence: super::etcd::Fence) -> Backend {
+        match self {
+            Backend::Embedded(k) => Backend::Embedded(k.clone()),
+            Backend::Etcd(e) => Backend::Etcd(e.fenced(fence)),
+        }
+    }
+}
+
+impl KvBackend for Backend {
+    type Watch = Watch;
+
+    #[inline]
+    fn revision(&self) -> Rev {
+        match self {
+            Backend::Embedded(k) => k.revision(),
+            Backend::Etcd(e) => KvBackend::revision(e),
+        }
+    }
+
+    #[inline]
+    fn get(&self, key: &str) -> Option<KeyValue> {
+        match self {
+            Backend::Embedded(k) => k.get(key),
+            Backend::Etcd(e) => KvBackend::get(e, key),
+        }
+    }
+
+    #[inline]
+    fn range(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
+        match self {
+            Backend::Embedded(k) => k.list(prefix),
+            Backend::Etcd(e) => KvBackend::range(e, prefix),
+        }
+    }
+
+    #[inline]
+    fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, f: F) -> Rev {
+        match self {
+            Backend::Embedded(k) => k.scan(prefix, f),
+            Backend::Etcd(e) => KvBackend::scan(e, prefix, f),
+        }
+    }
+
+    async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
+        match self {
+            Backend::Embedded(k) => k.txn(ops).await,
+            Backend::Etcd(e) => e.txn(ops).await,
+        }
+    }
+
+    #[inline]
+    fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
+        match self {
+            Backend::Embedded(k) => k.watch(prefix, from),
+            Backend::Etcd(e) => e.watch(prefix, from),
+        }
+    }
+
+    fn close(&self) {
+        match self {
+            Backend::Embedded(k) => k.close(),
+            Backend::Etcd(e) => e.close(),
+        }
+    }
 }

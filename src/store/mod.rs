@@ -16,7 +16,10 @@
 //! read update against it ([`Store::update_status`], [`Store::update_from`]).
 
 pub mod backend;
+pub mod etcd;
 pub mod kv;
+pub mod migrate;
+pub mod settings;
 mod validate;
 pub mod watcher;
 
@@ -30,6 +33,7 @@ use crate::model::meta;
 use crate::model::registry::{Registry, ResourceType};
 use crate::model::schema::{FieldError, Reason};
 use crate::model::selector::Selector;
+pub use backend::Backend;
 use backend::{KvBackend, KvWatch};
 use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
 use validate::{err_invalid, field};
@@ -68,6 +72,10 @@ pub enum StoreError {
         size: usize,
         limit: usize,
     },
+    /// The store cannot take writes now (etcd unreachable or without quorum, or
+    /// this appliance's leadership fenced): retry later (503).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -164,6 +172,7 @@ fn map_kv(e: KvError) -> StoreError {
             size,
             limit,
         },
+        e @ (KvError::Unavailable(_) | KvError::Fenced) => StoreError::Unavailable(e.to_string()),
         other => StoreError::Internal(other.to_string()),
     }
 }
@@ -188,22 +197,40 @@ pub fn now() -> String {
 
 /// The object store. Cheap to clone.
 #[derive(Clone)]
-pub struct Store<B = Kv> {
+pub struct Store<B = Backend> {
     kv: B,
     reg: &'static Registry,
 }
 
 impl Store {
-    /// Open the store in `dir` (created if needed), on the redb engine.
+    /// Open the embedded store in `dir` (created if needed), on the redb engine.
     pub fn open(dir: &Path) -> anyhow::Result<Store> {
         use anyhow::Context;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join("store.redb");
         let kv = Kv::open(&path).with_context(|| format!("opening store {}", path.display()))?;
-        Ok(Store {
-            kv,
-            reg: Registry::global(),
-        })
+        Ok(Store::with_backend(Backend::Embedded(kv)))
+    }
+
+    /// Open the store `[store]` names: the embedded one in `state_dir`, or etcd
+    /// (connected, mirror loaded).
+    pub async fn from_config(
+        cfg: &settings::StoreConfig,
+        state_dir: &Path,
+    ) -> anyhow::Result<Store> {
+        match cfg.backend {
+            settings::BackendKind::Embedded => Store::open(state_dir),
+            settings::BackendKind::Etcd => {
+                let kv = etcd::EtcdKv::open(&cfg.etcd).await?;
+                Ok(Store::with_backend(Backend::Etcd(kv)))
+            }
+        }
+    }
+
+    /// A clone whose writes also require `fence` (a controller group's leadership;
+    /// see [`etcd`]).
+    pub fn fenced(&self, fence: etcd::Fence) -> Store {
+        Store::with_backend(self.kv.fenced(fence))
     }
 }
 

@@ -37,8 +37,9 @@ use std::time::Duration;
 use futures::Stream;
 use serde_json::Value;
 
+use super::backend::Backend;
 use super::backend::{KvBackend, KvWatch};
-use super::kv::{Kv, Rev};
+use super::kv::Rev;
 use super::{ObjectEvent, ObjectWatch, Objects, Store, StoreError};
 use crate::model::registry::ResourceType;
 
@@ -72,7 +73,7 @@ impl Change {
 }
 
 /// What [`Watcher::next`] hands out.
-pub enum Batch<'w, B: KvBackend = Kv> {
+pub enum Batch<'w, B: KvBackend = Backend> {
     /// Every object of the listed types, now (the first batch, and after each `Gone`).
     Listed(Listing),
     /// Changes since the previous batch.
@@ -105,7 +106,7 @@ impl Iterator for Listing {
 
 /// The changes of one batch: the first, then those already waiting (see the module
 /// doc). Dropping it early leaves the rest for the next batch.
-pub struct Events<'w, B: KvBackend = Kv> {
+pub struct Events<'w, B: KvBackend = Backend> {
     w: &'w mut Watcher<B>,
     first: Option<Change>,
     taken: usize,
@@ -134,7 +135,7 @@ impl<B: KvBackend> Iterator for Events<'_, B> {
 }
 
 /// See the module doc.
-pub struct Watcher<B: KvBackend = Kv> {
+pub struct Watcher<B: KvBackend = Backend> {
     store: Store<B>,
     /// What the logs call this watcher.
     name: &'static str,

@@ -299,15 +299,21 @@ pub fn tail(s: &str, n: usize) -> String {
 /// Run the bootplane CLI in `ns` against the API there (127.0.0.1:9090), with
 /// `state_dir`; `stdin` is fed to it when given.
 pub fn bootplane_cli(ns: &Netns, state_dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    bootplane_cli_at(ns, "http://127.0.0.1:9090", state_dir, args, stdin)
+}
+
+/// [`bootplane_cli`] against the API at `api` (a URL reachable in `ns`).
+pub fn bootplane_cli_at(
+    ns: &Netns,
+    api: &str,
+    state_dir: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Output {
     use std::io::Write;
     let mut c = ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
     c.args(args)
-        .args([
-            "--server",
-            "http://127.0.0.1:9090",
-            "--state-dir",
-            state_dir.to_str().unwrap(),
-        ])
+        .args(["--server", api, "--state-dir", state_dir.to_str().unwrap()])
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -325,29 +331,62 @@ pub fn bootplane_cli(ns: &Netns, state_dir: &Path, args: &[&str], stdin: Option<
 /// `bootplane serve --config CONFIG` in `ns` (stderr to `log`, debug logging, no colour),
 /// once its log says DHCP listens and it started: the namespace labs' bootplane.
 pub fn serve_in(ns: &Netns, config: &Path, log: &Path) -> super::process::Proc {
+    serve_in_with(
+        ns,
+        config,
+        &[],
+        log,
+        &["dhcp server listening", "bootplane started"],
+    )
+}
+
+/// [`serve_in`] with `extra` arguments after the config (`--set` overrides), once its
+/// log holds every line of `ready`.
+pub fn serve_in_with(
+    ns: &Netns,
+    config: &Path,
+    extra: &[String],
+    log: &Path,
+    ready: &[&str],
+) -> super::process::Proc {
     let file = std::fs::File::create(log).unwrap();
     let mut c = ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
     c.args(["serve", "--config", config.to_str().unwrap()])
+        .args(extra)
         .env("RUST_LOG", "info,bootplane=debug")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(file);
-    let p = super::process::Proc::spawn(c);
+    let mut p = super::process::Proc::spawn(c);
     super::process::wait_for(
         Duration::from_secs(30),
         || {
             let l = super::process::read(log);
-            l.contains("dhcp server listening") && l.contains("bootplane started")
+            ready.iter().all(|r| l.contains(r)) || p.child.try_wait().ok().flatten().is_some()
         },
         || format!("bootplane did not start: {}", super::process::read(log)),
     );
+    if let Some(st) = p.child.try_wait().ok().flatten() {
+        panic!("bootplane exited ({st}): {}", super::process::read(log));
+    }
     p
 }
 
 /// `bootplane get KIND NAME -o json` through the CLI in `ns`; `None` when it fails.
 pub fn get_json_in(ns: &Netns, state_dir: &Path, kind: &str, name: &str) -> Option<Value> {
-    let out = bootplane_cli(ns, state_dir, &["get", kind, name, "-o", "json"], None);
+    get_json_at(ns, "http://127.0.0.1:9090", state_dir, kind, name)
+}
+
+/// [`get_json_in`] against the API at `api`.
+pub fn get_json_at(
+    ns: &Netns,
+    api: &str,
+    state_dir: &Path,
+    kind: &str,
+    name: &str,
+) -> Option<Value> {
+    let out = bootplane_cli_at(ns, api, state_dir, &["get", kind, name, "-o", "json"], None);
     if !out.status.success() {
         return None;
     }

@@ -14,7 +14,13 @@
 //! - [`data`]: deterministic test bytes, their hashes, the fixtures directory;
 //! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters;
 //! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer;
-//! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane).
+//! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane);
+//! - [`etcd`]: a real etcd cluster on loopback (members killed and restarted on their
+//!   data dirs, all killed on drop) for the store on etcd, also inside a namespace;
+//! - [`etcd_solo`]: a single-member etcd inside a network namespace (the DHCP cluster lab);
+//! - [`qemu`]: the QEMU firmware lab of the end-to-end tests (a namespace with a bridge,
+//!   bootplane's `qemu` power driver, the scenario runner, a Debian kernel and an
+//!   initramfs running `ignition`).
 //!
 //! Benches that need namespaces include this module too (`#[path]`).
 
@@ -26,6 +32,8 @@ pub mod api;
 pub mod bootplane;
 pub mod data;
 pub mod dhcp;
+pub mod etcd;
+pub mod etcd_solo;
 pub mod fakebmc;
 pub mod http;
 pub mod image;
@@ -35,6 +43,7 @@ pub mod netns;
 pub mod nfs;
 pub mod process;
 pub mod provisioning;
+pub mod qemu;
 pub mod require;
 pub mod sushy;
 pub mod tftp;

@@ -43,6 +43,8 @@ pub fn package_of(tool: &str) -> Option<&'static str> {
         "python3" => "python3",
         "apt-get" | "apt-cache" => "apt",
         "cc" => "gcc",
+        "etcd" => "etcd-server",
+        "etcdctl" => "etcd-client",
         _ => return None,
     })
 }

@@ -12,8 +12,8 @@ use tokio::sync::watch;
 
 use super::text::stamp;
 use super::{
-    encode, storage, Action, Compare, Event, EventKind, KeyValue, KvError, Msg, Op, Request, Rev,
-    State, TxnResult, EVENT_LOG_CAP, HOT_WRITES, KV, MAX_BATCH, META, REAP_QUEUE,
+    encode, storage, Action, Compare, Event, EventKind, Garbage, KeyValue, KvError, Msg, Op,
+    Request, Rev, State, TxnResult, KV, MAX_BATCH, META, REAP_QUEUE,
 };
 
 pub(super) fn writer_loop(
@@ -71,7 +71,7 @@ pub(super) fn writer_loop(
 }
 
 /// Whether `op` may apply to the key's value `cur` as the batch sees it.
-fn compare(op: &Op, cur: Option<&KeyValue>) -> Result<(), KvError> {
+pub(in crate::store) fn compare(op: &Op, cur: Option<&KeyValue>) -> Result<(), KvError> {
     match (op.compare, cur) {
         (Compare::Absent, Some(_)) => {
             return Err(KvError::AlreadyExists {
@@ -193,40 +193,10 @@ fn commit_batch(
             // 3. Publish, then acknowledge. What the new versions replace is not freed
             // here (a parsed object is hundreds of allocations; freeing them under the
             // write lock stalled every reader) but handed to the reaper thread.
-            let mut st = state.write().unwrap();
-            for (k, v) in overlay {
-                match v {
-                    Some(kv) => {
-                        garbage.old.extend(st.map.insert(k, kv));
-                    }
-                    None => {
-                        garbage.old.extend(st.map.remove(&k));
-                    }
-                }
-            }
-            st.rev = rev;
-            for e in evs {
-                if st.log.len() >= EVENT_LOG_CAP {
-                    if let Some(old) = st.log.pop_front() {
-                        st.oldest_watchable = old.rev();
-                        garbage.events.push(old);
-                    }
-                }
-                if e.kind == EventKind::Put {
-                    st.hot.push_back((e.kv.key.clone(), e.rev()));
-                    if st.hot.len() > HOT_WRITES {
-                        let (k, r) = st.hot.pop_front().expect("not empty");
-                        if let Some(cur) = st.map.get_mut(&k).filter(|c| c.mod_rev == r) {
-                            garbage.values.extend(cur.hot.take());
-                        }
-                    }
-                }
-                st.log.push_back(e);
-                if let Some(i) = st.log.len().checked_sub(HOT_WRITES + 1) {
-                    garbage.values.extend(st.log[i].kv.hot.take());
-                }
-            }
-            drop(st);
+            state
+                .write()
+                .unwrap()
+                .publish(overlay, evs, rev, &mut garbage);
             events.send_replace(rev);
         }
     }
@@ -234,14 +204,6 @@ fn commit_batch(
         let _ = req.reply.send(res);
     }
     garbage
-}
-
-/// Old versions and parsed values a commit unlinked, freed by the reaper thread.
-#[derive(Default)]
-struct Garbage {
-    old: Vec<KeyValue>,
-    events: Vec<Event>,
-    values: Vec<Arc<Value>>,
 }
 
 fn persist(

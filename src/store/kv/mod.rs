@@ -33,7 +33,7 @@
 //! the map entry while it is the current version.
 
 mod commit;
-mod text;
+pub(in crate::store) mod text;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -46,6 +46,7 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 pub use super::backend::*;
+pub(in crate::store) use commit::compare;
 use commit::writer_loop;
 use text::{prepare, Prepared};
 
@@ -74,7 +75,10 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// share the writer's value instead of parsing. Bounded: ~5 KiB per object.
 const HOT_WRITES: usize = 1024;
 
-struct State {
+/// Every key in memory, the replay log and the revision: what readers and watchers
+/// see. The redb writer publishes its commits into it; the etcd backend's mirror
+/// publishes what its etcd watch delivers ([`super::etcd`]).
+pub(in crate::store) struct State {
     map: BTreeMap<Arc<str>, KeyValue>,
     rev: Rev,
     log: VecDeque<Event>,
@@ -83,6 +87,114 @@ struct State {
     hot: VecDeque<(Arc<str>, Rev)>,
     /// Watches may start at any revision >= this one.
     oldest_watchable: Rev,
+}
+
+impl State {
+    pub(in crate::store) fn new(map: BTreeMap<Arc<str>, KeyValue>, rev: Rev) -> State {
+        State {
+            map,
+            rev,
+            log: VecDeque::new(),
+            hot: VecDeque::new(),
+            oldest_watchable: rev,
+        }
+    }
+
+    pub(in crate::store) fn rev(&self) -> Rev {
+        self.rev
+    }
+
+    pub(in crate::store) fn get(&self, key: &str) -> Option<&KeyValue> {
+        self.map.get(key)
+    }
+
+    /// Every key with `prefix`, in key order, and the revision read at.
+    pub(in crate::store) fn range(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
+        let mut items = Vec::new();
+        let rev = self.scan(prefix, |kv| items.push(kv.clone()));
+        (items, rev)
+    }
+
+    /// Visit every key with `prefix` in key order; the revision read at.
+    pub(in crate::store) fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, mut f: F) -> Rev {
+        for (_, v) in self
+            .map
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(prefix))
+        {
+            f(v)
+        }
+        self.rev
+    }
+
+    /// Replace everything with `map` at `rev` (a backend that had to list again):
+    /// the log is emptied, so every watcher is told to re-list.
+    pub(in crate::store) fn reset(
+        &mut self,
+        map: BTreeMap<Arc<str>, KeyValue>,
+        rev: Rev,
+        garbage: &mut Garbage,
+    ) {
+        garbage
+            .old
+            .extend(std::mem::replace(&mut self.map, map).into_values());
+        garbage.events.extend(self.log.drain(..));
+        self.hot.clear();
+        self.rev = rev;
+        self.oldest_watchable = rev;
+    }
+
+    /// Make one committed revision visible: the keys it changed (`None`: deleted) and
+    /// its events, in order. What the new versions replace goes into `garbage`, to be
+    /// freed off the caller's lock.
+    pub(in crate::store) fn publish(
+        &mut self,
+        changes: impl IntoIterator<Item = (Arc<str>, Option<KeyValue>)>,
+        evs: Vec<Event>,
+        rev: Rev,
+        garbage: &mut Garbage,
+    ) {
+        for (k, v) in changes {
+            match v {
+                Some(kv) => garbage.old.extend(self.map.insert(k, kv)),
+                None => garbage.old.extend(self.map.remove(&k)),
+            }
+        }
+        self.rev = rev;
+        for e in evs {
+            if self.log.len() >= EVENT_LOG_CAP {
+                if let Some(old) = self.log.pop_front() {
+                    self.oldest_watchable = old.rev();
+                    garbage.events.push(old);
+                }
+            }
+            if e.kind == EventKind::Put {
+                self.hot.push_back((e.kv.key.clone(), e.rev()));
+                if self.hot.len() > HOT_WRITES {
+                    let (k, r) = self.hot.pop_front().expect("not empty");
+                    if let Some(cur) = self.map.get_mut(&k).filter(|c| c.mod_rev == r) {
+                        garbage.values.extend(cur.hot.take());
+                    }
+                }
+            }
+            self.log.push_back(e);
+            if let Some(i) = self.log.len().checked_sub(HOT_WRITES + 1) {
+                garbage.values.extend(self.log[i].kv.hot.take());
+            }
+        }
+    }
+}
+
+/// Old versions and parsed values a commit unlinked, freed where no lock is held
+/// (the redb engine hands them to its reaper thread).
+#[derive(Default)]
+pub(in crate::store) struct Garbage {
+    old: Vec<KeyValue>,
+    events: Vec<Event>,
+    values: Vec<Arc<Value>>,
 }
 
 struct Request {
@@ -178,13 +290,7 @@ impl Kv {
                 rev = v.value();
             }
         }
-        let state = Arc::new(RwLock::new(State {
-            map,
-            rev,
-            log: VecDeque::new(),
-            hot: VecDeque::new(),
-            oldest_watchable: rev,
-        }));
+        let state = Arc::new(RwLock::new(State::new(map, rev)));
         let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(8192);
         let (events, published) = watch::channel(rev);
         let writer = {
@@ -213,33 +319,12 @@ impl Kv {
 
     /// Every key with `prefix`, in key order, and the revision the list was read at.
     pub fn list(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
-        let st = self.state.read().unwrap();
-        let items = st
-            .map
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(_, v)| v.clone())
-            .collect();
-        (items, st.rev)
+        self.state.read().unwrap().range(prefix)
     }
 
     /// Visit every key with `prefix` without cloning the list (read lock held).
-    pub fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, mut f: F) -> Rev {
-        let st = self.state.read().unwrap();
-        for (_, v) in st
-            .map
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(k, _)| k.starts_with(prefix))
-        {
-            f(v)
-        }
-        st.rev
+    pub fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, f: F) -> Rev {
+        self.state.read().unwrap().scan(prefix, f)
     }
 
     /// Commit `ops` atomically (waits until durable).
@@ -275,30 +360,7 @@ impl Kv {
     /// current revision is refused (`FutureRevision`): nothing could say when, or
     /// whether, that revision will be written.
     pub fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
-        let st = self.state.read().unwrap();
-        if from > st.rev {
-            return Err(KvError::FutureRevision {
-                requested: from,
-                current: st.rev,
-            });
-        }
-        if from < st.oldest_watchable {
-            return Err(KvError::Compacted {
-                requested: from,
-                oldest: st.oldest_watchable,
-            });
-        }
-        let mut rx = self.published.clone();
-        rx.mark_unchanged();
-        let mut w = Watch {
-            prefix: prefix.to_string(),
-            backlog: VecDeque::new(),
-            seen: from,
-            state: self.state.clone(),
-            rx,
-        };
-        w.read_log(&st)?;
-        Ok(w)
+        Watch::open(&self.state, &self.published, prefix, from, None)
     }
 
     /// Stop the writer after it has committed everything queued before this call,
@@ -327,6 +389,42 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// A watch of `prefix` after `from` over `state`, woken by `published`. A `from`
+    /// after the state's revision is refused, unless it is at most `known` (a revision
+    /// the backend knows was committed and will reach the state): that watch waits.
+    pub(in crate::store) fn open(
+        state: &Arc<RwLock<State>>,
+        published: &watch::Receiver<Rev>,
+        prefix: &str,
+        from: Rev,
+        known: Option<Rev>,
+    ) -> Result<Watch, KvError> {
+        let st = state.read().unwrap();
+        if from > st.rev && known.is_none_or(|k| from > k) {
+            return Err(KvError::FutureRevision {
+                requested: from,
+                current: known.unwrap_or(st.rev).max(st.rev),
+            });
+        }
+        if from < st.oldest_watchable {
+            return Err(KvError::Compacted {
+                requested: from,
+                oldest: st.oldest_watchable,
+            });
+        }
+        let mut rx = published.clone();
+        rx.mark_unchanged();
+        let mut w = Watch {
+            prefix: prefix.to_string(),
+            backlog: VecDeque::new(),
+            seen: from,
+            state: state.clone(),
+            rx,
+        };
+        w.read_log(&st)?;
+        Ok(w)
+    }
+
     /// Take this watch's events after `seen` from the log. `Err(Lagged)` when some of
     /// them have already left it.
     fn read_log(&mut self, st: &State) -> Result<(), KvError> {

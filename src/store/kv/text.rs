@@ -14,8 +14,8 @@ use super::{Action, KvError, Op, Rev, MAX_VALUE_BYTES};
 /// [`stamp`]: `resourceVersion` keeps its place in `metadata`, or comes last when it
 /// was absent, as `serde_json::Map::insert` does.
 #[derive(Debug)]
-pub(super) struct Prepared {
-    pub(super) text: String,
+pub(in crate::store) struct Prepared {
+    pub(in crate::store) text: String,
     /// Byte offset of the revision's digits (between the quotes), when the value is
     /// a map with a `metadata` map.
     slot: Option<usize>,
@@ -82,7 +82,7 @@ impl Prepared {
     }
 
     /// The text with `rev` in its slot.
-    pub(super) fn stamped(&self, rev: Rev) -> Arc<str> {
+    pub(in crate::store) fn stamped(&self, rev: Rev) -> Arc<str> {
         match self.slot {
             None => Arc::from(self.text.as_str()),
             Some(at) => {
@@ -109,7 +109,7 @@ fn ser<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
 /// The text of each put in `ops`, serialized on the caller's thread: the writer thread
 /// is the one place every commit waits on, so it only splices in the revision.
 /// `TooLarge` when a text is over [`MAX_VALUE_BYTES`].
-pub(super) fn prepare(ops: &[Op]) -> Result<Vec<Option<Prepared>>, KvError> {
+pub(in crate::store) fn prepare(ops: &[Op]) -> Result<Vec<Option<Prepared>>, KvError> {
     ops.iter()
         .map(|op| match &op.action {
             Action::Put(v) => {
@@ -131,7 +131,7 @@ pub(super) fn prepare(ops: &[Op]) -> Result<Vec<Option<Prepared>>, KvError> {
 
 /// Objects (JSON maps with a `metadata` map) carry their `mod_rev` as
 /// `metadata.resourceVersion`, set here at commit like kube's etcd3 versioner.
-pub(super) fn stamp(v: &mut Value, rev: Rev) {
+pub(in crate::store) fn stamp(v: &mut Value, rev: Rev) {
     if let Some(Value::Object(meta)) = v.get_mut("metadata") {
         meta.insert("resourceVersion".into(), Value::String(rev.to_string()));
     }

@@ -1,0 +1,658 @@
+//! The store on etcd: the [`KvBackend`] seam implemented on an etcd v3 cluster that
+//! several appliances share (`[store] backend = "etcd"`, `[store.etcd]`).
+//!
+//! Shape: etcd is the truth; each appliance keeps a **mirror** of every object key
+//! (`{prefix}objects/...`) in memory, the same [`State`] the embedded engine keeps
+//! (map, replay log, revision), fed by one etcd watch. Reads (`get`, `range`, `scan`)
+//! and watches are served from the mirror, so the boot side, the controllers and the
+//! API's lists never wait on the network and keep answering while etcd is
+//! unreachable. Writes go to etcd:
+//! - a transaction is one etcd `Txn`: each op's guard is an etcd compare (absent:
+//!   `create_revision == 0`; exists: `create_revision > 0`; `mod_revision == r`), a
+//!   delete is guarded by existence, and the else branch reads the compared keys so a
+//!   failure names the key and the revision found, as the embedded engine does;
+//! - `resourceVersion` is etcd's mod revision: objects are stored with an empty
+//!   `metadata.resourceVersion` (kube's etcd3 layout) and stamped when read;
+//! - a committed transaction returns once the mirror has caught up with its revision
+//!   (read-your-writes on this appliance; bounded by `request_timeout_ms`);
+//! - a **fence** (the leader key of a controller group's election) may be added to
+//!   every transaction of a store clone: the write then also requires that key to
+//!   still exist with the revision it was created at, so a leader that lost its lease
+//!   (paused, partitioned) cannot write after another appliance took over.
+//!
+//! History: the mirror's replay log is the embedded engine's (the last
+//! [`super::kv::EVENT_LOG_CAP`] events); a watch from an older revision gets
+//! `Compacted` (410) and re-lists. When the mirror's own etcd watch is cut it resumes
+//! from the next revision; when etcd compacted past it, the mirror lists again and
+//! every local watcher is told to re-list.
+//!
+//! Failure: every request to etcd is bounded by `request_timeout_ms`; with no
+//! quorum the client's `require_leader` makes members refuse at once. Such a write
+//! fails with [`KvError::Unavailable`] (503 at the API); reads go on from the mirror.
+
+pub mod client;
+pub mod election;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use etcd_client::{
+    Compare as ECompare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::backend::{
+    Action, Compare, Event, EventKind, KeyValue, KvBackend, KvError, Op, Rev, TxnResult,
+};
+use super::kv::text::{prepare, stamp};
+use super::kv::{compare, Garbage, State, Watch};
+use super::settings::EtcdConfig;
+
+/// Keys read per page when listing (a page stays well under gRPC's message limit).
+const LIST_PAGE: i64 = 500;
+/// The largest gRPC message the client accepts (a watch response may batch events).
+const MAX_MESSAGE: usize = 64 << 20;
+/// Pause before the mirror's watch is opened again after it was cut.
+const RESUME_MIN: Duration = Duration::from_millis(100);
+const RESUME_MAX: Duration = Duration::from_secs(2);
+
+/// A controller group's leadership: writes through a fenced store require this key
+/// to exist with this create revision (see the module doc). A write refused by the
+/// fence cancels `lost`: the leadership is over, whatever the lease renewal thinks.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    pub key: Vec<u8>,
+    pub create_rev: i64,
+    lost: CancellationToken,
+}
+
+impl Fence {
+    pub fn new(key: Vec<u8>, create_rev: i64, lost: CancellationToken) -> Fence {
+        Fence {
+            key,
+            create_rev,
+            lost,
+        }
+    }
+}
+
+/// The etcd backend. Cheap to clone; clones share one mirror and connection.
+#[derive(Clone)]
+pub struct EtcdKv {
+    inner: Arc<Inner>,
+    fence: Option<Arc<Fence>>,
+}
+
+struct Inner {
+    client: etcd_client::Client,
+    /// `{prefix}objects`: store keys (which start with `/`) are appended to it.
+    root: String,
+    state: Arc<RwLock<State>>,
+    published: watch::Receiver<Rev>,
+    /// The highest etcd revision any response carried (a watch may wait for one up
+    /// to it: it was committed, so the mirror will reach it).
+    known: AtomicU64,
+    closed: AtomicBool,
+    stop: CancellationToken,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    request_timeout: Duration,
+}
+
+fn unavailable(e: impl Into<Unreachable>) -> KvError {
+    KvError::Unavailable(format!("etcd: {}", e.into().0))
+}
+
+/// An etcd failure as one short line (a gRPC status' code and message, not the
+/// transport's whole error chain).
+struct Unreachable(String);
+
+impl From<etcd_client::Error> for Unreachable {
+    fn from(e: etcd_client::Error) -> Self {
+        Unreachable(match e {
+            etcd_client::Error::GRpcStatus(s) => {
+                format!("{}: {}", s.code().description().to_lowercase(), s.message())
+            }
+            other => other.to_string(),
+        })
+    }
+}
+
+impl From<&str> for Unreachable {
+    fn from(s: &str) -> Self {
+        Unreachable(s.to_string())
+    }
+}
+
+/// Whether `e` says the request never reached an etcd member that could apply it
+/// (connection refused or reset before sending, or a member without a leader
+/// refusing it), so sending it again cannot apply it twice.
+fn not_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable
+                && (s.message().contains("connect") || s.message().contains("no leader"))
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Run `f` until it answers, retrying requests that were not sent (a dead member's
+/// endpoint, see [`not_sent`]) on the next endpoint the client picks, within `limit`.
+async fn retrying<T, F, Fut>(limit: Duration, mut f: F) -> Result<T, KvError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let end = tokio::time::Instant::now() + limit;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let left = end.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, f()).await {
+            Err(_) => return Err(unavailable("request timed out (no quorum?)")),
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if not_sent(&e) && tokio::time::Instant::now() + pause < end => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            Ok(Err(e)) => return Err(unavailable(e)),
+        }
+    }
+}
+
+/// `rev` as etcd's signed revision.
+fn srev(rev: Rev) -> i64 {
+    i64::try_from(rev).unwrap_or(i64::MAX)
+}
+
+fn urev(rev: i64) -> Rev {
+    u64::try_from(rev).unwrap_or(0)
+}
+
+/// The first key after every key starting with `prefix` (etcd's prefix range end).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl EtcdKv {
+    /// Connect, list every object into the mirror and start following the cluster.
+    /// Fails when the cluster cannot be read within the request timeout (the caller
+    /// says so and stops: an appliance does not start on an empty mirror).
+    pub async fn open(cfg: &EtcdConfig) -> anyhow::Result<EtcdKv> {
+        use anyhow::Context as _;
+        let client = client::connect(cfg).await?;
+        let root = format!("{}objects", cfg.prefix);
+        let request_timeout = Duration::from_millis(cfg.request_timeout_ms);
+        let (map, rev) = tokio::time::timeout(request_timeout * 2, list(&client, &root))
+            .await
+            .map_err(|_| unavailable("timed out"))
+            .and_then(|r| r)
+            .with_context(|| format!("listing {root} from etcd at {}", cfg.endpoints.join(",")))?;
+        tracing::info!(objects = map.len(), rev, "store mirror loaded from etcd");
+        let state = Arc::new(RwLock::new(State::new(map, rev)));
+        let (events, published) = watch::channel(rev);
+        let inner = Arc::new(Inner {
+            client,
+            root,
+            state,
+            published,
+            known: AtomicU64::new(rev),
+            closed: AtomicBool::new(false),
+            stop: CancellationToken::new(),
+            task: Mutex::new(None),
+            request_timeout,
+        });
+        let task = tokio::spawn(follow(inner.clone(), events));
+        *inner.task.lock().unwrap() = Some(task);
+        Ok(EtcdKv { inner, fence: None })
+    }
+
+    /// A clone whose every transaction also requires `fence` (a controller group's
+    /// leadership): see the module doc.
+    pub fn fenced(&self, fence: Fence) -> EtcdKv {
+        EtcdKv {
+            inner: self.inner.clone(),
+            fence: Some(Arc::new(fence)),
+        }
+    }
+
+    /// The connection (for the election and the DHCP lease ledger).
+    pub fn client(&self) -> &etcd_client::Client {
+        &self.inner.client
+    }
+
+    fn etcd_key(&self, key: &str) -> String {
+        format!("{}{key}", self.inner.root)
+    }
+
+    fn note_rev(&self, rev: i64) {
+        self.inner.known.fetch_max(urev(rev), Ordering::Relaxed);
+    }
+
+    pub async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(KvError::Closed);
+        }
+        let texts = prepare(&ops)?;
+        let mut when = Vec::with_capacity(ops.len() + 1);
+        let mut then = Vec::with_capacity(ops.len());
+        let mut otherwise = Vec::with_capacity(ops.len() + 1);
+        for (op, text) in ops.iter().zip(&texts) {
+            let k = self.etcd_key(&op.key);
+            let guard = match (op.compare, &op.action) {
+                (Compare::Absent, _) => {
+                    Some(ECompare::create_revision(k.clone(), CompareOp::Equal, 0))
+                }
+                (Compare::Exists, _) | (Compare::Any, Action::Delete) => {
+                    Some(ECompare::create_revision(k.clone(), CompareOp::Greater, 0))
+                }
+                (Compare::ModRev(r), _) => {
+                    Some(ECompare::mod_revision(k.clone(), CompareOp::Equal, srev(r)))
+                }
+                (Compare::Any, Action::Put(_)) => None,
+            };
+            when.extend(guard);
+            then.push(match (&op.action, text) {
+                (Action::Put(_), Some(p)) => TxnOp::put(
+                    k.clone(),
+                    p.text.as_bytes(),
+                    Some(PutOptions::new().with_prev_key()),
+                ),
+                _ => TxnOp::delete(k.clone(), None),
+            });
+            otherwise.push(TxnOp::get(k, Some(GetOptions::new().with_keys_only())));
+        }
+        if let Some(f) = &self.fence {
+            when.push(ECompare::create_revision(
+                f.key.clone(),
+                CompareOp::Equal,
+                f.create_rev,
+            ));
+            otherwise.push(TxnOp::get(
+                f.key.clone(),
+                Some(GetOptions::new().with_keys_only()),
+            ));
+        }
+        let txn = Txn::new().when(when).and_then(then).or_else(otherwise);
+        let kv = self.inner.client.kv_client();
+        let resp = retrying(self.inner.request_timeout, || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await?;
+        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+        self.note_rev(rev);
+        let answers = resp.op_responses();
+        if !resp.succeeded() {
+            return Err(self.failure(&ops, &answers));
+        }
+        let rev = urev(rev);
+        let mut kvs = Vec::with_capacity(ops.len());
+        let mut values = Vec::with_capacity(ops.len());
+        for ((op, text), answer) in ops.into_iter().zip(texts).zip(answers) {
+            match (op.action, text) {
+                (Action::Put(mut v), Some(p)) => {
+                    stamp(Arc::make_mut(&mut v), rev);
+                    let create_rev = match answer {
+                        TxnOpResponse::Put(r) => r.prev_key().map(|p| urev(p.create_revision())),
+                        _ => None,
+                    }
+                    .unwrap_or(rev);
+                    kvs.push(Some(KeyValue {
+                        key: Arc::from(op.key.as_str()),
+                        raw: p.stamped(rev),
+                        create_rev,
+                        mod_rev: rev,
+                        hot: None,
+                    }));
+                    values.push(Some(v));
+                }
+                _ => {
+                    kvs.push(None);
+                    values.push(None);
+                }
+            }
+        }
+        // Read-your-writes: the mirror shows this revision before the caller goes on.
+        let mut seen = self.inner.published.clone();
+        let caught_up =
+            tokio::time::timeout(self.inner.request_timeout, seen.wait_for(|r| *r >= rev)).await;
+        if !matches!(caught_up, Ok(Ok(_))) {
+            tracing::warn!(
+                rev,
+                "committed to etcd, but the mirror has not caught up yet"
+            );
+        }
+        Ok(TxnResult { rev, kvs, values })
+    }
+
+    /// The error of a transaction whose guards failed: the first op whose guard the
+    /// else branch's reads refute, or the fence.
+    fn failure(&self, ops: &[Op], answers: &[TxnOpResponse]) -> KvError {
+        let found = |i: usize| -> Option<KeyValue> {
+            match answers.get(i) {
+                Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| KeyValue {
+                    key: Arc::from(""),
+                    raw: Arc::from(""),
+                    create_rev: urev(kv.create_revision()),
+                    mod_rev: urev(kv.mod_revision()),
+                    hot: None,
+                }),
+                _ => None,
+            }
+        };
+        for (i, op) in ops.iter().enumerate() {
+            if let Err(e) = compare(op, found(i).as_ref()) {
+                return e;
+            }
+        }
+        if let Some(f) = &self.fence {
+            if found(ops.len()).is_none_or(|kv| srev(kv.create_rev) != f.create_rev) {
+                f.lost.cancel();
+                return KvError::Fenced;
+            }
+        }
+        // The guards held when read back: a write landed between the two (the
+        // caller retries as for any conflict).
+        KvError::Conflict {
+            key: ops.first().map(|o| o.key.clone()).unwrap_or_default(),
+            expected: 0,
+            actual: 0,
+        }
+    }
+
+    pub fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
+        let known = self.inner.known.load(Ordering::Relaxed);
+        Watch::open(
+            &self.inner.state,
+            &self.inner.published,
+            prefix,
+            from,
+            Some(known),
+        )
+    }
+
+    /// Stop following etcd: later transactions fail with `Closed`, watchers end.
+    /// Blocking (waits for the mirror's task).
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.stop.cancel();
+        let task = self.inner.task.lock().unwrap().take();
+        if let Some(t) = task {
+            let _ = futures::executor::block_on(t);
+        }
+    }
+}
+
+/// One etcd key/value as the mirror keeps it: the key without the root, the value
+/// parsed (checked: etcd may hold anything) and stamped with its mod revision.
+/// `parsed`: keep the parsed value next to the text (for a watch event, which
+/// controllers read next; not for a listing, which would hold every object parsed).
+fn mirror_kv(root: &str, kv: &etcd_client::KeyValue, parsed: bool) -> Option<KeyValue> {
+    let key = kv.key_str().ok()?.strip_prefix(root)?;
+    let mut v: Value = match serde_json::from_slice(kv.value()) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(key, error = %e, "etcd value is not JSON; ignored");
+            return None;
+        }
+    };
+    let rev = urev(kv.mod_revision());
+    stamp(&mut v, rev);
+    let raw = Arc::from(v.to_string());
+    Some(KeyValue {
+        key: Arc::from(key),
+        raw,
+        create_rev: urev(kv.create_revision()),
+        mod_rev: rev,
+        hot: parsed.then(|| Arc::new(v)),
+    })
+}
+
+/// Every key under `root` at one revision, a page at a time.
+async fn list(
+    client: &etcd_client::Client,
+    root: &str,
+) -> Result<(BTreeMap<Arc<str>, KeyValue>, Rev), KvError> {
+    let kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
+    let end = prefix_end(root.as_bytes());
+    let mut from = root.as_bytes().to_vec();
+    let mut rev = 0i64;
+    let mut map = BTreeMap::new();
+    loop {
+        let mut opts = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(LIST_PAGE);
+        if rev > 0 {
+            opts = opts.with_revision(rev);
+        }
+        let page = retrying(Duration::from_secs(5), || {
+            let (mut kv, from, opts) = (kv.clone(), from.clone(), opts.clone());
+            async move { kv.get(from, Some(opts)).await }
+        })
+        .await?;
+        if rev == 0 {
+            rev = page.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        for e in page.kvs() {
+            if let Some(m) = mirror_kv(root, e, false) {
+                map.insert(m.key.clone(), m);
+            }
+        }
+        match page.kvs().last() {
+            Some(last) if page.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    Ok((map, urev(rev)))
+}
+
+/// The mirror's task: follow the object keys from the listing's revision, publish
+/// each revision's changes, resume after a cut, re-list after a compaction.
+async fn follow(inner: Arc<Inner>, events: watch::Sender<Rev>) {
+    let mut pause = RESUME_MIN;
+    loop {
+        let from = inner.state.read().unwrap().rev();
+        let outcome = tokio::select! {
+            _ = inner.stop.cancelled() => break,
+            r = watch_from(&inner, &events, from) => r,
+        };
+        match outcome {
+            Ok(()) => pause = RESUME_MIN,
+            Err(Cut::Compacted) => {
+                tracing::warn!(from, "etcd compacted past the mirror; listing again");
+                let listed = tokio::select! {
+                    _ = inner.stop.cancelled() => break,
+                    r = list(&inner.client, &inner.root) => r,
+                };
+                match listed {
+                    Ok((map, rev)) => {
+                        let mut garbage = Garbage::default();
+                        inner.state.write().unwrap().reset(map, rev, &mut garbage);
+                        inner.known.fetch_max(rev, Ordering::Relaxed);
+                        events.send_replace(rev);
+                        drop(garbage);
+                        pause = RESUME_MIN;
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "listing etcd again failed"),
+                }
+            }
+            Err(Cut::Failed(e)) => tracing::warn!(error = %e, from, "etcd watch cut; resuming"),
+        }
+        tokio::select! {
+            _ = inner.stop.cancelled() => break,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(RESUME_MAX);
+    }
+    // Dropping `events` ends every local watcher (`Closed`).
+}
+
+enum Cut {
+    Compacted,
+    Failed(String),
+}
+
+/// Watch the root after `from` and publish until the stream ends.
+async fn watch_from(inner: &Inner, events: &watch::Sender<Rev>, from: Rev) -> Result<(), Cut> {
+    let root = inner.root.as_bytes();
+    let opts = WatchOptions::new()
+        .with_range(prefix_end(root))
+        .with_start_revision(srev(from + 1));
+    let mut wc = inner
+        .client
+        .watch_client()
+        .max_decoding_message_size(MAX_MESSAGE);
+    let mut stream = wc
+        .watch(root.to_vec(), Some(opts))
+        .await
+        .map_err(|e| Cut::Failed(e.to_string()))?;
+    loop {
+        let Some(resp) = stream
+            .message()
+            .await
+            .map_err(|e| Cut::Failed(e.to_string()))?
+        else {
+            return Err(Cut::Failed("stream ended".into()));
+        };
+        if resp.compact_revision() > 0 {
+            return Err(Cut::Compacted);
+        }
+        if resp.canceled() {
+            return Err(Cut::Failed(format!(
+                "watch canceled: {}",
+                resp.cancel_reason()
+            )));
+        }
+        if let Some(h) = resp.header() {
+            inner.known.fetch_max(urev(h.revision()), Ordering::Relaxed);
+        }
+        apply(inner, events, resp.events());
+    }
+}
+
+/// Publish a watch response's events, one revision at a time.
+fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event]) {
+    let mut i = 0;
+    while i < evs.len() {
+        let rev = evs[i].kv().map(|kv| kv.mod_revision()).unwrap_or(0);
+        let mut j = i;
+        while j < evs.len() && evs[j].kv().map(|kv| kv.mod_revision()).unwrap_or(0) == rev {
+            j += 1;
+        }
+        let mut garbage = Garbage::default();
+        {
+            let mut st = inner.state.write().unwrap();
+            let rev = urev(rev);
+            if rev <= st.rev() {
+                i = j;
+                continue;
+            }
+            let mut changes = Vec::with_capacity(j - i);
+            let mut out = Vec::with_capacity(j - i);
+            for e in &evs[i..j] {
+                let Some(kv) = e.kv() else { continue };
+                match e.event_type() {
+                    EventType::Put => {
+                        if let Some(m) = mirror_kv(&inner.root, kv, true) {
+                            let existed = m.create_rev < m.mod_rev;
+                            changes.push((m.key.clone(), Some(m.clone())));
+                            out.push(Event {
+                                kind: EventKind::Put,
+                                kv: m,
+                                existed,
+                            });
+                        }
+                    }
+                    EventType::Delete => {
+                        let Some(key) = kv
+                            .key_str()
+                            .ok()
+                            .and_then(|k| k.strip_prefix(inner.root.as_str()))
+                        else {
+                            continue;
+                        };
+                        if let Some(prev) = st.get(key).cloned() {
+                            changes.push((prev.key.clone(), None));
+                            out.push(Event {
+                                kind: EventKind::Delete,
+                                kv: KeyValue {
+                                    mod_rev: rev,
+                                    ..prev
+                                },
+                                existed: true,
+                            });
+                        }
+                    }
+                }
+            }
+            st.publish(changes, out, rev, &mut garbage);
+        }
+        events.send_replace(urev(rev));
+        drop(garbage);
+        i = j;
+    }
+}
+
+impl KvBackend for EtcdKv {
+    type Watch = Watch;
+
+    fn revision(&self) -> Rev {
+        self.inner.state.read().unwrap().rev()
+    }
+
+    fn get(&self, key: &str) -> Option<KeyValue> {
+        self.inner.state.read().unwrap().get(key).cloned()
+    }
+
+    fn range(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
+        self.inner.state.read().unwrap().range(prefix)
+    }
+
+    fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, f: F) -> Rev {
+        self.inner.state.read().unwrap().scan(prefix, f)
+    }
+
+    fn txn(
+        &self,
+        ops: Vec<Op>,
+    ) -> impl std::future::Future<Output = Result<TxnResult, KvError>> + Send {
+        EtcdKv::txn(self, ops)
+    }
+
+    fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
+        EtcdKv::watch(self, prefix, from)
+    }
+
+    fn close(&self) {
+        EtcdKv::close(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_is_the_next_key() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+}

@@ -1,0 +1,533 @@
+//! The store on etcd (`[store] backend = "etcd"`), at the library level against real
+//! Debian etcd members on loopback: the semantics the embedded engine has (compare-
+//! and-swap, errors naming the key and revision, cascading deletion in one
+//! transaction, watches in order from a revision, 410 for a revision before the
+//! mirror), several appliances' mirrors on one cluster, fenced writes after a lost
+//! leadership, 503 without quorum while reads go on, and `store migrate` both ways.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bootplane::model::registry::{Registry, ResourceType};
+use bootplane::store::etcd::election::Election;
+use bootplane::store::etcd::EtcdKv;
+use bootplane::store::settings::EtcdConfig;
+use bootplane::store::{Backend, Part, Store, StoreError};
+use serde_json::{json, Value};
+use support::etcd::EtcdCluster;
+
+fn rt(name: &str) -> Arc<ResourceType> {
+    Registry::global().resolve(name).unwrap()
+}
+
+fn cfg(c: &EtcdCluster, prefix: &str) -> EtcdConfig {
+    EtcdConfig {
+        endpoints: c.endpoints(),
+        prefix: prefix.into(),
+        request_timeout_ms: 2_000,
+        dial_timeout_ms: 500,
+        lease_ttl_secs: 3,
+        name: Some("t".into()),
+        ..EtcdConfig::default()
+    }
+}
+
+async fn open(c: &EtcdCluster, prefix: &str) -> Store {
+    Store::with_backend(Backend::Etcd(EtcdKv::open(&cfg(c, prefix)).await.unwrap()))
+}
+
+fn server(name: &str) -> Value {
+    let mut s = support::api::server(name, json!({}), "Recycle");
+    s.as_object_mut().unwrap().remove("status");
+    s
+}
+
+/// Poll `f` until it is true or `secs` pass.
+async fn until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_cas_and_errors_as_on_the_embedded_engine() {
+    let c = EtcdCluster::start(1);
+    let s = open(&c, "/t1/").await;
+    let srv = rt("server");
+    let o = s.create(&srv, server("a")).await.unwrap();
+    let rv: u64 = o["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(rv > 0);
+    // Read-your-writes: the mirror shows it as soon as create returned.
+    assert_eq!(
+        s.get(&srv, None, "a").unwrap()["metadata"]["resourceVersion"],
+        o["metadata"]["resourceVersion"]
+    );
+    assert_eq!(
+        s.get_text(&srv, None, "a").unwrap().as_ref(),
+        o.to_string(),
+        "the stored text is the returned object's"
+    );
+    let err = s.create(&srv, server("a")).await.unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err}");
+    let mut stale = (*o).clone();
+    let mut upd = (*o).clone();
+    upd["spec"]["power"] = json!("On");
+    let o2 = s.update(&srv, upd, Part::Main).await.unwrap();
+    assert_eq!(o2["metadata"]["generation"], 2);
+    assert_eq!(o2["metadata"]["uid"], o["metadata"]["uid"]);
+    stale["spec"]["power"] = json!("Off");
+    let err = s.update(&srv, stale, Part::Main).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+    let mut st = (*o2).clone();
+    st["status"] = json!({"state": "Available"});
+    let o3 = s.update(&srv, st, Part::Status).await.unwrap();
+    assert_eq!(o3["status"]["state"], "Available");
+    // Cascading deletion: the claim's boot configuration goes in the same transaction.
+    let claim = rt("serverclaim");
+    let sbc = rt("sbc");
+    let cl = s
+        .create(
+            &claim,
+            json!({"metadata": {"name": "c"}, "spec": {"image": "i", "power": "On"}}),
+        )
+        .await
+        .unwrap();
+    let owner = json!([{"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "ServerClaim", "name": "c", "uid": cl["metadata"]["uid"]}]);
+    s.create(&sbc, json!({"metadata": {"name": "c", "ownerReferences": owner}, "spec": {"serverRef": {"name": "a"}}}))
+        .await
+        .unwrap();
+    let before = s.revision();
+    s.delete(&claim, None, "c", None).await.unwrap();
+    assert!(matches!(
+        s.get(&claim, None, "c"),
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(
+        matches!(s.get(&sbc, None, "c"), Err(StoreError::NotFound { .. })),
+        "cascaded"
+    );
+    assert_eq!(
+        s.revision(),
+        before + 1,
+        "owner and dependent deleted in one revision"
+    );
+    let err = s.delete(&claim, None, "c", None).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+    s.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appliances_share_one_truth_watch_in_order_and_cas_has_one_winner() {
+    let c = EtcdCluster::start(1);
+    let a = open(&c, "/t2/").await;
+    let b = open(&c, "/t2/").await;
+    let srv = rt("server");
+    let from = b.revision();
+    let mut w = b.watch(&srv, None, from).unwrap();
+    for i in 0..30 {
+        a.create(&srv, server(&format!("s{i:02}"))).await.unwrap();
+    }
+    let mut names = Vec::new();
+    while names.len() < 30 {
+        let e = tokio::time::timeout(Duration::from_secs(5), w.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.kind, "ADDED");
+        names.push(e.object["metadata"]["name"].as_str().unwrap().to_string());
+    }
+    let want: Vec<String> = (0..30).map(|i| format!("s{i:02}")).collect();
+    assert_eq!(names, want, "every change once, in order");
+    until(5, "b's mirror", || b.get(&srv, None, "s29").is_ok()).await;
+    assert_eq!(
+        a.list_text(&srv, None, None).0,
+        b.list_text(&srv, None, None).0
+    );
+    // 32 writers on two appliances update the same version: one wins.
+    let cur = a.get(&srv, None, "s00").unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (srv, mut o) = (srv.clone(), (*cur).clone());
+        o["metadata"]["labels"] = json!({"writer": i.to_string()});
+        tasks.push(tokio::spawn(async move {
+            s.update(&srv, o, Part::Main).await.is_ok()
+        }));
+    }
+    let mut wins = 0;
+    for t in tasks {
+        wins += t.await.unwrap() as usize;
+    }
+    assert_eq!(wins, 1);
+    // A watch from before the mirror's listing has no history: 410, re-list.
+    let late = open(&c, "/t2/").await;
+    let err = late
+        .watch(&srv, None, from)
+        .err()
+        .expect("a revision before the listing");
+    assert!(matches!(err, StoreError::Gone(_)), "{err}");
+    for s in [a, b, late] {
+        s.close();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_lost_its_lease_cannot_write() {
+    let c = EtcdCluster::start(1);
+    let s = open(&c, "/t3/").await;
+    let Backend::Etcd(kv) = s.kv().clone() else {
+        unreachable!()
+    };
+    let cfg = cfg(&c, "/t3/");
+    let e1 = Election::new(kv.client().clone(), &cfg, "metal");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let l1 = e1.campaign(&stop).await.unwrap();
+    let fenced = s.fenced(l1.fence.clone());
+    let srv = rt("server");
+    fenced.create(&srv, server("x")).await.unwrap();
+    // A second candidate waits while the first leads.
+    let e2 = Election::new(kv.client().clone(), &cfg, "metal");
+    let second = tokio::spawn(async move {
+        let stop = tokio_util::sync::CancellationToken::new();
+        e2.campaign(&stop).await.map(|l| l.fence)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!second.is_finished(), "one leader at a time");
+    // The first leader's lease ends (as when it is paused past its TTL).
+    l1.resign().await;
+    let f2 = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let err = fenced.create(&srv, server("y")).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Unavailable(ref m) if m.contains("no longer the leader")),
+        "{err}"
+    );
+    assert!(s.get(&srv, None, "y").is_err(), "nothing written");
+    s.fenced(f2).create(&srv, server("y")).await.unwrap();
+    s.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quorum_writes_get_unavailable_reads_go_on_and_it_recovers() {
+    let mut c = EtcdCluster::start(3);
+    let s = open(&c, "/t4/").await;
+    let srv = rt("server");
+    s.create(&srv, server("a")).await.unwrap();
+    c.kill(2);
+    s.create(&srv, server("b"))
+        .await
+        .expect("one member down: no effect");
+    c.kill(1);
+    let t = Instant::now();
+    let err = s.create(&srv, server("c")).await.unwrap_err();
+    println!(
+        "write without quorum refused after {:?}: {err}",
+        t.elapsed()
+    );
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    assert!(err.to_string().starts_with("store unavailable"), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "bounded by the request timeout"
+    );
+    assert!(
+        s.get(&srv, None, "a").is_ok() && s.get(&srv, None, "b").is_ok(),
+        "reads go on"
+    );
+    c.restart(1);
+    c.restart(2);
+    let t = Instant::now();
+    loop {
+        match s.create(&srv, server("c")).await {
+            Ok(_) => break,
+            Err(StoreError::Unavailable(_)) | Err(StoreError::AlreadyExists { .. })
+                if t.elapsed() < Duration::from_secs(30) =>
+            {
+                if s.get(&srv, None, "c").is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    println!(
+        "writes accepted again {:?} after the members restarted",
+        t.elapsed()
+    );
+    // The mirror followed: a write through a second appliance shows up here.
+    let other = open(&c, "/t4/").await;
+    other.create(&srv, server("d")).await.unwrap();
+    until(10, "the first mirror to resume", || {
+        s.get(&srv, None, "d").is_ok()
+    })
+    .await;
+    s.close();
+    other.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_into_etcd_and_back_keeps_every_object() {
+    let c = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = Store::open(&dir.path().join("a")).unwrap();
+    let srv = rt("server");
+    let secret = rt("secret");
+    for i in 0..250 {
+        embedded
+            .create(&srv, server(&format!("m{i:03}")))
+            .await
+            .unwrap();
+    }
+    embedded
+        .create(
+            &secret,
+            json!({"metadata": {"name": "s", "namespace": "default"}, "data": {"k": "dg=="}}),
+        )
+        .await
+        .unwrap();
+    let etcd = open(&c, "/t5/").await;
+    let n = bootplane::store::migrate::migrate(&embedded, &etcd)
+        .await
+        .unwrap();
+    assert_eq!(n, 251);
+    let strip = |s: &Store| -> Vec<Value> {
+        let mut out = Vec::new();
+        for t in [&srv, &secret] {
+            for o in s.list(t, None, None).0 {
+                let mut o = (*o).clone();
+                o["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("resourceVersion");
+                out.push(o);
+            }
+        }
+        out
+    };
+    let want = strip(&embedded);
+    assert_eq!(strip(&etcd), want, "uids, timestamps and bodies kept");
+    let err = bootplane::store::migrate::migrate(&embedded, &etcd)
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("never merges"), "{err:#}");
+    let back = Store::open(&dir.path().join("b")).unwrap();
+    bootplane::store::migrate::migrate(&etcd, &back)
+        .await
+        .unwrap();
+    assert_eq!(strip(&back), want);
+    for s in [embedded, etcd, back] {
+        tokio::task::spawn_blocking(move || s.close())
+            .await
+            .unwrap();
+    }
+}
+
+/// `openssl` with `args` in `dir`; panics with its output on failure.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = support::process::run_cmd(
+        std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args),
+        60,
+    );
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA (`{name}-ca.pem`) and a certificate it signed for `cn` (`{name}-{cn}.pem`/.key).
+fn ca(dir: &std::path::Path, name: &str) {
+    let subj = format!("/CN={name}-ca");
+    let (key, pem) = (format!("{name}-ca.key"), format!("{name}-ca.pem"));
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &subj,
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
+fn signed(dir: &std::path::Path, ca_name: &str, cn: &str, usage: &str) {
+    let ext = format!("{cn}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        format!(
+            "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"
+        ),
+    )
+    .unwrap();
+    let (key, csr, pem) = (
+        format!("{cn}.key"),
+        format!("{cn}.csr"),
+        format!("{cn}.pem"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            &format!("/CN={cn}"),
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &format!("{ca_name}-ca.pem"),
+            "-CAkey",
+            &format!("{ca_name}-ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &pem,
+            "-extfile",
+            &ext,
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_tls_with_a_client_certificate() {
+    support::require::require("openssl");
+    support::require::require("etcd");
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    ca(dir, "good");
+    ca(dir, "other");
+    signed(dir, "good", "server", "serverAuth");
+    signed(dir, "good", "client", "clientAuth");
+    signed(dir, "other", "stranger", "clientAuth");
+    let ports = support::etcd::free_ports(2);
+    let url = format!("https://127.0.0.1:{}", ports[0]);
+    let peer = format!("http://127.0.0.1:{}", ports[1]);
+    let mut cmd = std::process::Command::new("etcd");
+    cmd.current_dir(dir)
+        .args(["--name", "tls", "--data-dir", "data"])
+        .args([
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("tls={peer}")])
+        .args(["--cert-file", "server.pem", "--key-file", "server.key"])
+        .args(["--trusted-ca-file", "good-ca.pem", "--client-cert-auth"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap());
+    let _etcd = support::process::Proc::spawn(cmd);
+    let base = EtcdConfig {
+        endpoints: vec![url.clone()],
+        prefix: "/tls/".into(),
+        request_timeout_ms: 2_000,
+        dial_timeout_ms: 1_000,
+        ca_file: Some(dir.join("good-ca.pem")),
+        cert_file: Some(dir.join("client.pem")),
+        key_file: Some(dir.join("client.key")),
+        ..EtcdConfig::default()
+    };
+    base.validate().unwrap();
+    // The member takes a moment to start: retry the good configuration.
+    let t = Instant::now();
+    let kv = loop {
+        match EtcdKv::open(&base).await {
+            Ok(kv) => break kv,
+            Err(e) if t.elapsed() < Duration::from_secs(20) => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("{e:#}\n{}", support::process::read(&dir.join("etcd.log"))),
+        }
+    };
+    let s = Store::with_backend(Backend::Etcd(kv));
+    s.create(&rt("server"), server("tls")).await.unwrap();
+    assert!(s.get(&rt("server"), None, "tls").is_ok());
+    s.close();
+    // No client certificate, a certificate of another CA, or a wrong CA: refused.
+    let refusals = [
+        EtcdConfig {
+            cert_file: None,
+            key_file: None,
+            ..base.clone()
+        },
+        EtcdConfig {
+            cert_file: Some(dir.join("stranger.pem")),
+            key_file: Some(dir.join("stranger.key")),
+            ..base.clone()
+        },
+        EtcdConfig {
+            ca_file: Some(dir.join("other-ca.pem")),
+            ..base.clone()
+        },
+    ];
+    for (i, c) in refusals.iter().enumerate() {
+        let err = EtcdKv::open(c)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("case {i} was accepted"));
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("listing /tls/objects from etcd"),
+            "case {i}: {msg}"
+        );
+    }
+    // A missing key file is a configuration error named as such.
+    let err = EtcdKv::open(&EtcdConfig {
+        key_file: Some(dir.join("nope.key")),
+        ..base.clone()
+    })
+    .await
+    .err()
+    .unwrap();
+    assert!(
+        format!("{err:#}").contains("store.etcd.key_file"),
+        "{err:#}"
+    );
+}
