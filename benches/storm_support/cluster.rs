@@ -531,7 +531,7 @@ pub(super) fn main_cluster(a: &Args) {
             sc.name(),
             a.machines,
             rs.len(),
-            if failed == 0 && retried > 0 && sc == Scenario::EtcdKill {
+            if failed == 0 && retried > 0 {
                 format!(
                     "met, after {retried} failed attempts that the machines' boot retry \
                      absorbed (failed at: {}; with --boot-retries 0 each would be a \
@@ -553,12 +553,6 @@ pub(super) fn main_cluster(a: &Args) {
                 )
             }
         );
-        if sc != Scenario::EtcdKill && retried > 0 {
-            println!(
-                "  ({retried} failed attempts were retried from DHCP by the machines in {})",
-                sc.name()
-            );
-        }
         let shared: usize = rs.iter().map(|r| r.summary.shared_ips).sum();
         println!(
             "goal no address leased to two booted machines, {}: {}",
