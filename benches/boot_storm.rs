@@ -1106,7 +1106,7 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
     stop.store(true, Ordering::SeqCst);
     let storm_rss_kib = sampler.join().unwrap_or(0);
     let after = usage_of(&[pid]);
-    let alive = matches!(proc_usage(pid), Some(_));
+    let alive = proc_usage(pid).is_some();
     let note = if alive {
         String::new()
     } else {
