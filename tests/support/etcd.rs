@@ -289,8 +289,9 @@ impl EtcdCluster {
     /// The member etcd's Raft currently follows as leader, as the running members
     /// report it (`/v3/maintenance/status`); None while there is none or they disagree.
     pub fn leader(&self) -> Option<usize> {
+        let host = self.host.as_str();
         let status = |port: u16| -> Option<(String, String)> {
-            let body = ureq::post(&format!("http://127.0.0.1:{port}/v3/maintenance/status"))
+            let body = ureq::post(&format!("http://{host}:{port}/v3/maintenance/status"))
                 .timeout(Duration::from_secs(2))
                 .send_string("{}")
                 .ok()?
@@ -301,10 +302,15 @@ impl EtcdCluster {
             let leader = v["leader"].as_str()?.to_string();
             (leader != "0").then_some((member, leader))
         };
-        let mut ids = Vec::new();
-        for m in self.members.iter().filter(|m| m.child.is_some()) {
-            ids.push(status(m.client_port)?);
-        }
+        let ports: Vec<u16> = self
+            .members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(|m| m.client_port)
+            .collect();
+        let ids = in_netns(self.netns.as_deref(), || {
+            ports.iter().map(|p| status(*p)).collect::<Option<Vec<_>>>()
+        })?;
         let leader = &ids.first()?.1;
         if ids.iter().any(|(_, l)| l != leader) {
             return None;
