@@ -361,7 +361,7 @@ struct Result1 {
     stage: [Duration; 5],
     retransmits: u32,
     /// Attempts that failed (by stage) before a whole-boot retry (`--boot-retries`).
-    absorbed: Vec<Stage>,
+    absorbed: Vec<(Stage, String)>,
     /// The address the machine booted with.
     ip: Option<Ipv4Addr>,
 }
@@ -700,8 +700,8 @@ async fn boot(ctx: Arc<Ctx>, m: Machine, base: HttpBase, retries: u32) -> Result
         let mut r = boot_once(&ctx, &m, &base).await;
         retx += r.retransmits;
         match &r.failed {
-            Some((stage, _)) if attempt < retries => {
-                absorbed.push(*stage);
+            Some(failed) if attempt < retries => {
+                absorbed.push(failed.clone());
                 attempt += 1;
             }
             _ => {
@@ -1106,7 +1106,7 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
     stop.store(true, Ordering::SeqCst);
     let storm_rss_kib = sampler.join().unwrap_or(0);
     let after = usage_of(&[pid]);
-    let alive = matches!(proc_usage(pid), Some(_));
+    let alive = proc_usage(pid).is_some();
     let note = if alive {
         String::new()
     } else {
@@ -1488,7 +1488,7 @@ fn summarize(s: &Side) -> Summary {
         .collect();
     t.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let failures = by_stage(r.iter().filter_map(|x| x.failed.as_ref().map(|f| f.0)));
-    let absorbed = by_stage(r.iter().flat_map(|x| x.absorbed.iter().copied()));
+    let absorbed = by_stage(r.iter().flat_map(|x| x.absorbed.iter().map(|a| a.0)));
     let absorbed_n: usize = r.iter().map(|x| x.absorbed.len()).sum();
     let mut ips: Vec<Ipv4Addr> = r.iter().filter(|x| x.ok).filter_map(|x| x.ip).collect();
     ips.sort();
@@ -1530,6 +1530,18 @@ fn summarize(s: &Side) -> Summary {
             "{:<14} failed attempts retried from DHCP (firmware boot retry): {absorbed}",
             ""
         );
+        // Each distinct reason once per stage, with its count.
+        let mut why: Vec<(String, usize)> = Vec::new();
+        for (st, e) in r.iter().flat_map(|x| x.absorbed.iter()) {
+            let key = format!("{}: {e}", st.name());
+            match why.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, n)) => *n += 1,
+                None => why.push((key, 1)),
+            }
+        }
+        for (k, n) in why.iter().take(6) {
+            println!("{:<14} retried attempt: {k} (x{n})", "");
+        }
     }
     if shared_ips > 0 {
         println!("{:<14} {shared_ips} booted machines share an address", "");

@@ -55,6 +55,10 @@ mod support;
 
 /// One round's figures.
 struct Round {
+    /// etcd only: the cluster's revisions per bound claim (bootplane's writes), and
+    /// the claims/s etcd alone allows at that many writes (its measured Txn rate).
+    writes_per_claim: Option<f64>,
+    ceiling: Option<f64>,
     bound: usize,
     total_s: f64,
     per_s: f64,
@@ -121,6 +125,23 @@ fn main() {
             median(rs.iter().map(|r| r.cpu_s).collect()),
             median(rs.iter().map(|r| r.rss_mib).collect()),
         );
+    }
+    if let Some((_, rs)) = results.iter().find(|(s, _)| *s == "etcd") {
+        let ceil: Vec<f64> = rs.iter().filter_map(|r| r.ceiling).collect();
+        let writes: Vec<f64> = rs.iter().filter_map(|r| r.writes_per_claim).collect();
+        if !ceil.is_empty() {
+            let (lo, hi) = spread(&ceil);
+            let share: Vec<f64> = rs
+                .iter()
+                .filter_map(|r| r.ceiling.map(|c| r.per_s / c))
+                .collect();
+            println!(
+                "etcd alone allows {:.0} claims/s (spread {lo:.0}-{hi:.0}) at {:.2} writes per claim; bootplane reached {:.0}% of it (median)",
+                median(ceil.clone()),
+                median(writes),
+                100.0 * median(share)
+            );
+        }
     }
     if let (Some(e), Some(d)) = (med.get("embedded"), med.get("etcd")) {
         let ratios: Vec<f64> = results[0]
@@ -232,6 +253,7 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
     // Let the controller see every server before claims arrive.
     std::thread::sleep(Duration::from_millis(500));
     let cpu_registered = proc_cpu(child.id());
+    let rev_before = cluster.as_ref().map(|c| etcd_revision(&c.endpoints()));
 
     // Watch claims from now on.
     let rv: String = {
@@ -343,6 +365,21 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
     );
     let _ = child.kill();
     let _ = child.wait();
+    // etcd's own limit on this machine, measured on the same cluster once bootplane is
+    // gone: Txns like bootplane's (a guarded put of an object-sized value), as many at
+    // once as the controllers issue.
+    let (writes_per_claim, ceiling) = match (&cluster, rev_before) {
+        (Some(c), Some(before)) => {
+            let writes = (etcd_revision(&c.endpoints()) - before) as f64 / count as f64;
+            let rate = etcd_txn_rate(&c.endpoints(), 64, Duration::from_secs(5));
+            println!(
+                "etcd: {writes:.2} revisions per bound claim; etcd alone: {rate:.0} Txn/s (1.5 KiB guarded puts, 64 at once) -> ceiling {:.0} claims/s",
+                rate / writes
+            );
+            (Some(writes), Some(rate / writes))
+        }
+        _ => (None, None),
+    };
     drop(cluster);
     println!(
         "applied {count} claims in {:.2}s ({:.0}/s) from {clients} clients",
@@ -359,6 +396,8 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
         lat.last().copied().unwrap_or(f64::NAN)
     );
     Round {
+        writes_per_claim,
+        ceiling,
         bound: bound_at.len(),
         total_s: total.as_secs_f64(),
         per_s: bound_at.len() as f64 / total.as_secs_f64(),
@@ -366,4 +405,58 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
         cpu_s: cpu_done - cpu_registered,
         rss_mib: peak_kib as f64 / 1024.0,
     }
+}
+
+/// The cluster's current revision.
+fn etcd_revision(endpoints: &[String]) -> i64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect(endpoints, None).await.unwrap();
+        c.get("/", None).await.unwrap().header().unwrap().revision()
+    })
+}
+
+/// Guarded puts (create if absent) of 1.5 KiB values, `at_once` in flight, for `secs`:
+/// Txns per second.
+fn etcd_txn_rate(endpoints: &[String], at_once: usize, secs: Duration) -> f64 {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = etcd_client::Client::connect(endpoints, None).await.unwrap();
+        let end = Instant::now() + secs;
+        let value = vec![b'x'; 1536];
+        let tasks: Vec<_> = (0..at_once)
+            .map(|t| {
+                let (mut kv, value) = (c.kv_client(), value.clone());
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while Instant::now() < end {
+                        let key = format!("/ceiling/{t}/{n}");
+                        let txn = etcd_client::Txn::new()
+                            .when([etcd_client::Compare::create_revision(
+                                key.clone(),
+                                etcd_client::CompareOp::Equal,
+                                0,
+                            )])
+                            .and_then([etcd_client::TxnOp::put(key, value.clone(), None)]);
+                        kv.txn(txn).await.unwrap();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let start = Instant::now();
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        total as f64 / start.elapsed().as_secs_f64()
+    })
 }

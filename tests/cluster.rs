@@ -563,6 +563,67 @@ fn killing_the_metal_leader_mid_burst_fails_over_and_loses_nothing() {
     assert_eq!(listed["items"].as_array().unwrap().len(), servers);
 }
 
+/// The `metal` leader paused (SIGSTOP, as a VM freeze or a long stall) past its lease
+/// while claims arrive: another appliance leads; resumed, the old leader finds its
+/// leadership gone (its writes are fenced on a key that went with its lease), stops
+/// leading, and no Server is ever bound twice; every claim settles.
+#[test]
+fn a_paused_leader_resumes_fenced_and_never_binds_twice() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = unique_prefix("pause");
+    let fleet = start_appliances(&etcd, 2, &prefix);
+    let leader = wait_one_leader(&fleet, "metal", 30);
+    let other = 1 - leader;
+    let servers = 40;
+    create_servers(&fleet, "ps", "ps", servers, 4);
+    let post = |from: std::ops::Range<usize>| {
+        for i in from {
+            let (c, v) = fleet[other].call(
+                "POST",
+                &claims("default"),
+                Some(&pool_claim(&format!("p-{i:03}"), "default", "ps")),
+            );
+            assert_eq!(c, 201, "claim {i}: {v}");
+        }
+    };
+    post(0..20);
+    let pid = nix::unistd::Pid::from_raw(fleet[leader].child.as_ref().unwrap().id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let paused = Instant::now();
+    post(20..60);
+    let limit = Duration::from_secs(LEASE_TTL_SECS + 5);
+    while leads(&fleet[other], "metal") != Some(true) {
+        assert!(
+            paused.elapsed() < limit,
+            "no takeover within {limit:?} of the pause; logs:\n{}",
+            election_log(&fleet)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "metal leader paused: the other appliance led {:?} later",
+        paused.elapsed()
+    );
+    // Hold the pause a little longer: the new leader binds meanwhile.
+    std::thread::sleep(Duration::from_secs(1));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let resumed = Instant::now();
+    fleet[leader].wait_for(15, "the resumed leader to step down", || {
+        (leads(&fleet[leader], "metal") == Some(false)
+            && fleet[leader].log().contains("lost leadership"))
+        .then_some(())
+    });
+    eprintln!(
+        "resumed old leader stepped down {:?} after SIGCONT",
+        resumed.elapsed()
+    );
+    wait_settled(&fleet, "default", (60, servers, 60 - servers), 60);
+    assert_eq!(assert_no_double_binding(&fleet[other], "default"), servers);
+    assert_eq!(assert_no_double_binding(&fleet[leader], "default"), servers);
+    let (l, _) = leaders(&fleet, "metal");
+    assert_eq!(l, vec![other], "one leader, the one that took over");
+}
+
 /// etcd members die under two appliances: with one down, writes and claims go on; with
 /// two down (no quorum) reads still answer, writes get 503 ServiceUnavailable, and a
 /// machine whose boot configuration was Ready still gets its iPXE script and Ignition

@@ -311,8 +311,10 @@ async fn cancel_and_idempotent_start() {
         r.start(request(Some("action-1"))).await.unwrap(),
         "action-1"
     );
+    // Running, with its attempt counted: the script writes `grandchild` after
+    // `attempts` (waiting for `pid` raced the cancel against that write).
     let start = Instant::now();
-    while !f.path("pid").exists() {
+    while !f.path("grandchild").exists() {
         assert!(start.elapsed() < Duration::from_secs(10));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

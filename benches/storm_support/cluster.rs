@@ -525,12 +525,23 @@ pub(super) fn main_cluster(a: &Args) {
         } else {
             "0 failures"
         };
+        let retried: usize = rs.iter().map(|r| r.summary.absorbed_n).sum();
         println!(
             "goal {what}, {}, {} machines x {} rounds: {}",
             sc.name(),
             a.machines,
             rs.len(),
-            if failed == 0 {
+            if failed == 0 && retried > 0 {
+                format!(
+                    "met, after {retried} failed attempts that the machines' boot retry \
+                     absorbed (failed at: {}; with --boot-retries 0 each would be a \
+                     failure)",
+                    rs.iter()
+                        .map(|r| r.summary.absorbed.clone())
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                )
+            } else if failed == 0 {
                 "met".to_string()
             } else {
                 format!(
@@ -542,13 +553,6 @@ pub(super) fn main_cluster(a: &Args) {
                 )
             }
         );
-        let retried: usize = rs.iter().map(|r| r.summary.absorbed_n).sum();
-        if sc != Scenario::EtcdKill && retried > 0 {
-            println!(
-                "  ({retried} failed attempts were retried from DHCP by the machines in {})",
-                sc.name()
-            );
-        }
         let shared: usize = rs.iter().map(|r| r.summary.shared_ips).sum();
         println!(
             "goal no address leased to two booted machines, {}: {}",

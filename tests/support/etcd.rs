@@ -69,11 +69,26 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     free_ports_on("127.0.0.1", n)
 }
 
-/// `n` distinct free ports on `host` (an address of the calling thread's namespace).
+/// `n` distinct free ports on `host` (an address of the calling thread's namespace),
+/// taken below the kernel's ephemeral range: a port from that range, released until
+/// etcd binds it, can meanwhile become the source port of any outgoing connection
+/// (seen: "bind: address already in use" in a suite run). Each is checked free by
+/// binding it; a process-wide counter keeps parallel tests apart.
 fn free_ports_on(host: &str, n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind((host, 0)).unwrap())
-        .collect();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let (low, span) = (10_000u32, ephemeral_low.saturating_sub(10_000).max(1000));
+    let seed = std::process::id().wrapping_mul(7919);
+    let mut held = Vec::with_capacity(n);
+    while held.len() < n {
+        let p = low + (seed.wrapping_add(NEXT.fetch_add(1, Ordering::SeqCst) * 13)) % span;
+        if let Ok(l) = TcpListener::bind((host, p as u16)) {
+            held.push(l);
+        }
+    }
     held.iter()
         .map(|l| l.local_addr().unwrap().port())
         .collect()
@@ -274,8 +289,9 @@ impl EtcdCluster {
     /// The member etcd's Raft currently follows as leader, as the running members
     /// report it (`/v3/maintenance/status`); None while there is none or they disagree.
     pub fn leader(&self) -> Option<usize> {
+        let host = self.host.as_str();
         let status = |port: u16| -> Option<(String, String)> {
-            let body = ureq::post(&format!("http://127.0.0.1:{port}/v3/maintenance/status"))
+            let body = ureq::post(&format!("http://{host}:{port}/v3/maintenance/status"))
                 .timeout(Duration::from_secs(2))
                 .send_string("{}")
                 .ok()?
@@ -286,10 +302,15 @@ impl EtcdCluster {
             let leader = v["leader"].as_str()?.to_string();
             (leader != "0").then_some((member, leader))
         };
-        let mut ids = Vec::new();
-        for m in self.members.iter().filter(|m| m.child.is_some()) {
-            ids.push(status(m.client_port)?);
-        }
+        let ports: Vec<u16> = self
+            .members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(|m| m.client_port)
+            .collect();
+        let ids = in_netns(self.netns.as_deref(), || {
+            ports.iter().map(|p| status(*p)).collect::<Option<Vec<_>>>()
+        })?;
         let leader = &ids.first()?.1;
         if ids.iter().any(|(_, l)| l != leader) {
             return None;

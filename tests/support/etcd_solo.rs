@@ -6,7 +6,6 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::bootplane::two_free_ports;
 use super::netns::Netns;
 use super::process::{read, wait_for, Proc};
 use super::require::require_file;
@@ -21,7 +20,9 @@ pub struct Etcd {
 impl Etcd {
     /// On 127.0.0.1, free ports.
     pub fn start() -> Etcd {
-        let (client, peer) = two_free_ports();
+        // Below the ephemeral range, as the cluster's (see support::etcd::free_ports).
+        let p = super::etcd::free_ports(2);
+        let (client, peer) = (p[0], p[1]);
         Etcd::spawn(None, "127.0.0.1", client, peer)
     }
 
