@@ -66,6 +66,8 @@ pub const MANAGEMENT_LEASE_FILE: &str = "dhcp-management-leases.log";
 
 /// Run every enabled service until a signal arrives, then drain (bounded).
 pub async fn run(config: Config) -> Result<()> {
+    // Caught from here on: a signal during start-up drains once start-up is done.
+    let signals = crate::shutdown::Signals::install().context("installing signal handlers")?;
     // Private (0700, files 0600) before anything secret is written into it.
     crate::statedir::prepare(&config.state_dir)?;
     let token = api_token(&config)?;
@@ -85,6 +87,7 @@ pub async fn run(config: Config) -> Result<()> {
         redfish_metrics: Arc::default(),
         mgmt_dhcp_metrics: crate::dhcp::Metrics::default(),
         discovery_metrics: Default::default(),
+        ready: Default::default(),
     };
     s.start_api(&config, token).await?;
     s.start_controller_groups(&config)?;
@@ -99,7 +102,8 @@ pub async fn run(config: Config) -> Result<()> {
         s.start_management(&config)?;
     }
     tracing::info!(state_dir = %config.state_dir.display(), "bootplane started");
-    s.wait_and_drain().await
+    s.ready.store(true, std::sync::atomic::Ordering::Release);
+    s.wait_and_drain(signals).await
 }
 
 /// The catalog and Ignition templates behind the boot index.
@@ -178,6 +182,8 @@ struct Services {
     discovery_metrics: crate::controller::discovery::endpoints::Metrics,
     /// `bootplane_store_leader{group}` (etcd backend).
     leader_metrics: crate::store::etcd::election::Metrics,
+    /// Set once every service has started: `/readyz` answers 200 from then on.
+    ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The controller groups: each runs on one appliance at a time when the store is on
@@ -233,6 +239,7 @@ impl Services {
             body_read_timeout: Duration::from_millis(config.api.body_read_timeout_ms),
             shutdown: self.coord.handle(),
             metrics,
+            ready: self.ready.clone(),
         });
         let listener = tokio::net::TcpListener::bind(config.api.listen)
             .await
@@ -403,9 +410,9 @@ impl Services {
 
     /// Until a signal or a service ending on its own; then drain every service
     /// (bounded) and close the store.
-    async fn wait_and_drain(mut self) -> Result<()> {
+    async fn wait_and_drain(mut self, mut signals: crate::shutdown::Signals) -> Result<()> {
         let failed = tokio::select! {
-            _ = crate::shutdown::signal() => None,
+            _ = signals.recv() => None,
             Some(res) = self.tasks.join_next() => Some(res),
         };
         if !self.coord.drain(Duration::from_secs(10)).await {

@@ -85,14 +85,30 @@ impl Coordinator {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+/// SIGINT and SIGTERM, caught from the moment [`Signals::install`] returns: a signal
+/// that arrives while the appliance is still starting is kept, and [`Signals::recv`]
+/// returns at once when start-up is done (the drain then runs as usual, instead of the
+/// default action killing the process half-started).
+pub struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Resolves on the next SIGINT or SIGTERM (or one already caught).
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM received, shutting down"),
+            _ = self.int.recv() => tracing::info!("SIGINT received, shutting down"),
+        }
     }
 }
 

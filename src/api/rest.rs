@@ -48,6 +48,8 @@ pub struct ApiState {
     /// start-up by `serve` (the handles share their atomics); `/metrics` encodes them
     /// after the store revision.
     pub metrics: prometheus_client::registry::Registry,
+    /// True once every service of the appliance has started (`/readyz`).
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// An API failure, rendered as a kube `Status`.
@@ -195,8 +197,18 @@ pub fn router(state: Arc<ApiState>, extra: Option<Router>) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz).with_state(state.clone()))
         .merge(authed)
+}
+
+/// `/readyz`: 200 once every service has started, 503 before (`/healthz` answers as
+/// soon as the API listens).
+async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
+    if st.ready.load(std::sync::atomic::Ordering::Acquire) {
+        "ok".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting").into_response()
+    }
 }
 
 /// Path of the read-only DHCP lease list.

@@ -131,7 +131,8 @@ impl Bootplane {
         self.api = format!("http://127.0.0.1:{}", self.api_port);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if ureq::get(&format!("{}/healthz", self.api)).call().is_ok() {
+            // Ready: every service started (the API answers /healthz before that).
+            if ureq::get(&format!("{}/readyz", self.api)).call().is_ok() {
                 break;
             }
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {

@@ -5,7 +5,7 @@
 //!   and cleanup on drop (processes killed, namespace deleted), also on panic;
 //! - [`require`]: fail, never skip, when a tool is missing, naming its Debian package;
 //! - [`process`]: running programs with time limits, children killed on drop, polling;
-//! - [`bootplane`]: the real binary (`serve` until `/healthz` answers, the CLI, the
+//! - [`bootplane`]: the real binary (`serve` until `/readyz` answers, the CLI, the
 //!   state dir), and [`api`]: the objects and paths the API tests use;
 //! - [`http`], [`tftp`], [`dhcp`], [`image`], [`nfs`], [`provisioning`]: per-area
 //!   fixtures;
