@@ -3,7 +3,7 @@
 # Installs the Debian packages the tests need (scripts/test-packages.txt) when missing,
 # and the pinned PyPI tools (scripts/test-python.txt) into /opt/bootplane-test-venv,
 # then runs every unit, integration and end-to-end test, then every fuzz target for
-# FUZZ_SECS seconds each (default 30; 0 skips them; scripts/fuzz.sh, docs/fuzzing.md).
+# FUZZ_SECS seconds each (default 20; 0 skips them; scripts/fuzz.sh, docs/fuzzing.md).
 # Needs root for apt and for the network-namespace tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,7 @@ fi
 # The discovery agent is its own small crate (probe/, built static for the image).
 cargo test --locked --manifest-path probe/Cargo.toml
 cargo test --locked "$@"
-fuzz_secs=${FUZZ_SECS:-30}
+fuzz_secs=${FUZZ_SECS:-20}
 if ((fuzz_secs > 0)); then
   exec scripts/fuzz.sh "$fuzz_secs"
 fi
