@@ -103,6 +103,7 @@ impl std::fmt::Debug for Keyring {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct KeyFile {
+    #[serde(default)]
     keys: Vec<KeyEntry>,
 }
 
@@ -484,8 +485,9 @@ mod tests {
 
     fn ring(names: &[&str]) -> Keyring {
         let mut text = String::new();
-        for (i, n) in names.iter().enumerate() {
-            let secret = base64::engine::general_purpose::STANDARD.encode([i as u8 + 1; 32]);
+        for n in names {
+            // The same name gives the same key bytes.
+            let secret = base64::engine::general_purpose::STANDARD.encode([n.len() as u8 + n.as_bytes()[1]; 32]);
             text.push_str(&format!("[[keys]]\nname = \"{n}\"\nsecret = \"{secret}\"\n"));
         }
         Keyring::parse(&text).unwrap()
