@@ -10,7 +10,6 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use base64::Engine as _;
 use support::bootplane::{bin, Bootplane};
@@ -138,11 +137,15 @@ fn refused_start(b: &Bootplane, extra: &[&str]) -> String {
 fn secrets_are_sealed_on_disk_readable_after_restart_and_after_key_rotation() {
     let mut b = Bootplane::start(&[]);
     let key_file = b.dir.join("secrets.key");
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key_file).unwrap().permissions());
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&key_file).unwrap().permissions(),
+    );
     assert_eq!(mode & 0o777, 0o600, "the generated key file is private");
     apply(&b);
     assert_readable(&b);
-    b.wait_for(10, "2 objects under key1", || (by_key(&b, "key1") == Some(2)).then_some(()));
+    b.wait_for(10, "2 objects under key1", || {
+        (by_key(&b, "key1") == Some(2)).then_some(())
+    });
     // Nothing on disk holds the marker: not the store, not the log, nothing.
     b.stop();
     assert_no_marker_under(&b.dir);
@@ -159,7 +162,9 @@ fn secrets_are_sealed_on_disk_readable_after_restart_and_after_key_rotation() {
         (by_key(&b, "key1") == Some(0) && by_key(&b, "key2") == Some(2)).then_some(())
     });
     b.wait_for(10, "the log line saying the old key may go", || {
-        b.log().contains("the older keys may be removed").then_some(())
+        b.log()
+            .contains("the older keys may be removed")
+            .then_some(())
     });
     assert_readable(&b);
     b.stop();
@@ -209,7 +214,10 @@ fn on_etcd_the_value_etcd_holds_is_sealed_and_another_appliance_reads_it() {
         "store.backend=\"etcd\"".to_string(),
         format!("store.etcd.endpoints={:?}", etcd.endpoints()),
         format!("store.etcd.prefix={prefix:?}"),
-        format!("store.encryption_key_file={:?}", key_file.display().to_string()),
+        format!(
+            "store.encryption_key_file={:?}",
+            key_file.display().to_string()
+        ),
     ]
     .into_iter()
     .flat_map(|kv| ["--set".to_string(), kv])
@@ -238,7 +246,8 @@ fn on_etcd_the_value_etcd_holds_is_sealed_and_another_appliance_reads_it() {
         let o = etcd.etcdctl(&["get", &key, "--print-value-only"]);
         assert!(o.status.success(), "{}", support::process::text(&o));
         assert!(
-            o.stdout.starts_with(b"bootplane:enc:xchacha20poly1305:v1:cluster1:"),
+            o.stdout
+                .starts_with(b"bootplane:enc:xchacha20poly1305:v1:cluster1:"),
             "{key}: {}",
             String::from_utf8_lossy(&o.stdout)
         );
@@ -252,7 +261,10 @@ fn on_etcd_the_value_etcd_holds_is_sealed_and_another_appliance_reads_it() {
     // Every object under the prefix: the marker is nowhere in etcd.
     let o = etcd.etcdctl(&["get", &prefix, "--prefix"]);
     assert!(o.status.success());
-    assert!(!o.stdout.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()));
+    assert!(!o
+        .stdout
+        .windows(MARKER.len())
+        .any(|w| w == MARKER.as_bytes()));
     // Each appliance counts the objects under the key (its mirror's ledger).
     for x in [&a, &b] {
         x.wait_for(10, "2 objects under cluster1", || {

@@ -48,7 +48,9 @@ fn cfg(c: &EtcdCluster, prefix: &str) -> EtcdConfig {
 }
 
 async fn open(c: &EtcdCluster, prefix: &str) -> Store {
-    Store::with_backend(Backend::Etcd(EtcdKv::open(&cfg(c, prefix), sealer()).await.unwrap()))
+    Store::with_backend(Backend::Etcd(
+        EtcdKv::open(&cfg(c, prefix), sealer()).await.unwrap(),
+    ))
 }
 
 fn server(name: &str) -> Value {
@@ -536,10 +538,13 @@ async fn etcd_over_tls_with_a_client_certificate() {
         );
     }
     // A missing key file is a configuration error named as such.
-    let err = EtcdKv::open(&EtcdConfig {
-        key_file: Some(dir.join("nope.key")),
-        ..base.clone()
-    }, sealer())
+    let err = EtcdKv::open(
+        &EtcdConfig {
+            key_file: Some(dir.join("nope.key")),
+            ..base.clone()
+        },
+        sealer(),
+    )
     .await
     .err()
     .unwrap();
@@ -555,18 +560,24 @@ async fn a_mirror_behind_a_compaction_lists_again_and_its_watchers_relist() {
     let eps = c.endpoints();
     // This appliance reaches member 0 only; the other, members 1 and 2.
     let s = Store::with_backend(Backend::Etcd(
-        EtcdKv::open(&EtcdConfig {
-            endpoints: vec![eps[0].clone()],
-            ..cfg(&c, "/t6/")
-        }, sealer())
+        EtcdKv::open(
+            &EtcdConfig {
+                endpoints: vec![eps[0].clone()],
+                ..cfg(&c, "/t6/")
+            },
+            sealer(),
+        )
         .await
         .unwrap(),
     ));
     let other = Store::with_backend(Backend::Etcd(
-        EtcdKv::open(&EtcdConfig {
-            endpoints: eps[1..].to_vec(),
-            ..cfg(&c, "/t6/")
-        }, sealer())
+        EtcdKv::open(
+            &EtcdConfig {
+                endpoints: eps[1..].to_vec(),
+                ..cfg(&c, "/t6/")
+            },
+            sealer(),
+        )
         .await
         .unwrap(),
     ));

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::etcd::EtcdKv;
-use super::seal::Sealing;
 use super::kv::{Kv, Watch};
+use super::seal::Sealing;
 
 /// A global revision (etcd's `revision`).
 pub type Rev = u64;

@@ -293,7 +293,11 @@ impl<B: KvBackend> Store<B> {
                 done.skipped += 1;
                 continue;
             };
-            let op = Op::put(key.to_string(), Compare::ModRev(cur.mod_rev), (*cur.value()).clone());
+            let op = Op::put(
+                key.to_string(),
+                Compare::ModRev(cur.mod_rev),
+                (*cur.value()).clone(),
+            );
             match self.kv.txn(vec![op]).await {
                 Ok(_) => done.rewritten += 1,
                 Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => done.skipped += 1,

@@ -86,7 +86,10 @@ pub async fn run(store: Store, metrics: Metrics, stop: impl Future<Output = ()>)
                 sealer.primary()
             ),
             Ok(false) => {}
-            Err(e) => tracing::error!(error = format!("{e:#}"), "encryption key file not read again; the keys stay as they were"),
+            Err(e) => tracing::error!(
+                error = format!("{e:#}"),
+                "encryption key file not read again; the keys stay as they were"
+            ),
         }
         metrics.set(&store, &mut shown);
         let primary = sealer.primary();

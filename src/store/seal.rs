@@ -65,7 +65,9 @@ pub fn is_sealed(key: &str) -> bool {
 pub enum SealError {
     #[error("{key} is encrypted with key {name:?}, which the key file does not have")]
     UnknownKey { key: String, name: String },
-    #[error("{key} does not decrypt with key {name:?} (another key of that name, or a damaged value)")]
+    #[error(
+        "{key} does not decrypt with key {name:?} (another key of that name, or a damaged value)"
+    )]
     Decrypt { key: String, name: String },
     #[error("{key} holds a malformed encrypted value")]
     Malformed { key: String },
@@ -95,7 +97,10 @@ struct Keyring {
 impl std::fmt::Debug for Keyring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Keyring")
-            .field("names", &self.keys.iter().map(|k| &*k.name).collect::<Vec<_>>())
+            .field(
+                "names",
+                &self.keys.iter().map(|k| &*k.name).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -118,8 +123,7 @@ fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 64
         && n != IDENTITY
-        && n
-            .chars()
+        && n.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
 }
 
@@ -200,14 +204,14 @@ impl Keyring {
         if rest.len() < NONCE + TAG || name.is_empty() || name.len() > 64 {
             return Err(malformed());
         }
-        let k = self
-            .keys
-            .iter()
-            .find(|k| &*k.name == name)
-            .ok_or_else(|| SealError::UnknownKey {
-                key: key.into(),
-                name: name.into(),
-            })?;
+        let k =
+            self.keys
+                .iter()
+                .find(|k| &*k.name == name)
+                .ok_or_else(|| SealError::UnknownKey {
+                    key: key.into(),
+                    name: name.into(),
+                })?;
         let plain = k
             .aead
             .decrypt(
@@ -292,8 +296,8 @@ fn read_key_file(path: &Path) -> anyhow::Result<(Keyring, (i64, i64, u64, u64))>
             path.display()
         );
     }
-    let ring = Keyring::parse(&text)
-        .with_context(|| format!("encryption key file {}", path.display()))?;
+    let ring =
+        Keyring::parse(&text).with_context(|| format!("encryption key file {}", path.display()))?;
     Ok((ring, file_stamp(&md)))
 }
 
@@ -327,7 +331,9 @@ impl Sealer {
                 Ok(mut f) => {
                     f.write_all(generated().as_bytes())
                         .and_then(|()| f.sync_all())
-                        .with_context(|| format!("writing encryption key file {}", path.display()))?;
+                        .with_context(|| {
+                            format!("writing encryption key file {}", path.display())
+                        })?;
                     tracing::info!(path = %path.display(), "created the encryption key file for secrets at rest");
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -487,8 +493,11 @@ mod tests {
         let mut text = String::new();
         for n in names {
             // The same name gives the same key bytes.
-            let secret = base64::engine::general_purpose::STANDARD.encode([n.len() as u8 + n.as_bytes()[1]; 32]);
-            text.push_str(&format!("[[keys]]\nname = \"{n}\"\nsecret = \"{secret}\"\n"));
+            let secret = base64::engine::general_purpose::STANDARD
+                .encode([n.len() as u8 + n.as_bytes()[1]; 32]);
+            text.push_str(&format!(
+                "[[keys]]\nname = \"{n}\"\nsecret = \"{secret}\"\n"
+            ));
         }
         Keyring::parse(&text).unwrap()
     }
@@ -530,7 +539,10 @@ mod tests {
         ))
         .unwrap();
         let e = other.open(KEY, body).unwrap_err();
-        assert!(matches!(e, SealError::Decrypt { ref name, .. } if name == "k1"), "{e}");
+        assert!(
+            matches!(e, SealError::Decrypt { ref name, .. } if name == "k1"),
+            "{e}"
+        );
         let mut tampered = body.to_vec();
         let last = tampered.len() - 20;
         tampered[last] ^= 1;
@@ -563,10 +575,22 @@ mod tests {
         };
         bad("", "no [[keys]]");
         bad("keys = []", "no [[keys]]");
-        bad("[[keys]]\nname = \"a\"\nsecret = \"c2VjcmV0\"\n", "not 32 bytes");
-        bad("[[keys]]\nname = \"a b\"\nsecret = \"c2VjcmV0\"\n", "names are");
-        bad("[[keys]]\nname = \"identity\"\nsecret = \"c2VjcmV0\"\n", "names are");
-        bad("[[keys]]\nnom = \"a\"\nsecret = \"c2VjcmV0\"\n", "not a key file");
+        bad(
+            "[[keys]]\nname = \"a\"\nsecret = \"c2VjcmV0\"\n",
+            "not 32 bytes",
+        );
+        bad(
+            "[[keys]]\nname = \"a b\"\nsecret = \"c2VjcmV0\"\n",
+            "names are",
+        );
+        bad(
+            "[[keys]]\nname = \"identity\"\nsecret = \"c2VjcmV0\"\n",
+            "names are",
+        );
+        bad(
+            "[[keys]]\nnom = \"a\"\nsecret = \"c2VjcmV0\"\n",
+            "not a key file",
+        );
         let k = base64::engine::general_purpose::STANDARD.encode([1u8; 32]);
         bad(
             &format!("[[keys]]\nname = \"a\"\nsecret = \"{k}\"\n[[keys]]\nname = \"a\"\nsecret = \"{k}\"\n"),
@@ -588,10 +612,20 @@ mod tests {
         let (sealed, name) = s.seal(KEY, PLAIN);
         assert_eq!(name, first);
         let file = std::fs::read_to_string(&path).unwrap();
-        let secret = file.lines().find_map(|l| l.strip_prefix("secret = ")).unwrap();
+        let secret = file
+            .lines()
+            .find_map(|l| l.strip_prefix("secret = "))
+            .unwrap();
         assert!(!format!("{s:?}").contains(secret.trim_matches('"')));
         // Loading again reads the same key.
-        assert_eq!(&*Sealer::load(&path).unwrap().open(KEY, &sealed).unwrap().text, PLAIN);
+        assert_eq!(
+            &*Sealer::load(&path)
+                .unwrap()
+                .open(KEY, &sealed)
+                .unwrap()
+                .text,
+            PLAIN
+        );
         // A new key first: reloaded, seals with it, still opens the old.
         let text = std::fs::read_to_string(&path).unwrap();
         let new = format!(

@@ -11,11 +11,11 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::text::stamp;
-use crate::store::seal::{is_sealed, Ledger};
 use super::{
     encode, storage, Action, Compare, Event, EventKind, Garbage, KeyValue, KvError, Msg, Op,
     Request, Rev, State, TxnResult, KV, MAX_BATCH, META, REAP_QUEUE,
 };
+use crate::store::seal::{is_sealed, Ledger};
 
 pub(super) fn writer_loop(
     db: Database,
