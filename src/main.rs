@@ -223,9 +223,13 @@ fn run(cli: Cli) -> Result<u8> {
                 .enable_all()
                 .build()?;
             rt.block_on(async {
-                use bootplane::store::{etcd::EtcdKv, Backend, Store};
-                let embedded = Store::open(&cfg.state_dir)?;
-                let etcd = Store::with_backend(Backend::Etcd(EtcdKv::open(&cfg.store.etcd).await?));
+                use bootplane::store::{etcd::EtcdKv, seal::Sealer, Backend, Store};
+                // Both engines read and write through the same keys: objects are
+                // decrypted as read and encrypted again as written.
+                let sealer = Sealer::load(&cfg.store.key_file(&cfg.state_dir))?;
+                let embedded = Store::open_with(&cfg.state_dir, sealer.clone())?;
+                let etcd = EtcdKv::open(&cfg.store.etcd, sealer).await?;
+                let etcd = Store::with_backend(Backend::Etcd(etcd));
                 let (from, to, what) = match a.to {
                     MigrateTo::Etcd => (&embedded, &etcd, "into etcd"),
                     MigrateTo::Embedded => (&etcd, &embedded, "into the embedded store"),

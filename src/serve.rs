@@ -74,6 +74,7 @@ pub async fn run(config: Config) -> Result<()> {
     let store = Store::from_config(&config.store, &config.state_dir).await?;
     let mut s = Services {
         leader_metrics: Default::default(),
+        seal_metrics: Default::default(),
         resolver: boot_resolver(&config)?,
         runner: crate::provision::from_config(&config.provision)?,
         store,
@@ -90,6 +91,7 @@ pub async fn run(config: Config) -> Result<()> {
         ready: Default::default(),
     };
     s.start_api(&config, token).await?;
+    s.start_key_rotation();
     s.start_controller_groups(&config)?;
     s.start_boot_http(&config)?;
     if config.dhcp.enabled {
@@ -184,6 +186,8 @@ struct Services {
     leader_metrics: crate::store::etcd::election::Metrics,
     /// Set once every service has started: `/readyz` answers 200 from then on.
     ready: Arc<std::sync::atomic::AtomicBool>,
+    /// `bootplane_store_secrets_by_key{key}` (key rotation, secrets at rest).
+    seal_metrics: crate::store::rotate::Metrics,
 }
 
 /// The controller groups: each runs on one appliance at a time when the store is on
@@ -230,6 +234,7 @@ impl Services {
                 }
             }
         }
+        self.seal_metrics.register(&mut metrics);
         let api_conns = crate::listen::ConnMetrics::default();
         api_conns.register(metrics.sub_registry_with_prefix("bootplane_api"));
         let api_state = Arc::new(crate::api::rest::ApiState {
@@ -257,6 +262,19 @@ impl Services {
                 .context("api server")
         });
         Ok(())
+    }
+
+    /// Secrets at rest: re-encrypt under the key file's first key (every appliance).
+    fn start_key_rotation(&mut self) {
+        let (store, metrics, mut s) = (
+            self.store.clone(),
+            self.seal_metrics.clone(),
+            self.coord.handle(),
+        );
+        self.tasks.spawn(async move {
+            crate::store::rotate::run(store, metrics, async move { s.recv().await }).await;
+            Ok(())
+        });
     }
 
     /// The controller groups: here, or (etcd) each under its leader election. With

@@ -41,7 +41,7 @@ fn fresh_state_dir_is_private() {
     b.kill9();
     assert_eq!(mode(&dir), "700", "state dir");
     let fs = files(&dir);
-    for f in ["store.redb", "api-token", "http-token-key"] {
+    for f in ["store.redb", "api-token", "http-token-key", "secrets.key"] {
         assert!(fs.contains(&dir.join(f)), "{f} missing: {fs:?}");
     }
     for f in &fs {
@@ -55,7 +55,7 @@ fn open_state_dir_and_files_are_fixed_at_start_and_logged() {
     assert!(b.stop().success());
     // What an older bootplane (or a careless operator) left behind.
     chmod(&b.dir, 0o755);
-    for f in ["store.redb", "api-token", "http-token-key"] {
+    for f in ["store.redb", "api-token", "http-token-key", "secrets.key"] {
         chmod(&b.dir.join(f), 0o644);
     }
     b.spawn();
@@ -68,7 +68,7 @@ fn open_state_dir_and_files_are_fixed_at_start_and_logged() {
         .lines()
         .filter(|l| l.contains("WARN") && l.contains("0o"))
         .collect();
-    for what in ["store.redb", "api-token", "http-token-key"] {
+    for what in ["store.redb", "api-token", "http-token-key", "secrets.key"] {
         assert!(
             fixed.iter().any(|l| l.contains(what)),
             "no warning naming {what}: {fixed:#?}\n{}",

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use bootplane::model::registry::{Registry, ResourceType};
 use bootplane::store::etcd::election::Election;
 use bootplane::store::etcd::EtcdKv;
+use bootplane::store::seal::Sealer;
 use bootplane::store::settings::EtcdConfig;
 use bootplane::store::{Backend, Part, Store, StoreError};
 use serde_json::{json, Value};
@@ -20,6 +21,18 @@ use support::etcd::EtcdCluster;
 
 fn rt(name: &str) -> Arc<ResourceType> {
     Registry::global().resolve(name).unwrap()
+}
+
+/// The keys every store of this test binary seals Secrets with (one key file).
+fn sealer() -> Sealer {
+    static S: std::sync::OnceLock<(tempfile::TempDir, Sealer)> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        let s = Sealer::load(&d.path().join("secrets.key")).unwrap();
+        (d, s)
+    })
+    .1
+    .clone()
 }
 
 fn cfg(c: &EtcdCluster, prefix: &str) -> EtcdConfig {
@@ -35,7 +48,9 @@ fn cfg(c: &EtcdCluster, prefix: &str) -> EtcdConfig {
 }
 
 async fn open(c: &EtcdCluster, prefix: &str) -> Store {
-    Store::with_backend(Backend::Etcd(EtcdKv::open(&cfg(c, prefix)).await.unwrap()))
+    Store::with_backend(Backend::Etcd(
+        EtcdKv::open(&cfg(c, prefix), sealer()).await.unwrap(),
+    ))
 }
 
 fn server(name: &str) -> Value {
@@ -481,7 +496,7 @@ async fn etcd_over_tls_with_a_client_certificate() {
     // The member takes a moment to start: retry the good configuration.
     let t = Instant::now();
     let kv = loop {
-        match EtcdKv::open(&base).await {
+        match EtcdKv::open(&base, sealer()).await {
             Ok(kv) => break kv,
             Err(e) if t.elapsed() < Duration::from_secs(20) => {
                 let _ = e;
@@ -512,7 +527,7 @@ async fn etcd_over_tls_with_a_client_certificate() {
         },
     ];
     for (i, c) in refusals.iter().enumerate() {
-        let err = EtcdKv::open(c)
+        let err = EtcdKv::open(c, sealer())
             .await
             .err()
             .unwrap_or_else(|| panic!("case {i} was accepted"));
@@ -523,10 +538,13 @@ async fn etcd_over_tls_with_a_client_certificate() {
         );
     }
     // A missing key file is a configuration error named as such.
-    let err = EtcdKv::open(&EtcdConfig {
-        key_file: Some(dir.join("nope.key")),
-        ..base.clone()
-    })
+    let err = EtcdKv::open(
+        &EtcdConfig {
+            key_file: Some(dir.join("nope.key")),
+            ..base.clone()
+        },
+        sealer(),
+    )
     .await
     .err()
     .unwrap();
@@ -542,18 +560,24 @@ async fn a_mirror_behind_a_compaction_lists_again_and_its_watchers_relist() {
     let eps = c.endpoints();
     // This appliance reaches member 0 only; the other, members 1 and 2.
     let s = Store::with_backend(Backend::Etcd(
-        EtcdKv::open(&EtcdConfig {
-            endpoints: vec![eps[0].clone()],
-            ..cfg(&c, "/t6/")
-        })
+        EtcdKv::open(
+            &EtcdConfig {
+                endpoints: vec![eps[0].clone()],
+                ..cfg(&c, "/t6/")
+            },
+            sealer(),
+        )
         .await
         .unwrap(),
     ));
     let other = Store::with_backend(Backend::Etcd(
-        EtcdKv::open(&EtcdConfig {
-            endpoints: eps[1..].to_vec(),
-            ..cfg(&c, "/t6/")
-        })
+        EtcdKv::open(
+            &EtcdConfig {
+                endpoints: eps[1..].to_vec(),
+                ..cfg(&c, "/t6/")
+            },
+            sealer(),
+        )
         .await
         .unwrap(),
     ));

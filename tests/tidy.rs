@@ -38,6 +38,10 @@ fn exported_names() -> Vec<String> {
     let leader = bootplane::store::etcd::election::Metrics::default();
     leader.declare("metal");
     leader.register(&mut reg);
+    let sealed = bootplane::store::rotate::Metrics::default();
+    let key = bootplane::store::rotate::KeyLabel { key: "key1".into() };
+    sealed.by_key.get_or_create(&key).set(1);
+    sealed.register(&mut reg);
     let mut s = String::new();
     prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
     let mut names = Vec::new();

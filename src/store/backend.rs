@@ -27,6 +27,7 @@ use serde_json::Value;
 
 use super::etcd::EtcdKv;
 use super::kv::{Kv, Watch};
+use super::seal::Sealing;
 
 /// A global revision (etcd's `revision`).
 pub type Rev = u64;
@@ -62,6 +63,10 @@ pub trait KvBackend: Clone + Send + Sync + 'static {
     /// Finish what is queued, then refuse further writes (`Closed`) and end watches.
     /// Blocking.
     fn close(&self);
+
+    /// The keys Secrets are sealed with at rest and the ledger of which key each is
+    /// stored under ([`super::seal`]).
+    fn sealing(&self) -> &Sealing;
 }
 
 /// A watch from a [`KvBackend`].
@@ -207,6 +212,9 @@ pub enum KvError {
     Fenced,
     #[error("storage error: {0}")]
     Storage(String),
+    /// A sealed value no key of the key file opens (names the object and the key name).
+    #[error("{0}")]
+    Sealed(#[from] super::seal::SealError),
 }
 
 /// Result of a committed transaction: its revision and the new value of each op
@@ -292,6 +300,13 @@ impl KvBackend for Backend {
         match self {
             Backend::Embedded(k) => k.close(),
             Backend::Etcd(e) => e.close(),
+        }
+    }
+
+    fn sealing(&self) -> &Sealing {
+        match self {
+            Backend::Embedded(k) => k.sealing(),
+            Backend::Etcd(e) => e.sealing(),
         }
     }
 }

@@ -19,6 +19,8 @@ pub mod backend;
 pub mod etcd;
 pub mod kv;
 pub mod migrate;
+pub mod rotate;
+pub mod seal;
 pub mod settings;
 mod validate;
 pub mod watcher;
@@ -190,6 +192,14 @@ fn map_write(rt: &ResourceType, name: &str, e: KvError) -> StoreError {
     }
 }
 
+/// What one [`Store::reseal`] pass did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Resealed {
+    pub rewritten: usize,
+    /// Deleted or changed meanwhile, or not readable here: left for the next pass.
+    pub skipped: usize,
+}
+
 /// The current time as the RFC 3339 string (seconds, `Z`) used in metadata and status.
 pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -203,25 +213,38 @@ pub struct Store<B = Backend> {
 }
 
 impl Store {
-    /// Open the embedded store in `dir` (created if needed), on the redb engine.
+    /// Open the embedded store in `dir` (created if needed), on the redb engine, with
+    /// the default key file (`dir/secrets.key`, created if needed).
     pub fn open(dir: &Path) -> anyhow::Result<Store> {
         use anyhow::Context;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let sealer = seal::Sealer::load(&dir.join(settings::DEFAULT_KEY_FILE))?;
+        Store::open_with(dir, sealer)
+    }
+
+    /// Open the embedded store in `dir` (created if needed), Secrets sealed with
+    /// `sealer`'s keys.
+    pub fn open_with(dir: &Path, sealer: seal::Sealer) -> anyhow::Result<Store> {
+        use anyhow::Context;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join("store.redb");
-        let kv = Kv::open(&path).with_context(|| format!("opening store {}", path.display()))?;
+        let keys = sealer.path().display().to_string();
+        let kv = Kv::open(&path, sealer)
+            .with_context(|| format!("opening store {} (keys from {keys})", path.display()))?;
         Ok(Store::with_backend(Backend::Embedded(kv)))
     }
 
     /// Open the store `[store]` names: the embedded one in `state_dir`, or etcd
-    /// (connected, mirror loaded).
+    /// (connected, mirror loaded), with the key file it names.
     pub async fn from_config(
         cfg: &settings::StoreConfig,
         state_dir: &Path,
     ) -> anyhow::Result<Store> {
+        let sealer = seal::Sealer::load(&cfg.key_file(state_dir))?;
         match cfg.backend {
-            settings::BackendKind::Embedded => Store::open(state_dir),
+            settings::BackendKind::Embedded => Store::open_with(state_dir, sealer),
             settings::BackendKind::Etcd => {
-                let kv = etcd::EtcdKv::open(&cfg.etcd).await?;
+                let kv = etcd::EtcdKv::open(&cfg.etcd, sealer).await?;
                 Ok(Store::with_backend(Backend::Etcd(kv)))
             }
         }
@@ -254,6 +277,34 @@ impl<B: KvBackend> Store<B> {
 
     pub fn revision(&self) -> Rev {
         self.kv.revision()
+    }
+
+    /// Rewrite up to `max` Secrets and BMCSecrets stored under a key other than the
+    /// key file's first (or in clear) as they are, so they are sealed with the first
+    /// key: a compare-and-swap put each, through the engine's write path (on etcd the
+    /// other appliances see it). A write that lost a race is left for the next pass.
+    pub async fn reseal(&self, max: usize) -> Result<Resealed> {
+        let sealing = self.kv.sealing();
+        let primary = sealing.sealer.primary();
+        let mut done = Resealed::default();
+        for key in sealing.ledger.stale(&primary, max) {
+            // Absent: deleted meanwhile, or (etcd) a value no key opens.
+            let Some(cur) = self.kv.get(&key) else {
+                done.skipped += 1;
+                continue;
+            };
+            let op = Op::put(
+                key.to_string(),
+                Compare::ModRev(cur.mod_rev),
+                (*cur.value()).clone(),
+            );
+            match self.kv.txn(vec![op]).await {
+                Ok(_) => done.rewritten += 1,
+                Err(KvError::Conflict { .. } | KvError::NotFound { .. }) => done.skipped += 1,
+                Err(e) => return Err(map_kv(e)),
+            }
+        }
+        Ok(done)
     }
 
     /// Flush and close (waits for queued writes).

@@ -24,8 +24,15 @@ pub enum BackendKind {
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     pub backend: BackendKind,
+    /// The keys Secrets and BMCSecrets are encrypted with at rest (default
+    /// `<state_dir>/secrets.key`, created on first start); see [`super::seal`].
+    /// With etcd, every appliance needs the same file.
+    pub encryption_key_file: Option<PathBuf>,
     pub etcd: EtcdConfig,
 }
+
+/// The key file's name in the state directory when `encryption_key_file` is unset.
+pub const DEFAULT_KEY_FILE: &str = "secrets.key";
 
 /// `[store.etcd]`: the cluster, this appliance's name in it, and the timings of the
 /// leader elections and requests.
@@ -71,6 +78,13 @@ impl Default for EtcdConfig {
 }
 
 impl StoreConfig {
+    /// The encryption key file: configured, else `<state_dir>/secrets.key`.
+    pub fn key_file(&self, state_dir: &std::path::Path) -> PathBuf {
+        self.encryption_key_file
+            .clone()
+            .unwrap_or_else(|| state_dir.join(DEFAULT_KEY_FILE))
+    }
+
     /// Semantic checks that TOML typing cannot express.
     pub fn validate(&self) -> Result<()> {
         if self.backend == BackendKind::Etcd {

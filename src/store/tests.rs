@@ -433,3 +433,72 @@ async fn status_writes_are_checked_and_old_values_stand() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn secrets_are_sealed_in_the_redb_file_and_resealed_under_a_new_first_key() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(d.path()).unwrap();
+    let secret = rt("secret");
+    let o = s
+        .create(
+            &secret,
+            json!({"metadata": {"name": "s", "namespace": "default"}, "stringData": {"p": "pl41nmarker"}}),
+        )
+        .await
+        .unwrap();
+    s.create(&rt("server"), json!({"metadata": {"name": "a"}, "spec": {"systemUUID": "4c4c4544-0000-0000-0000-000000000001"}}))
+        .await
+        .unwrap();
+    let counts = |s: &Store| s.kv().sealing().ledger.counts();
+    assert_eq!(counts(&s), [("key1".to_string(), 1)].into());
+    // The text handed back and kept in memory is plain; the file holds only ciphertext.
+    assert_eq!(
+        s.get_text(&secret, Some("default"), "s").unwrap().as_ref(),
+        o.to_string()
+    );
+    close(s).await;
+    let s = Store::open(d.path()).unwrap();
+    let file = std::fs::read(d.path().join("store.redb")).unwrap();
+    let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, "pl41nmarker");
+    assert!(!file.windows(b64.len()).any(|w| w == b64.as_bytes()));
+    assert!(file
+        .windows(40)
+        .any(|w| w.starts_with(b"bootplane:enc:xchacha20poly1305:v1:key1:")));
+    assert_eq!(
+        *s.get(&secret, Some("default"), "s").unwrap(),
+        *o,
+        "same object, same resourceVersion"
+    );
+    // A new key first: one reseal pass rewrites the Secret (and nothing else).
+    let key_file = d.path().join("secrets.key");
+    let old = std::fs::read_to_string(&key_file).unwrap();
+    let new = format!(
+        "[[keys]]\nname = \"key2\"\nsecret = \"{}\"\n{old}",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [4u8; 32])
+    );
+    std::fs::write(&key_file, new).unwrap();
+    close(s).await;
+    let s = Store::open(d.path()).unwrap();
+    let rev = s.revision();
+    let r = s.reseal(10).await.unwrap();
+    assert_eq!((r.rewritten, r.skipped, s.revision()), (1, 0, rev + 1));
+    assert_eq!(counts(&s), [("key2".to_string(), 1)].into());
+    assert_eq!(s.reseal(10).await.unwrap(), Resealed::default());
+    let after = s.get(&secret, Some("default"), "s").unwrap();
+    assert_eq!(after["data"], o["data"]);
+    // Without the key it needs, the store does not open and says which key.
+    close(s).await;
+    std::fs::write(&key_file, old).unwrap();
+    let e = format!("{:#}", Store::open(d.path()).err().unwrap());
+    assert!(
+        e.contains("/core/secrets/default/s is encrypted with key \"key2\""),
+        "{e}"
+    );
+    assert!(!e.contains("pl41nmarker"), "{e}");
+}
+
+async fn close(s: Store) {
+    tokio::task::spawn_blocking(move || s.close())
+        .await
+        .unwrap();
+}

@@ -51,6 +51,7 @@ use super::backend::{
 };
 use super::kv::text::{prepare, stamp};
 use super::kv::{compare, Garbage, State, Watch};
+use super::seal::{is_sealed, SealError, Sealer, Sealing};
 use super::settings::EtcdConfig;
 
 /// Keys read per page when listing (a page stays well under gRPC's message limit).
@@ -101,6 +102,9 @@ struct Inner {
     stop: CancellationToken,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     request_timeout: Duration,
+    /// The keys Secrets are sealed with (the values etcd holds are encrypted), and
+    /// which key each is stored under.
+    sealing: Sealing,
 }
 
 fn unavailable(e: impl Into<Unreachable>) -> KvError {
@@ -189,13 +193,16 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 impl EtcdKv {
     /// Connect, list every object into the mirror and start following the cluster.
     /// Fails when the cluster cannot be read within the request timeout (the caller
-    /// says so and stops: an appliance does not start on an empty mirror).
-    pub async fn open(cfg: &EtcdConfig) -> anyhow::Result<EtcdKv> {
+    /// says so and stops: an appliance does not start on an empty mirror), or when
+    /// a sealed value opens with no key of `sealer`'s (naming the object and the key).
+    pub async fn open(cfg: &EtcdConfig, sealer: Sealer) -> anyhow::Result<EtcdKv> {
         use anyhow::Context as _;
+        let sealing = Sealing::new(sealer);
         let client = client::connect(cfg).await?;
         let root = format!("{}objects", cfg.prefix);
         let request_timeout = Duration::from_millis(cfg.request_timeout_ms);
-        let (map, rev) = tokio::time::timeout(request_timeout * 2, list(&client, &root))
+        let listing = list(&client, &root, &sealing);
+        let (map, rev) = tokio::time::timeout(request_timeout * 2, listing)
             .await
             .map_err(|_| unavailable("timed out"))
             .and_then(|r| r)
@@ -213,6 +220,7 @@ impl EtcdKv {
             stop: CancellationToken::new(),
             task: Mutex::new(None),
             request_timeout,
+            sealing,
         });
         let task = tokio::spawn(follow(inner.clone(), events));
         *inner.task.lock().unwrap() = Some(task);
@@ -226,6 +234,11 @@ impl EtcdKv {
             inner: self.inner.clone(),
             fence: Some(Arc::new(fence)),
         }
+    }
+
+    /// The keys and the ledger of sealed objects.
+    pub fn sealing(&self) -> &Sealing {
+        &self.inner.sealing
     }
 
     /// The connection (for the election and the DHCP lease ledger).
@@ -245,7 +258,7 @@ impl EtcdKv {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(KvError::Closed);
         }
-        let texts = prepare(&ops)?;
+        let texts = prepare(&ops, &self.inner.sealing.sealer)?;
         let mut when = Vec::with_capacity(ops.len() + 1);
         let mut then = Vec::with_capacity(ops.len());
         let mut otherwise = Vec::with_capacity(ops.len() + 1);
@@ -267,7 +280,7 @@ impl EtcdKv {
             then.push(match (&op.action, text) {
                 (Action::Put(_), Some(p)) => TxnOp::put(
                     k.clone(),
-                    p.text.as_bytes(),
+                    p.stored(),
                     Some(PutOptions::new().with_prev_key()),
                 ),
                 _ => TxnOp::delete(k.clone(), None),
@@ -397,35 +410,60 @@ impl EtcdKv {
 }
 
 /// One etcd key/value as the mirror keeps it: the key without the root, the value
-/// parsed (checked: etcd may hold anything) and stamped with its mod revision.
-/// `parsed`: keep the parsed value next to the text (for a watch event, which
-/// controllers read next; not for a listing, which would hold every object parsed).
-fn mirror_kv(root: &str, kv: &etcd_client::KeyValue, parsed: bool) -> Option<KeyValue> {
-    let key = kv.key_str().ok()?.strip_prefix(root)?;
-    let mut v: Value = match serde_json::from_slice(kv.value()) {
+/// opened (when sealed: noted in the ledger, see [`super::seal`]), parsed (checked:
+/// etcd may hold anything) and stamped with its mod revision. `parsed`: keep the
+/// parsed value next to the text (for a watch event, which controllers read next;
+/// not for a listing, which would hold every object parsed). A sealed value no key
+/// opens is an error (noted in the ledger under its key's name).
+fn mirror_kv(
+    root: &str,
+    kv: &etcd_client::KeyValue,
+    parsed: bool,
+    sealing: &Sealing,
+) -> Result<Option<KeyValue>, SealError> {
+    let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(root)) else {
+        return Ok(None);
+    };
+    let sealed = is_sealed(key);
+    let opened = match sealing.sealer.open(key, kv.value()) {
+        Ok(o) => o,
+        Err(e) => {
+            if let Some(name) = e.key_name() {
+                sealing.ledger.note(&Arc::from(key), Some(Arc::from(name)));
+            }
+            return Err(e);
+        }
+    };
+    let mut v: Value = match serde_json::from_slice(&opened.text) {
         Ok(v) => v,
         Err(e) => {
             tracing::error!(key, error = %e, "etcd value is not JSON; ignored");
-            return None;
+            return Ok(None);
         }
     };
     let rev = urev(kv.mod_revision());
     stamp(&mut v, rev);
     let raw = Arc::from(v.to_string());
-    Some(KeyValue {
-        key: Arc::from(key),
+    let key: Arc<str> = Arc::from(key);
+    if sealed {
+        sealing.ledger.note(&key, opened.key);
+    }
+    Ok(Some(KeyValue {
+        key,
         raw,
         create_rev: urev(kv.create_revision()),
         mod_rev: rev,
         hot: parsed.then(|| Arc::new(v)),
-    })
+    }))
 }
 
-/// Every key under `root` at one revision, a page at a time.
+/// Every key under `root` at one revision, a page at a time; the ledger is rebuilt.
 async fn list(
     client: &etcd_client::Client,
     root: &str,
+    sealing: &Sealing,
 ) -> Result<(BTreeMap<Arc<str>, KeyValue>, Rev), KvError> {
+    sealing.ledger.reset(Default::default());
     let kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
     let end = prefix_end(root.as_bytes());
     let mut from = root.as_bytes().to_vec();
@@ -447,7 +485,7 @@ async fn list(
             rev = page.header().map(|h| h.revision()).unwrap_or(0);
         }
         for e in page.kvs() {
-            if let Some(m) = mirror_kv(root, e, false) {
+            if let Some(m) = mirror_kv(root, e, false, sealing)? {
                 map.insert(m.key.clone(), m);
             }
         }
@@ -478,7 +516,7 @@ async fn follow(inner: Arc<Inner>, events: watch::Sender<Rev>) {
                 tracing::warn!(from, "etcd compacted past the mirror; listing again");
                 let listed = tokio::select! {
                     _ = inner.stop.cancelled() => break,
-                    r = list(&inner.client, &inner.root) => r,
+                    r = list(&inner.client, &inner.root, &inner.sealing) => r,
                 };
                 match listed {
                     Ok((map, rev)) => {
@@ -570,7 +608,12 @@ fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event])
                 let Some(kv) = e.kv() else { continue };
                 match e.event_type() {
                     EventType::Put => {
-                        if let Some(m) = mirror_kv(&inner.root, kv, true) {
+                        let m = mirror_kv(&inner.root, kv, true, &inner.sealing)
+                            .unwrap_or_else(|e| {
+                                tracing::error!(error = %e, "a sealed object etcd holds does not open: left out of this appliance's mirror until its key is in the key file");
+                                None
+                            });
+                        if let Some(m) = m {
                             let existed = m.create_rev < m.mod_rev;
                             changes.push((m.key.clone(), Some(m.clone())));
                             out.push(Event {
@@ -588,6 +631,9 @@ fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event])
                         else {
                             continue;
                         };
+                        if is_sealed(key) {
+                            inner.sealing.ledger.remove(key);
+                        }
                         if let Some(prev) = st.get(key).cloned() {
                             changes.push((prev.key.clone(), None));
                             out.push(Event {
@@ -642,6 +688,10 @@ impl KvBackend for EtcdKv {
 
     fn close(&self) {
         EtcdKv::close(self)
+    }
+
+    fn sealing(&self) -> &Sealing {
+        EtcdKv::sealing(self)
     }
 }
 

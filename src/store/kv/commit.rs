@@ -15,12 +15,14 @@ use super::{
     encode, storage, Action, Compare, Event, EventKind, Garbage, KeyValue, KvError, Msg, Op,
     Request, Rev, State, TxnResult, KV, MAX_BATCH, META, REAP_QUEUE,
 };
+use crate::store::seal::{is_sealed, Ledger};
 
 pub(super) fn writer_loop(
     db: Database,
     state: Arc<RwLock<State>>,
     rx: std::sync::mpsc::Receiver<Msg>,
     events: watch::Sender<Rev>,
+    ledger: Arc<Ledger>,
 ) {
     // Old versions are freed on a thread of their own: a parsed object is hundreds of
     // allocations, mostly made on other threads, and freeing them took a quarter of
@@ -47,7 +49,7 @@ pub(super) fn writer_loop(
             }
         }
         if !batch.is_empty() {
-            let garbage = commit_batch(&db, &state, &events, batch);
+            let garbage = commit_batch(&db, &state, &events, &ledger, batch);
             if reaper.is_some() {
                 let _ = reap.send(garbage);
             }
@@ -104,11 +106,14 @@ fn commit_batch(
     db: &Database,
     state: &Arc<RwLock<State>>,
     events: &watch::Sender<Rev>,
+    ledger: &Ledger,
     mut batch: Vec<Request>,
 ) -> Garbage {
     let mut garbage = Garbage::default();
     // 1. Validate in order against committed state + what this batch already changed.
     let mut overlay: HashMap<Arc<str>, Option<KeyValue>> = HashMap::new();
+    // The sealed texts (and keys) of the sealed types' latest puts in the batch.
+    let mut seals: HashMap<Arc<str>, (Vec<u8>, Arc<str>)> = HashMap::new();
     let mut results: Vec<Result<TxnResult, KvError>> = Vec::with_capacity(batch.len());
     let mut evs: Vec<Event> = Vec::new();
     let base_rev;
@@ -136,17 +141,18 @@ fn commit_batch(
             rev += 1;
             let mut kvs = Vec::with_capacity(req.ops.len());
             let mut values = Vec::with_capacity(req.ops.len());
-            for (op, text) in req.ops.iter_mut().zip(&req.texts) {
+            for (op, text) in req.ops.iter_mut().zip(req.texts.iter_mut()) {
                 let key: Arc<str> = Arc::from(op.key.as_str());
                 let prev = current(&op.key, &overlay);
                 match &mut op.action {
                     Action::Put(v) => {
                         let mut v = std::mem::replace(v, Arc::new(Value::Null));
                         stamp(Arc::make_mut(&mut v), rev);
-                        let raw = text
-                            .as_ref()
-                            .expect("prepare() gives every put its text")
-                            .stamped(rev);
+                        let text = text.as_mut().expect("prepare() gives every put its text");
+                        let raw = text.stamped(rev);
+                        if let Some(sealed) = text.sealed.take() {
+                            seals.insert(key.clone(), sealed);
+                        }
                         let kv = KeyValue {
                             key: key.clone(),
                             raw,
@@ -183,12 +189,19 @@ fn commit_batch(
         drop(st);
         // 2. Persist the batch in one durable transaction.
         if rev > base_rev {
-            if let Err(e) = persist(db, &overlay, rev) {
+            if let Err(e) = persist(db, &overlay, &seals, rev) {
                 tracing::error!(error = %e, "store commit failed");
                 for (req, _) in batch.into_iter().zip(results) {
                     let _ = req.reply.send(Err(e.clone()));
                 }
                 return garbage;
+            }
+            for (k, v) in &overlay {
+                match v {
+                    Some(_) if is_sealed(k) => ledger.note(k, seals.remove(k).map(|s| s.1)),
+                    None if is_sealed(k) => ledger.remove(k),
+                    _ => {}
+                }
             }
             // 3. Publish, then acknowledge. What the new versions replace is not freed
             // here (a parsed object is hundreds of allocations; freeing them under the
@@ -209,6 +222,7 @@ fn commit_batch(
 fn persist(
     db: &Database,
     overlay: &HashMap<Arc<str>, Option<KeyValue>>,
+    seals: &HashMap<Arc<str>, (Vec<u8>, Arc<str>)>,
     rev: Rev,
 ) -> Result<(), KvError> {
     let w = db.begin_write().map_err(storage)?;
@@ -218,7 +232,7 @@ fn persist(
         for (k, v) in overlay {
             match v {
                 Some(kv) => {
-                    encode(kv, &mut buf);
+                    encode(kv, seals.get(k).map(|s| s.0.as_slice()), &mut buf);
                     t.insert(&**k, buf.as_slice()).map_err(storage)?;
                 }
                 None => {

@@ -50,6 +50,8 @@ pub(in crate::store) use commit::compare;
 use commit::writer_loop;
 use text::{prepare, Prepared};
 
+use super::seal::{is_sealed, Sealer, Sealing};
+
 /// How many past events are kept, for watch replay and for live watchers (a watcher
 /// further behind than this is closed and re-lists). Each event pins its object
 /// version's JSON text (shared with the map while it is the current version), so this
@@ -219,33 +221,44 @@ pub struct Kv {
     /// see the channel close when the store does.
     published: watch::Receiver<Rev>,
     writer: Arc<std::sync::Mutex<Option<thread::JoinHandle<()>>>>,
+    /// The keys Secrets are sealed with, and which key each is stored under.
+    sealing: Sealing,
 }
 
-/// A record as redb stores it (into `out`, which is cleared first).
-fn encode(kv: &KeyValue, out: &mut Vec<u8>) {
+/// A record as redb stores it (into `out`, which is cleared first): the revisions,
+/// then `sealed` (a sealed type's encrypted text, see [`super::seal`]) or the text.
+fn encode(kv: &KeyValue, sealed: Option<&[u8]>, out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(&kv.mod_rev.to_le_bytes());
     out.extend_from_slice(&kv.create_rev.to_le_bytes());
-    out.extend_from_slice(kv.raw.as_bytes());
+    out.extend_from_slice(sealed.unwrap_or(kv.raw.as_bytes()));
 }
 
-fn decode(key: &str, b: &[u8]) -> Result<KeyValue, KvError> {
+/// A record read back, opened with `sealer` when sealed, and the key it was sealed
+/// with (`None`: in clear).
+fn decode(key: &str, b: &[u8], sealer: &Sealer) -> Result<(KeyValue, Option<Arc<str>>), KvError> {
     if b.len() < 16 {
         return Err(KvError::Storage(format!("record for {key} is truncated")));
     }
     let mod_rev = u64::from_le_bytes(b[0..8].try_into().unwrap());
     let create_rev = u64::from_le_bytes(b[8..16].try_into().unwrap());
+    let opened = sealer.open(key, &b[16..])?;
     // Checked once here, so later parses of the text cannot fail; re-serialized so
     // the text is compact whatever wrote it.
-    let value: Value = serde_json::from_slice(&b[16..])
+    let mut value: Value = serde_json::from_slice(&opened.text)
         .map_err(|e| KvError::Storage(format!("record for {key} is corrupt: {e}")))?;
-    Ok(KeyValue {
+    if opened.key.is_some() {
+        // Sealed before the revision was known (the text has an empty slot).
+        text::stamp(&mut value, mod_rev);
+    }
+    let kv = KeyValue {
         key: Arc::from(key),
         raw: Arc::from(value.to_string()),
         create_rev,
         mod_rev,
         hot: None,
-    })
+    };
+    Ok((kv, opened.key))
 }
 
 fn storage<E: std::fmt::Display>(e: E) -> KvError {
@@ -253,8 +266,11 @@ fn storage<E: std::fmt::Display>(e: E) -> KvError {
 }
 
 impl Kv {
-    /// Open (or create) the store at `path`, loading every key into memory.
-    pub fn open(path: &Path) -> Result<Kv, KvError> {
+    /// Open (or create) the store at `path`, loading every key into memory; sealed
+    /// values are opened with `sealer` (one that no key opens fails the open, naming
+    /// the object and the key name).
+    pub fn open(path: &Path, sealer: Sealer) -> Result<Kv, KvError> {
+        let sealing = Sealing::new(sealer);
         // The store holds Secrets: create its file 0600 whatever the umask (redb
         // initialises an empty file; an existing file is left as it is).
         {
@@ -282,7 +298,10 @@ impl Kv {
             let t = r.open_table(KV).map_err(storage)?;
             for item in t.iter().map_err(storage)? {
                 let (k, v) = item.map_err(storage)?;
-                let kv = decode(k.value(), v.value())?;
+                let (kv, key) = decode(k.value(), v.value(), &sealing.sealer)?;
+                if is_sealed(&kv.key) {
+                    sealing.ledger.note(&kv.key, key);
+                }
                 map.insert(kv.key.clone(), kv);
             }
             let m = r.open_table(META).map_err(storage)?;
@@ -294,10 +313,10 @@ impl Kv {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(8192);
         let (events, published) = watch::channel(rev);
         let writer = {
-            let state = state.clone();
+            let (state, ledger) = (state.clone(), sealing.ledger.clone());
             thread::Builder::new()
                 .name("store-writer".into())
-                .spawn(move || writer_loop(db, state, rx, events))
+                .spawn(move || writer_loop(db, state, rx, events, ledger))
                 .map_err(storage)?
         };
         Ok(Kv {
@@ -305,7 +324,13 @@ impl Kv {
             tx,
             published,
             writer: Arc::new(std::sync::Mutex::new(Some(writer))),
+            sealing,
         })
+    }
+
+    /// The keys and the ledger of sealed objects.
+    pub fn sealing(&self) -> &Sealing {
+        &self.sealing
     }
 
     /// The current (latest committed) revision.
@@ -331,7 +356,7 @@ impl Kv {
     pub async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.clone();
-        let texts = prepare(&ops)?;
+        let texts = prepare(&ops, &self.sealing.sealer)?;
         // The queue is bounded; a full queue must not block the async runtime.
         match tx.try_send(Msg::Txn(Request { ops, texts, reply })) {
             Ok(()) => {}
@@ -349,7 +374,7 @@ impl Kv {
     /// Blocking variant of [`Kv::txn`] for non-async callers.
     pub fn txn_blocking(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
-        let texts = prepare(&ops)?;
+        let texts = prepare(&ops, &self.sealing.sealer)?;
         self.tx
             .send(Msg::Txn(Request { ops, texts, reply }))
             .map_err(|_| KvError::Closed)?;
@@ -503,6 +528,10 @@ impl KvBackend for Kv {
     fn close(&self) {
         Kv::close(self)
     }
+
+    fn sealing(&self) -> &Sealing {
+        Kv::sealing(self)
+    }
 }
 
 impl KvWatch for Watch {
@@ -517,6 +546,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn test_sealer(dir: &Path) -> Sealer {
+        Sealer::load(&dir.join("secrets.key")).unwrap()
+    }
+
     fn obj(n: i64) -> Value {
         json!({"metadata": {"name": "x"}, "n": n})
     }
@@ -524,7 +557,7 @@ mod tests {
     #[tokio::test]
     async fn cas_and_revisions() {
         let dir = tempfile::tempdir().unwrap();
-        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        let kv = Kv::open(&dir.path().join("db"), test_sealer(dir.path())).unwrap();
         let r1 = kv
             .txn(vec![Op::put("/a", Compare::Absent, obj(1))])
             .await
@@ -576,7 +609,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db");
         {
-            let kv = Kv::open(&path).unwrap();
+            let kv = Kv::open(&path, test_sealer(dir.path())).unwrap();
             for i in 0..10 {
                 kv.txn(vec![Op::put(format!("/k/{i}"), Compare::Absent, obj(i))])
                     .await
@@ -596,7 +629,7 @@ mod tests {
                 KvError::Closed
             );
         }
-        let kv = Kv::open(&path).unwrap();
+        let kv = Kv::open(&path, test_sealer(dir.path())).unwrap();
         assert_eq!(kv.revision(), 11);
         let (items, rev) = kv.list("/k/");
         assert_eq!((items.len(), rev), (9, 11));
@@ -612,7 +645,7 @@ mod tests {
     #[tokio::test]
     async fn watch_replays_then_follows_in_order_exactly_once() {
         let dir = tempfile::tempdir().unwrap();
-        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        let kv = Kv::open(&dir.path().join("db"), test_sealer(dir.path())).unwrap();
         for i in 0..50 {
             kv.txn(vec![Op::put(format!("/w/{}", i % 7), Compare::Any, obj(i))])
                 .await
@@ -644,7 +677,7 @@ mod tests {
     #[tokio::test]
     async fn concurrent_cas_has_one_winner() {
         let dir = tempfile::tempdir().unwrap();
-        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        let kv = Kv::open(&dir.path().join("db"), test_sealer(dir.path())).unwrap();
         kv.txn(vec![Op::put("/s", Compare::Absent, obj(0))])
             .await
             .unwrap();
@@ -667,7 +700,7 @@ mod tests {
     #[tokio::test]
     async fn text_keeps_field_order_and_recent_writes_share_their_value() {
         let dir = tempfile::tempdir().unwrap();
-        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        let kv = Kv::open(&dir.path().join("db"), test_sealer(dir.path())).unwrap();
         let v = json!({"z": 1, "metadata": {"name": "x"}, "a": {"y": [1, "two"], "b": null}});
         let r = kv
             .txn(vec![Op::put("/h", Compare::Absent, v)])
@@ -705,7 +738,7 @@ mod tests {
     #[tokio::test]
     async fn a_watcher_further_behind_than_the_log_is_told_to_relist() {
         let dir = tempfile::tempdir().unwrap();
-        let kv = Kv::open(&dir.path().join("db")).unwrap();
+        let kv = Kv::open(&dir.path().join("db"), test_sealer(dir.path())).unwrap();
         kv.txn(vec![Op::put("/w/0", Compare::Any, obj(0))])
             .await
             .unwrap();

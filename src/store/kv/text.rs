@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Action, KvError, Op, Rev, MAX_VALUE_BYTES};
+use crate::store::seal::{is_sealed, Sealer};
 
 /// A value's compact JSON text, serialized before commit with an empty slot where
 /// `metadata.resourceVersion`'s digits go (the revision is only known at commit).
@@ -19,6 +20,9 @@ pub(in crate::store) struct Prepared {
     /// Byte offset of the revision's digits (between the quotes), when the value is
     /// a map with a `metadata` map.
     slot: Option<usize>,
+    /// For a sealed type ([`crate::store::seal`]): `text` (with an empty
+    /// `resourceVersion`) encrypted, and the key's name. What the engine stores.
+    pub(in crate::store) sealed: Option<(Vec<u8>, Arc<str>)>,
 }
 
 impl Prepared {
@@ -31,6 +35,7 @@ impl Prepared {
                 return Prepared {
                     text: utf8(out),
                     slot: None,
+                    sealed: None,
                 };
             }
         };
@@ -78,6 +83,15 @@ impl Prepared {
         Prepared {
             text: utf8(out),
             slot: Some(slot),
+            sealed: None,
+        }
+    }
+
+    /// The bytes the engine stores: the sealed text, else the text.
+    pub(in crate::store) fn stored(&self) -> &[u8] {
+        match &self.sealed {
+            Some((b, _)) => b,
+            None => self.text.as_bytes(),
         }
     }
 
@@ -108,13 +122,20 @@ fn ser<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
 }
 /// The text of each put in `ops`, serialized on the caller's thread: the writer thread
 /// is the one place every commit waits on, so it only splices in the revision.
+/// Values of sealed types are encrypted here too, with `sealer`'s first key.
 /// `TooLarge` when a text is over [`MAX_VALUE_BYTES`].
-pub(in crate::store) fn prepare(ops: &[Op]) -> Result<Vec<Option<Prepared>>, KvError> {
+pub(in crate::store) fn prepare(
+    ops: &[Op],
+    sealer: &Sealer,
+) -> Result<Vec<Option<Prepared>>, KvError> {
     ops.iter()
         .map(|op| match &op.action {
             Action::Put(v) => {
-                let p = Prepared::new(v);
-                let size = p.text.len();
+                let mut p = Prepared::new(v);
+                if is_sealed(&op.key) {
+                    p.sealed = Some(sealer.seal(&op.key, p.text.as_bytes()));
+                }
+                let size = p.stored().len();
                 if size > MAX_VALUE_BYTES {
                     return Err(KvError::TooLarge {
                         key: op.key.clone(),

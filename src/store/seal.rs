@@ -1,0 +1,649 @@
+//! Secrets at rest: the Secret and BMCSecret objects' text is encrypted where the
+//! store hands it to its engine (the bytes redb writes, the values etcd is sent) and
+//! decrypted where it comes back (redb at open, etcd's list and watch into the
+//! mirror). In memory it stays plain (see ARCHITECTURE.md's store room).
+//!
+//! The envelope is Kubernetes' EncryptionConfiguration layout under our own prefix:
+//! `bootplane:enc:xchacha20poly1305:v1:` + key name + `:` + 24-byte nonce +
+//! ciphertext and 16-byte tag, with the store key (`/core/secrets/ns/name`) as
+//! associated data, so a value copied onto another object's key does not decrypt.
+//! XChaCha20-Poly1305's 192-bit nonce is drawn at random for every write: random
+//! nonces that long never repeat in practice whatever the write rate (a 96-bit one
+//! would want a bound on writes per key).
+//!
+//! The key file (`[store] encryption_key_file`, default `<state_dir>/secrets.key`,
+//! created 0600 with one random 256-bit key on first start) is TOML:
+//!
+//! ```toml
+//! [[keys]]
+//! name = "key2"          # the first key encrypts every new write
+//! secret = "base64 of 32 bytes"
+//! [[keys]]
+//! name = "key1"          # the others still decrypt
+//! secret = "..."
+//! ```
+//!
+//! Each engine keeps a [`Ledger`] of which key each sealed object is stored under
+//! (`identity`: stored in clear, before encryption existed); [`super::Store::reseal`]
+//! rewrites the ones not under the first key. Keys never appear in `Debug` output,
+//! logs or errors: errors name the key name only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use anyhow::{bail, Context as _};
+use base64::Engine as _;
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use serde::Deserialize;
+
+/// The store keys whose values are sealed: core Secrets and BMCSecrets.
+pub const SEALED_PREFIXES: [&str; 2] = ["/core/secrets/", "/metal.ironcore.dev/bmcsecrets/"];
+
+/// The envelope's prefix, before the key name.
+const MAGIC: &[u8] = b"bootplane:enc:xchacha20poly1305:v1:";
+const NONCE: usize = 24;
+const TAG: usize = 16;
+/// The ledger's name for a sealed object stored in clear (Kubernetes' name for the
+/// provider that does not encrypt); no key may be called so.
+pub const IDENTITY: &str = "identity";
+/// Largest key file read.
+const MAX_FILE: u64 = 64 << 10;
+/// Most keys in a key file.
+const MAX_KEYS: usize = 32;
+
+/// Whether the value of store key `key` is sealed at rest.
+pub fn is_sealed(key: &str) -> bool {
+    SEALED_PREFIXES.iter().any(|p| key.starts_with(p))
+}
+
+/// A stored value that could not be opened. Names the object's store key and the
+/// key name, never the data.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum SealError {
+    #[error("{key} is encrypted with key {name:?}, which the key file does not have")]
+    UnknownKey { key: String, name: String },
+    #[error(
+        "{key} does not decrypt with key {name:?} (another key of that name, or a damaged value)"
+    )]
+    Decrypt { key: String, name: String },
+    #[error("{key} holds a malformed encrypted value")]
+    Malformed { key: String },
+}
+
+impl SealError {
+    /// The key name the value names, when it could be read.
+    pub fn key_name(&self) -> Option<&str> {
+        match self {
+            SealError::UnknownKey { name, .. } | SealError::Decrypt { name, .. } => Some(name),
+            SealError::Malformed { .. } => None,
+        }
+    }
+}
+
+/// One named key.
+struct Key {
+    name: Arc<str>,
+    aead: XChaCha20Poly1305,
+}
+
+/// The keys of one reading of the key file; the first seals.
+struct Keyring {
+    keys: Vec<Key>,
+}
+
+impl std::fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keyring")
+            .field(
+                "names",
+                &self.keys.iter().map(|k| &*k.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyFile {
+    #[serde(default)]
+    keys: Vec<KeyEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyEntry {
+    name: String,
+    secret: String,
+}
+
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n != IDENTITY
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+}
+
+impl Keyring {
+    /// Parse a key file's text; errors name the key (by position or name), never
+    /// its secret.
+    fn parse(text: &str) -> anyhow::Result<Keyring> {
+        // toml's error quotes the offending line, which may hold a secret: not shown.
+        let file: KeyFile = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| text[..s.start].lines().count().max(1));
+            anyhow::anyhow!(
+                "not a key file (expected [[keys]] tables with name and secret){}",
+                at.map(|l| format!(", near line {l}")).unwrap_or_default()
+            )
+        })?;
+        if file.keys.is_empty() {
+            bail!("it holds no [[keys]]");
+        }
+        if file.keys.len() > MAX_KEYS {
+            bail!("it holds {} keys, more than {MAX_KEYS}", file.keys.len());
+        }
+        let mut keys: Vec<Key> = Vec::with_capacity(file.keys.len());
+        for (i, e) in file.keys.iter().enumerate() {
+            if !valid_name(&e.name) {
+                bail!(
+                    "key {} has name {:?}: names are 1-64 characters of [A-Za-z0-9-._], not {IDENTITY:?}",
+                    i + 1,
+                    e.name
+                );
+            }
+            if keys.iter().any(|k| *k.name == e.name) {
+                bail!("key name {:?} appears twice", e.name);
+            }
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(e.secret.trim())
+                .ok()
+                .filter(|b| b.len() == 32)
+                .ok_or_else(|| {
+                    anyhow::anyhow!("key {:?}: secret is not 32 bytes in base64", e.name)
+                })?;
+            keys.push(Key {
+                name: Arc::from(e.name.as_str()),
+                aead: XChaCha20Poly1305::new_from_slice(&raw).expect("32 bytes"),
+            });
+        }
+        Ok(Keyring { keys })
+    }
+
+    fn seal(&self, key: &str, plain: &[u8]) -> Vec<u8> {
+        use rand::RngCore as _;
+        let k = &self.keys[0];
+        let mut nonce = [0u8; NONCE];
+        rand::rngs::OsRng.fill_bytes(&mut nonce);
+        let ct = k
+            .aead
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: plain,
+                    aad: key.as_bytes(),
+                },
+            )
+            .expect("xchacha20poly1305 encrypts any length a store value has");
+        let mut out = Vec::with_capacity(MAGIC.len() + k.name.len() + 1 + NONCE + ct.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(k.name.as_bytes());
+        out.push(b':');
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&ct);
+        out
+    }
+
+    fn open(&self, key: &str, body: &[u8]) -> Result<(Vec<u8>, Arc<str>), SealError> {
+        let malformed = || SealError::Malformed { key: key.into() };
+        let colon = body.iter().position(|b| *b == b':').ok_or_else(malformed)?;
+        let name = std::str::from_utf8(&body[..colon]).map_err(|_| malformed())?;
+        let rest = &body[colon + 1..];
+        if rest.len() < NONCE + TAG || name.is_empty() || name.len() > 64 {
+            return Err(malformed());
+        }
+        let k =
+            self.keys
+                .iter()
+                .find(|k| &*k.name == name)
+                .ok_or_else(|| SealError::UnknownKey {
+                    key: key.into(),
+                    name: name.into(),
+                })?;
+        let plain = k
+            .aead
+            .decrypt(
+                XNonce::from_slice(&rest[..NONCE]),
+                Payload {
+                    msg: &rest[NONCE..],
+                    aad: key.as_bytes(),
+                },
+            )
+            .map_err(|_| SealError::Decrypt {
+                key: key.into(),
+                name: name.into(),
+            })?;
+        Ok((plain, k.name.clone()))
+    }
+}
+
+/// What a stored value opened to.
+pub(in crate::store) struct Opened<'a> {
+    /// The plain text.
+    pub text: std::borrow::Cow<'a, [u8]>,
+    /// The key it was sealed with; `None`: it was stored in clear.
+    pub key: Option<Arc<str>>,
+}
+
+/// The keys from the key file, re-read on [`Sealer::reload`]. Cheap to clone; the
+/// key file's path and the key names are all it shows.
+#[derive(Clone)]
+pub struct Sealer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    ring: RwLock<Arc<Keyring>>,
+    /// The file's (mtime, size, inode) when it was last read.
+    seen: Mutex<(i64, i64, u64, u64)>,
+}
+
+impl std::fmt::Debug for Sealer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealer")
+            .field("path", &self.inner.path)
+            .field("keys", &self.key_names())
+            .finish()
+    }
+}
+
+fn file_stamp(md: &std::fs::Metadata) -> (i64, i64, u64, u64) {
+    (md.mtime(), md.mtime_nsec(), md.size(), md.ino())
+}
+
+/// Read the key file, refusing one that group or others may access.
+fn read_key_file(path: &Path) -> anyhow::Result<(Keyring, (i64, i64, u64, u64))> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path)
+        .with_context(|| format!("opening encryption key file {}", path.display()))?;
+    let md = f
+        .metadata()
+        .with_context(|| format!("reading encryption key file {}", path.display()))?;
+    let mode = md.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "encryption key file {} has mode {mode:04o}: group or others may read it; make it 0600 (chmod 600) and restart",
+            path.display()
+        );
+    }
+    if md.uid() != nix::unistd::geteuid().as_raw() {
+        bail!(
+            "encryption key file {} belongs to uid {}, not to the uid running bootplane",
+            path.display(),
+            md.uid()
+        );
+    }
+    let mut text = String::new();
+    f.take(MAX_FILE + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("reading encryption key file {}", path.display()))?;
+    if text.len() as u64 > MAX_FILE {
+        bail!(
+            "encryption key file {} is over {MAX_FILE} bytes",
+            path.display()
+        );
+    }
+    let ring =
+        Keyring::parse(&text).with_context(|| format!("encryption key file {}", path.display()))?;
+    Ok((ring, file_stamp(&md)))
+}
+
+/// A new key file's text: one random 256-bit key named `key1`.
+fn generated() -> String {
+    use rand::RngCore as _;
+    let mut raw = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut raw);
+    format!(
+        "# bootplane's keys for Secrets and BMCSecrets at rest (docs/configuration.md, [store]).\n\
+         # The first key encrypts new writes; every key listed decrypts. To rotate, put a new\n\
+         # key first (32 random bytes, base64: `head -c 32 /dev/urandom | base64`), then\n\
+         # restart or send SIGHUP; remove the old key once bootplane logs that none is left.\n\
+         [[keys]]\nname = \"key1\"\nsecret = \"{}\"\n",
+        base64::engine::general_purpose::STANDARD.encode(raw)
+    )
+}
+
+impl Sealer {
+    /// Read the key file at `path`, creating it (0600, one random key) when it does
+    /// not exist. Refuses a file group or others may read, naming it.
+    pub fn load(path: &Path) -> anyhow::Result<Sealer> {
+        if std::fs::symlink_metadata(path).is_err() {
+            use std::io::Write as _;
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+            {
+                Ok(mut f) => {
+                    f.write_all(generated().as_bytes())
+                        .and_then(|()| f.sync_all())
+                        .with_context(|| {
+                            format!("writing encryption key file {}", path.display())
+                        })?;
+                    tracing::info!(path = %path.display(), "created the encryption key file for secrets at rest");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("creating encryption key file {}", path.display())
+                    })
+                }
+            }
+        }
+        let (ring, seen) = read_key_file(path)?;
+        Ok(Sealer {
+            inner: Arc::new(Inner {
+                path: path.to_path_buf(),
+                ring: RwLock::new(Arc::new(ring)),
+                seen: Mutex::new(seen),
+            }),
+        })
+    }
+
+    /// The key file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Read the key file again when it changed since it was last read (or when
+    /// `force`): `Ok(true)` when it was read. A file that no longer reads (missing,
+    /// malformed, readable by others) leaves the keys as they were.
+    pub fn reload(&self, force: bool) -> anyhow::Result<bool> {
+        let path = &self.inner.path;
+        let md = std::fs::metadata(path)
+            .with_context(|| format!("reading encryption key file {}", path.display()))?;
+        if !force && *self.inner.seen.lock().unwrap() == file_stamp(&md) {
+            return Ok(false);
+        }
+        let (ring, seen) = read_key_file(path)?;
+        *self.inner.ring.write().unwrap() = Arc::new(ring);
+        *self.inner.seen.lock().unwrap() = seen;
+        Ok(true)
+    }
+
+    fn ring(&self) -> Arc<Keyring> {
+        self.inner.ring.read().unwrap().clone()
+    }
+
+    /// The key new writes are sealed with.
+    pub fn primary(&self) -> Arc<str> {
+        self.ring().keys[0].name.clone()
+    }
+
+    /// Every key's name, the primary first.
+    pub fn key_names(&self) -> Vec<Arc<str>> {
+        self.ring().keys.iter().map(|k| k.name.clone()).collect()
+    }
+
+    /// `plain`, the value of store key `key`, sealed with the primary key (and the
+    /// key's name).
+    pub(in crate::store) fn seal(&self, key: &str, plain: &[u8]) -> (Vec<u8>, Arc<str>) {
+        let ring = self.ring();
+        (ring.seal(key, plain), ring.keys[0].name.clone())
+    }
+
+    /// The stored value of store key `key`, opened: an envelope is decrypted, any
+    /// other value (written before encryption existed) is taken as it is.
+    pub(in crate::store) fn open<'a>(
+        &self,
+        key: &str,
+        stored: &'a [u8],
+    ) -> Result<Opened<'a>, SealError> {
+        match stored.strip_prefix(MAGIC) {
+            None => Ok(Opened {
+                text: std::borrow::Cow::Borrowed(stored),
+                key: None,
+            }),
+            Some(body) => {
+                let (plain, name) = self.ring().open(key, body)?;
+                Ok(Opened {
+                    text: std::borrow::Cow::Owned(plain),
+                    key: Some(name),
+                })
+            }
+        }
+    }
+}
+
+/// Which key each sealed object of one engine is stored under (`identity` for one
+/// stored in clear), kept by the engine's one writer of its state (the redb writer
+/// thread, the etcd mirror's task) after each change it makes visible.
+#[derive(Default)]
+pub struct Ledger {
+    by_object: Mutex<HashMap<Arc<str>, Arc<str>>>,
+}
+
+impl Ledger {
+    /// Object `key` is now stored under key `name` (`None`: in clear); [`Ledger::remove`]
+    /// when deleted.
+    pub(in crate::store) fn note(&self, key: &Arc<str>, name: Option<Arc<str>>) {
+        let name = name.unwrap_or_else(|| Arc::from(IDENTITY));
+        self.by_object.lock().unwrap().insert(key.clone(), name);
+    }
+
+    pub(in crate::store) fn remove(&self, key: &str) {
+        self.by_object.lock().unwrap().remove(key);
+    }
+
+    /// Replace everything (an engine that listed again).
+    pub(in crate::store) fn reset(&self, all: HashMap<Arc<str>, Arc<str>>) {
+        *self.by_object.lock().unwrap() = all;
+    }
+
+    /// How many objects are stored under each key name.
+    pub fn counts(&self) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for name in self.by_object.lock().unwrap().values() {
+            *out.entry(name.to_string()).or_default() += 1;
+        }
+        out
+    }
+
+    /// Objects stored under any key but `primary`, at most `max`, in key order.
+    pub(in crate::store) fn stale(&self, primary: &str, max: usize) -> Vec<Arc<str>> {
+        let mut v: Vec<Arc<str>> = self
+            .by_object
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, n)| &***n != primary)
+            .map(|(k, _)| k.clone())
+            .collect();
+        v.sort();
+        v.truncate(max);
+        v
+    }
+}
+
+/// What an engine needs to seal and open values: the keys, and its ledger.
+#[derive(Clone)]
+pub struct Sealing {
+    pub sealer: Sealer,
+    pub ledger: Arc<Ledger>,
+}
+
+impl Sealing {
+    pub fn new(sealer: Sealer) -> Sealing {
+        Sealing {
+            sealer,
+            ledger: Arc::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(names: &[&str]) -> Keyring {
+        let mut text = String::new();
+        for n in names {
+            // The same name gives the same key bytes.
+            let secret = base64::engine::general_purpose::STANDARD
+                .encode([n.len() as u8 + n.as_bytes()[1]; 32]);
+            text.push_str(&format!(
+                "[[keys]]\nname = \"{n}\"\nsecret = \"{secret}\"\n"
+            ));
+        }
+        Keyring::parse(&text).unwrap()
+    }
+
+    const KEY: &str = "/core/secrets/default/s";
+    const PLAIN: &[u8] = br#"{"kind":"Secret","stringData":{"password":"hunter2"}}"#;
+
+    #[test]
+    fn round_trip_names_the_key_and_hides_the_text() {
+        let r = ring(&["k1"]);
+        let sealed = r.seal(KEY, PLAIN);
+        assert!(sealed.starts_with(b"bootplane:enc:xchacha20poly1305:v1:k1:"));
+        assert!(!sealed.windows(7).any(|w| w == b"hunter2"));
+        let (plain, name) = r.open(KEY, &sealed[MAGIC.len()..]).unwrap();
+        assert_eq!((plain.as_slice(), &*name), (PLAIN, "k1"));
+        // Two seals of the same text differ (a fresh nonce each).
+        assert_ne!(sealed, r.seal(KEY, PLAIN));
+    }
+
+    #[test]
+    fn older_keys_still_open_and_the_first_seals() {
+        let old = ring(&["k1"]);
+        let sealed = old.seal(KEY, PLAIN);
+        let both = ring(&["k2", "k1"]);
+        assert_eq!(&*both.open(KEY, &sealed[MAGIC.len()..]).unwrap().1, "k1");
+        let resealed = both.seal(KEY, PLAIN);
+        assert!(resealed.starts_with(b"bootplane:enc:xchacha20poly1305:v1:k2:"));
+    }
+
+    #[test]
+    fn wrong_key_tampering_unknown_key_and_another_object_are_errors() {
+        let r = ring(&["k1"]);
+        let sealed = r.seal(KEY, PLAIN);
+        let body = &sealed[MAGIC.len()..];
+        // A key of the same name but other bytes.
+        let other = Keyring::parse(&format!(
+            "[[keys]]\nname = \"k1\"\nsecret = \"{}\"\n",
+            base64::engine::general_purpose::STANDARD.encode([9u8; 32])
+        ))
+        .unwrap();
+        let e = other.open(KEY, body).unwrap_err();
+        assert!(
+            matches!(e, SealError::Decrypt { ref name, .. } if name == "k1"),
+            "{e}"
+        );
+        let mut tampered = body.to_vec();
+        let last = tampered.len() - 20;
+        tampered[last] ^= 1;
+        assert!(matches!(
+            r.open(KEY, &tampered).unwrap_err(),
+            SealError::Decrypt { .. }
+        ));
+        let e = ring(&["k7"]).open(KEY, body).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/core/secrets/default/s is encrypted with key \"k1\", which the key file does not have"
+        );
+        // Bound to its object: the same bytes under another key do not open.
+        assert!(matches!(
+            r.open("/core/secrets/default/t", body).unwrap_err(),
+            SealError::Decrypt { .. }
+        ));
+        assert!(matches!(
+            r.open(KEY, b"k1:short").unwrap_err(),
+            SealError::Malformed { .. }
+        ));
+    }
+
+    #[test]
+    fn key_files_are_checked_without_showing_secrets() {
+        let bad = |text: &str, says: &str| {
+            let e = format!("{:#}", Keyring::parse(text).unwrap_err());
+            assert!(e.contains(says), "{e}");
+            assert!(!e.contains("c2VjcmV0"), "{e}");
+        };
+        bad("", "no [[keys]]");
+        bad("keys = []", "no [[keys]]");
+        bad(
+            "[[keys]]\nname = \"a\"\nsecret = \"c2VjcmV0\"\n",
+            "not 32 bytes",
+        );
+        bad(
+            "[[keys]]\nname = \"a b\"\nsecret = \"c2VjcmV0\"\n",
+            "names are",
+        );
+        bad(
+            "[[keys]]\nname = \"identity\"\nsecret = \"c2VjcmV0\"\n",
+            "names are",
+        );
+        bad(
+            "[[keys]]\nnom = \"a\"\nsecret = \"c2VjcmV0\"\n",
+            "not a key file",
+        );
+        let k = base64::engine::general_purpose::STANDARD.encode([1u8; 32]);
+        bad(
+            &format!("[[keys]]\nname = \"a\"\nsecret = \"{k}\"\n[[keys]]\nname = \"a\"\nsecret = \"{k}\"\n"),
+            "twice",
+        );
+        assert!(!format!("{:?}", ring(&["k1"])).contains(&k));
+    }
+
+    #[test]
+    fn the_file_is_created_private_refused_when_readable_and_reloaded() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("secrets.key");
+        let s = Sealer::load(&path).unwrap();
+        let md = std::fs::metadata(&path).unwrap();
+        assert_eq!(md.permissions().mode() & 0o777, 0o600);
+        assert_eq!(s.key_names().len(), 1);
+        let first = s.primary();
+        let (sealed, name) = s.seal(KEY, PLAIN);
+        assert_eq!(name, first);
+        let file = std::fs::read_to_string(&path).unwrap();
+        let secret = file
+            .lines()
+            .find_map(|l| l.strip_prefix("secret = "))
+            .unwrap();
+        assert!(!format!("{s:?}").contains(secret.trim_matches('"')));
+        // Loading again reads the same key.
+        assert_eq!(
+            &*Sealer::load(&path)
+                .unwrap()
+                .open(KEY, &sealed)
+                .unwrap()
+                .text,
+            PLAIN
+        );
+        // A new key first: reloaded, seals with it, still opens the old.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let new = format!(
+            "[[keys]]\nname = \"key2\"\nsecret = \"{}\"\n{text}",
+            base64::engine::general_purpose::STANDARD.encode([5u8; 32])
+        );
+        std::fs::write(&path, new).unwrap();
+        assert!(s.reload(false).unwrap());
+        assert!(!s.reload(false).unwrap(), "unchanged: not read again");
+        assert_eq!(&*s.primary(), "key2");
+        assert_eq!(s.open(KEY, &sealed).unwrap().key.as_deref(), Some(&*first));
+        // Readable by others: refused, naming the file; the keys stay.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = format!("{:#}", Sealer::load(&path).unwrap_err());
+        assert!(e.contains("secrets.key") && e.contains("0644"), "{e}");
+        assert!(s.reload(true).is_err());
+        assert_eq!(&*s.primary(), "key2");
+        // A value in clear passes through, with no key.
+        assert!(s.open(KEY, PLAIN).unwrap().key.is_none());
+    }
+}
