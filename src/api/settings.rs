@@ -33,8 +33,6 @@ pub struct ApiConfig {
     /// Maximum request body size in bytes (413 beyond it, before the body is read;
     /// YAML aliases may not expand a body by more than this either).
     pub max_body_bytes: usize,
-    /// Custom roles (`[[api.roles]]`), beside the built-in ones (`api::auth`).
-    pub roles: Vec<super::auth::RoleConfig>,
     /// The audit log (default `<state_dir>/audit.log`).
     pub audit_log: Option<PathBuf>,
     /// The audit log is rotated when it would grow past this.
@@ -45,6 +43,9 @@ pub struct ApiConfig {
     /// (loopback or a monitoring network). Unset: `/metrics` is on the API listener,
     /// for the `metrics` role (and `admin`, `operator`).
     pub metrics_listen: Option<SocketAddr>,
+    /// Custom roles (`[[api.roles]]`), beside the built-in ones (`api::auth`). Last:
+    /// TOML writes tables after plain values.
+    pub roles: Vec<super::auth::RoleConfig>,
 }
 
 impl Default for ApiConfig {
@@ -59,11 +60,11 @@ impl Default for ApiConfig {
             body_read_timeout_ms: 30_000,
             // Kubernetes' limit; a stored object is at most 1.5 MiB anyway.
             max_body_bytes: 3 << 20,
-            roles: Vec::new(),
             audit_log: None,
             audit_max_bytes: 100 << 20,
             audit_keep: 5,
             metrics_listen: None,
+            roles: Vec::new(),
         }
     }
 }
