@@ -15,7 +15,13 @@ use support::api::*;
 use support::bootplane::*;
 
 /// `(status, body)` of a request made with `token`.
-fn call_as(b: &Bootplane, token: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+fn call_as(
+    b: &Bootplane,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Value) {
     let r = b
         .req(method, path)
         .set("Authorization", &format!("Bearer {token}"));
@@ -32,7 +38,10 @@ fn call_as(b: &Bootplane, token: &str, method: &str, path: &str, body: Option<&V
             if path.contains("watch=true") {
                 return (code, Value::Null);
             }
-            (code, serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null))
+            (
+                code,
+                serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null),
+            )
         }
         Err(ureq::Error::Status(c, r)) => (
             c,
@@ -49,7 +58,10 @@ fn create_token(b: &Bootplane, name: &str, role: &str, extra: &[&str]) -> String
     let (code, out, err) = b.cli(&args);
     assert_eq!(code, 0, "token create {name}: {err}");
     let t = out.trim().to_string();
-    assert!(t.starts_with(&format!("bp1.{name}.")) && t.len() > 60, "{t:?}");
+    assert!(
+        t.starts_with(&format!("bp1.{name}.")) && t.len() > 60,
+        "{t:?}"
+    );
     t
 }
 
@@ -121,7 +133,12 @@ rules = [
     for _ in 0..4 {
         expect.push(want("admin", "create", "apitokens", None, 201));
     }
-    secrets.extend([viewer.clone(), agent.clone(), claimer.clone(), short.clone()]);
+    secrets.extend([
+        viewer.clone(),
+        agent.clone(),
+        claimer.clone(),
+        short.clone(),
+    ]);
     // An unknown role is refused (400, still a write attempt in the log).
     let (code, _, err) = b.cli(&["token", "create", "x", "--role", "superuser"]);
     assert_ne!(code, 0);
@@ -133,7 +150,10 @@ rules = [
     for n in ["ci-viewer", "job-agent", "claims-bot", "short"] {
         assert!(out.contains(n), "{out}");
     }
-    assert!(out.contains("viewer") && out.contains("claimer") && out.contains("never"), "{out}");
+    assert!(
+        out.contains("viewer") && out.contains("claimer") && out.contains("never"),
+        "{out}"
+    );
     for s in &secrets[1..] {
         let secret = s.rsplit('.').next().unwrap();
         assert!(!out.contains(secret), "token list shows a token: {out}");
@@ -148,9 +168,21 @@ rules = [
     let (c, v) = call_as(&b, &viewer, "GET", SERVERS, None);
     assert_eq!(c, 200, "{v}");
     assert_eq!(v["items"].as_array().unwrap().len(), 1);
-    assert_eq!(call_as(&b, &viewer, "GET", &format!("{SERVERS}/s1"), None).0, 200);
-    assert_eq!(call_as(&b, &viewer, "GET", &format!("{SERVERS}?watch=true"), None).0, 200);
-    let (c, v) = call_as(&b, &viewer, "POST", SERVERS, Some(&server("s2", json!({}), "Recycle")));
+    assert_eq!(
+        call_as(&b, &viewer, "GET", &format!("{SERVERS}/s1"), None).0,
+        200
+    );
+    assert_eq!(
+        call_as(&b, &viewer, "GET", &format!("{SERVERS}?watch=true"), None).0,
+        200
+    );
+    let (c, v) = call_as(
+        &b,
+        &viewer,
+        "POST",
+        SERVERS,
+        Some(&server("s2", json!({}), "Recycle")),
+    );
     assert_eq!(c, 403, "{v}");
     assert_eq!(v["kind"], "Status");
     assert_eq!(v["reason"], "Forbidden");
@@ -159,9 +191,21 @@ rules = [
         "servers.metal.ironcore.dev is forbidden: User \"ci-viewer\" cannot create resource \"servers\" in API group \"metal.ironcore.dev\" at the cluster scope"
     );
     expect.push(want("ci-viewer", "create", "servers", None, 403));
-    let (c, v) = call_as(&b, &viewer, "PATCH", &format!("{SERVERS}/s1"), Some(&json!({"metadata": {"labels": {"a": "b"}}})));
+    let (c, v) = call_as(
+        &b,
+        &viewer,
+        "PATCH",
+        &format!("{SERVERS}/s1"),
+        Some(&json!({"metadata": {"labels": {"a": "b"}}})),
+    );
     assert_eq!(c, 403, "{v}");
-    assert!(v["message"].as_str().unwrap().contains("cannot patch resource \"servers\""), "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot patch resource \"servers\""),
+        "{v}"
+    );
     expect.push(want("ci-viewer", "patch", "servers", Some("s1"), 403));
     let (c, v) = call_as(&b, &viewer, "DELETE", &format!("{SERVERS}/s1"), None);
     assert_eq!(c, 403, "{v}");
@@ -198,14 +242,38 @@ rules = [
     assert!(out.contains("token:"), "{out}");
     // The agent reads servers and writes their status, not their spec.
     assert_eq!(call_as(&b, &agent, "GET", SERVERS, None).0, 200);
-    let (c, v) = call_as(&b, &agent, "PATCH", &format!("{SERVERS}/s1/status"), Some(&json!({"status": {"powerState": "Off"}})));
+    let (c, v) = call_as(
+        &b,
+        &agent,
+        "PATCH",
+        &format!("{SERVERS}/s1/status"),
+        Some(&json!({"status": {"powerState": "Off"}})),
+    );
     assert_eq!(c, 200, "{v}");
-    expect.push(want("job-agent", "patch", "servers/status", Some("s1"), 200));
-    let (c, _) = call_as(&b, &agent, "PATCH", &format!("{SERVERS}/s1"), Some(&json!({"metadata": {"labels": {"a": "b"}}})));
+    expect.push(want(
+        "job-agent",
+        "patch",
+        "servers/status",
+        Some("s1"),
+        200,
+    ));
+    let (c, _) = call_as(
+        &b,
+        &agent,
+        "PATCH",
+        &format!("{SERVERS}/s1"),
+        Some(&json!({"metadata": {"labels": {"a": "b"}}})),
+    );
     assert_eq!(c, 403);
     expect.push(want("job-agent", "patch", "servers", Some("s1"), 403));
     // Tokens are admin's: the agent may not list them.
-    let (c, _) = call_as(&b, &agent, "GET", "/apis/auth.bootplane.dev/v1alpha1/apitokens", None);
+    let (c, _) = call_as(
+        &b,
+        &agent,
+        "GET",
+        "/apis/auth.bootplane.dev/v1alpha1/apitokens",
+        None,
+    );
     assert_eq!(c, 403);
     expect.push(want("job-agent", "list", "apitokens", None, 403));
 
@@ -214,20 +282,57 @@ rules = [
     let (c, v) = call_as(&b, &claimer, "POST", &claims("default"), Some(&c1));
     assert_eq!(c, 201, "{v}");
     expect.push(want("claims-bot", "create", "serverclaims", None, 201));
-    assert_eq!(call_as(&b, &claimer, "GET", &format!("{}/c1", claims("default")), None).0, 200);
-    assert_eq!(call_as(&b, &claimer, "GET", &format!("{SERVERS}/s1"), None).0, 200);
+    assert_eq!(
+        call_as(
+            &b,
+            &claimer,
+            "GET",
+            &format!("{}/c1", claims("default")),
+            None
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        call_as(&b, &claimer, "GET", &format!("{SERVERS}/s1"), None).0,
+        200
+    );
     let (c, v) = call_as(&b, &claimer, "GET", SERVERS, None);
     assert_eq!(c, 403, "{v}");
     expect.push(want("claims-bot", "list", "servers", None, 403));
-    let (c, _) = call_as(&b, &claimer, "GET", &format!("{}?watch=true", claims("default")), None);
+    let (c, _) = call_as(
+        &b,
+        &claimer,
+        "GET",
+        &format!("{}?watch=true", claims("default")),
+        None,
+    );
     assert_eq!(c, 403);
     expect.push(want("claims-bot", "watch", "serverclaims", None, 403));
-    let (c, _) = call_as(&b, &claimer, "PATCH", &format!("{}/c1", claims("default")), Some(&json!({"metadata": {"labels": {"x": "y"}}})));
+    let (c, _) = call_as(
+        &b,
+        &claimer,
+        "PATCH",
+        &format!("{}/c1", claims("default")),
+        Some(&json!({"metadata": {"labels": {"x": "y"}}})),
+    );
     assert_eq!(c, 403);
     expect.push(want("claims-bot", "patch", "serverclaims", Some("c1"), 403));
-    let (c, v) = call_as(&b, &claimer, "DELETE", &format!("{}/c1", claims("default")), None);
+    let (c, v) = call_as(
+        &b,
+        &claimer,
+        "DELETE",
+        &format!("{}/c1", claims("default")),
+        None,
+    );
     assert_eq!(c, 200, "{v}");
-    expect.push(want("claims-bot", "delete", "serverclaims", Some("c1"), 200));
+    expect.push(want(
+        "claims-bot",
+        "delete",
+        "serverclaims",
+        Some("c1"),
+        200,
+    ));
 
     // Revoked and expired tokens: 401.
     let (code, out, err) = b.cli(&["token", "revoke", "ci-viewer"]);
@@ -278,8 +383,14 @@ rules = [
             _ => "error",
         };
         assert_eq!(l["result"], result, "{l}");
-        assert!(chrono::DateTime::parse_from_rfc3339(l["time"].as_str().unwrap()).is_ok(), "{l}");
-        assert!(l["source"].as_str().unwrap().starts_with("127.0.0.1:"), "{l}");
+        assert!(
+            chrono::DateTime::parse_from_rfc3339(l["time"].as_str().unwrap()).is_ok(),
+            "{l}"
+        );
+        assert!(
+            l["source"].as_str().unwrap().starts_with("127.0.0.1:"),
+            "{l}"
+        );
         if l["user"] == "admin" {
             assert_eq!(l["groups"], json!(["admin"]));
         }
@@ -291,7 +402,10 @@ rules = [
     }
     assert!(!text.contains("marker-4711"), "a body is in the audit log");
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(b.dir.join("audit.log")).unwrap().permissions().mode();
+    let mode = std::fs::metadata(b.dir.join("audit.log"))
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
 }
 
@@ -312,7 +426,13 @@ fn metrics_role_listener_rotation_and_every_route_authenticated() {
     // /metrics on the API listener: the metrics role (and admin), not a viewer.
     let (c, v) = call_as(&b, &viewer, "GET", "/metrics", None);
     assert_eq!(c, 403, "{v}");
-    assert!(v["message"].as_str().unwrap().contains("cannot get resource \"metrics\""), "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot get resource \"metrics\""),
+        "{v}"
+    );
     let r = b
         .req("GET", "/metrics")
         .set("Authorization", &format!("Bearer {prom}"))
@@ -321,13 +441,21 @@ fn metrics_role_listener_rotation_and_every_route_authenticated() {
     assert_eq!(r.status(), 200);
     let text = r.into_string().unwrap();
     assert!(text.contains("bootplane_store_revision"), "{text}");
-    assert!(text.contains("bootplane_api_audit_dropped_lines_total 0"), "{text}");
+    assert!(
+        text.contains("bootplane_api_audit_dropped_lines_total 0"),
+        "{text}"
+    );
     assert_eq!(call_as(&b, &prom, "GET", SERVERS, None).0, 403);
     assert_eq!(b.req("GET", "/metrics").call().unwrap().status(), 200);
     // ... and on the plain metrics listener without any token; nothing else there.
-    let r = ureq::get(&format!("http://127.0.0.1:{mport}/metrics")).call().unwrap();
+    let r = ureq::get(&format!("http://127.0.0.1:{mport}/metrics"))
+        .call()
+        .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.into_string().unwrap().contains("bootplane_store_revision"));
+    assert!(r
+        .into_string()
+        .unwrap()
+        .contains("bootplane_store_revision"));
     match ureq::get(&format!("http://127.0.0.1:{mport}{SERVERS}")).call() {
         Err(ureq::Error::Status(404, _)) => {}
         other => panic!("servers on the metrics listener: {other:?}"),
@@ -343,19 +471,35 @@ fn metrics_role_listener_rotation_and_every_route_authenticated() {
         ("GET", "/apis/dhcp.bootplane.dev/v1alpha1/leases".into()),
         ("POST", "/apis/bootplane.dev/v1alpha1/jobs".into()),
         ("GET", "/apis/bootplane.dev/v1alpha1/jobs/x".into()),
-        ("GET", "/apis/boot.bootplane.dev/v1alpha1/render/ignition/x".into()),
+        (
+            "GET",
+            "/apis/boot.bootplane.dev/v1alpha1/render/ignition/x".into(),
+        ),
         ("GET", "/apis/auth.bootplane.dev/v1alpha1/apitokens".into()),
         ("GET", "/metrics".into()),
         ("GET", "/nonexistent".into()),
     ];
     for (m, p) in &routes {
-        let (c, v) = call_as(&b, "not-a-token", m, p, Some(&json!({})).filter(|_| *m == "POST"));
+        let (c, v) = call_as(
+            &b,
+            "not-a-token",
+            m,
+            p,
+            Some(&json!({})).filter(|_| *m == "POST"),
+        );
         assert_eq!(c, 401, "{m} {p}: {v}");
         let (c, _) = call_as(&b, &prom, m, p, Some(&json!({})).filter(|_| *m == "POST"));
-        assert_eq!(c == 403, *p != "/metrics", "{m} {p} with the metrics role: {c}");
+        assert_eq!(
+            c == 403,
+            *p != "/metrics",
+            "{m} {p} with the metrics role: {c}"
+        );
     }
     for p in ["/healthz", "/readyz"] {
-        assert_eq!(ureq::get(&format!("{}{p}", b.api)).call().unwrap().status(), 200);
+        assert_eq!(
+            ureq::get(&format!("{}{p}", b.api)).call().unwrap().status(),
+            200
+        );
     }
 
     // Rotation by size: audit.log, .1 and .2, none past 4096 bytes, every line JSON.
@@ -373,7 +517,11 @@ fn metrics_role_listener_rotation_and_every_route_authenticated() {
     let mut last = Value::Null;
     for n in [".2", ".1", ""] {
         let meta = std::fs::metadata(log(n)).unwrap_or_else(|e| panic!("audit.log{n}: {e}"));
-        assert!(meta.len() <= 4096 && meta.len() > 0, "audit.log{n}: {} bytes", meta.len());
+        assert!(
+            meta.len() <= 4096 && meta.len() > 0,
+            "audit.log{n}: {} bytes",
+            meta.len()
+        );
         for l in std::fs::read_to_string(log(n)).unwrap().lines() {
             last = serde_json::from_str(l).unwrap();
         }

@@ -161,7 +161,9 @@ fn writer(s: AuditSettings, mut file: File, mut size: u64, mut rx: mpsc::Receive
                     file = f;
                     size = 0;
                 }
-                Err(e) => tracing::error!(path = %s.path.display(), error = %format!("{e:#}"), "rotating the audit log"),
+                Err(e) => {
+                    tracing::error!(path = %s.path.display(), error = %format!("{e:#}"), "rotating the audit log")
+                }
             }
         }
         match file.write_all(line.as_bytes()) {
@@ -222,7 +224,12 @@ mod tests {
         assert!(!numbered(&path, 3).exists());
         for p in [path.clone(), numbered(&path, 1), numbered(&path, 2)] {
             let meta = std::fs::metadata(&p).unwrap();
-            assert!(meta.len() <= 1000, "{} is {} bytes", p.display(), meta.len());
+            assert!(
+                meta.len() <= 1000,
+                "{} is {} bytes",
+                p.display(),
+                meta.len()
+            );
             use std::os::unix::fs::PermissionsExt;
             assert_eq!(meta.permissions().mode() & 0o777, 0o600);
             let text = std::fs::read_to_string(&p).unwrap();

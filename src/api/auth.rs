@@ -55,7 +55,9 @@ pub struct Identity {
 }
 
 /// The verbs of a rule, as kube derives them from the method, the path and `watch`.
-pub const VERBS: [&str; 7] = ["get", "list", "watch", "create", "update", "patch", "delete"];
+pub const VERBS: [&str; 7] = [
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
 
 /// Names of API routes that are not stored resources, each with its API group
 /// (empty: no group).
@@ -136,7 +138,9 @@ impl Attrs {
                 .any(|p| p == "watch=true" || p == "watch=1" || p == "watch")
         });
         a.verb = match *method {
-            Method::GET | Method::HEAD if a.name.is_none() && a.resource != "metrics" && a.resource != "discovery" => {
+            Method::GET | Method::HEAD
+                if a.name.is_none() && a.resource != "metrics" && a.resource != "discovery" =>
+            {
                 if watch {
                     "watch".into()
                 } else {
@@ -155,10 +159,7 @@ impl Attrs {
 
     /// Whether the request would change something (POST, PUT, PATCH, DELETE).
     pub fn is_write(&self) -> bool {
-        matches!(
-            self.verb.as_str(),
-            "create" | "update" | "patch" | "delete"
-        )
+        matches!(self.verb.as_str(), "create" | "update" | "patch" | "delete")
     }
 
     /// `resource[/sub]`, as the audit log and rules name it.
@@ -584,7 +585,10 @@ pub async fn middleware(State(st): State<Arc<ApiState>>, mut req: Request, next:
     let code = resp.status().as_u16();
     if attrs.is_write() || code == 401 || code == 403 {
         st.audit.record(&super::audit::Event {
-            user: id.as_ref().map(|i| i.user.as_str()).unwrap_or("system:anonymous"),
+            user: id
+                .as_ref()
+                .map(|i| i.user.as_str())
+                .unwrap_or("system:anonymous"),
             groups: id.as_ref().map(|i| i.groups.as_slice()).unwrap_or(&[]),
             source,
             attrs: &attrs,
@@ -681,34 +685,158 @@ mod tests {
         let s = "/apis/metal.ironcore.dev/v1alpha1/servers";
         let cases = [
             ("GET", s.to_string(), "list", "servers", None, None, None),
-            ("GET", format!("{s}?watch=true&resourceVersion=3"), "watch", "servers", None, None, None),
-            ("GET", format!("{s}?watch=1"), "watch", "servers", None, None, None),
-            ("GET", format!("{s}/a"), "get", "servers", Some("a"), None, None),
-            ("PUT", format!("{s}/a/status"), "update", "servers", Some("a"), Some("status"), None),
-            ("PATCH", format!("{s}/a"), "patch", "servers", Some("a"), None, None),
-            ("DELETE", format!("{s}/a"), "delete", "servers", Some("a"), None, None),
+            (
+                "GET",
+                format!("{s}?watch=true&resourceVersion=3"),
+                "watch",
+                "servers",
+                None,
+                None,
+                None,
+            ),
+            (
+                "GET",
+                format!("{s}?watch=1"),
+                "watch",
+                "servers",
+                None,
+                None,
+                None,
+            ),
+            (
+                "GET",
+                format!("{s}/a"),
+                "get",
+                "servers",
+                Some("a"),
+                None,
+                None,
+            ),
+            (
+                "PUT",
+                format!("{s}/a/status"),
+                "update",
+                "servers",
+                Some("a"),
+                Some("status"),
+                None,
+            ),
+            (
+                "PATCH",
+                format!("{s}/a"),
+                "patch",
+                "servers",
+                Some("a"),
+                None,
+                None,
+            ),
+            (
+                "DELETE",
+                format!("{s}/a"),
+                "delete",
+                "servers",
+                Some("a"),
+                None,
+                None,
+            ),
             ("POST", s.to_string(), "create", "servers", None, None, None),
-            ("GET", "/api/v1/namespaces/default/secrets/x".into(), "get", "secrets", Some("x"), None, Some("default")),
-            ("GET", "/api/v1/namespaces/default/secrets".into(), "list", "secrets", None, None, Some("default")),
-            ("GET", "/api/v1/secrets".into(), "list", "secrets", None, None, None),
+            (
+                "GET",
+                "/api/v1/namespaces/default/secrets/x".into(),
+                "get",
+                "secrets",
+                Some("x"),
+                None,
+                Some("default"),
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/default/secrets".into(),
+                "list",
+                "secrets",
+                None,
+                None,
+                Some("default"),
+            ),
+            (
+                "GET",
+                "/api/v1/secrets".into(),
+                "list",
+                "secrets",
+                None,
+                None,
+                None,
+            ),
             ("GET", "/metrics".into(), "get", "metrics", None, None, None),
             ("GET", "/apis".into(), "get", "discovery", None, None, None),
-            ("GET", "/apis/dhcp.bootplane.dev/v1alpha1/leases".into(), "list", "leases", None, None, None),
-            ("POST", "/apis/bootplane.dev/v1alpha1/jobs".into(), "create", "jobs", None, None, None),
-            ("GET", "/apis/bootplane.dev/v1alpha1/jobs/j1".into(), "get", "jobs", Some("j1"), None, None),
-            ("GET", "/apis/boot.bootplane.dev/v1alpha1/render/ignition/m1".into(), "get", "render", Some("m1"), Some("ignition"), None),
-            ("OPTIONS", s.to_string(), "options", "servers", None, None, None),
+            (
+                "GET",
+                "/apis/dhcp.bootplane.dev/v1alpha1/leases".into(),
+                "list",
+                "leases",
+                None,
+                None,
+                None,
+            ),
+            (
+                "POST",
+                "/apis/bootplane.dev/v1alpha1/jobs".into(),
+                "create",
+                "jobs",
+                None,
+                None,
+                None,
+            ),
+            (
+                "GET",
+                "/apis/bootplane.dev/v1alpha1/jobs/j1".into(),
+                "get",
+                "jobs",
+                Some("j1"),
+                None,
+                None,
+            ),
+            (
+                "GET",
+                "/apis/boot.bootplane.dev/v1alpha1/render/ignition/m1".into(),
+                "get",
+                "render",
+                Some("m1"),
+                Some("ignition"),
+                None,
+            ),
+            (
+                "OPTIONS",
+                s.to_string(),
+                "options",
+                "servers",
+                None,
+                None,
+                None,
+            ),
         ];
         for (m, p, verb, res, name, sub, ns) in cases {
             let a = attrs(m, &p);
             assert_eq!(
-                (a.verb.as_str(), a.resource.as_str(), a.name.as_deref(), a.sub.as_deref(), a.namespace.as_deref()),
+                (
+                    a.verb.as_str(),
+                    a.resource.as_str(),
+                    a.name.as_deref(),
+                    a.sub.as_deref(),
+                    a.namespace.as_deref()
+                ),
                 (verb, res, name, sub, ns),
                 "{m} {p}"
             );
         }
-        let a = attrs("GET", "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims/c");
-        assert_eq!((a.group.as_str(), a.resource.as_str()), ("metal.ironcore.dev", "serverclaims"));
+        let a = attrs(
+            "GET",
+            "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims/c",
+        );
+        assert_eq!(
+            (a.group.as_str(), a.resource.as_str()),
+            ("metal.ironcore.dev", "serverclaims")
+        );
         assert!(attrs("DELETE", &format!("{s}/a")).is_write());
         assert!(!attrs("GET", s).is_write());
     }
@@ -721,7 +849,13 @@ mod tests {
         let bmcsec = "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets/x";
         let tok = "/apis/auth.bootplane.dev/v1alpha1/apitokens";
         let allow = |role: &str, m: &str, p: &str| r.allows(&id(role), &attrs(m, p));
-        for (m, p) in [("GET", s), ("DELETE", sec), ("POST", tok), ("GET", "/metrics"), ("OPTIONS", s)] {
+        for (m, p) in [
+            ("GET", s),
+            ("DELETE", sec),
+            ("POST", tok),
+            ("GET", "/metrics"),
+            ("OPTIONS", s),
+        ] {
             assert!(allow("admin", m, p), "admin {m} {p}");
         }
         assert!(allow("operator", "POST", s));
@@ -733,21 +867,45 @@ mod tests {
         assert!(allow("viewer", "GET", s));
         assert!(allow("viewer", "GET", &format!("{s}?watch=true")));
         assert!(allow("viewer", "GET", &format!("{s}/a/status")));
-        assert!(allow("viewer", "GET", "/apis/dhcp.bootplane.dev/v1alpha1/leases"));
-        for (m, p) in [("POST", s), ("PATCH", &format!("{s}/a") as &str), ("GET", sec), ("GET", bmcsec), ("GET", tok), ("GET", "/metrics"), ("GET", "/apis/boot.bootplane.dev/v1alpha1/render/ignition/a")] {
+        assert!(allow(
+            "viewer",
+            "GET",
+            "/apis/dhcp.bootplane.dev/v1alpha1/leases"
+        ));
+        for (m, p) in [
+            ("POST", s),
+            ("PATCH", &format!("{s}/a") as &str),
+            ("GET", sec),
+            ("GET", bmcsec),
+            ("GET", tok),
+            ("GET", "/metrics"),
+            ("GET", "/apis/boot.bootplane.dev/v1alpha1/render/ignition/a"),
+        ] {
             assert!(!allow("viewer", m, p), "viewer {m} {p}");
         }
         assert!(allow("agent", "POST", "/apis/bootplane.dev/v1alpha1/jobs"));
         assert!(allow("agent", "PATCH", &format!("{s}/a/status")));
         assert!(allow("agent", "GET", s));
-        for (m, p) in [("GET", sec), ("GET", bmcsec), ("PATCH", &format!("{s}/a") as &str), ("DELETE", &format!("{s}/a")), ("GET", "/metrics")] {
+        for (m, p) in [
+            ("GET", sec),
+            ("GET", bmcsec),
+            ("PATCH", &format!("{s}/a") as &str),
+            ("DELETE", &format!("{s}/a")),
+            ("GET", "/metrics"),
+        ] {
             assert!(!allow("agent", m, p), "agent {m} {p}");
         }
         assert!(allow("metrics", "GET", "/metrics"));
         assert!(!allow("metrics", "GET", s));
         // No role: nothing; an unknown group grants nothing.
         assert!(!allow("nobody", "GET", s));
-        assert!(!r.allows(&Identity { user: "u".into(), groups: vec![] }, &attrs("GET", "/metrics")));
+        assert!(!r.allows(
+            &Identity {
+                user: "u".into(),
+                groups: vec![]
+            },
+            &attrs("GET", "/metrics")
+        ));
     }
 
     #[test]
@@ -760,7 +918,10 @@ mod tests {
             }],
         };
         let e = Roles::new(&[rc(&["get", "frobnicate"], &["servers"])]).unwrap_err();
-        assert!(e.contains("unknown verb \"frobnicate\"") && e.contains("claims"), "{e}");
+        assert!(
+            e.contains("unknown verb \"frobnicate\"") && e.contains("claims"),
+            "{e}"
+        );
         let e = Roles::new(&[rc(&["get"], &["widgets"])]).unwrap_err();
         assert!(e.contains("widgets"), "{e}");
         let e = Roles::new(&[rc(&["get"], &["servers.example.com"])]).unwrap_err();
@@ -780,7 +941,10 @@ mod tests {
         assert!(!allow("PATCH", &format!("{c}/x")));
         assert!(!allow("GET", &format!("{c}?watch=true")));
         assert!(!allow("GET", &format!("{c}/x/status")));
-        assert!(allow("GET", "/apis/metal.ironcore.dev/v1alpha1/servers/a/status"));
+        assert!(allow(
+            "GET",
+            "/apis/metal.ironcore.dev/v1alpha1/servers/a/status"
+        ));
         assert!(!allow("GET", "/apis/metal.ironcore.dev/v1alpha1/servers/a"));
     }
 
@@ -794,7 +958,13 @@ mod tests {
             "servers.metal.ironcore.dev is forbidden: User \"bob\" cannot list resource \"servers\" in API group \"metal.ironcore.dev\" at the cluster scope"
         );
         let e = attrs("GET", "/api/v1/namespaces/default/secrets/s").forbidden("x");
-        assert!(e.message.starts_with("secrets \"s\" is forbidden: User \"x\" cannot get resource \"secrets\""), "{}", e.message);
+        assert!(
+            e.message.starts_with(
+                "secrets \"s\" is forbidden: User \"x\" cannot get resource \"secrets\""
+            ),
+            "{}",
+            e.message
+        );
         assert!(e.message.ends_with("in the namespace \"default\""));
     }
 
@@ -802,21 +972,32 @@ mod tests {
     async fn tokens_authenticate_by_hash_until_they_expire_or_go() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::open(d.path()).unwrap();
-        let rt = Registry::global().by_plural(GROUP, "v1alpha1", TOKENS).unwrap();
+        let rt = Registry::global()
+            .by_plural(GROUP, "v1alpha1", TOKENS)
+            .unwrap();
         let now = chrono::Utc::now();
         let secret = "s3cret";
         store
-            .create(&rt, json!({"apiVersion": "auth.bootplane.dev/v1alpha1", "kind": "APIToken",
+            .create(
+                &rt,
+                json!({"apiVersion": "auth.bootplane.dev/v1alpha1", "kind": "APIToken",
                 "metadata": {"name": "ci"},
                 "spec": {"role": "viewer", "secretHash": secret_hash(secret),
-                         "expiresAt": (now + chrono::Duration::hours(1)).to_rfc3339()}}))
+                         "expiresAt": (now + chrono::Duration::hours(1)).to_rfc3339()}}),
+            )
             .await
             .unwrap();
         let boot = "b".repeat(32);
         let auth = |t: &str, at| authenticate_token(&store, &boot, t, at);
         assert_eq!(auth(&boot, now).unwrap().user, "admin");
         let id = auth("bp1.ci.s3cret", now).unwrap();
-        assert_eq!(id, Identity { user: "ci".into(), groups: vec!["viewer".into()] });
+        assert_eq!(
+            id,
+            Identity {
+                user: "ci".into(),
+                groups: vec!["viewer".into()]
+            }
+        );
         assert_eq!(auth("bp1.ci.s3crex", now), Err(AuthnError::Invalid));
         assert_eq!(auth("bp1.other.s3cret", now), Err(AuthnError::Invalid));
         assert_eq!(auth("ci.s3cret", now), Err(AuthnError::Invalid));

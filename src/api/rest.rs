@@ -573,7 +573,9 @@ async fn handle(
             let o = st.store.get(rt, t.ns.as_deref(), name)?;
             Ok(respond(h, StatusCode::OK, &o))
         }
-        (Method::POST, None) if rt.group == super::auth::GROUP && rt.plural == super::auth::TOKENS => {
+        (Method::POST, None)
+            if rt.group == super::auth::GROUP && rt.plural == super::auth::TOKENS =>
+        {
             // The secret is made by the server and shown once (`auth::issue`).
             let obj = decode_body(st, h, body).await?;
             super::auth::issue(st, &obj).await

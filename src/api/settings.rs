@@ -91,10 +91,16 @@ impl ApiConfig {
             }
         }
         if self.audit_max_bytes < 4096 {
-            bail!("api.audit_max_bytes must be at least 4096 (got {})", self.audit_max_bytes);
+            bail!(
+                "api.audit_max_bytes must be at least 4096 (got {})",
+                self.audit_max_bytes
+            );
         }
         if self.audit_keep > 1000 {
-            bail!("api.audit_keep must be at most 1000 (got {})", self.audit_keep);
+            bail!(
+                "api.audit_keep must be at most 1000 (got {})",
+                self.audit_keep
+            );
         }
         super::auth::Roles::new(&self.roles).map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;
         Ok(())

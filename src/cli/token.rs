@@ -86,7 +86,10 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
                 .and_then(Value::as_str)
                 .context("the server returned no token")?;
             println!("{token}");
-            eprintln!("token {} created (role {}); it is not shown again", a.name, a.role);
+            eprintln!(
+                "token {} created (role {}); it is not shown again",
+                a.name, a.role
+            );
             Ok(0)
         }
         TokenCmd::List(a) => {
@@ -96,7 +99,12 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
             let rows: Vec<[String; 4]> = items
                 .iter()
                 .map(|t| {
-                    let s = |p: &str| t.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+                    let s = |p: &str| {
+                        t.pointer(p)
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string()
+                    };
                     let exp = s("/spec/expiresAt");
                     [
                         s("/metadata/name"),
@@ -116,8 +124,13 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
             for r in std::iter::once(&header).chain(&rows) {
                 println!(
                     "{:w0$}   {:w1$}   {:w2$}   {}",
-                    r[0], r[1], r[2], r[3],
-                    w0 = w[0], w1 = w[1], w2 = w[2]
+                    r[0],
+                    r[1],
+                    r[2],
+                    r[3],
+                    w0 = w[0],
+                    w1 = w[1],
+                    w2 = w[2]
                 );
             }
             Ok(0)

@@ -178,24 +178,44 @@ fn check_api_token(map: &Map<String, Value>, causes: &mut Vec<FieldError>) {
     };
     for k in spec.keys() {
         if !["role", "secretHash", "expiresAt"].contains(&k.as_str()) {
-            causes.push(field(&format!("spec.{k}"), Reason::Unknown, format!("unknown field \"{k}\"")));
+            causes.push(field(
+                &format!("spec.{k}"),
+                Reason::Unknown,
+                format!("unknown field \"{k}\""),
+            ));
         }
     }
-    if !spec.get("role").and_then(Value::as_str).is_some_and(|r| !r.is_empty()) {
+    if !spec
+        .get("role")
+        .and_then(Value::as_str)
+        .is_some_and(|r| !r.is_empty())
+    {
         causes.push(field("spec.role", Reason::Required, "Required value"));
     }
     let hash_ok = spec
         .get("secretHash")
         .and_then(Value::as_str)
         .and_then(|h| h.strip_prefix("sha256:"))
-        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        .is_some_and(|h| {
+            h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        });
     if !hash_ok {
-        causes.push(field("spec.secretHash", Reason::Invalid, "must be sha256: and 64 lower-case hex digits"));
+        causes.push(field(
+            "spec.secretHash",
+            Reason::Invalid,
+            "must be sha256: and 64 lower-case hex digits",
+        ));
     }
     match spec.get("expiresAt") {
         None | Some(Value::Null) => {}
         Some(Value::String(t)) if chrono::DateTime::parse_from_rfc3339(t).is_ok() => {}
-        Some(_) => causes.push(field("spec.expiresAt", Reason::Invalid, "must be an RFC 3339 time")),
+        Some(_) => causes.push(field(
+            "spec.expiresAt",
+            Reason::Invalid,
+            "must be an RFC 3339 time",
+        )),
     }
 }
 
