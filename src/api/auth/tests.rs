@@ -249,3 +249,36 @@ async fn tokens_authenticate_by_hash_until_they_expire_or_go() {
     store.delete(&rt, None, "ci", None).await.unwrap();
     assert_eq!(auth("bp1.ci.s3cret", now), Err(AuthnError::Invalid));
 }
+
+#[tokio::test]
+async fn the_store_refuses_malformed_tokens() {
+    let d = tempfile::tempdir().unwrap();
+    let store = Store::open(d.path()).unwrap();
+    let rt = Registry::global()
+        .by_plural(GROUP, "v1alpha1", TOKENS)
+        .unwrap();
+    let tok = |spec: Value| {
+        json!({"apiVersion": "auth.bootplane.dev/v1alpha1", "kind": "APIToken",
+               "metadata": {"name": "t"}, "spec": spec})
+    };
+    for bad in [
+        json!({"role": "viewer", "secretHash": "md5:abc"}),
+        json!({"role": "viewer", "secretHash": format!("sha256:{}", "A".repeat(64))}),
+        json!({"secretHash": secret_hash("x")}),
+        json!({"role": "viewer", "secretHash": secret_hash("x"), "expiresAt": "tomorrow"}),
+        json!({"role": "viewer", "secretHash": secret_hash("x"), "token": "bp1.t.x"}),
+    ] {
+        let e = store.create(&rt, tok(bad.clone())).await.unwrap_err();
+        assert!(
+            matches!(e, crate::store::StoreError::Invalid { .. }),
+            "{bad}: {e}"
+        );
+    }
+    store
+        .create(
+            &rt,
+            tok(json!({"role": "viewer", "secretHash": secret_hash("x")})),
+        )
+        .await
+        .unwrap();
+}
