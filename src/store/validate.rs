@@ -185,10 +185,10 @@ fn check_api_token(map: &Map<String, Value>, causes: &mut Vec<FieldError>) {
             ));
         }
     }
-    if !spec
+    if spec
         .get("role")
         .and_then(Value::as_str)
-        .is_some_and(|r| !r.is_empty())
+        .is_none_or(str::is_empty)
     {
         causes.push(field("spec.role", Reason::Required, "Required value"));
     }
