@@ -43,6 +43,10 @@ enum Command {
     /// Print what a machine would be served (Ignition config).
     #[command(subcommand)]
     Render(bootplane::cli::render::RenderCmd),
+    /// Named API tokens: `bootplane token create NAME --role ROLE [--ttl 24h]`, `list`,
+    /// `revoke NAME`.
+    #[command(subcommand)]
+    Token(bootplane::cli::token::TokenCmd),
     /// The store itself (`bootplane store migrate --to etcd|embedded`).
     #[command(subcommand)]
     Store(StoreCmd),
@@ -216,6 +220,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Image(c) => bootplane::image::cli::run_image(c).map(|_| 0),
         Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),
         Command::Render(c) => bootplane::cli::render::run(c),
+        Command::Token(c) => bootplane::cli::token::run(c),
         Command::Store(StoreCmd::Migrate(a)) => {
             let cfg = a.flags.resolve()?;
             init_logging(&cfg);

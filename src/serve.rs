@@ -237,9 +237,22 @@ impl Services {
         self.seal_metrics.register(&mut metrics);
         let api_conns = crate::listen::ConnMetrics::default();
         api_conns.register(metrics.sub_registry_with_prefix("bootplane_api"));
+        let audit = crate::api::audit::Audit::start(
+            crate::api::audit::AuditSettings {
+                path: (config.api.audit_log.clone())
+                    .unwrap_or_else(|| config.state_dir.join("audit.log")),
+                max_bytes: config.api.audit_max_bytes,
+                keep: config.api.audit_keep,
+            },
+            metrics.sub_registry_with_prefix("bootplane_api"),
+        )?;
+        let roles = crate::api::auth::Roles::new(&config.api.roles)
+            .map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;
         let api_state = Arc::new(crate::api::rest::ApiState {
             store: self.store.clone(),
             token,
+            roles,
+            audit,
             max_body_bytes: config.api.max_body_bytes,
             body_read_timeout: Duration::from_millis(config.api.body_read_timeout_ms),
             shutdown: self.coord.handle(),
@@ -253,6 +266,24 @@ impl Services {
         let extra = crate::provision::router(self.runner.clone())
             .merge(crate::api::rest::leases_router(self.leases.clone()))
             .merge(crate::api::preview::router(self.boot_slot.clone()));
+        if let Some(addr) = config.api.metrics_listen {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding metrics listener {addr}"))?;
+            tracing::info!(addr = %l.local_addr()?, "metrics listening (no authentication)");
+            let app = crate::api::rest::metrics_router(api_state.clone());
+            let admission = crate::listen::Admission::new(
+                "metrics",
+                config.api.limits(),
+                crate::listen::ConnMetrics::default(),
+            );
+            let s = self.coord.handle();
+            self.tasks.spawn(async move {
+                crate::listen::router::serve_router(l, app, admission, s)
+                    .await
+                    .context("metrics server")
+            });
+        }
         let app = crate::api::rest::router(api_state, Some(extra));
         let admission = crate::listen::Admission::new("api", config.api.limits(), api_conns);
         let s = self.coord.handle();

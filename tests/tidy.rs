@@ -35,6 +35,16 @@ fn exported_names() -> Vec<String> {
     redfish.register(&mut reg);
     bootplane::listen::ConnMetrics::default()
         .register(reg.sub_registry_with_prefix("bootplane_api"));
+    let audit_dir = tempfile::tempdir().unwrap();
+    let _audit = bootplane::api::audit::Audit::start(
+        bootplane::api::audit::AuditSettings {
+            path: audit_dir.path().join("audit.log"),
+            max_bytes: 1 << 20,
+            keep: 1,
+        },
+        reg.sub_registry_with_prefix("bootplane_api"),
+    )
+    .unwrap();
     let leader = bootplane::store::etcd::election::Metrics::default();
     leader.declare("metal");
     leader.register(&mut reg);

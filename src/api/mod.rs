@@ -1,8 +1,11 @@
 //! The kube-style REST API served on the operator listener. The resource types it
 //! serves (registry, schema validation, selectors) are in [`crate::model`].
 
+pub mod audit;
+pub mod auth;
 pub mod preview;
 pub mod rest;
 pub mod settings;
+pub mod tls;
 
 pub use settings::ApiConfig;

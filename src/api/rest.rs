@@ -14,14 +14,14 @@
 //! small JSON ones are decoded on a blocking thread. Responses are
 //! JSON unless `Accept` asks for YAML; JSON GET, list and watch bodies are written
 //! around the objects' stored text, without parsing it. Every failure is a `Status` object with the
-//! HTTP code kube would use. Every route but `/healthz` needs the bearer token.
+//! HTTP code kube would use. Every route but `/healthz` and `/readyz` passes
+//! [`super::auth::middleware`] (authentication, authorization, audit).
 
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::Router;
@@ -37,7 +37,12 @@ use crate::store::{Part, Store, StoreError};
 /// What the API handlers share.
 pub struct ApiState {
     pub store: Store,
+    /// The bootstrap token (user `admin`, role `admin`).
     pub token: String,
+    /// The built-in and configured roles.
+    pub roles: super::auth::Roles,
+    /// Where writes and denials are recorded.
+    pub audit: super::audit::Audit,
     pub max_body_bytes: usize,
     /// A request body must arrive within this long of its head (408 after it), so a
     /// client trickling a body cannot hold its connection forever.
@@ -181,7 +186,8 @@ impl IntoResponse for ApiError {
 type ApiResult<T> = Result<T, ApiError>;
 
 /// The router for the API listener.
-/// `extra` routes (e.g. the job runner's) are mounted behind the same bearer auth.
+/// `extra` routes (e.g. the job runner's) are mounted behind the same authentication,
+/// authorization and audit ([`super::auth::middleware`]).
 pub fn router(state: Arc<ApiState>, extra: Option<Router>) -> Router {
     let mut authed: Router = Router::new()
         .route("/api/{*rest}", any(dispatch))
@@ -194,7 +200,10 @@ pub fn router(state: Arc<ApiState>, extra: Option<Router>) -> Router {
     // Everything under /apis that no extra router claimed goes to the resource API.
     let authed = authed
         .fallback(any(dispatch_fallback).with_state(state.clone()))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth));
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::auth::middleware,
+        ));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz).with_state(state.clone()))
@@ -242,27 +251,12 @@ async fn dispatch_fallback(
     }
 }
 
-/// Constant-time comparison of the presented bearer token.
-async fn auth(State(st): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
-    let ok = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
-        .is_some_and(|t| {
-            let (a, b) = (t.trim().as_bytes(), st.token.as_bytes());
-            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-        });
-    if !ok {
-        tracing::warn!(path = %req.uri().path(), "api request without a valid bearer token");
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            "missing or invalid bearer token",
-        )
-        .into_response();
-    }
-    next.run(req).await
+/// `/metrics` alone, without authentication: the separate plain listener of
+/// `[api] metrics_listen`.
+pub fn metrics_router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(state)
 }
 
 async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
@@ -590,6 +584,13 @@ async fn handle(
             }
             let o = st.store.get(rt, t.ns.as_deref(), name)?;
             Ok(respond(h, StatusCode::OK, &o))
+        }
+        (Method::POST, None)
+            if rt.group == super::auth::GROUP && rt.plural == super::auth::TOKENS =>
+        {
+            // The secret is made by the server and shown once (`auth::issue`).
+            let obj = decode_body(st, h, body).await?;
+            super::auth::issue(st, &obj).await
         }
         (Method::POST, None) => {
             let mut obj = decode_body(st, h, body).await?;

@@ -1,7 +1,9 @@
 //! The `[api]` config section: the operator-facing listener (REST API, `/metrics`,
-//! `/healthz`), its token and its connection and request limits.
+//! `/healthz`), its token, roles, audit log, metrics listener and its connection and
+//! request limits.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -31,6 +33,19 @@ pub struct ApiConfig {
     /// Maximum request body size in bytes (413 beyond it, before the body is read;
     /// YAML aliases may not expand a body by more than this either).
     pub max_body_bytes: usize,
+    /// The audit log (default `<state_dir>/audit.log`).
+    pub audit_log: Option<PathBuf>,
+    /// The audit log is rotated when it would grow past this.
+    pub audit_max_bytes: u64,
+    /// Rotated audit logs kept (`audit.log.1` … `.N`).
+    pub audit_keep: usize,
+    /// A separate plain-HTTP listener serving only `/metrics`, without authentication
+    /// (loopback or a monitoring network). Unset: `/metrics` is on the API listener,
+    /// for the `metrics` role (and `admin`, `operator`).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Custom roles (`[[api.roles]]`), beside the built-in ones (`api::auth`). Last:
+    /// TOML writes tables after plain values.
+    pub roles: Vec<super::auth::RoleConfig>,
 }
 
 impl Default for ApiConfig {
@@ -45,6 +60,11 @@ impl Default for ApiConfig {
             body_read_timeout_ms: 30_000,
             // Kubernetes' limit; a stored object is at most 1.5 MiB anyway.
             max_body_bytes: 3 << 20,
+            audit_log: None,
+            audit_max_bytes: 100 << 20,
+            audit_keep: 5,
+            metrics_listen: None,
+            roles: Vec::new(),
         }
     }
 }
@@ -70,6 +90,19 @@ impl ApiConfig {
                 bail!("{key} must be at least 1");
             }
         }
+        if self.audit_max_bytes < 4096 {
+            bail!(
+                "api.audit_max_bytes must be at least 4096 (got {})",
+                self.audit_max_bytes
+            );
+        }
+        if self.audit_keep > 1000 {
+            bail!(
+                "api.audit_keep must be at most 1000 (got {})",
+                self.audit_keep
+            );
+        }
+        super::auth::Roles::new(&self.roles).map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;
         Ok(())
     }
 

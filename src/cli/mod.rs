@@ -5,10 +5,12 @@
 //! local state dir's `api-token`. Resource names resolve as kubectl's do (plural,
 //! singular, kind or short name). `apply` creates what is missing and merge-patches
 //! what exists, so fields set by controllers (a claim's chosen `serverRef`) survive
-//! a re-apply. [`render`] is `bootplane render ignition|ipxe`.
+//! a re-apply. [`render`] is `bootplane render ignition|ipxe`, [`token`] `bootplane
+//! token create|list|revoke`.
 
 pub mod render;
 pub mod table;
+pub mod token;
 
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};

@@ -46,14 +46,14 @@ pub async fn serve_router(
     // Each connection task holds a clone of `live`; `gone` yields once all are dropped.
     let (live, mut gone) = mpsc::channel::<()>(1);
     loop {
-        let (stream, _, conn) = tokio::select! {
+        let (stream, peer, conn) = tokio::select! {
             _ = shutdown.recv() => break,
             c = admission.accept(&listener) => c,
         };
         let (builder, app, child, live) =
             (builder.clone(), app.clone(), shutdown.child(), live.clone());
         tokio::spawn(async move {
-            connection(stream, conn, &builder, app, child).await;
+            connection(stream, peer, conn, &builder, app, child).await;
             drop(live);
         });
     }
@@ -65,9 +65,11 @@ pub async fn serve_router(
     Ok(())
 }
 
-/// One connection: hyper, its watchdog and shutdown, until one of them ends it.
+/// One connection: hyper, its watchdog and shutdown, until one of them ends it. Each
+/// request carries the peer's address as axum's `ConnectInfo` (the audit log's source).
 async fn connection(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     conn: Conn,
     builder: &auto::Builder<TokioExecutor>,
     app: axum::Router,
@@ -80,7 +82,9 @@ async fn connection(
         slot: slot.clone(),
     });
     let inner = TowerToHyperService::new(app);
-    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
         let busy = Busy::begin(slot.clone());
         let fut = hyper::service::Service::call(&inner, req);
         async move {

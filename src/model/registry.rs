@@ -1,7 +1,8 @@
 //! The registry of resource types the API serves: each type's group, version, kind,
 //! plural, scope, schema and printer columns. CRD-defined kinds are loaded from the
 //! CRD YAML embedded in the binary (`src/model/crds/`), so validation follows the CRDs
-//! exactly; core kinds (`v1 Secret`) are declared here.
+//! exactly; core kinds (`v1 Secret`) and bootplane's own schema-less kinds
+//! (`auth.bootplane.dev/v1alpha1 APIToken`, the API's named tokens) are declared here.
 
 use std::sync::{Arc, OnceLock};
 
@@ -214,6 +215,24 @@ impl Registry {
             columns: vec![("TYPE".into(), ".type".into())],
             wide_columns: vec![],
         })];
+        // A named API token: its role, expiry and the SHA-256 of its secret
+        // (`api::auth`); checked by `store::validate`.
+        types.push(Arc::new(ResourceType {
+            group: "auth.bootplane.dev".into(),
+            version: "v1alpha1".into(),
+            kind: "APIToken".into(),
+            plural: "apitokens".into(),
+            singular: "apitoken".into(),
+            short_names: vec![],
+            namespaced: false,
+            schema: None,
+            status_subresource: false,
+            columns: vec![
+                ("ROLE".into(), ".spec.role".into()),
+                ("EXPIRES".into(), ".spec.expiresAt".into()),
+            ],
+            wide_columns: vec![],
+        }));
         for c in CRDS {
             let mut t = from_crd(c)?;
             if t.kind == "ServerBootConfiguration" {

@@ -147,6 +147,9 @@ pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> 
     {
         check_secret(map, &mut causes);
     }
+    if rt.kind == "APIToken" && rt.group == "auth.bootplane.dev" {
+        check_api_token(map, &mut causes);
+    }
     if let Some(schema) = &rt.schema {
         schema.apply_defaults(obj);
         schema.validate("", obj, old, &mut causes);
@@ -158,6 +161,61 @@ pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> 
         Ok(())
     } else {
         Err(err_invalid(rt, &name, causes))
+    }
+}
+
+/// An `APIToken` (`api::auth`): `spec.role`, `spec.secretHash` (`sha256:` + 64 hex
+/// digits), optional `spec.expiresAt` (RFC 3339); nothing else.
+fn check_api_token(map: &Map<String, Value>, causes: &mut Vec<FieldError>) {
+    for k in map.keys() {
+        if !["apiVersion", "kind", "metadata", "spec"].contains(&k.as_str()) {
+            causes.push(field(k, Reason::Unknown, format!("unknown field \"{k}\"")));
+        }
+    }
+    let Some(Value::Object(spec)) = map.get("spec") else {
+        causes.push(field("spec", Reason::Required, "Required value"));
+        return;
+    };
+    for k in spec.keys() {
+        if !["role", "secretHash", "expiresAt"].contains(&k.as_str()) {
+            causes.push(field(
+                &format!("spec.{k}"),
+                Reason::Unknown,
+                format!("unknown field \"{k}\""),
+            ));
+        }
+    }
+    if spec
+        .get("role")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        causes.push(field("spec.role", Reason::Required, "Required value"));
+    }
+    let hash_ok = spec
+        .get("secretHash")
+        .and_then(Value::as_str)
+        .and_then(|h| h.strip_prefix("sha256:"))
+        .is_some_and(|h| {
+            h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        });
+    if !hash_ok {
+        causes.push(field(
+            "spec.secretHash",
+            Reason::Invalid,
+            "must be sha256: and 64 lower-case hex digits",
+        ));
+    }
+    match spec.get("expiresAt") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if chrono::DateTime::parse_from_rfc3339(t).is_ok() => {}
+        Some(_) => causes.push(field(
+            "spec.expiresAt",
+            Reason::Invalid,
+            "must be an RFC 3339 time",
+        )),
     }
 }
 

@@ -1,0 +1,158 @@
+//! `bootplane token create|list|revoke`: named API tokens (`api::auth`), through the
+//! API, so it works from any machine an admin can reach the API from. `create` prints
+//! the token once (the server keeps only its hash); `revoke` deletes the token's
+//! `APIToken` object, after which requests with it are refused (401).
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+use super::{Client, Conn};
+
+const TOKENS_PATH: &str = "/apis/auth.bootplane.dev/v1alpha1/apitokens";
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCmd {
+    /// Create a token NAME with role ROLE and print it (it is shown only this once).
+    Create(CreateArgs),
+    /// List tokens: name, role, created, expires (never the tokens).
+    List(ListArgs),
+    /// Revoke a token: requests with it are refused from then on.
+    Revoke(RevokeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// The token's name (a DNS label): the user it authenticates as.
+    pub name: String,
+    /// Its role: admin, operator, viewer, agent, metrics or a role from `[[api.roles]]`.
+    #[arg(long)]
+    pub role: String,
+    /// Lifetime: a number with s, m, h or d (`90m`, `24h`, `365d`); none: no expiry.
+    #[arg(long)]
+    pub ttl: Option<String>,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+#[derive(Debug, Args)]
+pub struct RevokeArgs {
+    pub name: String,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `90m` → 5400: a positive number of s, m, h or d.
+pub fn parse_ttl(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("invalid ttl {s:?} (e.g. 90m, 24h, 30d)"))?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => bail!("invalid ttl {s:?}: the unit must be s, m, h or d"),
+    };
+    match n.checked_mul(mult) {
+        Some(v) if v > 0 => Ok(v),
+        _ => bail!("invalid ttl {s:?}"),
+    }
+}
+
+pub fn run(cmd: TokenCmd) -> Result<u8> {
+    match cmd {
+        TokenCmd::Create(a) => {
+            let client = Client::new(&a.conn)?;
+            let mut spec = json!({"role": a.role});
+            if let Some(t) = &a.ttl {
+                spec["ttlSeconds"] = Value::from(parse_ttl(t)?);
+            }
+            let body = json!({
+                "apiVersion": "auth.bootplane.dev/v1alpha1", "kind": "APIToken",
+                "metadata": {"name": a.name}, "spec": spec,
+            });
+            let v = client.request("POST", TOKENS_PATH, Some(("application/json", &body)))?;
+            let token = v
+                .pointer("/status/token")
+                .and_then(Value::as_str)
+                .context("the server returned no token")?;
+            println!("{token}");
+            eprintln!(
+                "token {} created (role {}); it is not shown again",
+                a.name, a.role
+            );
+            Ok(0)
+        }
+        TokenCmd::List(a) => {
+            let client = Client::new(&a.conn)?;
+            let v = client.request("GET", TOKENS_PATH, None)?;
+            let items = v["items"].as_array().cloned().unwrap_or_default();
+            let rows: Vec<[String; 4]> = items
+                .iter()
+                .map(|t| {
+                    let s = |p: &str| {
+                        t.pointer(p)
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string()
+                    };
+                    let exp = s("/spec/expiresAt");
+                    [
+                        s("/metadata/name"),
+                        s("/spec/role"),
+                        s("/metadata/creationTimestamp"),
+                        if exp.is_empty() { "never".into() } else { exp },
+                    ]
+                })
+                .collect();
+            let header = ["NAME", "ROLE", "CREATED", "EXPIRES"].map(String::from);
+            let mut w = [0usize; 4];
+            for r in std::iter::once(&header).chain(&rows) {
+                for (i, c) in r.iter().enumerate() {
+                    w[i] = w[i].max(c.len());
+                }
+            }
+            for r in std::iter::once(&header).chain(&rows) {
+                println!(
+                    "{:w0$}   {:w1$}   {:w2$}   {}",
+                    r[0],
+                    r[1],
+                    r[2],
+                    r[3],
+                    w0 = w[0],
+                    w1 = w[1],
+                    w2 = w[2]
+                );
+            }
+            Ok(0)
+        }
+        TokenCmd::Revoke(a) => {
+            let client = Client::new(&a.conn)?;
+            client.request("DELETE", &format!("{TOKENS_PATH}/{}", a.name), None)?;
+            println!("token {} revoked", a.name);
+            Ok(0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ttls() {
+        assert_eq!(super::parse_ttl("90m").unwrap(), 5400);
+        assert_eq!(super::parse_ttl("2d").unwrap(), 172_800);
+        assert_eq!(super::parse_ttl("15s").unwrap(), 15);
+        for bad in ["", "0h", "10", "h", "5w", "-1h", "99999999999999999999d"] {
+            assert!(super::parse_ttl(bad).is_err(), "{bad}");
+        }
+    }
+}
