@@ -4,5 +4,6 @@
 pub mod preview;
 pub mod rest;
 pub mod settings;
+pub mod tls;
 
 pub use settings::ApiConfig;
