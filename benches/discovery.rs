@@ -81,9 +81,8 @@ fn agents(b: &Bootplane, n: usize, rx: mpsc::Receiver<String>) -> Vec<std::threa
     let rx = Arc::new(Mutex::new(rx));
     (0..n)
         .map(|_| {
-            let (rx, api, token) = (rx.clone(), b.api.clone(), b.token.clone());
+            let (rx, api, token, agent) = (rx.clone(), b.api.clone(), b.token.clone(), b.agent.clone());
             std::thread::spawn(move || {
-                let agent = ureq::AgentBuilder::new().build();
                 loop {
                     let Ok(name) = rx.lock().unwrap().recv() else {
                         return;
@@ -174,6 +173,7 @@ fn round(
         bmc_objs.push(bmc);
     }
     post_all(
+        &b.agent,
         &b.api,
         &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets",
@@ -182,7 +182,8 @@ fn round(
     );
     // Watch Servers from now on.
     let list: Value = serde_json::from_str(
-        &ureq::get(&format!(
+        &b.agent
+            .get(&format!(
             "{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1",
             b.api
         ))
@@ -207,9 +208,10 @@ fn round(
             b.api
         );
         let auth = format!("Bearer {}", b.token);
+        let agent = b.agent.clone();
         std::thread::spawn(move || {
             let (mut sent, mut avail) = (HashSet::new(), HashSet::new());
-            let r = ureq::get(&url).set("Authorization", &auth).call().unwrap();
+            let r = agent.get(&url).set("Authorization", &auth).call().unwrap();
             for line in std::io::BufReader::new(r.into_reader()).lines() {
                 let Ok(line) = line else { return };
                 let ev: Value = serde_json::from_str(&line).unwrap();
@@ -235,6 +237,7 @@ fn round(
     let cpu0 = procfs::proc_cpu(pid);
     let t0 = Instant::now();
     post_all(
+        &b.agent,
         &b.api,
         &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/bmcs",

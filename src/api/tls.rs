@@ -304,12 +304,18 @@ impl Ca {
         self.sign(p, not_before, not_after)
     }
 
+    /// A server certificate for `names` (DNS names and IP addresses) with CN `cn`,
+    /// valid for `days` from now (e.g. one an operator then gives as `[api] cert_file`).
+    pub fn issue_server_for(&self, names: &[&str], cn: &str, days: i64) -> Result<Issued> {
+        let names = names.iter().map(|n| n.to_string()).collect();
+        self.issue_server(&names, cn, days)
+    }
+
     /// A server certificate for `names` (DNS names and IP addresses) valid from now.
-    fn issue_server(&self, names: &BTreeSet<String>, days: i64) -> Result<Issued> {
+    fn issue_server(&self, names: &BTreeSet<String>, cn: &str, days: i64) -> Result<Issued> {
         let mut p = rcgen::CertificateParams::default();
         p.distinguished_name = rcgen::DistinguishedName::new();
-        p.distinguished_name
-            .push(DnType::CommonName, format!("bootplane {}", hostname()));
+        p.distinguished_name.push(DnType::CommonName, cn);
         p.distinguished_name.push(DnType::OrganizationName, "bootplane");
         p.subject_alt_names = names
             .iter()
@@ -730,7 +736,7 @@ fn ensure_server_cert(ca: &Ca, cfg: &ApiConfig, cert: &Path, key: &Path) -> Resu
         Some(_) if !key.exists() => "its key is missing",
         Some(_) => return Ok(()),
     };
-    let issued = ca.issue_server(&want, SERVER_DAYS)?;
+    let issued = ca.issue_server(&want, &format!("bootplane {}", hostname()), SERVER_DAYS)?;
     write_private(key, issued.key_pem.as_bytes())?;
     write_private(cert, issued.cert_pem.as_bytes())?;
     tracing::info!(
