@@ -138,7 +138,9 @@ fn send_declared(b: &Bootplane, method: &str, path: &str, body: &[u8]) -> (u16, 
         body.len()
     )
     .unwrap();
-    c.sock.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    c.sock
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
     let mut first = [0u8; 1];
     let sent_body = match c.read(&mut first) {
         Ok(1) => false,
@@ -147,7 +149,9 @@ fn send_declared(b: &Bootplane, method: &str, path: &str, body: &[u8]) -> (u16, 
             true
         }
     };
-    c.sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.sock
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let mut rest = Vec::new();
     let _ = c.read_to_end(&mut rest);
     let mut all = if sent_body {
@@ -360,7 +364,9 @@ fn oversized_objects_and_annotations_are_refused_and_memory_is_kept() {
             c.write_all(&chunk).unwrap();
             c.write_all(b"\r\n").unwrap();
         }
-        c.sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.sock
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut head = [0u8; 512];
         let n = c.read(&mut head).unwrap();
         let head = String::from_utf8_lossy(&head[..n]);

@@ -120,14 +120,28 @@ fn curl_and_openssl_trust_only_the_state_dirs_ca() {
     let by_name = format!("https://localhost:{}/healthz", b.api_port);
     let (code, _) = curl(
         &by_name,
-        &["--cacert", ca.to_str().unwrap(), "--resolve", &format!("localhost:{}:127.0.0.1", b.api_port)],
+        &[
+            "--cacert",
+            ca.to_str().unwrap(),
+            "--resolve",
+            &format!("localhost:{}:127.0.0.1", b.api_port),
+        ],
     );
     assert_eq!(code, 0, "localhost is in the certificate");
 
-    let (code, out) = s_client(b.api_port, &["-CAfile", wrong.to_str().unwrap(), "-verify_return_error"]);
+    let (code, out) = s_client(
+        b.api_port,
+        &["-CAfile", wrong.to_str().unwrap(), "-verify_return_error"],
+    );
     assert_ne!(code, 0, "s_client with a wrong CA: {out}");
-    assert!(out.contains("unable to get local issuer certificate") || out.contains("verify error"), "{out}");
-    let (code, out) = s_client(b.api_port, &["-CAfile", ca.to_str().unwrap(), "-verify_return_error"]);
+    assert!(
+        out.contains("unable to get local issuer certificate") || out.contains("verify error"),
+        "{out}"
+    );
+    let (code, out) = s_client(
+        b.api_port,
+        &["-CAfile", ca.to_str().unwrap(), "-verify_return_error"],
+    );
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
     // No protocol below TLS 1.2 is spoken at all.
@@ -136,7 +150,11 @@ fn curl_and_openssl_trust_only_the_state_dirs_ca() {
     // The generated files are private.
     for f in ["ca.crt", "ca.key", "server.crt", "server.key"] {
         let m = std::fs::metadata(b.dir.join("tls").join(f)).unwrap();
-        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777, 0o600, "{f}");
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777,
+            0o600,
+            "{f}"
+        );
     }
 }
 
@@ -149,27 +167,57 @@ fn client_certificates_valid_accepted_expired_and_revoked_refused() {
     let out = tempfile::tempdir().unwrap();
     let outp = out.path().to_str().unwrap();
     let with = |name: &str| {
-        let (c, k) = (out.path().join(format!("{name}.crt")), out.path().join(format!("{name}.key")));
-        curl(&url, &["--cacert", ca, "--cert", c.to_str().unwrap(), "--key", k.to_str().unwrap()])
+        let (c, k) = (
+            out.path().join(format!("{name}.crt")),
+            out.path().join(format!("{name}.key")),
+        );
+        curl(
+            &url,
+            &[
+                "--cacert",
+                ca,
+                "--cert",
+                c.to_str().unwrap(),
+                "--key",
+                k.to_str().unwrap(),
+            ],
+        )
     };
 
     // Issued by the CLI: a bundle, the key private.
-    let o = cli(&b, &["cert", "issue", "alice", "--role", "viewer", "--out", outp]);
+    let o = cli(
+        &b,
+        &["cert", "issue", "alice", "--role", "viewer", "--out", outp],
+    );
     assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("--cert-file"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("--cert-file"),
+        "{}",
+        text(&o)
+    );
     let m = std::fs::metadata(out.path().join("alice.key")).unwrap();
-    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777, 0o600);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777,
+        0o600
+    );
     assert_eq!(
         std::fs::read(out.path().join("ca.crt")).unwrap(),
         std::fs::read(b.dir.join("tls/ca.crt")).unwrap()
     );
-    assert_eq!(with("alice"), (0, "ok".into()), "a valid client certificate");
+    assert_eq!(
+        with("alice"),
+        (0, "ok".into()),
+        "a valid client certificate"
+    );
     let (code, s) = s_client(
         b.api_port,
         &[
-            "-CAfile", ca,
-            "-cert", out.path().join("alice.crt").to_str().unwrap(),
-            "-key", out.path().join("alice.key").to_str().unwrap(),
+            "-CAfile",
+            ca,
+            "-cert",
+            out.path().join("alice.crt").to_str().unwrap(),
+            "-key",
+            out.path().join("alice.key").to_str().unwrap(),
             "-verify_return_error",
         ],
     );
@@ -181,10 +229,14 @@ fn client_certificates_valid_accepted_expired_and_revoked_refused() {
     let (code, body) = curl(
         &format!("{}/apis/metal.ironcore.dev/v1alpha1/servers", b.api),
         &[
-            "--cacert", ca,
-            "--cert", out.path().join("alice.crt").to_str().unwrap(),
-            "--key", out.path().join("alice.key").to_str().unwrap(),
-            "-H", &token,
+            "--cacert",
+            ca,
+            "--cert",
+            out.path().join("alice.crt").to_str().unwrap(),
+            "--key",
+            out.path().join("alice.key").to_str().unwrap(),
+            "-H",
+            &token,
         ],
     );
     assert_eq!(code, 0);
@@ -198,7 +250,10 @@ fn client_certificates_valid_accepted_expired_and_revoked_refused() {
     std::fs::write(out.path().join("old.crt"), &old.cert_pem).unwrap();
     std::fs::write(out.path().join("old.key"), &old.key_pem).unwrap();
     let (code, _) = with("old");
-    assert!(refused(code), "an expired certificate is refused at the handshake (curl exit {code})");
+    assert!(
+        refused(code),
+        "an expired certificate is refused at the handshake (curl exit {code})"
+    );
 
     // Signed by another CA: refused too.
     let other = tempfile::tempdir().unwrap();
@@ -209,10 +264,16 @@ fn client_certificates_valid_accepted_expired_and_revoked_refused() {
     std::fs::write(out.path().join("mallory.crt"), &foreign.cert_pem).unwrap();
     std::fs::write(out.path().join("mallory.key"), &foreign.key_pem).unwrap();
     let (code, _) = with("mallory");
-    assert!(refused(code), "a certificate of another CA (curl exit {code})");
+    assert!(
+        refused(code),
+        "a certificate of another CA (curl exit {code})"
+    );
 
     // Revoked by name: refused from the next handshakes on, without a restart.
-    let o = cli(&b, &["cert", "issue", "bob", "--role", "operator", "--out", outp]);
+    let o = cli(
+        &b,
+        &["cert", "issue", "bob", "--role", "operator", "--out", outp],
+    );
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(with("bob"), (0, "ok".into()));
     let o = cli(&b, &["cert", "revoke", "bob"]);
@@ -223,23 +284,46 @@ fn client_certificates_valid_accepted_expired_and_revoked_refused() {
         if refused(code) {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(15), "bob still accepted after revocation");
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "bob still accepted after revocation"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     assert_eq!(with("alice"), (0, "ok".into()), "others still accepted");
     let o = cli(&b, &["cert", "list"]);
     let listing = String::from_utf8_lossy(&o.stdout).into_owned();
-    let line = |n: &str| listing.lines().find(|l| l.starts_with(n)).unwrap_or_default().to_string();
-    assert!(line("bob").contains("revoked") && line("bob").contains("operator"), "{listing}");
+    let line = |n: &str| {
+        listing
+            .lines()
+            .find(|l| l.starts_with(n))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line("bob").contains("revoked") && line("bob").contains("operator"),
+        "{listing}"
+    );
     assert!(line("alice").contains("valid"), "{listing}");
     // Revoked by serial: the serial as openssl prints it (colons, upper case).
-    let serial = line("alice").split_whitespace().nth(2).unwrap().to_uppercase();
-    let colons: Vec<String> = serial.as_bytes().chunks(2).map(|c| String::from_utf8_lossy(c).into()).collect();
+    let serial = line("alice")
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_uppercase();
+    let colons: Vec<String> = serial
+        .as_bytes()
+        .chunks(2)
+        .map(|c| String::from_utf8_lossy(c).into())
+        .collect();
     let o = cli(&b, &["cert", "revoke", &colons.join(":")]);
     assert!(o.status.success(), "{}", text(&o));
     let t0 = Instant::now();
     while with("alice").0 == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(15), "alice still accepted after revocation");
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "alice still accepted after revocation"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     // Without any client certificate, the token still works.
@@ -254,8 +338,23 @@ fn testssl_finds_no_protocol_below_tls12_and_no_weak_cipher() {
     let out = tempfile::tempdir().unwrap();
     let json = out.path().join("testssl.json");
     let o = run(Command::new("timeout")
-        .args(["300", "testssl", "--quiet", "--color", "0", "--warnings", "off"])
-        .args(["--nodns", "none", "--ip", "127.0.0.1", "--protocols", "--std"])
+        .args([
+            "300",
+            "testssl",
+            "--quiet",
+            "--color",
+            "0",
+            "--warnings",
+            "off",
+        ])
+        .args([
+            "--nodns",
+            "none",
+            "--ip",
+            "127.0.0.1",
+            "--protocols",
+            "--std",
+        ])
         .arg("--jsonfile")
         .arg(&json)
         .arg(format!("https://127.0.0.1:{}", b.api_port)));
@@ -274,7 +373,11 @@ fn testssl_finds_no_protocol_below_tls12_and_no_weak_cipher() {
         assert_eq!(finding(id), "not offered", "{id}");
     }
     assert_eq!(finding("TLS1_2"), "offered");
-    assert!(finding("TLS1_3").starts_with("offered"), "{}", finding("TLS1_3"));
+    assert!(
+        finding("TLS1_3").starts_with("offered"),
+        "{}",
+        finding("TLS1_3")
+    );
     for id in [
         "cipherlist_NULL",
         "cipherlist_aNULL",
@@ -288,7 +391,12 @@ fn testssl_finds_no_protocol_below_tls12_and_no_weak_cipher() {
     assert_eq!(finding("cipherlist_STRONG"), "offered");
     let bad: Vec<_> = findings
         .iter()
-        .filter(|f| matches!(f["severity"].as_str(), Some("LOW" | "MEDIUM" | "HIGH" | "CRITICAL")))
+        .filter(|f| {
+            matches!(
+                f["severity"].as_str(),
+                Some("LOW" | "MEDIUM" | "HIGH" | "CRITICAL")
+            )
+        })
         .collect();
     assert!(bad.is_empty(), "testssl found problems: {bad:#?}");
 }
@@ -296,7 +404,9 @@ fn testssl_finds_no_protocol_below_tls12_and_no_weak_cipher() {
 /// An operator's server certificate for 127.0.0.1, signed by the state dir's CA.
 fn operator_pair(state: &Path, dir: &Path, cn: &str) -> String {
     let ca = Ca::load(state).unwrap();
-    let issued = ca.issue_server_for(&["127.0.0.1", "localhost"], cn, 2).unwrap();
+    let issued = ca
+        .issue_server_for(&["127.0.0.1", "localhost"], cn, 2)
+        .unwrap();
     // The key first, as an operator replacing both would; the listener keeps the old
     // pair while they do not match.
     std::fs::write(dir.join("op.key"), &issued.key_pem).unwrap();
@@ -324,19 +434,27 @@ fn a_replaced_certificate_is_presented_without_a_restart() {
     );
     let pid = b.child.as_ref().unwrap().id();
     assert_eq!(presented_serial(b.api_port), first);
-    assert!(!state.path().join("tls/server.crt").exists(), "no generated certificate");
+    assert!(
+        !state.path().join("tls/server.crt").exists(),
+        "no generated certificate"
+    );
 
     let second = operator_pair(state.path(), ops.path(), "two");
     assert_ne!(first, second);
     let t0 = Instant::now();
     while presented_serial(b.api_port) != second {
-        assert!(t0.elapsed() < Duration::from_secs(15), "the new certificate was not presented");
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the new certificate was not presented"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     // A broken file is logged and the current certificate kept.
     std::fs::write(&crt, "not a certificate\n").unwrap();
     b.wait_for(15, "the broken certificate to be noticed", || {
-        b.log().contains("new API server certificate not loaded").then_some(())
+        b.log()
+            .contains("new API server certificate not loaded")
+            .then_some(())
     });
     assert_eq!(presented_serial(b.api_port), second);
     assert_eq!(b.req("GET", "/healthz").call().unwrap().status(), 200);
@@ -355,16 +473,31 @@ fn a_handshake_that_never_finishes_is_closed_by_the_header_timeout() {
     let r = s.read(&mut buf);
     let took = t0.elapsed();
     assert!(matches!(r, Ok(0) | Err(_)), "closed, not answered: {r:?}");
-    assert!(took < Duration::from_secs(3), "closed after {took:?}, not by the 500 ms header timeout");
+    assert!(
+        took < Duration::from_secs(3),
+        "closed after {took:?}, not by the 500 ms header timeout"
+    );
     // The listener still serves others.
-    assert_eq!(b.agent.get(&format!("{}/healthz", b.api)).call().unwrap().status(), 200);
+    assert_eq!(
+        b.agent
+            .get(&format!("{}/healthz", b.api))
+            .call()
+            .unwrap()
+            .status(),
+        200
+    );
 }
 
 #[test]
 fn plain_http_is_refused_off_loopback() {
     let check = |listen: &str| {
-        run(Command::new(bin())
-            .args(["check-config", "--api-listen", listen, "--set", "api.tls=false"]))
+        run(Command::new(bin()).args([
+            "check-config",
+            "--api-listen",
+            listen,
+            "--set",
+            "api.tls=false",
+        ]))
     };
     let o = check("0.0.0.0:9090");
     assert!(!o.status.success());

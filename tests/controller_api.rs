@@ -436,11 +436,15 @@ fn bad_input_gets_the_right_status_and_stores_nothing() {
         }
         other => panic!("expected 401, got {other:?}"),
     }
-    let r = b.agent.get(&format!("{}{}", b.api, SERVERS))
+    let r = b
+        .agent
+        .get(&format!("{}{}", b.api, SERVERS))
         .set("Authorization", "Bearer nope")
         .call();
     assert!(matches!(r, Err(ureq::Error::Status(401, _))));
-    let r = b.agent.post(&format!("{}{}", b.api, SERVERS))
+    let r = b
+        .agent
+        .post(&format!("{}{}", b.api, SERVERS))
         .set("Authorization", "Bearer nope")
         .send_string(&server("sneaky", json!({}), "Recycle").to_string());
     assert!(matches!(r, Err(ureq::Error::Status(401, _))));

@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::api::condition_true;
-use support::bootplane::{api_url, bootplane_cli_at, get_json_at, ipxe_templates, serve_in_with, tail};
+use support::bootplane::{
+    api_url, bootplane_cli_at, get_json_at, ipxe_templates, serve_in_with, tail,
+};
 use support::etcd::EtcdCluster;
 use support::image::write_catalog;
 use support::netns::Netns;

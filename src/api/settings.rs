@@ -97,7 +97,8 @@ impl ApiConfig {
                     && n.split('.').all(|l| {
                         !l.is_empty()
                             && l.len() <= 63
-                            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '*')
+                            && l.chars()
+                                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '*')
                     }));
             if !ok {
                 bail!("api.tls_names: {n:?} is neither a DNS name nor an IP address");

@@ -258,7 +258,8 @@ impl Ca {
         p.distinguished_name = rcgen::DistinguishedName::new();
         p.distinguished_name
             .push(DnType::CommonName, format!("bootplane CA {host}"));
-        p.distinguished_name.push(DnType::OrganizationName, "bootplane");
+        p.distinguished_name
+            .push(DnType::OrganizationName, "bootplane");
         p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         p.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -316,7 +317,8 @@ impl Ca {
         let mut p = rcgen::CertificateParams::default();
         p.distinguished_name = rcgen::DistinguishedName::new();
         p.distinguished_name.push(DnType::CommonName, cn);
-        p.distinguished_name.push(DnType::OrganizationName, "bootplane");
+        p.distinguished_name
+            .push(DnType::OrganizationName, "bootplane");
         p.subject_alt_names = names
             .iter()
             .map(|n| match n.parse::<IpAddr>() {
@@ -797,8 +799,11 @@ impl Tls {
                 match tokio::task::spawn_blocking(move || read_revoked_file(&p)).await {
                     Ok(Ok(set)) => {
                         let n = set.len();
-                        *self.verifier.revoked.write().unwrap_or_else(|e| e.into_inner()) =
-                            Arc::new(set);
+                        *self
+                            .verifier
+                            .revoked
+                            .write()
+                            .unwrap_or_else(|e| e.into_inner()) = Arc::new(set);
                         tracing::info!(revoked = n, "reloaded the revoked client certificates");
                     }
                     Ok(Err(e)) => tracing::warn!(
@@ -875,7 +880,10 @@ mod tests {
         assert_eq!(p.serial_hex, i.serial_hex);
         for f in [CA_CRT, CA_KEY] {
             let m = std::fs::metadata(dir(t.path()).join(f)).unwrap();
-            assert_eq!(std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777, 0o600);
+            assert_eq!(
+                std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777,
+                0o600
+            );
         }
         record_issued(
             t.path(),
@@ -887,7 +895,10 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(revoke(t.path(), "alice").unwrap(), vec![i.serial_hex.clone()]);
+        assert_eq!(
+            revoke(t.path(), "alice").unwrap(),
+            vec![i.serial_hex.clone()]
+        );
         assert!(revoke(t.path(), "alice").unwrap().is_empty(), "once");
         assert!(read_revoked(t.path()).unwrap().contains(&i.serial_hex));
         assert!(revoke(t.path(), "bob").is_err(), "no such name, not hex");
@@ -910,7 +921,10 @@ mod tests {
             .unwrap()
             .unwrap();
         let (names, _) = cert_names(&der).unwrap();
-        assert!(names.contains("boot.example.com") && names.contains("127.0.0.1"), "{names:?}");
+        assert!(
+            names.contains("boot.example.com") && names.contains("127.0.0.1"),
+            "{names:?}"
+        );
         load_certified_key(&c, &k).unwrap();
         // A key that is not the certificate's is refused.
         let other = ca.issue_client("x", "y", 0, unix_now() + DAY).unwrap();

@@ -146,7 +146,10 @@ fn issue(a: IssueArgs) -> Result<u8> {
     println!("use it with:");
     println!("  bootplane get servers --server https://APPLIANCE:9090 --ca-file {ca} --cert-file {c} --key-file {k}");
     println!("  curl --cacert {ca} --cert {c} --key {k} https://APPLIANCE:9090/apis/metal.ironcore.dev/v1alpha1/servers");
-    println!("revoke it with: bootplane cert revoke {}", issued.serial_hex);
+    println!(
+        "revoke it with: bootplane cert revoke {}",
+        issued.serial_hex
+    );
     Ok(0)
 }
 

@@ -61,9 +61,9 @@ pub struct Conn {
 impl Conn {
     /// The CA file the client trusts.
     pub fn ca_path(&self) -> PathBuf {
-        self.ca_file.clone().unwrap_or_else(|| {
-            crate::api::tls::dir(&self.state_dir).join(crate::api::tls::CA_CRT)
-        })
+        self.ca_file
+            .clone()
+            .unwrap_or_else(|| crate::api::tls::dir(&self.state_dir).join(crate::api::tls::CA_CRT))
     }
 
     /// An agent for the API: TLS trusting only [`Conn::ca_path`] (with the client

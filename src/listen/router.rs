@@ -129,7 +129,16 @@ async fn connection(
         .peer_certificates()
         .map(tls.peer)
         .filter(|e| !e.is_empty());
-    http(TokioIo::new(stream), conn, watchdog, builder, app, ext, shutdown).await
+    http(
+        TokioIo::new(stream),
+        conn,
+        watchdog,
+        builder,
+        app,
+        ext,
+        shutdown,
+    )
+    .await
 }
 
 /// Serve HTTP on an (accepted, handshaken) connection; `ext` is added to each request.

@@ -193,7 +193,12 @@ impl Bootplane {
             // The CA is written before the listener binds.
             } else if self.dir.join("tls/ca.crt").exists() {
                 self.agent = api_agent(&self.dir);
-                if self.agent.get(&format!("{}/healthz", self.api)).call().is_ok() {
+                if self
+                    .agent
+                    .get(&format!("{}/healthz", self.api))
+                    .call()
+                    .is_ok()
+                {
                     break;
                 }
             }
