@@ -1080,7 +1080,7 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
 
     // Register N servers (by MAC + UUID), one ignition secret, N claims by serverRef.
     let t = Instant::now();
-    let ready = register(n, &[(lab.server.name.clone(), token)]);
+    let ready = register(n, &[(lab.server.name.clone(), token, state.clone())]);
     println!(
         "bootplane: {n} servers registered and claimed, {ready} boot configurations Ready in {:.1}s",
         t.elapsed().as_secs_f64()
@@ -1128,13 +1128,15 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
     }
 }
 
-/// Register and claim N machines through the appliances `apps` (each a namespace name
-/// and the API token of the appliance there, its API on 127.0.0.1:9090 in it): the
+/// Register and claim N machines through the appliances `apps` (each a namespace name,
+/// the API token and the state dir (its CA) of the appliance there, its API on
+/// https://127.0.0.1:9090 in it): the
 /// writes are spread over the appliances, a client thread per appliance in turn. Waits
 /// until every appliance has seen every boot configuration Ready, and returns the
 /// fewest any appliance saw.
-fn register(n: usize, apps: &[(String, String)]) -> usize {
-    let api = "http://127.0.0.1:9090";
+fn register(n: usize, apps: &[(String, String, std::path::PathBuf)]) -> usize {
+    let api = "https://127.0.0.1:9090";
+    let agent_of = |app: usize| support::api_agent(&apps[app].2);
     let post = |agent: &ureq::Agent, app: usize, path: &str, body: &Value| {
         let auth = format!("Bearer {}", apps[app].1);
         for k in 0..5 {
@@ -1152,8 +1154,8 @@ fn register(n: usize, apps: &[(String, String)]) -> usize {
         }
     };
     let k = apps.len();
-    let agent = ureq::AgentBuilder::new().build();
-    let (first, _) = &apps[0];
+    let agent = agent_of(0);
+    let first = &apps[0].0;
     std::thread::scope(|s| {
         s.spawn(|| {
             enter_thread(first);
@@ -1171,7 +1173,7 @@ fn register(n: usize, apps: &[(String, String)]) -> usize {
             let post = &post;
             s.spawn(move || {
                 enter_thread(&apps[c % k].0);
-                let agent = ureq::AgentBuilder::new().build();
+                let agent = agent_of(c % k);
                 for i in (c..n).step_by(clients) {
                     let m = Machine::new(i);
                     post(&agent, c % k, "/apis/metal.ironcore.dev/v1alpha1/servers", &json!({
@@ -1190,7 +1192,8 @@ fn register(n: usize, apps: &[(String, String)]) -> usize {
     let sbcs = "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverbootconfigurations";
     let ready_counts: Vec<Arc<AtomicUsize>> = (0..k).map(|_| Arc::default()).collect();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
-    for (app, (netns, token)) in apps.iter().enumerate() {
+    for (app, (netns, token, _)) in apps.iter().enumerate() {
+        let agent = agent_of(app);
         let (url, auth, ready_count, ready_tx, netns) = (
             format!("{api}{sbcs}"),
             format!("Bearer {token}"),
@@ -1201,7 +1204,8 @@ fn register(n: usize, apps: &[(String, String)]) -> usize {
         let (listed_tx, listed_rx) = std::sync::mpsc::channel::<()>();
         std::thread::spawn(move || {
             enter_thread(&netns);
-            let rv: String = ureq::get(&url)
+            let rv: String = agent
+                .get(&url)
                 .set("Authorization", &auth)
                 .call()
                 .ok()
@@ -1215,6 +1219,7 @@ fn register(n: usize, apps: &[(String, String)]) -> usize {
                 .expect("listing boot configurations");
             let _ = listed_tx.send(());
             watch_ready(
+                &agent,
                 &format!("{url}?watch=true&resourceVersion={rv}"),
                 &auth,
                 n,
@@ -1231,7 +1236,7 @@ fn register(n: usize, apps: &[(String, String)]) -> usize {
             let post = &post;
             s.spawn(move || {
                 enter_thread(&apps[(c + 1) % k].0);
-                let agent = ureq::AgentBuilder::new().build();
+                let agent = agent_of((c + 1) % k);
                 for i in (c..n).step_by(clients) {
                     let m = Machine::new(i);
                     post(
@@ -1266,9 +1271,9 @@ fn register(n: usize, apps: &[(String, String)]) -> usize {
 
 /// Follow the watch `url` and count the boot configurations seen Ready into `count`,
 /// until `n` are (or the watch ends).
-fn watch_ready(url: &str, auth: &str, n: usize, count: &AtomicUsize) {
+fn watch_ready(agent: &ureq::Agent, url: &str, auth: &str, n: usize, count: &AtomicUsize) {
     use std::io::BufRead;
-    let Ok(r) = ureq::get(url).set("Authorization", auth).call() else {
+    let Ok(r) = agent.get(url).set("Authorization", auth).call() else {
         return;
     };
     let mut seen = std::collections::HashSet::new();

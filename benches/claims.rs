@@ -26,6 +26,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+/// An agent for the API of the bootplane with state dir `state`: TLS trusting only its
+/// CA (None until the CA exists). The benches that include `tests/support` use
+/// `support::api_agent`; this one does not include it.
+fn api_agent(state: &std::path::Path) -> Option<ureq::Agent> {
+    let pem = std::fs::read(state.join("tls/ca.crt")).ok()?;
+    let cfg = bootplane::api::tls::client_config(&pem, None).ok()?;
+    Some(ureq::AgentBuilder::new().tls_config(Arc::new(cfg)).build())
+}
+
 fn port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -191,7 +200,7 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
         ],
     };
     let (api_port, http_port) = (port(), port());
-    let api = format!("http://127.0.0.1:{api_port}");
+    let api = format!("https://127.0.0.1:{api_port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_bootplane"))
         .args(["serve", "--power-driver", "test"])
         .args(&store_args)
@@ -208,10 +217,16 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
         .spawn()
         .expect("starting bootplane");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while ureq::get(&format!("{api}/healthz")).call().is_err() {
+    let agent = loop {
+        // The API's CA is written before it listens.
+        if let Some(agent) = api_agent(dir.path()) {
+            if agent.get(&format!("{api}/healthz")).call().is_ok() {
+                break agent;
+            }
+        }
         assert!(Instant::now() < deadline, "bootplane did not start");
         std::thread::sleep(Duration::from_millis(50));
-    }
+    };
     let token = std::fs::read_to_string(dir.path().join("api-token"))
         .unwrap()
         .trim()
@@ -224,9 +239,8 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
     let t0 = Instant::now();
     std::thread::scope(|s| {
         for c in 0..clients {
-            let (api, auth) = (&api, &auth);
+            let (api, auth, agent) = (&api, &auth, &agent);
             s.spawn(move || {
-                let agent = ureq::AgentBuilder::new().build();
                 for i in (c..count).step_by(clients) {
                     let body = json!({
                         "apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
@@ -258,7 +272,8 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
     // Watch claims from now on.
     let rv: String = {
         let v: Value = serde_json::from_str(
-            &ureq::get(&format!("{api}{claims}"))
+            &agent
+                .get(&format!("{api}{claims}"))
                 .set("Authorization", &auth)
                 .call()
                 .unwrap()
@@ -273,13 +288,14 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
     };
     let bound_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let watcher = {
-        let (bound_at, url, auth) = (
+        let (bound_at, url, auth, agent) = (
             bound_at.clone(),
             format!("{api}{claims}?watch=true&resourceVersion={rv}"),
             auth.clone(),
+            agent.clone(),
         );
         std::thread::spawn(move || {
-            let r = ureq::get(&url).set("Authorization", &auth).call().unwrap();
+            let r = agent.get(&url).set("Authorization", &auth).call().unwrap();
             for line in std::io::BufReader::new(r.into_reader()).lines() {
                 let Ok(line) = line else { return };
                 let ev: Value = serde_json::from_str(&line).unwrap();
@@ -302,9 +318,8 @@ fn round(side: &str, count: usize, clients: usize, workers: usize) -> Round {
     let t1 = Instant::now();
     std::thread::scope(|s| {
         for c in 0..clients {
-            let (api, auth, applied_at) = (&api, &auth, &applied_at);
+            let (api, auth, applied_at, agent) = (&api, &auth, &applied_at, &agent);
             s.spawn(move || {
-                let agent = ureq::AgentBuilder::new().build();
                 for i in (c..count).step_by(clients) {
                     let name = format!("claim-{i:05}");
                     let body = json!({

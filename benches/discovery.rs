@@ -81,45 +81,43 @@ fn agents(b: &Bootplane, n: usize, rx: mpsc::Receiver<String>) -> Vec<std::threa
     let rx = Arc::new(Mutex::new(rx));
     (0..n)
         .map(|_| {
-            let (rx, api, token) = (rx.clone(), b.api.clone(), b.token.clone());
-            std::thread::spawn(move || {
-                let agent = ureq::AgentBuilder::new().build();
-                loop {
-                    let Ok(name) = rx.lock().unwrap().recv() else {
-                        return;
+            let (rx, api, token, agent) =
+                (rx.clone(), b.api.clone(), b.token.clone(), b.agent.clone());
+            std::thread::spawn(move || loop {
+                let Ok(name) = rx.lock().unwrap().recv() else {
+                    return;
+                };
+                let (k, i) = name
+                    .strip_prefix("bmc-")
+                    .and_then(|r| r.split_once('-'))
+                    .map(|(k, i)| (k.parse::<u16>().unwrap(), i.parse::<usize>().unwrap() - 1))
+                    .expect("server name bmc-KKKK-I");
+                for _ in 0..200 {
+                    let script = agent
+                        .get(&format!(
+                            "{api}/apis/boot.bootplane.dev/v1alpha1/render/ipxe/{name}"
+                        ))
+                        .set("Authorization", &format!("Bearer {token}"))
+                        .call()
+                        .ok()
+                        .and_then(|r| r.into_string().ok())
+                        .unwrap_or_default();
+                    let Some(url) = script
+                        .split_whitespace()
+                        .find_map(|w| w.strip_prefix("bootplane.inventory="))
+                    else {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
                     };
-                    let (k, i) = name
-                        .strip_prefix("bmc-")
-                        .and_then(|r| r.split_once('-'))
-                        .map(|(k, i)| (k.parse::<u16>().unwrap(), i.parse::<usize>().unwrap() - 1))
-                        .expect("server name bmc-KKKK-I");
-                    for _ in 0..200 {
-                        let script = agent
-                            .get(&format!(
-                                "{api}/apis/boot.bootplane.dev/v1alpha1/render/ipxe/{name}"
-                            ))
-                            .set("Authorization", &format!("Bearer {token}"))
-                            .call()
-                            .ok()
-                            .and_then(|r| r.into_string().ok())
-                            .unwrap_or_default();
-                        let Some(url) = script
-                            .split_whitespace()
-                            .find_map(|w| w.strip_prefix("bootplane.inventory="))
-                        else {
-                            std::thread::sleep(Duration::from_millis(50));
-                            continue;
-                        };
-                        match agent
-                            .post(url)
-                            .set("Content-Type", "application/json")
-                            .send_string(&inventory(k, i))
-                        {
-                            Ok(_) => break,
-                            Err(e) => {
-                                eprintln!("agent {name}: {e}");
-                                std::thread::sleep(Duration::from_millis(100));
-                            }
+                    match agent
+                        .post(url)
+                        .set("Content-Type", "application/json")
+                        .send_string(&inventory(k, i))
+                    {
+                        Ok(_) => break,
+                        Err(e) => {
+                            eprintln!("agent {name}: {e}");
+                            std::thread::sleep(Duration::from_millis(100));
                         }
                     }
                 }
@@ -174,6 +172,7 @@ fn round(
         bmc_objs.push(bmc);
     }
     post_all(
+        &b.agent,
         &b.api,
         &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets",
@@ -182,15 +181,16 @@ fn round(
     );
     // Watch Servers from now on.
     let list: Value = serde_json::from_str(
-        &ureq::get(&format!(
-            "{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1",
-            b.api
-        ))
-        .set("Authorization", &format!("Bearer {}", b.token))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap(),
+        &b.agent
+            .get(&format!(
+                "{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1",
+                b.api
+            ))
+            .set("Authorization", &format!("Bearer {}", b.token))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap(),
     )
     .unwrap();
     let rv = list["metadata"]["resourceVersion"]
@@ -207,9 +207,10 @@ fn round(
             b.api
         );
         let auth = format!("Bearer {}", b.token);
+        let agent = b.agent.clone();
         std::thread::spawn(move || {
             let (mut sent, mut avail) = (HashSet::new(), HashSet::new());
-            let r = ureq::get(&url).set("Authorization", &auth).call().unwrap();
+            let r = agent.get(&url).set("Authorization", &auth).call().unwrap();
             for line in std::io::BufReader::new(r.into_reader()).lines() {
                 let Ok(line) = line else { return };
                 let ev: Value = serde_json::from_str(&line).unwrap();
@@ -235,6 +236,7 @@ fn round(
     let cpu0 = procfs::proc_cpu(pid);
     let t0 = Instant::now();
     post_all(
+        &b.agent,
         &b.api,
         &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/bmcs",

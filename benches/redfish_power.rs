@@ -100,6 +100,7 @@ fn round(
             "status": {"state": "Available", "powerState": "Off"}}));
     }
     post_all(
+        &b.agent,
         &b.api,
         &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/bmcsecrets",
@@ -107,6 +108,7 @@ fn round(
         16,
     );
     post_all(
+        &b.agent,
         &b.api,
         &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/bmcs",
@@ -114,6 +116,7 @@ fn round(
         16,
     );
     post_all(
+        &b.agent,
         &b.api,
         &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/servers",
@@ -182,6 +185,7 @@ fn round(
         .collect();
     let t0 = Instant::now();
     post_all(
+        &b.agent,
         &b.api,
         &b.token,
         "/apis/metal.ironcore.dev/v1alpha1/namespaces/default/serverclaims",

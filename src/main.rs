@@ -47,6 +47,10 @@ enum Command {
     /// `revoke NAME`.
     #[command(subcommand)]
     Token(bootplane::cli::token::TokenCmd),
+    /// Client certificates for the API (`issue NAME --role ROLE`, `revoke`, `list`); run
+    /// on the appliance (it reads the CA in the state dir).
+    #[command(subcommand)]
+    Cert(bootplane::cli::cert::CertCmd),
     /// The store itself (`bootplane store migrate --to etcd|embedded`).
     #[command(subcommand)]
     Store(StoreCmd),
@@ -221,6 +225,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),
         Command::Render(c) => bootplane::cli::render::run(c),
         Command::Token(c) => bootplane::cli::token::run(c),
+        Command::Cert(c) => bootplane::cli::cert::run(c),
         Command::Store(StoreCmd::Migrate(a)) => {
             let cfg = a.flags.resolve()?;
             init_logging(&cfg);

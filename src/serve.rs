@@ -259,10 +259,27 @@ impl Services {
             metrics,
             ready: self.ready.clone(),
         });
+        let (api_cfg, dir) = (config.api.clone(), config.state_dir.clone());
+        let tls = tokio::task::spawn_blocking(move || crate::api::tls::setup(&api_cfg, &dir))
+            .await?
+            .context("api tls")?;
+        let tls = tls.map(|t| {
+            let acceptor = tokio_rustls::TlsAcceptor::from(t.config.clone());
+            let s = self.coord.handle();
+            self.tasks.spawn(async move {
+                t.watch(s).await;
+                Ok(())
+            });
+            crate::listen::router::Tls {
+                acceptor,
+                peer: crate::api::tls::peer_extensions,
+            }
+        });
         let listener = tokio::net::TcpListener::bind(config.api.listen)
             .await
             .with_context(|| format!("binding api listener {}", config.api.listen))?;
-        tracing::info!(addr = %listener.local_addr()?, "api listening");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!(addr = %listener.local_addr()?, scheme, "api listening");
         let extra = crate::provision::router(self.runner.clone())
             .merge(crate::api::rest::leases_router(self.leases.clone()))
             .merge(crate::api::preview::router(self.boot_slot.clone()));
@@ -288,7 +305,7 @@ impl Services {
         let admission = crate::listen::Admission::new("api", config.api.limits(), api_conns);
         let s = self.coord.handle();
         self.tasks.spawn(async move {
-            crate::listen::router::serve_router(listener, app, admission, s)
+            crate::listen::router::serve_router(listener, app, admission, tls, s)
                 .await
                 .context("api server")
         });

@@ -23,10 +23,12 @@ fn status_kib(b: &Bootplane, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
-/// Send `body` with `content_type` (none when `None`) to the API at `api`; (status,
-/// Status/object JSON, how long the answer took). Panics when no answer comes within
-/// `timeout`.
+/// Send `body` with `content_type` (none when `None`) to the API at `api` (of state dir
+/// `dir`); (status, Status/object JSON, how long the answer took). Panics when no answer
+/// comes within `timeout`.
+#[allow(clippy::too_many_arguments)]
 fn send_to(
+    dir: &std::path::Path,
     api: &str,
     token: &str,
     method: &str,
@@ -35,7 +37,7 @@ fn send_to(
     body: &[u8],
     timeout: Duration,
 ) -> (u16, Value, Duration) {
-    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+    let agent = api_agent_builder(dir).timeout(timeout).build();
     let mut r = agent
         .request(method, &format!("{api}{path}"))
         .set("Authorization", &format!("Bearer {token}"));
@@ -59,6 +61,7 @@ fn send_to(
 /// POST `body` to the Servers with `content_type`, answered within 10 s.
 fn post_server(b: &Bootplane, content_type: Option<&str>, body: &[u8]) -> (u16, Value) {
     let (c, v, _) = send_to(
+        &b.dir,
         &b.api,
         &b.token,
         "POST",
@@ -103,7 +106,7 @@ fn healthz_during<T: Send + 'static>(
     busy: impl FnOnce() -> T + Send + 'static,
 ) -> (T, Duration) {
     let h = std::thread::spawn(busy);
-    let agent = ureq::AgentBuilder::new().timeout(limit).build();
+    let agent = api_agent_builder(&b.dir).timeout(limit).build();
     let mut slowest = Duration::ZERO;
     let deadline = Instant::now() + Duration::from_secs(20);
     while !h.is_finished() && Instant::now() < deadline {
@@ -126,7 +129,7 @@ fn healthz_during<T: Send + 'static>(
 /// the body when the server answers and closes gets a broken pipe instead.)
 fn send_declared(b: &Bootplane, method: &str, path: &str, body: &[u8]) -> (u16, Value, bool) {
     use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(("127.0.0.1", b.api_port)).unwrap();
+    let mut c = api_tls_stream(&b.dir, b.api_port);
     write!(
         c,
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
@@ -135,7 +138,9 @@ fn send_declared(b: &Bootplane, method: &str, path: &str, body: &[u8]) -> (u16, 
         body.len()
     )
     .unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    c.sock
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
     let mut first = [0u8; 1];
     let sent_body = match c.read(&mut first) {
         Ok(1) => false,
@@ -144,7 +149,9 @@ fn send_declared(b: &Bootplane, method: &str, path: &str, body: &[u8]) -> (u16, 
             true
         }
     };
-    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.sock
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let mut rest = Vec::new();
     let _ = c.read_to_end(&mut rest);
     let mut all = if sent_body {
@@ -197,10 +204,10 @@ fn deep_yaml_is_refused_in_milliseconds_and_healthz_keeps_answering() {
         (2_000_000, deep_flow(2_000_000), None),
     ];
     for (levels, body, ct) in cases {
-        let (api, token) = (b.api.clone(), b.token.clone());
+        let (dir, api, token) = (b.dir.clone(), b.api.clone(), b.token.clone());
         let ((code, v, took), slowest) = healthz_during(&b, Duration::from_secs(1), move || {
             let timeout = Duration::from_secs(10);
-            send_to(&api, &token, "POST", SERVERS, ct, &body, timeout)
+            send_to(&dir, &api, &token, "POST", SERVERS, ct, &body, timeout)
         });
         assert_eq!(
             code,
@@ -253,6 +260,7 @@ fn yaml_alias_bomb_is_refused_without_growing_memory() {
     let hwm0 = status_kib(&b, "VmHWM");
     for _ in 0..3 {
         let (c, v, took) = send_to(
+            &b.dir,
             &b.api,
             &b.token,
             "POST",
@@ -342,7 +350,7 @@ fn oversized_objects_and_annotations_are_refused_and_memory_is_kept() {
     // Without a declared length (chunked), reading stops at the limit: 413 too.
     {
         use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(("127.0.0.1", b.api_port)).unwrap();
+        let mut c = api_tls_stream(&b.dir, b.api_port);
         write!(
             c,
             "PUT {SERVERS}/big HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
@@ -356,7 +364,9 @@ fn oversized_objects_and_annotations_are_refused_and_memory_is_kept() {
             c.write_all(&chunk).unwrap();
             c.write_all(b"\r\n").unwrap();
         }
-        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.sock
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut head = [0u8; 512];
         let n = c.read(&mut head).unwrap();
         let head = String::from_utf8_lossy(&head[..n]);
@@ -464,7 +474,7 @@ fn a_watch_from_a_future_resource_version_is_an_error() {
     let b = Bootplane::start(&[]);
     let now = rev(&b);
     let future = now + 1000;
-    let agent = ureq::AgentBuilder::new()
+    let agent = api_agent_builder(&b.dir)
         .timeout(Duration::from_secs(5))
         .build();
     let t0 = Instant::now();

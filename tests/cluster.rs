@@ -478,15 +478,16 @@ fn killing_the_metal_leader_mid_burst_fails_over_and_loses_nothing() {
         for t in 0..clients {
             let acked = &acked;
             // Each client keeps its own URLs: the main thread kills one appliance meanwhile.
-            let targets: Vec<(String, String)> = fleet
+            let targets: Vec<(String, String, ureq::Agent)> = fleet
                 .iter()
-                .map(|b| (b.api.clone(), b.token.clone()))
+                .map(|b| (b.api.clone(), b.token.clone(), b.agent.clone()))
                 .collect();
             s.spawn(move || {
                 for i in 0..per_client {
                     let name = format!("k{t}-{i:02}");
-                    let (api, token) = &targets[(t + i) % targets.len()];
-                    let r = ureq::post(&format!("{api}{}", claims("default")))
+                    let (api, token, agent) = &targets[(t + i) % targets.len()];
+                    let r = agent
+                        .post(&format!("{api}{}", claims("default")))
                         .set("Authorization", &format!("Bearer {token}"))
                         .set("Content-Type", "application/json")
                         .timeout(Duration::from_secs(10))

@@ -209,8 +209,10 @@ lease_time_secs = {lease_time}
         let token = read(&self.path(&format!("state-{}/api-token", ["a", "b"][i])))
             .trim()
             .to_string();
+        let agent = support::api_agent(&self.path(&format!("state-{}", ["a", "b"][i])));
         self.apps[i].run(move || {
-            ureq::get("http://127.0.0.1:9090/metrics")
+            agent
+                .get("https://127.0.0.1:9090/metrics")
                 .set("Authorization", &format!("Bearer {token}"))
                 .call()
                 .unwrap()
@@ -224,8 +226,10 @@ lease_time_secs = {lease_time}
         let token = read(&self.path(&format!("state-{}/api-token", ["a", "b"][i])))
             .trim()
             .to_string();
+        let agent = support::api_agent(&self.path(&format!("state-{}", ["a", "b"][i])));
         let text = self.apps[i].run(move || {
-            ureq::get("http://127.0.0.1:9090/apis/dhcp.bootplane.dev/v1alpha1/leases")
+            agent
+                .get("https://127.0.0.1:9090/apis/dhcp.bootplane.dev/v1alpha1/leases")
                 .set("Authorization", &format!("Bearer {token}"))
                 .call()
                 .unwrap()

@@ -429,18 +429,22 @@ fn bad_input_gets_the_right_status_and_stores_nothing() {
         "other:1"
     );
     // Missing and wrong token.
-    let r = ureq::get(&format!("{}{}", b.api, SERVERS)).call();
+    let r = b.agent.get(&format!("{}{}", b.api, SERVERS)).call();
     match r {
         Err(ureq::Error::Status(401, r)) => {
             assert!(r.into_string().unwrap().contains("bearer token"))
         }
         other => panic!("expected 401, got {other:?}"),
     }
-    let r = ureq::get(&format!("{}{}", b.api, SERVERS))
+    let r = b
+        .agent
+        .get(&format!("{}{}", b.api, SERVERS))
         .set("Authorization", "Bearer nope")
         .call();
     assert!(matches!(r, Err(ureq::Error::Status(401, _))));
-    let r = ureq::post(&format!("{}{}", b.api, SERVERS))
+    let r = b
+        .agent
+        .post(&format!("{}{}", b.api, SERVERS))
         .set("Authorization", "Bearer nope")
         .send_string(&server("sneaky", json!({}), "Recycle").to_string());
     assert!(matches!(r, Err(ureq::Error::Status(401, _))));
@@ -473,7 +477,9 @@ fn watch_from_revision_sees_every_change_once_in_order() {
         "{}/api/v1/namespaces/default/secrets?watch=true&resourceVersion={r}",
         b.api
     );
-    let resp = ureq::get(&url)
+    let resp = b
+        .agent
+        .get(&url)
         .set("Authorization", &format!("Bearer {}", b.token))
         .call()
         .unwrap();
@@ -565,8 +571,13 @@ fn kill9_mid_burst_loses_no_acknowledged_write_and_never_double_binds() {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut writers = Vec::new();
     for t in 0..8 {
-        let (acked, stop, api, token) =
-            (acked.clone(), stop.clone(), b.api.clone(), b.token.clone());
+        let (acked, stop, api, token, agent) = (
+            acked.clone(),
+            stop.clone(),
+            b.api.clone(),
+            b.token.clone(),
+            b.agent.clone(),
+        );
         writers.push(std::thread::spawn(move || {
             for i in 0.. {
                 if stop.load(std::sync::atomic::Ordering::SeqCst) {
@@ -574,7 +585,8 @@ fn kill9_mid_burst_loses_no_acknowledged_write_and_never_double_binds() {
                 }
                 let name = format!("k-c{t}-{i}");
                 let body = claim(&name, Some(json!({"matchLabels": {"pool": "k"}})), None);
-                let r = ureq::post(&format!("{api}{}", claims("default")))
+                let r = agent
+                    .post(&format!("{api}{}", claims("default")))
                     .set("Authorization", &format!("Bearer {token}"))
                     .timeout(Duration::from_secs(5))
                     .send_string(&body.to_string());
@@ -755,7 +767,9 @@ fn manual_power_driver_waits_for_an_operator() {
 #[test]
 fn sigterm_ends_open_watches_and_exits_cleanly() {
     let mut b = Bootplane::start(&[]);
-    let r = ureq::get(&format!("{}{}?watch=true", b.api, SERVERS))
+    let r = b
+        .agent
+        .get(&format!("{}{}?watch=true", b.api, SERVERS))
         .set("Authorization", &format!("Bearer {}", b.token))
         .call()
         .unwrap();

@@ -115,7 +115,9 @@ fn scrape(lab: &Lab) -> String {
         "10",
         "-H",
         &format!("Authorization: Bearer {}", token.trim()),
-        "http://127.0.0.1:9090/metrics",
+        "--cacert",
+        lab.path("state/tls/ca.crt").to_str().unwrap(),
+        "https://127.0.0.1:9090/metrics",
     ]);
     let out = run_bounded(c, 20);
     assert!(out.status.success(), "curl: {}", text(&out));

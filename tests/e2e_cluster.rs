@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::api::condition_true;
-use support::bootplane::{bootplane_cli_at, get_json_at, ipxe_templates, serve_in_with, tail};
+use support::bootplane::{
+    api_url, bootplane_cli_at, get_json_at, ipxe_templates, serve_in_with, tail,
+};
 use support::etcd::EtcdCluster;
 use support::image::write_catalog;
 use support::netns::Netns;
@@ -74,8 +76,13 @@ impl Appliance {
     fn metrics(&self, ns: &Netns) -> String {
         let token = read(&self.state.join("api-token")).trim().to_string();
         let url = format!("{}/metrics", self.api);
+        if !self.state.join("tls/ca.crt").exists() {
+            return String::new();
+        }
+        let agent = support::api_agent(&self.state);
         ns.run(move || {
-            ureq::get(&url)
+            agent
+                .get(&url)
                 .set("Authorization", &format!("Bearer {token}"))
                 .timeout(Duration::from_secs(5))
                 .call()
@@ -186,14 +193,14 @@ fn machine_claimed_through_one_appliance_boots_from_the_other() {
 
     let mut a = Appliance {
         name: "a",
-        api: "http://127.0.0.1:9091".into(),
+        api: api_url("127.0.0.1:9091"),
         state: lab.path("state-a"),
         log: lab.path("bootplane-a.log"),
         proc: None,
     };
     let mut b = Appliance {
         name: "b",
-        api: "http://127.0.0.1:9090".into(),
+        api: api_url("127.0.0.1:9090"),
         state: lab.path("state-b"),
         log: lab.path("bootplane-b.log"),
         proc: None,

@@ -123,11 +123,13 @@ fn served_config_follows_secret_facts_and_template_changes_and_render_cli_shows_
     assert_eq!(code, 1);
     assert!(err.contains("NotFound") && err.contains("nosuch"), "{err}");
     // The preview endpoint needs the API token.
-    let r = ureq::get(&format!(
-        "{}/apis/boot.bootplane.dev/v1alpha1/render/ignition/s1",
-        b.api
-    ))
-    .call();
+    let r = b
+        .agent
+        .get(&format!(
+            "{}/apis/boot.bootplane.dev/v1alpha1/render/ignition/s1",
+            b.api
+        ))
+        .call();
     assert!(matches!(r, Err(ureq::Error::Status(401, _))), "{r:?}");
 
     // A new secret revision re-renders (watch on Secrets).

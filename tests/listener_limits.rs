@@ -37,6 +37,12 @@ fn raise_nofile(want: u64) {
     );
 }
 
+/// These tests write HTTP by hand from chosen loopback sources to test connection
+/// admission, which sits beneath TLS: the API is plain HTTP here (`api.tls = false`,
+/// allowed on loopback). The TLS handshake under the same watchdog is tested in
+/// `tests/api_tls.rs`.
+const PLAIN: &[&str] = &["--set", "api.tls=false"];
+
 /// A TCP connection to `addr` from the loopback source address `src`.
 fn connect_from(src: &str, addr: SocketAddr) -> TcpStream {
     use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
@@ -153,7 +159,7 @@ fn boot_ipxe_from(src: &str, addr: SocketAddr) -> Result<(u16, String), String> 
 #[test]
 fn api_idle_flood_from_one_source_does_not_lock_out_healthz() {
     raise_nofile(4096);
-    let b = Bootplane::start(&[]);
+    let b = Bootplane::start(PLAIN);
     let addr = api_addr(&b);
     let flood: Vec<TcpStream> = (0..1100).map(|_| connect_from("127.0.0.2", addr)).collect();
     let t = Instant::now();
@@ -214,7 +220,7 @@ fn open_watch(src: &str, b: &Bootplane) -> Result<TcpStream, String> {
 #[test]
 fn api_watches_count_against_the_per_source_share() {
     raise_nofile(4096);
-    let b = Bootplane::start(&[]);
+    let b = Bootplane::start(PLAIN);
     let addr = api_addr(&b);
     // The default share: 128 of the 512 connections.
     let mut watches = Vec::new();
@@ -247,7 +253,7 @@ fn api_watches_count_against_the_per_source_share() {
 /// header read timeout (default 5 s) although bytes keep coming.
 #[test]
 fn api_slow_head_is_closed_after_the_header_timeout() {
-    let b = Bootplane::start(&[]);
+    let b = Bootplane::start(PLAIN);
     let mut s = connect_from("127.0.0.5", api_addr(&b));
     s.set_read_timeout(Some(Duration::from_millis(700)))
         .unwrap();
@@ -320,6 +326,8 @@ fn boot_listener_one_source_cannot_hold_every_slot() {
 #[test]
 fn api_idle_timeout_closes_idle_connections_but_not_watches() {
     let b = Bootplane::start(&[
+        PLAIN[0],
+        PLAIN[1],
         "--set",
         "api.idle_timeout_ms=1500",
         "--set",
@@ -409,7 +417,7 @@ fn boot_listener_refuses_a_source_over_its_share() {
 /// passes, and the connection is released.
 #[test]
 fn api_slow_body_gets_408_after_the_body_timeout() {
-    let b = Bootplane::start(&["--set", "api.body_read_timeout_ms=1000"]);
+    let b = Bootplane::start(&[PLAIN[0], PLAIN[1], "--set", "api.body_read_timeout_ms=1000"]);
     let mut s = connect_from("127.0.0.7", api_addr(&b));
     let head = format!(
         "POST /api/v1/namespaces/default/secrets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\

@@ -146,7 +146,7 @@ fn readme_walkthrough_runs_as_written() {
     }
     cmd.env("BOOTPLANE_API_LISTEN", format!("127.0.0.1:{api_port}"))
         .env("BOOTPLANE_HTTP_LISTEN", format!("127.0.0.1:{http_port}"))
-        .env("BOOTPLANE_SERVER", format!("http://127.0.0.1:{api_port}"))
+        .env("BOOTPLANE_SERVER", format!("https://127.0.0.1:{api_port}"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -165,6 +165,8 @@ struct App {
     name: &'static str,
     netns: String,
     token: String,
+    /// Its state dir (the API's CA).
+    state: PathBuf,
     log: PathBuf,
     proc: Proc,
 }
@@ -177,9 +179,11 @@ impl App {
     /// Its `/metrics` (read inside its namespace); "" when it does not answer.
     fn metrics(&self) -> String {
         let (netns, token) = (self.netns.clone(), self.token.clone());
+        let agent = super::support::api_agent(&self.state);
         std::thread::spawn(move || {
             enter_thread(&netns);
-            ureq::get("http://127.0.0.1:9090/metrics")
+            agent
+                .get("https://127.0.0.1:9090/metrics")
                 .set("Authorization", &format!("Bearer {token}"))
                 .timeout(Duration::from_secs(5))
                 .call()
@@ -269,15 +273,16 @@ fn run_scenario(a: &Args, sc: Scenario, round: usize, dir: &Path) -> Run {
                 .unwrap()
                 .trim()
                 .to_string(),
+            state: state.clone(),
             log: log_path,
             proc,
         });
     }
 
     let t = Instant::now();
-    let targets: Vec<(String, String)> = apps
+    let targets: Vec<(String, String, PathBuf)> = apps
         .iter()
-        .map(|p| (p.netns.clone(), p.token.clone()))
+        .map(|p| (p.netns.clone(), p.token.clone(), p.state.clone()))
         .collect();
     let ready = register(n, &targets);
     println!(

@@ -5,15 +5,22 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-/// POST every body to `api` + `path` (bearer `token`) from `clients` threads; panics on
-/// the first refusal.
-pub fn post_all(api: &str, token: &str, path: &str, bodies: Vec<Value>, clients: usize) {
+/// POST every body to `api` + `path` (bearer `token`, through `agent`, e.g. the one a
+/// `Bootplane` has for its API) from `clients` threads; panics on the first refusal.
+pub fn post_all(
+    agent: &ureq::Agent,
+    api: &str,
+    token: &str,
+    path: &str,
+    bodies: Vec<Value>,
+    clients: usize,
+) {
     let bodies = Arc::new(Mutex::new(bodies));
     std::thread::scope(|s| {
         for _ in 0..clients {
             let bodies = bodies.clone();
             s.spawn(move || {
-                let agent = ureq::AgentBuilder::new().build();
+                let agent = agent.clone();
                 loop {
                     let Some(body) = bodies.lock().unwrap().pop() else {
                         return;

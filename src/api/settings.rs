@@ -1,6 +1,6 @@
 //! The `[api]` config section: the operator-facing listener (REST API, `/metrics`,
-//! `/healthz`), its token, roles, audit log, metrics listener and its connection and
-//! request limits.
+//! `/healthz`), its TLS, its token, roles, audit log, metrics listener and its connection
+//! and request limits.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,6 +33,20 @@ pub struct ApiConfig {
     /// Maximum request body size in bytes (413 beyond it, before the body is read;
     /// YAML aliases may not expand a body by more than this either).
     pub max_body_bytes: usize,
+    /// TLS on the listener (the default). `false` serves plain HTTP and is refused
+    /// unless `listen` is a loopback address.
+    pub tls: bool,
+    /// Server certificate chain (PEM) to present instead of the generated one; with
+    /// `key_file`. Re-read when it changes.
+    pub cert_file: Option<PathBuf>,
+    /// Private key (PEM) of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// CA bundle (PEM) client certificates must chain to (default: the generated CA,
+    /// `<state_dir>/tls/ca.crt`). Read at start.
+    pub client_ca_file: Option<PathBuf>,
+    /// Extra names (DNS names or IP addresses) for the generated server certificate,
+    /// besides localhost, 127.0.0.1, ::1, the hostname and the listen address.
+    pub tls_names: Vec<String>,
     /// The audit log (default `<state_dir>/audit.log`).
     pub audit_log: Option<PathBuf>,
     /// The audit log is rotated when it would grow past this.
@@ -60,6 +74,11 @@ impl Default for ApiConfig {
             body_read_timeout_ms: 30_000,
             // Kubernetes' limit; a stored object is at most 1.5 MiB anyway.
             max_body_bytes: 3 << 20,
+            tls: true,
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            tls_names: Vec::new(),
             audit_log: None,
             audit_max_bytes: 100 << 20,
             audit_keep: 5,
@@ -80,6 +99,29 @@ impl ApiConfig {
         let (max, per) = (self.max_connections, self.max_connections_per_source);
         if max == 0 || per == 0 {
             bail!("api.max_connections and api.max_connections_per_source must be at least 1 (got {max} and {per})");
+        }
+        if !self.tls && !self.listen.ip().is_loopback() {
+            bail!(
+                "api.tls = false serves the API as plain HTTP, which is allowed only on a loopback address, but api.listen is {}: set api.listen to 127.0.0.1 or ::1, or keep api.tls = true",
+                self.listen
+            );
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            bail!("api.cert_file and api.key_file go together: set both or neither");
+        }
+        for n in &self.tls_names {
+            let ok = n.parse::<std::net::IpAddr>().is_ok()
+                || (!n.is_empty()
+                    && n.len() <= 253
+                    && n.split('.').all(|l| {
+                        !l.is_empty()
+                            && l.len() <= 63
+                            && l.chars()
+                                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '*')
+                    }));
+            if !ok {
+                bail!("api.tls_names: {n:?} is neither a DNS name nor an IP address");
+            }
         }
         for (key, ms) in [
             ("api.header_read_timeout_ms", self.header_read_timeout_ms),

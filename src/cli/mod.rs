@@ -1,13 +1,16 @@
 //! The command-line client (`apply`, `get`, `delete`) that talks to the REST API.
 //!
 //! It finds the API from `--server`/`BOOTPLANE_SERVER` (default
-//! `http://127.0.0.1:9090`) and the token from `--token`/`BOOTPLANE_TOKEN` or the
-//! local state dir's `api-token`. Resource names resolve as kubectl's do (plural,
+//! `https://127.0.0.1:9090`), trusts only the CA of `--ca-file` (default the state
+//! dir's `tls/ca.crt`), presents `--cert-file`/`--key-file` when given, and sends the
+//! token from `--token`/`BOOTPLANE_TOKEN` or (without a client certificate) the local
+//! state dir's `api-token`: the connection options are [`Conn`]. Resource names resolve as kubectl's do (plural,
 //! singular, kind or short name). `apply` creates what is missing and merge-patches
 //! what exists, so fields set by controllers (a claim's chosen `serverRef`) survive
 //! a re-apply. [`render`] is `bootplane render ignition|ipxe`, [`token`] `bootplane
 //! token create|list|revoke`.
 
+pub mod cert;
 pub mod render;
 pub mod table;
 pub mod token;
@@ -22,20 +25,22 @@ use serde_json::Value;
 
 use crate::model::registry::{Registry, ResourceType};
 
+/// How the CLI reaches the API: every connection option in one place.
 #[derive(Debug, Args, Clone)]
 pub struct Conn {
     /// API server URL.
     #[arg(
         long,
         env = "BOOTPLANE_SERVER",
-        default_value = "http://127.0.0.1:9090",
+        default_value = "https://127.0.0.1:9090",
         global = true
     )]
     pub server: String,
-    /// Bearer token (default: the local state dir's api-token).
+    /// Bearer token (default: the local state dir's api-token, unless a client
+    /// certificate is given).
     #[arg(long, env = "BOOTPLANE_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
-    /// State dir to read the token from.
+    /// State dir to read the token and the CA from.
     #[arg(
         long = "state-dir",
         env = "BOOTPLANE_STATE_DIR",
@@ -43,6 +48,57 @@ pub struct Conn {
         global = true
     )]
     pub state_dir: PathBuf,
+    /// CA certificate(s) (PEM) the API's certificate must chain to (default: the state
+    /// dir's tls/ca.crt). No other CA is trusted.
+    #[arg(long = "ca-file", env = "BOOTPLANE_CA_FILE", global = true)]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) to present, with --key-file (`bootplane cert issue`).
+    #[arg(long = "cert-file", env = "BOOTPLANE_CERT_FILE", global = true)]
+    pub cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --cert-file.
+    #[arg(long = "key-file", env = "BOOTPLANE_KEY_FILE", global = true)]
+    pub key_file: Option<PathBuf>,
+}
+
+impl Conn {
+    /// The CA file the client trusts.
+    pub fn ca_path(&self) -> PathBuf {
+        self.ca_file
+            .clone()
+            .unwrap_or_else(|| crate::api::tls::dir(&self.state_dir).join(crate::api::tls::CA_CRT))
+    }
+
+    /// An agent for the API: TLS trusting only [`Conn::ca_path`] (with the client
+    /// certificate when given) for `https://`, plain for `http://` (a loopback API
+    /// with `[api] tls = false`).
+    pub fn agent(&self) -> Result<ureq::Agent> {
+        // Connecting is bounded; reads are not (a watch waits for events).
+        let b = ureq::AgentBuilder::new().timeout_connect(std::time::Duration::from_secs(30));
+        let client = match (&self.cert_file, &self.key_file) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            (None, None) => None,
+            _ => bail!("--cert-file and --key-file go together"),
+        };
+        if self.server.starts_with("http://") {
+            if client.is_some() {
+                bail!("a client certificate needs an https:// --server");
+            }
+            return Ok(b.build());
+        }
+        if !self.server.starts_with("https://") {
+            bail!("--server must be an https:// (or, for a plain loopback API, http://) URL, not {:?}", self.server);
+        }
+        let ca = self.ca_path();
+        let pem = std::fs::read(&ca).with_context(|| {
+            format!(
+                "reading the API's CA certificate {} (pass --ca-file, or the appliance's --state-dir)",
+                ca.display()
+            )
+        })?;
+        let cfg = crate::api::tls::client_config(&pem, client)
+            .with_context(|| format!("tls setup with CA {}", ca.display()))?;
+        Ok(b.tls_config(Arc::new(cfg)).build())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -88,7 +144,8 @@ pub struct DeleteArgs {
 /// A small blocking client for the REST API.
 pub struct Client {
     base: String,
-    token: String,
+    /// None: authenticated by the client certificate alone.
+    token: Option<String>,
     agent: ureq::Agent,
 }
 
@@ -108,35 +165,38 @@ impl std::fmt::Display for ApiFailure {
 impl std::error::Error for ApiFailure {}
 
 impl Client {
+    /// A client for the API `conn` names.
     pub fn new(conn: &Conn) -> Result<Client> {
-        Client::connect(&conn.server, conn.token.as_deref(), &conn.state_dir)
-    }
-
-    /// A client for the API at `server` with `token`, or the token in `state_dir`.
-    pub fn connect(server: &str, token: Option<&str>, state_dir: &Path) -> Result<Client> {
-        let token = match token {
-            Some(t) => t.to_string(),
+        let token = match &conn.token {
+            Some(t) => Some(t.clone()),
+            None if conn.cert_file.is_some() => None,
             None => {
-                let p = state_dir.join("api-token");
-                std::fs::read_to_string(&p)
-                    .with_context(|| {
-                        format!(
-                            "reading API token {} (pass --token or --state-dir)",
-                            p.display()
-                        )
-                    })?
-                    .trim()
-                    .to_string()
+                let p = conn.state_dir.join("api-token");
+                Some(
+                    std::fs::read_to_string(&p)
+                        .with_context(|| {
+                            format!(
+                                "reading API token {} (pass --token, --cert-file or --state-dir)",
+                                p.display()
+                            )
+                        })?
+                        .trim()
+                        .to_string(),
+                )
             }
         };
         Ok(Client {
-            base: server.trim_end_matches('/').to_string(),
+            base: conn.server.trim_end_matches('/').to_string(),
             token,
-            // Connecting is bounded; reads are not (a watch waits for events).
-            agent: ureq::AgentBuilder::new()
-                .timeout_connect(std::time::Duration::from_secs(30))
-                .build(),
+            agent: conn.agent()?,
         })
+    }
+
+    fn authorize(&self, r: ureq::Request) -> ureq::Request {
+        match &self.token {
+            Some(t) => r.set("Authorization", &format!("Bearer {t}")),
+            None => r,
+        }
     }
 
     pub fn path(rt: &ResourceType, ns: Option<&str>, name: Option<&str>) -> String {
@@ -172,10 +232,7 @@ impl Client {
         body: Option<(&str, &Value)>,
     ) -> Result<String> {
         let url = format!("{}{}", self.base, path);
-        let req = self
-            .agent
-            .request(method, &url)
-            .set("Authorization", &format!("Bearer {}", self.token));
+        let req = self.authorize(self.agent.request(method, &url));
         let res = match body {
             Some((ct, b)) => req.set("Content-Type", ct).send_string(&b.to_string()),
             None => req.call(),
@@ -208,9 +265,7 @@ impl Client {
     pub fn watch(&self, path: &str, query: &str) -> Result<impl Iterator<Item = Result<Value>>> {
         let url = format!("{}{}?watch=true{}", self.base, path, query);
         let r = self
-            .agent
-            .get(&url)
-            .set("Authorization", &format!("Bearer {}", self.token))
+            .authorize(self.agent.get(&url))
             .call()
             .map_err(|e| anyhow::anyhow!("watching {url}: {e}"))?;
         let reader = std::io::BufReader::new(r.into_reader());

@@ -28,7 +28,7 @@ pub struct ApiConn {
     #[arg(
         long,
         env = "BOOTPLANE_API_URL",
-        default_value = "http://127.0.0.1:9090"
+        default_value = "https://127.0.0.1:9090"
     )]
     pub api: String,
     /// Bearer token (default: the state dir's api-token).
@@ -41,6 +41,30 @@ pub struct ApiConn {
         default_value = "./var/bootplane"
     )]
     pub state_dir: PathBuf,
+    /// CA certificate(s) the API's certificate must chain to (default: the state dir's
+    /// tls/ca.crt).
+    #[arg(long = "ca-file", env = "BOOTPLANE_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate to present, with --key-file.
+    #[arg(long = "cert-file", env = "BOOTPLANE_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+    /// Private key of --cert-file.
+    #[arg(long = "key-file", env = "BOOTPLANE_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+}
+
+impl ApiConn {
+    /// The same options as the other commands' [`super::Conn`].
+    pub fn conn(&self) -> super::Conn {
+        super::Conn {
+            server: self.api.clone(),
+            token: self.token.clone(),
+            state_dir: self.state_dir.clone(),
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -84,8 +108,7 @@ pub struct IgnitionArgs {
 
 /// GET `path` on the API; the body, or the server's `Status` message as the error.
 fn api_get(conn: &ApiConn, path: &str) -> Result<String> {
-    super::Client::connect(&conn.api, conn.token.as_deref(), &conn.state_dir)?
-        .request_text("GET", path, None)
+    super::Client::new(&conn.conn())?.request_text("GET", path, None)
 }
 
 fn server_path(kind: &str, server: &str) -> Result<String> {

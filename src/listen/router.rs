@@ -5,6 +5,11 @@
 //! watch stays busy for as long as it streams). A [`super::Watchdog`] beside the
 //! connection closes it when idle or slow too long; an evicted connection is shut down
 //! gracefully (hyper finishes writing what it has, then closes).
+//!
+//! With [`Tls`], the handshake runs first, under the same watchdog: the ClientHello's
+//! bytes start the header read timeout, so a client that never finishes the handshake
+//! is closed by it. A verified client certificate chain is turned into request
+//! extensions once ([`Tls::peer`]) and added to every request of the connection.
 
 use std::convert::Infallible;
 use std::io;
@@ -25,6 +30,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use rustls::pki_types::CertificateDer;
+
 use super::{Admission, Conn, Expiry, Slot};
 use crate::shutdown::Shutdown;
 
@@ -33,13 +40,23 @@ const DRAIN: Duration = Duration::from_secs(8);
 /// How long an evicted connection may take to finish writing (it was idle).
 const EVICT_GRACE: Duration = Duration::from_secs(1);
 
-/// Accept loop for an axum router under `admission`; on shutdown stop accepting, let
-/// open connections finish (idle ones close at once, in-flight responses get up to
-/// 8 s).
+/// TLS for a router's connections.
+#[derive(Clone)]
+pub struct Tls {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    /// What a connection's verified client certificate chain adds to each of its
+    /// requests.
+    pub peer: fn(&[CertificateDer<'static>]) -> http::Extensions,
+}
+
+/// Accept loop for an axum router under `admission` (TLS first when `tls` is given);
+/// on shutdown stop accepting, let open connections finish (idle ones close at once,
+/// in-flight responses get up to 8 s).
 pub async fn serve_router(
     listener: TcpListener,
     app: axum::Router,
     admission: Admission,
+    tls: Option<Tls>,
     mut shutdown: Shutdown,
 ) -> Result<()> {
     let builder = auto::Builder::new(TokioExecutor::new());
@@ -50,10 +67,15 @@ pub async fn serve_router(
             _ = shutdown.recv() => break,
             c = admission.accept(&listener) => c,
         };
-        let (builder, app, child, live) =
-            (builder.clone(), app.clone(), shutdown.child(), live.clone());
+        let (builder, app, child, live, tls) = (
+            builder.clone(),
+            app.clone(),
+            shutdown.child(),
+            live.clone(),
+            tls.clone(),
+        );
         tokio::spawn(async move {
-            connection(stream, peer, conn, &builder, app, child).await;
+            connection(stream, peer, conn, &builder, app, tls, child).await;
             drop(live);
         });
     }
@@ -65,26 +87,85 @@ pub async fn serve_router(
     Ok(())
 }
 
-/// One connection: hyper, its watchdog and shutdown, until one of them ends it. Each
-/// request carries the peer's address as axum's `ConnectInfo` (the audit log's source).
+/// One connection: the TLS handshake when configured, then hyper, its watchdog and
+/// shutdown, until one of them ends it. Each request carries the peer's address as
+/// axum's `ConnectInfo` (the audit log's source).
 async fn connection(
     stream: TcpStream,
     peer: std::net::SocketAddr,
     conn: Conn,
     builder: &auto::Builder<TokioExecutor>,
     app: axum::Router,
+    tls: Option<Tls>,
     mut shutdown: Shutdown,
 ) {
     let _ = stream.set_nodelay(true);
     let slot = conn.slot().clone();
-    let io = TokioIo::new(Tracked {
+    let tracked = Tracked {
         stream,
         slot: slot.clone(),
-    });
+    };
+    let mut watchdog = conn.watchdog();
+    let Some(tls) = tls else {
+        let io = TokioIo::new(tracked);
+        return http(io, peer, conn, watchdog, builder, app, None, shutdown).await;
+    };
+    let stream = tokio::select! {
+        biased;
+        r = tls.acceptor.accept(tracked) => match r {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "api tls handshake failed");
+                return;
+            }
+        },
+        why = &mut watchdog => {
+            tracing::debug!(reason = %why, "closing api connection in its tls handshake");
+            return;
+        }
+        _ = shutdown.recv() => return,
+    };
+    let ext = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(tls.peer)
+        .filter(|e| !e.is_empty());
+    http(
+        TokioIo::new(stream),
+        peer,
+        conn,
+        watchdog,
+        builder,
+        app,
+        ext,
+        shutdown,
+    )
+    .await
+}
+
+/// Serve HTTP on an (accepted, handshaken) connection; `ext` is added to each request.
+#[allow(clippy::too_many_arguments)]
+async fn http<I>(
+    io: TokioIo<I>,
+    peer: std::net::SocketAddr,
+    conn: Conn,
+    mut watchdog: super::Watchdog,
+    builder: &auto::Builder<TokioExecutor>,
+    app: axum::Router,
+    ext: Option<http::Extensions>,
+    mut shutdown: Shutdown,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let slot = conn.slot().clone();
     let inner = TowerToHyperService::new(app);
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut()
             .insert(axum::extract::ConnectInfo(peer));
+        if let Some(e) = &ext {
+            req.extensions_mut().extend(e.clone());
+        }
         let busy = Busy::begin(slot.clone());
         let fut = hyper::service::Service::call(&inner, req);
         async move {
@@ -103,7 +184,6 @@ async fn connection(
     });
     let hconn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(hconn);
-    let mut watchdog = conn.watchdog();
     // Biased: the connection is polled first, so a head it starts or a response it
     // finishes is seen by the watchdog in the same poll.
     let grace = tokio::select! {

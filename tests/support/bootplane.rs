@@ -1,6 +1,7 @@
 //! The real `bootplane` binary in tests: `serve` on free loopback ports with a private
 //! state dir (started until `/healthz` answers, killed on drop), its API and its CLI
-//! (also inside a network namespace).
+//! (also inside a network namespace). The API speaks TLS: [`api_agent`] is the one
+//! HTTP client for it, trusting only the state dir's CA (`tls/ca.crt`).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -31,11 +32,57 @@ pub struct Bootplane {
     /// started with [`Bootplane::start_in`]).
     aux: PathBuf,
     pub api: String,
+    /// The HTTP client for `api` ([`api_agent`]; set once the CA exists).
+    pub agent: ureq::Agent,
     pub api_port: u16,
     pub http_port: u16,
     pub token: String,
     pub extra: Vec<String>,
     _tmp: Option<tempfile::TempDir>,
+}
+
+/// The URL of an API listening on `addr` (e.g. `127.0.0.1:9090`).
+pub fn api_url(addr: &str) -> String {
+    format!("https://{addr}")
+}
+
+/// An agent builder for the API of the bootplane with state dir `state_dir`: TLS
+/// trusting only its CA, `<state_dir>/tls/ca.crt` (which must exist).
+pub fn api_agent_builder(state_dir: &Path) -> ureq::AgentBuilder {
+    api_agent_builder_with(state_dir, None)
+}
+
+/// [`api_agent_builder`] presenting the client certificate `(cert, key)` when given.
+pub fn api_agent_builder_with(
+    state_dir: &Path,
+    client: Option<(&Path, &Path)>,
+) -> ureq::AgentBuilder {
+    let ca = state_dir.join("tls/ca.crt");
+    let pem = std::fs::read(&ca).unwrap_or_else(|e| panic!("reading {}: {e}", ca.display()));
+    let cfg = bootplane::api::tls::client_config(&pem, client).unwrap();
+    ureq::AgentBuilder::new().tls_config(std::sync::Arc::new(cfg))
+}
+
+/// An agent for the API of the bootplane with state dir `state_dir` ([`api_agent_builder`]).
+pub fn api_agent(state_dir: &Path) -> ureq::Agent {
+    api_agent_builder(state_dir).build()
+}
+
+/// A TLS connection to the API on 127.0.0.1:`port` of the bootplane with state dir
+/// `state_dir`, for tests that write HTTP by hand (`.sock` is the TCP socket).
+pub type ApiStream = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+
+/// Open an [`ApiStream`] (the handshake happens on the first read or write).
+pub fn api_tls_stream(state_dir: &Path, port: u16) -> ApiStream {
+    let pem = std::fs::read(state_dir.join("tls/ca.crt")).unwrap();
+    let cfg = bootplane::api::tls::client_config(&pem, None).unwrap();
+    let conn = rustls::ClientConnection::new(
+        std::sync::Arc::new(cfg),
+        rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+    )
+    .unwrap();
+    let sock = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    rustls::StreamOwned::new(conn, sock)
 }
 
 pub fn bin() -> &'static str {
@@ -66,6 +113,7 @@ impl Bootplane {
             dir,
             aux,
             api: String::new(),
+            agent: ureq::Agent::new(),
             api_port,
             http_port,
             token: String::new(),
@@ -128,12 +176,32 @@ impl Bootplane {
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         self.child = Some(cmd.spawn().expect("spawning bootplane"));
-        self.api = format!("http://127.0.0.1:{}", self.api_port);
+        // Plain HTTP only when a test asks for it (`--set api.tls=false`, loopback).
+        let plain = self.extra.iter().any(|a| a == "api.tls=false");
+        let addr = format!("127.0.0.1:{}", self.api_port);
+        self.api = if plain {
+            format!("http://{addr}")
+        } else {
+            api_url(&addr)
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             // Ready: every service started (the API answers /healthz before that).
-            if ureq::get(&format!("{}/readyz", self.api)).call().is_ok() {
-                break;
+            if plain {
+                if ureq::get(&format!("{}/readyz", self.api)).call().is_ok() {
+                    break;
+                }
+            // The CA is written before the listener binds.
+            } else if self.dir.join("tls/ca.crt").exists() {
+                self.agent = api_agent(&self.dir);
+                if self
+                    .agent
+                    .get(&format!("{}/readyz", self.api))
+                    .call()
+                    .is_ok()
+                {
+                    break;
+                }
             }
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("bootplane exited early ({st}); log:\n{}", self.log());
@@ -214,7 +282,8 @@ impl Bootplane {
     }
 
     pub fn req(&self, method: &str, path: &str) -> ureq::Request {
-        ureq::request(method, &format!("{}{}", self.api, path))
+        self.agent
+            .request(method, &format!("{}{}", self.api, path))
             .set("Authorization", &format!("Bearer {}", self.token))
     }
 
@@ -300,7 +369,7 @@ pub fn tail(s: &str, n: usize) -> String {
 /// Run the bootplane CLI in `ns` against the API there (127.0.0.1:9090), with
 /// `state_dir`; `stdin` is fed to it when given.
 pub fn bootplane_cli(ns: &Netns, state_dir: &Path, args: &[&str], stdin: Option<&str>) -> Output {
-    bootplane_cli_at(ns, "http://127.0.0.1:9090", state_dir, args, stdin)
+    bootplane_cli_at(ns, &api_url("127.0.0.1:9090"), state_dir, args, stdin)
 }
 
 /// [`bootplane_cli`] against the API at `api` (a URL reachable in `ns`).
@@ -376,7 +445,7 @@ pub fn serve_in_with(
 
 /// `bootplane get KIND NAME -o json` through the CLI in `ns`; `None` when it fails.
 pub fn get_json_in(ns: &Netns, state_dir: &Path, kind: &str, name: &str) -> Option<Value> {
-    get_json_at(ns, "http://127.0.0.1:9090", state_dir, kind, name)
+    get_json_at(ns, &api_url("127.0.0.1:9090"), state_dir, kind, name)
 }
 
 /// [`get_json_in`] against the API at `api`.

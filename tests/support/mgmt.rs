@@ -145,8 +145,10 @@ lease_time_secs = 600
     /// `/metrics` from inside bootplane's namespace.
     pub fn metrics(&self) -> String {
         let token = read(&self.path("state/api-token")).trim().to_string();
+        let agent = super::api_agent(&self.path("state"));
         self.srv.run(move || {
-            ureq::get("http://127.0.0.1:9090/metrics")
+            agent
+                .get("https://127.0.0.1:9090/metrics")
                 .set("Authorization", &format!("Bearer {token}"))
                 .call()
                 .unwrap()

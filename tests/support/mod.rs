@@ -47,3 +47,5 @@ pub mod qemu;
 pub mod require;
 pub mod sushy;
 pub mod tftp;
+
+pub use self::bootplane::api_agent;

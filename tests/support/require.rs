@@ -45,6 +45,7 @@ pub fn package_of(tool: &str) -> Option<&'static str> {
         "cc" => "gcc",
         "etcd" => "etcd-server",
         "etcdctl" => "etcd-client",
+        "testssl" => "testssl.sh",
         _ => return None,
     })
 }
