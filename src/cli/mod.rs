@@ -1,12 +1,12 @@
 //! The command-line client (`apply`, `get`, `delete`) that talks to the REST API.
 //!
-//! It finds the API from `--server`/`BOOTPLANE_SERVER` (default
-//! `http://127.0.0.1:9090`) and the token from `--token`/`BOOTPLANE_TOKEN` or the
-//! local state dir's `api-token`. Resource names resolve as kubectl's do (plural,
+//! It finds the API and its credentials from the flags, the client config's context
+//! ([`config`], kubeconfig-like) or the local state dir (`api-token`, `tls/ca.crt`). Resource names resolve as kubectl's do (plural,
 //! singular, kind or short name). `apply` creates what is missing and merge-patches
 //! what exists, so fields set by controllers (a claim's chosen `serverRef`) survive
 //! a re-apply. [`render`] is `bootplane render ignition|ipxe`.
 
+pub mod config;
 pub mod render;
 pub mod table;
 
@@ -20,20 +20,18 @@ use serde_json::Value;
 
 use crate::model::registry::{Registry, ResourceType};
 
+/// How a command reaches the API: each flag wins over the client config's context
+/// ([`config::resolve`]); with neither, the local appliance (its default URL, the state
+/// dir's CA and token).
 #[derive(Debug, Args, Clone)]
 pub struct Conn {
-    /// API server URL.
-    #[arg(
-        long,
-        env = "BOOTPLANE_SERVER",
-        default_value = "http://127.0.0.1:9090",
-        global = true
-    )]
-    pub server: String,
-    /// Bearer token (default: the local state dir's api-token).
+    /// API server URL (default: the context's, else `https://127.0.0.1:9090`).
+    #[arg(long, env = "BOOTPLANE_SERVER", global = true)]
+    pub server: Option<String>,
+    /// Bearer token (default: the context's user, else the local state dir's api-token).
     #[arg(long, env = "BOOTPLANE_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
-    /// State dir to read the token from.
+    /// State dir of the local appliance (its token and CA when no context names them).
     #[arg(
         long = "state-dir",
         env = "BOOTPLANE_STATE_DIR",
@@ -41,6 +39,26 @@ pub struct Conn {
         global = true
     )]
     pub state_dir: PathBuf,
+    /// Context of the client config to use (default: its current-context).
+    #[arg(long, env = "BOOTPLANE_CONTEXT", global = true)]
+    pub context: Option<String>,
+    /// Client config file (default `$XDG_CONFIG_HOME/bootplane/config`).
+    #[arg(long = "client-config", env = "BOOTPLANE_CLIENT_CONFIG", global = true)]
+    pub client_config: Option<PathBuf>,
+}
+
+impl Conn {
+    /// The connection flags for [`config::resolve`].
+    pub fn flags(&self) -> config::Flags {
+        config::Flags {
+            server: self.server.clone(),
+            token: self.token.clone(),
+            context: self.context.clone(),
+            client_config: self.client_config.clone(),
+            state_dir: self.state_dir.clone(),
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -107,7 +125,12 @@ impl std::error::Error for ApiFailure {}
 
 impl Client {
     pub fn new(conn: &Conn) -> Result<Client> {
-        Client::connect(&conn.server, conn.token.as_deref(), &conn.state_dir)
+        let ep = config::resolve(&conn.flags())?;
+        let token = match &ep.token {
+            Some(t) => Some(t.read()?),
+            None => None,
+        };
+        Client::connect(&ep.server, token.as_deref(), &conn.state_dir)
     }
 
     /// A client for the API at `server` with `token`, or the token in `state_dir`.
