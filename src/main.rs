@@ -51,6 +51,9 @@ enum Command {
     /// on the appliance (it reads the CA in the state dir).
     #[command(subcommand)]
     Cert(bootplane::cli::cert::CertCmd),
+    /// The client config: clusters, users, contexts (`bootplane config use-context NAME`).
+    #[command(subcommand)]
+    Config(bootplane::cli::config::ConfigCmd),
     /// The store itself (`bootplane store migrate --to etcd|embedded`).
     #[command(subcommand)]
     Store(StoreCmd),
@@ -217,6 +220,7 @@ fn run(cli: Cli) -> Result<u8> {
             eprintln!("config ok");
             Ok(0)
         }
+        Command::Config(c) => bootplane::cli::config::run(c),
         Command::Apply(a) => bootplane::cli::apply(a),
         Command::Get(a) => bootplane::cli::get(a),
         Command::Delete(a) => bootplane::cli::delete(a),

@@ -296,7 +296,7 @@ impl Services {
             );
             let s = self.coord.handle();
             self.tasks.spawn(async move {
-                crate::listen::router::serve_router(l, app, admission, s)
+                crate::listen::router::serve_router(l, app, admission, None, s)
                     .await
                     .context("metrics server")
             });

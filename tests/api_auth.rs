@@ -22,9 +22,13 @@ fn call_as(
     path: &str,
     body: Option<&Value>,
 ) -> (u16, Value) {
+    // A connection of its own: the API may close a keep-alive connection after refusing
+    // a request whose body it did not read, and ureq does not retry a POST on a pooled
+    // connection that was closed meanwhile (what is tested here is the answer).
     let r = b
         .req(method, path)
-        .set("Authorization", &format!("Bearer {token}"));
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Connection", "close");
     let res = match body {
         Some(v) => r
             .set("Content-Type", "application/json")

@@ -84,6 +84,7 @@ fn presented_serial(port: u16) -> String {
 
 fn cli(b: &Bootplane, args: &[&str]) -> Output {
     run(Command::new(bin())
+        .env("BOOTPLANE_CLIENT_CONFIG", "/dev/null")
         .args(args)
         .arg("--state-dir")
         .arg(&b.dir))
@@ -241,6 +242,60 @@ fn client_certificates_valid_accepted_expired_and_revoked_refused() {
     );
     assert_eq!(code, 0);
     assert!(body.contains("\"items\""), "{body}");
+
+    // The certificate alone: user "alice" (CN) with the viewer role (O), no token. A
+    // viewer lists servers and is refused a write, with the verb, resource and user named.
+    let (alice_crt, alice_key) = (out.path().join("alice.crt"), out.path().join("alice.key"));
+    let cert_args = [
+        "--cacert",
+        ca,
+        "--cert",
+        alice_crt.to_str().unwrap(),
+        "--key",
+        alice_key.to_str().unwrap(),
+    ];
+    let servers = format!("{}/apis/metal.ironcore.dev/v1alpha1/servers", b.api);
+    let (code, body) = curl(&servers, &cert_args);
+    assert_eq!(code, 0);
+    assert!(
+        body.contains("\"items\""),
+        "a viewer certificate lists: {body}"
+    );
+    let mut post = cert_args.to_vec();
+    post.extend([
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        r#"{"apiVersion":"metal.ironcore.dev/v1alpha1","kind":"Server","metadata":{"name":"by-cert"},"spec":{}}"#,
+        "-w",
+        " %{http_code}",
+    ]);
+    let (_, body) = curl(&servers, &post);
+    assert!(
+        body.ends_with(" 403"),
+        "a viewer certificate writes: {body}"
+    );
+    assert!(
+        body.contains(r#"User \"alice\" cannot create resource \"servers\""#),
+        "{body}"
+    );
+    // The CLI with the certificate and no token (a client config context would do the same).
+    let o = cli(
+        &b,
+        &[
+            "get",
+            "servers",
+            "--server",
+            &b.api,
+            "--cert-file",
+            out.path().join("alice.crt").to_str().unwrap(),
+            "--key-file",
+            out.path().join("alice.key").to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
 
     // Expired: issued by the same CA with a validity in the past.
     let old = Ca::load(&b.dir)

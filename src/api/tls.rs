@@ -442,27 +442,38 @@ fn cert_names(der: &[u8]) -> Option<(BTreeSet<String>, i64)> {
 pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey> {
     let cert_pem = read_bounded(cert, MAX_PEM_BYTES)?;
     let key_pem = read_bounded(key, MAX_PEM_BYTES)?;
-    let chain = CertificateDer::pem_slice_iter(&cert_pem)
+    certified_key(
+        &cert_pem,
+        &key_pem,
+        &cert.display().to_string(),
+        &key.display().to_string(),
+    )
+}
+
+/// [`load_certified_key`] on PEM text; `cert_name`/`key_name` name them in errors.
+pub fn certified_key(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    cert_name: &str,
+    key_name: &str,
+) -> Result<CertifiedKey> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", cert.display()))?;
+        .map_err(|e| anyhow::anyhow!("{cert_name}: {e}"))?;
     if chain.is_empty() {
-        bail!("{}: no certificate in it", cert.display());
+        bail!("{cert_name}: no certificate in it");
     }
     // The key's own parse error could quote it: say only which file failed.
-    let der = PrivateKeyDer::from_pem_slice(&key_pem)
-        .map_err(|_| anyhow::anyhow!("{}: no PEM private key in it", key.display()))?;
+    let der = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|_| anyhow::anyhow!("{key_name}: no PEM private key in it"))?;
     let signer = rustls::crypto::ring::default_provider()
         .key_provider
         .load_private_key(der)
-        .map_err(|e| anyhow::anyhow!("{}: unusable private key: {e}", key.display()))?;
+        .map_err(|e| anyhow::anyhow!("{key_name}: unusable private key: {e}"))?;
     let ck = CertifiedKey::new(chain, signer);
     match ck.keys_match() {
         Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => Ok(ck),
-        Err(e) => bail!(
-            "{} and {} do not belong together: {e}",
-            cert.display(),
-            key.display()
-        ),
+        Err(e) => bail!("{cert_name} and {key_name} do not belong together: {e}"),
     }
 }
 
@@ -823,6 +834,25 @@ pub fn client_config(
     ca_pem: &[u8],
     client: Option<(&Path, &Path)>,
 ) -> Result<rustls::ClientConfig> {
+    match client {
+        None => client_config_pem(ca_pem, None),
+        Some((cert, key)) => {
+            let (c, k) = (
+                read_bounded(cert, MAX_PEM_BYTES)?,
+                read_bounded(key, MAX_PEM_BYTES)?,
+            );
+            let names = (cert.display().to_string(), key.display().to_string());
+            client_config_pem(ca_pem, Some((&c, &k, &names.0, &names.1)))
+        }
+    }
+}
+
+/// [`client_config`] with the client certificate and key as PEM text (and the names
+/// errors give them: a file, or a context's embedded data).
+pub fn client_config_pem(
+    ca_pem: &[u8],
+    client: Option<(&[u8], &[u8], &str, &str)>,
+) -> Result<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca_pem) {
         roots
@@ -840,12 +870,11 @@ pub fn client_config(
     .with_root_certificates(roots);
     Ok(match client {
         None => b.with_no_client_auth(),
-        Some((cert, key)) => {
+        Some((cert, key, cert_name, key_name)) => {
             // Checked as the server checks its own pair: the key must be the certificate's.
-            let ck = load_certified_key(cert, key)?;
-            let pem = read_bounded(key, MAX_PEM_BYTES)?;
-            let der = PrivateKeyDer::from_pem_slice(&pem)
-                .map_err(|_| anyhow::anyhow!("{}: no PEM private key in it", key.display()))?;
+            let ck = certified_key(cert, key, cert_name, key_name)?;
+            let der = PrivateKeyDer::from_pem_slice(key)
+                .map_err(|_| anyhow::anyhow!("{key_name}: no PEM private key in it"))?;
             b.with_client_auth_cert(ck.cert.clone(), der)
                 .context("client certificate")?
         }

@@ -1,16 +1,15 @@
 //! The command-line client (`apply`, `get`, `delete`) that talks to the REST API.
 //!
-//! It finds the API from `--server`/`BOOTPLANE_SERVER` (default
-//! `https://127.0.0.1:9090`), trusts only the CA of `--ca-file` (default the state
-//! dir's `tls/ca.crt`), presents `--cert-file`/`--key-file` when given, and sends the
-//! token from `--token`/`BOOTPLANE_TOKEN` or (without a client certificate) the local
-//! state dir's `api-token`: the connection options are [`Conn`]. Resource names resolve as kubectl's do (plural,
+//! It finds the API and its credentials from the flags, the client config's context
+//! ([`config`], kubeconfig-like) or the local state dir (`api-token`, `tls/ca.crt`): the
+//! connection options are [`Conn`]; it trusts only the CA it is given. Resource names resolve as kubectl's do (plural,
 //! singular, kind or short name). `apply` creates what is missing and merge-patches
 //! what exists, so fields set by controllers (a claim's chosen `serverRef`) survive
 //! a re-apply. [`render`] is `bootplane render ignition|ipxe`, [`token`] `bootplane
 //! token create|list|revoke`.
 
 pub mod cert;
+pub mod config;
 pub mod render;
 pub mod table;
 pub mod token;
@@ -25,22 +24,18 @@ use serde_json::Value;
 
 use crate::model::registry::{Registry, ResourceType};
 
-/// How the CLI reaches the API: every connection option in one place.
+/// How a command reaches the API: each flag wins over the client config's context
+/// ([`config::resolve`]); with neither, the local appliance (its default URL, the state
+/// dir's CA and token).
 #[derive(Debug, Args, Clone)]
 pub struct Conn {
-    /// API server URL.
-    #[arg(
-        long,
-        env = "BOOTPLANE_SERVER",
-        default_value = "https://127.0.0.1:9090",
-        global = true
-    )]
-    pub server: String,
-    /// Bearer token (default: the local state dir's api-token, unless a client
-    /// certificate is given).
+    /// API server URL (default: the context's, else `https://127.0.0.1:9090`).
+    #[arg(long, env = "BOOTPLANE_SERVER", global = true)]
+    pub server: Option<String>,
+    /// Bearer token (default: the context's user, else the local state dir's api-token).
     #[arg(long, env = "BOOTPLANE_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
-    /// State dir to read the token and the CA from.
+    /// State dir of the local appliance (its token and CA when no context names them).
     #[arg(
         long = "state-dir",
         env = "BOOTPLANE_STATE_DIR",
@@ -48,8 +43,8 @@ pub struct Conn {
         global = true
     )]
     pub state_dir: PathBuf,
-    /// CA certificate(s) (PEM) the API's certificate must chain to (default: the state
-    /// dir's tls/ca.crt). No other CA is trusted.
+    /// CA certificate(s) (PEM) the API's certificate must chain to (default: the
+    /// context's, else the state dir's tls/ca.crt). No other CA is trusted.
     #[arg(long = "ca-file", env = "BOOTPLANE_CA_FILE", global = true)]
     pub ca_file: Option<PathBuf>,
     /// Client certificate (PEM) to present, with --key-file (`bootplane cert issue`).
@@ -58,47 +53,67 @@ pub struct Conn {
     /// Private key (PEM) of --cert-file.
     #[arg(long = "key-file", env = "BOOTPLANE_KEY_FILE", global = true)]
     pub key_file: Option<PathBuf>,
+    /// Context of the client config to use (default: its current-context).
+    #[arg(long, env = "BOOTPLANE_CONTEXT", global = true)]
+    pub context: Option<String>,
+    /// Client config file (default `$XDG_CONFIG_HOME/bootplane/config`).
+    #[arg(long = "client-config", env = "BOOTPLANE_CLIENT_CONFIG", global = true)]
+    pub client_config: Option<PathBuf>,
 }
 
 impl Conn {
-    /// The CA file the client trusts.
-    pub fn ca_path(&self) -> PathBuf {
-        self.ca_file
-            .clone()
-            .unwrap_or_else(|| crate::api::tls::dir(&self.state_dir).join(crate::api::tls::CA_CRT))
+    /// The connection flags for [`config::resolve`].
+    pub fn flags(&self) -> config::Flags {
+        config::Flags {
+            server: self.server.clone(),
+            token: self.token.clone(),
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            context: self.context.clone(),
+            client_config: self.client_config.clone(),
+            state_dir: self.state_dir.clone(),
+        }
     }
+}
 
-    /// An agent for the API: TLS trusting only [`Conn::ca_path`] (with the client
-    /// certificate when given) for `https://`, plain for `http://` (a loopback API
-    /// with `[api] tls = false`).
-    pub fn agent(&self) -> Result<ureq::Agent> {
-        // Connecting is bounded; reads are not (a watch waits for events).
-        let b = ureq::AgentBuilder::new().timeout_connect(std::time::Duration::from_secs(30));
-        let client = match (&self.cert_file, &self.key_file) {
-            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
-            (None, None) => None,
-            _ => bail!("--cert-file and --key-file go together"),
-        };
-        if self.server.starts_with("http://") {
-            if client.is_some() {
-                bail!("a client certificate needs an https:// --server");
-            }
-            return Ok(b.build());
+/// An agent for `ep`: TLS trusting only its CA (with its client certificate when it has
+/// one) for `https://`, plain for `http://` (a loopback API with `[api] tls = false`).
+pub fn agent(ep: &config::Endpoint) -> Result<ureq::Agent> {
+    // Connecting is bounded; reads are not (a watch waits for events).
+    let b = ureq::AgentBuilder::new().timeout_connect(std::time::Duration::from_secs(30));
+    if ep.server.starts_with("http://") {
+        if ep.client_cert.is_some() {
+            bail!(
+                "a client certificate needs an https:// server, not {}",
+                ep.server
+            );
         }
-        if !self.server.starts_with("https://") {
-            bail!("--server must be an https:// (or, for a plain loopback API, http://) URL, not {:?}", self.server);
-        }
-        let ca = self.ca_path();
-        let pem = std::fs::read(&ca).with_context(|| {
-            format!(
-                "reading the API's CA certificate {} (pass --ca-file, or the appliance's --state-dir)",
-                ca.display()
-            )
-        })?;
-        let cfg = crate::api::tls::client_config(&pem, client)
-            .with_context(|| format!("tls setup with CA {}", ca.display()))?;
-        Ok(b.tls_config(Arc::new(cfg)).build())
+        return Ok(b.build());
     }
+    let ca = ep.ca.as_ref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "no CA for {} from {}: pass --ca-file, set the context's certificate-authority, \
+             or --state-dir of the local appliance",
+            ep.server,
+            ep.origin
+        )
+    })?;
+    let pem = ca
+        .bytes()
+        .with_context(|| format!("reading the API's CA certificate ({})", ep.origin))?;
+    let client = match (&ep.client_cert, &ep.client_key) {
+        (Some(c), Some(k)) => Some((c.bytes()?, k.bytes()?, c.name(), k.name())),
+        _ => None,
+    };
+    let cfg = crate::api::tls::client_config_pem(
+        &pem,
+        client
+            .as_ref()
+            .map(|(c, k, cn, kn)| (c.as_slice(), k.as_slice(), cn.as_str(), kn.as_str())),
+    )
+    .with_context(|| format!("tls setup for {} ({})", ep.server, ep.origin))?;
+    Ok(b.tls_config(Arc::new(cfg)).build())
 }
 
 #[derive(Debug, Args)]
@@ -167,28 +182,15 @@ impl std::error::Error for ApiFailure {}
 impl Client {
     /// A client for the API `conn` names.
     pub fn new(conn: &Conn) -> Result<Client> {
-        let token = match &conn.token {
-            Some(t) => Some(t.clone()),
-            None if conn.cert_file.is_some() => None,
-            None => {
-                let p = conn.state_dir.join("api-token");
-                Some(
-                    std::fs::read_to_string(&p)
-                        .with_context(|| {
-                            format!(
-                                "reading API token {} (pass --token, --cert-file or --state-dir)",
-                                p.display()
-                            )
-                        })?
-                        .trim()
-                        .to_string(),
-                )
-            }
+        let ep = config::resolve(&conn.flags())?;
+        let token = match &ep.token {
+            Some(t) => Some(t.read()?),
+            None => None,
         };
         Ok(Client {
-            base: conn.server.trim_end_matches('/').to_string(),
+            base: ep.server.trim_end_matches('/').to_string(),
             token,
-            agent: conn.agent()?,
+            agent: agent(&ep)?,
         })
     }
 

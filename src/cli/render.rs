@@ -24,13 +24,10 @@ pub enum RenderCmd {
 /// API URL is `--api`).
 #[derive(Args, Clone)]
 pub struct ApiConn {
-    /// API URL of the running bootplane.
-    #[arg(
-        long,
-        env = "BOOTPLANE_API_URL",
-        default_value = "https://127.0.0.1:9090"
-    )]
-    pub api: String,
+    /// API URL of the running bootplane (default: the client config's current context,
+    /// else `https://127.0.0.1:9090`).
+    #[arg(long, env = "BOOTPLANE_API_URL")]
+    pub api: Option<String>,
     /// Bearer token (default: the state dir's api-token).
     #[arg(long, env = "BOOTPLANE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -63,6 +60,8 @@ impl ApiConn {
             ca_file: self.ca_file.clone(),
             cert_file: self.cert_file.clone(),
             key_file: self.key_file.clone(),
+            context: None,
+            client_config: None,
         }
     }
 }

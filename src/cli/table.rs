@@ -117,20 +117,11 @@ impl Table {
 
     /// All rows, aligned, header first.
     pub fn render(&self, items: &[Value]) -> String {
-        let rows: Vec<Vec<String>> = items.iter().map(|o| self.cells(o)).collect();
-        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.len()).collect();
-        for r in &rows {
-            for (i, c) in r.iter().enumerate() {
-                widths[i] = widths[i].max(c.len());
-            }
-        }
-        let mut out = String::new();
-        for r in std::iter::once(&self.headers).chain(rows.iter()) {
-            out.push_str(&line(r, &widths));
-            out.push('\n');
-        }
+        let rows: Vec<Vec<String>> = std::iter::once(self.headers.clone())
+            .chain(items.iter().map(|o| self.cells(o)))
+            .collect();
         let _ = self.namespaced;
-        out
+        format_rows(&rows)
     }
 
     /// One row for a watch stream (header before the first).
@@ -153,6 +144,25 @@ impl Table {
         out.push_str(&line(&cells, &self.widths));
         out
     }
+}
+
+/// Rows (header first) aligned in columns, one line each.
+pub fn format_rows(rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = Vec::new();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if widths.len() <= i {
+                widths.push(0);
+            }
+            widths[i] = widths[i].max(c.len());
+        }
+    }
+    let mut out = String::new();
+    for r in rows {
+        out.push_str(&line(r, &widths));
+        out.push('\n');
+    }
+    out
 }
 
 fn line(cells: &[String], widths: &[usize]) -> String {

@@ -261,6 +261,8 @@ impl Bootplane {
             .arg(&self.api)
             .arg("--state-dir")
             .arg(&self.dir)
+            // No client config of the machine's user applies (its context's token).
+            .env("BOOTPLANE_CLIENT_CONFIG", "/dev/null")
             .stdin(if stdin.is_some() {
                 Stdio::piped()
             } else {
@@ -384,6 +386,7 @@ pub fn bootplane_cli_at(
     let mut c = ns.cmd(env!("CARGO_BIN_EXE_bootplane"));
     c.args(args)
         .args(["--server", api, "--state-dir", state_dir.to_str().unwrap()])
+        .env("BOOTPLANE_CLIENT_CONFIG", "/dev/null")
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
