@@ -327,6 +327,12 @@ mod tests {
         let mut section = String::new();
         for line in text.lines() {
             let l = line.trim_start_matches('#').trim();
+            // `[[api.roles]]`: an array of tables documents its key (`api.roles`).
+            if let Some(h) = l.strip_prefix("[[").and_then(|h| h.split("]]").next()) {
+                have.insert(h.to_string());
+                section = h.to_string();
+                continue;
+            }
             if let Some(h) = l.strip_prefix('[').and_then(|h| h.split(']').next()) {
                 if !h.is_empty()
                     && h.chars()

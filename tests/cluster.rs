@@ -90,6 +90,10 @@ fn etcd_args(etcd: &EtcdCluster, prefix: &str, name: &str) -> Vec<String> {
         format!("store.etcd.lease_ttl_secs={LEASE_TTL_SECS}"),
         "store.etcd.request_timeout_ms=2000".to_string(),
         "store.etcd.dial_timeout_ms=1000".to_string(),
+        format!(
+            "store.encryption_key_file={:?}",
+            etcd.key_file().display().to_string()
+        ),
     ]
     .into_iter()
     .flat_map(|kv| ["--set".to_string(), kv])

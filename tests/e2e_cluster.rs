@@ -148,6 +148,10 @@ fn etcd_sets(etcd: &EtcdCluster, name: &str) -> Vec<String> {
         "store.etcd.prefix=\"/e2e-cluster/\"".to_string(),
         format!("store.etcd.name={name:?}"),
         "store.etcd.lease_ttl_secs=3".to_string(),
+        format!(
+            "store.encryption_key_file={:?}",
+            etcd.key_file().display().to_string()
+        ),
     ]
 }
 

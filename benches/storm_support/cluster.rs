@@ -237,8 +237,9 @@ fn run_scenario(a: &Args, sc: Scenario, round: usize, dir: &Path) -> Run {
         let mut cfg = bootplane_config(&state, "eth0", app_ip(i), range, &tftp_root, &images);
         if let Some(etcd) = &etcd {
             cfg.push_str(&format!(
-                "[store]\nbackend = \"etcd\"\n\
+                "[store]\nbackend = \"etcd\"\nencryption_key_file = {:?}\n\
                  [store.etcd]\nendpoints = {:?}\nprefix = \"/storm-{}-{round}/\"\nname = \"{name}\"\nlease_ttl_secs = 3\n",
+                etcd.key_file().display().to_string(),
                 etcd.endpoints(),
                 std::process::id(),
             ));

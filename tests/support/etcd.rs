@@ -234,6 +234,23 @@ impl EtcdCluster {
             .collect()
     }
 
+    /// The secrets-at-rest key file every appliance on this cluster must share
+    /// (`[store] encryption_key_file`: an appliance with a key of its own could not open
+    /// the Secrets another sealed), written 0600 with a random key on first use.
+    pub fn key_file(&self) -> PathBuf {
+        use base64::Engine as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let p = self.dir.path().join("secrets.key");
+        if !p.exists() {
+            let secret: [u8; 32] = rand::random();
+            let b64 = base64::engine::general_purpose::STANDARD.encode(secret);
+            std::fs::write(&p, format!("[[keys]]\nname = \"cluster\"\nsecret = \"{b64}\"\n"))
+                .unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        p
+    }
+
     /// The client URLs as one comma-separated list (etcdctl's `--endpoints`).
     pub fn endpoints_csv(&self) -> String {
         self.endpoints().join(",")
