@@ -585,8 +585,22 @@ async fn a_mirror_behind_a_compaction_lists_again_and_its_watchers_relist() {
     s.create(&srv, server("a")).await.unwrap();
     let mut w = s.watch(&srv, None, s.revision()).unwrap();
     c.kill(0);
+    // Member 0 may have been etcd's leader: writes get Unavailable until the other two
+    // have elected one (a client retries a 503; what is tested here is the compaction).
     for i in 0..10 {
-        other.create(&srv, server(&format!("b{i}"))).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match other.create(&srv, server(&format!("b{i}"))).await {
+                Ok(_) => break,
+                Err(StoreError::Unavailable(m)) if Instant::now() < deadline => {
+                    eprintln!("b{i}: {m}; again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                // A create retried after a timeout may have been applied the first time.
+                Err(StoreError::AlreadyExists { .. }) => break,
+                Err(e) => panic!("b{i}: {e}"),
+            }
+        }
     }
     // Compact the whole history: the cut-off mirror cannot resume where it stopped.
     let Backend::Etcd(kv) = other.kv().clone() else {
