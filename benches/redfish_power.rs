@@ -128,15 +128,16 @@ fn round(
 
     // Watch Servers from now on: the first event with powerState On per Server.
     let list: Value = serde_json::from_str(
-        &ureq::get(&format!(
-            "{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1",
-            b.api
-        ))
-        .set("Authorization", &format!("Bearer {}", b.token))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap(),
+        &b.agent
+            .get(&format!(
+                "{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1",
+                b.api
+            ))
+            .set("Authorization", &format!("Bearer {}", b.token))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap(),
     )
     .unwrap();
     let rv = list["metadata"]["resourceVersion"]
@@ -152,8 +153,9 @@ fn round(
             b.api
         );
         let auth = format!("Bearer {}", b.token);
+        let agent = b.agent.clone();
         std::thread::spawn(move || {
-            let r = ureq::get(&url).set("Authorization", &auth).call().unwrap();
+            let r = agent.get(&url).set("Authorization", &auth).call().unwrap();
             for line in std::io::BufReader::new(r.into_reader()).lines() {
                 let Ok(line) = line else { return };
                 let ev: Value = serde_json::from_str(&line).unwrap();

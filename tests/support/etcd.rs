@@ -244,8 +244,11 @@ impl EtcdCluster {
         if !p.exists() {
             let secret: [u8; 32] = rand::random();
             let b64 = base64::engine::general_purpose::STANDARD.encode(secret);
-            std::fs::write(&p, format!("[[keys]]\nname = \"cluster\"\nsecret = \"{b64}\"\n"))
-                .unwrap();
+            std::fs::write(
+                &p,
+                format!("[[keys]]\nname = \"cluster\"\nsecret = \"{b64}\"\n"),
+            )
+            .unwrap();
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         }
         p
