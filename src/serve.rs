@@ -31,8 +31,6 @@ pub fn api_token(config: &Config) -> Result<String> {
 }
 
 fn load_or_create_token(path: &Path) -> Result<String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     match std::fs::read_to_string(path) {
         Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
         Ok(_) => {}
@@ -45,17 +43,7 @@ fn load_or_create_token(path: &Path) -> Result<String> {
         rand::thread_rng().fill_bytes(&mut b);
         hex::encode(b)
     };
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(token.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    crate::statedir::write_private(path, token.as_bytes())?;
     tracing::info!(path = %path.display(), "generated a new API token");
     Ok(token)
 }

@@ -21,6 +21,43 @@ pub const DIR_MODE: u32 = 0o700;
 /// Mode of every file directly in it.
 pub const FILE_MODE: u32 = 0o600;
 
+/// Write `bytes` to `path` (a secret or a file holding one) through a 0600 temporary file
+/// beside it (named with this process's id, so two writers never share it), synced, then
+/// renamed over `path`: a reader sees the old file or the whole new one.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let mut name = std::ffi::OsString::from(".");
+    name.push(path.file_name().unwrap_or_default());
+    name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = path.with_file_name(name);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Read at most `max` bytes of the file `path`; a larger file is an error naming it. An
+/// open failure keeps its `std::io::Error` (callers test for `NotFound`).
+pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut b = Vec::new();
+    f.take(max + 1)
+        .read_to_end(&mut b)
+        .with_context(|| format!("reading {}", path.display()))?;
+    if b.len() as u64 > max {
+        bail!("{} is larger than {max} bytes", path.display());
+    }
+    Ok(b)
+}
+
 /// One permission change made by [`prepare`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fixed {

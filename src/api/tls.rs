@@ -147,23 +147,7 @@ pub fn dir(state_dir: &Path) -> PathBuf {
     state_dir.join(DIR)
 }
 
-/// Write `bytes` to `path` through a 0600 temporary file renamed over it.
-pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    let tmp = path.with_file_name(name);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
-}
+pub use crate::statedir::write_private;
 
 /// Append `line` to the 0600 file `path` (created when absent).
 fn append_private(path: &Path, line: &str) -> Result<()> {
@@ -178,19 +162,7 @@ fn append_private(path: &Path, line: &str) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// Read at most `max` bytes of `path`; more is an error.
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
-    use std::io::Read as _;
-    let f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut b = Vec::new();
-    f.take(max + 1)
-        .read_to_end(&mut b)
-        .with_context(|| format!("reading {}", path.display()))?;
-    if b.len() as u64 > max {
-        bail!("{} is larger than {max} bytes", path.display());
-    }
-    Ok(b)
-}
+use crate::statedir::read_bounded;
 
 /// `<state_dir>/tls`, created 0700 when absent.
 fn ensure_dir(state_dir: &Path) -> Result<PathBuf> {

@@ -173,8 +173,7 @@ impl ClientConfig {
 
     /// Write to `path` (0600, parent 0700 when created) through a rename.
     pub fn save(&self, path: &Path) -> Result<()> {
-        use std::io::Write as _;
-        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+        use std::os::unix::fs::DirBuilderExt as _;
         self.check()?;
         let dir = path
             .parent()
@@ -186,25 +185,7 @@ impl ClientConfig {
             .create(dir)
             .with_context(|| format!("creating {}", dir.display()))?;
         let text = serde_norway::to_string(self).context("encoding client config")?;
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}",
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("config"),
-            std::process::id()
-        ));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(text.as_bytes())
-            .and_then(|_| f.sync_all())
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-        Ok(())
+        crate::statedir::write_private(path, text.as_bytes())
     }
 
     /// Names unique per list, contexts naming what exists, the current context existing.
@@ -342,25 +323,7 @@ fn is_not_found(e: &anyhow::Error) -> bool {
         .is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound)
 }
 
-/// Read at most `max` bytes of `path` (a larger file is refused, naming it).
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>> {
-    use std::io::Read as _;
-    let f = std::fs::File::open(path).map_err(|e| {
-        let kind = e.kind();
-        anyhow::Error::new(std::io::Error::new(
-            kind,
-            format!("reading {}: {e}", path.display()),
-        ))
-    })?;
-    let mut buf = Vec::new();
-    f.take(max + 1)
-        .read_to_end(&mut buf)
-        .with_context(|| format!("reading {}", path.display()))?;
-    if buf.len() as u64 > max {
-        bail!("{} is larger than {max} bytes", path.display());
-    }
-    Ok(buf)
-}
+use crate::statedir::read_bounded;
 
 /// Base64 of embedded PEM data, decoded; `what` names it in errors (never the data).
 fn embedded(data: &str, what: &str) -> Result<Vec<u8>> {
