@@ -77,8 +77,12 @@ pub async fn run(store: Store, metrics: Metrics, stop: impl Future<Output = ()>)
             _ = tokio::time::sleep(CHECK) => false,
             Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
         };
-        // Reading the file is a few small syscalls; not worth a blocking thread.
-        match sealer.reload(forced) {
+        // A stat each second and a read on change: file I/O, so off the async workers.
+        let s = sealer.clone();
+        let reloaded = tokio::task::spawn_blocking(move || s.reload(forced))
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("reading the key file: {e}")));
+        match reloaded {
             Ok(true) => tracing::info!(
                 path = %sealer.path().display(),
                 keys = ?sealer.key_names(),
