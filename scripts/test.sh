@@ -35,9 +35,16 @@ if [[ ! -x $venv/bin/python3 ]] || [[ "$(cat "$venv/.test-python.sha256" 2>/dev/
   echo "$want" > "$venv/.test-python.sha256"
 fi
 
+# A clean clone gains nothing from incremental compilation, and its caches roughly double the
+# target dir (a CI run once failed with "No space left on device" while compiling the tests).
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+df -h . | awk 'NR==2 {print "disk before the build: " $4 " free of " $2}'
+
 # The discovery agent is its own small crate (probe/, built static for the image).
 cargo test --locked --manifest-path probe/Cargo.toml
 cargo test --locked "$@"
+df -h . | awk 'NR==2 {print "disk after the tests: " $4 " free of " $2}'
+du -sh "${CARGO_TARGET_DIR:-target}" 2>/dev/null | awk '{print "target dir: " $1}'
 fuzz_secs=${FUZZ_SECS:-20}
 if ((fuzz_secs > 0)); then
   exec scripts/fuzz.sh "$fuzz_secs"
