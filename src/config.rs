@@ -47,6 +47,8 @@ pub struct Config {
     pub discovery: crate::controller::discovery::DiscoveryConfig,
     /// The store's engine (`[store]`, see `crate::store::settings`).
     pub store: crate::store::settings::StoreConfig,
+    /// Events kept in the store (`[events]`, see `crate::store::events`).
+    pub events: crate::store::events::EventSettings,
 }
 
 impl Default for Config {
@@ -65,6 +67,7 @@ impl Default for Config {
             power: crate::power::PowerConfig::default(),
             discovery: Default::default(),
             store: Default::default(),
+            events: Default::default(),
         }
     }
 }
@@ -229,6 +232,7 @@ impl Config {
         self.power.redfish.validate()?;
         self.discovery.validate()?;
         self.store.validate()?;
+        self.events.validate()?;
         if self.dhcp.enabled
             && self.discovery.dhcp.enabled
             && self.dhcp.interface == self.discovery.dhcp.interface

@@ -33,6 +33,8 @@ enum Command {
     Get(bootplane::cli::GetArgs),
     /// Delete an object.
     Delete(bootplane::cli::DeleteArgs),
+    /// Show one object in detail: summary, conditions, references, owners, events.
+    Describe(bootplane::cli::describe::DescribeArgs),
     /// Confirm a power change made by hand (manual power driver).
     Power(bootplane::cli::PowerArgs),
     /// Image tools.
@@ -224,6 +226,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Apply(a) => bootplane::cli::apply(a),
         Command::Get(a) => bootplane::cli::get(a),
         Command::Delete(a) => bootplane::cli::delete(a),
+        Command::Describe(a) => bootplane::cli::describe::describe(a),
         Command::Power(a) => bootplane::cli::power(a),
         Command::Image(c) => bootplane::image::cli::run_image(c).map(|_| 0),
         Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),

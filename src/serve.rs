@@ -80,6 +80,7 @@ pub async fn run(config: Config) -> Result<()> {
     };
     s.start_api(&config, token).await?;
     s.start_key_rotation();
+    s.start_event_collection(&config);
     s.start_controller_groups(&config)?;
     s.start_boot_http(&config)?;
     if config.dhcp.enabled {
@@ -223,6 +224,7 @@ impl Services {
             }
         }
         self.seal_metrics.register(&mut metrics);
+        crate::store::events::register_metrics(&mut metrics);
         let api_conns = crate::listen::ConnMetrics::default();
         api_conns.register(metrics.sub_registry_with_prefix("bootplane_api"));
         let audit = crate::api::audit::Audit::start(
@@ -298,6 +300,20 @@ impl Services {
                 .context("api server")
         });
         Ok(())
+    }
+
+    /// Events: keep the store's within `[events]` (every appliance; deletes are
+    /// idempotent).
+    fn start_event_collection(&mut self, config: &Config) {
+        let (store, settings, mut s) = (
+            self.store.clone(),
+            config.events.clone(),
+            self.coord.handle(),
+        );
+        self.tasks.spawn(async move {
+            crate::store::events::collect(store, settings, async move { s.recv().await }).await;
+            Ok(())
+        });
     }
 
     /// Secrets at rest: re-encrypt under the key file's first key (every appliance).
@@ -525,6 +541,7 @@ impl Controllers {
             power,
             self.resolver.clone(),
             crate::controller::firstboot::FirstBoot::from_config(&config.discovery),
+            crate::store::events::Recorder::spawn(store.clone(), "bootplane-controller"),
         );
         let s = coord.handle();
         tasks.spawn(async move {
@@ -579,6 +596,7 @@ impl Controllers {
                 backend,
                 self.runner.clone(),
                 settings,
+                crate::store::events::Recorder::spawn(store.clone(), "bootplane-provisioning"),
             );
             let (workers, run_backend) = (config.controller.workers, nfs.enabled);
             tasks.spawn(async move {

@@ -6,7 +6,7 @@
 //! /apis/{group}/{version}/namespaces/{ns}/{plural}[/{name}[/status]]
 //! ```
 //!
-//! GET (one or list, `labelSelector=`), POST, PUT, PATCH (JSON merge patch), DELETE,
+//! GET (one or list, `labelSelector=`, `fieldSelector=`), POST, PUT, PATCH (JSON merge patch), DELETE,
 //! and `?watch=true[&resourceVersion=R]` streaming newline-delimited JSON events.
 //! Bodies are YAML when the `Content-Type` names YAML (`application/yaml`), JSON
 //! otherwise (also when it is absent: kube's default, and nothing guesses); they are
@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use crate::decode::{self as body, DecodeError, Format};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
-use crate::model::selector::Selector;
+use crate::model::selector::{FieldSelector, Selector};
 use crate::store::kv::Rev;
 use crate::store::{Part, Store, StoreError};
 
@@ -555,17 +555,25 @@ async fn handle(
                 Some(s) => Some(Selector::parse(s).map_err(ApiError::bad_request)?),
                 None => None,
             };
+            let fields = match q.get("fieldSelector") {
+                Some(s) => Some(FieldSelector::parse(s).map_err(ApiError::bad_request)?)
+                    .filter(|f| !f.is_empty()),
+                None => None,
+            };
             if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
                 return watch(
                     st,
                     rt.clone(),
                     t.ns.clone(),
-                    sel,
+                    (sel, fields),
                     q.get("resourceVersion").cloned(),
                 );
             }
             if !wants_yaml(h) {
-                let (items, rev) = st.store.list_text(rt, t.ns.as_deref(), sel.as_ref());
+                let (mut items, rev) = st.store.list_text(rt, t.ns.as_deref(), sel.as_ref());
+                if let Some(f) = &fields {
+                    items.retain(|t| text_matches(f, t));
+                }
                 return Ok(json_response(StatusCode::OK, list_text(rt, rev, &items)));
             }
             let (items, rev) = st.store.list(rt, t.ns.as_deref(), sel.as_ref());
@@ -573,7 +581,10 @@ async fn handle(
                 "apiVersion": rt.api_version(),
                 "kind": format!("{}List", rt.kind),
                 "metadata": {"resourceVersion": rev.to_string()},
-                "items": items.map(Arc::unwrap_or_clone).collect::<Vec<_>>(),
+                "items": items
+                    .filter(|o| fields.as_ref().is_none_or(|f| f.matches(o)))
+                    .map(Arc::unwrap_or_clone)
+                    .collect::<Vec<_>>(),
             });
             Ok(respond(h, StatusCode::OK, &list))
         }
@@ -685,13 +696,16 @@ fn watch(
     st: &ApiState,
     rt: Arc<ResourceType>,
     ns: Option<String>,
-    sel: Option<Selector>,
+    (sel, fields): (Option<Selector>, Option<FieldSelector>),
     rv: Option<String>,
 ) -> ApiResult<Response> {
     let mut initial = Vec::new();
     let from = match rv.as_deref() {
         None | Some("") | Some("0") => {
-            let (items, rev) = st.store.list_text(&rt, ns.as_deref(), sel.as_ref());
+            let (mut items, rev) = st.store.list_text(&rt, ns.as_deref(), sel.as_ref());
+            if let Some(f) = &fields {
+                items.retain(|t| text_matches(f, t));
+            }
             initial = items;
             rev
         }
@@ -707,8 +721,8 @@ fn watch(
             .map(|o| Ok::<_, std::io::Error>(line_text("ADDED", &o))),
     );
     let tail = futures::stream::unfold(
-        (w, sel, sd, false),
-        |(mut w, sel, mut sd, done)| async move {
+        (w, sel, fields, sd, false),
+        |(mut w, sel, fields, mut sd, done)| async move {
             if done {
                 return None;
             }
@@ -722,6 +736,7 @@ fn watch(
                         if sel
                             .as_ref()
                             .is_some_and(|s| !s.matches(meta::labels(&ev.object)))
+                            || fields.as_ref().is_some_and(|f| !f.matches(&ev.object))
                         {
                             continue;
                         }
@@ -729,11 +744,11 @@ fn watch(
                             Some(t) => line_text(ev.kind, t),
                             None => line(ev.kind, &ev.object),
                         };
-                        return Some((Ok(l), (w, sel, sd, false)));
+                        return Some((Ok(l), (w, sel, fields, sd, false)));
                     }
                     Err(e) => {
                         let status = ApiError::from(e).status_body();
-                        return Some((Ok(line("ERROR", &status)), (w, sel, sd, true)));
+                        return Some((Ok(line("ERROR", &status)), (w, sel, fields, sd, true)));
                     }
                 }
             }
@@ -746,6 +761,12 @@ fn watch(
         .header("transfer-encoding", "chunked")
         .body(Body::from_stream(stream))
         .expect("valid response"))
+}
+
+/// Whether a stored object's text passes a field selector (parsed here: only lists
+/// with a `fieldSelector` pay for it).
+fn text_matches(f: &FieldSelector, text: &str) -> bool {
+    serde_json::from_str::<Value>(text).is_ok_and(|o| f.matches(&o))
 }
 
 /// A watch event line around an object's stored text: the same bytes as [`line`]

@@ -10,6 +10,7 @@
 
 pub mod cert;
 pub mod config;
+pub mod describe;
 pub mod render;
 pub mod table;
 pub mod token;
@@ -142,6 +143,10 @@ pub struct GetArgs {
     /// Keep watching for changes.
     #[arg(short = 'w', long = "watch")]
     pub watch: bool,
+    /// With `get events`: only the events of this object (`KIND/NAME`, e.g.
+    /// `serverclaim/web-1`).
+    #[arg(long = "for", value_name = "KIND/NAME")]
+    pub for_object: Option<String>,
     #[command(flatten)]
     pub conn: Conn,
 }
@@ -446,6 +451,18 @@ pub fn get(a: GetArgs) -> Result<u8> {
             "labelSelector={}",
             percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
         );
+    }
+    if let Some(f) = &a.for_object {
+        if kinds.len() != 1 || kinds[0].kind != "Event" {
+            bail!("--for works with `get events` only");
+        }
+        let (rt, name) = describe::parse_for(reg, f)?;
+        let fq = describe::events_query(&rt, Some(&a.namespace), &name);
+        q = if q.is_empty() {
+            fq
+        } else {
+            format!("{q}&{fq}")
+        };
     }
     let mut first = true;
     for rt in kinds {

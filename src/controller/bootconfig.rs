@@ -38,7 +38,9 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         }
     }
     if Some(&status) != b.get("status") {
-        c.store.update_status(&c.t_sbc, &b, status).await?;
+        c.store.update_status(&c.t_sbc, &b, status.clone()).await?;
+        c.events
+            .status_change(&c.t_sbc, &b, b.get("status"), &status);
     }
     Ok(next)
 }

@@ -353,6 +353,9 @@ pub struct StoreBootIndex {
     discovery: Option<(String, mpsc::Sender<crate::http::InventoryReport>)>,
     t_server: Arc<ResourceType>,
     t_sbc: Arc<ResourceType>,
+    /// `ScriptServed` / `IgnitionServed` on the Server, once per boot configuration
+    /// change (when the condition is first set).
+    events: crate::store::events::Recorder,
 }
 
 impl BootIndex for StoreBootIndex {
@@ -420,6 +423,7 @@ impl StoreBootIndex {
         let reg = store.registry();
         let idx = Arc::new(StoreBootIndex {
             mem: MemoryIndex::new(),
+            events: crate::store::events::Recorder::spawn(store.clone(), "bootplane-boot"),
             store,
             resolver,
             base_url,
@@ -781,7 +785,22 @@ impl StoreBootIndex {
             }
             match self.store.update_status(&self.t_sbc, &b, status).await {
                 Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map(|_| ()),
+                Ok(_) => {
+                    for (event, client) in events {
+                        let (reason, what) = match event {
+                            BootEvent::IpxeScriptFetched => ("ScriptServed", "iPXE script"),
+                            BootEvent::IgnitionDataFetched => ("IgnitionServed", "Ignition config"),
+                        };
+                        self.events.normal(
+                            &self.t_server,
+                            &s,
+                            reason,
+                            format!("{what} fetched by {client} (boot configuration {ns}/{name})"),
+                        );
+                    }
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(())

@@ -18,7 +18,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{claim_ref, claimable_view, is_claimable, Controllers, Key, Next, CLAIM_FINALIZER};
+use super::{
+    claim_ref, claimable_view, is_claimable, set_condition, Controllers, Key, Next, CLAIM_FINALIZER,
+};
 use crate::model::meta;
 use crate::model::selector::Selector;
 use crate::store::{Part, StoreError};
@@ -56,14 +58,91 @@ fn tolerates(claim: &Value, server: &Value) -> bool {
     })
 }
 
-async fn set_phase(c: &Controllers, claim: &Arc<Value>, phase: &str) -> Result<(), StoreError> {
-    if claim.pointer("/status/phase").and_then(Value::as_str) == Some(phase) {
+/// Write the claim's phase and its `Bound` condition (status, reason, message) when
+/// either changed; the change is recorded as Events.
+async fn set_phase(
+    c: &Controllers,
+    claim: &Arc<Value>,
+    phase: &str,
+    (bound, reason, message): (bool, &str, &str),
+) -> Result<(), StoreError> {
+    let old = claim.get("status");
+    let mut status = old.cloned().unwrap_or_else(|| json!({}));
+    status["phase"] = json!(phase);
+    set_condition(&mut status, "Bound", bound, reason, message);
+    if old == Some(&status) {
         return Ok(());
     }
     c.store
-        .update_status(&c.t_claim, claim, json!({"phase": phase}))
+        .update_status(&c.t_claim, claim, status.clone())
         .await?;
+    c.events.status_change(&c.t_claim, claim, old, &status);
     Ok(())
+}
+
+/// Why a claim waits, as its `Bound` condition's reason and message: no Server
+/// matches its selector (or the one it names does not exist), or every match is taken
+/// and by what. Worked out from the controllers' index of every Server.
+fn why_waiting(c: &Controllers, claim: &Value) -> (&'static str, String) {
+    let idx = c.idx.lock().unwrap();
+    if let Some(n) = claim
+        .pointer("/spec/serverRef/name")
+        .and_then(Value::as_str)
+    {
+        return match idx.servers.get(n) {
+            None => ("NoMatchingServer", format!("server {n} named by spec.serverRef does not exist")),
+            Some((_, Some(why))) => ("AllMatchingServersTaken", format!("server {n} named by spec.serverRef cannot be claimed: {why}")),
+            Some((v, None)) if !tolerates(claim, v) => ("AllMatchingServersTaken", format!("server {n} named by spec.serverRef has a NoBind taint the claim does not tolerate")),
+            Some(_) => ("Waiting", format!("server {n} is being bound")),
+        };
+    }
+    let sel = claim
+        .pointer("/spec/serverSelector")
+        .filter(|s| !s.is_null());
+    let selector = sel.and_then(|s| Selector::from_label_selector(s).ok());
+    let shown = match sel {
+        Some(s) => format!("the selector {s}"),
+        None => "the claim (no selector: any server)".to_string(),
+    };
+    let mut matching = 0usize;
+    let mut taken = Vec::new();
+    for (n, (v, why)) in &idx.servers {
+        if selector
+            .as_ref()
+            .is_some_and(|sel| !sel.matches(meta::labels(v)))
+        {
+            continue;
+        }
+        matching += 1;
+        let why = match why {
+            Some(w) => w.clone(),
+            None if !tolerates(claim, v) => "NoBind taint not tolerated".into(),
+            None => continue,
+        };
+        if taken.len() < 5 {
+            taken.push(format!("{n} ({why})"));
+        }
+    }
+    if matching == 0 {
+        let total = idx.servers.len();
+        return (
+            "NoMatchingServer",
+            format!("no server matches {shown} ({total} servers registered)"),
+        );
+    }
+    let more = matching.saturating_sub(taken.len());
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    (
+        "AllMatchingServersTaken",
+        format!(
+            "{matching} server(s) match {shown}, none can be claimed: {}{tail}",
+            taken.join(", ")
+        ),
+    )
 }
 
 pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
@@ -87,13 +166,42 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         None => match bind(c, key, &claim).await? {
             Some(s) => s,
             None => {
-                c.idx.lock().unwrap().waiting.insert(key.clone());
-                set_phase(c, &claim, "Unbound").await?;
-                return Ok(Next::Done); // re-queued when a server becomes claimable
+                let explain = {
+                    let mut idx = c.idx.lock().unwrap();
+                    idx.waiting.insert(key.clone());
+                    let due = idx
+                        .explained
+                        .get(key)
+                        .is_none_or(|t| t.elapsed() >= super::EXPLAIN_EVERY);
+                    if due {
+                        idx.explained.insert(key.clone(), std::time::Instant::now());
+                    }
+                    due
+                };
+                if explain {
+                    let (reason, message) = why_waiting(c, &claim);
+                    set_phase(c, &claim, "Unbound", (false, reason, &message)).await?;
+                } else if claim.pointer("/status/phase").and_then(Value::as_str) != Some("Unbound")
+                {
+                    set_phase(
+                        c,
+                        &claim,
+                        "Unbound",
+                        (false, "Waiting", "waiting for a server"),
+                    )
+                    .await?;
+                }
+                // Re-queued when a server becomes claimable; looked at again after
+                // EXPLAIN_EVERY so the reason follows the fleet.
+                return Ok(Next::After(super::EXPLAIN_EVERY));
             }
         },
     };
-    c.idx.lock().unwrap().waiting.remove(key);
+    {
+        let mut idx = c.idx.lock().unwrap();
+        idx.waiting.remove(key);
+        idx.explained.remove(key);
+    }
     let server_name = meta::name(&server).to_string();
 
     // Finalizer and the pinned serverRef in one write.
@@ -136,7 +244,13 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
             )
             .await?;
     }
-    set_phase(c, &claim, "Bound").await?;
+    set_phase(
+        c,
+        &claim,
+        "Bound",
+        (true, "Bound", &format!("bound to server {server_name}")),
+    )
+    .await?;
     Ok(Next::Done)
 }
 

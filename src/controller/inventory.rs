@@ -181,18 +181,24 @@ pub fn apply(status: &mut Value, annotations: &mut BTreeMap<String, String>, inv
 /// `Discovery` to be booted again).
 pub async fn run(store: Store, mut rx: mpsc::Receiver<InventoryReport>, mut shutdown: Shutdown) {
     let t_server = store.registry().resolve("server").expect("server type");
+    let events = crate::store::events::Recorder::spawn(store.clone(), "bootplane-inventory");
     loop {
         let r = tokio::select! {
             r = rx.recv() => match r { Some(r) => r, None => return },
             _ = shutdown.recv() => return,
         };
-        if let Err(e) = write(&store, &t_server, &r).await {
+        if let Err(e) = write(&store, &t_server, &r, &events).await {
             tracing::warn!(server = %r.server, error = %e, "writing an inventory report");
         }
     }
 }
 
-async fn write(store: &Store, t: &ResourceType, r: &InventoryReport) -> Result<(), StoreError> {
+async fn write(
+    store: &Store,
+    t: &ResourceType,
+    r: &InventoryReport,
+    events: &crate::store::events::Recorder,
+) -> Result<(), StoreError> {
     for _ in 0..8 {
         let s = store.get(t, None, &r.server)?;
         if s.pointer("/status/state").and_then(Value::as_str) != Some("Discovery")
@@ -228,9 +234,13 @@ async fn write(store: &Store, t: &ResourceType, r: &InventoryReport) -> Result<(
                 Ok(_) => continue, // status against the new version
             }
         }
-        match store.update_status(t, &s, st).await {
+        match store.update_status(t, &s, st.clone()).await {
             Err(StoreError::Conflict { .. }) => continue,
-            other => return other.map(|_| ()),
+            Ok(_) => {
+                events.status_change(t, &s, s.get("status"), &st);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
         }
     }
     Ok(())

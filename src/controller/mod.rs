@@ -33,6 +33,7 @@ use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::power::PowerDriver;
 use crate::shutdown::Shutdown;
+use crate::store::events::Recorder;
 use crate::store::Store;
 use queue::WorkQueue;
 use runtime::Runtime;
@@ -67,6 +68,50 @@ pub struct Indexes {
     pub bound_by_server: HashMap<String, Key>,
     /// Claims waiting for a server.
     pub waiting: BTreeSet<Key>,
+    /// Every Server, as its [`claimable_view`] and why it cannot be claimed now (`None`:
+    /// claimable): what a waiting claim's reason is computed from, without reading
+    /// the store.
+    pub servers: BTreeMap<String, (Arc<Value>, Option<String>)>,
+    /// When each waiting claim's reason was last worked out (at most every
+    /// [`EXPLAIN_EVERY`]).
+    pub explained: HashMap<Key, std::time::Instant>,
+}
+
+/// How often a waiting claim's reason is worked out again.
+pub const EXPLAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why a Server cannot be claimed now, or `None` when it can ([`is_claimable`]).
+pub fn unclaimable_reason(s: &Value) -> Option<String> {
+    if meta::is_deleting(s) {
+        return Some("being deleted".into());
+    }
+    if let Some((ns, n)) = claim_ref(s) {
+        return Some(format!("claimed by {ns}/{n}"));
+    }
+    if s.pointer("/spec/unclaimable").and_then(Value::as_bool) == Some(true) {
+        return Some("spec.unclaimable".into());
+    }
+    let state = s
+        .pointer("/status/state")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if state != "Available" {
+        return Some(format!(
+            "state {}",
+            if state.is_empty() { "unset" } else { state }
+        ));
+    }
+    let power = s
+        .pointer("/status/powerState")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if power != "Off" {
+        return Some(format!(
+            "power {}",
+            if power.is_empty() { "unknown" } else { power }
+        ));
+    }
+    None
 }
 
 pub struct Controllers {
@@ -83,6 +128,8 @@ pub struct Controllers {
     pub t_secret: Arc<ResourceType>,
     /// First boots of Servers with a BMC (`[discovery]`), when on.
     pub first_boot: Option<firstboot::FirstBoot>,
+    /// Events: claims binding or waiting, state, power and condition changes.
+    pub events: Recorder,
 }
 
 pub fn is_claimable(s: &Value) -> bool {
@@ -123,6 +170,7 @@ impl Controllers {
         power: Arc<dyn PowerDriver>,
         resolver: Arc<dyn BootResolver>,
         first_boot: Option<firstboot::FirstBoot>,
+        events: Recorder,
     ) -> Arc<Controllers> {
         let reg = store.registry();
         Arc::new(Controllers {
@@ -137,6 +185,7 @@ impl Controllers {
             t_sbc: reg.resolve("serverbootconfiguration").expect("sbc type"),
             t_secret: reg.resolve("secret").expect("secret type"),
             first_boot,
+            events,
             store,
         })
     }
@@ -145,6 +194,12 @@ impl Controllers {
         let name = meta::name(s).to_string();
         let mut idx = self.idx.lock().unwrap();
         let became_claimable = !deleted && is_claimable(s);
+        if deleted {
+            idx.servers.remove(&name);
+        } else {
+            idx.servers
+                .insert(name.clone(), (claimable_view(s), unclaimable_reason(s)));
+        }
         if became_claimable {
             idx.claimable.insert(name.clone(), claimable_view(s));
         } else {

@@ -106,7 +106,11 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
         .and_then(|st| st.base.clone())
         .unwrap_or_else(|| s.clone());
     if Some(&status) != base.get("status") {
-        c.store.update_status(&c.t_server, &base, status).await?;
+        c.store
+            .update_status(&c.t_server, &base, status.clone())
+            .await?;
+        c.events
+            .status_change(&c.t_server, &base, base.get("status"), &status);
     }
     match step {
         Some(step) => {
@@ -135,7 +139,11 @@ async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &str) -> Result
         );
     });
     if Some(&status) != s.get("status") {
-        c.store.update_status(&c.t_server, s, status).await?;
+        c.store
+            .update_status(&c.t_server, s, status.clone())
+            .await?;
+        c.events
+            .status_change(&c.t_server, s, s.get("status"), &status);
     }
     let patch = json!({"metadata": {"annotations": {RESET_ANNOTATION: null}}});
     c.store

@@ -1,7 +1,7 @@
 //! The registry of resource types the API serves: each type's group, version, kind,
 //! plural, scope, schema and printer columns. CRD-defined kinds are loaded from the
 //! CRD YAML embedded in the binary (`src/model/crds/`), so validation follows the CRDs
-//! exactly; core kinds (`v1 Secret`) and bootplane's own schema-less kinds
+//! exactly; core kinds (`v1 Secret`, `v1 Event`) and bootplane's own schema-less kinds
 //! (`auth.bootplane.dev/v1alpha1 APIToken`, the API's named tokens) are declared here.
 
 use std::sync::{Arc, OnceLock};
@@ -215,6 +215,29 @@ impl Registry {
             columns: vec![("TYPE".into(), ".type".into())],
             wide_columns: vec![],
         })];
+        // What happened to an object and why (`store::events`); checked by
+        // `store::validate`.
+        types.push(Arc::new(ResourceType {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Event".into(),
+            plural: "events".into(),
+            singular: "event".into(),
+            short_names: vec!["ev".into()],
+            namespaced: true,
+            schema: None,
+            status_subresource: false,
+            columns: vec![
+                ("LAST SEEN".into(), ".lastTimestamp".into()),
+                ("TYPE".into(), ".type".into()),
+                ("REASON".into(), ".reason".into()),
+                ("KIND".into(), ".involvedObject.kind".into()),
+                ("OBJECT".into(), ".involvedObject.name".into()),
+                ("COUNT".into(), ".count".into()),
+                ("MESSAGE".into(), ".message".into()),
+            ],
+            wide_columns: vec![("SOURCE".into(), ".source.component".into())],
+        }));
         // A named API token: its role, expiry and the SHA-256 of its secret
         // (`api::auth`); checked by `store::validate`.
         types.push(Arc::new(ResourceType {

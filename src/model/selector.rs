@@ -1,6 +1,8 @@
 //! Label selectors: the `-l`/`labelSelector=` string syntax (`a=b,c!=d,e in (x,y),
 //! f notin (z),g,!h`) and the `LabelSelector` object (`matchLabels`,
-//! `matchExpressions` with In/NotIn/Exists/DoesNotExist) used by ServerClaims.
+//! `matchExpressions` with In/NotIn/Exists/DoesNotExist) used by ServerClaims; and
+//! field selectors (`fieldSelector=involvedObject.name=s1,type!=Normal`): equality on
+//! dotted paths to string values, as Kubernetes offers them.
 
 use serde_json::{Map, Value};
 
@@ -148,6 +150,81 @@ pub fn split_top(s: &str) -> Vec<&str> {
     out
 }
 
+/// A field selector: `path=value`, `path==value`, `path!=value`, comma-separated, on
+/// dotted paths (`metadata.name`, `involvedObject.kind`). A missing field reads as "".
+/// At most [`FieldSelector::MAX_TERMS`] terms.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FieldSelector {
+    terms: Vec<(Vec<String>, bool, String)>,
+}
+
+impl FieldSelector {
+    pub const MAX_TERMS: usize = 16;
+
+    pub fn parse(s: &str) -> Result<FieldSelector, String> {
+        let mut terms = Vec::new();
+        for part in s.split(',') {
+            let p = part.trim();
+            if p.is_empty() {
+                continue;
+            }
+            let (k, eq, v) = if let Some((k, v)) = p.split_once("!=") {
+                (k, false, v)
+            } else if let Some((k, v)) = p.split_once("==").or_else(|| p.split_once('=')) {
+                (k, true, v)
+            } else {
+                return Err(format!(
+                    "invalid field selector term {p:?}: expected path=value or path!=value"
+                ));
+            };
+            let k = k.trim();
+            if k.is_empty()
+                || k.split('.').any(|seg| {
+                    seg.is_empty() || !seg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                })
+            {
+                return Err(format!("invalid field path {k:?} in field selector"));
+            }
+            terms.push((
+                k.split('.').map(str::to_string).collect(),
+                eq,
+                v.trim().to_string(),
+            ));
+            if terms.len() > Self::MAX_TERMS {
+                return Err(format!(
+                    "a field selector has at most {} terms",
+                    Self::MAX_TERMS
+                ));
+            }
+        }
+        Ok(FieldSelector { terms })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.terms.is_empty()
+    }
+
+    pub fn matches(&self, obj: &Value) -> bool {
+        self.terms.iter().all(|(path, eq, want)| {
+            let mut v = obj;
+            for seg in path {
+                match v.get(seg) {
+                    Some(x) => v = x,
+                    None => return (want.is_empty()) == *eq,
+                }
+            }
+            let got = match v {
+                Value::String(s) => s.clone(),
+                Value::Null => String::new(),
+                Value::Bool(b) => b.to_string(),
+                Value::Number(n) => n.to_string(),
+                _ => return !*eq,
+            };
+            (got == *want) == *eq
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +239,29 @@ mod tests {
         assert!(Selector::parse("b notin (3),a").unwrap().matches(l));
         assert!(Selector::parse("").unwrap().matches(None));
         assert!(Selector::parse("a in 1").is_err());
+    }
+
+    #[test]
+    fn field_selectors() {
+        let o = json!({"metadata": {"name": "e1"}, "involvedObject": {"kind": "Server", "name": "s1"}, "count": 3});
+        assert!(
+            FieldSelector::parse("involvedObject.kind=Server,involvedObject.name==s1")
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(!FieldSelector::parse("involvedObject.name!=s1")
+            .unwrap()
+            .matches(&o));
+        assert!(FieldSelector::parse("metadata.namespace=")
+            .unwrap()
+            .matches(&o));
+        assert!(FieldSelector::parse("count=3").unwrap().matches(&o));
+        assert!(!FieldSelector::parse("involvedObject=x")
+            .unwrap()
+            .matches(&o));
+        assert!(FieldSelector::parse("a..b=1").is_err());
+        assert!(FieldSelector::parse("noequals").is_err());
+        assert!(FieldSelector::parse(&"a=1,".repeat(17)).is_err());
     }
 
     #[test]

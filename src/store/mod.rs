@@ -17,6 +17,7 @@
 
 pub mod backend;
 pub mod etcd;
+pub mod events;
 pub mod kv;
 pub mod migrate;
 pub mod rotate;

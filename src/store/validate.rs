@@ -150,6 +150,9 @@ pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> 
     if rt.kind == "APIToken" && rt.group == "auth.bootplane.dev" {
         check_api_token(map, &mut causes);
     }
+    if rt.kind == "Event" && rt.group.is_empty() {
+        check_event(map, &mut causes);
+    }
     if let Some(schema) = &rt.schema {
         schema.apply_defaults(obj);
         schema.validate("", obj, old, &mut causes);
@@ -161,6 +164,70 @@ pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> 
         Ok(())
     } else {
         Err(err_invalid(rt, &name, causes))
+    }
+}
+
+/// A core/v1 `Event` (`store::events`): `involvedObject.kind` and `.name`, `reason`
+/// (at most 128 characters), `message` (at most 1 KiB), `type` Normal or Warning,
+/// `count` a positive integer, timestamps RFC 3339.
+fn check_event(map: &Map<String, Value>, causes: &mut Vec<FieldError>) {
+    use super::events::{MAX_MESSAGE, MAX_REASON};
+    let s = |k: &str| map.get(k).and_then(Value::as_str);
+    for k in ["kind", "name"] {
+        if map
+            .get("involvedObject")
+            .and_then(|o| o.get(k))
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            causes.push(field(
+                &format!("involvedObject.{k}"),
+                Reason::Required,
+                "Required value",
+            ));
+        }
+    }
+    if s("reason").is_some_and(|r| r.len() > MAX_REASON) {
+        causes.push(field(
+            "reason",
+            Reason::Invalid,
+            format!("must be at most {MAX_REASON} characters"),
+        ));
+    }
+    if s("message").is_some_and(|m| m.len() > MAX_MESSAGE) {
+        causes.push(field(
+            "message",
+            Reason::Invalid,
+            format!("must be at most {MAX_MESSAGE} bytes"),
+        ));
+    }
+    if let Some(t) = map.get("type") {
+        if !matches!(t.as_str(), Some("Normal" | "Warning")) {
+            causes.push(field(
+                "type",
+                Reason::NotSupported,
+                "supported values: \"Normal\", \"Warning\"",
+            ));
+        }
+    }
+    if let Some(c) = map.get("count") {
+        if !c.as_u64().is_some_and(|c| c >= 1) {
+            causes.push(field(
+                "count",
+                Reason::Invalid,
+                "must be a positive integer",
+            ));
+        }
+    }
+    for k in ["firstTimestamp", "lastTimestamp", "eventTime"] {
+        if let Some(t) = map.get(k).filter(|t| !t.is_null()) {
+            if !t
+                .as_str()
+                .is_some_and(|t| chrono::DateTime::parse_from_rfc3339(t).is_ok())
+            {
+                causes.push(field(k, Reason::Invalid, "must be an RFC 3339 time"));
+            }
+        }
     }
 }
 

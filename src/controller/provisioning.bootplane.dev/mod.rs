@@ -117,6 +117,8 @@ pub struct Provisioning {
     t_spec: Arc<ResourceType>,
     t_server: Arc<ResourceType>,
     t_action: Arc<ResourceType>,
+    /// Stage changes (`status.state`, conditions) of every object written here.
+    events: crate::store::events::Recorder,
 }
 
 /// `{"name": …}`: a reference to an object in the same namespace.
@@ -240,6 +242,7 @@ impl Provisioning {
         backend: Arc<dyn ExportBackend>,
         runner: Arc<dyn JobRunner>,
         settings: Settings,
+        events: crate::store::events::Recorder,
     ) -> Arc<Provisioning> {
         let reg = store.registry();
         let t = |k: &str| {
@@ -247,6 +250,7 @@ impl Provisioning {
                 .unwrap_or_else(|| panic!("{k} type is registered"))
         };
         Arc::new(Provisioning {
+            events,
             backend,
             runner,
             settings,
@@ -391,8 +395,9 @@ impl Provisioning {
             return Ok(());
         }
         let mut n = o.clone();
-        n["status"] = status;
+        n["status"] = status.clone();
         self.store.update(rt, n, Part::Status).await?;
+        self.events.status_change(rt, o, o.get("status"), &status);
         Ok(())
     }
 
