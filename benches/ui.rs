@@ -78,7 +78,8 @@ fn register(b: &Bootplane, n: usize) {
                     agent
                         .post(&format!("{api}{SERVERS}"))
                         .set("Authorization", &format!("Bearer {token}"))
-                        .send_json(body)
+                        .set("Content-Type", "application/json")
+                        .send_string(&body.to_string())
                         .unwrap_or_else(|e| panic!("registering {}: {e}", name(i)));
                 }
             });
@@ -92,7 +93,7 @@ fn set_state(agent: &ureq::Agent, api: &str, token: &str, server: &str, state: &
         .request("PATCH", &format!("{api}{SERVERS}/{server}/status"))
         .set("Authorization", &format!("Bearer {token}"))
         .set("Content-Type", "application/merge-patch+json")
-        .send_json(json!({"status": {"state": state}}));
+        .send_string(&json!({"status": {"state": state}}).to_string());
 }
 
 struct Round {
@@ -123,12 +124,12 @@ const s = window.bootplaneFleetStats; s.updates = []; s.next = 0;
 "#;
 
 fn round(br: &Browser, b: &Bootplane, n: usize, rate: u64, secs: u64) -> Round {
-    br.exec("location.reload()", json!([]));
+    br.exec("window.benchOldPage = true; location.reload()", json!([]));
     std::thread::sleep(Duration::from_millis(200));
     let rendered = br.wait(120, "fleet rendered", |br| {
         let v = br.exec(
             "const s = window.bootplaneFleetStats; const t = document.getElementById('fleet-total'); \
-             return s && s.rendered !== null && t && t.textContent === arguments[0] ? s.rendered : null",
+             return !window.benchOldPage && s && s.rendered !== null && t && t.textContent === arguments[0] ? s.rendered : null",
             json!([format!("{n} servers")]),
         );
         v.as_f64()

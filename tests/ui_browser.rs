@@ -172,19 +172,24 @@ fn dashboard_in_headless_chromium() {
                 fleet_row(br, n).contains("Available").then_some(())
             });
         }
-        assert!(text_of(&br, ".counts").contains("Available 4"), "{}", text_of(&br, ".counts"));
+        let n = b.get(SERVERS)["items"].as_array().unwrap().len();
+        br.wait(20, "the total", |br| {
+            (text_of(br, "#fleet-total") == format!("{n} servers")).then_some(())
+        });
+        assert!(text_of(&br, ".counts").contains("Available"), "{}", text_of(&br, ".counts"));
         // The label filter goes to the API (labelSelector) and narrows the rows.
         br.type_into(&br.find("#fleet-selector").unwrap(), "role=web");
         br.wait(20, "filtered to web", |br| {
             (text_of(br, "#fleet-total") == "2 servers").then_some(())
         });
+        assert!(fleet_row(&br, "boot-1").is_empty());
         br.exec(
             "const i = document.getElementById('fleet-selector'); i.value = ''; \
              i.dispatchEvent(new Event('input'))",
             json!([]),
         );
         br.wait(20, "unfiltered", |br| {
-            (text_of(br, "#fleet-total") == "4 servers").then_some(())
+            (text_of(br, "#fleet-total") == format!("{n} servers")).then_some(())
         });
 
         // A claim applied through the API shows up live: no reload of the page.
@@ -202,7 +207,7 @@ fn dashboard_in_headless_chromium() {
             let r = fleet_row(br, "boot-1");
             (r.contains("Reserved") && r.contains("default/c1")).then_some(())
         });
-        br.goto(&format!("{}/ui/#/claims", b.api)); // same document: a hash change
+        br.click(&br.find("nav a[href='#/claims']").unwrap());
         br.wait(30, "claim c1 Bound", |br| {
             text_of(br, "#claims").contains("Bound").then_some(())
         });
@@ -217,7 +222,7 @@ fn dashboard_in_headless_chromium() {
             (b.get(&format!("{}/c1", support::api::sbcs("default")))["status"]["state"] == "Ready")
                 .then_some(())
         });
-        br.goto(&format!("{}/ui/#/machine/boot-1", b.api));
+        br.exec("location.hash = '#/machine/boot-1'", json!([]));
         br.wait(20, "machine page", |br| {
             text_of(br, "#machine-state").contains("Reserved").then_some(())
         });
@@ -378,7 +383,7 @@ fn narrow_window_and_keyboard() {
         let focused = br.exec("return document.activeElement.dataset.name || ''", json!([]));
         assert_eq!(focused, json!("n-29"));
         let el = br.exec("return document.activeElement", json!([]));
-        let id = el["element-6066-11e4-a96f-4ec4ed0ef55b"].as_str().unwrap().to_string();
+        let id = el[support::webdriver::ELEMENT].as_str().unwrap().to_string();
         br.keys(&id, "\u{E007}");
         br.wait(20, "machine page by keyboard", |br| {
             (text_of(br, "#machine-name") == "n-29").then_some(())

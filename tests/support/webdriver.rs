@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 /// W3C's key for element references.
-const ELEMENT: &str = "element-6066-11e4-a96f-4ec4ed0ef55b";
+pub const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 pub struct Browser {
     driver: Child,
@@ -95,16 +95,25 @@ impl Browser {
     fn raw(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, WdError> {
         let url = format!("{}{path}", self.base);
         let r = match body {
-            Some(b) => self.agent.request(method, &url).send_json(b),
+            Some(b) => self
+                .agent
+                .request(method, &url)
+                .set("Content-Type", "application/json")
+                .send_string(&b.to_string()),
             None => self.agent.request(method, &url).call(),
         };
         match r {
             Ok(resp) => {
-                let v: Value = resp.into_json().map_err(|e| WdError(e.to_string()))?;
+                let text = resp.into_string().map_err(|e| WdError(e.to_string()))?;
+                let v: Value = serde_json::from_str(&text).map_err(|e| WdError(e.to_string()))?;
                 Ok(v["value"].clone())
             }
             Err(ureq::Error::Status(_, resp)) => {
-                let v: Value = resp.into_json().unwrap_or(Value::Null);
+                let v: Value = resp
+                    .into_string()
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or(Value::Null);
                 Err(WdError(format!(
                     "{}: {}",
                     v["value"]["error"].as_str().unwrap_or("?"),

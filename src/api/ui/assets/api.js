@@ -116,7 +116,8 @@ export function watchList(path, { onList, onEvent, onError, onLive }) {
         if (stopped || (e && e.name === 'AbortError')) return;
         if (onLive) onLive(false);
         if (onError) onError(e);
-        if (e instanceof ApiError && (e.status === 401 || e.status === 403 || e.status === 404)) return;
+        // Retrying cannot help: not signed in, not allowed, no such resource, a bad query.
+        if (e instanceof ApiError && [400, 401, 403, 404, 422].includes(e.status)) return;
         await sleep(backoff);
         backoff = Math.min(backoff * 2, 10000);
       }

@@ -60,9 +60,11 @@ function kv(pairs) {
 export function machinePage(view, [name], ctx) {
   const err = h('p', { class: 'error', role: 'alert' });
   const head = h('div');
+  // Built once, not on every update: a button being clicked or focused stays in place.
+  const actions = h('div');
   const timeline = h('section', { id: 'timeline', 'aria-label': 'Timeline' });
   const side = h('div', { class: 'cards' });
-  view.append(h('p', {}, h('a', { href: '#/fleet' }, '← Fleet')), h('h1', {}, 'Server ', h('span', { id: 'machine-name' }, name)), err, head, timeline, side);
+  view.append(h('p', {}, h('a', { href: '#/fleet' }, '← Fleet')), h('h1', {}, 'Server ', h('span', { id: 'machine-name' }, name)), err, head, actions, timeline, side);
   let server = null; let sbc = null; let claim = null; let events = null; let eventsMissing = false;
   let frame = 0;
   const draw = () => { frame = 0; render(); };
@@ -105,8 +107,8 @@ export function machinePage(view, [name], ctx) {
         ['Power', h('span', { id: 'machine-power' }, `${st.powerState || '?'} (wanted ${(server.spec || {}).power || '-'})`)],
         ['Boot stage', bootStage(server, sbc)], ['Age', ago(meta(server).creationTimestamp)],
         ['Labels', Object.entries(meta(server).labels || {}).map(([k, v]) => `${k}=${v}`).join(', ')],
-        ['Console', st.consoleURL ? h('a', { href: st.consoleURL, rel: 'noopener' }, 'console log') : '']]),
-      powerButtons(name) || '');
+        ['Console', st.consoleURL ? h('a', { href: st.consoleURL, rel: 'noopener' }, 'console log') : '']]));
+    if (!actions.hasChildNodes()) actions.append(powerButtons(name) || h('span'));
     // Timeline: conditions (server, boot configuration, claim) and events, by time.
     const items = [];
     const fromConds = (o, what) => ((o && o.status && o.status.conditions) || []).forEach((c) => items.push({
