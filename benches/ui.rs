@@ -2,7 +2,7 @@
 //! (chromedriver, tests/support/webdriver.rs): N servers (10,000) registered, then per
 //! round the Fleet page is loaded (a reload; the token stays in sessionStorage) and
 //! timed until all N are in its model and the rows in view are in the DOM, and then
-//! M servers per second (1,000) change `status.state` (Available ↔ Parked) for a few
+//! M servers per second (1,000) change `status.state` (Available ↔ Maintenance) for a few
 //! seconds while the page stays live through the watch API.
 //!
 //! ```sh
@@ -48,7 +48,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.sort_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
@@ -89,11 +89,21 @@ fn register(b: &Bootplane, n: usize) {
 }
 
 fn set_state(agent: &ureq::Agent, api: &str, token: &str, server: &str, state: &str) {
-    let _ = agent
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if let Err(e) = agent
         .request("PATCH", &format!("{api}{SERVERS}/{server}/status"))
         .set("Authorization", &format!("Bearer {token}"))
         .set("Content-Type", "application/merge-patch+json")
-        .send_string(&json!({"status": {"state": state}}).to_string());
+        .send_string(&json!({"status": {"state": state}}).to_string())
+    {
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            let msg = match e {
+                ureq::Error::Status(c, r) => format!("{c} {}", r.into_string().unwrap_or_default()),
+                e => e.to_string(),
+            };
+            eprintln!("warning: setting {server} {state}: {msg}");
+        }
+    }
 }
 
 struct Round {
@@ -165,7 +175,7 @@ fn round(br: &Browser, b: &Bootplane, n: usize, rate: u64, secs: u64) -> Round {
                         std::thread::sleep(d);
                     }
                     let i = 1 + ((j * threads + k) as usize * 7919) % (n - 1);
-                    let st = if (j / (n as u64 / threads).max(1)) % 2 == 0 { "Parked" } else { "Available" };
+                    let st = if (j / (n as u64 / threads).max(1)) % 2 == 0 { "Maintenance" } else { "Available" };
                     set_state(&agent, &api, &token, &name(i), st);
                     sent.fetch_add(1, Ordering::Relaxed);
                     j += 1;
@@ -175,7 +185,7 @@ fn round(br: &Browser, b: &Bootplane, n: usize, rate: u64, secs: u64) -> Round {
         let start = Instant::now();
         let mut k = 0u64;
         while start.elapsed() < Duration::from_secs(secs) {
-            let st = if k % 2 == 0 { "Parked" } else { "Available" };
+            let st = if k % 2 == 0 { "Maintenance" } else { "Available" };
             probe_writes.push((st.to_string(), epoch_ms()));
             set_state(&b.agent, &b.api, &b.token, &probe, st);
             k += 1;
