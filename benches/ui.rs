@@ -85,7 +85,10 @@ fn register(b: &Bootplane, n: usize) {
             });
         }
     });
-    eprintln!("registered {n} servers in {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "registered {n} servers in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 fn set_state(agent: &ureq::Agent, api: &str, token: &str, server: &str, state: &str) {
@@ -175,7 +178,11 @@ fn round(br: &Browser, b: &Bootplane, n: usize, rate: u64, secs: u64) -> Round {
                         std::thread::sleep(d);
                     }
                     let i = 1 + ((j * threads + k) as usize * 7919) % (n - 1);
-                    let st = if (j / (n as u64 / threads).max(1)) % 2 == 0 { "Maintenance" } else { "Available" };
+                    let st = if (j / (n as u64 / threads).max(1)).is_multiple_of(2) {
+                        "Maintenance"
+                    } else {
+                        "Available"
+                    };
                     set_state(&agent, &api, &token, &name(i), st);
                     sent.fetch_add(1, Ordering::Relaxed);
                     j += 1;
@@ -185,7 +192,11 @@ fn round(br: &Browser, b: &Bootplane, n: usize, rate: u64, secs: u64) -> Round {
         let start = Instant::now();
         let mut k = 0u64;
         while start.elapsed() < Duration::from_secs(secs) {
-            let st = if k % 2 == 0 { "Maintenance" } else { "Available" };
+            let st = if k.is_multiple_of(2) {
+                "Maintenance"
+            } else {
+                "Available"
+            };
             probe_writes.push((st.to_string(), epoch_ms()));
             set_state(&b.agent, &b.api, &b.token, &probe, st);
             k += 1;
@@ -207,20 +218,32 @@ fn round(br: &Browser, b: &Bootplane, n: usize, rate: u64, secs: u64) -> Round {
         .as_array()
         .map(|a| {
             a.iter()
-                .map(|p| (p[0].as_str().unwrap_or("").to_string(), p[1].as_f64().unwrap_or(0.0)))
+                .map(|p| {
+                    (
+                        p[0].as_str().unwrap_or("").to_string(),
+                        p[1].as_f64().unwrap_or(0.0),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();
     let mut e2e = Vec::new();
     let mut from = 0;
     for (st, t) in &probe_writes {
-        if let Some(i) = seen[from..].iter().position(|(s, ts)| s == st && *ts >= *t - 5.0) {
+        if let Some(i) = seen[from..]
+            .iter()
+            .position(|(s, ts)| s == st && *ts >= *t - 5.0)
+        {
             e2e.push(seen[from + i].1 - t);
             from += i + 1;
         }
     }
     if e2e.len() < probe_writes.len() * 9 / 10 {
-        eprintln!("warning: only {} of {} probe writes seen", e2e.len(), probe_writes.len());
+        eprintln!(
+            "warning: only {} of {} probe writes seen",
+            e2e.len(),
+            probe_writes.len()
+        );
     }
     // Back to all Available for the next round.
     for i in 0..n {
@@ -251,20 +274,39 @@ fn main() {
     br.type_into(&input, &b.token);
     br.click(&br.find("#signin-submit").unwrap());
     br.wait(120, "first render", |br| {
-        br.exec("return window.bootplaneFleetStats && window.bootplaneFleetStats.rendered", json!([]))
-            .as_f64()
+        br.exec(
+            "return window.bootplaneFleetStats && window.bootplaneFleetStats.rendered",
+            json!([]),
+        )
+        .as_f64()
     });
     println!("ui bench: {n} servers, {rate} state changes/s for {secs} s, {rounds} rounds (headless chromium)");
     println!(
         "{:>5} {:>12} {:>14} {:>10} {:>10} {:>10} {:>10} {:>9} {:>6}",
-        "round", "load→DOM ms", "list→DOM ms", "upd p50", "upd p99", "e2e p50", "e2e p99", "writes/s", "long"
+        "round",
+        "load→DOM ms",
+        "list→DOM ms",
+        "upd p50",
+        "upd p99",
+        "e2e p50",
+        "e2e p99",
+        "writes/s",
+        "long"
     );
     let mut all = Vec::new();
     for r in 0..rounds {
         let x = round(&br, &b, n, rate, secs);
         println!(
             "{:>5} {:>12.0} {:>14.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>9.0} {:>6}",
-            r + 1, x.load_ms, x.list_to_render_ms, x.upd_p50, x.upd_p99, x.e2e_p50, x.e2e_p99, x.rate, x.long_tasks
+            r + 1,
+            x.load_ms,
+            x.list_to_render_ms,
+            x.upd_p50,
+            x.upd_p99,
+            x.e2e_p50,
+            x.e2e_p99,
+            x.rate,
+            x.long_tasks
         );
         all.push(x);
     }

@@ -41,19 +41,25 @@ fn with_screenshot(br: &Browser, name: &str, f: impl FnOnce()) {
 fn sign_in(br: &Browser, b: &Bootplane, token: &str) {
     br.goto(&format!("{}/ui/", b.api));
     let input = br.wait(20, "sign-in form", |br| {
-        br.exec("return !document.getElementById('signin').hidden", json!([]))
-            .as_bool()
-            .unwrap_or(false)
-            .then(|| br.find("#token"))
-            .flatten()
+        br.exec(
+            "return !document.getElementById('signin').hidden",
+            json!([]),
+        )
+        .as_bool()
+        .unwrap_or(false)
+        .then(|| br.find("#token"))
+        .flatten()
     });
     br.type_into(&input, token);
     br.click(&br.find("#signin-submit").unwrap());
     br.wait(20, "signed in", |br| {
-        br.exec("return document.getElementById('nav').hidden === false", json!([]))
-            .as_bool()
-            .unwrap_or(false)
-            .then_some(())
+        br.exec(
+            "return document.getElementById('nav').hidden === false",
+            json!([]),
+        )
+        .as_bool()
+        .unwrap_or(false)
+        .then_some(())
     });
 }
 
@@ -104,7 +110,10 @@ fn dashboard_in_headless_chromium() {
     let r = b.agent.get(&format!("{}/ui/", b.api)).call().unwrap();
     assert_eq!(r.content_type(), "text/html");
     let csp = r.header("content-security-policy").unwrap().to_string();
-    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
     assert_eq!(r.header("cache-control"), Some("no-cache"));
     let etag = r.header("etag").unwrap().to_string();
     let r = b
@@ -129,13 +138,25 @@ fn dashboard_in_headless_chromium() {
             "css" => assert_eq!(ct, "text/css", "{name}"),
             "html" => {
                 assert_eq!(ct, "text/html");
-                assert!(!text.contains("<script>") && !text.contains("<style"), "inline in {name}");
-                assert!(!text.contains(" style=") && !text.contains(" onclick="), "inline in {name}");
+                assert!(
+                    !text.contains("<script>") && !text.contains("<style"),
+                    "inline in {name}"
+                );
+                assert!(
+                    !text.contains(" style=") && !text.contains(" onclick="),
+                    "inline in {name}"
+                );
             }
             _ => {}
         }
-        assert!(!text.contains("https://"), "{name} loads from another origin");
-        assert!(!text.contains("innerHTML") && !text.contains("eval("), "{name}");
+        assert!(
+            !text.contains("https://"),
+            "{name} loads from another origin"
+        );
+        assert!(
+            !text.contains("innerHTML") && !text.contains("eval("),
+            "{name}"
+        );
     }
     match b.agent.get(&format!("{}/ui/nope.js", b.api)).call() {
         Err(ureq::Error::Status(404, _)) => {}
@@ -176,7 +197,11 @@ fn dashboard_in_headless_chromium() {
         br.wait(20, "the total", |br| {
             (text_of(br, "#fleet-total") == format!("{n} servers")).then_some(())
         });
-        assert!(text_of(&br, ".counts").contains("Available"), "{}", text_of(&br, ".counts"));
+        assert!(
+            text_of(&br, ".counts").contains("Available"),
+            "{}",
+            text_of(&br, ".counts")
+        );
         // The label filter goes to the API (labelSelector) and narrows the rows.
         br.type_into(&br.find("#fleet-selector").unwrap(), "role=web");
         br.wait(20, "filtered to web", |br| {
@@ -197,7 +222,8 @@ fn dashboard_in_headless_chromium() {
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "boot-1-ign"},
             "stringData": {"ignition": r#"{"ignition":{"version":"3.4.0"}}"#}});
         assert_eq!(
-            b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret)).0,
+            b.call("POST", "/api/v1/namespaces/default/secrets", Some(&secret))
+                .0,
             201
         );
         let mut c = claim("c1", None, Some("boot-1"));
@@ -224,7 +250,9 @@ fn dashboard_in_headless_chromium() {
         });
         br.exec("location.hash = '#/machine/boot-1'", json!([]));
         br.wait(20, "machine page", |br| {
-            text_of(br, "#machine-state").contains("Reserved").then_some(())
+            text_of(br, "#machine-state")
+                .contains("Reserved")
+                .then_some(())
         });
         let base = format!("http://127.0.0.1:{}", b.http_port);
         let (code, script) = curl_get("127.0.0.7", &format!("{base}/ipxe/script?server=boot-1"));
@@ -278,7 +306,9 @@ fn dashboard_in_headless_chromium() {
             (fake.state(0).resets.len() > before).then_some(())
         });
         br.wait(30, "power shown On", |br| {
-            text_of(br, "#machine-power").starts_with("On").then_some(())
+            text_of(br, "#machine-power")
+                .starts_with("On")
+                .then_some(())
         });
     });
 
@@ -301,7 +331,11 @@ fn dashboard_in_headless_chromium() {
         );
         assert_eq!(me["user"], "ui-viewer", "{me}");
         assert_eq!(me["resources"]["secrets"], json!([]), "{me}");
-        assert_eq!(me["resources"]["servers"], json!(["get", "list", "watch"]), "{me}");
+        assert_eq!(
+            me["resources"]["servers"],
+            json!(["get", "list", "watch"]),
+            "{me}"
+        );
         br.wait(20, "viewer sees the fleet", |br| {
             fleet_row(br, "rack-bmc").contains("rack-bmc").then_some(())
         });
@@ -309,15 +343,23 @@ fn dashboard_in_headless_chromium() {
         br.wait(20, "machine page", |br| {
             (!text_of(br, "#machine-state").is_empty()).then_some(())
         });
-        assert!(br.find("#power-cycle").is_none(), "a viewer sees power buttons");
+        assert!(
+            br.find("#power-cycle").is_none(),
+            "a viewer sees power buttons"
+        );
         assert!(br.find("#power-on").is_none());
         br.goto(&format!("{}/ui/#/machine/boot-1", b.api));
         br.wait(20, "boot-1 claim card", |br| {
             text_of(br, "#main").contains("default/c1").then_some(())
         });
-        assert!(!br.body_text().contains("Delete claim"), "a viewer sees Delete");
+        assert!(
+            !br.body_text().contains("Delete claim"),
+            "a viewer sees Delete"
+        );
         br.goto(&format!("{}/ui/#/claims", b.api));
-        br.wait(20, "claims", |br| text_of(br, "#claims").contains("c1").then_some(()));
+        br.wait(20, "claims", |br| {
+            text_of(br, "#claims").contains("c1").then_some(())
+        });
         assert!(!br.body_text().contains("Delete claim"));
         // Called anyway, from the page's own origin with the viewer's token: 403.
         let code = br.exec_async(
@@ -342,7 +384,10 @@ fn dashboard_in_headless_chromium() {
     // And straight from a client, outside the browser.
     match b
         .agent
-        .request("DELETE", &format!("{}/c1", b.api.clone() + &claims("default")))
+        .request(
+            "DELETE",
+            &format!("{}/c1", b.api.clone() + &claims("default")),
+        )
         .set("Authorization", &format!("Bearer {viewer}"))
         .call()
     {
@@ -363,7 +408,9 @@ fn narrow_window_and_keyboard() {
     let br = Browser::start(400, 700);
     with_screenshot(&br, "narrow", || {
         sign_in(&br, &b, &b.token);
-        br.wait(20, "rows", |br| fleet_row(br, "n-00").contains("n-00").then_some(()));
+        br.wait(20, "rows", |br| {
+            fleet_row(br, "n-00").contains("n-00").then_some(())
+        });
         // No horizontal scrolling of the page at 400 px.
         let wide = br.exec(
             "return document.documentElement.scrollWidth > window.innerWidth + 1",
@@ -380,10 +427,16 @@ fn narrow_window_and_keyboard() {
         let grid = br.find("#fleet-rows").unwrap();
         br.exec("document.getElementById('fleet-rows').focus()", json!([]));
         br.keys(&grid, &"\u{E015}".repeat(30));
-        let focused = br.exec("return document.activeElement.dataset.name || ''", json!([]));
+        let focused = br.exec(
+            "return document.activeElement.dataset.name || ''",
+            json!([]),
+        );
         assert_eq!(focused, json!("n-29"));
         let el = br.exec("return document.activeElement", json!([]));
-        let id = el[support::webdriver::ELEMENT].as_str().unwrap().to_string();
+        let id = el[support::webdriver::ELEMENT]
+            .as_str()
+            .unwrap()
+            .to_string();
         br.keys(&id, "\u{E007}");
         br.wait(20, "machine page by keyboard", |br| {
             (text_of(br, "#machine-name") == "n-29").then_some(())

@@ -32,13 +32,7 @@ impl Browser {
     /// Start chromedriver on a free port and a headless Chromium session with a
     /// `width`×`height` window.
     pub fn start(width: u32, height: u32) -> Browser {
-        for t in ["chromium", "chromedriver"] {
-            assert!(
-                Path::new(&format!("/usr/bin/{t}")).exists(),
-                "/usr/bin/{t} missing: apt-get install {} (scripts/test-packages.txt)",
-                if t == "chromium" { "chromium" } else { "chromium-driver" }
-            );
-        }
+        super::require::require_tools(&["chromium", "chromedriver"]);
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()

@@ -108,7 +108,10 @@ fn etags() -> &'static Vec<String> {
 pub fn router() -> Router {
     Router::new()
         .route("/ui", get(|| async { Redirect::permanent(PREFIX) }))
-        .route("/ui/", get(|h: HeaderMap| async move { serve("index.html", &h) }))
+        .route(
+            "/ui/",
+            get(|h: HeaderMap| async move { serve("index.html", &h) }),
+        )
         .route(
             "/ui/{file}",
             get(|Path(f): Path<String>, h: HeaderMap| async move { serve(&f, &h) }),
@@ -117,9 +120,18 @@ pub fn router() -> Router {
 
 fn security_headers(resp: &mut Response) {
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
 }
 
@@ -164,7 +176,11 @@ fn resources(st: &ApiState) -> Vec<(String, String, Option<String>)> {
         .flat_map(|t| {
             [
                 (t.group.clone(), t.plural.clone(), None),
-                (t.group.clone(), t.plural.clone(), Some("status".to_string())),
+                (
+                    t.group.clone(),
+                    t.plural.clone(),
+                    Some("status".to_string()),
+                ),
             ]
         })
         .collect();
@@ -178,7 +194,10 @@ fn resources(st: &ApiState) -> Vec<(String, String, Option<String>)> {
 /// "servers/status": [...], ...}}` with the verbs the caller's roles allow on each
 /// resource (any namespace, any name). The page shows action buttons only for what is
 /// allowed; the API decides again on every call.
-pub async fn whoami(State(st): State<Arc<ApiState>>, Extension(id): Extension<Identity>) -> Response {
+pub async fn whoami(
+    State(st): State<Arc<ApiState>>,
+    Extension(id): Extension<Identity>,
+) -> Response {
     let mut res = Map::new();
     for (group, plural, sub) in resources(&st) {
         let verbs: Vec<Value> = VERBS

@@ -110,7 +110,9 @@ export function watchList(path, { onList, onEvent, onError, onLive }) {
             }
             if (relist) { try { await reader.cancel(); } catch (_) { /* closed */ } break; }
           }
-          // The stream ended (server restart, shutdown): watch again from rv.
+          // The stream ended (server restart, shutdown): watch again from rv, after a
+          // pause so a server that keeps closing at once is not hammered.
+          if (!relist && !stopped) await sleep(250);
         }
       } catch (e) {
         if (stopped || (e && e.name === 'AbortError')) return;
