@@ -582,7 +582,8 @@ pub async fn middleware(State(st): State<Arc<ApiState>>, mut req: Request, next:
             let r = ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", e.to_string());
             (r.into_response(), None)
         }
-        Ok(id) if !st.roles.allows(&id, &attrs) => {
+        // Every authenticated caller may ask what it may do (the dashboard's whoami).
+        Ok(id) if !st.roles.allows(&id, &attrs) && req.uri().path() != super::ui::WHOAMI_PATH => {
             tracing::info!(user = %id.user, verb = %attrs.verb, resource = %attrs.resource_path(), "api request forbidden");
             (attrs.forbidden(&id.user).into_response(), Some(id))
         }

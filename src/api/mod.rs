@@ -7,5 +7,6 @@ pub mod preview;
 pub mod rest;
 pub mod settings;
 pub mod tls;
+pub mod ui;
 
 pub use settings::ApiConfig;

@@ -14,7 +14,8 @@
 //! small JSON ones are decoded on a blocking thread. Responses are
 //! JSON unless `Accept` asks for YAML; JSON GET, list and watch bodies are written
 //! around the objects' stored text, without parsing it. Every failure is a `Status` object with the
-//! HTTP code kube would use. Every route but `/healthz` and `/readyz` passes
+//! HTTP code kube would use. Every route but `/healthz`, `/readyz` and the dashboard's
+//! static files (`/ui/`, [`super::ui`]) passes
 //! [`super::auth::middleware`] (authentication, authorization, audit).
 
 use std::sync::Arc;
@@ -191,6 +192,7 @@ type ApiResult<T> = Result<T, ApiError>;
 pub fn router(state: Arc<ApiState>, extra: Option<Router>) -> Router {
     let mut authed: Router = Router::new()
         .route("/api/{*rest}", any(dispatch))
+        .route(super::ui::WHOAMI_PATH, get(super::ui::whoami))
         .route("/apis", get(discovery))
         .route("/metrics", get(metrics))
         .with_state(state.clone());
@@ -207,6 +209,8 @@ pub fn router(state: Arc<ApiState>, extra: Option<Router>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz).with_state(state.clone()))
+        // The dashboard's static files (no data, no authentication; see api::ui).
+        .merge(super::ui::router())
         .merge(authed)
 }
 

@@ -18,6 +18,8 @@
 //! - [`etcd`]: a real etcd cluster on loopback (members killed and restarted on their
 //!   data dirs, all killed on drop) for the store on etcd, also inside a namespace;
 //! - [`etcd_solo`]: a single-member etcd inside a network namespace (the DHCP cluster lab);
+//! - [`webdriver`]: Debian's headless `chromium` driven through `chromedriver` (W3C
+//!   WebDriver over HTTP), for the dashboard tests and bench;
 //! - [`qemu`]: the QEMU firmware lab of the end-to-end tests (a namespace with a bridge,
 //!   bootplane's `qemu` power driver, the scenario runner, a Debian kernel and an
 //!   initramfs running `ignition`).
@@ -47,5 +49,6 @@ pub mod qemu;
 pub mod require;
 pub mod sushy;
 pub mod tftp;
+pub mod webdriver;
 
 pub use self::bootplane::api_agent;

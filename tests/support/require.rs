@@ -11,6 +11,8 @@ pub fn package_of(tool: &str) -> Option<&'static str> {
     Some(match tool {
         "ip" | "tc" => "iproute2",
         "curl" => "curl",
+        "chromium" => "chromium",
+        "chromedriver" => "chromium-driver",
         "wget" => "wget",
         "busybox" => "busybox",
         "dhclient" => "isc-dhcp-client",
