@@ -269,6 +269,14 @@ fn dashboard_in_headless_chromium() {
             (t.contains("IPXEScriptFetched") && t.contains("IgnitionDataFetched")).then_some(t)
         });
         assert!(tl.contains("Server registered"), "{tl}");
+        // The boot side's Events arrive through the watch (no reload).
+        let tl = br.wait(30, "timeline shows the boot side's events", |br| {
+            let t = text_of(br, "#timeline");
+            (t.contains("ScriptServed: iPXE script fetched by 127.0.0.7")
+                && t.contains("IgnitionServed"))
+            .then_some(t)
+        });
+        assert!(!tl.contains("Events are not available"), "{tl}");
         assert!(
             !br.body_text().contains("3.4.0"),
             "the page shows the Ignition secret's data"
@@ -308,6 +316,12 @@ fn dashboard_in_headless_chromium() {
         br.wait(30, "power shown On", |br| {
             text_of(br, "#machine-power")
                 .starts_with("On")
+                .then_some(())
+        });
+        // The reset is an Event on the machine's timeline.
+        br.wait(30, "timeline shows the reset", |br| {
+            text_of(br, "#timeline")
+                .contains("PowerReady=False: redfish: asking the BMC to restart the server")
                 .then_some(())
         });
     });

@@ -239,8 +239,8 @@ impl Recorder {
         }
     }
 
-    /// Events for what changed between two statuses of one object: `status.state` or
-    /// `status.phase` moving, and each condition that is new or changed its status or
+    /// Events for what changed between two statuses of one object: `status.state`
+    /// moving, and each condition that is new or changed its status or
     /// reason. A False condition is a Warning unless its reason says it is waiting.
     pub fn status_change(&self, rt: &ResourceType, obj: &Value, old: Option<&Value>, new: &Value) {
         for (ty, reason, message) in transitions(old, new) {
@@ -252,15 +252,13 @@ impl Recorder {
 /// What [`Recorder::status_change`] records, as (type, reason, message).
 pub fn transitions(old: Option<&Value>, new: &Value) -> Vec<(EventType, String, String)> {
     let mut out = Vec::new();
-    for field in ["state", "phase"] {
+    // A claim's `phase` is not here: its `Bound` condition says the same, with why.
+    for field in ["state"] {
         let before = old.and_then(|o| o.get(field)).and_then(Value::as_str);
         let after = new.get(field).and_then(Value::as_str);
         if let Some(a) = after {
             if before != Some(a) {
-                let reason = match field {
-                    "state" => "StateChanged",
-                    _ => "PhaseChanged",
-                };
+                let reason = "StateChanged";
                 let msg = match before {
                     Some(b) if !b.is_empty() => format!("{field} {b} -> {a}"),
                     _ => format!("{field} {a}"),

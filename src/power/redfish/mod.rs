@@ -132,6 +132,8 @@ impl Op {
 /// See the module doc.
 pub struct Redfish {
     me: Weak<Redfish>,
+    /// Power and boot-override changes written here, as Events on the Server.
+    events: crate::store::events::Recorder,
     store: Store,
     pool: redfish::Pool,
     cfg: RedfishConfig,
@@ -167,6 +169,7 @@ impl Redfish {
             .map_err(|_| anyhow::anyhow!("the redfish driver needs a tokio runtime"))?;
         Ok(Arc::new_cyclic(|me| Redfish {
             me: me.clone(),
+            events: crate::store::events::Recorder::spawn(store.clone(), "bootplane-redfish"),
             store,
             pool,
             cfg,
@@ -672,8 +675,16 @@ impl Redfish {
             if Some(&st) == cur.get("status") {
                 return;
             }
-            match self.store.update_status(&self.t_server, &cur, st).await {
-                Ok(_) => return,
+            match self
+                .store
+                .update_status(&self.t_server, &cur, st.clone())
+                .await
+            {
+                Ok(_) => {
+                    self.events
+                        .status_change(&self.t_server, &cur, cur.get("status"), &st);
+                    return;
+                }
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => {
                     tracing::warn!(server = %name, "writing power status: {e}");
