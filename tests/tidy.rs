@@ -52,6 +52,10 @@ fn exported_names() -> Vec<String> {
     let key = bootplane::store::rotate::KeyLabel { key: "key1".into() };
     sealed.by_key.get_or_create(&key).set(1);
     sealed.register(&mut reg);
+    bootplane::store::metrics::global().register(&mut reg);
+    bootplane::controller::runtime::metrics::global().register(&mut reg);
+    bootplane::provision::metrics::global().register(&mut reg);
+    bootplane::power::metrics::Metrics::default().register(&mut reg);
     let mut s = String::new();
     prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
     let mut names = Vec::new();

@@ -282,10 +282,14 @@ impl KvBackend for Backend {
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
-        match self {
+        let started = std::time::Instant::now();
+        let r = match self {
             Backend::Embedded(k) => k.txn(ops).await,
             Backend::Etcd(e) => e.txn(ops).await,
-        }
+        };
+        let rev = r.as_ref().map(|t| t.rev as i64);
+        super::metrics::global().observe(rev, started.elapsed());
+        r
     }
 
     #[inline]

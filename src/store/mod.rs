@@ -18,6 +18,7 @@
 pub mod backend;
 pub mod etcd;
 pub mod kv;
+pub mod metrics;
 pub mod migrate;
 pub mod rotate;
 pub mod seal;

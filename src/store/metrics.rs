@@ -1,0 +1,80 @@
+//! The store's metrics, process-wide (one store per appliance; counted where every
+//! write passes, [`super::Backend`]'s transaction): `bootplane_store_txns_total{result}`,
+//! `bootplane_store_txn_duration_seconds` and `bootplane_store_revision`.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::backend::KvError;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `ok`, `conflict` (a compare failed: exists, not found, modified), `error`.
+    pub result: &'static str,
+}
+
+pub struct Metrics {
+    pub txns: Family<ResultLabel, Counter>,
+    pub txn_seconds: Histogram,
+    /// The revision of the last write made here.
+    pub revision: Gauge,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
+    txns: Family::default(),
+    // 20 µs .. ~10 s
+    txn_seconds: Histogram::new(exponential_buckets(0.000_02, 2.0, 20)),
+    revision: Gauge::default(),
+});
+
+/// The process's store metrics.
+pub fn global() -> &'static Metrics {
+    &METRICS
+}
+
+impl Metrics {
+    /// One transaction ended after `took`; `rev` is the revision it wrote, if any.
+    pub fn observe(&self, r: Result<i64, &KvError>, took: Duration) {
+        let result = match r {
+            Ok(rev) => {
+                self.revision.set(rev);
+                "ok"
+            }
+            Err(
+                KvError::AlreadyExists { .. }
+                | KvError::NotFound { .. }
+                | KvError::Conflict { .. },
+            ) => "conflict",
+            Err(_) => "error",
+        };
+        self.txns.get_or_create(&ResultLabel { result }).inc();
+        self.txn_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Add them to `reg` under `bootplane_store_`.
+    pub fn register(&self, reg: &mut Registry) {
+        let r = reg.sub_registry_with_prefix("bootplane_store");
+        r.register(
+            "txns",
+            "Store write transactions by result (ok, conflict, error)",
+            self.txns.clone(),
+        );
+        r.register(
+            "txn_duration_seconds",
+            "Time a store write transaction took to commit",
+            self.txn_seconds.clone(),
+        );
+        r.register(
+            "revision",
+            "Revision of the last store write made by this appliance",
+            self.revision.clone(),
+        );
+    }
+}
