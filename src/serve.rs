@@ -64,7 +64,7 @@ pub struct Reload {
 /// boot listener is on every address and none is configured), or a warning that they
 /// are told a loopback URL.
 fn with_reachable_url(mut config: Config) -> Config {
-    let dhcp_addr = match (&config.dhcp.enabled, &config.dhcp.interface) {
+    let dhcp_addr = match (config.dhcp.enabled, &config.dhcp.interface) {
         (true, Some(ifname)) => config
             .dhcp
             .server_ip
@@ -601,13 +601,16 @@ impl Services {
         mut config: Config,
         reload: Reload,
     ) -> Result<()> {
+        use crate::shutdown::Caught;
         let failed = loop {
-            tokio::select! {
-                caught = signals.recv() => match caught {
-                    crate::shutdown::Caught::Stop => break None,
-                    crate::shutdown::Caught::Reload => self.reload(&mut config, &reload).await,
-                },
-                Some(res) = self.tasks.join_next() => break Some(res),
+            let caught = tokio::select! {
+                c = signals.recv() => Ok(c),
+                Some(res) = self.tasks.join_next() => Err(res),
+            };
+            match caught {
+                Ok(Caught::Stop) => break None,
+                Ok(Caught::Reload) => self.reload(&mut config, &reload).await,
+                Err(res) => break Some(res),
             }
         };
         if !self.coord.drain(Duration::from_secs(10)).await {

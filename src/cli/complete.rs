@@ -45,9 +45,15 @@ pub fn with_resource_values(mut cmd: clap::Command) -> clap::Command {
         .collect();
     for sub in subs {
         let names = names.clone();
+        // `mut_args` keeps the arguments' order (`mut_arg` would move `kind` after
+        // `name`, making a required positional follow an optional one).
         cmd = cmd.mut_subcommand(sub, move |s| {
-            s.mut_arg("kind", move |a| {
-                a.value_parser(PossibleValuesParser::new(names.clone()))
+            s.mut_args(move |a| {
+                if a.get_id() == "kind" {
+                    a.value_parser(PossibleValuesParser::new(names.clone()))
+                } else {
+                    a
+                }
             })
         });
     }

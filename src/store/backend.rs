@@ -287,8 +287,7 @@ impl KvBackend for Backend {
             Backend::Embedded(k) => k.txn(ops).await,
             Backend::Etcd(e) => e.txn(ops).await,
         };
-        let rev = r.as_ref().map(|t| t.rev as i64);
-        super::metrics::global().observe(rev, started.elapsed());
+        super::metrics::global().observe(r.as_ref(), started.elapsed());
         r
     }
 

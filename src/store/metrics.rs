@@ -1,6 +1,7 @@
 //! The store's metrics, process-wide (one store per appliance; counted where every
-//! write passes, [`super::Backend`]'s transaction): `bootplane_store_txns_total{result}`,
-//! `bootplane_store_txn_duration_seconds` and `bootplane_store_revision`.
+//! write passes, [`super::Backend`]'s transaction): `bootplane_store_txns_total{result}`
+//! and `bootplane_store_txn_duration_seconds` (`bootplane_store_revision` is written by
+//! the API's `/metrics` handler itself).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -8,7 +9,6 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -23,15 +23,12 @@ pub struct ResultLabel {
 pub struct Metrics {
     pub txns: Family<ResultLabel, Counter>,
     pub txn_seconds: Histogram,
-    /// The revision of the last write made here.
-    pub revision: Gauge,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     txns: Family::default(),
     // 20 µs .. ~10 s
     txn_seconds: Histogram::new(exponential_buckets(0.000_02, 2.0, 20)),
-    revision: Gauge::default(),
 });
 
 /// The process's store metrics.
@@ -40,13 +37,10 @@ pub fn global() -> &'static Metrics {
 }
 
 impl Metrics {
-    /// One transaction ended after `took`; `rev` is the revision it wrote, if any.
-    pub fn observe(&self, r: Result<i64, &KvError>, took: Duration) {
+    /// One transaction ended after `took`.
+    pub fn observe<T>(&self, r: Result<T, &KvError>, took: Duration) {
         let result = match r {
-            Ok(rev) => {
-                self.revision.set(rev);
-                "ok"
-            }
+            Ok(_) => "ok",
             Err(
                 KvError::AlreadyExists { .. }
                 | KvError::NotFound { .. }
@@ -70,11 +64,6 @@ impl Metrics {
             "txn_duration_seconds",
             "Time a store write transaction took to commit",
             self.txn_seconds.clone(),
-        );
-        r.register(
-            "revision",
-            "Revision of the last store write made by this appliance",
-            self.revision.clone(),
         );
     }
 }
