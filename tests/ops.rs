@@ -292,7 +292,7 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
     for family in [
         "bootplane_dhcp_",
         "bootplane_tftp_",
-        "bootplane_http_requests",
+        "bootplane_http_",
         "bootplane_api_",
         "bootplane_store_txns_total{result=\"ok\"}",
         "bootplane_store_revision",
