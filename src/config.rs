@@ -223,6 +223,8 @@ impl Config {
         self.api.validate()?;
         self.http.validate()?;
         self.dhcp.validate()?;
+        self.dhcp.validate_ranges("dhcp")?;
+        self.discovery.dhcp.validate_ranges("discovery.dhcp")?;
         self.controller.validate()?;
         self.nfs.validate()?;
         self.provision.validate()?;
@@ -239,6 +241,8 @@ impl Config {
         {
             bail!("discovery.dhcp.interface must differ from dhcp.interface (one DHCP scope per interface)");
         }
+        crate::logging::parse_filter(&self.log.filter)
+            .map_err(|e| anyhow::anyhow!("log.filter: invalid filter {e}"))?;
         match self.log.format.as_str() {
             "text" | "json" => {}
             other => bail!("unknown log.format {other:?} (expected text or json)"),

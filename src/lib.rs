@@ -14,6 +14,7 @@ pub mod ignition;
 pub mod image;
 pub mod ipxe;
 pub mod listen;
+pub mod logging;
 pub mod model;
 pub mod net;
 pub mod nfs;

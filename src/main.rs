@@ -68,10 +68,25 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Print a shell completion script: `source <(bootplane completion bash)`, or save it
+    /// as /usr/share/bash-completion/completions/bootplane (zsh: `_bootplane` on
+    /// $fpath; fish: ~/.config/fish/completions/bootplane.fish).
+    Completion {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (bootplane.1) generated from this CLI, or with `--dir` write
+    /// one page per command into a directory.
+    Man {
+        /// Write bootplane.1, bootplane-get.1, ... into this directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// Every config key that has a flag. Each flag also reads a BOOTPLANE_* env var.
-#[derive(Args, Default)]
+#[derive(Args, Default, Clone)]
 struct ConfigFlags {
     /// TOML config file.
     #[arg(long, env = "BOOTPLANE_CONFIG")]
@@ -177,18 +192,11 @@ struct CheckArgs {
     flags: ConfigFlags,
 }
 
-fn init_logging(cfg: &Config) {
-    use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.log.filter));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if cfg.log.format == "json" {
-        b.json().init();
-    } else {
-        b.init();
-    }
+fn init_logging(cfg: &Config) -> bootplane::logging::FilterHandle {
+    bootplane::logging::init(bootplane::logging::Setup {
+        filter: &cfg.log.filter,
+        json: cfg.log.format == "json",
+    })
 }
 
 fn main() -> ExitCode {
@@ -205,12 +213,29 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<u8> {
     match cli.cmd {
         Command::Serve(a) => {
+            let flags = a.flags.clone();
             let cfg = a.flags.resolve()?;
-            init_logging(&cfg);
+            let log_filter = init_logging(&cfg);
+            let reload = bootplane::serve::Reload {
+                config: std::sync::Arc::new(move || flags.clone().resolve()),
+                log_filter,
+            };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(bootplane::serve::run(cfg))?;
+            rt.block_on(bootplane::serve::run(cfg, reload))?;
+            Ok(0)
+        }
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            let mut out = std::io::stdout().lock();
+            bootplane::cli::complete::completion(shell, Cli::command(), &mut out);
+            Ok(0)
+        }
+        Command::Man { dir } => {
+            use clap::CommandFactory;
+            let mut out = std::io::stdout().lock();
+            bootplane::cli::complete::man(Cli::command(), dir.as_deref(), &mut out)?;
             Ok(0)
         }
         Command::CheckConfig(mut a) => {

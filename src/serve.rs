@@ -1,5 +1,6 @@
 //! `bootplane serve`: opens the store, starts the listeners and the controllers,
-//! and drains them on SIGINT/SIGTERM.
+//! reloads what can change safely on SIGHUP ([`Services::reload`]) and drains them on
+//! SIGINT/SIGTERM.
 //!
 //! The one composition root: every service below is started here with its own config
 //! section, the handles it needs (store, indexes, metrics) and a shutdown handle, and
@@ -52,10 +53,41 @@ fn load_or_create_token(path: &Path) -> Result<String> {
 /// is [`crate::dhcp::LEASE_FILE`]).
 pub const MANAGEMENT_LEASE_FILE: &str = "dhcp-management-leases.log";
 
-/// Run every enabled service until a signal arrives, then drain (bounded).
-pub async fn run(config: Config) -> Result<()> {
+/// What SIGHUP needs from `main`: the config read again the way it was at start
+/// (file, flags, environment) and the log filter's handle.
+pub struct Reload {
+    pub config: Arc<dyn Fn() -> Result<Config> + Send + Sync>,
+    pub log_filter: crate::logging::FilterHandle,
+}
+
+/// `http.public_url` as machines should get it (the DHCP interface's address when the
+/// boot listener is on every address and none is configured), or a warning that they
+/// are told a loopback URL.
+fn with_reachable_url(mut config: Config) -> Config {
+    let dhcp_addr = match (config.dhcp.enabled, &config.dhcp.interface) {
+        (true, Some(ifname)) => config
+            .dhcp
+            .server_ip
+            .or_else(|| crate::dhcp::interface_ipv4(ifname).ok().map(|(ip, _)| ip)),
+        _ => None,
+    };
+    let r = config.http.reachable_url(dhcp_addr);
+    if let Some(w) = r.warning {
+        tracing::warn!("{w}");
+    }
+    if let Some(u) = r.public_url {
+        tracing::info!(public_url = %u, "http.public_url derived from the DHCP interface's address");
+        config.http.public_url = Some(u);
+    }
+    config
+}
+
+/// Run every enabled service until SIGINT/SIGTERM arrives, then drain (bounded);
+/// SIGHUP reloads.
+pub async fn run(config: Config, reload: Reload) -> Result<()> {
     // Caught from here on: a signal during start-up drains once start-up is done.
     let signals = crate::shutdown::Signals::install().context("installing signal handlers")?;
+    let config = with_reachable_url(config);
     // Private (0700, files 0600) before anything secret is written into it.
     crate::statedir::prepare(&config.state_dir)?;
     let token = api_token(&config)?;
@@ -77,6 +109,8 @@ pub async fn run(config: Config) -> Result<()> {
         mgmt_dhcp_metrics: crate::dhcp::Metrics::default(),
         discovery_metrics: Default::default(),
         ready: Default::default(),
+        reloads: Default::default(),
+        power_metrics: Default::default(),
     };
     s.start_api(&config, token).await?;
     s.start_key_rotation();
@@ -94,7 +128,7 @@ pub async fn run(config: Config) -> Result<()> {
     }
     tracing::info!(state_dir = %config.state_dir.display(), "bootplane started");
     s.ready.store(true, std::sync::atomic::Ordering::Release);
-    s.wait_and_drain(signals).await
+    s.wait_and_drain(signals, config, reload).await
 }
 
 /// The catalog and Ignition templates behind the boot index.
@@ -143,6 +177,39 @@ impl crate::power::redfish::BootTargets for BootTargets {
     }
 }
 
+/// The top-level config keys (`section.key`) whose values differ between `old` and
+/// `new`, besides `log.filter` (which SIGHUP applies) and `http.public_url` when it was
+/// derived at start-up.
+fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
+    let flat = |c: &Config| -> std::collections::BTreeMap<String, String> {
+        let mut out = std::collections::BTreeMap::new();
+        if let Ok(toml::Value::Table(t)) = toml::Value::try_from(c) {
+            for (k, v) in t {
+                match v {
+                    toml::Value::Table(sub) => {
+                        for (k2, v2) in sub {
+                            out.insert(format!("{k}.{k2}"), v2.to_string());
+                        }
+                    }
+                    v => {
+                        out.insert(k, v.to_string());
+                    }
+                }
+            }
+        }
+        out
+    };
+    let (a, b) = (flat(old), flat(new));
+    let keys: std::collections::BTreeSet<&String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .filter(|k| *k != "log.filter")
+        .filter(|k| !(*k == "http.public_url" && new.http.public_url.is_none()))
+        .collect();
+    keys.into_iter().cloned().collect()
+}
+
 /// With the store on etcd, a DHCP scope's leases are there too, shared with the other
 /// appliances under `{prefix}dhcp/{scope}/` (`crate::dhcp::cluster`); else in its lease log.
 fn shared_leases(config: &Config, scope: &str) -> Option<crate::dhcp::Shared> {
@@ -177,6 +244,10 @@ struct Services {
     ready: Arc<std::sync::atomic::AtomicBool>,
     /// `bootplane_store_secrets_by_key{key}` (key rotation, secrets at rest).
     seal_metrics: crate::store::rotate::Metrics,
+    /// SIGHUP's fan-out to the tasks that reload on their own (TLS files, key file).
+    reloads: crate::shutdown::Reloads,
+    /// `bootplane_power_requests_total` (every driver).
+    power_metrics: crate::power::metrics::Metrics,
 }
 
 /// The controller groups: each runs on one appliance at a time when the store is on
@@ -196,6 +267,7 @@ struct Controllers {
     runner: Arc<dyn crate::provision::JobRunner>,
     boot_slot: BootSlot,
     redfish_metrics: Arc<crate::power::redfish::metrics::Metrics>,
+    power_metrics: crate::power::metrics::Metrics,
 }
 
 impl Services {
@@ -203,12 +275,14 @@ impl Services {
     async fn start_api(&mut self, config: &Config, token: String) -> Result<()> {
         let mut metrics = prometheus_client::registry::Registry::default();
         self.http_metrics.register(&mut metrics);
-        if config.dhcp.enabled {
-            self.dhcp_metrics.register(&mut metrics);
-        }
-        if config.tftp.enabled {
-            self.tftp_metrics.register(&mut metrics);
-        }
+        // Registered whether or not the service is on, so a scrape config does not
+        // depend on this appliance's: a disabled service's counters stay at zero.
+        self.dhcp_metrics.register(&mut metrics);
+        self.tftp_metrics.register(&mut metrics);
+        crate::store::metrics::global().register(&mut metrics);
+        crate::controller::runtime::metrics::global().register(&mut metrics);
+        crate::provision::metrics::global().register(&mut metrics);
+        self.power_metrics.register(&mut metrics);
         if config.discovery.management() {
             self.mgmt_dhcp_metrics
                 .register_with_prefix(&mut metrics, "bootplane_dhcp_management");
@@ -255,9 +329,9 @@ impl Services {
             .context("api tls")?;
         let tls = tls.map(|t| {
             let acceptor = tokio_rustls::TlsAcceptor::from(t.config.clone());
-            let s = self.coord.handle();
+            let (s, r) = (self.coord.handle(), self.reloads.subscribe());
             self.tasks.spawn(async move {
-                t.watch(s).await;
+                t.watch(s, r).await;
                 Ok(())
             });
             crate::listen::router::Tls {
@@ -323,8 +397,10 @@ impl Services {
             self.seal_metrics.clone(),
             self.coord.handle(),
         );
+        let reload = self.reloads.subscribe();
         self.tasks.spawn(async move {
-            crate::store::rotate::run(store, metrics, async move { s.recv().await }).await;
+            crate::store::rotate::run(store, metrics, async move { s.recv().await }, reload)
+                .await;
             Ok(())
         });
     }
@@ -338,6 +414,7 @@ impl Services {
             runner: self.runner.clone(),
             boot_slot: self.boot_slot.clone(),
             redfish_metrics: self.redfish_metrics.clone(),
+            power_metrics: self.power_metrics.clone(),
         });
         let etcd = match self.store.kv() {
             crate::store::Backend::Etcd(e) if config.controller.enabled => e.client().clone(),
@@ -478,12 +555,79 @@ impl Services {
         });
     }
 
-    /// Until a signal or a service ending on its own; then drain every service
-    /// (bounded) and close the store.
-    async fn wait_and_drain(mut self, mut signals: crate::shutdown::Signals) -> Result<()> {
-        let failed = tokio::select! {
-            _ = signals.recv() => None,
-            Some(res) = self.tasks.join_next() => Some(res),
+    /// SIGHUP: the log filter (from the config read again), the image catalog and
+    /// the Ignition templates here; the API's TLS files and the encryption key file by
+    /// their own tasks (told through `reloads`). Nothing else changes at run time: a
+    /// changed config key other than `log.filter` is named in a warning. What fails to
+    /// load keeps its previous version. Never stops the process.
+    async fn reload(&self, config: &mut Config, reload: &Reload) {
+        self.reloads.notify();
+        let (resolver, images) = (self.resolver.clone(), config.boot.images_dir.clone());
+        let boot = tokio::task::spawn_blocking(move || resolver.reload(&images)).await;
+        let read = reload.config.clone();
+        let fresh = tokio::task::spawn_blocking(move || read())
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("reading the config: {e}")));
+        let log_filter = match fresh {
+            Err(e) => {
+                tracing::error!(error = format!("{e:#}"), "config not read again on SIGHUP; the log filter stays {:?}", config.log.filter);
+                "unchanged (config error)".to_string()
+            }
+            Ok(new) => {
+                let changed = changed_keys(config, &new);
+                if !changed.is_empty() {
+                    tracing::warn!(keys = ?changed, "config keys changed that take effect only at restart");
+                }
+                if new.log.filter == config.log.filter {
+                    "unchanged".to_string()
+                } else {
+                    match reload.log_filter.set(&new.log.filter) {
+                        Ok(()) => {
+                            config.log.filter = new.log.filter.clone();
+                            format!("now {:?}", new.log.filter)
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "log.filter not changed");
+                            "unchanged (invalid)".to_string()
+                        }
+                    }
+                }
+            }
+        };
+        let show = |r: &Result<usize, String>, what: &str| match r {
+            Ok(n) => format!("{n} {what}"),
+            Err(e) => format!("kept the previous ones ({e})"),
+        };
+        match boot {
+            Ok(b) => tracing::info!(
+                templates = %show(&b.templates, "loaded"),
+                catalog = %show(&b.catalog, "images"),
+                log_filter = %log_filter,
+                "SIGHUP: reloaded the Ignition templates, the image catalog and the log filter; the API's TLS files and the encryption key file are read again"
+            ),
+            Err(e) => tracing::error!(error = %e, log_filter = %log_filter, "SIGHUP: reloading the catalog and templates failed"),
+        }
+    }
+
+    /// Until SIGINT/SIGTERM or a service ending on its own (reloading on each SIGHUP);
+    /// then drain every service (bounded) and close the store.
+    async fn wait_and_drain(
+        mut self,
+        mut signals: crate::shutdown::Signals,
+        mut config: Config,
+        reload: Reload,
+    ) -> Result<()> {
+        use crate::shutdown::Caught;
+        let failed = loop {
+            let caught = tokio::select! {
+                c = signals.recv() => Ok(c),
+                Some(res) = self.tasks.join_next() => Err(res),
+            };
+            match caught {
+                Ok(Caught::Stop) => break None,
+                Ok(Caught::Reload) => self.reload(&mut config, &reload).await,
+                Err(res) => break Some(res),
+            }
         };
         if !self.coord.drain(Duration::from_secs(10)).await {
             tracing::warn!("some tasks did not finish within 10s of shutdown");
@@ -532,9 +676,12 @@ impl Controllers {
             Duration::from_secs(config.power.redfish.poll_interval_secs),
             config.discovery.enabled,
         );
-        let power = Arc::new(crate::power::redfish::PerServer {
-            default,
-            redfish: redfish.clone(),
+        let power = Arc::new(crate::power::metrics::Metered {
+            inner: Arc::new(crate::power::redfish::PerServer {
+                default,
+                redfish: redfish.clone(),
+            }),
+            metrics: self.power_metrics.clone(),
         });
         let ctrl = crate::controller::Controllers::new(
             store.clone(),

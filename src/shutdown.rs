@@ -85,13 +85,25 @@ impl Coordinator {
     }
 }
 
-/// SIGINT and SIGTERM, caught from the moment [`Signals::install`] returns: a signal
-/// that arrives while the appliance is still starting is kept, and [`Signals::recv`]
-/// returns at once when start-up is done (the drain then runs as usual, instead of the
-/// default action killing the process half-started).
+/// SIGINT, SIGTERM and SIGHUP, caught from the moment [`Signals::install`] returns: a
+/// signal that arrives while the appliance is still starting is kept, and
+/// [`Signals::recv`] returns at once when start-up is done (the drain or the reload
+/// then runs as usual, instead of the default action killing the process half-started).
+/// This is the process's one SIGHUP handler: whoever reloads on it is handed a
+/// [`Reloads`] receiver.
 pub struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+/// What [`Signals::recv`] caught.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caught {
+    /// SIGINT or SIGTERM: drain and stop.
+    Stop,
+    /// SIGHUP: reload what can change safely.
+    Reload,
 }
 
 impl Signals {
@@ -100,15 +112,44 @@ impl Signals {
         Ok(Signals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
         })
     }
 
-    /// Resolves on the next SIGINT or SIGTERM (or one already caught).
-    pub async fn recv(&mut self) {
+    /// Resolves on the next signal (or one already caught).
+    pub async fn recv(&mut self) -> Caught {
         tokio::select! {
-            _ = self.term.recv() => tracing::info!("SIGTERM received, shutting down"),
-            _ = self.int.recv() => tracing::info!("SIGINT received, shutting down"),
+            _ = self.term.recv() => {
+                tracing::info!("SIGTERM received, shutting down");
+                Caught::Stop
+            }
+            _ = self.int.recv() => {
+                tracing::info!("SIGINT received, shutting down");
+                Caught::Stop
+            }
+            _ = self.hup.recv() => {
+                tracing::info!("SIGHUP received, reloading");
+                Caught::Reload
+            }
         }
+    }
+}
+
+/// The SIGHUP fan-out: a generation number bumped at each reload; each reloading task
+/// holds a receiver and reloads when it changes.
+#[derive(Clone, Default)]
+pub struct Reloads {
+    tx: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Reloads {
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.tx.subscribe()
+    }
+
+    /// Tell every receiver to reload.
+    pub fn notify(&self) {
+        self.tx.send_modify(|g| *g += 1);
     }
 }
 

@@ -225,3 +225,22 @@ fn expect_lines_match_words_in_order() {
     assert_eq!(b[0].text, "echo hi\n# expect: hi\n");
     assert_eq!(b[0].expects, vec![w("hi")]);
 }
+
+/// The operator's steps the issue-23 review found missing stay in the executed part:
+/// the demo image, Released → Available through the status subresource, and a SIGHUP
+/// reload the appliance survives.
+#[test]
+fn walkthrough_covers_demo_image_recovery_and_reload() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let script: String = blocks(&readme).iter().map(|b| b.text.clone()).collect();
+    for step in [
+        "scripts/make-demo-image.sh",
+        "reclaimPolicy: Retain",
+        "grep -q Released",
+        "bootplane apply --subresource=status",
+        "kill -HUP %1",
+    ] {
+        assert!(script.contains(step), "the walk-through lost {step:?}");
+    }
+}

@@ -52,6 +52,31 @@ fn exported_names() -> Vec<String> {
     let key = bootplane::store::rotate::KeyLabel { key: "key1".into() };
     sealed.by_key.get_or_create(&key).set(1);
     sealed.register(&mut reg);
+    // Families without a sample are not encoded: one of each.
+    let store = bootplane::store::metrics::global();
+    store.observe(Ok::<(), &bootplane::store::backend::KvError>(()), std::time::Duration::ZERO);
+    store.register(&mut reg);
+    let ctl = bootplane::controller::runtime::metrics::global();
+    ctl.observe("tidy", "done", std::time::Duration::ZERO);
+    ctl.register(&mut reg);
+    let jobs = bootplane::provision::metrics::global();
+    let runner = bootplane::provision::metrics::RunnerLabel { runner: "tidy" };
+    jobs.started.get_or_create(&runner).inc();
+    jobs.attempts.get_or_create(&runner).inc();
+    let finished = bootplane::provision::metrics::FinishedLabels {
+        runner: "tidy",
+        state: "Failed",
+    };
+    jobs.finished.get_or_create(&finished).inc();
+    jobs.register(&mut reg);
+    let power = bootplane::power::metrics::Metrics::default();
+    let req = bootplane::power::metrics::RequestLabels {
+        driver: "test",
+        action: "on",
+        outcome: "done",
+    };
+    power.requests.get_or_create(&req).inc();
+    power.register(&mut reg);
     let mut s = String::new();
     prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
     let mut names = Vec::new();

@@ -743,18 +743,19 @@ async fn stamp(p: &Path) -> Stamp {
 
 impl Tls {
     /// Reload the certificate pair and the revocation list when their files change,
-    /// until shutdown.
-    pub async fn watch(self, mut shutdown: Shutdown) {
+    /// and both at once each time `reload` changes (SIGHUP), until shutdown.
+    pub async fn watch(self, mut shutdown: Shutdown, mut reload: tokio::sync::watch::Receiver<u64>) {
         let s = self.sources.clone();
         let mut pair = (stamp(&s.cert).await, stamp(&s.key).await);
         let mut revoked = stamp(&s.revoked).await;
         loop {
-            tokio::select! {
+            let forced = tokio::select! {
                 _ = shutdown.recv() => return,
-                _ = tokio::time::sleep(RELOAD_EVERY) => {}
-            }
+                _ = tokio::time::sleep(RELOAD_EVERY) => false,
+                Ok(()) = reload.changed() => true,
+            };
             let now = (stamp(&s.cert).await, stamp(&s.key).await);
-            if now != pair {
+            if forced || now != pair {
                 pair = now;
                 let (c, k) = (s.cert.clone(), s.key.clone());
                 match tokio::task::spawn_blocking(move || load_certified_key(&c, &k)).await {
@@ -776,7 +777,7 @@ impl Tls {
                 }
             }
             let now = stamp(&s.revoked).await;
-            if now != revoked {
+            if forced || now != revoked {
                 revoked = now;
                 let p = s.revoked.clone();
                 match tokio::task::spawn_blocking(move || read_revoked_file(&p)).await {

@@ -9,8 +9,10 @@
 //! token create|list|revoke`.
 
 pub mod cert;
+pub mod complete;
 pub mod config;
 pub mod describe;
+pub mod jobs;
 pub mod render;
 pub mod table;
 pub mod token;
@@ -433,6 +435,9 @@ pub fn get(a: GetArgs) -> Result<u8> {
     let client = Client::new(&a.conn)?;
     if matches!(a.kind.as_str(), "lease" | "leases") {
         return get_leases(&client, a.output.as_deref());
+    }
+    if matches!(a.kind.as_str(), "job" | "jobs") {
+        return jobs::get(&client, a.name.as_deref(), a.output.as_deref());
     }
     let reg = Registry::global();
     let kinds: Vec<Arc<ResourceType>> = a

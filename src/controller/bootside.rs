@@ -36,8 +36,12 @@ use crate::store::{secret_data, Store, StoreError};
 /// template revision) and the machine facts it came from. The controller and the boot
 /// index share both caches.
 pub struct CatalogResolver {
-    pub catalog: Catalog,
+    /// Replaced whole on SIGHUP ([`CatalogResolver::reload`]).
+    catalog: RwLock<Arc<Catalog>>,
     pub hasher: FileHasher,
+    /// Bumped when the catalog or the templates are replaced: the boot index re-derives
+    /// its entries.
+    changes: tokio::sync::watch::Sender<u64>,
     secrets: Mutex<HashMap<(String, String), (u64, SecretResult)>>,
     templates: RwLock<Arc<TemplateSet>>,
     renders: RenderCache,
@@ -57,8 +61,9 @@ impl CatalogResolver {
         templates: TemplateSet,
     ) -> CatalogResolver {
         CatalogResolver {
-            catalog,
+            catalog: RwLock::new(Arc::new(catalog)),
             hasher,
+            changes: tokio::sync::watch::Sender::new(0),
             secrets: Mutex::new(HashMap::new()),
             templates: RwLock::new(Arc::new(templates)),
             renders: RenderCache::new(),
@@ -68,6 +73,48 @@ impl CatalogResolver {
     /// The rendered-config cache (the boot index invalidates it from its watch).
     pub fn renders(&self) -> &RenderCache {
         &self.renders
+    }
+
+    /// The image catalog in force.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Told each time the catalog or the templates are replaced.
+    pub fn subscribe_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// SIGHUP: read the image catalog from `images_dir` and the Ignition templates
+    /// again, whether or not they look changed (blocking file I/O). What does not load
+    /// keeps the previous version and is said in the report.
+    pub fn reload(&self, images_dir: &Path) -> Reloaded {
+        let catalog = match crate::http::catalog::load(images_dir) {
+            Ok(c) => {
+                let n = c.images.len();
+                *self.catalog.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
+                Ok(n)
+            }
+            Err(e) => Err(format!("{e:#}")),
+        };
+        let dir = self.template_set().dir.clone();
+        let templates = match TemplateSet::load(&dir) {
+            Ok(t) => {
+                let n = t.len();
+                *self.templates.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(t);
+                Ok(n)
+            }
+            Err(e) => Err(format!("{e:#}")),
+        };
+        self.renders.clear();
+        self.changes.send_modify(|g| *g += 1);
+        Reloaded {
+            catalog,
+            templates,
+        }
     }
 
     fn template_set(&self) -> Arc<TemplateSet> {
@@ -277,13 +324,21 @@ impl BootResolver for CatalogResolver {
         if image.is_empty() {
             return Err(("NoImage".into(), "spec.image is empty".into()));
         }
-        match self.hasher.resolve(&self.catalog, image) {
+        match self.hasher.resolve(&self.catalog(), image) {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err((e.reason().into(), e.to_string())),
             Err(e) => return Err(("ImageIOError".into(), format!("reading image files: {e}"))),
         }
         self.ignition_payload(store, sbc).map(|_| ())
     }
+}
+
+/// What [`CatalogResolver::reload`] did: the number of images and templates loaded,
+/// or why the previous ones were kept.
+#[derive(Debug)]
+pub struct Reloaded {
+    pub catalog: Result<usize, String>,
+    pub templates: Result<usize, String>,
 }
 
 /// Decode, translate (Butane) or parse, and validate a secret's `ignition` key, so an
@@ -487,7 +542,7 @@ impl StoreBootIndex {
         if let Some((image, _)) = &self.discovery {
             if s.pointer("/status/state").and_then(Value::as_str) == Some("Discovery") {
                 *boot_id = super::inventory::boot_id(s);
-                return match self.resolver.hasher.resolve(&self.resolver.catalog, image) {
+                return match self.resolver.hasher.resolve(&self.resolver.catalog(), image) {
                     Ok(Ok(r)) => (
                         BootState::Discovery,
                         Some(r.boot_files(&self.base_url)),
@@ -548,7 +603,7 @@ impl StoreBootIndex {
             .pointer("/spec/image")
             .and_then(Value::as_str)
             .unwrap_or("");
-        let files = match self.resolver.hasher.resolve(&self.resolver.catalog, image) {
+        let files = match self.resolver.hasher.resolve(&self.resolver.catalog(), image) {
             Ok(Ok(r)) => r.boot_files(&self.base_url),
             Ok(Err(e)) => return (BootState::Error(e.to_string()), None, None),
             Err(e) => {
@@ -578,9 +633,14 @@ impl StoreBootIndex {
         // Template files are not in the store: an mtime/size check of the directory.
         let mut poll = tokio::time::interval(TEMPLATE_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut changes = self.resolver.subscribe_changes();
         loop {
             let batch = tokio::select! {
                 b = w.next() => b,
+                Ok(()) = changes.changed() => {
+                    w.relist();
+                    continue;
+                }
                 _ = poll.tick() => {
                     let r = self.resolver.clone();
                     let reloaded = tokio::task::spawn_blocking(move || r.reload_templates_if_changed())

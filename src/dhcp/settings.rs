@@ -120,6 +120,41 @@ impl DhcpConfig {
         }
         Ok(())
     }
+
+    /// Every dynamic range and exclusion parses, none is reversed, and no two dynamic
+    /// ranges overlap (a lease could be handed out twice from the shared pool). `key`
+    /// is the section's name in messages (`dhcp`, `discovery.dhcp`). Checked whether or
+    /// not the section is enabled: a config that cannot start when enabled is refused
+    /// by `check-config` already.
+    pub fn validate_ranges(&self, key: &str) -> anyhow::Result<()> {
+        let m = |e: SettingsError| match e {
+            SettingsError::Invalid(m) => m,
+        };
+        let mut all: Vec<(String, Ipv4Addr, Ipv4Addr)> = Vec::new();
+        if let Some(r) = &self.range {
+            let (a, b) = parse_range(r).map_err(|e| anyhow::anyhow!("{key}.range: {}", m(e)))?;
+            all.push((format!("{key}.range"), a, b));
+        }
+        for (i, s) in self.subnets.iter().enumerate() {
+            let at = format!("{key}.subnets[{i}]");
+            parse_cidr(&s.network).map_err(|e| anyhow::anyhow!("{at}.network: {}", m(e)))?;
+            for r in &s.ranges {
+                let (a, b) = parse_range(r).map_err(|e| anyhow::anyhow!("{at}.ranges: {}", m(e)))?;
+                all.push((format!("{at}.ranges"), a, b));
+            }
+            for r in &s.exclude {
+                parse_range(r).map_err(|e| anyhow::anyhow!("{at}.exclude: {}", m(e)))?;
+            }
+        }
+        all.sort_by_key(|(_, a, _)| u32::from(*a));
+        for w in all.windows(2) {
+            let ((k1, a1, b1), (k2, a2, b2)) = (&w[0], &w[1]);
+            if u32::from(*a2) <= u32::from(*b1) {
+                bail!("{k2}: range {a2}-{b2} overlaps {a1}-{b1} ({k1})");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One `[[dhcp.subnets]]` entry as written in the file.

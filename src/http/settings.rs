@@ -137,6 +137,50 @@ impl HttpConfig {
         Ok(())
     }
 
+    /// `public_url` as machines should get it, decided at start-up: the configured one;
+    /// else, with `listen` on an unspecified address, `http://<dhcp_addr>:<port>` when
+    /// the DHCP interface's address is known (machines reach the appliance there);
+    /// else the derived loopback URL with a warning to log: only this host reaches it.
+    pub fn reachable_url(&self, dhcp_addr: Option<std::net::Ipv4Addr>) -> Reachable {
+        let listen_loopback = self.listen.ip().is_loopback();
+        if let Some(u) = &self.public_url {
+            let host = u
+                .split_once("://")
+                .map(|(_, r)| r)
+                .unwrap_or(u)
+                .split(['/', ':'])
+                .next()
+                .unwrap_or("");
+            let loopback = host == "localhost"
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            return Reachable {
+                public_url: None,
+                warning: (loopback && !listen_loopback).then(|| {
+                    format!("http.public_url {u} is a loopback address but http.listen is {}: machines cannot reach it; set http.public_url to the address machines reach", self.listen)
+                }),
+            };
+        }
+        if !self.listen.ip().is_unspecified() {
+            return Reachable::default();
+        }
+        match dhcp_addr {
+            Some(ip) => Reachable {
+                public_url: Some(format!("http://{ip}:{}", self.listen.port())),
+                warning: None,
+            },
+            None => Reachable {
+                public_url: None,
+                warning: Some(format!(
+                    "http.public_url is not set and http.listen is {}: machines are told {}, which only this host reaches; set http.public_url (--http-public-url) to the address machines reach, or enable DHCP on their interface",
+                    self.listen,
+                    self.public_http_url()
+                )),
+            },
+        }
+    }
+
     /// The URL machines use to reach the boot listener: `public_url` without a
     /// trailing slash, else derived from `listen` (an unspecified address as 127.0.0.1).
     pub fn public_http_url(&self) -> String {
@@ -151,6 +195,15 @@ impl HttpConfig {
         };
         format!("http://{}:{}", host, addr.port())
     }
+}
+
+/// [`HttpConfig::reachable_url`]'s decision.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Reachable {
+    /// The `public_url` to set (derived), when not configured.
+    pub public_url: Option<String>,
+    /// Said at start-up: the URL machines get is loopback while the listener is not.
+    pub warning: Option<String>,
 }
 
 /// What the boot side renders and serves.
@@ -187,6 +240,28 @@ mod tests {
         assert_eq!(h.public_http_url(), "http://10.0.0.1:80");
         h.public_url = Some("https://boot.example/".into());
         assert_eq!(h.public_http_url(), "https://boot.example");
+    }
+
+    #[test]
+    fn reachable_url() {
+        let mut h = HttpConfig::default();
+        // 0.0.0.0 with the DHCP interface's address: that address.
+        let r = h.reachable_url(Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(r.public_url.as_deref(), Some("http://10.0.0.1:8080"));
+        assert_eq!(r.warning, None);
+        // 0.0.0.0 without DHCP: loopback URL, warned.
+        let r = h.reachable_url(None);
+        assert_eq!(r.public_url, None);
+        assert!(r.warning.unwrap().contains("http://127.0.0.1:8080"));
+        // A configured loopback URL while listening everywhere: warned.
+        h.public_url = Some("http://localhost:8080/".into());
+        assert!(h.reachable_url(None).warning.is_some());
+        // Both on loopback: fine.
+        h.listen = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(h.reachable_url(None), Reachable::default());
+        h.public_url = Some("http://10.0.0.1:8080".into());
+        h.listen = "0.0.0.0:8080".parse().unwrap();
+        assert_eq!(h.reachable_url(None), Reachable::default());
         h.validate().unwrap();
         h.public_url = Some("boot.example".into());
         assert!(h.validate().unwrap_err().to_string().contains("public_url"));

@@ -87,6 +87,15 @@ impl TemplateSet {
         })
     }
 
+    /// How many templates the set holds.
+    pub fn len(&self) -> usize {
+        self.renderer.template_count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// True when something in the directory changed since it was loaded.
     pub fn changed_on_disk(&self) -> bool {
         stamp(&self.dir) != self.stamp

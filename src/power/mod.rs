@@ -5,6 +5,7 @@
 //! servers through their BMCs and is chosen per Server (those naming a BMC), so a fleet
 //! mixes it with the configured driver ([`redfish::PerServer`]).
 
+pub mod metrics;
 pub mod qemu;
 pub mod redfish;
 

@@ -3,6 +3,8 @@
 //!
 //! - `POST   /apis/bootplane.dev/v1alpha1/jobs` with a [`ProvisionRequest`] body →
 //!   `201 Created` + the job's status (`200 OK` when `id` names an existing job);
+//! - `GET    /apis/bootplane.dev/v1alpha1/jobs` → `{"kind": "JobList", "items": [...]}`,
+//!   every job the runner knows, oldest first (at most [`super::MAX_LISTED`]);
 //! - `GET    /apis/bootplane.dev/v1alpha1/jobs/{id}` → the [`JobStatus`];
 //! - `DELETE /apis/bootplane.dev/v1alpha1/jobs/{id}` → cancel, then the final status.
 //!
@@ -74,6 +76,19 @@ async fn create(
     }
 }
 
+async fn list(State(runner): State<Runner>) -> Response {
+    match runner.list().await {
+        Ok(items) => Json(json!({
+            "apiVersion": "bootplane.dev/v1alpha1",
+            "kind": "JobList",
+            "metadata": {},
+            "items": items,
+        }))
+        .into_response(),
+        Err(e) => job_error(e),
+    }
+}
+
 async fn read(State(runner): State<Runner>, Path(id): Path<String>) -> Response {
     match runner.status(&id).await {
         Ok(s) => Json(s).into_response(),
@@ -94,7 +109,7 @@ async fn cancel(State(runner): State<Runner>, Path(id): Path<String>) -> Respons
 /// The job endpoints, ready to be merged into the API router.
 pub fn router(runner: Arc<dyn JobRunner>) -> Router {
     Router::new()
-        .route(JOBS_PATH, post(create))
+        .route(JOBS_PATH, post(create).get(list))
         .route(&format!("{JOBS_PATH}/{{id}}"), get(read).delete(cancel))
         .with_state(runner)
 }

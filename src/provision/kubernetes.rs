@@ -355,10 +355,20 @@ impl JobRunner for KubernetesRunner {
                     api_message(&resp)
                 )));
             }
-            self.jobs
+            let new = self
+                .jobs
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(id.clone(), (name, req.server.clone()));
+                .insert(id.clone(), (name, req.server.clone()))
+                .is_none();
+            if new {
+                super::metrics::global()
+                    .started
+                    .get_or_create(&super::metrics::RunnerLabel {
+                        runner: "kubernetes",
+                    })
+                    .inc();
+            }
             Ok(id)
         }
         .boxed()
@@ -409,6 +419,31 @@ impl JobRunner for KubernetesRunner {
                 return Err(JobError::Backend(format!("deleting Job {name}: http {code}: {}", api_message(&resp))));
             }
             Ok(())
+        }
+        .boxed()
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<JobStatus>, JobError>> {
+        async move {
+            let mut ids: Vec<String> = self
+                .jobs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .keys()
+                .cloned()
+                .collect();
+            ids.sort();
+            ids.truncate(super::MAX_LISTED);
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                match self.status(&id).await {
+                    Ok(s) => out.push(s),
+                    // Removed by its TTL since: no longer a job to show.
+                    Err(JobError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(out)
         }
         .boxed()
     }

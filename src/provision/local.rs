@@ -109,7 +109,25 @@ struct Job {
 impl Job {
     fn update(&self, f: impl FnOnce(&mut JobStatus)) {
         let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut s)
+        let (was_finished, attempts) = (s.state.is_finished(), s.attempts);
+        f(&mut s);
+        let m = super::metrics::global();
+        let runner = "local";
+        if s.attempts > attempts {
+            m.attempts
+                .get_or_create(&super::metrics::RunnerLabel { runner })
+                .inc();
+        }
+        if !was_finished && s.state.is_finished() {
+            let state = if s.state == JobState::Succeeded {
+                "Succeeded"
+            } else {
+                "Failed"
+            };
+            m.finished
+                .get_or_create(&super::metrics::FinishedLabels { runner, state })
+                .inc();
+        }
     }
 
     fn snapshot(&self) -> JobStatus {
@@ -443,6 +461,10 @@ impl JobRunner for LocalRunner {
                 job
             };
             let args = self.args_for(&req);
+            super::metrics::global()
+                .started
+                .get_or_create(&super::metrics::RunnerLabel { runner: "local" })
+                .inc();
             tracing::info!(job = %id, server = %req.server, source = %req.source_arg(), target = %req.target, "starting provisioning job");
             tokio::spawn(run_job(job, self.slots.clone(), self.argv[0].clone(), args, id.clone(), self.cfg.clone()));
             Ok(id)
@@ -467,6 +489,22 @@ impl JobRunner for LocalRunner {
             Ok(())
         }
         .boxed()
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<JobStatus>, JobError>> {
+        async move { Ok(self.list_now()) }.boxed()
+    }
+}
+
+impl LocalRunner {
+    fn list_now(&self) -> Vec<JobStatus> {
+        let t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.order
+            .iter()
+            .filter_map(|id| t.jobs.get(id))
+            .take(super::MAX_LISTED)
+            .map(|j| j.snapshot())
+            .collect()
     }
 }
 

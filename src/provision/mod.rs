@@ -15,6 +15,7 @@
 //! /apis/bootplane.dev/v1alpha1/jobs[/{id}]`) for the API listener.
 
 pub mod api;
+pub mod metrics;
 pub mod kubernetes;
 pub mod local;
 pub mod progress;
@@ -262,7 +263,12 @@ pub trait JobRunner: Send + Sync {
     /// Stop a job; it ends `Failed` with reason "cancelled". Cancelling a finished job
     /// changes nothing.
     fn cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), JobError>>;
+    /// Every job this runner knows (at most [`MAX_LISTED`]), oldest first.
+    fn list(&self) -> BoxFuture<'_, Result<Vec<JobStatus>, JobError>>;
 }
+
+/// Most jobs one list answer carries.
+pub const MAX_LISTED: usize = 1000;
 
 /// `[provision]` section of the config file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -282,10 +282,13 @@ impl KvBackend for Backend {
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
-        match self {
+        let started = std::time::Instant::now();
+        let r = match self {
             Backend::Embedded(k) => k.txn(ops).await,
             Backend::Etcd(e) => e.txn(ops).await,
-        }
+        };
+        super::metrics::global().observe(r.as_ref(), started.elapsed());
+        r
     }
 
     #[inline]

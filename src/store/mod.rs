@@ -19,6 +19,7 @@ pub mod backend;
 pub mod etcd;
 pub mod events;
 pub mod kv;
+pub mod metrics;
 pub mod migrate;
 pub mod rotate;
 pub mod seal;

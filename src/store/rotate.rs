@@ -1,5 +1,5 @@
 //! Key rotation for secrets at rest, in the background: the key file is read again on
-//! SIGHUP or when it changes (checked every [`CHECK`]); every Secret and BMCSecret
+//! SIGHUP (a bump of the `reload` generation the caller hands in) or when it changes (checked every [`CHECK`]); every Secret and BMCSecret
 //! stored under another key than its first is rewritten ([`super::Store::reseal`]),
 //! at most [`PER_PASS`] per pass; `bootplane_store_secrets_by_key{key}` counts the
 //! objects under each key, and one log line says when none is left under an older
@@ -60,12 +60,14 @@ impl Metrics {
     }
 }
 
-/// Run until `stop` resolves.
-pub async fn run(store: Store, metrics: Metrics, stop: impl Future<Output = ()>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup())
-        .map_err(|e| tracing::warn!(error = %e, "no SIGHUP handler: the key file is re-read when it changes"))
-        .ok();
+/// Run until `stop` resolves; the key file is read again at once each time `reload`
+/// changes (SIGHUP).
+pub async fn run(
+    store: Store,
+    metrics: Metrics,
+    stop: impl Future<Output = ()>,
+    mut reload: tokio::sync::watch::Receiver<u64>,
+) {
     let sealer = store.kv().sealing().sealer.clone();
     let mut shown = BTreeSet::new();
     // Objects were left under an older key at the last pass (so "none left" is said once).
@@ -75,7 +77,7 @@ pub async fn run(store: Store, metrics: Metrics, stop: impl Future<Output = ()>)
         let forced = tokio::select! {
             _ = &mut stop => return,
             _ = tokio::time::sleep(CHECK) => false,
-            Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+            Ok(()) = reload.changed() => true,
         };
         // A stat each second and a read on change: file I/O, so off the async workers.
         let s = sealer.clone();

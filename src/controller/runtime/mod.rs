@@ -36,6 +36,7 @@
 //! A reconcile function takes the context and the key by value (so its future can be
 //! spawned) and returns `Result<Next, StoreError>`.
 
+pub mod metrics;
 pub mod queue;
 
 use std::fmt::Debug;
@@ -131,7 +132,15 @@ impl<C: Send + Sync + 'static> Runtime<C> {
                 let (ctx, q, f) = (ctx.clone(), queue.clone(), reconcile.clone());
                 tasks.spawn(async move {
                     while let Some(k) = q.get().await {
+                        let started = std::time::Instant::now();
                         let r = f(ctx.clone(), k.clone()).await;
+                        let result = match &r {
+                            Ok(Next::Done) => "done",
+                            Ok(Next::After(_)) => "requeue",
+                            Err(StoreError::Conflict { .. }) => "conflict",
+                            Err(_) => "error",
+                        };
+                        metrics::global().observe(kind, result, started.elapsed());
                         finish(&q, k, r, kind);
                     }
                 });

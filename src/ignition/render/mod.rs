@@ -268,6 +268,11 @@ impl Renderer {
         self.templates.get(name)
     }
 
+    /// How many templates are loaded.
+    pub fn template_count(&self) -> usize {
+        self.templates.len()
+    }
+
     /// Loads every `*.bu`, `*.yaml`, `*.yml`, `*.ign`, `*.json` in `dir` as a template and
     /// `dir/files/` as the files dir (I/O happens here, at the edge, not while rendering).
     pub fn load_dir(dir: &std::path::Path) -> anyhow::Result<Renderer> {
