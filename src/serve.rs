@@ -399,8 +399,7 @@ impl Services {
         );
         let reload = self.reloads.subscribe();
         self.tasks.spawn(async move {
-            crate::store::rotate::run(store, metrics, async move { s.recv().await }, reload)
-                .await;
+            crate::store::rotate::run(store, metrics, async move { s.recv().await }, reload).await;
             Ok(())
         });
     }
@@ -570,7 +569,11 @@ impl Services {
             .unwrap_or_else(|e| Err(anyhow::anyhow!("reading the config: {e}")));
         let log_filter = match fresh {
             Err(e) => {
-                tracing::error!(error = format!("{e:#}"), "config not read again on SIGHUP; the log filter stays {:?}", config.log.filter);
+                tracing::error!(
+                    error = format!("{e:#}"),
+                    "config not read again on SIGHUP; the log filter stays {:?}",
+                    config.log.filter
+                );
                 "unchanged (config error)".to_string()
             }
             Ok(new) => {
@@ -605,7 +608,9 @@ impl Services {
                 log_filter = %log_filter,
                 "SIGHUP: reloaded the Ignition templates, the image catalog and the log filter; the API's TLS files and the encryption key file are read again"
             ),
-            Err(e) => tracing::error!(error = %e, log_filter = %log_filter, "SIGHUP: reloading the catalog and templates failed"),
+            Err(e) => {
+                tracing::error!(error = %e, log_filter = %log_filter, "SIGHUP: reloading the catalog and templates failed")
+            }
         }
     }
 

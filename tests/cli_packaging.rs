@@ -68,18 +68,32 @@ fn bash_completion_loads_and_completes_resource_types() {
 
     let got = bash_complete(&script, "bootplane get serv");
     assert!(got.iter().any(|w| w == "servers"), "get serv<TAB>: {got:?}");
-    assert!(got.iter().any(|w| w == "serverclaims"), "get serv<TAB>: {got:?}");
-    assert!(got.iter().all(|w| w.starts_with("serv")), "get serv<TAB>: {got:?}");
+    assert!(
+        got.iter().any(|w| w == "serverclaims"),
+        "get serv<TAB>: {got:?}"
+    );
+    assert!(
+        got.iter().all(|w| w.starts_with("serv")),
+        "get serv<TAB>: {got:?}"
+    );
 
     let got = bash_complete(&script, "bootplane che");
     assert_eq!(got, ["check-config"], "che<TAB>");
     let got = bash_complete(&script, "bootplane delete serverc");
-    assert!(got.iter().any(|w| w == "serverclaims"), "delete serverc<TAB>: {got:?}");
+    assert!(
+        got.iter().any(|w| w == "serverclaims"),
+        "delete serverc<TAB>: {got:?}"
+    );
 
     // The parser still takes what completion does not offer (comma lists): the
     // command gets as far as connecting.
     let out = Command::new(bin())
-        .args(["get", "servers,serverclaims", "--server", "https://127.0.0.1:1"])
+        .args([
+            "get",
+            "servers,serverclaims",
+            "--server",
+            "https://127.0.0.1:1",
+        ])
         .env("BOOTPLANE_CLIENT_CONFIG", "/dev/null")
         .output()
         .unwrap();
@@ -90,7 +104,11 @@ fn bash_completion_loads_and_completes_resource_types() {
 #[test]
 fn zsh_and_fish_completion_and_man_pages() {
     let zsh = run(&["completion", "zsh"]);
-    assert!(zsh.starts_with("#compdef bootplane"), "{}", &zsh[..zsh.len().min(200)]);
+    assert!(
+        zsh.starts_with("#compdef bootplane"),
+        "{}",
+        &zsh[..zsh.len().min(200)]
+    );
     assert!(zsh.contains("check-config"));
     let fish = run(&["completion", "fish"]);
     assert!(fish.contains("complete -c bootplane"), "{fish}");
@@ -98,11 +116,20 @@ fn zsh_and_fish_completion_and_man_pages() {
     assert!(fish.contains("-a \"check-config\""), "{fish}");
 
     let man = run(&["man"]);
-    assert!(man.contains(".TH bootplane 1"), "{}", &man[..man.len().min(300)]);
+    assert!(
+        man.contains(".TH bootplane 1"),
+        "{}",
+        &man[..man.len().min(300)]
+    );
     assert!(man.contains("check\\-config") || man.contains("check-config"));
     let tmp = tempfile::tempdir().unwrap();
     run(&["man", "--dir", tmp.path().to_str().unwrap()]);
-    for page in ["bootplane.1", "bootplane-serve.1", "bootplane-get.1", "bootplane-completion.1"] {
+    for page in [
+        "bootplane.1",
+        "bootplane-serve.1",
+        "bootplane-get.1",
+        "bootplane-completion.1",
+    ] {
         assert!(tmp.path().join(page).is_file(), "{page} not written");
     }
     // man(1) renders it without warnings.
@@ -113,7 +140,11 @@ fn zsh_and_fish_completion_and_man_pages() {
         .env("MAN_KEEP_STDERR", "1")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("--selector"), "{text}");
 }

@@ -24,7 +24,10 @@ fn wait_log(b: &Bootplane, needle: &str) -> String {
         if log.contains(needle) {
             return log;
         }
-        assert!(Instant::now() < deadline, "no {needle:?} in the log:\n{log}");
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the log:\n{log}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -63,7 +66,10 @@ fn get_on(conn: &mut BufReader<TcpStream>, path: &str) -> (String, String) {
     }
     let mut body = vec![0; len];
     conn.read_exact(&mut body).unwrap();
-    (status.trim().to_string(), String::from_utf8_lossy(&body).into())
+    (
+        status.trim().to_string(),
+        String::from_utf8_lossy(&body).into(),
+    )
 }
 
 #[test]
@@ -82,13 +88,17 @@ fn sighup_reloads_templates_and_log_filter_without_dropping_a_connection() {
     tpl("default.bu", "core");
     let cfg = tmp.path().join("bootplane.toml");
     std::fs::write(&cfg, "[log]\nfilter = \"info\"\n").unwrap();
-    let set = format!("boot.ignition_templates={:?}", templates.display().to_string());
+    let set = format!(
+        "boot.ignition_templates={:?}",
+        templates.display().to_string()
+    );
     let cfg_arg = cfg.display().to_string();
     let mut b = Bootplane::start_in(&state, &["--config", &cfg_arg, "--set", &set]);
 
     // A keep-alive connection to the boot listener, used before and after the reload.
     let sock = TcpStream::connect(("127.0.0.1", b.http_port)).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut conn = BufReader::new(sock);
     let (status, _) = get_on(&mut conn, "/boot.ipxe");
     assert!(status.ends_with("200 OK"), "{status}");
@@ -171,12 +181,18 @@ fn check_config(toml: &str, extra: &[&str]) -> (bool, String) {
 fn check_config_refuses_bad_ranges_and_log_filters_naming_the_key() {
     let (ok, err) = check_config("[dhcp]\nrange = \"10.0.0.9-10.0.0.1\"\n", &[]);
     assert!(!ok);
-    assert!(err.contains("dhcp.range") && err.contains("ends before it starts"), "{err}");
+    assert!(
+        err.contains("dhcp.range") && err.contains("ends before it starts"),
+        "{err}"
+    );
 
     let overlap = "[[dhcp.subnets]]\nnetwork = \"10.1.0.0/24\"\nranges = [\"10.1.0.10-10.1.0.50\", \"10.1.0.40-10.1.0.60\"]\n";
     let (ok, err) = check_config(overlap, &[]);
     assert!(!ok);
-    assert!(err.contains("dhcp.subnets[0].ranges") && err.contains("overlaps"), "{err}");
+    assert!(
+        err.contains("dhcp.subnets[0].ranges") && err.contains("overlaps"),
+        "{err}"
+    );
 
     let (ok, err) = check_config("[discovery.dhcp]\nrange = \"10.2.0.20-10.2.0.2\"\n", &[]);
     assert!(!ok);
@@ -190,7 +206,8 @@ fn check_config_refuses_bad_ranges_and_log_filters_naming_the_key() {
         assert!(!ok && err.contains("log.filter"), "{bad}: {err}");
     }
 
-    let good = "[dhcp]\nrange = \"10.0.0.100-10.0.0.200\"\n[log]\nfilter = \"info,bootplane=debug\"\n";
+    let good =
+        "[dhcp]\nrange = \"10.0.0.100-10.0.0.200\"\n[log]\nfilter = \"info,bootplane=debug\"\n";
     let (ok, err) = check_config(good, &[]);
     assert!(ok, "{err}");
 
@@ -199,7 +216,12 @@ fn check_config_refuses_bad_ranges_and_log_filters_naming_the_key() {
     let out = Command::new(bin())
         .args(["serve", "--log-filter", "bootplane=loud", "--state-dir"])
         .arg(tmp.path().join("state"))
-        .args(["--api-listen", "127.0.0.1:1", "--http-listen", "127.0.0.1:2"])
+        .args([
+            "--api-listen",
+            "127.0.0.1:1",
+            "--http-listen",
+            "127.0.0.1:2",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -216,12 +238,27 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
     let tmp = tempfile::tempdir().unwrap();
     let listen = format!("tftp.listen=\"127.0.0.1:{tftp_port}\"");
     let root = format!("tftp.root={:?}", tmp.path().display().to_string());
-    let b = Bootplane::start(&["--set", "tftp.enabled=true", "--set", &listen, "--set", &root]);
+    let b = Bootplane::start(&[
+        "--set",
+        "tftp.enabled=true",
+        "--set",
+        &listen,
+        "--set",
+        &root,
+    ]);
     let jobs = format!("{}/apis/bootplane.dev/v1alpha1/jobs", b.api);
     let auth = format!("Bearer {}", b.token);
 
     let empty: Value = b
-        .agent.get(&jobs).set("Authorization", &auth).call().unwrap().into_string().unwrap().parse().unwrap();
+        .agent
+        .get(&jobs)
+        .set("Authorization", &auth)
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(empty["kind"], "JobList", "{empty}");
     assert_eq!(empty["items"], json!([]));
     let (code, _, err) = b.cli(&["get", "jobs"]);
@@ -243,7 +280,16 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
         .send_string(&req.to_string())
         .unwrap();
     assert_eq!(r.status(), 201);
-    let list: Value = b.agent.get(&jobs).set("Authorization", &auth).call().unwrap().into_string().unwrap().parse().unwrap();
+    let list: Value = b
+        .agent
+        .get(&jobs)
+        .set("Authorization", &auth)
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap()
+        .parse()
+        .unwrap();
     let items = list["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{list}");
     assert_eq!(items[0]["id"], "job-1");
@@ -286,7 +332,10 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
         if text.contains("bootplane_power_requests_total{") {
             break text;
         }
-        assert!(Instant::now() < deadline, "no power request counted:\n{text}");
+        assert!(
+            Instant::now() < deadline,
+            "no power request counted:\n{text}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     for family in [
@@ -318,7 +367,10 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
         .get(&jobs)
         .set("Authorization", &format!("Bearer {token}"))
         .call();
-    assert!(matches!(denied, Err(ureq::Error::Status(403, _))), "{denied:?}");
+    assert!(
+        matches!(denied, Err(ureq::Error::Status(403, _))),
+        "{denied:?}"
+    );
     assert!(!b.log().contains('\u{1b}'), "colour codes in the log file");
 }
 
@@ -332,7 +384,10 @@ fn release_profile_has_no_debug_info_and_license_matches() {
     let release = &cargo["profile"]["release"];
     let debug = release.get("debug");
     assert!(
-        matches!(debug, None | Some(toml::Value::Boolean(false)) | Some(toml::Value::Integer(0))),
+        matches!(
+            debug,
+            None | Some(toml::Value::Boolean(false)) | Some(toml::Value::Integer(0))
+        ),
         "[profile.release] debug = {debug:?}"
     );
     assert_eq!(cargo["package"]["license"].as_str(), Some("Apache-2.0"));

@@ -54,7 +54,10 @@ fn exported_names() -> Vec<String> {
     sealed.register(&mut reg);
     // Families without a sample are not encoded: one of each.
     let store = bootplane::store::metrics::global();
-    store.observe(Ok::<(), &bootplane::store::backend::KvError>(()), std::time::Duration::ZERO);
+    store.observe(
+        Ok::<(), &bootplane::store::backend::KvError>(()),
+        std::time::Duration::ZERO,
+    );
     store.register(&mut reg);
     let ctl = bootplane::controller::runtime::metrics::global();
     ctl.observe("tidy", "done", std::time::Duration::ZERO);
@@ -77,6 +80,7 @@ fn exported_names() -> Vec<String> {
     };
     power.requests.get_or_create(&req).inc();
     power.register(&mut reg);
+    bootplane::store::events::register_metrics(&mut reg);
     let mut s = String::new();
     prometheus_client::encoding::text::encode(&mut s, &reg).unwrap();
     let mut names = Vec::new();

@@ -744,7 +744,11 @@ async fn stamp(p: &Path) -> Stamp {
 impl Tls {
     /// Reload the certificate pair and the revocation list when their files change,
     /// and both at once each time `reload` changes (SIGHUP), until shutdown.
-    pub async fn watch(self, mut shutdown: Shutdown, mut reload: tokio::sync::watch::Receiver<u64>) {
+    pub async fn watch(
+        self,
+        mut shutdown: Shutdown,
+        mut reload: tokio::sync::watch::Receiver<u64>,
+    ) {
         let s = self.sources.clone();
         let mut pair = (stamp(&s.cert).await, stamp(&s.key).await);
         let mut revoked = stamp(&s.revoked).await;

@@ -144,19 +144,24 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// The whole description, as text.
 pub fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]) -> String {
     let mut out = String::new();
+    summary(&mut out, rt, obj, owned);
+    body(&mut out, rt, obj);
+    conditions(&mut out, obj);
+    events_table(&mut out, events);
+    out
+}
+
+/// Name, namespace, kind, labels, annotations, age, owners, owned and referenced objects.
+fn summary(out: &mut String, rt: &ResourceType, obj: &Value, owned: &[String]) {
     let m = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("");
     let line = |out: &mut String, k: &str, v: &str| {
         out.push_str(&format!("{:<14}{v}\n", format!("{k}:")));
     };
-    line(&mut out, "Name", m("/metadata/name"));
+    line(out, "Name", m("/metadata/name"));
     if rt.namespaced {
-        line(&mut out, "Namespace", m("/metadata/namespace"));
+        line(out, "Namespace", m("/metadata/namespace"));
     }
-    line(
-        &mut out,
-        "Kind",
-        &format!("{} ({})", rt.kind, rt.api_version()),
-    );
+    line(out, "Kind", &format!("{} ({})", rt.kind, rt.api_version()));
     let pairs = |p: &str, skip: &[&str]| -> String {
         let list: Vec<String> = obj
             .pointer(p)
@@ -172,16 +177,16 @@ pub fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]
             list.join("\n              ")
         }
     };
-    line(&mut out, "Labels", &pairs("/metadata/labels", &[]));
+    line(out, "Labels", &pairs("/metadata/labels", &[]));
     line(
-        &mut out,
+        out,
         "Annotations",
         &pairs("/metadata/annotations", &[LAST_APPLIED]),
     );
     let created = m("/metadata/creationTimestamp");
     if !created.is_empty() {
         line(
-            &mut out,
+            out,
             "Created",
             &format!("{created} ({} ago)", age(Some(created))),
         );
@@ -190,7 +195,7 @@ pub fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]
         .pointer("/metadata/deletionTimestamp")
         .and_then(Value::as_str)
     {
-        line(&mut out, "Deleting", &format!("since {d}"));
+        line(out, "Deleting", &format!("since {d}"));
     }
     let owners: Vec<String> = obj
         .pointer("/metadata/ownerReferences")
@@ -206,15 +211,19 @@ pub fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]
         })
         .collect();
     if !owners.is_empty() {
-        line(&mut out, "Owned by", &owners.join(", "));
+        line(out, "Owned by", &owners.join(", "));
     }
     if !owned.is_empty() {
-        line(&mut out, "Owns", &owned.join("\n              "));
+        line(out, "Owns", &owned.join("\n              "));
     }
     let refs = references(obj.get("spec"));
     if !refs.is_empty() {
-        line(&mut out, "References", &refs.join("\n              "));
+        line(out, "References", &refs.join("\n              "));
     }
+}
+
+/// Spec and status (conditions apart) as YAML; a Secret's keys and sizes only.
+fn body(out: &mut String, rt: &ResourceType, obj: &Value) {
     if is_secret(rt) {
         out.push_str("Data:\n");
         for field in ["data", "stringData"] {
@@ -250,6 +259,10 @@ pub fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]
             }
         }
     }
+}
+
+/// `status.conditions` as a table.
+fn conditions(out: &mut String, obj: &Value) {
     let conds = obj
         .pointer("/status/conditions")
         .and_then(Value::as_array)
@@ -274,12 +287,16 @@ pub fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]
                 f("message"),
             ]);
         }
-        indent(&mut out, &format_rows(&rows));
+        indent(out, &format_rows(&rows));
     }
+}
+
+/// The object's Events, oldest first.
+fn events_table(out: &mut String, events: &[Value]) {
     out.push_str("Events:");
     if events.is_empty() {
         out.push_str("        <none>\n");
-        return out;
+        return;
     }
     out.push('\n');
     let mut evs: Vec<&Value> = events.iter().collect();
@@ -317,8 +334,7 @@ pub fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]
             f("/message"),
         ]);
     }
-    indent(&mut out, &format_rows(&rows));
-    out
+    indent(out, &format_rows(&rows));
 }
 
 fn indent(out: &mut String, text: &str) {

@@ -45,9 +45,11 @@ pub fn get(client: &Client, id: Option<&str>, output: Option<&str>) -> Result<u8
 
 /// ID, SERVER, STATE, ATTEMPTS, PROGRESS, AGE, REASON.
 fn table(items: &[Value]) -> String {
-    let mut rows = vec![["ID", "SERVER", "STATE", "ATTEMPTS", "PROGRESS", "AGE", "REASON"]
-        .map(String::from)
-        .to_vec()];
+    let mut rows = vec![[
+        "ID", "SERVER", "STATE", "ATTEMPTS", "PROGRESS", "AGE", "REASON",
+    ]
+    .map(String::from)
+    .to_vec()];
     for j in items {
         let s = |k: &str| j.get(k).and_then(Value::as_str).unwrap_or("").to_string();
         let done = j.pointer("/progress/bytes").and_then(Value::as_u64);

@@ -111,10 +111,7 @@ impl CatalogResolver {
         };
         self.renders.clear();
         self.changes.send_modify(|g| *g += 1);
-        Reloaded {
-            catalog,
-            templates,
-        }
+        Reloaded { catalog, templates }
     }
 
     fn template_set(&self) -> Arc<TemplateSet> {
@@ -542,7 +539,11 @@ impl StoreBootIndex {
         if let Some((image, _)) = &self.discovery {
             if s.pointer("/status/state").and_then(Value::as_str) == Some("Discovery") {
                 *boot_id = super::inventory::boot_id(s);
-                return match self.resolver.hasher.resolve(&self.resolver.catalog(), image) {
+                return match self
+                    .resolver
+                    .hasher
+                    .resolve(&self.resolver.catalog(), image)
+                {
                     Ok(Ok(r)) => (
                         BootState::Discovery,
                         Some(r.boot_files(&self.base_url)),
@@ -603,7 +604,11 @@ impl StoreBootIndex {
             .pointer("/spec/image")
             .and_then(Value::as_str)
             .unwrap_or("");
-        let files = match self.resolver.hasher.resolve(&self.resolver.catalog(), image) {
+        let files = match self
+            .resolver
+            .hasher
+            .resolve(&self.resolver.catalog(), image)
+        {
             Ok(Ok(r)) => r.boot_files(&self.base_url),
             Ok(Err(e)) => return (BootState::Error(e.to_string()), None, None),
             Err(e) => {

@@ -139,7 +139,8 @@ impl DhcpConfig {
             let at = format!("{key}.subnets[{i}]");
             parse_cidr(&s.network).map_err(|e| anyhow::anyhow!("{at}.network: {}", m(e)))?;
             for r in &s.ranges {
-                let (a, b) = parse_range(r).map_err(|e| anyhow::anyhow!("{at}.ranges: {}", m(e)))?;
+                let (a, b) =
+                    parse_range(r).map_err(|e| anyhow::anyhow!("{at}.ranges: {}", m(e)))?;
                 all.push((format!("{at}.ranges"), a, b));
             }
             for r in &s.exclude {

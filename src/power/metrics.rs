@@ -43,12 +43,7 @@ pub struct Metered {
 }
 
 impl Metered {
-    fn count(
-        &self,
-        server: &Value,
-        action: &'static str,
-        r: &anyhow::Result<Outcome>,
-    ) {
+    fn count(&self, server: &Value, action: &'static str, r: &anyhow::Result<Outcome>) {
         let outcome = match r {
             Ok(Outcome::Done) => "done",
             Ok(Outcome::Pending(_)) => "pending",

@@ -15,9 +15,9 @@
 //! /apis/bootplane.dev/v1alpha1/jobs[/{id}]`) for the API listener.
 
 pub mod api;
-pub mod metrics;
 pub mod kubernetes;
 pub mod local;
+pub mod metrics;
 pub mod progress;
 
 use std::sync::Arc;

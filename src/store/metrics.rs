@@ -42,9 +42,7 @@ impl Metrics {
         let result = match r {
             Ok(_) => "ok",
             Err(
-                KvError::AlreadyExists { .. }
-                | KvError::NotFound { .. }
-                | KvError::Conflict { .. },
+                KvError::AlreadyExists { .. } | KvError::NotFound { .. } | KvError::Conflict { .. },
             ) => "conflict",
             Err(_) => "error",
         };
