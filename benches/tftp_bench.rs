@@ -725,6 +725,10 @@ fn main() {
         "tftp bench: single {} MiB transfer x{} interleaved runs; storm of {} clients x {} KiB x{} interleaved runs; load average {}",
         o.big_mib, o.runs, o.clients, o.storm_kib, o.storm_runs, rounds::load()
     );
+    let cmd = format!(
+        "cargo bench --bench tftp_bench -- {}",
+        args.iter().skip(1).filter(|a| *a != "--bench").cloned().collect::<Vec<_>>().join(" ")
+    );
     let mut rows = Vec::new();
     let mut goals: Vec<(String, bool, String)> = Vec::new();
     if !o.storm_only {
@@ -779,8 +783,8 @@ fn main() {
             pairs[0].ratio().median <= 1.0 / 3.0,
             format!("{}x", pairs[0].ratio().fmt(2)),
         ));
-        rows.push(pairs[0].table_row("cargo bench --bench tftp_bench"));
-        rows.push(pairs[1].table_row("cargo bench --bench tftp_bench"));
+        rows.push(pairs[0].table_row(&cmd));
+        rows.push(pairs[1].table_row(&cmd));
 
         // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
         println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; {} interleaved runs)", o.big_mib, o.runs);
@@ -799,7 +803,7 @@ fn main() {
         for p in &pairs {
             p.print();
         }
-        rows.push(pairs[1].table_row("cargo bench --bench tftp_bench"));
+        rows.push(pairs[1].table_row(&cmd));
 
         // (a3) (a) again over a path with a LAN's round-trip time
         let rtt = Duration::from_micros(o.rtt_us);
@@ -829,7 +833,7 @@ fn main() {
             pairs[0].ratio().median <= 1.0 / 3.0,
             format!("{}x", pairs[0].ratio().fmt(2)),
         ));
-        rows.push(pairs[0].table_row("cargo bench --bench tftp_bench"));
+        rows.push(pairs[0].table_row(&cmd));
         let (hwm, _) = bp.rss_kib();
         println!("  (bootplane RSS after (a): peak {:.1} MiB, mostly the mapped 64 MiB file's page-cache pages)", hwm as f64 / 1024.0);
         drop(bp);
@@ -919,14 +923,8 @@ fn main() {
         time.ratio().median <= 0.5 && fails[0] == 0,
         format!("{}x per run, {} failures", time.ratio().fmt(2), fails[0]),
     ));
-    rows.push(time.table_row(&format!(
-        "cargo bench --bench tftp_bench -- --storm-only --storm-window {} --clients {}",
-        o.storm_window, o.clients
-    )));
-    rows.push(cpu_block.table_row(&format!(
-        "cargo bench --bench tftp_bench -- --storm-only --storm-window {} --clients {}",
-        o.storm_window, o.clients
-    )));
+    rows.push(time.table_row(&cmd));
+    rows.push(cpu_block.table_row(&cmd));
     drop(bp);
     drop(dm);
     println!();
