@@ -770,10 +770,10 @@ fn main() {
         ];
         let r = run_singles(&rt, &cases, &big, o.runs, mb);
         let pairs = [
-            speed(&format!("(a) {} MiB, blksize {b_hpa}, windowsize {w}: time", o.big_mib), "tftpd-hpa", &r[1], &r[0]),
-            speed(&format!("(a) {} MiB, blksize {b_hpa}, both lockstep: time", o.big_mib), "tftpd-hpa", &r[2], &r[0]),
-            speed(&format!("(a) {} MiB, blksize {b_dm}, windowsize {w}: time", o.big_mib), "dnsmasq", &r[4], &r[3]),
-            speed(&format!("(a) {} MiB, blksize {b_dm}, both lockstep: time", o.big_mib), "dnsmasq", &r[5], &r[3]),
+            speed(&format!("TFTP (a) {} MiB, blksize {b_hpa}, windowsize {w}: time", o.big_mib), "tftpd-hpa", &r[1], &r[0]),
+            speed(&format!("TFTP (a) {} MiB, blksize {b_hpa}, both lockstep: time", o.big_mib), "tftpd-hpa", &r[2], &r[0]),
+            speed(&format!("TFTP (a) {} MiB, blksize {b_dm}, windowsize {w}: time", o.big_mib), "dnsmasq", &r[4], &r[3]),
+            speed(&format!("TFTP (a) {} MiB, blksize {b_dm}, both lockstep: time", o.big_mib), "dnsmasq", &r[5], &r[3]),
         ];
         for p in &pairs {
             p.print();
@@ -796,9 +796,9 @@ fn main() {
         ];
         let r2 = run_singles(&rt, &cases, &big, o.runs, mb);
         let pairs = [
-            speed("(a2) blksize 1468, windowsize: time", "tftpd-hpa", &r2[1], &r2[0]),
-            speed("(a2) blksize 1468, both lockstep: time", "tftpd-hpa", &r2[2], &r2[0]),
-            speed("(a2) blksize 1468, both lockstep: time", "dnsmasq", &r2[2], &r2[3]),
+            speed("TFTP (a2) blksize 1468, windowsize: time", "tftpd-hpa", &r2[1], &r2[0]),
+            speed("TFTP (a2) blksize 1468, both lockstep: time", "tftpd-hpa", &r2[2], &r2[0]),
+            speed("TFTP (a2) blksize 1468, both lockstep: time", "dnsmasq", &r2[2], &r2[3]),
         ];
         for p in &pairs {
             p.print();
@@ -822,8 +822,8 @@ fn main() {
         ];
         let r3 = run_singles(&rt, &cases, &big, o.runs, mb);
         let pairs = [
-            speed(&format!("(a3) {} us round trip, windowsize: time", o.rtt_us), "tftpd-hpa", &r3[1], &r3[0]),
-            speed(&format!("(a3) {} us round trip, both lockstep: time", o.rtt_us), "tftpd-hpa", &r3[2], &r3[0]),
+            speed(&format!("TFTP (a3) {} us round trip, windowsize: time", o.rtt_us), "tftpd-hpa", &r3[1], &r3[0]),
+            speed(&format!("TFTP (a3) {} us round trip, both lockstep: time", o.rtt_us), "tftpd-hpa", &r3[2], &r3[0]),
         ];
         for p in &pairs {
             p.print();
@@ -858,7 +858,7 @@ fn main() {
     );
     let mut time = Pair::new(
         &format!(
-            "(b) TFTP storm {} clients x {} KiB, {}: time",
+            "TFTP (b) storm {} clients x {} KiB, {}: time",
             o.clients,
             o.storm_kib,
             if o.storm_window == 1 { "lockstep".to_string() } else { format!("windowsize {}", o.storm_window) }
@@ -867,7 +867,7 @@ fn main() {
         "bootplane",
         "dnsmasq",
     );
-    let mut cpu_block = Pair::new("(b) server CPU per DATA block", "us", "bootplane", "dnsmasq");
+    let mut cpu_block = Pair::new("TFTP (b) server CPU per DATA block, storm", "us", "bootplane", "dnsmasq");
     let mut fails = [0usize; 2];
     let mut retx = [0u32; 2];
     let mut errs: [Option<String>; 2] = [None, None];
