@@ -128,8 +128,9 @@ pub struct Outcome {
 /// SHA-256 bounds the copy, so every second it is not hashing is lost: waiting for
 /// the next frame (decoders behind), waiting for a writer to take a frame (target
 /// behind), or runnable but off its core (another thread or process ran there; the
-/// kernel's `schedstat` run-queue wait). `hashing` is the time inside the SHA-256
-/// itself, so `hashing / wall` is how close the copy came to the hash limit.
+/// kernel's `schedstat` run-queue wait). `hashing` is the wall time inside the
+/// SHA-256 calls (preemptions there included); `cpu` is the thread's CPU time, so
+/// bytes / `cpu` is the hash rate the thread got while it had its core.
 #[derive(Debug, Default, Clone, Copy)]
 struct HashTime {
     wall: Duration,
