@@ -1767,7 +1767,10 @@ fn main() {
             all && (a.machines < 10_000 || rss <= 256.0),
             &format!(
                 "failures per round: {}; peak RSS {rss:.0} MiB",
-                bs.iter().map(|b| b.failures.clone()).collect::<Vec<_>>().join(" / ")
+                bs.iter()
+                    .map(|b| b.failures.clone())
+                    .collect::<Vec<_>>()
+                    .join(" / ")
             ),
         );
         if !ps.is_empty() {

@@ -54,10 +54,10 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-#[path = "support/rounds.rs"]
-mod rounds;
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "support/rounds.rs"]
+mod rounds;
 use procfs::proc_cpu;
 
 // The etcd cluster of the integration tests (tests/support/etcd.rs).

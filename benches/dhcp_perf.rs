@@ -456,88 +456,92 @@ fn main() {
     let mut run_no = 0;
     let mut all: Vec<Vec<Best>> = Vec::new();
     for round in 0..rounds {
-    println!("--- round {} of {rounds}, load {} ---", round + 1, rounds::load());
-    let mut best: Vec<Best> = servers
-        .iter()
-        .map(|w| Best {
-            name: w.clone(),
-            rate: 0.0,
-            offered: 0,
-            fails: 0,
-            cpu: None,
-        })
-        .collect();
-    // Interleaved: each offered rate is tried on every server back to back, so
-    // drifting load on the machine hits all of them alike. A step that loses >= 1%
-    // is retried (attempts, default 2) and the best attempt counts.
-    for &r in &rates {
-        // The CPU-per-lease step runs on every server, also one that already failed.
-        if best.iter().all(|b| b.fails >= 2) && r > cpu_rate {
-            break;
-        }
-        for b in best.iter_mut() {
-            if b.fails >= 2 && r != cpu_rate {
-                continue;
+        println!(
+            "--- round {} of {rounds}, load {} ---",
+            round + 1,
+            rounds::load()
+        );
+        let mut best: Vec<Best> = servers
+            .iter()
+            .map(|w| Best {
+                name: w.clone(),
+                rate: 0.0,
+                offered: 0,
+                fails: 0,
+                cpu: None,
+            })
+            .collect();
+        // Interleaved: each offered rate is tried on every server back to back, so
+        // drifting load on the machine hits all of them alike. A step that loses >= 1%
+        // is retried (attempts, default 2) and the best attempt counts.
+        for &r in &rates {
+            // The CPU-per-lease step runs on every server, also one that already failed.
+            if best.iter().all(|b| b.fails >= 2) && r > cpu_rate {
+                break;
             }
-            let mut got: Option<Step> = None;
-            for _ in 0..attempts {
-                run_no += 1;
-                let mut p = start(&s, &b.name, run_no);
-                let (c0, s0) = (rcvbuf_errors(&s.client), rcvbuf_errors(&s.server));
-                let cpu0 = proc_cpu(p.pid() as u32);
-                let step = perfdhcp(&s, r, secs);
-                let cpu = proc_cpu(p.pid() as u32) - cpu0;
-                let (c1, s1) = (rcvbuf_errors(&s.client), rcvbuf_errors(&s.server));
-                p.kill9();
-                let per_lease_us = if step.acks > 0.0 {
-                    cpu / step.acks * 1e6
-                } else {
-                    f64::NAN
-                };
-                // perfdhcp runs `secs` plus its exit wait (0.5 s).
-                let wall = f64::from(secs) + 0.5;
-                println!(
+            for b in best.iter_mut() {
+                if b.fails >= 2 && r != cpu_rate {
+                    continue;
+                }
+                let mut got: Option<Step> = None;
+                for _ in 0..attempts {
+                    run_no += 1;
+                    let mut p = start(&s, &b.name, run_no);
+                    let (c0, s0) = (rcvbuf_errors(&s.client), rcvbuf_errors(&s.server));
+                    let cpu0 = proc_cpu(p.pid() as u32);
+                    let step = perfdhcp(&s, r, secs);
+                    let cpu = proc_cpu(p.pid() as u32) - cpu0;
+                    let (c1, s1) = (rcvbuf_errors(&s.client), rcvbuf_errors(&s.server));
+                    p.kill9();
+                    let per_lease_us = if step.acks > 0.0 {
+                        cpu / step.acks * 1e6
+                    } else {
+                        f64::NAN
+                    };
+                    // perfdhcp runs `secs` plus its exit wait (0.5 s).
+                    let wall = f64::from(secs) + 0.5;
+                    println!(
                     "{:>9}: offered {:>6}/s  completed {:>9.1} leases/s  loss {:>6.2}%  server cpu {:>5.1} us/lease ({:>3.0}% of a core), perfdhcp {:>3.0}%  (socket-buffer drops: perfdhcp {}, server {})",
                     b.name, step.offered, step.rate, step.loss_pct, per_lease_us,
                     100.0 * cpu / wall, 100.0 * step.gen_cpu / wall, c1 - c0, s1 - s0
                 );
-                if r == cpu_rate
-                    && b.cpu.is_none_or(|(_, l)| step.loss_pct < l)
-                    && per_lease_us.is_finite()
-                {
-                    b.cpu = Some((per_lease_us, step.loss_pct));
+                    if r == cpu_rate
+                        && b.cpu.is_none_or(|(_, l)| step.loss_pct < l)
+                        && per_lease_us.is_finite()
+                    {
+                        b.cpu = Some((per_lease_us, step.loss_pct));
+                    }
+                    let better = got.as_ref().is_none_or(|g| step.loss_pct < g.loss_pct);
+                    if better {
+                        got = Some(step);
+                    }
+                    if got.as_ref().is_some_and(|g| g.loss_pct < 1.0) {
+                        break;
+                    }
                 }
-                let better = got.as_ref().is_none_or(|g| step.loss_pct < g.loss_pct);
-                if better {
-                    got = Some(step);
+                let g = got.expect("at least one attempt");
+                if b.fails >= 2 {
+                    // Out of the climb: this was only the CPU step.
+                } else if g.loss_pct < 1.0 {
+                    if g.rate > b.rate {
+                        b.rate = g.rate;
+                        b.offered = g.offered;
+                    }
+                    b.fails = 0;
+                } else {
+                    b.fails += 1;
                 }
-                if got.as_ref().is_some_and(|g| g.loss_pct < 1.0) {
-                    break;
-                }
-            }
-            let g = got.expect("at least one attempt");
-            if b.fails >= 2 {
-                // Out of the climb: this was only the CPU step.
-            } else if g.loss_pct < 1.0 {
-                if g.rate > b.rate {
-                    b.rate = g.rate;
-                    b.offered = g.offered;
-                }
-                b.fails = 0;
-            } else {
-                b.fails += 1;
             }
         }
-    }
-    println!(
-        "round {}: {}",
-        round + 1,
-        best.iter()
-            .map(|b| format!("{} {:.0} leases/s", b.name, b.rate))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    all.push(best);
+        println!(
+            "round {}: {}",
+            round + 1,
+            best.iter()
+                .map(|b| format!("{} {:.0} leases/s", b.name, b.rate))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        all.push(best);
     }
     println!();
     println!("leases/s at < 1% loss ({secs} s per step, best of {attempts}, {CLIENTS} distinct clients, pool {POOL_START}-{POOL_END}), {rounds} rounds, the climb interleaved across servers in each (median (min-max)):");

@@ -104,8 +104,18 @@ fn main() {
     );
 
     // (a) requests/s
-    let mut rps = Pair::new("HTTP (a) iPXE script requests/s", "req/s", "bootplane", "nginx static");
-    let mut cpu_req = Pair::new("HTTP (a) server CPU per request", "us", "bootplane", "nginx");
+    let mut rps = Pair::new(
+        "HTTP (a) iPXE script requests/s",
+        "req/s",
+        "bootplane",
+        "nginx static",
+    );
+    let mut cpu_req = Pair::new(
+        "HTTP (a) server CPU per request",
+        "us",
+        "bootplane",
+        "nginx",
+    );
     for _ in 0..rounds {
         let (r, c) = wrk_rps(
             &ours,
@@ -134,23 +144,24 @@ fn main() {
         "bootplane",
         "nginx sendfile",
     );
-    let mut cpu_gib = Pair::new("HTTP (b) server CPU per GiB sent", "s", "bootplane", "nginx");
+    let mut cpu_gib = Pair::new(
+        "HTTP (b) server CPU per GiB sent",
+        "s",
+        "bootplane",
+        "nginx",
+    );
     let hz = procfs::clk_tck();
     let gib = (8 * big_len) as f64 / (1u64 << 30) as f64;
     for _ in 0..rounds {
         let c0 = cpu_ticks(&ours);
         dl.a.push(
-            parallel_downloads(
-                &format!("http://{}/assets/big.bin", ours.addr),
-                8,
-                big_len,
-            ) / 1048576.0,
+            parallel_downloads(&format!("http://{}/assets/big.bin", ours.addr), 8, big_len)
+                / 1048576.0,
         );
         cpu_gib.a.push((cpu_ticks(&ours) - c0) as f64 / hz / gib);
         let c0 = cpu_ticks(&nginx);
         dl.b.push(
-            parallel_downloads(&format!("http://{}/big.bin", nginx.addr), 8, big_len)
-                / 1048576.0,
+            parallel_downloads(&format!("http://{}/big.bin", nginx.addr), 8, big_len) / 1048576.0,
         );
         cpu_gib.b.push((cpu_ticks(&nginx) - c0) as f64 / hz / gib);
     }

@@ -88,10 +88,10 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-#[path = "support/rounds.rs"]
-mod rounds;
 #[path = "support/args.rs"]
 mod args;
+#[path = "support/rounds.rs"]
+mod rounds;
 use args::arg;
 
 fn main() {
@@ -377,7 +377,10 @@ fn serve_bench(json: &bytes::Bytes, secs: u64, rounds: usize) {
         "nginx serves the config"
     );
     let mut p = rounds::Pair::new(
-        &format!("Ignition config served from the render cache ({} bytes, wrk -t2 -c64 {secs}s)", json.len()),
+        &format!(
+            "Ignition config served from the render cache ({} bytes, wrk -t2 -c64 {secs}s)",
+            json.len()
+        ),
         "req/s",
         "boot listener",
         "nginx static",
@@ -390,9 +393,18 @@ fn serve_bench(json: &bytes::Bytes, secs: u64, rounds: usize) {
     rounds::goal(
         "serve cached >= 20,000 req/s",
         p.a_stat().median >= 20_000.0,
-        &format!("median {:.0} req/s, load average {}", p.a_stat().median, rounds::load()),
+        &format!(
+            "median {:.0} req/s, load average {}",
+            p.a_stat().median,
+            rounds::load()
+        ),
     );
-    println!("table row:\n{}", p.table_row(&format!("cargo bench --bench ignition_render -- --rounds {rounds}")));
+    println!(
+        "table row:\n{}",
+        p.table_row(&format!(
+            "cargo bench --bench ignition_render -- --rounds {rounds}"
+        ))
+    );
     coord.trigger();
     rt.block_on(async {
         let _ = tokio::time::timeout(Duration::from_secs(10), server).await;

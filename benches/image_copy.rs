@@ -447,10 +447,7 @@ fn main() {
             disk[round],
             loads[round]
         );
-        println!(
-            "  bootplane's hash thread (s): {}",
-            hash_thread[round]
-        );
+        println!("  bootplane's hash thread (s): {}", hash_thread[round]);
     }
     println!();
     println!(
@@ -531,7 +528,11 @@ fn main() {
         "sha256 in memory",
     );
     vs_cpu.a = per_cpu;
-    vs_cpu.b = ossl.iter().zip(&crate_rate).map(|(o, c)| o.max(*c)).collect();
+    vs_cpu.b = ossl
+        .iter()
+        .zip(&crate_rate)
+        .map(|(o, c)| o.max(*c))
+        .collect();
     vs_cpu.print();
     println!();
     for (m, (name, _)) in methods.iter().enumerate().take(2) {
@@ -550,11 +551,25 @@ fn main() {
     }
     // The SHA-256 limit: the faster of the two in-memory rates of the same round, per
     // second of CPU time (the rate of a thread with a core to itself).
-    let limit: Vec<f64> = ossl.iter().zip(&crate_rate).map(|(o, c)| o.max(*c)).collect();
-    let mut vs_limit = Pair::new("image copy vs in-memory SHA-256", "MB/s", "bootplane", "sha256 in memory");
+    let limit: Vec<f64> = ossl
+        .iter()
+        .zip(&crate_rate)
+        .map(|(o, c)| o.max(*c))
+        .collect();
+    let mut vs_limit = Pair::new(
+        "image copy vs in-memory SHA-256",
+        "MB/s",
+        "bootplane",
+        "sha256 in memory",
+    );
     vs_limit.a = rate[0].clone();
     vs_limit.b = limit;
-    let mut vs_bmap = Pair::new("image copy, 1 GiB-class mixed image, verified, O_DIRECT", "MB/s", "bootplane", "bmaptool");
+    let mut vs_bmap = Pair::new(
+        "image copy, 1 GiB-class mixed image, verified, O_DIRECT",
+        "MB/s",
+        "bootplane",
+        "bmaptool",
+    );
     vs_bmap.a = rate[0].clone();
     vs_bmap.b = rate[4].clone();
     let mut vs_disk = Pair::new(
@@ -565,7 +580,12 @@ fn main() {
     );
     vs_disk.a = rate[0].clone();
     vs_disk.b = disk.clone();
-    let mut vs_tee = Pair::new("image copy vs zstd|tee(openssl)|dd", "MB/s", "bootplane", "zstd|tee|dd");
+    let mut vs_tee = Pair::new(
+        "image copy vs zstd|tee(openssl)|dd",
+        "MB/s",
+        "bootplane",
+        "zstd|tee|dd",
+    );
     vs_tee.a = rate[0].clone();
     vs_tee.b = rate[3].clone();
     println!();
@@ -589,7 +609,12 @@ fn main() {
     goal(
         ">= 90% of the in-memory SHA-256 rate of the same round",
         vs_limit.ratio().median >= 0.9,
-        &format!("median {:.0}% per round, spread {:.0}-{:.0}%", vs_limit.ratio().median * 100.0, vs_limit.ratio().min * 100.0, vs_limit.ratio().max * 100.0),
+        &format!(
+            "median {:.0}% per round, spread {:.0}-{:.0}%",
+            vs_limit.ratio().median * 100.0,
+            vs_limit.ratio().min * 100.0,
+            vs_limit.ratio().max * 100.0
+        ),
     );
     goal(
         ">= 2.3x bmaptool",
@@ -603,7 +628,11 @@ fn main() {
     );
     println!();
     println!("table rows:");
-    let cmd = format!("cargo bench --bench image_copy -- --size {}M --rounds {}", a.size >> 20, a.runs);
+    let cmd = format!(
+        "cargo bench --bench image_copy -- --size {}M --rounds {}",
+        a.size >> 20,
+        a.runs
+    );
     println!("{}", vs_bmap.table_row(&cmd));
     println!("{}", vs_limit.table_row(&cmd));
     rounds::print_machine();

@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-#[path = "support/rounds.rs"]
-mod rounds;
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "support/rounds.rs"]
+mod rounds;
 #[path = "../tests/support/mod.rs"]
 mod support;
 

@@ -563,7 +563,12 @@ fn singles(
 }
 
 /// The blksize `srv` grants when asked for `ask` (one small fetch).
-fn negotiated_blksize(rt: &tokio::runtime::Runtime, srv: &Srv, ask: u16, expect: &Arc<Vec<u8>>) -> u16 {
+fn negotiated_blksize(
+    rt: &tokio::runtime::Runtime,
+    srv: &Srv,
+    ask: u16,
+    expect: &Arc<Vec<u8>>,
+) -> u16 {
     let mut dest = vec![0u8; expect.len() + 65536];
     let o = ReqOpts {
         max_timeouts: 10,
@@ -727,7 +732,12 @@ fn main() {
     );
     let cmd = format!(
         "cargo bench --bench tftp_bench -- {}",
-        args.iter().skip(1).filter(|a| *a != "--bench").cloned().collect::<Vec<_>>().join(" ")
+        args.iter()
+            .skip(1)
+            .filter(|a| *a != "--bench")
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let mut rows = Vec::new();
     let mut goals: Vec<(String, bool, String)> = Vec::new();
@@ -762,18 +772,58 @@ fn main() {
         );
         let cases = [
             (&hpa, single(b_hpa, 1), format!("blksize {b_hpa}")),
-            (&bp, single(b_hpa, w), format!("blksize {b_hpa} windowsize {w}")),
+            (
+                &bp,
+                single(b_hpa, w),
+                format!("blksize {b_hpa} windowsize {w}"),
+            ),
             (&bp, single(b_hpa, 1), format!("blksize {b_hpa} lockstep")),
             (&dm, single(b_dm, 1), format!("blksize {b_dm}")),
-            (&bp, single(b_dm, w), format!("blksize {b_dm} windowsize {w}")),
+            (
+                &bp,
+                single(b_dm, w),
+                format!("blksize {b_dm} windowsize {w}"),
+            ),
             (&bp, single(b_dm, 1), format!("blksize {b_dm} lockstep")),
         ];
         let r = run_singles(&rt, &cases, &big, o.runs, mb);
         let pairs = [
-            speed(&format!("TFTP (a) {} MiB, blksize {b_hpa}, windowsize {w}: time", o.big_mib), "tftpd-hpa", &r[1], &r[0]),
-            speed(&format!("TFTP (a) {} MiB, blksize {b_hpa}, both lockstep: time", o.big_mib), "tftpd-hpa", &r[2], &r[0]),
-            speed(&format!("TFTP (a) {} MiB, blksize {b_dm}, windowsize {w}: time", o.big_mib), "dnsmasq", &r[4], &r[3]),
-            speed(&format!("TFTP (a) {} MiB, blksize {b_dm}, both lockstep: time", o.big_mib), "dnsmasq", &r[5], &r[3]),
+            speed(
+                &format!(
+                    "TFTP (a) {} MiB, blksize {b_hpa}, windowsize {w}: time",
+                    o.big_mib
+                ),
+                "tftpd-hpa",
+                &r[1],
+                &r[0],
+            ),
+            speed(
+                &format!(
+                    "TFTP (a) {} MiB, blksize {b_hpa}, both lockstep: time",
+                    o.big_mib
+                ),
+                "tftpd-hpa",
+                &r[2],
+                &r[0],
+            ),
+            speed(
+                &format!(
+                    "TFTP (a) {} MiB, blksize {b_dm}, windowsize {w}: time",
+                    o.big_mib
+                ),
+                "dnsmasq",
+                &r[4],
+                &r[3],
+            ),
+            speed(
+                &format!(
+                    "TFTP (a) {} MiB, blksize {b_dm}, both lockstep: time",
+                    o.big_mib
+                ),
+                "dnsmasq",
+                &r[5],
+                &r[3],
+            ),
         ];
         for p in &pairs {
             p.print();
@@ -787,7 +837,10 @@ fn main() {
         rows.push(pairs[1].table_row(&cmd));
 
         // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
-        println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; {} interleaved runs)", o.big_mib, o.runs);
+        println!(
+            "\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; {} interleaved runs)",
+            o.big_mib, o.runs
+        );
         let cases = [
             (&hpa, single(1468, 1), "blksize 1468".to_string()),
             (&bp, single(1468, w), format!("blksize 1468 windowsize {w}")),
@@ -796,9 +849,24 @@ fn main() {
         ];
         let r2 = run_singles(&rt, &cases, &big, o.runs, mb);
         let pairs = [
-            speed("TFTP (a2) blksize 1468, windowsize: time", "tftpd-hpa", &r2[1], &r2[0]),
-            speed("TFTP (a2) blksize 1468, both lockstep: time", "tftpd-hpa", &r2[2], &r2[0]),
-            speed("TFTP (a2) blksize 1468, both lockstep: time", "dnsmasq", &r2[2], &r2[3]),
+            speed(
+                "TFTP (a2) blksize 1468, windowsize: time",
+                "tftpd-hpa",
+                &r2[1],
+                &r2[0],
+            ),
+            speed(
+                "TFTP (a2) blksize 1468, both lockstep: time",
+                "tftpd-hpa",
+                &r2[2],
+                &r2[0],
+            ),
+            speed(
+                "TFTP (a2) blksize 1468, both lockstep: time",
+                "dnsmasq",
+                &r2[2],
+                &r2[3],
+            ),
         ];
         for p in &pairs {
             p.print();
@@ -817,19 +885,34 @@ fn main() {
         };
         let cases = [
             (&hpa, lan(b_hpa, 1), format!("blksize {b_hpa}")),
-            (&bp, lan(b_hpa, w), format!("blksize {b_hpa} windowsize {w}")),
+            (
+                &bp,
+                lan(b_hpa, w),
+                format!("blksize {b_hpa} windowsize {w}"),
+            ),
             (&bp, lan(b_hpa, 1), format!("blksize {b_hpa} lockstep")),
         ];
         let r3 = run_singles(&rt, &cases, &big, o.runs, mb);
         let pairs = [
-            speed(&format!("TFTP (a3) {} us round trip, windowsize: time", o.rtt_us), "tftpd-hpa", &r3[1], &r3[0]),
-            speed(&format!("TFTP (a3) {} us round trip, both lockstep: time", o.rtt_us), "tftpd-hpa", &r3[2], &r3[0]),
+            speed(
+                &format!("TFTP (a3) {} us round trip, windowsize: time", o.rtt_us),
+                "tftpd-hpa",
+                &r3[1],
+                &r3[0],
+            ),
+            speed(
+                &format!("TFTP (a3) {} us round trip, both lockstep: time", o.rtt_us),
+                "tftpd-hpa",
+                &r3[2],
+                &r3[0],
+            ),
         ];
         for p in &pairs {
             p.print();
         }
         goals.push((
-            "(a3) >= 3x tftpd-hpa's speed over a LAN round trip (windowsize): time ratio <= 0.33".into(),
+            "(a3) >= 3x tftpd-hpa's speed over a LAN round trip (windowsize): time ratio <= 0.33"
+                .into(),
             pairs[0].ratio().median <= 1.0 / 3.0,
             format!("{}x", pairs[0].ratio().fmt(2)),
         ));
@@ -861,13 +944,22 @@ fn main() {
             "TFTP (b) storm {} clients x {} KiB, {}: time",
             o.clients,
             o.storm_kib,
-            if o.storm_window == 1 { "lockstep".to_string() } else { format!("windowsize {}", o.storm_window) }
+            if o.storm_window == 1 {
+                "lockstep".to_string()
+            } else {
+                format!("windowsize {}", o.storm_window)
+            }
         ),
         "s",
         "bootplane",
         "dnsmasq",
     );
-    let mut cpu_block = Pair::new("TFTP (b) server CPU per DATA block, storm", "us", "bootplane", "dnsmasq");
+    let mut cpu_block = Pair::new(
+        "TFTP (b) server CPU per DATA block, storm",
+        "us",
+        "bootplane",
+        "dnsmasq",
+    );
     let mut fails = [0usize; 2];
     let mut retx = [0u32; 2];
     let mut errs: [Option<String>; 2] = [None, None];
@@ -913,7 +1005,10 @@ fn main() {
             fails[k],
             retx[k],
             hwm as f64 / 1024.0,
-            errs[k].as_ref().map(|e| format!("  first error: {e}")).unwrap_or_default()
+            errs[k]
+                .as_ref()
+                .map(|e| format!("  first error: {e}"))
+                .unwrap_or_default()
         );
     }
     time.print();

@@ -221,5 +221,9 @@ pub fn print_machine() {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
-    println!("machine: {cores} cores, load average {}, {} UTC", load(), now_utc());
+    println!(
+        "machine: {cores} cores, load average {}, {} UTC",
+        load(),
+        now_utc()
+    );
 }
