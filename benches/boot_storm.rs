@@ -5,6 +5,7 @@
 //! cargo bench --bench boot_storm                          # 1,000 machines
 //! cargo bench --bench boot_storm -- --machines 10000
 //! cargo bench --bench boot_storm -- --quick               # 100 machines
+//! cargo bench --bench boot_storm -- --firmware windowsize  # firmware offering windowsize 8
 //! cargo bench --bench boot_storm -- --machines 500 --ramp 2 --only bootplane
 //! cargo bench --bench boot_storm -- --client-threads 2 --client-tftp-threads 2  # the defaults
 //! cargo bench --bench boot_storm -- --cluster              # appliances on etcd, below
@@ -25,9 +26,11 @@
 //! `storm_support/tftp_client.rs`, because this process shares the two cores with the
 //! server under test and a tokio task per lockstep block cost it about twice the CPU):
 //! DHCP DORA (broadcast flag, option 93 arch 0, option 97 UUID, PXEClient class;
-//! DISCOVER/REQUEST retransmitted after 4, 8, 16, 32 s as the PXE spec says) → TFTP
+//! DISCOVER/REQUEST retransmitted after 4, 8, 16, 32 s as the PXE spec says; a NAK
+//! starts over with a DISCOVER, as often as it takes, as firmware does) → TFTP
 //! read of the boot file named in the ACK, a 1 MiB file (`blksize 1468`, `tsize`,
-//! lockstep like firmware; 1 s timeout doubling to 8 s, 6 timeouts = failure) → HTTP
+//! lockstep like firmware, or offering windowsize 8 with `--firmware windowsize`; 1 s
+//! timeout doubling to 8 s, 6 timeouts = failure) → HTTP
 //! GET of `/boot.ipxe`, its `chain` URL with iPXE's `${...}` variables filled in, and
 //! the `ignition.config.url` of the per-machine script's kernel line (one keep-alive
 //! connection, reconnecting with 1/2/4 s backoff on errors). Every socket after DHCP is
@@ -53,9 +56,15 @@
 //! and tftp-max raised to fit the storm) and nginx (2 workers, static `/boot.ipxe`,
 //! per-machine scripts by MAC and Ignition files generated for the N machines).
 //!
-//! Prints per side: machines booted, failures by stage, completion time (first power
-//! on → last Ignition), p50/p99 per-machine boot time, server peak RSS (VmHWM, summed
-//! over the peer's processes) and CPU time during the storm; then the ratios and goals.
+//! Both sides log no per-request lines (bootplane at warn; dnsmasq `--quiet-dhcp
+//! --quiet-tftp`; nginx without an access log, with `open_file_cache`).
+//!
+//! The sides alternate, bootplane then the peer, for `--rounds` rounds (default 3),
+//! each round on fresh namespaces. Prints per side and round: machines booted,
+//! failures by stage, completion time (first power on → last Ignition), p50/p99
+//! per-machine boot time, server peak RSS (VmHWM, summed over the peer's processes)
+//! and CPU time during the storm; then the median and spread (min-max) of each figure
+//! and of the per-round ratio, and every goal, met or not.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -103,6 +112,9 @@ struct Args {
     rounds: usize,
     /// Whole-boot retries per machine (default 0, 1 with `--cluster`).
     boot_retries: Option<u32>,
+    /// The TFTP windowsize the simulated firmware offers (1: lockstep, the default;
+    /// `--firmware windowsize`: 8, as firmware with RFC 7440 support).
+    tftp_window: u16,
 }
 
 fn args() -> Args {
@@ -141,9 +153,18 @@ fn args() -> Args {
         cluster: a.iter().any(|x| x == "--cluster"),
         rounds: get("--rounds")
             .and_then(|v| v.parse().ok())
-            .unwrap_or(if quick { 1 } else { 3 })
+            .unwrap_or(if quick && a.iter().any(|x| x == "--cluster") {
+                1
+            } else {
+                3
+            })
             .max(1),
         boot_retries: get("--boot-retries").and_then(|v| v.parse().ok()),
+        tftp_window: match get("--firmware").as_deref() {
+            None | Some("lockstep") => 1,
+            Some("windowsize") => 8,
+            Some(other) => panic!("--firmware {other:?}: lockstep or windowsize"),
+        },
     }
 }
 
@@ -158,6 +179,9 @@ use support::process::Proc;
 
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "support/rounds.rs"]
+mod rounds;
+use rounds::{goal, Pair};
 #[path = "storm_support/tftp_client.rs"]
 mod tftp_client;
 // `--cluster`: the storm against appliances on etcd (issue 21).
@@ -395,6 +419,8 @@ struct Ctx {
     check: tftp_client::Check,
     waiters: Waiters,
     expect_file: &'static str,
+    /// windowsize offered in the TFTP read request (1: lockstep).
+    tftp_window: u16,
 }
 
 fn dhcp_msg(
@@ -487,7 +513,10 @@ async fn dhcp(ctx: &Ctx, m: &Machine, retx: &mut u32) -> Result<Lease, String> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     ctx.waiters.lock().unwrap().insert(xid, tx);
     let r = async {
-        for _ in 0..3 {
+        // PXE firmware answers a NAK by starting over with a DISCOVER, as often as it
+        // takes (each exchange has the PXE timers, 4, 8, 16, 32 s, and gives up after
+        // them); the side's `--timeout` bounds the whole storm.
+        loop {
             let offer = exchange(
                 ctx,
                 &mut rx,
@@ -537,7 +566,6 @@ async fn dhcp(ctx: &Ctx, m: &Machine, retx: &mut u32) -> Result<Lease, String> {
                 Err(e) => return Err(e),
             }
         }
-        Err("nak three times".into())
     }
     .await;
     ctx.waiters.lock().unwrap().remove(&xid);
@@ -549,7 +577,8 @@ fn expected_byte(off: usize) -> u8 {
 }
 
 /// Fetch the boot file through the TFTP client engine (see `storm_support/tftp_client.rs`):
-/// a socket bound to the leased address, lockstep `blksize` 1468 with `tsize`.
+/// a socket bound to the leased address, `blksize` 1468 with `tsize`, in lockstep unless
+/// the firmware mode offers a windowsize (`--firmware windowsize`).
 async fn tftp(ctx: &Ctx, lease: &Lease, retx: &mut u32) -> Result<usize, String> {
     let sock = std::net::UdpSocket::bind(SocketAddrV4::new(lease.ip, 0))
         .map_err(|e| format!("bind {}: {e}", lease.ip))?;
@@ -560,7 +589,7 @@ async fn tftp(ctx: &Ctx, lease: &Lease, retx: &mut u32) -> Result<usize, String>
         server: SocketAddrV4::new(lease.tftp, 69),
         file: lease.file.clone(),
         blksize: BLKSIZE,
-        windowsize: 1,
+        windowsize: ctx.tftp_window,
         max_timeouts: 6,
         check: ctx.check.clone(),
         done,
@@ -885,6 +914,7 @@ fn storm(a: &StormArgs, at_half: Option<AtHalf>) -> StormResult {
             ),
             waiters,
             expect_file: BOOT_FILE,
+            tftp_window: a.tftp_window,
         });
         let sem = Arc::new(tokio::sync::Semaphore::new(if a.concurrency == 0 {
             tokio::sync::Semaphore::MAX_PERMITS
@@ -956,6 +986,8 @@ struct StormArgs {
     tftp_threads: usize,
     /// Whole-boot retries after a failed stage (0: a failed stage fails the machine).
     boot_retries: u32,
+    /// windowsize the firmware offers (1: lockstep).
+    tftp_window: u16,
 }
 
 // ---------------------------------------------------------------- the two sides
@@ -1055,7 +1087,9 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
     let log = std::fs::File::create(&log_path).unwrap();
     let mut c = lab.server.cmd(env!("CARGO_BIN_EXE_bootplane"));
     c.args(["serve", "--config", cfg.to_str().unwrap()])
-        .env("RUST_LOG", "info")
+        // Per-request logging off on both sides (dnsmasq --quiet-*, nginx no access
+        // log): warnings only, plus the two start-up lines the bench waits for.
+        .env("RUST_LOG", "warn,bootplane::dhcp=info,bootplane::tftp=info")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
@@ -1101,6 +1135,7 @@ fn run_bootplane(a: &Args, dir: &Path) -> Side {
         client_threads: a.client_threads,
         tftp_threads: a.tftp_threads,
         boot_retries: a.boot_retries.unwrap_or(0),
+        tftp_window: a.tftp_window,
     };
     let storm_res = lab.client.run(move || storm(&sa, None));
     stop.store(true, Ordering::SeqCst);
@@ -1336,7 +1371,7 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
         format!(
             "user root;\nworker_processes 2;\nworker_rlimit_nofile 65536;\npid {p}/nginx.pid;\nerror_log {p}/logs/error.log warn;\n\
              events {{ worker_connections 16384; }}\n\
-             http {{\n  access_log {p}/logs/access.log;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000;\n  default_type application/octet-stream;\n\
+             http {{\n  access_log off;\n  open_file_cache max=20000 inactive=60s;\n  sendfile on;\n  tcp_nopush on;\n  keepalive_requests 1000;\n  default_type application/octet-stream;\n\
                client_body_temp_path {p}/body;\n  proxy_temp_path {p}/proxy;\n  fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
                server {{ listen {HTTP_PORT} backlog=4096; root {www}; }}\n}}\n",
             p = ngx.display(),
@@ -1382,6 +1417,9 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
         "--tftp-max=2048",
         &format!("--log-facility={}", dlog.display()),
         "--log-async=100",
+        // No per-request log lines (bootplane runs at warn).
+        "--quiet-dhcp",
+        "--quiet-tftp",
         &format!("--pid-file={}", dir.join("dnsmasq.pid").display()),
     ])
     .stdin(Stdio::null())
@@ -1417,6 +1455,7 @@ fn run_peer(a: &Args, dir: &Path) -> Side {
         client_threads: a.client_threads,
         tftp_threads: a.tftp_threads,
         boot_retries: a.boot_retries.unwrap_or(0),
+        tftp_window: a.tftp_window,
     };
     let storm_res = lab.client.run(move || storm(&sa, None));
     stop.store(true, Ordering::SeqCst);
@@ -1626,67 +1665,131 @@ fn main() {
         },
         loadavg()
     );
-    let mut sides = Vec::new();
-    let mut sums: Vec<Summary> = Vec::new();
-    if a.only.as_deref() != Some("peer") {
-        let dir = tempfile::tempdir().unwrap();
-        sides.push(run_bootplane(&a, dir.path()));
-        println!("load average after bootplane: {}", loadavg());
-        sums.push(summarize(sides.last().unwrap()));
-    }
-    if a.only.as_deref() != Some("bootplane") {
-        let dir = tempfile::tempdir().unwrap();
-        sides.push(run_peer(&a, dir.path()));
-        println!("load average after peer: {}", loadavg());
-        sums.push(summarize(sides.last().unwrap()));
-    }
+    let only = a.only.clone();
+    let run_b = only.as_deref() != Some("peer");
+    let run_p = only.as_deref() != Some("bootplane");
+    // Interleaved rounds, bootplane then the peer in each (A B A B ...).
+    let (bs, ps): (Vec<Option<Summary>>, Vec<Option<Summary>>) = rounds::interleave(
+        a.rounds,
+        |r| {
+            run_b.then(|| {
+                println!("--- round {} of {}: bootplane ---", r + 1, a.rounds);
+                let dir = tempfile::tempdir().unwrap();
+                let side = run_bootplane(&a, dir.path());
+                let s = summarize(&side);
+                println!("load average after bootplane: {}", loadavg());
+                s
+            })
+        },
+        |r| {
+            run_p.then(|| {
+                println!("--- round {} of {}: dnsmasq+nginx ---", r + 1, a.rounds);
+                let dir = tempfile::tempdir().unwrap();
+                let side = run_peer(&a, dir.path());
+                let s = summarize(&side);
+                println!("load average after peer: {}", loadavg());
+                s
+            })
+        },
+    );
+    let bs: Vec<Summary> = bs.into_iter().flatten().collect();
+    let ps: Vec<Summary> = ps.into_iter().flatten().collect();
     println!();
-    if let [b, p] = &sums[..] {
-        println!(
-            "ratio bootplane/peer: completion {:.2}x, p50 {:.2}x, p99 {:.2}x, CPU {:.2}x, RSS {:.2}x",
-            b.completion / p.completion,
-            b.p50 / p.p50,
-            b.p99 / p.p99,
-            b.cpu_s / p.cpu_s,
-            b.rss_mib / p.rss_mib
-        );
-        let peer_done = p.ok == a.machines;
-        println!(
-            "goal completion <= 0.5x peer: {}",
-            if !peer_done {
-                // the peer's completion is that of the machines it did boot
-                let met = b.completion <= 0.5 * p.completion && b.ok == a.machines;
-                format!(
-                    "{} against the peer's partial run (it failed {} machines; its completion is over the {} it booted)",
-                    if met { "met" } else { "not met" },
-                    a.machines - p.ok,
-                    p.ok
-                )
-            } else if b.completion <= 0.5 * p.completion && b.ok == a.machines {
-                "met".into()
-            } else {
-                "NOT met".into()
-            }
+    let mode = if a.tftp_window > 1 {
+        format!("firmware offering windowsize {}", a.tftp_window)
+    } else {
+        "lockstep firmware".to_string()
+    };
+    println!(
+        "summary: {} machines, {mode}, {} rounds (median (min-max)), load average now {}",
+        a.machines,
+        a.rounds,
+        loadavg()
+    );
+    let pair = |what: &str, unit: &str, f: &dyn Fn(&Summary) -> f64| {
+        let mut p = Pair::new(what, unit, "bootplane", "dnsmasq+nginx");
+        p.a = bs.iter().map(f).collect();
+        p.b = ps.iter().map(f).collect();
+        p
+    };
+    let completion = pair(
+        &format!("boot storm {} machines, {mode}: completion", a.machines),
+        "s",
+        &|s| s.completion,
+    );
+    let pairs = [
+        completion.clone(),
+        pair("boot time p50", "s", &|s| s.p50),
+        pair("boot time p99", "s", &|s| s.p99),
+        pair("server CPU", "s", &|s| s.cpu_s),
+        pair("server peak RSS", "MiB", &|s| s.rss_mib),
+        pair("machines booted", "", &|s| s.ok as f64),
+    ];
+    for p in &pairs {
+        if ps.is_empty() {
+            println!("{}: bootplane {}", p.what, p.a_stat());
+        } else if bs.is_empty() {
+            println!("{}: dnsmasq+nginx {}", p.what, p.b_stat());
+        } else {
+            p.print();
+        }
+    }
+    if !bs.is_empty() && !ps.is_empty() {
+        let peer_all = ps.iter().all(|p| p.ok == a.machines);
+        let r = completion.ratio();
+        goal(
+            "completion <= 0.5x the peer's",
+            r.median <= 0.5 && bs.iter().all(|b| b.ok == a.machines),
+            &format!(
+                "{}x per round{}",
+                r.fmt(2),
+                if peer_all {
+                    String::new()
+                } else {
+                    ", against the peer's machines booted: it failed some".to_string()
+                }
+            ),
         );
     }
-    if let Some(b) = sides
-        .iter()
-        .position(|s| s.name == "bootplane")
-        .map(|i| &sums[i])
-    {
-        println!(
-            "goal {} machines with 0 failures{}: {}",
-            a.machines,
-            if a.machines >= 10_000 {
-                " and RSS <= 256 MiB"
-            } else {
-                ""
-            },
-            if b.ok == a.machines && (a.machines < 10_000 || b.rss_mib <= 256.0) {
-                "met"
-            } else {
-                "NOT met"
-            }
+    if !bs.is_empty() {
+        let all = bs.iter().all(|b| b.ok == a.machines);
+        let rss = bs.iter().map(|b| b.rss_mib).fold(0.0, f64::max);
+        goal(
+            &format!(
+                "{} machines with 0 failures{}",
+                a.machines,
+                if a.machines >= 10_000 {
+                    " and RSS <= 256 MiB"
+                } else {
+                    ""
+                }
+            ),
+            all && (a.machines < 10_000 || rss <= 256.0),
+            &format!(
+                "failures per round: {}; peak RSS {rss:.0} MiB",
+                bs.iter()
+                    .map(|b| b.failures.clone())
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            ),
         );
+        if !ps.is_empty() {
+            println!();
+            println!("table row:");
+            println!(
+                "{}",
+                completion.table_row(&format!(
+                    "cargo bench --bench boot_storm -- --machines {} --rounds {}{}",
+                    a.machines,
+                    a.rounds,
+                    if a.tftp_window > 1 {
+                        " --firmware windowsize"
+                    } else {
+                        ""
+                    }
+                ))
+            );
+        }
     }
+    rounds::print_machine();
 }

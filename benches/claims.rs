@@ -56,6 +56,8 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "support/rounds.rs"]
+mod rounds;
 use procfs::proc_cpu;
 
 // The etcd cluster of the integration tests (tests/support/etcd.rs).
@@ -76,15 +78,13 @@ struct Round {
     rss_mib: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    pct(&v, 0.5)
+fn median(v: Vec<f64>) -> f64 {
+    rounds::Stat::of(&v).median
 }
 
 fn spread(v: &[f64]) -> (f64, f64) {
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (lo, hi)
+    let s = rounds::Stat::of(v);
+    (s.min, s.max)
 }
 
 fn main() {

@@ -12,7 +12,13 @@
 //! connections come from 127.0.0.1, so our listener's per-source share
 //! (`http.max_connections_per_source`, default 512) is raised to its total
 //! (`http.max_connections`, 4096); nginx runs 2 workers × 4096 connections with
-//! sendfile, tcp_nopush and unlimited keep-alive requests. The run prints both.
+//! sendfile, tcp_nopush, `open_file_cache` (no open/stat per request) and unlimited
+//! keep-alive requests. Neither side logs requests (nginx `access_log off`; our child
+//! installs no log subscriber). The run prints both.
+//!
+//! The sides alternate within every round (bootplane, nginx, ...; `--rounds`, at least
+//! 3) and each figure is printed as median and spread (min-max) of each side and of the
+//! per-round ratio, with every goal, met or not.
 //!
 //! `cargo bench --bench http_bench` (1 GiB asset, 3 rounds) or
 //! `cargo bench --bench http_bench -- --quick` (64 MiB asset, shorter runs).
@@ -31,6 +37,9 @@ const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
 
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "support/rounds.rs"]
+mod rounds;
+use rounds::{goal, Pair};
 
 fn main() {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
@@ -48,7 +57,7 @@ fn main() {
     };
     let size_mib = opt("--size-mib", if quick { 64 } else { 1024 });
     let secs = opt("--secs", if quick { 3 } else { 8 });
-    let rounds = opt("--rounds", if quick { 1 } else { 3 }) as usize;
+    let rounds = opt("--rounds", 3).max(1) as usize;
     raise_nofile();
     for tool in ["wrk", "curl", "nginx"] {
         let found = Command::new("sh")
@@ -90,13 +99,23 @@ fn main() {
     println!(
         "    tuning for one load generator: bootplane per-source connection share = total ({}; \
          every wrk connection comes from 127.0.0.1), nginx 2 workers x 4096 connections, \
-         sendfile + tcp_nopush, keepalive_requests 1000000",
+         sendfile + tcp_nopush + open_file_cache, keepalive_requests 1000000, no access log on either side",
         bootplane::http::server::Limits::default().max_connections
     );
 
     // (a) requests/s
-    let (mut a_ours, mut a_nginx, mut c_ours, mut c_nginx) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut rps = Pair::new(
+        "HTTP (a) iPXE script requests/s",
+        "req/s",
+        "bootplane",
+        "nginx static",
+    );
+    let mut cpu_req = Pair::new(
+        "HTTP (a) server CPU per request",
+        "us",
+        "bootplane",
+        "nginx",
+    );
     for _ in 0..rounds {
         let (r, c) = wrk_rps(
             &ours,
@@ -104,55 +123,50 @@ fn main() {
             64,
             secs,
         );
-        a_ours.push(r);
-        c_ours.push(c);
+        rps.a.push(r);
+        cpu_req.a.push(c);
         let (r, c) = wrk_rps(
             &nginx,
             &format!("http://{}/script.ipxe", nginx.addr),
             64,
             secs,
         );
-        a_nginx.push(r);
-        c_nginx.push(c);
+        rps.b.push(r);
+        cpu_req.b.push(c);
     }
-    let (ra, na) = (median(&mut a_ours), median(&mut a_nginx));
-    let (ca, cn) = (median(&mut c_ours), median(&mut c_nginx));
-    println!("(a) per-machine script req/s: bootplane {ra:.0}  nginx static {na:.0}  ratio {:.2}x (goal >= 1.0x)", ra / na);
-    println!(
-        "    server CPU per request: bootplane {ca:.1} us  nginx {cn:.1} us  (CPU-time ratio nginx/bootplane {:.2}x; steadier than req/s on a shared machine)",
-        cn / ca
-    );
+    rps.print();
+    cpu_req.print();
 
     // (b) 8 parallel downloads
-    let (mut b_ours, mut b_nginx, mut g_ours, mut g_nginx) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut dl = Pair::new(
+        &format!("HTTP (b) 8 parallel {size_mib} MiB downloads"),
+        "MiB/s",
+        "bootplane",
+        "nginx sendfile",
+    );
+    let mut cpu_gib = Pair::new(
+        "HTTP (b) server CPU per GiB sent",
+        "s",
+        "bootplane",
+        "nginx",
+    );
     let hz = procfs::clk_tck();
     let gib = (8 * big_len) as f64 / (1u64 << 30) as f64;
     for _ in 0..rounds {
         let c0 = cpu_ticks(&ours);
-        b_ours.push(parallel_downloads(
-            &format!("http://{}/assets/big.bin", ours.addr),
-            8,
-            big_len,
-        ));
-        g_ours.push((cpu_ticks(&ours) - c0) as f64 / hz / gib);
+        dl.a.push(
+            parallel_downloads(&format!("http://{}/assets/big.bin", ours.addr), 8, big_len)
+                / 1048576.0,
+        );
+        cpu_gib.a.push((cpu_ticks(&ours) - c0) as f64 / hz / gib);
         let c0 = cpu_ticks(&nginx);
-        b_nginx.push(parallel_downloads(
-            &format!("http://{}/big.bin", nginx.addr),
-            8,
-            big_len,
-        ));
-        g_nginx.push((cpu_ticks(&nginx) - c0) as f64 / hz / gib);
+        dl.b.push(
+            parallel_downloads(&format!("http://{}/big.bin", nginx.addr), 8, big_len) / 1048576.0,
+        );
+        cpu_gib.b.push((cpu_ticks(&nginx) - c0) as f64 / hz / gib);
     }
-    let (rb, nb) = (median(&mut b_ours), median(&mut b_nginx));
-    let (gb, gn) = (median(&mut g_ours), median(&mut g_nginx));
-    println!(
-        "(b) 8 parallel downloads, aggregate MiB/s: bootplane {:.0}  nginx sendfile {:.0}  ratio {:.2}x (goal >= 0.9x)",
-        rb / 1048576.0,
-        nb / 1048576.0,
-        rb / nb
-    );
-    println!("    server CPU seconds per GiB sent: bootplane {gb:.3}  nginx {gn:.3}");
+    dl.print();
+    cpu_gib.print();
     drop(ours);
 
     // (c) RSS with 1,000 concurrent downloads, on a fresh child.
@@ -172,13 +186,36 @@ fn main() {
         p
     };
     println!(
-        "(c) peak RSS with 1000 concurrent downloads: bootplane {:.1} MiB (idle {:.1} MiB, file-backed part {:.1} MiB, {} clients got data)  nginx master+workers {:.1} MiB  (goal <= 64 MiB)",
+        "(c) peak RSS with 1000 concurrent downloads (one round): bootplane {:.1} MiB (idle {:.1} MiB, file-backed part {:.1} MiB, {} clients got data)  nginx master+workers {:.1} MiB",
         peak as f64 / 1024.0,
         base_rss as f64 / 1024.0,
         file_peak as f64 / 1024.0,
         ok,
         nginx_peak as f64 / 1024.0
     );
+    println!();
+    goal(
+        "(a) script requests/s >= 1.0x nginx static",
+        rps.ratio().median >= 1.0,
+        &format!("{}x per round", rps.ratio().fmt(2)),
+    );
+    goal(
+        "(b) download throughput >= 0.9x nginx sendfile",
+        dl.ratio().median >= 0.9,
+        &format!("{}x per round", dl.ratio().fmt(2)),
+    );
+    goal(
+        "(c) peak RSS <= 64 MiB with 1,000 downloads",
+        peak <= 64 * 1024,
+        &format!("{:.1} MiB", peak as f64 / 1024.0),
+    );
+    println!("\ntable rows:");
+    let cmd = format!(
+        "cargo bench --bench http_bench -- --size-mib {size_mib} --secs {secs} --rounds {rounds}"
+    );
+    println!("{}", rps.table_row(&cmd));
+    println!("{}", dl.table_row(&cmd));
+    rounds::print_machine();
 }
 
 // ---------------------------------------------------------------- child: our server
@@ -339,7 +376,7 @@ impl Server {
         let conf = format!(
             "daemon off;\nmaster_process on;\nuser root;\nworker_processes 2;\npid {p}/nginx.pid;\nerror_log {p}/logs/error.log warn;\n\
              events {{ worker_connections 4096; }}\n\
-             http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  tcp_nodelay on;\n  keepalive_requests 1000000;\n  default_type application/octet-stream;\n\
+             http {{\n  access_log off;\n  open_file_cache max=1000 inactive=60s;\n  sendfile on;\n  tcp_nopush on;\n  tcp_nodelay on;\n  keepalive_requests 1000000;\n  default_type application/octet-stream;\n\
              \x20 client_body_temp_path {p}/tmp; proxy_temp_path {p}/tmp; fastcgi_temp_path {p}/tmp; uwsgi_temp_path {p}/tmp; scgi_temp_path {p}/tmp;\n\
              \x20 server {{ listen 127.0.0.1:{port}; root {root}; }}\n}}\n",
             p = prefix.display(),
@@ -588,11 +625,6 @@ fn write_big(path: &Path, len: u64) {
         written += n as u64;
     }
     f.flush().unwrap();
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 fn raise_nofile() {

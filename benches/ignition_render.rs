@@ -90,6 +90,8 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 
 #[path = "support/args.rs"]
 mod args;
+#[path = "support/rounds.rs"]
+mod rounds;
 use args::arg;
 
 fn main() {
@@ -98,7 +100,7 @@ fn main() {
     let lookups = arg("--lookups", if quick { 100_000usize } else { 1_000_000 });
     let peer_runs = arg("--peer-runs", if quick { 5usize } else { 20 });
     let secs = arg("--secs", if quick { 2u64 } else { 5 });
-    let rounds = arg("--rounds", if quick { 1usize } else { 3 });
+    let rounds = arg("--rounds", 3usize).max(1);
 
     let mut r = Renderer::new();
     let t = Template::new("default.bu", template());
@@ -374,22 +376,34 @@ fn serve_bench(json: &bytes::Bytes, secs: u64, rounds: usize) {
         json.as_ref(),
         "nginx serves the config"
     );
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..rounds.max(1) {
-        a.push(wrk(&format!("http://{ours}{path}"), secs));
-        b.push(wrk(&format!("http://{}{path}", nginx.addr), secs));
+    let mut p = rounds::Pair::new(
+        &format!(
+            "Ignition config served from the render cache ({} bytes, wrk -t2 -c64 {secs}s)",
+            json.len()
+        ),
+        "req/s",
+        "boot listener",
+        "nginx static",
+    );
+    for _ in 0..rounds {
+        p.a.push(wrk(&format!("http://{ours}{path}"), secs));
+        p.b.push(wrk(&format!("http://{}{path}", nginx.addr), secs));
     }
-    a.sort_by(f64::total_cmp);
-    b.sort_by(f64::total_cmp);
-    let (ra, rb) = (a[a.len() / 2], b[b.len() / 2]);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    p.print();
+    rounds::goal(
+        "serve cached >= 20,000 req/s",
+        p.a_stat().median >= 20_000.0,
+        &format!(
+            "median {:.0} req/s, load average {}",
+            p.a_stat().median,
+            rounds::load()
+        ),
+    );
     println!(
-        "serve cached: real boot listener {ra:.0} req/s, nginx static {rb:.0} req/s, ratio {:.2}x  (wrk -t2 -c64 {secs}s, median of {}; {} bytes; load average {})  (goal >= 20,000 req/s: {})",
-        ra / rb,
-        a.len(),
-        json.len(),
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
-        if ra >= 20_000.0 { "met" } else { "NOT met" }
+        "table row:\n{}",
+        p.table_row(&format!(
+            "cargo bench --bench ignition_render -- --rounds {rounds}"
+        ))
     );
     coord.trigger();
     rt.block_on(async {
@@ -449,7 +463,7 @@ impl Nginx {
         let conf = format!(
             "daemon off;\nmaster_process on;\nuser root;\nworker_processes 2;\npid {p}/nginx.pid;\nerror_log {p}/logs/error.log warn;\n\
              events {{ worker_connections 4096; }}\n\
-             http {{\n  access_log off;\n  sendfile on;\n  tcp_nodelay on;\n  keepalive_requests 1000000;\n  default_type application/json;\n\
+             http {{\n  access_log off;\n  open_file_cache max=1000 inactive=60s;\n  sendfile on;\n  tcp_nodelay on;\n  keepalive_requests 1000000;\n  default_type application/json;\n\
              \x20 client_body_temp_path {p}/tmp; proxy_temp_path {p}/tmp; fastcgi_temp_path {p}/tmp; uwsgi_temp_path {p}/tmp; scgi_temp_path {p}/tmp;\n\
              \x20 server {{ listen 127.0.0.1:{port}; root {root}; }}\n}}\n",
             p = prefix.display(),

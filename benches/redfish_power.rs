@@ -30,6 +30,8 @@ use serde_json::{json, Value};
 
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "support/rounds.rs"]
+mod rounds;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -228,11 +230,6 @@ fn round(
     r
 }
 
-fn median_spread(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
 fn main() {
     let count = arg("--count", 1000usize);
     let bmcs = arg("--bmcs", 100usize);
@@ -266,7 +263,12 @@ fn main() {
         all.push(r);
     }
     let show = |what: &str, unit: &str, v: Vec<f64>| {
-        let (m, lo, hi) = median_spread(v);
+        let rounds::Stat {
+            median: m,
+            min: lo,
+            max: hi,
+            ..
+        } = rounds::Stat::of(&v);
         println!("{what:<34} median {m:>8.2} {unit:<4} (min {lo:.2}, max {hi:.2})");
         m
     };

@@ -1,11 +1,13 @@
 //! TFTP throughput and boot-storm benchmark: bootplane vs tftpd-hpa (`in.tftpd -L`)
 //! and dnsmasq (`--enable-tftp --port=0`), side by side in one run, on loopback.
 //!
-//! (a) one large transfer (64 MiB by default) with the best options each server
-//!     supports (bootplane: blksize 65464 + windowsize; the peers ignore windowsize);
-//!     Each round of (a) also times the loopback ceiling: the same bytes sent as
-//!     back-to-back datagrams of DATA's size with no protocol at all (no ACKs), received
-//!     the same way, so the output shows how far any server could go here;
+//! Every comparison is from interleaved runs (the servers in turn, run after run) and
+//! is printed as median and spread (min-max) of each side and of the per-run ratio
+//! (bootplane's time over the peer's), then every goal, met or not.
+//!
+//! (a) one large transfer (64 MiB by default) at equal block sizes: each peer is asked
+//!     for blksize 65464 once, and what it grants is what both sides are asked for in
+//!     its comparison; bootplane with windowsize (the peers ignore it) and in lockstep;
 //! (a2) the same at blksize 1468 (what a 1500-byte Ethernet path allows);
 //! (a3) (a) over a path with a LAN's round-trip time (`--rtt-us`, 100 by default: a
 //!     host and its neighbour behind one switch). Loopback has next to no round trip,
@@ -14,17 +16,27 @@
 //!     The kernel here has no `sch_netem`, so the client holds each packet it sends
 //!     for one round trip (see `send_after`);
 //! (b) a storm of N concurrent clients (1,000 by default) each fetching a 1 MiB file
-//!     with firmware-like options (blksize 1468, windowsize 8 offered to everyone).
+//!     with firmware-like options (blksize 1468, windowsize 8 offered; `--storm-window
+//!     1` is lockstep, as PXE ROMs are), bootplane and dnsmasq alternating for
+//!     `--storm-runs` runs (3). Equal socket buffers: dnsmasq has no option for them, so
+//!     bootplane's listening socket keeps the kernel default too (`[tftp]
+//!     listen_rcvbuf_bytes = 0`). Prints each server's CPU per DATA block (its
+//!     utime + stime over the run, from /proc, over clients x blocks).
+//! There is no "loopback ceiling" line any more: a blast of datagrams with no protocol
+//! received by one tokio task was beaten by bootplane's windowed transfers, so it was
+//! no ceiling.
 //! The single-transfer client is written here (tokio); the storm's clients are the
-//! boot-storm bench's epoll client engine (`storm_support/tftp_client.rs`). Like a real client it receives DATA straight
-//! into its destination (one copy per byte); every byte is checked against the file
-//! after the last block, outside the timed span.
-//! Prints medians, ratios, failures and server RSS.
+//! boot-storm bench's epoll client engine (`storm_support/tftp_client.rs`). Like a real
+//! client it receives DATA straight into its destination (one copy per byte); every
+//! byte is checked against the file after the last block, outside the timed span.
+//!
+//! `TFTP_BENCH_WORKERS=N` sets bootplane's `[tftp] workers` (engine threads; default
+//! one per core).
 //!
 //! `cargo bench --bench tftp_bench` (full) or `cargo bench --bench tftp_bench -- --quick`
 //! (16 MiB, 200 clients, 3 runs); `-- --storm-only --storm-window 1` runs only (b), with
-//! clients in lockstep as PXE ROMs are (the boot-storm bench's TFTP stage). Needs root (in.tftpd and dnsmasq; dnsmasq serves
-//! TFTP on 127.0.0.1:69 only).
+//! clients in lockstep as PXE ROMs are (the boot-storm bench's TFTP stage). Needs root
+//! (in.tftpd and dnsmasq; dnsmasq serves TFTP on 127.0.0.1:69 only).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -45,6 +57,10 @@ use data::pattern;
 
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "support/rounds.rs"]
+mod rounds;
+use bootplane::tftp::TftpConfig;
+use rounds::{goal, Pair, Stat};
 #[path = "storm_support/tftp_client.rs"]
 mod tftp_client;
 
@@ -58,6 +74,8 @@ struct Opts {
     /// skip (a) and (a2)
     storm_only: bool,
     runs: usize,
+    /// interleaved storm runs per server
+    storm_runs: usize,
     /// the round trip of (a3), in microseconds
     rtt_us: u64,
 }
@@ -70,6 +88,7 @@ fn parse_opts() -> Opts {
         clients: 1000,
         storm_kib: 1024,
         runs: 7,
+        storm_runs: 3,
         storm_window: 8,
         storm_only: false,
         rtt_us: 100,
@@ -87,6 +106,7 @@ fn parse_opts() -> Opts {
             clients: 200,
             storm_kib: 1024,
             runs: 3,
+            storm_runs: 3,
             storm_window: 8,
             storm_only: false,
             rtt_us: 100,
@@ -103,6 +123,9 @@ fn parse_opts() -> Opts {
     }
     if let Some(v) = val("--runs") {
         o.runs = v;
+    }
+    if let Some(v) = val("--storm-runs") {
+        o.storm_runs = (v as usize).max(1);
     }
     if let Some(v) = val("--storm-window") {
         o.storm_window = v as u16;
@@ -201,66 +224,6 @@ async fn send_after(
         }
     }
     sock.send_to(pkt, to).await
-}
-
-/// The loopback ceiling for (a): `expect` sent as back-to-back UDP datagrams of DATA's
-/// size (a 4-byte header + `blksize` bytes, from memory, by a plain thread) with no
-/// protocol at all (no ACKs, no windows), received the way [`fetch`] receives DATA.
-/// Returns the seconds until the last byte arrived, or None if datagrams were lost.
-fn blast(
-    rt: &tokio::runtime::Runtime,
-    expect: &Arc<Vec<u8>>,
-    blksize: usize,
-    dest: &mut Vec<u8>,
-) -> Option<f64> {
-    rt.block_on(async {
-        let rx = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        // room for the whole file, so nothing is dropped however far the sender gets ahead
-        let _ = raise_rcvbuf(&rx, 2 * expect.len());
-        let to = rx.local_addr().unwrap();
-        dest.resize(expect.len() + 65536, 0);
-        let src = expect.clone();
-        let t0 = Instant::now();
-        let sender = std::thread::spawn(move || {
-            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            tx.connect(to).unwrap();
-            for (i, chunk) in src.chunks(blksize).enumerate() {
-                let hdr = [0u8, 3, (i >> 8) as u8, i as u8];
-                let iov = [
-                    libc::iovec {
-                        iov_base: hdr.as_ptr() as *mut _,
-                        iov_len: 4,
-                    },
-                    libc::iovec {
-                        iov_base: chunk.as_ptr() as *mut _,
-                        iov_len: chunk.len(),
-                    },
-                ];
-                // SAFETY: a zeroed msghdr with two iovecs over live buffers.
-                let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-                m.msg_iov = iov.as_ptr() as *mut _;
-                m.msg_iovlen = 2;
-                let n = unsafe { libc::sendmsg(tx.as_raw_fd(), &m, 0) };
-                assert!(n > 0, "blast send: {}", std::io::Error::last_os_error());
-            }
-        });
-        let mut hdr = [0u8; 4];
-        let mut off = 0;
-        while off < expect.len() {
-            let r = tokio::time::timeout(
-                Duration::from_secs(1),
-                recv_scatter(&rx, &mut hdr, &mut dest[off..]),
-            )
-            .await;
-            match r {
-                Ok(Ok((n, _))) => off += n - 4,
-                _ => break,
-            }
-        }
-        let secs = t0.elapsed().as_secs_f64();
-        sender.join().unwrap();
-        (off == expect.len() && dest[..off] == expect[..]).then_some(secs)
-    })
 }
 
 /// A finished fetch: negotiated blksize and windowsize, and when the last block came.
@@ -425,15 +388,9 @@ impl Srv {
         (get("VmHWM:"), get("VmRSS:"))
     }
 
-    /// Current anonymous and file-backed RSS (KiB).
-    fn rss_parts_kib(&self) -> (u64, u64) {
-        let get = |k: &str| procfs::status_kib(self.child.id(), k).unwrap_or(0);
-        (get("RssAnon:"), get("RssFile:"))
-    }
-
-    /// User+system CPU seconds of the server process so far.
-    fn cpu_secs(&self) -> f64 {
-        procfs::proc_cpu(self.child.id())
+    /// (user, system) CPU seconds of the server process so far.
+    fn cpu_split(&self) -> (f64, f64) {
+        procfs::cpu_split(self.child.id()).unwrap_or_default()
     }
 }
 
@@ -456,10 +413,13 @@ fn wait_udp_bound(port: u16) {
     panic!("server did not bind port {port}");
 }
 
-fn start_bootplane(root: &Path) -> Srv {
+/// bootplane's TFTP server in a child process; `rcvbuf` sets `[tftp]
+/// listen_rcvbuf_bytes` (None: the default).
+fn start_bootplane(root: &Path, rcvbuf: Option<usize>) -> Srv {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .arg("__tftp_server")
         .arg(root)
+        .args(rcvbuf.map(|b| b.to_string()))
         .stdout(Stdio::piped())
         .stdin(Stdio::piped())
         .spawn()
@@ -542,7 +502,7 @@ fn start_dnsmasq(root: &Path, max: usize) -> Srv {
 }
 
 /// Child mode: run the bootplane TFTP server on 127.0.0.1:0 and print its address.
-fn serve_child(root: PathBuf) {
+fn serve_child(root: PathBuf, rcvbuf: Option<usize>, workers: usize) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -552,6 +512,8 @@ fn serve_child(root: PathBuf) {
             listen: "127.0.0.1:0".parse().unwrap(),
             root,
             max_transfers: 4096,
+            workers,
+            listen_rcvbuf_bytes: rcvbuf.unwrap_or(TftpConfig::default().listen_rcvbuf_bytes),
             ..Default::default()
         };
         let server =
@@ -571,20 +533,14 @@ fn serve_child(root: PathBuf) {
 
 // ---------------------------------------------------------------- benches
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-/// Interleaved runs (server A, B, C, A, B, C, ...) so load changes on a shared
-/// machine hit every server alike. Returns the median seconds per case.
+/// Interleaved runs (case A, B, C, A, B, C, ...) so load changes on a shared machine
+/// hit every server alike. Returns each case's seconds per run and what it negotiated.
 fn singles(
     rt: &tokio::runtime::Runtime,
     cases: &[(&Srv, ReqOpts)],
     expect: &Arc<Vec<u8>>,
     runs: usize,
-    mut ceiling: Option<&mut Vec<f64>>,
-) -> Vec<(f64, String)> {
+) -> Vec<(Vec<f64>, String)> {
     let mut secs: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     let mut neg = vec![String::from("failed"); cases.len()];
     // One destination for every run, its pages faulted in before any clock starts (a
@@ -602,17 +558,28 @@ fn singles(
                 Err(e) => println!("  {} single transfer FAILED: {e}", srv.name),
             }
         }
-        if let Some(c) = ceiling.as_deref_mut() {
-            match blast(rt, expect, 65464, &mut dest) {
-                Some(secs) => c.push(secs),
-                None => println!("  loopback ceiling: the blast lost datagrams"),
-            }
-        }
     }
-    secs.iter_mut()
-        .map(|v| if v.is_empty() { f64::NAN } else { median(v) })
-        .zip(neg)
-        .collect()
+    secs.into_iter().zip(neg).collect()
+}
+
+/// The blksize `srv` grants when asked for `ask` (one small fetch).
+fn negotiated_blksize(
+    rt: &tokio::runtime::Runtime,
+    srv: &Srv,
+    ask: u16,
+    expect: &Arc<Vec<u8>>,
+) -> u16 {
+    let mut dest = vec![0u8; expect.len() + 65536];
+    let o = ReqOpts {
+        max_timeouts: 10,
+        blksize: ask,
+        windowsize: 1,
+        rcvbuf: 16 << 20,
+        rtt: Duration::ZERO,
+    };
+    rt.block_on(fetch(srv.addr, "big.bin", o, expect.clone(), &mut dest))
+        .map(|f| f.blksize as u16)
+        .unwrap_or_else(|e| panic!("{}: probing its blksize: {e}", srv.name))
 }
 
 struct StormResult {
@@ -691,38 +658,51 @@ fn storm(
     })
 }
 
-/// Run `singles` over `cases` (server, options, label), print a line per case and
-/// return the median seconds of each.
+/// Run `singles` over `cases` (server, options, label), print a line per case (median
+/// and spread of seconds and MB/s) and return each case's seconds per run.
 fn run_singles<L: std::fmt::Display>(
     rt: &tokio::runtime::Runtime,
     cases: &[(&Srv, ReqOpts, L)],
     expect: &Arc<Vec<u8>>,
     runs: usize,
     mb: f64,
-    ceiling: Option<&mut Vec<f64>>,
-) -> Vec<f64> {
+) -> Vec<Vec<f64>> {
     let r = singles(
         rt,
         &cases.iter().map(|(s, o, _)| (*s, *o)).collect::<Vec<_>>(),
         expect,
         runs,
-        ceiling,
     );
     for ((srv, _, label), (s, n)) in cases.iter().zip(&r) {
+        let st = Stat::of(s);
         println!(
-            "  {:<10} {:>8.3} s  {:>8.1} MB/s   [asked {label}; {n}]",
+            "  {:<10} {} s  {:>8.1} MB/s   [asked {label}; {n}]",
             srv.name,
-            s,
-            mb / s
+            st.fmt(3),
+            mb / st.median
         );
     }
     r.into_iter().map(|x| x.0).collect()
 }
 
+/// bootplane's and a peer's seconds per run, from the same interleaved runs; the ratio
+/// is bootplane's time over the peer's (0.33 = 3x the peer's speed).
+fn speed(what: &str, peer: &str, bp: &[f64], other: &[f64]) -> Pair {
+    let mut p = Pair::new(what, "s", "bootplane", peer);
+    p.a = bp.to_vec();
+    p.b = other.to_vec();
+    p
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("__tftp_server") {
-        return serve_child(PathBuf::from(&args[2]));
+        let rcvbuf = args.get(3).and_then(|v| v.parse().ok());
+        let workers = std::env::var("TFTP_BENCH_WORKERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        return serve_child(PathBuf::from(&args[2]), rcvbuf, workers);
     }
     let o = parse_opts();
     // one socket per transfer on both sides
@@ -747,19 +727,32 @@ fn main() {
         .unwrap();
 
     println!(
-        "tftp bench: single {} MiB transfer x{} runs; storm of {} clients x {} KiB",
-        o.big_mib, o.runs, o.clients, o.storm_kib
+        "tftp bench: single {} MiB transfer x{} interleaved runs; storm of {} clients x {} KiB x{} interleaved runs; load average {}",
+        o.big_mib, o.runs, o.clients, o.storm_kib, o.storm_runs, rounds::load()
     );
-    let bp = start_bootplane(&root);
-    let hpa = start_tftpd_hpa(&root);
-    let dm = start_dnsmasq(&root, o.clients.max(50) + 50);
-
+    let cmd = format!(
+        "cargo bench --bench tftp_bench -- {}",
+        args.iter()
+            .skip(1)
+            .filter(|a| *a != "--bench")
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let mut rows = Vec::new();
+    let mut goals: Vec<(String, bool, String)> = Vec::new();
     if !o.storm_only {
-        // (a) single large transfer, best options per server
+        let bp = start_bootplane(&root, None);
+        let hpa = start_tftpd_hpa(&root);
+        let dm = start_dnsmasq(&root, o.clients.max(50) + 50);
+        // Equal block sizes: each peer is compared at the blksize it grants when asked
+        // for the largest (both sides are then asked for exactly that).
+        let b_hpa = negotiated_blksize(&rt, &hpa, 65464, &big);
+        let b_dm = negotiated_blksize(&rt, &dm, 65464, &big);
         println!(
-        "\n(a) single transfer of {} MiB, best options per server (median of {} interleaved runs)",
-        o.big_mib, o.runs
-    );
+            "\nblksize granted when asked for 65464: tftpd-hpa {b_hpa}, dnsmasq {b_dm}, bootplane {}; each comparison below asks both sides for the peer's",
+            negotiated_blksize(&rt, &bp, 65464, &big)
+        );
         let mb = (o.big_mib << 20) as f64 / 1e6;
         // Room for a whole window of 64 KiB blocks (64 x 64 KiB) on the client side.
         let big_buf = 16 << 20;
@@ -771,62 +764,119 @@ fn main() {
             rtt: Duration::ZERO,
         };
         let w = o.window;
+
+        // (a) single large transfer at the peer's largest blksize
+        println!(
+            "\n(a) single transfer of {} MiB on loopback, equal blksize (median (min-max) of {} interleaved runs)",
+            o.big_mib, o.runs
+        );
         let cases = [
+            (&hpa, single(b_hpa, 1), format!("blksize {b_hpa}")),
             (
                 &bp,
-                single(65464, w),
-                format!("blksize 65464 windowsize {w}"),
+                single(b_hpa, w),
+                format!("blksize {b_hpa} windowsize {w}"),
             ),
-            (&hpa, single(65464, 1), "blksize 65464".to_string()),
-            (&dm, single(65464, 1), "blksize 65464".to_string()),
+            (&bp, single(b_hpa, 1), format!("blksize {b_hpa} lockstep")),
+            (&dm, single(b_dm, 1), format!("blksize {b_dm}")),
             (
                 &bp,
-                single(65464, 1),
-                "blksize 65464 lockstep (reference)".to_string(),
+                single(b_dm, w),
+                format!("blksize {b_dm} windowsize {w}"),
+            ),
+            (&bp, single(b_dm, 1), format!("blksize {b_dm} lockstep")),
+        ];
+        let r = run_singles(&rt, &cases, &big, o.runs, mb);
+        let pairs = [
+            speed(
+                &format!(
+                    "TFTP (a) {} MiB, blksize {b_hpa}, windowsize {w}: time",
+                    o.big_mib
+                ),
+                "tftpd-hpa",
+                &r[1],
+                &r[0],
+            ),
+            speed(
+                &format!(
+                    "TFTP (a) {} MiB, blksize {b_hpa}, both lockstep: time",
+                    o.big_mib
+                ),
+                "tftpd-hpa",
+                &r[2],
+                &r[0],
+            ),
+            speed(
+                &format!(
+                    "TFTP (a) {} MiB, blksize {b_dm}, windowsize {w}: time",
+                    o.big_mib
+                ),
+                "dnsmasq",
+                &r[4],
+                &r[3],
+            ),
+            speed(
+                &format!(
+                    "TFTP (a) {} MiB, blksize {b_dm}, both lockstep: time",
+                    o.big_mib
+                ),
+                "dnsmasq",
+                &r[5],
+                &r[3],
             ),
         ];
-        // each round also measures what loopback allows at all: the same bytes with no
-        // protocol (interleaved like the servers, so load changes hit it alike)
-        let mut ceil = Vec::new();
-        let r = run_singles(&rt, &cases, &big, o.runs, mb, Some(&mut ceil));
-        println!(
-            "  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)",
-            r[1] / r[0]
-        );
-        println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r[2] / r[0]);
-        if ceil.is_empty() {
-            println!("  loopback ceiling: every blast lost datagrams");
-        } else {
-            let c = median(&mut ceil);
-            println!(
-                "  loopback ceiling {:>8.3} s  {:>8.1} MB/s   [the same bytes as back-to-back 65468-byte datagrams, no protocol, no ACKs; median of {}]",
-                c,
-                mb / c,
-                ceil.len()
-            );
-            println!(
-                "  3x tftpd-hpa would be {:.3} s: {:.2}x the ceiling; bootplane is at {:.2}x it",
-                r[1] / 3.0,
-                r[1] / 3.0 / c,
-                r[0] / c
-            );
+        for p in &pairs {
+            p.print();
         }
+        goals.push((
+            "(a) >= 3x tftpd-hpa's speed on one transfer (windowsize): time ratio <= 0.33".into(),
+            pairs[0].ratio().median <= 1.0 / 3.0,
+            format!("{}x", pairs[0].ratio().fmt(2)),
+        ));
+        rows.push(pairs[0].table_row(&cmd));
+        rows.push(pairs[1].table_row(&cmd));
 
         // (a2) the same file at an Ethernet-MTU blksize (1468: what a 1500-byte path allows)
-        println!("\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; median of {} interleaved runs)", o.big_mib, o.runs);
+        println!(
+            "\n(a2) single transfer of {} MiB at blksize 1468 (Ethernet MTU; {} interleaved runs)",
+            o.big_mib, o.runs
+        );
         let cases = [
-            (&bp, single(1468, 64), "blksize 1468 windowsize 64"),
-            (&hpa, single(1468, 1), "blksize 1468"),
-            (&dm, single(1468, 1), "blksize 1468"),
+            (&hpa, single(1468, 1), "blksize 1468".to_string()),
+            (&bp, single(1468, w), format!("blksize 1468 windowsize {w}")),
+            (&bp, single(1468, 1), "blksize 1468 lockstep".to_string()),
+            (&dm, single(1468, 1), "blksize 1468".to_string()),
         ];
-        let r2 = run_singles(&rt, &cases, &big, o.runs, mb, None);
-        println!("  speed ratio bootplane/tftpd-hpa = {:.2}x", r2[1] / r2[0]);
-        println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r2[2] / r2[0]);
+        let r2 = run_singles(&rt, &cases, &big, o.runs, mb);
+        let pairs = [
+            speed(
+                "TFTP (a2) blksize 1468, windowsize: time",
+                "tftpd-hpa",
+                &r2[1],
+                &r2[0],
+            ),
+            speed(
+                "TFTP (a2) blksize 1468, both lockstep: time",
+                "tftpd-hpa",
+                &r2[2],
+                &r2[0],
+            ),
+            speed(
+                "TFTP (a2) blksize 1468, both lockstep: time",
+                "dnsmasq",
+                &r2[2],
+                &r2[3],
+            ),
+        ];
+        for p in &pairs {
+            p.print();
+        }
+        rows.push(pairs[1].table_row(&cmd));
 
         // (a3) (a) again over a path with a LAN's round-trip time
         let rtt = Duration::from_micros(o.rtt_us);
         println!(
-            "\n(a3) (a) over a path with a {} us round trip, emulated by the client (median of {} interleaved runs)",
+            "\n(a3) (a) over a path with a {} us round trip, emulated by the client ({} interleaved runs)",
             o.rtt_us, o.runs
         );
         let lan = |blksize, windowsize| ReqOpts {
@@ -834,65 +884,151 @@ fn main() {
             ..single(blksize, windowsize)
         };
         let cases = [
-            (&bp, lan(65464, w), format!("blksize 65464 windowsize {w}")),
-            (&hpa, lan(65464, 1), "blksize 65464".to_string()),
-            (&dm, lan(65464, 1), "blksize 65464".to_string()),
+            (&hpa, lan(b_hpa, 1), format!("blksize {b_hpa}")),
+            (
+                &bp,
+                lan(b_hpa, w),
+                format!("blksize {b_hpa} windowsize {w}"),
+            ),
+            (&bp, lan(b_hpa, 1), format!("blksize {b_hpa} lockstep")),
         ];
-        let r3 = run_singles(&rt, &cases, &big, o.runs, mb, None);
-        println!(
-            "  speed ratio bootplane/tftpd-hpa = {:.2}x (goal >= 3x)",
-            r3[1] / r3[0]
-        );
-        println!("  speed ratio bootplane/dnsmasq   = {:.2}x", r3[2] / r3[0]);
+        let r3 = run_singles(&rt, &cases, &big, o.runs, mb);
+        let pairs = [
+            speed(
+                &format!("TFTP (a3) {} us round trip, windowsize: time", o.rtt_us),
+                "tftpd-hpa",
+                &r3[1],
+                &r3[0],
+            ),
+            speed(
+                &format!("TFTP (a3) {} us round trip, both lockstep: time", o.rtt_us),
+                "tftpd-hpa",
+                &r3[2],
+                &r3[0],
+            ),
+        ];
+        for p in &pairs {
+            p.print();
+        }
+        goals.push((
+            "(a3) >= 3x tftpd-hpa's speed over a LAN round trip (windowsize): time ratio <= 0.33"
+                .into(),
+            pairs[0].ratio().median <= 1.0 / 3.0,
+            format!("{}x", pairs[0].ratio().fmt(2)),
+        ));
+        rows.push(pairs[0].table_row(&cmd));
         let (hwm, _) = bp.rss_kib();
         println!("  (bootplane RSS after (a): peak {:.1} MiB, mostly the mapped 64 MiB file's page-cache pages)", hwm as f64 / 1024.0);
+        drop(bp);
+        drop(hpa);
+        drop(dm);
     }
-    drop(bp);
-    drop(hpa);
-    // a fresh bootplane process for the storm, so its RSS is the storm's
-    let bp = start_bootplane(&root);
 
-    // (b) storm
-    let storm_runs = o.runs.min(3);
-    println!("\n(b) storm: {} concurrent clients x {} KiB, blksize 1468, windowsize {} offered (median of {})", o.clients, o.storm_kib, o.storm_window, storm_runs);
-    let mut totals = Vec::new();
-    for srv in [&bp, &dm] {
-        let cpu0 = srv.cpu_secs();
-        let mut secs = Vec::new();
-        let mut fails = 0;
-        let mut retx = 0;
-        let mut err = None;
-        for _ in 0..storm_runs {
+    // (b) storm. Equal socket buffers: dnsmasq has no option for its sockets' buffers,
+    // so bootplane's listening socket keeps the kernel default too (`[tftp]
+    // listen_rcvbuf_bytes = 0`), the net.core.rmem_default both get.
+    let rmem = std::fs::read_to_string("/proc/sys/net/core/rmem_default")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let bp = start_bootplane(&root, Some(0));
+    let dm = start_dnsmasq(&root, o.clients.max(50) + 50);
+    let blocks = (o.storm_kib << 10) / 1468 + 1;
+    let total_blocks = (o.clients * blocks) as f64;
+    println!(
+        "\n(b) storm: {} concurrent clients x {} KiB, blksize 1468, windowsize {} offered; both listening sockets at the kernel default (net.core.rmem_default {rmem}); {} interleaved runs",
+        o.clients, o.storm_kib, o.storm_window, o.storm_runs
+    );
+    let mut time = Pair::new(
+        &format!(
+            "TFTP (b) storm {} clients x {} KiB, {}: time",
+            o.clients,
+            o.storm_kib,
+            if o.storm_window == 1 {
+                "lockstep".to_string()
+            } else {
+                format!("windowsize {}", o.storm_window)
+            }
+        ),
+        "s",
+        "bootplane",
+        "dnsmasq",
+    );
+    let mut cpu_block = Pair::new(
+        "TFTP (b) server CPU per DATA block, storm",
+        "us",
+        "bootplane",
+        "dnsmasq",
+    );
+    let mut fails = [0usize; 2];
+    let mut retx = [0u32; 2];
+    let mut errs: [Option<String>; 2] = [None, None];
+    for run in 0..o.storm_runs {
+        for (k, srv) in [&bp, &dm].into_iter().enumerate() {
+            let (u0, s0) = srv.cpu_split();
             let r = storm(&rt, srv, o.clients, o.storm_window, &small);
-            secs.push(r.secs);
-            fails += r.failures;
-            retx += r.retransmits;
-            if err.is_none() {
-                err = r.first_error;
+            let (u1, s1) = srv.cpu_split();
+            let cpu = (u1 - u0) + (s1 - s0);
+            let us = cpu * 1e6 / total_blocks;
+            println!(
+                "  run {} {:<10} {:>7.3} s  failures {:>4}  client timeouts {:>5}  server CPU {:>6.2} s = {:.2} us per block (user {:.2}, kernel {:.2})  load {}",
+                run + 1,
+                srv.name,
+                r.secs,
+                r.failures,
+                r.retransmits,
+                cpu,
+                us,
+                (u1 - u0) * 1e6 / total_blocks,
+                (s1 - s0) * 1e6 / total_blocks,
+                rounds::load()
+            );
+            if k == 0 {
+                time.a.push(r.secs);
+                cpu_block.a.push(us);
+            } else {
+                time.b.push(r.secs);
+                cpu_block.b.push(us);
+            }
+            fails[k] += r.failures;
+            retx[k] += r.retransmits;
+            if errs[k].is_none() {
+                errs[k] = r.first_error;
             }
         }
-        let cpu = (srv.cpu_secs() - cpu0) / storm_runs as f64;
-        let m = median(&mut secs);
-        let (hwm, _) = srv.rss_kib();
-        let (anon, file) = srv.rss_parts_kib();
-        println!(
-            "  {:<10} total {:>7.3} s  failures {:>4}  client timeouts {:>4}  server CPU {:>6.2} s/run  server RSS peak {:>6.1} MiB (now anon {:.1} + file {:.1} MiB){}",
-            srv.name,
-            m,
-            fails,
-            retx,
-            cpu,
-            hwm as f64 / 1024.0,
-            anon as f64 / 1024.0,
-            file as f64 / 1024.0,
-            err.map(|e| format!("  first error: {e}")).unwrap_or_default()
-        );
-        totals.push(m);
     }
-    println!(
-        "  time ratio bootplane/dnsmasq = {:.2} (goal <= 0.5)",
-        totals[0] / totals[1]
-    );
+    for (k, srv) in [&bp, &dm].into_iter().enumerate() {
+        let (hwm, _) = srv.rss_kib();
+        println!(
+            "  {:<10} failures {} client timeouts {} over all runs, server RSS peak {:.1} MiB{}",
+            srv.name,
+            fails[k],
+            retx[k],
+            hwm as f64 / 1024.0,
+            errs[k]
+                .as_ref()
+                .map(|e| format!("  first error: {e}"))
+                .unwrap_or_default()
+        );
+    }
+    time.print();
+    cpu_block.print();
+    goals.push((
+        "(b) storm time <= 0.5x dnsmasq's, 0 failures".into(),
+        time.ratio().median <= 0.5 && fails[0] == 0,
+        format!("{}x per run, {} failures", time.ratio().fmt(2), fails[0]),
+    ));
+    rows.push(time.table_row(&cmd));
+    rows.push(cpu_block.table_row(&cmd));
     drop(bp);
     drop(dm);
+    println!();
+    for (what, met, detail) in &goals {
+        goal(what, *met, detail);
+    }
+    println!("\ntable rows:");
+    for r in rows {
+        println!("{r}");
+    }
+    rounds::print_machine();
 }

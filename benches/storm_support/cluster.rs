@@ -346,6 +346,7 @@ fn run_scenario(a: &Args, sc: Scenario, round: usize, dir: &Path) -> Run {
         client_threads: a.client_threads,
         tftp_threads: a.tftp_threads,
         boot_retries: a.boot_retries.unwrap_or(1),
+        tftp_window: a.tftp_window,
     };
     let storm_res = lab.client.run(move || storm(&sa, at_half));
     stop.store(true, Ordering::SeqCst);

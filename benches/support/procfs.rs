@@ -16,6 +16,16 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
     Some(f.next()?.parse::<u64>().ok()? + f.next()?.parse::<u64>().ok()?)
 }
 
+/// (utime, stime) of process `pid` (all threads) in seconds; `None` if it is gone.
+pub fn cpu_split(pid: u32) -> Option<(f64, f64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = text.rsplit_once(')')?.1;
+    let mut f = rest.split_whitespace().skip(11);
+    let u = f.next()?.parse::<u64>().ok()? as f64 / clk_tck();
+    let s = f.next()?.parse::<u64>().ok()? as f64 / clk_tck();
+    Some((u, s))
+}
+
 /// CPU seconds (utime + stime, all threads) of process `pid`; 0 if it is gone.
 pub fn proc_cpu(pid: u32) -> f64 {
     cpu_ticks(pid).unwrap_or(0) as f64 / clk_tck()

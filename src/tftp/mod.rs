@@ -85,6 +85,10 @@ pub struct TftpConfig {
     /// Largest file served in netascii mode (converted in memory once per version of
     /// the file and shared by its transfers; counted in `cache_max_bytes` when kept).
     pub netascii_max_bytes: u64,
+    /// Receive buffer asked for the listening socket (capped by the kernel's
+    /// `net.core.rmem_max`), so a burst of read requests after a power cut is queued
+    /// rather than dropped; 0 = keep the kernel default (`net.core.rmem_default`).
+    pub listen_rcvbuf_bytes: usize,
 }
 
 impl Default for TftpConfig {
@@ -108,12 +112,17 @@ impl Default for TftpConfig {
             small_file_max_bytes: 4 << 20,
             cache_max_bytes: 32 << 20,
             netascii_max_bytes: 16 << 20,
+            listen_rcvbuf_bytes: server::LISTEN_RCVBUF,
         }
     }
 }
 
 impl TftpConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
+        ensure!(
+            self.listen_rcvbuf_bytes <= 1 << 30,
+            "tftp.listen_rcvbuf_bytes must be at most 1 GiB"
+        );
         ensure!(
             self.max_transfers >= 1,
             "tftp.max_transfers must be at least 1"

@@ -84,8 +84,10 @@ impl Server {
         let sock = UdpSocket::bind(listen)
             .await
             .with_context(|| format!("binding tftp socket {listen}"))?;
-        if let Err(e) = crate::net::raise_rcvbuf(&sock, LISTEN_RCVBUF) {
-            tracing::warn!(error = %e, "tftp: could not raise the listening socket's receive buffer");
+        if settings.listen_rcvbuf_bytes > 0 {
+            if let Err(e) = crate::net::raise_rcvbuf(&sock, settings.listen_rcvbuf_bytes) {
+                tracing::warn!(error = %e, "tftp: could not raise the listening socket's receive buffer");
+            }
         }
         raise_nofile(settings.max_transfers as u64 + 256);
         let workers = match settings.workers {
@@ -232,11 +234,11 @@ impl Server {
     }
 }
 
-/// Receive buffer of the listening socket: a power cut brings a rack's machines back
+/// Default receive buffer of the listening socket (`[tftp] listen_rcvbuf_bytes`): a power cut brings a rack's machines back
 /// within milliseconds, and their RRQs (about 1 KiB of buffer each) arrive faster than
 /// they can be prepared. The kernel default (about 200 KiB) dropped a third of a burst
 /// of 1,000, and each dropped RRQ cost its machine a 1 s timeout; 4 MiB holds 4,000.
-const LISTEN_RCVBUF: usize = 4 << 20;
+pub(super) const LISTEN_RCVBUF: usize = 4 << 20;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
