@@ -248,17 +248,20 @@ fn edit_runs_the_editor_and_reports_errors() {
     let bad = script(
         "bad.sh",
         &format!(
-            r#"cat "$1" >> {log}; echo ---- >> {log}; sed -i 's/^  systemUUID: .*/  systemUUID: nope/' "$1""#,
+            r#"cat "$1" >> {log}; echo ---- >> {log}; sed -i 's/^  systemUUID: .*/  systemUUID: [nope/' "$1""#,
             log = log.display()
         ),
     );
     let before = get_server(&b, "e-1");
     let r = b.cli_env(&["edit", "server", "e-1"], None, &[("EDITOR", &bad)]);
     let err = fails(r, "a copy of your changes is in ");
-    assert!(err.contains("systemUUID"), "{err}");
+    assert!(err.contains("line"), "the parse error names where: {err}");
     let copy = err.rsplit("is in ").next().unwrap().trim().to_string();
     let saved = std::fs::read_to_string(&copy).unwrap();
-    assert!(saved.contains("systemUUID: nope"), "{saved}");
+    assert!(saved.contains("systemUUID: [nope"), "{saved}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the copy may hold a Secret");
     let seen = std::fs::read_to_string(&log).unwrap();
     assert!(seen.contains("# The edit failed:"), "{seen}");
     std::fs::remove_file(&copy).unwrap();
@@ -282,18 +285,25 @@ fn delete_by_names_selector_and_files() {
     );
     let out = ok(b.cli(&["delete", "server", "-l", "role=b"]));
     assert!(out.contains("\"d-3\" deleted") && out.contains("\"d-4\" deleted"), "{out}");
+    let gone = |n: &str| b.call("GET", &format!("{SERVERS}/{n}"), None).0 == 404;
+    b.wait_for(20, "d-1..d-4 gone", || {
+        ["d-1", "d-2", "d-3", "d-4"].iter().all(|n| gone(n)).then_some(())
+    });
+    assert!(!gone("d-5"), "the selector spared role=c");
 
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), server_yaml("d-5", &[])).unwrap();
     let f = file.path().to_str().unwrap();
     let out = ok(b.cli(&["delete", "-f", f]));
     assert_eq!(out.trim(), "servers.metal.ironcore.dev \"d-5\" deleted");
+    b.wait_for(20, "d-5 gone", || gone("d-5").then_some(()));
     fails(b.cli(&["delete", "-f", f]), "NotFound");
     ok(b.cli(&["delete", "-f", f, "--ignore-not-found"]));
     fails(b.cli(&["delete", "server", "x", "-l", "a=b"]), "not both");
     fails(b.cli(&["delete", "server"]), "no object named");
-    let items = b.get(SERVERS)["items"].as_array().unwrap().len();
-    assert_eq!(items, 0);
+    fails(b.cli(&["delete", "servers", "d-9"]), "NotFound");
+    let out = ok(b.cli(&["delete", "servers", "d-9", "--ignore-not-found"]));
+    assert_eq!(out, "");
 }
 
 #[test]

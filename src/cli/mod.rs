@@ -439,7 +439,7 @@ pub fn get(a: GetArgs) -> Result<u8> {
             t = t.show_labels();
         }
         if all {
-            t = t.name_prefix(&obj_ref(rt, "").trim_end_matches('/').to_string());
+            t = t.name_prefix(obj_ref(rt, "").trim_end_matches('/'));
         }
         t
     };
@@ -448,40 +448,8 @@ pub fn get(a: GetArgs) -> Result<u8> {
     for rt in kinds {
         let path = Client::path(&rt, ns, a.name.as_deref());
         if a.watch {
-            let path = Client::path(&rt, ns, None);
-            let mut t = table(&rt, matches!(out, Output::Table { wide: true }));
-            let query = if q.is_empty() {
-                String::new()
-            } else {
-                format!("&{q}")
-            };
-            for ev in client.watch(&path, &query)? {
-                let ev = ev?;
-                let obj = ev.get("object").cloned().unwrap_or(Value::Null);
-                if let Some(n) = &a.name {
-                    if obj.pointer("/metadata/name").and_then(Value::as_str) != Some(n) {
-                        continue;
-                    }
-                }
-                match &out {
-                    Output::Json => println!("{}", serde_json::to_string(&ev)?),
-                    Output::Yaml => println!("---\n{}", serde_norway::to_string(&ev)?.trim_end()),
-                    Output::Name => println!(
-                        "{}",
-                        obj_ref(&rt, obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(""))
-                    ),
-                    Output::JsonPath(t) => print!("{}", t.render(&obj)),
-                    Output::Columns(c) => print!("{}", c.render(std::slice::from_ref(&obj), true)),
-                    Output::Table { .. } => {
-                        let line = t.row_line(
-                            &obj,
-                            ev.get("type").and_then(Value::as_str) == Some("DELETED"),
-                        );
-                        println!("{line}");
-                    }
-                }
-            }
-            return Ok(0);
+            let t = table(&rt, matches!(out, Output::Table { wide: true }));
+            return watch(&client, &rt, ns, &q, a.name.as_deref(), &out, t);
         }
         let full = if q.is_empty() || a.name.is_some() {
             path
@@ -540,6 +508,45 @@ pub fn get(a: GetArgs) -> Result<u8> {
             "No resources found{}.",
             ns.map(|n| format!(" in {n} namespace")).unwrap_or_default()
         );
+    }
+    Ok(0)
+}
+
+/// `get -w`: one line (or document) per change of `rt`'s objects, until the stream ends.
+fn watch(
+    client: &Client,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    q: &str,
+    name: Option<&str>,
+    out: &output::Output,
+    mut t: table::Table,
+) -> Result<u8> {
+    use output::Output;
+    let path = Client::path(rt, ns, None);
+    let query = if q.is_empty() {
+        String::new()
+    } else {
+        format!("&{q}")
+    };
+    for ev in client.watch(&path, &query)? {
+        let ev = ev?;
+        let obj = ev.get("object").cloned().unwrap_or(Value::Null);
+        let obj_name = obj.pointer("/metadata/name").and_then(Value::as_str);
+        if name.is_some() && obj_name != name {
+            continue;
+        }
+        match out {
+            Output::Json => println!("{}", serde_json::to_string(&ev)?),
+            Output::Yaml => println!("---\n{}", serde_norway::to_string(&ev)?.trim_end()),
+            Output::Name => println!("{}", obj_ref(rt, obj_name.unwrap_or(""))),
+            Output::JsonPath(t) => print!("{}", t.render(&obj)),
+            Output::Columns(c) => print!("{}", c.render(std::slice::from_ref(&obj), true)),
+            Output::Table { .. } => {
+                let deleted = ev.get("type").and_then(Value::as_str) == Some("DELETED");
+                println!("{}", t.row_line(&obj, deleted));
+            }
+        }
     }
     Ok(0)
 }

@@ -297,10 +297,10 @@ fn close_bracket(s: &str) -> Option<usize> {
 
 fn eval<'a>(p: &Path, root: &'a Value, cur: &'a Value) -> Vec<&'a Value> {
     let start = if p.root { root } else { cur };
-    eval_steps(&p.steps, root, start)
+    eval_steps(&p.steps, start)
 }
 
-fn eval_steps<'a>(steps: &[Step], root: &'a Value, start: &'a Value) -> Vec<&'a Value> {
+fn eval_steps<'a>(steps: &[Step], start: &'a Value) -> Vec<&'a Value> {
     let mut vals = vec![start];
     for st in steps {
         let mut next = Vec::new();
@@ -323,7 +323,7 @@ fn eval_steps<'a>(steps: &[Step], root: &'a Value, start: &'a Value) -> Vec<&'a 
                 Step::Filter { path, negate, want } => {
                     if let Some(a) = v.as_array() {
                         next.extend(a.iter().filter(|e| {
-                            let got = eval_steps(path, root, e);
+                            let got = eval_steps(path, e);
                             let hit = got.first().is_some_and(|g| *g == want);
                             hit != *negate
                         }));
