@@ -66,7 +66,10 @@ fn apply_three_way_merge_removes_what_the_manifest_dropped() {
     ok(b.cli(&["label", "server", "tw-1", "owner=ops"]));
     let y2 = server_yaml("tw-1", &[("role", "worker")]);
     let out = ok(b.cli_stdin(&["apply", "--dry-run=client", "-f", "-"], Some(&y2)));
-    assert_eq!(out.trim(), "server.metal.ironcore.dev/tw-1 configured (dry run)");
+    assert_eq!(
+        out.trim(),
+        "server.metal.ironcore.dev/tw-1 configured (dry run)"
+    );
     assert_eq!(get_server(&b, "tw-1")["metadata"]["labels"]["zone"], "a");
     let out = ok(b.cli_stdin(&["apply", "-f", "-"], Some(&y2)));
     assert_eq!(out.trim(), "server.metal.ironcore.dev/tw-1 configured");
@@ -119,7 +122,10 @@ fn apply_status_moves_a_released_server_to_available() {
     // A status for an object that does not exist is refused, naming it.
     let missing = status.replace("rel-1", "nope-1");
     fails(
-        b.cli_stdin(&["apply", "--subresource=status", "-f", "-"], Some(&missing)),
+        b.cli_stdin(
+            &["apply", "--subresource=status", "-f", "-"],
+            Some(&missing),
+        ),
         "\"nope-1\" not found",
     );
 }
@@ -127,17 +133,38 @@ fn apply_status_moves_a_released_server_to_available() {
 #[test]
 fn patch_merge_and_json_and_status() {
     let b = Bootplane::start(&[]);
-    ok(b.cli_stdin(&["apply", "-f", "-"], Some(&server_yaml("p-1", &[("a", "1")]))));
+    ok(b.cli_stdin(
+        &["apply", "-f", "-"],
+        Some(&server_yaml("p-1", &[("a", "1")])),
+    ));
     let out = ok(b.cli(&[
-        "patch", "server", "p-1", "-p", r#"{"metadata":{"labels":{"b":"2","a":null}}}"#,
+        "patch",
+        "server",
+        "p-1",
+        "-p",
+        r#"{"metadata":{"labels":{"b":"2","a":null}}}"#,
     ]));
     assert_eq!(out.trim(), "server.metal.ironcore.dev/p-1 patched");
-    assert_eq!(get_server(&b, "p-1")["metadata"]["labels"], json!({"b": "2"}));
+    assert_eq!(
+        get_server(&b, "p-1")["metadata"]["labels"],
+        json!({"b": "2"})
+    );
 
     // YAML works too.
-    ok(b.cli(&["patch", "server", "p-1", "-p", "metadata: {labels: {c: '3'}}"]));
+    ok(b.cli(&[
+        "patch",
+        "server",
+        "p-1",
+        "-p",
+        "metadata: {labels: {c: '3'}}",
+    ]));
     let out = ok(b.cli(&[
-        "patch", "server", "p-1", "--type", "json", "-p",
+        "patch",
+        "server",
+        "p-1",
+        "--type",
+        "json",
+        "-p",
         r#"[{"op":"test","path":"/metadata/labels/c","value":"3"},
             {"op":"remove","path":"/metadata/labels/b"},
             {"op":"add","path":"/metadata/labels/d","value":"4"}]"#,
@@ -152,33 +179,64 @@ fn patch_merge_and_json_and_status() {
     let before = get_server(&b, "p-1");
     fails(
         b.cli(&[
-            "patch", "server", "p-1", "--type=json", "-p",
+            "patch",
+            "server",
+            "p-1",
+            "--type=json",
+            "-p",
             r#"[{"op":"add","path":"/metadata/labels/e","value":"5"},
                 {"op":"remove","path":"/metadata/labels/zz"}]"#,
         ]),
         "json patch operation 1 (remove /metadata/labels/zz) failed",
     );
     fails(
-        b.cli(&["patch", "server", "p-1", "--type=json", "-p", r#"[{"op":"frob","path":"/a"}]"#]),
+        b.cli(&[
+            "patch",
+            "server",
+            "p-1",
+            "--type=json",
+            "-p",
+            r#"[{"op":"frob","path":"/a"}]"#,
+        ]),
         "unknown op \"frob\"",
     );
-    fails(b.cli(&["patch", "server", "p-1", "-p", "{\"a\": "]), "neither JSON nor YAML");
-    fails(b.cli(&["patch", "server", "p-1", "-p", "[1]"]), "a merge patch is a mapping");
+    fails(
+        b.cli(&["patch", "server", "p-1", "-p", "{\"a\": "]),
+        "neither JSON nor YAML",
+    );
+    fails(
+        b.cli(&["patch", "server", "p-1", "-p", "[1]"]),
+        "a merge patch is a mapping",
+    );
     assert_eq!(get_server(&b, "p-1"), before);
 
     // Status through the subresource, as a merge patch and as a JSON patch.
     ok(b.cli(&[
-        "patch", "server", "p-1", "--subresource=status", "-p",
+        "patch",
+        "server",
+        "p-1",
+        "--subresource=status",
+        "-p",
         r#"{"status":{"state":"Available","powerState":"Off"}}"#,
     ]));
     assert_eq!(get_server(&b, "p-1")["status"]["state"], "Available");
     ok(b.cli(&[
-        "patch", "server", "p-1", "--subresource", "status", "--type", "json", "-p",
+        "patch",
+        "server",
+        "p-1",
+        "--subresource",
+        "status",
+        "--type",
+        "json",
+        "-p",
         r#"[{"op":"replace","path":"/status/state","value":"Maintenance"}]"#,
     ]));
     assert_eq!(get_server(&b, "p-1")["status"]["state"], "Maintenance");
     let out = ok(b.cli(&["patch", "server", "p-1", "-p", "{}"]));
-    assert_eq!(out.trim(), "server.metal.ironcore.dev/p-1 patched (no change)");
+    assert_eq!(
+        out.trim(),
+        "server.metal.ironcore.dev/p-1 patched (no change)"
+    );
 }
 
 #[test]
@@ -191,14 +249,30 @@ fn label_and_annotate_need_overwrite_to_change_a_value() {
         b.cli(&["label", "server", "l-1", "role=storage"]),
         "'role' already has a value (worker), and --overwrite is false",
     );
-    assert_eq!(get_server(&b, "l-1")["metadata"]["labels"]["role"], "worker");
-    ok(b.cli(&["label", "server", "l-1", "role=storage", "zone-", "--overwrite"]));
+    assert_eq!(
+        get_server(&b, "l-1")["metadata"]["labels"]["role"],
+        "worker"
+    );
+    ok(b.cli(&[
+        "label",
+        "server",
+        "l-1",
+        "role=storage",
+        "zone-",
+        "--overwrite",
+    ]));
     assert_eq!(
         get_server(&b, "l-1")["metadata"]["labels"],
         json!({"role": "storage"})
     );
-    fails(b.cli(&["label", "server", "l-1", "bad key=1"]), "invalid label key \"bad key\"");
-    fails(b.cli(&["label", "server", "l-1", "justakey"]), "neither KEY=VALUE nor KEY-");
+    fails(
+        b.cli(&["label", "server", "l-1", "bad key=1"]),
+        "invalid label key \"bad key\"",
+    );
+    fails(
+        b.cli(&["label", "server", "l-1", "justakey"]),
+        "neither KEY=VALUE nor KEY-",
+    );
 
     let out = ok(b.cli(&["annotate", "server", "l-1", "note=hello world"]));
     assert_eq!(out.trim(), "server.metal.ironcore.dev/l-1 annotated");
@@ -207,7 +281,10 @@ fn label_and_annotate_need_overwrite_to_change_a_value() {
         "'note' already has a value (hello world), and --overwrite is false",
     );
     ok(b.cli(&["annotate", "--overwrite", "server", "l-1", "note=bye"]));
-    assert_eq!(get_server(&b, "l-1")["metadata"]["annotations"]["note"], "bye");
+    assert_eq!(
+        get_server(&b, "l-1")["metadata"]["annotations"]["note"],
+        "bye"
+    );
     ok(b.cli(&["annotate", "server", "l-1", "note-"]));
     assert!(get_server(&b, "l-1")["metadata"]["annotations"]
         .get("note")
@@ -218,7 +295,10 @@ fn label_and_annotate_need_overwrite_to_change_a_value() {
 #[test]
 fn edit_runs_the_editor_and_reports_errors() {
     let b = Bootplane::start(&[]);
-    ok(b.cli_stdin(&["apply", "-f", "-"], Some(&server_yaml("e-1", &[("gone", "x")]))));
+    ok(b.cli_stdin(
+        &["apply", "-f", "-"],
+        Some(&server_yaml("e-1", &[("gone", "x")])),
+    ));
     let dir = tempfile::tempdir().unwrap();
     let script = |name: &str, body: &str| {
         let p = dir.path().join(name);
@@ -231,7 +311,10 @@ fn edit_runs_the_editor_and_reports_errors() {
     let drop_label = script("drop.sh", r#"sed -i 's/^    gone: x$/    kept: y/' "$1""#);
     let out = ok(b.cli_env(&["edit", "server", "e-1"], None, &[("EDITOR", &drop_label)]));
     assert_eq!(out.trim(), "server.metal.ironcore.dev/e-1 edited");
-    assert_eq!(get_server(&b, "e-1")["metadata"]["labels"], json!({"kept": "y"}));
+    assert_eq!(
+        get_server(&b, "e-1")["metadata"]["labels"],
+        json!({"kept": "y"})
+    );
 
     // VISUAL when EDITOR is unset; no change is a cancel.
     let noop = script("noop.sh", "true");
@@ -272,7 +355,13 @@ fn edit_runs_the_editor_and_reports_errors() {
 fn delete_by_names_selector_and_files() {
     let b = Bootplane::start(&[]);
     let mut all = String::new();
-    for (n, role) in [("d-1", "a"), ("d-2", "a"), ("d-3", "b"), ("d-4", "b"), ("d-5", "c")] {
+    for (n, role) in [
+        ("d-1", "a"),
+        ("d-2", "a"),
+        ("d-3", "b"),
+        ("d-4", "b"),
+        ("d-5", "c"),
+    ] {
         all.push_str(&server_yaml(n, &[("role", role)]));
         all.push_str("---\n");
     }
@@ -284,10 +373,16 @@ fn delete_by_names_selector_and_files() {
         "servers.metal.ironcore.dev \"d-1\" deleted\nservers.metal.ironcore.dev \"d-2\" deleted\n"
     );
     let out = ok(b.cli(&["delete", "server", "-l", "role=b"]));
-    assert!(out.contains("\"d-3\" deleted") && out.contains("\"d-4\" deleted"), "{out}");
+    assert!(
+        out.contains("\"d-3\" deleted") && out.contains("\"d-4\" deleted"),
+        "{out}"
+    );
     let gone = |n: &str| b.call("GET", &format!("{SERVERS}/{n}"), None).0 == 404;
     b.wait_for(20, "d-1..d-4 gone", || {
-        ["d-1", "d-2", "d-3", "d-4"].iter().all(|n| gone(n)).then_some(())
+        ["d-1", "d-2", "d-3", "d-4"]
+            .iter()
+            .all(|n| gone(n))
+            .then_some(())
     });
     assert!(!gone("d-5"), "the selector spared role=c");
 
@@ -331,22 +426,45 @@ fn get_output_forms() {
         r#"jsonpath={range .items[*]}{.metadata.name}={.metadata.labels.zone}{"\n"}{end}"#,
     ]));
     assert_eq!(out, "g-c=1\ng-b=2\ng-a=3\n");
-    let out = ok(b.cli(&["get", "server", "g-a", "-o", "jsonpath={.metadata.labels.zone}"]));
+    let out = ok(b.cli(&[
+        "get",
+        "server",
+        "g-a",
+        "-o",
+        "jsonpath={.metadata.labels.zone}",
+    ]));
     assert_eq!(out, "3");
     let out = ok(b.cli(&[
-        "get", "servers", "--sort-by", "{.metadata.labels.zone}", "-o",
+        "get",
+        "servers",
+        "--sort-by",
+        "{.metadata.labels.zone}",
+        "-o",
         "custom-columns=NAME:.metadata.name,ZONE:.metadata.labels.zone,X:.spec.nothing",
     ]));
     assert_eq!(
         out,
         "NAME   ZONE   X\ng-c    1      <none>\ng-b    2      <none>\ng-a    3      <none>\n"
     );
-    let out = ok(b.cli(&["get", "servers", "--no-headers", "-o", "custom-columns=N:.metadata.name"]));
+    let out = ok(b.cli(&[
+        "get",
+        "servers",
+        "--no-headers",
+        "-o",
+        "custom-columns=N:.metadata.name",
+    ]));
     assert_eq!(out, "g-a\ng-b\ng-c\n");
     let out = ok(b.cli(&["get", "servers", "--show-labels"]));
     let head = out.lines().next().unwrap();
-    assert!(head.starts_with("NAME") && head.ends_with("LABELS"), "{out}");
-    assert!(out.lines().any(|l| l.starts_with("g-a") && l.ends_with("zone=3")), "{out}");
+    assert!(
+        head.starts_with("NAME") && head.ends_with("LABELS"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("g-a") && l.ends_with("zone=3")),
+        "{out}"
+    );
     let out = ok(b.cli(&["get", "servers", "--no-headers"]));
     assert_eq!(out.lines().count(), 3, "{out}");
     assert!(out.starts_with("g-a"), "{out}");
@@ -354,9 +472,24 @@ fn get_output_forms() {
     assert!(out.contains("server.metal.ironcore.dev/g-a"), "{out}");
 
     // Bad output options fail before anything is asked, naming the bad piece.
-    fails(b.cli(&["get", "servers", "-o", "jsonpath={.items[x]}"]), "bad index [x]");
-    fails(b.cli(&["get", "servers", "-o", "jsonpath={.a"]), "unclosed '{'");
-    fails(b.cli(&["get", "servers", "-o", "custom-columns=NAME"]), "is not HEADER:JSONPATH");
-    fails(b.cli(&["get", "servers", "-o", "tabular"]), "unknown output format \"tabular\"");
-    fails(b.cli(&["get", "servers", "--sort-by", "{range .a}"]), "without {end}");
+    fails(
+        b.cli(&["get", "servers", "-o", "jsonpath={.items[x]}"]),
+        "bad index [x]",
+    );
+    fails(
+        b.cli(&["get", "servers", "-o", "jsonpath={.a"]),
+        "unclosed '{'",
+    );
+    fails(
+        b.cli(&["get", "servers", "-o", "custom-columns=NAME"]),
+        "is not HEADER:JSONPATH",
+    );
+    fails(
+        b.cli(&["get", "servers", "-o", "tabular"]),
+        "unknown output format \"tabular\"",
+    );
+    fails(
+        b.cli(&["get", "servers", "--sort-by", "{range .a}"]),
+        "without {end}",
+    );
 }

@@ -120,7 +120,12 @@ pub fn apply_with(client: &Client, reg: &Registry, doc: &Value, o: Opts) -> Resu
     let path = Client::path(&rt, ns, Some(name));
     let cur = match client.request("GET", &path, None) {
         Ok(cur) => Some(cur),
-        Err(e) if e.downcast_ref::<ApiFailure>().is_some_and(|f| f.code == 404) => None,
+        Err(e)
+            if e.downcast_ref::<ApiFailure>()
+                .is_some_and(|f| f.code == 404) =>
+        {
+            None
+        }
         Err(e) => return Err(e),
     };
     if o.status {
@@ -341,7 +346,10 @@ mod tests {
         let o = json!({"metadata": {"annotations": {"x": "1"}}});
         let m = json!({"metadata": {}});
         let c = json!({"metadata": {"annotations": {"x": "1", "y": "2"}}});
-        assert_eq!(tw(Some(o), m, c), json!({"metadata": {"annotations": null}}));
+        assert_eq!(
+            tw(Some(o), m, c),
+            json!({"metadata": {"annotations": null}})
+        );
     }
 
     #[test]
@@ -352,7 +360,9 @@ mod tests {
         let out = with_last_applied(&doc).unwrap();
         assert!(out.get("status").is_none());
         let rec: Value = serde_json::from_str(
-            out["metadata"]["annotations"][LAST_APPLIED].as_str().unwrap(),
+            out["metadata"]["annotations"][LAST_APPLIED]
+                .as_str()
+                .unwrap(),
         )
         .unwrap();
         assert_eq!(

@@ -417,7 +417,10 @@ pub fn get(a: GetArgs) -> Result<u8> {
     let reg = Registry::global();
     let all = a.kind == "all";
     let kinds: Vec<Arc<ResourceType>> = if all {
-        ALL_KINDS.iter().map(|k| resolve(reg, k)).collect::<Result<_>>()?
+        ALL_KINDS
+            .iter()
+            .map(|k| resolve(reg, k))
+            .collect::<Result<_>>()?
     } else {
         a.kind
             .split(',')
@@ -473,7 +476,10 @@ pub fn get(a: GetArgs) -> Result<u8> {
             Output::Yaml => print!("{}", serde_norway::to_string(&v)?),
             Output::Name => {
                 for it in &items {
-                    let n = it.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+                    let n = it
+                        .pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
                     println!("{}", obj_ref(&rt, n));
                 }
             }
@@ -712,7 +718,12 @@ pub fn delete(a: DeleteArgs) -> Result<u8> {
                     &format!("{}?{q}", Client::path(&rt, ns.as_deref(), None)),
                     None,
                 )?;
-                for it in v.get("items").and_then(Value::as_array).into_iter().flatten() {
+                for it in v
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
                     let n = it.pointer("/metadata/name").and_then(Value::as_str);
                     let ins = it.pointer("/metadata/namespace").and_then(Value::as_str);
                     if let Some(n) = n {
@@ -727,11 +738,16 @@ pub fn delete(a: DeleteArgs) -> Result<u8> {
     }
     let mut failed = 0;
     for (rt, ns, name) in targets {
-        match client.request("DELETE", &Client::path(&rt, ns.as_deref(), Some(&name)), None) {
+        match client.request(
+            "DELETE",
+            &Client::path(&rt, ns.as_deref(), Some(&name)),
+            None,
+        ) {
             Ok(_) => println!("{} \"{}\" deleted", rt.qualified(), name),
             Err(e)
                 if a.ignore_not_found
-                    && e.downcast_ref::<ApiFailure>().is_some_and(|f| f.code == 404) => {}
+                    && e.downcast_ref::<ApiFailure>()
+                        .is_some_and(|f| f.code == 404) => {}
             Err(e) => {
                 failed += 1;
                 eprintln!("error: {e:#}");

@@ -521,18 +521,18 @@ mod tests {
     fn jsonpath_range_literals_and_filters() {
         let l = list();
         assert_eq!(
-            r(r#"{range .items[*]}{.metadata.name}{"\t"}{.spec.n}{"\n"}{end}"#, &l),
+            r(
+                r#"{range .items[*]}{.metadata.name}{"\t"}{.spec.n}{"\n"}{end}"#,
+                &l
+            ),
             "b\t10\na\t9\n"
         );
+        assert_eq!(r(r#"{.items[?(@.metadata.name=="a")].spec.n}"#, &l), "9");
+        assert_eq!(r(r#"{.items[?(@.metadata.name!="a")].spec.n}"#, &l), "10");
         assert_eq!(
-            r(r#"{.items[?(@.metadata.name=="a")].spec.n}"#, &l),
-            "9"
+            r("{range .items[*]}{range .spec.tags[*]}<{@}>{end}{end}", &l),
+            "<x><y>"
         );
-        assert_eq!(
-            r(r#"{.items[?(@.metadata.name!="a")].spec.n}"#, &l),
-            "10"
-        );
-        assert_eq!(r("{range .items[*]}{range .spec.tags[*]}<{@}>{end}{end}", &l), "<x><y>");
     }
 
     #[test]

@@ -105,7 +105,8 @@ fn target(kind: &str, namespace: &str) -> Result<(Arc<ResourceType>, Option<Stri
 }
 
 fn is_status(e: &anyhow::Error, code: u16) -> bool {
-    e.downcast_ref::<ApiFailure>().is_some_and(|f| f.code == code)
+    e.downcast_ref::<ApiFailure>()
+        .is_some_and(|f| f.code == code)
 }
 
 /// Parse patch text: JSON, else YAML (one document), bounded.
@@ -213,9 +214,9 @@ fn kind_of(v: &Value) -> &'static str {
 /// Check a JSON patch's shape whole (every operation's `op`, `path`, `value` or
 /// `from`) before anything is applied.
 pub fn check_ops(p: &Value) -> Result<Vec<Value>> {
-    let ops = p
-        .as_array()
-        .ok_or_else(|| anyhow::anyhow!("a json patch is a list of operations, not {}", kind_of(p)))?;
+    let ops = p.as_array().ok_or_else(|| {
+        anyhow::anyhow!("a json patch is a list of operations, not {}", kind_of(p))
+    })?;
     if ops.len() > MAX_OPS {
         bail!("the json patch has more than {MAX_OPS} operations");
     }
@@ -243,7 +244,8 @@ pub fn check_ops(p: &Value) -> Result<Vec<Value>> {
                 let from = o.get("from").and_then(Value::as_str).ok_or_else(|| {
                     anyhow::anyhow!("json patch operation {i} ({name} {path}) has no \"from\"")
                 })?;
-                pointer_tokens(from).with_context(|| format!("json patch operation {i} ({name})"))?;
+                pointer_tokens(from)
+                    .with_context(|| format!("json patch operation {i} ({name})"))?;
             }
             other => bail!(
                 "json patch operation {i} has unknown op {other:?} \
@@ -277,7 +279,11 @@ fn index(tok: &str, len: usize, path: &str, allow_end: bool) -> Result<usize> {
         && (tok == "0" || !tok.starts_with('0'));
     let i: usize = if ok { tok.parse().ok() } else { None }
         .ok_or_else(|| anyhow::anyhow!("{path}: {tok:?} is not an array index"))?;
-    let max = if allow_end { len } else { len.saturating_sub(1) };
+    let max = if allow_end {
+        len
+    } else {
+        len.saturating_sub(1)
+    };
     if i > max || (!allow_end && len == 0) {
         bail!("{path}: index {i} is out of range (length {len})");
     }
@@ -352,7 +358,9 @@ pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<()> {
             "replace" => get_mut(&mut work, &pointer_tokens(path)?, path).map(|t| *t = value),
             "move" => {
                 if path.starts_with(&format!("{from}/")) {
-                    Err(anyhow::anyhow!("cannot move {from} into its own child {path}"))
+                    Err(anyhow::anyhow!(
+                        "cannot move {from} into its own child {path}"
+                    ))
                 } else {
                     remove(&mut work, from).and_then(|v| add(&mut work, path, v))
                 }
@@ -390,7 +398,9 @@ fn check_key(k: &str, what: &str) -> Result<()> {
     };
     let name_ok = !name.is_empty()
         && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
         && name.as_bytes()[0].is_ascii_alphanumeric()
         && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
     let prefix_ok = prefix.is_none_or(|p: &str| {
@@ -398,7 +408,8 @@ fn check_key(k: &str, what: &str) -> Result<()> {
             && p.len() <= 253
             && p.split('.').all(|s| {
                 !s.is_empty()
-                    && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && s.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             })
     });
     if !name_ok || !prefix_ok {
@@ -417,7 +428,8 @@ fn parse_changes(args: &[String], what: &str) -> Result<Vec<Change>> {
             check_key(k, what)?;
             if what == "label" {
                 let ok = v.len() <= 63
-                    && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                    && v.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
                     && (v.is_empty()
                         || (v.as_bytes()[0].is_ascii_alphanumeric()
                             && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric()));
@@ -469,9 +481,9 @@ fn set_meta_map(a: LabelArgs, field: &str, what: &str, done: &str) -> Result<u8>
             match c {
                 Change::Set(k, v) => match live.get(k).and_then(Value::as_str) {
                     Some(old) if old == v => {}
-                    Some(old) if !a.overwrite => bail!(
-                        "'{k}' already has a value ({old}), and --overwrite is false"
-                    ),
+                    Some(old) if !a.overwrite => {
+                        bail!("'{k}' already has a value ({old}), and --overwrite is false")
+                    }
                     _ => {
                         m.insert(k.clone(), Value::String(v.clone()));
                     }
@@ -493,7 +505,11 @@ fn set_meta_map(a: LabelArgs, field: &str, what: &str, done: &str) -> Result<u8>
             field: m,
             "resourceVersion": cur["metadata"]["resourceVersion"],
         }});
-        match client.request("PATCH", &path, Some(("application/merge-patch+json", &patch))) {
+        match client.request(
+            "PATCH",
+            &path,
+            Some(("application/merge-patch+json", &patch)),
+        ) {
             Ok(_) => {
                 println!("{label} {done}");
                 return Ok(0);
@@ -522,7 +538,10 @@ fn temp_file(stem: &str) -> Result<(PathBuf, std::fs::File)> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = std::env::temp_dir();
     for _ in 0..16 {
-        let p = dir.join(format!("bootplane-edit-{stem}-{:08x}.yaml", rand::random::<u32>()));
+        let p = dir.join(format!(
+            "bootplane-edit-{stem}-{:08x}.yaml",
+            rand::random::<u32>()
+        ));
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -612,9 +631,7 @@ pub fn edit(a: EditArgs) -> Result<u8> {
             Err(e) => {
                 let msg = format!("{e:#}");
                 let comment: String = msg.lines().map(|l| format!("# {l}\n")).collect();
-                let text = format!(
-                    "{head}# The edit failed:\n{comment}#\n{edited}\n"
-                );
+                let text = format!("{head}# The edit failed:\n{comment}#\n{edited}\n");
                 std::fs::write(&file, text)
                     .with_context(|| format!("writing {}", file.display()))?;
                 eprintln!("error: {msg}");
@@ -699,10 +716,19 @@ mod tests {
     #[test]
     fn patch_text_is_json_or_yaml() {
         assert_eq!(parse_patch(r#"{"a": 1}"#).unwrap(), json!({"a": 1}));
-        assert_eq!(parse_patch("a: 1\nb: [x]\n").unwrap(), json!({"a": 1, "b": ["x"]}));
+        assert_eq!(
+            parse_patch("a: 1\nb: [x]\n").unwrap(),
+            json!({"a": 1, "b": ["x"]})
+        );
         assert!(parse_patch("").unwrap_err().to_string().contains("empty"));
-        assert!(parse_patch("a: [1\n").unwrap_err().to_string().contains("neither JSON nor YAML"));
-        assert!(parse_patch("a: 1\n---\nb: 2\n").unwrap_err().to_string().contains("2 YAML documents"));
+        assert!(parse_patch("a: [1\n")
+            .unwrap_err()
+            .to_string()
+            .contains("neither JSON nor YAML"));
+        assert!(parse_patch("a: 1\n---\nb: 2\n")
+            .unwrap_err()
+            .to_string()
+            .contains("2 YAML documents"));
     }
 
     #[test]

@@ -138,7 +138,11 @@ impl Table {
         self.cols
             .iter()
             .map(|c| match c {
-                Col::Name => format!("{}{}", self.name_prefix, cell(jsonpath(o, ".metadata.name"))),
+                Col::Name => format!(
+                    "{}{}",
+                    self.name_prefix,
+                    cell(jsonpath(o, ".metadata.name"))
+                ),
                 Col::Path(p) => cell(jsonpath(o, p)),
                 Col::Age => age(o
                     .pointer("/metadata/creationTimestamp")
