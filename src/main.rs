@@ -27,14 +27,23 @@ enum Command {
     Serve(ServeArgs),
     /// Validate a config file (and flags) and print the effective config.
     CheckConfig(CheckArgs),
-    /// Create or update objects from YAML/JSON files (multi-document), a directory or `-`.
+    /// Create or update objects from YAML/JSON files (multi-document), a directory or `-`
+    /// (three-way merge with the last-applied configuration, as kubectl's).
     Apply(bootplane::cli::ApplyArgs),
     /// List or show objects.
     Get(bootplane::cli::GetArgs),
-    /// Delete an object.
+    /// Delete objects: by name (several), `-l SELECTOR` or `-f FILE`.
     Delete(bootplane::cli::DeleteArgs),
     /// Show one object in detail: summary, conditions, references, owners, events.
     Describe(bootplane::cli::describe::DescribeArgs),
+    /// Change an object with a merge patch or a JSON patch (`--type json`).
+    Patch(bootplane::cli::PatchArgs),
+    /// Set (`KEY=VALUE`) or remove (`KEY-`) an object's labels.
+    Label(bootplane::cli::LabelArgs),
+    /// Set (`KEY=VALUE`) or remove (`KEY-`) an object's annotations.
+    Annotate(bootplane::cli::AnnotateArgs),
+    /// Edit an object as YAML in `$EDITOR` (then `$VISUAL`, else `vi`).
+    Edit(bootplane::cli::EditArgs),
     /// Confirm a power change made by hand (manual power driver).
     Power(bootplane::cli::PowerArgs),
     /// Image tools.
@@ -91,36 +100,52 @@ struct ConfigFlags {
     /// TOML config file.
     #[arg(long, env = "BOOTPLANE_CONFIG")]
     config: Option<PathBuf>,
+    /// State dir (store, TLS, tokens, leases).
     #[arg(long, env = "BOOTPLANE_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// API listen address (`api.listen`).
     #[arg(long, env = "BOOTPLANE_API_LISTEN")]
     api_listen: Option<SocketAddr>,
+    /// Bootstrap admin API token (`api.token`).
     #[arg(long, env = "BOOTPLANE_API_TOKEN", hide_env_values = true)]
     api_token: Option<String>,
+    /// Boot HTTP listen address (`http.listen`).
     #[arg(long, env = "BOOTPLANE_HTTP_LISTEN")]
     http_listen: Option<SocketAddr>,
+    /// URL machines fetch boot files from (`http.public_url`).
     #[arg(long, env = "BOOTPLANE_HTTP_PUBLIC_URL")]
     http_public_url: Option<String>,
+    /// Directory of boot assets served over HTTP (`http.assets_dir`).
     #[arg(long, env = "BOOTPLANE_ASSETS_DIR")]
     assets_dir: Option<PathBuf>,
+    /// Interface the DHCP server serves (`dhcp.interface`).
     #[arg(long, env = "BOOTPLANE_DHCP_INTERFACE")]
     dhcp_interface: Option<String>,
+    /// DHCP mode (`dhcp.mode`).
     #[arg(long, env = "BOOTPLANE_DHCP_MODE")]
     dhcp_mode: Option<DhcpMode>,
+    /// Address range to lease, `FIRST-LAST` (`dhcp.range`).
     #[arg(long, env = "BOOTPLANE_DHCP_RANGE")]
     dhcp_range: Option<String>,
+    /// TFTP listen address (`tftp.listen`).
     #[arg(long, env = "BOOTPLANE_TFTP_LISTEN")]
     tftp_listen: Option<SocketAddr>,
+    /// Directory served over TFTP (`tftp.root`).
     #[arg(long, env = "BOOTPLANE_TFTP_ROOT")]
     tftp_root: Option<PathBuf>,
+    /// Default power driver (`controller.power_driver`, e.g. `manual`).
     #[arg(long, env = "BOOTPLANE_POWER_DRIVER")]
     power_driver: Option<String>,
+    /// Log filter, tracing-subscriber syntax (`log.filter`).
     #[arg(long, env = "BOOTPLANE_LOG")]
     log_filter: Option<String>,
+    /// Log format: `text` or `json` (`log.format`).
     #[arg(long, env = "BOOTPLANE_LOG_FORMAT")]
     log_format: Option<String>,
+    /// Run the controllers (`controller.enabled`).
     #[arg(long, env = "BOOTPLANE_CONTROLLER_ENABLED")]
     controller_enabled: Option<bool>,
+    /// Controller worker count (`controller.workers`).
     #[arg(long, env = "BOOTPLANE_CONTROLLER_WORKERS")]
     controller_workers: Option<usize>,
     /// Set any config key: `--set section.key=value` (repeatable; env BOOTPLANE_SET,
@@ -252,6 +277,10 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Get(a) => bootplane::cli::get(a),
         Command::Delete(a) => bootplane::cli::delete(a),
         Command::Describe(a) => bootplane::cli::describe::describe(a),
+        Command::Patch(a) => bootplane::cli::patch(a),
+        Command::Label(a) => bootplane::cli::label(a),
+        Command::Annotate(a) => bootplane::cli::annotate(a),
+        Command::Edit(a) => bootplane::cli::edit(a),
         Command::Power(a) => bootplane::cli::power(a),
         Command::Image(c) => bootplane::image::cli::run_image(c).map(|_| 0),
         Command::Provision(a) => bootplane::image::cli::run_provision(a).map(|c| c as u8),
@@ -295,5 +324,32 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
+    }
+
+    /// Every argument and flag of every command (and the commands themselves) has a
+    /// help line, so `--help`, the man page and completions describe all of them.
+    #[test]
+    fn every_argument_has_help() {
+        use clap::CommandFactory;
+        fn walk(c: &clap::Command, path: &str, missing: &mut Vec<String>, seen: &mut usize) {
+            *seen += 1;
+            for a in c.get_arguments() {
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", a.get_id()));
+                }
+            }
+            for s in c.get_subcommands() {
+                if s.get_about().is_none() && s.get_long_about().is_none() {
+                    missing.push(format!("{path} {} (the command)", s.get_name()));
+                }
+                walk(s, &format!("{path} {}", s.get_name()), missing, seen);
+            }
+        }
+        let mut cmd = super::Cli::command();
+        cmd.build();
+        let (mut missing, mut seen) = (Vec::new(), 0);
+        walk(&cmd, "bootplane", &mut missing, &mut seen);
+        assert!(seen > 20, "only {seen} commands walked");
+        assert!(missing.is_empty(), "without help:\n{}", missing.join("\n"));
     }
 }

@@ -25,6 +25,7 @@ pub enum CertCmd {
 /// The appliance's state dir (it holds the CA).
 #[derive(Args)]
 pub struct StateDir {
+    /// The appliance's state dir (its CA, certificates and revocation list).
     #[arg(
         long = "state-dir",
         env = "BOOTPLANE_STATE_DIR",

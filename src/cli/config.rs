@@ -556,6 +556,7 @@ pub fn resolve_with(cfg: &ClientConfig, flags: &Flags) -> Result<Endpoint> {
 pub enum ConfigCmd {
     /// Print the client config (tokens, keys and embedded data redacted unless --raw).
     View {
+        /// Print tokens, keys and embedded data as they are.
         #[arg(long)]
         raw: bool,
         #[command(flatten)]
@@ -573,13 +574,16 @@ pub enum ConfigCmd {
     },
     /// Make NAME the current context.
     UseContext {
+        /// The context to make current.
         name: String,
         #[command(flatten)]
         file: FileArg,
     },
     /// Add or change a cluster: where an appliance's API is and the CA it chains to.
     SetCluster {
+        /// The cluster's name.
         name: String,
+        /// The API's URL (`https://bootplane.example:9090`).
         #[arg(long)]
         server: Option<String>,
         /// CA certificate file (PEM).
@@ -593,13 +597,18 @@ pub enum ConfigCmd {
     },
     /// Add or replace a user: a bearer token, or a client certificate and key.
     SetCredentials {
+        /// The user's name.
         name: String,
+        /// A bearer token, stored in the config.
         #[arg(long, conflicts_with_all = ["token_file", "client_certificate"])]
         token: Option<String>,
+        /// A file holding the bearer token (read at each use).
         #[arg(long = "token-file", conflicts_with = "client_certificate")]
         token_file: Option<PathBuf>,
+        /// Client certificate (PEM), with --client-key.
         #[arg(long = "client-certificate", requires = "client_key")]
         client_certificate: Option<PathBuf>,
+        /// Private key (PEM) of --client-certificate.
         #[arg(long = "client-key", requires = "client_certificate")]
         client_key: Option<PathBuf>,
         /// Store the files' contents in the config instead of their paths.
@@ -610,9 +619,12 @@ pub enum ConfigCmd {
     },
     /// Add or change a context: a cluster with a user.
     SetContext {
+        /// The context's name.
         name: String,
+        /// The cluster it uses.
         #[arg(long)]
         cluster: Option<String>,
+        /// The user it uses.
         #[arg(long)]
         user: Option<String>,
         #[command(flatten)]
@@ -620,6 +632,7 @@ pub enum ConfigCmd {
     },
     /// Remove a context (its cluster and user stay).
     DeleteContext {
+        /// The context to remove.
         name: String,
         #[command(flatten)]
         file: FileArg,

@@ -1,21 +1,30 @@
-//! The command-line client (`apply`, `get`, `delete`) that talks to the REST API.
+//! The command-line client (`apply`, `get`, `delete`, `patch`, `label`, `annotate`,
+//! `edit`) that talks to the REST API, with kubectl's habits.
 //!
 //! It finds the API and its credentials from the flags, the client config's context
 //! ([`config`], kubeconfig-like) or the local state dir (`api-token`, `tls/ca.crt`): the
-//! connection options are [`Conn`]; it trusts only the CA it is given. Resource names resolve as kubectl's do (plural,
-//! singular, kind or short name). `apply` creates what is missing and merge-patches
-//! what exists, so fields set by controllers (a claim's chosen `serverRef`) survive
-//! a re-apply. [`render`] is `bootplane render ignition|ipxe`, [`token`] `bootplane
-//! token create|list|revoke`.
+//! connection options are [`Conn`]; it trusts only the CA it is given. Resource names
+//! resolve as kubectl's do (plural, singular, kind or short name). [`apply`] does
+//! kubectl's three-way merge with the last-applied annotation; [`patch`] is `patch`,
+//! `label`, `annotate` and `edit`; [`output`] is `get -o name|jsonpath|custom-columns`,
+//! `--sort-by` and `--show-labels`; `delete` takes several names, `-l` or `-f`.
+//! [`render`] is `bootplane render ignition|ipxe`, [`token`] `bootplane token
+//! create|list|revoke`.
 
+pub mod apply;
 pub mod cert;
 pub mod complete;
 pub mod config;
 pub mod describe;
 pub mod jobs;
+pub mod output;
+pub mod patch;
 pub mod render;
 pub mod table;
 pub mod token;
+
+pub use apply::{apply, apply_one, ApplyArgs};
+pub use patch::{annotate, edit, label, patch, AnnotateArgs, EditArgs, LabelArgs, PatchArgs};
 
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
@@ -120,26 +129,24 @@ pub fn agent(ep: &config::Endpoint) -> Result<ureq::Agent> {
 }
 
 #[derive(Debug, Args)]
-pub struct ApplyArgs {
-    /// File, directory or `-` for stdin (repeatable).
-    #[arg(short = 'f', long = "filename", required = true)]
-    pub files: Vec<String>,
-    #[command(flatten)]
-    pub conn: Conn,
-}
-
-#[derive(Debug, Args)]
 pub struct GetArgs {
-    /// Resource type(s), comma-separated (`servers`, `scl`, `images,storagevolumes`).
+    /// Resource type(s), comma-separated (`servers`, `scl`, `images,storagevolumes`),
+    /// or `all` (servers, claims, boot configurations, BMCs, actions, images, volumes).
     pub kind: String,
+    /// The object's name (default: every object of the type).
     pub name: Option<String>,
+    /// Only objects whose labels match (`role=worker,zone!=b`, `!gpu`).
     #[arg(short = 'l', long = "selector")]
     pub selector: Option<String>,
-    /// Output: wide, yaml or json.
+    /// Output: wide, yaml, json, name, `jsonpath=TEMPLATE` (kubectl's:
+    /// `{.items[*].metadata.name}`, `{range .items[*]}...{end}`) or
+    /// `custom-columns=HEADER:JSONPATH,...`.
     #[arg(short = 'o', long = "output")]
     pub output: Option<String>,
+    /// Namespace of namespaced types.
     #[arg(short = 'n', long = "namespace", default_value = "default")]
     pub namespace: String,
+    /// List namespaced types across every namespace.
     #[arg(short = 'A', long = "all-namespaces")]
     pub all_namespaces: bool,
     /// Keep watching for changes.
@@ -149,14 +156,36 @@ pub struct GetArgs {
     /// `serverclaim/web-1`).
     #[arg(long = "for", value_name = "KIND/NAME")]
     pub for_object: Option<String>,
+    /// Add a LABELS column to the table.
+    #[arg(long = "show-labels")]
+    pub show_labels: bool,
+    /// Sort the list by the value at this JSONPath (`.metadata.name`,
+    /// `{.status.state}`).
+    #[arg(long = "sort-by", value_name = "JSONPATH")]
+    pub sort_by: Option<String>,
+    /// Print tables (and custom columns) without their header line.
+    #[arg(long = "no-headers")]
+    pub no_headers: bool,
     #[command(flatten)]
     pub conn: Conn,
 }
 
 #[derive(Debug, Args)]
 pub struct DeleteArgs {
-    pub kind: String,
-    pub name: String,
+    /// Resource type (`servers`, `scl`, ...); none with -f.
+    pub kind: Option<String>,
+    /// Names of the objects to delete.
+    pub names: Vec<String>,
+    /// Delete every object of the type whose labels match (`role=worker`).
+    #[arg(short = 'l', long = "selector")]
+    pub selector: Option<String>,
+    /// Delete the objects these manifests name: file, directory or `-` (repeatable).
+    #[arg(short = 'f', long = "filename")]
+    pub files: Vec<String>,
+    /// An object that does not exist is not an error.
+    #[arg(long = "ignore-not-found")]
+    pub ignore_not_found: bool,
+    /// Namespace of namespaced types (for -f: where a manifest names none).
     #[arg(short = 'n', long = "namespace", default_value = "default")]
     pub namespace: String,
     #[command(flatten)]
@@ -346,92 +375,48 @@ fn resolve(reg: &Registry, kind: &str) -> Result<Arc<ResourceType>> {
         .ok_or_else(|| anyhow::anyhow!("the server doesn't have a resource type \"{kind}\""))
 }
 
-pub fn apply(a: ApplyArgs) -> Result<u8> {
-    let client = Client::new(&a.conn)?;
-    let reg = Registry::global();
-    let mut failed = 0;
-    let mut docs = Vec::new();
-    for f in &a.files {
-        docs.extend(read_documents(f)?);
+/// The types `get all` lists.
+pub const ALL_KINDS: &[&str] = &[
+    "servers",
+    "serverclaims",
+    "serverbootconfigurations",
+    "bmcs",
+    "serveractions",
+    "images",
+    "storagevolumes",
+];
+
+/// `type.group/name`, as kubectl names an object (`server.metal.ironcore.dev/s1`).
+pub fn obj_ref(rt: &ResourceType, name: &str) -> String {
+    if rt.group.is_empty() {
+        format!("{}/{name}", rt.singular)
+    } else {
+        format!("{}.{}/{name}", rt.singular, rt.group)
     }
-    for (src, doc) in docs {
-        match apply_one(&client, reg, &doc) {
-            Ok(line) => println!("{line}"),
-            Err(e) => {
-                failed += 1;
-                eprintln!("{src}: {e:#}");
-            }
-        }
-    }
-    Ok(if failed > 0 { 1 } else { 0 })
 }
 
-/// Create or merge-patch one object. Returns kubectl's line (`x/y created`).
-pub fn apply_one(client: &Client, reg: &Registry, doc: &Value) -> Result<String> {
-    let api_version = doc
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .ok_or_else(|| anyhow::anyhow!("apiVersion is missing"))?;
-    let kind = doc
-        .get("kind")
-        .and_then(Value::as_str)
-        .ok_or_else(|| anyhow::anyhow!("kind is missing"))?;
-    let rt = reg.by_kind(api_version, kind).ok_or_else(|| {
-        anyhow::anyhow!("no matches for kind \"{kind}\" in version \"{api_version}\"")
-    })?;
-    let name = doc
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| anyhow::anyhow!("metadata.name is missing"))?;
-    let ns = doc
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let ns = if rt.namespaced { Some(ns) } else { None };
-    let label = format!(
-        "{}/{}",
-        rt.singular.clone()
-            + &if rt.group.is_empty() {
-                String::new()
-            } else {
-                format!(".{}", rt.group)
-            },
-        name
-    );
-    match client.request("GET", &Client::path(&rt, ns, Some(name)), None) {
-        Ok(cur) => {
-            let mut patch = doc.clone();
-            if let Some(m) = patch.as_object_mut() {
-                m.remove("status");
+fn selector_query(sel: Option<&str>) -> Result<String> {
+    Ok(match sel {
+        Some(s) => {
+            if s.len() > 4096 {
+                bail!("label selector is longer than 4096 bytes");
             }
-            let res = client.request(
-                "PATCH",
-                &Client::path(&rt, ns, Some(name)),
-                Some(("application/merge-patch+json", &patch)),
-            )?;
-            let same = res.pointer("/metadata/resourceVersion")
-                == cur.pointer("/metadata/resourceVersion");
-            Ok(format!(
-                "{label} {}",
-                if same { "unchanged" } else { "configured" }
-            ))
+            format!(
+                "labelSelector={}",
+                percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
+            )
         }
-        Err(e)
-            if e.downcast_ref::<ApiFailure>()
-                .is_some_and(|f| f.code == 404) =>
-        {
-            client.request(
-                "POST",
-                &Client::path(&rt, ns, None),
-                Some(("application/json", doc)),
-            )?;
-            Ok(format!("{label} created"))
-        }
-        Err(e) => Err(e),
-    }
+        None => String::new(),
+    })
 }
 
 pub fn get(a: GetArgs) -> Result<u8> {
+    use output::Output;
+    // Bad output options fail before any request.
+    let out = Output::parse(a.output.as_deref())?;
+    if let Some(s) = &a.sort_by {
+        output::Template::parse(s).context("--sort-by")?;
+    }
     let client = Client::new(&a.conn)?;
     if matches!(a.kind.as_str(), "lease" | "leases") {
         return get_leases(&client, a.output.as_deref());
@@ -440,23 +425,27 @@ pub fn get(a: GetArgs) -> Result<u8> {
         return jobs::get(&client, a.name.as_deref(), a.output.as_deref());
     }
     let reg = Registry::global();
-    let kinds: Vec<Arc<ResourceType>> = a
-        .kind
-        .split(',')
-        .map(|k| resolve(reg, k.trim()))
-        .collect::<Result<_>>()?;
+    let all = a.kind == "all";
+    let kinds: Vec<Arc<ResourceType>> = if all {
+        ALL_KINDS
+            .iter()
+            .map(|k| resolve(reg, k))
+            .collect::<Result<_>>()?
+    } else {
+        a.kind
+            .split(',')
+            .map(|k| resolve(reg, k.trim()))
+            .collect::<Result<_>>()?
+    };
+    if all && a.name.is_some() {
+        bail!("`get all` lists every object: it takes no name");
+    }
     let ns = if a.all_namespaces {
         None
     } else {
         Some(a.namespace.as_str())
     };
-    let mut q = String::new();
-    if let Some(s) = &a.selector {
-        q = format!(
-            "labelSelector={}",
-            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
-        );
-    }
+    let mut q = selector_query(a.selector.as_deref())?;
     if let Some(f) = &a.for_object {
         if kinds.len() != 1 || kinds[0].kind != "Event" {
             bail!("--for works with `get events` only");
@@ -469,73 +458,123 @@ pub fn get(a: GetArgs) -> Result<u8> {
             format!("{q}&{fq}")
         };
     }
+    let table = |rt: &ResourceType, wide: bool| {
+        let mut t = table::Table::new(rt, wide, a.all_namespaces).no_headers(a.no_headers);
+        if a.show_labels {
+            t = t.show_labels();
+        }
+        if all {
+            t = t.name_prefix(obj_ref(rt, "").trim_end_matches('/'));
+        }
+        t
+    };
     let mut first = true;
+    let mut printed = false;
     for rt in kinds {
         let path = Client::path(&rt, ns, a.name.as_deref());
         if a.watch {
-            let path = Client::path(&rt, ns, None);
-            let mut t =
-                table::Table::new(&rt, a.output.as_deref() == Some("wide"), a.all_namespaces);
-            let query = if q.is_empty() {
-                String::new()
-            } else {
-                format!("&{q}")
-            };
-            for ev in client.watch(&path, &query)? {
-                let ev = ev?;
-                let obj = ev.get("object").cloned().unwrap_or(Value::Null);
-                if let Some(n) = &a.name {
-                    if obj.pointer("/metadata/name").and_then(Value::as_str) != Some(n) {
-                        continue;
-                    }
-                }
-                match a.output.as_deref() {
-                    Some("json") => println!("{}", serde_json::to_string(&ev)?),
-                    Some("yaml") => println!("---\n{}", serde_norway::to_string(&ev)?.trim_end()),
-                    _ => {
-                        let line = t.row_line(
-                            &obj,
-                            ev.get("type").and_then(Value::as_str) == Some("DELETED"),
-                        );
-                        println!("{line}");
-                    }
-                }
-            }
-            return Ok(0);
+            let t = table(&rt, matches!(out, Output::Table { wide: true }));
+            return watch(&client, &rt, ns, &q, a.name.as_deref(), &out, t);
         }
         let full = if q.is_empty() || a.name.is_some() {
             path
         } else {
             format!("{path}?{q}")
         };
-        let v = client.request("GET", &full, None)?;
-        match a.output.as_deref() {
-            Some("json") => println!("{}", serde_json::to_string_pretty(&v)?),
-            Some("yaml") => print!("{}", serde_norway::to_string(&v)?),
-            Some("wide") | None => {
-                let items: Vec<Value> = match v.get("items").and_then(Value::as_array) {
-                    Some(items) => items.clone(),
-                    None => vec![v.clone()],
-                };
+        let mut v = client.request("GET", &full, None)?;
+        let single = a.name.is_some();
+        let mut items: Vec<Value> = match v.get("items").and_then(Value::as_array) {
+            Some(items) => items.clone(),
+            None => vec![v.clone()],
+        };
+        if let Some(s) = &a.sort_by {
+            output::sort_by(&mut items, s)?;
+            if !single {
+                v["items"] = Value::Array(items.clone());
+            }
+        }
+        match &out {
+            Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+            Output::Yaml => print!("{}", serde_norway::to_string(&v)?),
+            Output::Name => {
+                for it in &items {
+                    let n = it
+                        .pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    println!("{}", obj_ref(&rt, n));
+                }
+            }
+            Output::JsonPath(t) => print!("{}", t.render(&v)),
+            Output::Columns(c) => {
+                if !items.is_empty() {
+                    print!("{}", c.render(&items, a.no_headers));
+                }
+            }
+            Output::Table { wide } => {
                 if items.is_empty() {
-                    if first {
+                    if first && !all {
                         eprintln!(
                             "No resources found{}.",
                             ns.map(|n| format!(" in {n} namespace")).unwrap_or_default()
                         );
                     }
+                    first = false;
                     continue;
                 }
-                if !first {
+                if printed {
                     println!();
                 }
-                let t =
-                    table::Table::new(&rt, a.output.as_deref() == Some("wide"), a.all_namespaces);
-                print!("{}", t.render(&items));
+                print!("{}", table(&rt, *wide).render(&items));
+                printed = true;
             }
-            Some(o) => bail!("unknown output format {o:?} (expected wide, yaml or json)"),
         }
         first = false;
+    }
+    if all && !printed && matches!(out, Output::Table { .. }) {
+        eprintln!(
+            "No resources found{}.",
+            ns.map(|n| format!(" in {n} namespace")).unwrap_or_default()
+        );
+    }
+    Ok(0)
+}
+
+/// `get -w`: one line (or document) per change of `rt`'s objects, until the stream ends.
+fn watch(
+    client: &Client,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    q: &str,
+    name: Option<&str>,
+    out: &output::Output,
+    mut t: table::Table,
+) -> Result<u8> {
+    use output::Output;
+    let path = Client::path(rt, ns, None);
+    let query = if q.is_empty() {
+        String::new()
+    } else {
+        format!("&{q}")
+    };
+    for ev in client.watch(&path, &query)? {
+        let ev = ev?;
+        let obj = ev.get("object").cloned().unwrap_or(Value::Null);
+        let obj_name = obj.pointer("/metadata/name").and_then(Value::as_str);
+        if name.is_some() && obj_name != name {
+            continue;
+        }
+        match out {
+            Output::Json => println!("{}", serde_json::to_string(&ev)?),
+            Output::Yaml => println!("---\n{}", serde_norway::to_string(&ev)?.trim_end()),
+            Output::Name => println!("{}", obj_ref(rt, obj_name.unwrap_or(""))),
+            Output::JsonPath(t) => print!("{}", t.render(&obj)),
+            Output::Columns(c) => print!("{}", c.render(std::slice::from_ref(&obj), true)),
+            Output::Table { .. } => {
+                let deleted = ev.get("type").and_then(Value::as_str) == Some("DELETED");
+                println!("{}", t.row_line(&obj, deleted));
+            }
+        }
     }
     Ok(0)
 }
@@ -545,6 +584,7 @@ pub struct PowerArgs {
     /// `confirm`: record that a server's power state was changed by hand; `reset`:
     /// restart it through its power driver (with its one-time network boot).
     pub action: String,
+    /// The Server's name.
     #[arg(value_name = "SERVER")]
     pub target: String,
     /// `On` or `Off` (for `confirm`).
@@ -648,15 +688,93 @@ fn get_leases(client: &Client, output: Option<&str>) -> Result<u8> {
     Ok(0)
 }
 
+/// `bootplane delete`: objects by name (several), by `-l SELECTOR` or by the
+/// manifests in `-f` files; every one is tried, the exit code is 1 if any failed.
 pub fn delete(a: DeleteArgs) -> Result<u8> {
-    let client = Client::new(&a.conn)?;
-    let rt = resolve(Registry::global(), &a.kind)?;
-    let ns = if rt.namespaced {
-        Some(a.namespace.as_str())
+    let reg = Registry::global();
+    // (type, namespace, name) of every object to delete, worked out before any request.
+    let mut targets: Vec<(Arc<ResourceType>, Option<String>, String)> = Vec::new();
+    let client;
+    if !a.files.is_empty() {
+        if a.kind.is_some() || a.selector.is_some() {
+            bail!("with -f, name no type, object or -l selector: the manifests name the objects");
+        }
+        for f in &a.files {
+            for (src, doc) in read_documents(f)? {
+                let (rt, ns, name) = apply::locate(reg, &doc).with_context(|| src.clone())?;
+                let ns = ns.map(|n| {
+                    if doc.pointer("/metadata/namespace").is_some() {
+                        n.to_string()
+                    } else {
+                        a.namespace.clone()
+                    }
+                });
+                targets.push((rt, ns, name.to_string()));
+            }
+        }
+        client = Client::new(&a.conn)?;
     } else {
-        None
-    };
-    client.request("DELETE", &Client::path(&rt, ns, Some(&a.name)), None)?;
-    println!("{} \"{}\" deleted", rt.qualified(), a.name);
-    Ok(0)
+        let kind = a
+            .kind
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("name a resource type and objects, or pass -f FILE"))?;
+        let rt = resolve(reg, kind)?;
+        let ns = rt.namespaced.then(|| a.namespace.clone());
+        match (&a.selector, a.names.is_empty()) {
+            (Some(_), false) => bail!("pass object names or -l SELECTOR, not both"),
+            (None, true) => bail!(
+                "no object named: pass {} names, -l SELECTOR or -f FILE",
+                rt.plural
+            ),
+            (None, false) => {
+                for n in &a.names {
+                    targets.push((rt.clone(), ns.clone(), n.clone()));
+                }
+                client = Client::new(&a.conn)?;
+            }
+            (Some(sel), true) => {
+                client = Client::new(&a.conn)?;
+                let q = selector_query(Some(sel))?;
+                let v = client.request(
+                    "GET",
+                    &format!("{}?{q}", Client::path(&rt, ns.as_deref(), None)),
+                    None,
+                )?;
+                for it in v
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let n = it.pointer("/metadata/name").and_then(Value::as_str);
+                    let ins = it.pointer("/metadata/namespace").and_then(Value::as_str);
+                    if let Some(n) = n {
+                        targets.push((rt.clone(), ins.map(String::from).or(ns.clone()), n.into()));
+                    }
+                }
+                if targets.is_empty() {
+                    eprintln!("No resources found");
+                }
+            }
+        }
+    }
+    let mut failed = 0;
+    for (rt, ns, name) in targets {
+        match client.request(
+            "DELETE",
+            &Client::path(&rt, ns.as_deref(), Some(&name)),
+            None,
+        ) {
+            Ok(_) => println!("{} \"{}\" deleted", rt.qualified(), name),
+            Err(e)
+                if a.ignore_not_found
+                    && e.downcast_ref::<ApiFailure>()
+                        .is_some_and(|f| f.code == 404) => {}
+            Err(e) => {
+                failed += 1;
+                eprintln!("error: {e:#}");
+            }
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
 }

@@ -7,10 +7,22 @@ use crate::model::registry::ResourceType;
 
 pub struct Table {
     headers: Vec<String>,
-    paths: Vec<String>,
+    cols: Vec<Col>,
     namespaced: bool,
     widths: Vec<usize>,
     printed_header: bool,
+    /// Printed before each name (`get all`'s `server.metal.ironcore.dev/`).
+    name_prefix: String,
+    /// No header line (`--no-headers`).
+    no_headers: bool,
+}
+
+/// What a column shows.
+enum Col {
+    Name,
+    Path(String),
+    Age,
+    Labels,
 }
 
 /// Evaluate the JSONPath subset against `v`.
@@ -71,53 +83,80 @@ pub fn age(ts: Option<&str>) -> String {
 impl Table {
     pub fn new(rt: &ResourceType, wide: bool, all_namespaces: bool) -> Table {
         let mut headers = Vec::new();
-        let mut paths = Vec::new();
+        let mut cols = Vec::new();
         let namespaced = rt.namespaced && all_namespaces;
         if namespaced {
             headers.push("NAMESPACE".to_string());
-            paths.push(".metadata.namespace".to_string());
+            cols.push(Col::Path(".metadata.namespace".to_string()));
         }
         headers.push("NAME".into());
-        paths.push(".metadata.name".into());
+        cols.push(Col::Name);
         for (h, p) in rt.columns.iter().chain(if wide {
             rt.wide_columns.iter()
         } else {
             [].iter()
         }) {
             headers.push(h.clone());
-            paths.push(p.clone());
+            cols.push(Col::Path(p.clone()));
         }
         headers.push("AGE".into());
-        paths.push(".metadata.creationTimestamp".into());
+        cols.push(Col::Age);
         let widths = headers.iter().map(|h| h.len()).collect();
         Table {
             headers,
-            paths,
+            cols,
             namespaced,
             widths,
             printed_header: false,
+            name_prefix: String::new(),
+            no_headers: false,
         }
     }
 
+    /// A LABELS column (`--show-labels`), last as kubectl's.
+    pub fn show_labels(mut self) -> Table {
+        self.headers.push("LABELS".into());
+        self.cols.push(Col::Labels);
+        self.widths.push("LABELS".len());
+        self
+    }
+
+    /// Names printed as `PREFIX/name` (`get all`).
+    pub fn name_prefix(mut self, p: &str) -> Table {
+        self.name_prefix = format!("{p}/");
+        self
+    }
+
+    /// No header line (`--no-headers`).
+    pub fn no_headers(mut self, yes: bool) -> Table {
+        self.no_headers = yes;
+        self.printed_header = yes;
+        self
+    }
+
     fn cells(&self, o: &Value) -> Vec<String> {
-        self.paths
+        self.cols
             .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                if i == self.paths.len() - 1 {
-                    age(o
-                        .pointer("/metadata/creationTimestamp")
-                        .and_then(Value::as_str))
-                } else {
-                    cell(jsonpath(o, p))
-                }
+            .map(|c| match c {
+                Col::Name => format!(
+                    "{}{}",
+                    self.name_prefix,
+                    cell(jsonpath(o, ".metadata.name"))
+                ),
+                Col::Path(p) => cell(jsonpath(o, p)),
+                Col::Age => age(o
+                    .pointer("/metadata/creationTimestamp")
+                    .and_then(Value::as_str)),
+                Col::Labels => super::output::labels_cell(o),
             })
             .collect()
     }
 
     /// All rows, aligned, header first.
     pub fn render(&self, items: &[Value]) -> String {
-        let rows: Vec<Vec<String>> = std::iter::once(self.headers.clone())
+        let header = (!self.no_headers).then(|| self.headers.clone());
+        let rows: Vec<Vec<String>> = header
+            .into_iter()
             .chain(items.iter().map(|o| self.cells(o)))
             .collect();
         let _ = self.namespaced;
@@ -128,8 +167,8 @@ impl Table {
     pub fn row_line(&mut self, o: &Value, deleted: bool) -> String {
         let mut cells = self.cells(o);
         if deleted {
-            if let Some(last) = cells.last_mut() {
-                *last = format!("{last} (deleted)");
+            if let Some(i) = self.cols.iter().position(|c| matches!(c, Col::Age)) {
+                cells[i] = format!("{} (deleted)", cells[i]);
             }
         }
         for (i, c) in cells.iter().enumerate() {

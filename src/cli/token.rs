@@ -43,6 +43,7 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct RevokeArgs {
+    /// The token's name.
     pub name: String,
     #[command(flatten)]
     pub conn: Conn,

@@ -254,9 +254,20 @@ impl Bootplane {
     }
 
     pub fn cli_stdin(&self, args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+        self.cli_env(args, stdin, &[])
+    }
+
+    /// [`Bootplane::cli_stdin`] with extra environment variables (`EDITOR`).
+    pub fn cli_env(
+        &self,
+        args: &[&str],
+        stdin: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> (i32, String, String) {
         use std::io::Write;
         let mut c = Command::new(bin())
             .args(args)
+            .envs(env.iter().copied())
             .arg("--server")
             .arg(&self.api)
             .arg("--state-dir")
