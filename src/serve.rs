@@ -344,8 +344,16 @@ impl Services {
             .with_context(|| format!("binding api listener {}", config.api.listen))?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         tracing::info!(addr = %listener.local_addr()?, scheme, "api listening");
+        // The lease list reports pool usage per configured subnet.
+        let pools = if config.dhcp.enabled {
+            crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())
+                .map(|s| s.subnets)
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let extra = crate::provision::router(self.runner.clone())
-            .merge(crate::api::rest::leases_router(self.leases.clone()))
+            .merge(crate::api::rest::leases_router(self.leases.clone(), pools))
             .merge(crate::api::preview::router(self.boot_slot.clone()));
         if let Some(addr) = config.api.metrics_listen {
             let l = tokio::net::TcpListener::bind(addr)

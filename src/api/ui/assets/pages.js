@@ -187,14 +187,18 @@ export function leasesPage(view, _a, ctx) {
       const items = (v.items || []).slice().sort((a, b) => ipNum(a.ip) - ipNum(b.ip));
       const now = Date.now() / 1000;
       const active = (l) => l.state !== 'Released' && l.expires > now;
-      // Pool usage per /24 (the lease list does not carry the configured ranges).
+      // Pool usage per configured subnet, as the server counts it (`pools`); leases known
+      // per subnet counted here.
+      const inNet = (ip, cidr) => {
+        const [net, len] = cidr.split('/');
+        const bits = Number(len);
+        const mask = bits === 0 ? 0 : (~0 << (32 - bits)) >>> 0;
+        return ((ipNum(ip) & mask) >>> 0) === ((ipNum(net) & mask) >>> 0);
+      };
       const pools = new Map();
+      for (const p of (v.pools || [])) pools.set(p.subnet, { subnet: p.subnet, size: p.size, used: p.used, total: 0 });
       for (const l of items) {
-        const s = l.ip.split('.').slice(0, 3).join('.') + '.0/24';
-        if (!pools.has(s)) pools.set(s, { subnet: s, size: 254, used: 0, total: 0 });
-        const p = pools.get(s);
-        p.total++;
-        if (active(l)) p.used++;
+        for (const p of pools.values()) if (inNet(l.ip, p.subnet)) { p.total++; break; }
       }
       body.replaceChildren(
         h('h2', {}, 'Pool usage'),
@@ -203,7 +207,7 @@ export function leasesPage(view, _a, ctx) {
           { title: 'Active', get: (p) => `${p.used} / ${p.size}` },
           { title: 'Usage', get: (p) => h('progress', { max: p.size, value: p.used, 'aria-label': `usage of ${p.subnet}` }) },
           { title: 'Leases known', get: (p) => p.total || 0 },
-        ], [...pools.values()], 'No leases.'),
+        ], [...pools.values()], 'No DHCP subnets configured.'),
         h('h2', {}, 'Leases'),
         table('Leases', [
           { title: 'IP', get: (l) => l.ip }, { title: 'MAC', get: (l) => l.mac }, { title: 'Hostname', get: (l) => l.hostname || '' },
