@@ -131,8 +131,21 @@ power_driver = "test"
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The claim's boot configuration; `Null` until the claim controller has made it
+    /// (it follows the binding, a moment after `apply`).
     fn sbc(&self, claim: &str) -> Value {
-        serde_json::from_str(&self.cli(&["get", "sbc", claim, "-o", "json"], None)).unwrap()
+        let out = bootplane_cli(
+            &self.ns,
+            &self.path("state"),
+            &["get", "sbc", claim, "-o", "json"],
+            None,
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && err.contains("NotFound") {
+            return Value::Null;
+        }
+        assert!(out.status.success(), "get sbc {claim}: {err}");
+        serde_json::from_slice(&out.stdout).unwrap()
     }
 
     /// Download `url` from inside the namespace to `file`.

@@ -163,11 +163,18 @@ pub fn apply_with(client: &Client, reg: &Registry, doc: &Value, o: Opts) -> Resu
     let modified = with_last_applied(doc)?;
     match cur {
         None => {
+            // A new object is created with the manifest's status (how a Server is
+            // registered with its inventory, `state: Available`); on an existing one the
+            // status is the controllers' and changes only with `--subresource=status`.
+            let mut body = modified;
+            if let Some(st) = doc.get("status") {
+                body["status"] = st.clone();
+            }
             if !o.dry_run {
                 client.request(
                     "POST",
                     &Client::path(&rt, ns, None),
-                    Some(("application/json", &modified)),
+                    Some(("application/json", &body)),
                 )?;
             }
             Ok(format!("{label} created{dry}"))
@@ -204,8 +211,6 @@ pub fn apply_with(client: &Client, reg: &Registry, doc: &Value, o: Opts) -> Resu
     }
 }
 
-/// The manifest as it is sent: without `status` (a subresource, applied with
-/// `--subresource=status`) and with [`LAST_APPLIED`] holding the manifest itself.
 /// The copy of a manifest the annotation records: for a Secret or BMCSecret, each key
 /// of `data`/`stringData` with an empty value (the keys are what a three-way merge needs
 /// to remove one; the values stay out of the annotation, which `get -o yaml` shows
@@ -227,6 +232,8 @@ fn redacted(m: &Value) -> Value {
     m
 }
 
+/// The manifest as it is sent: without `status` (a subresource, applied with
+/// `--subresource=status`) and with [`LAST_APPLIED`] holding the manifest itself.
 pub fn with_last_applied(doc: &Value) -> Result<Value> {
     let mut m = doc.clone();
     let obj = m.as_object_mut().context("manifest is not a mapping")?;
