@@ -2,12 +2,15 @@
 //! then `matches` against a label set taken from the input. Checks: parsing is
 //! deterministic, the empty selector matches everything, and a selector's parts each
 //! parse on their own when the whole parses (conjunction: the whole matches iff every
-//! part does).
+//! part does). The same input is also a field selector (`fieldSelector=`,
+//! `FieldSelector::parse`), matched against an object holding the labels as fields:
+//! deterministic, the empty one matches everything, and a term and its negation never
+//! both match.
 //!
 //! Input: the selector, then optionally `\n` and `key=value` label lines.
 #![no_main]
 
-use bootplane::model::selector::{split_top, Selector};
+use bootplane::model::selector::{split_top, FieldSelector, Selector};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 
@@ -19,6 +22,7 @@ fuzz_target!(|data: &[u8]| {
         let (k, v) = l.split_once('=').unwrap_or((l, ""));
         map.insert(k.to_string(), Value::String(v.to_string()));
     }
+    field_selector(sel, &map);
     let Ok(s) = Selector::parse(sel) else { return };
     assert_eq!(Selector::parse(sel), Ok(s.clone()));
     let m = s.matches(Some(&map));
@@ -35,3 +39,21 @@ fuzz_target!(|data: &[u8]| {
     }
     assert_eq!(all, m, "conjunction of the parts");
 });
+
+fn field_selector(sel: &str, fields: &Map<String, Value>) {
+    let Ok(f) = FieldSelector::parse(sel) else { return };
+    assert_eq!(FieldSelector::parse(sel), Ok(f.clone()));
+    let obj = Value::Object(fields.clone());
+    let m = f.matches(&obj);
+    if f.is_empty() {
+        assert!(m);
+    }
+    // One term: `a=b` and `a!=b` never both match.
+    if !sel.contains(',') {
+        if let Some((k, v)) = sel.split_once("!=") {
+            if let Ok(pos) = FieldSelector::parse(&format!("{k}={v}")) {
+                assert!(!(m && pos.matches(&obj)), "{sel:?}");
+            }
+        }
+    }
+}
