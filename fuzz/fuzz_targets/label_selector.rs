@@ -51,7 +51,7 @@ fn field_selector(sel: &str, fields: &Map<String, Value>) {
     // One term: `a=b` and `a!=b` never both match.
     if !sel.contains(',') {
         if let Some((k, v)) = sel.split_once("!=") {
-            if let Ok(pos) = FieldSelector::parse(&format!("{k}={v}")) {
+            if let Ok(pos) = FieldSelector::parse(&format!("{k}=={v}")) {
                 assert!(!(m && pos.matches(&obj)), "{sel:?}");
             }
         }
