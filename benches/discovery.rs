@@ -182,19 +182,7 @@ fn round(
         16,
     );
     // Watch Servers from now on.
-    let list: Value = serde_json::from_str(
-        &b.agent
-            .get(&format!(
-                "{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1",
-                b.api
-            ))
-            .set("Authorization", &format!("Bearer {}", b.token))
-            .call()
-            .unwrap()
-            .into_string()
-            .unwrap(),
-    )
-    .unwrap();
+    let list = b.get("/apis/metal.ironcore.dev/v1alpha1/servers?limit=1");
     let rv = list["metadata"]["resourceVersion"]
         .as_str()
         .unwrap()

@@ -129,19 +129,7 @@ fn round(
     std::thread::sleep(Duration::from_secs(2));
 
     // Watch Servers from now on: the first event with powerState On per Server.
-    let list: Value = serde_json::from_str(
-        &b.agent
-            .get(&format!(
-                "{}/apis/metal.ironcore.dev/v1alpha1/servers?limit=1",
-                b.api
-            ))
-            .set("Authorization", &format!("Bearer {}", b.token))
-            .call()
-            .unwrap()
-            .into_string()
-            .unwrap(),
-    )
-    .unwrap();
+    let list = b.get("/apis/metal.ironcore.dev/v1alpha1/servers?limit=1");
     let rv = list["metadata"]["resourceVersion"]
         .as_str()
         .unwrap()
