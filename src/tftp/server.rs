@@ -30,8 +30,13 @@ use super::transfer::{negotiate, Limits, Transfer};
 use super::TftpConfig;
 use crate::shutdown::Shutdown;
 
-/// Largest DATA packet (65464 + 4) plus slack; requests are far smaller.
+/// Largest datagram taken off the listening socket (any UDP payload fits; requests,
+/// and in single-port mode the clients' ACKs and ERRORs, are far smaller).
 const RECV_BUF: usize = 65536;
+/// Datagrams per `recvmmsg` on the listening socket.
+const RECV_BATCH: usize = 32;
+/// Batches drained per wake-up before the listener yields to the runtime.
+const DRAIN_BATCHES: usize = 16;
 
 struct Shared {
     settings: TftpConfig,
@@ -67,6 +72,7 @@ impl Shared {
 pub struct Server {
     sock: Arc<UdpSocket>,
     shared: Arc<Shared>,
+    preparers: Preparers,
 }
 
 impl Server {
@@ -106,9 +112,13 @@ impl Server {
             active: Arc::default(),
             local_ip: listen.ip(),
         };
+        let shared = Arc::new(shared);
+        let preparers =
+            Preparers::start(workers, &shared).context("starting tftp preparing threads")?;
         Ok(Server {
             sock: Arc::new(sock),
-            shared: Arc::new(shared),
+            shared,
+            preparers,
         })
     }
 
@@ -121,26 +131,58 @@ impl Server {
     }
 
     /// Serve until shutdown. Transfers in flight get an ERROR and end on shutdown.
+    ///
+    /// The listener only takes datagrams off the socket (`recvmmsg`, a batch per call),
+    /// parses them and queues each read request for the preparing threads: a power cut
+    /// brings a rack back within milliseconds, and every request the kernel's buffer
+    /// cannot hold costs its machine a retransmission timeout (a second or more).
     pub async fn run(self, mut shutdown: Shutdown) -> anyhow::Result<()> {
-        let mut buf = vec![0u8; RECV_BUF];
+        let mut batch = crate::net::RecvBatch::new(RECV_BATCH, RECV_BUF);
         loop {
-            let (n, peer) = tokio::select! {
+            tokio::select! {
                 _ = shutdown.recv() => break,
-                r = self.sock.recv_from(&mut buf) => match r {
-                    Ok(x) => x,
+                r = self.sock.readable() => if let Err(e) = r {
+                    tracing::debug!(error = %e, "tftp readiness error");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                },
+            }
+            // Drain what is queued, a bounded number of batches per turn so the runtime's
+            // other tasks are not starved by a flood.
+            for _ in 0..DRAIN_BATCHES {
+                match self
+                    .sock
+                    .try_io(tokio::io::Interest::READABLE, || batch.recv(&*self.sock))
+                {
+                    Ok(_) => {
+                        for d in batch.datagrams() {
+                            match d {
+                                Some((pkt, peer)) => self.handle(pkt, peer),
+                                None => self.shared.metrics.error(ErrorKind::Malformed),
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => {
                         tracing::debug!(error = %e, "tftp recv error");
                         self.shared.metrics.error(ErrorKind::Io);
                         tokio::time::sleep(Duration::from_millis(1)).await;
-                        continue;
+                        break;
                     }
-                },
-            };
-            self.handle(&buf[..n], peer);
+                }
+            }
+            tokio::task::yield_now().await;
         }
-        // Every transfer in flight gets an ERROR; then the engine threads end.
+        // The preparing threads end once their queue is closed and drained (what they
+        // hand over after the stop gets the shutdown ERROR from the engine); then every
+        // transfer in flight gets an ERROR and the engine threads end.
         let shared = self.shared.clone();
-        let _ = tokio::task::spawn_blocking(move || shared.engines.stop()).await;
+        let preparers = self.preparers;
+        let _ = tokio::task::spawn_blocking(move || {
+            preparers.stop();
+            shared.engines.stop()
+        })
+        .await;
         Ok(())
     }
 
@@ -218,19 +260,91 @@ impl Server {
             _permit: permit,
             _assigned: assigned,
         };
-        let shared = self.shared.clone();
         // Opening and reading the file blocks (and a conversion takes CPU): never on the
-        // runtime, whose other tasks (the API's /healthz among them) it would stall.
-        tokio::task::spawn_blocking(move || {
-            if let Some(job) = prepare(&shared, link, peer, req, Box::new(guard)) {
-                if let Err(job) = shared.engines.submit(engine, job) {
-                    let _ = job.link.send_now(&packet::error(
-                        ErrorCode::NotDefined,
-                        "server shutting down",
-                    ));
-                }
-            }
+        // runtime, whose other tasks (the API's /healthz among them) it would stall, nor
+        // on the listener, which must keep draining the socket.
+        self.preparers.queue(Prepare {
+            link,
+            peer,
+            req,
+            guard: Box::new(guard),
+            engine,
         });
+    }
+}
+
+/// A read request waiting for a preparing thread.
+struct Prepare {
+    link: LinkKind,
+    peer: SocketAddr,
+    req: Request,
+    guard: Box<dyn std::marker::Send>,
+    engine: usize,
+}
+
+/// The threads that prepare transfers (open the file, negotiate, open the transfer's
+/// socket) and hand them to their engines. A fixed pool with a queue rather than a
+/// blocking-pool task per request: a burst of 1,000 requests made tokio start hundreds
+/// of threads on two cores, which took the CPU the listener needed to drain the socket.
+/// The queue needs no bound of its own: every entry holds one of the `max_transfers`
+/// permits, so it never holds more than that.
+struct Preparers {
+    tx: Option<std::sync::mpsc::Sender<Prepare>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Preparers {
+    fn start(n: usize, shared: &Arc<Shared>) -> io::Result<Preparers> {
+        let (tx, rx) = std::sync::mpsc::channel::<Prepare>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = Vec::new();
+        for i in 0..n.max(1) {
+            let rx = rx.clone();
+            let shared = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tftp-prep-{i}"))
+                    .spawn(move || loop {
+                        let next = lock(&rx).recv();
+                        let Ok(p) = next else { return };
+                        let Prepare {
+                            link,
+                            peer,
+                            req,
+                            guard,
+                            engine,
+                        } = p;
+                        if let Some(job) = prepare(&shared, link, peer, req, guard) {
+                            if let Err(job) = shared.engines.submit(engine, job) {
+                                let _ = job.link.send_now(&packet::error(
+                                    ErrorCode::NotDefined,
+                                    "server shutting down",
+                                ));
+                            }
+                        }
+                    })?,
+            );
+        }
+        Ok(Preparers {
+            tx: Some(tx),
+            threads,
+        })
+    }
+
+    fn queue(&self, p: Prepare) {
+        if let Some(tx) = &self.tx {
+            // Fails only after `stop`; the request (and its permit) is dropped and the
+            // client retransmits to whoever serves next.
+            let _ = tx.send(p);
+        }
+    }
+
+    /// Close the queue and wait for the threads to finish what it held.
+    fn stop(mut self) {
+        self.tx = None;
+        for t in std::mem::take(&mut self.threads) {
+            let _ = t.join();
+        }
     }
 }
 
