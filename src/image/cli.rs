@@ -78,6 +78,11 @@ pub struct ProvisionArgs {
     /// Writes in flight.
     #[arg(long, default_value_t = 3)]
     pub writers: usize,
+    /// Leave every stage where the kernel puts it, instead of giving the whole-image
+    /// SHA-256 (the one serial stage) a CPU of its own and the other stages the rest
+    /// (done when the job may use two or more CPUs).
+    #[arg(long)]
+    pub no_pin: bool,
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
@@ -128,6 +133,7 @@ pub fn run_provision(a: ProvisionArgs) -> anyhow::Result<i32> {
         max_rate: a.max_rate,
         decoders: a.decoders,
         writers: a.writers,
+        pin_hash: !a.no_pin,
         quiet: a.quiet,
     };
     match super::stream::provision(&opts) {
