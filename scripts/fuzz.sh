@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Run every cargo-fuzz target for a bounded time: scripts/fuzz.sh [SECONDS] [TARGET...]
+# (`scripts/fuzz.sh --build-only` installs what is missing, builds every target and stops:
+# scripts/test.sh runs that beside the tests.)
 #
 # Builds all targets once (nightly + cargo-fuzz, installed when missing), then runs each
 # for SECONDS (default 30) from a temporary copy of its seed corpus (fuzz/seeds/<target>/;
@@ -17,6 +19,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+build_only=0
+if [[ ${1:-} == --build-only ]]; then
+  build_only=1
+  shift
+fi
 secs=${1:-30}
 shift || true
 [[ $secs =~ ^[0-9]+$ && $secs -gt 0 ]] || { echo "usage: $0 [SECONDS] [TARGET...]" >&2; exit 2; }
@@ -55,6 +62,7 @@ triple=$(rustc +nightly -vV | sed -n 's/^host: //p')
 build_start=$SECONDS
 cargo +nightly fuzz build -s "$sanitizer" --debug-assertions --codegen-units "$cgu"
 echo "fuzz: built ${#all[@]} targets in $((SECONDS - build_start)) s"
+((build_only == 0)) || exit 0
 bindir=fuzz/target/$triple/release
 
 # --- run --------------------------------------------------------------------------

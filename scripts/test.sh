@@ -42,10 +42,38 @@ df -h . | awk 'NR==2 {print "disk before the build: " $4 " free of " $2}'
 
 # The discovery agent is its own small crate (probe/, built static for the image).
 cargo test --locked --manifest-path probe/Cargo.toml
-cargo test --locked "$@"
+# The tests' build first, so the fuzz targets' build can start beside the tests' run.
+cargo test --locked --no-run "$@"
+
+# The fuzz targets' build (nightly, cargo-fuzz, its own target dir under fuzz/) runs beside
+# the tests at the lowest priority: it takes the CPU the tests leave idle (a QEMU boot keeps
+# one core, timers and sockets most of the rest), about ten minutes of a two-core CI run.
+fuzz_secs=${FUZZ_SECS:-20}
+fuzz_pid=
+fuzz_log=$(mktemp -t bootplane-fuzz-build.XXXXXX)
+trap '[[ -n $fuzz_pid ]] && kill -- -"$fuzz_pid" 2>/dev/null; rm -f "$fuzz_log"' EXIT
+if ((fuzz_secs > 0)); then
+  set -m  # its own process group, so the trap can stop the whole build
+  nice -n 19 scripts/fuzz.sh --build-only >"$fuzz_log" 2>&1 &
+  fuzz_pid=$!
+  set +m
+fi
+
+tests_rc=0
+cargo test --locked "$@" || tests_rc=$?
 df -h . | awk 'NR==2 {print "disk after the tests: " $4 " free of " $2}'
 du -sh "${CARGO_TARGET_DIR:-target}" 2>/dev/null | awk '{print "target dir: " $1}'
-fuzz_secs=${FUZZ_SECS:-20}
+if [[ -n $fuzz_pid ]]; then
+  build_rc=0
+  wait "$fuzz_pid" || build_rc=$?
+  fuzz_pid=
+  grep -v '^\s*Compiling ' "$fuzz_log" || true
+  if ((build_rc != 0)); then
+    echo "fuzz: the targets' build failed (exit $build_rc)" >&2
+    exit "$build_rc"
+  fi
+fi
+((tests_rc == 0)) || exit "$tests_rc"
 if ((fuzz_secs > 0)); then
-  exec scripts/fuzz.sh "$fuzz_secs"
+  scripts/fuzz.sh "$fuzz_secs"
 fi

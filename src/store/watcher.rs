@@ -15,7 +15,7 @@
 //! of parsed objects at once). A consumer that is expensive per change (a merge of the
 //! whole reservation list, a boot-index refresh) applies the batch and acts once.
 //!
-//! ```ignore
+//! ```text
 //! let mut w = Watcher::new(store.clone(), "dhcp reservations").with(t_server);
 //! while let Some(batch) = w.next().await {       // cancel-safe: select! on shutdown
 //!     match batch {

@@ -22,7 +22,7 @@
 //!
 //! A controller set is a context type `C` holding its store, queues and indexes:
 //!
-//! ```ignore
+//! ```text
 //! Runtime::new(ctx.clone(), ctx.store.clone(), workers)
 //!     .watch([ctx.t_a.clone(), ctx.t_b.clone()], |c: &Ctx, t, obj, deleted| {
 //!         c.dispatch(t, obj, deleted) // adds keys to c.queue_a, c.queue_b
