@@ -93,6 +93,6 @@ fn library_round_trip_and_resume_from_a_checkpoint() {
 #[test]
 fn device_interrupts_are_summed_per_cpu_from_the_numbered_lines() {
     let text = "           CPU0       CPU1       \n 24:          1          0  IO-APIC   5-edge      ACPI:Ged\n 36:          0    3718021 PCI-MSIX-0000:00:02.0   1-edge      virtio1-req.0\n 39:      20394          0 PCI-MSIX-0000:00:03.0   2-edge      virtio2-output.0\nNMI:          0          0   Non-maskable interrupts\nLOC:   16915165   17618640   Local timer interrupts\n";
-    assert_eq!(super::device_interrupts(text), [20395, 3718021]);
-    assert!(super::device_interrupts("").is_empty());
+    assert_eq!(super::place::device_interrupts(text), [20395, 3718021]);
+    assert!(super::place::device_interrupts("").is_empty());
 }
