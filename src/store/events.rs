@@ -511,16 +511,19 @@ pub async fn collect(
 }
 
 /// One pass of [`collect`]; returns how many Events it deleted.
-pub async fn collect_once(store: &Store, rt: &ResourceType, settings: &EventSettings) -> usize {
+pub async fn collect_once(
+    store: &Store,
+    rt: &Arc<ResourceType>,
+    settings: &EventSettings,
+) -> usize {
     debug_assert_eq!(rt.kind, "Event");
     let cutoff = chrono::Utc::now() - chrono::Duration::seconds(settings.ttl_secs as i64);
     let cutoff = cutoff.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     // (last timestamp, namespace, name); RFC 3339 UTC strings sort as times. Parsing up
     // to `max_events` objects is CPU work: on a blocking thread, not an async worker.
-    let st = store.clone();
+    let (st, ty) = (store.clone(), rt.clone());
     let listed = tokio::task::spawn_blocking(move || {
-        let rt = st.registry().by_kind("v1", "Event").expect("event type");
-        let (items, _) = st.list(&rt, None, None);
+        let (items, _) = st.list(&ty, None, None);
         items
             .map(|e| {
                 let last = e
