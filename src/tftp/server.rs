@@ -148,7 +148,9 @@ impl Server {
                 },
             }
             // Drain what is queued, a bounded number of batches per turn so the runtime's
-            // other tasks are not starved by a flood.
+            // other tasks are not starved by a flood (the listener yields only then: in
+            // single-port mode every ACK comes through here).
+            let mut drained = false;
             for _ in 0..DRAIN_BATCHES {
                 match self
                     .sock
@@ -162,16 +164,22 @@ impl Server {
                             }
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        drained = true;
+                        break;
+                    }
                     Err(e) => {
                         tracing::debug!(error = %e, "tftp recv error");
                         self.shared.metrics.error(ErrorKind::Io);
                         tokio::time::sleep(Duration::from_millis(1)).await;
+                        drained = true;
                         break;
                     }
                 }
             }
-            tokio::task::yield_now().await;
+            if !drained {
+                tokio::task::yield_now().await;
+            }
         }
         // The preparing threads end once their queue is closed and drained (what they
         // hand over after the stop gets the shutdown ERROR from the engine); then every
