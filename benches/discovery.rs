@@ -165,6 +165,8 @@ fn round(
         "discovery.image=os-image:latest",
         "--set",
         "power.redfish.poll_interval_secs=30",
+        "--set",
+        "discovery.approved_bmcs=[\"127.0.0.1\"]",
     ]);
     let pid = b.child.as_ref().unwrap().id();
     let (mut secrets, mut bmc_objs) = (Vec::new(), Vec::new());

@@ -543,6 +543,7 @@ impl Services {
             self.store.clone(),
             db,
             self.discovery_metrics.clone(),
+            d.cap(),
         );
         let (s, workers) = (self.coord.handle(), config.controller.workers);
         self.tasks.spawn(async move {
@@ -687,7 +688,9 @@ impl Controllers {
             store.clone(),
             redfish.pool().clone(),
             Duration::from_secs(config.power.redfish.poll_interval_secs),
-            config.discovery.enabled,
+            (config.discovery.enabled)
+                .then(|| config.discovery.approved())
+                .transpose()?,
         );
         let power = Arc::new(crate::power::metrics::Metered {
             inner: Arc::new(crate::power::redfish::PerServer {

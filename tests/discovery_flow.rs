@@ -12,7 +12,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::api::{add_bmc, SERVERS};
+use support::api::{add_bmc, claim, claims, SERVERS};
 use support::bootplane::Bootplane;
 use support::fakebmc::{mac_for, uuid_for, FakeBmc};
 
@@ -33,6 +33,9 @@ fn start(extra: &[&str]) -> Bootplane {
         "power.redfish.power_wait_secs=5",
         "--set",
         "power.redfish.timeout_secs=2",
+        // The fake BMCs listen on loopback: their Servers need no approval.
+        "--set",
+        "discovery.approved_bmcs=[\"127.0.0.1\"]",
     ];
     args.extend_from_slice(extra);
     Bootplane::start(&args)
@@ -532,4 +535,67 @@ fn bad_inventories_are_refused_counted_and_write_nothing() {
     wait_state(&b, "bmc-x-1", "Available", 30);
     let (c, _) = post(&url, good.as_bytes());
     assert!(c == 409 || c == 403, "{c}");
+}
+
+/// Issue 32 item 4: a Server discovered from a BMC outside `discovery.approved_bmcs`
+/// carries `bootplane.dev/approval: pending`: no first boot and no claim (even when
+/// something sets it `Available`) until an operator changes the label; then it goes on.
+#[test]
+fn servers_from_an_unapproved_bmc_wait_for_an_operators_approval() {
+    let rt = runtime();
+    let fake = rt.block_on(
+        FakeBmc::builder()
+            .systems(2)
+            .seed(9)
+            .credentials("admin", PASSWORD)
+            .start(),
+    );
+    let b = start(&["--set", "discovery.approved_bmcs=[\"10.0.0.0/8\"]"]);
+    add_bmc(&b, "bmc-u", &fake.base_url, PASSWORD);
+    for n in ["bmc-u-1", "bmc-u-2"] {
+        let s = b.wait_for(30, &format!("{n} awaiting approval"), || {
+            let s = server(&b, n);
+            (condition(&s, "Approved")["reason"] == "AwaitingApproval").then_some(s)
+        });
+        assert_eq!(s["metadata"]["labels"]["bootplane.dev/approval"], "pending");
+        assert_eq!(s["status"]["state"], "Initial", "{s}");
+        assert_eq!(condition(&s, "Approved")["status"], "False");
+    }
+    // Something (an agent's status write) makes bmc-u-1 Available: still not claimable.
+    let avail = json!({"status": {"state": "Available", "powerState": "Off"}});
+    let (c, v) = b.call("PATCH", &format!("{SERVERS}/bmc-u-1/status"), Some(&avail));
+    assert_eq!(c, 200, "{v}");
+    let (c, v) = b.call(
+        "POST",
+        &claims("default"),
+        Some(&claim("c-u", None, Some("bmc-u-1"))),
+    );
+    assert_eq!(c, 201, "{v}");
+    let path = format!("{}/c-u", claims("default"));
+    let bound = b.wait_for(30, "the claim explained", || {
+        let c = condition(&b.get(&path), "Bound");
+        c["message"]
+            .as_str()?
+            .contains("awaiting approval")
+            .then_some(c)
+    });
+    assert_eq!(bound["status"], "False", "{bound}");
+    // Neither was booted.
+    assert!(fake.state(0).resets.is_empty() && fake.state(1).resets.is_empty());
+    assert_eq!(server(&b, "bmc-u-2")["status"]["state"], "Initial");
+
+    // Approved: bmc-u-2 goes on to its first boot, bmc-u-1 is claimed.
+    let ok = json!({"metadata": {"labels": {"bootplane.dev/approval": "approved"}}});
+    for n in ["bmc-u-1", "bmc-u-2"] {
+        let (c, v) = b.call("PATCH", &format!("{SERVERS}/{n}"), Some(&ok));
+        assert_eq!(c, 200, "{v}");
+    }
+    let s = wait_state(&b, "bmc-u-2", "Discovery", 30);
+    assert_eq!(condition(&s, "Approved")["status"], "True", "{s}");
+    b.wait_for(30, "bmc-u-2 booted", || {
+        (!fake.state(1).resets.is_empty()).then_some(())
+    });
+    b.wait_for(30, "bmc-u-1 claimed", || {
+        (server(&b, "bmc-u-1")["spec"]["serverClaimRef"]["name"] == "c-u").then_some(())
+    });
 }

@@ -153,6 +153,7 @@ timeout_secs = 60
 enabled = true
 image = "{IMAGE}"
 lldp_wait_secs = 2
+approved_bmcs = ["{ip}"]
 {discovery}
 "#,
             state = self.path("state").display(),

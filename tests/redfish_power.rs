@@ -522,3 +522,171 @@ fn unreachable_slow_failing_and_malformed_bmcs_give_reasons_and_recover() {
     assert!(fake.state(0).resets.len() > resets);
     assert_password_nowhere(&b, PASSWORD);
 }
+
+/// `(status, body)` of a request made with bearer `token`, on a connection of its own.
+fn call_as(b: &Bootplane, token: &str, method: &str, path: &str, body: &Value) -> (u16, Value) {
+    let r = b
+        .req(method, path)
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Connection", "close");
+    let ct = if method == "PATCH" {
+        "application/merge-patch+json"
+    } else {
+        "application/json"
+    };
+    match r.set("Content-Type", ct).send_string(&body.to_string()) {
+        Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+        Err(ureq::Error::Status(c, r)) => (c, r.into_json().unwrap_or(Value::Null)),
+        Err(e) => panic!("{method} {path}: {e}"),
+    }
+}
+
+/// Issue 32 item 4 (review M5): a caller who may write Servers (or BMCs, Endpoints) but
+/// not read BMCSecrets cannot point another BMC's secret at a host of its own; plain http
+/// and the insecure annotation are an admin's; a reference left as it was is not checked
+/// again. The "BMC" the attacker points at (a fake one) receives nothing until an admin
+/// points a BMC there.
+#[test]
+fn a_secret_reference_needs_get_on_the_secret_and_plain_http_an_admin() {
+    let rt = runtime();
+    let rogue = rt.block_on(FakeBmc::builder().credentials("admin", PASSWORD).start());
+    let port: u16 = rogue.base_url.rsplit(':').next().unwrap().parse().unwrap();
+    let cfg = tempfile::tempdir().unwrap();
+    let cfg_path = cfg.path().join("bootplane.toml");
+    std::fs::write(
+        &cfg_path,
+        r#"
+[[api.roles]]
+name = "fleet-writer"
+rules = [
+  { verbs = ["*"], resources = ["servers", "servers/*", "serverclaims", "bmcs", "endpoints"] },
+]
+"#,
+    )
+    .unwrap();
+    let b = Bootplane::start(&[
+        "--config",
+        cfg_path.to_str().unwrap(),
+        "--set",
+        "power.redfish.poll_interval_secs=1",
+    ]);
+    let token = |name: &str, role: &str| {
+        let (code, out, err) = b.cli(&["token", "create", name, "--role", role]);
+        assert_eq!(code, 0, "{err}");
+        out.trim().to_string()
+    };
+    let writer = token("writer", "fleet-writer");
+    let operator = token("ops", "operator");
+    // Another BMC's secret, which the writer may not read.
+    let (secret, _) = support::api::bmc_objects("victim", &rogue.base_url, PASSWORD);
+    let (c, v) = b.call("POST", BMCSECRETS, Some(&secret));
+    assert_eq!(c, 201, "{v}");
+    let inline = |name: &str, scheme: &str| {
+        json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+               "metadata": {"name": name},
+               "spec": {"systemUUID": uuid_of(0).to_lowercase(), "power": "On",
+                        "bmc": {"address": "127.0.0.1", "bmcSecretRef": {"name": "victim"},
+                                "protocol": {"name": "Redfish", "scheme": scheme, "port": port}}}})
+    };
+
+    // The writer: refused, over http and https alike, by create and by patch.
+    for scheme in ["http", "https"] {
+        let (c, v) = call_as(&b, &writer, "POST", SERVERS, &inline("evil", scheme));
+        assert_eq!(c, 403, "{v}");
+        let msg = v["message"].as_str().unwrap();
+        assert!(
+            msg.contains("BMCSecret \"victim\"") && msg.contains("\"writer\""),
+            "{msg}"
+        );
+        assert!(!msg.contains(PASSWORD));
+    }
+    let plain = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+                       "metadata": {"name": "plain"}, "spec": {"systemUUID": uuid_of(1).to_lowercase()}});
+    let (c, v) = call_as(&b, &writer, "POST", SERVERS, &plain);
+    assert_eq!(c, 201, "{v}");
+    let patch = json!({"spec": {"bmc": inline("plain", "http")["spec"]["bmc"].clone()}});
+    let (c, v) = call_as(&b, &writer, "PATCH", &format!("{SERVERS}/plain"), &patch);
+    assert_eq!(c, 403, "{v}");
+    // A BMC naming the secret, and moving an Endpoint a BMC with that secret names.
+    let (_, mut bmc) = support::api::bmc_objects("evil-bmc", &rogue.base_url, PASSWORD);
+    bmc["spec"]["bmcSecretRef"]["name"] = json!("victim");
+    bmc["spec"]["protocol"] = json!({"name": "Redfish", "port": port});
+    let (c, v) = call_as(&b, &writer, "POST", BMCS, &bmc);
+    assert_eq!(c, 403, "{v}");
+    let ep = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Endpoint",
+                    "metadata": {"name": "ep1"}, "spec": {"macAddress": "52:54:00:00:00:01", "ip": "192.0.2.1"}});
+    let eps = "/apis/metal.ironcore.dev/v1alpha1/endpoints";
+    let (c, v) = b.call("POST", eps, Some(&ep));
+    assert_eq!(c, 201, "{v}");
+    let ep_bmc = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMC",
+                        "metadata": {"name": "via-ep"},
+                        "spec": {"endpointRef": {"name": "ep1"}, "bmcSecretRef": {"name": "victim"},
+                                 "protocol": {"name": "Redfish", "port": port}}});
+    let (c, v) = b.call("POST", BMCS, Some(&ep_bmc));
+    assert_eq!(c, 201, "{v}");
+    let moved = json!({"spec": {"ip": "127.0.0.1"}});
+    let (c, v) = call_as(&b, &writer, "PATCH", &format!("{eps}/ep1"), &moved);
+    assert_eq!(c, 403, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("\"victim\""), "{v}");
+
+    // The operator may read the secret: https is fine, plain http and insecure are not.
+    let (c, v) = call_as(&b, &operator, "POST", SERVERS, &inline("ops-http", "http"));
+    assert_eq!(c, 403, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("only an admin"),
+        "{v}"
+    );
+    let mut local = bmc.clone();
+    local["metadata"]["name"] = json!("ops-local");
+    local["spec"]["protocol"] = json!({"name": "RedfishLocal", "port": port});
+    let (c, v) = call_as(&b, &operator, "POST", BMCS, &local);
+    assert_eq!(c, 403, "{v}");
+    // (At a closed port: nothing of this test listens there.)
+    let mut ops_https = inline("ops-https", "https");
+    ops_https["spec"]["power"] = json!("Off");
+    ops_https["spec"]["bmc"]["protocol"]["port"] = json!(1);
+    let (c, v) = call_as(&b, &operator, "POST", SERVERS, &ops_https);
+    assert_eq!(c, 201, "{v}");
+    let insecure =
+        json!({"metadata": {"annotations": {"bootplane.dev/bmc-insecure-skip-verify": "true"}}});
+    let (c, v) = call_as(
+        &b,
+        &operator,
+        "PATCH",
+        &format!("{SERVERS}/ops-https"),
+        &insecure,
+    );
+    assert_eq!(c, 403, "{v}");
+
+    // Nothing the refused writes named ever reached the rogue listener.
+    assert_eq!(rogue.total_requests(), 0);
+    assert_eq!(rogue.last_auth(), None);
+
+    // An admin may use plain http; others then change other fields of that Server
+    // freely (an unchanged reference is not checked again).
+    let (c, v) = b.call("POST", SERVERS, Some(&inline("admin-http", "http")));
+    assert_eq!(c, 201, "{v}");
+    let labels = json!({"metadata": {"labels": {"rack": "r1"}}});
+    let (c, v) = call_as(
+        &b,
+        &writer,
+        "PATCH",
+        &format!("{SERVERS}/admin-http"),
+        &labels,
+    );
+    assert_eq!(c, 200, "{v}");
+    let (c, v) = call_as(
+        &b,
+        &operator,
+        "PATCH",
+        &format!("{SERVERS}/admin-http"),
+        &json!({"spec": {"power": "Off"}}),
+    );
+    assert_eq!(c, 200, "{v}");
+    let (c, v) = b.call("POST", BMCS, Some(&local));
+    assert_eq!(c, 201, "{v}");
+    // The admin's BMC is polled with the secret: what the refusals kept from the listener.
+    b.wait_for(20, "the admin's BMC reaches the listener", || {
+        (rogue.total_requests() > 0 && rogue.last_auth().is_some()).then_some(())
+    });
+}

@@ -1,6 +1,7 @@
 //! The kube-style REST API served on the operator listener. The resource types it
 //! serves (registry, schema validation, selectors) are in [`crate::model`].
 
+pub mod admission;
 pub mod audit;
 pub mod auth;
 pub mod preview;

@@ -525,6 +525,7 @@ async fn dispatch(
     req: Request,
 ) -> Response {
     let uri = req.uri().clone();
+    let id = req.extensions().get::<super::auth::Identity>().cloned();
     // A declared length over the limit is refused before any of the body is read;
     // an undeclared one (chunked) stops being read at the limit.
     let declared = headers
@@ -556,7 +557,17 @@ async fn dispatch(
             return err.into_response();
         }
     };
-    match handle(&st, &method, &headers, uri.path(), uri.query(), body).await {
+    match handle(
+        &st,
+        &method,
+        &headers,
+        uri.path(),
+        uri.query(),
+        body,
+        id.as_ref(),
+    )
+    .await
+    {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -581,6 +592,7 @@ async fn handle(
     path: &str,
     query: Option<&str>,
     body: Bytes,
+    id: Option<&super::auth::Identity>,
 ) -> ApiResult<Response> {
     let t = parse_path(&st.store, path)?;
     let q = query_map(query);
@@ -590,6 +602,9 @@ async fn handle(
     } else {
         Part::Main
     };
+    // Credentials go only where they belong (see `admission`).
+    let admit =
+        |name: Option<&str>, w| super::admission::admit(st, id, rt, t.ns.as_deref(), name, w, part);
     match (method.clone(), &t.name) {
         (Method::GET, None) => {
             let sel = match q.get("labelSelector") {
@@ -647,6 +662,7 @@ async fn handle(
         (Method::POST, None) => {
             let mut obj = decode_body(st, h, body).await?;
             set_namespace(rt, &mut obj, t.ns.as_deref())?;
+            admit(None, super::admission::Write::Create(&obj))?;
             let o = st.store.create(rt, obj).await?;
             Ok(respond(h, StatusCode::CREATED, &o))
         }
@@ -662,6 +678,7 @@ async fn handle(
                 Some(_) => {}
                 None => obj["metadata"]["name"] = Value::String(name.clone()),
             }
+            admit(Some(name), super::admission::Write::Replace(&obj))?;
             let o = st.store.update(rt, obj, part).await?;
             Ok(respond(h, StatusCode::OK, &o))
         }
@@ -681,6 +698,7 @@ async fn handle(
                 ));
             }
             let patch = decode_body(st, h, body).await?;
+            admit(Some(name), super::admission::Write::Patch(&patch))?;
             let o = st
                 .store
                 .patch(rt, t.ns.as_deref(), name, &patch, part)

@@ -53,8 +53,9 @@ pub struct BmcControllers {
     t_bmc: Arc<ResourceType>,
     t_secret: Arc<ResourceType>,
     t_server: Arc<ResourceType>,
-    /// Register the BMCs' systems as Servers (`[discovery] enabled`).
-    discover: bool,
+    /// Register the BMCs' systems as Servers (`[discovery] enabled`): `Some`, with the
+    /// BMC addresses whose Servers need no approval (`discovery.approved_bmcs`).
+    discover: Option<Vec<crate::nfs::ClientMatch>>,
     systems: SystemIndex,
     seen: Seen,
 }
@@ -78,7 +79,7 @@ impl BmcControllers {
         store: Store,
         pool: redfish::Pool,
         poll: Duration,
-        discover: bool,
+        discover: Option<Vec<crate::nfs::ClientMatch>>,
     ) -> Arc<BmcControllers> {
         let reg = store.registry();
         Arc::new(BmcControllers {
@@ -105,7 +106,7 @@ impl BmcControllers {
             self.t_secret.clone(),
             self.t_endpoint.clone(),
         ];
-        if self.discover {
+        if self.discover.is_some() {
             types.push(self.t_server.clone());
         }
         Runtime::new(self.clone(), self.store.clone(), workers.clamp(1, 64))
@@ -213,8 +214,11 @@ impl BmcControllers {
                 match observe(&client).await {
                     Ok(o) => {
                         write_observed(&mut st, &o);
-                        if self.discover {
-                            self.sync_systems(name, &client, &o.ids, &mut st).await?;
+                        if let Some(approved) = &self.discover {
+                            let ok = self.address(&bmc).and_then(|a| a.parse().ok());
+                            let ok = ok.is_some_and(|ip| approved.iter().any(|m| m.contains(ip)));
+                            let new = (name, !ok);
+                            self.sync_systems(new, &client, &o.ids, &mut st).await?;
                         }
                     }
                     Err(e) => write_error(&mut st, &e),
@@ -249,9 +253,10 @@ impl BmcControllers {
     /// Register the BMC's systems as Servers; the outcome goes into the BMC's
     /// `SystemsDiscovered` condition (a Redfish failure there too; a store failure is
     /// the reconcile's error, retried).
+    /// `bmc`: the BMC's name, and whether its new Servers wait for approval.
     async fn sync_systems(
         &self,
-        name: &str,
+        bmc: (&str, bool),
         client: &Bmc,
         ids: &[String],
         st: &mut Value,
@@ -261,7 +266,7 @@ impl BmcControllers {
             &self.t_server,
             &self.systems,
             &self.seen,
-            name,
+            bmc,
             client,
             ids,
         )

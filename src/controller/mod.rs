@@ -80,10 +80,28 @@ pub struct Indexes {
 /// How often a waiting claim's reason is worked out again.
 pub const EXPLAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The label a Server discovered from a BMC not in `discovery.approved_bmcs` carries
+/// ([`APPROVAL_PENDING`]) until an operator approves it (any other value, or none): it is
+/// not booted for discovery and not claimable before.
+pub const APPROVAL_LABEL: &str = "bootplane.dev/approval";
+/// The value of [`APPROVAL_LABEL`] that holds a Server back.
+pub const APPROVAL_PENDING: &str = "pending";
+
+/// Whether a Server waits for an operator's approval ([`APPROVAL_LABEL`]).
+pub fn awaiting_approval(s: &Value) -> bool {
+    meta::labels(s)
+        .and_then(|l| l.get(APPROVAL_LABEL))
+        .and_then(Value::as_str)
+        == Some(APPROVAL_PENDING)
+}
+
 /// Why a Server cannot be claimed now, or `None` when it can ([`is_claimable`]).
 pub fn unclaimable_reason(s: &Value) -> Option<String> {
     if meta::is_deleting(s) {
         return Some("being deleted".into());
+    }
+    if awaiting_approval(s) {
+        return Some(format!("awaiting approval (label {APPROVAL_LABEL})"));
     }
     if let Some((ns, n)) = claim_ref(s) {
         return Some(format!("claimed by {ns}/{n}"));
@@ -141,6 +159,7 @@ pub fn is_claimable(s: &Value) -> bool {
         && s.pointer("/status/powerState").and_then(Value::as_str) == Some("Off")
         && s.pointer("/spec/serverClaimRef").is_none_or(Value::is_null)
         && !meta::is_deleting(s)
+        && !awaiting_approval(s)
 }
 
 /// The part of a Server the claimable index keeps: `metadata.labels` and

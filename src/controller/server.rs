@@ -1,6 +1,9 @@
 //! The Server reconciler: the server state machine as far as the embedded mode
 //! reaches it, and power.
 //!
+//! - a Server discovered from a BMC that is not approved (label `bootplane.dev/approval:
+//!   pending`) stays `Initial`, condition `Approved` False (`AwaitingApproval`), until
+//!   an operator changes the label;
 //! - no state yet → `Initial`; with first boots on (`[discovery]`) a Server naming a BMC
 //!   goes on to `Discovery` ([`super::firstboot`]: discovery image, inventory, then
 //!   `Available`); any other waits for an operator to register its inventory with
@@ -63,7 +66,31 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
         .as_ref()
         .filter(|_| super::firstboot::has_bmc(&s));
     let mut step = None;
+    let pending = super::awaiting_approval(&s);
+    if !pending && has_condition(&status, APPROVED, "False") {
+        set_condition(
+            &mut status,
+            APPROVED,
+            true,
+            "Approved",
+            "approved by an operator",
+        );
+    }
     match state.as_str() {
+        "" | "Initial" if pending => {
+            status["state"] = json!("Initial");
+            set_condition(
+                &mut status,
+                APPROVED,
+                false,
+                "AwaitingApproval",
+                &format!(
+                    "discovered from a BMC not in discovery.approved_bmcs: not booted nor claimable until an operator changes the label {} from {} to approved",
+                    super::APPROVAL_LABEL,
+                    super::APPROVAL_PENDING
+                ),
+            );
+        }
         "Initial" if first_boot.is_some() && !claimed => {
             status["state"] = json!("Discovery");
         }
@@ -119,6 +146,17 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
         }
         None => Ok(Next::Done),
     }
+}
+
+/// The condition of a discovered Server saying whether an operator approved it
+/// ([`super::APPROVAL_LABEL`]).
+pub const APPROVED: &str = "Approved";
+
+fn has_condition(status: &Value, ty: &str, st: &str) -> bool {
+    status
+        .get("conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|l| l.iter().any(|c| c["type"] == ty && c["status"] == st))
 }
 
 /// Annotation asking for a restart (`bootplane power reset SERVER` sets it): handed to

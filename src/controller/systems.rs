@@ -27,6 +27,8 @@ use crate::model::registry::ResourceType;
 use crate::redfish::{self, Bmc};
 use crate::store::{Store, StoreError};
 
+pub use super::{APPROVAL_LABEL, APPROVAL_PENDING};
+
 /// Label naming the BMC a discovered Server came from.
 pub const BMC_LABEL: &str = "bootplane.dev/bmc";
 /// New systems of one BMC read at once (the pool's per-BMC limit applies beneath).
@@ -122,13 +124,14 @@ impl Seen {
     }
 }
 
-/// Make the store's Servers match the systems `client` (BMC `bmc`) lists as `ids`.
+/// Make the store's Servers match the systems `client` (BMC `bmc`) lists as `ids`; new
+/// Servers wait for approval when `pending` ([`APPROVAL_LABEL`]).
 pub async fn sync(
     store: &Store,
     t_server: &ResourceType,
     index: &SystemIndex,
     seen: &Seen,
-    bmc: &str,
+    (bmc, pending): (&str, bool),
     client: &Bmc,
     ids: &[String],
 ) -> Result<Synced, SyncError> {
@@ -161,7 +164,8 @@ pub async fn sync(
                     Err(redfish::Error::Unsupported(_)) => Vec::new(),
                     Err(e) => return Err(e.into()),
                 };
-                created = create(store, t_server, bmc, &sys, &uuid, &nics).await?;
+                let new = (bmc, pending);
+                created = create(store, t_server, new, &sys, &uuid, &nics).await?;
             }
             Ok(Some((id, uuid, created)))
         })
@@ -313,18 +317,22 @@ pub fn initial_status(
 async fn create(
     store: &Store,
     t_server: &ResourceType,
-    bmc: &str,
+    (bmc, pending): (&str, bool),
     sys: &redfish::System,
     uuid: &str,
     nics: &[redfish::EthernetInterface],
 ) -> Result<bool, StoreError> {
-    let created = match store.create(t_server, server_object(bmc, sys, uuid)).await {
+    let mut obj = server_object(bmc, sys, uuid);
+    if pending {
+        obj["metadata"]["labels"][APPROVAL_LABEL] = json!(APPROVAL_PENDING);
+    }
+    let created = match store.create(t_server, obj).await {
         Ok(o) => o,
         Err(StoreError::AlreadyExists { .. }) => return Ok(false),
         Err(e) => return Err(e),
     };
     let name = meta::name(&created).to_string();
-    tracing::info!(server = %name, bmc, system = %sys.odata_id, uuid, "discovered a server");
+    tracing::info!(server = %name, bmc, system = %sys.odata_id, uuid, awaiting_approval = pending, "discovered a server");
     // The Server reconciler may write its first state in between: merge into whatever
     // status is there by then (what the BMC says fills only what is absent).
     let init = initial_status(bmc, sys, nics);

@@ -74,6 +74,7 @@ auth_interval_secs = 300
 enabled = true
 first_boot = false
 mac_db = "{macs}"
+approved_bmcs = ["{NET}.0/24"]
 [discovery.dhcp]
 enabled = true
 interface = "mg0"

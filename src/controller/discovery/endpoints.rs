@@ -1,10 +1,23 @@
 //! Management network → fleet: each lease granted by the management DHCP scope whose
 //! MAC has a known prefix ([`super::macdb`]) becomes an `Endpoint` (`bmc-<mac>`, its
-//! `spec.macAddress` and `spec.ip`, the IP following the lease), and each such Endpoint
-//! a `BMC` (`spec.endpointRef`, the database's protocol and port, `spec.bmcSecretRef`)
-//! and a `BMCSecret` (a copy of the vendor's default-credentials BMCSecret), both owned
-//! by the Endpoint so that deleting it removes them. Existing objects are left as they
-//! are (an operator's edits stay), so a restart or a re-lease writes nothing.
+//! `spec.macAddress` and `spec.ip`), and each such Endpoint a `BMC` (`spec.endpointRef`,
+//! the database's protocol and port, `spec.bmcSecretRef`) and a `BMCSecret` (a copy of
+//! the vendor's default-credentials BMCSecret), both owned by the Endpoint so that
+//! deleting it removes them. Existing objects are left as they are (an operator's edits
+//! stay), so a restart or a re-lease writes nothing.
+//!
+//! **Pinned addresses.** An Endpoint's `spec.ip` is the address of its first lease. A
+//! later lease of the same MAC at another address does not move it (a spoofed MAC could
+//! otherwise draw the BMC's credentials to itself): the Endpoint's `status.leaseIP` takes
+//! the new address, its condition `AddressPinned` turns False (reason `LeaseMoved`) and
+//! a Warning Event says so (`bootplane_discovery_endpoints_moved_total` counts them). An
+//! operator accepts the move by setting `spec.ip` to the new address; the condition then
+//! turns True again (reason `Accepted`).
+//!
+//! **A cap.** At most `discovery.max_new_endpoints` Endpoints (and so BMCs and
+//! BMCSecrets) are created per `discovery.new_endpoints_interval_secs`; a lease beyond
+//! that is skipped (`bootplane_discovery_capped_total`, one warning per interval) and
+//! taken at its next renewal.
 //!
 //! Unknown prefixes are counted (`bootplane_discovery_unknown_mac_total`) and logged once
 //! at debug level. Nothing here reads or writes a credential except the copy of the
@@ -21,18 +34,35 @@ use tokio::sync::mpsc;
 use super::macdb::{Entry, MacDb};
 use crate::controller::queue::WorkQueue;
 use crate::controller::runtime::Runtime;
-use crate::controller::{controller_ref, Next};
+use crate::controller::{controller_ref, set_condition, Next};
 use crate::dhcp::Grant;
 use crate::model::ident::{parse_mac, MacFmt};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::shutdown::Shutdown;
-use crate::store::{Part, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Granted leases waiting for the intake (the DHCP loop drops and counts beyond this).
 pub const GRANT_QUEUE: usize = 1024;
 /// How soon an Endpoint whose default-credentials secret is missing is looked at again.
 const SECRET_RETRY: Duration = Duration::from_secs(10);
+/// The condition saying whether an Endpoint's `spec.ip` is its MAC's latest lease.
+pub const PINNED: &str = "AddressPinned";
+
+/// How many Endpoints discovery may create per interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cap {
+    pub max: u32,
+    pub interval: Duration,
+}
+
+/// The current interval of a [`Cap`]: when it began, how many were created in it, and
+/// whether its warning was logged.
+struct Window {
+    start: std::time::Instant,
+    created: u32,
+    warned: bool,
+}
 
 /// Discovery counters on `/metrics`.
 #[derive(Debug, Clone, Default)]
@@ -41,6 +71,7 @@ pub struct Metrics {
     pub endpoints_created: Counter,
     pub endpoints_moved: Counter,
     pub bmcs_created: Counter,
+    pub capped: Counter,
 }
 
 impl Metrics {
@@ -58,8 +89,13 @@ impl Metrics {
         );
         r.register(
             "endpoints_moved",
-            "Endpoints whose IP followed a new lease",
+            "leases of a known Endpoint's MAC at another address (the Endpoint keeps its pinned address)",
             self.endpoints_moved.clone(),
+        );
+        r.register(
+            "capped",
+            "management leases not made Endpoints because discovery.max_new_endpoints was reached",
+            self.capped.clone(),
         );
         r.register(
             "bmcs_created",
@@ -106,12 +142,23 @@ pub struct Management {
     t_endpoint: Arc<ResourceType>,
     t_bmc: Arc<ResourceType>,
     t_secret: Arc<ResourceType>,
+    cap: Cap,
+    window: std::sync::Mutex<Window>,
+    events: crate::store::events::Recorder,
 }
 
 impl Management {
-    pub fn new(store: Store, db: MacDb, metrics: Metrics) -> Arc<Management> {
+    /// Needs a tokio runtime (its Event recorder's task).
+    pub fn new(store: Store, db: MacDb, metrics: Metrics, cap: Cap) -> Arc<Management> {
         let reg = store.registry();
         Arc::new(Management {
+            events: crate::store::events::Recorder::spawn(store.clone(), "bootplane-discovery"),
+            cap,
+            window: std::sync::Mutex::new(Window {
+                start: std::time::Instant::now(),
+                created: 0,
+                warned: false,
+            }),
             t_endpoint: reg.resolve("endpoint").expect("endpoint type"),
             t_bmc: reg.resolve("bmc").expect("bmc type"),
             t_secret: reg.resolve("bmcsecret").expect("bmcsecret type"),
@@ -185,20 +232,11 @@ impl Management {
         let name = endpoint_name(&g.mac);
         let ip = g.ip.to_string();
         match self.store.get(&self.t_endpoint, None, &name) {
-            Ok(cur) => {
-                if cur.pointer("/spec/ip").and_then(Value::as_str) == Some(ip.as_str()) {
+            Ok(cur) => self.observe_lease(&cur, &ip).await,
+            Err(StoreError::NotFound { .. }) => {
+                if !self.take_slot() {
                     return Ok(());
                 }
-                let mut next = (*cur).clone();
-                next["spec"]["ip"] = json!(ip);
-                self.store
-                    .update_from(&self.t_endpoint, cur, next, Part::Main)
-                    .await?;
-                self.metrics.endpoints_moved.inc();
-                tracing::info!(endpoint = %name, %ip, "endpoint follows its new lease");
-                Ok(())
-            }
-            Err(StoreError::NotFound { .. }) => {
                 let obj = json!({
                     "apiVersion": self.t_endpoint.api_version(),
                     "kind": "Endpoint",
@@ -214,6 +252,97 @@ impl Management {
         }
     }
 
+    /// A lease of a known Endpoint's MAC at `ip`: nothing when it is the pinned address
+    /// (and no move is pending); else `status.leaseIP` and the condition [`PINNED`]
+    /// record it, the address stays.
+    async fn observe_lease(&self, cur: &Arc<Value>, ip: &str) -> Result<(), StoreError> {
+        let pinned = cur
+            .pointer("/spec/ip")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if pinned.is_empty() {
+            // No address yet (an Endpoint made by hand with a MAC only): the first one.
+            let mut next = (**cur).clone();
+            next["spec"]["ip"] = json!(ip);
+            let p = crate::store::Part::Main;
+            self.store
+                .update_from(&self.t_endpoint, cur.clone(), next, p)
+                .await?;
+            return Ok(());
+        }
+        let noted = cur.pointer("/status/leaseIP").and_then(Value::as_str);
+        if noted.unwrap_or(pinned) == ip {
+            return Ok(());
+        }
+        let mut st = cur.get("status").cloned().unwrap_or_else(|| json!({}));
+        st["leaseIP"] = json!(ip);
+        let name = meta::name(cur);
+        if pinned == ip {
+            set_condition(
+                &mut st,
+                PINNED,
+                true,
+                "LeaseReturned",
+                &format!("the MAC's lease is at the pinned address {ip} again"),
+            );
+        } else {
+            let msg = format!("the MAC's lease moved from {pinned} to {ip}; the BMC is still reached at {pinned}: to accept the move, set spec.ip to {ip}");
+            set_condition(&mut st, PINNED, false, "LeaseMoved", &msg);
+            self.events
+                .warning(&self.t_endpoint, cur, "LeaseMoved", msg);
+            self.metrics.endpoints_moved.inc();
+            tracing::warn!(endpoint = %name, pinned, lease = %ip, "management lease moved; the endpoint keeps its pinned address until an operator accepts the move");
+        }
+        self.store.update_status(&self.t_endpoint, cur, st).await?;
+        Ok(())
+    }
+
+    /// Whether one more Endpoint may be created in this interval ([`Cap`]); counts it.
+    fn take_slot(&self) -> bool {
+        let mut w = self.window.lock().unwrap();
+        if w.start.elapsed() >= self.cap.interval {
+            *w = Window {
+                start: std::time::Instant::now(),
+                created: 0,
+                warned: false,
+            };
+        }
+        if w.created < self.cap.max {
+            w.created += 1;
+            return true;
+        }
+        self.metrics.capped.inc();
+        if !std::mem::replace(&mut w.warned, true) {
+            tracing::warn!(max = self.cap.max, interval_secs = self.cap.interval.as_secs(), "discovery.max_new_endpoints reached: further management leases are not made Endpoints until the interval ends (they are taken at their next renewal)");
+        }
+        false
+    }
+
+    /// An operator accepted a move (`spec.ip` set to `status.leaseIP`): the condition
+    /// [`PINNED`] True again.
+    async fn accept_move(&self, ep: &Arc<Value>) -> Result<(), StoreError> {
+        let ip = ep.pointer("/spec/ip").and_then(Value::as_str);
+        let lease = ep.pointer("/status/leaseIP").and_then(Value::as_str);
+        let moved = ep
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|l| {
+                l.iter()
+                    .any(|c| c["type"] == PINNED && c["status"] == "False")
+            });
+        if !moved || ip.is_none() || ip != lease {
+            return Ok(());
+        }
+        let mut st = ep.get("status").cloned().unwrap_or_else(|| json!({}));
+        let msg = format!("the move to {} was accepted", ip.unwrap_or(""));
+        set_condition(&mut st, PINNED, true, "Accepted", &msg);
+        self.events.normal(&self.t_endpoint, ep, "Accepted", msg);
+        match self.store.update_status(&self.t_endpoint, ep, st).await {
+            Ok(_) | Err(StoreError::Conflict { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// An Endpoint with a known prefix → its BMCSecret and BMC (created once).
     async fn reconcile(&self, name: &String) -> Result<Next, StoreError> {
         let ep = match self.store.get(&self.t_endpoint, None, name) {
@@ -224,6 +353,7 @@ impl Management {
         if meta::is_deleting(&ep) {
             return Ok(Next::Done);
         }
+        self.accept_move(&ep).await?;
         let mac = ep
             .pointer("/spec/macAddress")
             .and_then(Value::as_str)
@@ -298,6 +428,11 @@ mod tests {
 - {macPrefix: \"52:54:00\", protocol: Redfish, port: 8443, defaultCredentialsSecret: vendor}
 ";
 
+    const CAP: Cap = Cap {
+        max: 64,
+        interval: Duration::from_secs(60),
+    };
+
     fn grant(last: u8, ip: [u8; 4]) -> Grant {
         Grant {
             mac: [0x52, 0x54, 0, 0, 0, last],
@@ -308,22 +443,36 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn leases_make_endpoints_that_follow_the_address_and_unknown_ones_are_counted() {
+    async fn leases_make_endpoints_whose_address_is_pinned_and_unknown_ones_are_counted() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::open(d.path()).unwrap();
-        let m = Management::new(store.clone(), MacDb::parse(DB).unwrap(), Metrics::default());
+        let m = Management::new(
+            store.clone(),
+            MacDb::parse(DB).unwrap(),
+            Metrics::default(),
+            CAP,
+        );
         let get = |n: &str| store.get(&m.t_endpoint, None, n).unwrap();
         m.lease(&grant(1, [10, 0, 0, 5])).await;
         let e = get("bmc-525400000001");
         assert_eq!(e["spec"]["ip"], "10.0.0.5");
         assert_eq!(e["spec"]["macAddress"], "52:54:00:00:00:01");
-        // The same lease again writes nothing; a new address is followed.
+        // The same lease again writes nothing; a new address is a condition, not a move.
         m.lease(&grant(1, [10, 0, 0, 5])).await;
         assert_eq!(get("bmc-525400000001"), e);
         m.lease(&grant(1, [10, 0, 0, 6])).await;
         let moved = get("bmc-525400000001");
-        assert_eq!(moved["spec"]["ip"], "10.0.0.6");
+        assert_eq!(moved["spec"]["ip"], "10.0.0.5");
+        assert_eq!(moved["status"]["leaseIP"], "10.0.0.6");
+        let cond = |o: &Value| o["status"]["conditions"][0].clone();
+        assert_eq!(cond(&moved)["type"], PINNED);
+        assert_eq!(cond(&moved)["status"], "False");
+        assert_eq!(cond(&moved)["reason"], "LeaseMoved");
         assert_eq!(moved["metadata"]["uid"], e["metadata"]["uid"]);
+        assert_eq!(m.metrics.endpoints_moved.get(), 1);
+        // Renewals of the moved lease write nothing more.
+        m.lease(&grant(1, [10, 0, 0, 6])).await;
+        assert_eq!(get("bmc-525400000001"), moved);
         assert_eq!(m.metrics.endpoints_moved.get(), 1);
         // Unknown prefix: counted, nothing written.
         let mut other = grant(2, [10, 0, 0, 7]);
@@ -357,5 +506,50 @@ mod tests {
         assert_eq!(m.reconcile(&name).await.unwrap(), Next::Done);
         assert_eq!(store.get(&m.t_bmc, None, &name).unwrap(), bmc);
         assert_eq!(m.metrics.bmcs_created.get(), 1);
+
+        // An operator accepts the move by setting spec.ip: the condition turns True.
+        let cur = get(&name);
+        let mut next = (*cur).clone();
+        next["spec"]["ip"] = json!("10.0.0.6");
+        let p = crate::store::Part::Main;
+        store
+            .update_from(&m.t_endpoint, cur, next, p)
+            .await
+            .unwrap();
+        assert_eq!(m.reconcile(&name).await.unwrap(), Next::Done);
+        let accepted = get(&name);
+        assert_eq!(cond(&accepted)["status"], "True");
+        assert_eq!(cond(&accepted)["reason"], "Accepted");
+        assert_eq!(accepted["spec"]["ip"], "10.0.0.6");
+    }
+
+    #[tokio::test]
+    async fn new_endpoints_are_capped_per_interval() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let cap = Cap {
+            max: 2,
+            interval: Duration::from_secs(3600),
+        };
+        let m = Management::new(
+            store.clone(),
+            MacDb::parse(DB).unwrap(),
+            Metrics::default(),
+            cap,
+        );
+        for i in 1..=5 {
+            m.lease(&grant(i, [10, 0, 0, i])).await;
+        }
+        assert_eq!(m.metrics.endpoints_created.get(), 2);
+        assert_eq!(m.metrics.capped.get(), 3);
+        assert_eq!(store.list(&m.t_endpoint, None, None).0.count(), 2);
+        // Known Endpoints' renewals are not new objects: not capped.
+        m.lease(&grant(1, [10, 0, 0, 1])).await;
+        assert_eq!(m.metrics.capped.get(), 3);
+        // A new interval takes more.
+        let past = std::time::Instant::now().checked_sub(Duration::from_secs(3600));
+        m.window.lock().unwrap().start = past.expect("a monotonic clock an hour old");
+        m.lease(&grant(3, [10, 0, 0, 3])).await;
+        assert_eq!(m.metrics.endpoints_created.get(), 3);
     }
 }

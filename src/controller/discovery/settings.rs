@@ -10,6 +10,9 @@
 //! retry_backoff_secs = 30              # off this long before the next boot (doubling)
 //! lldp_wait_secs = 10                  # how long the agent listens for LLDP
 //! mac_db = "/etc/bootplane/bmc-macs.yaml" # MAC prefix → BMC protocol, port, default secret
+//! approved_bmcs = ["10.10.0.0/24"]     # BMC addresses whose systems need no approval
+//! max_new_endpoints = 64               # Endpoints (BMCs, BMCSecrets) created per interval
+//! new_endpoints_interval_secs = 60
 //!
 //! [discovery.dhcp]                     # the management scope (BMCs' DHCP)
 //! enabled = true
@@ -45,6 +48,14 @@ pub struct DiscoveryConfig {
     // Management network (BMCs → Endpoints → BMCs); kept together.
     /// The MAC-prefix database ([`super::macdb`]); without it no lease becomes an Endpoint.
     pub mac_db: Option<PathBuf>,
+    /// BMC addresses (IPs or CIDR prefixes) whose systems become Servers approved. A
+    /// Server discovered from any other BMC carries the label `bootplane.dev/approval:
+    /// pending` and is neither booted nor claimable until an operator approves it.
+    pub approved_bmcs: Vec<String>,
+    /// At most this many Endpoints (each with its BMC and BMCSecret) are created from
+    /// management leases per `new_endpoints_interval_secs`.
+    pub max_new_endpoints: u32,
+    pub new_endpoints_interval_secs: u64,
     /// `[discovery.dhcp]`: the management scope, a second authoritative DHCP server on
     /// its own interface whose granted leases become Endpoints.
     pub dhcp: crate::dhcp::DhcpConfig,
@@ -61,6 +72,9 @@ impl Default for DiscoveryConfig {
             retry_backoff_secs: 30,
             lldp_wait_secs: 10,
             mac_db: None,
+            approved_bmcs: Vec::new(),
+            max_new_endpoints: 64,
+            new_endpoints_interval_secs: 60,
             dhcp: Default::default(),
         }
     }
@@ -80,6 +94,10 @@ impl DiscoveryConfig {
         if self.enabled && self.first_boot && self.image.trim().is_empty() {
             bail!("discovery.first_boot needs discovery.image");
         }
+        if self.max_new_endpoints == 0 || self.new_endpoints_interval_secs == 0 {
+            bail!("discovery.max_new_endpoints and discovery.new_endpoints_interval_secs must be at least 1");
+        }
+        self.approved()?;
         self.validate_management()
     }
 
@@ -95,6 +113,28 @@ impl DiscoveryConfig {
             .validate()
             .context("discovery.dhcp (the management scope)")?;
         Ok(())
+    }
+
+    /// `approved_bmcs`, parsed.
+    pub fn approved(&self) -> Result<Vec<crate::nfs::ClientMatch>> {
+        self.approved_bmcs
+            .iter()
+            .map(|a| {
+                a.parse().map_err(|_| {
+                    anyhow::anyhow!(
+                        "discovery.approved_bmcs: {a:?} is not an IP address or CIDR prefix"
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// The cap on Endpoints created from management leases.
+    pub fn cap(&self) -> super::endpoints::Cap {
+        super::endpoints::Cap {
+            max: self.max_new_endpoints,
+            interval: std::time::Duration::from_secs(self.new_endpoints_interval_secs),
+        }
     }
 
     /// Whether the management scope runs.
@@ -131,5 +171,15 @@ mod tests {
         .unwrap_err();
         assert!(format!("{e:#}").contains("interface"), "{e:#}");
         assert!(parse("[dhcp]\nbogus = 1\n").is_err());
+        let c = parse("approved_bmcs = [\"10.10.0.0/24\", \"192.0.2.7\"]\nmax_new_endpoints = 5\n")
+            .unwrap();
+        let a = c.approved().unwrap();
+        assert!(a[0].contains("10.10.0.99".parse().unwrap()));
+        assert!(!a[0].contains("10.10.1.1".parse().unwrap()));
+        assert!(a[1].contains("192.0.2.7".parse().unwrap()));
+        assert_eq!(c.cap().max, 5);
+        let e = parse("approved_bmcs = [\"bmc.example\"]\n").unwrap_err();
+        assert!(e.to_string().contains("approved_bmcs"), "{e}");
+        assert!(parse("max_new_endpoints = 0\n").is_err());
     }
 }

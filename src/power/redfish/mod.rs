@@ -35,7 +35,7 @@ pub mod metrics;
 mod resolve;
 mod settings;
 
-pub use resolve::{bmc_target, has_bmc, server_target, ResolveError};
+pub use resolve::{bmc_target, has_bmc, scheme_of, server_target, ResolveError};
 pub use settings::*;
 
 use std::collections::HashMap;

@@ -138,13 +138,11 @@ pub fn server_target(store: &Store, server: &Value) -> Result<(String, Target), 
     Ok(("inline".into(), target))
 }
 
-fn target_from(
-    store: &Store,
-    address: &str,
-    protocol: &Value,
-    secret: &str,
-    insecure: bool,
-) -> Result<Target, ResolveError> {
+/// The scheme a BMC's `protocol` resolves to: `protocol.scheme` when it is `http` or
+/// `https`, else the protocol's default (`Redfish` https, `RedfishLocal` and
+/// `RedfishKube` http). The API's admission check asks this too, so what it
+/// refuses is what would be used.
+pub fn scheme_of(protocol: &Value) -> Result<&'static str, ResolveError> {
     let pname = protocol
         .get("name")
         .and_then(Value::as_str)
@@ -154,10 +152,21 @@ fn target_from(
         "RedfishLocal" | "RedfishKube" => "http",
         other => return Err(ResolveError::Protocol(other.to_string())),
     };
-    let scheme = match protocol.get("scheme").and_then(Value::as_str) {
-        Some(s @ ("http" | "https")) => s,
+    Ok(match protocol.get("scheme").and_then(Value::as_str) {
+        Some("http") => "http",
+        Some("https") => "https",
         _ => default_scheme,
-    };
+    })
+}
+
+fn target_from(
+    store: &Store,
+    address: &str,
+    protocol: &Value,
+    secret: &str,
+    insecure: bool,
+) -> Result<Target, ResolveError> {
+    let scheme = scheme_of(protocol)?;
     let port = protocol
         .get("port")
         .and_then(Value::as_u64)
