@@ -523,6 +523,10 @@ fn unreachable_slow_failing_and_malformed_bmcs_give_reasons_and_recover() {
     assert_password_nowhere(&b, PASSWORD);
 }
 
+fn json_of(r: ureq::Response) -> Value {
+    serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null)
+}
+
 /// `(status, body)` of a request made with bearer `token`, on a connection of its own.
 fn call_as(b: &Bootplane, token: &str, method: &str, path: &str, body: &Value) -> (u16, Value) {
     let r = b
@@ -535,8 +539,8 @@ fn call_as(b: &Bootplane, token: &str, method: &str, path: &str, body: &Value) -
         "application/json"
     };
     match r.set("Content-Type", ct).send_string(&body.to_string()) {
-        Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
-        Err(ureq::Error::Status(c, r)) => (c, r.into_json().unwrap_or(Value::Null)),
+        Ok(r) => (r.status(), json_of(r)),
+        Err(ureq::Error::Status(c, r)) => (c, json_of(r)),
         Err(e) => panic!("{method} {path}: {e}"),
     }
 }
