@@ -9,7 +9,10 @@
 //! becomes `Enabled`/Authenticated; the one with wrong ones is Authenticated=False and
 //! throttled, with at most `auth_attempts` logins reaching it, until the operator fixes
 //! its BMCSecret; re-leasing and restarting
-//! bootplane change nothing; deleting an Endpoint removes its BMC and BMCSecret.
+//! bootplane change nothing; deleting an Endpoint removes its BMC and BMCSecret. Also
+//! (issue 32 item 4): new Endpoints are capped per interval, and a lease that moves to
+//! another address leaves the Endpoint's address pinned, with a condition, until an
+//! operator accepts the move.
 
 mod support;
 
@@ -249,4 +252,68 @@ fn management_leases_become_endpoints_bmcs_and_secrets_once() {
         (lab.get("bmc", &wrong).is_none() && lab.get("bmcsecret", &wrong).is_none()).then_some(())
     });
     assert!(lab.get("bmc", &good).is_some());
+}
+
+#[test]
+fn new_endpoints_are_capped_and_a_moved_lease_leaves_the_address_pinned() {
+    require("busybox");
+    let mut lab = Lab::new(&[GOOD, WRONG]);
+    lab.start_with(MAC_DB, "max_new_endpoints = 1", "");
+    let out = lab.cli(&["apply", "-f", "-"], Some(SECRETS));
+    assert!(out.status.success(), "{out:?}");
+    let ips: Vec<String> = (0..2).map(|i| lab.lease(i)).collect();
+    // One Endpoint; the second known-prefix lease is over the cap: counted, not made.
+    let m = lab.wait(20, "the second lease capped", || {
+        let m = lab.metrics();
+        (metric(&m, "bootplane_discovery_capped_total") >= 1.0).then_some(m)
+    });
+    assert_eq!(
+        metric(&m, "bootplane_discovery_endpoints_created_total"),
+        1.0
+    );
+    let good = endpoint_name(GOOD);
+    assert_eq!(
+        names(&lab.cli(&["get", "endpoints"], None)),
+        vec![good.clone()]
+    );
+    assert!(read(&lab.path("bootplane.log")).contains("discovery.max_new_endpoints reached"));
+
+    // The MAC's next lease is at another address (a reservation, after a restart): the
+    // Endpoint keeps its address, says so in a condition, and the BMC is reached there.
+    let moved_to = (140..150)
+        .map(|i| format!("{NET}.{i}"))
+        .find(|ip| !ips.contains(ip))
+        .unwrap();
+    lab.bp.as_mut().unwrap().kill9();
+    lab.bp = None;
+    let reservation =
+        format!("[[discovery.dhcp.reservations]]\nmac = \"{GOOD}\"\nip = \"{moved_to}\"\n");
+    lab.start_with(MAC_DB, "max_new_endpoints = 1", &reservation);
+    assert_eq!(lab.lease(0), moved_to, "the reservation moves the lease");
+    let ep = lab.wait(20, "the move noted", || {
+        let e = lab.get("endpoint", &good)?;
+        (e["status"]["leaseIP"] == moved_to.as_str()).then_some(e)
+    });
+    assert_eq!(ep["spec"]["ip"], ips[0].as_str(), "the address moved: {ep}");
+    let c = condition(&ep, "AddressPinned");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("LeaseMoved")),
+        "{c}"
+    );
+    assert!(c["message"].as_str().unwrap().contains(&moved_to), "{c}");
+    let m = lab.metrics();
+    assert_eq!(metric(&m, "bootplane_discovery_endpoints_moved_total"), 1.0);
+
+    // The operator accepts the move by setting spec.ip.
+    let accept = format!(
+        "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Endpoint\nmetadata:\n  name: {good}\nspec:\n  macAddress: \"{GOOD}\"\n  ip: \"{moved_to}\"\n"
+    );
+    let out = lab.cli(&["apply", "-f", "-"], Some(&accept));
+    assert!(out.status.success(), "{out:?}");
+    lab.wait(20, "the move accepted", || {
+        let e = lab.get("endpoint", &good)?;
+        let c = condition(&e, "AddressPinned");
+        (c["status"] == "True" && c["reason"] == "Accepted").then_some(())
+    });
 }

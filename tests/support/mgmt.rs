@@ -59,6 +59,11 @@ impl Lab {
     /// MAC-prefix database `mac_db`, power.redfish polling every second (3 credential attempts per 300 s), `extra`
     /// TOML at the end (inside `[discovery.dhcp]`; first boot off).
     pub fn start(&mut self, mac_db: &str, extra: &str) {
+        self.start_with(mac_db, "", extra);
+    }
+
+    /// [`Lab::start`] with `discovery` TOML keys added to `[discovery]`.
+    pub fn start_with(&mut self, mac_db: &str, discovery: &str, extra: &str) {
         std::fs::write(self.path("macs.yaml"), mac_db).unwrap();
         let cfg = format!(
             r#"state_dir = "{state}"
@@ -75,6 +80,7 @@ enabled = true
 first_boot = false
 mac_db = "{macs}"
 approved_bmcs = ["{NET}.0/24"]
+{discovery}
 [discovery.dhcp]
 enabled = true
 interface = "mg0"
