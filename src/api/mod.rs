@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod guard;
 pub mod preview;
 pub mod rest;
 pub mod settings;
