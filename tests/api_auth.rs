@@ -635,13 +635,18 @@ rules = [
     );
     let b = Bootplane::start(&["--config", &cfg]);
     let t = create_token(&b, "tenant-a", "team-a", &[]);
-    let (c, v) = call_as(&b, &t, "POST", &claims("a"), Some(&claim("c1", None, None)));
+    let claim_in = |ns: &str| {
+        let mut c = claim("c1", None, None);
+        c["metadata"]["namespace"] = json!(ns);
+        c
+    };
+    let (c, v) = call_as(&b, &t, "POST", &claims("a"), Some(&claim_in("a")));
     assert_eq!(c, 201, "{v}");
     assert_eq!(
         call_as(&b, &t, "GET", &format!("{}/c1", claims("a")), None).0,
         200
     );
-    let (c, v) = call_as(&b, &t, "POST", &claims("b"), Some(&claim("c1", None, None)));
+    let (c, v) = call_as(&b, &t, "POST", &claims("b"), Some(&claim_in("b")));
     assert_eq!(c, 403, "{v}");
     assert!(
         v["message"]

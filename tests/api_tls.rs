@@ -577,6 +577,14 @@ fn plain_http_is_refused_off_loopback() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// A system UUID of its own for the Server `name`.
+fn uuid(name: &str) -> String {
+    format!(
+        "00000000-0000-0000-0000-{:012x}",
+        support::api::fxhash(name) & 0xffff_ffff_ffff
+    )
+}
+
 /// `(status, body)` of a request with the `agent`, its headers and body.
 fn send(
     agent: &ureq::Agent,
@@ -621,7 +629,8 @@ fn cross_site_requests_with_only_a_client_certificate_are_refused() {
     let servers = format!("{}/apis/metal.ironcore.dev/v1alpha1/servers", b.api);
     let body = |n: &str| {
         format!(
-            r#"{{"apiVersion":"metal.ironcore.dev/v1alpha1","kind":"Server","metadata":{{"name":"{n}"}},"spec":{{}}}}"#
+            r#"{{"apiVersion":"metal.ironcore.dev/v1alpha1","kind":"Server","metadata":{{"name":"{n}"}},"spec":{{"systemUUID":"{}"}}}}"#,
+            uuid(n)
         )
     };
     let evil = ("Origin", "https://evil.example");
@@ -730,7 +739,7 @@ fn cross_site_requests_with_only_a_client_certificate_are_refused() {
         &servers,
         "POST",
         &[("Content-Type", "application/yaml")],
-        Some("apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {name: by-yaml}\nspec: {}\n"),
+        Some(&format!("apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {{name: by-yaml}}\nspec: {{systemUUID: {}}}\n", uuid("by-yaml"))),
     );
     assert_eq!(c, 201, "{t}");
     let mut n = names();
@@ -841,7 +850,10 @@ async fn http2_streams_and_watches_per_connection_are_capped() {
         .unwrap();
     assert_eq!(r.status(), 200);
     // The POST finishes once its body does.
-    let s = r#"{"apiVersion":"metal.ironcore.dev/v1alpha1","kind":"Server","metadata":{"name":"h2"},"spec":{}}"#;
+    let s = format!(
+        r#"{{"apiVersion":"metal.ironcore.dev/v1alpha1","kind":"Server","metadata":{{"name":"h2"}},"spec":{{"systemUUID":"{}"}}}}"#,
+        uuid("h2")
+    );
     tx.send(Ok(Frame::data(Bytes::from(s)))).await.unwrap();
     drop(tx);
     let r = post.await.unwrap().unwrap();
