@@ -771,8 +771,6 @@ fn a_flood_of_unauthenticated_requests_keeps_every_write_in_the_audit_log() {
         "api.audit_max_bytes=1048576",
         "--set",
         "api.audit_keep=2",
-        "--set",
-        "api.audit_unauthenticated_interval_ms=200",
     ]);
     let (c, v) = b.call(
         "POST",
@@ -859,7 +857,8 @@ fn a_flood_of_unauthenticated_requests_keeps_every_write_in_the_audit_log() {
             .map(|l| l["user"].as_str().unwrap().to_string())
             .collect()
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // The summaries are written every api.audit_unauthenticated_interval_ms (10 s).
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut lines = audit_lines(&b);
     while (summed(&lines) < total || writes(&lines).len() < 3) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
@@ -873,7 +872,7 @@ fn a_flood_of_unauthenticated_requests_keeps_every_write_in_the_audit_log() {
     assert_eq!(summed(&lines), total);
     let summaries = lines.iter().filter(|l| l["code"] == 401).count();
     assert!(
-        summaries as u128 <= 2 * (took.as_millis() / 200 + 5),
+        summaries as u128 <= 2 * (took.as_millis() / 10_000 + 5),
         "{summaries} lines for 401s in {took:?}"
     );
     assert!(
