@@ -307,6 +307,9 @@ impl Services {
                     .unwrap_or_else(|| config.state_dir.join("audit.log")),
                 max_bytes: config.api.audit_max_bytes,
                 keep: config.api.audit_keep,
+                unauthenticated_interval: Duration::from_millis(
+                    config.api.audit_unauthenticated_interval_ms,
+                ),
             },
             metrics.sub_registry_with_prefix("bootplane_api"),
         )?;
@@ -317,6 +320,11 @@ impl Services {
             token,
             roles,
             audit,
+            watches: crate::api::guard::Watches::new(
+                config.api.max_watches_per_user,
+                config.api.max_watches_per_connection,
+            ),
+            token_use: Default::default(),
             max_body_bytes: config.api.max_body_bytes,
             body_read_timeout: Duration::from_millis(config.api.body_read_timeout_ms),
             shutdown: self.coord.handle(),
@@ -368,7 +376,7 @@ impl Services {
             );
             let s = self.coord.handle();
             self.tasks.spawn(async move {
-                crate::listen::router::serve_router(l, app, admission, None, s)
+                crate::listen::router::serve_router(l, app, admission, None, 8, s)
                     .await
                     .context("metrics server")
             });
@@ -376,8 +384,9 @@ impl Services {
         let app = crate::api::rest::router(api_state, Some(extra));
         let admission = crate::listen::Admission::new("api", config.api.limits(), api_conns);
         let s = self.coord.handle();
+        let streams = config.api.http2_max_concurrent_streams;
         self.tasks.spawn(async move {
-            crate::listen::router::serve_router(listener, app, admission, tls, s)
+            crate::listen::router::serve_router(listener, app, admission, tls, streams, s)
                 .await
                 .context("api server")
         });

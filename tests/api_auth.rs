@@ -116,6 +116,7 @@ fn roles_tokens_and_the_audit_log_of_a_session() {
         cfg_dir.path(),
         r#"
 [api]
+audit_unauthenticated_interval_ms = 100
 [[api.roles]]
 name = "claimer"
 rules = [
@@ -361,15 +362,40 @@ rules = [
     assert_eq!(c, 200, "{v}");
     expect.push(want("admin", "delete", "servers", Some("s1"), 200));
 
-    // The audit log: exactly one line per write and per denial above, in order.
+    // The audit log: exactly one line per write and per authenticated denial above, in
+    // order; the unauthenticated ones (401) summed per source and interval (`count`).
+    let anonymous = expect.iter().filter(|w| w.code == 401).count() as u64;
+    expect.retain(|w| w.code != 401);
+    let summed = |lines: &[Value]| -> u64 {
+        lines
+            .iter()
+            .filter(|l| l["code"] == 401)
+            .map(|l| l["count"].as_u64().unwrap())
+            .sum()
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while audit_lines(&b).len() < expect.len() && Instant::now() < deadline {
+    while (audit_lines(&b).len() < expect.len() || summed(&audit_lines(&b)) < anonymous)
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(300));
     let lines = audit_lines(&b);
+    assert_eq!(summed(&lines), anonymous, "{lines:#?}");
+    for l in lines.iter().filter(|l| l["code"] == 401) {
+        assert_eq!(
+            (&l["user"], &l["verb"], &l["resource"]),
+            (
+                &json!("system:anonymous"),
+                &json!("list"),
+                &json!("servers")
+            ),
+            "{l}"
+        );
+    }
     let got: Vec<Want> = lines
         .iter()
+        .filter(|l| l["code"] != 401)
         .map(|l| Want {
             user: l["user"].as_str().unwrap().into(),
             verb: l["verb"].as_str().unwrap().into(),
@@ -531,4 +557,342 @@ fn metrics_role_listener_rotation_and_every_route_authenticated() {
     }
     assert_eq!(last["name"], "s59");
     assert_eq!(last["user"], "dash");
+}
+
+/// A watch of SERVERS as `token`, kept open: the response (its head read) or the code.
+fn open_watch(b: &Bootplane, token: &str) -> Result<ureq::Response, (u16, String)> {
+    let r = b
+        .agent
+        .get(&format!("{}{SERVERS}?watch=true", b.api))
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Connection", "close")
+        .call();
+    match r {
+        Ok(r) => Ok(r),
+        Err(ureq::Error::Status(c, r)) => Err((c, r.into_string().unwrap_or_default())),
+        Err(e) => panic!("watch: {e}"),
+    }
+}
+
+/// Issue 32 item 5 (review M7): a viewer cannot open unbounded watches. Past
+/// `api.max_watches_per_user` its next watch is 429 (other users unaffected) until one
+/// of its watches closes. On the old code: every watch 200.
+#[test]
+fn watches_are_capped_per_identity() {
+    let b = Bootplane::start(&["--set", "api.max_watches_per_user=3"]);
+    let viewer = create_token(&b, "dash", "viewer", &[]);
+    let mut open: Vec<ureq::Response> = (0..3)
+        .map(|i| open_watch(&b, &viewer).unwrap_or_else(|e| panic!("watch {i}: {e:?}")))
+        .collect();
+    let (code, text) = open_watch(&b, &viewer).map(|_| ()).unwrap_err();
+    assert_eq!(code, 429, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["reason"], "TooManyRequests");
+    assert!(v["message"].as_str().unwrap().contains("\"dash\""), "{v}");
+    // Another identity has its own count.
+    let admin = open_watch(&b, &b.token).expect("the admin's watch");
+    // One of the viewer's watches closes: the server notices and counts it out.
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match open_watch(&b, &viewer) {
+            Ok(r) => break r,
+            Err((429, _)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("after a watch closed: {e:?}"),
+        }
+    };
+    // The open watches still stream.
+    let (c, v) = b.call("POST", SERVERS, Some(&server("w1", json!({}), "Recycle")));
+    assert_eq!(c, 201, "{v}");
+    use std::io::BufRead;
+    for (i, r) in open.into_iter().chain([again, admin]).enumerate() {
+        let mut line = String::new();
+        std::io::BufReader::new(r.into_reader())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("\"w1\""), "watch {i}: {line}");
+    }
+}
+
+/// Issue 32 item 7 (review L11): a rule with `namespaces` allows requests in those
+/// namespaces only (not in another, not across all of them). On the old code the config
+/// key was refused.
+#[test]
+fn a_namespaced_rule_allows_its_namespace_only() {
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        cfg_dir.path(),
+        r#"
+[[api.roles]]
+name = "team-a"
+rules = [
+  { verbs = ["*"], resources = ["serverclaims", "secrets"], namespaces = ["a"] },
+  { verbs = ["get"], resources = ["servers"] },
+]
+"#,
+    );
+    let b = Bootplane::start(&["--config", &cfg]);
+    let t = create_token(&b, "tenant-a", "team-a", &[]);
+    let claim_in = |ns: &str| {
+        let mut c = claim("c1", None, None);
+        c["metadata"]["namespace"] = json!(ns);
+        c
+    };
+    let (c, v) = call_as(&b, &t, "POST", &claims("a"), Some(&claim_in("a")));
+    assert_eq!(c, 201, "{v}");
+    assert_eq!(
+        call_as(&b, &t, "GET", &format!("{}/c1", claims("a")), None).0,
+        200
+    );
+    let (c, v) = call_as(&b, &t, "POST", &claims("b"), Some(&claim_in("b")));
+    assert_eq!(c, 403, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("in the namespace \"b\""),
+        "{v}"
+    );
+    // Namespace b's Secret: neither read nor referenced by a claim made there.
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "ign", "namespace": "b"}, "stringData": {"k": "v"}});
+    let (c, _) = call_as(
+        &b,
+        &b.token,
+        "POST",
+        "/api/v1/namespaces/b/secrets",
+        Some(&secret),
+    );
+    assert_eq!(c, 201);
+    assert_eq!(
+        call_as(&b, &t, "GET", "/api/v1/namespaces/b/secrets/ign", None).0,
+        403
+    );
+    assert_eq!(
+        call_as(&b, &t, "GET", "/api/v1/namespaces/a/secrets", None).0,
+        200
+    );
+    // Across namespaces: no namespace in the path, not allowed by the rule.
+    let all = "/apis/metal.ironcore.dev/v1alpha1/serverclaims";
+    assert_eq!(call_as(&b, &t, "GET", all, None).0, 403);
+    assert_eq!(
+        call_as(&b, &t, "GET", &format!("{all}?watch=true"), None).0,
+        403
+    );
+    // The un-namespaced rule still covers the cluster scope.
+    assert_eq!(call_as(&b, &t, "GET", &format!("{SERVERS}/x"), None).0, 404);
+}
+
+/// Issue 32 item 7 (review L15): a token made without `--ttl` expires (90 days), `--ttl
+/// never` makes one that does not, and a token's use is recorded (`token list`'s LAST
+/// USED) with at most one store write per minute, not one per request. On the old
+/// code: no expiry by default, no last use.
+#[test]
+fn tokens_expire_by_default_and_record_their_last_use() {
+    let b = Bootplane::start(&[]);
+    let t = create_token(&b, "ci", "viewer", &[]);
+    create_token(&b, "forever", "viewer", &["--ttl", "never"]);
+    let tok = |n: &str| b.get(&format!("/apis/auth.bootplane.dev/v1alpha1/apitokens/{n}"));
+    let exp = tok("ci")["spec"]["expiresAt"]
+        .as_str()
+        .map(|e| chrono::DateTime::parse_from_rfc3339(e).unwrap())
+        .expect("a default expiry");
+    let days = (exp.with_timezone(&chrono::Utc) - chrono::Utc::now()).num_hours() as f64 / 24.0;
+    assert!((89.9..=90.1).contains(&days), "expires in {days} days");
+    assert!(tok("forever")["spec"].get("expiresAt").is_none());
+    let (code, out, err) = b.cli(&[
+        "token", "create", "bad", "--role", "viewer", "--ttl", "soon",
+    ]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("invalid ttl"), "{err}");
+
+    // Not used yet.
+    let (_, out, _) = b.cli(&["token", "list"]);
+    assert!(out.contains("LAST USED"), "{out}");
+    let row = |out: &str, n: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{n} ")))
+            .unwrap_or_else(|| panic!("{out}"))
+            .to_string()
+    };
+    assert!(row(&out, "ci").ends_with("never"), "{out}");
+    let rv0 = tok("ci")["metadata"]["resourceVersion"].clone();
+    // 50 requests: one write of the last use.
+    for _ in 0..50 {
+        assert_eq!(call_as(&b, &t, "GET", SERVERS, None).0, 200);
+    }
+    let used = b.wait_for(10, "the token's last use", || {
+        tok("ci")["metadata"]["annotations"]["auth.bootplane.dev/last-used"]
+            .as_str()
+            .map(String::from)
+    });
+    let at = chrono::DateTime::parse_from_rfc3339(&used).unwrap();
+    assert!(
+        (chrono::Utc::now() - at.with_timezone(&chrono::Utc))
+            .num_seconds()
+            .abs()
+            < 60
+    );
+    let rv1 = tok("ci")["metadata"]["resourceVersion"].clone();
+    assert_ne!(rv0, rv1);
+    for _ in 0..50 {
+        assert_eq!(call_as(&b, &t, "GET", SERVERS, None).0, 200);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        tok("ci")["metadata"]["resourceVersion"],
+        rv1,
+        "a second write within the minute"
+    );
+    let (_, out, _) = b.cli(&["token", "list"]);
+    assert!(row(&out, "ci").ends_with(&used), "{out}");
+    assert!(row(&out, "forever").contains("never"), "{out}");
+}
+
+/// Issue 32 item 5 (review M7): 200,000 unauthenticated requests (4 keep-alive
+/// connections, pipelined) neither drop nor rotate away the audit lines of writes made
+/// before, during and after them: the 401s become a few summary lines whose counts add
+/// up to 200,000, and nothing is dropped. On the old code: one line per 401, so a 1 MiB
+/// log rotated twice over and the first write's line was gone (and the queue dropped
+/// lines).
+#[test]
+fn a_flood_of_unauthenticated_requests_keeps_every_write_in_the_audit_log() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    const CONNS: u64 = 4;
+    const PER_CONN: u64 = 50_000;
+    let b = Bootplane::start(&[
+        "--set",
+        "api.tls=false",
+        "--set",
+        "api.audit_max_bytes=1048576",
+        "--set",
+        "api.audit_keep=2",
+    ]);
+    let (c, v) = b.call(
+        "POST",
+        SERVERS,
+        Some(&server("before", json!({}), "Recycle")),
+    );
+    assert_eq!(c, 201, "{v}");
+    let answered = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let flood: Vec<_> = (0..CONNS)
+        .map(|_| {
+            let answered = answered.clone();
+            let sock = std::net::TcpStream::connect(("127.0.0.1", b.api_port)).unwrap();
+            std::thread::spawn(move || {
+                let mut w = sock.try_clone().unwrap();
+                let writer = std::thread::spawn(move || {
+                    let req = format!("GET {SERVERS} HTTP/1.1\r\nHost: x\r\n\r\n");
+                    let batch = req.repeat(500);
+                    for _ in 0..PER_CONN / 500 {
+                        w.write_all(batch.as_bytes()).unwrap();
+                    }
+                });
+                let mut r = sock;
+                r.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                let (mut all, mut denied) = (0u64, 0u64);
+                let mut tail: Vec<u8> = Vec::new();
+                let mut buf = vec![0u8; 64 << 10];
+                while all < PER_CONN {
+                    let n = r.read(&mut buf).expect("reading answers");
+                    assert!(n > 0, "closed after {all} answers");
+                    tail.extend_from_slice(&buf[..n]);
+                    let count = |hay: &[u8], pat: &[u8]| {
+                        hay.windows(pat.len()).filter(|w| *w == pat).count() as u64
+                    };
+                    let (a, d) = (count(&tail, b"HTTP/1.1 "), count(&tail, b"HTTP/1.1 401"));
+                    all += a;
+                    denied += d;
+                    answered.fetch_add(a, Ordering::Relaxed);
+                    // Keep fewer bytes than a status line: nothing is counted twice.
+                    let keep = tail.len().saturating_sub(11);
+                    tail.drain(..keep);
+                }
+                writer.join().unwrap();
+                assert_eq!(denied, PER_CONN);
+            })
+        })
+        .collect();
+    // A write in the middle of the flood.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while answered.load(Ordering::Relaxed) < CONNS * PER_CONN / 2 {
+        assert!(Instant::now() < deadline, "the flood stalled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (c, v) = b.call(
+        "POST",
+        SERVERS,
+        Some(&server("during", json!({}), "Recycle")),
+    );
+    assert_eq!(c, 201, "{v}");
+    for t in flood {
+        t.join().unwrap();
+    }
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(300), "{took:?}");
+    let (c, v) = b.call(
+        "POST",
+        SERVERS,
+        Some(&server("after", json!({}), "Recycle")),
+    );
+    assert_eq!(c, 201, "{v}");
+
+    let total = CONNS * PER_CONN;
+    let summed = |lines: &[Value]| -> u64 {
+        lines
+            .iter()
+            .filter(|l| l["code"] == 401)
+            .map(|l| l["count"].as_u64().unwrap_or(1))
+            .sum()
+    };
+    let writes = |lines: &[Value]| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l["verb"] == "create" && l["code"] == 201)
+            .map(|l| l["user"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // The summaries are written every api.audit_unauthenticated_interval_ms (10 s).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut lines = audit_lines(&b);
+    while (summed(&lines) < total || writes(&lines).len() < 3) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        lines = audit_lines(&b);
+    }
+    assert_eq!(
+        writes(&lines),
+        ["admin", "admin", "admin"],
+        "writes in the audit log"
+    );
+    assert_eq!(summed(&lines), total);
+    let summaries = lines.iter().filter(|l| l["code"] == 401).count();
+    assert!(
+        summaries as u128 <= 2 * (took.as_millis() / 10_000 + 5),
+        "{summaries} lines for 401s in {took:?}"
+    );
+    assert!(
+        !b.dir.join("audit.log.1").exists(),
+        "the 401s rotated the audit log"
+    );
+    let m = b
+        .req("GET", "/metrics")
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        m.contains("bootplane_api_audit_dropped_lines_total 0"),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!(
+            "bootplane_api_audit_unauthenticated_requests_total {total}"
+        )),
+        "{m}"
+    );
 }

@@ -3,7 +3,9 @@
 //! certificates are refused at the handshake and a valid one is accepted; testssl.sh
 //! finds no protocol below TLS 1.2 and no weak cipher; a replaced certificate is
 //! presented without a restart; a handshake that never finishes is closed by the header
-//! read timeout; plain HTTP off loopback is refused by config validation.
+//! read timeout; plain HTTP off loopback is refused by config validation. Issue 32: a
+//! certificate-only request from another site is refused, non-JSON bodies are 415, and
+//! HTTP/2 streams and watches per connection are capped.
 
 mod support;
 
@@ -573,4 +575,287 @@ fn plain_http_is_refused_off_loopback() {
         .args(["get", "servers", "--server", &b.api, "--state-dir"])
         .arg(&b.dir));
     assert!(o.status.success(), "{}", text(&o));
+}
+
+/// A system UUID of its own for the Server `name`.
+fn uuid(name: &str) -> String {
+    format!(
+        "00000000-0000-0000-0000-{:012x}",
+        support::api::fxhash(name) & 0xffff_ffff_ffff
+    )
+}
+
+/// `(status, body)` of a request with the `agent`, its headers and body.
+fn send(
+    agent: &ureq::Agent,
+    url: &str,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, String) {
+    let mut r = agent.request(method, url).set("Connection", "close");
+    for (k, v) in headers {
+        r = r.set(k, v);
+    }
+    let res = match body {
+        Some(b) => r.send_string(b),
+        None => r.call(),
+    };
+    match res {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(c, r)) => (c, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+/// Issue 32 item 5 (review M4): a browser holding an admin client certificate sends it to
+/// any page's requests. A cross-site `text/plain` form body is refused (415, it is not
+/// JSON whatever its text), a cross-site JSON write authenticated only by the
+/// certificate is refused (403), and nothing is created; the same certificate from this
+/// origin (the dashboard) or without browser headers (curl, the CLI), and a bearer token
+/// from anywhere, still write.
+#[test]
+fn cross_site_requests_with_only_a_client_certificate_are_refused() {
+    let b = Bootplane::start(&[]);
+    let out = tempfile::tempdir().unwrap();
+    let admin = Ca::load(&b.dir)
+        .unwrap()
+        .issue_client("ops", "admin", now() - 60, now() + 86_400)
+        .unwrap();
+    let (crt, key) = (out.path().join("ops.crt"), out.path().join("ops.key"));
+    std::fs::write(&crt, &admin.cert_pem).unwrap();
+    std::fs::write(&key, &admin.key_pem).unwrap();
+    let cert = api_agent_builder_with(&b.dir, Some((&crt, &key))).build();
+    let servers = format!("{}/apis/metal.ironcore.dev/v1alpha1/servers", b.api);
+    let body = |n: &str| {
+        format!(
+            r#"{{"apiVersion":"metal.ironcore.dev/v1alpha1","kind":"Server","metadata":{{"name":"{n}"}},"spec":{{"systemUUID":"{}"}}}}"#,
+            uuid(n)
+        )
+    };
+    let evil = ("Origin", "https://evil.example");
+    let own = format!("https://127.0.0.1:{}", b.api_port);
+    let names = || -> Vec<String> {
+        let v = b.get("/apis/metal.ironcore.dev/v1alpha1/servers");
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    // The form: text/plain from another site, with the certificate. On the old code:
+    // 201, the text parsed as JSON and the Server created.
+    let (c, t) = send(
+        &cert,
+        &servers,
+        "POST",
+        &[("Content-Type", "text/plain"), evil],
+        Some(&body("by-form")),
+    );
+    assert_eq!(c, 415, "{t}");
+    assert!(t.contains("UnsupportedMediaType"), "{t}");
+    // Other form encodings too, and text/plain from anyone (a bearer token included).
+    for ct in [
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ] {
+        let (c, t) = send(
+            &cert,
+            &servers,
+            "POST",
+            &[("Content-Type", ct), evil],
+            Some(&body("by-form")),
+        );
+        assert_eq!(c, 415, "{ct}: {t}");
+    }
+    let bearer = format!("Bearer {}", b.token);
+    let (c, t) = send(
+        &b.agent,
+        &servers,
+        "POST",
+        &[("Content-Type", "text/plain"), ("Authorization", &bearer)],
+        Some(&body("by-form")),
+    );
+    assert_eq!(c, 415, "{t}");
+
+    // JSON from another site with only the certificate: 403, by Origin or by
+    // Sec-Fetch-Site; reads too (a watch from another site is refused as well).
+    let json = ("Content-Type", "application/json");
+    for h in [
+        evil,
+        ("Origin", "null"),
+        ("Sec-Fetch-Site", "cross-site"),
+        ("Sec-Fetch-Site", "same-site"),
+    ] {
+        let (c, t) = send(&cert, &servers, "POST", &[json, h], Some(&body("by-xsite")));
+        assert_eq!(c, 403, "{h:?}: {t}");
+        assert!(t.contains("cross-site request refused"), "{t}");
+    }
+    let (c, _) = send(
+        &cert,
+        &format!("{servers}?watch=true"),
+        "GET",
+        &[evil],
+        None,
+    );
+    assert_eq!(c, 403);
+    assert!(names().is_empty(), "{:?}", names());
+
+    // The same certificate from this origin (the dashboard's fetches), and with no
+    // browser headers at all (curl, the CLI): allowed.
+    let (c, t) = send(
+        &cert,
+        &servers,
+        "POST",
+        &[json, ("Origin", &own), ("Sec-Fetch-Site", "same-origin")],
+        Some(&body("from-dashboard")),
+    );
+    assert_eq!(c, 201, "{t}");
+    let (c, t) = send(&cert, &servers, "POST", &[json], Some(&body("from-curl")));
+    assert_eq!(c, 201, "{t}");
+    // A bearer token is not ambient: another site cannot attach it, so its Origin does
+    // not matter.
+    let (c, t) = send(
+        &b.agent,
+        &servers,
+        "POST",
+        &[json, evil, ("Authorization", &bearer)],
+        Some(&body("by-token")),
+    );
+    assert_eq!(c, 201, "{t}");
+    // JSON patches and YAML keep working.
+    let (c, t) = send(
+        &cert,
+        &format!("{servers}/from-curl"),
+        "PATCH",
+        &[("Content-Type", "application/merge-patch+json")],
+        Some(r#"{"metadata":{"labels":{"a":"b"}}}"#),
+    );
+    assert_eq!(c, 200, "{t}");
+    let (c, t) = send(
+        &cert,
+        &servers,
+        "POST",
+        &[("Content-Type", "application/yaml")],
+        Some(&format!("apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {{name: by-yaml}}\nspec: {{systemUUID: {}}}\n", uuid("by-yaml"))),
+    );
+    assert_eq!(c, 201, "{t}");
+    let mut n = names();
+    n.sort();
+    assert_eq!(n, ["by-token", "by-yaml", "from-curl", "from-dashboard"]);
+}
+
+/// Issue 32 item 5 (review M7): one HTTP/2 connection cannot multiplex unbounded
+/// watches. The listener advertises `http2_max_concurrent_streams`, so a client's
+/// stream past it waits until one closes; a connection's watches past
+/// `max_watches_per_connection` are 429 even when streams are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_and_watches_per_connection_are_capped() {
+    use http_body_util::{BodyExt, Empty, StreamBody};
+    use hyper::body::{Bytes, Frame};
+    type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+    let b = Bootplane::start(&[
+        "--set",
+        "api.http2_max_concurrent_streams=4",
+        "--set",
+        "api.max_watches_per_connection=3",
+    ]);
+    let pem = std::fs::read(b.dir.join("tls/ca.crt")).unwrap();
+    let mut cfg = bootplane::api::tls::client_config(&pem, None).unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", b.api_port))
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect(
+            rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let servers = "/apis/metal.ironcore.dev/v1alpha1/servers";
+    let request = |method: &str, path: &str, body: Body| {
+        hyper::Request::builder()
+            .method(method)
+            .uri(format!("https://127.0.0.1:{}{path}", b.api_port))
+            .header("authorization", format!("Bearer {}", b.token))
+            .body(body)
+            .unwrap()
+    };
+    let empty = || Empty::<Bytes>::new().boxed();
+    let watch_path = format!("{servers}?watch=true");
+    // Three watches on the connection: streaming.
+    let mut watches = Vec::new();
+    for i in 0..3 {
+        h2.ready().await.unwrap();
+        let r = h2
+            .send_request(request("GET", &watch_path, empty()))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "watch {i}");
+        watches.push(r);
+    }
+    // A fourth: 429, the connection's share is taken.
+    h2.ready().await.unwrap();
+    let r = h2
+        .send_request(request("GET", &watch_path, empty()))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let text = r.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("max_watches_per_connection"), "{text}");
+    // A fourth stream of another kind: a POST whose body has not ended yet.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(1);
+    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|f| (f, rx))
+    }))
+    .boxed();
+    h2.ready().await.unwrap();
+    let post = tokio::spawn(
+        h2.send_request(
+            hyper::Request::builder()
+                .method("POST")
+                .uri(format!("https://127.0.0.1:{}{servers}", b.api_port))
+                .header("authorization", format!("Bearer {}", b.token))
+                .header("content-type", "application/json")
+                .body(body)
+                .unwrap(),
+        ),
+    );
+    // Four streams open: a fifth request waits for one to close.
+    h2.ready().await.unwrap();
+    let mut fifth = tokio::spawn(h2.send_request(request("GET", "/apis", empty())));
+    let waited = tokio::time::timeout(Duration::from_millis(1500), &mut fifth).await;
+    assert!(
+        waited.is_err(),
+        "a fifth stream was served while four were open: {waited:?}"
+    );
+    // Closing a watch frees a stream: the fifth is answered.
+    drop(watches.pop());
+    let r = tokio::time::timeout(Duration::from_secs(10), fifth)
+        .await
+        .expect("the fifth request after a stream closed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The POST finishes once its body does.
+    let s = format!(
+        r#"{{"apiVersion":"metal.ironcore.dev/v1alpha1","kind":"Server","metadata":{{"name":"h2"}},"spec":{{"systemUUID":"{}"}}}}"#,
+        uuid("h2")
+    );
+    tx.send(Ok(Frame::data(Bytes::from(s)))).await.unwrap();
+    drop(tx);
+    let r = post.await.unwrap().unwrap();
+    assert_eq!(r.status(), 201);
 }

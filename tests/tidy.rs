@@ -41,6 +41,7 @@ fn exported_names() -> Vec<String> {
             path: audit_dir.path().join("audit.log"),
             max_bytes: 1 << 20,
             keep: 1,
+            unauthenticated_interval: std::time::Duration::from_secs(10),
         },
         reg.sub_registry_with_prefix("bootplane_api"),
     )

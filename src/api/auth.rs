@@ -211,12 +211,16 @@ impl Attrs {
     }
 }
 
-/// A rule as the config writes it: `{ verbs = ["get", "list"], resources = ["servers"] }`.
+/// A rule as the config writes it: `{ verbs = ["get", "list"], resources = ["servers"] }`,
+/// optionally limited to namespaces (`namespaces = ["team-a"]`: only requests whose path
+/// names one of them; absent: every namespace and the cluster scope).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     pub verbs: Vec<String>,
     pub resources: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Vec<String>>,
 }
 
 /// A custom role from `[[api.roles]]`.
@@ -318,6 +322,9 @@ struct Rule {
     /// Bit i set: `VERBS[i]` allowed; `ALL_VERBS` also allows unknown methods.
     verbs: u16,
     resources: Vec<Pattern>,
+    /// `Some`: only requests in one of these namespaces (not cluster-scoped ones, not
+    /// lists across namespaces).
+    namespaces: Option<Vec<String>>,
 }
 
 const ALL_VERBS: u16 = 0xffff;
@@ -345,7 +352,19 @@ impl Rule {
             .iter()
             .map(|r| Pattern::parse(r))
             .collect::<Result<_, _>>()?;
-        Ok(Rule { verbs, resources })
+        if let Some(ns) = &c.namespaces {
+            if ns.is_empty() {
+                return Err("namespaces = [] matches nothing: name at least one namespace, or leave the key out for all".into());
+            }
+            if let Some(bad) = ns.iter().find(|n| !valid_token_name(n)) {
+                return Err(format!("invalid namespace {bad:?}"));
+            }
+        }
+        Ok(Rule {
+            verbs,
+            resources,
+            namespaces: c.namespaces.clone(),
+        })
     }
 
     fn allows(&self, a: &Attrs) -> bool {
@@ -353,7 +372,12 @@ impl Rule {
             Some(i) => self.verbs & (1 << i) != 0,
             None => self.verbs == ALL_VERBS,
         };
-        verb_ok && self.resources.iter().any(|p| p.matches(a))
+        let ns_ok = match (&self.namespaces, &a.namespace) {
+            (None, _) => true,
+            (Some(list), Some(ns)) => list.iter().any(|n| n == ns),
+            (Some(_), None) => false,
+        };
+        verb_ok && ns_ok && self.resources.iter().any(|p| p.matches(a))
     }
 }
 
@@ -388,6 +412,7 @@ impl Roles {
         let rule = |verbs: &[&str], resources: Vec<String>| RuleConfig {
             verbs: verbs.iter().map(|s| s.to_string()).collect(),
             resources,
+            namespaces: None,
         };
         let read = ["get", "list", "watch"];
         let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -569,47 +594,145 @@ fn authenticate(st: &ApiState, req: &Request) -> Result<Identity, AuthnError> {
     }
 }
 
-/// Authenticate, authorize, run, audit: in front of every API route.
+/// Authenticate, authorize, run, audit: in front of every API route. Between
+/// authentication and authorization, [`super::guard`]'s checks: a body that is neither
+/// JSON nor YAML is 415, and a request authenticated only by a client certificate that a
+/// browser sent from another site is 403 (a bearer token is not ambient: a page on
+/// another site cannot attach it).
 pub async fn middleware(State(st): State<Arc<ApiState>>, mut req: Request, next: Next) -> Response {
+    use http_body::Body as _;
     let attrs = Attrs::derive(req.method(), req.uri().path(), req.uri().query());
     let source = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
+    let has_body = !req.body().is_end_stream() && req.body().size_hint().exact() != Some(0);
+    let bearer = req.headers().get(header::AUTHORIZATION);
+    // A named token (not the bootstrap one): its last use is recorded.
+    let named = bearer.is_some_and(|h| h.as_bytes().starts_with(b"Bearer bp1."));
+    let bearer = bearer.is_some();
     let (resp, id) = match authenticate(&st, &req) {
         Err(e) => {
-            tracing::warn!(path = %req.uri().path(), source = ?source, reason = %e, "api request not authenticated");
+            // Summed per source in the audit log; one line per request here would let
+            // anyone who can connect flood the journal.
+            tracing::debug!(path = %req.uri().path(), source = ?source, reason = %e, "api request not authenticated");
             let r = ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", e.to_string());
             (r.into_response(), None)
         }
-        // Every authenticated caller may ask what it may do (the dashboard's whoami).
-        Ok(id) if !st.roles.allows(&id, &attrs) && req.uri().path() != super::ui::WHOAMI_PATH => {
-            tracing::info!(user = %id.user, verb = %attrs.verb, resource = %attrs.resource_path(), "api request forbidden");
-            (attrs.forbidden(&id.user).into_response(), Some(id))
-        }
         Ok(id) => {
-            req.extensions_mut().insert(id.clone());
-            (next.run(req).await, Some(id))
+            let refused = super::guard::check_media(req.headers(), has_body)
+                .err()
+                .or_else(|| {
+                    (!bearer && super::guard::cross_site(req.headers(), req.uri()))
+                        .then(|| super::guard::cross_site_refusal(&id.user))
+                });
+            if let Some(e) = refused {
+                tracing::info!(user = %id.user, verb = %attrs.verb, resource = %attrs.resource_path(), code = e.code.as_u16(), "api request refused");
+                (e.into_response(), Some(id))
+            } else if !st.roles.allows(&id, &attrs) && req.uri().path() != super::ui::WHOAMI_PATH {
+                // Every authenticated caller may ask what it may do (the dashboard's whoami).
+                tracing::info!(user = %id.user, verb = %attrs.verb, resource = %attrs.resource_path(), "api request forbidden");
+                (attrs.forbidden(&id.user).into_response(), Some(id))
+            } else {
+                if named {
+                    st.token_use.note(&st.store, &id.user);
+                }
+                req.extensions_mut().insert(id.clone());
+                (next.run(req).await, Some(id))
+            }
         }
     };
     let code = resp.status().as_u16();
     if attrs.is_write() || code == 401 || code == 403 {
-        st.audit.record(&super::audit::Event {
-            user: id
-                .as_ref()
-                .map(|i| i.user.as_str())
-                .unwrap_or("system:anonymous"),
-            groups: id.as_ref().map(|i| i.groups.as_slice()).unwrap_or(&[]),
-            source,
-            attrs: &attrs,
-            code,
-        });
+        let groups = id.as_ref().map(|i| i.groups.clone()).unwrap_or_default();
+        let user = id
+            .as_ref()
+            .map(|i| i.user.as_str())
+            .unwrap_or("system:anonymous");
+        st.audit
+            .record(&super::audit::Event {
+                user,
+                groups: &groups,
+                source,
+                attrs: &attrs,
+                code,
+            })
+            .await;
     }
     resp
 }
 
+/// The annotation of an `APIToken` holding when it was last used (RFC 3339, to the
+/// minute: written at most once per [`LAST_USED_EVERY`] per token).
+pub const LAST_USED: &str = "auth.bootplane.dev/last-used";
+/// How often a token's [`LAST_USED`] is written at most.
+pub const LAST_USED_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// The lifetime of a token made without `spec.ttlSeconds` (90 days); `0` asks for none.
+pub const DEFAULT_TTL_SECONDS: u64 = 90 * 86_400;
+
+/// When each named token was last noted as used (in this process), so that a token's
+/// use costs a store write at most once a minute, not once a request.
+#[derive(Default)]
+pub struct TokenUse {
+    seen: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+impl TokenUse {
+    /// `user` just authenticated with a bearer token: if it is a named token not noted
+    /// within [`LAST_USED_EVERY`] (here, or in its stored annotation), write its
+    /// [`LAST_USED`] in the background.
+    pub fn note(&self, store: &Store, user: &str) {
+        let now = std::time::Instant::now();
+        {
+            let mut m = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if m.get(user)
+                .is_some_and(|t| now.duration_since(*t) < LAST_USED_EVERY)
+            {
+                return;
+            }
+            if m.len() >= 4096 {
+                m.retain(|_, t| now.duration_since(*t) < LAST_USED_EVERY);
+            }
+            m.insert(user.to_string(), now);
+        }
+        let Some(rt) = Registry::global().by_plural(GROUP, "v1alpha1", TOKENS) else {
+            return;
+        };
+        // The bootstrap token and certificate users have no object.
+        let Ok(obj) = store.get(&rt, None, user) else {
+            return;
+        };
+        let wall = chrono::Utc::now();
+        if let Some(t) = obj
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(LAST_USED))
+            .and_then(Value::as_str)
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        {
+            if wall.signed_duration_since(t)
+                < chrono::Duration::from_std(LAST_USED_EVERY).unwrap_or_default()
+            {
+                return;
+            }
+        }
+        let patch = json!({"metadata": {"annotations": {
+            LAST_USED: wall.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        }}});
+        let (store, name) = (store.clone(), user.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = store
+                .patch(&rt, None, &name, &patch, crate::store::Part::Main)
+                .await
+            {
+                tracing::debug!(token = %name, error = %e, "recording a token's last use");
+            }
+        });
+    }
+}
+
 /// `POST /apis/auth.bootplane.dev/v1alpha1/apitokens`: make a token. The body names it
-/// and its role (`{"metadata": {"name": N}, "spec": {"role": R, "ttlSeconds": S}}`);
+/// and its role (`{"metadata": {"name": N}, "spec": {"role": R, "ttlSeconds": S}}`;
+/// without `ttlSeconds` it expires after [`DEFAULT_TTL_SECONDS`], `0` never);
 /// the secret is generated here, only its hash is stored, and the answer (201) is the
 /// stored object with the token in `status.token`, the only time it is shown.
 pub async fn issue(st: &ApiState, body: &Value) -> Result<Response, ApiError> {
@@ -630,12 +753,14 @@ pub async fn issue(st: &ApiState, body: &Value) -> Result<Response, ApiError> {
         return Err(ApiError::bad_request(format!("unknown role {role:?}")));
     }
     let ttl = match body.pointer("/spec/ttlSeconds") {
-        None | Some(Value::Null) => None,
+        None | Some(Value::Null) => Some(DEFAULT_TTL_SECONDS),
         Some(v) => match v.as_u64() {
-            Some(s) if (1..=MAX_TTL_SECONDS).contains(&s) => Some(s),
+            // Explicitly never expiring.
+            Some(0) => None,
+            Some(s) if s <= MAX_TTL_SECONDS => Some(s),
             _ => {
                 return Err(ApiError::bad_request(format!(
-                    "spec.ttlSeconds must be between 1 and {MAX_TTL_SECONDS}"
+                    "spec.ttlSeconds must be between 0 (no expiry) and {MAX_TTL_SECONDS}"
                 )))
             }
         },

@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod audit;
 pub mod auth;
+pub mod guard;
 pub mod preview;
 pub mod rest;
 pub mod settings;

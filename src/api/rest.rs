@@ -7,9 +7,11 @@
 //! ```
 //!
 //! GET (one or list, `labelSelector=`, `fieldSelector=`), POST, PUT, PATCH (JSON merge patch), DELETE,
-//! and `?watch=true[&resourceVersion=R]` streaming newline-delimited JSON events.
+//! and `?watch=true[&resourceVersion=R]` streaming newline-delimited JSON events
+//! (capped per identity and per connection, [`super::guard::Watches`]).
 //! Bodies are YAML when the `Content-Type` names YAML (`application/yaml`), JSON
-//! otherwise (also when it is absent: kube's default, and nothing guesses); they are
+//! when it names JSON or is absent (kube's default, and nothing guesses); any other
+//! type is refused (415, [`super::guard::check_media`]); they are
 //! bounded ([`crate::decode`]: size, nesting depth, alias expansion), and all but
 //! small JSON ones are decoded on a blocking thread. Responses are
 //! JSON unless `Accept` asks for YAML; JSON GET, list and watch bodies are written
@@ -44,6 +46,10 @@ pub struct ApiState {
     pub roles: super::auth::Roles,
     /// Where writes and denials are recorded.
     pub audit: super::audit::Audit,
+    /// Open watches, capped per identity and per connection.
+    pub watches: Arc<super::guard::Watches>,
+    /// When named tokens were last noted as used.
+    pub token_use: super::auth::TokenUse,
     pub max_body_bytes: usize,
     /// A request body must arrive within this long of its head (408 after it), so a
     /// client trickling a body cannot hold its connection forever.
@@ -526,6 +532,7 @@ async fn dispatch(
 ) -> Response {
     let uri = req.uri().clone();
     let id = req.extensions().get::<super::auth::Identity>().cloned();
+    let conn = req.extensions().get::<super::guard::ConnId>().map(|c| c.0);
     // A declared length over the limit is refused before any of the body is read;
     // an undeclared one (chunked) stops being read at the limit.
     let declared = headers
@@ -561,10 +568,9 @@ async fn dispatch(
         &st,
         &method,
         &headers,
-        uri.path(),
-        uri.query(),
+        (uri.path(), uri.query()),
         body,
-        id.as_ref(),
+        (id.as_ref(), conn),
     )
     .await
     {
@@ -585,14 +591,14 @@ fn is_length_limit(e: &axum::Error) -> bool {
     false
 }
 
+/// `watcher`: who asks and on which connection (the watch caps).
 async fn handle(
     st: &ApiState,
     method: &Method,
     h: &HeaderMap,
-    path: &str,
-    query: Option<&str>,
+    (path, query): (&str, Option<&str>),
     body: Bytes,
-    id: Option<&super::auth::Identity>,
+    (id, conn): (Option<&super::auth::Identity>, Option<u64>),
 ) -> ApiResult<Response> {
     let t = parse_path(&st.store, path)?;
     let q = query_map(query);
@@ -617,8 +623,11 @@ async fn handle(
                 None => None,
             };
             if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+                let user = id.map(|i| i.user.as_str()).unwrap_or_default();
+                let permit = st.watches.open(user, conn)?;
                 return watch(
                     st,
+                    permit,
                     rt.clone(),
                     t.ns.clone(),
                     (sel, fields),
@@ -753,6 +762,7 @@ fn set_namespace(rt: &ResourceType, obj: &mut Value, ns: Option<&str>) -> ApiRes
 /// the current objects come first as ADDED events, then changes, as kube does.
 fn watch(
     st: &ApiState,
+    permit: super::guard::WatchPermit,
     rt: Arc<ResourceType>,
     ns: Option<String>,
     (sel, fields): (Option<Selector>, Option<FieldSelector>),
@@ -779,9 +789,11 @@ fn watch(
             .into_iter()
             .map(|o| Ok::<_, std::io::Error>(line_text("ADDED", &o))),
     );
+    // The permit lives as long as the stream: the watch counts until it ends or the
+    // client goes.
     let tail = futures::stream::unfold(
-        (w, sel, fields, sd, false),
-        |(mut w, sel, fields, mut sd, done)| async move {
+        (w, sel, fields, sd, false, permit),
+        |(mut w, sel, fields, mut sd, done, permit)| async move {
             if done {
                 return None;
             }
@@ -803,11 +815,14 @@ fn watch(
                             Some(t) => line_text(ev.kind, t),
                             None => line(ev.kind, &ev.object),
                         };
-                        return Some((Ok(l), (w, sel, fields, sd, false)));
+                        return Some((Ok(l), (w, sel, fields, sd, false, permit)));
                     }
                     Err(e) => {
                         let status = ApiError::from(e).status_body();
-                        return Some((Ok(line("ERROR", &status)), (w, sel, fields, sd, true)));
+                        return Some((
+                            Ok(line("ERROR", &status)),
+                            (w, sel, fields, sd, true, permit),
+                        ));
                     }
                 }
             }

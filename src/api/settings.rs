@@ -30,6 +30,15 @@ pub struct ApiConfig {
     pub idle_timeout_ms: u64,
     /// A request body must be complete within this long of its head (408 after it).
     pub body_read_timeout_ms: u64,
+    /// Watches one identity (token name, certificate CN) may hold open at once, over
+    /// all its connections (429 beyond).
+    pub max_watches_per_user: usize,
+    /// Watches one connection may hold open at once (HTTP/2 multiplexes them; 429
+    /// beyond).
+    pub max_watches_per_connection: usize,
+    /// Concurrent streams (requests) one HTTP/2 connection may carry, advertised in
+    /// its SETTINGS.
+    pub http2_max_concurrent_streams: u32,
     /// Maximum request body size in bytes (413 beyond it, before the body is read;
     /// YAML aliases may not expand a body by more than this either).
     pub max_body_bytes: usize,
@@ -53,6 +62,9 @@ pub struct ApiConfig {
     pub audit_max_bytes: u64,
     /// Rotated audit logs kept (`audit.log.1` … `.N`).
     pub audit_keep: usize,
+    /// Unauthenticated requests (401) are summed per source over this long and written
+    /// as one audit line per source with a `count`.
+    pub audit_unauthenticated_interval_ms: u64,
     /// A separate plain-HTTP listener serving only `/metrics`, without authentication
     /// (loopback or a monitoring network). Unset: `/metrics` is on the API listener,
     /// for the `metrics` role (and `admin`, `operator`).
@@ -72,6 +84,11 @@ impl Default for ApiConfig {
             header_read_timeout_ms: 5_000,
             idle_timeout_ms: 60_000,
             body_read_timeout_ms: 30_000,
+            // Twice a source's connection share: a controller or dashboard never needs
+            // as many; a runaway client stops long before the runtime feels it.
+            max_watches_per_user: 256,
+            max_watches_per_connection: 16,
+            http2_max_concurrent_streams: 64,
             // Kubernetes' limit; a stored object is at most 1.5 MiB anyway.
             max_body_bytes: 3 << 20,
             tls: true,
@@ -82,6 +99,7 @@ impl Default for ApiConfig {
             audit_log: None,
             audit_max_bytes: 100 << 20,
             audit_keep: 5,
+            audit_unauthenticated_interval_ms: 10_000,
             metrics_listen: None,
             roles: Vec::new(),
         }
@@ -127,6 +145,19 @@ impl ApiConfig {
             ("api.header_read_timeout_ms", self.header_read_timeout_ms),
             ("api.idle_timeout_ms", self.idle_timeout_ms),
             ("api.body_read_timeout_ms", self.body_read_timeout_ms),
+            (
+                "api.audit_unauthenticated_interval_ms",
+                self.audit_unauthenticated_interval_ms,
+            ),
+            ("api.max_watches_per_user", self.max_watches_per_user as u64),
+            (
+                "api.max_watches_per_connection",
+                self.max_watches_per_connection as u64,
+            ),
+            (
+                "api.http2_max_concurrent_streams",
+                u64::from(self.http2_max_concurrent_streams),
+            ),
         ] {
             if ms == 0 {
                 bail!("{key} must be at least 1");

@@ -1,7 +1,9 @@
 //! `bootplane token create|list|revoke`: named API tokens (`api::auth`), through the
 //! API, so it works from any machine an admin can reach the API from. `create` prints
 //! the token once (the server keeps only its hash); `revoke` deletes the token's
-//! `APIToken` object, after which requests with it are refused (401).
+//! `APIToken` object, after which requests with it are refused (401). Tokens expire
+//! after 90 days unless `--ttl` says otherwise (`--ttl never` for none); `list` shows
+//! when each was last used (recorded by the server at most once a minute).
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -15,7 +17,7 @@ const TOKENS_PATH: &str = "/apis/auth.bootplane.dev/v1alpha1/apitokens";
 pub enum TokenCmd {
     /// Create a token NAME with role ROLE and print it (it is shown only this once).
     Create(CreateArgs),
-    /// List tokens: name, role, created, expires (never the tokens).
+    /// List tokens: name, role, created, expires, last used (never the tokens).
     List(ListArgs),
     /// Revoke a token: requests with it are refused from then on.
     Revoke(RevokeArgs),
@@ -28,7 +30,8 @@ pub struct CreateArgs {
     /// Its role: admin, operator, viewer, agent, metrics or a role from `[[api.roles]]`.
     #[arg(long)]
     pub role: String,
-    /// Lifetime: a number with s, m, h or d (`90m`, `24h`, `365d`); none: no expiry.
+    /// Lifetime: a number with s, m, h or d (`90m`, `24h`, `365d`), or `never` (or
+    /// `0`) for no expiry; default 90 days.
     #[arg(long)]
     pub ttl: Option<String>,
     #[command(flatten)]
@@ -47,6 +50,14 @@ pub struct RevokeArgs {
     pub name: String,
     #[command(flatten)]
     pub conn: Conn,
+}
+
+/// `--ttl` as `spec.ttlSeconds`: `never` or `0` → 0 (no expiry), else [`parse_ttl`].
+pub fn ttl_seconds(s: &str) -> Result<u64> {
+    match s.trim() {
+        "never" | "0" => Ok(0),
+        t => parse_ttl(t),
+    }
 }
 
 /// `90m` → 5400: a positive number of s, m, h or d.
@@ -74,8 +85,9 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
         TokenCmd::Create(a) => {
             let client = Client::new(&a.conn)?;
             let mut spec = json!({"role": a.role});
+            // Without --ttl the server's default (90 days) applies.
             if let Some(t) = &a.ttl {
-                spec["ttlSeconds"] = Value::from(parse_ttl(t)?);
+                spec["ttlSeconds"] = Value::from(ttl_seconds(t)?);
             }
             let body = json!({
                 "apiVersion": "auth.bootplane.dev/v1alpha1", "kind": "APIToken",
@@ -97,7 +109,7 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
             let client = Client::new(&a.conn)?;
             let v = client.request("GET", TOKENS_PATH, None)?;
             let items = v["items"].as_array().cloned().unwrap_or_default();
-            let rows: Vec<[String; 4]> = items
+            let rows: Vec<[String; 5]> = items
                 .iter()
                 .map(|t| {
                     let s = |p: &str| {
@@ -107,16 +119,26 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
                             .to_string()
                     };
                     let exp = s("/spec/expiresAt");
+                    let used = t
+                        .pointer("/metadata/annotations")
+                        .and_then(|a| a.get(crate::api::auth::LAST_USED))
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
                     [
                         s("/metadata/name"),
                         s("/spec/role"),
                         s("/metadata/creationTimestamp"),
                         if exp.is_empty() { "never".into() } else { exp },
+                        if used.is_empty() {
+                            "never".into()
+                        } else {
+                            used.to_string()
+                        },
                     ]
                 })
                 .collect();
-            let header = ["NAME", "ROLE", "CREATED", "EXPIRES"].map(String::from);
-            let mut w = [0usize; 4];
+            let header = ["NAME", "ROLE", "CREATED", "EXPIRES", "LAST USED"].map(String::from);
+            let mut w = [0usize; 5];
             for r in std::iter::once(&header).chain(&rows) {
                 for (i, c) in r.iter().enumerate() {
                     w[i] = w[i].max(c.len());
@@ -124,14 +146,16 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
             }
             for r in std::iter::once(&header).chain(&rows) {
                 println!(
-                    "{:w0$}   {:w1$}   {:w2$}   {}",
+                    "{:w0$}   {:w1$}   {:w2$}   {:w3$}   {}",
                     r[0],
                     r[1],
                     r[2],
                     r[3],
+                    r[4],
                     w0 = w[0],
                     w1 = w[1],
-                    w2 = w[2]
+                    w2 = w[2],
+                    w3 = w[3]
                 );
             }
             Ok(0)
@@ -155,5 +179,9 @@ mod tests {
         for bad in ["", "0h", "10", "h", "5w", "-1h", "99999999999999999999d"] {
             assert!(super::parse_ttl(bad).is_err(), "{bad}");
         }
+        assert_eq!(super::ttl_seconds("never").unwrap(), 0);
+        assert_eq!(super::ttl_seconds("0").unwrap(), 0);
+        assert_eq!(super::ttl_seconds("24h").unwrap(), 86_400);
+        assert!(super::ttl_seconds("nope").is_err());
     }
 }

@@ -10,6 +10,10 @@
 //! bytes start the header read timeout, so a client that never finishes the handshake
 //! is closed by it. A verified client certificate chain is turned into request
 //! extensions once ([`Tls::peer`]) and added to every request of the connection.
+//!
+//! Every request also carries its connection's [`ConnId`] (the API caps watches per
+//! connection), and HTTP/2 connections advertise `max_concurrent_streams` (what
+//! [`serve_router`] is given), so one connection cannot multiplex unbounded requests.
 
 use std::convert::Infallible;
 use std::io;
@@ -40,6 +44,17 @@ const DRAIN: Duration = Duration::from_secs(8);
 /// How long an evicted connection may take to finish writing (it was idle).
 const EVICT_GRACE: Duration = Duration::from_secs(1);
 
+/// A connection's number, unique for the process's life, added to each of its requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnId(pub u64);
+
+impl ConnId {
+    fn next() -> ConnId {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        ConnId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 /// TLS for a router's connections.
 #[derive(Clone)]
 pub struct Tls {
@@ -49,17 +64,20 @@ pub struct Tls {
     pub peer: fn(&[CertificateDer<'static>]) -> http::Extensions,
 }
 
-/// Accept loop for an axum router under `admission` (TLS first when `tls` is given);
-/// on shutdown stop accepting, let open connections finish (idle ones close at once,
-/// in-flight responses get up to 8 s).
+/// Accept loop for an axum router under `admission` (TLS first when `tls` is given;
+/// HTTP/2 connections limited to `max_streams` concurrent streams); on shutdown stop
+/// accepting, let open connections finish (idle ones close at once, in-flight
+/// responses get up to 8 s).
 pub async fn serve_router(
     listener: TcpListener,
     app: axum::Router,
     admission: Admission,
     tls: Option<Tls>,
+    max_streams: u32,
     mut shutdown: Shutdown,
 ) -> Result<()> {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http2().max_concurrent_streams(max_streams.max(1));
     // Each connection task holds a clone of `live`; `gone` yields once all are dropped.
     let (live, mut gone) = mpsc::channel::<()>(1);
     loop {
@@ -160,9 +178,11 @@ async fn http<I>(
 {
     let slot = conn.slot().clone();
     let inner = TowerToHyperService::new(app);
+    let id = ConnId::next();
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut()
             .insert(axum::extract::ConnectInfo(peer));
+        req.extensions_mut().insert(id);
         if let Some(e) = &ext {
             req.extensions_mut().extend(e.clone());
         }

@@ -157,6 +157,7 @@ fn custom_roles_are_validated_and_matched() {
         rules: vec![RuleConfig {
             verbs: verbs.iter().map(|s| s.to_string()).collect(),
             resources: res.iter().map(|s| s.to_string()).collect(),
+            namespaces: None,
         }],
     };
     let e = Roles::new(&[rc(&["get", "frobnicate"], &["servers"])]).unwrap_err();
@@ -188,6 +189,46 @@ fn custom_roles_are_validated_and_matched() {
         "/apis/metal.ironcore.dev/v1alpha1/servers/a/status"
     ));
     assert!(!allow("GET", "/apis/metal.ironcore.dev/v1alpha1/servers/a"));
+}
+
+#[test]
+fn namespaced_rules_allow_only_their_namespaces() {
+    let rule = |ns: Option<Vec<&str>>| RoleConfig {
+        name: "team-a".into(),
+        rules: vec![RuleConfig {
+            verbs: vec!["*".into()],
+            resources: vec!["serverclaims".into(), "secrets".into()],
+            namespaces: ns.map(|v| v.into_iter().map(String::from).collect()),
+        }],
+    };
+    assert!(Roles::new(&[rule(Some(vec![]))])
+        .unwrap_err()
+        .contains("namespaces = []"));
+    assert!(Roles::new(&[rule(Some(vec!["Not_A_Label"]))])
+        .unwrap_err()
+        .contains("Not_A_Label"));
+    let r = Roles::new(&[rule(Some(vec!["a", "a2"]))]).unwrap();
+    let allow = |m: &str, p: &str| r.allows(&id("team-a"), &attrs(m, p));
+    let c = |ns: &str| format!("/apis/metal.ironcore.dev/v1alpha1/namespaces/{ns}/serverclaims");
+    assert!(allow("POST", &c("a")));
+    assert!(allow("GET", &format!("{}/x", c("a2"))));
+    assert!(allow("GET", "/api/v1/namespaces/a/secrets/ign"));
+    assert!(!allow("POST", &c("b")));
+    assert!(!allow("GET", "/api/v1/namespaces/b/secrets/ign"));
+    assert!(!allow("GET", &format!("{}?watch=true", c("b"))));
+    // Lists and watches across namespaces name none: not allowed.
+    assert!(!allow(
+        "GET",
+        "/apis/metal.ironcore.dev/v1alpha1/serverclaims"
+    ));
+    assert!(!allow("GET", "/api/v1/secrets?watch=true"));
+    // Without the key: every namespace.
+    let r = Roles::new(&[rule(None)]).unwrap();
+    assert!(r.allows(&id("team-a"), &attrs("POST", &c("b"))));
+    assert!(r.allows(
+        &id("team-a"),
+        &attrs("GET", "/apis/metal.ironcore.dev/v1alpha1/serverclaims")
+    ));
 }
 
 #[test]
