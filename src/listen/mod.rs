@@ -448,6 +448,11 @@ impl Admission {
     }
 }
 
+/// An eviction candidate's rank: the connections its source holds (more goes first),
+/// its class (0 idle or reading a head, 1 slow busy: lower first), then since when it
+/// is idle or its rate (lower first).
+type Rank = (usize, u8, u64);
+
 impl Table {
     /// Evict a connection of `only`, or (None) of the source holding the most
     /// connections that has a candidate: an idle one (the oldest), else a busy one
@@ -460,8 +465,7 @@ impl Table {
     ) -> bool {
         // A candidate may change phase between the scan and the swap: scan again then.
         for _ in 0..8 {
-            // (held, class: 0 idle or head / 1 slow busy, oldest since or lowest rate)
-            let mut best: Option<((usize, u8, u64), u64, Arc<Slot>)> = None;
+            let mut best: Option<(Rank, u64, Arc<Slot>)> = None;
             let mut consider = |held: usize, list: &Vec<Arc<Slot>>| {
                 for slot in list {
                     let (state, key) = match slot.evictable_since() {
