@@ -20,6 +20,7 @@ fn limits() -> Limits {
         header_read_timeout: Duration::from_millis(600),
         idle_timeout: Duration::from_millis(600),
         drain_timeout: Duration::from_secs(2),
+        ..Limits::default()
     }
 }
 

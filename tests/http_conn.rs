@@ -262,9 +262,23 @@ fn large_files_by_sendfile_with_curl_and_wget() {
     assert!(std::fs::read(&out).unwrap() == data, "wget body differs");
 }
 
+/// In every `http.file_io` mode (issue 32, L13: `mmap` mapped the file and copied
+/// chunks of up to 64 KiB in user space, where a truncation raises SIGBUS and kills
+/// the process; a small stream budget makes every chunk such a copy): the process
+/// lives, the response ends short, the next request is served.
 #[test]
 fn file_truncated_while_sent_ends_the_response_short() {
-    let srv = start(Limits::default(), |_| {});
+    use bootplane::http::files::FileIo;
+    for io in [FileIo::Sendfile, FileIo::Read, FileIo::Mmap] {
+        truncated_while_sent(io);
+    }
+}
+
+fn truncated_while_sent(io: bootplane::http::files::FileIo) {
+    let srv = start(Limits::default(), move |s| {
+        s.file_io = io;
+        s.stream_budget_bytes = 64 << 10;
+    });
     let (path, _) = big_file(&srv, 64);
     let mut s = connect(&srv);
     // A small receive window keeps most of the file on the server's side of the socket.
@@ -294,10 +308,68 @@ fn file_truncated_while_sent_ends_the_response_short() {
             Err(e) => panic!("connection neither finished nor closed: {e}"),
         }
     }
-    assert!(got < 64 << 20, "got {got} bytes of a truncated file");
+    assert!(
+        got < 64 << 20,
+        "{io:?}: got {got} bytes of a truncated file"
+    );
     // The server is fine and serves the now short file.
     let r = curl(OTHER_IP, &format!("{}/assets/big.img", srv.base), &[]);
-    assert_eq!((r.code, r.body.len()), (200, 1 << 20));
+    assert_eq!((r.code, r.body.len()), (200, 1 << 20), "{io:?}");
+}
+
+/// Issue 32 (review M6): an inventory post was read whole (up to 256 KiB, for up to
+/// 30 s) before the identity check, so anyone could make the listener buffer 256 KiB
+/// per connection. Now the checks that need no body run on the head: a post from an
+/// address that is not the machine's without a token, or for an unknown Server, is
+/// answered while its body is still unsent; the machine's own post is read as before.
+#[test]
+fn inventory_post_without_identity_is_refused_before_its_body_is_read() {
+    use bootplane::http::BootState;
+    let srv = start(Limits::default(), |_| {});
+    let mut m = ready_machine(srv.dir.path(), &srv.base);
+    m.state = BootState::Discovery;
+    srv.index.upsert(m);
+    let post = |src: &str, path: &str| {
+        let mut s = support::http::connect_from(src, srv.addr);
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n{{"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s
+    };
+    for (src, path, want) in [
+        (OTHER_IP, "/discovery/inventory/server-a", 403),
+        (OTHER_IP, "/discovery/inventory/server-a/not-a-token", 403),
+        (MACHINE_IP, "/discovery/inventory/nobody", 404),
+    ] {
+        let t = Instant::now();
+        let mut s = post(src, path);
+        let mut buf = Vec::new();
+        let r = read_reply(&mut s, &mut buf, false);
+        assert_eq!(r.status, want, "{src} {path}");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "{src} {path}: answered after {:?}",
+            t.elapsed()
+        );
+        assert!(closed_within(&mut s, Duration::from_secs(3)), "{path}");
+    }
+    assert!(srv
+        .metrics
+        .encode()
+        .contains("bootplane_http_discovery_inventory_total{result=\"forbidden\"} 2"));
+    // From the machine's own address the body is read: nothing comes back until the
+    // rest of it arrives (then it is judged: not JSON, 400).
+    let mut s = post(MACHINE_IP, "/discovery/inventory/server-a");
+    s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut b = [0u8; 64];
+    assert!(s.read(&mut b).is_err(), "answered before the body was sent");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&vec![b' '; 200000 - 1]).unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(read_reply(&mut s, &mut buf, false).status, 400);
 }
 
 #[test]

@@ -451,3 +451,181 @@ fn api_slow_body_gets_408_after_the_body_timeout() {
         "{took:?}"
     );
 }
+
+/// A TCP connection from `src` to `addr` with a 1 KiB receive buffer (set before the
+/// connect, so the window it offers stays that small): a client that never reads holds
+/// a download open with almost nothing sent.
+fn connect_tiny_window(src: &str, addr: SocketAddr) -> TcpStream {
+    use nix::sys::socket::{
+        bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    let fd: OwnedFd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    setsockopt(&fd, sockopt::RcvBuf, &1024).expect("SO_RCVBUF");
+    let src: std::net::SocketAddrV4 = format!("{src}:0").parse().unwrap();
+    bind(fd.as_raw_fd(), &SockaddrIn::from(src)).expect("bind client source");
+    let SocketAddr::V4(dst) = addr else {
+        panic!("ipv4 only")
+    };
+    connect(fd.as_raw_fd(), &SockaddrIn::from(dst)).expect("connect");
+    // SAFETY: `fd` is an open, connected socket whose ownership moves to the stream.
+    unsafe { TcpStream::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(fd)) }
+}
+
+/// The value of the boot listener's metric line starting with `name` and containing
+/// every one of `labels` (0 when absent).
+fn boot_metric(srv: &http::Srv, name: &str, labels: &[&str]) -> u64 {
+    srv.metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// Issue 32 (review M6), the issue's own figures: 8 loopback sources x 512
+/// connections, each a GET of a 64 MiB asset with a 1 KiB receive buffer and never
+/// read, held all 4,096 slots of the boot listener, and a ninth client's `GET
+/// /boot.ipxe` was refused ("connection limit reached and no connection is idle")
+/// until the write stall timeout (60 s). Now a response below
+/// `slow_send_rate_bytes_per_sec` after the grace (1 s here, the minimum rate off so
+/// that only eviction can make room) is evicted for the newcomer, which boots.
+#[test]
+fn boot_listener_slow_readers_from_8_sources_cannot_lock_a_machine_out() {
+    let (sources, per_source) = (8usize, 512usize);
+    raise_nofile(2 * (sources * per_source) as u64 + 512);
+    let grace = Duration::from_secs(1);
+    let srv = http::start(
+        Limits {
+            send_rate_grace: grace,
+            min_send_rate: 0,
+            ..Limits::default()
+        },
+        |_| {},
+    );
+    assert_eq!(
+        (
+            Limits::default().max_connections,
+            Limits::default().max_connections_per_source
+        ),
+        (sources * per_source, per_source),
+        "the defaults this test fills"
+    );
+    std::fs::File::create(srv.dir.path().join("assets/big.bin"))
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let mut held = Vec::with_capacity(sources * per_source);
+    for i in 0..sources {
+        let src = format!("127.0.0.{}", 10 + i);
+        for _ in 0..per_source {
+            let mut s = connect_tiny_window(&src, srv.addr);
+            s.write_all(b"GET /assets/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            held.push(s);
+        }
+    }
+    // Every slot holds a download in progress (its head answered, its body stalled).
+    let t = Instant::now();
+    let busy = |srv: &http::Srv| {
+        boot_metric(
+            srv,
+            "bootplane_http_requests_total",
+            &["route=\"assets\"", "code=\"200\""],
+        )
+    };
+    while busy(&srv) < (sources * per_source) as u64 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "only {} downloads started",
+            busy(&srv)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let all_busy = Instant::now();
+    assert_eq!(
+        boot_metric(&srv, "bootplane_http_connections_open", &[]),
+        (sources * per_source) as u64
+    );
+    // A machine boots: refused at most until the first stalled downloads are past
+    // their grace, then let in.
+    let mut tries = Vec::new();
+    let ok = loop {
+        let r = boot_ipxe_from("127.0.0.30", srv.addr);
+        if r.as_ref().is_ok_and(|x| x.0 == 200) {
+            break all_busy.elapsed();
+        }
+        tries.push(r);
+        assert!(
+            all_busy.elapsed() < grace + Duration::from_secs(8),
+            "GET /boot.ipxe still refused {:?} after every slot was busy: {:?}",
+            all_busy.elapsed(),
+            tries.last()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(boot_metric(&srv, "bootplane_http_connections_evicted", &[]) >= 1);
+    eprintln!(
+        "{} slow readers from {sources} sources; /boot.ipxe served {ok:?} after all were busy ({} refused tries)",
+        held.len(),
+        tries.len()
+    );
+    drop(held);
+}
+
+/// A response the client reads slower than `min_send_rate_bytes_per_sec` (here it
+/// never reads) is ended after the grace plus the time its first bytes paid for,
+/// whether or not the listener is full.
+#[test]
+fn boot_listener_ends_a_download_below_the_minimum_rate() {
+    let srv = http::start(
+        Limits {
+            send_rate_grace: Duration::from_secs(1),
+            min_send_rate: 1 << 20,
+            ..Limits::default()
+        },
+        |_| {},
+    );
+    std::fs::File::create(srv.dir.path().join("assets/big.bin"))
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let mut s = connect_tiny_window(http::MACHINE_IP, srv.addr);
+    s.write_all(b"GET /assets/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let t = Instant::now();
+    while boot_metric(&srv, "bootplane_http_connection_errors", &[]) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "a never-read download still open after {:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+    // The client sees the response end short: the connection closes.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    assert!(got < 64 << 20, "the whole file arrived");
+    assert_eq!(
+        boot_ipxe_from(http::OTHER_IP, srv.addr).map(|x| x.0),
+        Ok(200)
+    );
+}

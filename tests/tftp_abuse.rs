@@ -363,3 +363,64 @@ fn a_fifo_in_the_root_is_refused_and_the_server_keeps_serving() {
     );
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
 }
+
+/// Issue 32 (L13): files above `small_file_max_bytes` were memory-mapped, and a mapped
+/// file truncated in place under a transfer can raise SIGBUS, which kills the whole
+/// process (the engine only let the kernel read the map, whose copy failed with EFAULT
+/// and ended the transfer without a word to the client; the netascii conversion read
+/// it in user space). Now they are read with `pread`: a 64 MiB file truncated during an
+/// octet transfer ends that transfer with an ERROR, and the server keeps serving.
+#[test]
+fn a_large_file_truncated_during_a_transfer_ends_it_with_an_error() {
+    let d = tmpdir();
+    let big = d.path().join("big");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    std::fs::write(d.path().join("small"), b"hello tftp").unwrap();
+    let srv = start_server("127.0.0.1:0", d.path(), TftpConfig::default(), None);
+    let c = client_on("127.0.0.1", Duration::from_secs(3));
+    c.send_to(&req(1, "big", "octet", &[("blksize", "8192")]), srv.addr)
+        .unwrap();
+    let (p, from) = recv(&c).expect("OACK");
+    assert_eq!(p[1], 6, "{p:?}");
+    // A few blocks in lockstep, then the file is truncated in place.
+    for ack in 0u16..4 {
+        let a = ack.to_be_bytes();
+        c.send_to(&[0, 4, a[0], a[1]], from).unwrap();
+        let (p, _) = recv(&c).expect("DATA");
+        assert_eq!((p[1], u16::from_be_bytes([p[2], p[3]])), (3, ack + 1));
+        assert_eq!(p.len(), 4 + 8192);
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&big)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    c.send_to(&[0, 4, 0, 4], from).unwrap();
+    let err = loop {
+        let (p, _) = recv(&c).expect("neither DATA nor ERROR after the truncation");
+        if p[1] == 5 {
+            break p;
+        }
+        assert_eq!(p[1], 3, "{p:?}");
+    };
+    assert!(
+        String::from_utf8_lossy(&err).contains("file changed"),
+        "{:?}",
+        String::from_utf8_lossy(&err)
+    );
+    let t = Instant::now();
+    while srv.metrics.transfers_active.get() != 0 {
+        assert!(t.elapsed() < Duration::from_secs(2), "slot not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(srv.metrics.transfers_failed.get(), 1);
+    // The process lives and serves the next request.
+    assert_eq!(
+        fetch(srv.addr, "127.0.0.1", "small", "octet", &[]),
+        b"hello tftp"
+    );
+}

@@ -27,11 +27,17 @@
 //!   is closed, so a body is never mistaken for the next request; the one exception is
 //!   the discovery agent's inventory post ([`super::discovery`]): its body is read when
 //!   it has a `Content-Length` of at most [`super::discovery::MAX_INVENTORY_BYTES`]
-//!   (413 beyond, 411 for a chunked one) and arrives within
-//!   [`super::discovery::BODY_TIMEOUT`];
+//!   (413 beyond, 411 for a chunked one), the post passes the checks that need no body
+//!   (the Server, its address or token, its state: else it is refused unread) and
+//!   the body arrives within [`super::discovery::BODY_TIMEOUT`];
 //! - keep-alive per RFC 9112 §9.3 (HTTP/1.1 unless `Connection: close`; HTTP/1.0 only
 //!   with `Connection: keep-alive`);
-//! - a write that makes no progress for [`WRITE_STALL`] closes the connection;
+//! - a write that makes no progress for [`WRITE_STALL`] closes the connection, and so
+//!   does a response whose average rate, counted after `send_rate_grace`, falls below
+//!   `min_send_rate` (as TFTP's `min_rate_bytes_per_sec`; checked only when the socket
+//!   is full, from the response's start and bytes sent: O(1), nothing per chunk but an
+//!   add and a relaxed store of the count on the slot, where the listener's evictor
+//!   reads it to close a response below `slow_send_rate` for a new client);
 //! - on shutdown, idle connections close at once and a response being written finishes
 //!   (the caller bounds that by the drain timeout).
 
@@ -46,11 +52,12 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use super::files::{FileBody, RawPart};
 use super::server::Limits;
 use super::BootHttp;
-use crate::listen::Expiry;
+use crate::listen::{Expiry, Slot, SlowRate, Watchdog};
 use crate::shutdown::Shutdown;
 
 /// More header fields than this get 431 (hyper's default too).
@@ -75,6 +82,10 @@ pub enum ConnError {
     Malformed(StatusCode),
     #[error("client stopped reading for {WRITE_STALL:?}")]
     WriteStall,
+    #[error("response sent below the minimum rate")]
+    TooSlow,
+    #[error("slow response closed to make room for a new connection")]
+    Evicted,
     #[error("file shrank while being served")]
     FileShrank,
     #[error(transparent)]
@@ -110,8 +121,15 @@ pub async fn serve(
     let slot = admitted.slot();
     // Waiting for a request: up to `idle_timeout` for its first byte (after the accept
     // and between keep-alive requests), then up to `header_read_timeout` for the rest
-    // of the head; one lazily moved timer per connection.
-    let mut watchdog = admitted.watchdog();
+    // of the head; one lazily moved timer per connection. While a response is written
+    // it reports an eviction.
+    let mut pace = Pace {
+        watchdog: admitted.watchdog(),
+        slot: slot.clone(),
+        min: limits.min_rate(),
+        t0: Instant::now(),
+        sent: 0,
+    };
     let mut head_started = false;
     let stop = shutdown.recv();
     tokio::pin!(stop);
@@ -124,10 +142,11 @@ pub async fn serve(
                         &stream,
                         &mut out,
                         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        &mut pace,
                     )
                     .await;
                 }
-                flush(&stream, &mut out, false).await?;
+                flush(&stream, &mut out, false, &mut pace).await?;
                 if rbuf.capacity() - rbuf.len() < 1024 {
                     rbuf.reserve(4096);
                 }
@@ -142,7 +161,7 @@ pub async fn serve(
                             return Ok(());
                         }
                     }
-                    why = &mut watchdog => return match why {
+                    why = &mut pace.watchdog => return match why {
                         Expiry::Header => Err(ConnError::HeaderTimeout),
                         Expiry::Idle => Err(ConnError::IdleTimeout),
                         Expiry::Evicted => Ok(()),
@@ -151,12 +170,13 @@ pub async fn serve(
                 }
                 continue;
             }
-            Err(status) => return fail(&stream, &mut out, status).await,
+            Err(status) => return fail(&stream, &mut out, status, &mut pace).await,
         };
         if !slot.begin() {
             // Evicted while the head arrived: the slot is someone else's now.
             return Ok(());
         }
+        pace.start();
         let Head {
             req,
             keep_alive,
@@ -180,10 +200,14 @@ pub async fn serve(
                 } else {
                     StatusCode::PAYLOAD_TOO_LARGE
                 };
-                return fail(&stream, &mut out, status).await;
+                return fail(&stream, &mut out, status, &mut pace).await;
             }
-            body = read_body(&mut stream, &mut rbuf, len).await?;
-            has_body = false;
+            // Who may post is known from the head: anyone else is answered without the
+            // body being read (it stays `has_body`, so the connection then closes).
+            if app.inventory_may_post(req.uri().path(), client) {
+                body = read_body(&mut stream, &mut rbuf, len).await?;
+                has_body = false;
+            }
         }
         let close = !keep_alive || has_body;
         let resp = app.handle_with_body(req, body, client).await;
@@ -191,18 +215,18 @@ pub async fn serve(
         let body_len = if is_head { 0 } else { body.remaining() };
         write_head(&mut out, &parts, body_len, close);
         if !is_head {
-            write_body(&stream, &mut out, &mut body).await?;
+            write_body(&stream, &mut out, &mut body, &mut pace).await?;
         }
         drop(body);
         if close {
-            flush(&stream, &mut out, false).await?;
+            flush(&stream, &mut out, false, &mut pace).await?;
             if has_body {
                 linger(&stream).await;
             }
             return Ok(());
         }
         if out.len() >= OUT_BATCH {
-            flush(&stream, &mut out, false).await?;
+            flush(&stream, &mut out, false, &mut pace).await?;
         }
         slot.end();
         head_started = false;
@@ -408,6 +432,7 @@ async fn write_body(
     stream: &TcpStream,
     out: &mut BytesMut,
     body: &mut FileBody,
+    pace: &mut Pace,
 ) -> Result<(), ConnError> {
     if !body.wants_sendfile() {
         while let Some(chunk) = body.next_data() {
@@ -418,7 +443,7 @@ async fn write_body(
                     ConnError::Io(e)
                 }
             })?;
-            put_or_write(stream, out, chunk).await?;
+            put_or_write(stream, out, chunk, pace).await?;
         }
         return Ok(());
     }
@@ -426,43 +451,59 @@ async fn write_body(
         match part {
             RawPart::Data(b) => {
                 body.sent(b.len() as u64);
-                put_or_write(stream, out, b).await?;
+                put_or_write(stream, out, b, pace).await?;
             }
             RawPart::File { pos, end } => {
                 // The head (or multipart header) first, marked as more to come so the
                 // kernel packs it with the file's first bytes.
-                flush(stream, out, true).await?;
+                flush(stream, out, true, pace).await?;
                 let Some(file) = body.file().cloned() else {
                     return Err(io::Error::other("file part without a file").into());
                 };
-                send_file(stream, &file, pos, end, body).await?;
+                send_file(stream, &file, pos, end, body, pace).await?;
             }
         }
     }
     Ok(())
 }
 
-async fn put_or_write(stream: &TcpStream, out: &mut BytesMut, b: Bytes) -> Result<(), ConnError> {
+async fn put_or_write(
+    stream: &TcpStream,
+    out: &mut BytesMut,
+    b: Bytes,
+    pace: &mut Pace,
+) -> Result<(), ConnError> {
     if out.len() + b.len() <= OUT_BATCH {
         out.put_slice(&b);
         Ok(())
     } else {
-        flush(stream, out, false).await?;
-        write_all(stream, &b, false).await
+        flush(stream, out, false, pace).await?;
+        write_all(stream, &b, false, pace).await
     }
 }
 
-async fn flush(stream: &TcpStream, out: &mut BytesMut, more: bool) -> Result<(), ConnError> {
+async fn flush(
+    stream: &TcpStream,
+    out: &mut BytesMut,
+    more: bool,
+    pace: &mut Pace,
+) -> Result<(), ConnError> {
     if out.is_empty() {
         return Ok(());
     }
-    let r = write_all(stream, out, more).await;
+    let r = write_all(stream, out, more, pace).await;
     out.clear();
     r
 }
 
-/// `send` until done; waits (bounded by [`WRITE_STALL`]) only when the socket is full.
-async fn write_all(stream: &TcpStream, mut buf: &[u8], more: bool) -> Result<(), ConnError> {
+/// `send` until done; waits (bounded by [`WRITE_STALL`] and the minimum rate) only
+/// when the socket is full.
+async fn write_all(
+    stream: &TcpStream,
+    mut buf: &[u8],
+    more: bool,
+    pace: &mut Pace,
+) -> Result<(), ConnError> {
     let fd = stream.as_raw_fd();
     let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
     while !buf.is_empty() {
@@ -476,8 +517,11 @@ async fn write_all(stream: &TcpStream, mut buf: &[u8], more: bool) -> Result<(),
             }
         });
         match r {
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_writable(stream).await?,
+            Ok(n) => {
+                buf = &buf[n..];
+                pace.sent(n as u64);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_writable(stream, pace).await?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
@@ -492,6 +536,7 @@ async fn send_file(
     mut pos: u64,
     end: u64,
     body: &mut FileBody,
+    pace: &mut Pace,
 ) -> Result<(), ConnError> {
     let (sock, fd) = (stream.as_raw_fd(), file.as_raw_fd());
     while pos < end {
@@ -514,9 +559,10 @@ async fn send_file(
             Ok(n) => {
                 pos += n as u64;
                 body.sent(n as u64);
+                pace.sent(n as u64);
                 tokio::task::consume_budget().await;
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_writable(stream).await?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_writable(stream, pace).await?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
@@ -524,16 +570,70 @@ async fn send_file(
     Ok(())
 }
 
-async fn wait_writable(stream: &TcpStream) -> Result<(), ConnError> {
-    match tokio::time::timeout(WRITE_STALL, stream.writable()).await {
-        Ok(r) => Ok(r?),
-        Err(_) => Err(ConnError::WriteStall),
+/// The send side of the connection's current response: when it started and the bytes
+/// sent since (mirrored on the slot for the evictor), the minimum rate it must keep,
+/// and the watchdog, which reports an eviction while the response waits.
+struct Pace {
+    watchdog: Watchdog,
+    slot: std::sync::Arc<Slot>,
+    min: Option<SlowRate>,
+    t0: Instant,
+    sent: u64,
+}
+
+impl Pace {
+    /// A response starts (its head is complete and the slot busy).
+    fn start(&mut self) {
+        self.t0 = Instant::now();
+        self.sent = 0;
+        self.slot.pace_start();
+    }
+
+    fn sent(&mut self, n: u64) {
+        self.sent += n;
+        self.slot.pace_sent(self.sent);
+    }
+
+    /// When the response falls below the minimum rate if nothing more is sent: past
+    /// the grace plus the time its bytes pay for (see [`SlowRate::behind`]).
+    fn too_slow_at(&self) -> Option<Instant> {
+        let m = self.min?;
+        let paid = Duration::from_millis(self.sent.saturating_mul(1000) / m.bytes_per_sec);
+        Some(self.t0 + m.grace + paid)
+    }
+}
+
+/// Wait until the socket takes more, for at most [`WRITE_STALL`] and not past the
+/// point where the response falls below its minimum rate; an eviction ends the wait.
+async fn wait_writable(stream: &TcpStream, pace: &mut Pace) -> Result<(), ConnError> {
+    let stall = Instant::now() + WRITE_STALL;
+    let slow = pace.too_slow_at();
+    let deadline = slow.map_or(stall, |s| s.min(stall));
+    tokio::select! {
+        biased;
+        r = stream.writable() => Ok(r?),
+        why = &mut pace.watchdog => Err(match why {
+            Expiry::Evicted => ConnError::Evicted,
+            // Only while pipelined replies are flushed between requests.
+            Expiry::Idle => ConnError::IdleTimeout,
+            Expiry::Header => ConnError::HeaderTimeout,
+        }),
+        _ = tokio::time::sleep_until(deadline) => Err(if slow.is_some_and(|s| deadline >= s) {
+            ConnError::TooSlow
+        } else {
+            ConnError::WriteStall
+        }),
     }
 }
 
 /// Answer a bad head with `status` and close. Unread input is drained briefly first so
 /// the close does not turn into a reset that destroys the reply in flight.
-async fn fail(stream: &TcpStream, out: &mut BytesMut, status: StatusCode) -> Result<(), ConnError> {
+async fn fail(
+    stream: &TcpStream,
+    out: &mut BytesMut,
+    status: StatusCode,
+    pace: &mut Pace,
+) -> Result<(), ConnError> {
     let msg: &[u8] = match status {
         StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => b"request header fields too large\n",
         _ => b"bad request\n",
@@ -547,7 +647,7 @@ async fn fail(stream: &TcpStream, out: &mut BytesMut, status: StatusCode) -> Res
     let (parts, ()) = r.into_parts();
     write_head(out, &parts, msg.len() as u64, true);
     out.put_slice(msg);
-    flush(stream, out, false).await?;
+    flush(stream, out, false, pace).await?;
     linger(stream).await;
     Err(ConnError::Malformed(status))
 }

@@ -11,7 +11,11 @@
 //! bounds and well formed ([`check`], 422), and its system UUID must be the Server's
 //! (409). Only then is it queued for the controller that writes the Server's status
 //! (202); nothing is written for a refused report, and each outcome is counted
-//! (`bootplane_http_discovery_inventory_total`).
+//! (`bootplane_http_discovery_inventory_total`). The checks that need no body (the
+//! route, the Server, the address or token, `Discovery`) run before the connection loop
+//! reads the body ([`BootHttp::inventory_may_post`]): a post refused by them is answered
+//! at once and its body never buffered, so only the machine itself can make the
+//! listener hold a body (up to 256 KiB for up to [`BODY_TIMEOUT`]).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -44,7 +48,15 @@ const MAX_CPUS: usize = 1024;
 const MAX_TEXT: usize = 256;
 const MAX_NAME: usize = 64;
 
-/// Whether a request with a body of `len` bytes to `path` may have it read.
+/// Why [`BootHttp::inventory_gate`] refused a post.
+enum Gate {
+    Malformed,
+    Unknown,
+    Forbidden(Arc<MachineBoot>, String),
+}
+
+/// Whether a request with a body to `path` is one whose body may be read (the
+/// connection loop then asks [`BootHttp::inventory_may_post`] first).
 pub fn takes_body(method: &http::Method, path: &str) -> bool {
     method == http::Method::POST && path.starts_with(PREFIX)
 }
@@ -176,27 +188,32 @@ impl BootHttp {
         Ok(Bytes::from(self.renderer.discovery_script(&d)?))
     }
 
-    /// `POST /discovery/inventory/<rest>` with `body`.
-    pub(super) fn inventory(
-        &self,
-        rest: &str,
-        body: &Bytes,
-        client: IpAddr,
-        server_out: &mut Option<Arc<MachineBoot>>,
-    ) -> Resp {
+    /// Whether a `POST` to `path` (the inventory route) from `client` passes the checks
+    /// that need no body: a well-formed name of a known Server, the machine's own
+    /// address or a valid inventory token, the Server in `Discovery`. The connection
+    /// loop asks before it reads the body, and answers a refused post without reading
+    /// it (through [`BootHttp::inventory`] with an empty body, which refuses it again,
+    /// counted and logged). No side effects.
+    pub fn inventory_may_post(&self, path: &str, client: IpAddr) -> bool {
+        let Some(rest) = path.strip_prefix(PREFIX) else {
+            return false;
+        };
+        matches!(self.inventory_gate(rest, client), Ok(m) if m.state == BootState::Discovery)
+    }
+
+    /// The identity part of the inventory checks: the Server named in `rest` when the
+    /// post comes from the machine (its address, or a valid token in `rest`).
+    fn inventory_gate(&self, rest: &str, client: IpAddr) -> Result<Arc<MachineBoot>, Gate> {
         let (name, token) = match rest.split_once('/') {
             Some((n, t)) => (n, Some(t)),
             None => (rest, None),
         };
         if !valid_name(name) {
-            self.count("malformed");
-            return bad_request("malformed server name");
+            return Err(Gate::Malformed);
         }
         let Some(m) = self.index.lookup(&MachineId::Server(name.to_string())) else {
-            self.count("unknown");
-            return text(StatusCode::NOT_FOUND, "no such server\n");
+            return Err(Gate::Unknown);
         };
-        *server_out = Some(m.clone());
         if !self.index.owns(&m, client) {
             let why = match token {
                 Some(t) => self
@@ -207,6 +224,32 @@ impl BootHttp {
                 None => Some("source address not the machine's and no token".into()),
             };
             if let Some(why) = why {
+                return Err(Gate::Forbidden(m, why));
+            }
+        }
+        Ok(m)
+    }
+
+    /// `POST /discovery/inventory/<rest>` with `body`.
+    pub(super) fn inventory(
+        &self,
+        rest: &str,
+        body: &Bytes,
+        client: IpAddr,
+        server_out: &mut Option<Arc<MachineBoot>>,
+    ) -> Resp {
+        let m = match self.inventory_gate(rest, client) {
+            Ok(m) => m,
+            Err(Gate::Malformed) => {
+                self.count("malformed");
+                return bad_request("malformed server name");
+            }
+            Err(Gate::Unknown) => {
+                self.count("unknown");
+                return text(StatusCode::NOT_FOUND, "no such server\n");
+            }
+            Err(Gate::Forbidden(m, why)) => {
+                *server_out = Some(m.clone());
                 self.count("forbidden");
                 self.metrics
                     .identity_refused
@@ -217,7 +260,8 @@ impl BootHttp {
                 tracing::warn!(server = %m.server, client = %client, why, "inventory refused by the identity check");
                 return text(StatusCode::FORBIDDEN, "forbidden\n");
             }
-        }
+        };
+        *server_out = Some(m.clone());
         if m.state != BootState::Discovery {
             self.count("conflict");
             return text(

@@ -12,13 +12,19 @@
 //! file ranges with `sendfile(2)` (the default, [`FileIo::Sendfile`]): the kernel moves
 //! page cache pages into the socket, no user-space copy and no mapping, and a file
 //! truncated while being sent only ends the response short. As an [`http_body::Body`]
-//! (and in the `mmap`/`read` modes) a range is produced as `Bytes` chunks: `mmap` maps a
-//! window of the file (`Bytes::from_owner`, one copy by `write`, unmapped once written),
-//! `read` uses `pread` into fresh buffers (one more copy). The chunk size adapts to the
-//! number of concurrent streams (a fixed memory budget divided among them, 8 KiB..1 MiB)
-//! so resident memory stays bounded. A file truncated in place while mapped would raise
-//! SIGBUS in `mmap` mode: replace image files by rename, never by truncating them in
-//! place.
+//! (and in the `read` mode) a range is produced as `Bytes` chunks read with `pread` into
+//! fresh buffers (one more copy). The chunk size adapts to the number of concurrent
+//! streams (a fixed memory budget divided among them, 8 KiB..1 MiB) so resident memory
+//! stays bounded.
+//!
+//! Nothing here maps a file (issue 32): the `mmap` mode mapped a window per chunk, and
+//! a file truncated in place under it raised SIGBUS, which kills the whole process,
+//! as soon as a chunk was copied in user space (the connection loop batches chunks up
+//! to 64 KiB into its output buffer, which many concurrent streams or a small
+//! `stream_budget_bytes` make every chunk). `http.file_io = "mmap"` is still accepted
+//! and now reads like `read`; a truncated file, in every mode, ends its response short
+//! (the connection closes, as the promised length was not met) and the next request
+//! is served. `sendfile` remains the default and the fast path.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -371,7 +377,8 @@ pub enum FileIo {
     /// `sendfile(2)` from the page cache straight into the socket (the boot listener's
     /// connection loop); a plain [`Body`] consumer gets `pread` chunks instead.
     Sendfile,
-    /// Memory-mapped windows handed out as `Bytes`.
+    /// Formerly memory-mapped windows; now the same as [`FileIo::Read`] (a mapping of a
+    /// file truncated under it faults the process, see the module doc).
     Mmap,
     /// `pread` into fresh buffers.
     Read,
@@ -511,10 +518,7 @@ impl FileBody {
                         return Some(Err(io::Error::other("file part without a file")));
                     };
                     let want = ((*end - *pos) as usize).min(budget.chunk());
-                    let res = match budget.io {
-                        FileIo::Mmap => map_window(file, *pos, want),
-                        FileIo::Read | FileIo::Sendfile => read_window(file, *pos, want),
-                    };
+                    let res = read_window(file, *pos, want);
                     return Some(res.and_then(|b| {
                         if b.is_empty() {
                             // The file shrank under us: end the body short (hyper then
@@ -587,29 +591,6 @@ impl FileBody {
     pub fn remaining(&self) -> u64 {
         self.remaining
     }
-}
-
-fn map_window(file: &File, pos: u64, len: usize) -> io::Result<Bytes> {
-    // The current length bounds the map so a shrunken file is noticed, not mapped past.
-    let flen = file.metadata()?.len();
-    if pos >= flen {
-        return Ok(Bytes::new());
-    }
-    let len = len.min((flen - pos) as usize);
-    // SAFETY: the map is read-only and private to this body; the bytes are only read
-    // (copied into the socket by write). A file truncated in place while mapped would
-    // fault; the module doc says image files are replaced by rename.
-    // Large windows are populated in one call (fewer page faults inside `write`); small
-    // ones (many concurrent streams) are left to fault so only sent pages become resident.
-    let mut opts = memmap2::MmapOptions::new();
-    opts.offset(pos).len(len);
-    if len >= 256 << 10 {
-        opts.populate();
-    }
-    // SAFETY: a read-only map of a file bootplane never writes; replaced image files
-    // are renamed over (see above), so the mapped pages stay valid.
-    let map = unsafe { opts.map(file)? };
-    Ok(Bytes::from_owner(map))
 }
 
 fn read_window(file: &File, pos: u64, len: usize) -> io::Result<Bytes> {

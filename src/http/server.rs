@@ -1,6 +1,7 @@
 //! The thin socket loop: accept under the shared connection admission
 //! ([`crate::listen::Admission`]: `max_connections`, a per-source share of it, idle
-//! connections evicted to let new clients in, the idle and header read timeouts), one
+//! connections, and responses sent slower than `slow_send_rate_bytes_per_sec`, evicted
+//! to let new clients in, the idle and header read timeouts), one
 //! HTTP/1.1 connection ([`super::conn`]) per socket with a header size limit (431
 //! beyond it) and graceful shutdown.
 //!
@@ -45,6 +46,14 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// How long in-flight responses may run after shutdown begins.
     pub drain_timeout: Duration,
+    /// A response below this average rate (bytes/s) after `send_rate_grace` is ended
+    /// ([`conn::ConnError::TooSlow`]); 0 = off.
+    pub min_send_rate: u64,
+    /// A response below this average rate after `send_rate_grace` may be evicted for a
+    /// new connection when the listener is full ([`listen::SlowRate`]); 0 = never.
+    pub slow_send_rate: u64,
+    /// How long a response runs before either rate applies.
+    pub send_rate_grace: Duration,
 }
 
 impl Limits {
@@ -56,6 +65,9 @@ impl Limits {
             header_read_timeout: Duration::from_millis(c.header_read_timeout_ms.max(100)),
             idle_timeout: Duration::from_millis(c.idle_timeout_ms.max(100)),
             drain_timeout: Duration::from_secs(8),
+            min_send_rate: c.min_send_rate_bytes_per_sec,
+            slow_send_rate: c.slow_send_rate_bytes_per_sec,
+            send_rate_grace: Duration::from_millis(c.send_rate_grace_ms.max(1)),
         }
     }
 }
@@ -72,11 +84,24 @@ impl Limits {
         .normalized()
     }
 
+    /// The minimum send rate (`None`: off).
+    pub fn min_rate(&self) -> Option<listen::SlowRate> {
+        (self.min_send_rate > 0).then_some(listen::SlowRate {
+            bytes_per_sec: self.min_send_rate,
+            grace: self.send_rate_grace,
+        })
+    }
+
     fn table(&self, app: &BootHttp) -> Admission {
-        Admission::new(
+        let slow = (self.slow_send_rate > 0).then_some(listen::SlowRate {
+            bytes_per_sec: self.slow_send_rate,
+            grace: self.send_rate_grace,
+        });
+        Admission::with_slow(
             "boot http",
             self.admission(),
             app.metrics().connections.clone(),
+            slow,
         )
     }
 }

@@ -33,6 +33,20 @@ pub struct HttpConfig {
     /// How long a connection may wait for a request's first byte, after the accept and
     /// between keep-alive requests (default 30 s; nginx waits 60 s).
     pub idle_timeout_ms: u64,
+    /// A response sent at a lower average rate than this, counted after its first
+    /// `send_rate_grace_ms` (which the average includes as an allowance), is ended;
+    /// 0 = off. The default, 4 KiB/s (32 kbit/s), is below what any firmware gets even
+    /// with every slot busy on a 1 Gbit/s link (~30 KiB/s each).
+    pub min_send_rate_bytes_per_sec: u64,
+    /// When the listener (or a source's share) is full and no connection is idle, a
+    /// response below this average rate after the grace may be closed for the new
+    /// client (the slowest first, from the source holding most); 0 = only idle
+    /// connections are evicted. Holding all 4,096 slots against the default 64 KiB/s
+    /// takes reading ~2 Gbit/s.
+    pub slow_send_rate_bytes_per_sec: u64,
+    /// How long a response runs before the two rates above apply (default 10 s, as
+    /// TFTP's `min_rate_bytes_per_sec`).
+    pub send_rate_grace_ms: u64,
     /// Threads serving the listener, each with its own runtime and `SO_REUSEPORT`
     /// socket on `listen` (as nginx's worker processes); 0 (default) = one per core.
     pub workers: usize,
@@ -99,6 +113,9 @@ impl Default for HttpConfig {
             max_header_bytes: 16 << 10,
             header_read_timeout_ms: 5_000,
             idle_timeout_ms: 30_000,
+            min_send_rate_bytes_per_sec: 4 << 10,
+            slow_send_rate_bytes_per_sec: 64 << 10,
+            send_rate_grace_ms: 10_000,
             workers: 0,
             unknown_action: "exit".into(),
             retry_secs: 10,
@@ -129,6 +146,7 @@ impl HttpConfig {
         for (key, ms) in [
             ("http.header_read_timeout_ms", self.header_read_timeout_ms),
             ("http.idle_timeout_ms", self.idle_timeout_ms),
+            ("http.send_rate_grace_ms", self.send_rate_grace_ms),
         ] {
             if ms == 0 {
                 bail!("{key} must be at least 1");

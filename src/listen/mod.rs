@@ -11,7 +11,15 @@
 //!   oldest idle connection of the source holding the most connections is closed to
 //!   make room (as nginx reuses keep-alive connections when `worker_connections` run
 //!   out, but chosen per source so a client with one connection is the last to lose
-//!   it). Only when no connection at all is idle is the new one refused.
+//!   it). Only when no connection at all is idle (or slow, below) is the new one refused.
+//! - **Slow busy connections** ([`SlowRate`], the boot listener only): a response that
+//!   has been sent for longer than its grace at an average below the slow rate (a
+//!   client that reads a download a few bytes at a time, or not at all) may be evicted
+//!   like an idle connection. Candidates are ranked by the number of connections their
+//!   source holds first, then idle before slow, then the oldest idle or the slowest
+//!   busy one: a few sources holding every slot with downloads they do not read can no
+//!   longer lock a booting machine out. The connection reports its bytes sent on its
+//!   [`Slot`] (one relaxed store per write call); the rate is computed by the evictor.
 //! - **Idle vs busy**: a connection is *busy* from a complete request head until its
 //!   response has been written (a watch stream is busy for as long as it runs), and
 //!   only then may it be evicted or time out; before the first byte of a request it is
@@ -20,7 +28,8 @@
 //!   count against their source's share.
 //! - **Cost**: the table (a mutex) is touched at accept and at close only. Per request
 //!   a connection does two atomic updates on its own [`Slot`] (busy, idle) and one
-//!   when a head starts; the timer ([`Watchdog`]) is one lazily moved `Sleep` per
+//!   when a head starts (a paced response one more at its start and a relaxed store
+//!   per write call); the timer ([`Watchdog`]) is one lazily moved `Sleep` per
 //!   connection. Eviction scans the table only when a limit is reached.
 
 pub mod router;
@@ -64,6 +73,30 @@ impl Limits {
     }
 }
 
+/// When a busy connection counts as slow enough to be evicted for a new one (see the
+/// module doc): its response has run longer than `grace` and sent fewer than
+/// `bytes_per_sec` times the time since then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlowRate {
+    pub bytes_per_sec: u64,
+    pub grace: Duration,
+}
+
+impl SlowRate {
+    /// Whether `sent` bytes in `elapsed` fall below the rate: `elapsed` is past the
+    /// grace and `sent` is less than the rate times the time past it (the grace is an
+    /// allowance, as TFTP's `min_rate_bytes_per_sec` has it). O(1), integer only.
+    pub fn behind(&self, sent: u64, elapsed: Duration) -> bool {
+        let Some(past) = elapsed.checked_sub(self.grace) else {
+            return false;
+        };
+        if past.is_zero() || self.bytes_per_sec == 0 {
+            return false;
+        }
+        (sent as u128) * 1000 < (self.bytes_per_sec as u128) * past.as_millis()
+    }
+}
+
 /// Connection counters of one listener (cheap clones over shared atomics).
 #[derive(Clone, Debug, Default)]
 pub struct ConnMetrics {
@@ -73,7 +106,7 @@ pub struct ConnMetrics {
     pub rejected: Counter,
     /// Closed at accept: the source held its share and none of it was idle.
     pub refused_per_source: Counter,
-    /// Idle connections closed to make room for a new one.
+    /// Idle (or slow busy) connections closed to make room for a new one.
     pub evicted: Counter,
     /// Closed by the idle or the header read timeout.
     pub timed_out: Counter,
@@ -97,7 +130,7 @@ impl ConnMetrics {
         );
         r.register(
             "connections_evicted",
-            "Idle connections closed to make room for a new one",
+            "Idle (or slow busy) connections closed to make room for a new one",
             self.evicted.clone(),
         );
         r.register(
@@ -136,6 +169,8 @@ pub struct Admission {
 
 struct Shared {
     limits: Limits,
+    /// Busy connections below this rate are evictable (None: never).
+    slow: Option<SlowRate>,
     metrics: ConnMetrics,
     table: Mutex<Table>,
     /// Time base of the slots' timestamps.
@@ -165,6 +200,10 @@ pub struct Slot {
     /// Index in its source's list; `usize::MAX` once out of the table. Changed under
     /// the table lock only.
     pos: AtomicUsize,
+    /// When the response being sent began (ms after `base`, plus one; 0: none).
+    paced_since: AtomicU64,
+    /// Body bytes of that response handed to the socket so far.
+    sent: AtomicU64,
 }
 
 const PHASE: u64 = 3 << 62;
@@ -198,7 +237,34 @@ impl Slot {
             source,
             base,
             pos: AtomicUsize::new(usize::MAX),
+            paced_since: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
         }
+    }
+
+    /// A response starts being sent: from now its average rate may make the
+    /// connection evictable (with a [`SlowRate`]). Cleared by [`Slot::end`].
+    pub fn pace_start(&self) {
+        self.sent.store(0, Ordering::Relaxed);
+        self.paced_since
+            .store(ms_since(self.base) + 1, Ordering::Release);
+    }
+
+    /// `total` bytes of the current response have been handed to the socket.
+    pub fn pace_sent(&self, total: u64) {
+        self.sent.store(total, Ordering::Relaxed);
+    }
+
+    /// The current response's average rate in bytes/s when it is behind `slow`.
+    fn slow_rate(&self, slow: &SlowRate, now_ms: u64) -> Option<u64> {
+        let since = self.paced_since.load(Ordering::Acquire);
+        if since == 0 {
+            return None;
+        }
+        let elapsed = now_ms.saturating_sub(since - 1);
+        let sent = self.sent.load(Ordering::Relaxed);
+        slow.behind(sent, Duration::from_millis(elapsed))
+            .then(|| sent.saturating_mul(1000) / elapsed.max(1))
     }
 
     /// The first bytes of a request head arrived (no-op unless idle).
@@ -243,6 +309,7 @@ impl Slot {
                 BUSY => IDLE | ms_since(self.base),
                 _ => return,
             };
+            self.paced_since.store(0, Ordering::Relaxed);
             match self
                 .state
                 .compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Relaxed)
@@ -273,9 +340,20 @@ impl Slot {
 impl Admission {
     /// A table for one listener; `name` labels its log lines.
     pub fn new(name: &'static str, limits: Limits, metrics: ConnMetrics) -> Admission {
+        Admission::with_slow(name, limits, metrics, None)
+    }
+
+    /// [`Admission::new`] where busy connections below `slow` are evictable too.
+    pub fn with_slow(
+        name: &'static str,
+        limits: Limits,
+        metrics: ConnMetrics,
+        slow: Option<SlowRate>,
+    ) -> Admission {
         Admission {
             shared: Arc::new(Shared {
                 limits: limits.normalized(),
+                slow,
                 metrics,
                 table: Mutex::new(Table::default()),
                 base: Instant::now(),
@@ -302,12 +380,13 @@ impl Admission {
         let slot = Arc::new(Slot::new(source, sh.base));
         let mut t = sh.table.lock().unwrap_or_else(|e| e.into_inner());
         let held = t.sources.get(&source).map_or(0, Vec::len);
+        let slow = sh.slow.as_ref().map(|s| (s, ms_since(sh.base)));
         if held >= sh.limits.max_per_source {
-            if !t.evict(Some(source), &sh.metrics) {
+            if !t.evict(Some(source), slow, &sh.metrics) {
                 sh.metrics.refused_per_source.inc();
                 return Err(Refused::PerSource);
             }
-        } else if t.total >= sh.limits.max_connections && !t.evict(None, &sh.metrics) {
+        } else if t.total >= sh.limits.max_connections && !t.evict(None, slow, &sh.metrics) {
             sh.metrics.rejected.inc();
             return Err(Refused::Full);
         }
@@ -369,24 +448,50 @@ impl Admission {
     }
 }
 
+/// An eviction candidate's rank: the connections its source holds (more goes first),
+/// its class (0 idle or reading a head, 1 slow busy: lower first), then since when it
+/// is idle or its rate (lower first).
+type Rank = (usize, u8, u64);
+
 impl Table {
-    /// Evict the oldest idle connection of `only`, or (None) of the source holding the
-    /// most connections that has one idle. False if there is none.
-    fn evict(&mut self, only: Option<IpAddr>, metrics: &ConnMetrics) -> bool {
-        // A candidate may turn busy between the scan and the swap: scan again then.
+    /// Evict a connection of `only`, or (None) of the source holding the most
+    /// connections that has a candidate: an idle one (the oldest), else a busy one
+    /// behind `slow` at `now` (ms after the base; the slowest). False if there is none.
+    fn evict(
+        &mut self,
+        only: Option<IpAddr>,
+        slow: Option<(&SlowRate, u64)>,
+        metrics: &ConnMetrics,
+    ) -> bool {
+        // A candidate may change phase between the scan and the swap: scan again then.
         for _ in 0..8 {
-            let mut best: Option<(usize, u64, u64, Arc<Slot>)> = None;
+            let mut best: Option<(Rank, u64, Arc<Slot>)> = None;
             let mut consider = |held: usize, list: &Vec<Arc<Slot>>| {
                 for slot in list {
-                    let Some((state, since)) = slot.evictable_since() else {
-                        continue;
+                    let (state, key) = match slot.evictable_since() {
+                        Some((state, since)) => (state, (held, 0, since)),
+                        None => {
+                            let Some((sl, now)) = slow else {
+                                continue;
+                            };
+                            let state = slot.state.load(Ordering::Acquire);
+                            if state & PHASE != BUSY {
+                                continue;
+                            }
+                            let Some(rate) = slot.slow_rate(sl, now) else {
+                                continue;
+                            };
+                            (state, (held, 1, rate))
+                        }
                     };
                     let better = match &best {
                         None => true,
-                        Some((h, s, _, _)) => held > *h || (held == *h && since < *s),
+                        Some(((h, c, o), _, _)) => {
+                            key.0 > *h || (key.0 == *h && (key.1, key.2) < (*c, *o))
+                        }
                     };
                     if better {
-                        best = Some((held, since, state, slot.clone()));
+                        best = Some((key, state, slot.clone()));
                     }
                 }
             };
@@ -402,7 +507,7 @@ impl Table {
                     }
                 }
             }
-            let Some((_, _, state, slot)) = best else {
+            let Some((_, state, slot)) = best else {
                 return false;
             };
             if slot
@@ -610,6 +715,69 @@ mod tests {
         assert_eq!(a.admit(ip("10.0.0.3")).err(), Some(Refused::Full));
         assert_eq!(m.rejected.get(), 1);
         assert_eq!(m.open.get(), 4);
+    }
+
+    #[test]
+    fn slow_rate_is_behind_only_past_its_grace() {
+        let s = SlowRate {
+            bytes_per_sec: 1000,
+            grace: Duration::from_secs(10),
+        };
+        let secs = Duration::from_secs;
+        assert!(!s.behind(0, secs(10)), "within the grace");
+        assert!(s.behind(0, Duration::from_millis(10_001)));
+        assert!(!s.behind(5000, secs(15)), "5 s past the grace, 5,000 bytes");
+        assert!(s.behind(4999, secs(15)));
+        let off = SlowRate {
+            bytes_per_sec: 0,
+            ..s
+        };
+        assert!(!off.behind(0, secs(3600)));
+    }
+
+    #[tokio::test]
+    async fn a_full_listener_evicts_a_slow_busy_connection_but_never_a_fast_one() {
+        let m = ConnMetrics::default();
+        let slow = SlowRate {
+            bytes_per_sec: 1000,
+            grace: Duration::from_millis(100),
+        };
+        let a = Admission::with_slow("test", limits(4, 4), m.clone(), Some(slow));
+        let c: Vec<Conn> = (0..4).map(|_| a.admit(ip("10.0.0.1")).unwrap()).collect();
+        for x in &c {
+            assert!(x.slot().begin());
+            x.slot().pace_start();
+        }
+        // Within the grace nothing is slow: refused.
+        assert_eq!(a.admit(ip("10.0.0.2")).err(), Some(Refused::Full));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Three keep up (1,000 bytes/s over the 300 ms past the grace needs 300), one
+        // has sent 10 bytes; the slow one goes, the fast ones stay.
+        for x in &c[..3] {
+            x.slot().pace_sent(1 << 20);
+        }
+        c[3].slot().pace_sent(10);
+        let newcomer = a.admit(ip("10.0.0.2")).unwrap();
+        assert_eq!(c[3].watchdog().await, Expiry::Evicted);
+        assert_eq!(m.evicted.get(), 1);
+        assert!(c[..3]
+            .iter()
+            .all(|x| x.slot().state.load(Ordering::Relaxed) & PHASE == BUSY));
+        // Everything busy and fast: refused again; a response that ended is no longer
+        // measured (its connection is idle, and idle goes first).
+        assert!(newcomer.slot().begin());
+        assert_eq!(a.admit(ip("10.0.0.3")).err(), Some(Refused::Full));
+        c[0].slot().pace_sent(0);
+        c[0].slot().end();
+        assert!(c[0].slot().begin());
+        assert_eq!(a.admit(ip("10.0.0.3")).err(), Some(Refused::Full));
+        // Without a slow rate (the API listener) a busy connection is never evicted.
+        let plain = Admission::new("test", limits(1, 1), ConnMetrics::default());
+        let only = plain.admit(ip("10.0.0.1")).unwrap();
+        assert!(only.slot().begin());
+        only.slot().pace_start();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(plain.admit(ip("10.0.0.2")).err(), Some(Refused::Full));
     }
 
     #[tokio::test]

@@ -182,6 +182,7 @@ impl Engines {
                 generation: 0,
                 m: metrics.clone(),
                 buf: vec![0u8; 2048],
+                file_buf: Vec::new(),
             };
             let t = std::thread::Builder::new()
                 .name(format!("tftp-{i}"))
@@ -278,6 +279,8 @@ struct Engine {
     generation: u64,
     m: Arc<Metrics>,
     buf: Vec<u8>,
+    /// Blocks of a large file read for one `sendmmsg` (grown to the largest batch).
+    file_buf: Vec<u8>,
 }
 
 impl Engine {
@@ -489,22 +492,47 @@ impl Engine {
     }
 
     /// Send the pending blocks of slot `i` until done or the send buffer is full.
+    /// Blocks of a file in memory are sent from it; of a large file, read with one
+    /// `pread` per batch into the engine's buffer (see [`super::files`]: no mapping).
     fn flush(&mut self, i: usize) {
         let Some(slot) = self.slots.get_mut(i).and_then(Option::as_mut) else {
             return;
         };
         let mut result = Ok(());
         if let Some((mut b, last)) = slot.pending {
-            let data = slot.data.as_slice();
             let mut hdrs = [[0u8; 4]; BATCH];
-            let mut slices: [&[u8]; BATCH] = [&[]; BATCH];
             let mut bytes = 0u64;
             while b <= last {
                 let n = ((last - b + 1) as usize).min(BATCH);
+                let mut slices: [&[u8]; BATCH] = [&[]; BATCH];
+                let (data, at): (&[u8], usize) = match slot.data.bytes() {
+                    Some(d) => (d, 0),
+                    None => {
+                        let at = slot.t.block_range(b).start;
+                        let end = slot.t.block_range(b + n as u64 - 1).end;
+                        if self.file_buf.len() < end - at {
+                            self.file_buf.resize(end - at, 0);
+                        }
+                        let buf = &mut self.file_buf[..end - at];
+                        if let Err(e) = slot.data.read_at(buf, at as u64) {
+                            let _ = slot.link.send_now(&packet::error(
+                                ErrorCode::NotDefined,
+                                "file changed while being sent",
+                            ));
+                            result = Err(io::Error::new(
+                                e.kind(),
+                                format!("reading the file being sent: {e}"),
+                            ));
+                            break;
+                        }
+                        (&*buf, at)
+                    }
+                };
                 for k in 0..n {
                     let blk = b + k as u64;
                     hdrs[k] = packet::data_header(blk as u16);
-                    slices[k] = &data[slot.t.block_range(blk)];
+                    let r = slot.t.block_range(blk);
+                    slices[k] = &data[r.start - at..r.end - at];
                 }
                 match sendmmsg(slot.link.fd(), slot.link.dest(), &hdrs[..n], &slices[..n]) {
                     Ok(sent) => {

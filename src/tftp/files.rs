@@ -8,9 +8,21 @@
 //! FIFO would otherwise block `open(2)` until a writer came) and `O_NOFOLLOW`, and
 //! anything `fstat` does not call a regular file is refused. Small files are kept in
 //! memory (shared by every transfer and revalidated by size/mtime/inode on each
-//! request); large ones are memory-mapped, so no transfer copies a file into its own
-//! buffer. A file's netascii form is converted once per version and shared the same
+//! request); large ones are read with `pread(2)` as they are sent, a batch of blocks at
+//! a time into the engine's one buffer, so no transfer holds a copy of a file. A file's
+//! netascii form is converted once per version and shared the same
 //! way (in the cache, within its budget, or for as long as any transfer holds it).
+//!
+//! Why `pread` and not a memory map (as large files had until issue 32): a mapped file
+//! truncated in place while it is served (`cp` over it, `truncate`) turns every access
+//! to a page past the new end into SIGBUS, which kills the whole process (DHCP, API,
+//! every transfer). The engine only handed the mapping to `sendmmsg`, where the kernel's
+//! copy fails with EFAULT instead, but the netascii conversion read it in user space,
+//! and nothing kept the next reader from doing so. `pread` of a truncated file returns
+//! short, which ends that one transfer with an ERROR. The cost is one `pread` (a copy
+//! from the page cache) per `sendmmsg` batch of up to 64 blocks, only for files above
+//! `small_file_max_bytes` (4 MiB): boot loaders, the boot-storm case, are served from
+//! memory as before.
 //!
 //! Everything here blocks (file I/O, conversion): callers run it off the async runtime.
 
@@ -21,7 +33,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
-use memmap2::Mmap;
 
 /// Why a request path cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,30 +102,64 @@ pub fn is_mac(c: &str) -> bool {
 #[derive(Clone, Debug)]
 pub enum FileData {
     Mem(Bytes),
-    Map(Arc<Mmap>),
+    /// A large file, read as it is sent; the length it had when opened.
+    File(Arc<File>, u64),
     /// A converted form (netascii) shared by every transfer of one version of a file.
     Converted(Arc<Vec<u8>>),
 }
 
 impl FileData {
-    pub fn as_slice(&self) -> &[u8] {
+    /// The bytes, when they are in memory (not for [`FileData::File`]).
+    pub fn bytes(&self) -> Option<&[u8]> {
         match self {
-            FileData::Mem(b) => b,
-            FileData::Map(m) => m,
-            FileData::Converted(v) => v,
+            FileData::Mem(b) => Some(b),
+            FileData::File(..) => None,
+            FileData::Converted(v) => Some(v),
         }
     }
 
-    /// Bytes it holds in memory (a mapping costs only address space).
+    /// Bytes it holds in memory (an open file costs none).
     fn mem_cost(&self) -> u64 {
         match self {
             FileData::Mem(b) => b.len() as u64,
-            FileData::Map(_) => 0,
+            FileData::File(..) => 0,
             FileData::Converted(v) => v.len() as u64,
         }
     }
     pub fn len(&self) -> usize {
-        self.as_slice().len()
+        match self {
+            FileData::File(_, len) => *len as usize,
+            d => d.bytes().map_or(0, <[u8]>::len),
+        }
+    }
+
+    /// Fill `buf` with the bytes at `pos`: copied from memory, or read from the file.
+    /// A file that no longer has them (truncated while served) is an `UnexpectedEof`.
+    pub fn read_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        match self {
+            FileData::File(f, _) => f.read_exact_at(buf, pos),
+            d => {
+                let src = d.bytes().unwrap_or_default();
+                let got = usize::try_from(pos)
+                    .ok()
+                    .and_then(|p| src.get(p..p.checked_add(buf.len())?))
+                    .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+                buf.copy_from_slice(got);
+                Ok(())
+            }
+        }
+    }
+
+    /// All of it in memory (a file is read whole: for the netascii conversion, which
+    /// is bounded by `netascii_max_bytes`).
+    fn whole(&self) -> std::io::Result<std::borrow::Cow<'_, [u8]>> {
+        if let Some(b) = self.bytes() {
+            return Ok(std::borrow::Cow::Borrowed(b));
+        }
+        let mut v = vec![0u8; self.len()];
+        self.read_at(&mut v, 0)?;
+        Ok(std::borrow::Cow::Owned(v))
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -294,9 +339,14 @@ impl FileStore {
                         Form::Octet => load(file, meta, self.small_max),
                         // the stored form comes from the cache (or is loaded) first; its
                         // gate is only ever taken inside this one, never the other way
-                        Form::Netascii => self
-                            .get(file, meta, path, stamp, Form::Octet)
-                            .map(|src| FileData::Converted(Arc::new(to_netascii(src.as_slice())))),
+                        Form::Netascii => {
+                            self.get(file, meta, path, stamp, Form::Octet)
+                                .and_then(|src| {
+                                    let whole =
+                                        src.whole().map_err(|e| FileError::Io(e.to_string()))?;
+                                    Ok(FileData::Converted(Arc::new(to_netascii(&whole))))
+                                })
+                        }
                     };
                     if let Ok(d) = &r {
                         self.keep(key.clone(), stamp.clone(), d.clone());
@@ -382,7 +432,7 @@ fn regular(path: &Path, meta: &std::fs::Metadata) -> Result<(), FileError> {
     Err(FileError::Refused("not a regular file"))
 }
 
-/// Read (small) or map (large) a file.
+/// Read (small) or keep open (large) a file.
 fn load(file: &File, meta: &std::fs::Metadata, small_max: u64) -> Result<FileData, FileError> {
     Ok(if meta.len() == 0 {
         FileData::Mem(Bytes::new())
@@ -394,11 +444,10 @@ fn load(file: &File, meta: &std::fs::Metadata, small_max: u64) -> Result<FileDat
             .map_err(|e| FileError::Io(e.to_string()))?;
         FileData::Mem(Bytes::from(v))
     } else {
-        // SAFETY: the map is read-only; a file truncated by someone else while it is
-        // served could fault the process, which is why operators replace boot assets
-        // by rename (a new inode gets a new map) rather than rewriting them in place.
-        let m = unsafe { Mmap::map(file) }.map_err(|e| FileError::Io(e.to_string()))?;
-        FileData::Map(Arc::new(m))
+        // Read as it is sent (see the module doc: no mapping, so a truncation cannot
+        // fault). A second descriptor, as the caller's is closed after the request.
+        let f = file.try_clone().map_err(|e| FileError::Io(e.to_string()))?;
+        FileData::File(Arc::new(f), meta.len())
     })
 }
 
@@ -489,11 +538,11 @@ mod tests {
             .into_iter()
             .map(|t| t.join().unwrap())
             .collect();
-        let first = opened[0].as_slice().as_ptr();
+        let first = opened[0].bytes().unwrap().as_ptr();
         for f in &opened {
             assert!(matches!(f, FileData::Mem(_)));
             assert_eq!(
-                f.as_slice().as_ptr(),
+                f.bytes().unwrap().as_ptr(),
                 first,
                 "a request loaded its own copy"
             );
@@ -512,9 +561,12 @@ mod tests {
         std::os::unix::fs::symlink(d.path().join("secret"), root.join("link")).unwrap();
         let s = FileStore::new(&root, 1000, 1 << 20).unwrap();
         assert!(matches!(s.open("small").unwrap(), FileData::Mem(ref b) if &b[..] == b"hello"));
-        assert!(matches!(s.open("sub\\big").unwrap(), FileData::Map(ref m) if m.len() == 5000));
+        assert!(matches!(
+            s.open("sub\\big").unwrap(),
+            FileData::File(_, 5000)
+        ));
         assert_eq!(
-            s.open("52:54:00:12:34:56/small").unwrap().as_slice(),
+            s.open("52:54:00:12:34:56/small").unwrap().bytes().unwrap(),
             b"hello"
         );
         assert_eq!(s.open("01-52-54-00-12-34-56/sub/big").unwrap().len(), 5000);
@@ -525,7 +577,7 @@ mod tests {
         assert!(matches!(s.open("../secret"), Err(FileError::Refused(_))));
         // revalidated after a change
         std::fs::write(root.join("small"), b"changed!").unwrap();
-        assert_eq!(s.open("small").unwrap().as_slice(), b"changed!");
+        assert_eq!(s.open("small").unwrap().bytes().unwrap(), b"changed!");
         std::fs::write(root.join("empty"), b"").unwrap();
         assert!(s.open("empty").unwrap().is_empty());
     }
@@ -539,13 +591,13 @@ mod tests {
         let s = FileStore::new(d.path(), 1 << 20, 0).unwrap();
         let a = s.open_as("t.txt", Form::Netascii).unwrap();
         let b = s.open_as("t.txt", Form::Netascii).unwrap();
-        assert_eq!(a.as_slice(), &to_netascii(&text)[..]);
+        assert_eq!(a.bytes().unwrap(), &to_netascii(&text)[..]);
         assert_eq!(
-            a.as_slice().as_ptr(),
-            b.as_slice().as_ptr(),
+            a.bytes().unwrap().as_ptr(),
+            b.bytes().unwrap().as_ptr(),
             "a netascii request converted its own copy"
         );
-        assert_eq!(s.open("t.txt").unwrap().as_slice(), &text[..]);
+        assert_eq!(s.open("t.txt").unwrap().bytes().unwrap(), &text[..]);
         drop((a, b));
         assert!(s.lock().in_use.values().all(|(_, w)| w.strong_count() == 0));
         // with a budget it is cached, and counted in it with the stored form
@@ -553,12 +605,14 @@ mod tests {
         let p = s
             .open_as("t.txt", Form::Netascii)
             .unwrap()
-            .as_slice()
+            .bytes()
+            .unwrap()
             .as_ptr();
         assert_eq!(
             s.open_as("t.txt", Form::Netascii)
                 .unwrap()
-                .as_slice()
+                .bytes()
+                .unwrap()
                 .as_ptr(),
             p
         );
@@ -569,7 +623,7 @@ mod tests {
         // a new version is converted again
         std::fs::write(d.path().join("t.txt"), b"new\n").unwrap();
         assert_eq!(
-            s.open_as("t.txt", Form::Netascii).unwrap().as_slice(),
+            s.open_as("t.txt", Form::Netascii).unwrap().bytes().unwrap(),
             b"new\r\n"
         );
         let s = FileStore::new(d.path(), 1 << 20, 1 << 20)

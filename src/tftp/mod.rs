@@ -3,7 +3,7 @@
 //!
 //! Layout: [`packet`] (wire format), [`transfer`] (pure negotiation and the
 //! `event + state -> step` transfer machine), [`files`] (path sanitising, MAC-prefix
-//! fallback, in-memory and memory-mapped file cache), [`server`] (the listener: parses
+//! fallback, in-memory file cache, large files read as sent), [`server`] (the listener: parses
 //! requests, prepares transfers), `engine` (threads with an epoll loop each that drive
 //! the transfers), [`metrics`].
 //!
@@ -15,7 +15,9 @@
 //! cached/mapped file among a thousand concurrent transfers. The goals here (3x
 //! tftpd-hpa on one large file, a 1,000-client storm in under 64 MiB) are met by
 //! sending a whole window with one `sendmmsg` whose iovecs point into the shared
-//! file bytes, so the engine is written here; it is small and fully unit-tested.
+//! file bytes (files above `small_file_max_bytes`: into one `pread` of the window, as
+//! a mapping can fault the process when the file is truncated, see [`files`]), so the
+//! engine is written here; it is small and fully unit-tested.
 
 mod engine;
 pub mod files;
@@ -78,7 +80,7 @@ pub struct TftpConfig {
     /// with an ERROR, so a client acknowledging a tiny block just before each timeout
     /// cannot hold a slot for days. 0 = no minimum.
     pub min_rate_bytes_per_sec: u64,
-    /// Files up to this size are served from memory; larger ones are memory-mapped.
+    /// Files up to this size are served from memory; larger ones are read (`pread`) as sent.
     pub small_file_max_bytes: u64,
     /// Total bytes of small files kept in memory.
     pub cache_max_bytes: u64,

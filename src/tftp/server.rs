@@ -3,9 +3,10 @@
 //! read transfer (file, options, its own ephemeral socket, or in single-port mode the
 //! listening socket with the peer's packets forwarded) before handing it to an engine
 //! thread, which drives it to its end. DATA goes out with `sendmmsg(2)` whose iovecs
-//! point straight into the cached/mapped file (no per-packet copy in user space).
+//! point straight into the cached file (no per-packet copy in user space), or into one
+//! `pread` per batch for a file too large to cache.
 //!
-//! The listener task never blocks: preparing a transfer (opening, reading or mapping,
+//! The listener task never blocks: preparing a transfer (opening, reading,
 //! converting the file) runs on the blocking pool. Slots are bounded twice: at most
 //! `max_transfers` in all, and at most `per_client_cap()` per client (IPv4 address or
 //! IPv6 /64), so one source stalling its transfers cannot lock the others out.

@@ -320,3 +320,23 @@ pub fn wait_closed(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
     }
     None
 }
+
+/// A TCP connection to `addr` from the loopback source address `src` (127.0.0.x).
+pub fn connect_from(src: &str, addr: SocketAddr) -> TcpStream {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd as _;
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    let from: std::net::SocketAddrV4 = format!("{src}:0").parse().unwrap();
+    bind(fd.as_raw_fd(), &SockaddrIn::from(from)).expect("bind client source");
+    let SocketAddr::V4(dst) = addr else {
+        panic!("ipv4 only")
+    };
+    connect(fd.as_raw_fd(), &SockaddrIn::from(dst)).expect("connect");
+    TcpStream::from(fd)
+}
