@@ -72,7 +72,10 @@ fn device_targets_checked_lexically_elsewhere() {
     ] {
         assert!(refused(&p, &req(t)), "{t}");
     }
-    assert!(matches!(p.check(&req("relative")), Err(JobError::Invalid(_))));
+    assert!(matches!(
+        p.check(&req("relative")),
+        Err(JobError::Invalid(_))
+    ));
 }
 
 #[test]
