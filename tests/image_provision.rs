@@ -648,3 +648,34 @@ fn a_file_next_to_the_target_is_not_taken_for_the_checkpoint_tmp() {
         "disk.img.tmp removed or rewritten"
     );
 }
+
+/// `--no-follow-target` (what the appliance's job runner passes with the path it
+/// resolved): a target that is a symbolic link is refused (usage, 2) and what it points
+/// at is untouched, whether it exists or not; a plain file is written as usual.
+#[test]
+fn no_follow_target_refuses_a_symlink() {
+    let d = tempfile::tempdir().unwrap();
+    let data = mixed(MIB + 3, 45);
+    let raw = d.path().join("raw");
+    fs::write(&raw, &data).unwrap();
+    let sha = sha256_hex(&data);
+    let victim = d.path().join("victim");
+    prefilled(&victim, 2 * MIB);
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let dangling = d.path().join("dangling");
+    let planted = d.path().join("planted");
+    std::os::unix::fs::symlink(&planted, &dangling).unwrap();
+    for t in [&link, &dangling] {
+        let args = ["--source", s(&raw), "--target", s(t), "--sha256", &sha];
+        let (code, lines) = provision(&[&args[..], &["--no-follow-target"]].concat());
+        assert_eq!(code, 2, "{t:?}: {lines:?}");
+    }
+    assert!(fs::read(&victim).unwrap().iter().all(|&b| b == 0xAA));
+    assert!(!planted.exists());
+    let out = d.path().join("out");
+    let args = ["--source", s(&raw), "--target", s(&out), "--sha256", &sha];
+    let (code, lines) = provision(&[&args[..], &["--no-follow-target"]].concat());
+    assert_eq!(code, 0, "{lines:?}");
+    assert_eq!(fs::read(&out).unwrap(), data);
+}

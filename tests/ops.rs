@@ -238,6 +238,10 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
     let tmp = tempfile::tempdir().unwrap();
     let listen = format!("tftp.listen=\"127.0.0.1:{tftp_port}\"");
     let root = format!("tftp.root={:?}", tmp.path().display().to_string());
+    let target_dir = format!(
+        "provision.jobs.target_dir={:?}",
+        tmp.path().display().to_string()
+    );
     let b = Bootplane::start(&[
         "--set",
         "tftp.enabled=true",
@@ -245,6 +249,10 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
         &listen,
         "--set",
         &root,
+        "--set",
+        &target_dir,
+        "--set",
+        "provision.jobs.sources=[\"http://127.0.0.1:9/images\"]",
     ]);
     let jobs = format!("{}/apis/bootplane.dev/v1alpha1/jobs", b.api);
     let auth = format!("Bearer {}", b.token);
@@ -267,9 +275,9 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
 
     let target = tmp.path().join("disk.img");
     let req = json!({
-        "id": "job-1",
         "server": "s1",
-        "source": tmp.path().join("missing.img").display().to_string(),
+        "source": "http://127.0.0.1:9/images/missing.img",
+        "sha256": "ab".repeat(32),
         "target": target.display().to_string(),
     });
     let r = b
@@ -280,6 +288,8 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
         .send_string(&req.to_string())
         .unwrap();
     assert_eq!(r.status(), 201);
+    let created: Value = r.into_string().unwrap().parse().unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
     let list: Value = b
         .agent
         .get(&jobs)
@@ -292,7 +302,7 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
         .unwrap();
     let items = list["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{list}");
-    assert_eq!(items[0]["id"], "job-1");
+    assert_eq!(items[0]["id"], id.as_str());
     assert_eq!(items[0]["server"], "s1");
 
     let (code, out, err) = b.cli(&["get", "jobs"]);
@@ -301,10 +311,13 @@ fn jobs_are_listable_and_metrics_cover_every_subsystem() {
     let head: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(&head[..3], ["ID", "SERVER", "STATE"], "{out}");
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
-    assert_eq!(&row[..2], ["job-1", "s1"], "{out}");
-    let (code, out, err) = b.cli(&["get", "job", "job-1", "-o", "json"]);
+    assert_eq!(&row[..2], [id.as_str(), "s1"], "{out}");
+    let (code, out, err) = b.cli(&["get", "job", &id, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["id"], "job-1");
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["id"],
+        id.as_str()
+    );
 
     // A claim makes the controllers reconcile and power a server (store writes too).
     let (code, _, err) = b.cli_stdin(

@@ -166,6 +166,7 @@ fn req() -> ProvisionRequest {
         sha256: Some("c".repeat(64)),
         manifest: None,
         target: "/dev/disk/by-path/ccw-0.0.0100".into(),
+        resolved_target: None,
     }
 }
 
@@ -358,6 +359,13 @@ async fn runner_creates_reads_and_deletes_jobs_on_a_fake_api_server() {
         id,
         "409 for the same job is an idempotent start"
     );
+    // A Job under that name running another request is not taken for this one.
+    let mut other = req();
+    other.target = "/dev/disk/by-path/ccw-0.0.0200".into();
+    assert!(matches!(
+        r.start(other).await,
+        Err(bootplane::provision::JobError::Forbidden(_))
+    ));
     let s = r.status(&id).await.unwrap();
     assert_eq!(s.state, JobState::Running);
     assert!(s

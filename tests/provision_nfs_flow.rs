@@ -126,6 +126,7 @@ async fn job_reads_image_over_nfs_only_while_its_rule_exists() {
         sha256: Some(sha.into()),
         manifest: None,
         target: target.display().to_string(),
+        resolved_target: None,
     };
 
     let result = tokio::time::timeout(Duration::from_secs(150), async {

@@ -1,7 +1,9 @@
 //! The s390x flow's resources through the API and the CLI, without an NFS server:
 //! the YAML examples apply, validation and defaults follow the CRDs, the comma list
 //! of kinds works in `bootplane get`, and an Image says why it cannot be exported
-//! when the export backend is disabled.
+//! when the export backend is disabled. Provisioning jobs are the controller's: the
+//! job API refuses agents and operators, caller-chosen ids, and targets and sources
+//! outside `[provision.jobs]`, so no job can stand in for a ServerAction's.
 
 mod support;
 
@@ -56,7 +58,10 @@ fn examples_apply_validation_defaults_and_cli() {
         srv["metadata"]["labels"]["provisioning.bootplane.dev/image-id"],
         "ubuntu-s390x"
     );
-    assert_eq!(srv["spec"]["target"], "/var/tmp/lpar-01.img");
+    assert_eq!(
+        srv["spec"]["target"],
+        "/var/tmp/bootplane-disks/lpar-01.img"
+    );
     assert_eq!(
         srv["metadata"]["ownerReferences"][0]["kind"],
         "BareMetalSpec"
@@ -139,4 +144,121 @@ fn examples_apply_validation_defaults_and_cli() {
         Some(&json!({"spec": {"source": "other/disk.img"}})),
     );
     assert_eq!(code, 422, "{v}");
+}
+
+const JOBS: &str = "/apis/bootplane.dev/v1alpha1/jobs";
+
+/// POST a job with `token`: (status, body).
+fn post_job(b: &Bootplane, token: &str, body: &Value) -> (u16, Value) {
+    let r = b
+        .agent
+        .post(&format!("{}{JOBS}", b.api))
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string());
+    match r {
+        Ok(r) => (
+            r.status(),
+            serde_json::from_str(&r.into_string().unwrap()).unwrap(),
+        ),
+        Err(ureq::Error::Status(c, r)) => (
+            c,
+            serde_json::from_str(&r.into_string().unwrap()).unwrap_or(Value::Null),
+        ),
+        Err(e) => panic!("POST {JOBS}: {e}"),
+    }
+}
+
+/// The agent's job writing any file (review H1): 403 for the agent; for an admin, 422
+/// for a target outside the allow-lists, a source from elsewhere, no pinned checksum or
+/// a caller-chosen id, and nothing is written. A job squatting a waiting action's id is
+/// refused, so the action never reports a job it did not start.
+#[test]
+fn jobs_are_the_controllers_not_the_apis() {
+    let tmp = tempfile::tempdir().unwrap();
+    let targets = tmp.path().join("targets");
+    std::fs::create_dir(&targets).unwrap();
+    let planted = tmp.path().join("planted");
+    let b = Bootplane::start(&[
+        "--set",
+        &format!(
+            "provision.jobs.target_dir={:?}",
+            targets.display().to_string()
+        ),
+        "--set",
+        "provision.jobs.sources=[\"http://127.0.0.1:9/images\"]",
+    ]);
+    let (code, out, err) = b.cli(&["token", "create", "a1", "--role", "agent"]);
+    assert_eq!(code, 0, "{err}");
+    let agent = out.trim().to_string();
+    let sha = "ab".repeat(32);
+    let job = |target: &Path, source: &str| json!({"server": "x", "source": source, "sha256": sha, "target": target.display().to_string()});
+    let src = "http://127.0.0.1:9/images/p.zst";
+
+    let (code, v) = post_job(&b, &agent, &job(&planted, src));
+    assert_eq!(code, 403, "agent may not start jobs: {v}");
+    let (code, v) = post_job(&b, &agent, &job(&targets.join("d.img"), src));
+    assert_eq!(code, 403, "not even inside the allow-list: {v}");
+
+    let admin = b.token.clone();
+    let (code, v) = post_job(&b, &admin, &job(&planted, src));
+    assert_eq!(code, 422, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("target"), "{v}");
+    let escape = targets.join("..").join("planted");
+    let (code, v) = post_job(&b, &admin, &job(&escape, src));
+    assert_eq!(code, 422, "{v}");
+    std::os::unix::fs::symlink(tmp.path(), targets.join("out")).unwrap();
+    let (code, v) = post_job(&b, &admin, &job(&targets.join("out/planted"), src));
+    assert_eq!(code, 422, "symlink out of the directory: {v}");
+    let local = tmp.path().join("p.zst").display().to_string();
+    let (code, v) = post_job(&b, &admin, &job(&targets.join("d.img"), &local));
+    assert_eq!(code, 422, "local source: {v}");
+    assert!(v["error"].as_str().unwrap().contains("source"), "{v}");
+    let (code, v) = post_job(
+        &b,
+        &admin,
+        &job(&targets.join("d.img"), "http://10.9.9.9/p.zst"),
+    );
+    assert_eq!(code, 422, "source off the list: {v}");
+    let mut unpinned = job(&targets.join("d.img"), src);
+    unpinned.as_object_mut().unwrap().remove("sha256");
+    let (code, v) = post_job(&b, &admin, &unpinned);
+    assert_eq!(code, 422, "no sha256: {v}");
+
+    // A ServerAction waits (NFS is disabled); a job posted under its UID is refused.
+    let target = targets.join("lpar.img");
+    let action = json!({"apiVersion": "provisioning.bootplane.dev/v1alpha1", "kind": "ServerAction",
+        "metadata": {"name": "act1"},
+        "spec": {"type": "Provision", "serverRef": {"name": "lpar"},
+                 "nfs": {"server": "127.0.0.1", "export": "/images/default/x", "path": "disk.img"},
+                 "sha256": sha, "target": target.display().to_string()}});
+    let (code, v) = b.call("POST", &format!("{API}/serveractions"), Some(&action));
+    assert_eq!(code, 201, "{v}");
+    let uid = v["metadata"]["uid"].as_str().unwrap().to_string();
+    b.wait_for(20, "action waits for NFS", || {
+        let a = b.get(&format!("{API}/serveractions/act1"));
+        a["status"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("waiting for the NFS server"))
+            .then_some(())
+    });
+    let mut squat = job(&target, src);
+    squat["id"] = json!(uid);
+    let (code, v) = post_job(&b, &admin, &squat);
+    assert_eq!(code, 422, "a caller-chosen id is refused: {v}");
+    squat["id"] = json!(format!("{uid}-0000000000000000"));
+    let (code, v) = post_job(&b, &admin, &squat);
+    assert_eq!(code, 422, "{v}");
+    let (code, v) = b.call("GET", JOBS, None);
+    assert_eq!((code, v["items"].clone()), (200, json!([])), "{v}");
+    let a = b.get(&format!("{API}/serveractions/act1"));
+    assert_eq!(a["status"]["state"], "Pending", "{a}");
+    assert!(a["status"].get("jobRef").is_none(), "{a}");
+
+    assert!(!planted.exists() && !target.exists());
+    assert_eq!(
+        std::fs::read_dir(&targets).unwrap().count(),
+        1,
+        "only the link"
+    );
 }

@@ -59,7 +59,13 @@ fn image_to_disk_with_rule_lifecycle_and_checksum_failure() {
         action["spec"]["nfs"],
         serde_json::json!({"server": "127.0.0.2", "export": export, "path": "disk.img"})
     );
-    assert_eq!(action["status"]["jobRef"], action["metadata"]["uid"]);
+    // The job id is bound to the action: its UID and its request's digest.
+    let uid = action["metadata"]["uid"].as_str().unwrap();
+    let job_ref = action["status"]["jobRef"].as_str().unwrap();
+    assert!(
+        job_ref.starts_with(&format!("{uid}-")) && job_ref.len() == uid.len() + 17,
+        "{job_ref}"
+    );
     assert_eq!(action["status"]["progress"]["bytes"], img.len() as u64);
     assert_eq!(action["status"]["progress"]["percent"], 100);
     assert_eq!(sha256_file(&target), sha);
@@ -227,7 +233,11 @@ fn restart_mid_flow_completes_without_duplicate_jobs() {
     assert_eq!(state(&action), "Succeeded", "{action:#}");
     assert_eq!(sha256_file(&target2), sha);
     let uid = action["metadata"]["uid"].as_str().unwrap().to_string();
-    let n = f.starts().iter().filter(|(id, _)| *id == uid).count();
+    let n = f
+        .starts()
+        .iter()
+        .filter(|(id, _)| id.starts_with(&format!("{uid}-")))
+        .count();
     assert_eq!(n, 1, "one job for slow-02: {:?}", f.starts());
 
     // One of each per server, and both rules in force.

@@ -417,7 +417,7 @@ impl Roles {
         let read = ["get", "list", "watch"];
         let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let mut operator = with_subs(&fleet);
-        operator.extend(s(&["leases", "jobs", "jobs/*", "render/*", "discovery"]));
+        operator.extend(s(&["leases", "render/*", "discovery"]));
         let public: Vec<String> = fleet
             .iter()
             .filter(|p| !SENSITIVE.contains(&p.as_str()))
@@ -432,19 +432,23 @@ impl Roles {
             },
             RoleConfig {
                 name: "operator".into(),
-                rules: vec![rule(&["*"], operator), rule(&["get"], s(&["metrics"]))],
+                // Jobs are the controller's: an operator reads them, never starts one.
+                rules: vec![
+                    rule(&["*"], operator),
+                    rule(&read, s(&["jobs"])),
+                    rule(&["get"], s(&["metrics"])),
+                ],
             },
             RoleConfig {
                 name: "viewer".into(),
                 rules: vec![rule(&read, viewer)],
             },
-            // What a provisioning job or agent driven from outside needs: the job
-            // runner's endpoint, reading the objects that say what to provision, and
-            // reporting progress on their status. No secrets, no rendered configs.
+            // What an agent driven from outside needs: reading the objects that say
+            // what to provision, and reporting progress on their status. No secrets, no
+            // rendered configs, no jobs (the controller starts those).
             RoleConfig {
                 name: "agent".into(),
                 rules: vec![
-                    rule(&["create", "get", "delete"], s(&["jobs"])),
                     rule(
                         &read,
                         s(&["servers", "serveractions", "images", "discovery"]),

@@ -86,6 +86,10 @@ pub struct ProvisionArgs {
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Refuse a target that is a symbolic link (the appliance's job runner passes the
+    /// path it resolved and checked against `[provision.jobs]`).
+    #[arg(long)]
+    pub no_follow_target: bool,
 }
 
 pub fn run_image(cmd: ImageCmd) -> anyhow::Result<()> {
@@ -135,6 +139,7 @@ pub fn run_provision(a: ProvisionArgs) -> anyhow::Result<i32> {
         writers: a.writers,
         pin_hash: !a.no_pin,
         quiet: a.quiet,
+        no_follow_target: a.no_follow_target,
     };
     match super::stream::provision(&opts) {
         Ok(_) => Ok(0),

@@ -201,7 +201,19 @@ fn io_err(what: &str, path: &Path, e: impl std::fmt::Display) -> ProvisionError 
 impl Target {
     /// Open and check the target. `raw_size` is the image size when known.
     pub fn open(path: &Path, raw_size: Option<u64>) -> PResult<Target> {
-        let md = std::fs::metadata(path);
+        Target::open_with(path, raw_size, false)
+    }
+
+    /// [`Target::open`]; with `no_follow` a target that is a symbolic link is refused
+    /// (it is opened with `O_NOFOLLOW`): the job runner passes the path it resolved and
+    /// checked, and nothing may have put a link there since.
+    pub fn open_with(path: &Path, raw_size: Option<u64>, no_follow: bool) -> PResult<Target> {
+        let md = if no_follow {
+            std::fs::symlink_metadata(path)
+        } else {
+            std::fs::metadata(path)
+        };
+        let nofollow = if no_follow { libc::O_NOFOLLOW } else { 0 };
         let is_block = md
             .as_ref()
             .map(|m| m.file_type().is_block_device())
@@ -234,7 +246,7 @@ impl Target {
             let file = OpenOptions::new()
                 .read(true)
                 .write(true)
-                .custom_flags(libc::O_EXCL | libc::O_DIRECT)
+                .custom_flags(libc::O_EXCL | libc::O_DIRECT | nofollow)
                 .open(path)
                 .map_err(|e| {
                     if e.raw_os_error() == Some(libc::EBUSY) {
@@ -271,9 +283,7 @@ impl Target {
             let open = |direct: bool| {
                 let mut o = OpenOptions::new();
                 o.read(true).write(true).create(true);
-                if direct {
-                    o.custom_flags(libc::O_DIRECT);
-                }
+                o.custom_flags(if direct { libc::O_DIRECT } else { 0 } | nofollow);
                 o.open(path)
             };
             let (file, direct) = match open(true) {

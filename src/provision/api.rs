@@ -2,14 +2,16 @@
 //! auth in front of it):
 //!
 //! - `POST   /apis/bootplane.dev/v1alpha1/jobs` with a [`ProvisionRequest`] body →
-//!   `201 Created` + the job's status (`200 OK` when `id` names an existing job);
+//!   `201 Created` + the job's status; the appliance chooses the id (a body with `id` is
+//!   refused, so no caller can take the id of a ServerAction's job), and the request
+//!   must pass the `[provision.jobs]` allow-lists ([`super::policy`]);
 //! - `GET    /apis/bootplane.dev/v1alpha1/jobs` → `{"kind": "JobList", "items": [...]}`,
 //!   every job the runner knows, oldest first (at most [`super::MAX_LISTED`]);
 //! - `GET    /apis/bootplane.dev/v1alpha1/jobs/{id}` → the [`JobStatus`];
 //! - `DELETE /apis/bootplane.dev/v1alpha1/jobs/{id}` → cancel, then the final status.
 //!
-//! Errors are `{"error": "..."}` with 400 (bad request), 404 (unknown job), 429 (too
-//! many jobs) or 502 (backend failure).
+//! Errors are `{"error": "..."}` with 400 (bad request), 404 (unknown job), 422 (refused
+//! by the allow-lists, or an `id` given), 429 (too many jobs) or 502 (backend failure).
 
 use std::sync::Arc;
 
@@ -34,6 +36,7 @@ fn error(code: StatusCode, msg: impl Into<String>) -> Response {
 fn job_error(e: JobError) -> Response {
     let code = match &e {
         JobError::Invalid(_) => StatusCode::BAD_REQUEST,
+        JobError::Forbidden(_) => StatusCode::UNPROCESSABLE_ENTITY,
         JobError::NotFound(_) => StatusCode::NOT_FOUND,
         JobError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
         JobError::Backend(_) => StatusCode::BAD_GATEWAY,
@@ -54,24 +57,17 @@ async fn create(
             )
         }
     };
-    let existed = match &req.id {
-        Some(id) => runner.status(id).await.is_ok(),
-        None => false,
-    };
+    if req.id.is_some() {
+        return job_error(JobError::Forbidden(
+            "job ids are chosen by the appliance: leave id out".into(),
+        ));
+    }
     let id = match runner.start(req).await {
         Ok(id) => id,
         Err(e) => return job_error(e),
     };
     match runner.status(&id).await {
-        Ok(s) => (
-            if existed {
-                StatusCode::OK
-            } else {
-                StatusCode::CREATED
-            },
-            Json(s),
-        )
-            .into_response(),
+        Ok(s) => (StatusCode::CREATED, Json(s)).into_response(),
         Err(e) => job_error(e),
     }
 }

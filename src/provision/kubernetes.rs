@@ -146,6 +146,10 @@ pub fn job_name(req: &ProvisionRequest, id: &str) -> String {
     )
 }
 
+/// Annotation carrying [`ProvisionRequest::digest`]: a Job found under the same name
+/// (409 on create) is taken only when it runs the same request.
+pub const REQUEST_ANNOTATION: &str = "bootplane.dev/request-sha256";
+
 /// Render the `batch/v1` Job (pure).
 pub fn render_job(cfg: &KubernetesConfig, req: &ProvisionRequest, id: &str) -> Value {
     let name = job_name(req, id);
@@ -200,7 +204,12 @@ pub fn render_job(cfg: &KubernetesConfig, req: &ProvisionRequest, id: &str) -> V
     json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels.clone()},
+        "metadata": {
+            "name": name,
+            "namespace": cfg.namespace,
+            "labels": labels.clone(),
+            "annotations": {REQUEST_ANNOTATION: req.digest()},
+        },
         "spec": {
             "backoffLimit": cfg.backoff_limit,
             "ttlSecondsAfterFinished": cfg.ttl_seconds_after_finished,
@@ -253,8 +262,8 @@ pub struct KubernetesRunner {
     cfg: KubernetesConfig,
     agent: ureq::Agent,
     token: Option<String>,
-    /// job id → (Job name, server)
-    jobs: std::sync::Mutex<BTreeMap<String, (String, String)>>,
+    /// job id → (Job name, server, request digest)
+    jobs: std::sync::Mutex<BTreeMap<String, (String, String, String)>>,
 }
 
 impl KubernetesRunner {
@@ -330,6 +339,29 @@ fn api_message(v: &Value) -> String {
         .to_string()
 }
 
+impl KubernetesRunner {
+    /// The Job `name` that exists already must carry `digest` in its
+    /// [`REQUEST_ANNOTATION`].
+    async fn check_existing(&self, name: &str, digest: &str) -> Result<(), JobError> {
+        let (code, job) = self
+            .request("GET", format!("{}/{name}", self.jobs_url()), None)
+            .await?;
+        if !(200..300).contains(&code) {
+            return Err(JobError::Backend(format!(
+                "reading Job {name}: http {code}: {}",
+                api_message(&job)
+            )));
+        }
+        let theirs = job["metadata"]["annotations"][REQUEST_ANNOTATION].as_str();
+        if theirs != Some(digest) {
+            return Err(JobError::Forbidden(format!(
+                "Job {name} exists and runs another request"
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl JobRunner for KubernetesRunner {
     fn name(&self) -> &'static str {
         "kubernetes"
@@ -348,18 +380,23 @@ impl JobRunner for KubernetesRunner {
                 .unwrap_or_default()
                 .to_string();
             let (code, resp) = self.request("POST", self.jobs_url(), Some(body)).await?;
-            // 409: the Job exists already (same id → same name): idempotent start.
+            // 409: the Job exists already (same id → same name): idempotent start, if
+            // it runs this very request.
             if !(200..300).contains(&code) && code != 409 {
                 return Err(JobError::Backend(format!(
                     "creating Job {name}: http {code}: {}",
                     api_message(&resp)
                 )));
             }
+            let digest = req.digest();
+            if code == 409 {
+                self.check_existing(&name, &digest).await?;
+            }
             let new = self
                 .jobs
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(id.clone(), (name, req.server.clone()))
+                .insert(id.clone(), (name, req.server.clone(), digest))
                 .is_none();
             if new {
                 super::metrics::global()
@@ -376,7 +413,7 @@ impl JobRunner for KubernetesRunner {
 
     fn status<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<JobStatus, JobError>> {
         async move {
-            let (name, server) = self
+            let (name, server, digest) = self
                 .jobs
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -399,6 +436,7 @@ impl JobRunner for KubernetesRunner {
             }
             let (state, reason) = job_state(&job);
             let mut s = JobStatus::pending(id.to_string(), server);
+            s.request_sha256 = Some(digest);
             s.state = state;
             s.reason = reason;
             s.job_ref = Some(format!("{}/{name}", self.cfg.namespace));
@@ -412,7 +450,7 @@ impl JobRunner for KubernetesRunner {
 
     fn cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), JobError>> {
         async move {
-            let (name, _) = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned().ok_or_else(|| JobError::NotFound(id.into()))?;
+            let (name, _, _) = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned().ok_or_else(|| JobError::NotFound(id.into()))?;
             let body = json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"});
             let (code, resp) = self.request("DELETE", format!("{}/{name}", self.jobs_url()), Some(body)).await?;
             if !(200..300).contains(&code) && code != 404 {
@@ -468,6 +506,7 @@ mod tests {
             sha256: Some("b".repeat(64)),
             manifest: None,
             target: "/dev/dasdb".into(),
+            resolved_target: None,
         }
     }
 

@@ -455,7 +455,9 @@ impl JobRunner for LocalRunner {
                         t.jobs.remove(&old);
                     }
                 }
-                let job = Arc::new(Job { status: Mutex::new(JobStatus::pending(id.clone(), req.server.clone())), cancel: CancellationToken::new() });
+                let mut status = JobStatus::pending(id.clone(), req.server.clone());
+                status.request_sha256 = Some(req.digest());
+                let job = Arc::new(Job { status: Mutex::new(status), cancel: CancellationToken::new() });
                 t.jobs.insert(id.clone(), job.clone());
                 t.order.push_back(id.clone());
                 job
@@ -465,7 +467,7 @@ impl JobRunner for LocalRunner {
                 .started
                 .get_or_create(&super::metrics::RunnerLabel { runner: "local" })
                 .inc();
-            tracing::info!(job = %id, server = %req.server, source = %req.source_arg(), target = %req.target, "starting provisioning job");
+            tracing::info!(job = %id, server = %req.server, source = %crate::image::source::shown(&req.source_arg()), target = %req.resolved_target.as_deref().unwrap_or(&req.target), "starting provisioning job");
             tokio::spawn(run_job(job, self.slots.clone(), self.argv[0].clone(), args, id.clone(), self.cfg.clone()));
             Ok(id)
         }

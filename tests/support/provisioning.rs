@@ -95,6 +95,11 @@ impl Flow {
             format!("provision.images_dir={:?}", images.display().to_string()),
             "provision.nfs_server=\"127.0.0.2\"".to_string(),
             "provision.job_address=\"127.0.0.2\"".to_string(),
+            // Jobs write their file targets in the test's directory only.
+            format!(
+                "provision.jobs.target_dir={:?}",
+                tmp.path().display().to_string()
+            ),
             format!(
                 "provision.local.command=[\"sh\", {:?}]",
                 job.display().to_string()

@@ -125,7 +125,19 @@ fn builtin_roles() {
     ] {
         assert!(!allow("viewer", m, p), "viewer {m} {p}");
     }
-    assert!(allow("agent", "POST", "/apis/bootplane.dev/v1alpha1/jobs"));
+    for role in ["agent", "operator", "viewer"] {
+        for m in ["POST", "DELETE"] {
+            let p = "/apis/bootplane.dev/v1alpha1/jobs/j1";
+            assert!(!allow(role, m, p), "{role} {m} jobs");
+        }
+        assert!(!allow(role, "POST", "/apis/bootplane.dev/v1alpha1/jobs"));
+    }
+    assert!(allow(
+        "operator",
+        "GET",
+        "/apis/bootplane.dev/v1alpha1/jobs/j1"
+    ));
+    assert!(allow("admin", "POST", "/apis/bootplane.dev/v1alpha1/jobs"));
     assert!(allow("agent", "PATCH", &format!("{s}/a/status")));
     assert!(allow("agent", "GET", s));
     for (m, p) in [

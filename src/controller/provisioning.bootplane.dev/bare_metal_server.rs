@@ -15,7 +15,9 @@ use serde_json::Value;
 
 use super::export_policy::{ExportPolicy, ExportPolicyRuleSpec};
 use super::image::{Image, ImageState, StorageVolume, VolumeState};
-use super::server_action::{ActionState, ActionType, Progress, ServerAction, ServerActionSpec};
+use super::server_action::{
+    action_request, ActionState, ActionType, Progress, ServerAction, ServerActionSpec,
+};
 use super::{
     merge, owned_object, read, rule_name, status_of, to_json, NameRef, Provisioning, IMAGE_LABEL,
     JOB_RULE_INDEX, SERVER_FINALIZER,
@@ -325,7 +327,8 @@ impl Provisioning {
                 .as_ref()
                 .is_some_and(ActionState::is_finished)
             {
-                match self.runner.cancel(&action.metadata.uid).await {
+                let id = action_request(&action).id.unwrap_or_default();
+                match self.runner.cancel(&id).await {
                     Ok(()) | Err(JobError::NotFound(_)) => {}
                     Err(e) => {
                         tracing::warn!(server = %name, error = %e, "cancelling provisioning job")

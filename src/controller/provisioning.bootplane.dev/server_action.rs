@@ -1,7 +1,10 @@
 //! The ServerAction reconciler (the server manager): hands a `Provision` action to the
-//! job runner ([`crate::provision::JobRunner`]) with the action's UID as the job id, and
-//! copies the job's state, progress and reason into the action's status
-//! (`Pending → Running → Succeeded | Failed`). A job the runner no longer knows (lost
+//! job runner ([`crate::provision::JobRunner`]) under a job id bound to the action (its
+//! UID and the digest of the request its spec makes, [`action_request`]), and copies the
+//! job's state, progress and reason into the action's status
+//! (`Pending → Running → Succeeded | Failed`). A job under that id is only taken for
+//! the action when it runs that very request ([`JobStatus::request_sha256`]); any other
+//! fails the action instead of being mirrored. A job the runner no longer knows (lost
 //! when bootplane restarted) is started again with the same id, at most
 //! [`MAX_RESTARTS`] times (`status.restarts`).
 
@@ -164,6 +167,29 @@ fn job_state(s: JobState) -> ActionState {
     }
 }
 
+/// The job an action asks for, under its id: the action's UID, `-`, and the first 16
+/// hex digits of the request's [`ProvisionRequest::digest`].
+pub fn action_request(a: &ServerAction) -> ProvisionRequest {
+    let spec = &a.spec;
+    let mut req = ProvisionRequest {
+        id: None,
+        server: spec
+            .server_ref
+            .as_ref()
+            .map(|r| r.name.clone())
+            .unwrap_or_default(),
+        image: spec.image.clone(),
+        nfs: spec.nfs.clone(),
+        source: None,
+        sha256: spec.sha256.clone().filter(|h| !h.is_empty()),
+        manifest: spec.manifest.clone(),
+        target: spec.target.clone(),
+        resolved_target: None,
+    };
+    req.id = Some(format!("{}-{}", a.metadata.uid, &req.digest()[..16]));
+    req
+}
+
 impl Provisioning {
     pub(super) async fn reconcile_action(&self, key: &Key) -> Result<Next, StoreError> {
         let (ns, name) = key;
@@ -191,9 +217,22 @@ impl Provisioning {
             self.set_status(&self.t_action, &obj, st).await?;
             return Ok(Next::Done);
         }
-        match self.runner.status(&a.metadata.uid).await {
-            Ok(js) => self.mirror_job(key, &obj, &a.metadata.uid, st, js).await,
-            Err(JobError::NotFound(_)) => self.start_job(key, &obj, &a, st).await,
+        let req = action_request(&a);
+        let id = req.id.clone().unwrap_or_default();
+        match self.runner.status(&id).await {
+            Ok(js) if js.request_sha256.as_deref() != Some(req.digest().as_str()) => {
+                tracing::warn!(action = %format!("{ns}/{name}"), job = %id, "a job under this action's id runs another request; not taken for it");
+                merge(
+                    &mut st,
+                    &ActionStatusPatch::failed(format!(
+                        "job {id} runs another request than this action's; it is not taken for it"
+                    )),
+                );
+                self.set_status(&self.t_action, &obj, st).await?;
+                Ok(Next::Done)
+            }
+            Ok(js) => self.mirror_job(key, &obj, &id, st, js).await,
+            Err(JobError::NotFound(_)) => self.start_job(key, &obj, &a, req, st).await,
             Err(e) => {
                 merge(
                     &mut st,
@@ -255,10 +294,11 @@ impl Provisioning {
         key: &Key,
         obj: &Value,
         a: &ServerAction,
+        req: ProvisionRequest,
         mut st: Value,
     ) -> Result<Next, StoreError> {
         let (ns, name) = key;
-        let id = a.metadata.uid.clone();
+        let id = req.id.clone().unwrap_or_default();
         let mut restarts = a.status.restarts.unwrap_or(0);
         if a.status.job_ref.as_deref().is_some_and(|j| !j.is_empty()) {
             // Started before, unknown now: the runner lost it (bootplane restarted;
@@ -284,21 +324,6 @@ impl Provisioning {
             self.set_status(&self.t_action, obj, st).await?;
             return Ok(Next::After(Duration::from_secs(2)));
         }
-        let spec = &a.spec;
-        let req = ProvisionRequest {
-            id: Some(id.clone()),
-            server: spec
-                .server_ref
-                .as_ref()
-                .map(|r| r.name.clone())
-                .unwrap_or_default(),
-            image: spec.image.clone(),
-            nfs: spec.nfs.clone(),
-            source: None,
-            sha256: spec.sha256.clone().filter(|h| !h.is_empty()),
-            manifest: spec.manifest.clone(),
-            target: spec.target.clone(),
-        };
         match self.runner.start(req).await {
             Ok(_) => {
                 let patch = ActionStatusPatch {
@@ -313,8 +338,8 @@ impl Provisioning {
                 self.set_status(&self.t_action, obj, st).await?;
                 Ok(Next::After(Duration::from_millis(200)))
             }
-            Err(JobError::Invalid(m)) => {
-                let patch = ActionStatusPatch::failed(format!("invalid provisioning request: {m}"));
+            Err(e @ (JobError::Invalid(_) | JobError::Forbidden(_))) => {
+                let patch = ActionStatusPatch::failed(e.to_string());
                 merge(&mut st, &patch);
                 self.set_status(&self.t_action, obj, st).await?;
                 Ok(Next::Done)
@@ -408,5 +433,31 @@ mod tests {
         .unwrap();
         assert_eq!(a.spec.nfs, None);
         assert_eq!(a.spec.target, "/dev/x");
+    }
+
+    /// The job id is bound to the action's UID and to what its spec asks: another
+    /// target (or image, or checksum) gives another id and another digest.
+    #[test]
+    fn job_id_binds_uid_and_request() {
+        let mut a: ServerAction = crate::model::views::view(&json!({
+            "metadata": {"uid": "u-1"},
+            "spec": {"type": "Provision", "target": "/dev/x", "sha256": "ab"},
+        }))
+        .unwrap();
+        let r1 = action_request(&a);
+        let id1 = r1.id.clone().unwrap();
+        assert!(id1.starts_with("u-1-") && id1.len() == 4 + 16, "{id1}");
+        assert_eq!(action_request(&a), r1, "stable");
+        a.spec.target = "/dev/y".into();
+        let r2 = action_request(&a);
+        assert_ne!(r2.id, r1.id);
+        assert_ne!(r2.digest(), r1.digest());
+        a.metadata.uid = "u-2".into();
+        assert_ne!(action_request(&a).id, r2.id);
+        assert_eq!(
+            action_request(&a).digest(),
+            r2.digest(),
+            "the id is not in the digest"
+        );
     }
 }

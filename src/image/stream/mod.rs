@@ -93,6 +93,8 @@ pub struct Options {
     /// two or more CPUs are allowed).
     pub pin_hash: bool,
     pub quiet: bool,
+    /// Refuse a target that is a symbolic link (`O_NOFOLLOW`).
+    pub no_follow_target: bool,
 }
 
 impl Options {
@@ -111,6 +113,7 @@ impl Options {
             writers: 3,
             pin_hash: true,
             quiet: true,
+            no_follow_target: false,
         }
     }
 }
@@ -757,7 +760,7 @@ fn plan_or_clear_target(opts: &Options) -> PResult<Plan> {
         if !matches!(e, ProvisionError::Usage(_) | ProvisionError::Internal(_))
             && opts.target.exists()
         {
-            if let Ok(t) = Target::open(&opts.target, None) {
+            if let Ok(t) = Target::open_with(&opts.target, None, opts.no_follow_target) {
                 let _ = t.zero_head(HELD);
             }
         }
@@ -835,7 +838,7 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         .unwrap_or_else(|| default_checkpoint(&opts.target));
     // Before the target is touched: a refused checkpoint path changes nothing.
     check_checkpoint_paths(&ckpt_path)?;
-    let mut target = Target::open(&opts.target, min_size)?;
+    let mut target = Target::open_with(&opts.target, min_size, opts.no_follow_target)?;
     let fresh_at_start = target.kind == (TargetKind::File { fresh: true });
     if fresh_at_start {
         target.presize(min_size.unwrap_or(0))?;
