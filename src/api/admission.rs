@@ -332,6 +332,7 @@ mod tests {
             rules: vec![super::super::auth::RuleConfig {
                 verbs: vec!["*".into()],
                 resources: vec!["servers".into(), "bmcsecrets".into()],
+                namespaces: None,
             }],
         }])
         .unwrap();
