@@ -374,6 +374,9 @@ impl EtcdKv {
     /// `Exists`) is guarded by the mirror's mod revision, so the version is known.
     async fn bind(&self, ops: &mut [Op]) -> Result<Vec<Option<Binding>>, KvError> {
         let sealed_put = |op: &Op| matches!(op.action, Action::Put(_)) && is_sealed(&op.key);
+        if !ops.iter().any(sealed_put) {
+            return Ok(vec![None; ops.len()]);
+        }
         // A revision the caller read elsewhere (another appliance): let the mirror reach it.
         let want = ops
             .iter()
