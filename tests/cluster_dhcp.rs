@@ -116,6 +116,7 @@ impl Lab {
 backend = "etcd"
 [store.etcd]
 endpoints = ["http://{NET}.1:2379"]
+allow_plaintext = true                 # the namespaces' bridge, not loopback
 prefix = "{PREFIX}"
 name = "{name}"
 request_timeout_ms = {request_timeout_ms}

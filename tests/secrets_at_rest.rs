@@ -4,7 +4,8 @@
 //! forms; they stay readable after a restart, after a key rotation (a new key first,
 //! re-encryption in the background, the old key removed) and not when the key they
 //! need is gone (a clear error naming it). On etcd, the value etcd holds is sealed
-//! and another appliance's mirror reads it.
+//! and another appliance's mirror reads it; an older sealed value put back with
+//! etcdctl is not served, nor is an APIToken written to etcd directly (401).
 
 mod support;
 
@@ -247,7 +248,7 @@ fn on_etcd_the_value_etcd_holds_is_sealed_and_another_appliance_reads_it() {
         assert!(o.status.success(), "{}", support::process::text(&o));
         assert!(
             o.stdout
-                .starts_with(b"bootplane:enc:xchacha20poly1305:v1:cluster1:"),
+                .starts_with(b"bootplane:enc:xchacha20poly1305:v2:cluster1:"),
             "{key}: {}",
             String::from_utf8_lossy(&o.stdout)
         );
@@ -271,4 +272,111 @@ fn on_etcd_the_value_etcd_holds_is_sealed_and_another_appliance_reads_it() {
             (by_key(x, "cluster1") == Some(2)).then_some(())
         });
     }
+    written_around_bootplane(&etcd, &prefix, &a, &b);
+}
+
+/// What etcd holds at `key`, exactly (etcdctl's JSON output, base64).
+fn etcd_value(etcd: &EtcdCluster, key: &str) -> Vec<u8> {
+    let o = etcd.etcdctl(&["get", key, "-w", "json"]);
+    assert!(o.status.success(), "{}", support::process::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let b64 = v["kvs"][0]["value"].as_str().unwrap();
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap()
+}
+
+/// `etcdctl put KEY` with `value` on its stdin (exact bytes, NULs too).
+fn etcdctl_put(etcd: &EtcdCluster, key: &str, value: &[u8]) {
+    use std::io::Write as _;
+    let mut c = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", etcd.endpoints_csv()))
+        .args(["put", key])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(value).unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", support::process::text(&o));
+}
+
+/// Write a Secret `name` through `a` and wait until `b` serves it: both mirrors have
+/// then seen every etcd write made before.
+fn sync(a: &Bootplane, b: &Bootplane, name: &str) {
+    let obj = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": "default"}, "stringData": {"k": "v"}});
+    let (code, v) = a.call("POST", "/api/v1/namespaces/default/secrets", Some(&obj));
+    assert_eq!(code, 201, "{v}");
+    let path = format!("/api/v1/namespaces/default/secrets/{name}");
+    b.wait_for(10, "the other appliance to read it", || {
+        (b.call("GET", &path, None).0 == 200).then_some(())
+    });
+}
+
+/// The status of a list of tokens asked for with `token`.
+fn status_as(b: &Bootplane, token: &str) -> u16 {
+    let r = b
+        .req("GET", "/apis/auth.bootplane.dev/v1alpha1/apitokens")
+        .set("Authorization", &format!("Bearer {token}"))
+        .call();
+    match r {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(c, _)) => c,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Writes to etcd that did not go through bootplane: a Secret rolled back to its first
+/// sealed value (etcdctl), an admin APIToken in clear. Neither is served.
+fn written_around_bootplane(etcd: &EtcdCluster, prefix: &str, a: &Bootplane, b: &Bootplane) {
+    const UPDATED: &str = "Upd4ted-after-the-first";
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let secret_key = format!("{prefix}objects/core/secrets/default/marker-secret");
+    let first = etcd_value(etcd, &secret_key);
+    let mut s = a.get(SECRET_PATH);
+    s["data"]["password"] = b64(UPDATED).into();
+    let (code, v) = a.call("PUT", SECRET_PATH, Some(&s));
+    assert_eq!(code, 200, "{v}");
+    etcdctl_put(etcd, &secret_key, &first);
+    sync(a, b, "sync-1");
+    for x in [a, b] {
+        assert_eq!(
+            x.get(SECRET_PATH)["data"]["password"],
+            b64(UPDATED).as_str()
+        );
+        assert!(
+            x.log().contains("rolled back to an older value"),
+            "{}",
+            x.log()
+        );
+    }
+
+    let (code, tok, err) = a.cli(&["token", "create", "ops", "--role", "admin"]);
+    assert_eq!(code, 0, "{err}");
+    let evil = serde_json::json!({"apiVersion": "auth.bootplane.dev/v1alpha1", "kind": "APIToken",
+        "metadata": {"name": "evil", "uid": "u"},
+        "spec": {"role": "admin", "secretHash": format!("sha256:{}", sha256_hex("x"))}});
+    let o = etcd.etcdctl(&[
+        "put",
+        &format!("{prefix}objects/auth.bootplane.dev/apitokens/evil"),
+        &evil.to_string(),
+    ]);
+    assert!(o.status.success(), "{}", support::process::text(&o));
+    sync(a, b, "sync-2");
+    for x in [a, b] {
+        assert_eq!(
+            status_as(x, tok.trim()),
+            200,
+            "a token made through the CLI"
+        );
+        assert_eq!(status_as(x, "bp1.evil.x"), 401, "a token written to etcd");
+        assert!(x.log().contains("APIToken in clear"), "{}", x.log());
+    }
+}
+
+fn sha256_hex(s: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
 }

@@ -3,7 +3,9 @@
 //! and-swap, errors naming the key and revision, cascading deletion in one
 //! transaction, watches in order from a revision, 410 for a revision before the
 //! mirror), several appliances' mirrors on one cluster, fenced writes after a lost
-//! leadership, 503 without quorum while reads go on, and `store migrate` both ways.
+//! leadership, 503 without quorum while reads go on, and `store migrate` both ways;
+//! sealed values bound to their etcd key's version (an older value put back is not
+//! served; values of before are re-sealed) and plain `http://` refused off loopback.
 
 mod support;
 
@@ -11,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bootplane::model::registry::{Registry, ResourceType};
+use bootplane::store::backend::KvBackend as _;
 use bootplane::store::etcd::election::Election;
 use bootplane::store::etcd::EtcdKv;
 use bootplane::store::seal::Sealer;
@@ -687,4 +690,163 @@ fn bootplane_store_migrate_copies_a_state_dir_into_etcd_once() {
     let err = String::from_utf8_lossy(&again.stderr);
     assert_eq!(again.status.code(), Some(1), "{err}");
     assert!(err.contains("never merges"), "{err}");
+}
+
+fn secret(name: &str, password: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret",
+           "metadata": {"name": name, "namespace": "default"},
+           "stringData": {"password": password}})
+}
+
+/// The password a Secret holds, as `store` serves it.
+fn password(store: &Store, name: &str) -> Option<String> {
+    use base64::Engine as _;
+    let s = store.get(&rt("secret"), Some("default"), name).ok()?;
+    let b = base64::engine::general_purpose::STANDARD
+        .decode(s["data"]["password"].as_str()?)
+        .ok()?;
+    String::from_utf8(b).ok()
+}
+
+/// The bytes etcd holds at `key`.
+async fn raw(client: &mut etcd_client::Client, key: &str) -> Vec<u8> {
+    let r = client.get(key, None).await.unwrap();
+    r.kvs()[0].value().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_value_put_back_is_not_served_and_values_of_before_are_resealed() {
+    let c = EtcdCluster::start(1);
+    let mut client = etcd_client::Client::connect(c.endpoints(), None)
+        .await
+        .unwrap();
+    // A value sealed as appliances of before sealed it (bound to its key only): the
+    // embedded engine's envelope, read out of its redb file.
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open_with(dir.path(), sealer()).unwrap();
+    s.create(&rt("secret"), secret("old", "first"))
+        .await
+        .unwrap();
+    tokio::task::spawn_blocking(move || s.close())
+        .await
+        .unwrap();
+    let v1 = {
+        use redb::ReadableDatabase as _;
+        let db = redb::Database::open(dir.path().join("store.redb")).unwrap();
+        let r = db.begin_read().unwrap();
+        let t = r
+            .open_table(redb::TableDefinition::<&str, &[u8]>::new("kv"))
+            .unwrap();
+        let rec = t.get("/core/secrets/default/old").unwrap().unwrap();
+        rec.value()[16..].to_vec()
+    };
+    assert!(v1.starts_with(b"bootplane:enc:xchacha20poly1305:v1:"));
+    let old_key = "/t8/objects/core/secrets/default/old";
+    client.put(old_key, v1, None).await.unwrap();
+    // It opens; it counts as stale (`@v1`) and one reseal pass rewrites it bound.
+    let s = open(&c, "/t8/").await;
+    assert_eq!(password(&s, "old").as_deref(), Some("first"));
+    let counts = s.kv().sealing().ledger.counts();
+    assert!(counts.keys().any(|k| k.ends_with("@v1")), "{counts:?}");
+    assert_eq!(s.reseal(10).await.unwrap().rewritten, 1);
+    assert!(raw(&mut client, old_key)
+        .await
+        .starts_with(b"bootplane:enc:xchacha20poly1305:v2:"));
+    assert!(!s
+        .kv()
+        .sealing()
+        .ledger
+        .counts()
+        .keys()
+        .any(|k| k.ends_with("@v1")));
+    assert_eq!(password(&s, "old").as_deref(), Some("first"));
+
+    // A Secret created, then changed; its first value put back around bootplane.
+    let key = "/t8/objects/core/secrets/default/s";
+    s.create(&rt("secret"), secret("s", "one")).await.unwrap();
+    let first = raw(&mut client, key).await;
+    let mut upd = (*s.get(&rt("secret"), Some("default"), "s").unwrap()).clone();
+    upd["stringData"] = json!({"password": "two"});
+    s.update(&rt("secret"), upd, Part::Main).await.unwrap();
+    let other = open(&c, "/t8/").await;
+    let put = client.put(key, first, None).await.unwrap();
+    let rev = put.header().unwrap().revision() as u64;
+    until(5, "both mirrors past the put", || {
+        s.revision() >= rev && other.revision() >= rev
+    })
+    .await;
+    // Not served: each mirror keeps the value it had.
+    assert_eq!(password(&s, "s").as_deref(), Some("two"));
+    assert_eq!(password(&other, "s").as_deref(), Some("two"));
+    // An appliance listing now leaves it out (and starts).
+    let late = open(&c, "/t8/").await;
+    assert_eq!(password(&late, "s"), None);
+    assert_eq!(password(&late, "old").as_deref(), Some("first"));
+    // Writes through bootplane of the other objects go on, bound each time.
+    for p in ["a", "b"] {
+        let mut o = (*s.get(&rt("secret"), Some("default"), "old").unwrap()).clone();
+        o["stringData"] = json!({"password": p});
+        s.update(&rt("secret"), o, Part::Main).await.unwrap();
+        until(5, "the late mirror reads it", || {
+            password(&late, "old").as_deref() == Some(p)
+        })
+        .await;
+    }
+    for x in [s, other, late] {
+        x.close();
+    }
+}
+
+#[test]
+fn plain_http_etcd_is_refused_off_loopback_and_schemes_do_not_mix() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |cmd: &str, endpoints: &str, extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_bootplane"))
+            .args([cmd, "--state-dir"])
+            .arg(dir.path())
+            .args(["--set", "store.backend=\"etcd\""])
+            .args(["--set", &format!("store.etcd.endpoints={endpoints}")])
+            .args(["--set", "store.etcd.ca_file=\"/nonexistent/ca.pem\""])
+            .args(extra)
+            .env("BOOTPLANE_LOG", "warn")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for cmd in ["check-config", "serve"] {
+        let (ok, err) = run(cmd, r#"["http://10.0.0.11:2379"]"#, &[]);
+        assert!(!ok, "{cmd}: {err}");
+        assert!(
+            err.contains("http://10.0.0.11:2379")
+                && err.contains("not loopback")
+                && err.contains("allow_plaintext"),
+            "{cmd}: {err}"
+        );
+    }
+    let (ok, err) = run(
+        "check-config",
+        r#"["https://10.0.0.11:2379", "http://127.0.0.1:2379"]"#,
+        &[],
+    );
+    assert!(!ok && err.contains("mixes http:// and https://"), "{err}");
+    let (ok, err) = run(
+        "check-config",
+        r#"["https://10.0.0.11:2379", "http://10.0.0.12:2379"]"#,
+        &["--set", "store.etcd.allow_plaintext=true"],
+    );
+    assert!(!ok && err.contains("mixes"), "{err}");
+    // Loopback, or explicitly allowed: accepted.
+    for (eps, extra) in [
+        (r#"["http://127.0.0.1:2379"]"#, &[][..]),
+        (
+            r#"["http://10.0.0.11:2379"]"#,
+            &["--set", "store.etcd.allow_plaintext=true"][..],
+        ),
+    ] {
+        let (ok, err) = run("check-config", eps, extra);
+        assert!(ok, "{eps}: {err}");
+    }
 }

@@ -238,7 +238,7 @@ fn run_scenario(a: &Args, sc: Scenario, round: usize, dir: &Path) -> Run {
         if let Some(etcd) = &etcd {
             cfg.push_str(&format!(
                 "[store]\nbackend = \"etcd\"\nencryption_key_file = {:?}\n\
-                 [store.etcd]\nendpoints = {:?}\nprefix = \"/storm-{}-{round}/\"\nname = \"{name}\"\nlease_ttl_secs = 3\n",
+                 [store.etcd]\nendpoints = {:?}\nallow_plaintext = true\nprefix = \"/storm-{}-{round}/\"\nname = \"{name}\"\nlease_ttl_secs = 3\n",
                 etcd.key_file().display().to_string(),
                 etcd.endpoints(),
                 std::process::id(),

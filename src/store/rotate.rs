@@ -27,8 +27,9 @@ pub struct KeyLabel {
     pub key: String,
 }
 
-/// `bootplane_store_secrets_by_key{key}`: Secrets and BMCSecrets stored under each
-/// key (`identity`: in clear, written before encryption existed).
+/// `bootplane_store_secrets_by_key{key}`: Secrets, BMCSecrets and APITokens stored
+/// under each key (`identity`: in clear, written before encryption existed;
+/// `KEY@v1`: on etcd, in the envelope of before the version binding).
 #[derive(Clone, Default)]
 pub struct Metrics {
     pub by_key: Family<KeyLabel, Gauge>,
@@ -38,7 +39,7 @@ impl Metrics {
     pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
         r.register(
             "bootplane_store_secrets_by_key",
-            "Secrets and BMCSecrets stored under each encryption key (identity: in clear)",
+            "Secrets, BMCSecrets and APITokens stored under each encryption key (identity: in clear; KEY@v1: the older envelope)",
             self.by_key.clone(),
         );
     }

@@ -7,6 +7,22 @@
 //! `bootplane:enc:xchacha20poly1305:v1:` + key name + `:` + 24-byte nonce +
 //! ciphertext and 16-byte tag, with the store key (`/core/secrets/ns/name`) as
 //! associated data, so a value copied onto another object's key does not decrypt.
+//!
+//! On etcd the values are written as `v2`: after the key name's `:` come the
+//! [`Binding`] (16 bytes: the etcd key's create revision, 0 for the write that
+//! creates it, and its `version`, both big-endian) and then the nonce; the associated
+//! data is the store key *and* the binding. etcd bumps a key's `version` on every put
+//! (an attacker's `etcdctl put` too) and gives a re-created key a new create revision,
+//! so an older value put back under its key (a rollback) is bound to a version etcd no
+//! longer holds and is refused ([`SealError::Replayed`]); the engine knows the version
+//! it writes because every sealed write is guarded by the previous mod revision. A
+//! `v1` value (written before) still opens, and counts as stale so the next pass of
+//! [`super::Store::reseal`] rewrites it as `v2`. Limits: a `v1` value of before the
+//! upgrade still opens if put back (rotating the key after the upgrade retires them
+//! all), and a value sealed when its key was created (version 1) opens again if the
+//! key is deleted and that value put back as a new key. The embedded engine keeps
+//! writing `v1`: its file and the key file are in the same state directory, so
+//! whoever can put an old record back can read the keys too.
 //! XChaCha20-Poly1305's 192-bit nonce is drawn at random for every write: random
 //! nonces that long never repeat in practice whatever the write rate (a 96-bit one
 //! would want a bound on writes per key).
@@ -39,11 +55,26 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use serde::Deserialize;
 
-/// The store keys whose values are sealed: core Secrets and BMCSecrets.
-pub const SEALED_PREFIXES: [&str; 2] = ["/core/secrets/", "/metal.ironcore.dev/bmcsecrets/"];
+/// The store keys whose values are sealed: core Secrets and BMCSecrets, and APITokens
+/// (not for secrecy, they hold a hash, but so that a token written to etcd directly,
+/// without the key, does not authenticate: see [`must_be_sealed`]).
+pub const SEALED_PREFIXES: [&str; 3] = [
+    "/core/secrets/",
+    "/metal.ironcore.dev/bmcsecrets/",
+    TOKEN_PREFIX,
+];
+/// The store keys of `APIToken`s.
+const TOKEN_PREFIX: &str = "/auth.bootplane.dev/apitokens/";
 
-/// The envelope's prefix, before the key name.
+/// The envelope's prefix, before the key name: key-bound ([`Format::V1`]).
 const MAGIC: &[u8] = b"bootplane:enc:xchacha20poly1305:v1:";
+/// The prefix of an envelope bound to the key and a [`Binding`] ([`Format::V2`]).
+const MAGIC_V2: &[u8] = b"bootplane:enc:xchacha20poly1305:v2:";
+/// What a v2 envelope's associated data starts with (a v1's is the store key, which
+/// starts with `/`, so the two never collide).
+const AD_V2: &[u8] = b"bootplane:v2\0";
+/// A [`Binding`]'s length in an envelope.
+const BINDING: usize = 16;
 const NONCE: usize = 24;
 const TAG: usize = 16;
 /// The ledger's name for a sealed object stored in clear (Kubernetes' name for the
@@ -59,6 +90,71 @@ pub fn is_sealed(key: &str) -> bool {
     SEALED_PREFIXES.iter().any(|p| key.starts_with(p))
 }
 
+/// Whether a value of `key` stored in clear is refused on etcd (instead of read, and
+/// sealed by the next reseal pass, as a Secret of before encryption is): an APIToken
+/// in clear is what anyone who may write etcd could add to become admin.
+pub fn must_be_sealed(key: &str) -> bool {
+    key.starts_with(TOKEN_PREFIX)
+}
+
+/// What a v2 envelope is bound to besides its object's store key: the etcd key's
+/// create revision (0: sealed by the write that creates the key, whose revision is
+/// not known before it commits) and `version` (1 for that write, +1 per put).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    pub create_rev: u64,
+    pub version: u64,
+}
+
+impl Binding {
+    /// The binding of the write that creates a key.
+    pub const CREATE: Binding = Binding {
+        create_rev: 0,
+        version: 1,
+    };
+
+    fn bytes(&self) -> [u8; BINDING] {
+        let mut b = [0u8; BINDING];
+        b[..8].copy_from_slice(&self.create_rev.to_be_bytes());
+        b[8..].copy_from_slice(&self.version.to_be_bytes());
+        b
+    }
+
+    fn from_bytes(b: &[u8]) -> Binding {
+        Binding {
+            create_rev: u64::from_be_bytes(b[..8].try_into().expect("8 bytes")),
+            version: u64::from_be_bytes(b[8..BINDING].try_into().expect("8 bytes")),
+        }
+    }
+
+    /// Whether a value sealed with this binding may be the one etcd holds at `held`
+    /// (the key's create revision and version as etcd reports them).
+    pub fn admits(&self, held: &Binding) -> bool {
+        self.version == held.version
+            && (self.create_rev == held.create_rev || (self.create_rev == 0 && held.version == 1))
+    }
+}
+
+/// The envelope a stored value was in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Bound to the store key only (the embedded engine's; on etcd, written before
+    /// the binding existed).
+    V1,
+    /// Bound to the store key and a [`Binding`].
+    V2,
+}
+
+/// The associated data of a v2 envelope.
+fn ad_v2(key: &str, b: &Binding) -> Vec<u8> {
+    let mut ad = Vec::with_capacity(AD_V2.len() + key.len() + 1 + BINDING);
+    ad.extend_from_slice(AD_V2);
+    ad.extend_from_slice(key.as_bytes());
+    ad.push(0);
+    ad.extend_from_slice(&b.bytes());
+    ad
+}
+
 /// A stored value that could not be opened. Names the object's store key and the
 /// key name, never the data.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -71,6 +167,14 @@ pub enum SealError {
     Decrypt { key: String, name: String },
     #[error("{key} holds a malformed encrypted value")]
     Malformed { key: String },
+    #[error(
+        "{key} holds a value sealed for version {sealed} of its etcd key, but etcd holds version {held}: an older value was put back under the key (not by bootplane); refused"
+    )]
+    Replayed { key: String, sealed: u64, held: u64 },
+    #[error(
+        "{key} is stored in clear, which bootplane never writes for this type on etcd: refused"
+    )]
+    Unsealed { key: String },
 }
 
 impl SealError {
@@ -78,7 +182,9 @@ impl SealError {
     pub fn key_name(&self) -> Option<&str> {
         match self {
             SealError::UnknownKey { name, .. } | SealError::Decrypt { name, .. } => Some(name),
-            SealError::Malformed { .. } => None,
+            SealError::Malformed { .. }
+            | SealError::Replayed { .. }
+            | SealError::Unsealed { .. } => None,
         }
     }
 }
@@ -172,35 +278,70 @@ impl Keyring {
         Ok(Keyring { keys })
     }
 
-    fn seal(&self, key: &str, plain: &[u8]) -> Vec<u8> {
+    /// `plain` sealed with the first key: v1 (bound to `key`), or v2 when `binding`.
+    fn seal(&self, key: &str, binding: Option<&Binding>, plain: &[u8]) -> Vec<u8> {
         use rand::RngCore as _;
         let k = &self.keys[0];
         let mut nonce = [0u8; NONCE];
         rand::rngs::OsRng.fill_bytes(&mut nonce);
+        let ad = match binding {
+            Some(b) => ad_v2(key, b),
+            None => key.as_bytes().to_vec(),
+        };
         let ct = k
             .aead
             .encrypt(
                 XNonce::from_slice(&nonce),
                 Payload {
                     msg: plain,
-                    aad: key.as_bytes(),
+                    aad: &ad,
                 },
             )
             .expect("xchacha20poly1305 encrypts any length a store value has");
-        let mut out = Vec::with_capacity(MAGIC.len() + k.name.len() + 1 + NONCE + ct.len());
-        out.extend_from_slice(MAGIC);
+        let mut out =
+            Vec::with_capacity(MAGIC.len() + k.name.len() + 1 + BINDING + NONCE + ct.len());
+        out.extend_from_slice(if binding.is_some() { MAGIC_V2 } else { MAGIC });
         out.extend_from_slice(k.name.as_bytes());
         out.push(b':');
+        if let Some(b) = binding {
+            out.extend_from_slice(&b.bytes());
+        }
         out.extend_from_slice(&nonce);
         out.extend_from_slice(&ct);
         out
     }
 
-    fn open(&self, key: &str, body: &[u8]) -> Result<(Vec<u8>, Arc<str>), SealError> {
+    /// Open an envelope's `body` (after its magic) of `format`. A v2 body's binding
+    /// must admit `held` (what etcd holds, when known) before it is decrypted.
+    fn open(
+        &self,
+        key: &str,
+        format: Format,
+        body: &[u8],
+        held: Option<&Binding>,
+    ) -> Result<(Vec<u8>, Arc<str>), SealError> {
         let malformed = || SealError::Malformed { key: key.into() };
         let colon = body.iter().position(|b| *b == b':').ok_or_else(malformed)?;
         let name = std::str::from_utf8(&body[..colon]).map_err(|_| malformed())?;
-        let rest = &body[colon + 1..];
+        let mut rest = &body[colon + 1..];
+        let ad = match format {
+            Format::V1 => key.as_bytes().to_vec(),
+            Format::V2 => {
+                if rest.len() < BINDING {
+                    return Err(malformed());
+                }
+                let sealed = Binding::from_bytes(&rest[..BINDING]);
+                rest = &rest[BINDING..];
+                if let Some(held) = held.filter(|h| !sealed.admits(h)) {
+                    return Err(SealError::Replayed {
+                        key: key.into(),
+                        sealed: sealed.version,
+                        held: held.version,
+                    });
+                }
+                ad_v2(key, &sealed)
+            }
+        };
         if rest.len() < NONCE + TAG || name.is_empty() || name.len() > 64 {
             return Err(malformed());
         }
@@ -218,7 +359,7 @@ impl Keyring {
                 XNonce::from_slice(&rest[..NONCE]),
                 Payload {
                     msg: &rest[NONCE..],
-                    aad: key.as_bytes(),
+                    aad: &ad,
                 },
             )
             .map_err(|_| SealError::Decrypt {
@@ -235,6 +376,8 @@ pub(in crate::store) struct Opened<'a> {
     pub text: std::borrow::Cow<'a, [u8]>,
     /// The key it was sealed with; `None`: it was stored in clear.
     pub key: Option<Arc<str>>,
+    /// The envelope it was in (`V1` for a value in clear).
+    pub format: Format,
 }
 
 /// The keys from the key file, re-read on [`Sealer::reload`]. Cheap to clone; the
@@ -390,32 +533,45 @@ impl Sealer {
     }
 
     /// `plain`, the value of store key `key`, sealed with the primary key (and the
-    /// key's name).
-    pub(in crate::store) fn seal(&self, key: &str, plain: &[u8]) -> (Vec<u8>, Arc<str>) {
+    /// key's name): v1, or v2 bound to `binding` (the etcd key's create revision and
+    /// version once this write commits).
+    pub(in crate::store) fn seal(
+        &self,
+        key: &str,
+        binding: Option<&Binding>,
+        plain: &[u8],
+    ) -> (Vec<u8>, Arc<str>) {
         let ring = self.ring();
-        (ring.seal(key, plain), ring.keys[0].name.clone())
+        (ring.seal(key, binding, plain), ring.keys[0].name.clone())
     }
 
     /// The stored value of store key `key`, opened: an envelope is decrypted, any
-    /// other value (written before encryption existed) is taken as it is.
+    /// other value (written before encryption existed) is taken as it is. `held`: the
+    /// etcd key's create revision and version, which a v2 envelope's binding must
+    /// admit (`None`: the embedded engine, which has no versions).
     pub(in crate::store) fn open<'a>(
         &self,
         key: &str,
         stored: &'a [u8],
+        held: Option<&Binding>,
     ) -> Result<Opened<'a>, SealError> {
-        match stored.strip_prefix(MAGIC) {
-            None => Ok(Opened {
-                text: std::borrow::Cow::Borrowed(stored),
-                key: None,
-            }),
-            Some(body) => {
-                let (plain, name) = self.ring().open(key, body)?;
-                Ok(Opened {
-                    text: std::borrow::Cow::Owned(plain),
-                    key: Some(name),
+        let (format, body) = match (stored.strip_prefix(MAGIC), stored.strip_prefix(MAGIC_V2)) {
+            (Some(body), _) => (Format::V1, body),
+            (None, Some(body)) => (Format::V2, body),
+            (None, None) => {
+                return Ok(Opened {
+                    text: std::borrow::Cow::Borrowed(stored),
+                    key: None,
+                    format: Format::V1,
                 })
             }
-        }
+        };
+        let (plain, name) = self.ring().open(key, format, body, held)?;
+        Ok(Opened {
+            text: std::borrow::Cow::Owned(plain),
+            key: Some(name),
+            format,
+        })
     }
 }
 
@@ -508,29 +664,37 @@ mod tests {
     #[test]
     fn round_trip_names_the_key_and_hides_the_text() {
         let r = ring(&["k1"]);
-        let sealed = r.seal(KEY, PLAIN);
+        let sealed = r.seal(KEY, None, PLAIN);
         assert!(sealed.starts_with(b"bootplane:enc:xchacha20poly1305:v1:k1:"));
         assert!(!sealed.windows(7).any(|w| w == b"hunter2"));
-        let (plain, name) = r.open(KEY, &sealed[MAGIC.len()..]).unwrap();
+        let (plain, name) = r
+            .open(KEY, Format::V1, &sealed[MAGIC.len()..], None)
+            .unwrap();
         assert_eq!((plain.as_slice(), &*name), (PLAIN, "k1"));
         // Two seals of the same text differ (a fresh nonce each).
-        assert_ne!(sealed, r.seal(KEY, PLAIN));
+        assert_ne!(sealed, r.seal(KEY, None, PLAIN));
     }
 
     #[test]
     fn older_keys_still_open_and_the_first_seals() {
         let old = ring(&["k1"]);
-        let sealed = old.seal(KEY, PLAIN);
+        let sealed = old.seal(KEY, None, PLAIN);
         let both = ring(&["k2", "k1"]);
-        assert_eq!(&*both.open(KEY, &sealed[MAGIC.len()..]).unwrap().1, "k1");
-        let resealed = both.seal(KEY, PLAIN);
+        assert_eq!(
+            &*both
+                .open(KEY, Format::V1, &sealed[MAGIC.len()..], None)
+                .unwrap()
+                .1,
+            "k1"
+        );
+        let resealed = both.seal(KEY, None, PLAIN);
         assert!(resealed.starts_with(b"bootplane:enc:xchacha20poly1305:v1:k2:"));
     }
 
     #[test]
     fn wrong_key_tampering_unknown_key_and_another_object_are_errors() {
         let r = ring(&["k1"]);
-        let sealed = r.seal(KEY, PLAIN);
+        let sealed = r.seal(KEY, None, PLAIN);
         let body = &sealed[MAGIC.len()..];
         // A key of the same name but other bytes.
         let other = Keyring::parse(&format!(
@@ -538,7 +702,7 @@ mod tests {
             base64::engine::general_purpose::STANDARD.encode([9u8; 32])
         ))
         .unwrap();
-        let e = other.open(KEY, body).unwrap_err();
+        let e = other.open(KEY, Format::V1, body, None).unwrap_err();
         assert!(
             matches!(e, SealError::Decrypt { ref name, .. } if name == "k1"),
             "{e}"
@@ -547,23 +711,94 @@ mod tests {
         let last = tampered.len() - 20;
         tampered[last] ^= 1;
         assert!(matches!(
-            r.open(KEY, &tampered).unwrap_err(),
+            r.open(KEY, Format::V1, &tampered, None).unwrap_err(),
             SealError::Decrypt { .. }
         ));
-        let e = ring(&["k7"]).open(KEY, body).unwrap_err();
+        let e = ring(&["k7"]).open(KEY, Format::V1, body, None).unwrap_err();
         assert_eq!(
             e.to_string(),
             "/core/secrets/default/s is encrypted with key \"k1\", which the key file does not have"
         );
         // Bound to its object: the same bytes under another key do not open.
         assert!(matches!(
-            r.open("/core/secrets/default/t", body).unwrap_err(),
+            r.open("/core/secrets/default/t", Format::V1, body, None)
+                .unwrap_err(),
             SealError::Decrypt { .. }
         ));
         assert!(matches!(
-            r.open(KEY, b"k1:short").unwrap_err(),
+            r.open(KEY, Format::V1, b"k1:short", None).unwrap_err(),
             SealError::Malformed { .. }
         ));
+    }
+
+    #[test]
+    fn v2_is_bound_to_the_etcd_version_so_an_older_value_put_back_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Sealer::load(&d.path().join("secrets.key")).unwrap();
+        let at = |create_rev, version| Binding {
+            create_rev,
+            version,
+        };
+        // Created (version 1, create revision not known yet), then updated twice.
+        let (v1, _) = s.seal(KEY, Some(&Binding::CREATE), PLAIN);
+        assert!(v1.starts_with(b"bootplane:enc:xchacha20poly1305:v2:"));
+        let (v2, _) = s.seal(KEY, Some(&at(40, 2)), b"{\"n\":2}");
+        let (v3, _) = s.seal(KEY, Some(&at(40, 3)), b"{\"n\":3}");
+        let open = |b: &[u8], held| s.open(KEY, b, Some(&held)).map(|o| o.text.to_vec());
+        assert_eq!(open(&v1, at(40, 1)).unwrap(), PLAIN);
+        assert_eq!(open(&v3, at(40, 3)).unwrap(), b"{\"n\":3}");
+        assert_eq!(
+            s.open(KEY, &v3, Some(&at(40, 3))).unwrap().format,
+            Format::V2
+        );
+        // An older value put back: etcd's version moved on (every put bumps it).
+        let e = open(&v2, at(40, 4)).unwrap_err();
+        assert_eq!(
+            e,
+            SealError::Replayed {
+                key: KEY.into(),
+                sealed: 2,
+                held: 4
+            }
+        );
+        assert!(
+            e.to_string().contains(KEY) && e.to_string().contains("put back"),
+            "{e}"
+        );
+        assert!(open(&v1, at(40, 5)).is_err());
+        // Deleted and re-created with puts up to the old version: a new create revision.
+        assert!(matches!(
+            open(&v2, at(77, 2)).unwrap_err(),
+            SealError::Replayed { .. }
+        ));
+        // Another object's key, or the binding in the header edited to match: no.
+        assert!(matches!(
+            s.open("/core/secrets/default/t", &v3, Some(&at(40, 3)))
+                .err(),
+            Some(SealError::Decrypt { .. })
+        ));
+        let mut forged = v2.clone();
+        let at_binding = MAGIC_V2.len() + s.primary().len() + 1;
+        forged[at_binding + 15] = 4;
+        assert!(matches!(
+            open(&forged, at(40, 4)).unwrap_err(),
+            SealError::Decrypt { .. }
+        ));
+        // The embedded engine (no versions) opens v2 with its own binding, and v1 as
+        // before; a v1 value on etcd opens and says so (the reseal pass rewrites it).
+        assert_eq!(s.open(KEY, &v2, None).unwrap().format, Format::V2);
+        let (old, _) = s.seal(KEY, None, PLAIN);
+        let o = s.open(KEY, &old, Some(&at(40, 9))).unwrap();
+        assert_eq!((&*o.text, o.format), (PLAIN, Format::V1));
+        // v2's associated data is not v1's: a v2 body relabelled v1 does not open.
+        let mut relabelled = MAGIC.to_vec();
+        relabelled.extend_from_slice(&v3[MAGIC_V2.len()..]);
+        assert!(s.open(KEY, &relabelled, None).is_err());
+        assert!(
+            is_sealed("/auth.bootplane.dev/apitokens/t")
+                && must_be_sealed("/auth.bootplane.dev/apitokens/t")
+        );
+        assert!(!must_be_sealed(KEY));
     }
 
     #[test]
@@ -609,7 +844,7 @@ mod tests {
         assert_eq!(md.permissions().mode() & 0o777, 0o600);
         assert_eq!(s.key_names().len(), 1);
         let first = s.primary();
-        let (sealed, name) = s.seal(KEY, PLAIN);
+        let (sealed, name) = s.seal(KEY, None, PLAIN);
         assert_eq!(name, first);
         let file = std::fs::read_to_string(&path).unwrap();
         let secret = file
@@ -621,7 +856,7 @@ mod tests {
         assert_eq!(
             &*Sealer::load(&path)
                 .unwrap()
-                .open(KEY, &sealed)
+                .open(KEY, &sealed, None)
                 .unwrap()
                 .text,
             PLAIN
@@ -636,7 +871,10 @@ mod tests {
         assert!(s.reload(false).unwrap());
         assert!(!s.reload(false).unwrap(), "unchanged: not read again");
         assert_eq!(&*s.primary(), "key2");
-        assert_eq!(s.open(KEY, &sealed).unwrap().key.as_deref(), Some(&*first));
+        assert_eq!(
+            s.open(KEY, &sealed, None).unwrap().key.as_deref(),
+            Some(&*first)
+        );
         // Readable by others: refused, naming the file; the keys stay.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = format!("{:#}", Sealer::load(&path).unwrap_err());
@@ -644,6 +882,6 @@ mod tests {
         assert!(s.reload(true).is_err());
         assert_eq!(&*s.primary(), "key2");
         // A value in clear passes through, with no key.
-        assert!(s.open(KEY, PLAIN).unwrap().key.is_none());
+        assert!(s.open(KEY, PLAIN, None).unwrap().key.is_none());
     }
 }

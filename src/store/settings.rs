@@ -39,8 +39,13 @@ pub const DEFAULT_KEY_FILE: &str = "secrets.key";
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct EtcdConfig {
-    /// Client URLs of the members (`http://` or `https://`), any order.
+    /// Client URLs of the members, any order: all `https://`, or all `http://` on a
+    /// loopback address (or anywhere with `allow_plaintext`).
     pub endpoints: Vec<String>,
+    /// Accept `http://` endpoints that are not on a loopback address. Whoever can read
+    /// or write the path to etcd then reads every object and can write any (see
+    /// docs/cluster.md): for a lab or a network namespace, not for production.
+    pub allow_plaintext: bool,
     /// Every key bootplane writes starts with this (several installations may share
     /// one cluster under different prefixes). Starts and ends with `/`.
     pub prefix: String,
@@ -65,6 +70,7 @@ impl Default for EtcdConfig {
     fn default() -> Self {
         EtcdConfig {
             endpoints: vec!["http://127.0.0.1:2379".into()],
+            allow_plaintext: false,
             prefix: "/bootplane/".into(),
             ca_file: None,
             cert_file: None,
@@ -99,13 +105,25 @@ impl EtcdConfig {
         if self.endpoints.is_empty() {
             bail!("store.etcd.endpoints must name at least one member");
         }
-        let mut tls = false;
+        let (mut tls, mut plain) = (false, false);
         for e in &self.endpoints {
             match e.split_once("://") {
-                Some(("http", rest)) if !rest.is_empty() => {}
+                Some(("http", rest)) if !rest.is_empty() => {
+                    plain = true;
+                    if !self.allow_plaintext && !loopback_host(rest) {
+                        bail!(
+                            "store.etcd.endpoints: {e:?} is plain http:// on an address that is not loopback: whoever is on the path reads every object and can write an admin token; use https:// (with ca_file and a client certificate), or set store.etcd.allow_plaintext = true for a lab"
+                        );
+                    }
+                }
                 Some(("https", rest)) if !rest.is_empty() => tls = true,
                 _ => bail!("store.etcd.endpoints: {e:?} is not an http:// or https:// URL"),
             }
+        }
+        if tls && plain {
+            bail!(
+                "store.etcd.endpoints mixes http:// and https:// members: a request may go to either, so the cluster is only as private as its plaintext member; use one scheme"
+            );
         }
         if tls && self.ca_file.is_none() {
             bail!("store.etcd.ca_file is required for https:// endpoints");
@@ -150,6 +168,20 @@ impl EtcdConfig {
     }
 }
 
+/// Whether an endpoint's `host[:port][/path]` names a loopback address (`127.0.0.0/8`,
+/// `[::1]` or `localhost`).
+fn loopback_host(rest: &str) -> bool {
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,5 +208,56 @@ mod tests {
         bad(|e| e.prefix = "bootplane".into(), "prefix");
         bad(|e| e.lease_ttl_secs = 1, "lease_ttl_secs");
         bad(|e| e.name = Some("a b".into()), "name");
+        // Plain http only on loopback, unless allowed; never mixed with https.
+        bad(
+            |e| e.endpoints = vec!["http://10.0.0.11:2379".into()],
+            "allow_plaintext",
+        );
+        bad(
+            |e| e.endpoints = vec!["http://etcd.example:2379".into()],
+            "not loopback",
+        );
+        bad(
+            |e| {
+                e.ca_file = Some("ca.pem".into());
+                e.endpoints = vec![
+                    "https://10.0.0.11:2379".into(),
+                    "http://127.0.0.1:2379".into(),
+                ];
+            },
+            "mixes http:// and https://",
+        );
+        bad(
+            |e| {
+                e.allow_plaintext = true;
+                e.ca_file = Some("ca.pem".into());
+                e.endpoints = vec![
+                    "http://10.0.0.12:2379".into(),
+                    "https://10.0.0.11:2379".into(),
+                ];
+            },
+            "mixes",
+        );
+        for ok in [
+            "http://127.0.0.1:2379",
+            "http://127.0.0.2",
+            "http://[::1]:2379",
+            "http://localhost:2379/",
+        ] {
+            let e = EtcdConfig {
+                endpoints: vec![ok.into()],
+                ..EtcdConfig::default()
+            };
+            e.validate().unwrap_or_else(|err| panic!("{ok}: {err}"));
+        }
+        let e = EtcdConfig {
+            endpoints: vec![
+                "http://10.0.0.11:2379".into(),
+                "http://10.0.0.12:2379".into(),
+            ],
+            allow_plaintext: true,
+            ..EtcdConfig::default()
+        };
+        e.validate().unwrap();
     }
 }

@@ -26,6 +26,14 @@
 //! from the next revision; when etcd compacted past it, the mirror lists again and
 //! every local watcher is told to re-list.
 //!
+//! Sealed values (Secrets, BMCSecrets, APITokens; [`super::seal`]) are bound to the
+//! etcd key's create revision and version after the write: every sealed put is
+//! guarded by the previous mod revision (an unguarded one gets the mirror's as its
+//! guard), and the mirror keeps each sealed key's version, so the binding is known
+//! before the write. A value whose binding is not what etcd holds (an older value put
+//! back) or an APIToken in clear is not served: the mirror keeps what it had and says
+//! so in the log (a listing leaves the key out).
+//!
 //! Failure: every request to etcd is bounded by `request_timeout_ms`; with no
 //! quorum the client's `require_leader` makes members refuse at once. Such a write
 //! fails with [`KvError::Unavailable`] (503 at the API); reads go on from the mirror.
@@ -33,7 +41,7 @@
 pub mod client;
 pub mod election;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -51,7 +59,7 @@ use super::backend::{
 };
 use super::kv::text::{prepare, stamp};
 use super::kv::{compare, Garbage, State, Watch};
-use super::seal::{is_sealed, SealError, Sealer, Sealing};
+use super::seal::{is_sealed, must_be_sealed, Binding, Format, SealError, Sealer, Sealing};
 use super::settings::EtcdConfig;
 
 /// Keys read per page when listing (a page stays well under gRPC's message limit).
@@ -105,7 +113,13 @@ struct Inner {
     /// The keys Secrets are sealed with (the values etcd holds are encrypted), and
     /// which key each is stored under.
     sealing: Sealing,
+    /// Each sealed key's (mod revision, etcd version) as the mirror holds it.
+    versions: Versions,
 }
+
+/// Each sealed key's (mod revision, etcd version) in the mirror: what the next write
+/// of the key binds its value to ([`Binding`]).
+type Versions = Mutex<HashMap<Arc<str>, (Rev, u64)>>;
 
 fn unavailable(e: impl Into<Unreachable>) -> KvError {
     KvError::Unavailable(format!("etcd: {}", e.into().0))
@@ -201,7 +215,8 @@ impl EtcdKv {
         let client = client::connect(cfg).await?;
         let root = format!("{}objects", cfg.prefix);
         let request_timeout = Duration::from_millis(cfg.request_timeout_ms);
-        let listing = list(&client, &root, &sealing);
+        let versions = Versions::default();
+        let listing = list(&client, &root, &sealing, &versions);
         let (map, rev) = tokio::time::timeout(request_timeout * 2, listing)
             .await
             .map_err(|_| unavailable("timed out"))
@@ -221,6 +236,7 @@ impl EtcdKv {
             task: Mutex::new(None),
             request_timeout,
             sealing,
+            versions,
         });
         let task = tokio::spawn(follow(inner.clone(), events));
         *inner.task.lock().unwrap() = Some(task);
@@ -258,7 +274,9 @@ impl EtcdKv {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(KvError::Closed);
         }
-        let texts = prepare(&ops, &self.inner.sealing.sealer)?;
+        let mut ops = ops;
+        let bindings = self.bind(&mut ops).await?;
+        let texts = prepare(&ops, &self.inner.sealing.sealer, |i| bindings[i])?;
         let mut when = Vec::with_capacity(ops.len() + 1);
         let mut then = Vec::with_capacity(ops.len());
         let mut otherwise = Vec::with_capacity(ops.len() + 1);
@@ -351,6 +369,66 @@ impl EtcdKv {
         Ok(TxnResult { rev, kvs, values })
     }
 
+    /// The binding of each sealed put of `ops` (the key's create revision and version
+    /// once it is written; see the module doc). An unguarded sealed put (`Any`,
+    /// `Exists`) is guarded by the mirror's mod revision, so the version is known.
+    async fn bind(&self, ops: &mut [Op]) -> Result<Vec<Option<Binding>>, KvError> {
+        let sealed_put = |op: &Op| matches!(op.action, Action::Put(_)) && is_sealed(&op.key);
+        if !ops.iter().any(sealed_put) {
+            return Ok(vec![None; ops.len()]);
+        }
+        // A revision the caller read elsewhere (another appliance): let the mirror reach it.
+        let want = ops
+            .iter()
+            .filter(|op| sealed_put(op))
+            .filter_map(|op| match op.compare {
+                Compare::ModRev(r) => Some(r),
+                _ => None,
+            })
+            .max();
+        if let Some(r) =
+            want.filter(|r| *r > self.revision() && *r <= self.inner.known.load(Ordering::Relaxed))
+        {
+            let mut seen = self.inner.published.clone();
+            let _ =
+                tokio::time::timeout(self.inner.request_timeout, seen.wait_for(|x| *x >= r)).await;
+        }
+        let st = self.inner.state.read().unwrap();
+        let versions = self.inner.versions.lock().unwrap();
+        ops.iter_mut()
+            .map(|op| {
+                if !sealed_put(op) {
+                    return Ok(None);
+                }
+                let cur = st.get(&op.key);
+                let not_found = || KvError::NotFound {
+                    key: op.key.clone(),
+                };
+                op.compare = match (op.compare, cur) {
+                    (Compare::Any | Compare::Exists, Some(c)) => Compare::ModRev(c.mod_rev),
+                    (Compare::Any, None) => Compare::Absent,
+                    (Compare::Exists, None) => return Err(not_found()),
+                    (c, _) => c,
+                };
+                match (op.compare, cur) {
+                    (Compare::ModRev(r), Some(c)) => match versions.get(&*c.key) {
+                        Some(&(at, v)) if at == r && c.mod_rev == r => Ok(Some(Binding {
+                            create_rev: c.create_rev,
+                            version: v + 1,
+                        })),
+                        _ => Err(KvError::Conflict {
+                            key: op.key.clone(),
+                            expected: r,
+                            actual: c.mod_rev,
+                        }),
+                    },
+                    (Compare::ModRev(_), None) => Err(not_found()),
+                    _ => Ok(Some(Binding::CREATE)),
+                }
+            })
+            .collect()
+    }
+
     /// The error of a transaction whose guards failed: the first op whose guard the
     /// else branch's reads refute, or the fence.
     fn failure(&self, ops: &[Op], answers: &[TxnOpResponse]) -> KvError {
@@ -420,12 +498,20 @@ fn mirror_kv(
     kv: &etcd_client::KeyValue,
     parsed: bool,
     sealing: &Sealing,
+    versions: &Versions,
 ) -> Result<Option<KeyValue>, SealError> {
     let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(root)) else {
         return Ok(None);
     };
     let sealed = is_sealed(key);
-    let opened = match sealing.sealer.open(key, kv.value()) {
+    let held = Binding {
+        create_rev: urev(kv.create_revision()),
+        version: urev(kv.version()),
+    };
+    let opened = match sealing.sealer.open(key, kv.value(), Some(&held)) {
+        Ok(o) if o.key.is_none() && must_be_sealed(key) => {
+            return Err(SealError::Unsealed { key: key.into() })
+        }
         Ok(o) => o,
         Err(e) => {
             if let Some(name) = e.key_name() {
@@ -446,7 +532,16 @@ fn mirror_kv(
     let raw = Arc::from(v.to_string());
     let key: Arc<str> = Arc::from(key);
     if sealed {
-        sealing.ledger.note(&key, opened.key);
+        // A v1 value counts as stale (`key1@v1`): the reseal pass rewrites it as v2.
+        let name = match (opened.key, opened.format) {
+            (Some(n), Format::V1) => Some(Arc::from(format!("{n}@v1"))),
+            (n, _) => n,
+        };
+        sealing.ledger.note(&key, name);
+        versions
+            .lock()
+            .unwrap()
+            .insert(key.clone(), (rev, held.version));
     }
     Ok(Some(KeyValue {
         key,
@@ -457,13 +552,38 @@ fn mirror_kv(
     }))
 }
 
+/// Whether a value that did not open is only left out of the mirror (written around
+/// bootplane: replayed, or an APIToken in clear) rather than failing a listing.
+fn left_out(e: &SealError) -> bool {
+    matches!(e, SealError::Replayed { .. } | SealError::Unsealed { .. })
+}
+
+/// Log a value [`mirror_kv`] refused.
+fn refused(e: &SealError) {
+    match e {
+        SealError::Unsealed { .. } => tracing::error!(
+            error = %e,
+            "an APIToken in clear in etcd (written before tokens were sealed, or by someone who can write etcd) is not accepted: create a new token (`bootplane token create`) and delete this key from etcd"
+        ),
+        SealError::Replayed { .. } => tracing::error!(
+            error = %e,
+            "a sealed object etcd holds was rolled back to an older value: not served (this appliance keeps the value it had); check who can write etcd, then write the object again or delete its key from etcd"
+        ),
+        _ => {
+            tracing::error!(error = %e, "a sealed object etcd holds does not open: left out of this appliance's mirror until its key is in the key file")
+        }
+    }
+}
+
 /// Every key under `root` at one revision, a page at a time; the ledger is rebuilt.
 async fn list(
     client: &etcd_client::Client,
     root: &str,
     sealing: &Sealing,
+    versions: &Versions,
 ) -> Result<(BTreeMap<Arc<str>, KeyValue>, Rev), KvError> {
     sealing.ledger.reset(Default::default());
+    versions.lock().unwrap().clear();
     let kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
     let end = prefix_end(root.as_bytes());
     let mut from = root.as_bytes().to_vec();
@@ -485,8 +605,13 @@ async fn list(
             rev = page.header().map(|h| h.revision()).unwrap_or(0);
         }
         for e in page.kvs() {
-            if let Some(m) = mirror_kv(root, e, false, sealing)? {
-                map.insert(m.key.clone(), m);
+            match mirror_kv(root, e, false, sealing, versions) {
+                Ok(Some(m)) => {
+                    map.insert(m.key.clone(), m);
+                }
+                Ok(None) => {}
+                Err(e) if left_out(&e) => refused(&e),
+                Err(e) => return Err(e.into()),
             }
         }
         match page.kvs().last() {
@@ -516,7 +641,7 @@ async fn follow(inner: Arc<Inner>, events: watch::Sender<Rev>) {
                 tracing::warn!(from, "etcd compacted past the mirror; listing again");
                 let listed = tokio::select! {
                     _ = inner.stop.cancelled() => break,
-                    r = list(&inner.client, &inner.root, &inner.sealing) => r,
+                    r = list(&inner.client, &inner.root, &inner.sealing, &inner.versions) => r,
                 };
                 match listed {
                     Ok((map, rev)) => {
@@ -608,9 +733,9 @@ fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event])
                 let Some(kv) = e.kv() else { continue };
                 match e.event_type() {
                     EventType::Put => {
-                        let m = mirror_kv(&inner.root, kv, true, &inner.sealing)
+                        let m = mirror_kv(&inner.root, kv, true, &inner.sealing, &inner.versions)
                             .unwrap_or_else(|e| {
-                                tracing::error!(error = %e, "a sealed object etcd holds does not open: left out of this appliance's mirror until its key is in the key file");
+                                refused(&e);
                                 None
                             });
                         if let Some(m) = m {
@@ -633,6 +758,7 @@ fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event])
                         };
                         if is_sealed(key) {
                             inner.sealing.ledger.remove(key);
+                            inner.versions.lock().unwrap().remove(key);
                         }
                         if let Some(prev) = st.get(key).cloned() {
                             changes.push((prev.key.clone(), None));

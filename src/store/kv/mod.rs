@@ -242,7 +242,7 @@ fn decode(key: &str, b: &[u8], sealer: &Sealer) -> Result<(KeyValue, Option<Arc<
     }
     let mod_rev = u64::from_le_bytes(b[0..8].try_into().unwrap());
     let create_rev = u64::from_le_bytes(b[8..16].try_into().unwrap());
-    let opened = sealer.open(key, &b[16..])?;
+    let opened = sealer.open(key, &b[16..], None)?;
     // Checked once here, so later parses of the text cannot fail; re-serialized so
     // the text is compact whatever wrote it.
     let mut value: Value = serde_json::from_slice(&opened.text)
@@ -356,7 +356,7 @@ impl Kv {
     pub async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.clone();
-        let texts = prepare(&ops, &self.sealing.sealer)?;
+        let texts = prepare(&ops, &self.sealing.sealer, |_| None)?;
         // The queue is bounded; a full queue must not block the async runtime.
         match tx.try_send(Msg::Txn(Request { ops, texts, reply })) {
             Ok(()) => {}
@@ -374,7 +374,7 @@ impl Kv {
     /// Blocking variant of [`Kv::txn`] for non-async callers.
     pub fn txn_blocking(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
-        let texts = prepare(&ops, &self.sealing.sealer)?;
+        let texts = prepare(&ops, &self.sealing.sealer, |_| None)?;
         self.tx
             .send(Msg::Txn(Request { ops, texts, reply }))
             .map_err(|_| KvError::Closed)?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Action, KvError, Op, Rev, MAX_VALUE_BYTES};
-use crate::store::seal::{is_sealed, Sealer};
+use crate::store::seal::{is_sealed, Binding, Sealer};
 
 /// A value's compact JSON text, serialized before commit with an empty slot where
 /// `metadata.resourceVersion`'s digits go (the revision is only known at commit).
@@ -122,18 +122,23 @@ fn ser<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
 }
 /// The text of each put in `ops`, serialized on the caller's thread: the writer thread
 /// is the one place every commit waits on, so it only splices in the revision.
-/// Values of sealed types are encrypted here too, with `sealer`'s first key.
-/// `TooLarge` when a text is over [`MAX_VALUE_BYTES`].
+/// Values of sealed types are encrypted here too, with `sealer`'s first key, bound to
+/// what `binding` says for the op at that index (etcd: the key's version after the
+/// write; `None`: the store key only). `TooLarge` when a text is over
+/// [`MAX_VALUE_BYTES`].
 pub(in crate::store) fn prepare(
     ops: &[Op],
     sealer: &Sealer,
+    binding: impl Fn(usize) -> Option<Binding>,
 ) -> Result<Vec<Option<Prepared>>, KvError> {
     ops.iter()
-        .map(|op| match &op.action {
+        .enumerate()
+        .map(|(i, op)| match &op.action {
             Action::Put(v) => {
                 let mut p = Prepared::new(v);
                 if is_sealed(&op.key) {
-                    p.sealed = Some(sealer.seal(&op.key, p.text.as_bytes()));
+                    let b = binding(i);
+                    p.sealed = Some(sealer.seal(&op.key, b.as_ref(), p.text.as_bytes()));
                 }
                 let size = p.stored().len();
                 if size > MAX_VALUE_BYTES {
