@@ -349,7 +349,12 @@ fn render_nodes(nodes: &[Node], root: &Value, cur: &Value, out: &mut String) {
         match n {
             Node::Text(t) => out.push_str(t),
             Node::Expr(p) => {
-                let vals: Vec<String> = eval(p, root, cur).into_iter().map(text).collect();
+                // The template's own text is the operator's; values are not: no
+                // control sequence from them (line breaks and tabs kept).
+                let vals: Vec<String> = eval(p, root, cur)
+                    .into_iter()
+                    .map(|v| super::table::printable(&text(v), true).into_owned())
+                    .collect();
                 out.push_str(&vals.join(" "));
             }
             Node::Range(p, body) => {
@@ -533,6 +538,17 @@ mod tests {
             r("{range .items[*]}{range .spec.tags[*]}<{@}>{end}{end}", &l),
             "<x><y>"
         );
+    }
+
+    #[test]
+    fn jsonpath_values_carry_no_control_sequence() {
+        let v = json!({"h": "\u{1b}]0;owned\u{7}", "l": "a\nb\tc\r", "o": {"k": "\u{1b}"}});
+        assert_eq!(r("{.h}", &v), "?]0;owned?");
+        assert_eq!(r("{.l}", &v), "a\nb\tc?");
+        // Non-strings print as JSON, which escapes them.
+        assert_eq!(r("{.o}", &v), r#"{"k":"\u001b"}"#);
+        // The operator's own template text and literals are theirs.
+        assert_eq!(r("{\"\\r\"}{.h}\u{7}", &v), "\r?]0;owned?\u{7}");
     }
 
     #[test]
