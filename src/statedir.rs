@@ -242,6 +242,7 @@ mod tests {
                 ("ca.key".to_string(), 0o644),
                 ("state".to_string(), 0o755),
                 ("store.redb".to_string(), 0o644),
+                ("sub".to_string(), 0o755),
                 ("tls".to_string(), 0o755),
             ]
         );
