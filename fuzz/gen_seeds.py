@@ -165,6 +165,22 @@ SELECTORS = ["a=1,b in (2,3),!c", "a!=1", "b notin (3),a", "", "a in 1",
 for i, s in enumerate(SELECTORS):
     put("label_selector", "sel%d" % i, s + "\na=1\nb=2\napp.kubernetes.io/name=server\n")
 
+# --- CLI JSONPath templates: the template, then a line with the JSON document -----
+JSONPATH_DOC = json.dumps({"kind": "ServerList", "items": [
+    {"metadata": {"name": "b", "labels": {"z": "1", "a": "2"}}, "spec": {"n": 10},
+     "status": {"manufacturer": "\u001b]0;owned\u0007Acme", "conditions": [
+         {"type": "Ready", "status": "True"}]}},
+    {"metadata": {"name": "a"}, "spec": {"n": "9", "tags": ["x", "y\nz"]}}]})
+JSONPATHS = ["{.items[*].metadata.name}", "{.items[-1].metadata.name}", "{$.kind}",
+             "{.items[0].metadata.labels['z']}", ".items[*].spec.n", "{.items[*].status.manufacturer}",
+             '{range .items[*]}{.metadata.name}{"\\t"}{.spec.n}{"\\n"}{end}',
+             '{.items[?(@.metadata.name=="a")].spec.tags}',
+             "{range .items[*]}{range .spec.tags[*]}<{@}>{end}{end}",
+             "{.items[*].status.conditions[?(@.type!='Ready')].status}", "{.items[*].*}"]
+for i, t in enumerate(JSONPATHS):
+    put("cli_jsonpath", "tmpl%d" % i, t + "\n" + JSONPATH_DOC)
+put("cli_jsonpath", "mixed_sort", ".n\n" + json.dumps([{"n": 10}, {"n": 9}, {"n": "5a"}, {"n": None}, {}]))
+
 # --- Ignition -----------------------------------------------------------------------
 for f in sorted(glob.glob(os.path.join(ROOT, "tests/fixtures/butane/*.bu"))):
     put("butane", os.path.basename(f), open(f, "rb").read())

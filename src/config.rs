@@ -24,6 +24,9 @@ use crate::dhcp::{DhcpConfig, DhcpMode};
 use crate::http::{BootConfig, HttpConfig};
 use crate::tftp::TftpConfig;
 
+/// What `check-config` prints in place of a secret value.
+pub const REDACTED: &str = "<redacted>";
+
 /// The whole configuration. Every field has a default, so an empty file is valid.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -214,6 +217,14 @@ impl Config {
         if self.state_dir.as_os_str().is_empty() {
             bail!("state_dir must not be empty");
         }
+        for (key, v) in [
+            ("api.token", &self.api.token),
+            ("nfs.ontap.password", &self.nfs.ontap.password),
+        ] {
+            if v.as_deref() == Some(REDACTED) {
+                bail!("{key} is {REDACTED:?}, the placeholder check-config prints: set the real value (or a file holding it)");
+            }
+        }
         if self.api.listen == self.http.listen {
             bail!(
                 "api.listen and http.listen must differ (both {})",
@@ -248,6 +259,19 @@ impl Config {
             other => bail!("unknown log.format {other:?} (expected text or json)"),
         }
         Ok(())
+    }
+
+    /// A copy safe to print (`check-config`): every secret value (`api.token`,
+    /// `nfs.ontap.password`) replaced by [`REDACTED`], which [`Config::validate`]
+    /// refuses, so a printed config saved as a file cannot start with a placeholder.
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        for s in [&mut c.api.token, &mut c.nfs.ontap.password] {
+            if s.is_some() {
+                *s = Some(REDACTED.to_string());
+            }
+        }
+        c
     }
 
     /// The URL machines use to reach the boot listener (see
@@ -433,5 +457,23 @@ mod tests {
         let mut c = Config::default();
         c.http.listen = c.api.listen;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn redacted_hides_secrets_and_its_placeholder_is_refused() {
+        let mut c = Config::default();
+        c.api.token = Some("0123456789abcdef0123".into());
+        c.nfs.ontap.password = Some("hunter2-ontap".into());
+        let text = toml::to_string_pretty(&c.redacted()).unwrap();
+        assert!(!text.contains("0123456789abcdef0123"), "{text}");
+        assert!(!text.contains("hunter2-ontap"), "{text}");
+        assert_eq!(text.matches(REDACTED).count(), 2, "{text}");
+        // Unset secrets stay unset (nothing to hide, nothing to fill in).
+        let plain = toml::to_string_pretty(&Config::default().redacted()).unwrap();
+        assert!(!plain.contains(REDACTED), "{plain}");
+        // The printed config, saved and loaded again, names the placeholder.
+        let back = Config::from_toml(&text).unwrap();
+        let e = back.validate().unwrap_err().to_string();
+        assert!(e.contains("api.token") && e.contains(REDACTED), "{e}");
     }
 }

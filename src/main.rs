@@ -25,7 +25,8 @@ struct Cli {
 enum Command {
     /// Run the appliance (API, boot HTTP, controllers; DHCP/TFTP when configured).
     Serve(ServeArgs),
-    /// Validate a config file (and flags) and print the effective config.
+    /// Validate a config file (and flags) and print the effective config (secrets as
+    /// `<redacted>`).
     CheckConfig(CheckArgs),
     /// Create or update objects from YAML/JSON files (multi-document), a directory or `-`
     /// (three-way merge with the last-applied configuration, as kubectl's).
@@ -213,6 +214,9 @@ struct ServeArgs {
 struct CheckArgs {
     /// Config file to check.
     file: Option<PathBuf>,
+    /// Print only "config ok" (or the error), not the effective config.
+    #[arg(short, long)]
+    quiet: bool,
     #[command(flatten)]
     flags: ConfigFlags,
 }
@@ -268,7 +272,10 @@ fn run(cli: Cli) -> Result<u8> {
                 a.flags.config = a.file.take();
             }
             let cfg = a.flags.resolve()?;
-            print!("{}", toml::to_string_pretty(&cfg)?);
+            if !a.quiet {
+                // Secrets never printed: this may go to a terminal, a file or a journal.
+                print!("{}", toml::to_string_pretty(&cfg.redacted())?);
+            }
             eprintln!("config ok");
             Ok(0)
         }

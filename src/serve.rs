@@ -82,6 +82,9 @@ fn with_reachable_url(mut config: Config) -> Config {
     config
 }
 
+/// The NFS images directory below the state dir when `provision.images_dir` is unset.
+const NFS_IMAGES_DIR: &str = "nfs-images";
+
 /// Run every enabled service until SIGINT/SIGTERM arrives, then drain (bounded);
 /// SIGHUP reloads.
 pub async fn run(config: Config, reload: Reload) -> Result<()> {
@@ -89,7 +92,10 @@ pub async fn run(config: Config, reload: Reload) -> Result<()> {
     let signals = crate::shutdown::Signals::install().context("installing signal handlers")?;
     let config = with_reachable_url(config);
     // Private (0700, files 0600) before anything secret is written into it.
-    crate::statedir::prepare(&config.state_dir)?;
+    // (The NFS images tree below it, when there, keeps the modes the NFS server serves.)
+    let nfs_images = (config.provision.images_dir.clone())
+        .unwrap_or_else(|| config.state_dir.join(NFS_IMAGES_DIR));
+    crate::statedir::prepare(&config.state_dir, &[&nfs_images])?;
     let token = api_token(&config)?;
     let store = Store::from_config(&config.store, &config.state_dir).await?;
     let mut s = Services {
@@ -752,7 +758,7 @@ impl Controllers {
             images_dir: p
                 .images_dir
                 .clone()
-                .unwrap_or_else(|| config.state_dir.join("nfs-images")),
+                .unwrap_or_else(|| config.state_dir.join(NFS_IMAGES_DIR)),
             nfs_server: p.nfs_server.clone(),
             job_address: p.job_address.clone(),
             nfs_enabled: nfs.enabled,

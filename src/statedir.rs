@@ -1,14 +1,16 @@
 //! The state directory's permissions. It holds Secret data (the store with Ignition
 //! secrets, the API token, the boot-token key), so `serve` makes sure at start that it is
 //! private: the directory is created 0700 (or made 0700, with a warning saying what was
-//! changed), every regular file directly in it is made 0600 (each change logged), and a
+//! changed), every regular file in it or below it is made at most 0600 and every
+//! subdirectory (`tls/`, `ganesha/`, `qemu/`) at most 0700 (each change logged), and a
 //! directory that belongs to another user is refused (whoever owns it could swap the
-//! files under us, and chmod would fail anyway unless we are root).
+//! files under us, and chmod would fail anyway unless we are root). A state dir restored
+//! from a backup with 0755/0644 modes so gets `tls/ca.key` back to 0600 at start.
 //!
 //! Files bootplane creates there are created 0600 by their writers (`OpenOptions::mode`,
-//! so the umask can only narrow them). Subdirectories (`ganesha/`, `qemu/`, the default
-//! NFS images directory) are not rewritten: they are reachable only through the 0700
-//! directory, and an exported images tree must keep the modes the NFS server serves.
+//! so the umask can only narrow them). The NFS images directory is not rewritten even
+//! when it is below the state dir: an exported tree must keep the modes the NFS server
+//! serves.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
@@ -66,9 +68,15 @@ pub struct Fixed {
     pub new_mode: u32,
 }
 
-/// Create `dir` 0700 when absent; otherwise check it is ours and make it and the files in
-/// it private. Every change is logged as a warning and returned.
-pub fn prepare(dir: &Path) -> Result<Vec<Fixed>> {
+/// Subdirectories deeper than this below the state dir are left as they are.
+const MAX_DEPTH: usize = 16;
+
+/// Create `dir` 0700 when absent; otherwise check it is ours and make it and everything
+/// below it private: every directory at most 0700, every regular file at most 0600
+/// (`tls/ca.key` included: whoever reads it can mint an admin certificate). The trees in
+/// `served` (an NFS images directory another daemon exports) keep their modes; symlinks
+/// are never followed. Every change is logged as a warning and returned.
+pub fn prepare(dir: &Path, served: &[&Path]) -> Result<Vec<Fixed>> {
     if std::fs::symlink_metadata(dir).is_err() {
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
@@ -108,37 +116,32 @@ pub fn prepare(dir: &Path) -> Result<Vec<Fixed>> {
             new_mode: DIR_MODE,
         });
     }
-    let entries =
-        std::fs::read_dir(dir).with_context(|| format!("listing state dir {}", dir.display()))?;
-    for e in entries {
-        let e = e.with_context(|| format!("listing state dir {}", dir.display()))?;
-        let path = e.path();
-        // lstat: a symlink is never followed (its target is not ours to change).
-        let Ok(md) = std::fs::symlink_metadata(&path) else {
-            continue;
-        };
-        let mode = md.permissions().mode() & 0o7777;
-        if !md.is_file() || mode & !FILE_MODE == 0 {
-            continue;
+    // Served trees are known by device and inode: the paths may be spelled differently.
+    let keep: Vec<(u64, u64)> = served
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect();
+    let mut todo = vec![(dir.to_path_buf(), 0)];
+    while let Some((d, depth)) = todo.pop() {
+        let entries = std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))?;
+        for e in entries {
+            let e = e.with_context(|| format!("listing {}", d.display()))?;
+            let path = e.path();
+            // lstat: a symlink is never followed (its target is not ours to change).
+            let Ok(md) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if md.is_dir() {
+                if keep.contains(&(md.dev(), md.ino())) || depth >= MAX_DEPTH {
+                    continue;
+                }
+                restrict(&path, &md, DIR_MODE, &mut fixed)?;
+                todo.push((path, depth + 1));
+            } else if md.is_file() {
+                restrict(&path, &md, FILE_MODE, &mut fixed)?;
+            }
         }
-        // Through a descriptor opened without following links: the entry cannot be
-        // swapped for a symlink between the check and the change.
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-            .and_then(|f| {
-                f.set_permissions(std::fs::Permissions::from_mode(mode & FILE_MODE))?;
-                Ok(f)
-            });
-        if let Err(e) = f {
-            return Err(e).with_context(|| format!("making {} private", path.display()));
-        }
-        fixed.push(Fixed {
-            path,
-            old_mode: mode,
-            new_mode: mode & FILE_MODE,
-        });
     }
     for f in &fixed {
         tracing::warn!(
@@ -149,6 +152,28 @@ pub fn prepare(dir: &Path) -> Result<Vec<Fixed>> {
         );
     }
     Ok(fixed)
+}
+
+/// Clear the bits of `path` outside `max`, through a descriptor opened without following
+/// links (the entry cannot be swapped for a symlink between the check and the change).
+fn restrict(path: &Path, md: &std::fs::Metadata, max: u32, fixed: &mut Vec<Fixed>) -> Result<()> {
+    let mode = md.permissions().mode() & 0o7777;
+    if mode & !max == 0 {
+        return Ok(());
+    }
+    let dir = if md.is_dir() { libc::O_DIRECTORY } else { 0 };
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | dir)
+        .open(path)
+        .and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(mode & max)))
+        .with_context(|| format!("making {} private", path.display()))?;
+    fixed.push(Fixed {
+        path: path.to_path_buf(),
+        old_mode: mode,
+        new_mode: mode & max,
+    });
+    Ok(())
 }
 
 #[cfg(test)]
@@ -163,7 +188,7 @@ mod tests {
     fn creates_private_and_fixes_open_entries() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("a/state");
-        assert!(prepare(&dir).unwrap().is_empty());
+        assert!(prepare(&dir, &[]).unwrap().is_empty());
         assert_eq!(mode(&dir), 0o700);
 
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -179,9 +204,25 @@ mod tests {
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o644)).unwrap();
         std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
         std::fs::create_dir(dir.join("sub")).unwrap();
+        // Below it too: tls/ with its keys, restored 0755/0644.
+        let tls = dir.join("tls");
+        std::fs::create_dir(&tls).unwrap();
+        std::fs::set_permissions(&tls, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let key = tls.join("ca.key");
+        std::fs::write(&key, b"k").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // A served tree keeps its modes.
+        let served = dir.join("nfs-images");
+        std::fs::create_dir(&served).unwrap();
+        std::fs::set_permissions(&served, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let image = served.join("os.img");
+        std::fs::write(&image, b"i").unwrap();
+        std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o644)).unwrap();
 
-        let fixed = prepare(&dir).unwrap();
+        let fixed = prepare(&dir, &[&served]).unwrap();
         assert_eq!(mode(&dir), 0o700);
+        assert_eq!((mode(&tls), mode(&key)), (0o700, 0o600));
+        assert_eq!((mode(&served), mode(&image)), (0o755, 0o644));
         assert_eq!(mode(&f), 0o600);
         assert_eq!(mode(&ro), 0o400);
         assert_eq!(mode(&outside), 0o644);
@@ -198,11 +239,17 @@ mod tests {
         assert_eq!(
             got,
             vec![
+                ("ca.key".to_string(), 0o644),
                 ("state".to_string(), 0o755),
-                ("store.redb".to_string(), 0o644)
+                ("store.redb".to_string(), 0o644),
+                ("sub".to_string(), 0o755),
+                ("tls".to_string(), 0o755),
             ]
         );
-        assert!(prepare(&dir).unwrap().is_empty(), "nothing left to fix");
+        assert!(
+            prepare(&dir, &[&served]).unwrap().is_empty(),
+            "nothing left to fix"
+        );
     }
 
     #[test]
@@ -210,7 +257,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let f = t.path().join("f");
         std::fs::write(&f, b"x").unwrap();
-        let e = prepare(&f).unwrap_err().to_string();
+        let e = prepare(&f, &[]).unwrap_err().to_string();
         assert!(e.contains("not a directory"), "{e}");
     }
 }

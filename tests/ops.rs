@@ -178,6 +178,52 @@ fn check_config(toml: &str, extra: &[&str]) -> (bool, String) {
 }
 
 #[test]
+fn check_config_never_prints_secrets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("c.toml");
+    std::fs::write(
+        &f,
+        "[api]\ntoken = \"0123456789abcdef0123\"\n[nfs.ontap]\npassword = \"hunter2-ontap-pw\"\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str], file: &Path| {
+        Command::new(bin())
+            .args(["check-config", "--config"])
+            .arg(file)
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap()
+    };
+    let out = run(&[], &f);
+    assert!(out.status.success(), "{out:?}");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for secret in ["0123456789abcdef0123", "hunter2-ontap-pw"] {
+        assert!(!all.contains(secret), "{secret} printed: {all}");
+    }
+    assert_eq!(all.matches("<redacted>").count(), 2, "{all}");
+    // Saved as a config file, the output is refused, naming the placeholder's key.
+    let saved = tmp.path().join("saved.toml");
+    std::fs::write(&saved, &out.stdout).unwrap();
+    let again = run(&[], &saved);
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        err.contains("api.token") && err.contains("<redacted>"),
+        "{err}"
+    );
+    // --quiet (the systemd unit's ExecStartPre): nothing but the verdict.
+    let quiet = run(&["--quiet"], &f);
+    assert!(quiet.status.success());
+    assert!(quiet.stdout.is_empty(), "{quiet:?}");
+    assert_eq!(String::from_utf8_lossy(&quiet.stderr).trim(), "config ok");
+}
+
+#[test]
 fn check_config_refuses_bad_ranges_and_log_filters_naming_the_key() {
     let (ok, err) = check_config("[dhcp]\nrange = \"10.0.0.9-10.0.0.1\"\n", &[]);
     assert!(!ok);

@@ -148,7 +148,8 @@ pub fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]
     body(&mut out, rt, obj);
     conditions(&mut out, obj);
     events_table(&mut out, events);
-    out
+    // Values come from machines, BMCs and other clients: no control sequence gets out.
+    super::table::printable(&out, true).into_owned()
 }
 
 /// Name, namespace, kind, labels, annotations, age, owners, owned and referenced objects.

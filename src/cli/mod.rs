@@ -672,17 +672,8 @@ fn get_leases(client: &Client, output: Option<&str>) -> Result<u8> {
                     .unwrap_or_default();
                 rows.push(vec![s("ip"), s("mac"), s("hostname"), s("state"), exp]);
             }
-            let widths: Vec<usize> = (0..5)
-                .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-                .collect();
-            for r in rows {
-                let line: Vec<String> = r
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| format!("{:<w$}", c, w = widths[i]))
-                    .collect();
-                println!("{}", line.join("   ").trim_end());
-            }
+            // Hostnames are whatever a DHCP client sent: cells go through `printable`.
+            print!("{}", table::format_rows(&rows));
         }
     }
     Ok(0)

@@ -349,7 +349,12 @@ fn render_nodes(nodes: &[Node], root: &Value, cur: &Value, out: &mut String) {
         match n {
             Node::Text(t) => out.push_str(t),
             Node::Expr(p) => {
-                let vals: Vec<String> = eval(p, root, cur).into_iter().map(text).collect();
+                // The template's own text is the operator's; values are not: no
+                // control sequence from them (line breaks and tabs kept).
+                let vals: Vec<String> = eval(p, root, cur)
+                    .into_iter()
+                    .map(|v| super::table::printable(&text(v), true).into_owned())
+                    .collect();
                 out.push_str(&vals.join(" "));
             }
             Node::Range(p, body) => {
@@ -424,17 +429,24 @@ pub fn sort_by(items: &mut [Value], spec: &str) -> Result<()> {
     Ok(())
 }
 
+/// A total order (`sort_by` panics on one that is not, e.g. when numbers compared as
+/// numbers and numbers compared with strings as text disagree): absent first, then
+/// numbers by value, then everything else by its text.
 fn cmp_values(a: Option<&Value>, b: Option<&Value>) -> Ordering {
+    fn class(v: Option<&Value>) -> u8 {
+        match v {
+            None => 0,
+            Some(Value::Number(_)) => 1,
+            Some(_) => 2,
+        }
+    }
     match (a, b) {
-        (None, None) => Ordering::Equal,
-        (None, Some(_)) => Ordering::Less,
-        (Some(_), None) => Ordering::Greater,
-        (Some(Value::Number(x)), Some(Value::Number(y))) => x
-            .as_f64()
-            .unwrap_or(0.0)
-            .partial_cmp(&y.as_f64().unwrap_or(0.0))
-            .unwrap_or(Ordering::Equal),
-        (Some(x), Some(y)) => text(x).cmp(&text(y)),
+        (Some(Value::Number(x)), Some(Value::Number(y))) => {
+            let f = |n: &serde_json::Number| n.as_f64().unwrap_or(0.0);
+            f(x).total_cmp(&f(y))
+        }
+        (Some(x), Some(y)) if class(a) == class(b) => text(x).cmp(&text(y)),
+        _ => class(a).cmp(&class(b)),
     }
 }
 
@@ -533,6 +545,48 @@ mod tests {
             r("{range .items[*]}{range .spec.tags[*]}<{@}>{end}{end}", &l),
             "<x><y>"
         );
+    }
+
+    #[test]
+    fn jsonpath_values_carry_no_control_sequence() {
+        let v = json!({"h": "\u{1b}]0;owned\u{7}", "l": "a\nb\tc\r", "o": {"k": "\u{1b}"}});
+        assert_eq!(r("{.h}", &v), "?]0;owned?");
+        assert_eq!(r("{.l}", &v), "a\nb\tc?");
+        // Non-strings print as JSON, which escapes them.
+        assert_eq!(r("{.o}", &v), r#"{"k":"\u001b"}"#);
+        // The operator's own template text and literals are theirs.
+        assert_eq!(r("{\"\\r\"}{.h}\u{7}", &v), "\r?]0;owned?\u{7}");
+    }
+
+    #[test]
+    fn sort_by_mixed_numbers_and_strings_is_a_total_order() {
+        // Numbers as numbers but numbers against strings as text was no total order:
+        // `sort_by` panicked ("does not correctly implement a total order").
+        let mut x: u64 = 1;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..200 {
+            let n = (rnd() % 40 + 2) as usize;
+            let mut items: Vec<Value> = (0..n)
+                .map(|_| match rnd() % 4 {
+                    0 => json!({"n": rnd() % 20}),
+                    1 => json!({"n": format!("{}", rnd() % 20)}),
+                    2 => json!({"n": format!("{}a", rnd() % 20)}),
+                    _ => json!({}),
+                })
+                .collect();
+            sort_by(&mut items, ".n").unwrap();
+            let class = |v: &Value| match v.get("n") {
+                None => 0,
+                Some(Value::Number(_)) => 1,
+                Some(_) => 2,
+            };
+            assert!(items.windows(2).all(|w| class(&w[0]) <= class(&w[1])));
+        }
     }
 
     #[test]

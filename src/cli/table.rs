@@ -56,6 +56,21 @@ pub fn jsonpath<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
     Some(cur)
 }
 
+/// `s` made safe for a terminal: every control character (ESC, BEL, CR, DEL, the C1
+/// range) shown as `?`, so text a machine, a BMC or another API client wrote cannot move
+/// the cursor, set the window title or hide lines. `keep_lines` keeps `\n` and `\t`
+/// (multi-line output); table cells keep neither.
+pub fn printable(s: &str, keep_lines: bool) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() && !(keep_lines && matches!(c, '\n' | '\t'));
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    s.chars()
+        .map(|c| if bad(c) { '?' } else { c })
+        .collect::<String>()
+        .into()
+}
+
 fn cell(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "<none>".into(),
@@ -149,6 +164,7 @@ impl Table {
                     .and_then(Value::as_str)),
                 Col::Labels => super::output::labels_cell(o),
             })
+            .map(|c| printable(&c, false).into_owned())
             .collect()
     }
 
@@ -185,19 +201,23 @@ impl Table {
     }
 }
 
-/// Rows (header first) aligned in columns, one line each.
+/// Rows (header first) aligned in columns, one line each; cells through [`printable`].
 pub fn format_rows(rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| printable(c, false).into_owned()).collect())
+        .collect();
     let mut widths: Vec<usize> = Vec::new();
-    for r in rows {
+    for r in &rows {
         for (i, c) in r.iter().enumerate() {
             if widths.len() <= i {
                 widths.push(0);
             }
-            widths[i] = widths[i].max(c.len());
+            widths[i] = widths[i].max(c.chars().count());
         }
     }
     let mut out = String::new();
-    for r in rows {
+    for r in &rows {
         out.push_str(&line(r, &widths));
         out.push('\n');
     }
@@ -230,5 +250,22 @@ mod tests {
         );
         assert_eq!(jsonpath(&v, ".l[0]"), Some(&json!(5)));
         assert_eq!(jsonpath(&v, ".status.missing"), None);
+    }
+
+    #[test]
+    fn cells_never_carry_control_characters() {
+        let rows = vec![
+            vec!["HOSTNAME".to_string(), "X".to_string()],
+            vec!["\u{1b}]0;owned\u{7}".to_string(), "a\nb\u{9b}".to_string()],
+        ];
+        let t = format_rows(&rows);
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert!(t.contains("?]0;owned?"), "{t:?}");
+        assert_eq!(t.lines().count(), 2, "{t:?}");
+        assert_eq!(printable("a\tb\nc\u{1b}", true), "a\tb\nc?");
+        assert!(matches!(
+            printable("plain", false),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 }

@@ -166,9 +166,15 @@ fn server_id(req: &Message) -> Option<Ipv4Addr> {
     }
 }
 
+/// Option 12, without control characters (an escape sequence in it would reach the
+/// operator's terminal through `get leases`), at most 63 characters; `None` when nothing
+/// is left.
 fn hostname(req: &Message) -> Option<String> {
     match req.opts().get(OptionCode::Hostname) {
-        Some(DhcpOption::Hostname(h)) if !h.is_empty() => Some(h.chars().take(63).collect()),
+        Some(DhcpOption::Hostname(h)) => {
+            let h: String = h.chars().filter(|c| !c.is_control()).take(63).collect();
+            (!h.is_empty()).then_some(h)
+        }
         _ => None,
     }
 }

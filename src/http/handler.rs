@@ -834,8 +834,18 @@ fn strip_body(r: Resp) -> Resp {
     Response::from_parts(parts, FileBody::empty())
 }
 
-/// Read the token key, or create 32 random bytes (mode 0600) when the file is absent.
+/// Read the token key, or create 32 random bytes (mode 0600) when the file is absent. A
+/// key group or others may read is refused, as the encryption key file is: whoever reads
+/// it mints boot tokens.
 fn load_or_create_key(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata(path).map(|m| m.mode() & 0o7777) {
+        Ok(mode) if mode & 0o077 != 0 => anyhow::bail!(
+            "token key {} has mode {mode:04o}: group or others may read it; make it 0600 (chmod 600) and restart",
+            path.display()
+        ),
+        _ => {}
+    }
     match std::fs::read(path) {
         Ok(k) if k.len() >= 32 => return Ok(k),
         Ok(_) => anyhow::bail!("token key {} is shorter than 32 bytes", path.display()),

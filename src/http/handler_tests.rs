@@ -169,3 +169,21 @@ fn key_file_created_once() {
         0o600
     );
 }
+
+#[test]
+fn key_file_others_may_read_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("key");
+    std::fs::write(&p, [7u8; 32]).unwrap();
+    for m in [0o644, 0o640, 0o604] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(m)).unwrap();
+        let e = load_or_create_key(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("group or others") && e.contains(&format!("{m:04o}")),
+            "{e}"
+        );
+    }
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(load_or_create_key(&p).unwrap(), [7u8; 32]);
+}

@@ -17,6 +17,15 @@ fn str_at(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(str::to_owned)
 }
 
+/// A descriptive string (manufacturer, model, serial, versions) as status and the CLI
+/// show it: control characters dropped (a BMC's escape sequence must not reach the
+/// operator's terminal), at most 256 characters.
+fn text_at(v: &Value, key: &str) -> Option<String> {
+    v.get(key)
+        .and_then(Value::as_str)
+        .map(|s| s.chars().filter(|c| !c.is_control()).take(256).collect())
+}
+
 fn strings_at(v: &Value, key: &str) -> Vec<String> {
     v.get(key)
         .and_then(Value::as_array)
@@ -51,10 +60,10 @@ pub fn members(v: &Value) -> Result<Vec<String>, Error> {
 
 pub fn service_root(v: &Value) -> ServiceRoot {
     ServiceRoot {
-        redfish_version: str_at(v, "RedfishVersion"),
+        redfish_version: text_at(v, "RedfishVersion"),
         uuid: str_at(v, "UUID"),
-        vendor: str_at(v, "Vendor"),
-        product: str_at(v, "Product"),
+        vendor: text_at(v, "Vendor"),
+        product: text_at(v, "Product"),
         session_service: link_at(v, "SessionService"),
     }
 }
@@ -74,10 +83,10 @@ pub fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
         odata_id: self_link(v, odata_id),
         id: str_at(v, "Id").unwrap_or_default(),
         uuid: str_at(v, "UUID"),
-        manufacturer: str_at(v, "Manufacturer"),
-        model: str_at(v, "Model"),
-        serial_number: str_at(v, "SerialNumber"),
-        bios_version: str_at(v, "BiosVersion"),
+        manufacturer: text_at(v, "Manufacturer"),
+        model: text_at(v, "Model"),
+        serial_number: text_at(v, "SerialNumber"),
+        bios_version: text_at(v, "BiosVersion"),
         power_state: v
             .get("PowerState")
             .and_then(Value::as_str)
@@ -118,9 +127,9 @@ pub fn ethernet_interface(v: &Value) -> EthernetInterface {
 pub fn manager(v: &Value, odata_id: &str) -> Manager {
     Manager {
         odata_id: self_link(v, odata_id),
-        firmware_version: str_at(v, "FirmwareVersion"),
-        manufacturer: str_at(v, "Manufacturer"),
-        model: str_at(v, "Model"),
+        firmware_version: text_at(v, "FirmwareVersion"),
+        manufacturer: text_at(v, "Manufacturer"),
+        model: text_at(v, "Model"),
         virtual_media: link_at(v, "VirtualMedia"),
     }
 }
@@ -191,16 +200,24 @@ pub fn error_message(body: &[u8]) -> String {
     truncate(String::from_utf8_lossy(body).trim())
 }
 
+/// At most 200 bytes (then `…`), line breaks and tabs as spaces, other control
+/// characters dropped: the text goes into conditions, events and the CLI's output.
 fn truncate(s: &str) -> String {
     const MAX: usize = 200;
-    if s.len() <= MAX {
-        return s.to_owned();
+    let mut out = String::new();
+    for c in s.chars() {
+        let c = match c {
+            '\n' | '\r' | '\t' => ' ',
+            c if c.is_control() => continue,
+            c => c,
+        };
+        if out.len() + c.len_utf8() > MAX {
+            out.push('…');
+            break;
+        }
+        out.push(c);
     }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    out
 }
 
 #[cfg(test)]
@@ -258,11 +275,28 @@ mod tests {
     }
 
     #[test]
+    fn descriptive_strings_lose_control_characters() {
+        let v = json!({"Manufacturer": "\u{1b}]0;owned\u{7}Acme", "Model": "M\u{9b}1",
+            "SerialNumber": "S\r\nN", "BiosVersion": "x".repeat(300), "FirmwareVersion": "1\u{1b}[2J"});
+        let s = system(&v, "/redfish/v1/Systems/1", None);
+        assert_eq!(s.manufacturer.as_deref(), Some("]0;ownedAcme"));
+        assert_eq!(s.model.as_deref(), Some("M1"));
+        assert_eq!(s.serial_number.as_deref(), Some("SN"));
+        assert_eq!(s.bios_version.map(|b| b.len()), Some(256));
+        let m = manager(&v, "/redfish/v1/Managers/1");
+        assert_eq!(m.firmware_version.as_deref(), Some("1[2J"));
+    }
+
+    #[test]
     fn error_messages() {
         let body = br#"{"error": {"code": "Base.1.0.GeneralError", "message": "see ext",
             "@Message.ExtendedInfo": [{"Message": "the value is bad"}]}}"#;
         assert_eq!(error_message(body), "the value is bad");
         assert_eq!(error_message(b"plain text"), "plain text");
+        assert_eq!(
+            error_message(b"{\"error\": {\"message\": \"a\\u001b]0;owned\\u0007\\nb\"}}"),
+            "a]0;owned b"
+        );
         assert_eq!(
             error_message("é".repeat(300).as_bytes()).chars().count(),
             101

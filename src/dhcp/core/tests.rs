@@ -834,3 +834,17 @@ fn long_replies_overload_file_and_sname_within_option_57() {
         url.as_bytes()
     );
 }
+
+#[test]
+fn hostname_loses_control_characters_at_intake() {
+    let with = |h: &str| {
+        let mut m = plain(MessageType::Discover);
+        m.opts_mut().insert(DhcpOption::Hostname(h.into()));
+        hostname(&m)
+    };
+    // An OSC sequence setting the terminal's title: only its printable part is kept.
+    assert_eq!(with("\u{1b}]0;owned\u{7}").as_deref(), Some("]0;owned"));
+    assert_eq!(with("a\u{9b}b\r\nc\u{7f}").as_deref(), Some("abc"));
+    assert_eq!(with("\u{1b}\u{7}"), None);
+    assert_eq!(with(&"x".repeat(100)).map(|h| h.len()), Some(63));
+}

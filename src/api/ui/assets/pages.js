@@ -107,7 +107,9 @@ export function machinePage(view, [name], ctx) {
         ['Power', h('span', { id: 'machine-power' }, `${st.powerState || '?'} (wanted ${(server.spec || {}).power || '-'})`)],
         ['Boot stage', bootStage(server, sbc)], ['Age', ago(meta(server).creationTimestamp)],
         ['Labels', Object.entries(meta(server).labels || {}).map(([k, v]) => `${k}=${v}`).join(', ')],
-        ['Console', st.consoleURL ? h('a', { href: st.consoleURL, rel: 'noopener' }, 'console log') : '']]));
+        // The agent writes consoleURL: linked only when http(s), else shown as text.
+        ['Console', !st.consoleURL ? '' : /^https?:\/\//i.test(st.consoleURL)
+          ? h('a', { href: st.consoleURL, rel: 'noopener noreferrer' }, 'console log') : String(st.consoleURL)]]));
     if (!actions.hasChildNodes()) actions.append(powerButtons(name) || h('span'));
     // Timeline: conditions (server, boot configuration, claim) and events, by time.
     const items = [];
