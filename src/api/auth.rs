@@ -415,7 +415,9 @@ impl Roles {
             },
             // What a provisioning job or agent driven from outside needs: the job
             // runner's endpoint, reading the objects that say what to provision, and
-            // reporting progress on their status. No secrets, no rendered configs.
+            // reporting progress on the actions' status. No secrets, no rendered
+            // configs, and no Server status: its NICs are the identity the boot
+            // listener trusts, written by the controllers (docs/threat-model.md).
             RoleConfig {
                 name: "agent".into(),
                 rules: vec![
@@ -424,10 +426,8 @@ impl Roles {
                         &read,
                         s(&["servers", "serveractions", "images", "discovery"]),
                     ),
-                    rule(
-                        &["get", "update", "patch"],
-                        s(&["servers/status", "serveractions/status"]),
-                    ),
+                    rule(&["get"], s(&["servers/status"])),
+                    rule(&["get", "update", "patch"], s(&["serveractions/status"])),
                 ],
             },
             RoleConfig {
