@@ -126,7 +126,8 @@ fn builtin_roles() {
         assert!(!allow("viewer", m, p), "viewer {m} {p}");
     }
     assert!(allow("agent", "POST", "/apis/bootplane.dev/v1alpha1/jobs"));
-    assert!(allow("agent", "PATCH", &format!("{s}/a/status")));
+    assert!(!allow("agent", "PATCH", &format!("{s}/a/status")));
+    assert!(allow("agent", "GET", &format!("{s}/a/status")));
     assert!(allow("agent", "GET", s));
     for (m, p) in [
         ("GET", sec),
