@@ -149,7 +149,9 @@ fn chain_yields_kernel_initrd_ignition_for_the_machine_only() {
         "{m}"
     );
     assert!(
-        m.contains("bootplane_http_identity_refused_total{route=\"ignition\"} 2"),
+        // The machine's own address without the token, another address with none, and
+        // the tampered token (the other server's name is a 404 before any check).
+        m.contains("bootplane_http_identity_refused_total{route=\"ignition\"} 3"),
         "{m}"
     );
     assert!(
