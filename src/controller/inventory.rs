@@ -70,79 +70,7 @@ pub fn apply(
     inv: &Inventory,
     dynamic: &dyn Fn(IpAddr) -> bool,
 ) {
-    let mut nics: Vec<Value> = status
-        .get("networkInterfaces")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    for n in &inv.nics {
-        let parsed = parse_mac(&n.mac_address).ok();
-        let mac = parsed
-            .map(|m| MacFmt(&m).to_string())
-            .unwrap_or_else(|| n.mac_address.clone());
-        let ips = n
-            .ips
-            .iter()
-            .filter(|a| !a.parse().is_ok_and(|a| dynamic(a)))
-            .cloned();
-        let held = nics.iter_mut().find(|e| {
-            parsed.is_some()
-                && e.get("macAddress")
-                    .and_then(Value::as_str)
-                    .and_then(|m| parse_mac(m.trim()).ok())
-                    == parsed
-        });
-        let v = match held {
-            Some(e) => e,
-            None => {
-                nics.push(json!({"macAddress": mac}));
-                nics.last_mut().expect("pushed")
-            }
-        };
-        v["name"] = json!(n.name);
-        v["carrierStatus"] = json!(if n.carrier { "Up" } else { "Down" });
-        let held_ips: Vec<String> = v
-            .get("ips")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .chain(v.get("ip"))
-            .filter_map(Value::as_str)
-            .map(String::from)
-            .collect();
-        let mut all: Vec<String> = Vec::new();
-        for ip in held_ips.into_iter().chain(ips) {
-            if !all.contains(&ip) {
-                all.push(ip);
-            }
-        }
-        if let Some(first) = all.first() {
-            v["ip"] = json!(first);
-            v["ips"] = json!(all);
-        }
-        if !n.neighbors.is_empty() {
-            v["neighbors"] = n
-                .neighbors
-                .iter()
-                .map(|nb| {
-                    let mut o = serde_json::Map::new();
-                    for (k, f) in [
-                        ("macAddress", &nb.mac_address),
-                        ("portID", &nb.port_id),
-                        ("portDescription", &nb.port_description),
-                        ("systemName", &nb.system_name),
-                        ("systemDescription", &nb.system_description),
-                    ] {
-                        if let Some(f) = f {
-                            o.insert(k.into(), json!(f));
-                        }
-                    }
-                    Value::Object(o)
-                })
-                .collect();
-        }
-    }
-    status["networkInterfaces"] = json!(nics);
+    merge_nics(status, inv, dynamic);
     let mut storages: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     let mut serials = BTreeMap::new();
     for d in &inv.disks {
@@ -219,6 +147,83 @@ pub fn apply(
             serde_json::to_string(&serials).unwrap_or_default(),
         );
     }
+}
+
+/// Add the report's interfaces to `status.networkInterfaces` (see the module doc).
+fn merge_nics(status: &mut Value, inv: &Inventory, dynamic: &dyn Fn(IpAddr) -> bool) {
+    let mut nics: Vec<Value> = status
+        .get("networkInterfaces")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for n in &inv.nics {
+        let parsed = parse_mac(&n.mac_address).ok();
+        let mac = parsed
+            .map(|m| MacFmt(&m).to_string())
+            .unwrap_or_else(|| n.mac_address.clone());
+        let ips = n
+            .ips
+            .iter()
+            .filter(|a| !a.parse().is_ok_and(|a| dynamic(a)))
+            .cloned();
+        let held = nics.iter_mut().find(|e| {
+            parsed.is_some()
+                && e.get("macAddress")
+                    .and_then(Value::as_str)
+                    .and_then(|m| parse_mac(m.trim()).ok())
+                    == parsed
+        });
+        let v = match held {
+            Some(e) => e,
+            None => {
+                nics.push(json!({"macAddress": mac}));
+                nics.last_mut().expect("pushed")
+            }
+        };
+        v["name"] = json!(n.name);
+        v["carrierStatus"] = json!(if n.carrier { "Up" } else { "Down" });
+        let held_ips: Vec<String> = v
+            .get("ips")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .chain(v.get("ip"))
+            .filter_map(Value::as_str)
+            .map(String::from)
+            .collect();
+        let mut all: Vec<String> = Vec::new();
+        for ip in held_ips.into_iter().chain(ips) {
+            if !all.contains(&ip) {
+                all.push(ip);
+            }
+        }
+        if let Some(first) = all.first() {
+            v["ip"] = json!(first);
+            v["ips"] = json!(all);
+        }
+        if !n.neighbors.is_empty() {
+            v["neighbors"] = n
+                .neighbors
+                .iter()
+                .map(|nb| {
+                    let mut o = serde_json::Map::new();
+                    for (k, f) in [
+                        ("macAddress", &nb.mac_address),
+                        ("portID", &nb.port_id),
+                        ("portDescription", &nb.port_description),
+                        ("systemName", &nb.system_name),
+                        ("systemDescription", &nb.system_description),
+                    ] {
+                        if let Some(f) = f {
+                            o.insert(k.into(), json!(f));
+                        }
+                    }
+                    Value::Object(o)
+                })
+                .collect();
+        }
+    }
+    status["networkInterfaces"] = json!(nics);
 }
 
 /// Write reports as they come until shutdown (each Server's in turn; a failure is logged,
