@@ -12,8 +12,8 @@
 //!   data-URL cache).
 //! - warm, in memory: `RenderCache::get` hits returning the serialized body.
 //! - warm, through the real boot listener (`bootplane::http::server::run` + `BootHttp`
-//!   on 127.0.0.1, the machine registered at 127.0.0.1, so the identity check passes by
-//!   source address): `wrk -t2 -c64` on `/ignition/<server>`, side by side with nginx
+//!   on 127.0.0.1, the URL carrying the signed token the machine's script would give it):
+//!   `wrk -t2 -c64` on `/ignition/<server>/<token>`, side by side with nginx
 //!   (Debian) serving the same JSON as a static file in the same run. Goal: >= 20,000
 //!   req/s.
 //! - peer, same run: Debian's real `ignition-validate` (Go) on the same rendered config,
@@ -365,9 +365,22 @@ fn serve_bench(json: &bytes::Bytes, secs: u64, rounds: usize) {
     });
     let nginx = Nginx::start(dir.path());
 
+    // The token the machine's script carries (Ignition needs it, whatever the address).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let token = bootplane::http::token::TokenSigner::new(&[7u8; 32]).mint(
+        bootplane::http::token::Purpose::Ignition,
+        "server-00000",
+        "bench/1",
+        now,
+        3600,
+    );
+    let signed = format!("/ignition/server-00000/{token}");
     let path = "/ignition/server-00000";
     assert_eq!(
-        http_get(ours, path),
+        http_get(ours, &signed),
         json.as_ref(),
         "bootplane serves the config"
     );
@@ -386,7 +399,7 @@ fn serve_bench(json: &bytes::Bytes, secs: u64, rounds: usize) {
         "nginx static",
     );
     for _ in 0..rounds {
-        p.a.push(wrk(&format!("http://{ours}{path}"), secs));
+        p.a.push(wrk(&format!("http://{ours}{signed}"), secs));
         p.b.push(wrk(&format!("http://{}{path}", nginx.addr), secs));
     }
     p.print();

@@ -475,8 +475,16 @@ impl Services {
         let discovery = (d.enabled && d.first_boot).then(|| {
             let (tx, rx) = tokio::sync::mpsc::channel(crate::controller::inventory::QUEUE);
             let (store, s) = (self.store.clone(), self.coord.handle());
+            // Addresses of the dynamic pools are not registered from inventories.
+            let pools = if config.dhcp.enabled {
+                crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())
+                    .map(|s| s.subnets)
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
             self.tasks.spawn(async move {
-                crate::controller::inventory::run(store, rx, s).await;
+                crate::controller::inventory::run(store, rx, pools, s).await;
                 Ok(())
             });
             (d.image.clone(), tx)

@@ -245,7 +245,8 @@ rules = [
     let (code, out, err) = b.cli(&["get", "secret", "ign", "-o", "yaml"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("token:"), "{out}");
-    // The agent reads servers and writes their status, not their spec.
+    // The agent reads servers, and writes neither their spec nor their status (the
+    // status' NICs are the identity the boot listener trusts).
     assert_eq!(call_as(&b, &agent, "GET", SERVERS, None).0, 200);
     let (c, v) = call_as(
         &b,
@@ -254,13 +255,13 @@ rules = [
         &format!("{SERVERS}/s1/status"),
         Some(&json!({"status": {"powerState": "Off"}})),
     );
-    assert_eq!(c, 200, "{v}");
+    assert_eq!(c, 403, "{v}");
     expect.push(want(
         "job-agent",
         "patch",
         "servers/status",
         Some("s1"),
-        200,
+        403,
     ));
     let (c, _) = call_as(
         &b,

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use support::api::*;
 use support::bootplane::*;
 use support::data::fixtures;
-use support::http::curl_get;
+use support::http::{curl_get, script_ignition_url};
 
 fn kernel_line(script: &str) -> String {
     script
@@ -194,10 +194,12 @@ fn reference_butane_secret_is_served_as_validated_ignition() {
     b.wait_for(20, "Ready", || {
         (b.call("GET", &path, None).1["status"]["state"] == "Ready").then_some(())
     });
-    let (code, body) = curl_get(
+    let url = script_ignition_url(
         "127.0.0.4",
-        &format!("http://127.0.0.1:{}/ignition/fc-1", b.http_port),
-    );
+        &format!("http://127.0.0.1:{}/ipxe/script", b.http_port),
+    )
+    .expect("signed ignition URL");
+    let (code, body) = curl_get("127.0.0.4", &url);
     assert_eq!(code, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
@@ -281,7 +283,8 @@ fn boot_token_dies_with_its_claim() {
     b.claim_ready_with_ignition("tenant-b", "tok-1", &secret_b, 20);
     // The boot index follows the store by watch: wait until it serves the new tenant.
     b.wait_for(20, "new tenant served", || {
-        let (code, body) = curl_get("127.0.0.5", &format!("{base}/ignition/tok-1"));
+        let url = script_ignition_url("127.0.0.5", &format!("{base}/ipxe/script?server=tok-1"))?;
+        let (code, body) = curl_get("127.0.0.5", &url);
         (code == 200 && body == ign_b).then_some(())
     });
 
@@ -295,4 +298,117 @@ fn boot_token_dies_with_its_claim() {
     assert_ne!(new, old);
     let (code, body) = curl_get("127.0.0.6", &new);
     assert_eq!((code, body.as_str()), (200, ign_b));
+}
+
+/// `method path` on the API as the bearer of `token`: the HTTP status.
+fn status_as(b: &Bootplane, token: &str, method: &str, path: &str, body: &Value) -> u16 {
+    let r = b
+        .req(method, path)
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Content-Type", "application/merge-patch+json")
+        .send_string(&body.to_string());
+    match r {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(c, _)) => c,
+        Err(e) => panic!("{method} {path}: {e}"),
+    }
+}
+
+/// Issue 32: the identity the boot listener trusts is not the agent's to write, a
+/// registered address is not enough for Ignition with signed URLs, and a MAC or UUID
+/// belongs to one Server.
+#[test]
+fn identity_is_not_the_agents_and_ignition_needs_the_token() {
+    let b = Bootplane::start(&[]);
+    let mut srv = server_at("id-1", "52:54:00:32:00:01", "127.0.0.7");
+    srv["spec"]["systemUUID"] = json!("4c4c4544-0032-0032-0032-000000000032");
+    assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
+    let ign = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/tenant","contents":{"source":"data:,secret-32"}}]}}"#;
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "id-1-ign"}, "stringData": {"ignition": ign}});
+    b.claim_ready_with_ignition("id-1-claim", "id-1", &secret, 20);
+    let base = format!("http://127.0.0.1:{}", b.http_port);
+
+    // The agent cannot add an address of its own to the claimed server.
+    let (code, agent, err) = b.cli(&["token", "create", "ag", "--role", "agent"]);
+    assert_eq!(code, 0, "{err}");
+    let patch = json!({"status": {"networkInterfaces": [
+        {"name": "eth0", "macAddress": "52:54:00:32:00:01", "ips": ["127.0.0.7", "127.0.0.9"]}]}});
+    let path = format!("{SERVERS}/id-1/status");
+    assert_eq!(status_as(&b, agent.trim(), "PATCH", &path, &patch), 403);
+    let s = b.get(&format!("{SERVERS}/id-1"));
+    assert!(!s["status"].to_string().contains("127.0.0.9"), "{s}");
+    let plain = format!("{base}/ignition/id-1");
+    let (code, body) = curl_get("127.0.0.9", &plain);
+    assert_eq!(code, 403, "{body}");
+    // Not from the registered address either, without the token.
+    let (code, body) = curl_get("127.0.0.7", &plain);
+    assert_eq!(code, 403, "{body}");
+    assert!(!body.contains("secret-32"), "{body}");
+    // The machine's script carries the token; with it the Ignition is served.
+    let url = script_ignition_url("127.0.0.7", &format!("{base}/ipxe/script"))
+        .expect("signed ignition URL");
+    let (code, body) = curl_get("127.0.0.7", &url);
+    assert_eq!((code, body.as_str()), (200, ign));
+    // A wrong token is refused even from the registered address.
+    let (code, _) = curl_get("127.0.0.7", &format!("{plain}/1.AAAA"));
+    assert_eq!(code, 403);
+
+    // A second Server with the taken MAC, or the taken UUID: 409.
+    let dup = server_at("id-2", "52-54-00-32-00-01", "127.0.0.10");
+    let (code, v) = b.call("POST", SERVERS, Some(&dup));
+    assert_eq!(code, 409, "{v}");
+    assert!(v["message"].as_str().unwrap_or("").contains("id-1"), "{v}");
+    let mut dup = server_at("id-2", "52:54:00:32:00:02", "127.0.0.10");
+    dup["spec"]["systemUUID"] = json!("4C4C4544-0032-0032-0032-000000000032");
+    assert_eq!(b.call("POST", SERVERS, Some(&dup)).0, 409);
+    // Nor can a later write give an existing Server the MAC.
+    let ok = server_at("id-3", "52:54:00:32:00:03", "127.0.0.11");
+    assert_eq!(b.call("POST", SERVERS, Some(&ok)).0, 201);
+    let (code, v) = b.call(
+        "PATCH",
+        &format!("{SERVERS}/id-3/status"),
+        Some(&json!({"status": {"networkInterfaces": [
+            {"name": "eth0", "macAddress": "52:54:00:32:00:03"},
+            {"name": "eth1", "macAddress": "52:54:00:32:00:01"}]}})),
+    );
+    assert_eq!(code, 409, "{v}");
+    // The machine still boots by its MAC once the other Server is gone.
+    assert!(matches!(
+        b.call("DELETE", &format!("{SERVERS}/id-3"), None).0,
+        200 | 202
+    ));
+    let url = script_ignition_url(
+        "127.0.0.7",
+        &format!("{base}/ipxe/script?mac=52-54-00-32-00-01"),
+    );
+    assert!(url.is_some(), "machine script by MAC");
+}
+
+/// `http.ignition_once`: a second fetch in the same boot is refused, a power cycle by
+/// the driver opens it again.
+#[test]
+fn one_shot_ignition_is_served_once_per_boot() {
+    let b = Bootplane::start(&["--set", "http.ignition_once=true"]);
+    let srv = server_at("once-1", "52:54:00:32:01:01", "127.0.0.12");
+    assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
+    let ign = r#"{"ignition":{"version":"3.4.0"}}"#;
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "once-ign"}, "stringData": {"ignition": ign}});
+    b.claim_ready_with_ignition("once-claim", "once-1", &secret, 20);
+    // Powered on by the driver first: a version saying Off starts a new boot.
+    b.wait_for(20, "server powered on", || {
+        (b.get(&format!("{SERVERS}/once-1"))["status"]["powerState"] == "On").then_some(())
+    });
+    let base = format!("http://127.0.0.1:{}", b.http_port);
+    let url = script_ignition_url("127.0.0.12", &format!("{base}/ipxe/script"))
+        .expect("signed ignition URL");
+    let (code, body) = curl_get("127.0.0.12", &url);
+    assert_eq!((code, body.as_str()), (200, ign));
+    let (code, body) = curl_get("127.0.0.12", &url);
+    assert_eq!(code, 403, "second fetch in the same boot: {body}");
+    let (code, _, err) = b.cli(&["power", "reset", "once-1"]);
+    assert_eq!(code, 0, "{err}");
+    b.wait_for(20, "ignition served again after the reset", || {
+        (curl_get("127.0.0.12", &url).0 == 200).then_some(())
+    });
+    assert_eq!(curl_get("127.0.0.12", &url).0, 403);
 }

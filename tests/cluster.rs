@@ -663,7 +663,11 @@ fn etcd_members_down_then_back_reads_and_boots_go_on_writes_recover() {
                 script.contains("/assets/images/os/kernel"),
                 "{what}: {base} served no kernel line:\n{script}"
             );
-            let (code, body) = curl_get(machine, &format!("{base}/ignition/q-boot"));
+            let url = script
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("ignition.config.url="))
+                .unwrap_or_else(|| panic!("{what}: {base} served no ignition URL:\n{script}"));
+            let (code, body) = curl_get(machine, url);
             assert_eq!(
                 (code, body.as_str()),
                 (200, ign),

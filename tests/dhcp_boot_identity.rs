@@ -165,4 +165,93 @@ fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
         code == 403 || code == 404,
         "ignition from an unleased address: {code}"
     );
+
+    // Issue 32: the leased address is enough for the script, not for the Ignition (a
+    // host leasing with the machine's MAC would hold it too): that needs the token the
+    // script carries.
+    let ign = format!("http://{}:8080/ignition/leased", lab.addr(1));
+    let (code, _) = curl_code(&lab, &leased, &ign);
+    assert_eq!(
+        code, 403,
+        "ignition from the leased address without the token"
+    );
+    let signed = body
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ignition.config.url="))
+        .unwrap_or_else(|| panic!("no signed ignition URL in:\n{body}"))
+        .to_string();
+    let (code, _) = curl_code(&lab, &leased, &signed);
+    assert_ne!(code, 403, "ignition with the script's token");
+
+    // A second namespace on the link takes a registered machine's address: without the
+    // token, 403.
+    let yaml = format!(
+        "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {{name: static}}\nspec: {{systemUUID: 4c4c4544-0044-0044-0044-000000000060}}\n\
+         status: {{state: Available, powerState: \"Off\", networkInterfaces: [{{name: eth0, macAddress: \"52:54:00:44:00:60\", ips: [\"{}\"]}}]}}\n---\n\
+         apiVersion: metal.ironcore.dev/v1alpha1\nkind: ServerClaim\nmetadata: {{name: static-claim}}\n\
+         spec: {{power: \"On\", image: \"os-image:latest\", serverRef: {{name: static}}}}\n",
+        lab.addr(60)
+    );
+    let out = lab.cli(&["apply", "-f", "-"], Some(&yaml));
+    assert!(out.status.success(), "{}", text(&out));
+    wait_for(
+        Duration::from_secs(20),
+        || {
+            text(&lab.cli(&["get", "sbc", "static-claim", "-o", "json"], None))
+                .contains("\"state\": \"Ready\"")
+        },
+        || {
+            format!(
+                "static-claim not Ready: {}",
+                read(&lab.path("bootplane.log"))
+            )
+        },
+    );
+    let intruder = Netns::new("intruder");
+    must(
+        "ip",
+        &[
+            "link",
+            "add",
+            "vs2",
+            "netns",
+            &lab.server.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vi",
+            "netns",
+            &intruder.name,
+        ],
+    );
+    lab.server.ip(&["link", "set", "vs2", "up"]);
+    lab.server.ip(&[
+        "route",
+        "add",
+        &format!("{}/32", lab.addr(60)),
+        "dev",
+        "vs2",
+    ]);
+    intruder.ip(&["addr", "add", &format!("{}/24", lab.addr(60)), "dev", "vi"]);
+    intruder.ip(&["link", "set", "vi", "up"]);
+    let mut c = intruder.cmd("curl");
+    c.args([
+        "-sS",
+        "--max-time",
+        "10",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &format!("http://{}:8080/ignition/static", lab.addr(1)),
+    ]);
+    let out = run_bounded(c, 20);
+    let code = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        code,
+        "403",
+        "ignition to a taker of the registered address: {}",
+        text(&out)
+    );
 }

@@ -390,7 +390,8 @@ fn vm_is_discovered_and_its_inventory_matches_its_configuration() {
         "InventoryReported",
         "{s:#}"
     );
-    // NICs: both MACs, both carriers up, an address leased by bootplane on the first.
+    // NICs: both MACs, both carriers up; the address bootplane leased from its dynamic
+    // range is the lease's, not the machine's identity: not recorded (issue 32).
     let nics = st["networkInterfaces"].as_array().unwrap();
     let mut got: Vec<&str> = nics
         .iter()
@@ -403,9 +404,10 @@ fn vm_is_discovered_and_its_inventory_matches_its_configuration() {
     }
     let net = format!("10.199.{}.", lab.net);
     assert!(
-        nics.iter()
+        !nics
+            .iter()
             .any(|n| n["ip"].as_str().is_some_and(|ip| ip.starts_with(&net))),
-        "no leased address: {s:#}"
+        "a dynamic-pool address registered: {s:#}"
     );
     // Disks: exactly the two SCSI disks, with their sizes, vendor and product.
     let drives: Vec<Value> = st["storages"]

@@ -101,8 +101,9 @@ fn chain_yields_kernel_initrd_ignition_for_the_machine_only() {
         ig.header("content-type").as_deref(),
         Some("application/json")
     );
+    // With signed URLs the token is needed even from the machine's own address.
     let plain_ignition = format!("{}/ignition/server-a", srv.base);
-    assert_eq!(curl(MACHINE_IP, &plain_ignition, &[]).code, 200);
+    assert_eq!(curl(MACHINE_IP, &plain_ignition, &[]).code, 403);
 
     // From another address: the script and the Ignition are refused.
     let other = curl(OTHER_IP, &script_url, &[]);
@@ -148,7 +149,9 @@ fn chain_yields_kernel_initrd_ignition_for_the_machine_only() {
         "{m}"
     );
     assert!(
-        m.contains("bootplane_http_identity_refused_total{route=\"ignition\"} 2"),
+        // The machine's own address without the token, another address with none, and
+        // the tampered token (the other server's name is a 404 before any check).
+        m.contains("bootplane_http_identity_refused_total{route=\"ignition\"} 3"),
         "{m}"
     );
     assert!(

@@ -24,8 +24,9 @@ fuzz_target!(|data: &[u8]| {
     assert!(inv.nics.len() <= 64 && inv.disks.len() <= 256 && inv.cpus.len() <= 1024);
     let mut st = serde_json::json!({});
     let mut ann = BTreeMap::new();
-    apply(&mut st, &mut ann, &inv);
-    assert_eq!(st["networkInterfaces"].as_array().map_or(0, Vec::len), inv.nics.len());
+    apply(&mut st, &mut ann, &inv, &|_| false);
+    // A MAC reported twice is one interface.
+    assert!(st["networkInterfaces"].as_array().map_or(0, Vec::len) <= inv.nics.len());
     let q = quantity(inv.memory_bytes);
     let back = match q.find(|c: char| !c.is_ascii_digit()) {
         None => q.parse::<u64>().unwrap(),

@@ -444,8 +444,10 @@ impl Roles {
                 rules: vec![rule(&read, viewer)],
             },
             // What an agent driven from outside needs: reading the objects that say
-            // what to provision, and reporting progress on their status. No secrets, no
-            // rendered configs, no jobs (the controller starts those).
+            // what to provision, and reporting progress on the actions' status. No
+            // secrets, no rendered configs, no jobs (the controller starts those), and
+            // no Server status: its NICs are the identity the boot listener trusts,
+            // written by the controllers (docs/threat-model.md).
             RoleConfig {
                 name: "agent".into(),
                 rules: vec![
@@ -453,10 +455,8 @@ impl Roles {
                         &read,
                         s(&["servers", "serveractions", "images", "discovery"]),
                     ),
-                    rule(
-                        &["get", "update", "patch"],
-                        s(&["servers/status", "serveractions/status"]),
-                    ),
+                    rule(&["get"], s(&["servers/status"])),
+                    rule(&["get", "update", "patch"], s(&["serveractions/status"])),
                 ],
             },
             RoleConfig {

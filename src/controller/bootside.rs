@@ -408,6 +408,10 @@ pub struct StoreBootIndex {
     /// `ScriptServed` / `IgnitionServed` on the Server, once per boot configuration
     /// change (when the condition is first set).
     events: crate::store::events::Recorder,
+    /// The power state and reset request (the annotation's value) last seen per
+    /// server, so each power-off or reset counts as one power cycle however many
+    /// versions carry it.
+    resets: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl BootIndex for StoreBootIndex {
@@ -435,6 +439,18 @@ impl BootIndex for StoreBootIndex {
         leases
             .by_ip(ip)
             .is_some_and(|l| l.active(now) && m.macs.contains(&l.mac))
+    }
+
+    fn take_ignition(&self, m: &MachineBoot) -> bool {
+        self.mem.take_ignition(m)
+    }
+
+    fn lease_mac(&self, client: IpAddr) -> Option<crate::model::ident::Mac> {
+        let (Some(leases), IpAddr::V4(ip)) = (&self.leases, client) else {
+            return None;
+        };
+        let now = crate::sys::unix_now();
+        leases.by_ip(ip).filter(|l| l.active(now)).map(|l| l.mac)
     }
 
     fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr) {
@@ -485,6 +501,7 @@ impl StoreBootIndex {
             discovery,
             t_server: reg.resolve("server").expect("server"),
             t_sbc: reg.resolve("sbc").expect("sbc"),
+            resets: Default::default(),
         });
         let i = idx.clone();
         let s1 = shutdown.child();
@@ -498,7 +515,38 @@ impl StoreBootIndex {
     pub fn refresh(&self, server: &str) {
         match self.store.get(&self.t_server, None, server) {
             Ok(s) => self.index(server, &s),
-            Err(_) => self.mem.remove(server),
+            Err(_) => {
+                self.mem.remove(server);
+                let mut r = self.resets.lock().unwrap_or_else(|p| p.into_inner());
+                r.remove(server);
+            }
+        }
+    }
+
+    /// A version of Server `server` whose power went to Off (from another state seen
+    /// before), or with a reset request not seen before: its next boot is a new one
+    /// for the one-shot Ignition (`http.ignition_once`).
+    fn note_power(&self, server: &str, s: &Value) {
+        let power = s
+            .pointer("/status/powerState")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let reset = s
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(super::server::RESET_ANNOTATION))
+            .and_then(Value::as_str);
+        let mut seen = self.resets.lock().unwrap_or_else(|p| p.into_inner());
+        let last = seen.entry(server.to_string()).or_default();
+        let off = power == "Off" && !last.0.is_empty() && last.0 != "Off";
+        let reset_new = reset.is_some_and(|r| r != last.1);
+        if power != last.0 {
+            last.0 = power.to_string();
+        }
+        if let Some(r) = reset.filter(|_| reset_new) {
+            last.1 = r.to_string();
+        }
+        if off || reset_new {
+            self.mem.power_cycled(server);
         }
     }
 
@@ -664,6 +712,7 @@ impl StoreBootIndex {
                     let mut listed = HashSet::new();
                     for (_, s) in servers {
                         // the listed object is the current one: no second read and parse
+                        self.note_power(meta::name(&s), &s);
                         self.index(meta::name(&s), &s);
                         listed.insert(meta::name(&s).to_string());
                     }
@@ -686,6 +735,11 @@ impl StoreBootIndex {
         let mut invalidate = HashSet::new();
         for c in changes {
             let is_server = c.t.kind == "Server";
+            // Each version as the event has it, in order: an Off or a reset later
+            // undone is not missed when the refresh below reads only the newest.
+            if is_server && !c.deleted() {
+                self.note_power(meta::name(&c.event.object), &c.event.object);
+            }
             for server in self.affected(&c.event.object) {
                 // A Server update keeps its render when the facts it was rendered from
                 // are unchanged (checked by the cache); a claim, boot configuration or

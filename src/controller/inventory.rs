@@ -2,7 +2,12 @@
 //! `POST /discovery/inventory` (the listener checks identity and shape and queues; this
 //! writes, off the request path).
 //!
-//! A report fills `status.networkInterfaces` (name, MAC, carrier, IPs, LLDP neighbours),
+//! A report adds to `status.networkInterfaces` (name, MAC, carrier, IPs, LLDP
+//! neighbours): the interfaces already there (the BMC's, the operator's) and their
+//! addresses stay, a reported MAC updates its interface or is appended, and addresses
+//! inside a dynamic DHCP range are left out (a pool address is the lease's, not the
+//! machine's: registered, it would become the machine's identity and a reservation).
+//! It fills
 //! `status.storages` (one storage per transport, its drives with capacity, model, vendor,
 //! media type), `status.processors`, `status.totalSystemMemory` and, where the BMC left
 //! them empty, manufacturer/model/serial/SKU/BIOS version; drive serial numbers (the
@@ -13,12 +18,14 @@
 //! boot than the one it was accepted for, is dropped.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use bootplane_probe::Inventory;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::set_condition;
+use crate::dhcp::settings::Subnet;
 use crate::http::InventoryReport;
 use crate::model::ident::{parse_mac, MacFmt};
 use crate::model::registry::ResourceType;
@@ -55,49 +62,15 @@ pub fn quantity(bytes: u64) -> String {
     bytes.to_string()
 }
 
-/// Write `inv` into `status` (and the drive serials into `annotations`).
-pub fn apply(status: &mut Value, annotations: &mut BTreeMap<String, String>, inv: &Inventory) {
-    let nics: Vec<Value> = inv
-        .nics
-        .iter()
-        .map(|n| {
-            let mac = parse_mac(&n.mac_address)
-                .map(|m| MacFmt(&m).to_string())
-                .unwrap_or_else(|_| n.mac_address.clone());
-            let mut v = json!({
-                "name": n.name,
-                "macAddress": mac,
-                "carrierStatus": if n.carrier { "Up" } else { "Down" },
-            });
-            if let Some(ip) = n.ips.first() {
-                v["ip"] = json!(ip);
-                v["ips"] = json!(n.ips);
-            }
-            if !n.neighbors.is_empty() {
-                v["neighbors"] = n
-                    .neighbors
-                    .iter()
-                    .map(|nb| {
-                        let mut o = serde_json::Map::new();
-                        for (k, f) in [
-                            ("macAddress", &nb.mac_address),
-                            ("portID", &nb.port_id),
-                            ("portDescription", &nb.port_description),
-                            ("systemName", &nb.system_name),
-                            ("systemDescription", &nb.system_description),
-                        ] {
-                            if let Some(f) = f {
-                                o.insert(k.into(), json!(f));
-                            }
-                        }
-                        Value::Object(o)
-                    })
-                    .collect();
-            }
-            v
-        })
-        .collect();
-    status["networkInterfaces"] = json!(nics);
+/// Write `inv` into `status` (and the drive serials into `annotations`); `dynamic`
+/// says which addresses are in a dynamic DHCP range (left out).
+pub fn apply(
+    status: &mut Value,
+    annotations: &mut BTreeMap<String, String>,
+    inv: &Inventory,
+    dynamic: &dyn Fn(IpAddr) -> bool,
+) {
+    merge_nics(status, inv, dynamic);
     let mut storages: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     let mut serials = BTreeMap::new();
     for d in &inv.disks {
@@ -176,10 +149,94 @@ pub fn apply(status: &mut Value, annotations: &mut BTreeMap<String, String>, inv
     }
 }
 
+/// Add the report's interfaces to `status.networkInterfaces` (see the module doc).
+fn merge_nics(status: &mut Value, inv: &Inventory, dynamic: &dyn Fn(IpAddr) -> bool) {
+    let mut nics: Vec<Value> = status
+        .get("networkInterfaces")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for n in &inv.nics {
+        let parsed = parse_mac(&n.mac_address).ok();
+        let mac = parsed
+            .map(|m| MacFmt(&m).to_string())
+            .unwrap_or_else(|| n.mac_address.clone());
+        let ips = n
+            .ips
+            .iter()
+            .filter(|a| !a.parse().is_ok_and(|a| dynamic(a)))
+            .cloned();
+        let held = nics.iter_mut().find(|e| {
+            parsed.is_some()
+                && e.get("macAddress")
+                    .and_then(Value::as_str)
+                    .and_then(|m| parse_mac(m.trim()).ok())
+                    == parsed
+        });
+        let v = match held {
+            Some(e) => e,
+            None => {
+                nics.push(json!({"macAddress": mac}));
+                nics.last_mut().expect("pushed")
+            }
+        };
+        v["name"] = json!(n.name);
+        v["carrierStatus"] = json!(if n.carrier { "Up" } else { "Down" });
+        let held_ips: Vec<String> = v
+            .get("ips")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .chain(v.get("ip"))
+            .filter_map(Value::as_str)
+            .map(String::from)
+            .collect();
+        let mut all: Vec<String> = Vec::new();
+        for ip in held_ips.into_iter().chain(ips) {
+            if !all.contains(&ip) {
+                all.push(ip);
+            }
+        }
+        if let Some(first) = all.first() {
+            v["ip"] = json!(first);
+            v["ips"] = json!(all);
+        }
+        if !n.neighbors.is_empty() {
+            v["neighbors"] = n
+                .neighbors
+                .iter()
+                .map(|nb| {
+                    let mut o = serde_json::Map::new();
+                    for (k, f) in [
+                        ("macAddress", &nb.mac_address),
+                        ("portID", &nb.port_id),
+                        ("portDescription", &nb.port_description),
+                        ("systemName", &nb.system_name),
+                        ("systemDescription", &nb.system_description),
+                    ] {
+                        if let Some(f) = f {
+                            o.insert(k.into(), json!(f));
+                        }
+                    }
+                    Value::Object(o)
+                })
+                .collect();
+        }
+    }
+    status["networkInterfaces"] = json!(nics);
+}
+
 /// Write reports as they come until shutdown (each Server's in turn; a failure is logged,
 /// the agent is not told: it was already answered 202, and the Server stays in
 /// `Discovery` to be booted again).
-pub async fn run(store: Store, mut rx: mpsc::Receiver<InventoryReport>, mut shutdown: Shutdown) {
+/// Write the reports `rx` brings until shutdown; addresses inside `pools`' dynamic
+/// ranges are not registered.
+pub async fn run(
+    store: Store,
+    mut rx: mpsc::Receiver<InventoryReport>,
+    pools: Vec<Subnet>,
+    mut shutdown: Shutdown,
+) {
     let t_server = store.registry().resolve("server").expect("server type");
     let events = crate::store::events::Recorder::spawn(store.clone(), "bootplane-inventory");
     loop {
@@ -187,7 +244,7 @@ pub async fn run(store: Store, mut rx: mpsc::Receiver<InventoryReport>, mut shut
             r = rx.recv() => match r { Some(r) => r, None => return },
             _ = shutdown.recv() => return,
         };
-        if let Err(e) = write(&store, &t_server, &r, &events).await {
+        if let Err(e) = write(&store, &t_server, &r, &pools, &events).await {
             tracing::warn!(server = %r.server, error = %e, "writing an inventory report");
         }
     }
@@ -197,8 +254,13 @@ async fn write(
     store: &Store,
     t: &ResourceType,
     r: &InventoryReport,
+    pools: &[Subnet],
     events: &crate::store::events::Recorder,
 ) -> Result<(), StoreError> {
+    let dynamic = |a: IpAddr| match a {
+        IpAddr::V4(a) => pools.iter().any(|p| p.in_pool(a)),
+        IpAddr::V6(_) => false,
+    };
     for _ in 0..8 {
         let s = store.get(t, None, &r.server)?;
         if s.pointer("/status/state").and_then(Value::as_str) != Some("Discovery")
@@ -213,7 +275,7 @@ async fn write(
             .unwrap_or_default();
         let before = annotations.clone();
         let mut st = s.get("status").cloned().unwrap_or_else(|| json!({}));
-        apply(&mut st, &mut annotations, &r.inventory);
+        apply(&mut st, &mut annotations, &r.inventory, &dynamic);
         let inv = &r.inventory;
         let msg = format!(
             "inventory reported from {}: {} NIC(s), {} disk(s), {} CPU(s), {} memory",
@@ -261,6 +323,39 @@ mod tests {
     }
 
     #[test]
+    fn a_report_adds_to_the_interfaces_and_skips_pool_addresses() {
+        let nic = |mac: &str, ips: &[&str]| Nic {
+            name: "eth0".into(),
+            mac_address: mac.into(),
+            ips: ips.iter().map(|s| s.to_string()).collect(),
+            ..Nic::default()
+        };
+        let inv = Inventory {
+            nics: vec![
+                nic("52:54:00:aa:00:01", &["10.0.0.50", "10.0.1.9"]),
+                nic("52:54:00:aa:00:03", &["10.0.0.51"]),
+            ],
+            ..Inventory::default()
+        };
+        let mut st = json!({"networkInterfaces": [
+            {"name": "NIC.1", "macAddress": "52:54:00:AA:00:01"},
+            {"name": "eth1", "macAddress": "52:54:00:aa:00:02", "ip": "10.0.0.7", "ips": ["10.0.0.7"]},
+        ]});
+        let pool = |a: IpAddr| a.to_string().starts_with("10.0.0.5");
+        apply(&mut st, &mut BTreeMap::new(), &inv, &pool);
+        let n = st["networkInterfaces"].as_array().unwrap();
+        assert_eq!(n.len(), 3, "{n:?}");
+        assert_eq!(
+            n[0]["macAddress"], "52:54:00:AA:00:01",
+            "the BMC's entry kept"
+        );
+        assert_eq!(n[0]["ips"], json!(["10.0.1.9"]), "pool address left out");
+        assert_eq!(n[1]["ips"], json!(["10.0.0.7"]), "an unreported NIC stays");
+        assert_eq!(n[2]["macAddress"], "52:54:00:aa:00:03");
+        assert!(n[2].get("ips").is_none(), "{:?}", n[2]);
+    }
+
+    #[test]
     fn a_report_fills_the_status() {
         let inv = Inventory {
             system_uuid: "5a2c0000-0000-4000-8000-000000000001".into(),
@@ -300,7 +395,7 @@ mod tests {
         };
         let mut st = json!({"manufacturer": "BMC says"});
         let mut ann = BTreeMap::new();
-        apply(&mut st, &mut ann, &inv);
+        apply(&mut st, &mut ann, &inv, &|_| false);
         assert_eq!(
             st["networkInterfaces"][0]["macAddress"],
             "52:54:00:aa:00:01"

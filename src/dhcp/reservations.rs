@@ -10,7 +10,9 @@
 //!   machine was discovered with (metal-operator's discovery fills it), so reserving it
 //!   keeps a registered machine on the address the rest of the fleet knows it by.
 //!   An interface with no such address gets no reservation (the machine is served from
-//!   the dynamic pool like any other client);
+//!   the dynamic pool like any other client). The subnet's router and the appliance's
+//!   own address are never reserved for a Server (whoever may write a Server's status
+//!   must not take them over);
 //! - the hostname handed out with it (option 12): the Server's `metadata.name`;
 //! - `spec.systemUUID` is logged with the reservation (the client's option 97 UUID is
 //!   what the boot side matches, not DHCP).
@@ -35,8 +37,13 @@ use crate::shutdown::Shutdown;
 use crate::store::watcher::{Batch, Watcher};
 use crate::store::Store;
 
-/// The reservations one Server object asks for (see the module doc for the fields).
-pub fn from_server(obj: &Value, subnets: &[Subnet]) -> Vec<Reservation> {
+/// The reservations one Server object asks for (see the module doc for the fields);
+/// `appliance` is this appliance's address on the subnets (never reserved).
+pub fn from_server(
+    obj: &Value,
+    subnets: &[Subnet],
+    appliance: Option<Ipv4Addr>,
+) -> Vec<Reservation> {
     let name = meta::name(obj);
     let mut out = Vec::new();
     for nic in nics(obj) {
@@ -44,7 +51,14 @@ pub fn from_server(obj: &Value, subnets: &[Subnet]) -> Vec<Reservation> {
             continue;
         };
         let Some(ip) = nic.ips.iter().find_map(|a| match a {
-            std::net::IpAddr::V4(ip) if subnets.iter().any(|s| s.contains(*ip)) => Some(*ip),
+            std::net::IpAddr::V4(ip)
+                if Some(*ip) != appliance
+                    && subnets
+                        .iter()
+                        .any(|s| s.contains(*ip) && s.router != Some(*ip)) =>
+            {
+                Some(*ip)
+            }
             _ => None,
         }) else {
             continue;
@@ -97,6 +111,7 @@ pub fn start(
         store,
         settings.reservations.clone(),
         settings.subnets.clone(),
+        settings.server_ip,
         shutdown,
     )
 }
@@ -107,6 +122,7 @@ pub fn watch_servers(
     store: Store,
     config: Vec<Reservation>,
     subnets: Vec<Subnet>,
+    appliance: Option<Ipv4Addr>,
     mut shutdown: Shutdown,
 ) -> watch::Receiver<Vec<Reservation>> {
     let (tx, rx) = watch::channel(config.clone());
@@ -143,7 +159,7 @@ pub fn watch_servers(
                 Some(Batch::Listed(servers)) => {
                     per_server.clear();
                     for (_, s) in servers {
-                        let r = from_server(&s, &subnets);
+                        let r = from_server(&s, &subnets, appliance);
                         if !r.is_empty() {
                             per_server.insert(meta::name(&s).to_string(), r);
                         }
@@ -159,7 +175,7 @@ pub fn watch_servers(
                         let r = if c.deleted() {
                             Vec::new()
                         } else {
-                            from_server(&c.event.object, &subnets)
+                            from_server(&c.event.object, &subnets, appliance)
                         };
                         if let Some(first) = r.first() {
                             tracing::debug!(server = %name, uuid = ?c.event.object.pointer("/spec/systemUUID"),
@@ -196,7 +212,7 @@ mod tests {
 
     fn subnet() -> Vec<Subnet> {
         let c = super::super::settings::section_from_toml(
-            "[dhcp]\nenabled = true\ninterface = \"x\"\nmode = \"authoritative\"\n[[dhcp.subnets]]\nnetwork = \"10.0.0.0/24\"\nranges = [\"10.0.0.100-10.0.0.200\"]\n",
+            "[dhcp]\nenabled = true\ninterface = \"x\"\nmode = \"authoritative\"\n[[dhcp.subnets]]\nnetwork = \"10.0.0.0/24\"\nranges = [\"10.0.0.100-10.0.0.200\"]\nrouter = \"10.0.0.1\"\n",
         )
         .unwrap();
         super::super::DhcpSettings::from_config(&c, "http://127.0.0.1:8080")
@@ -216,14 +232,34 @@ mod tests {
                 {"name": "eth3", "macAddress": "garbage", "ips": ["10.0.0.9"]}
             ]}
         });
-        let r = from_server(&s, &subnet());
+        let r = from_server(&s, &subnet(), None);
         assert_eq!(r.len(), 2, "{r:?}");
         assert_eq!(r[0].mac, [0x52, 0x54, 0, 0xaa, 0xbb, 1]);
         assert_eq!(r[0].ip, Ipv4Addr::new(10, 0, 0, 7));
         assert_eq!(r[0].hostname.as_deref(), Some("node-1"));
         assert_eq!((r[1].mac[5], r[1].ip), (2, Ipv4Addr::new(10, 0, 0, 8)));
-        assert!(from_server(&json!({"metadata": {"name": "x"}}), &subnet()).is_empty());
-        assert!(from_server(&json!({"status": {"networkInterfaces": "no"}}), &subnet()).is_empty());
+        assert!(from_server(&json!({"metadata": {"name": "x"}}), &subnet(), None).is_empty());
+        assert!(from_server(
+            &json!({"status": {"networkInterfaces": "no"}}),
+            &subnet(),
+            None
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn the_router_and_the_appliance_are_never_reserved() {
+        let s = json!({
+            "metadata": {"name": "node-1"},
+            "status": {"networkInterfaces": [
+                {"macAddress": "52:54:00:aa:bb:01", "ips": ["10.0.0.1"]},
+                {"macAddress": "52:54:00:aa:bb:02", "ips": ["10.0.0.2"]},
+                {"macAddress": "52:54:00:aa:bb:03", "ips": ["10.0.0.3"]}
+            ]}
+        });
+        let r = from_server(&s, &subnet(), Some(Ipv4Addr::new(10, 0, 0, 2)));
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].ip, Ipv4Addr::new(10, 0, 0, 3));
     }
 
     #[test]

@@ -297,6 +297,22 @@ impl BootHttp {
                 );
             }
         }
+        // The NICs become identity the boot listener trusts: a report from a leased
+        // address must list the MAC that lease was granted to.
+        if let Some(mac) = self.index.lease_mac(client) {
+            if !inv
+                .nics
+                .iter()
+                .any(|n| parse_mac(&n.mac_address).ok() == Some(mac))
+            {
+                self.count("invalid");
+                tracing::warn!(server = %m.server, client = %client, "inventory without the leased MAC refused");
+                return text(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "inventory: nics does not list the MAC of the DHCP lease it was sent from\n",
+                );
+            }
+        }
         let report = InventoryReport {
             server: m.server.clone(),
             boot_id: m.boot_id.clone(),

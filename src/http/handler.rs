@@ -64,6 +64,9 @@ pub struct BootHttp {
     budget: Arc<StreamBudget>,
     boot_script: Bytes,
     sign_ignition_urls: bool,
+    /// `http.ignition_once`: a machine's Ignition is served once per boot
+    /// ([`BootIndex::take_ignition`]).
+    ignition_once: bool,
     scripts: std::sync::RwLock<std::collections::HashMap<String, CachedScript>>,
     pub(super) boot_iso: super::bootiso::BootIso,
 }
@@ -136,6 +139,7 @@ impl BootHttp {
             budget: Arc::new(StreamBudget::new(s.stream_budget_bytes, s.file_io)),
             boot_script,
             sign_ignition_urls: s.sign_ignition_urls,
+            ignition_once: false,
             scripts: Default::default(),
             boot_iso: super::bootiso::BootIso::unconfigured(),
             lldp_wait_secs: 10,
@@ -225,7 +229,17 @@ impl BootHttp {
             sign_ignition_urls: h.sign_ignition_urls,
         };
         let iso = super::bootiso::BootIso::load(&h.boot_iso);
-        Ok(BootHttp::new(settings, index, metrics)?.with_boot_iso(iso))
+        Ok(BootHttp::new(settings, index, metrics)?
+            .with_boot_iso(iso)
+            .with_ignition_once(h.ignition_once))
+    }
+
+    /// Serve each machine's Ignition once per boot (`http.ignition_once`): a second
+    /// fetch is refused until the driver power-cycles the machine or its boot
+    /// configuration changes.
+    pub fn with_ignition_once(mut self, once: bool) -> BootHttp {
+        self.ignition_once = once;
+        self
     }
 
     pub fn base_url(&self) -> &str {
@@ -426,23 +440,29 @@ impl BootHttp {
             return self.default_script(&format!("unknown machine ({who})"));
         };
         *server_out = Some(m.clone());
-        if !self.index.owns(&m, client) {
-            let ok = q.token.as_deref().map(|t| {
-                self.signer
-                    .verify(t, Purpose::Script, &m.server, &m.boot_id, unix_now())
-            });
-            match ok {
-                Some(Ok(())) => {}
-                Some(Err(e)) => return self.refuse(route::SCRIPT, &m, client, &e.to_string()),
-                None => {
-                    return self.refuse(
-                        route::SCRIPT,
-                        &m,
-                        client,
-                        "source address not registered and no token",
-                    )
-                }
+        // With signed URLs a token, when there is one, is always checked. Without a
+        // token the machine's own address (or its DHCP lease) is the identity: the
+        // first script of a network boot has no token to carry yet, so this is where
+        // L2 remains the boundary (docs/threat-model.md).
+        let ok = q.token.as_deref().map(|t| {
+            self.signer
+                .verify(t, Purpose::Script, &m.server, &m.boot_id, unix_now())
+        });
+        match ok {
+            Some(Ok(())) => {}
+            Some(Err(e)) if self.sign_ignition_urls || !self.index.owns(&m, client) => {
+                return self.refuse(route::SCRIPT, &m, client, &e.to_string())
             }
+            Some(Err(_)) => {}
+            None if !self.index.owns(&m, client) => {
+                return self.refuse(
+                    route::SCRIPT,
+                    &m,
+                    client,
+                    "source address not registered and no token",
+                )
+            }
+            None => {}
         }
         let (body, machine_specific) = self.script_for(&m);
         if machine_specific {
@@ -575,24 +595,41 @@ impl BootHttp {
             return text(StatusCode::NOT_FOUND, "not found\n");
         };
         *server_out = Some(m.clone());
-        if !self.index.owns(&m, client) {
-            match token.map(|t| {
-                self.signer
-                    .verify(t, Purpose::Ignition, &m.server, &m.boot_id, unix_now())
-            }) {
-                Some(Ok(())) => {}
-                Some(Err(e)) => return self.refuse(route::IGNITION, &m, client, &e.to_string()),
-                None => {
-                    return self.refuse(
-                        route::IGNITION,
-                        &m,
-                        client,
-                        "source address not registered and no token",
-                    )
-                }
+        // With signed URLs the token is the only credential: a registered source
+        // address is not enough (anyone on the segment can take it; see
+        // docs/threat-model.md). Without them the address is.
+        let verified = token.map(|t| {
+            self.signer
+                .verify(t, Purpose::Ignition, &m.server, &m.boot_id, unix_now())
+        });
+        match verified {
+            Some(Ok(())) => {}
+            Some(Err(e)) if self.sign_ignition_urls || !self.index.owns(&m, client) => {
+                return self.refuse(route::IGNITION, &m, client, &e.to_string())
             }
+            Some(Err(_)) => {}
+            None if self.sign_ignition_urls => {
+                return self.refuse(route::IGNITION, &m, client, "no token")
+            }
+            None if !self.index.owns(&m, client) => {
+                return self.refuse(
+                    route::IGNITION,
+                    &m,
+                    client,
+                    "source address not registered and no token",
+                )
+            }
+            None => {}
         }
         match (&m.state, &m.ignition) {
+            (BootState::Ready, Some(_)) if self.ignition_once && !self.index.take_ignition(&m) => {
+                self.refuse(
+                    route::IGNITION,
+                    &m,
+                    client,
+                    "ignition already served in this boot",
+                )
+            }
             (BootState::Ready, Some(ign)) => {
                 self.record(&m.server, BootEvent::IgnitionDataFetched, client);
                 let mut r = Response::new(FileBody::bytes(ign.data.clone()));

@@ -1,6 +1,10 @@
 //! In-memory [`BootIndex`]: machines keyed by UUID, MAC and IP, plus a log of boot
 //! progress events. Used by the tests and as the cache the store-backed index fills
 //! from its watch.
+//!
+//! A key two machines share (the store refuses a second Server with a taken MAC or
+//! UUID, but objects stored before that rule may still share one) maps to both, the
+//! first indexed winning lookups; removing one machine leaves the key to the other.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -18,12 +22,15 @@ pub struct ProgressRecord {
     pub at: SystemTime,
 }
 
+/// The machines holding a key, first indexed first (almost always one).
+type Owners = Vec<String>;
+
 #[derive(Default)]
 struct Maps {
     by_name: HashMap<String, Arc<MachineBoot>>,
-    by_uuid: HashMap<String, String>,
-    by_mac: HashMap<[u8; 6], String>,
-    by_ip: HashMap<IpAddr, String>,
+    by_uuid: HashMap<String, Owners>,
+    by_mac: HashMap<[u8; 6], Owners>,
+    by_ip: HashMap<IpAddr, Owners>,
 }
 
 /// Machines held in memory behind a read-mostly lock.
@@ -31,6 +38,25 @@ struct Maps {
 pub struct MemoryIndex {
     maps: RwLock<Maps>,
     events: Mutex<Vec<ProgressRecord>>,
+    /// One-shot Ignition: the boot (`boot_id`) each server was last served its
+    /// Ignition in, until [`MemoryIndex::power_cycled`].
+    served: Mutex<HashMap<String, String>>,
+}
+
+fn add<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Owners>, k: K, name: &str) {
+    let owners = map.entry(k).or_default();
+    if !owners.iter().any(|n| n == name) {
+        owners.push(name.to_string());
+    }
+}
+
+fn drop_owner<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Owners>, k: &K, name: &str) {
+    if let Some(owners) = map.get_mut(k) {
+        owners.retain(|n| n != name);
+        if owners.is_empty() {
+            map.remove(k);
+        }
+    }
 }
 
 impl MemoryIndex {
@@ -44,20 +70,29 @@ impl MemoryIndex {
         remove_keys(&mut maps, &m.server);
         let name = m.server.clone();
         if let Some(u) = &m.uuid {
-            maps.by_uuid.insert(u.to_ascii_lowercase(), name.clone());
+            add(&mut maps.by_uuid, u.to_ascii_lowercase(), &name);
         }
         for mac in &m.macs {
-            maps.by_mac.insert(*mac, name.clone());
+            add(&mut maps.by_mac, *mac, &name);
         }
         for ip in &m.ips {
-            maps.by_ip.insert(*ip, name.clone());
+            add(&mut maps.by_ip, *ip, &name);
         }
         maps.by_name.insert(name, Arc::new(m));
+    }
+
+    /// `server` was powered off or reset: its next boot may fetch its Ignition again
+    /// (one-shot mode).
+    pub fn power_cycled(&self, server: &str) {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        served.remove(server);
     }
 
     pub fn remove(&self, server: &str) {
         let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
         remove_keys(&mut maps, server);
+        drop(maps);
+        self.power_cycled(server);
     }
 
     /// Drop every machine whose server name `keep` rejects.
@@ -81,13 +116,13 @@ impl MemoryIndex {
 fn remove_keys(maps: &mut Maps, server: &str) {
     if let Some(old) = maps.by_name.remove(server) {
         if let Some(u) = &old.uuid {
-            maps.by_uuid.remove(&u.to_ascii_lowercase());
+            drop_owner(&mut maps.by_uuid, &u.to_ascii_lowercase(), server);
         }
         for mac in &old.macs {
-            maps.by_mac.remove(mac);
+            drop_owner(&mut maps.by_mac, mac, server);
         }
         for ip in &old.ips {
-            maps.by_ip.remove(ip);
+            drop_owner(&mut maps.by_ip, ip, server);
         }
     }
 }
@@ -104,7 +139,17 @@ impl BootIndex for MemoryIndex {
             MachineId::Ip(ip) => maps.by_ip.get(ip),
             MachineId::Server(name) => return maps.by_name.get(name).cloned(),
         }?;
-        maps.by_name.get(name).cloned()
+        maps.by_name.get(name.first()?).cloned()
+    }
+
+    fn take_ignition(&self, m: &MachineBoot) -> bool {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        if served.get(&m.server) == Some(&m.boot_id) {
+            return false;
+        }
+        // Bounded by the machines there are (entries go with their server).
+        served.insert(m.server.clone(), m.boot_id.clone());
+        true
     }
 
     fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr) {
@@ -201,6 +246,39 @@ mod tests {
             .is_none());
         idx.remove("a");
         assert!(idx.lookup(&MachineId::Mac([2, 0, 0, 0, 0, 1])).is_none());
+    }
+
+    #[test]
+    fn a_shared_key_survives_the_removal_of_one_holder() {
+        let idx = MemoryIndex::new();
+        let uuid = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+        idx.upsert(m("a", uuid, "127.0.0.2"));
+        idx.upsert(m("b", uuid, "127.0.0.2"));
+        let by_mac = || idx.lookup(&MachineId::Mac([2, 0, 0, 0, 0, 1]));
+        assert_eq!(by_mac().unwrap().server, "a", "first indexed wins");
+        idx.remove("a");
+        assert_eq!(by_mac().unwrap().server, "b");
+        let by_ip = idx.lookup(&MachineId::Ip("127.0.0.2".parse().unwrap()));
+        assert_eq!(by_ip.unwrap().server, "b");
+        assert_eq!(
+            idx.lookup(&MachineId::Uuid(uuid.into())).unwrap().server,
+            "b"
+        );
+        idx.remove("b");
+        assert!(by_mac().is_none());
+    }
+
+    #[test]
+    fn ignition_is_taken_once_per_boot() {
+        let idx = MemoryIndex::new();
+        let mut a = m("a", "4c4c4544-0042-3510-8052-b4c04f4e4d32", "127.0.0.2");
+        a.boot_id = "sbc/1".into();
+        assert!(idx.take_ignition(&a));
+        assert!(!idx.take_ignition(&a), "second fetch in the same boot");
+        idx.power_cycled("a");
+        assert!(idx.take_ignition(&a), "after a power cycle");
+        a.boot_id = "sbc/2".into();
+        assert!(idx.take_ignition(&a), "a changed boot configuration");
     }
 
     #[test]

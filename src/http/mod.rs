@@ -169,6 +169,16 @@ pub trait BootIndex: Send + Sync {
     fn owns(&self, m: &MachineBoot, client: IpAddr) -> bool {
         m.ips.contains(&client)
     }
+    /// One-shot Ignition (`http.ignition_once`): `true` the first time it is asked for
+    /// `m`'s current boot (its `boot_id`, until the machine is power-cycled), then
+    /// `false`. The default index never refuses.
+    fn take_ignition(&self, _m: &MachineBoot) -> bool {
+        true
+    }
+    /// The MAC of the DHCP lease `client` holds now, when the index knows leases.
+    fn lease_mac(&self, _client: IpAddr) -> Option<Mac> {
+        None
+    }
 }
 
 /// Run the boot listener `app` on `config.listen` (`config.workers` threads, its

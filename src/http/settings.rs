@@ -59,11 +59,16 @@ pub struct HttpConfig {
     /// Console arguments appended to every kernel command line.
     pub console: String,
     /// Lifetime of the signed per-boot URLs minted into scripts (a rendered script, and so
-    /// its token, is reused for at most half of this).
+    /// its token, is reused for at most half of this). Default 600 (10 minutes).
     pub token_ttl_secs: u64,
-    /// Put a signed per-boot token into each script's Ignition URL, so the machine can
-    /// fetch its Ignition even from an address not registered for it (default true).
+    /// Put a signed per-boot token into each script's Ignition URL and require it on
+    /// every Ignition fetch, whatever the source address (default true). Off: Ignition
+    /// is served to the machine's registered addresses only, without a token.
     pub sign_ignition_urls: bool,
+    /// Serve each machine's Ignition once per boot: a second fetch is refused until the
+    /// power driver powers the machine off or resets it, or its boot configuration
+    /// changes (default false).
+    pub ignition_once: bool,
     /// HMAC key file for per-boot tokens; default `<state_dir>/http-token-key` (created, 0600).
     pub token_key_file: Option<PathBuf>,
     /// How file data reaches the socket: `sendfile` (default), `mmap` or `read`.
@@ -121,8 +126,9 @@ impl Default for HttpConfig {
             retry_secs: 10,
             discovery_image: None,
             console: "console=tty0 console=ttyS0,115200".into(),
-            token_ttl_secs: 3600,
+            token_ttl_secs: 600,
             sign_ignition_urls: true,
+            ignition_once: false,
             token_key_file: None,
             file_io: "sendfile".into(),
             stream_budget_bytes: 8 << 20,

@@ -24,6 +24,7 @@ pub mod migrate;
 pub mod rotate;
 pub mod seal;
 pub mod settings;
+mod unique;
 mod validate;
 pub mod watcher;
 
@@ -212,6 +213,8 @@ pub fn now() -> String {
 pub struct Store<B = Backend> {
     kv: B,
     reg: &'static Registry,
+    /// Servers' MACs and UUIDs for the uniqueness check ([`unique`]).
+    unique: Arc<unique::Cache>,
 }
 
 impl Store {
@@ -265,6 +268,7 @@ impl<B: KvBackend> Store<B> {
         Store {
             kv,
             reg: Registry::global(),
+            unique: Default::default(),
         }
     }
 
@@ -415,6 +419,7 @@ impl<B: KvBackend> Store<B> {
             }
         }
         validate::check(rt, &mut obj, None)?;
+        self.check_unique(rt, &obj, None)?;
         let m = obj["metadata"].as_object_mut().expect("checked");
         m.insert(
             "uid".into(),
@@ -528,6 +533,7 @@ impl<B: KvBackend> Store<B> {
             }
         }
         validate::check(rt, &mut new, Some(&cur))?;
+        self.check_unique(rt, &new, Some(&cur))?;
         self.commit_update(rt, ns.as_deref(), &name, cur, cur_rv, new)
             .await
     }
@@ -555,6 +561,7 @@ impl<B: KvBackend> Store<B> {
             ));
         }
         validate::check(rt, &mut new, Some(cur))?;
+        self.check_unique(rt, &new, Some(cur))?;
         self.commit_update(rt, ns.as_deref(), &name, cur.clone(), cur_rv, new)
             .await
     }

@@ -126,6 +126,7 @@ async fn update_status_matches_update_of_the_status_part() {
     let a = s.create(&srv, body.clone()).await.unwrap();
     let mut b_body = body.clone();
     b_body["metadata"]["name"] = json!("b");
+    b_body["spec"]["systemUUID"] = json!("4c4c4544-0000-0000-0000-00000000000b");
     let b = s.create(&srv, b_body).await.unwrap();
     let status = json!({"state": "Reserved", "powerState": "Off", "conditions": []});
     let mut o = (*a).clone();
@@ -138,6 +139,7 @@ async fn update_status_matches_update_of_the_status_part() {
         for f in ["name", "uid", "resourceVersion", "creationTimestamp"] {
             v["metadata"].as_object_mut().unwrap().remove(f);
         }
+        v["spec"].as_object_mut().unwrap().remove("systemUUID");
         v.to_string()
     };
     assert_eq!(strip(&via_update), strip(&via_status));
@@ -163,6 +165,7 @@ async fn update_status_matches_update_of_the_status_part() {
     // An object without status gets one (appended, as update does).
     let mut c_body = body.clone();
     c_body["metadata"]["name"] = json!("c");
+    c_body["spec"]["systemUUID"] = json!("4c4c4544-0000-0000-0000-00000000000c");
     c_body.as_object_mut().unwrap().remove("status");
     let c = s.create(&srv, c_body).await.unwrap();
     let c2 = s
@@ -501,4 +504,50 @@ async fn close(s: Store) {
     tokio::task::spawn_blocking(move || s.close())
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_mac_or_uuid_belongs_to_one_server() {
+    let (_d, s) = store();
+    let srv = rt("server");
+    let server = |name: &str, uuid: &str, mac: &str| {
+        json!({"metadata": {"name": name}, "spec": {"systemUUID": uuid},
+            "status": {"networkInterfaces": [{"name": "eth0", "macAddress": mac}]}})
+    };
+    let u = |n: u8| format!("4c4c4544-0000-0000-0000-0000000000{n:02x}");
+    s.create(&srv, server("a", &u(1), "52:54:00:00:00:01"))
+        .await
+        .unwrap();
+    let conflict = |r: Result<Arc<Value>>| match r {
+        Err(StoreError::Conflict { message, .. }) => message,
+        other => panic!("{other:?}"),
+    };
+    let m = conflict(
+        s.create(&srv, server("b", &u(2), "52-54-00-00-00-01"))
+            .await,
+    );
+    assert!(
+        m.contains("52:54:00:00:00:01") && m.contains("\"a\""),
+        "{m}"
+    );
+    let m = conflict(
+        s.create(&srv, server("b", &u(1).to_uppercase(), "52:54:00:00:00:02"))
+            .await,
+    );
+    assert!(m.contains("systemUUID"), "{m}");
+    let b = s
+        .create(&srv, server("b", &u(2), "52:54:00:00:00:02"))
+        .await
+        .unwrap();
+    // A write that adds a's MAC to b is refused; one that keeps b's keys is not.
+    let taken = json!({"networkInterfaces": [{"name": "eth0", "macAddress": "52:54:00:00:00:02"},
+        {"name": "eth1", "macAddress": "52:54:00:00:00:01"}]});
+    conflict(s.update_status(&srv, &b, taken.clone()).await);
+    let b = s
+        .update_status(&srv, &b, json!({"state": "Available", "networkInterfaces": [{"name": "eth0", "macAddress": "52:54:00:00:00:02"}]}))
+        .await
+        .unwrap();
+    // Once a is gone, its MAC is free.
+    s.delete(&srv, None, "a", None).await.unwrap();
+    s.update_status(&srv, &b, taken).await.unwrap();
 }

@@ -299,6 +299,20 @@ pub fn curl_get(from: &str, url: &str) -> (u16, String) {
     (out.code, out.text())
 }
 
+/// The Ignition URL, with its token, of the script `from` gets at `script_url`, as the
+/// machine finds it on its kernel command line (`ignition.config.url=`); `None` when
+/// the script is not 200 or has none (a default script).
+pub fn script_ignition_url(from: &str, script_url: &str) -> Option<String> {
+    let (code, script) = curl_get(from, script_url);
+    if code != 200 {
+        return None;
+    }
+    script
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ignition.config.url="))
+        .map(String::from)
+}
+
 /// Read `s` until the server closes it (EOF or reset); how long that took, or None if
 /// it is still open after `limit`.
 pub fn wait_closed(s: &mut TcpStream, limit: Duration) -> Option<Duration> {

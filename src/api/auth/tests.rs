@@ -138,7 +138,8 @@ fn builtin_roles() {
         "/apis/bootplane.dev/v1alpha1/jobs/j1"
     ));
     assert!(allow("admin", "POST", "/apis/bootplane.dev/v1alpha1/jobs"));
-    assert!(allow("agent", "PATCH", &format!("{s}/a/status")));
+    assert!(!allow("agent", "PATCH", &format!("{s}/a/status")));
+    assert!(allow("agent", "GET", &format!("{s}/a/status")));
     assert!(allow("agent", "GET", s));
     for (m, p) in [
         ("GET", sec),

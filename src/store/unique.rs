@@ -1,0 +1,139 @@
+//! Identity unique across Servers: a MAC (`status.networkInterfaces[].macAddress`) or
+//! a system UUID (`spec.systemUUID`) one Server holds is refused on another with
+//! `Conflict` (409), so the boot listener's lookups by MAC and UUID, and the DHCP
+//! lease → MAC path, name one machine (two Servers sharing a MAC would let one take
+//! the other's boot, see docs/threat-model.md).
+//!
+//! Checked on every write of a Server that adds a key it did not hold before (most
+//! writes add none and cost nothing), against the store's listing, which both engines
+//! answer from memory. Each Server's keys are kept per stored revision, so a check
+//! parses only the Servers written since the previous one. Two writes racing on the
+//! same new key can both pass; the boot index then keeps both holders
+//! ([`crate::http::index`]) and the next write that adds the key to either is refused.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+
+use super::backend::KvBackend;
+use super::kv::Rev;
+use super::{Result, Store, StoreError};
+use crate::model::ident::{parse_uuid, Mac, MacFmt};
+use crate::model::meta;
+use crate::model::registry::ResourceType;
+use crate::model::views::nics;
+
+/// The identity keys of one Server.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Keys {
+    macs: HashSet<Mac>,
+    uuid: Option<String>,
+}
+
+fn keys(obj: &Value) -> Keys {
+    Keys {
+        macs: nics(obj).into_iter().filter_map(|n| n.mac).collect(),
+        uuid: obj
+            .pointer("/spec/systemUUID")
+            .and_then(Value::as_str)
+            .and_then(|u| parse_uuid(u.trim()).ok()),
+    }
+}
+
+/// Whether the rule applies to objects of `rt` (metal-operator Servers).
+fn applies(rt: &ResourceType) -> bool {
+    rt.group == "metal.ironcore.dev" && rt.kind == "Server"
+}
+
+/// The Servers' keys as last seen, by store key, with the revision they were read at.
+#[derive(Default)]
+pub(super) struct Cache {
+    seen: Mutex<HashMap<Arc<str>, (Rev, Arc<Keys>)>>,
+}
+
+impl<B: KvBackend> Store<B> {
+    /// Refuse `new` (replacing `old`) when it adds a MAC or system UUID another
+    /// Server holds.
+    pub(super) fn check_unique(
+        &self,
+        rt: &ResourceType,
+        new: &Value,
+        old: Option<&Value>,
+    ) -> Result<()> {
+        if !applies(rt) {
+            return Ok(());
+        }
+        let mine = keys(new);
+        let before = old.map(keys).unwrap_or_default();
+        let added: Vec<Mac> = mine.macs.difference(&before.macs).copied().collect();
+        let uuid = mine.uuid.filter(|u| before.uuid.as_ref() != Some(u));
+        if added.is_empty() && uuid.is_none() {
+            return Ok(());
+        }
+        let name = meta::name(new);
+        let own_key = rt.key(None, name);
+        let (kvs, _) = self.kv.range(&rt.prefix(None));
+        let mut seen = self.unique.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = HashSet::with_capacity(kvs.len());
+        let mut taken = None;
+        for kv in &kvs {
+            live.insert(kv.key.clone());
+            let k = match seen.get(&kv.key) {
+                Some((rev, k)) if *rev == kv.mod_rev => k.clone(),
+                _ => {
+                    let k = Arc::new(keys(&kv.value()));
+                    seen.insert(kv.key.clone(), (kv.mod_rev, k.clone()));
+                    k
+                }
+            };
+            if taken.is_some() || *kv.key == *own_key {
+                continue;
+            }
+            let holder = || meta::name(&kv.value()).to_string();
+            if let Some(m) = added.iter().find(|m| k.macs.contains(*m)) {
+                taken = Some(format!(
+                    "macAddress {} is already registered to server {:?}",
+                    MacFmt(m),
+                    holder()
+                ));
+            } else if uuid.is_some() && k.uuid == uuid {
+                taken = Some(format!(
+                    "systemUUID {} is already registered to server {:?}",
+                    uuid.as_deref().unwrap_or_default(),
+                    holder()
+                ));
+            }
+        }
+        seen.retain(|k, _| live.contains(k));
+        match taken {
+            Some(message) => Err(StoreError::Conflict {
+                qualified: rt.qualified(),
+                name: name.to_string(),
+                message,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn keys_read_macs_in_any_form_and_the_uuid() {
+        let k = keys(&json!({
+            "spec": {"systemUUID": "4C4C4544-0042-3510-8052-B4C04F4E4D32"},
+            "status": {"networkInterfaces": [
+                {"macAddress": "52-54-00-AA-BB-01"}, {"macAddress": "bad"}
+            ]}
+        }));
+        assert_eq!(k.macs, HashSet::from([[0x52, 0x54, 0, 0xaa, 0xbb, 1]]));
+        assert_eq!(
+            k.uuid.as_deref(),
+            Some("4c4c4544-0042-3510-8052-b4c04f4e4d32")
+        );
+    }
+}
