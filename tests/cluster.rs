@@ -808,6 +808,15 @@ fn etcd_members_down_then_back_reads_and_boots_go_on_writes_recover() {
         assert!(x.child.is_some());
     }
     etcd.wait_healthy(Duration::from_secs(30));
+    // The other appliance's mirror follows etcd again before it is written through: its
+    // etcd watch was cut by the outage and resumes on its own schedule, and a write's
+    // read-your-writes wait is bounded by request_timeout_ms (2 s here), so a write made
+    // before the mirror resumed can answer 201 and not be readable there yet (a run on
+    // a loaded machine got 404 for the claim just created).
+    let last = format!("{SERVERS}/q-back-{n}");
+    b.wait_for(30, "the other appliance's mirror to follow etcd again", || {
+        (try_call(b, "GET", &last, None, Duration::from_secs(5)).0 == 200).then_some(())
+    });
     // Writes through the other appliance, and the controllers run again: a claim binds.
     let (code, v) = try_call(
         b,
