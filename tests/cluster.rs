@@ -814,9 +814,11 @@ fn etcd_members_down_then_back_reads_and_boots_go_on_writes_recover() {
     // before the mirror resumed can answer 201 and not be readable there yet (a run on
     // a loaded machine got 404 for the claim just created).
     let last = format!("{SERVERS}/q-back-{n}");
-    b.wait_for(30, "the other appliance's mirror to follow etcd again", || {
-        (try_call(b, "GET", &last, None, Duration::from_secs(5)).0 == 200).then_some(())
-    });
+    b.wait_for(
+        30,
+        "the other appliance's mirror to follow etcd again",
+        || (try_call(b, "GET", &last, None, Duration::from_secs(5)).0 == 200).then_some(()),
+    );
     // Writes through the other appliance, and the controllers run again: a claim binds.
     let (code, v) = try_call(
         b,

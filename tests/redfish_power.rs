@@ -649,6 +649,9 @@ rules = [
     let mut ops_https = inline("ops-https", "https");
     ops_https["spec"]["power"] = json!("Off");
     ops_https["spec"]["bmc"]["protocol"]["port"] = json!(1);
+    // A machine of its own: a system UUID belongs to one Server (admin-http below is
+    // the fake BMC's system).
+    ops_https["spec"]["systemUUID"] = json!(uuid_of(2).to_lowercase());
     let (c, v) = call_as(&b, &operator, "POST", SERVERS, &ops_https);
     assert_eq!(c, 201, "{v}");
     let insecure =
