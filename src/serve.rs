@@ -216,6 +216,17 @@ fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
     keys.into_iter().cloned().collect()
 }
 
+/// The configured DHCP subnets (none when DHCP is off): the lease list's pool usage and
+/// the inventory writer's dynamic ranges.
+fn dhcp_pools(config: &Config) -> Vec<crate::dhcp::settings::Subnet> {
+    if !config.dhcp.enabled {
+        return Vec::new();
+    }
+    crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())
+        .map(|s| s.subnets)
+        .unwrap_or_default()
+}
+
 /// With the store on etcd, a DHCP scope's leases are there too, shared with the other
 /// appliances under `{prefix}dhcp/{scope}/` (`crate::dhcp::cluster`); else in its lease log.
 fn shared_leases(config: &Config, scope: &str) -> Option<crate::dhcp::Shared> {
@@ -359,13 +370,7 @@ impl Services {
         let scheme = if tls.is_some() { "https" } else { "http" };
         tracing::info!(addr = %listener.local_addr()?, scheme, "api listening");
         // The lease list reports pool usage per configured subnet.
-        let pools = if config.dhcp.enabled {
-            crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())
-                .map(|s| s.subnets)
-                .unwrap_or_default()
-        } else {
-            Vec::new()
-        };
+        let pools = dhcp_pools(config);
         let extra = crate::provision::router(self.runner.clone())
             .merge(crate::api::rest::leases_router(self.leases.clone(), pools))
             .merge(crate::api::preview::router(self.boot_slot.clone()));
@@ -476,13 +481,7 @@ impl Services {
             let (tx, rx) = tokio::sync::mpsc::channel(crate::controller::inventory::QUEUE);
             let (store, s) = (self.store.clone(), self.coord.handle());
             // Addresses of the dynamic pools are not registered from inventories.
-            let pools = if config.dhcp.enabled {
-                crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())
-                    .map(|s| s.subnets)
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            };
+            let pools = dhcp_pools(config);
             self.tasks.spawn(async move {
                 crate::controller::inventory::run(store, rx, pools, s).await;
                 Ok(())
