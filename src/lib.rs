@@ -15,7 +15,6 @@ pub mod image;
 pub mod ipxe;
 pub mod listen;
 pub mod logging;
-pub mod model;
 pub mod net;
 pub mod nfs;
 pub mod power;
@@ -24,6 +23,10 @@ pub mod redfish;
 pub mod serve;
 pub mod shutdown;
 pub mod statedir;
-pub mod store;
 pub mod sys;
 pub mod tftp;
+
+// The layers extracted into crates of their own (crates/), under their old module names so
+// `crate::model::...` and `crate::store::...` paths read as before.
+pub use bootplane_model as model;
+pub use bootplane_store as store;

@@ -294,6 +294,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Render(c) => bootplane::cli::render::run(c),
         Command::Token(c) => bootplane::cli::token::run(c),
         Command::Cert(c) => bootplane::cli::cert::run(c),
+        #[cfg(feature = "etcd")]
         Command::Store(StoreCmd::Migrate(a)) => {
             let cfg = a.flags.resolve()?;
             init_logging(&cfg);
@@ -320,6 +321,10 @@ fn run(cli: Cli) -> Result<u8> {
                 anyhow::Ok(())
             })?;
             Ok(0)
+        }
+        #[cfg(not(feature = "etcd"))]
+        Command::Store(StoreCmd::Migrate(_)) => {
+            anyhow::bail!("store migrate: this bootplane was built without the etcd feature")
         }
         Command::Probe { args } => Ok(bootplane_probe::cli::run(&args).clamp(0, 255) as u8),
     }

@@ -99,6 +99,7 @@ pub async fn run(config: Config, reload: Reload) -> Result<()> {
     let token = api_token(&config)?;
     let store = Store::from_config(&config.store, &config.state_dir).await?;
     let mut s = Services {
+        #[cfg(feature = "etcd")]
         leader_metrics: Default::default(),
         seal_metrics: Default::default(),
         resolver: boot_resolver(&config)?,
@@ -256,6 +257,7 @@ struct Services {
     mgmt_dhcp_metrics: crate::dhcp::Metrics,
     discovery_metrics: crate::controller::discovery::endpoints::Metrics,
     /// `bootplane_store_leader{group}` (etcd backend).
+    #[cfg(feature = "etcd")]
     leader_metrics: crate::store::etcd::election::Metrics,
     /// Set once every service has started: `/readyz` answers 200 from then on.
     ready: Arc<std::sync::atomic::AtomicBool>,
@@ -307,6 +309,7 @@ impl Services {
         }
         if config.controller.enabled {
             self.redfish_metrics.register(&mut metrics);
+            #[cfg(feature = "etcd")]
             if matches!(self.store.kv(), crate::store::Backend::Etcd(_)) {
                 self.leader_metrics.register(&mut metrics);
                 for (group, _) in GROUPS {
@@ -443,30 +446,31 @@ impl Services {
             redfish_metrics: self.redfish_metrics.clone(),
             power_metrics: self.power_metrics.clone(),
         });
-        let etcd = match self.store.kv() {
-            crate::store::Backend::Etcd(e) if config.controller.enabled => e.client().clone(),
-            _ => {
-                for (_, start) in GROUPS {
-                    start(&c, self.store.clone(), &self.coord, &mut self.tasks)?;
+        #[cfg(feature = "etcd")]
+        if let crate::store::Backend::Etcd(e) = self.store.kv() {
+            if config.controller.enabled {
+                let etcd = e.client().clone();
+                for (group, start) in GROUPS {
+                    let election = crate::store::etcd::election::Election::new(
+                        etcd.clone(),
+                        &config.store.etcd,
+                        group,
+                    );
+                    let lead = Lead {
+                        election,
+                        store: self.store.clone(),
+                        controllers: c.clone(),
+                        start,
+                        metrics: self.leader_metrics.clone(),
+                    };
+                    let s = self.coord.handle();
+                    self.tasks.spawn(lead.run(s));
                 }
                 return Ok(());
             }
-        };
-        for (group, start) in GROUPS {
-            let election = crate::store::etcd::election::Election::new(
-                etcd.clone(),
-                &config.store.etcd,
-                group,
-            );
-            let lead = Lead {
-                election,
-                store: self.store.clone(),
-                controllers: c.clone(),
-                start,
-                metrics: self.leader_metrics.clone(),
-            };
-            let s = self.coord.handle();
-            self.tasks.spawn(lead.run(s));
+        }
+        for (_, start) in GROUPS {
+            start(&c, self.store.clone(), &self.coord, &mut self.tasks)?;
         }
         Ok(())
     }
@@ -801,6 +805,7 @@ impl Controllers {
 /// One controller group under its leader election (etcd backend): campaign, run the
 /// group on the fenced store while leading, stop it when the lease is lost (or a
 /// reconciler ends), resign, campaign again.
+#[cfg(feature = "etcd")]
 struct Lead {
     election: crate::store::etcd::election::Election,
     store: Store,
@@ -809,6 +814,7 @@ struct Lead {
     metrics: crate::store::etcd::election::Metrics,
 }
 
+#[cfg(feature = "etcd")]
 impl Lead {
     async fn run(self, mut shutdown: crate::shutdown::Shutdown) -> Result<()> {
         let group = self.election.group;

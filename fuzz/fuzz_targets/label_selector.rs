@@ -10,7 +10,7 @@
 //! Input: the selector, then optionally `\n` and `key=value` label lines.
 #![no_main]
 
-use bootplane::model::selector::{split_top, FieldSelector, Selector};
+use bootplane_model::selector::{split_top, FieldSelector, Selector};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 

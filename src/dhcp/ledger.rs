@@ -5,18 +5,25 @@
 //! same for both: it queues changes, runs one commit at a time off the loop, and when
 //! it ends asks the ledger what becomes of each ACK ([`Verdict`]).
 
-use std::collections::{HashMap, HashSet};
+#[cfg(feature = "etcd")]
+use std::collections::HashMap;
+use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use tokio::task::JoinHandle;
 
+#[cfg(feature = "etcd")]
 use super::cluster::{self, MirrorMsg, Outcome};
 use super::core::Reply;
 use super::leases::{Change, Lease, LeaseIndex, LeaseTable};
 use super::metrics::Metrics;
 use super::persist::LeaseLog;
 use crate::model::ident::Mac;
+
+/// Without the etcd feature there is no cluster mirror: its message never comes.
+#[cfg(not(feature = "etcd"))]
+pub enum MirrorMsg {}
 
 /// What becomes of an ACK once its commit has ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +46,7 @@ pub enum Ledger {
         log: Option<LeaseLog>,
         path: PathBuf,
     },
+    #[cfg(feature = "etcd")]
     Cluster(Box<cluster::Ledger>),
 }
 
@@ -49,6 +57,7 @@ pub enum Done {
         journal: Vec<Change>,
         result: std::io::Result<()>,
     },
+    #[cfg(feature = "etcd")]
     Cluster(Vec<(Ipv4Addr, Outcome)>),
 }
 
@@ -56,6 +65,7 @@ pub enum Done {
 pub enum Settled {
     /// Every change is on disk (or none is).
     Log(bool),
+    #[cfg(feature = "etcd")]
     Cluster(HashMap<Ipv4Addr, Outcome>),
 }
 
@@ -73,6 +83,7 @@ impl Ledger {
     pub fn can_begin(&self) -> bool {
         match self {
             Ledger::Log { log, .. } => log.is_some(),
+            #[cfg(feature = "etcd")]
             Ledger::Cluster(_) => true,
         }
     }
@@ -81,15 +92,19 @@ impl Ledger {
     pub fn available(&self) -> bool {
         match self {
             Ledger::Log { .. } => true,
+            #[cfg(feature = "etcd")]
             Ledger::Cluster(c) => c.available(),
         }
     }
 
     /// `changes` wait for the next commit.
     pub fn queued(&mut self, changes: &[Change]) {
+        #[cfg(feature = "etcd")]
         if let Ledger::Cluster(c) = self {
             c.queued(changes);
         }
+        #[cfg(not(feature = "etcd"))]
+        let _ = changes;
     }
 
     /// Start the commit of `journal` (the log: on the blocking pool; etcd: a task).
@@ -99,6 +114,7 @@ impl Ledger {
                 let l = log.take().expect("guarded by can_begin");
                 tokio::task::spawn_blocking(move || write_log(l, journal))
             }
+            #[cfg(feature = "etcd")]
             Ledger::Cluster(c) => {
                 let (writer, intents) = c.begin(journal);
                 tokio::spawn(async move { Done::Cluster(writer.write(intents).await) })
@@ -110,13 +126,20 @@ impl Ledger {
     pub async fn next_mirror(&mut self) -> MirrorMsg {
         match self {
             Ledger::Log { .. } => std::future::pending().await,
+            #[cfg(feature = "etcd")]
             Ledger::Cluster(c) => c.next_mirror().await,
         }
     }
 
     pub fn observe(&mut self, msg: MirrorMsg, table: &mut LeaseTable, index: &LeaseIndex) {
+        #[cfg(feature = "etcd")]
         if let Ledger::Cluster(c) = self {
             c.observe(msg, table, index);
+        }
+        #[cfg(not(feature = "etcd"))]
+        {
+            let _ = (table, index);
+            match msg {}
         }
     }
 
@@ -158,10 +181,12 @@ impl Ledger {
                 *log = Some(l);
                 Settled::Log(ok)
             }
+            #[cfg(feature = "etcd")]
             (Ledger::Cluster(c), Done::Cluster(outcomes)) => {
                 metrics.commits.inc();
                 Settled::Cluster(c.finish(outcomes, table, index, metrics))
             }
+            #[allow(unreachable_patterns)] // without etcd: one ledger, one kind of commit
             _ => unreachable!("a commit ends in the ledger that began it"),
         }
     }
@@ -174,11 +199,14 @@ impl Ledger {
         acks: &[(Reply, u16)],
         now: u64,
     ) -> (Vec<Verdict>, Granted) {
+        #[cfg(not(feature = "etcd"))]
+        let _ = now;
         match (self, settled) {
             (_, Settled::Log(ok)) => {
                 let v = if *ok { Verdict::Send } else { Verdict::Drop };
                 (vec![v; acks.len()], Granted::All(*ok))
             }
+            #[cfg(feature = "etcd")]
             (Ledger::Cluster(c), Settled::Cluster(o)) => {
                 let verdicts: Vec<Verdict> =
                     acks.iter().map(|(r, _)| c.verdict(o, r, now)).collect();
@@ -190,6 +218,7 @@ impl Ledger {
                     .collect();
                 (verdicts, Granted::These(granted))
             }
+            #[cfg(feature = "etcd")]
             (Ledger::Log { .. }, Settled::Cluster(_)) => unreachable!("settled by its own ledger"),
         }
     }

@@ -29,6 +29,7 @@
 //! replies to clients without an address, SO_REUSEADDR/SO_REUSEPORT so a proxy can
 //! share the port with the authoritative server of the segment.
 
+#[cfg(feature = "etcd")]
 pub mod cluster;
 pub mod core;
 pub mod grants;
@@ -492,14 +493,22 @@ async fn open_ledger(
         };
         return Ok(Some((ledger, loaded)));
     };
-    server.table.share(cluster::SKEW_MARGIN_SECS);
-    let started = cluster::Ledger::start(&sh.etcd, &sh.scope, metrics, shutdown).await?;
-    let Some((mut c, first)) = started else {
-        return Ok(None);
-    };
-    c.observe(first, &mut server.table, index);
-    let loaded = server.table.persisted().count();
-    Ok(Some((Ledger::Cluster(Box::new(c)), loaded)))
+    #[cfg(not(feature = "etcd"))]
+    {
+        let _ = (sh, metrics, shutdown);
+        bail!("dhcp leases shared through etcd: this bootplane was built without the etcd feature");
+    }
+    #[cfg(feature = "etcd")]
+    {
+        server.table.share(cluster::SKEW_MARGIN_SECS);
+        let started = cluster::Ledger::start(&sh.etcd, &sh.scope, metrics, shutdown).await?;
+        let Some((mut c, first)) = started else {
+            return Ok(None);
+        };
+        c.observe(first, &mut server.table, index);
+        let loaded = server.table.persisted().count();
+        Ok(Some((Ledger::Cluster(Box::new(c)), loaded)))
+    }
 }
 
 /// A change of the reservations (`changed`: the watch's news) applied to `server`.

@@ -80,7 +80,7 @@ const fn rule(kind: &'static str, field: &'static str, check: Check) -> Constrai
 
 /// Every constraint bootplane adds to the reference CRDs.
 #[rustfmt::skip]
-pub static CONSTRAINTS: &[Constraint] = &[
+pub(crate) static CONSTRAINTS: &[Constraint] = &[
     rule("Server", "spec.power", Check::OneOf(PowerState::VALUES)),
     rule("Server", "spec.systemUUID", Check::Uuid),
     rule("Server", "status.state", Check::OneOf(ServerState::VALUES)),
@@ -220,8 +220,8 @@ fn shown(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::registry::Registry;
-    use crate::model::schema::Schema;
+    use crate::registry::Registry;
+    use crate::schema::Schema;
     use serde_json::json;
 
     fn errs(kind: &str, obj: Value, old: Option<Value>) -> Vec<FieldError> {

@@ -10,11 +10,11 @@ use serde_json::{Map, Value};
 use super::schema::{FieldError, Reason};
 
 /// Longest name part of a key, and longest label value.
-pub const MAX_NAME_LEN: usize = 63;
+pub(crate) const MAX_NAME_LEN: usize = 63;
 /// Longest key prefix (a DNS subdomain).
-pub const MAX_PREFIX_LEN: usize = 253;
+pub(crate) const MAX_PREFIX_LEN: usize = 253;
 /// Most bytes of annotations (keys and values) on one object, as Kubernetes.
-pub const MAX_ANNOTATIONS_BYTES: usize = 256 << 10;
+pub(crate) const MAX_ANNOTATIONS_BYTES: usize = 256 << 10;
 
 const NAME_RULE: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
 const VALUE_RULE: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
@@ -46,7 +46,7 @@ fn dns_subdomain(s: &str) -> bool {
 }
 
 /// Why `key` is not a qualified name, if it is not.
-pub fn qualified_name_error(key: &str) -> Option<String> {
+pub(crate) fn qualified_name_error(key: &str) -> Option<String> {
     let (prefix, name) = match key.split_once('/') {
         None => (None, key),
         Some((p, n)) => (Some(p), n),
@@ -79,7 +79,7 @@ pub fn qualified_name_error(key: &str) -> Option<String> {
 }
 
 /// Why `value` is not a valid label value, if it is not.
-pub fn label_value_error(value: &str) -> Option<String> {
+pub(crate) fn label_value_error(value: &str) -> Option<String> {
     if value.is_empty() {
         return None;
     }

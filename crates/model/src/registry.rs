@@ -1,6 +1,6 @@
 //! The registry of resource types the API serves: each type's group, version, kind,
 //! plural, scope, schema and printer columns. CRD-defined kinds are loaded from the
-//! CRD YAML embedded in the binary (`src/model/crds/`), so validation follows the CRDs
+//! CRD YAML embedded in the binary (`crates/model/src/crds/`), so validation follows the CRDs
 //! exactly; core kinds (`v1 Secret`, `v1 Event`) and bootplane's own schema-less kinds
 //! (`auth.bootplane.dev/v1alpha1 APIToken`, the API's named tokens) are declared here.
 
@@ -127,7 +127,7 @@ struct PrinterColumn {
 }
 
 /// Parse one CRD document into a resource type (storage version).
-pub fn from_crd(yaml: &str) -> Result<ResourceType, String> {
+pub(crate) fn from_crd(yaml: &str) -> Result<ResourceType, String> {
     let crd: Crd = serde_norway::from_str(yaml).map_err(|e| format!("parsing crd: {e}"))?;
     let v = crd
         .spec

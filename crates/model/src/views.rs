@@ -28,6 +28,7 @@ pub fn view<T: DeserializeOwned>(obj: &Value) -> Result<T, serde_json::Error> {
 
 /// A string-valued field with the values bootplane knows as variants; any other value
 /// is kept as written in `Other`.
+#[macro_export]
 macro_rules! string_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident),+ $(,)? }) => {
         $(#[$m])*
@@ -81,7 +82,7 @@ macro_rules! string_enum {
     };
 }
 /// Also used by the controllers for the states of the objects they write.
-pub(crate) use string_enum;
+pub use crate::string_enum;
 
 string_enum! {
     /// `Server.status.state` (no state yet is `None`).
@@ -480,7 +481,7 @@ pub struct Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::registry::Registry;
+    use crate::registry::Registry;
     use serde_json::json;
 
     fn yaml(text: &str) -> Value {
@@ -502,7 +503,7 @@ mod tests {
     #[test]
     fn metal_operator_samples() {
         let s: Server = view(&yaml(include_str!(
-            "../../tests/fixtures/metal-operator/metal_v1alpha1_server.yaml"
+            "../../../tests/fixtures/metal-operator/metal_v1alpha1_server.yaml"
         )))
         .unwrap();
         assert_eq!(s.metadata.name, "endpoint-sample-system-0");
@@ -515,7 +516,7 @@ mod tests {
         assert!(s.nics().is_empty() && s.claim_key().is_none());
 
         let c: ServerClaim = view(&yaml(include_str!(
-            "../../tests/fixtures/metal-operator/metal_v1alpha1_serverclaim.yaml"
+            "../../../tests/fixtures/metal-operator/metal_v1alpha1_serverclaim.yaml"
         )))
         .unwrap();
         assert_eq!(c.metadata.namespace_or_default(), "default");
@@ -532,7 +533,7 @@ mod tests {
         assert!(c.selector().unwrap().is_none());
 
         let b: ServerBootConfiguration = view(&yaml(include_str!(
-            "../../tests/fixtures/metal-operator/metal_v1alpha1_serverbootconfiguration.yaml"
+            "../../../tests/fixtures/metal-operator/metal_v1alpha1_serverbootconfiguration.yaml"
         )))
         .unwrap();
         assert_eq!(b.spec.server_ref.name, "server-sample");

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+#[cfg(feature = "etcd")]
 use super::etcd::EtcdKv;
 use super::kv::{Kv, Watch};
 use super::seal::Sealing;
@@ -35,7 +36,7 @@ pub type Rev = u64;
 /// The largest value (its compact JSON text) a put may store: etcd's default request
 /// limit, which Kubernetes objects live within. Checked on the caller's thread when
 /// the text is made, before the transaction is queued, so nothing is stored.
-pub const MAX_VALUE_BYTES: usize = 1536 << 10;
+pub(crate) const MAX_VALUE_BYTES: usize = 1536 << 10;
 
 /// A key-value engine with etcd's semantics (see the module doc). Cheap to clone.
 pub trait KvBackend: Clone + Send + Sync + 'static {
@@ -232,9 +233,11 @@ pub struct TxnResult {
 #[derive(Clone)]
 pub enum Backend {
     Embedded(Kv),
+    #[cfg(feature = "etcd")]
     Etcd(EtcdKv),
 }
 
+#[cfg(feature = "etcd")]
 impl Backend {
     /// A clone whose every write also requires `fence` (etcd only: an embedded
     /// store has one appliance and no elections, so it is returned as is).
@@ -253,6 +256,7 @@ impl KvBackend for Backend {
     fn revision(&self) -> Rev {
         match self {
             Backend::Embedded(k) => k.revision(),
+            #[cfg(feature = "etcd")]
             Backend::Etcd(e) => KvBackend::revision(e),
         }
     }
@@ -261,6 +265,7 @@ impl KvBackend for Backend {
     fn get(&self, key: &str) -> Option<KeyValue> {
         match self {
             Backend::Embedded(k) => k.get(key),
+            #[cfg(feature = "etcd")]
             Backend::Etcd(e) => KvBackend::get(e, key),
         }
     }
@@ -269,6 +274,7 @@ impl KvBackend for Backend {
     fn range(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
         match self {
             Backend::Embedded(k) => k.list(prefix),
+            #[cfg(feature = "etcd")]
             Backend::Etcd(e) => KvBackend::range(e, prefix),
         }
     }
@@ -277,6 +283,7 @@ impl KvBackend for Backend {
     fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, f: F) -> Rev {
         match self {
             Backend::Embedded(k) => k.scan(prefix, f),
+            #[cfg(feature = "etcd")]
             Backend::Etcd(e) => KvBackend::scan(e, prefix, f),
         }
     }
@@ -285,6 +292,7 @@ impl KvBackend for Backend {
         let started = std::time::Instant::now();
         let r = match self {
             Backend::Embedded(k) => k.txn(ops).await,
+            #[cfg(feature = "etcd")]
             Backend::Etcd(e) => e.txn(ops).await,
         };
         super::metrics::global().observe(r.as_ref(), started.elapsed());
@@ -295,6 +303,7 @@ impl KvBackend for Backend {
     fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
         match self {
             Backend::Embedded(k) => k.watch(prefix, from),
+            #[cfg(feature = "etcd")]
             Backend::Etcd(e) => e.watch(prefix, from),
         }
     }
@@ -302,6 +311,7 @@ impl KvBackend for Backend {
     fn close(&self) {
         match self {
             Backend::Embedded(k) => k.close(),
+            #[cfg(feature = "etcd")]
             Backend::Etcd(e) => e.close(),
         }
     }
@@ -309,6 +319,7 @@ impl KvBackend for Backend {
     fn sealing(&self) -> &Sealing {
         match self {
             Backend::Embedded(k) => k.sealing(),
+            #[cfg(feature = "etcd")]
             Backend::Etcd(e) => e.sealing(),
         }
     }

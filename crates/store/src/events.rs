@@ -21,21 +21,21 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::{now, Part, Store, StoreError};
-use crate::model::meta;
-use crate::model::registry::ResourceType;
+use bootplane_model::meta;
+use bootplane_model::registry::ResourceType;
 
 /// The same event again within this window is counted on the Event already written.
-pub const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
+pub(crate) const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
 /// An aggregated Event is rewritten at most this often.
-pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Events waiting for the writer, per recorder.
 pub const QUEUE: usize = 1024;
 /// Distinct events a recorder aggregates at once (the oldest are forgotten first).
-pub const MAX_TRACKED: usize = 4096;
+pub(crate) const MAX_TRACKED: usize = 4096;
 /// Longest `message` kept (longer ones are cut, as Kubernetes cuts at 1 KiB).
-pub const MAX_MESSAGE: usize = 1024;
+pub(crate) const MAX_MESSAGE: usize = 1024;
 /// Longest `reason`.
-pub const MAX_REASON: usize = 128;
+pub(crate) const MAX_REASON: usize = 128;
 
 /// The `[events]` config section.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -250,7 +250,7 @@ impl Recorder {
 }
 
 /// What [`Recorder::status_change`] records, as (type, reason, message).
-pub fn transitions(old: Option<&Value>, new: &Value) -> Vec<(EventType, String, String)> {
+pub(crate) fn transitions(old: Option<&Value>, new: &Value) -> Vec<(EventType, String, String)> {
     let mut out = Vec::new();
     // A claim's `phase` is not here: its `Bound` condition says the same, with why.
     for field in ["state"] {
@@ -483,7 +483,7 @@ async fn flush(
 }
 
 /// How often [`collect`] looks at the store's Events.
-pub const COLLECT_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const COLLECT_EVERY: Duration = Duration::from_secs(30);
 
 /// Keep the store's Events within `[events]`: delete those last seen more than
 /// `ttl_secs` ago, then the oldest beyond `max_events`. Runs until `stop`.
@@ -511,7 +511,7 @@ pub async fn collect(
 }
 
 /// One pass of [`collect`]; returns how many Events it deleted.
-pub async fn collect_once(
+pub(crate) async fn collect_once(
     store: &Store,
     rt: &Arc<ResourceType>,
     settings: &EventSettings,

@@ -16,6 +16,7 @@
 //! read update against it ([`Store::update_status`], [`Store::update_from`]).
 
 pub mod backend;
+#[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod events;
 pub mod kv;
@@ -34,12 +35,12 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::model::meta;
-use crate::model::registry::{Registry, ResourceType};
-use crate::model::schema::{FieldError, Reason};
-use crate::model::selector::Selector;
 pub use backend::Backend;
 use backend::{KvBackend, KvWatch};
+use bootplane_model::meta;
+use bootplane_model::registry::{Registry, ResourceType};
+use bootplane_model::schema::{FieldError, Reason};
+use bootplane_model::selector::Selector;
 use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
 use validate::{err_invalid, field};
 
@@ -248,15 +249,19 @@ impl Store {
         let sealer = seal::Sealer::load(&cfg.key_file(state_dir))?;
         match cfg.backend {
             settings::BackendKind::Embedded => Store::open_with(state_dir, sealer),
+            #[cfg(feature = "etcd")]
             settings::BackendKind::Etcd => {
                 let kv = etcd::EtcdKv::open(&cfg.etcd, sealer).await?;
                 Ok(Store::with_backend(Backend::Etcd(kv)))
             }
+            #[cfg(not(feature = "etcd"))]
+            settings::BackendKind::Etcd => Err(settings::without_etcd()),
         }
     }
 
     /// A clone whose writes also require `fence` (a controller group's leadership;
     /// see [`etcd`]).
+    #[cfg(feature = "etcd")]
     pub fn fenced(&self, fence: etcd::Fence) -> Store {
         Store::with_backend(self.kv.fenced(fence))
     }

@@ -17,9 +17,9 @@ use super::backend::KvBackend;
 use super::Store;
 
 /// How often the key file's change time is checked and a pass runs.
-pub const CHECK: Duration = Duration::from_secs(1);
+pub(crate) const CHECK: Duration = Duration::from_secs(1);
 /// Most objects rewritten per pass: the rate rotation adds to the store's writes.
-pub const PER_PASS: usize = 50;
+pub(crate) const PER_PASS: usize = 50;
 
 /// Label of [`Metrics::by_key`].
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -58,7 +58,7 @@ use serde::Deserialize;
 /// The store keys whose values are sealed: core Secrets and BMCSecrets, and APITokens
 /// (not for secrecy, they hold a hash, but so that a token written to etcd directly,
 /// without the key, does not authenticate: see [`must_be_sealed`]).
-pub const SEALED_PREFIXES: [&str; 3] = [
+pub(crate) const SEALED_PREFIXES: [&str; 3] = [
     "/core/secrets/",
     "/metal.ironcore.dev/bmcsecrets/",
     TOKEN_PREFIX,
@@ -79,21 +79,22 @@ const NONCE: usize = 24;
 const TAG: usize = 16;
 /// The ledger's name for a sealed object stored in clear (Kubernetes' name for the
 /// provider that does not encrypt); no key may be called so.
-pub const IDENTITY: &str = "identity";
+pub(crate) const IDENTITY: &str = "identity";
 /// Largest key file read.
 const MAX_FILE: u64 = 64 << 10;
 /// Most keys in a key file.
 const MAX_KEYS: usize = 32;
 
 /// Whether the value of store key `key` is sealed at rest.
-pub fn is_sealed(key: &str) -> bool {
+pub(crate) fn is_sealed(key: &str) -> bool {
     SEALED_PREFIXES.iter().any(|p| key.starts_with(p))
 }
 
 /// Whether a value of `key` stored in clear is refused on etcd (instead of read, and
 /// sealed by the next reseal pass, as a Secret of before encryption is): an APIToken
 /// in clear is what anyone who may write etcd could add to become admin.
-pub fn must_be_sealed(key: &str) -> bool {
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
+pub(crate) fn must_be_sealed(key: &str) -> bool {
     key.starts_with(TOKEN_PREFIX)
 }
 
@@ -371,12 +372,13 @@ impl Keyring {
 }
 
 /// What a stored value opened to.
-pub(in crate::store) struct Opened<'a> {
+pub(crate) struct Opened<'a> {
     /// The plain text.
     pub text: std::borrow::Cow<'a, [u8]>,
     /// The key it was sealed with; `None`: it was stored in clear.
     pub key: Option<Arc<str>>,
     /// The envelope it was in (`V1` for a value in clear).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
     pub format: Format,
 }
 
@@ -535,7 +537,7 @@ impl Sealer {
     /// `plain`, the value of store key `key`, sealed with the primary key (and the
     /// key's name): v1, or v2 bound to `binding` (the etcd key's create revision and
     /// version once this write commits).
-    pub(in crate::store) fn seal(
+    pub(crate) fn seal(
         &self,
         key: &str,
         binding: Option<&Binding>,
@@ -549,7 +551,7 @@ impl Sealer {
     /// other value (written before encryption existed) is taken as it is. `held`: the
     /// etcd key's create revision and version, which a v2 envelope's binding must
     /// admit (`None`: the embedded engine, which has no versions).
-    pub(in crate::store) fn open<'a>(
+    pub(crate) fn open<'a>(
         &self,
         key: &str,
         stored: &'a [u8],
@@ -586,17 +588,18 @@ pub struct Ledger {
 impl Ledger {
     /// Object `key` is now stored under key `name` (`None`: in clear); [`Ledger::remove`]
     /// when deleted.
-    pub(in crate::store) fn note(&self, key: &Arc<str>, name: Option<Arc<str>>) {
+    pub(crate) fn note(&self, key: &Arc<str>, name: Option<Arc<str>>) {
         let name = name.unwrap_or_else(|| Arc::from(IDENTITY));
         self.by_object.lock().unwrap().insert(key.clone(), name);
     }
 
-    pub(in crate::store) fn remove(&self, key: &str) {
+    pub(crate) fn remove(&self, key: &str) {
         self.by_object.lock().unwrap().remove(key);
     }
 
     /// Replace everything (an engine that listed again).
-    pub(in crate::store) fn reset(&self, all: HashMap<Arc<str>, Arc<str>>) {
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
+    pub(crate) fn reset(&self, all: HashMap<Arc<str>, Arc<str>>) {
         *self.by_object.lock().unwrap() = all;
     }
 
@@ -610,7 +613,7 @@ impl Ledger {
     }
 
     /// Objects stored under any key but `primary`, at most `max`, in key order.
-    pub(in crate::store) fn stale(&self, primary: &str, max: usize) -> Vec<Arc<str>> {
+    pub(crate) fn stale(&self, primary: &str, max: usize) -> Vec<Arc<str>> {
         let mut v: Vec<Arc<str>> = self
             .by_object
             .lock()

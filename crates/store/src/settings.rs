@@ -32,7 +32,7 @@ pub struct StoreConfig {
 }
 
 /// The key file's name in the state directory when `encryption_key_file` is unset.
-pub const DEFAULT_KEY_FILE: &str = "secrets.key";
+pub(crate) const DEFAULT_KEY_FILE: &str = "secrets.key";
 
 /// `[store.etcd]`: the cluster, this appliance's name in it, and the timings of the
 /// leader elections and requests.
@@ -83,6 +83,13 @@ impl Default for EtcdConfig {
     }
 }
 
+/// The error of `backend = "etcd"` in a build without the `etcd` cargo feature.
+pub(crate) fn without_etcd() -> anyhow::Error {
+    anyhow::anyhow!(
+        "store.backend = \"etcd\": this bootplane was built without the etcd feature (cargo build --features etcd)"
+    )
+}
+
 impl StoreConfig {
     /// The encryption key file: configured, else `<state_dir>/secrets.key`.
     pub fn key_file(&self, state_dir: &std::path::Path) -> PathBuf {
@@ -94,6 +101,9 @@ impl StoreConfig {
     /// Semantic checks that TOML typing cannot express.
     pub fn validate(&self) -> Result<()> {
         if self.backend == BackendKind::Etcd {
+            if !cfg!(feature = "etcd") {
+                return Err(without_etcd());
+            }
             self.etcd.validate()?;
         }
         Ok(())
@@ -191,7 +201,12 @@ mod tests {
         let mut c = StoreConfig::default();
         c.validate().unwrap();
         c.backend = BackendKind::Etcd;
-        c.validate().unwrap();
+        if cfg!(feature = "etcd") {
+            c.validate().unwrap();
+        } else {
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains("without the etcd feature"), "{err}");
+        }
         let bad = |f: fn(&mut EtcdConfig), says: &str| {
             let mut e = EtcdConfig::default();
             f(&mut e);

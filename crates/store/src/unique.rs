@@ -9,7 +9,7 @@
 //! answer from memory. Each Server's keys are kept per stored revision, so a check
 //! parses only the Servers written since the previous one. Two writes racing on the
 //! same new key can both pass; the boot index then keeps both holders
-//! ([`crate::http::index`]) and the next write that adds the key to either is refused.
+//! (the boot listener's index) and the next write that adds the key to either is refused.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -19,10 +19,10 @@ use serde_json::Value;
 use super::backend::KvBackend;
 use super::kv::Rev;
 use super::{Result, Store, StoreError};
-use crate::model::ident::{parse_uuid, Mac, MacFmt};
-use crate::model::meta;
-use crate::model::registry::ResourceType;
-use crate::model::views::nics;
+use bootplane_model::ident::{parse_uuid, Mac, MacFmt};
+use bootplane_model::meta;
+use bootplane_model::registry::ResourceType;
+use bootplane_model::views::nics;
 
 /// The identity keys of one Server.
 #[derive(Debug, Default, Clone, PartialEq)]

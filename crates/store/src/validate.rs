@@ -8,9 +8,9 @@
 use serde_json::{Map, Value};
 
 use super::{Result, StoreError};
-use crate::model::registry::ResourceType;
-use crate::model::schema::{FieldError, Reason};
-use crate::model::{constraints, labels};
+use bootplane_model::registry::ResourceType;
+use bootplane_model::schema::{FieldError, Reason};
+use bootplane_model::{constraints, labels};
 
 pub(super) fn err_invalid(rt: &ResourceType, name: &str, causes: Vec<FieldError>) -> StoreError {
     StoreError::Invalid {

@@ -41,10 +41,10 @@ use super::backend::Backend;
 use super::backend::{KvBackend, KvWatch};
 use super::kv::Rev;
 use super::{ObjectEvent, ObjectWatch, Objects, Store, StoreError};
-use crate::model::registry::ResourceType;
+use bootplane_model::registry::ResourceType;
 
 /// Most events in one batch unless [`Watcher::max_batch`] says otherwise.
-pub const DEFAULT_MAX_BATCH: usize = 4096;
+pub(crate) const DEFAULT_MAX_BATCH: usize = 4096;
 /// Pause before listing again when starting a watch after a listing failed.
 const RETRY: Duration = Duration::from_millis(100);
 
@@ -302,8 +302,8 @@ impl<B: KvBackend> Watcher<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::registry::Registry;
-    use crate::store::kv::{Compare, Op, EVENT_LOG_CAP};
+    use crate::kv::{Compare, Op, EVENT_LOG_CAP};
+    use bootplane_model::registry::Registry;
     use serde_json::json;
 
     fn rt(name: &str) -> Arc<ResourceType> {
@@ -320,7 +320,7 @@ mod tests {
     }
 
     fn names(l: Listing) -> Vec<String> {
-        l.map(|(_, o)| crate::model::meta::name(&o).to_string())
+        l.map(|(_, o)| bootplane_model::meta::name(&o).to_string())
             .collect()
     }
 
@@ -330,7 +330,7 @@ mod tests {
                 .map(|c| {
                     (
                         c.t.kind.clone(),
-                        crate::model::meta::name(&c.event.object).to_string(),
+                        bootplane_model::meta::name(&c.event.object).to_string(),
                     )
                 })
                 .collect(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::store::settings::EtcdConfig;
+use crate::settings::EtcdConfig;
 
 /// Connect to the cluster. Connecting is lazy per member: this fails only when the
 /// configuration is unusable (unreadable CA or key, bad URL), not when members are

@@ -19,7 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio_util::sync::CancellationToken;
 
 use super::Fence;
-use crate::store::settings::EtcdConfig;
+use crate::settings::EtcdConfig;
 
 /// Label of [`Metrics::leader`].
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

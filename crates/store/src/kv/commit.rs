@@ -15,7 +15,7 @@ use super::{
     encode, storage, Action, Compare, Event, EventKind, Garbage, KeyValue, KvError, Msg, Op,
     Request, Rev, State, TxnResult, KV, MAX_BATCH, META, REAP_QUEUE,
 };
-use crate::store::seal::{is_sealed, Ledger};
+use crate::seal::{is_sealed, Ledger};
 
 pub(super) fn writer_loop(
     db: Database,
@@ -73,7 +73,7 @@ pub(super) fn writer_loop(
 }
 
 /// Whether `op` may apply to the key's value `cur` as the batch sees it.
-pub(in crate::store) fn compare(op: &Op, cur: Option<&KeyValue>) -> Result<(), KvError> {
+pub(crate) fn compare(op: &Op, cur: Option<&KeyValue>) -> Result<(), KvError> {
     match (op.compare, cur) {
         (Compare::Absent, Some(_)) => {
             return Err(KvError::AlreadyExists {

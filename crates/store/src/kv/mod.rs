@@ -33,7 +33,7 @@
 //! the map entry while it is the current version.
 
 mod commit;
-pub(in crate::store) mod text;
+pub(crate) mod text;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -46,7 +46,8 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 pub use super::backend::*;
-pub(in crate::store) use commit::compare;
+#[cfg(feature = "etcd")]
+pub(crate) use commit::compare;
 use commit::writer_loop;
 use text::{prepare, Prepared};
 
@@ -57,7 +58,7 @@ use super::seal::{is_sealed, Sealer, Sealing};
 /// version's JSON text (shared with the map while it is the current version), so this
 /// bounds the store's history memory: ~1 KiB per event. (When events held parsed
 /// values, 200,000 of them held ~700 MiB for a 10,000-machine fleet.)
-pub const EVENT_LOG_CAP: usize = 20_000;
+pub(crate) const EVENT_LOG_CAP: usize = 20_000;
 /// Commits whose unlinked versions may wait for the reaper thread.
 const REAP_QUEUE: usize = 2;
 /// Most transactions written in one redb commit.
@@ -80,7 +81,7 @@ const HOT_WRITES: usize = 1024;
 /// Every key in memory, the replay log and the revision: what readers and watchers
 /// see. The redb writer publishes its commits into it; the etcd backend's mirror
 /// publishes what its etcd watch delivers ([`super::etcd`]).
-pub(in crate::store) struct State {
+pub(crate) struct State {
     map: BTreeMap<Arc<str>, KeyValue>,
     rev: Rev,
     log: VecDeque<Event>,
@@ -92,7 +93,7 @@ pub(in crate::store) struct State {
 }
 
 impl State {
-    pub(in crate::store) fn new(map: BTreeMap<Arc<str>, KeyValue>, rev: Rev) -> State {
+    pub(crate) fn new(map: BTreeMap<Arc<str>, KeyValue>, rev: Rev) -> State {
         State {
             map,
             rev,
@@ -102,23 +103,25 @@ impl State {
         }
     }
 
-    pub(in crate::store) fn rev(&self) -> Rev {
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
+    pub(crate) fn rev(&self) -> Rev {
         self.rev
     }
 
-    pub(in crate::store) fn get(&self, key: &str) -> Option<&KeyValue> {
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
+    pub(crate) fn get(&self, key: &str) -> Option<&KeyValue> {
         self.map.get(key)
     }
 
     /// Every key with `prefix`, in key order, and the revision read at.
-    pub(in crate::store) fn range(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
+    pub(crate) fn range(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
         let mut items = Vec::new();
         let rev = self.scan(prefix, |kv| items.push(kv.clone()));
         (items, rev)
     }
 
     /// Visit every key with `prefix` in key order; the revision read at.
-    pub(in crate::store) fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, mut f: F) -> Rev {
+    pub(crate) fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, mut f: F) -> Rev {
         for (_, v) in self
             .map
             .range::<str, _>((
@@ -134,7 +137,8 @@ impl State {
 
     /// Replace everything with `map` at `rev` (a backend that had to list again):
     /// the log is emptied, so every watcher is told to re-list.
-    pub(in crate::store) fn reset(
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
+    pub(crate) fn reset(
         &mut self,
         map: BTreeMap<Arc<str>, KeyValue>,
         rev: Rev,
@@ -152,7 +156,7 @@ impl State {
     /// Make one committed revision visible: the keys it changed (`None`: deleted) and
     /// its events, in order. What the new versions replace goes into `garbage`, to be
     /// freed off the caller's lock.
-    pub(in crate::store) fn publish(
+    pub(crate) fn publish(
         &mut self,
         changes: impl IntoIterator<Item = (Arc<str>, Option<KeyValue>)>,
         evs: Vec<Event>,
@@ -193,7 +197,7 @@ impl State {
 /// Old versions and parsed values a commit unlinked, freed where no lock is held
 /// (the redb engine hands them to its reaper thread).
 #[derive(Default)]
-pub(in crate::store) struct Garbage {
+pub(crate) struct Garbage {
     old: Vec<KeyValue>,
     events: Vec<Event>,
     values: Vec<Arc<Value>>,
@@ -417,7 +421,7 @@ impl Watch {
     /// A watch of `prefix` after `from` over `state`, woken by `published`. A `from`
     /// after the state's revision is refused, unless it is at most `known` (a revision
     /// the backend knows was committed and will reach the state): that watch waits.
-    pub(in crate::store) fn open(
+    pub(crate) fn open(
         state: &Arc<RwLock<State>>,
         published: &watch::Receiver<Rev>,
         prefix: &str,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Action, KvError, Op, Rev, MAX_VALUE_BYTES};
-use crate::store::seal::{is_sealed, Binding, Sealer};
+use crate::seal::{is_sealed, Binding, Sealer};
 
 /// A value's compact JSON text, serialized before commit with an empty slot where
 /// `metadata.resourceVersion`'s digits go (the revision is only known at commit).
@@ -15,14 +15,14 @@ use crate::store::seal::{is_sealed, Binding, Sealer};
 /// [`stamp`]: `resourceVersion` keeps its place in `metadata`, or comes last when it
 /// was absent, as `serde_json::Map::insert` does.
 #[derive(Debug)]
-pub(in crate::store) struct Prepared {
-    pub(in crate::store) text: String,
+pub(crate) struct Prepared {
+    pub(crate) text: String,
     /// Byte offset of the revision's digits (between the quotes), when the value is
     /// a map with a `metadata` map.
     slot: Option<usize>,
-    /// For a sealed type ([`crate::store::seal`]): `text` (with an empty
+    /// For a sealed type ([`crate::seal`]): `text` (with an empty
     /// `resourceVersion`) encrypted, and the key's name. What the engine stores.
-    pub(in crate::store) sealed: Option<(Vec<u8>, Arc<str>)>,
+    pub(crate) sealed: Option<(Vec<u8>, Arc<str>)>,
 }
 
 impl Prepared {
@@ -88,7 +88,7 @@ impl Prepared {
     }
 
     /// The bytes the engine stores: the sealed text, else the text.
-    pub(in crate::store) fn stored(&self) -> &[u8] {
+    pub(crate) fn stored(&self) -> &[u8] {
         match &self.sealed {
             Some((b, _)) => b,
             None => self.text.as_bytes(),
@@ -96,7 +96,7 @@ impl Prepared {
     }
 
     /// The text with `rev` in its slot.
-    pub(in crate::store) fn stamped(&self, rev: Rev) -> Arc<str> {
+    pub(crate) fn stamped(&self, rev: Rev) -> Arc<str> {
         match self.slot {
             None => Arc::from(self.text.as_str()),
             Some(at) => {
@@ -126,7 +126,7 @@ fn ser<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
 /// what `binding` says for the op at that index (etcd: the key's version after the
 /// write; `None`: the store key only). `TooLarge` when a text is over
 /// [`MAX_VALUE_BYTES`].
-pub(in crate::store) fn prepare(
+pub(crate) fn prepare(
     ops: &[Op],
     sealer: &Sealer,
     binding: impl Fn(usize) -> Option<Binding>,
@@ -157,7 +157,7 @@ pub(in crate::store) fn prepare(
 
 /// Objects (JSON maps with a `metadata` map) carry their `mod_rev` as
 /// `metadata.resourceVersion`, set here at commit like kube's etcd3 versioner.
-pub(in crate::store) fn stamp(v: &mut Value, rev: Rev) {
+pub(crate) fn stamp(v: &mut Value, rev: Rev) {
     if let Some(Value::Object(meta)) = v.get_mut("metadata") {
         meta.insert("resourceVersion".into(), Value::String(rev.to_string()));
     }
