@@ -1,6 +1,7 @@
 //! Checks that span the repository rather than one module: what the docs say about the
-//! running program must match what it exports, and the top-level modules of `src/` must
-//! import each other without a cycle, with `serve` imported by `src/main.rs` only.
+//! running program must match what it exports, the workspace's crates depend only on
+//! the layers below them, and the top-level modules of `src/` must import each other
+//! without a cycle, with `serve` imported by `src/main.rs` only.
 
 use std::path::{Path, PathBuf};
 
@@ -622,6 +623,9 @@ fn top_level_modules_form_no_cycle_and_only_main_imports_serve() {
 // ---------------------------------------------------------------------------------------
 
 const MAX_FILE_LINES: usize = 1_000;
+
+/// Where the crates' sources are: the `bootplane` package's and each layer crate's.
+const SOURCE_DIRS: [&str; 2] = ["src", "crates"];
 const MAX_FN_LINES: usize = 150;
 
 /// Offenders allowed for now: `(path, fn name, why)`, with an empty fn name for the
@@ -772,7 +776,7 @@ fn size_counter_measures_fns() {
 /// lines, unless its module doc says why (a `Size:` line).
 #[test]
 fn no_source_file_or_fn_is_too_long() {
-    let mut found = size_offences(&rust_files(&["src"]));
+    let mut found = size_offences(&rust_files(&SOURCE_DIRS));
     let mut problems = Vec::new();
     for (path, name, why) in EXEMPT_UNTIL_MERGED {
         let before = found.len();
@@ -785,5 +789,135 @@ fn no_source_file_or_fn_is_too_long() {
         }
     }
     problems.extend(found.into_iter().map(|(_, _, at)| at));
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+/// Every source file opens its module doc (`//!`) before any code: what it is for.
+#[test]
+fn every_source_file_has_a_module_doc() {
+    let missing: Vec<String> = rust_files(&SOURCE_DIRS)
+        .into_iter()
+        .filter(|(_, text)| {
+            let first = text.lines().map(str::trim).find(|l| !l.is_empty());
+            !first.is_some_and(|l| l.starts_with("//!") || l.starts_with("#!["))
+        })
+        .map(|(rel, _)| rel)
+        .collect();
+    assert!(missing.is_empty(), "no `//!` module doc: {missing:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Crate layers (issue 33): the workspace's members, bottom up. A crate may depend only on
+// crates of a lower layer, so an import of a higher layer does not compile (the crate is
+// not a dependency); this test keeps the `Cargo.toml`s from adding the dependency. A new
+// member must be given its layer here (and its place in ARCHITECTURE.md's crate map).
+// ---------------------------------------------------------------------------------------
+
+/// `(package, layer)`: 0 = depends on no other member.
+const CRATE_LAYERS: &[(&str, u8)] = &[
+    ("bootplane-model", 0),
+    ("bootplane-probe", 0),
+    ("bootplane-store", 1),
+    ("bootplane", 9),
+];
+
+/// The workspace's members as `(package name, its bootplane-* dependencies of every
+/// kind)`, read from the root `Cargo.toml`'s `[workspace] members` and theirs.
+fn workspace_members() -> Vec<(String, Vec<String>)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |dir: &Path| -> toml::Table {
+        let text = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        text.parse().unwrap()
+    };
+    let top = read(root);
+    let members = top["workspace"]["members"]
+        .as_array()
+        .expect("[workspace] members");
+    members
+        .iter()
+        .map(|m| {
+            let manifest = read(&root.join(m.as_str().unwrap()));
+            (
+                manifest["package"]["name"].as_str().unwrap().to_string(),
+                member_deps(&manifest),
+            )
+        })
+        .collect()
+}
+
+/// The `bootplane*` dependencies a manifest names, in any dependency table.
+fn member_deps(manifest: &toml::Table) -> Vec<String> {
+    let mut deps = Vec::new();
+    for table in ["dependencies", "dev-dependencies", "build-dependencies"] {
+        if let Some(t) = manifest.get(table).and_then(|t| t.as_table()) {
+            deps.extend(t.keys().filter(|k| k.starts_with("bootplane")).cloned());
+        }
+    }
+    deps.sort();
+    deps.dedup();
+    deps
+}
+
+/// Every edge that does not point to a lower layer, and every member without a layer.
+fn upward_edges(members: &[(String, Vec<String>)], layers: &[(&str, u8)]) -> Vec<String> {
+    let layer = |name: &str| layers.iter().find(|(n, _)| *n == name).map(|(_, l)| *l);
+    let mut problems = Vec::new();
+    for (name, deps) in members {
+        let Some(own) = layer(name) else {
+            problems.push(format!(
+                "{name}: a workspace member without a layer in CRATE_LAYERS"
+            ));
+            continue;
+        };
+        for d in deps {
+            match layer(d) {
+                Some(l) if l < own => {}
+                Some(l) => problems.push(format!(
+                    "{name} (layer {own}) depends on {d} (layer {l}): a crate depends only on lower layers"
+                )),
+                None => problems.push(format!("{name} depends on {d}, which has no layer")),
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn crate_layer_check_finds_upward_and_unplaced_crates() {
+    let layers = [("m", 0), ("s", 1), ("top", 9)];
+    let members = vec![
+        ("m".to_string(), vec!["s".to_string()]),
+        ("s".to_string(), vec!["m".to_string()]),
+        (
+            "top".to_string(),
+            vec!["m".to_string(), "s".to_string(), "x".to_string()],
+        ),
+        ("new".to_string(), vec![]),
+    ];
+    assert_eq!(
+        upward_edges(&members, &layers),
+        [
+            "m (layer 0) depends on s (layer 1): a crate depends only on lower layers",
+            "top depends on x, which has no layer",
+            "new: a workspace member without a layer in CRATE_LAYERS",
+        ]
+    );
+    let manifest: toml::Table = "[dependencies]\nbootplane-model.workspace = true\nserde = \"1\"\n\
+                                 [dev-dependencies]\nbootplane-store = { path = \"x\" }\n"
+        .parse()
+        .unwrap();
+    assert_eq!(
+        member_deps(&manifest),
+        ["bootplane-model", "bootplane-store"]
+    );
+}
+
+/// Issue 33's acceptance: the workspace's crates are layers, each depending only on the
+/// ones below it.
+#[test]
+fn workspace_crates_depend_only_downward() {
+    let members = workspace_members();
+    assert!(members.len() >= 3, "workspace members: {members:?}");
+    let problems = upward_edges(&members, CRATE_LAYERS);
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
