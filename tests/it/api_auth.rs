@@ -6,7 +6,7 @@
 //! in it) and rotated by size, `/metrics` behind the `metrics` role or on its own
 //! plain listener.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

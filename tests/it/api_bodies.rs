@@ -5,7 +5,7 @@
 //! refused quickly with a kube `Status`, store nothing, and leave `/healthz` answering
 //! and the server's memory where it was.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

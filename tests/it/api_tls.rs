@@ -7,7 +7,7 @@
 //! certificate-only request from another site is refused, non-JSON bodies are 415, and
 //! HTTP/2 streams and watches per connection are capped.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::path::Path;

@@ -18,7 +18,7 @@
 //! ISO URL is minted here with bootplane's own signer from the state directory's key and
 //! the boot configuration's UID and generation, as `BootHttp::signed_boot_url` mints it.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

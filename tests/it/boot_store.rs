@@ -3,7 +3,7 @@
 //! the iPXE chain to its kernel, initrd and Ignition, the fetches are recorded as
 //! conditions on the ServerBootConfiguration, and another address is refused.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::api::*;

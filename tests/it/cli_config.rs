@@ -3,7 +3,7 @@
 //! context switch changing the target, bad files and names refused with clear errors, and
 //! tokens never printed by `config view`.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

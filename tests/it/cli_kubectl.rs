@@ -7,7 +7,7 @@
 //! `--no-headers`, `get all`. Bad input fails with an error naming the bad piece and
 //! changes nothing.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 

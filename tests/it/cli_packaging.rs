@@ -2,7 +2,7 @@
 //! and completes resource types, the man pages render, the systemd unit in the repo
 //! passes `systemd-analyze verify`.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Issue 21: the store on etcd, several appliances active-active. A real 3-member etcd
 //! cluster (tests/support/etcd.rs) and real `bootplane serve` appliances sharing it.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};

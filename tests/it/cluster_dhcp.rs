@@ -11,7 +11,7 @@
 //! - etcd frozen: a client renewing is ACKed for what its lease has left, a new client
 //!   gets no lease; etcd back: the new client is leased.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

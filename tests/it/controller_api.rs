@@ -1,7 +1,7 @@
 //! Issue 2 acceptance: the real `bootplane` binary, its REST API and CLI, the
 //! store's crash safety and watch semantics, and the claim reconciler under races.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

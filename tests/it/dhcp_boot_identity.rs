@@ -3,7 +3,7 @@
 //! its iPXE script from the address bootplane leased to it, while another address on
 //! the same link is refused. Real dhclient, real bootplane, in namespaces the test makes.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

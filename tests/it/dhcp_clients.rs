@@ -3,7 +3,7 @@
 //! udhcpc do DORA, renew and release; after `kill -9` and a restart the server
 //! still knows whose address is whose.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -11,7 +11,7 @@
 //! OFFER, a renewing client is ACKed for what its lease has left, a new one is not
 //! answered; etcd back: leases are granted again.
 
-mod support;
+use crate::support;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;

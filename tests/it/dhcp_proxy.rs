@@ -4,7 +4,7 @@
 //! can send exactly what firmware sends) must get its address from dnsmasq and its
 //! boot file from bootplane; then, as UEFI PXE does, ask bootplane on port 4011.
 
-mod support;
+use crate::support;
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;

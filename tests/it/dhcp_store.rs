@@ -2,7 +2,7 @@
 //! come from the Servers registered in the store, and DHCP and TFTP metrics are on the
 //! API listener's `/metrics`. Real dhclient and tftp-hpa, in namespaces the test makes.
 
-mod support;
+use crate::support;
 
 use std::process::Output;
 use std::time::Duration;

@@ -9,7 +9,7 @@
 //! bounds, another machine's UUID, a Server not in Discovery) is refused, counted, and
 //! writes nothing.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::api::{add_bmc, claim, claims, SERVERS};

@@ -21,7 +21,7 @@
 //! - `bootplane_probe_prints_this_host`: `bootplane probe --print` on the test host prints
 //!   an inventory the contract type reads back.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

@@ -14,7 +14,7 @@
 //! another address leaves the Endpoint's address pinned, with a condition, until an
 //! operator accepts the move.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

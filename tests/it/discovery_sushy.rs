@@ -7,7 +7,7 @@
 //! unique systemUUIDs, the right `spec.bmcRef`). Restarting bootplane and leasing again
 //! changes nothing: same Endpoints, BMCs and Servers, no new ones.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -24,7 +24,7 @@
 //! `IPXEScriptFetched` and `IgnitionDataFetched` read through A, that A still leads
 //! `metal` and B does not, and that deleting the claim through A stops the VM.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

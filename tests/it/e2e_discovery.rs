@@ -22,7 +22,7 @@
 //!   reaches bootplane: after the report timeout (one attempt here) the Server is left in
 //!   `Discovery`, powered off, condition `Discovered` False, reason `InventoryTimeout`.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

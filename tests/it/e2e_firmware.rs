@@ -27,7 +27,7 @@
 //! The lab, the scenario runner, the kernel and the initramfs are `tests/support/qemu.rs`
 //! (shared with tests/e2e_cluster.rs).
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

@@ -48,7 +48,7 @@
 //! its GET always says `Continuous`): the tests send `Once` as a BMC client would and
 //! check only the target.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -4,7 +4,7 @@
 //! the API's `fieldSelector` filters lists; a bad selector or `--for` is a clear error.
 //! (Aggregation and the store's bounds: `store::events` unit tests.)
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::bootplane::Bootplane;

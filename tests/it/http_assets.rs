@@ -2,7 +2,7 @@
 //! 416, ETag/If-None-Match, If-Modified-Since, If-Range, If-Match; `.efi` with the
 //! right type and length and never a redirect (also Debian's iPXE binaries).
 
-mod support;
+use crate::support;
 
 use bootplane::http::server::Limits;
 use support::http::*;

@@ -3,7 +3,7 @@
 //! limit, malformed UUID/MAC, other methods. Nothing outside the roots is readable and
 //! the server keeps serving.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -2,7 +2,7 @@
 //! the per-machine script, then its kernel, initrd and Ignition, with the real curl from
 //! the machine's address (127.0.0.2) and from another address (127.0.0.3).
 
-mod support;
+use crate::support;
 
 use bootplane::http::server::Limits;
 use bootplane::http::BootEvent;

@@ -5,7 +5,7 @@
 //! idle timeout (first byte of a request) apart from the header read timeout; the
 //! per-core workers (`run_workers`: every SO_REUSEPORT socket serves, shutdown drains).
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -3,7 +3,7 @@
 //! `boot.ipxe_templates`, the token key created under `state_dir`, the discovery
 //! default resolved through the image catalog, and a clean shutdown.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

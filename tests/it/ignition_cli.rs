@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-mod support;
+use crate::support;
 use support::bootplane::bin;
 use support::process::run_cmd;
 

@@ -19,7 +19,7 @@
 //! `setfiles`; the test puts a no-op `setfiles` first in PATH (SELinux labels are not
 //! what is tested here) and gives the root an `etc/selinux/config` saying `disabled`.
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;

@@ -6,7 +6,7 @@
 //! To regenerate the expected files after an intended change:
 //! `BOOTPLANE_BLESS=1 cargo test --test ignition_golden` (then review the diff).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

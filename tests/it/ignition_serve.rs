@@ -11,7 +11,7 @@
 //! - a template that fails for a machine (undefined variable) or a label naming a
 //!   missing template puts the ServerBootConfiguration into `Error` with the reason.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

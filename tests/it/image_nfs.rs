@@ -2,7 +2,7 @@
 //! FSAL) with rpcbind, both inside a network namespace and a private mount namespace
 //! this test creates, reached over the namespace's loopback.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::Path;

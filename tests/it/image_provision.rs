@@ -1,7 +1,7 @@
 //! End-to-end tests of `bootplane image pack` and `bootplane provision` with the real
 //! binary, the `zstd` CLI, loop block devices, `mkfs.ext4`/`mount`, and an HTTP source.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::os::unix::fs::OpenOptionsExt;

@@ -3,7 +3,7 @@
 //! their sockets to 127.0.0.x source addresses, so each test plays several sources
 //! on loopback.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bootplane::nfs::ganesha::{Ganesha, GaneshaConfig};
 use bootplane::nfs::{Access, ExportBackend, ExportRule, NfsError, Protocol};
 
-mod support;
+use crate::support;
 use support::netns::Netns;
 use support::nfs::{assert_denied, nfs_client};
 use support::process::must;

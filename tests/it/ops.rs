@@ -5,7 +5,7 @@
 //! key; provisioning jobs are listable (API and `bootplane get jobs`); `/metrics` has a
 //! family per subsystem; the log has no colour codes when stderr is not a terminal.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

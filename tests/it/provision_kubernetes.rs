@@ -12,7 +12,7 @@ use bootplane::provision::{JobRunner, JobState, NfsSource, ProvisionRequest};
 use serde_json::{json, Value};
 
 fn schema() -> Value {
-    serde_json::from_str(include_str!("fixtures/k8s-batch-v1-job.schema.json")).unwrap()
+    serde_json::from_str(include_str!("../fixtures/k8s-batch-v1-job.schema.json")).unwrap()
 }
 
 fn resolve<'a>(root: &'a Value, r: &str) -> &'a Value {

@@ -17,7 +17,7 @@ use bootplane::nfs::{ExportBackend, ExportRule};
 use bootplane::provision::local::{LocalConfig, LocalRunner, RetryPolicy};
 use bootplane::provision::{JobRunner, JobState, JobStatus, NfsSource, ProvisionRequest};
 
-mod support;
+use crate::support;
 use support::data::{sha256_file, sha256_hex};
 use support::netns::Netns;
 use support::require::require_tools;

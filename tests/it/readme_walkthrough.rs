@@ -24,7 +24,7 @@
 //! is killed (with the server the walk-through started) when the test ends, however
 //! it ends.
 
-mod support;
+use crate::support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

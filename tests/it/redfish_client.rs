@@ -4,7 +4,7 @@
 //! bodies, ETags, task monitors, the per-BMC and global concurrency limits as the server
 //! saw them, unsupported boot targets, and no password or token in any error.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

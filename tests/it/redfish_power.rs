@@ -9,7 +9,7 @@
 //! bootplane's back; the requests each costs are counted (no retry storm), and the
 //! password appears in no log line and no API object but its BMCSecret.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 //! auth), and fails `UefiHttp` + `HttpBootUri` with 400 (only its libvirt driver stores
 //! the URI; tests/redfish_libvirt covers that path).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

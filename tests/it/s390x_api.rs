@@ -5,7 +5,7 @@
 //! job API refuses agents and operators, caller-chosen ids, and targets and sources
 //! outside `[provision.jobs]`, so no job can stand in for a ServerAction's.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! the real `bootplane provision`. Access is checked with the real libnfs client
 //! (`nfs-cat`) from the job's address (127.0.0.2) and from another one (127.0.0.3).
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

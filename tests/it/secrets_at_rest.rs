@@ -7,7 +7,7 @@
 //! and another appliance's mirror reads it; an older sealed value put back with
 //! etcdctl is not served, nor is an APIToken written to etcd directly (401).
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

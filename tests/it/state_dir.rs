@@ -2,7 +2,7 @@
 //! key): `bootplane serve` keeps it 0700 and every file in it 0600, fixing (and
 //! saying so in its log) a directory or file left more open.
 
-mod support;
+use crate::support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

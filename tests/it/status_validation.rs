@@ -4,7 +4,7 @@
 //! `/status` subresource (PUT and merge PATCH), the main resource and
 //! `bootplane apply -f`, and nothing is written.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! sealed values bound to their etcd key's version (an older value put back is not
 //! served; values of before are re-sealed) and plain `http://` refused off loopback.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

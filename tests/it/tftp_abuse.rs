@@ -7,7 +7,7 @@
 //! These run in their own test binary because one of them measures the process's RSS
 //! (the server runs in-process), which the other TFTP tests' files would disturb.
 
-mod support;
+use crate::support;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! rejection, duplicate ACKs (no Sorcerer's Apprentice), the transfer limit. Each
 //! gets the right ERROR code or a silent drop; the server keeps serving afterwards.
 
-mod support;
+use crate::support;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! every file arrives byte-identical (SHA-256) for sizes 0, 511, 512, 513, 1 MiB and
 //! 33 MiB (67,584 blocks of 512: block numbers roll over), with and without options.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

@@ -8,7 +8,7 @@
 //! 100 < N drop` on the input hook, which every loopback packet crosses once; dropping
 //! on output would instead fail the sender's sendto with EPERM, which real loss never does).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -8,7 +8,7 @@
 //! its token refused (403). The static files' headers (CSP, cache, types) are checked
 //! over the real listener. Screenshots go to target/ui-artifacts/ on failure.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 
