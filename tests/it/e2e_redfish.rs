@@ -771,25 +771,32 @@ fn driver_uefi_http_boot_uri() {
     let vm = bmc_claimed_vm(&lab, "rfd-http", 6, "UefiHttp", Firmware::Ovmf);
     let lines = uefi_cd_lines(&lab, &vm);
     let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-    // Checked as soon as the override is set: sushy-tools downloads HttpBootUri and
-    // attaches it as a cdrom first in the boot order.
+    // sushy-tools downloads HttpBootUri, attaches it as a cdrom (one domain definition)
+    // and then puts that cdrom first in the boot order (the next definition), while the
+    // driver's PATCH is still being answered: poll the definition until it shows both,
+    // with a deadline. One read as soon as the cdrom appeared could land between the
+    // two writes and see the cdrom without the boot order (a clean-clone CI run did).
+    let seen = std::cell::RefCell::new(None);
     wait_for(
         Duration::from_secs(60),
-        || cdrom_of(&lab, &vm).is_some(),
+        || {
+            let now = cdrom_of(&lab, &vm);
+            let done = matches!(now, Some((_, true)));
+            *seen.borrow_mut() = now;
+            done
+        },
         || {
             format!(
-                "no cdrom from HttpBootUri: {:?}\n--- sushy ---\n{}\n--- bootplane ---\n{}",
+                "no cdrom from HttpBootUri first in the boot order (last seen: {:?}): {:?}\n\
+                 --- sushy ---\n{}\n--- bootplane ---\n{}",
+                seen.borrow(),
                 lab.get_json("servers", &vm.name),
                 tail(&lab.sushy.log(), 10),
                 tail(&lab.log(), 30)
             )
         },
     );
-    let (src, first) = cdrom_of(&lab, &vm).unwrap();
-    assert!(
-        first,
-        "the HttpBootUri cdrom is not first in the boot order"
-    );
+    let (src, _) = seen.into_inner().expect("the cdrom seen above");
     assert!(
         is_iso(&src),
         "HttpBootUri's content is not an ISO image: {src}"
