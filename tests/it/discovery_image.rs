@@ -27,23 +27,20 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use bootplane::http::catalog::{Catalog, FileHasher};
 use bootplane_probe::{Cpu, Disk, Inventory, Nic, SystemInfo};
+use support::data::once_per_run;
 use support::process::*;
 use support::require::*;
 
 const UUID: &str = "6f1c2b3a-4d5e-4f60-8a9b-0c1d2e3f4a5b";
 
-/// Build the image once per test binary (the script itself caches the downloads).
+/// Build the image once per test run (`once_per_run`, shared with tests/it/e2e_discovery.rs;
+/// the script itself caches the downloads).
 fn image() -> PathBuf {
-    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
-    let mut b = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = &*b {
-        return p.clone();
-    }
     require_tools(&[
         "apt-get",
         "apt-cache",
@@ -58,18 +55,20 @@ fn image() -> PathBuf {
     let images = tmp.join("discovery-images");
     let out = images.join("bootplane-discovery");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/make-discovery-image.sh");
-    let o = run_cmd(
-        Command::new(&script)
-            .arg(&out)
-            .env("CACHE_DIR", tmp.join("discovery-image/cache")),
-        900,
-    );
-    assert!(
-        o.status.success(),
-        "make-discovery-image.sh failed:\n{}\n{}",
-        text(&o),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    once_per_run("discovery-image", || {
+        let o = run_cmd(
+            Command::new(&script)
+                .arg(&out)
+                .env("CACHE_DIR", tmp.join("discovery-image/cache")),
+            900,
+        );
+        assert!(
+            o.status.success(),
+            "make-discovery-image.sh failed:\n{}\n{}",
+            text(&o),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    });
     // Its catalog entry is one bootplane's catalog reads and resolves to Ready files.
     let entry = read(&out.join("catalog-entry.toml"));
     let catalog = Catalog::parse(&entry).unwrap_or_else(|e| panic!("{e}: {entry}"));
@@ -80,7 +79,6 @@ fn image() -> PathBuf {
     assert_eq!(resolved.cmdline, "console=ttyS0 panic=-1");
     assert_eq!(resolved.kernel, "bootplane-discovery/vmlinuz");
     assert_eq!(resolved.initrd, "bootplane-discovery/initramfs.img");
-    *b = Some(out.clone());
     out
 }
 

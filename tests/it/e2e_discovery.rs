@@ -41,13 +41,12 @@ const BMC_PASSWORD: &str = "sushy-discovery-pw";
 const IMAGE: &str = "bootplane-discovery:latest";
 
 /// The discovery image, built by the repository's script into the same place as
-/// tests/discovery_image.rs builds it (downloads cached under target/), once per process.
+/// tests/it/discovery_image.rs builds it (downloads cached under target/), once per test
+/// run (`once_per_run`, under the same name, so the two modules share one build).
 fn discovery_image() -> (Vec<u8>, Vec<u8>) {
-    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
-    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let out = tmp.join("discovery-images/bootplane-discovery");
-    if built.is_none() {
+    support::data::once_per_run("discovery-image", || {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
         let o = run_for(
             Command::new(repo.join("scripts/make-discovery-image.sh"))
@@ -56,8 +55,7 @@ fn discovery_image() -> (Vec<u8>, Vec<u8>) {
             Duration::from_secs(900),
         );
         assert!(o.status.success(), "make-discovery-image.sh: {}", text(&o));
-        *built = Some(out.clone());
-    }
+    });
     (
         std::fs::read(out.join("vmlinuz")).unwrap(),
         std::fs::read(out.join("initramfs.img")).unwrap(),
