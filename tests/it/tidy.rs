@@ -787,3 +787,100 @@ fn no_source_file_or_fn_is_too_long() {
     problems.extend(found.into_iter().map(|(_, _, at)| at));
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
+
+// ---------------------------------------------------------------------------------------
+// The test layout (issue 33): the integration tests are modules of one binary,
+// tests/it/main.rs, and `autotests = false` in Cargo.toml, so a file cargo does not find
+// through a `[[test]]` entry or a `mod` line would silently never run. And nextest, the
+// runner of scripts/test.sh, runs no doctests: the library has none.
+// ---------------------------------------------------------------------------------------
+
+/// Problems with the test layout in `files` (relative path, text) given the text of
+/// Cargo.toml.
+fn test_layout_problems(files: &[(String, String)], cargo_toml: &str) -> Vec<String> {
+    let main = files
+        .iter()
+        .find(|(p, _)| p == "tests/it/main.rs")
+        .map_or("", |(_, t)| t.as_str());
+    let mut problems = Vec::new();
+    for (path, text) in files {
+        let parts: Vec<&str> = path.split('/').collect();
+        match parts.as_slice() {
+            ["tests", "it", file] if *file != "main.rs" => {
+                let name = file.trim_end_matches(".rs");
+                if !main.lines().any(|l| l.trim() == format!("mod {name};")) {
+                    problems.push(format!("{path}: no `mod {name};` in tests/it/main.rs"));
+                }
+            }
+            ["tests", _] if !cargo_toml.contains(&format!("path = \"{path}\"")) => {
+                problems.push(format!(
+                    "{path}: a test file outside tests/it/ and not a [[test]] of Cargo.toml \
+                     (autotests = false): make it a module of tests/it/main.rs"
+                ));
+            }
+            ["src", ..] => {
+                let mut open = false;
+                for (i, l) in text.lines().enumerate() {
+                    let t = l.trim_start();
+                    let Some(doc) = t.strip_prefix("///").or_else(|| t.strip_prefix("//!")) else {
+                        continue;
+                    };
+                    let Some(lang) = doc.trim_start().strip_prefix("```") else {
+                        continue;
+                    };
+                    if !open && (lang.is_empty() || lang.starts_with("rust")) {
+                        problems.push(format!(
+                            "{path}:{}: a doctest, which scripts/test.sh (nextest) never runs: \
+                             mark the block `text`, or make it a unit test",
+                            i + 1
+                        ));
+                    }
+                    open = !open;
+                }
+            }
+            _ => {}
+        }
+    }
+    problems
+}
+
+#[test]
+fn test_layout_checker_finds_strays() {
+    let files = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(p, t)| (p.to_string(), t.to_string()))
+            .collect()
+    };
+    let cargo = "[[test]]\nname = \"it\"\npath = \"tests/it/main.rs\"\n";
+    let ok = files(&[
+        ("tests/it/main.rs", "mod a;\n"),
+        ("tests/it/a.rs", ""),
+        (
+            "src/x.rs",
+            "//! ```text\n//! fn\n//! ```\n/// ```toml\n/// ```\n",
+        ),
+    ]);
+    assert_eq!(test_layout_problems(&ok, cargo), Vec::<String>::new());
+    let bad = files(&[
+        ("tests/it/main.rs", "mod a;\n"),
+        ("tests/it/b.rs", ""),
+        ("tests/c.rs", ""),
+        ("src/x.rs", "/// ```\n/// f();\n/// ```\n"),
+    ]);
+    let p = test_layout_problems(&bad, cargo);
+    assert_eq!(p.len(), 3, "{p:#?}");
+    assert!(p[0].starts_with("tests/it/b.rs: no `mod b;`"), "{p:#?}");
+    assert!(
+        p[1].starts_with("tests/c.rs: a test file outside"),
+        "{p:#?}"
+    );
+    assert!(p[2].starts_with("src/x.rs:1: a doctest"), "{p:#?}");
+}
+
+#[test]
+fn every_test_file_is_built_and_no_doctest_is_left_unrun() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let p = test_layout_problems(&rust_files(&["src", "tests"]), &cargo);
+    assert!(p.is_empty(), "\n{}", p.join("\n"));
+}
