@@ -4,7 +4,9 @@
 # and the pinned PyPI tools (scripts/test-python.txt) into /opt/bootplane-test-venv,
 # then runs every unit, integration and end-to-end test, then every fuzz target for
 # FUZZ_SECS seconds each (default 20; 0 skips them; scripts/fuzz.sh, docs/fuzzing.md).
-# Needs root for apt and for the network-namespace tests.
+# The tests run under cargo-nextest (.config/nextest.toml): a process per test, every test
+# even after a failure; the run still fails, and the failures are listed at the end.
+# Arguments go to `cargo nextest run` (e.g. `-E 'test(/^tftp_/)'`; docs/testing.md). Needs root for apt and for the network-namespace tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,15 +37,25 @@ if [[ ! -x $venv/bin/python3 ]] || [[ "$(cat "$venv/.test-python.sha256" 2>/dev/
   echo "$want" > "$venv/.test-python.sha256"
 fi
 
+# The test runner. Machines of this project's kind ship cargo-nextest; where it is
+# missing, it is built from crates.io (pinned, with its own lock file).
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "installing cargo-nextest from crates.io"
+  cargo install --locked cargo-nextest@0.9.143
+fi
+
 # A clean clone gains nothing from incremental compilation, and its caches roughly double the
 # target dir (a CI run once failed with "No space left on device" while compiling the tests).
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 df -h . | awk 'NR==2 {print "disk before the build: " $4 " free of " $2}'
 
+# Every step that fails is named at the end; the run goes on to the next step.
+failed=()
+
 # The discovery agent is its own small crate (probe/, built static for the image).
-cargo test --locked --manifest-path probe/Cargo.toml
+cargo nextest run --locked --no-fail-fast --manifest-path probe/Cargo.toml || failed+=("probe tests")
 # The tests' build first, so the fuzz targets' build can start beside the tests' run.
-cargo test --locked --no-run "$@"
+cargo nextest run --locked --no-run "$@"
 
 # The fuzz targets' build (nightly, cargo-fuzz, its own target dir under fuzz/) runs beside
 # the tests at the lowest priority: it takes the CPU the tests leave idle (a QEMU boot keeps
@@ -59,8 +71,9 @@ if ((fuzz_secs > 0)); then
   set +m
 fi
 
-tests_rc=0
-cargo test --locked "$@" || tests_rc=$?
+# Every test, each its own process; nextest's summary at its end lists each failure.
+# (nextest runs no doctests; the library has none, and tests/it/tidy.rs keeps it so.)
+cargo nextest run --locked --no-fail-fast "$@" || failed+=("tests (listed in the summary above)")
 df -h . | awk 'NR==2 {print "disk after the tests: " $4 " free of " $2}'
 du -sh "${CARGO_TARGET_DIR:-target}" 2>/dev/null | awk '{print "target dir: " $1}'
 if [[ -n $fuzz_pid ]]; then
@@ -70,10 +83,14 @@ if [[ -n $fuzz_pid ]]; then
   grep -v '^\s*Compiling ' "$fuzz_log" || true
   if ((build_rc != 0)); then
     echo "fuzz: the targets' build failed (exit $build_rc)" >&2
-    exit "$build_rc"
+    failed+=("fuzz build")
   fi
 fi
-((tests_rc == 0)) || exit "$tests_rc"
-if ((fuzz_secs > 0)); then
-  scripts/fuzz.sh "$fuzz_secs"
+if ((fuzz_secs > 0)) && [[ " ${failed[*]} " != *" fuzz build "* ]]; then
+  scripts/fuzz.sh "$fuzz_secs" || failed+=("fuzz runs")
+fi
+if ((${#failed[@]})); then
+  echo "scripts/test.sh: FAILED: ${failed[*]}" >&2
+  for f in "${failed[@]}"; do echo "  failed: $f" >&2; done
+  exit 1
 fi

@@ -6,7 +6,7 @@
 //! - [`ganesha`] (the default): bootplane runs nfs-ganesha (and its own rpcbind) itself,
 //!   writes `ganesha.conf` with one `EXPORT` block per export and one `CLIENT` block per
 //!   rule, and makes ganesha re-read its exports on every rule change. Tested end to end
-//!   with real NFS clients (`nfs-ls`/`nfs-cat`) in `tests/nfs_ganesha.rs`.
+//!   with real NFS clients (`nfs-ls`/`nfs-cat`) in `tests/it/nfs_ganesha.rs`.
 //! - [`knfsd`]: the Linux kernel NFS server, via `/etc/exports.d/bootplane-*.exports` and
 //!   `exportfs -r`. Rendering is unit-tested; the kernel server is not available here.
 //! - [`ontap`]: NetApp ONTAP's REST API (`/api/protocols/nfs/export-policies` and

@@ -1,7 +1,7 @@
 //! Export backend for NetApp ONTAP (9.6+) over its REST API.
 //!
 //! Written from NetApp's published REST API reference; **untested against a real ONTAP
-//! system** (none is available here). `tests/nfs_ontap.rs` runs it against a small fake
+//! system** (none is available here). `tests/it/nfs_ontap.rs` runs it against a small fake
 //! ONTAP on 127.0.0.1 that records every request.
 //!
 //! Mapping:

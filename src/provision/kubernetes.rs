@@ -1,7 +1,7 @@
 //! Kubernetes job runner: each provisioning job is a `batch/v1` Job on a service node.
 //!
 //! [`render_job`] is pure and is validated against the Kubernetes OpenAPI schema for
-//! `batch/v1` Job in `tests/provision_kubernetes.rs`. The Job mounts the image export as
+//! `batch/v1` Job in `tests/it/provision_kubernetes.rs`. The Job mounts the image export as
 //! an `nfs` volume (read-only), selects service nodes with `genctl.role.service=true`,
 //! sets CPU/memory requests and limits, `ttlSecondsAfterFinished`, `backoffLimit` and
 //! `activeDeadlineSeconds`, and runs `bootplane provision` privileged (it writes a

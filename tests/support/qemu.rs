@@ -379,6 +379,9 @@ pub fn require_all() {
 
 /// Debian's kernel package, downloaded once with apt and unpacked under target/.
 pub fn debian_kernel() -> (PathBuf, PathBuf) {
+    // Downloaded and unpacked under a file lock: tests in other threads or processes
+    // (`cargo nextest run`) may want it at the same time.
+    let _lock = super::data::cache_lock("e2e-firmware-kernel");
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-firmware");
     std::fs::create_dir_all(&cache).unwrap();
     let find_deb = || {

@@ -24,7 +24,7 @@
 //!   reloads exports on SIGHUP ("SIGHUP_HANDLER: ... initiating export list reload",
 //!   then "Reread exports complete" in its log): added, changed and removed `EXPORT`
 //!   blocks and `CLIENT` lists all take effect, checked with real clients in
-//!   `tests/nfs_ganesha.rs`. bootplane waits for that log line, so a rule change has
+//!   `tests/it/nfs_ganesha.rs`. bootplane waits for that log line, so a rule change has
 //!   taken effect when `set_rules` returns. The DBus admin interface
 //!   (`org.ganesha.nfsd.exportmgr`) needs a system bus, which an appliance (or a
 //!   container) often lacks (ganesha logs "DBUS not initialized" here), so it is not used.
