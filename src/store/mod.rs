@@ -21,6 +21,7 @@ pub mod events;
 pub mod kv;
 pub mod metrics;
 pub mod migrate;
+pub mod modify;
 pub mod rotate;
 pub mod seal;
 pub mod settings;
@@ -41,6 +42,7 @@ use crate::model::selector::Selector;
 pub use backend::Backend;
 use backend::{KvBackend, KvWatch};
 use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
+pub use modify::{retry_on_conflict, Modified};
 use validate::{err_invalid, field};
 
 /// Errors callers branch on; the REST API maps each to one HTTP status.
