@@ -168,7 +168,7 @@ mod tests {
             "spec": {"taints": [{"key": "gpu", "effect": "NoBind"}], "power": "On"},
         })));
         assert_eq!(c.labels().unwrap()["rack"], "r1");
-        assert_eq!(c.spec.taints[0].effect, Some(TaintEffect::NoBind));
+        assert_eq!(c.taints[0].effect, Some(TaintEffect::NoBind));
 
         // A field of the wrong type: the empty view, as a pointer read it as absent.
         let bad: Endpoint = read(&json!({"spec": {"ip": 7}}));
