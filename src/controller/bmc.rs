@@ -36,6 +36,9 @@ use crate::redfish::{self, Bmc, PowerState};
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreError};
 
+/// What a BMC's reconcile follows besides its polling: `(generation, annotations)`.
+type SpecSeen = (i64, BTreeMap<String, String>);
+
 /// The BMC controller set.
 pub struct BmcControllers {
     store: Store,
@@ -50,7 +53,7 @@ pub struct BmcControllers {
     t_endpoint: Arc<ResourceType>,
     /// Per BMC, the generation and annotations last seen: its own status writes (which
     /// change neither) do not make it look at the BMC again.
-    seen_spec: Mutex<HashMap<String, (i64, BTreeMap<String, String>)>>,
+    seen_spec: Mutex<HashMap<String, SpecSeen>>,
     t_bmc: Arc<ResourceType>,
     t_secret: Arc<ResourceType>,
     t_server: Arc<ResourceType>,
