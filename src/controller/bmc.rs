@@ -17,7 +17,7 @@
 //! **Invariant:** nothing written here carries a credential: the secret is read only to
 //! build the client target.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,10 +30,14 @@ use super::systems::{self, Seen, SyncError, SystemIndex};
 use super::{set_condition, Next};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
+use crate::model::views::{self, read, BmcState, Endpoint};
 use crate::power::redfish::bmc_target;
 use crate::redfish::{self, Bmc, PowerState};
 use crate::shutdown::Shutdown;
 use crate::store::{Store, StoreError};
+
+/// What a BMC's reconcile follows besides its polling: `(generation, annotations)`.
+type SpecSeen = (i64, BTreeMap<String, String>);
 
 /// The BMC controller set.
 pub struct BmcControllers {
@@ -49,7 +53,7 @@ pub struct BmcControllers {
     t_endpoint: Arc<ResourceType>,
     /// Per BMC, the generation and annotations last seen: its own status writes (which
     /// change neither) do not make it look at the BMC again.
-    seen_spec: Mutex<HashMap<String, (i64, String)>>,
+    seen_spec: Mutex<HashMap<String, SpecSeen>>,
     t_bmc: Arc<ResourceType>,
     t_secret: Arc<ResourceType>,
     t_server: Arc<ResourceType>,
@@ -124,24 +128,19 @@ impl BmcControllers {
             self.systems.on_server(o, deleted);
             return;
         }
-        let refs = |o: &Value, p: &str| {
-            o.pointer(p)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
         match t.kind.as_str() {
             "BMC" => {
-                for (idx, target) in [
-                    (&self.by_secret, refs(o, "/spec/bmcSecretRef/name")),
-                    (&self.by_endpoint, refs(o, "/spec/endpointRef/name")),
-                ] {
+                let b: views::Bmc = read(o);
+                let (secret, endpoint) = b.refs();
+                for (idx, target) in [(&self.by_secret, secret), (&self.by_endpoint, endpoint)] {
                     let mut idx = idx.lock().unwrap();
                     for set in idx.values_mut() {
                         set.remove(&name);
                     }
                     if !deleted && !target.is_empty() {
-                        idx.entry(target).or_default().insert(name.clone());
+                        idx.entry(target.to_string())
+                            .or_default()
+                            .insert(name.clone());
                     }
                 }
                 let mut seen = self.seen_spec.lock().unwrap();
@@ -150,14 +149,7 @@ impl BmcControllers {
                     drop(seen);
                     self.seen.forget(&name);
                 } else {
-                    let now = (
-                        o.pointer("/metadata/generation")
-                            .and_then(Value::as_i64)
-                            .unwrap_or(0),
-                        o.pointer("/metadata/annotations")
-                            .map(Value::to_string)
-                            .unwrap_or_default(),
-                    );
+                    let now = (b.metadata.generation, b.metadata.annotations.clone());
                     if seen.get(&name) != Some(&now) {
                         seen.insert(name.clone(), now);
                         drop(seen);
@@ -199,7 +191,7 @@ impl BmcControllers {
         }
         match bmc_target(&self.store, &bmc) {
             Err(e) => {
-                st["state"] = json!("Error");
+                st["state"] = json!(BmcState::Error);
                 set_condition(&mut st, "Configured", false, e.reason(), &e.to_string());
             }
             Ok(target) => {
@@ -238,16 +230,13 @@ impl BmcControllers {
 impl BmcControllers {
     /// The BMC's IP: `spec.access.ip`, else its Endpoint's `spec.ip`.
     fn address(&self, bmc: &Value) -> Option<String> {
-        if let Some(ip) = bmc.pointer("/spec/access/ip").and_then(Value::as_str) {
-            return Some(ip.to_string());
+        let bmc: views::Bmc = read(bmc);
+        if let Some(ip) = bmc.spec.access.and_then(|a| a.ip) {
+            return Some(ip);
         }
-        let ep = bmc
-            .pointer("/spec/endpointRef/name")
-            .and_then(Value::as_str)?;
-        let e = self.store.get(&self.t_endpoint, None, ep).ok()?;
-        e.pointer("/spec/ip")
-            .and_then(Value::as_str)
-            .map(String::from)
+        let ep = bmc.spec.endpoint_ref?;
+        let e = self.store.get(&self.t_endpoint, None, &ep.name).ok()?;
+        read::<Endpoint>(&e).spec.ip
     }
 
     /// Register the BMC's systems as Servers; the outcome goes into the BMC's
@@ -346,7 +335,7 @@ async fn observe(bmc: &Bmc) -> Result<Observed, redfish::Error> {
 }
 
 fn write_observed(st: &mut Value, o: &Observed) {
-    st["state"] = json!("Enabled");
+    st["state"] = json!(BmcState::Enabled);
     for (k, v) in [
         ("manufacturer", &o.manufacturer),
         ("model", &o.model),
@@ -397,7 +386,7 @@ fn answered(st: &mut Value) {
 }
 
 fn write_error(st: &mut Value, e: &redfish::Error) {
-    st["state"] = json!("Error");
+    st["state"] = json!(BmcState::Error);
     let msg = e.to_string();
     match e {
         redfish::Error::Unauthorized(_) | redfish::Error::AuthThrottled { .. } => {

@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::{set_condition, Controllers, Key, Next};
 use crate::model::meta;
+use crate::model::views::BootConfigurationState;
 use crate::store::StoreError;
 
 pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
@@ -21,7 +22,7 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     let mut next = Next::Done;
     match c.resolver.resolve(&c.store, &b) {
         Ok(()) => {
-            status["state"] = json!("Ready");
+            status["state"] = json!(BootConfigurationState::Ready);
             set_condition(
                 &mut status,
                 "Ready",
@@ -31,7 +32,7 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
             );
         }
         Err((reason, message)) => {
-            status["state"] = json!("Error");
+            status["state"] = json!(BootConfigurationState::Error);
             set_condition(&mut status, "Ready", false, &reason, &message);
             // Files may appear or be fixed on disk without any store event: look again.
             next = Next::After(std::time::Duration::from_secs(15));

@@ -23,10 +23,13 @@ use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
 use crate::ignition::{MachineFacts, RenderCache, RenderKey};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
-use crate::model::views::nics;
+use crate::model::views::{
+    condition, nics, read, BootConfigurationState, PowerState, Server, ServerBootConfiguration,
+    ServerClaim, ServerState,
+};
 use crate::shutdown::Shutdown;
 use crate::store::watcher::{Batch, Events, Watcher};
-use crate::store::{secret_data, Store, StoreError};
+use crate::store::{secret_data, Modified, Store, StoreError};
 
 /// Resolves a boot configuration's image against the catalog (every file present with
 /// its SHA-256) and renders the machine's Ignition: the operator template picked by
@@ -154,10 +157,8 @@ impl CatalogResolver {
         let secret = self.secret_config(store, sbc)?;
         let reg = store.registry();
         let ns = meta::namespace(sbc).unwrap_or("default");
-        let server_name = sbc
-            .pointer("/spec/serverRef/name")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let server_name = read::<ServerBootConfiguration>(sbc).spec.server_ref.name;
+        let server_name = server_name.as_str();
         let server = reg
             .resolve("server")
             .and_then(|t| store.get(&t, None, server_name).ok());
@@ -218,12 +219,13 @@ impl CatalogResolver {
         sbc: &Value,
     ) -> Result<Option<(u64, Arc<Value>)>, (String, String)> {
         let ns = meta::namespace(sbc).unwrap_or("default");
-        let Some(name) = sbc
-            .pointer("/spec/ignitionSecretRef/name")
-            .and_then(Value::as_str)
+        let Some(r) = read::<ServerBootConfiguration>(sbc)
+            .spec
+            .ignition_secret_ref
         else {
             return Ok(None);
         };
+        let name = r.name.as_str();
         let t = store.registry().resolve("secret").expect("secret type");
         let secret = store.get(&t, Some(ns), name).map_err(|_| {
             (
@@ -253,8 +255,7 @@ impl CatalogResolver {
 }
 
 fn labels(o: &Value) -> BTreeMap<String, String> {
-    o.pointer("/metadata/labels")
-        .and_then(Value::as_object)
+    meta::labels(o)
         .map(|m| {
             m.iter()
                 .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
@@ -268,11 +269,7 @@ fn labels(o: &Value) -> BTreeMap<String, String> {
 /// claim's). MACs are lowercase colon-separated, the boot NIC (first listed) first.
 pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
     let mut f = MachineFacts {
-        name: sbc
-            .pointer("/spec/serverRef/name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        name: read::<ServerBootConfiguration>(sbc).spec.server_ref.name,
         claim_name: Some(meta::name(sbc).to_string()),
         claim_namespace: Some(meta::namespace(sbc).unwrap_or("default").to_string()),
         ..Default::default()
@@ -280,11 +277,10 @@ pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
     let Some(s) = server else {
         return f;
     };
+    let sv: Server = read(s);
     f.name = meta::name(s).to_string();
-    f.uuid = s
-        .pointer("/spec/systemUUID")
-        .and_then(Value::as_str)
-        .map(|u| valid_uuid(u).unwrap_or_else(|| u.to_string()));
+    f.uuid =
+        (sv.spec.system_uuid.as_deref()).map(|u| valid_uuid(u).unwrap_or_else(|| u.to_string()));
     f.labels = labels(s);
     f.hostname = f.labels.get(HOSTNAME_LABEL).cloned();
     for nic in nics(s) {
@@ -298,26 +294,17 @@ pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
             }
         }
     }
-    if let Some(r) = s.pointer("/spec/serverClaimRef").filter(|r| !r.is_null()) {
-        if let Some(n) = r.get("name").and_then(Value::as_str) {
-            f.claim_name = Some(n.to_string());
-            f.claim_namespace = Some(
-                r.get("namespace")
-                    .and_then(Value::as_str)
-                    .unwrap_or("default")
-                    .to_string(),
-            );
-        }
+    if let Some(r) = sv.spec.server_claim_ref.filter(|r| !r.name.is_empty()) {
+        let (ns, name) = r.key();
+        (f.claim_namespace, f.claim_name) = (Some(ns), Some(name));
     }
     f
 }
 
 impl BootResolver for CatalogResolver {
     fn resolve(&self, store: &Store, sbc: &Value) -> Result<(), (String, String)> {
-        let image = sbc
-            .pointer("/spec/image")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let image = read::<ServerBootConfiguration>(sbc).spec.image;
+        let image = image.as_str();
         if image.is_empty() {
             return Err(("NoImage".into(), "spec.image is empty".into()));
         }
@@ -527,18 +514,13 @@ impl StoreBootIndex {
     /// before), or with a reset request not seen before: its next boot is a new one
     /// for the one-shot Ignition (`http.ignition_once`).
     fn note_power(&self, server: &str, s: &Value) {
-        let power = s
-            .pointer("/status/powerState")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let reset = s
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(super::server::RESET_ANNOTATION))
-            .and_then(Value::as_str);
+        let s: Server = read(s);
+        let power = s.status.power_state.as_ref().map_or("", PowerState::as_str);
+        let reset = s.metadata.annotations.get(super::server::RESET_ANNOTATION);
         let mut seen = self.resets.lock().unwrap_or_else(|p| p.into_inner());
         let last = seen.entry(server.to_string()).or_default();
         let off = power == "Off" && !last.0.is_empty() && last.0 != "Off";
-        let reset_new = reset.is_some_and(|r| r != last.1);
+        let reset_new = reset.is_some_and(|r| *r != last.1);
         if power != last.0 {
             last.0 = power.to_string();
         }
@@ -558,12 +540,10 @@ impl StoreBootIndex {
             macs.extend(nic.mac);
             ips.extend(nic.ips);
         }
-        let uuid = s
-            .pointer("/spec/systemUUID")
-            .and_then(Value::as_str)
-            .and_then(valid_uuid);
+        let sv: Server = read(s);
+        let uuid = sv.spec.system_uuid.as_deref().and_then(valid_uuid);
         let mut boot_id = String::new();
-        let (state, files, ignition) = self.boot_state(s, &mut boot_id);
+        let (state, files, ignition) = self.boot_state((s, &sv), &mut boot_id);
         self.mem.upsert(MachineBoot {
             server: server.to_string(),
             uuid,
@@ -581,11 +561,11 @@ impl StoreBootIndex {
     /// it, so they die with the claim or with a change of the configuration).
     fn boot_state(
         &self,
-        s: &Value,
+        (s, sv): (&Value, &Server),
         boot_id: &mut String,
     ) -> (BootState, Option<BootFiles>, Option<IgnitionData>) {
         if let Some((image, _)) = &self.discovery {
-            if s.pointer("/status/state").and_then(Value::as_str) == Some("Discovery") {
+            if sv.status.state == Some(ServerState::Discovery) {
                 *boot_id = super::inventory::boot_id(s);
                 return match self
                     .resolver
@@ -608,17 +588,11 @@ impl StoreBootIndex {
                 };
             }
         }
-        let Some(r) = s
-            .pointer("/spec/bootConfigurationRef")
-            .filter(|r| !r.is_null())
-        else {
+        let Some(r) = &sv.spec.boot_configuration_ref else {
             return (BootState::NotClaimed, None, None);
         };
-        let ns = r
-            .get("namespace")
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let name = r.get("name").and_then(Value::as_str).unwrap_or("");
+        let ns = r.namespace.as_deref().unwrap_or("default");
+        let name = r.name.as_str();
         let Ok(sbc) = self.store.get(&self.t_sbc, Some(ns), name) else {
             return (
                 BootState::Error(format!("ServerBootConfiguration {ns}/{name} not found")),
@@ -626,32 +600,18 @@ impl StoreBootIndex {
                 None,
             );
         };
-        *boot_id = format!(
-            "{}/{}",
-            sbc.pointer("/metadata/uid")
-                .and_then(Value::as_str)
-                .unwrap_or(""),
-            sbc.pointer("/metadata/generation")
-                .and_then(Value::as_i64)
-                .unwrap_or(0)
-        );
-        match sbc.pointer("/status/state").and_then(Value::as_str) {
-            Some("Ready") => {}
-            Some("Error") => {
-                let why = sbc
-                    .pointer("/status/conditions")
-                    .and_then(Value::as_array)
-                    .and_then(|l| l.iter().find(|c| c["type"] == "Ready"))
-                    .and_then(|c| c.get("message").and_then(Value::as_str))
-                    .unwrap_or("boot configuration is in Error");
+        let b: ServerBootConfiguration = read(&sbc);
+        *boot_id = b.boot_id();
+        match b.status.state {
+            Some(BootConfigurationState::Ready) => {}
+            Some(BootConfigurationState::Error) => {
+                let why = condition(&b.status.conditions, "Ready")
+                    .map_or("boot configuration is in Error", |c| c.message.as_str());
                 return (BootState::Error(why.to_string()), None, None);
             }
             _ => return (BootState::NotClaimed, None, None),
         }
-        let image = sbc
-            .pointer("/spec/image")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let image = b.spec.image.as_str();
         let files = match self
             .resolver
             .hasher
@@ -765,27 +725,28 @@ impl StoreBootIndex {
             Some("Server") => {
                 out.insert(meta::name(o).to_string());
             }
-            Some("ServerBootConfiguration") | Some("ServerClaim") => {
-                if let Some(s) = o.pointer("/spec/serverRef/name").and_then(Value::as_str) {
-                    out.insert(s.to_string());
-                }
+            Some("ServerBootConfiguration") => {
+                out.insert(read::<ServerBootConfiguration>(o).spec.server_ref.name);
+            }
+            Some("ServerClaim") => {
+                out.extend(read::<ServerClaim>(o).spec.server_ref.map(|r| r.name));
             }
             Some("Secret") => {
                 let ns = meta::namespace(o).unwrap_or("default");
                 let (sbcs, _) = self.store.list(&self.t_sbc, Some(ns), None);
                 for b in sbcs {
-                    if b.pointer("/spec/ignitionSecretRef/name")
-                        .and_then(Value::as_str)
-                        == Some(meta::name(o))
+                    let b: ServerBootConfiguration = read(&b);
+                    if b.spec
+                        .ignition_secret_ref
+                        .is_some_and(|r| r.name == meta::name(o))
                     {
-                        if let Some(s) = b.pointer("/spec/serverRef/name").and_then(Value::as_str) {
-                            out.insert(s.to_string());
-                        }
+                        out.insert(b.spec.server_ref.name);
                     }
                 }
             }
             _ => {}
         }
+        out.remove("");
         out
     }
 
@@ -871,55 +832,33 @@ impl StoreBootIndex {
         events: &[(BootEvent, IpAddr)],
     ) -> Result<(), StoreError> {
         let s = self.store.get(&self.t_server, None, server)?;
-        let Some(r) = s
-            .pointer("/spec/bootConfigurationRef")
-            .filter(|r| !r.is_null())
-        else {
+        let Some(r) = read::<Server>(&s).spec.boot_configuration_ref else {
             return Ok(());
         };
-        let ns = r
-            .get("namespace")
-            .and_then(Value::as_str)
-            .unwrap_or("default")
-            .to_string();
-        let name = r
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        for _ in 0..8 {
-            let b = self.store.get(&self.t_sbc, Some(&ns), &name)?;
-            let mut status = b
-                .get("status")
-                .cloned()
-                .unwrap_or_else(|| serde_json::json!({}));
-            let mut changed = false;
-            for (event, client) in events {
-                let msg = format!("fetched by {client}");
-                changed |=
-                    set_condition(&mut status, event.condition_type(), true, "Fetched", &msg);
-            }
-            if !changed {
-                return Ok(());
-            }
-            match self.store.update_status(&self.t_sbc, &b, status).await {
-                Err(StoreError::Conflict { .. }) => continue,
-                Ok(_) => {
-                    for (event, client) in events {
-                        let (reason, what) = match event {
-                            BootEvent::IpxeScriptFetched => ("ScriptServed", "iPXE script"),
-                            BootEvent::IgnitionDataFetched => ("IgnitionServed", "Ignition config"),
-                        };
-                        self.events.normal(
-                            &self.t_server,
-                            &s,
-                            reason,
-                            format!("{what} fetched by {client} (boot configuration {ns}/{name})"),
-                        );
-                    }
-                    return Ok(());
+        let (ns, name) = r.key();
+        let written = self
+            .store
+            .modify_status(&self.t_sbc, Some(&ns), &name, |_, status| {
+                let mut changed = false;
+                for (event, client) in events {
+                    let msg = format!("fetched by {client}");
+                    changed |= set_condition(status, event.condition_type(), true, "Fetched", &msg);
                 }
-                Err(e) => return Err(e),
+                changed
+            })
+            .await?;
+        if let Modified::Written { .. } = written {
+            for (event, client) in events {
+                let (reason, what) = match event {
+                    BootEvent::IpxeScriptFetched => ("ScriptServed", "iPXE script"),
+                    BootEvent::IgnitionDataFetched => ("IgnitionServed", "Ignition config"),
+                };
+                self.events.normal(
+                    &self.t_server,
+                    &s,
+                    reason,
+                    format!("{what} fetched by {client} (boot configuration {ns}/{name})"),
+                );
             }
         }
         Ok(())

@@ -22,37 +22,27 @@ use super::{
     claim_ref, claimable_view, is_claimable, set_condition, Controllers, Key, Next, CLAIM_FINALIZER,
 };
 use crate::model::meta;
-use crate::model::selector::Selector;
+use crate::model::views::{
+    read, ClaimPhase, PowerState, Server, ServerClaim, Taint, TaintEffect, TolerationOperator,
+};
 use crate::store::{Part, StoreError};
 
-fn tolerates(claim: &Value, server: &Value) -> bool {
-    let taints = server.pointer("/spec/taints").and_then(Value::as_array);
-    let tols = claim.pointer("/spec/tolerations").and_then(Value::as_array);
-    taints.into_iter().flatten().all(|t| {
-        let effect = t.get("effect").and_then(Value::as_str).unwrap_or("NoBind");
-        if effect != "NoBind" {
+/// Whether `claim` tolerates every `NoBind` taint of a server (`Evict` taints do not
+/// keep a claim from binding).
+fn tolerates(claim: &ServerClaim, taints: &[Taint]) -> bool {
+    taints.iter().all(|t| {
+        let effect = t.effect.clone().unwrap_or(TaintEffect::NoBind);
+        if effect != TaintEffect::NoBind {
             return true;
         }
-        let key = t.get("key").and_then(Value::as_str);
-        let val = t.get("value").and_then(Value::as_str);
-        tols.into_iter().flatten().any(|tol| {
-            let teff = tol.get("effect").and_then(Value::as_str);
-            if teff.is_some_and(|e| e != effect) {
+        let key = Some(t.key.as_str());
+        claim.spec.tolerations.iter().any(|tol| {
+            if tol.effect.as_ref().is_some_and(|e| *e != effect) {
                 return false;
             }
-            match tol
-                .get("operator")
-                .and_then(Value::as_str)
-                .unwrap_or("Equal")
-            {
-                "Exists" => tol
-                    .get("key")
-                    .and_then(Value::as_str)
-                    .is_none_or(|k| Some(k) == key),
-                _ => {
-                    tol.get("key").and_then(Value::as_str) == key
-                        && tol.get("value").and_then(Value::as_str) == val
-                }
+            match tol.operator.as_ref().unwrap_or(&TolerationOperator::Equal) {
+                TolerationOperator::Exists => tol.key.as_deref().is_none_or(|k| Some(k) == key),
+                _ => tol.key.as_deref() == key && tol.value.as_deref() == t.value.as_deref(),
             }
         })
     })
@@ -63,7 +53,7 @@ fn tolerates(claim: &Value, server: &Value) -> bool {
 async fn set_phase(
     c: &Controllers,
     claim: &Arc<Value>,
-    phase: &str,
+    phase: ClaimPhase,
     (bound, reason, message): (bool, &str, &str),
 ) -> Result<(), StoreError> {
     let old = claim.get("status");
@@ -83,23 +73,18 @@ async fn set_phase(
 /// Why a claim waits, as its `Bound` condition's reason and message: no Server
 /// matches its selector (or the one it names does not exist), or every match is taken
 /// and by what. Worked out from the controllers' index of every Server.
-fn why_waiting(c: &Controllers, claim: &Value) -> (&'static str, String) {
+fn why_waiting(c: &Controllers, claim: &ServerClaim) -> (&'static str, String) {
     let idx = c.idx.lock().unwrap();
-    if let Some(n) = claim
-        .pointer("/spec/serverRef/name")
-        .and_then(Value::as_str)
-    {
+    if let Some(n) = server_ref(claim) {
         return match idx.servers.get(n) {
             None => ("NoMatchingServer", format!("server {n} named by spec.serverRef does not exist")),
             Some((_, Some(why))) => ("AllMatchingServersTaken", format!("server {n} named by spec.serverRef cannot be claimed: {why}")),
-            Some((v, None)) if !tolerates(claim, v) => ("AllMatchingServersTaken", format!("server {n} named by spec.serverRef has a NoBind taint the claim does not tolerate")),
+            Some((v, None)) if !tolerates(claim, &v.taints) => ("AllMatchingServersTaken", format!("server {n} named by spec.serverRef has a NoBind taint the claim does not tolerate")),
             Some(_) => ("Waiting", format!("server {n} is being bound")),
         };
     }
-    let sel = claim
-        .pointer("/spec/serverSelector")
-        .filter(|s| !s.is_null());
-    let selector = sel.and_then(|s| Selector::from_label_selector(s).ok());
+    let sel = claim.spec.server_selector.as_ref().filter(|s| !s.is_null());
+    let selector = claim.selector().ok().flatten();
     let shown = match sel {
         Some(s) => format!("the selector {s}"),
         None => "the claim (no selector: any server)".to_string(),
@@ -109,14 +94,14 @@ fn why_waiting(c: &Controllers, claim: &Value) -> (&'static str, String) {
     for (n, (v, why)) in &idx.servers {
         if selector
             .as_ref()
-            .is_some_and(|sel| !sel.matches(meta::labels(v)))
+            .is_some_and(|sel| !sel.matches(v.labels()))
         {
             continue;
         }
         matching += 1;
         let why = match why {
             Some(w) => w.clone(),
-            None if !tolerates(claim, v) => "NoBind taint not tolerated".into(),
+            None if !tolerates(claim, &v.taints) => "NoBind taint not tolerated".into(),
             None => continue,
         };
         if taken.len() < 5 {
@@ -155,15 +140,16 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         }
         Err(e) => return Err(e),
     };
-    if meta::is_deleting(&claim) {
-        return finalize(c, key, &claim).await;
+    let cv: ServerClaim = read(&claim);
+    if cv.metadata.is_deleting() {
+        return finalize(c, key, &claim, &cv).await;
     }
 
     // Find the server bound to this claim, or bind one.
-    let bound = find_bound(c, key, &claim);
+    let bound = find_bound(c, key, &cv);
     let server = match bound {
         Some(s) => s,
-        None => match bind(c, key, &claim).await? {
+        None => match bind(c, key, &cv).await? {
             Some(s) => s,
             None => {
                 let explain = {
@@ -179,14 +165,14 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
                     due
                 };
                 if explain {
-                    let (reason, message) = why_waiting(c, &claim);
-                    set_phase(c, &claim, "Unbound", (false, reason, &message)).await?;
-                } else if claim.pointer("/status/phase").and_then(Value::as_str) != Some("Unbound")
-                {
+                    let (reason, message) = why_waiting(c, &cv);
+                    let why = (false, reason, message.as_str());
+                    set_phase(c, &claim, ClaimPhase::Unbound, why).await?;
+                } else if cv.status.phase != Some(ClaimPhase::Unbound) {
                     set_phase(
                         c,
                         &claim,
-                        "Unbound",
+                        ClaimPhase::Unbound,
                         (false, "Waiting", "waiting for a server"),
                     )
                     .await?;
@@ -205,11 +191,8 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     let server_name = meta::name(&server).to_string();
 
     // Finalizer and the pinned serverRef in one write.
-    let mut fins = meta::finalizers(&claim);
-    let has_ref = claim
-        .pointer("/spec/serverRef/name")
-        .and_then(Value::as_str)
-        == Some(server_name.as_str());
+    let mut fins = cv.metadata.finalizers.clone();
+    let has_ref = server_ref(&cv) == Some(server_name.as_str());
     let claim = if !fins.iter().any(|f| f == CLAIM_FINALIZER) || !has_ref {
         let mut o = (*claim).clone();
         if !fins.iter().any(|f| f == CLAIM_FINALIZER) {
@@ -226,14 +209,17 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
         claim
     };
 
-    ensure_boot_configuration(c, ns, name, &claim, &server_name).await?;
+    ensure_boot_configuration(c, ns, name, (&claim, &cv), &server_name).await?;
 
     // Keep the server's wanted power in step with the claim.
-    let want = claim
-        .pointer("/spec/power")
-        .and_then(Value::as_str)
-        .unwrap_or("Off");
-    if server.pointer("/spec/power").and_then(Value::as_str) != Some(want) {
+    let want = wanted_power(&cv);
+    if read::<Server>(&server)
+        .spec
+        .power
+        .as_ref()
+        .map(PowerState::as_str)
+        != Some(want)
+    {
         c.store
             .patch(
                 &c.t_server,
@@ -247,22 +233,31 @@ pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     set_phase(
         c,
         &claim,
-        "Bound",
+        ClaimPhase::Bound,
         (true, "Bound", &format!("bound to server {server_name}")),
     )
     .await?;
     Ok(Next::Done)
 }
 
-fn find_bound(c: &Controllers, key: &Key, claim: &Value) -> Option<std::sync::Arc<Value>> {
-    let by_ref = claim
-        .pointer("/spec/serverRef/name")
-        .and_then(Value::as_str)
-        .map(String::from);
+/// The name in the claim's `spec.serverRef`, when it names one.
+fn server_ref(claim: &ServerClaim) -> Option<&str> {
+    (claim.spec.server_ref.as_ref())
+        .map(|r| r.name.as_str())
+        .filter(|n| !n.is_empty())
+}
+
+/// The power the claim asks for (`Off` when it says nothing).
+fn wanted_power(claim: &ServerClaim) -> &str {
+    claim.spec.power.as_ref().map_or("Off", PowerState::as_str)
+}
+
+fn find_bound(c: &Controllers, key: &Key, claim: &ServerClaim) -> Option<Arc<Value>> {
+    let by_ref = server_ref(claim).map(String::from);
     let by_idx = c.idx.lock().unwrap().bound.get(key).cloned();
     for n in by_ref.into_iter().chain(by_idx) {
         if let Ok(s) = c.store.get(&c.t_server, None, &n) {
-            if claim_ref(&s).as_ref() == Some(key) {
+            if claim_ref(&read(&s)).as_ref() == Some(key) {
                 return Some(s);
             }
         }
@@ -274,24 +269,16 @@ fn find_bound(c: &Controllers, key: &Key, claim: &Value) -> Option<std::sync::Ar
 async fn bind(
     c: &Controllers,
     key: &Key,
-    claim: &Value,
-) -> Result<Option<std::sync::Arc<Value>>, StoreError> {
+    claim: &ServerClaim,
+) -> Result<Option<Arc<Value>>, StoreError> {
     let (ns, name) = key;
-    let selector = match claim.pointer("/spec/serverSelector") {
-        Some(s) if !s.is_null() => {
-            Some(Selector::from_label_selector(s).map_err(StoreError::BadRequest)?)
-        }
-        _ => None,
-    };
+    let selector = claim.selector().map_err(StoreError::BadRequest)?;
     // Candidates are taken out of the claimable index as they are tried (a tentative,
     // in-memory reservation), so concurrent reconciles spread over different servers
     // instead of all racing for the lowest name. Exclusivity itself still comes only
     // from the compare-and-swap below; a server that stays claimable is put back by
     // its next watch event, or here when the attempt failed for another reason.
-    let by_ref = claim
-        .pointer("/spec/serverRef/name")
-        .and_then(Value::as_str)
-        .map(String::from);
+    let by_ref = server_ref(claim).map(String::from);
     let mut tried_any = false;
     for attempt in 0.. {
         let n = match (&by_ref, attempt) {
@@ -304,10 +291,8 @@ async fn bind(
                     .claimable
                     .iter()
                     .find(|(_, s)| {
-                        selector
-                            .as_ref()
-                            .is_none_or(|sel| sel.matches(meta::labels(s)))
-                            && tolerates(claim, s)
+                        selector.as_ref().is_none_or(|sel| sel.matches(s.labels()))
+                            && tolerates(claim, &s.taints)
                     })
                     .map(|(n, _)| n.clone());
                 match pick {
@@ -325,29 +310,27 @@ async fn bind(
             Err(StoreError::NotFound { .. }) => continue,
             Err(e) => return Err(e),
         };
-        if !is_claimable(&s)
-            || !tolerates(claim, &s)
+        let sv: Server = read(&s);
+        if !is_claimable(&sv)
+            || !tolerates(claim, &sv.spec.taints)
             || selector
                 .as_ref()
                 .is_some_and(|sel| !sel.matches(meta::labels(&s)))
         {
-            if by_ref.is_none() && is_claimable(&s) {
+            if by_ref.is_none() && is_claimable(&sv) {
                 // Claimable, just not for this claim: give it back.
                 c.idx
                     .lock()
                     .unwrap()
                     .claimable
-                    .insert(n.clone(), claimable_view(&s));
+                    .insert(n.clone(), claimable_view(&sv));
             }
             continue;
         }
         let mut o = (*s).clone();
         o["spec"]["serverClaimRef"] = json!({"name": name, "namespace": ns});
         o["spec"]["bootConfigurationRef"] = json!({"name": name, "namespace": ns});
-        o["spec"]["power"] = claim
-            .pointer("/spec/power")
-            .cloned()
-            .unwrap_or(json!("Off"));
+        o["spec"]["power"] = json!(wanted_power(claim));
         match c.store.update_from(&c.t_server, s, o, Part::Main).await {
             Ok(s) => {
                 let mut idx = c.idx.lock().unwrap();
@@ -360,12 +343,13 @@ async fn bind(
             Err(StoreError::Conflict { .. }) => continue, // changed under us: its watch event re-indexes it
             Err(e) => {
                 if let Ok(s) = c.store.get(&c.t_server, None, &n) {
-                    if is_claimable(&s) {
+                    let sv: Server = read(&s);
+                    if is_claimable(&sv) {
                         c.idx
                             .lock()
                             .unwrap()
                             .claimable
-                            .insert(n.clone(), claimable_view(&s));
+                            .insert(n.clone(), claimable_view(&sv));
                     }
                 }
                 return Err(e);
@@ -377,7 +361,7 @@ async fn bind(
     if !tried_any {
         return Ok(None);
     }
-    if claim.pointer("/spec/serverRef").is_none() {
+    if claim.spec.server_ref.is_none() {
         return Err(StoreError::Conflict {
             qualified: "servers.metal.ironcore.dev".into(),
             name: "(candidates)".into(),
@@ -391,17 +375,15 @@ async fn ensure_boot_configuration(
     c: &Controllers,
     ns: &str,
     name: &str,
-    claim: &Value,
+    (claim, cv): (&Value, &ServerClaim),
     server: &str,
 ) -> Result<(), StoreError> {
-    let spec = json!({
+    let mut spec = json!({
         "serverRef": {"name": server},
-        "image": claim.pointer("/spec/image").cloned().unwrap_or(json!("")),
-        "ignitionSecretRef": claim.pointer("/spec/ignitionSecretRef").cloned().unwrap_or(Value::Null),
+        "image": cv.spec.image,
     });
-    let mut spec = spec;
-    if spec["ignitionSecretRef"].is_null() {
-        spec.as_object_mut().map(|m| m.remove("ignitionSecretRef"));
+    if let Some(r) = &cv.spec.ignition_secret_ref {
+        spec["ignitionSecretRef"] = json!({"name": r.name});
     }
     match c.store.get(&c.t_sbc, Some(ns), name) {
         Ok(b) => {
@@ -434,13 +416,18 @@ async fn ensure_boot_configuration(
 
 /// Claim deletion: remove the boot configuration, release the server (the server
 /// reconciler powers it off and applies its reclaim policy), drop the finalizer.
-async fn finalize(c: &Controllers, key: &Key, claim: &Value) -> Result<Next, StoreError> {
+async fn finalize(
+    c: &Controllers,
+    key: &Key,
+    claim: &Value,
+    cv: &ServerClaim,
+) -> Result<Next, StoreError> {
     let (ns, name) = key;
     match c.store.delete(&c.t_sbc, Some(ns), name, None).await {
         Ok(_) | Err(StoreError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
-    if let Some(s) = find_bound(c, key, claim) {
+    if let Some(s) = find_bound(c, key, cv) {
         let patch =
             json!({"spec": {"serverClaimRef": null, "bootConfigurationRef": null, "power": "Off"}});
         c.store
@@ -465,23 +452,48 @@ async fn finalize(c: &Controllers, key: &Key, claim: &Value) -> Result<Next, Sto
 mod tests {
     use super::*;
 
+    fn claim(spec: Value) -> ServerClaim {
+        read(&json!({ "spec": spec }))
+    }
+
     #[test]
     fn taints_need_tolerations() {
-        let s = json!({"spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoBind"}]}});
-        assert!(!tolerates(&json!({"spec": {}}), &s));
+        let s = read::<Server>(
+            &json!({"spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoBind"}]}}),
+        )
+        .spec
+        .taints;
+        assert!(!tolerates(&claim(json!({})), &s));
         assert!(tolerates(
-            &json!({"spec": {"tolerations": [{"key": "gpu", "operator": "Exists"}]}}),
+            &claim(json!({"tolerations": [{"key": "gpu", "operator": "Exists"}]})),
             &s
         ));
         assert!(tolerates(
-            &json!({"spec": {"tolerations": [{"key": "gpu", "value": "yes"}]}}),
+            &claim(json!({"tolerations": [{"key": "gpu", "value": "yes"}]})),
             &s
         ));
         assert!(!tolerates(
-            &json!({"spec": {"tolerations": [{"key": "gpu", "value": "no"}]}}),
+            &claim(json!({"tolerations": [{"key": "gpu", "value": "no"}]})),
             &s
         ));
-        let evict = json!({"spec": {"taints": [{"key": "x", "effect": "Evict"}]}});
-        assert!(tolerates(&json!({"spec": {}}), &evict));
+        assert!(!tolerates(
+            &claim(
+                json!({"tolerations": [{"key": "gpu", "operator": "Exists", "effect": "Evict"}]})
+            ),
+            &s
+        ));
+        // No effect on the taint: NoBind.
+        let bare = read::<Server>(&json!({"spec": {"taints": [{"key": "gpu"}]}}))
+            .spec
+            .taints;
+        assert!(!tolerates(&claim(json!({})), &bare));
+        assert!(tolerates(
+            &claim(json!({"tolerations": [{"operator": "Exists"}]})),
+            &bare
+        ));
+        let evict = read::<Server>(&json!({"spec": {"taints": [{"key": "x", "effect": "Evict"}]}}))
+            .spec
+            .taints;
+        assert!(tolerates(&claim(json!({})), &evict));
     }
 }

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 
 use super::server::record_power;
 use super::{set_condition, Controllers, Next};
-use crate::model::meta;
+use crate::model::views::{condition, ConditionStatus, PowerState, Server, ServerState};
 use crate::power::Power;
 use crate::store::{Part, StoreError};
 use crate::sys::unix_now;
@@ -50,27 +50,19 @@ impl FirstBoot {
 }
 
 /// Whether a Server takes part in first boots: it names a BMC.
-pub fn has_bmc(s: &Value) -> bool {
-    s.pointer("/spec/bmcRef/name").is_some_and(|n| !n.is_null())
-        || s.pointer("/spec/bmc").is_some_and(|b| !b.is_null())
+pub fn has_bmc(s: &Server) -> bool {
+    s.spec.bmc_ref.is_some() || s.spec.bmc.is_some()
 }
 
-fn discovered(status: &Value) -> bool {
-    status
-        .get("conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|l| {
-            l.iter()
-                .any(|c| c["type"] == super::inventory::DISCOVERED && c["status"] == "True")
-        })
+/// Whether the inventory was reported (`Discovered` True).
+fn discovered(s: &Server) -> bool {
+    condition(&s.status.conditions, super::inventory::DISCOVERED)
+        .is_some_and(|c| c.status == ConditionStatus::True)
 }
 
 /// `(attempt, started)` from the annotation.
-fn attempt_of(s: &Value) -> Option<(u32, u64)> {
-    let a = s
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(ATTEMPT_ANNOTATION))
-        .and_then(Value::as_str)?;
+fn attempt_of(s: &Server) -> Option<(u32, u64)> {
+    let a = s.metadata.annotations.get(ATTEMPT_ANNOTATION)?;
     let (n, t) = a.split_once(' ')?;
     Some((n.parse().ok()?, t.parse().ok()?))
 }
@@ -100,24 +92,24 @@ impl Step {
 /// booting the machine a second time. Pinned to `s`'s resourceVersion: the status built
 /// from `s` may only go onto the version right after it (a conflict retries the
 /// reconcile, nothing booted yet).
-async fn record_attempt(c: &Controllers, s: &Value, n: u32) -> Result<Arc<Value>, StoreError> {
+async fn record_attempt(c: &Controllers, s: &Server, n: u32) -> Result<Arc<Value>, StoreError> {
     let patch = json!({"metadata": {
-        "resourceVersion": s.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null),
+        "resourceVersion": s.metadata.resource_version,
         "annotations": {ATTEMPT_ANNOTATION: format!("{n} {}", unix_now())},
     }});
     c.store
-        .patch(&c.t_server, None, meta::name(s), &patch, Part::Main)
+        .patch(&c.t_server, None, &s.metadata.name, &patch, Part::Main)
         .await
 }
 
 /// Write the attempt annotation [`step`] asked for.
-pub async fn finish(c: &Controllers, s: &Value, step: &Step) -> Result<(), StoreError> {
+pub async fn finish(c: &Controllers, s: &Server, step: &Step) -> Result<(), StoreError> {
     let Some(v) = &step.attempt else {
         return Ok(());
     };
     let patch = json!({"metadata": {"annotations": {ATTEMPT_ANNOTATION: v}}});
     c.store
-        .patch(&c.t_server, None, meta::name(s), &patch, Part::Main)
+        .patch(&c.t_server, None, &s.metadata.name, &patch, Part::Main)
         .await
         .map(|_| ())
 }
@@ -127,32 +119,29 @@ pub async fn finish(c: &Controllers, s: &Value, step: &Step) -> Result<(), Store
 pub async fn step(
     c: &Controllers,
     fb: &FirstBoot,
-    s: &Value,
+    (s, sv): (&Value, &Server),
     status: &mut Value,
 ) -> Result<Step, StoreError> {
-    let power = status
-        .get("powerState")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    if discovered(status) {
-        if power != "Off" {
+    // `status` is still `sv`'s, but for the `Approved` condition.
+    let off = sv.status.power_state == Some(PowerState::Off);
+    if discovered(sv) {
+        if !off {
             power_off(c, s, status);
             return Ok(Step::next(Next::Done));
         }
-        status["state"] = json!("Available");
+        status["state"] = json!(ServerState::Available);
         return Ok(Step {
             next: Next::Done,
-            attempt: attempt_of(s).map(|_| None),
+            attempt: attempt_of(sv).map(|_| None),
             base: None,
         });
     }
     let now = unix_now();
     let timeout = fb.report_timeout.as_secs();
-    match attempt_of(s) {
+    match attempt_of(sv) {
         None => {
             // A fresh start: make sure it is off first, so the boot is a clean one.
-            let base = record_attempt(c, s, 1).await?;
+            let base = record_attempt(c, sv, 1).await?;
             boot(c, &base, status, 1);
             Ok(Step {
                 next: Next::After(fb.report_timeout),
@@ -175,7 +164,7 @@ pub async fn step(
             Ok(Step::next(Next::After(Duration::from_secs(left + 1))))
         }
         Some((n, started)) if n >= fb.attempts => {
-            if power != "Off" {
+            if !off {
                 power_off(c, s, status);
             }
             set_condition(
@@ -196,7 +185,7 @@ pub async fn step(
                 .saturating_mul(1 << (n - 1).min(16));
             let next_at = started + timeout + backoff;
             if now < next_at {
-                if power != "Off" {
+                if !off {
                     power_off(c, s, status);
                 }
                 set_condition(
@@ -215,7 +204,7 @@ pub async fn step(
                     next_at - now + 1,
                 ))));
             }
-            let base = record_attempt(c, s, n + 1).await?;
+            let base = record_attempt(c, sv, n + 1).await?;
             boot(c, &base, status, n + 1);
             Ok(Step {
                 next: Next::After(fb.report_timeout),

@@ -28,9 +28,11 @@ use super::set_condition;
 use crate::dhcp::settings::Subnet;
 use crate::http::InventoryReport;
 use crate::model::ident::{parse_mac, MacFmt};
+use crate::model::meta;
 use crate::model::registry::ResourceType;
+use crate::model::views::{read, Server, ServerState};
 use crate::shutdown::Shutdown;
-use crate::store::{Part, Store, StoreError};
+use crate::store::{Modified, Part, Store, StoreError};
 
 /// Annotation holding the drives' serial numbers (`{"sda": "SERIAL", ...}` as JSON).
 pub const DRIVE_SERIALS_ANNOTATION: &str = "bootplane.dev/drive-serials";
@@ -43,13 +45,7 @@ pub const QUEUE: usize = 1024;
 /// The `boot_id` of a Server's discovery boots (its uid: stable across attempts, new
 /// for a re-created Server).
 pub fn boot_id(server: &Value) -> String {
-    format!(
-        "discovery/{}",
-        server
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-    )
+    format!("discovery/{}", meta::uid(server))
 }
 
 /// A Kubernetes quantity for `bytes`: the largest binary suffix that divides it exactly.
@@ -261,49 +257,53 @@ async fn write(
         IpAddr::V4(a) => pools.iter().any(|p| p.in_pool(a)),
         IpAddr::V6(_) => false,
     };
-    for _ in 0..8 {
-        let s = store.get(t, None, &r.server)?;
-        if s.pointer("/status/state").and_then(Value::as_str) != Some("Discovery")
-            || boot_id(&s) != r.boot_id
-        {
-            tracing::info!(server = %r.server, "inventory report for a boot that is over, dropped");
-            return Ok(());
-        }
-        let mut annotations: BTreeMap<String, String> = s
-            .pointer("/metadata/annotations")
-            .and_then(|a| serde_json::from_value(a.clone()).ok())
-            .unwrap_or_default();
-        let before = annotations.clone();
-        let mut st = s.get("status").cloned().unwrap_or_else(|| json!({}));
-        apply(&mut st, &mut annotations, &r.inventory, &dynamic);
-        let inv = &r.inventory;
-        let msg = format!(
-            "inventory reported from {}: {} NIC(s), {} disk(s), {} CPU(s), {} memory",
-            r.client,
-            inv.nics.len(),
-            inv.disks.len(),
-            inv.cpus.len(),
-            quantity(inv.memory_bytes)
-        );
-        set_condition(&mut st, DISCOVERED, true, "InventoryReported", &msg);
-        if annotations != before {
-            let patch = json!({"metadata": {
-                "annotations": {DRIVE_SERIALS_ANNOTATION: annotations.get(DRIVE_SERIALS_ANNOTATION)},
-            }});
-            match store.patch(t, None, &r.server, &patch, Part::Main).await {
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(e),
-                Ok(_) => continue, // status against the new version
+    // The report is for this Server's discovery boot under way.
+    let current = |s: &Value| {
+        read::<Server>(s).status.state == Some(ServerState::Discovery) && boot_id(s) == r.boot_id
+    };
+    let over =
+        || tracing::info!(server = %r.server, "inventory report for a boot that is over, dropped");
+    // The drive serials first (a merge patch, retried by the store on conflicts)...
+    let s = store.get(t, None, &r.server)?;
+    if !current(&s) {
+        over();
+        return Ok(());
+    }
+    let mut annotations = read::<Server>(&s).metadata.annotations;
+    let before = annotations.clone();
+    apply(&mut json!({}), &mut annotations, &r.inventory, &dynamic);
+    if annotations != before {
+        let patch = json!({"metadata": {
+            "annotations": {DRIVE_SERIALS_ANNOTATION: annotations.get(DRIVE_SERIALS_ANNOTATION)},
+        }});
+        store.patch(t, None, &r.server, &patch, Part::Main).await?;
+    }
+    // ...then the status, read again and redone on a conflict.
+    let inv = &r.inventory;
+    let msg = format!(
+        "inventory reported from {}: {} NIC(s), {} disk(s), {} CPU(s), {} memory",
+        r.client,
+        inv.nics.len(),
+        inv.disks.len(),
+        inv.cpus.len(),
+        quantity(inv.memory_bytes)
+    );
+    let mut dropped = false;
+    let written = store
+        .modify_status(t, None, &r.server, |s, st| {
+            dropped = !current(s);
+            if !dropped {
+                apply(st, &mut BTreeMap::new(), inv, &dynamic);
+                set_condition(st, DISCOVERED, true, "InventoryReported", &msg);
             }
-        }
-        match store.update_status(t, &s, st.clone()).await {
-            Err(StoreError::Conflict { .. }) => continue,
-            Ok(_) => {
-                events.status_change(t, &s, s.get("status"), &st);
-                return Ok(());
-            }
-            Err(e) => return Err(e),
-        }
+            !dropped
+        })
+        .await?;
+    if dropped {
+        over();
+    }
+    if let Modified::Written { before, after } = written {
+        events.status_change(t, &before, before.get("status"), &after["status"]);
     }
     Ok(())
 }

@@ -31,6 +31,9 @@ use serde_json::{json, Value};
 
 use crate::model::meta;
 use crate::model::registry::ResourceType;
+use crate::model::views::{
+    read, Candidate, PowerState, Server, ServerBootConfiguration, ServerState,
+};
 use crate::power::PowerDriver;
 use crate::shutdown::Shutdown;
 use crate::store::events::Recorder;
@@ -61,7 +64,7 @@ pub struct Indexes {
     /// unclaimable), by name, as [`claimable_view`]s (what choosing a candidate reads:
     /// labels and taints; the candidate itself is read from the store). A whole Server
     /// per entry cost ~10 KiB per registered machine.
-    pub claimable: BTreeMap<String, Arc<Value>>,
+    pub claimable: BTreeMap<String, Arc<Candidate>>,
     /// Claim → the server whose `spec.serverClaimRef` names it.
     pub bound: HashMap<Key, String>,
     /// The reverse of `bound`.
@@ -71,7 +74,7 @@ pub struct Indexes {
     /// Every Server, as its [`claimable_view`] and why it cannot be claimed now (`None`:
     /// claimable): what a waiting claim's reason is computed from, without reading
     /// the store.
-    pub servers: BTreeMap<String, (Arc<Value>, Option<String>)>,
+    pub servers: BTreeMap<String, (Arc<Candidate>, Option<String>)>,
     /// When each waiting claim's reason was last worked out (at most every
     /// [`EXPLAIN_EVERY`]).
     pub explained: HashMap<Key, std::time::Instant>,
@@ -88,16 +91,13 @@ pub const APPROVAL_LABEL: &str = "bootplane.dev/approval";
 pub const APPROVAL_PENDING: &str = "pending";
 
 /// Whether a Server waits for an operator's approval ([`APPROVAL_LABEL`]).
-pub fn awaiting_approval(s: &Value) -> bool {
-    meta::labels(s)
-        .and_then(|l| l.get(APPROVAL_LABEL))
-        .and_then(Value::as_str)
-        == Some(APPROVAL_PENDING)
+pub fn awaiting_approval(s: &Server) -> bool {
+    s.metadata.labels.get(APPROVAL_LABEL).map(String::as_str) == Some(APPROVAL_PENDING)
 }
 
 /// Why a Server cannot be claimed now, or `None` when it can ([`is_claimable`]).
-pub fn unclaimable_reason(s: &Value) -> Option<String> {
-    if meta::is_deleting(s) {
+pub fn unclaimable_reason(s: &Server) -> Option<String> {
+    if s.metadata.is_deleting() {
         return Some("being deleted".into());
     }
     if awaiting_approval(s) {
@@ -106,24 +106,18 @@ pub fn unclaimable_reason(s: &Value) -> Option<String> {
     if let Some((ns, n)) = claim_ref(s) {
         return Some(format!("claimed by {ns}/{n}"));
     }
-    if s.pointer("/spec/unclaimable").and_then(Value::as_bool) == Some(true) {
+    if s.spec.unclaimable {
         return Some("spec.unclaimable".into());
     }
-    let state = s
-        .pointer("/status/state")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    if state != "Available" {
+    if s.status.state != Some(ServerState::Available) {
+        let state = s.status.state.as_ref().map_or("", ServerState::as_str);
         return Some(format!(
             "state {}",
             if state.is_empty() { "unset" } else { state }
         ));
     }
-    let power = s
-        .pointer("/status/powerState")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    if power != "Off" {
+    if s.status.power_state != Some(PowerState::Off) {
+        let power = s.status.power_state.as_ref().map_or("", PowerState::as_str);
         return Some(format!(
             "power {}",
             if power.is_empty() { "unknown" } else { power }
@@ -150,37 +144,26 @@ pub struct Controllers {
     pub events: Recorder,
 }
 
-pub fn is_claimable(s: &Value) -> bool {
-    s.pointer("/status/state").and_then(Value::as_str) == Some("Available")
-        && !s
-            .pointer("/spec/unclaimable")
-            .and_then(Value::as_bool)
-            .unwrap_or(false)
-        && s.pointer("/status/powerState").and_then(Value::as_str) == Some("Off")
-        && s.pointer("/spec/serverClaimRef").is_none_or(Value::is_null)
-        && !meta::is_deleting(s)
+pub fn is_claimable(s: &Server) -> bool {
+    s.status.state == Some(ServerState::Available)
+        && !s.spec.unclaimable
+        && s.status.power_state == Some(PowerState::Off)
+        && s.spec.server_claim_ref.is_none()
+        && !s.metadata.is_deleting()
         && !awaiting_approval(s)
 }
 
 /// The part of a Server the claimable index keeps: `metadata.labels` and
-/// `spec.taints`, where present (what a claim's selector and tolerations read).
-pub fn claimable_view(s: &Value) -> Arc<Value> {
-    let mut v = json!({"metadata": {}, "spec": {}});
-    if let Some(l) = s.pointer("/metadata/labels") {
-        v["metadata"]["labels"] = l.clone();
-    }
-    if let Some(t) = s.pointer("/spec/taints") {
-        v["spec"]["taints"] = t.clone();
-    }
-    Arc::new(v)
+/// `spec.taints` (what a claim's selector and tolerations read).
+pub fn claimable_view(s: &Server) -> Arc<Candidate> {
+    Arc::new(Candidate::of(s))
 }
 
-pub fn claim_ref(s: &Value) -> Option<Key> {
-    let r = s.pointer("/spec/serverClaimRef")?;
-    Some((
-        r.get("namespace")?.as_str()?.to_string(),
-        r.get("name")?.as_str()?.to_string(),
-    ))
+/// The claim a Server is bound to, `(namespace, name)`: `spec.serverClaimRef` when it
+/// names both.
+pub fn claim_ref(s: &Server) -> Option<Key> {
+    let r = s.spec.server_claim_ref.as_ref()?;
+    Some((r.namespace.clone()?, r.name.clone()))
 }
 
 impl Controllers {
@@ -211,16 +194,18 @@ impl Controllers {
 
     fn on_server(&self, s: &Arc<Value>, deleted: bool) {
         let name = meta::name(s).to_string();
+        let s: Server = read(s);
+        let candidate = claimable_view(&s);
         let mut idx = self.idx.lock().unwrap();
-        let became_claimable = !deleted && is_claimable(s);
+        let became_claimable = !deleted && is_claimable(&s);
         if deleted {
             idx.servers.remove(&name);
         } else {
             idx.servers
-                .insert(name.clone(), (claimable_view(s), unclaimable_reason(s)));
+                .insert(name.clone(), (candidate.clone(), unclaimable_reason(&s)));
         }
         if became_claimable {
-            idx.claimable.insert(name.clone(), claimable_view(s));
+            idx.claimable.insert(name.clone(), candidate);
         } else {
             idx.claimable.remove(&name);
         }
@@ -230,7 +215,7 @@ impl Controllers {
             }
         }
         if !deleted {
-            if let Some(k) = claim_ref(s) {
+            if let Some(k) = claim_ref(&s) {
                 idx.bound.insert(k.clone(), name.clone());
                 idx.bound_by_server.insert(name.clone(), k.clone());
                 self.claims.add(k);
@@ -256,8 +241,9 @@ impl Controllers {
     fn on_sbc(&self, b: &Value) {
         let ns = meta::namespace(b).unwrap_or("default").to_string();
         self.sbcs.add((ns, meta::name(b).to_string()));
-        if let Some(s) = b.pointer("/spec/serverRef/name").and_then(Value::as_str) {
-            self.servers.add(s.to_string());
+        let server = read::<ServerBootConfiguration>(b).spec.server_ref.name;
+        if !server.is_empty() {
+            self.servers.add(server);
         }
     }
 
@@ -266,11 +252,9 @@ impl Controllers {
         let name = meta::name(s);
         let (sbcs, _) = self.store.list(&self.t_sbc, Some(ns), None);
         for b in sbcs {
-            if b.pointer("/spec/ignitionSecretRef/name")
-                .and_then(Value::as_str)
-                == Some(name)
-            {
-                self.sbcs.add((ns.to_string(), meta::name(&b).to_string()));
+            let b: ServerBootConfiguration = read(&b);
+            if b.spec.ignition_secret_ref.is_some_and(|r| r.name == name) {
+                self.sbcs.add((ns.to_string(), b.metadata.name));
             }
         }
     }

@@ -19,7 +19,10 @@
 use serde_json::{json, Value};
 
 use super::{claim_ref, set_condition, Controllers, Next};
-use crate::model::meta;
+use crate::model::views::{
+    condition, read, BootConfigurationState, ConditionStatus, PowerState, ReclaimPolicy, Server,
+    ServerBootConfiguration, ServerState,
+};
 use crate::power::{Outcome, Power};
 use crate::store::{Part, StoreError};
 
@@ -29,12 +32,13 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
         Err(StoreError::NotFound { .. }) => return Ok(Next::Done),
         Err(e) => return Err(e),
     };
-    if meta::is_deleting(&s) {
+    let sv: Server = read(&s);
+    if sv.metadata.is_deleting() {
         return Ok(Next::Done);
     }
     // A claim reference to a claim that no longer exists (deleted before it could
     // finalize, e.g. across a crash) is dropped.
-    if let Some((ns, cn)) = claim_ref(&s) {
+    if let Some((ns, cn)) = claim_ref(&sv) {
         if let Err(StoreError::NotFound { .. }) = c.store.get(&c.t_claim, Some(&ns), &cn) {
             let patch = json!({"spec": {"serverClaimRef": null, "bootConfigurationRef": null, "power": "Off"}});
             c.store
@@ -43,31 +47,22 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
             return Ok(Next::Done);
         }
     }
-    if s.pointer("/metadata/annotations")
-        .and_then(|a| a.get(RESET_ANNOTATION))
-        .is_some()
-    {
+    if sv.metadata.annotations.contains_key(RESET_ANNOTATION) {
         return reset(c, &s, name).await;
     }
     let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
-    let state = status
-        .get("state")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let power = status
-        .get("powerState")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let claimed = claim_ref(&s).is_some();
+    // An empty state is no state.
+    let state = (sv.status.state.clone()).filter(|s| !s.as_str().is_empty());
+    let power = sv.status.power_state.clone();
+    let claimed = claim_ref(&sv).is_some();
     let first_boot = c
         .first_boot
         .as_ref()
-        .filter(|_| super::firstboot::has_bmc(&s));
+        .filter(|_| super::firstboot::has_bmc(&sv));
     let mut step = None;
-    let pending = super::awaiting_approval(&s);
-    if !pending && has_condition(&status, APPROVED, "False") {
+    let pending = super::awaiting_approval(&sv);
+    let approved = condition(&sv.status.conditions, APPROVED).map(|c| &c.status);
+    if !pending && approved == Some(&ConditionStatus::False) {
         set_condition(
             &mut status,
             APPROVED,
@@ -76,9 +71,10 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
             "approved by an operator",
         );
     }
-    match state.as_str() {
-        "" | "Initial" if pending => {
-            status["state"] = json!("Initial");
+    use ServerState::*;
+    match state {
+        None | Some(Initial) if pending => {
+            status["state"] = json!(Initial);
             set_condition(
                 &mut status,
                 APPROVED,
@@ -91,14 +87,14 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
                 ),
             );
         }
-        "Initial" if first_boot.is_some() && !claimed => {
-            status["state"] = json!("Discovery");
+        Some(Initial) if first_boot.is_some() && !claimed => {
+            status["state"] = json!(Discovery);
         }
-        "" if first_boot.is_some() => {
-            status["state"] = json!("Initial");
+        None if first_boot.is_some() => {
+            status["state"] = json!(Initial);
         }
-        "" => {
-            status["state"] = json!("Initial");
+        None => {
+            status["state"] = json!(Initial);
             set_condition(
                 &mut status,
                 "Discovered",
@@ -107,21 +103,19 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
                 "no first boot for this server (it names no BMC, or [discovery] first_boot is off); register the inventory with status.state Available",
             );
         }
-        "Discovery" if first_boot.is_some() && !claimed => {
-            step = Some(super::firstboot::step(c, first_boot.unwrap(), &s, &mut status).await?);
+        Some(Discovery) if first_boot.is_some() && !claimed => {
+            let fb = first_boot.unwrap();
+            step = Some(super::firstboot::step(c, fb, (&s, &sv), &mut status).await?);
         }
-        "Available" if claimed => {
-            status["state"] = json!("Reserved");
+        Some(Available) if claimed => {
+            status["state"] = json!(Reserved);
         }
-        "Reserved" if !claimed => release(c, &s, &mut status, &power)?,
-        "Reserved" => drive_reserved(c, &s, &mut status, &power)?,
+        Some(Reserved) if !claimed => release(c, (&s, &sv), &mut status, power.as_ref())?,
+        Some(Reserved) => drive_reserved(c, (&s, &sv), &mut status, power.as_ref())?,
         _ => {
             // Available without claim, Released, Error, Parked, Initial: an unclaimed
             // server is kept powered as its spec says only when it asks for Off.
-            if !claimed
-                && s.pointer("/spec/power").and_then(Value::as_str) == Some("Off")
-                && power == "On"
-            {
+            if !claimed && sv.spec.power == Some(PowerState::Off) && power == Some(PowerState::On) {
                 apply_power(c, &s, &mut status, Power::Off);
             }
         }
@@ -141,7 +135,7 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
     }
     match step {
         Some(step) => {
-            super::firstboot::finish(c, &s, &step).await?;
+            super::firstboot::finish(c, &sv, &step).await?;
             Ok(step.next)
         }
         None => Ok(Next::Done),
@@ -151,13 +145,6 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
 /// The condition of a discovered Server saying whether an operator approved it
 /// ([`super::APPROVAL_LABEL`]).
 pub const APPROVED: &str = "Approved";
-
-fn has_condition(status: &Value, ty: &str, st: &str) -> bool {
-    status
-        .get("conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|l| l.iter().any(|c| c["type"] == ty && c["status"] == st))
-}
 
 /// Annotation asking for a restart (`bootplane power reset SERVER` sets it): handed to
 /// the power driver once, then removed.
@@ -192,19 +179,20 @@ async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &str) -> Result
 
 /// A reserved server whose claim is gone: power it off, then make it Available
 /// (`reclaimPolicy: Recycle`) or Released (`Retain`).
-fn release(c: &Controllers, s: &Value, status: &mut Value, power: &str) -> Result<(), StoreError> {
-    if power != "Off" {
+fn release(
+    c: &Controllers,
+    (s, sv): (&Value, &Server),
+    status: &mut Value,
+    power: Option<&PowerState>,
+) -> Result<(), StoreError> {
+    if power != Some(&PowerState::Off) {
         apply_power(c, s, status, Power::Off);
     }
-    if status.get("powerState").and_then(Value::as_str) == Some("Off") {
-        let policy = s
-            .pointer("/spec/reclaimPolicy")
-            .and_then(Value::as_str)
-            .unwrap_or("Recycle");
-        status["state"] = json!(if policy == "Retain" {
-            "Released"
-        } else {
-            "Available"
+    // The power as written just now (by apply_power) or as it was.
+    if status.get("powerState").and_then(Value::as_str) == Some(PowerState::Off.as_str()) {
+        status["state"] = json!(match sv.spec.reclaim_policy {
+            Some(ReclaimPolicy::Retain) => ServerState::Released,
+            _ => ServerState::Available,
         });
         set_condition(
             status,
@@ -224,32 +212,24 @@ fn release(c: &Controllers, s: &Value, status: &mut Value, power: &str) -> Resul
 /// its spec asks.
 fn drive_reserved(
     c: &Controllers,
-    s: &Value,
+    (s, sv): (&Value, &Server),
     status: &mut Value,
-    power: &str,
+    power: Option<&PowerState>,
 ) -> Result<(), StoreError> {
-    let sbc_ref = s
-        .pointer("/spec/bootConfigurationRef")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let ns = sbc_ref
-        .get("namespace")
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let bn = sbc_ref.get("name").and_then(Value::as_str).unwrap_or("");
-    let sbc_state = c.store.get(&c.t_sbc, Some(ns), bn).ok().and_then(|b| {
-        b.pointer("/status/state")
-            .and_then(Value::as_str)
-            .map(String::from)
-    });
-    let want = Power::parse(
-        s.pointer("/spec/power")
-            .and_then(Value::as_str)
-            .unwrap_or("Off"),
-    )
-    .unwrap_or(Power::Off);
-    match sbc_state.as_deref() {
-        Some("Ready") => {
+    let (ns, bn) = sv
+        .spec
+        .boot_configuration_ref
+        .as_ref()
+        .map_or(("default", ""), |r| {
+            (r.namespace.as_deref().unwrap_or("default"), r.name.as_str())
+        });
+    let sbc_state = (c.store.get(&c.t_sbc, Some(ns), bn).ok())
+        .and_then(|b| read::<ServerBootConfiguration>(&b).status.state);
+    let want = Power::parse(sv.spec.power.as_ref().map_or("Off", PowerState::as_str))
+        .unwrap_or(Power::Off);
+    let power = power.map_or("", PowerState::as_str);
+    match sbc_state {
+        Some(BootConfigurationState::Ready) => {
             set_condition(
                 status,
                 "BootConfigurationReady",
@@ -277,7 +257,9 @@ fn drive_reserved(
                 "Waiting",
                 &format!(
                     "waiting for ServerBootConfiguration {ns}/{bn} to become Ready (now {})",
-                    other.unwrap_or("absent")
+                    other
+                        .as_ref()
+                        .map_or("absent", BootConfigurationState::as_str)
                 ),
             );
             if want == Power::Off && power != "Off" {

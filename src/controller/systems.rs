@@ -24,6 +24,7 @@ use super::set_condition;
 use crate::model::ident::{parse_mac, parse_uuid, MacFmt};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
+use crate::model::views::{condition, read, Server};
 use crate::redfish::{self, Bmc};
 use crate::store::{Store, StoreError};
 
@@ -72,20 +73,18 @@ impl SystemIndex {
         if deleted {
             return;
         }
-        let uuid = s
-            .pointer("/spec/systemUUID")
-            .and_then(Value::as_str)
-            .and_then(|u| parse_uuid(u).ok());
+        let s: Server = read(s);
+        let uuid = (s.spec.system_uuid.as_deref()).and_then(|u| parse_uuid(u).ok());
         if let Some(u) = &uuid {
             i.by_uuid.insert(u.clone(), name.clone());
             i.uuid_of.insert(name.clone(), u.clone());
         }
-        if let Some(b) = s.pointer("/spec/bmcRef/name").and_then(Value::as_str) {
+        if let Some(b) = s.spec.bmc_ref.map(|r| r.name).filter(|b| !b.is_empty()) {
             i.by_bmc
-                .entry(b.to_string())
+                .entry(b.clone())
                 .or_default()
                 .insert(name.clone(), uuid.unwrap_or_default());
-            i.bmc_of.insert(name, b.to_string());
+            i.bmc_of.insert(name, b);
         }
     }
 
@@ -336,28 +335,20 @@ async fn create(
     // The Server reconciler may write its first state in between: merge into whatever
     // status is there by then (what the BMC says fills only what is absent).
     let init = initial_status(bmc, sys, nics);
-    let mut cur = created;
-    for _ in 0..8 {
-        let mut st = cur.get("status").cloned().unwrap_or_else(|| json!({}));
-        if let (Some(st), Some(init)) = (st.as_object_mut(), init.as_object()) {
-            for (k, v) in init {
-                if k != "conditions" && !st.contains_key(k) {
-                    st.insert(k.clone(), v.clone());
+    let msg = format!("BMC {bmc} lists system {}", sys.odata_id);
+    store
+        .modify_status(t_server, None, &name, |_, st| {
+            if let (Some(st), Some(init)) = (st.as_object_mut(), init.as_object()) {
+                for (k, v) in init {
+                    if k != "conditions" && !st.contains_key(k) {
+                        st.insert(k.clone(), v.clone());
+                    }
                 }
             }
-        }
-        set_condition(
-            &mut st,
-            PRESENT,
-            true,
-            "ReportedByBMC",
-            &format!("BMC {bmc} lists system {}", sys.odata_id),
-        );
-        match store.update_status(t_server, &cur, st).await {
-            Err(StoreError::Conflict { .. }) => cur = store.get(t_server, None, &name)?,
-            other => return other.map(|_| true),
-        }
-    }
+            set_condition(st, PRESENT, true, "ReportedByBMC", &msg);
+            true
+        })
+        .await?;
     Ok(true)
 }
 
@@ -369,43 +360,23 @@ async fn mark_present(
     bmc: &str,
     here: bool,
 ) -> Result<(), StoreError> {
-    for _ in 0..4 {
-        let s = match store.get(t_server, None, server) {
-            Ok(s) => s,
-            Err(StoreError::NotFound { .. }) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let mut st = s.get("status").cloned().unwrap_or_else(|| json!({}));
-        let changed = if here {
-            // Only Servers that had the condition (discovered ones) get it back.
-            st.pointer("/conditions")
-                .and_then(Value::as_array)
-                .is_some_and(|l| l.iter().any(|c| c["type"] == PRESENT))
-                && set_condition(
-                    &mut st,
-                    PRESENT,
-                    true,
-                    "ReportedByBMC",
-                    &format!("BMC {bmc} lists the system"),
-                )
-        } else {
-            set_condition(
-                &mut st,
-                PRESENT,
-                false,
-                "SystemGone",
-                &format!("BMC {bmc} no longer lists this system; the Server is kept"),
-            )
-        };
-        if !changed {
-            return Ok(());
-        }
-        match store.update_status(t_server, &s, st).await {
-            Err(StoreError::Conflict { .. }) => continue,
-            other => return other.map(|_| ()),
-        }
+    let r = store
+        .modify_status(t_server, None, server, |s, st| {
+            if here {
+                // Only Servers that had the condition (discovered ones) get it back.
+                let had = condition(&read::<Server>(s).status.conditions, PRESENT).is_some();
+                let msg = format!("BMC {bmc} lists the system");
+                had && set_condition(st, PRESENT, true, "ReportedByBMC", &msg)
+            } else {
+                let msg = format!("BMC {bmc} no longer lists this system; the Server is kept");
+                set_condition(st, PRESENT, false, "SystemGone", &msg)
+            }
+        })
+        .await;
+    match r {
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -877,6 +877,11 @@ fn upward_edges(members: &[(String, Vec<String>)], layers: &[(&str, u8)]) -> Vec
                 )),
                 None => problems.push(format!("{name} depends on {d}, which has no layer")),
             }
+        }
+    }
+    problems
+}
+
 // ---------------------------------------------------------------------------------------
 // The test layout (issue 33): the integration tests are modules of one binary,
 // tests/it/main.rs, and `autotests = false` in Cargo.toml, so a file cargo does not find
@@ -971,6 +976,9 @@ fn workspace_crates_depend_only_downward() {
     assert!(members.len() >= 3, "workspace members: {members:?}");
     let problems = upward_edges(&members, CRATE_LAYERS);
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+#[test]
 fn test_layout_checker_finds_strays() {
     let files = |v: &[(&str, &str)]| -> Vec<(String, String)> {
         v.iter()
@@ -1009,4 +1017,62 @@ fn every_test_file_is_built_and_no_doctest_is_left_unrun() {
     let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
     let p = test_layout_problems(&rust_files(&["src", "tests"]), &cargo);
     assert!(p.is_empty(), "\n{}", p.join("\n"));
+}
+
+/// Files under `src/controller/` allowed to read objects through raw JSON pointers,
+/// with why: only a truly generic walk (any kind, any field) belongs here. Empty: every
+/// reconciler reads through `model::views`.
+const POINTERS_ALLOWED: &[(&str, &str)] = &[];
+
+/// `.pointer(` / `pointer_mut(` in code (not comments or strings) of `files`, outside
+/// [`POINTERS_ALLOWED`], as `path:line: text`.
+fn pointer_reads(files: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        if POINTERS_ALLOWED.iter().any(|(p, _)| p == path) {
+            continue;
+        }
+        let code = strip_code(text);
+        for ((i, line), src) in code.lines().enumerate().zip(text.lines()) {
+            if line.contains(".pointer(") || line.contains("pointer_mut(") {
+                found.push(format!("{path}:{}: {}", i + 1, src.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn pointer_scanner_skips_comments_and_strings() {
+    let files = vec![(
+        "src/controller/x.rs".to_string(),
+        "// s.pointer(\"/a\")\nlet m = \".pointer(\";\nlet v = s.pointer(\"/spec/ip\");\nv.pointer_mut(\"/a\");\n"
+            .to_string(),
+    )];
+    assert_eq!(
+        pointer_reads(&files),
+        vec![
+            "src/controller/x.rs:3: let v = s.pointer(\"/spec/ip\");",
+            "src/controller/x.rs:4: v.pointer_mut(\"/a\");"
+        ]
+    );
+}
+
+/// Issue 33: the reconcilers read the objects through the typed views of
+/// `model::views` (each field named once, states as enums), not raw JSON pointers.
+#[test]
+fn controllers_read_objects_through_typed_views() {
+    let mut problems = pointer_reads(&rust_files(&["src/controller"]));
+    for (path, why) in POINTERS_ALLOWED {
+        if !Path::new(env!("CARGO_MANIFEST_DIR")).join(path).exists() {
+            problems.push(format!(
+                "POINTERS_ALLOWED lists {path} ({why}), which is gone"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "raw JSON pointers in src/controller (read the object through a view of crate::model::views):\n{}",
+        problems.join("\n")
+    );
 }

@@ -21,6 +21,9 @@ use serde_json::Value;
 use super::ident::{parse_mac, Mac};
 use super::selector::Selector;
 
+pub mod metal;
+pub use metal::{read, Bmc, Candidate, Endpoint};
+
 /// Read the view `T` of a stored object (borrows it; no copy of the JSON).
 pub fn view<T: DeserializeOwned>(obj: &Value) -> Result<T, serde_json::Error> {
     T::deserialize(obj)
@@ -241,6 +244,9 @@ pub struct ServerSpec {
     pub unclaimable: bool,
     pub taints: Vec<Taint>,
     pub reclaim_policy: Option<ReclaimPolicy>,
+    pub bmc_ref: Option<ObjectRef>,
+    /// An inline BMC (only whether there is one is read).
+    pub bmc: Option<Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

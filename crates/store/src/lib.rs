@@ -22,6 +22,7 @@ pub mod events;
 pub mod kv;
 pub mod metrics;
 pub mod migrate;
+pub mod modify;
 pub mod rotate;
 pub mod seal;
 pub mod settings;
@@ -42,6 +43,7 @@ use bootplane_model::registry::{Registry, ResourceType};
 use bootplane_model::schema::{FieldError, Reason};
 use bootplane_model::selector::Selector;
 use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
+pub use modify::{retry_on_conflict, Modified};
 use validate::{err_invalid, field};
 
 /// Errors callers branch on; the REST API maps each to one HTTP status.
@@ -626,20 +628,24 @@ impl<B: KvBackend> Store<B> {
             ));
         }
         let pinned = patch.pointer("/metadata/resourceVersion").is_some();
-        for _ in 0..16 {
-            let cur = self.get(rt, ns, name)?;
-            let mut obj = (*cur).clone();
-            merge_patch(&mut obj, patch);
-            if !pinned {
-                obj["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"].clone();
-            }
-            obj["metadata"]["name"] = Value::String(name.into());
-            match self.update(rt, obj, part).await {
-                Err(StoreError::Conflict { .. }) if !pinned => continue,
-                other => return other,
-            }
+        // A pinned patch is one compare-and-swap; else the patch is applied again to
+        // whatever is stored after a conflict.
+        let attempt = || {
+            let obj = self.get(rt, ns, name).map(|cur| {
+                let mut obj = (*cur).clone();
+                merge_patch(&mut obj, patch);
+                if !pinned {
+                    obj["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"].clone();
+                }
+                obj["metadata"]["name"] = Value::String(name.into());
+                obj
+            });
+            async move { self.update(rt, obj?, part).await }
+        };
+        if pinned {
+            return attempt().await;
         }
-        Err(Self::conflict(rt, name))
+        retry_on_conflict(16, attempt).await
     }
 
     /// Delete an object. With finalizers it is only marked (`deletionTimestamp`) and

@@ -39,7 +39,9 @@ use crate::dhcp::Grant;
 use crate::model::ident::{parse_mac, MacFmt};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
+use crate::model::views::{read, ConditionStatus, Endpoint};
 use crate::shutdown::Shutdown;
+use crate::store::modify::retry_if;
 use crate::store::{Store, StoreError};
 
 /// Granted leases waiting for the intake (the DHCP loop drops and counts beyond this).
@@ -214,17 +216,16 @@ impl Management {
             tracing::debug!(mac = %MacFmt(&g.mac), ip = %g.ip, vendor_class = ?g.vendor_class, "management lease with an unknown mac prefix; ignored");
             return;
         };
-        for _ in 0..3 {
-            match self.upsert_endpoint(g, entry).await {
-                Err(StoreError::Conflict { .. }) | Err(StoreError::AlreadyExists { .. }) => {
-                    continue
-                }
-                Err(e) => {
-                    tracing::warn!(mac = %MacFmt(&g.mac), error = %e, "writing the endpoint failed");
-                    return;
-                }
-                Ok(()) => return,
-            }
+        // Another writer in between (the Endpoint changed, or was created meanwhile):
+        // read again and redo.
+        let raced = |e: &StoreError| {
+            matches!(
+                e,
+                StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }
+            )
+        };
+        if let Err(e) = retry_if(3, raced, || self.upsert_endpoint(g, entry)).await {
+            tracing::warn!(mac = %MacFmt(&g.mac), error = %e, "writing the endpoint failed");
         }
     }
 
@@ -256,10 +257,8 @@ impl Management {
     /// (and no move is pending); else `status.leaseIP` and the condition [`PINNED`]
     /// record it, the address stays.
     async fn observe_lease(&self, cur: &Arc<Value>, ip: &str) -> Result<(), StoreError> {
-        let pinned = cur
-            .pointer("/spec/ip")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let e: Endpoint = read(cur);
+        let pinned = e.spec.ip.as_deref().unwrap_or("");
         if pinned.is_empty() {
             // No address yet (an Endpoint made by hand with a MAC only): the first one.
             let mut next = (**cur).clone();
@@ -270,8 +269,7 @@ impl Management {
                 .await?;
             return Ok(());
         }
-        let noted = cur.pointer("/status/leaseIP").and_then(Value::as_str);
-        if noted.unwrap_or(pinned) == ip {
+        if e.status.lease_ip.as_deref().unwrap_or(pinned) == ip {
             return Ok(());
         }
         let mut st = cur.get("status").cloned().unwrap_or_else(|| json!({}));
@@ -321,15 +319,10 @@ impl Management {
     /// An operator accepted a move (`spec.ip` set to `status.leaseIP`): the condition
     /// [`PINNED`] True again.
     async fn accept_move(&self, ep: &Arc<Value>) -> Result<(), StoreError> {
-        let ip = ep.pointer("/spec/ip").and_then(Value::as_str);
-        let lease = ep.pointer("/status/leaseIP").and_then(Value::as_str);
-        let moved = ep
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .is_some_and(|l| {
-                l.iter()
-                    .any(|c| c["type"] == PINNED && c["status"] == "False")
-            });
+        let e: Endpoint = read(ep);
+        let (ip, lease) = (e.spec.ip.as_deref(), e.status.lease_ip.as_deref());
+        let moved = (e.status.conditions.iter())
+            .any(|c| c.type_ == PINNED && c.status == ConditionStatus::False);
         if !moved || ip.is_none() || ip != lease {
             return Ok(());
         }
@@ -354,11 +347,8 @@ impl Management {
             return Ok(Next::Done);
         }
         self.accept_move(&ep).await?;
-        let mac = ep
-            .pointer("/spec/macAddress")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let Some(entry) = parse_mac(mac).ok().and_then(|m| self.db.lookup(&m)) else {
+        let mac = read::<Endpoint>(&ep).spec.mac_address;
+        let Some(entry) = parse_mac(&mac).ok().and_then(|m| self.db.lookup(&m)) else {
             return Ok(Next::Done);
         };
         let owner = controller_ref(&self.t_endpoint, &ep);

@@ -120,7 +120,7 @@ impl Provisioning {
                     "apiVersion": self.t_server.api_version(), "kind": "BareMetalServer",
                     "metadata": {
                         "name": name, "namespace": ns,
-                        "labels": obj.pointer("/metadata/labels").cloned().unwrap_or(json!({})),
+                        "labels": meta::labels(&obj).cloned().unwrap_or_default(),
                         "ownerReferences": controller_ref(&self.t_spec, &obj),
                         "finalizers": [SERVER_FINALIZER],
                     },

@@ -51,7 +51,7 @@ use crate::model::meta::{self, set_condition};
 use crate::model::registry::ResourceType;
 use crate::redfish::{self, Bmc, BootOverride, BootTarget, PowerState, ResetType, System};
 use crate::shutdown::Shutdown;
-use crate::store::{Store, StoreError};
+use crate::store::{Modified, Store, StoreError};
 
 /// Why one attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -666,31 +666,19 @@ impl Redfish {
 
     /// Read-modify-write of a Server's status (retried on conflicts).
     async fn write_status(&self, name: &str, f: impl Fn(&mut Value)) {
-        for _ in 0..8 {
-            let Ok(cur) = self.store.get(&self.t_server, None, name) else {
-                return;
-            };
-            let mut st = cur.get("status").cloned().unwrap_or_else(|| json!({}));
-            f(&mut st);
-            if Some(&st) == cur.get("status") {
-                return;
+        let r = (self.store)
+            .modify_status(&self.t_server, None, name, |_, st| {
+                f(st);
+                true
+            })
+            .await;
+        match r {
+            Ok(Modified::Written { before, after }) => {
+                let old = before.get("status");
+                (self.events).status_change(&self.t_server, &before, old, &after["status"]);
             }
-            match self
-                .store
-                .update_status(&self.t_server, &cur, st.clone())
-                .await
-            {
-                Ok(_) => {
-                    self.events
-                        .status_change(&self.t_server, &cur, cur.get("status"), &st);
-                    return;
-                }
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => {
-                    tracing::warn!(server = %name, "writing power status: {e}");
-                    return;
-                }
-            }
+            Ok(Modified::Unchanged(_)) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => tracing::warn!(server = %name, "writing power status: {e}"),
         }
     }
 
