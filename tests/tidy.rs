@@ -182,6 +182,19 @@ fn every_metric_name_the_docs_mention_is_exported() {
     );
 }
 
+/// The README stays an overview (what it is, the toolchain, set-up, the walk-through, the
+/// reference list); the reference detail lives in docs/ (issue 33).
+#[test]
+fn readme_is_at_most_250_lines() {
+    const MAX_README_LINES: usize = 250;
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"));
+    let lines = readme.unwrap().lines().count();
+    assert!(
+        lines <= MAX_README_LINES,
+        "README.md has {lines} lines (at most {MAX_README_LINES}): move reference detail into docs/"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Layering (issue 18): the `crate::` edges between the top-level modules of `src/` form no
 // cycle, and nothing but `src/main.rs` names `serve` (the composition root).
