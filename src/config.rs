@@ -9,8 +9,9 @@
 //! and runs each section's `validate` and the checks that span sections.
 //!
 //! Precedence (lowest to highest): built-in defaults → TOML file → `--set` → env vars →
-//! flags. Flags and env vars are declared on the `serve` subcommand in `main.rs` (clap
-//! `env = ...`), so both arrive here as one [`Overrides`] value.
+//! flags. Flags and env vars are declared once, on [`Overrides`] (clap `env = ...`),
+//! which `main.rs` flattens into `serve`, `check-config` and `store migrate`, so both
+//! arrive here as one value.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -95,26 +96,66 @@ impl Default for LogConfig {
 }
 
 /// Values from flags/env that override the file. `None` = not given.
-#[derive(Debug, Clone, Default)]
+///
+/// The one list of the config flags: each field is a `serve` / `check-config` /
+/// `store migrate` flag (`--state-dir`, ...) with its `BOOTPLANE_*` env var, declared
+/// here (clap flattens it into those commands) and put into the config by
+/// [`Config::apply`]. A new flag is a field here and a line there.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
+    /// State dir (store, TLS, tokens, leases).
+    #[arg(long, env = "BOOTPLANE_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// API listen address (`api.listen`).
+    #[arg(long, env = "BOOTPLANE_API_LISTEN")]
     pub api_listen: Option<SocketAddr>,
+    /// Bootstrap admin API token (`api.token`).
+    #[arg(long, env = "BOOTPLANE_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
+    /// Boot HTTP listen address (`http.listen`).
+    #[arg(long, env = "BOOTPLANE_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// URL machines fetch boot files from (`http.public_url`).
+    #[arg(long, env = "BOOTPLANE_HTTP_PUBLIC_URL")]
     pub http_public_url: Option<String>,
+    /// Directory of boot assets served over HTTP (`http.assets_dir`).
+    #[arg(long, env = "BOOTPLANE_ASSETS_DIR")]
     pub assets_dir: Option<PathBuf>,
+    /// Interface the DHCP server serves (`dhcp.interface`).
+    #[arg(long, env = "BOOTPLANE_DHCP_INTERFACE")]
     pub dhcp_interface: Option<String>,
+    /// DHCP mode (`dhcp.mode`).
+    #[arg(long, env = "BOOTPLANE_DHCP_MODE")]
     pub dhcp_mode: Option<DhcpMode>,
+    /// Address range to lease, `FIRST-LAST` (`dhcp.range`).
+    #[arg(long, env = "BOOTPLANE_DHCP_RANGE")]
     pub dhcp_range: Option<String>,
+    /// TFTP listen address (`tftp.listen`).
+    #[arg(long, env = "BOOTPLANE_TFTP_LISTEN")]
     pub tftp_listen: Option<SocketAddr>,
+    /// Directory served over TFTP (`tftp.root`).
+    #[arg(long, env = "BOOTPLANE_TFTP_ROOT")]
     pub tftp_root: Option<PathBuf>,
+    /// Default power driver (`controller.power_driver`, e.g. `manual`).
+    #[arg(long, env = "BOOTPLANE_POWER_DRIVER")]
     pub power_driver: Option<String>,
+    /// Log filter, tracing-subscriber syntax (`log.filter`).
+    #[arg(long, env = "BOOTPLANE_LOG")]
     pub log_filter: Option<String>,
+    /// Log format: `text` or `json` (`log.format`).
+    #[arg(long, env = "BOOTPLANE_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// Run the controllers (`controller.enabled`).
+    #[arg(long, env = "BOOTPLANE_CONTROLLER_ENABLED")]
     pub controller_enabled: Option<bool>,
+    /// Controller worker count (`controller.workers`).
+    #[arg(long, env = "BOOTPLANE_CONTROLLER_WORKERS")]
     pub controller_workers: Option<usize>,
-    /// Generic `section.key=value` overrides (values parsed as TOML, else strings),
-    /// so that every key has a flag (`--set`) and an env var (`BOOTPLANE_SET`).
+    /// Set any config key: `--set section.key=value` (repeatable; env BOOTPLANE_SET,
+    /// `;`-separated).
+    // Generic `section.key=value` overrides (values parsed as TOML, else strings), so
+    // that every key has a flag (`--set`) and an env var (`BOOTPLANE_SET`).
+    #[arg(long = "set", env = "BOOTPLANE_SET", value_delimiter = ';')]
     pub set: Vec<String>,
 }
 
@@ -414,6 +455,69 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(c.state_dir, PathBuf::from("/b"));
+    }
+
+    /// `Overrides` is the one flag list: every field is a long flag of the same name
+    /// with its `BOOTPLANE_*` env var (the names pinned here are the documented ones),
+    /// and what the command line gives reaches the field.
+    #[test]
+    fn every_override_field_is_a_flag_with_an_env_var() {
+        use clap::{Args, FromArgMatches};
+        let cmd = Overrides::augment_args(clap::Command::new("serve"));
+        // The struct's fields, by name, from its derived Debug.
+        let debug = format!("{:?}", Overrides::default());
+        let fields: Vec<&str> = debug
+            .trim_start_matches("Overrides {")
+            .trim_end_matches('}')
+            .split(", ")
+            .map(|f| f.split(':').next().unwrap().trim())
+            .collect();
+        let mut flags = Vec::new();
+        for f in &fields {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == *f);
+            let arg = arg.unwrap_or_else(|| panic!("Overrides.{f} is not a flag"));
+            assert_eq!(arg.get_long(), Some(f.replace('_', "-").as_str()), "{f}");
+            let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or("");
+            flags.push(format!("--{} {env}", arg.get_long().unwrap()));
+        }
+        assert_eq!(cmd.get_arguments().count(), fields.len());
+        let want = [
+            "--state-dir BOOTPLANE_STATE_DIR",
+            "--api-listen BOOTPLANE_API_LISTEN",
+            "--api-token BOOTPLANE_API_TOKEN",
+            "--http-listen BOOTPLANE_HTTP_LISTEN",
+            "--http-public-url BOOTPLANE_HTTP_PUBLIC_URL",
+            "--assets-dir BOOTPLANE_ASSETS_DIR",
+            "--dhcp-interface BOOTPLANE_DHCP_INTERFACE",
+            "--dhcp-mode BOOTPLANE_DHCP_MODE",
+            "--dhcp-range BOOTPLANE_DHCP_RANGE",
+            "--tftp-listen BOOTPLANE_TFTP_LISTEN",
+            "--tftp-root BOOTPLANE_TFTP_ROOT",
+            "--power-driver BOOTPLANE_POWER_DRIVER",
+            "--log-filter BOOTPLANE_LOG",
+            "--log-format BOOTPLANE_LOG_FORMAT",
+            "--controller-enabled BOOTPLANE_CONTROLLER_ENABLED",
+            "--controller-workers BOOTPLANE_CONTROLLER_WORKERS",
+            "--set BOOTPLANE_SET",
+        ];
+        assert_eq!(flags, want);
+        let m = cmd
+            .try_get_matches_from([
+                "serve",
+                "--dhcp-mode",
+                "proxy",
+                "--controller-workers",
+                "3",
+                "--set",
+                "a.b=1;c.d=2",
+                "--set",
+                "e.f=3",
+            ])
+            .unwrap();
+        let o = Overrides::from_arg_matches(&m).unwrap();
+        assert_eq!(o.dhcp_mode, Some(DhcpMode::Proxy));
+        assert_eq!(o.controller_workers, Some(3));
+        assert_eq!(o.set, ["a.b=1", "c.d=2", "e.f=3"]);
     }
 
     #[test]

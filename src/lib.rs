@@ -15,6 +15,7 @@ pub mod image;
 pub mod ipxe;
 pub mod listen;
 pub mod logging;
+pub mod metrics;
 pub mod net;
 pub mod nfs;
 pub mod power;

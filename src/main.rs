@@ -1,6 +1,5 @@
 //! The `bootplane` binary: command-line parsing and dispatch only.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -8,7 +7,6 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
 use bootplane::config::{Config, Overrides};
-use bootplane::dhcp::DhcpMode;
 
 #[derive(Parser)]
 #[command(
@@ -95,88 +93,20 @@ enum Command {
     },
 }
 
-/// Every config key that has a flag. Each flag also reads a BOOTPLANE_* env var.
+/// The config file and every config key that has a flag ([`Overrides`]). Each flag
+/// also reads a BOOTPLANE_* env var.
 #[derive(Args, Default, Clone)]
 struct ConfigFlags {
     /// TOML config file.
     #[arg(long, env = "BOOTPLANE_CONFIG")]
     config: Option<PathBuf>,
-    /// State dir (store, TLS, tokens, leases).
-    #[arg(long, env = "BOOTPLANE_STATE_DIR")]
-    state_dir: Option<PathBuf>,
-    /// API listen address (`api.listen`).
-    #[arg(long, env = "BOOTPLANE_API_LISTEN")]
-    api_listen: Option<SocketAddr>,
-    /// Bootstrap admin API token (`api.token`).
-    #[arg(long, env = "BOOTPLANE_API_TOKEN", hide_env_values = true)]
-    api_token: Option<String>,
-    /// Boot HTTP listen address (`http.listen`).
-    #[arg(long, env = "BOOTPLANE_HTTP_LISTEN")]
-    http_listen: Option<SocketAddr>,
-    /// URL machines fetch boot files from (`http.public_url`).
-    #[arg(long, env = "BOOTPLANE_HTTP_PUBLIC_URL")]
-    http_public_url: Option<String>,
-    /// Directory of boot assets served over HTTP (`http.assets_dir`).
-    #[arg(long, env = "BOOTPLANE_ASSETS_DIR")]
-    assets_dir: Option<PathBuf>,
-    /// Interface the DHCP server serves (`dhcp.interface`).
-    #[arg(long, env = "BOOTPLANE_DHCP_INTERFACE")]
-    dhcp_interface: Option<String>,
-    /// DHCP mode (`dhcp.mode`).
-    #[arg(long, env = "BOOTPLANE_DHCP_MODE")]
-    dhcp_mode: Option<DhcpMode>,
-    /// Address range to lease, `FIRST-LAST` (`dhcp.range`).
-    #[arg(long, env = "BOOTPLANE_DHCP_RANGE")]
-    dhcp_range: Option<String>,
-    /// TFTP listen address (`tftp.listen`).
-    #[arg(long, env = "BOOTPLANE_TFTP_LISTEN")]
-    tftp_listen: Option<SocketAddr>,
-    /// Directory served over TFTP (`tftp.root`).
-    #[arg(long, env = "BOOTPLANE_TFTP_ROOT")]
-    tftp_root: Option<PathBuf>,
-    /// Default power driver (`controller.power_driver`, e.g. `manual`).
-    #[arg(long, env = "BOOTPLANE_POWER_DRIVER")]
-    power_driver: Option<String>,
-    /// Log filter, tracing-subscriber syntax (`log.filter`).
-    #[arg(long, env = "BOOTPLANE_LOG")]
-    log_filter: Option<String>,
-    /// Log format: `text` or `json` (`log.format`).
-    #[arg(long, env = "BOOTPLANE_LOG_FORMAT")]
-    log_format: Option<String>,
-    /// Run the controllers (`controller.enabled`).
-    #[arg(long, env = "BOOTPLANE_CONTROLLER_ENABLED")]
-    controller_enabled: Option<bool>,
-    /// Controller worker count (`controller.workers`).
-    #[arg(long, env = "BOOTPLANE_CONTROLLER_WORKERS")]
-    controller_workers: Option<usize>,
-    /// Set any config key: `--set section.key=value` (repeatable; env BOOTPLANE_SET,
-    /// `;`-separated).
-    #[arg(long = "set", env = "BOOTPLANE_SET", value_delimiter = ';')]
-    set: Vec<String>,
+    #[command(flatten)]
+    overrides: Overrides,
 }
 
 impl ConfigFlags {
     fn resolve(self) -> Result<Config> {
-        let o = Overrides {
-            state_dir: self.state_dir,
-            api_listen: self.api_listen,
-            api_token: self.api_token,
-            http_listen: self.http_listen,
-            http_public_url: self.http_public_url,
-            assets_dir: self.assets_dir,
-            dhcp_interface: self.dhcp_interface,
-            dhcp_mode: self.dhcp_mode,
-            dhcp_range: self.dhcp_range,
-            tftp_listen: self.tftp_listen,
-            tftp_root: self.tftp_root,
-            power_driver: self.power_driver,
-            log_filter: self.log_filter,
-            log_format: self.log_format,
-            controller_enabled: self.controller_enabled,
-            controller_workers: self.controller_workers,
-            set: self.set,
-        };
-        Config::resolve(self.config.as_deref(), o)
+        Config::resolve(self.config.as_deref(), self.overrides)
     }
 }
 

@@ -293,34 +293,26 @@ impl Services {
     /// The operator API, with `/metrics` of every enabled service.
     async fn start_api(&mut self, config: &Config, token: String) -> Result<()> {
         let mut metrics = prometheus_client::registry::Registry::default();
-        self.http_metrics.register(&mut metrics);
-        // Registered whether or not the service is on, so a scrape config does not
-        // depend on this appliance's: a disabled service's counters stay at zero.
-        self.dhcp_metrics.register(&mut metrics);
-        self.tftp_metrics.register(&mut metrics);
-        crate::store::metrics::global().register(&mut metrics);
-        crate::controller::runtime::metrics::global().register(&mut metrics);
-        crate::provision::metrics::global().register(&mut metrics);
-        self.power_metrics.register(&mut metrics);
-        if config.discovery.management() {
-            self.mgmt_dhcp_metrics
-                .register_with_prefix(&mut metrics, "bootplane_dhcp_management");
-            self.discovery_metrics.register(&mut metrics);
-        }
-        if config.controller.enabled {
-            self.redfish_metrics.register(&mut metrics);
-            #[cfg(feature = "etcd")]
-            if matches!(self.store.kv(), crate::store::Backend::Etcd(_)) {
-                self.leader_metrics.register(&mut metrics);
-                for (group, _) in GROUPS {
-                    self.leader_metrics.declare(group);
-                }
-            }
-        }
-        self.seal_metrics.register(&mut metrics);
-        crate::store::events::register_metrics(&mut metrics);
-        let api_conns = crate::listen::ConnMetrics::default();
-        api_conns.register(metrics.sub_registry_with_prefix("bootplane_api"));
+        #[cfg(feature = "etcd")]
+        let on_etcd = matches!(self.store.kv(), crate::store::Backend::Etcd(_));
+        #[cfg(feature = "etcd")]
+        let groups = GROUPS.map(|(group, _)| group);
+        let controllers = config.controller.enabled;
+        let api_conns = crate::metrics::register(
+            &mut metrics,
+            crate::metrics::Families {
+                http: &self.http_metrics,
+                dhcp: &self.dhcp_metrics,
+                tftp: &self.tftp_metrics,
+                power: &self.power_metrics,
+                seal: &self.seal_metrics,
+                management: (config.discovery.management())
+                    .then_some((&self.mgmt_dhcp_metrics, &self.discovery_metrics)),
+                redfish: controllers.then_some(&*self.redfish_metrics),
+                #[cfg(feature = "etcd")]
+                leader: (controllers && on_etcd).then_some((&self.leader_metrics, &groups[..])),
+            },
+        );
         let audit = crate::api::audit::Audit::start(
             crate::api::audit::AuditSettings {
                 path: (config.api.audit_log.clone())
@@ -331,7 +323,7 @@ impl Services {
                     config.api.audit_unauthenticated_interval_ms,
                 ),
             },
-            metrics.sub_registry_with_prefix("bootplane_api"),
+            metrics.sub_registry_with_prefix(crate::metrics::API_PREFIX),
         )?;
         let roles = crate::api::auth::Roles::new(&config.api.roles)
             .map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;

@@ -519,12 +519,7 @@ pub fn secret_hash(secret: &str) -> String {
 
 /// A name a token may have: a DNS label (no dots, so `bp1.NAME.SECRET` splits one way).
 pub fn valid_token_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 63
-        && n.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !n.starts_with('-')
-        && !n.ends_with('-')
+    crate::model::meta::valid_dns_label(n)
 }
 
 /// Who presents `bearer` (the text after `Bearer `): the bootstrap token, or a named

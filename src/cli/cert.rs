@@ -183,24 +183,8 @@ fn list(state_dir: &Path) -> Result<u8> {
             ]
         })
         .collect();
-    let head = ["NAME", "ROLE", "SERIAL", "NOT AFTER", "STATE"];
-    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
-    for r in &rows {
-        for (i, f) in r.iter().enumerate() {
-            w[i] = w[i].max(f.len());
-        }
-    }
-    let line = |r: &[&str]| {
-        let cells: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(i, f)| format!("{f:<width$}", width = w[i]))
-            .collect();
-        println!("{}", cells.join("   ").trim_end());
-    };
-    line(&head);
-    for r in &rows {
-        line(&r.iter().map(String::as_str).collect::<Vec<_>>());
-    }
+    let head = ["NAME", "ROLE", "SERIAL", "NOT AFTER", "STATE"].map(String::from);
+    let table: Vec<Vec<String>> = std::iter::once(head.to_vec()).chain(rows).collect();
+    print!("{}", super::table::format_rows(&table));
     Ok(0)
 }

@@ -390,35 +390,13 @@ enum Change {
     Remove(String),
 }
 
-/// A qualified key (`[prefix/]name`, as Kubernetes labels and annotations).
+/// A qualified key (`[prefix/]name`, as Kubernetes labels and annotations), by the
+/// store's own grammar (`model::labels`), so the CLI refuses what the API would.
 fn check_key(k: &str, what: &str) -> Result<()> {
-    let (prefix, name) = match k.rsplit_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, k),
-    };
-    let name_ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
-    let prefix_ok = prefix.is_none_or(|p: &str| {
-        !p.is_empty()
-            && p.len() <= 253
-            && p.split('.').all(|s| {
-                !s.is_empty()
-                    && s.bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            })
-    });
-    if !name_ok || !prefix_ok {
-        bail!(
-            "invalid {what} key {k:?}: a name of at most 63 letters, digits, '-', '_' or '.' \
-             (starting and ending with a letter or digit), optionally after a DNS prefix and '/'"
-        );
+    match crate::model::labels::qualified_name_error(k) {
+        None => Ok(()),
+        Some(why) => bail!("invalid {what} key {k:?}: {why}"),
     }
-    Ok(())
 }
 
 fn parse_changes(args: &[String], what: &str) -> Result<Vec<Change>> {
@@ -427,17 +405,8 @@ fn parse_changes(args: &[String], what: &str) -> Result<Vec<Change>> {
         if let Some((k, v)) = a.split_once('=') {
             check_key(k, what)?;
             if what == "label" {
-                let ok = v.len() <= 63
-                    && v.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                    && (v.is_empty()
-                        || (v.as_bytes()[0].is_ascii_alphanumeric()
-                            && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric()));
-                if !ok {
-                    bail!(
-                        "invalid label value {v:?} for {k:?}: at most 63 letters, digits, '-', \
-                         '_' or '.', starting and ending with a letter or digit"
-                    );
+                if let Some(why) = crate::model::labels::label_value_error(v) {
+                    bail!("invalid label value {v:?} for {k:?}: {why}");
                 }
             } else if v.len() > 256 << 10 {
                 bail!("the {what} value for {k:?} is larger than 256 KiB");
@@ -748,6 +717,10 @@ mod tests {
         assert!(e("a=b c", "label").contains("invalid label value \"b c\""));
         assert!(parse_changes(&["a=b c".into()], "annotation").is_ok());
         assert!(e("UP/x=1", "annotation").contains("invalid annotation key"));
+        // The prefix is a DNS subdomain, each part starting and ending alphanumeric.
+        assert!(e("a-.b/x=1", "label").contains("prefix part"));
+        assert!(e(&format!("{}=1", "k".repeat(64)), "label").contains("63"));
+        assert!(e(&format!("a={}", "v".repeat(64)), "label").contains("63"));
     }
 
     #[test]

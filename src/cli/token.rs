@@ -109,7 +109,7 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
             let client = Client::new(&a.conn)?;
             let v = client.request("GET", TOKENS_PATH, None)?;
             let items = v["items"].as_array().cloned().unwrap_or_default();
-            let rows: Vec<[String; 5]> = items
+            let rows: Vec<Vec<String>> = items
                 .iter()
                 .map(|t| {
                     let s = |p: &str| {
@@ -124,7 +124,7 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
                         .and_then(|a| a.get(crate::api::auth::LAST_USED))
                         .and_then(Value::as_str)
                         .unwrap_or("");
-                    [
+                    vec![
                         s("/metadata/name"),
                         s("/spec/role"),
                         s("/metadata/creationTimestamp"),
@@ -138,26 +138,8 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
                 })
                 .collect();
             let header = ["NAME", "ROLE", "CREATED", "EXPIRES", "LAST USED"].map(String::from);
-            let mut w = [0usize; 5];
-            for r in std::iter::once(&header).chain(&rows) {
-                for (i, c) in r.iter().enumerate() {
-                    w[i] = w[i].max(c.len());
-                }
-            }
-            for r in std::iter::once(&header).chain(&rows) {
-                println!(
-                    "{:w0$}   {:w1$}   {:w2$}   {:w3$}   {}",
-                    r[0],
-                    r[1],
-                    r[2],
-                    r[3],
-                    r[4],
-                    w0 = w[0],
-                    w1 = w[1],
-                    w2 = w[2],
-                    w3 = w[3]
-                );
-            }
+            let table: Vec<Vec<String>> = std::iter::once(header.to_vec()).chain(rows).collect();
+            print!("{}", super::table::format_rows(&table));
             Ok(0)
         }
         TokenCmd::Revoke(a) => {

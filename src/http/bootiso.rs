@@ -48,12 +48,13 @@ use sha2::{Digest, Sha256};
 
 use super::fat;
 use super::files::{FileBody, FileMeta};
-use super::handler::{bad_request, ranged_response, route, text, valid_name, Query, Source};
+use super::handler::{bad_request, ranged_response, route, text, Query, Source};
 use super::iso9660::{self, ElTorito, IsoFile};
 use super::metrics::RouteLabels;
 use super::settings::BootIsoConfig;
 use super::token::Purpose;
 use super::{BootHttp, MachineBoot, MachineId};
+use crate::model::meta::valid_object_name;
 use crate::sys::unix_now;
 
 /// A per-machine boot target (what a BMC's UEFI HTTP boot URI points at).
@@ -317,7 +318,7 @@ impl BootHttp {
         let Some(name) = q.server.as_deref() else {
             return bad_request("missing server");
         };
-        if !valid_name(name) {
+        if !valid_object_name(name) {
             return bad_request("malformed server name");
         }
         let Some(m) = self.index.lookup(&MachineId::Server(name.to_string())) else {

@@ -24,12 +24,13 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::StatusCode;
 
-use super::handler::{bad_request, route, text, valid_name, BootHttp, Resp};
+use super::handler::{bad_request, route, text, BootHttp, Resp};
 use super::metrics::{ResultLabels, RouteLabels};
 use super::token::Purpose;
 use super::{BootFiles, BootState, InventoryReport, MachineBoot, MachineId};
 use crate::ipxe::DiscoveryScript;
 use crate::model::ident::{parse_mac, parse_uuid};
+use crate::model::meta::valid_object_name;
 use crate::sys::unix_now;
 use bootplane_probe::Inventory;
 
@@ -208,7 +209,7 @@ impl BootHttp {
             Some((n, t)) => (n, Some(t)),
             None => (rest, None),
         };
-        if !valid_name(name) {
+        if !valid_object_name(name) {
             return Err(Gate::Malformed);
         }
         let Some(m) = self.index.lookup(&MachineId::Server(name.to_string())) else {

@@ -19,6 +19,7 @@ use super::token::{Purpose, TokenSigner};
 use super::{BootEvent, BootIndex, BootState, MachineBoot, MachineId, Metrics};
 use crate::ipxe::{DefaultAction, MachineScript, Renderer};
 use crate::model::ident::{parse_mac, parse_uuid, MacFmt};
+use crate::model::meta::valid_object_name;
 use crate::sys::unix_now;
 
 /// Where iPXE binaries come from when the assets directory lacks them.
@@ -408,7 +409,7 @@ impl BootHttp {
         };
         let mut ids = Vec::new();
         if let Some(s) = q.server.as_deref() {
-            if !valid_name(s) {
+            if !valid_object_name(s) {
                 return bad_request("malformed server name");
             }
             ids.push(MachineId::Server(s.to_string()));
@@ -588,7 +589,7 @@ impl BootHttp {
             Some((n, t)) => (n, Some(t)),
             None => (rest, None),
         };
-        if !valid_name(name) {
+        if !valid_object_name(name) {
             return bad_request("malformed server name");
         }
         let Some(m) = self.index.lookup(&MachineId::Server(name.to_string())) else {
@@ -818,16 +819,6 @@ impl<'a> Query<'a> {
         }
         Ok(out)
     }
-}
-
-/// A Kubernetes object name (DNS subdomain).
-pub(super) fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && s.as_bytes()[0].is_ascii_alphanumeric()
-        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
 }
 
 pub(super) fn header_value(s: &str, fallback: &'static str) -> HeaderValue {

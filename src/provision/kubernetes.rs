@@ -76,7 +76,7 @@ impl KubernetesConfig {
         if !self.api_url.starts_with("http://") {
             anyhow::bail!("provision.kubernetes.api_url must be http:// (e.g. kubectl proxy; no TLS client in this build)");
         }
-        if !is_dns_label(&self.namespace) {
+        if !crate::model::meta::valid_dns_label(&self.namespace) {
             anyhow::bail!(
                 "provision.kubernetes.namespace {:?} is not a DNS label",
                 self.namespace
@@ -93,15 +93,6 @@ impl KubernetesConfig {
         }
         Ok(())
     }
-}
-
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 /// A DNS-1123 label built from `s` (lowercase, `[a-z0-9-]`, at most `max` chars).
@@ -543,7 +534,10 @@ mod tests {
         let mut r = req();
         r.server = "x".repeat(300);
         let n = job_name(&r, "id");
-        assert!(n.len() <= 63 && is_dns_label(&n), "{n}");
+        assert!(
+            n.len() <= 63 && crate::model::meta::valid_dns_label(&n),
+            "{n}"
+        );
         assert_ne!(job_name(&r, "id"), job_name(&r, "id2"));
     }
 

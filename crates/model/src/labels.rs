@@ -46,7 +46,7 @@ fn dns_subdomain(s: &str) -> bool {
 }
 
 /// Why `key` is not a qualified name, if it is not.
-pub(crate) fn qualified_name_error(key: &str) -> Option<String> {
+pub fn qualified_name_error(key: &str) -> Option<String> {
     let (prefix, name) = match key.split_once('/') {
         None => (None, key),
         Some((p, n)) => (Some(p), n),
@@ -79,7 +79,7 @@ pub(crate) fn qualified_name_error(key: &str) -> Option<String> {
 }
 
 /// Why `value` is not a valid label value, if it is not.
-pub(crate) fn label_value_error(value: &str) -> Option<String> {
+pub fn label_value_error(value: &str) -> Option<String> {
     if value.is_empty() {
         return None;
     }

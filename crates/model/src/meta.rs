@@ -1,9 +1,28 @@
 //! Accessors for the `metadata` fields of a JSON object (name, namespace, uid,
 //! resourceVersion, finalizers, deletion, labels, owners). Absent or mistyped fields
 //! read as empty, never as an error. Also [`set_condition`], the one way a
-//! `status.conditions` entry is written.
+//! `status.conditions` entry is written. And the name grammars: [`valid_object_name`]
+//! (what `metadata.name` may be) and [`valid_dns_label`].
 
 use serde_json::{json, Value};
+
+/// A Kubernetes object name (a DNS subdomain, RFC 1123): at most 253 lowercase letters,
+/// digits, `-` and `.`, starting and ending with a letter or digit. The one grammar of
+/// `metadata.name` and `metadata.namespace` (the store), of the names the boot HTTP
+/// routes take, and of references checked before they reach the store.
+pub fn valid_object_name(n: &str) -> bool {
+    n.len() <= 253
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && n.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && n.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+/// A DNS label (RFC 1123): at most 63 lowercase letters, digits and `-`, starting and
+/// ending with a letter or digit (no dots).
+pub fn valid_dns_label(n: &str) -> bool {
+    n.len() <= 63 && !n.contains('.') && valid_object_name(n)
+}
 
 pub fn name(o: &Value) -> &str {
     o.pointer("/metadata/name")
@@ -113,5 +132,25 @@ mod tests {
         assert_eq!(resource_version(&e), None);
         assert!(finalizers(&e).is_empty() && owner_uids(&e).is_empty());
         assert!(!is_deleting(&e) && labels(&e).is_none());
+    }
+
+    #[test]
+    fn name_grammars() {
+        for ok in ["a", "rack1-01", "web.example.com", "0", &"a".repeat(253)] {
+            assert!(valid_object_name(ok), "{ok}");
+        }
+        let long = "a".repeat(254);
+        for bad in [
+            "", "-a", "a-", ".a", "a.", "A", "a_b", "a b", "a/b", "é", &long,
+        ] {
+            assert!(!valid_object_name(bad), "{bad}");
+        }
+        for ok in ["a", "lpar-01", "0x", &"a".repeat(63)] {
+            assert!(valid_dns_label(ok), "{ok}");
+        }
+        let long = "a".repeat(64);
+        for bad in ["", "a.b", "-a", "a-", "A", &long] {
+            assert!(!valid_dns_label(bad), "{bad}");
+        }
     }
 }

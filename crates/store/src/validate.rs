@@ -28,16 +28,6 @@ pub(super) fn field(f: &str, reason: Reason, message: impl Into<String>) -> Fiel
     }
 }
 
-/// RFC 1123 subdomain, as kube requires for most object names.
-fn valid_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 253
-        && n.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && n.as_bytes()[0].is_ascii_alphanumeric()
-        && n.as_bytes()[n.len() - 1].is_ascii_alphanumeric()
-}
-
 /// Normalise and validate an object for `rt`; `old` is the stored object on update.
 pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<()> {
     let Value::Object(map) = obj else {
@@ -79,7 +69,7 @@ pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> 
     let mut causes = Vec::new();
     match map.get_mut("metadata") {
         Some(Value::Object(m)) => {
-            if !valid_name(&name) {
+            if !bootplane_model::meta::valid_object_name(&name) {
                 causes.push(field(
                     "metadata.name",
                     if name.is_empty() { Reason::Required } else { Reason::Invalid },
@@ -96,7 +86,7 @@ pub(super) fn check(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> 
                     .and_then(Value::as_str)
                     .unwrap_or("default")
                     .to_string();
-                if !valid_name(&ns) {
+                if !bootplane_model::meta::valid_object_name(&ns) {
                     causes.push(field(
                         "metadata.namespace",
                         Reason::Invalid,

@@ -109,16 +109,6 @@ pub fn parse_prefix(s: &str) -> Result<Vec<u8>, String> {
         .collect()
 }
 
-/// A Kubernetes object name (RFC 1123 subdomain), as the secret reference must be.
-fn valid_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 253
-        && n.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && n.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && n.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
-}
-
 impl MacDb {
     /// Parses and checks the database text.
     pub fn parse(text: &str) -> Result<MacDb, MacDbError> {
@@ -147,7 +137,7 @@ impl MacDb {
             if e.port == 0 {
                 return Err(bad("port must be 1..65535".into()));
             }
-            if !valid_name(&e.default_credentials_secret) {
+            if !crate::model::meta::valid_object_name(&e.default_credentials_secret) {
                 return Err(bad(
                     "defaultCredentialsSecret must be a BMCSecret name".into()
                 ));
