@@ -566,6 +566,7 @@ impl Services {
             db,
             self.discovery_metrics.clone(),
             d.cap(),
+            d.approved()?,
         );
         let (s, workers) = (self.coord.handle(), config.controller.workers);
         self.tasks.spawn(async move {
