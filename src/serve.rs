@@ -712,7 +712,7 @@ impl Controllers {
             redfish.pool().clone(),
             Duration::from_secs(config.power.redfish.poll_interval_secs),
             (config.discovery.enabled)
-                .then(|| config.discovery.approved())
+                .then(|| config.discovery.systems_policy())
                 .transpose()?,
         );
         let power = Arc::new(crate::power::metrics::Metered {
