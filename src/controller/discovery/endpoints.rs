@@ -640,8 +640,13 @@ mod tests {
         store.create(&m.t_secret, vendor).await.unwrap();
         m.lease(&grant(1, [10, 1, 0, 5])).await;
         m.lease(&grant(2, [10, 2, 0, 5])).await;
-        let (ok, held) = ("bmc-525400000001".to_string(), "bmc-525400000002".to_string());
-        assert!(!awaiting_approval(&store.get(&m.t_endpoint, None, &ok).unwrap()));
+        let (ok, held) = (
+            "bmc-525400000001".to_string(),
+            "bmc-525400000002".to_string(),
+        );
+        assert!(!awaiting_approval(
+            &store.get(&m.t_endpoint, None, &ok).unwrap()
+        ));
         let ep = store.get(&m.t_endpoint, None, &held).unwrap();
         assert_eq!(ep["metadata"]["labels"][APPROVAL_LABEL], APPROVAL_PENDING);
         for n in [&ok, &held] {
@@ -654,7 +659,10 @@ mod tests {
         assert!(store.get(&m.t_secret, None, &held).is_err());
         let ep = store.get(&m.t_endpoint, None, &held).unwrap();
         let c = &ep["status"]["conditions"][0];
-        assert_eq!((&c["type"], &c["status"]), (&json!(APPROVED), &json!("False")));
+        assert_eq!(
+            (&c["type"], &c["status"]),
+            (&json!(APPROVED), &json!("False"))
+        );
         assert_eq!(c["reason"], "AwaitingApproval");
         assert!(!ep.to_string().contains("calvin"));
         // Again: nothing more written.
