@@ -43,8 +43,12 @@ pub(super) fn seen(sealing: &Sealing, value: &[u8]) {
     }
 }
 
-/// The marker deleted (not by bootplane).
+/// The marker deleted (not by bootplane): strict stays if it was, and [`due`] says to
+/// write it again (it names no key now).
 pub(super) fn deleted(sealing: &Sealing) {
+    if sealing.strict() {
+        sealing.set_marker(Arc::from(""));
+    }
     tracing::error!(
         strict = sealing.strict(),
         "the cluster's sealing marker was deleted from etcd (bootplane never deletes it): this appliance keeps refusing legacy sealed values, and writes it again; check who can write etcd"

@@ -334,6 +334,7 @@ impl EtcdKv {
             return Err(self.failure(&ops, &answers));
         }
         let mut rev = urev(rev);
+        let committed = rev;
         // Creates bound to a revision etcd did not give them: bound again at once.
         let unbound: Vec<(String, Arc<Value>)> = ops
             .iter()
@@ -361,7 +362,7 @@ impl EtcdKv {
                         TxnOpResponse::Put(r) => r.prev_key().map(|p| urev(p.create_revision())),
                         _ => None,
                     }
-                    .unwrap_or(rev);
+                    .unwrap_or(committed);
                     kvs.push(Some(KeyValue {
                         key: Arc::from(op.key.as_str()),
                         raw: p.stamped(rev),
