@@ -629,7 +629,9 @@ fn a_bmc_listing_too_many_systems_makes_at_most_the_cap_of_servers() {
     assert_eq!(c["status"], "False", "{c}");
     let msg = c["message"].as_str().unwrap();
     assert!(
-        msg.contains("7 system(s)") && msg.contains("4 not registered"),
+        msg.contains("7 system(s)")
+            && msg.contains("4 not registered")
+            && msg.contains("3 system(s) registered"),
         "{msg}"
     );
     let mine = |b: &Bootplane| {

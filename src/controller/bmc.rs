@@ -288,7 +288,7 @@ impl BmcControllers {
             Ok(s) => {
                 let mut msg = format!(
                     "{} system(s) registered as Servers",
-                    ids.len() - s.without_uuid
+                    ids.len().saturating_sub(s.without_uuid + s.capped)
                 );
                 if s.created > 0 {
                     msg.push_str(&format!(", {} new", s.created));
