@@ -30,9 +30,8 @@
 //! etcd key's create revision and version after the write: every sealed put is
 //! guarded by the previous mod revision (an unguarded one gets the mirror's as its
 //! guard), and the mirror keeps each sealed key's version, so the binding is known
-//! before the write. A create is bound to the next revision (etcd's current one, asked
-//! just before, plus one); when etcd commits it at another, the same transaction's sealed creates are
-//! rewritten at once bound to the real create revision ([`EtcdKv::rebind`]). A value
+//! before the write. A create is bound to etcd's current revision (asked just before)
+//! plus one; committed at another, it is bound again at once ([`EtcdKv::rebind`]). A value
 //! whose binding is not what etcd holds (an older value put back), a legacy one after
 //! the cluster's marker ([`marker`]) or an APIToken in clear is not served: the mirror
 //! keeps what it had and says so in the log (a listing leaves the key out).
@@ -415,8 +414,7 @@ impl EtcdKv {
             let _ =
                 tokio::time::timeout(self.inner.request_timeout, seen.wait_for(|x| *x >= r)).await;
         }
-        // A create is bound to the next revision: learn the current one (writes outside
-        // the objects, e.g. DHCP leases, move it without the mirror seeing them).
+        // Creates bind the next revision; writes the mirror does not see (DHCP) move it.
         if ops
             .iter()
             .any(|op| sealed_put(op) && matches!(op.compare, Compare::Absent | Compare::Any))
@@ -479,9 +477,8 @@ impl EtcdKv {
         Ok(())
     }
 
-    /// Put `puts` (sealed creates just committed at `created`, bound to a revision
-    /// etcd did not give them, so no mirror opens them) again, bound to `created` and
-    /// version 2, guarded by `created` (and the fence): the revision and the texts.
+    /// Put `puts` (sealed creates committed at `created`, bound to another revision, so
+    /// opened nowhere) again bound to (`created`, 2), guarded: the revision and texts.
     async fn rebind(
         &self,
         puts: &[(String, Arc<Value>)],
@@ -545,8 +542,7 @@ impl EtcdKv {
         Ok((urev(rev), texts))
     }
 
-    /// Write the cluster's sealing marker when it is due ([`marker`]): after a pass of
-    /// the key rotation left no legacy value (or after a rotation of the key).
+    /// Write the cluster's sealing marker when it is due ([`marker::due`]).
     pub async fn settle_sealing(&self) -> Result<bool, KvError> {
         let sealing = &self.inner.sealing;
         if !marker::due(sealing) {
@@ -904,8 +900,7 @@ fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event])
                                 None
                             });
                         if let Some(m) = m {
-                            // The mirror's view: a create bound again (or a key left
-                            // out until now) is new here.
+                            // New here: also a create bound again, or a key left out.
                             let existed = st.get(&m.key).is_some();
                             changes.push((m.key.clone(), Some(m.clone())));
                             out.push(Event {
