@@ -562,6 +562,7 @@ impl Services {
             db,
             self.discovery_metrics.clone(),
             d.cap(),
+            d.approved()?,
         );
         let (s, workers) = (self.coord.handle(), config.controller.workers);
         self.tasks.spawn(async move {
@@ -707,7 +708,7 @@ impl Controllers {
             redfish.pool().clone(),
             Duration::from_secs(config.power.redfish.poll_interval_secs),
             (config.discovery.enabled)
-                .then(|| config.discovery.approved())
+                .then(|| config.discovery.systems_policy())
                 .transpose()?,
         );
         let power = Arc::new(crate::power::metrics::Metered {

@@ -12,7 +12,9 @@
 //! UefiHttp and virtual media).
 //!
 //! With `[discovery] enabled`, each look also registers the BMC's systems as Servers
-//! ([`super::systems`]), and the BMC's condition `SystemsDiscovered` says how many.
+//! ([`super::systems`]), and the BMC's condition `SystemsDiscovered` says how many: at
+//! most `discovery.max_systems_per_bmc` Servers name one BMC; beyond that the condition
+//! is False (reason `TooManySystems`) and a Warning Event says how many were left out.
 //!
 //! **Invariant:** nothing written here carries a credential: the secret is read only to
 //! build the client target.
@@ -57,11 +59,21 @@ pub struct BmcControllers {
     t_bmc: Arc<ResourceType>,
     t_secret: Arc<ResourceType>,
     t_server: Arc<ResourceType>,
-    /// Register the BMCs' systems as Servers (`[discovery] enabled`): `Some`, with the
-    /// BMC addresses whose Servers need no approval (`discovery.approved_bmcs`).
-    discover: Option<Vec<crate::nfs::ClientMatch>>,
+    /// Register the BMCs' systems as Servers (`[discovery] enabled`): `Some`.
+    discover: Option<Discover>,
     systems: SystemIndex,
     seen: Seen,
+    /// Warning Events (too many systems).
+    events: crate::store::events::Recorder,
+}
+
+/// How the BMCs' systems become Servers (`[discovery]`).
+#[derive(Debug, Clone)]
+pub struct Discover {
+    /// BMC addresses whose Servers need no approval (`discovery.approved_bmcs`).
+    pub approved: Vec<crate::nfs::ClientMatch>,
+    /// Most Servers naming one BMC (`discovery.max_systems_per_bmc`).
+    pub max_systems: usize,
 }
 
 /// What one look at a BMC found.
@@ -83,10 +95,11 @@ impl BmcControllers {
         store: Store,
         pool: redfish::Pool,
         poll: Duration,
-        discover: Option<Vec<crate::nfs::ClientMatch>>,
+        discover: Option<Discover>,
     ) -> Arc<BmcControllers> {
         let reg = store.registry();
         Arc::new(BmcControllers {
+            events: crate::store::events::Recorder::spawn(store.clone(), "bootplane-bmc"),
             t_bmc: reg.resolve("bmc").expect("bmc type"),
             t_secret: reg.resolve("bmcsecret").expect("bmcsecret type"),
             t_server: reg.resolve("server").expect("server type"),
@@ -206,10 +219,10 @@ impl BmcControllers {
                 match observe(&client).await {
                     Ok(o) => {
                         write_observed(&mut st, &o);
-                        if let Some(approved) = &self.discover {
+                        if let Some(d) = &self.discover {
                             let ok = self.address(&bmc).and_then(|a| a.parse().ok());
-                            let ok = ok.is_some_and(|ip| approved.iter().any(|m| m.contains(ip)));
-                            let new = (name, !ok);
+                            let ok = ok.is_some_and(|ip| d.approved.iter().any(|m| m.contains(ip)));
+                            let new = (&*bmc, !ok);
                             self.sync_systems(new, &client, &o.ids, &mut st).await?;
                         }
                     }
@@ -242,20 +255,20 @@ impl BmcControllers {
     /// Register the BMC's systems as Servers; the outcome goes into the BMC's
     /// `SystemsDiscovered` condition (a Redfish failure there too; a store failure is
     /// the reconcile's error, retried).
-    /// `bmc`: the BMC's name, and whether its new Servers wait for approval.
+    /// `bmc`: the BMC, and whether its new Servers wait for approval.
     async fn sync_systems(
         &self,
-        bmc: (&str, bool),
+        (obj, pending): (&Value, bool),
         client: &Bmc,
         ids: &[String],
         st: &mut Value,
     ) -> Result<(), StoreError> {
+        let max = self.discover.as_ref().map_or(0, |d| d.max_systems);
         let r = systems::sync(
             &self.store,
             &self.t_server,
-            &self.systems,
-            &self.seen,
-            bmc,
+            (&self.systems, &self.seen),
+            (meta::name(obj), pending, max),
             client,
             ids,
         )
@@ -264,7 +277,7 @@ impl BmcControllers {
             Ok(s) => {
                 let mut msg = format!(
                     "{} system(s) registered as Servers",
-                    ids.len() - s.without_uuid
+                    ids.len().saturating_sub(s.without_uuid + s.capped)
                 );
                 if s.created > 0 {
                     msg.push_str(&format!(", {} new", s.created));
@@ -278,7 +291,17 @@ impl BmcControllers {
                         s.without_uuid
                     ));
                 }
-                set_condition(st, "SystemsDiscovered", true, "Registered", &msg);
+                if s.capped > 0 {
+                    let msg = format!("the BMC lists {} system(s), more than discovery.max_systems_per_bmc ({max}) Servers may name one BMC: {} not registered; {msg}", ids.len(), s.capped);
+                    let was = condition_reason(st, "SystemsDiscovered");
+                    set_condition(st, "SystemsDiscovered", false, "TooManySystems", &msg);
+                    if was.as_deref() != Some("TooManySystems") {
+                        tracing::warn!(bmc = meta::name(obj), listed = ids.len(), max, "a BMC lists more systems than discovery.max_systems_per_bmc; the rest are not registered");
+                        self.events.warning(&self.t_bmc, obj, "TooManySystems", msg);
+                    }
+                } else {
+                    set_condition(st, "SystemsDiscovered", true, "Registered", &msg);
+                }
             }
             Err(SyncError::Redfish(e)) => {
                 set_condition(st, "SystemsDiscovered", false, e.reason(), &e.to_string());
@@ -287,6 +310,17 @@ impl BmcControllers {
         }
         Ok(())
     }
+}
+
+/// The reason of condition `ty` in `st`, when there is one.
+fn condition_reason(st: &Value, ty: &str) -> Option<String> {
+    st.get("conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == ty)?
+        .get("reason")?
+        .as_str()
+        .map(String::from)
 }
 
 /// Read what the status shows from the BMC.

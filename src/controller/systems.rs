@@ -10,6 +10,12 @@
 //! there (`Initial → Discovery`). A system the BMC no longer lists keeps its Server, whose
 //! condition `SystemPresent` turns False (reason `SystemGone`); listed again, True.
 //!
+//! **A cap.** At most `max` (`discovery.max_systems_per_bmc`) Servers name one BMC:
+//! only the first `max` systems a BMC lists are read at all, and no Server is created
+//! once `max` name the BMC; the rest are counted ([`Synced::capped`]) for the BMC's
+//! condition. While a BMC is over the cap no Server of it is marked gone (its system
+//! may be among those not read).
+//!
 //! **Invariant:** one Server per system UUID: a system whose UUID a Server already has
 //! (whatever its name and however it was made) gets no second one, and the name is a
 //! function of BMC and system id, so two reconciles racing create it once.
@@ -110,6 +116,16 @@ pub struct Synced {
     pub gone: usize,
     /// Systems skipped because they report no usable UUID.
     pub without_uuid: usize,
+    /// Systems not registered because the BMC reached its cap of Servers.
+    pub capped: usize,
+}
+
+/// What became of one system read.
+enum Found {
+    /// A Server has its UUID (`true`: made just now).
+    Server(bool),
+    /// None has, and the BMC has its cap of Servers.
+    Capped,
 }
 
 /// Per BMC, the systems already matched to a Server: `@odata.id` → UUID, so a poll that
@@ -124,17 +140,23 @@ impl Seen {
 }
 
 /// Make the store's Servers match the systems `client` (BMC `bmc`) lists as `ids`; new
-/// Servers wait for approval when `pending` ([`APPROVAL_LABEL`]).
+/// Servers wait for approval when `pending` ([`APPROVAL_LABEL`]); at most `max` Servers
+/// name the BMC.
 pub async fn sync(
     store: &Store,
     t_server: &ResourceType,
-    index: &SystemIndex,
-    seen: &Seen,
-    (bmc, pending): (&str, bool),
+    (index, seen): (&SystemIndex, &Seen),
+    (bmc, pending, max): (&str, bool, usize),
     client: &Bmc,
     ids: &[String],
 ) -> Result<Synced, SyncError> {
-    let mut out = Synced::default();
+    let mut out = Synced {
+        capped: ids.len().saturating_sub(max),
+        ..Synced::default()
+    };
+    let ids = &ids[..ids.len().min(max)];
+    let room = std::sync::atomic::AtomicUsize::new(max.saturating_sub(index.servers_of(bmc).len()));
+    let room = &room;
     let known = seen.0.lock().unwrap().get(bmc).cloned().unwrap_or_default();
     let mut present: HashMap<String, String> = HashMap::new();
     let mut new = Vec::new();
@@ -148,9 +170,9 @@ pub async fn sync(
     }
     // New systems are read side by side (the pool's per-BMC limit bounds them): a
     // blade chassis of 16 systems costs one round of reads, not sixteen.
-    // Per new system: `(id, uuid, created)`, or `None` without a usable UUID.
-    type Found = Option<(String, String, bool)>;
-    let results: Vec<Result<Found, SyncError>> = futures::stream::iter(new)
+    // Per new system: `(id, uuid, what became of it)`, or `None` without a usable UUID.
+    type Read = Option<(String, String, Found)>;
+    let results: Vec<Result<Read, SyncError>> = futures::stream::iter(new)
         .map(|id| async move {
             let sys = client.system(&id).await?;
             let Some(uuid) = sys.uuid.as_deref().and_then(|u| parse_uuid(u).ok()) else {
@@ -158,6 +180,13 @@ pub async fn sync(
             };
             let mut created = false;
             if index.server_with_uuid(&uuid).is_none() {
+                use std::sync::atomic::Ordering::SeqCst;
+                if room
+                    .fetch_update(SeqCst, SeqCst, |r| r.checked_sub(1))
+                    .is_err()
+                {
+                    return Ok(Some((id, uuid, Found::Capped)));
+                }
                 let nics = match client.ethernet_interfaces(&sys).await {
                     Ok(n) => n,
                     Err(redfish::Error::Unsupported(_)) => Vec::new(),
@@ -166,23 +195,28 @@ pub async fn sync(
                 let new = (bmc, pending);
                 created = create(store, t_server, new, &sys, &uuid, &nics).await?;
             }
-            Ok(Some((id, uuid, created)))
+            Ok(Some((id, uuid, Found::Server(created))))
         })
         .buffer_unordered(READ_AHEAD)
         .collect()
         .await;
     for r in results {
         match r? {
-            Some((id, uuid, created)) => {
+            Some((id, uuid, Found::Server(created))) => {
                 out.created += usize::from(created);
                 present.insert(id, uuid);
             }
+            Some((_, _, Found::Capped)) => out.capped += 1,
             None => out.without_uuid += 1,
         }
     }
     let present_uuids: BTreeSet<&String> = present.values().collect();
     for (server, uuid) in index.servers_of(bmc) {
         let here = present_uuids.contains(&uuid);
+        if !here && out.capped > 0 {
+            // Perhaps among the systems not read.
+            continue;
+        }
         out.gone += usize::from(!here);
         mark_present(store, t_server, &server, bmc, here).await?;
     }

@@ -7,12 +7,13 @@
 //! that never reports is booted again with backoff and then left in `Discovery` with a
 //! reason; every bad inventory (forged token, wrong source, malformed, oversized, out of
 //! bounds, another machine's UUID, a Server not in Discovery) is refused, counted, and
-//! writes nothing.
+//! writes nothing. A BMC listing more systems than `discovery.max_systems_per_bmc`
+//! makes only that many Servers, and says so on the BMC (condition and Event).
 
 use crate::support;
 
 use serde_json::{json, Value};
-use support::api::{add_bmc, claim, claims, SERVERS};
+use support::api::{add_bmc, claim, claims, BMCS, SERVERS};
 use support::bootplane::Bootplane;
 use support::fakebmc::{mac_for, uuid_for, FakeBmc};
 
@@ -598,4 +599,55 @@ fn servers_from_an_unapproved_bmc_wait_for_an_operators_approval() {
     b.wait_for(30, "bmc-u-1 claimed", || {
         (server(&b, "bmc-u-1")["spec"]["serverClaimRef"]["name"] == "c-u").then_some(())
     });
+}
+
+/// Issue 32 item 4: a rogue BMC listing many systems makes at most
+/// `discovery.max_systems_per_bmc` Servers; the rest is the BMC's condition
+/// `SystemsDiscovered` (False, `TooManySystems`) and a Warning Event, not silence.
+#[test]
+fn a_bmc_listing_too_many_systems_makes_at_most_the_cap_of_servers() {
+    let rt = runtime();
+    let fake = rt.block_on(
+        FakeBmc::builder()
+            .systems(7)
+            .seed(13)
+            .credentials("admin", PASSWORD)
+            .start(),
+    );
+    let b = start(&[
+        "--set",
+        "discovery.max_systems_per_bmc=3",
+        "--set",
+        "discovery.first_boot=false",
+    ]);
+    add_bmc(&b, "bmc-many", &fake.base_url, PASSWORD);
+    let path = format!("{BMCS}/bmc-many");
+    let c = b.wait_for(30, "the bmc over its cap", || {
+        let c = condition(&b.get(&path), "SystemsDiscovered");
+        (c["reason"] == "TooManySystems").then_some(c)
+    });
+    assert_eq!(c["status"], "False", "{c}");
+    let msg = c["message"].as_str().unwrap();
+    assert!(
+        msg.contains("7 system(s)")
+            && msg.contains("4 not registered")
+            && msg.contains("3 system(s) registered"),
+        "{msg}"
+    );
+    let mine = |b: &Bootplane| {
+        servers(b)
+            .into_iter()
+            .filter(|s| s["spec"]["bmcRef"]["name"] == "bmc-many")
+            .count()
+    };
+    assert_eq!(mine(&b), 3);
+    // Later polls (the BMC is read again) make no more.
+    let seen = fake.total_requests();
+    b.wait_for(30, "two more polls", || {
+        (fake.total_requests() > seen + 10).then_some(())
+    });
+    assert_eq!(mine(&b), 3);
+    let (code, out, err) = b.cli(&["get", "events", "--for", "bmc/bmc-many"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("TooManySystems"), "{out}");
 }

@@ -12,7 +12,8 @@
 //! bootplane change nothing; deleting an Endpoint removes its BMC and BMCSecret. Also
 //! (issue 32 item 4): new Endpoints are capped per interval, and a lease that moves to
 //! another address leaves the Endpoint's address pinned, with a condition, until an
-//! operator accepts the move.
+//! operator accepts the move; a BMC whose address is not in `approved_bmcs` is sent no
+//! credentials at all (not one request reaches it) until its Endpoint is approved.
 
 use crate::support;
 
@@ -65,6 +66,11 @@ stringData:
 /// A fake BMC (sessions on) listening on `0.0.0.0:8000` in `ns`, served by a runtime
 /// that lives as long as the returned pair.
 fn fake_bmc_in(ns: &Netns, password: &str) -> (tokio::runtime::Runtime, FakeBmc) {
+    fake_bmc_with(ns, password, true)
+}
+
+/// [`fake_bmc_in`], with sessions on or off (off: Basic credentials on each request).
+fn fake_bmc_with(ns: &Netns, password: &str, sessions: bool) -> (tokio::runtime::Runtime, FakeBmc) {
     let (name, password) = (ns.name.clone(), password.to_string());
     std::thread::spawn(move || {
         enter_thread(&name);
@@ -76,7 +82,7 @@ fn fake_bmc_in(ns: &Netns, password: &str) -> (tokio::runtime::Runtime, FakeBmc)
         let bmc = rt.block_on(
             FakeBmc::builder()
                 .credentials("admin", &password)
-                .sessions(true)
+                .sessions(sessions)
                 .bind("0.0.0.0:8000")
                 .start(),
         );
@@ -316,4 +322,66 @@ fn new_endpoints_are_capped_and_a_moved_lease_leaves_the_address_pinned() {
         let c = condition(&e, "AddressPinned");
         (c["status"] == "True" && c["reason"] == "Accepted").then_some(())
     });
+}
+
+/// Issue 32 item 4: the vendor's default credentials go only to approved BMCs. A BMC
+/// leased an address outside `approved_bmcs` (none here) gets an Endpoint labelled
+/// `bootplane.dev/approval: pending` and nothing else: no BMCSecret, no BMC, and the
+/// fake BMC (Basic auth, recording each Authorization header) receives no request at
+/// all. Once an operator labels the Endpoint approved, the BMC is made and logs in
+/// with the vendor default.
+#[test]
+fn an_unapproved_bmc_is_sent_no_credentials_until_its_endpoint_is_approved() {
+    use base64::Engine as _;
+    require("busybox");
+    let mut lab = Lab::new(&[GOOD]);
+    let (_rt, fake) = fake_bmc_with(&lab.bmcs[0].1, "vendor-a-pw", false);
+    lab.start_with(MAC_DB, "approved_bmcs = []", "");
+    let out = lab.cli(&["apply", "-f", "-"], Some(SECRETS));
+    assert!(out.status.success(), "{out:?}");
+    let ip = lab.lease(0);
+    let good = endpoint_name(GOOD);
+    let ep = lab.wait(20, "the endpoint held for approval", || {
+        let e = lab.get("endpoint", &good)?;
+        (condition(&e, "Approved")["reason"] == "AwaitingApproval").then_some(e)
+    });
+    assert_eq!(
+        ep["metadata"]["labels"]["bootplane.dev/approval"], "pending",
+        "{ep}"
+    );
+    assert_eq!(condition(&ep, "Approved")["status"], "False", "{ep}");
+    // The reconciler that decided this is the one that would have made them.
+    assert!(lab.get("bmc", &good).is_none());
+    assert!(lab.get("bmcsecret", &good).is_none());
+    assert_eq!(
+        fake.total_requests(),
+        0,
+        "a request reached the unapproved BMC"
+    );
+    assert_eq!(
+        fake.last_auth(),
+        None,
+        "credentials reached the unapproved BMC"
+    );
+
+    // The operator approves the Endpoint: BMC + BMCSecret, and the default login.
+    let approve = format!(
+        "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Endpoint\nmetadata:\n  name: {good}\n  labels:\n    bootplane.dev/approval: approved\nspec:\n  macAddress: \"{GOOD}\"\n  ip: \"{ip}\"\n"
+    );
+    let out = lab.cli(&["apply", "-f", "-"], Some(&approve));
+    assert!(out.status.success(), "{out:?}");
+    lab.wait(30, "the approved bmc authenticated", || {
+        let b = lab.get("bmc", &good)?;
+        (condition(&b, "Authenticated")["status"] == "True").then_some(())
+    });
+    let auth = fake
+        .last_auth()
+        .expect("an Authorization header after approval");
+    let basic = auth.strip_prefix("Basic ").expect("basic auth");
+    let pair = base64::engine::general_purpose::STANDARD
+        .decode(basic)
+        .unwrap();
+    assert_eq!(pair, b"admin:vendor-a-pw");
+    let ep = lab.get("endpoint", &good).unwrap();
+    assert_eq!(condition(&ep, "Approved")["status"], "True", "{ep}");
 }

@@ -5,7 +5,9 @@
 //! mirror), several appliances' mirrors on one cluster, fenced writes after a lost
 //! leadership, 503 without quorum while reads go on, and `store migrate` both ways;
 //! sealed values bound to their etcd key's version (an older value put back is not
-//! served; values of before are re-sealed) and plain `http://` refused off loopback.
+//! served; values of before are re-sealed; a deleted key's first value put back is
+//! refused; legacy values end with the cluster's marker) and plain `http://` refused
+//! off loopback.
 
 use crate::support;
 
@@ -714,33 +716,180 @@ async fn raw(client: &mut etcd_client::Client, key: &str) -> Vec<u8> {
     r.kvs()[0].value().to_vec()
 }
 
+/// A Secret's value sealed as appliances of before sealed it (bound to its key only):
+/// the embedded engine's envelope, read out of its redb file.
+async fn v1_value(name: &str, password: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open_with(dir.path(), sealer()).unwrap();
+    s.create(&rt("secret"), secret(name, password))
+        .await
+        .unwrap();
+    tokio::task::spawn_blocking(move || s.close())
+        .await
+        .unwrap();
+    use redb::ReadableDatabase as _;
+    let db = redb::Database::open(dir.path().join("store.redb")).unwrap();
+    let r = db.begin_read().unwrap();
+    let t = r
+        .open_table(redb::TableDefinition::<&str, &[u8]>::new("kv"))
+        .unwrap();
+    let rec = t
+        .get(format!("/core/secrets/default/{name}").as_str())
+        .unwrap()
+        .unwrap();
+    let v1 = rec.value()[16..].to_vec();
+    assert!(v1.starts_with(b"bootplane:enc:xchacha20poly1305:v1:"));
+    v1
+}
+
+/// `etcdctl put KEY` with `value` (bytes, which an argument cannot hold) on its
+/// standard input.
+fn etcdctl_put(c: &EtcdCluster, key: &str, value: &[u8]) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", c.endpoints_csv()))
+        .args(["--dial-timeout=1s", "--command-timeout=2s", "put", key])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("etcdctl");
+    child.stdin.take().unwrap().write_all(value).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// The etcd key's (mod revision, version).
+async fn stat(client: &mut etcd_client::Client, key: &str) -> (u64, i64) {
+    let r = client.get(key, None).await.unwrap();
+    (r.kvs()[0].mod_revision() as u64, r.kvs()[0].version())
+}
+
+/// Issue 32 item 6: a create is bound to its real create revision, so a deleted
+/// Secret's first value put back (`etcdctl del`, `etcdctl put` of the old ciphertext,
+/// which etcd gives version 1 again) is refused, not served; a create that lands at
+/// another revision than it was sealed for (a write elsewhere in etcd in between) is
+/// rewritten bound at once and served. Legacy values (`v1`) open until the rotation pass has
+/// re-sealed them all and written the cluster's marker; put back after it: refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_value_put_back_after_delete_is_refused_and_the_marker_ends_legacy_values() {
+    let c = EtcdCluster::start(1);
+    let mut client = etcd_client::Client::connect(c.endpoints(), None)
+        .await
+        .unwrap();
+    let legacy = v1_value("old", "legacy").await;
+    let old_key = "/t9/objects/core/secrets/default/old";
+    client.put(old_key, legacy.clone(), None).await.unwrap();
+    let s = open(&c, "/t9/").await;
+    let kv = match s.kv() {
+        Backend::Etcd(kv) => kv.clone(),
+        _ => unreachable!(),
+    };
+    assert_eq!(password(&s, "old").as_deref(), Some("legacy"));
+
+    // The first value of a Secret, put back after a delete.
+    let key = "/t9/objects/core/secrets/default/s";
+    s.create(&rt("secret"), secret("s", "one")).await.unwrap();
+    let first = raw(&mut client, key).await;
+    assert_eq!(
+        stat(&mut client, key).await.1,
+        1,
+        "guessed right: one write"
+    );
+    let mut upd = (*s.get(&rt("secret"), Some("default"), "s").unwrap()).clone();
+    upd["stringData"] = json!({"password": "two"});
+    s.update(&rt("secret"), upd, Part::Main).await.unwrap();
+    let o = c.etcdctl(&["del", key]);
+    assert!(o.status.success(), "{o:?}");
+    etcdctl_put(&c, key, &first);
+    let (rev, version) = stat(&mut client, key).await;
+    assert_eq!(version, 1, "etcd gives the re-created key version 1 again");
+    until(5, "the mirror past the put", || s.revision() >= rev).await;
+    assert_eq!(password(&s, "s"), None, "the first value was served again");
+    let late = open(&c, "/t9/").await;
+    assert_eq!(password(&late, "s"), None);
+    late.close();
+
+    // Writes elsewhere in etcd all the time: some creates land at another revision
+    // than the one they were sealed for, and are bound again at once; all are served.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (mut client, stop) = (client.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let k = format!("/elsewhere/{}", i % 8);
+                client.put(k, "x", None).await.unwrap();
+            }
+        })
+    };
+    let mut rebound = 0;
+    let mut made = Vec::new();
+    for i in 0..150 {
+        let n = format!("m{i}");
+        s.create(&rt("secret"), secret(&n, &n)).await.unwrap();
+        let key = format!("/t9/objects/core/secrets/default/{n}");
+        rebound += usize::from(stat(&mut client, &key).await.1 == 2);
+        made.push(n);
+        if rebound >= 2 {
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
+    assert!(
+        rebound >= 1,
+        "no create raced a write elsewhere in {} tries",
+        made.len()
+    );
+    let late = open(&c, "/t9/").await;
+    for n in &made {
+        assert_eq!(password(&s, n).as_deref(), Some(n.as_str()));
+        assert_eq!(password(&late, n).as_deref(), Some(n.as_str()));
+    }
+    late.close();
+
+    // Legacy values: no marker while one is left; re-sealed, then the marker.
+    assert!(!kv.settle_sealing().await.unwrap());
+    assert!(!kv.sealing().strict());
+    assert_eq!(s.reseal(10).await.unwrap().rewritten, 1);
+    assert!(kv.settle_sealing().await.unwrap());
+    assert!(kv.sealing().strict());
+    assert!(!kv.settle_sealing().await.unwrap(), "written once");
+    let mut o = (*s.get(&rt("secret"), Some("default"), "old").unwrap()).clone();
+    o["stringData"] = json!({"password": "current"});
+    s.update(&rt("secret"), o, Part::Main).await.unwrap();
+    // The legacy value put back: refused by this mirror and by a new one.
+    etcdctl_put(&c, old_key, &legacy);
+    let (rev, _) = stat(&mut client, old_key).await;
+    until(5, "the mirror past the put", || s.revision() >= rev).await;
+    assert_eq!(password(&s, "old").as_deref(), Some("current"));
+    let late = open(&c, "/t9/").await;
+    assert_eq!(
+        password(&late, "old"),
+        None,
+        "a legacy value served after the marker"
+    );
+    let late_kv = match late.kv() {
+        Backend::Etcd(kv) => kv.clone(),
+        _ => unreachable!(),
+    };
+    assert!(late_kv.sealing().strict(), "the marker read at listing");
+    assert_eq!(password(&late, "m0").as_deref(), Some("m0"));
+    for x in [s, late] {
+        x.close();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sealed_value_put_back_is_not_served_and_values_of_before_are_resealed() {
     let c = EtcdCluster::start(1);
     let mut client = etcd_client::Client::connect(c.endpoints(), None)
         .await
         .unwrap();
-    // A value sealed as appliances of before sealed it (bound to its key only): the
-    // embedded engine's envelope, read out of its redb file.
-    let dir = tempfile::tempdir().unwrap();
-    let s = Store::open_with(dir.path(), sealer()).unwrap();
-    s.create(&rt("secret"), secret("old", "first"))
-        .await
-        .unwrap();
-    tokio::task::spawn_blocking(move || s.close())
-        .await
-        .unwrap();
-    let v1 = {
-        use redb::ReadableDatabase as _;
-        let db = redb::Database::open(dir.path().join("store.redb")).unwrap();
-        let r = db.begin_read().unwrap();
-        let t = r
-            .open_table(redb::TableDefinition::<&str, &[u8]>::new("kv"))
-            .unwrap();
-        let rec = t.get("/core/secrets/default/old").unwrap().unwrap();
-        rec.value()[16..].to_vec()
-    };
-    assert!(v1.starts_with(b"bootplane:enc:xchacha20poly1305:v1:"));
+    let v1 = v1_value("old", "first").await;
     let old_key = "/t8/objects/core/secrets/default/old";
     client.put(old_key, v1, None).await.unwrap();
     // It opens; it counts as stale (`@v1`) and one reseal pass rewrites it bound.

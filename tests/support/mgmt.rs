@@ -62,7 +62,8 @@ impl Lab {
         self.start_with(mac_db, "", extra);
     }
 
-    /// [`Lab::start`] with `discovery` TOML keys added to `[discovery]`.
+    /// [`Lab::start`] with `discovery` TOML keys added to `[discovery]` (the whole lab
+    /// subnet is in `approved_bmcs` unless they set it).
     pub fn start_with(&mut self, mac_db: &str, discovery: &str, extra: &str) {
         std::fs::write(self.path("macs.yaml"), mac_db).unwrap();
         let cfg = format!(
@@ -79,7 +80,7 @@ auth_interval_secs = 300
 enabled = true
 first_boot = false
 mac_db = "{macs}"
-approved_bmcs = ["{NET}.0/24"]
+{approved}
 {discovery}
 [discovery.dhcp]
 enabled = true
@@ -91,6 +92,11 @@ lease_time_secs = 600
 "#,
             state = self.path("state").display(),
             macs = self.path("macs.yaml").display(),
+            approved = if discovery.contains("approved_bmcs") {
+                String::new()
+            } else {
+                format!("approved_bmcs = [\"{NET}.0/24\"]")
+            },
         );
         std::fs::write(self.path("bootplane.toml"), cfg).unwrap();
         self.bp = Some(serve_in(

@@ -3,7 +3,9 @@
 //! stored under another key than its first is rewritten ([`super::Store::reseal`]),
 //! at most [`PER_PASS`] per pass; `bootplane_store_secrets_by_key{key}` counts the
 //! objects under each key, and one log line says when none is left under an older
-//! key, so it can be removed from the file.
+//! key, so it can be removed from the file. On etcd the same pass binds legacy sealed
+//! values and then writes the cluster's sealing marker
+//! ([`super::etcd::marker`]), after which legacy values are refused.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -110,6 +112,12 @@ pub async fn run(
             .map(|(_, n)| n)
             .sum();
         if stale == 0 {
+            if let super::Backend::Etcd(kv) = store.kv() {
+                // No legacy value left: the cluster's sealing marker ends them.
+                if let Err(e) = kv.settle_sealing().await {
+                    tracing::warn!(error = %e, "writing the cluster's sealing marker failed; retrying later");
+                }
+            }
             if pending {
                 tracing::info!(
                     key = %primary,

@@ -17,10 +17,15 @@
 //! longer holds and is refused ([`SealError::Replayed`]); the engine knows the version
 //! it writes because every sealed write is guarded by the previous mod revision. A
 //! `v1` value (written before) still opens, and counts as stale so the next pass of
-//! [`super::Store::reseal`] rewrites it as `v2`. Limits: a `v1` value of before the
-//! upgrade still opens if put back (rotating the key after the upgrade retires them
-//! all), and a value sealed when its key was created (version 1) opens again if the
-//! key is deleted and that value put back as a new key. The embedded engine keeps
+//! [`super::Store::reseal`] rewrites it as `v2`. A create is bound to the revision
+//! etcd will give it (its current one, asked just before, plus one); when etcd gives another
+//! (a write elsewhere in between), the value opens nowhere and the writer rewrites it
+//! at once bound to the real create revision (version 2): so a deleted key's first
+//! value put back as a new key is bound to a create revision that key no longer has.
+//! **Legacy** values (`v1`, and `v2` bound to create revision 0 by appliances of
+//! before) open only until the cluster's marker says every one was re-sealed
+//! (`super::etcd::marker`); after it they are refused ([`SealError::Legacy`]).
+//! The embedded engine keeps
 //! writing `v1`: its file and the key file are in the same state directory, so
 //! whoever can put an old record back can read the keys too.
 //! XChaCha20-Poly1305's 192-bit nonce is drawn at random for every write: random
@@ -80,6 +85,8 @@ const TAG: usize = 16;
 /// The ledger's name for a sealed object stored in clear (Kubernetes' name for the
 /// provider that does not encrypt); no key may be called so.
 pub(crate) const IDENTITY: &str = "identity";
+/// How the ledger names a key whose object is in a legacy envelope (`KEY@v1`).
+pub(crate) const LEGACY_SUFFIX: &str = "@v1";
 /// Largest key file read.
 const MAX_FILE: u64 = 64 << 10;
 /// Most keys in a key file.
@@ -108,7 +115,8 @@ pub struct Binding {
 }
 
 impl Binding {
-    /// The binding of the write that creates a key.
+    /// The binding appliances of before gave the write that creates a key (its create
+    /// revision not known): legacy, refused once the cluster's marker is written.
     pub const CREATE: Binding = Binding {
         create_rev: 0,
         version: 1,
@@ -176,6 +184,10 @@ pub enum SealError {
         "{key} is stored in clear, which bootplane never writes for this type on etcd: refused"
     )]
     Unsealed { key: String },
+    #[error(
+        "{key} holds a value sealed in a legacy envelope (v1, or bound to no create revision), which this cluster refuses since every value was re-sealed: an older value put back under the key (not by bootplane); refused"
+    )]
+    Legacy { key: String },
 }
 
 impl SealError {
@@ -185,7 +197,8 @@ impl SealError {
             SealError::UnknownKey { name, .. } | SealError::Decrypt { name, .. } => Some(name),
             SealError::Malformed { .. }
             | SealError::Replayed { .. }
-            | SealError::Unsealed { .. } => None,
+            | SealError::Unsealed { .. }
+            | SealError::Legacy { .. } => None,
         }
     }
 }
@@ -320,8 +333,9 @@ impl Keyring {
         format: Format,
         body: &[u8],
         held: Option<&Binding>,
-    ) -> Result<(Vec<u8>, Arc<str>), SealError> {
+    ) -> Result<(Vec<u8>, Arc<str>, bool), SealError> {
         let malformed = || SealError::Malformed { key: key.into() };
+        let mut legacy = format == Format::V1;
         let colon = body.iter().position(|b| *b == b':').ok_or_else(malformed)?;
         let name = std::str::from_utf8(&body[..colon]).map_err(|_| malformed())?;
         let mut rest = &body[colon + 1..];
@@ -332,6 +346,7 @@ impl Keyring {
                     return Err(malformed());
                 }
                 let sealed = Binding::from_bytes(&rest[..BINDING]);
+                legacy = sealed.create_rev == 0;
                 rest = &rest[BINDING..];
                 if let Some(held) = held.filter(|h| !sealed.admits(h)) {
                     return Err(SealError::Replayed {
@@ -367,7 +382,7 @@ impl Keyring {
                 key: key.into(),
                 name: name.into(),
             })?;
-        Ok((plain, k.name.clone()))
+        Ok((plain, k.name.clone(), legacy))
     }
 }
 
@@ -377,9 +392,8 @@ pub(crate) struct Opened<'a> {
     pub text: std::borrow::Cow<'a, [u8]>,
     /// The key it was sealed with; `None`: it was stored in clear.
     pub key: Option<Arc<str>>,
-    /// The envelope it was in (`V1` for a value in clear).
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
-    pub format: Format,
+    /// A legacy envelope (`v1`, or `v2` bound to create revision 0): see the module doc.
+    pub legacy: bool,
 }
 
 /// The keys from the key file, re-read on [`Sealer::reload`]. Cheap to clone; the
@@ -564,15 +578,15 @@ impl Sealer {
                 return Ok(Opened {
                     text: std::borrow::Cow::Borrowed(stored),
                     key: None,
-                    format: Format::V1,
+                    legacy: false,
                 })
             }
         };
-        let (plain, name) = self.ring().open(key, format, body, held)?;
+        let (plain, name, legacy) = self.ring().open(key, format, body, held)?;
         Ok(Opened {
             text: std::borrow::Cow::Owned(plain),
             key: Some(name),
-            format,
+            legacy,
         })
     }
 }
@@ -612,6 +626,12 @@ impl Ledger {
         out
     }
 
+    /// Whether any object is in a legacy envelope (noted as `KEY@v1`).
+    pub fn has_legacy(&self) -> bool {
+        let by = self.by_object.lock().unwrap();
+        by.values().any(|n| n.ends_with(LEGACY_SUFFIX))
+    }
+
     /// Objects stored under any key but `primary`, at most `max`, in key order.
     pub(crate) fn stale(&self, primary: &str, max: usize) -> Vec<Arc<str>> {
         let mut v: Vec<Arc<str>> = self
@@ -633,6 +653,9 @@ impl Ledger {
 pub struct Sealing {
     pub sealer: Sealer,
     pub ledger: Arc<Ledger>,
+    /// etcd: the name of the key the cluster's marker is sealed with, once seen or
+    /// written (`Some`: legacy values are refused; it stays when the marker is deleted).
+    marker: Arc<Mutex<Option<Arc<str>>>>,
 }
 
 impl Sealing {
@@ -640,7 +663,22 @@ impl Sealing {
         Sealing {
             sealer,
             ledger: Arc::default(),
+            marker: Arc::default(),
         }
+    }
+
+    /// Whether legacy values are refused (the marker was seen or written).
+    pub fn strict(&self) -> bool {
+        self.marker.lock().unwrap().is_some()
+    }
+
+    /// The key the marker is sealed with (`Some`: strict).
+    pub fn marker(&self) -> Option<Arc<str>> {
+        self.marker.lock().unwrap().clone()
+    }
+
+    pub(crate) fn set_marker(&self, name: Arc<str>) {
+        *self.marker.lock().unwrap() = Some(name);
     }
 }
 
@@ -670,9 +708,10 @@ mod tests {
         let sealed = r.seal(KEY, None, PLAIN);
         assert!(sealed.starts_with(b"bootplane:enc:xchacha20poly1305:v1:k1:"));
         assert!(!sealed.windows(7).any(|w| w == b"hunter2"));
-        let (plain, name) = r
+        let (plain, name, legacy) = r
             .open(KEY, Format::V1, &sealed[MAGIC.len()..], None)
             .unwrap();
+        assert!(legacy, "v1 is a legacy envelope");
         assert_eq!((plain.as_slice(), &*name), (PLAIN, "k1"));
         // Two seals of the same text differ (a fresh nonce each).
         assert_ne!(sealed, r.seal(KEY, None, PLAIN));
@@ -749,11 +788,20 @@ mod tests {
         let (v3, _) = s.seal(KEY, Some(&at(40, 3)), b"{\"n\":3}");
         let open = |b: &[u8], held| s.open(KEY, b, Some(&held)).map(|o| o.text.to_vec());
         assert_eq!(open(&v1, at(40, 1)).unwrap(), PLAIN);
+        // Bound to no create revision (appliances of before): legacy; bound: not.
+        assert!(s.open(KEY, &v1, Some(&at(40, 1))).unwrap().legacy);
+        assert!(!s.open(KEY, &v2, Some(&at(40, 2))).unwrap().legacy);
+        // A create bound to its real create revision: a re-created key (a new create
+        // revision, version 1 again) does not take it back.
+        let (made, _) = s.seal(KEY, Some(&at(40, 1)), PLAIN);
+        assert_eq!(open(&made, at(40, 1)).unwrap(), PLAIN);
+        assert!(!s.open(KEY, &made, Some(&at(40, 1))).unwrap().legacy);
+        assert!(matches!(
+            open(&made, at(90, 1)).unwrap_err(),
+            SealError::Replayed { .. }
+        ));
         assert_eq!(open(&v3, at(40, 3)).unwrap(), b"{\"n\":3}");
-        assert_eq!(
-            s.open(KEY, &v3, Some(&at(40, 3))).unwrap().format,
-            Format::V2
-        );
+        assert!(!s.open(KEY, &v3, Some(&at(40, 3))).unwrap().legacy);
         // An older value put back: etcd's version moved on (every put bumps it).
         let e = open(&v2, at(40, 4)).unwrap_err();
         assert_eq!(
@@ -789,10 +837,10 @@ mod tests {
         ));
         // The embedded engine (no versions) opens v2 with its own binding, and v1 as
         // before; a v1 value on etcd opens and says so (the reseal pass rewrites it).
-        assert_eq!(s.open(KEY, &v2, None).unwrap().format, Format::V2);
+        assert!(!s.open(KEY, &v2, None).unwrap().legacy);
         let (old, _) = s.seal(KEY, None, PLAIN);
         let o = s.open(KEY, &old, Some(&at(40, 9))).unwrap();
-        assert_eq!((&*o.text, o.format), (PLAIN, Format::V1));
+        assert_eq!((&*o.text, o.legacy), (PLAIN, true));
         // v2's associated data is not v1's: a v2 body relabelled v1 does not open.
         let mut relabelled = MAGIC.to_vec();
         relabelled.extend_from_slice(&v3[MAGIC_V2.len()..]);

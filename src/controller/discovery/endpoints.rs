@@ -14,6 +14,15 @@
 //! operator accepts the move by setting `spec.ip` to the new address; the condition then
 //! turns True again (reason `Accepted`).
 //!
+//! **Approval before credentials.** The vendor's default credentials go only to a BMC
+//! an operator trusts: an Endpoint created from a lease whose address is not in
+//! `discovery.approved_bmcs` carries the label `bootplane.dev/approval: pending` (the
+//! convention of discovered Servers) and gets no BMCSecret and no BMC, so nothing
+//! logs in to it, until an operator changes the label (to `approved`, or removes it).
+//! Its condition `Approved` says so (False, reason `AwaitingApproval`, with a Warning
+//! Event; True, reason `Approved`, once approved). A rogue device that took a known MAC
+//! prefix thus collects no password.
+//!
 //! **A cap.** At most `discovery.max_new_endpoints` Endpoints (and so BMCs and
 //! BMCSecrets) are created per `discovery.new_endpoints_interval_secs`; a lease beyond
 //! that is skipped (`bootplane_discovery_capped_total`, one warning per interval) and
@@ -34,7 +43,7 @@ use tokio::sync::mpsc;
 use super::macdb::{Entry, MacDb};
 use crate::controller::queue::WorkQueue;
 use crate::controller::runtime::Runtime;
-use crate::controller::{controller_ref, set_condition, Next};
+use crate::controller::{controller_ref, set_condition, Next, APPROVAL_LABEL, APPROVAL_PENDING};
 use crate::dhcp::Grant;
 use crate::model::ident::{parse_mac, MacFmt};
 use crate::model::meta;
@@ -50,6 +59,8 @@ pub const GRANT_QUEUE: usize = 1024;
 const SECRET_RETRY: Duration = Duration::from_secs(10);
 /// The condition saying whether an Endpoint's `spec.ip` is its MAC's latest lease.
 pub const PINNED: &str = "AddressPinned";
+/// The condition saying whether an Endpoint may be sent credentials.
+pub const APPROVED: &str = "Approved";
 
 /// How many Endpoints discovery may create per interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,13 +158,22 @@ pub struct Management {
     cap: Cap,
     window: std::sync::Mutex<Window>,
     events: crate::store::events::Recorder,
+    /// BMC addresses trusted without an operator's approval (`discovery.approved_bmcs`).
+    approved: Vec<crate::nfs::ClientMatch>,
 }
 
 impl Management {
     /// Needs a tokio runtime (its Event recorder's task).
-    pub fn new(store: Store, db: MacDb, metrics: Metrics, cap: Cap) -> Arc<Management> {
+    pub fn new(
+        store: Store,
+        db: MacDb,
+        metrics: Metrics,
+        cap: Cap,
+        approved: Vec<crate::nfs::ClientMatch>,
+    ) -> Arc<Management> {
         let reg = store.registry();
         Arc::new(Management {
+            approved,
             events: crate::store::events::Recorder::spawn(store.clone(), "bootplane-discovery"),
             cap,
             window: std::sync::Mutex::new(Window {
@@ -238,15 +258,19 @@ impl Management {
                 if !self.take_slot() {
                     return Ok(());
                 }
-                let obj = json!({
+                let mut obj = json!({
                     "apiVersion": self.t_endpoint.api_version(),
                     "kind": "Endpoint",
                     "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "bootplane"}},
                     "spec": {"macAddress": MacFmt(&g.mac).to_string(), "ip": ip},
                 });
+                let pending = !self.approved_address(&ip);
+                if pending {
+                    obj["metadata"]["labels"][APPROVAL_LABEL] = json!(APPROVAL_PENDING);
+                }
                 self.store.create(&self.t_endpoint, obj).await?;
                 self.metrics.endpoints_created.inc();
-                tracing::info!(endpoint = %name, %ip, manufacturer = %entry.manufacturer, "endpoint created from a management lease");
+                tracing::info!(endpoint = %name, %ip, manufacturer = %entry.manufacturer, awaiting_approval = pending, "endpoint created from a management lease");
                 Ok(())
             }
             Err(e) => Err(e),
@@ -347,6 +371,9 @@ impl Management {
             return Ok(Next::Done);
         }
         self.accept_move(&ep).await?;
+        if !self.approval(&ep).await? {
+            return Ok(Next::Done);
+        }
         let mac = read::<Endpoint>(&ep).spec.mac_address;
         let Some(entry) = parse_mac(&mac).ok().and_then(|m| self.db.lookup(&m)) else {
             return Ok(Next::Done);
@@ -390,6 +417,46 @@ impl Management {
             }
         }
         Ok(Next::Done)
+    }
+
+    /// Whether `ip` is in `discovery.approved_bmcs`.
+    fn approved_address(&self, ip: &str) -> bool {
+        ip.parse()
+            .is_ok_and(|ip| self.approved.iter().any(|m| m.contains(ip)))
+    }
+
+    /// Whether the Endpoint may be sent credentials (not `pending`, or its address is
+    /// approved); the condition [`APPROVED`] says so when it waits or waited.
+    async fn approval(&self, ep: &Arc<Value>) -> Result<bool, StoreError> {
+        let view = read::<Endpoint>(ep);
+        let ip = view.spec.ip.as_deref().unwrap_or("");
+        let pending =
+            view.metadata.labels.get(APPROVAL_LABEL).map(String::as_str) == Some(APPROVAL_PENDING);
+        let ok = !pending || self.approved_address(ip);
+        let waited = (view.status.conditions.iter()).any(|c| c.type_ == APPROVED);
+        if ok && !waited {
+            return Ok(true);
+        }
+        let mut st = ep.get("status").cloned().unwrap_or_else(|| json!({}));
+        let changed = if ok {
+            let msg = "approved: the BMC is sent its credentials";
+            set_condition(&mut st, APPROVED, true, "Approved", msg)
+        } else {
+            let msg = format!("the address {ip} is not in discovery.approved_bmcs: no credentials are sent to it (no BMC, no BMCSecret) until an operator changes the label {APPROVAL_LABEL} from {APPROVAL_PENDING} to approved");
+            let changed = set_condition(&mut st, APPROVED, false, "AwaitingApproval", &msg);
+            if changed {
+                self.events
+                    .warning(&self.t_endpoint, ep, "AwaitingApproval", msg);
+            }
+            changed
+        };
+        if changed {
+            match self.store.update_status(&self.t_endpoint, ep, st).await {
+                Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(ok)
     }
 
     fn exists(&self, t: &ResourceType, name: &str) -> Result<bool, StoreError> {
@@ -441,6 +508,7 @@ mod tests {
             MacDb::parse(DB).unwrap(),
             Metrics::default(),
             CAP,
+            vec!["10.0.0.0/8".parse().unwrap()],
         );
         let get = |n: &str| store.get(&m.t_endpoint, None, n).unwrap();
         m.lease(&grant(1, [10, 0, 0, 5])).await;
@@ -526,6 +594,7 @@ mod tests {
             MacDb::parse(DB).unwrap(),
             Metrics::default(),
             cap,
+            Vec::new(),
         );
         for i in 1..=5 {
             m.lease(&grant(i, [10, 0, 0, i])).await;
@@ -541,5 +610,61 @@ mod tests {
         m.window.lock().unwrap().start = past.expect("a monotonic clock an hour old");
         m.lease(&grant(3, [10, 0, 0, 3])).await;
         assert_eq!(m.metrics.endpoints_created.get(), 3);
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_outside_approved_bmcs_gets_no_credentials_until_approved() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let m = Management::new(
+            store.clone(),
+            MacDb::parse(DB).unwrap(),
+            Metrics::default(),
+            CAP,
+            vec!["10.1.0.0/24".parse().unwrap()],
+        );
+        let vendor = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
+            "metadata": {"name": "vendor"}, "stringData": {"username": "root", "password": "calvin"}});
+        store.create(&m.t_secret, vendor).await.unwrap();
+        m.lease(&grant(1, [10, 1, 0, 5])).await;
+        m.lease(&grant(2, [10, 2, 0, 5])).await;
+        let (ok, held) = (
+            "bmc-525400000001".to_string(),
+            "bmc-525400000002".to_string(),
+        );
+        let ep = store.get(&m.t_endpoint, None, &ok).unwrap();
+        assert!(ep["metadata"]["labels"].get(APPROVAL_LABEL).is_none());
+        let ep = store.get(&m.t_endpoint, None, &held).unwrap();
+        assert_eq!(ep["metadata"]["labels"][APPROVAL_LABEL], APPROVAL_PENDING);
+        for n in [&ok, &held] {
+            assert_eq!(m.reconcile(n).await.unwrap(), Next::Done);
+        }
+        // The approved address: BMC and secret; the other: neither, and a condition.
+        assert!(store.get(&m.t_bmc, None, &ok).is_ok());
+        assert!(store.get(&m.t_secret, None, &ok).is_ok());
+        assert!(store.get(&m.t_bmc, None, &held).is_err());
+        assert!(store.get(&m.t_secret, None, &held).is_err());
+        let ep = store.get(&m.t_endpoint, None, &held).unwrap();
+        let c = &ep["status"]["conditions"][0];
+        assert_eq!(
+            (&c["type"], &c["status"]),
+            (&json!(APPROVED), &json!("False"))
+        );
+        assert_eq!(c["reason"], "AwaitingApproval");
+        assert!(!ep.to_string().contains("calvin"));
+        // Again: nothing more written.
+        m.reconcile(&held).await.unwrap();
+        assert_eq!(store.get(&m.t_endpoint, None, &held).unwrap(), ep);
+        // Approved by an operator: created, and the condition turns True.
+        let mut next = (*ep).clone();
+        next["metadata"]["labels"][APPROVAL_LABEL] = json!("approved");
+        let p = crate::store::Part::Main;
+        store.update_from(&m.t_endpoint, ep, next, p).await.unwrap();
+        assert_eq!(m.reconcile(&held).await.unwrap(), Next::Done);
+        assert!(store.get(&m.t_bmc, None, &held).is_ok());
+        assert!(store.get(&m.t_secret, None, &held).is_ok());
+        let ep = store.get(&m.t_endpoint, None, &held).unwrap();
+        assert_eq!(ep["status"]["conditions"][0]["status"], "True");
+        assert_eq!(m.metrics.bmcs_created.get(), 2);
     }
 }

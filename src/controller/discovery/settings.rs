@@ -12,6 +12,7 @@
 //! mac_db = "/etc/bootplane/bmc-macs.yaml" # MAC prefix → BMC protocol, port, default secret
 //! approved_bmcs = ["10.10.0.0/24"]     # BMC addresses whose systems need no approval
 //! max_new_endpoints = 64               # Endpoints (BMCs, BMCSecrets) created per interval
+//! max_systems_per_bmc = 64             # Servers one BMC's systems may become
 //! new_endpoints_interval_secs = 60
 //!
 //! [discovery.dhcp]                     # the management scope (BMCs' DHCP)
@@ -56,6 +57,11 @@ pub struct DiscoveryConfig {
     /// management leases per `new_endpoints_interval_secs`.
     pub max_new_endpoints: u32,
     pub new_endpoints_interval_secs: u64,
+    /// At most this many Servers name one BMC: systems a BMC lists beyond it are not
+    /// registered (the BMC's condition `SystemsDiscovered` turns False, reason
+    /// `TooManySystems`, with a Warning Event), so a rogue BMC listing thousands of
+    /// systems makes at most this many claimable-looking Servers.
+    pub max_systems_per_bmc: u32,
     /// `[discovery.dhcp]`: the management scope, a second authoritative DHCP server on
     /// its own interface whose granted leases become Endpoints.
     pub dhcp: crate::dhcp::DhcpConfig,
@@ -75,6 +81,7 @@ impl Default for DiscoveryConfig {
             approved_bmcs: Vec::new(),
             max_new_endpoints: 64,
             new_endpoints_interval_secs: 60,
+            max_systems_per_bmc: 64,
             dhcp: Default::default(),
         }
     }
@@ -96,6 +103,9 @@ impl DiscoveryConfig {
         }
         if self.max_new_endpoints == 0 || self.new_endpoints_interval_secs == 0 {
             bail!("discovery.max_new_endpoints and discovery.new_endpoints_interval_secs must be at least 1");
+        }
+        if self.max_systems_per_bmc == 0 || self.max_systems_per_bmc > 100_000 {
+            bail!("discovery.max_systems_per_bmc must be 1 to 100000");
         }
         self.approved()?;
         self.validate_management()
@@ -127,6 +137,15 @@ impl DiscoveryConfig {
                 })
             })
             .collect()
+    }
+
+    /// What the BMC reconciler registers Servers with: the approved addresses and the
+    /// cap on Servers per BMC.
+    pub fn systems_policy(&self) -> Result<crate::controller::bmc::Discover> {
+        Ok(crate::controller::bmc::Discover {
+            approved: self.approved()?,
+            max_systems: self.max_systems_per_bmc as usize,
+        })
     }
 
     /// The cap on Endpoints created from management leases.
@@ -181,5 +200,12 @@ mod tests {
         let e = parse("approved_bmcs = [\"bmc.example\"]\n").unwrap_err();
         assert!(e.to_string().contains("approved_bmcs"), "{e}");
         assert!(parse("max_new_endpoints = 0\n").is_err());
+        assert!(parse("max_systems_per_bmc = 0\n").is_err());
+        assert_eq!(DiscoveryConfig::default().max_systems_per_bmc, 64);
+        let p = parse("max_systems_per_bmc = 2\n")
+            .unwrap()
+            .systems_policy()
+            .unwrap();
+        assert_eq!(p.max_systems, 2);
     }
 }

@@ -30,9 +30,11 @@
 //! etcd key's create revision and version after the write: every sealed put is
 //! guarded by the previous mod revision (an unguarded one gets the mirror's as its
 //! guard), and the mirror keeps each sealed key's version, so the binding is known
-//! before the write. A value whose binding is not what etcd holds (an older value put
-//! back) or an APIToken in clear is not served: the mirror keeps what it had and says
-//! so in the log (a listing leaves the key out).
+//! before the write. A create is bound to etcd's current revision (asked just before)
+//! plus one; committed at another, it is bound again at once ([`EtcdKv::rebind`]). A value
+//! whose binding is not what etcd holds (an older value put back), a legacy one after
+//! the cluster's marker ([`marker`]) or an APIToken in clear is not served: the mirror
+//! keeps what it had and says so in the log (a listing leaves the key out).
 //!
 //! Failure: every request to etcd is bounded by `request_timeout_ms`; with no
 //! quorum the client's `require_leader` makes members refuse at once. Such a write
@@ -40,6 +42,7 @@
 
 pub mod client;
 pub mod election;
+pub mod marker;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -59,7 +62,7 @@ use super::backend::{
 };
 use super::kv::text::{prepare, stamp};
 use super::kv::{compare, Garbage, State, Watch};
-use super::seal::{is_sealed, must_be_sealed, Binding, Format, SealError, Sealer, Sealing};
+use super::seal::{is_sealed, must_be_sealed, Binding, SealError, Sealer, Sealing, LEGACY_SUFFIX};
 use super::settings::EtcdConfig;
 
 /// Keys read per page when listing (a page stays well under gRPC's message limit).
@@ -329,10 +332,28 @@ impl EtcdKv {
         if !resp.succeeded() {
             return Err(self.failure(&ops, &answers));
         }
-        let rev = urev(rev);
+        let mut rev = urev(rev);
+        let committed = rev;
+        // Creates bound to a revision etcd did not give them: bound again at once.
+        let unbound: Vec<(String, Arc<Value>)> = ops
+            .iter()
+            .zip(&bindings)
+            .filter(|(_, b)| b.is_some_and(|b| b.version == 1 && b.create_rev != rev))
+            .filter_map(|(op, _)| match &op.action {
+                Action::Put(v) => Some((op.key.clone(), v.clone())),
+                Action::Delete => None,
+            })
+            .collect();
+        let mut rebound = HashMap::new();
+        if !unbound.is_empty() {
+            let (at, texts) = self.rebind(&unbound, rev).await?;
+            rebound = texts;
+            rev = at;
+        }
         let mut kvs = Vec::with_capacity(ops.len());
         let mut values = Vec::with_capacity(ops.len());
         for ((op, text), answer) in ops.into_iter().zip(texts).zip(answers) {
+            let text = rebound.remove(&op.key).unwrap_or(text);
             match (op.action, text) {
                 (Action::Put(mut v), Some(p)) => {
                     stamp(Arc::make_mut(&mut v), rev);
@@ -340,7 +361,7 @@ impl EtcdKv {
                         TxnOpResponse::Put(r) => r.prev_key().map(|p| urev(p.create_revision())),
                         _ => None,
                     }
-                    .unwrap_or(rev);
+                    .unwrap_or(committed);
                     kvs.push(Some(KeyValue {
                         key: Arc::from(op.key.as_str()),
                         raw: p.stamped(rev),
@@ -393,8 +414,17 @@ impl EtcdKv {
             let _ =
                 tokio::time::timeout(self.inner.request_timeout, seen.wait_for(|x| *x >= r)).await;
         }
+        // Creates bind the next revision; writes the mirror does not see (DHCP) move it.
+        if ops
+            .iter()
+            .any(|op| sealed_put(op) && matches!(op.compare, Compare::Absent | Compare::Any))
+        {
+            self.learn_revision().await?;
+        }
         let st = self.inner.state.read().unwrap();
         let versions = self.inner.versions.lock().unwrap();
+        // What etcd gives the next write, when none lands elsewhere first.
+        let next = self.inner.known.load(Ordering::Relaxed).max(st.rev()) + 1;
         ops.iter_mut()
             .map(|op| {
                 if !sealed_put(op) {
@@ -423,10 +453,116 @@ impl EtcdKv {
                         }),
                     },
                     (Compare::ModRev(_), None) => Err(not_found()),
-                    _ => Ok(Some(Binding::CREATE)),
+                    _ => Ok(Some(Binding {
+                        create_rev: next,
+                        version: 1,
+                    })),
                 }
             })
             .collect()
+    }
+
+    /// Ask etcd for its current revision (a count-only read): [`Inner::known`].
+    async fn learn_revision(&self) -> Result<(), KvError> {
+        let mut kv = self.inner.client.kv_client();
+        let opts = GetOptions::new().with_count_only();
+        let key = self.inner.root.clone();
+        let r = tokio::time::timeout(self.inner.request_timeout, kv.get(key, Some(opts))).await;
+        let got = r
+            .map_err(|_| unavailable("timed out"))?
+            .map_err(unavailable)?;
+        if let Some(h) = got.header() {
+            self.note_rev(h.revision());
+        }
+        Ok(())
+    }
+
+    /// Put `puts` (sealed creates committed at `created`, bound to another revision, so
+    /// opened nowhere) again bound to (`created`, 2), guarded: the revision and texts.
+    async fn rebind(
+        &self,
+        puts: &[(String, Arc<Value>)],
+        created: Rev,
+    ) -> Result<(Rev, HashMap<String, Option<super::kv::text::Prepared>>), KvError> {
+        let ops: Vec<Op> = puts
+            .iter()
+            .map(|(k, v)| Op::put(k.clone(), Compare::ModRev(created), (**v).clone()))
+            .collect();
+        let bound = Binding {
+            create_rev: created,
+            version: 2,
+        };
+        let texts = prepare(&ops, &self.inner.sealing.sealer, |_| Some(bound))?;
+        let mut when = Vec::with_capacity(ops.len() + 1);
+        let mut then = Vec::with_capacity(ops.len());
+        for (op, text) in ops.iter().zip(&texts) {
+            let k = self.etcd_key(&op.key);
+            when.push(ECompare::mod_revision(
+                k.clone(),
+                CompareOp::Equal,
+                srev(created),
+            ));
+            let stored = text
+                .as_ref()
+                .map(|p| p.stored().to_vec())
+                .unwrap_or_default();
+            then.push(TxnOp::put(k, stored, None));
+        }
+        if let Some(f) = &self.fence {
+            when.push(ECompare::create_revision(
+                f.key.clone(),
+                CompareOp::Equal,
+                f.create_rev,
+            ));
+        }
+        let txn = Txn::new().when(when).and_then(then);
+        let kv = self.inner.client.kv_client();
+        let resp = retrying(self.inner.request_timeout, || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await?;
+        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+        self.note_rev(rev);
+        if !resp.succeeded() {
+            // Changed in between (the created value opened nowhere): the create failed.
+            return Err(KvError::Conflict {
+                key: ops[0].key.clone(),
+                expected: created,
+                actual: 0,
+            });
+        }
+        tracing::debug!(
+            created,
+            rev = urev(rev),
+            keys = ops.len(),
+            "sealed creates bound again to their create revision"
+        );
+        let texts = ops.into_iter().map(|op| op.key).zip(texts).collect();
+        Ok((urev(rev), texts))
+    }
+
+    /// Write the cluster's sealing marker when it is due ([`marker::due`]).
+    pub async fn settle_sealing(&self) -> Result<bool, KvError> {
+        let sealing = &self.inner.sealing;
+        if !marker::due(sealing) {
+            return Ok(false);
+        }
+        let (value, name) = marker::value(sealing);
+        let mut kv = self.inner.client.kv_client();
+        let key = self.etcd_key(marker::KEY);
+        let r = tokio::time::timeout(self.inner.request_timeout, kv.put(key, value, None)).await;
+        let put = r
+            .map_err(|_| unavailable("timed out"))?
+            .map_err(unavailable)?;
+        if let Some(h) = put.header() {
+            self.note_rev(h.revision());
+        }
+        if !sealing.strict() {
+            tracing::info!(key = %name, "every sealed value is bound to its etcd key's create revision and version: the cluster's sealing marker is written, legacy sealed values are refused from now on");
+        }
+        sealing.set_marker(name);
+        Ok(true)
     }
 
     /// The error of a transaction whose guards failed: the first op whose guard the
@@ -503,6 +639,10 @@ fn mirror_kv(
     let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(root)) else {
         return Ok(None);
     };
+    if key == marker::KEY {
+        marker::seen(sealing, kv.value());
+        return Ok(None);
+    }
     let sealed = is_sealed(key);
     let held = Binding {
         create_rev: urev(kv.create_revision()),
@@ -512,6 +652,7 @@ fn mirror_kv(
         Ok(o) if o.key.is_none() && must_be_sealed(key) => {
             return Err(SealError::Unsealed { key: key.into() })
         }
+        Ok(o) if o.legacy && sealing.strict() => return Err(SealError::Legacy { key: key.into() }),
         Ok(o) => o,
         Err(e) => {
             if let Some(name) = e.key_name() {
@@ -532,9 +673,9 @@ fn mirror_kv(
     let raw = Arc::from(v.to_string());
     let key: Arc<str> = Arc::from(key);
     if sealed {
-        // A v1 value counts as stale (`key1@v1`): the reseal pass rewrites it as v2.
-        let name = match (opened.key, opened.format) {
-            (Some(n), Format::V1) => Some(Arc::from(format!("{n}@v1"))),
+        // A legacy value counts as stale (`key1@v1`): the reseal pass binds it.
+        let name = match (opened.key, opened.legacy) {
+            (Some(n), true) => Some(Arc::from(format!("{n}{LEGACY_SUFFIX}"))),
             (n, _) => n,
         };
         sealing.ledger.note(&key, name);
@@ -555,7 +696,7 @@ fn mirror_kv(
 /// Whether a value that did not open is only left out of the mirror (written around
 /// bootplane: replayed, or an APIToken in clear) rather than failing a listing.
 fn left_out(e: &SealError) -> bool {
-    matches!(e, SealError::Replayed { .. } | SealError::Unsealed { .. })
+    matches!(e, SealError::Replayed { .. } | SealError::Unsealed { .. }) || marker::is_legacy(e)
 }
 
 /// Log a value [`mirror_kv`] refused.
@@ -564,6 +705,16 @@ fn refused(e: &SealError) {
         SealError::Unsealed { .. } => tracing::error!(
             error = %e,
             "an APIToken in clear in etcd (written before tokens were sealed, or by someone who can write etcd) is not accepted: create a new token (`bootplane token create`) and delete this key from etcd"
+        ),
+        SealError::Legacy { .. } => tracing::error!(
+            error = %e,
+            "a sealed value in a legacy envelope was put back after every value was re-sealed: not served; check who can write etcd, then write the object again or delete its key from etcd"
+        ),
+        SealError::Replayed {
+            sealed: 1, held: 1, ..
+        } => tracing::warn!(
+            error = %e,
+            "a sealed value at version 1 is bound to another create revision: a deleted key's first value put back (not served), or another appliance's create, bound again at once"
         ),
         SealError::Replayed { .. } => tracing::error!(
             error = %e,
@@ -585,6 +736,16 @@ async fn list(
     sealing.ledger.reset(Default::default());
     versions.lock().unwrap().clear();
     let kv = client.kv_client().max_decoding_message_size(MAX_MESSAGE);
+    // The marker first: it decides how the values listed before it open.
+    let key = format!("{root}{}", marker::KEY);
+    let got = retrying(Duration::from_secs(5), || {
+        let (mut kv, key) = (kv.clone(), key.clone());
+        async move { kv.get(key, None).await }
+    })
+    .await?;
+    if let Some(m) = got.kvs().first() {
+        marker::seen(sealing, m.value());
+    }
     let end = prefix_end(root.as_bytes());
     let mut from = root.as_bytes().to_vec();
     let mut rev = 0i64;
@@ -739,7 +900,8 @@ fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event])
                                 None
                             });
                         if let Some(m) = m {
-                            let existed = m.create_rev < m.mod_rev;
+                            // New here: also a create bound again, or a key left out.
+                            let existed = st.get(&m.key).is_some();
                             changes.push((m.key.clone(), Some(m.clone())));
                             out.push(Event {
                                 kind: EventKind::Put,
@@ -756,6 +918,9 @@ fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event])
                         else {
                             continue;
                         };
+                        if key == marker::KEY {
+                            marker::deleted(&inner.sealing);
+                        }
                         if is_sealed(key) {
                             inner.sealing.ledger.remove(key);
                             inner.versions.lock().unwrap().remove(key);
