@@ -576,9 +576,9 @@ impl StoreBootIndex {
         });
     }
 
-    /// What the server's boot configuration says it boots; `boot_id` is set to the
-    /// configuration's `<uid>/<generation>` when there is one (signed tokens are bound to
-    /// it, so they die with the claim or with a change of the configuration).
+    /// What the server's boot configuration says it boots; `boot_id` is set to
+    /// [`super::server::claimed_boot_id`] when there is one (signed tokens are bound to it, so they die
+    /// with the claim, a change of the configuration or a power cycle).
     fn boot_state(
         &self,
         s: &Value,
@@ -626,15 +626,7 @@ impl StoreBootIndex {
                 None,
             );
         };
-        *boot_id = format!(
-            "{}/{}",
-            sbc.pointer("/metadata/uid")
-                .and_then(Value::as_str)
-                .unwrap_or(""),
-            sbc.pointer("/metadata/generation")
-                .and_then(Value::as_i64)
-                .unwrap_or(0)
-        );
+        *boot_id = super::server::claimed_boot_id(s, &sbc);
         match sbc.pointer("/status/state").and_then(Value::as_str) {
             Some("Ready") => {}
             Some("Error") => {

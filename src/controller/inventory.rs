@@ -40,15 +40,16 @@ pub const DISCOVERED: &str = "Discovered";
 /// retries.
 pub const QUEUE: usize = 1024;
 
-/// The `boot_id` of a Server's discovery boots (its uid: stable across attempts, new
-/// for a re-created Server).
+/// The `boot_id` of a Server's discovery boot: its uid (new for a re-created Server)
+/// and its boot generation (new for each attempt, [`super::server::boot_generation`]).
 pub fn boot_id(server: &Value) -> String {
     format!(
-        "discovery/{}",
+        "discovery/{}/{}",
         server
             .pointer("/metadata/uid")
             .and_then(Value::as_str)
-            .unwrap_or("")
+            .unwrap_or(""),
+        super::server::boot_generation(server).0
     )
 }
 
