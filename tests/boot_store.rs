@@ -345,7 +345,10 @@ fn identity_is_not_the_agents_and_ignition_needs_the_token() {
     // Nor the script, which carries the Ignition token (issue 32: the registered
     // address is anyone's who takes it).
     for from in ["127.0.0.7", "127.0.0.9"] {
-        let (code, body) = curl_get(from, &format!("{base}/ipxe/script"));
+        let (code, body) = curl_get(
+            from,
+            &format!("{base}/ipxe/script?uuid=4c4c4544-0032-0032-0032-000000000032"),
+        );
         assert_eq!(code, 403, "{from}: {body}");
     }
     // The machine's DHCP reply carries a script token, the script the Ignition token;
