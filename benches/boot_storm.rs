@@ -30,12 +30,20 @@
 //! starts over with a DISCOVER, as often as it takes, as firmware does) → TFTP
 //! read of the boot file named in the ACK, a 1 MiB file (`blksize 1468`, `tsize`,
 //! lockstep like firmware, or offering windowsize 8 with `--firmware windowsize`; 1 s
-//! timeout doubling to 8 s, 6 timeouts = failure) → HTTP
-//! GET of `/boot.ipxe`, its `chain` URL with iPXE's `${...}` variables filled in, and
-//! the `ignition.config.url` of the per-machine script's kernel line (one keep-alive
-//! connection, reconnecting with 1/2/4 s backoff on errors). Every socket after DHCP is
-//! bound to the machine's leased address, because bootplane checks identity by the
-//! source address ↔ lease ↔ MAC ↔ server.
+//! timeout doubling to 8 s, 6 timeouts = failure) → iPXE's own DHCP DORA, as the
+//! loaded iPXE does before anything else (stage `ipxe dhcp`: the firmware's options
+//! plus option 61 client id, option 77 user class `iPXE` and option 175 with iPXE's
+//! features; iPXE's timers 1, 2, 4, 8 s; a NAK starts over), whose ACK gives the
+//! address the machine uses from then on and, from bootplane, a claimed machine's
+//! script token in option 224 → HTTP
+//! GET of `/boot.ipxe`, its `chain` URL with iPXE's `${...}` variables filled in
+//! (`${224:uristring}` with the ACK's option 224 percent-encoded, empty when absent),
+//! and the `ignition.config.url` of the per-machine script's kernel line (one
+//! keep-alive connection, reconnecting with 1/2/4 s backoff on errors). Both sides get
+//! the same two DHCP exchanges per machine (dnsmasq answers iPXE's as any other; its
+//! ACK has no option 224 and nginx's static scripts need none), so the comparison stays
+//! like for like. Every socket after DHCP is bound to the machine's leased address,
+//! because bootplane checks identity by the source address ↔ lease ↔ MAC ↔ server.
 //!
 //! Network: per side, two namespaces (unique names, deleted on drop even on panic)
 //! joined by a veth; server 10.199.64.1/18, pool 10.199.64.10 onwards. The pool's
