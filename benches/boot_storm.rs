@@ -30,12 +30,20 @@
 //! starts over with a DISCOVER, as often as it takes, as firmware does) → TFTP
 //! read of the boot file named in the ACK, a 1 MiB file (`blksize 1468`, `tsize`,
 //! lockstep like firmware, or offering windowsize 8 with `--firmware windowsize`; 1 s
-//! timeout doubling to 8 s, 6 timeouts = failure) → HTTP
-//! GET of `/boot.ipxe`, its `chain` URL with iPXE's `${...}` variables filled in, and
-//! the `ignition.config.url` of the per-machine script's kernel line (one keep-alive
-//! connection, reconnecting with 1/2/4 s backoff on errors). Every socket after DHCP is
-//! bound to the machine's leased address, because bootplane checks identity by the
-//! source address ↔ lease ↔ MAC ↔ server.
+//! timeout doubling to 8 s, 6 timeouts = failure) → iPXE's own DHCP DORA, as the
+//! loaded iPXE does before anything else (stage `ipxe dhcp`: the firmware's options
+//! plus option 61 client id, option 77 user class `iPXE` and option 175 with iPXE's
+//! features; iPXE's timers 1, 2, 4, 8 s; a NAK starts over), whose ACK gives the
+//! address the machine uses from then on and, from bootplane, a claimed machine's
+//! script token in option 224 → HTTP
+//! GET of `/boot.ipxe`, its `chain` URL with iPXE's `${...}` variables filled in
+//! (`${224:uristring}` with the ACK's option 224 percent-encoded, empty when absent),
+//! and the `ignition.config.url` of the per-machine script's kernel line (one
+//! keep-alive connection, reconnecting with 1/2/4 s backoff on errors). Both sides get
+//! the same two DHCP exchanges per machine (dnsmasq answers iPXE's as any other; its
+//! ACK has no option 224 and nginx's static scripts need none), so the comparison stays
+//! like for like. Every socket after DHCP is bound to the machine's leased address,
+//! because bootplane checks identity by the source address ↔ lease ↔ MAC ↔ server.
 //!
 //! Network: per side, two namespaces (unique names, deleted on drop even on panic)
 //! joined by a veth; server 10.199.64.1/18, pool 10.199.64.10 onwards. The pool's
@@ -305,6 +313,8 @@ fn sample_rss(pids: Vec<u32>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<
 enum Stage {
     Dhcp,
     Tftp,
+    /// iPXE's own DHCP exchange (user class `iPXE`), whose ACK carries the script token.
+    IpxeDhcp,
     Chain,
     Script,
     Ignition,
@@ -312,9 +322,10 @@ enum Stage {
     Unfinished,
 }
 
-const STAGES: [Stage; 6] = [
+const STAGES: [Stage; 7] = [
     Stage::Dhcp,
     Stage::Tftp,
+    Stage::IpxeDhcp,
     Stage::Chain,
     Stage::Script,
     Stage::Ignition,
@@ -326,6 +337,7 @@ impl Stage {
         match self {
             Stage::Dhcp => "dhcp",
             Stage::Tftp => "tftp",
+            Stage::IpxeDhcp => "ipxe dhcp",
             Stage::Chain => "boot.ipxe",
             Stage::Script => "script",
             Stage::Ignition => "ignition",
@@ -382,7 +394,7 @@ struct Result1 {
     ok: bool,
     failed: Option<(Stage, String)>,
     total: Duration,
-    stage: [Duration; 5],
+    stage: [Duration; 6],
     retransmits: u32,
     /// Attempts that failed (by stage) before a whole-boot retry (`--boot-retries`).
     absorbed: Vec<(Stage, String)>,
@@ -423,8 +435,45 @@ struct Ctx {
     tftp_window: u16,
 }
 
+/// Which DHCP client speaks: the PXE firmware (ROM) or the iPXE it loaded over TFTP.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Client {
+    Firmware,
+    Ipxe,
+}
+
+impl Client {
+    /// Seconds to wait for a reply before each (re)transmission: the PXE spec's 4, 8,
+    /// 16, 32 for firmware, iPXE's default 1, 2, 4, 8 (`config/dhcp.h`).
+    fn timers(self) -> [u64; 4] {
+        match self {
+            Client::Firmware => [4, 8, 16, 32],
+            Client::Ipxe => [1, 2, 4, 8],
+        }
+    }
+}
+
+/// The DHCP option carrying a claimed machine's script token (bootplane's
+/// `dhcp::core::SCRIPT_TOKEN_OPTION`), which `boot.ipxe` sends on as `${224:uristring}`.
+const SCRIPT_TOKEN_OPTION: u8 = 224;
+
+/// iPXE's `uristring` setting type: every byte but RFC 3986 unreserved characters
+/// percent-encoded.
+fn uristring(raw: &[u8]) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for &b in raw {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn dhcp_msg(
     m: &Machine,
+    client: Client,
     xid: u32,
     mtype: MessageType,
     req: Option<(Ipv4Addr, Ipv4Addr)>,
@@ -437,8 +486,7 @@ fn dhcp_msg(
         .set_chaddr(&m.mac);
     let o = msg.opts_mut();
     o.insert(DhcpOption::MessageType(mtype));
-    o.insert(DhcpOption::MaxMessageSize(1464));
-    o.insert(DhcpOption::ParameterRequestList(vec![
+    let mut wanted = vec![
         OptionCode::SubnetMask,
         OptionCode::Router,
         OptionCode::DomainNameServer,
@@ -447,7 +495,28 @@ fn dhcp_msg(
         OptionCode::ClassIdentifier,
         OptionCode::TFTPServerName,
         OptionCode::BootfileName,
-    ]));
+    ];
+    match client {
+        Client::Firmware => {
+            o.insert(DhcpOption::MaxMessageSize(1464));
+        }
+        Client::Ipxe => {
+            // As iPXE's DHCP (net/udp/dhcp.c): the ROM's options plus a client
+            // identifier, user class `iPXE` and its features encapsulated in option
+            // 175 (PXE extensions, HTTP, TFTP, DNS, bzImage), asking for 175 too.
+            o.insert(DhcpOption::MaxMessageSize(1472));
+            o.insert(DhcpOption::ClientIdentifier(
+                std::iter::once(1u8).chain(m.mac).collect(),
+            ));
+            o.insert(DhcpOption::UserClass(b"iPXE".to_vec()));
+            o.insert(DhcpOption::Unknown(v4::UnknownOption::new(
+                OptionCode::Unknown(175),
+                vec![0x10, 1, 2, 0x13, 1, 1, 0x15, 1, 1, 0x17, 1, 1, 0x18, 1, 1],
+            )));
+            wanted.push(OptionCode::Unknown(175));
+        }
+    }
+    o.insert(DhcpOption::ParameterRequestList(wanted));
     o.insert(DhcpOption::ClientSystemArchitecture(
         v4::Architecture::X86_Bios,
     ));
@@ -469,16 +538,17 @@ fn dhcp_msg(
 }
 
 /// One DHCP exchange step: send `pkt`, wait for a reply of `want` (or NAK) with the
-/// PXE retransmission schedule.
+/// client's retransmission schedule ([`Client::timers`]).
 async fn exchange(
     ctx: &Ctx,
     rx: &mut mpsc::UnboundedReceiver<Message>,
-    pkt: &[u8],
+    (pkt, client): (&[u8], Client),
     want: MessageType,
     retx: &mut u32,
 ) -> Result<Message, String> {
     let dst = SocketAddr::from((Ipv4Addr::BROADCAST, 67));
-    for (k, secs) in [4u64, 8, 16, 32].into_iter().enumerate() {
+    let timers = client.timers();
+    for (k, secs) in timers.into_iter().enumerate() {
         if k > 0 {
             *retx += 1;
         }
@@ -499,28 +569,37 @@ async fn exchange(
             }
         }
     }
-    Err(format!("no {want:?} after 4 tries (60 s)"))
+    Err(format!(
+        "no {want:?} after 4 tries ({} s)",
+        timers.iter().sum::<u64>()
+    ))
 }
 
 struct Lease {
     ip: Ipv4Addr,
     tftp: Ipv4Addr,
     file: String,
+    /// Option 224 of the ACK: the script token bootplane gives a claimed machine's iPXE.
+    token: Option<Vec<u8>>,
 }
 
-async fn dhcp(ctx: &Ctx, m: &Machine, retx: &mut u32) -> Result<Lease, String> {
+/// A DORA of `client` (the firmware, or iPXE after the TFTP stage) for machine `m`.
+async fn dhcp(ctx: &Ctx, m: &Machine, client: Client, retx: &mut u32) -> Result<Lease, String> {
     let xid = 0x5b00_0000 ^ (m.idx as u32) ^ rand::random::<u32>() & 0x00ff_0000;
     let (tx, mut rx) = mpsc::unbounded_channel();
     ctx.waiters.lock().unwrap().insert(xid, tx);
     let r = async {
         // PXE firmware answers a NAK by starting over with a DISCOVER, as often as it
         // takes (each exchange has the PXE timers, 4, 8, 16, 32 s, and gives up after
-        // them); the side's `--timeout` bounds the whole storm.
+        // them; iPXE's are 1, 2, 4, 8 s); the side's `--timeout` bounds the whole storm.
         loop {
             let offer = exchange(
                 ctx,
                 &mut rx,
-                &dhcp_msg(m, xid, MessageType::Discover, None),
+                (
+                    &dhcp_msg(m, client, xid, MessageType::Discover, None),
+                    client,
+                ),
                 MessageType::Offer,
                 retx,
             )
@@ -529,8 +608,14 @@ async fn dhcp(ctx: &Ctx, m: &Machine, retx: &mut u32) -> Result<Lease, String> {
                 Some(DhcpOption::ServerIdentifier(s)) => *s,
                 _ => return Err("offer without server identifier".into()),
             };
-            let req = dhcp_msg(m, xid, MessageType::Request, Some((offer.yiaddr(), sid)));
-            match exchange(ctx, &mut rx, &req, MessageType::Ack, retx).await {
+            let req = dhcp_msg(
+                m,
+                client,
+                xid,
+                MessageType::Request,
+                Some((offer.yiaddr(), sid)),
+            );
+            match exchange(ctx, &mut rx, (&req, client), MessageType::Ack, retx).await {
                 Ok(ack) => {
                     let file = match ack.opts().get(OptionCode::BootfileName) {
                         Some(DhcpOption::BootfileName(f)) => String::from_utf8_lossy(f)
@@ -553,10 +638,15 @@ async fn dhcp(ctx: &Ctx, m: &Machine, retx: &mut u32) -> Result<Lease, String> {
                     } else {
                         ack.siaddr()
                     });
+                    let token = match ack.opts().get(OptionCode::Unknown(SCRIPT_TOKEN_OPTION)) {
+                        Some(DhcpOption::Unknown(u)) => Some(u.data().to_vec()),
+                        _ => None,
+                    };
                     return Ok(Lease {
                         ip: ack.yiaddr(),
                         tftp,
                         file,
+                        token,
                     });
                 }
                 Err(e) if e == "nak" => {
@@ -745,14 +835,14 @@ async fn boot(ctx: Arc<Ctx>, m: Machine, base: HttpBase, retries: u32) -> Result
 
 async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
     let start = Instant::now();
-    let mut stage = [Duration::ZERO; 5];
+    let mut stage = [Duration::ZERO; 6];
     let mut retx = 0u32;
     let mut t = Instant::now();
-    let mut lap = |s: Stage, stage: &mut [Duration; 5]| {
+    let mut lap = |s: Stage, stage: &mut [Duration; 6]| {
         stage[s as usize] = t.elapsed();
         t = Instant::now();
     };
-    let fail = |s: Stage, e: String, stage: [Duration; 5], retx: u32| Result1 {
+    let fail = |s: Stage, e: String, stage: [Duration; 6], retx: u32| Result1 {
         ok: false,
         failed: Some((s, e)),
         total: start.elapsed(),
@@ -761,7 +851,7 @@ async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
         absorbed: Vec::new(),
         ip: None,
     };
-    let lease = match dhcp(ctx, m, &mut retx).await {
+    let lease = match dhcp(ctx, m, Client::Firmware, &mut retx).await {
         Ok(l) => l,
         Err(e) => return fail(Stage::Dhcp, e, stage, retx),
     };
@@ -784,8 +874,16 @@ async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
         Err(e) => return fail(Stage::Tftp, e, stage, retx),
     }
     lap(Stage::Tftp, &mut stage);
+    // The loaded iPXE configures the NIC again with its own DORA (user class `iPXE`),
+    // on both sides: bootplane's ACK carries the claimed machine's script token in
+    // option 224; from here on the machine uses the address of this ACK, as iPXE does.
+    let ipxe = match dhcp(ctx, m, Client::Ipxe, &mut retx).await {
+        Ok(l) => l,
+        Err(e) => return fail(Stage::IpxeDhcp, e, stage, retx),
+    };
+    lap(Stage::IpxeDhcp, &mut stage);
     let mut http = Http {
-        local: lease.ip,
+        local: ipxe.ip,
         conn: None,
     };
     let chain = match http.get(&format!("{http_base}/boot.ipxe"), &mut retx).await {
@@ -807,7 +905,11 @@ async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
         .replace("${net0/mac:hexhyp}", &m.mac_hyp())
         .replace("${net0/mac}", &m.mac_colon())
         .replace("${buildarch:uristring}", "i386")
-        .replace("${platform:uristring}", "pcbios");
+        .replace("${platform:uristring}", "pcbios")
+        .replace(
+            "${224:uristring}",
+            &uristring(ipxe.token.as_deref().unwrap_or_default()),
+        );
     lap(Stage::Chain, &mut stage);
     let script = match http.get(&next, &mut retx).await {
         Ok(b) => String::from_utf8_lossy(&b).into_owned(),
@@ -849,7 +951,7 @@ async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
         stage,
         retransmits: retx,
         absorbed: Vec::new(),
-        ip: Some(lease.ip),
+        ip: Some(ipxe.ip),
     }
 }
 
@@ -949,7 +1051,7 @@ fn storm(a: &StormArgs, at_half: Option<AtHalf>) -> StormResult {
                     ok: false,
                     failed: Some((Stage::Dhcp, format!("task: {e}"))),
                     total: Duration::ZERO,
-                    stage: [Duration::ZERO; 5],
+                    stage: [Duration::ZERO; 6],
                     retransmits: 0,
                     absorbed: Vec::new(),
                     ip: None,
@@ -958,7 +1060,7 @@ fn storm(a: &StormArgs, at_half: Option<AtHalf>) -> StormResult {
                     ok: false,
                     failed: Some((Stage::Unfinished, "storm timed out".into())),
                     total: Duration::ZERO,
-                    stage: [Duration::ZERO; 5],
+                    stage: [Duration::ZERO; 6],
                     retransmits: 0,
                     absorbed: Vec::new(),
                     ip: None,
@@ -1546,7 +1648,7 @@ fn summarize(s: &Side) -> Summary {
         .saturating_sub(s.usage_before.cpu_ticks)) as f64
         / clk_tck();
     let rss_mib = s.usage_after.hwm_kib as f64 / 1024.0;
-    let stage_p50: Vec<String> = STAGES[..5]
+    let stage_p50: Vec<String> = STAGES[..6]
         .iter()
         .map(|st| {
             let mut v: Vec<f64> = r

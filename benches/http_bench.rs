@@ -34,6 +34,9 @@ use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "BOOTPLANE_HTTP_BENCH_CHILD";
 const UUID: &str = "4c4c4544-0042-3510-8052-b4c04f4e4d32";
+/// The token key of the server under test and the boot its machine is in.
+const TOKEN_KEY: [u8; 32] = [1u8; 32];
+const BOOT_ID: &str = "bench/1";
 
 #[path = "support/procfs.rs"]
 mod procfs;
@@ -80,8 +83,22 @@ fn main() {
     let big_len = size_mib << 20;
 
     let ours = Server::ours(dir.path());
-    let script_path =
-        format!("/ipxe/script?uuid={UUID}&mac=52-54-00-ab-cd-ef&buildarch=x86_64&platform=pcbios");
+    // With signed URLs a claimed machine's script needs the script token its DHCP reply
+    // carries (option 224, sent on by boot.ipxe): minted here with the server's key for
+    // its boot, valid for the whole run.
+    let token = bootplane::http::token::TokenSigner::new(&TOKEN_KEY).mint(
+        bootplane::http::token::Purpose::Script,
+        "server-a",
+        BOOT_ID,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+        86_400,
+    );
+    let script_path = format!(
+        "/ipxe/script?uuid={UUID}&mac=52-54-00-ab-cd-ef&buildarch=x86_64&platform=pcbios&token={token}"
+    );
     let script = http_get(ours.addr, &script_path);
     assert!(
         script.starts_with(b"#!ipxe\n"),
@@ -262,7 +279,7 @@ fn child(dir: PathBuf) {
             ips: vec!["127.0.0.1".parse().unwrap()],
             macs: vec![[0x52, 0x54, 0, 0xab, 0xcd, 0xef]],
             state: BootState::Ready,
-            boot_id: "bench/1".into(),
+            boot_id: BOOT_ID.into(),
             files: Some(BootFiles {
                 image: "os-image:latest".into(),
                 arch: "amd64".into(),
@@ -286,7 +303,7 @@ fn child(dir: PathBuf) {
             console: "console=tty0 console=ttyS0,115200".into(),
             default_action: bootplane::ipxe::DefaultAction::Exit,
             token_ttl_secs: 3600,
-            signer: bootplane::http::token::TokenSigner::new(&[1u8; 32]),
+            signer: bootplane::http::token::TokenSigner::new(&TOKEN_KEY),
             templates: vec![],
             assets_dir: Some(dir.join("assets")),
             images_dir: None,

@@ -518,10 +518,17 @@ impl Services {
             crate::dhcp::DhcpSettings::from_config(&config.dhcp, &config.public_http_url())?;
         let r =
             crate::dhcp::reservations::start(self.store.clone(), &settings, self.coord.handle());
+        // iPXE on a known machine's MAC gets a token for its script (the boot listener
+        // mints it, when `http.sign_ignition_urls` is on).
+        let slot = self.boot_slot.clone();
+        let scripts = crate::dhcp::MachineScripts(Arc::new(move |mac, now| {
+            slot.get()?.machine_script_token(mac, now)
+        }));
         let scope = crate::dhcp::Scope {
             log_path: config.state_dir.join(crate::dhcp::LEASE_FILE),
             grants: None,
             shared: shared_leases(config, "boot"),
+            machine_scripts: Some(scripts),
         };
         let (l, s, metrics) = (
             self.leases.clone(),
@@ -549,6 +556,7 @@ impl Services {
             log_path: config.state_dir.join(MANAGEMENT_LEASE_FILE),
             grants: Some(tx),
             shared: shared_leases(config, "management"),
+            machine_scripts: None,
         };
         let (metrics, s) = (self.mgmt_dhcp_metrics.clone(), self.coord.handle());
         self.tasks.spawn(async move {

@@ -556,9 +556,9 @@ impl StoreBootIndex {
         });
     }
 
-    /// What the server's boot configuration says it boots; `boot_id` is set to the
-    /// configuration's `<uid>/<generation>` when there is one (signed tokens are bound to
-    /// it, so they die with the claim or with a change of the configuration).
+    /// What the server's boot configuration says it boots; `boot_id` is set to
+    /// [`super::server::claimed_boot_id`] when there is one (signed tokens are bound to it, so they die
+    /// with the claim, a change of the configuration or a power cycle).
     fn boot_state(
         &self,
         (s, sv): (&Value, &Server),
@@ -601,7 +601,7 @@ impl StoreBootIndex {
             );
         };
         let b: ServerBootConfiguration = read(&sbc);
-        *boot_id = b.boot_id();
+        *boot_id = super::server::claimed_boot_id(&sv, &b);
         match b.status.state {
             Some(BootConfigurationState::Ready) => {}
             Some(BootConfigurationState::Error) => {

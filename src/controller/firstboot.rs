@@ -95,7 +95,12 @@ impl Step {
 async fn record_attempt(c: &Controllers, s: &Server, n: u32) -> Result<Arc<Value>, StoreError> {
     let patch = json!({"metadata": {
         "resourceVersion": s.metadata.resource_version,
-        "annotations": {ATTEMPT_ANNOTATION: format!("{n} {}", unix_now())},
+        // A discovery boot is a reset: a new boot generation (its inventory token and
+        // the earlier attempts' die with the old one).
+        "annotations": {
+            ATTEMPT_ANNOTATION: format!("{n} {}", unix_now()),
+            super::server::BOOT_GENERATION_ANNOTATION: super::server::generation_before_reset(s),
+        },
     }});
     c.store
         .patch(&c.t_server, None, &s.metadata.name, &patch, Part::Main)

@@ -42,10 +42,14 @@ pub const DISCOVERED: &str = "Discovered";
 /// retries.
 pub const QUEUE: usize = 1024;
 
-/// The `boot_id` of a Server's discovery boots (its uid: stable across attempts, new
-/// for a re-created Server).
+/// The `boot_id` of a Server's discovery boot: its uid (new for a re-created Server)
+/// and its boot generation (new for each attempt, [`super::server::boot_generation`]).
 pub fn boot_id(server: &Value) -> String {
-    format!("discovery/{}", meta::uid(server))
+    format!(
+        "discovery/{}/{}",
+        meta::uid(server),
+        super::server::boot_generation(&read(server)).0
+    )
 }
 
 /// A Kubernetes quantity for `bytes`: the largest binary suffix that divides it exactly.

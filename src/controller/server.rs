@@ -14,7 +14,11 @@
 //!   driver (condition `PowerReady` says what is pending);
 //! - `Reserved` without a claim (claim deleted), or whose claim no longer exists →
 //!   power off, then `Available` (reclaimPolicy `Recycle`) or `Released` (`Retain`);
-//! - annotation `bootplane.dev/reset-requested` → the power driver's reset, once.
+//! - annotation `bootplane.dev/reset-requested` → the power driver's reset, once;
+//! - the boot generation (annotation `bootplane.dev/boot-generation`, [`boot_generation`])
+//!   moves on before every reset and once each time the server is seen powered off:
+//!   signed boot tokens are bound to it, so a token minted in one boot of the machine
+//!   is refused after bootplane power-cycled it.
 
 use serde_json::{json, Value};
 
@@ -50,6 +54,12 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
     if sv.metadata.annotations.contains_key(RESET_ANNOTATION) {
         return reset(c, &s, name).await;
     }
+    // Seen off (whoever recorded it: this driver, the BMC poll, an operator's
+    // confirmation): the boot it ended is over for its tokens.
+    let s = match generation_after_power(&sv) {
+        Some(v) => set_boot_generation(c, &s, &v).await?,
+        None => s,
+    };
     let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
     // An empty state is no state.
     let state = (sv.status.state.clone()).filter(|s| !s.as_str().is_empty());
@@ -150,7 +160,71 @@ pub const APPROVED: &str = "Approved";
 /// the power driver once, then removed.
 pub const RESET_ANNOTATION: &str = "bootplane.dev/reset-requested";
 
+/// Annotation holding the server's boot generation: `N` (a count of the boots
+/// bootplane ended or restarted), `N-off` once the current power-off is counted. Written
+/// by this reconciler only (the `agent` role cannot write Servers); the boot index folds
+/// `N` into the boot id signed tokens are bound to.
+pub const BOOT_GENERATION_ANNOTATION: &str = "bootplane.dev/boot-generation";
+
+/// The suffix of a generation whose power-off is counted already.
+const SEALED_OFF: &str = "-off";
+
+/// `server`'s boot generation and whether its current power-off is counted in it.
+pub fn boot_generation(server: &Server) -> (u64, bool) {
+    let v =
+        (server.metadata.annotations.get(BOOT_GENERATION_ANNOTATION)).map_or("0", String::as_str);
+    let (n, off) = match v.strip_suffix(SEALED_OFF) {
+        Some(n) => (n, true),
+        None => (v, false),
+    };
+    (n.parse().unwrap_or(0), off)
+}
+
+/// The generation annotation `server` needs for its recorded power state, when it
+/// differs from the one it has: a power-off seen is counted once (sealed with
+/// [`SEALED_OFF`]), a power-on after it unseals.
+pub fn generation_after_power(server: &Server) -> Option<String> {
+    let (n, off) = boot_generation(server);
+    match server.status.power_state {
+        Some(PowerState::Off) if !off => Some(format!("{}{SEALED_OFF}", n.saturating_add(1))),
+        Some(PowerState::On) if off => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The generation annotation before a reset of `server` is handed to the driver: the
+/// next one, unsealed (the server is on afterwards).
+pub fn generation_before_reset(server: &Server) -> String {
+    boot_generation(server).0.saturating_add(1).to_string()
+}
+
+/// The boot id of Server `server` claimed with boot configuration `sbc`:
+/// `<sbc uid>/<sbc generation>/<boot generation>` ([`boot_generation`]).
+pub fn claimed_boot_id(server: &Server, sbc: &ServerBootConfiguration) -> String {
+    format!("{}/{}", sbc.boot_id(), boot_generation(server).0)
+}
+
+/// Write the generation annotation `v` onto `s` (optimistic: a newer version of the
+/// Server makes the write fail and the reconcile run again).
+async fn set_boot_generation(
+    c: &Controllers,
+    s: &Value,
+    v: &str,
+) -> Result<std::sync::Arc<Value>, StoreError> {
+    let sv: Server = read(s);
+    let patch = json!({"metadata": {
+        "resourceVersion": sv.metadata.resource_version,
+        "annotations": {BOOT_GENERATION_ANNOTATION: v},
+    }});
+    c.store
+        .patch(&c.t_server, None, &sv.metadata.name, &patch, Part::Main)
+        .await
+}
+
 async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &str) -> Result<Next, StoreError> {
+    // The new boot's generation is in the store before the driver starts the machine:
+    // tokens minted from here on are for the boot that follows, the earlier ones die.
+    let s = &set_boot_generation(c, s, &generation_before_reset(&read(s))).await?;
     let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
     let driver = c.power.name_for(s);
     record_power(&mut status, c.power.reset(s), "ResetFailed", |st| {
@@ -303,5 +377,62 @@ pub(super) fn record_power(
         Err(e) => {
             set_condition(status, "PowerReady", false, err_reason, &format!("{e:#}"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(generation: Option<&str>, power: &str) -> Server {
+        let mut s = json!({"metadata": {"name": "a"}, "status": {"powerState": power}});
+        if let Some(g) = generation {
+            s["metadata"]["annotations"] = json!({BOOT_GENERATION_ANNOTATION: g});
+        }
+        read(&s)
+    }
+
+    #[test]
+    fn a_power_off_is_counted_once_and_a_reset_always() {
+        // Never cycled, on: nothing to write.
+        assert_eq!(boot_generation(&server(None, "On")), (0, false));
+        assert_eq!(generation_after_power(&server(None, "On")), None);
+        // Seen off: the next generation, sealed; seen off again: nothing more.
+        let v = generation_after_power(&server(None, "Off")).unwrap();
+        assert_eq!(v, "1-off");
+        assert_eq!(boot_generation(&server(Some(&v), "Off")), (1, true));
+        assert_eq!(generation_after_power(&server(Some(&v), "Off")), None);
+        // On again: unsealed, same generation (the boot it starts is the one counted).
+        let v = generation_after_power(&server(Some(&v), "On")).unwrap();
+        assert_eq!(v, "1");
+        assert_eq!(generation_after_power(&server(Some(&v), "On")), None);
+        // The next power-off counts again.
+        assert_eq!(
+            generation_after_power(&server(Some(&v), "Off")).as_deref(),
+            Some("2-off")
+        );
+        // Other states (unknown, paused) change nothing.
+        assert_eq!(
+            generation_after_power(&server(Some("3-off"), "Paused")),
+            None
+        );
+        assert_eq!(generation_after_power(&server(Some("3"), "")), None);
+        // A reset always moves on, whether the server was on or off.
+        assert_eq!(generation_before_reset(&server(Some("3"), "On")), "4");
+        assert_eq!(generation_before_reset(&server(Some("3-off"), "Off")), "4");
+        assert_eq!(generation_before_reset(&server(None, "On")), "1");
+        // A value that is not a generation counts as none.
+        assert_eq!(boot_generation(&server(Some("x"), "On")), (0, false));
+    }
+
+    #[test]
+    fn the_boot_id_moves_with_the_claim_its_configuration_and_the_generation() {
+        let sbc = json!({"metadata": {"uid": "u-1", "generation": 2}});
+        let id = |g: Option<&str>, sbc: &Value| claimed_boot_id(&server(g, "On"), &read(sbc));
+        assert_eq!(id(None, &sbc), "u-1/2/0");
+        assert_eq!(id(Some("4-off"), &sbc), "u-1/2/4");
+        assert_ne!(id(Some("5"), &sbc), id(Some("4"), &sbc));
+        let other = json!({"metadata": {"uid": "u-2", "generation": 2}});
+        assert_ne!(id(Some("4"), &other), id(Some("4"), &sbc));
     }
 }

@@ -5,8 +5,10 @@
 //! Boot logic (RFC 4578, PXE 2.1, UEFI HTTP Boot, iPXE):
 //! - a client is a *boot client* when option 60 starts with `PXEClient` or
 //!   `HTTPClient`, or it is iPXE (user class 77 `iPXE`, or option 175 present);
-//! - iPXE gets the HTTP URL of `/boot.ipxe` (breaks the chainload loop); others get
-//!   the file mapped from their architecture (option 93): TFTP name with siaddr,
+//! - iPXE gets the HTTP URL of `/boot.ipxe` (breaks the chainload loop), and, on the MAC
+//!   of a known machine with signed URLs on, a script token for that machine's current
+//!   boot in option [`SCRIPT_TOKEN_OPTION`] (`boot.ipxe` sends it on, [`MachineScripts`]);
+//!   others get the file mapped from their architecture (option 93): TFTP name with siaddr,
 //!   `file`, options 66/67; HTTP Boot a URL with option 60 `HTTPClient`;
 //! - PXE replies carry option 60 `PXEClient`, echo option 97, and option 43 with PXE
 //!   discovery control = 8 (boot from this reply) in authoritative replies to PXE
@@ -132,6 +134,23 @@ pub struct BootChoice {
     pub tftp: bool,
 }
 
+/// Per-machine script tokens for iPXE (`http.sign_ignition_urls`): given the client's
+/// MAC and the time (unix seconds), a token for the script of the machine holding that
+/// MAC, minted for its current boot, or `None` (no such machine, or signed URLs off).
+/// `serve` builds it over the boot listener, so this layer does not depend on that one.
+#[derive(Clone)]
+pub struct MachineScripts(pub std::sync::Arc<dyn Fn(Mac, u64) -> Option<String> + Send + Sync>);
+
+impl std::fmt::Debug for MachineScripts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MachineScripts")
+    }
+}
+
+/// The DHCP option (site-specific range) that carries a known machine's script token to
+/// its iPXE; `boot.ipxe` sends it on as `&token=${224:uristring}`.
+pub const SCRIPT_TOKEN_OPTION: u8 = 224;
+
 /// The DHCP server state: settings, our address and the lease table.
 #[derive(Debug)]
 pub struct Server {
@@ -139,6 +158,10 @@ pub struct Server {
     pub settings: DhcpSettings,
     pub server_ip: Ipv4Addr,
     pub table: LeaseTable,
+    /// Per-machine script tokens for iPXE clients ([`Server::with_machine_scripts`]).
+    machine_scripts: Option<MachineScripts>,
+    /// The time of the packet being handled ([`Meta::now`]).
+    now: u64,
 }
 
 fn mac_of(req: &Message) -> Option<Mac> {
@@ -189,7 +212,16 @@ impl Server {
             settings,
             server_ip,
             table,
+            machine_scripts: None,
+            now: 0,
         }
+    }
+
+    /// Give iPXE on a known machine's MAC a script token for that machine
+    /// ([`SCRIPT_TOKEN_OPTION`]); every other client's reply is unchanged.
+    pub fn with_machine_scripts(mut self, m: MachineScripts) -> Server {
+        self.machine_scripts = Some(m);
+        self
     }
 
     /// Replace static reservations (hook for registered Servers' MACs).
@@ -225,6 +257,7 @@ impl Server {
 
     /// Handle one decoded request.
     pub fn handle(&mut self, req: &Message, meta: &Meta) -> Outcome {
+        self.now = meta.now;
         let mut out = self.handle_request_kind(req, meta);
         if let Outcome::Reply(r) = &mut out {
             r.max_len = max_reply_len(req);
@@ -631,6 +664,21 @@ impl Server {
         let pxe_firmware = client.pxe && !client.ipxe;
         if pxe_firmware && (!proxy || client.arch.unwrap_or(0) == 0) {
             o.insert(DhcpOption::VendorExtensions(vec![6, 1, 8, 255]));
+        }
+        if client.ipxe {
+            // A known machine's script token, for `boot.ipxe` to send on.
+            let token = self
+                .machine_scripts
+                .as_ref()
+                .zip(mac_of(req))
+                .and_then(|(f, mac)| (f.0)(mac, self.now))
+                .filter(|t| t.len() <= 255);
+            if let Some(t) = token {
+                o.insert(DhcpOption::Unknown(UnknownOption::new(
+                    OptionCode::Unknown(SCRIPT_TOKEN_OPTION),
+                    t.into_bytes(),
+                )));
+            }
         }
         if !proxy && client.ipxe {
             // iPXE encapsulated option 176 (no-pxedhcp) = 1: do not wait for proxyDHCP.

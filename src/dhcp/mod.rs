@@ -51,7 +51,7 @@ use crate::sys::unix_now;
 use anyhow::{bail, Context as _, Result};
 use tokio::net::UdpSocket;
 
-pub use self::core::{ClientInfo, Meta, Outcome, Reply, ReplyKind, Server};
+pub use self::core::{ClientInfo, MachineScripts, Meta, Outcome, Reply, ReplyKind, Server};
 pub use self::grants::Grant;
 pub use self::leases::{Lease, LeaseIndex, LeaseState};
 pub use self::metrics::{DropReason, Metrics};
@@ -548,6 +548,7 @@ pub async fn run(
         log_path,
         grants: None,
         shared: None,
+        machine_scripts: None,
     };
     run_scope(settings, scope, metrics, index, reservations, shutdown).await
 }
@@ -561,12 +562,13 @@ pub struct Shared {
 }
 
 /// What sets one DHCP instance apart from another on the same host: its lease log (or
-/// its leases in etcd, `shared`), and who hears of its granted leases ([`grants`];
-/// after they are durable).
+/// its leases in etcd, `shared`), who hears of its granted leases ([`grants`];
+/// after they are durable), and the per-machine script tokens its iPXE clients get.
 pub struct Scope {
     pub log_path: PathBuf,
     pub grants: Option<tokio::sync::mpsc::Sender<Grant>>,
     pub shared: Option<Shared>,
+    pub machine_scripts: Option<MachineScripts>,
 }
 
 /// [`run`] with the lease log and grant reports of `scope` (the management scope runs
@@ -590,6 +592,9 @@ pub async fn run_scope(
     metrics.init_drop_reasons();
     let (rate, mode) = (f64::from(settings.rate_limit_per_mac), settings.mode);
     let mut server = Server::new(settings, server_ip);
+    if let Some(m) = scope.machine_scripts {
+        server = server.with_machine_scripts(m);
+    }
     if let Some(rx) = reservations.as_mut() {
         server.set_reservations(rx.borrow_and_update().clone());
     }

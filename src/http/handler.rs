@@ -42,8 +42,10 @@ pub struct Settings {
     pub ipxe_fallback_dir: Option<PathBuf>,
     pub file_io: FileIo,
     pub stream_budget_bytes: usize,
-    /// Put a signed token into the Ignition URL of every script (default). Without it the
-    /// Ignition is served to the machine's registered addresses only.
+    /// Put a signed token into the Ignition URL of every script (default), and ask one of
+    /// every request for a script that carries a machine's secret (its DHCP reply has
+    /// one, [`BootHttp::machine_script_token`]). Without it the script and the
+    /// Ignition are served to the machine's registered addresses only.
     pub sign_ignition_urls: bool,
 }
 
@@ -251,9 +253,9 @@ impl BootHttp {
         &self.metrics
     }
 
-    /// A script URL carrying a signed token for `server` (for DHCP boot-file names when the
-    /// machine's address is not known in advance), bound to the boot the index holds for
-    /// it now: it stops working when that boot configuration goes or changes.
+    /// A script URL carrying a signed token for `server`, bound to the boot the index
+    /// holds for it now: it stops working when that boot configuration goes or changes,
+    /// or the machine is power-cycled.
     pub fn signed_script_url(&self, server: &str) -> String {
         let boot = self
             .index
@@ -266,6 +268,21 @@ impl BootHttp {
         format!(
             "{}/ipxe/script?server={}&token={}",
             self.base_url, server, t
+        )
+    }
+
+    /// The script token the DHCP reply to iPXE on `mac` carries (`http.sign_ignition_urls`;
+    /// `boot.ipxe` sends it on to `/ipxe/script`): for the script of the Server holding
+    /// `mac`, minted at `now` (unix seconds) for its current boot. `None` without signed
+    /// URLs or when no Server holds `mac`.
+    pub fn machine_script_token(&self, mac: crate::model::ident::Mac, now: u64) -> Option<String> {
+        if !self.sign_ignition_urls {
+            return None;
+        }
+        let m = self.index.lookup(&MachineId::Mac(mac))?;
+        Some(
+            self.signer
+                .mint(Purpose::Script, &m.server, &m.boot_id, now, self.token_ttl),
         )
     }
 
@@ -441,10 +458,12 @@ impl BootHttp {
             return self.default_script(&format!("unknown machine ({who})"));
         };
         *server_out = Some(m.clone());
-        // With signed URLs a token, when there is one, is always checked. Without a
-        // token the machine's own address (or its DHCP lease) is the identity: the
-        // first script of a network boot has no token to carry yet, so this is where
-        // L2 remains the boundary (docs/threat-model.md).
+        // With signed URLs a token, when there is one, is always checked, and a script
+        // that carries a secret of the machine (its Ignition token, its inventory
+        // token) needs one whatever the source address: the machine gets it in its
+        // DHCP reply (`boot.ipxe` sends it on), its boot ISO or its HTTP boot URI
+        // (docs/threat-model.md). Without signed URLs the machine's own address (or
+        // its DHCP lease) is the identity.
         let ok = q.token.as_deref().map(|t| {
             self.signer
                 .verify(t, Purpose::Script, &m.server, &m.boot_id, unix_now())
@@ -455,6 +474,11 @@ impl BootHttp {
                 return self.refuse(route::SCRIPT, &m, client, &e.to_string())
             }
             Some(Err(_)) => {}
+            None if self.sign_ignition_urls
+                && matches!(m.state, BootState::Ready | BootState::Discovery) =>
+            {
+                return self.refuse(route::SCRIPT, &m, client, "no token")
+            }
             None if !self.index.owns(&m, client) => {
                 return self.refuse(
                     route::SCRIPT,

@@ -59,24 +59,35 @@ async fn script_identity_and_tokens() {
     let idx = Arc::new(MemoryIndex::new());
     idx.upsert(machine());
     let a = app(idx.clone());
-    let (s, body) = get(
-        &a,
-        "/ipxe/script?uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32&mac=52-54-00-ab-cd-ef",
-        "127.0.0.2",
-    )
-    .await;
+    // Issue 32: the script carries the Ignition token, so it needs a token of its own
+    // even from the machine's registered address (which anyone on the link can take).
+    for from in ["127.0.0.2", "127.0.0.3"] {
+        let (s, _) = get(
+            &a,
+            "/ipxe/script?uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32&mac=52-54-00-ab-cd-ef",
+            from,
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{from}");
+    }
+    assert!(idx.events().is_empty());
+    // The DHCP reply to the machine's MAC carries one, and /boot.ipxe sends it on.
+    let mac = [0x52, 0x54, 0, 0xab, 0xcd, 0xef];
+    let token = a.machine_script_token(mac, unix_now()).unwrap();
+    assert_eq!(a.machine_script_token([2, 0, 0, 0, 0, 9], unix_now()), None);
+    let chain = |token: &str| {
+        format!("/ipxe/script?uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32&mac=52-54-00-ab-cd-ef&buildarch=x86_64&platform=pcbios&token={token}")
+    };
+    let (s, body) = get(&a, &chain(&token), "127.0.0.2").await;
     assert_eq!(s, StatusCode::OK);
     assert!(
         body.contains("ignition.config.url=http://10.0.0.1:8080/ignition/server-a/"),
         "{body}"
     );
     assert_eq!(idx.events().len(), 1);
-    let (s, _) = get(
-        &a,
-        "/ipxe/script?uuid=4c4c4544-0042-3510-8052-b4c04f4e4d32",
-        "127.0.0.3",
-    )
-    .await;
+    // A token minted long ago has expired.
+    let old = a.machine_script_token(mac, unix_now() - 3600).unwrap();
+    let (s, _) = get(&a, &chain(&old), "127.0.0.2").await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     // The token minted into the script opens the Ignition from any address.
     let url = body
@@ -115,7 +126,7 @@ async fn script_identity_and_tokens() {
     assert_eq!(s, StatusCode::OK);
     let t = a.metrics().encode();
     assert!(
-        t.contains("bootplane_http_identity_refused_total{route=\"script\"} 1"),
+        t.contains("bootplane_http_identity_refused_total{route=\"script\"} 3"),
         "{t}"
     );
 }
@@ -140,6 +151,7 @@ async fn unknown_unclaimed_and_malformed() {
             && body.contains("\nexit\n"),
         "{body}"
     );
+    // An unclaimed machine's script holds no secret: its own address still gets it.
     let (s, body) = get(&a, "/ipxe/script?mac=52:54:00:ab:cd:ef", "127.0.0.2").await;
     assert_eq!(s, StatusCode::OK);
     assert!(body.contains("server-a is not claimed"), "{body}");
@@ -156,7 +168,8 @@ async fn unknown_unclaimed_and_malformed() {
     let (s, body) = get(&a, "/boot.ipxe", "127.0.0.2").await;
     assert_eq!(s, StatusCode::OK);
     assert!(
-        body.contains("http://10.0.0.1:8080/ipxe/script?uuid=${uuid}&"),
+        body.contains("http://10.0.0.1:8080/ipxe/script?uuid=${uuid}&")
+            && body.contains("&token=${224:uristring} "),
         "{body}"
     );
     let (s, _) = get(&a, "/nothing", "127.0.0.2").await;

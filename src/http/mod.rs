@@ -14,11 +14,13 @@
 //!   report ([`discovery`]), the one route that reads a request body.
 //!
 //! Identity: a script or Ignition payload is given only to the machine it belongs to: the
-//! request's source address must be one of the machine's registered addresses, or the URL
-//! must carry a valid signed, expiring token ([`token`]) minted into that machine's
-//! script for its current boot configuration (a token dies with the claim it was minted
-//! for). Anyone else gets 403 (known machine, wrong client) and the refusal is logged
-//! and counted.
+//! URL must carry a valid signed, expiring token ([`token`]) minted for that machine's
+//! current boot (into its script for Ignition; into its DHCP reply, boot ISO or HTTP
+//! boot URI for its script), or, without signed URLs (`http.sign_ignition_urls =
+//! false`) and for scripts that hold no secret, the request's source address must be
+//! one of the machine's registered addresses. A token dies with the claim, the boot
+//! configuration and the power cycle it was minted for. Anyone else gets 403 (known
+//! machine, wrong client) and the refusal is logged and counted.
 //!
 //! The hot path never waits on the store: it asks a [`BootIndex`] answered from memory.
 //! [`index::MemoryIndex`] is the in-memory implementation; the store-backed one keeps it
@@ -108,14 +110,17 @@ pub struct MachineBoot {
     /// SMBIOS system UUID, lowercase hyphenated, when known.
     pub uuid: Option<String>,
     /// Registered addresses: the only sources allowed to fetch script and Ignition
-    /// without a token.
+    /// without a token (with signed URLs off; with them on, only scripts that hold no
+    /// secret).
     pub ips: Vec<IpAddr>,
     pub macs: Vec<Mac>,
     pub state: BootState,
     /// Which boot of the server this entry describes: the ServerBootConfiguration's UID
-    /// and generation (`<uid>/<generation>`), empty when none is bound. Signed tokens are
-    /// bound to it ([`token`]), so a token minted for one claim or configuration is
-    /// refused once the index holds another.
+    /// and generation and the Server's boot generation (bumped by the controller when it
+    /// power-cycles the machine): `<uid>/<generation>/<boot generation>`, empty when no
+    /// configuration is bound. Signed tokens are bound to it ([`token`]), so a token
+    /// minted for one claim, configuration or power cycle is refused once the index
+    /// holds another.
     pub boot_id: String,
     /// Present when `state` is `Ready`.
     pub files: Option<BootFiles>,

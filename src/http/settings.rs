@@ -62,8 +62,11 @@ pub struct HttpConfig {
     /// its token, is reused for at most half of this). Default 600 (10 minutes).
     pub token_ttl_secs: u64,
     /// Put a signed per-boot token into each script's Ignition URL and require it on
-    /// every Ignition fetch, whatever the source address (default true). Off: Ignition
-    /// is served to the machine's registered addresses only, without a token.
+    /// every Ignition fetch, and a script token on every request for a claimed (or
+    /// discovering) machine's script, whatever the source address (default true); the
+    /// DHCP reply to a known machine's iPXE carries its script URL with that token.
+    /// Off: script and Ignition are served to the machine's registered addresses only,
+    /// without a token.
     pub sign_ignition_urls: bool,
     /// Serve each machine's Ignition once per boot: a second fetch is refused until the
     /// power driver powers the machine off or resets it, or its boot configuration

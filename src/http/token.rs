@@ -5,10 +5,10 @@
 //! Format: `<expiry unix seconds>.<base64url(HMAC(key, "bootplane-v2|purpose|server|boot|expiry"))>`.
 //! The MAC binds the server name, the purpose and the boot the token was minted for
 //! ([`crate::http::MachineBoot::boot_id`]: the ServerBootConfiguration's UID and
-//! generation), so a token for one machine or one route is worthless for another, and a
-//! token dies with the boot configuration it was minted for: once the claim is deleted
-//! (or the configuration changed) the index holds another boot id and the old token no
-//! longer verifies, whoever claims the server next. Verification is constant time
+//! generation and the Server's boot generation), so a token for one machine or one route
+//! is worthless for another, and a token dies with the boot it was minted for: once the
+//! claim is deleted, the configuration changed or the machine power-cycled by bootplane,
+//! the index holds another boot id and the old token no longer verifies. Verification is constant time
 //! (`hmac::verify_slice`).
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -264,6 +264,8 @@ mod tests {
             "mac=${net0/mac:hexhyp}",
             "buildarch=${buildarch:uristring}",
             "platform=${platform:uristring}",
+            // The script token of bootplane's DHCP reply (option 224, issue 32).
+            "token=${224:uristring}",
         ] {
             assert!(chain.contains(v), "{chain}");
         }

@@ -49,10 +49,16 @@ fn claimed_machine_boots_from_the_store_and_progress_is_recorded() {
         .replace("${uuid}", "4C4C4544-0042-0042-0042-000000000042")
         .replace("${net0/mac:hexhyp}", "52-54-00-42-00-01")
         .replace("${buildarch:uristring}", "x86_64")
-        .replace("${platform:uristring}", "pcbios");
+        .replace("${platform:uristring}", "pcbios")
+        // No DHCP here: option 224 (the script token) is unset, iPXE expands it empty.
+        .replace("${224:uristring}", "");
     assert!(!url.contains("${"), "unsubstituted variable in {url}");
+    // The generic chain carries no token: a claimed machine's script (which holds its
+    // Ignition token) is refused there, even from its own address (issue 32); the
+    // machine gets a token in its DHCP reply (option 224).
     let (code, script) = curl_get("127.0.0.2", &url);
-    assert_eq!(code, 200, "{script}");
+    assert_eq!(code, 403, "{script}");
+    let (script, _) = b.signed_script("127.0.0.2", "node-1", 20);
     let kernel = kernel_line(&script);
     assert!(kernel.contains("/assets/images/os/kernel"), "{kernel}");
     assert!(
@@ -194,11 +200,7 @@ fn reference_butane_secret_is_served_as_validated_ignition() {
     b.wait_for(20, "Ready", || {
         (b.call("GET", &path, None).1["status"]["state"] == "Ready").then_some(())
     });
-    let url = script_ignition_url(
-        "127.0.0.4",
-        &format!("http://127.0.0.1:{}/ipxe/script", b.http_port),
-    )
-    .expect("signed ignition URL");
+    let (_, url) = b.signed_script("127.0.0.4", "fc-1", 20);
     let (code, body) = curl_get("127.0.0.4", &url);
     assert_eq!(code, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
@@ -251,15 +253,11 @@ fn boot_token_dies_with_its_claim() {
     let srv = server_at("tok-1", "52:54:00:42:00:21", "127.0.0.5");
     assert_eq!(b.call("POST", SERVERS, Some(&srv)).0, 201);
     let base = format!("http://127.0.0.1:{}", b.http_port);
-    // The machine's script (from its own address), and the token in its Ignition URL.
+    // The machine's script (with the token of its DHCP reply), and the token in its
+    // Ignition URL.
     let ignition_url = |what: &str| -> String {
-        let (code, script) = curl_get("127.0.0.5", &format!("{base}/ipxe/script?server=tok-1"));
-        assert_eq!(code, 200, "{what}: {script}");
-        let url = kernel_line(&script)
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("ignition.config.url="))
-            .unwrap_or_else(|| panic!("{what}: no ignition url in {script}"))
-            .to_string();
+        let (script, url) = b.signed_script("127.0.0.5", "tok-1", 20);
+        assert!(kernel_line(&script).contains(&url), "{what}: {script}");
         assert!(url.starts_with(&format!("{base}/ignition/tok-1/")), "{url}");
         url
     };
@@ -283,7 +281,7 @@ fn boot_token_dies_with_its_claim() {
     b.claim_ready_with_ignition("tenant-b", "tok-1", &secret_b, 20);
     // The boot index follows the store by watch: wait until it serves the new tenant.
     b.wait_for(20, "new tenant served", || {
-        let url = script_ignition_url("127.0.0.5", &format!("{base}/ipxe/script?server=tok-1"))?;
+        let url = script_ignition_url("127.0.0.5", &b.signed_script_url("tok-1"))?;
         let (code, body) = curl_get("127.0.0.5", &url);
         (code == 200 && body == ign_b).then_some(())
     });
@@ -344,9 +342,18 @@ fn identity_is_not_the_agents_and_ignition_needs_the_token() {
     let (code, body) = curl_get("127.0.0.7", &plain);
     assert_eq!(code, 403, "{body}");
     assert!(!body.contains("secret-32"), "{body}");
-    // The machine's script carries the token; with it the Ignition is served.
-    let url = script_ignition_url("127.0.0.7", &format!("{base}/ipxe/script"))
-        .expect("signed ignition URL");
+    // Nor the script, which carries the Ignition token (issue 32: the registered
+    // address is anyone's who takes it).
+    for from in ["127.0.0.7", "127.0.0.9"] {
+        let (code, body) = curl_get(
+            from,
+            &format!("{base}/ipxe/script?uuid=4c4c4544-0032-0032-0032-000000000032"),
+        );
+        assert_eq!(code, 403, "{from}: {body}");
+    }
+    // The machine's DHCP reply carries a script token, the script the Ignition token;
+    // with it the Ignition is served.
+    let (_, url) = b.signed_script("127.0.0.7", "id-1", 20);
     let (code, body) = curl_get("127.0.0.7", &url);
     assert_eq!((code, body.as_str()), (200, ign));
     // A wrong token is refused even from the registered address.
@@ -377,15 +384,19 @@ fn identity_is_not_the_agents_and_ignition_needs_the_token() {
         b.call("DELETE", &format!("{SERVERS}/id-3"), None).0,
         200 | 202
     ));
-    let url = script_ignition_url(
+    // Its MAC still names it: without a token, refused (an unknown MAC would get the
+    // default script); with one, served.
+    let (code, body) = curl_get(
         "127.0.0.7",
         &format!("{base}/ipxe/script?mac=52-54-00-32-00-01"),
     );
-    assert!(url.is_some(), "machine script by MAC");
+    assert_eq!(code, 403, "machine script by MAC without a token: {body}");
+    b.signed_script("127.0.0.7", "id-1", 20);
 }
 
 /// `http.ignition_once`: a second fetch in the same boot is refused, a power cycle by
-/// the driver opens it again.
+/// the driver opens it again, to the new boot's token only: the tokens minted before
+/// the power cycle (script and Ignition) are refused after it.
 #[test]
 fn one_shot_ignition_is_served_once_per_boot() {
     let b = Bootplane::start(&["--set", "http.ignition_once=true"]);
@@ -398,17 +409,33 @@ fn one_shot_ignition_is_served_once_per_boot() {
     b.wait_for(20, "server powered on", || {
         (b.get(&format!("{SERVERS}/once-1"))["status"]["powerState"] == "On").then_some(())
     });
-    let base = format!("http://127.0.0.1:{}", b.http_port);
-    let url = script_ignition_url("127.0.0.12", &format!("{base}/ipxe/script"))
-        .expect("signed ignition URL");
+    let script_url = b.signed_script_url("once-1");
+    let (_, url) = b.signed_script("127.0.0.12", "once-1", 20);
     let (code, body) = curl_get("127.0.0.12", &url);
     assert_eq!((code, body.as_str()), (200, ign));
     let (code, body) = curl_get("127.0.0.12", &url);
     assert_eq!(code, 403, "second fetch in the same boot: {body}");
+    let generation = |b: &Bootplane| {
+        b.get(&format!("{SERVERS}/once-1"))["metadata"]["annotations"]
+            ["bootplane.dev/boot-generation"]
+            .clone()
+    };
+    let before = generation(&b);
     let (code, _, err) = b.cli(&["power", "reset", "once-1"]);
     assert_eq!(code, 0, "{err}");
-    b.wait_for(20, "ignition served again after the reset", || {
-        (curl_get("127.0.0.12", &url).0 == 200).then_some(())
+    b.wait_for(20, "a new boot generation", || {
+        (generation(&b) != before).then_some(())
     });
-    assert_eq!(curl_get("127.0.0.12", &url).0, 403);
+    // The new boot's script and Ignition, once the listener has the new generation.
+    let (_, url2) = b.signed_script("127.0.0.12", "once-1", 20);
+    assert_ne!(url2, url);
+    b.wait_for(20, "ignition served again after the reset", || {
+        (curl_get("127.0.0.12", &url2).0 == 200).then_some(())
+    });
+    assert_eq!(curl_get("127.0.0.12", &url2).0, 403);
+    // The tokens of the boot before the reset: refused.
+    let (code, body) = curl_get("127.0.0.12", &url);
+    assert_eq!(code, 403, "ignition token from before the reset: {body}");
+    let (code, body) = curl_get("127.0.0.12", &script_url);
+    assert_eq!(code, 403, "script token from before the reset: {body}");
 }

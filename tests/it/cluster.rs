@@ -657,7 +657,8 @@ fn etcd_members_down_then_back_reads_and_boots_go_on_writes_recover() {
     let boots = |what: &str| {
         for x in &fleet {
             let base = format!("http://127.0.0.1:{}", x.http_port);
-            let (code, script) = curl_get(machine, &format!("{base}/ipxe/script?server=q-boot"));
+            // With a script token (each appliance's own key).
+            let (code, script) = curl_get(machine, &x.signed_script_url("q-boot"));
             assert_eq!(code, 200, "{what}: script from {base}: {script}");
             assert!(
                 script.contains("/assets/images/os/kernel"),
@@ -677,8 +678,7 @@ fn etcd_members_down_then_back_reads_and_boots_go_on_writes_recover() {
     };
     // Both boot listeners serve it (b from its own watch).
     b.wait_for(20, "the second appliance serves the machine", || {
-        let base = format!("http://127.0.0.1:{}", b.http_port);
-        (curl_get(machine, &format!("{base}/ipxe/script?server=q-boot")).0 == 200).then_some(())
+        (curl_get(machine, &b.signed_script_url("q-boot")).0 == 200).then_some(())
     });
     boots("all members up");
 

@@ -415,7 +415,15 @@ fn bad_inventories_are_refused_counted_and_write_nothing() {
         let l = servers(&b);
         (l.len() == 2 && l.iter().all(|s| s["status"]["state"] == "Discovery")).then_some(())
     });
-    let url = inventory_url(&b, "bmc-x-1");
+    // Tokens are bound to the discovery boot (its boot generation moves on when the
+    // boot starts and when the Server is seen off): take the URL once the listener
+    // accepts its token (a malformed body is then 400, not 403; nothing is written).
+    let url = b.wait_for(30, "an inventory URL of the current discovery boot", || {
+        let u = inventory_url(&b, "bmc-x-1");
+        let mut probe = inventory(9, 0);
+        probe["extra"] = json!(1);
+        (post(&u, probe.to_string().as_bytes()).0 == 400).then_some(u)
+    });
     let other = inventory_url(&b, "bmc-x-2");
     let base = url.split("/discovery/").next().unwrap().to_string();
     let token = url.rsplit('/').next().unwrap().to_string();

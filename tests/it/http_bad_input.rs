@@ -311,12 +311,7 @@ fn malformed_identity_and_methods() {
     assert_eq!(post.header("allow").as_deref(), Some("GET, HEAD"));
     assert!(srv.index.events().is_empty());
     assert_eq!(
-        curl(
-            MACHINE_IP,
-            &format!("{}/ipxe/script?uuid={UUID}", srv.base),
-            &[]
-        )
-        .code,
+        curl(MACHINE_IP, &srv.signed_script_url("server-a"), &[]).code,
         200
     );
 }

@@ -17,6 +17,8 @@ fn expand(line: &str, uuid: &str) -> String {
         .replace("${net0/mac:hexhyp}", "52-54-00-ab-cd-ef")
         .replace("${buildarch:uristring}", &enc("x86_64"))
         .replace("${platform:uristring}", &enc("pcbios"))
+        // No DHCP reply here: option 224 (the script token) is unset, iPXE expands it empty.
+        .replace("${224:uristring}", "")
 }
 
 fn chain_url(boot: &str) -> String {
@@ -54,7 +56,12 @@ fn chain_yields_kernel_initrd_ignition_for_the_machine_only() {
     let script_url = expand(&chain_url(&boot.text()), &UUID.to_uppercase());
     assert!(script_url.contains("uuid=4C4C4544%2D0042"), "{script_url}");
 
-    let script = curl(MACHINE_IP, &script_url, &[]);
+    // The generic chain carries no token: the claimed machine's script (which holds its
+    // Ignition token) is refused there even from its own address (issue 32). Its DHCP
+    // reply carries one (`signed_script_url` is the same token on the `server=` form).
+    let generic = curl(MACHINE_IP, &script_url, &[]);
+    assert_eq!(generic.code, 403, "{}", generic.text());
+    let script = curl(MACHINE_IP, &srv.signed_script_url("server-a"), &[]);
     assert_eq!(script.code, 200, "{}", script.text());
     let s = script.text();
     assert!(s.starts_with("#!ipxe\n"), "{s}");
@@ -145,7 +152,7 @@ fn chain_yields_kernel_initrd_ignition_for_the_machine_only() {
         && e.client.to_string() == MACHINE_IP));
     let m = srv.metrics.encode();
     assert!(
-        m.contains("bootplane_http_identity_refused_total{route=\"script\"} 1"),
+        m.contains("bootplane_http_identity_refused_total{route=\"script\"} 2"),
         "{m}"
     );
     assert!(

@@ -421,7 +421,7 @@ fn workers_serve_on_every_socket_and_drain_on_shutdown() {
     let srv = start_workers(l, 2, |_| {});
     srv.index.upsert(ready_machine(srv.dir.path(), &srv.base));
     // 40 connections (new source ports): the kernel spreads them over both sockets.
-    let url = format!("{}/ipxe/script?uuid={UUID}", srv.base);
+    let url = srv.signed_script_url("server-a");
     let mut cmd = Command::new("curl");
     cmd.args(["-sS", "--max-time", "20", "--interface", MACHINE_IP])
         .args(["-H", "Connection: close", "-o", "/dev/null"])

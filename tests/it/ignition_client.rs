@@ -219,15 +219,9 @@ fn real_ignition_client_fetches_from_bootplane_and_applies_files() {
         "stringData": {"format": "fcos", "ignition": SECRET.replace("REPEAT\n", &big)}});
     let sbc_path = b.claim_ready_with_ignition("claim-a", "server-a", &secret, 30);
 
-    // The machine asks for its script from its registered address.
+    // The machine asks for its script with the token of its DHCP reply.
     let base = format!("http://127.0.0.1:{}", b.http_port);
-    let (code, script) = curl_get(MACHINE_IP, &format!("{base}/ipxe/script?server=server-a"));
-    assert_eq!(code, 200, "{script}");
-    let ign_url = script
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("ignition.config.url="))
-        .unwrap_or_else(|| panic!("no ignition URL in:\n{script}"))
-        .to_string();
+    let (_, ign_url) = b.signed_script(MACHINE_IP, "server-a", 30);
     assert!(
         ign_url.starts_with(&format!("{base}/ignition/server-a/")),
         "signed per-boot URL: {ign_url}"

@@ -18,7 +18,7 @@ use std::process::Command;
 use serde_json::{json, Value};
 use support::api::*;
 use support::bootplane::*;
-use support::http::{curl_get, script_ignition_url};
+use support::http::curl_get;
 
 /// Decoded contents of the file at `path` in a served config (plain `data:,` URLs).
 fn file(cfg: &Value, path: &str) -> Option<String> {
@@ -94,9 +94,9 @@ fn served_config_follows_secret_facts_and_template_changes_and_render_cli_shows_
         "stringData": {"ignition": ign("v1")}});
     b.claim_ready_with_ignition("c1", "s1", &secret, 30);
 
-    // As the machine does: its script (from its own address) carries the signed URL.
-    let script = format!("http://127.0.0.1:{}/ipxe/script", b.http_port);
-    let url = script_ignition_url(IP, &script).expect("signed ignition URL");
+    // As the machine does: its script (fetched with the script token of its DHCP reply) carries
+    // the signed URL.
+    let (_, url) = b.signed_script(IP, "s1", 30);
     let served = || -> Value {
         let (code, body) = curl_get(IP, &url);
         assert_eq!(code, 200, "{body}");

@@ -254,8 +254,7 @@ fn dashboard_in_headless_chromium() {
                 .contains("Reserved")
                 .then_some(())
         });
-        let base = format!("http://127.0.0.1:{}", b.http_port);
-        let (code, script) = curl_get("127.0.0.7", &format!("{base}/ipxe/script?server=boot-1"));
+        let (code, script) = curl_get("127.0.0.7", &b.signed_script_url("boot-1"));
         assert_eq!(code, 200, "{script}");
         let url = script
             .split_whitespace()

@@ -350,6 +350,52 @@ impl Bootplane {
         sbc_path
     }
 
+    /// The per-machine script URL of `server` with a Script token for its current boot,
+    /// as the DHCP reply to its iPXE carries it (`http.sign_ignition_urls`): minted with
+    /// the state dir's token key for the boot id the store holds now (the listener's
+    /// index follows the store by watch: poll, see [`Bootplane::signed_script`]).
+    pub fn signed_script_url(&self, server: &str) -> String {
+        use bootplane::http::token::{Purpose, TokenSigner};
+        let key = std::fs::read(self.dir.join("http-token-key")).unwrap();
+        let s = self.get(&format!("{}/{server}", super::api::SERVERS));
+        let boot = match s
+            .pointer("/spec/bootConfigurationRef/name")
+            .and_then(Value::as_str)
+        {
+            Some(n) => {
+                let ns = s
+                    .pointer("/spec/bootConfigurationRef/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                let sbc = self.get(&format!("{}/{n}", sbcs(ns)));
+                bootplane::controller::server::claimed_boot_id(
+                    &bootplane::model::views::read(&s),
+                    &bootplane::model::views::read(&sbc),
+                )
+            }
+            None => String::new(),
+        };
+        let t = TokenSigner::new(&key).mint(Purpose::Script, server, &boot, unix_now(), 600);
+        format!(
+            "http://127.0.0.1:{}/ipxe/script?server={server}&token={t}",
+            self.http_port
+        )
+    }
+
+    /// `server`'s own script fetched from `from` with a token
+    /// ([`Bootplane::signed_script_url`]), once the listener serves it (200, with an
+    /// Ignition URL): the script and the Ignition URL in it.
+    pub fn signed_script(&self, from: &str, server: &str, secs: u64) -> (String, String) {
+        self.wait_for(secs, "the machine's script with a token", || {
+            let (code, script) = super::http::curl_get(from, &self.signed_script_url(server));
+            let url = script
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("ignition.config.url="))?
+                .to_string();
+            (code == 200).then_some((script, url))
+        })
+    }
+
     /// Poll `f` until it returns Some, or panic after `secs`.
     pub fn wait_for<T>(&self, secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         let deadline = Instant::now() + Duration::from_secs(secs);
@@ -372,6 +418,14 @@ impl Drop for Bootplane {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// Seconds since the epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 pub fn tail(s: &str, n: usize) -> String {

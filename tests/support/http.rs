@@ -38,7 +38,27 @@ pub struct Srv {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// The token key of the servers [`start`] makes.
+pub const TOKEN_KEY: [u8; 32] = [42u8; 32];
+
 impl Srv {
+    /// `server`'s script URL with a Script token for the boot its index entry holds
+    /// (what the DHCP reply to its iPXE carries with signed URLs on).
+    pub fn signed_script_url(&self, server: &str) -> String {
+        use bootplane::http::token::Purpose;
+        let boot = self
+            .index
+            .lookup(&MachineId::Server(server.into()))
+            .map(|m| m.boot_id.clone())
+            .unwrap_or_default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let t = TokenSigner::new(&TOKEN_KEY).mint(Purpose::Script, server, &boot, now, 600);
+        format!("{}/ipxe/script?server={server}&token={t}", self.base)
+    }
+
     /// Shut the server down (broadcast, then drain) and wait until its runtime and
     /// threads have ended; panics if that takes longer than `limit`.
     pub fn shutdown(mut self, limit: Duration) {
@@ -197,7 +217,7 @@ fn start_shape(
                 console: "console=ttyS0,115200".into(),
                 default_action: DefaultAction::Exit,
                 token_ttl_secs: 600,
-                signer: TokenSigner::new(&[42u8; 32]),
+                signer: TokenSigner::new(&TOKEN_KEY),
                 templates: vec![],
                 assets_dir: Some(root.join("assets")),
                 images_dir: Some(images_dir(&root)),

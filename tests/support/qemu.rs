@@ -20,15 +20,16 @@ use super::require::*;
 
 /// A `boot.ipxe` template for BIOS firmware whose NIC ROM is iPXE: chain `undionly.kpxe`
 /// from TFTP (the PXE path of real firmware) unless iPXE already runs on the UNDI driver,
-/// then the machine's script over HTTP. QEMU's ROM and a chained `undionly.kpxe` send
-/// the same DHCP options, so only this check breaks the loop.
+/// then the machine's script over HTTP, with the script token of bootplane's DHCP reply
+/// (option 224, as the built-in `boot.ipxe` sends it). QEMU's ROM and a chained
+/// `undionly.kpxe` send the same DHCP options, so only this check breaks the loop.
 pub const UNDIONLY_CHAIN_BOOT: &str = "#!ipxe\n\
     echo bootplane-e2e: driver ${net0/chip}\n\
     iseq ${net0/chip} undionly && goto script ||\n\
     chain tftp://${next-server}/undionly.kpxe || goto failed\n\
     :script\n\
     echo bootplane: identifying ${net0/mac:hexhyp} (${uuid})\n\
-    chain --autofree --replace {{ base_url }}/ipxe/script?uuid=${uuid}&mac=${net0/mac:hexhyp} || goto failed\n\
+    chain --autofree --replace {{ base_url }}/ipxe/script?uuid=${uuid}&mac=${net0/mac:hexhyp}&token=${224:uristring} || goto failed\n\
     :failed\n\
     echo bootplane: could not fetch this machine's script\n\
     exit 1\n";

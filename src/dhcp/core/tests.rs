@@ -592,6 +592,49 @@ fn authoritative_ipxe_gets_script_and_no_proxy_wait() {
     }
 }
 
+/// Issue 32: iPXE on a known machine's MAC gets a script token for that machine (minted
+/// for the packet's time) next to the generic chain URL; every other client's reply
+/// carries none, and PXE firmware gets its binary as before.
+#[test]
+fn ipxe_on_a_known_mac_gets_its_machines_script_token() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let scripts = MachineScripts(std::sync::Arc::new(move |mac: Mac, now: u64| {
+        log.lock().unwrap().push(now);
+        (mac == MAC).then(|| format!("{now}.tok"))
+    }));
+    let token = OptionCode::Unknown(SCRIPT_TOKEN_OPTION);
+    for mode in ["authoritative", "proxy"] {
+        let mut s = server(mode).with_machine_scripts(scripts.clone());
+        for req in [
+            ipxe_bios(MessageType::Discover),
+            ipxe_efi(MessageType::Discover),
+        ] {
+            let r = reply(&mut s, &req, 67);
+            assert_eq!(fname(&r.msg), "http://10.0.0.1:8080/boot.ipxe", "{mode}");
+            assert_eq!(bytes_opt(&r.msg, token).unwrap(), b"1000000.tok", "{mode}");
+        }
+        // Another MAC: no token.
+        let mut other = ipxe_bios(MessageType::Discover);
+        other.set_chaddr(&[2, 0, 0, 0, 0, 9]);
+        let r = reply(&mut s, &other, 67);
+        assert_eq!(fname(&r.msg), "http://10.0.0.1:8080/boot.ipxe", "{mode}");
+        assert!(bytes_opt(&r.msg, token).is_none(), "{mode}");
+        // PXE firmware on the known MAC: its iPXE binary, no token (iPXE asks again).
+        let r = reply(&mut s, &bios_pxe(MessageType::Discover), 67);
+        assert_eq!(fname(&r.msg), "undionly.kpxe", "{mode}");
+        assert!(bytes_opt(&r.msg, token).is_none(), "{mode}");
+    }
+    assert!(seen.lock().unwrap().iter().all(|now| *now == 1_000_000));
+    // Without the hook (the management scope): no token.
+    let r = reply(
+        &mut server("authoritative"),
+        &ipxe_bios(MessageType::Discover),
+        67,
+    );
+    assert!(bytes_opt(&r.msg, token).is_none());
+}
+
 #[test]
 fn authoritative_firmware_gets_address_and_boot_file() {
     let mut s = server("authoritative");
