@@ -330,9 +330,9 @@ impl Services {
             },
             metrics.sub_registry_with_prefix("bootplane_api"),
         )?;
-        let roles = crate::api::auth::Roles::new(&config.api.roles)
+        let roles = crate::api::authz::Roles::new(&config.api.roles)
             .map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;
-        let api_state = Arc::new(crate::api::rest::ApiState {
+        let api_state = Arc::new(crate::api::state::ApiState {
             store: self.store.clone(),
             token,
             roles,

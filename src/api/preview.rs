@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use super::rest::ApiError;
+use super::error::ApiError;
 use crate::http::{BootHttp, BootState, MachineId};
 
 /// Path prefix of the preview routes.

@@ -71,7 +71,7 @@ pub struct ApiConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Custom roles (`[[api.roles]]`), beside the built-in ones (`api::auth`). Last:
     /// TOML writes tables after plain values.
-    pub roles: Vec<super::auth::RoleConfig>,
+    pub roles: Vec<super::authz::RoleConfig>,
 }
 
 impl Default for ApiConfig {
@@ -175,7 +175,7 @@ impl ApiConfig {
                 self.audit_keep
             );
         }
-        super::auth::Roles::new(&self.roles).map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;
+        super::authz::Roles::new(&self.roles).map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;
         Ok(())
     }
 
