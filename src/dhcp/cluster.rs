@@ -70,12 +70,25 @@ use tokio::sync::mpsc;
 
 use super::core::Reply;
 use super::leases::{holds, may_replace, Change, Lease, LeaseIndex, LeaseState, LeaseTable};
-use super::ledger::Verdict;
 use super::metrics::Metrics;
 use crate::model::ident::{parse_mac, Mac, MacFmt};
 use crate::shutdown::Shutdown;
 use crate::store::settings::EtcdConfig;
 use crate::sys::unix_now;
+
+/// What becomes of an ACK once its commit has ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Its lease is durable: send it.
+    Send,
+    /// Another appliance's client holds the address: a NAK instead.
+    Nak,
+    /// etcd is unreachable and the mirror shows this client's lease with this many
+    /// seconds left: send it with that lease time.
+    Renewal(u32),
+    /// No answer (the client retransmits).
+    Drop,
+}
 
 /// Seconds another MAC's lease keeps its address past its expiry: room for the
 /// appliances' clocks to disagree (they decide expiry each by their own clock).

@@ -18,19 +18,9 @@ use super::metrics::Metrics;
 use super::persist::LeaseLog;
 use crate::model::ident::Mac;
 
-/// What becomes of an ACK once its commit has ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Its lease is durable: send it.
-    Send,
-    /// Another appliance's client holds the address: a NAK instead.
-    Nak,
-    /// etcd is unreachable and the mirror shows this client's lease with this many
-    /// seconds left: send it with that lease time.
-    Renewal(u32),
-    /// No answer (the client retransmits).
-    Drop,
-}
+/// What becomes of an ACK once its commit has ended (defined beside the cluster
+/// ledger, the one that can answer other than [`Verdict::Send`]).
+pub use super::cluster::Verdict;
 
 /// Where lease changes are made durable.
 pub enum Ledger {

@@ -199,7 +199,7 @@ pub async fn run(
     server::run_workers(
         listeners,
         app,
-        server::Limits::from_config(config),
+        settings::Limits::from_config(config),
         shutdown,
     )
     .await
