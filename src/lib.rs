@@ -27,3 +27,4 @@ pub mod statedir;
 pub mod store;
 pub mod sys;
 pub mod tftp;
+pub mod tls;

@@ -31,13 +31,13 @@ use serde_json::{json, Value};
 use super::authz::{Attrs, Identity};
 use super::error::ApiError;
 use super::state::ApiState;
-use super::tls::PeerCert;
 use super::tokens::{
     ct_eq, secret_hash, valid_token_name, BOOTSTRAP_USER, DEFAULT_TTL_SECONDS, GROUP,
     MAX_TTL_SECONDS, TOKENS, TOKEN_PREFIX,
 };
 use crate::model::registry::Registry;
 use crate::store::Store;
+use crate::tls::PeerCert;
 
 /// Why a request was not authenticated (the message of its 401).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -11,7 +11,6 @@ pub mod preview;
 pub mod rest;
 pub mod settings;
 pub mod state;
-pub mod tls;
 pub mod tokens;
 pub mod ui;
 

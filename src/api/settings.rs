@@ -180,6 +180,18 @@ impl ApiConfig {
     }
 
     /// The listener's connection admission limits.
+    /// The TLS keys of `[api]`, as [`crate::tls::setup`] takes them.
+    pub fn tls_settings(&self) -> crate::tls::Settings {
+        crate::tls::Settings {
+            enabled: self.tls,
+            listen: self.listen,
+            names: self.tls_names.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            client_ca_file: self.client_ca_file.clone(),
+        }
+    }
+
     pub fn limits(&self) -> crate::listen::Limits {
         crate::listen::Limits {
             max_connections: self.max_connections,

@@ -40,9 +40,7 @@ pub fn valid_token_name(n: &str) -> bool {
         && !n.ends_with('-')
 }
 
-/// The annotation of an `APIToken` holding when it was last used (RFC 3339, to the
-/// minute: written at most once per [`LAST_USED_EVERY`] per token).
-pub const LAST_USED: &str = "auth.bootplane.dev/last-used";
+pub use crate::model::wire::LAST_USED;
 /// How often a token's [`LAST_USED`] is written at most.
 pub const LAST_USED_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 /// The lifetime of a token made without `spec.ttlSeconds` (90 days); `0` asks for none.

@@ -159,9 +159,7 @@ fn has_condition(status: &Value, ty: &str, st: &str) -> bool {
         .is_some_and(|l| l.iter().any(|c| c["type"] == ty && c["status"] == st))
 }
 
-/// Annotation asking for a restart (`bootplane power reset SERVER` sets it): handed to
-/// the power driver once, then removed.
-pub const RESET_ANNOTATION: &str = "bootplane.dev/reset-requested";
+pub use crate::model::wire::RESET_ANNOTATION;
 
 async fn reset(c: &Controllers, s: &std::sync::Arc<Value>, name: &str) -> Result<Next, StoreError> {
     let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
