@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 /// `support::api_agent`; this one does not include it.
 fn api_agent(state: &std::path::Path) -> Option<ureq::Agent> {
     let pem = std::fs::read(state.join("tls/ca.crt")).ok()?;
-    let cfg = bootplane::api::tls::client_config(&pem, None).ok()?;
+    let cfg = bootplane::tls::client_config(&pem, None).ok()?;
     Some(ureq::AgentBuilder::new().tls_config(Arc::new(cfg)).build())
 }
 

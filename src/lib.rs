@@ -26,6 +26,7 @@ pub mod shutdown;
 pub mod statedir;
 pub mod sys;
 pub mod tftp;
+pub mod tls;
 
 // The layers extracted into crates of their own (crates/), under their old module names so
 // `crate::model::...` and `crate::store::...` paths read as before.

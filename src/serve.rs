@@ -325,9 +325,9 @@ impl Services {
             },
             metrics.sub_registry_with_prefix(crate::metrics::API_PREFIX),
         )?;
-        let roles = crate::api::auth::Roles::new(&config.api.roles)
+        let roles = crate::api::authz::Roles::new(&config.api.roles)
             .map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;
-        let api_state = Arc::new(crate::api::rest::ApiState {
+        let api_state = Arc::new(crate::api::state::ApiState {
             store: self.store.clone(),
             token,
             roles,
@@ -344,9 +344,10 @@ impl Services {
             ready: self.ready.clone(),
         });
         let (api_cfg, dir) = (config.api.clone(), config.state_dir.clone());
-        let tls = tokio::task::spawn_blocking(move || crate::api::tls::setup(&api_cfg, &dir))
-            .await?
-            .context("api tls")?;
+        let tls =
+            tokio::task::spawn_blocking(move || crate::tls::setup(&api_cfg.tls_settings(), &dir))
+                .await?
+                .context("api tls")?;
         let tls = tls.map(|t| {
             let acceptor = tokio_rustls::TlsAcceptor::from(t.config.clone());
             let (s, r) = (self.coord.handle(), self.reloads.subscribe());
@@ -356,7 +357,7 @@ impl Services {
             });
             crate::listen::router::Tls {
                 acceptor,
-                peer: crate::api::tls::peer_extensions,
+                peer: crate::tls::peer_extensions,
             }
         });
         let listener = tokio::net::TcpListener::bind(config.api.listen)
@@ -367,7 +368,7 @@ impl Services {
         // The lease list reports pool usage per configured subnet.
         let pools = dhcp_pools(config);
         let extra = crate::provision::router(self.runner.clone())
-            .merge(crate::api::rest::leases_router(self.leases.clone(), pools))
+            .merge(crate::dhcp::api::leases_router(self.leases.clone(), pools))
             .merge(crate::api::preview::router(self.boot_slot.clone()));
         if let Some(addr) = config.api.metrics_listen {
             let l = tokio::net::TcpListener::bind(addr)

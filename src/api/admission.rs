@@ -20,8 +20,9 @@
 
 use serde_json::Value;
 
-use super::auth::{Attrs, Identity, Roles};
-use super::rest::{ApiError, ApiState};
+use super::authz::{Attrs, Identity, Roles};
+use super::error::ApiError;
+use super::state::ApiState;
 use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::power::redfish::{scheme_of, INSECURE_ANNOTATION};
@@ -327,9 +328,9 @@ mod tests {
 
     #[test]
     fn only_a_role_with_every_verb_on_every_resource_is_an_admin() {
-        let roles = Roles::new(&[super::super::auth::RoleConfig {
+        let roles = Roles::new(&[super::super::authz::RoleConfig {
             name: "almost".into(),
-            rules: vec![super::super::auth::RuleConfig {
+            rules: vec![super::super::authz::RuleConfig {
                 verbs: vec!["*".into()],
                 resources: vec!["servers".into(), "bmcsecrets".into()],
                 namespaces: None,

@@ -29,7 +29,7 @@ use prometheus_client::metrics::counter::Counter;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::auth::Attrs;
+use super::authz::Attrs;
 
 /// Lines that may wait for the writer.
 const QUEUE: usize = 4096;

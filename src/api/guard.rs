@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 
-use super::rest::ApiError;
+use super::error::ApiError;
 
 /// A request body's declared syntax.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

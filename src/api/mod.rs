@@ -4,11 +4,14 @@
 pub mod admission;
 pub mod audit;
 pub mod auth;
+pub mod authz;
+pub mod error;
 pub mod guard;
 pub mod preview;
 pub mod rest;
 pub mod settings;
-pub mod tls;
+pub mod state;
+pub mod tokens;
 pub mod ui;
 
 pub use settings::ApiConfig;

@@ -19,11 +19,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use super::rest::ApiError;
+use super::error::ApiError;
 use crate::http::{BootHttp, BootState, MachineId};
 
-/// Path prefix of the preview routes.
-pub const PREVIEW_PATH: &str = "/apis/boot.bootplane.dev/v1alpha1/render";
+pub use crate::model::wire::PREVIEW_PATH;
 
 /// The boot listener's application, set once it is built (the API listener starts
 /// first).

@@ -30,165 +30,14 @@ use axum::routing::{any, get};
 use axum::Router;
 use serde_json::{json, Value};
 
+use super::error::ApiError;
+use super::state::ApiState;
 use crate::decode::{self as body, DecodeError, Format};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::model::selector::{FieldSelector, Selector};
 use crate::store::kv::Rev;
-use crate::store::{Part, Store, StoreError};
-
-/// What the API handlers share.
-pub struct ApiState {
-    pub store: Store,
-    /// The bootstrap token (user `admin`, role `admin`).
-    pub token: String,
-    /// The built-in and configured roles.
-    pub roles: super::auth::Roles,
-    /// Where writes and denials are recorded.
-    pub audit: super::audit::Audit,
-    /// Open watches, capped per identity and per connection.
-    pub watches: Arc<super::guard::Watches>,
-    /// When named tokens were last noted as used.
-    pub token_use: super::auth::TokenUse,
-    pub max_body_bytes: usize,
-    /// A request body must arrive within this long of its head (408 after it), so a
-    /// client trickling a body cannot hold its connection forever.
-    pub body_read_timeout: std::time::Duration,
-    /// Open watch streams end when this fires.
-    pub shutdown: crate::shutdown::Shutdown,
-    /// Other subsystems' metrics (boot HTTP, DHCP, TFTP, ...), registered once at
-    /// start-up by `serve` (the handles share their atomics); `/metrics` encodes them
-    /// after the store revision.
-    pub metrics: prometheus_client::registry::Registry,
-    /// True once every service of the appliance has started (`/readyz`).
-    pub ready: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// An API failure, rendered as a kube `Status`.
-#[derive(Debug)]
-pub struct ApiError {
-    pub code: StatusCode,
-    pub reason: &'static str,
-    pub message: String,
-    pub details: Option<Value>,
-}
-
-impl ApiError {
-    pub fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            code,
-            reason,
-            message: message.into(),
-            details: None,
-        }
-    }
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
-    }
-    pub fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "NotFound", message)
-    }
-    pub fn status_body(&self) -> Value {
-        let mut s = json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code.as_u16(),
-        });
-        if let Some(d) = &self.details {
-            s["details"] = d.clone();
-        }
-        s
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> ApiError {
-        let message = e.to_string();
-        match e {
-            StoreError::NotFound { name, .. } => {
-                let mut a = ApiError::new(StatusCode::NOT_FOUND, "NotFound", message);
-                a.details = Some(json!({"name": name}));
-                a
-            }
-            StoreError::AlreadyExists { name, .. } => {
-                let mut a = ApiError::new(StatusCode::CONFLICT, "AlreadyExists", message);
-                a.details = Some(json!({"name": name}));
-                a
-            }
-            StoreError::Conflict { name, .. } => {
-                let mut a = ApiError::new(StatusCode::CONFLICT, "Conflict", message);
-                a.details = Some(json!({"name": name}));
-                a
-            }
-            StoreError::Invalid { kind, name, causes } => {
-                let mut a = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message);
-                a.details = Some(json!({
-                    "name": name,
-                    "kind": kind,
-                    "causes": causes.iter().map(|c| json!({"reason": c.reason.as_str(), "message": c.message, "field": c.field})).collect::<Vec<_>>(),
-                }));
-                a
-            }
-            StoreError::BadRequest(_) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
-            }
-            StoreError::Gone(_) => ApiError::new(StatusCode::GONE, "Expired", message),
-            // etcd unreachable or without quorum: nothing was written (or, after a
-            // timeout, it is unknown whether it was); reads go on from the mirror.
-            StoreError::Unavailable(_) => {
-                let mut a = ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "ServiceUnavailable",
-                    message,
-                );
-                a.details = Some(json!({"retryAfterSeconds": 1}));
-                a
-            }
-            // As kube's watch cache answers a resourceVersion it has not seen yet
-            // (after waiting for it): 504 Timeout, cause ResourceVersionTooLarge.
-            StoreError::TooLargeResourceVersion { .. } => {
-                let mut a = ApiError::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "Timeout",
-                    format!("Timeout: {message}"),
-                );
-                a.details = Some(json!({
-                    "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
-                    "retryAfterSeconds": 1,
-                }));
-                a
-            }
-            StoreError::TooLarge { name, .. } => {
-                let mut a = ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "RequestEntityTooLarge",
-                    message,
-                );
-                a.details = Some(json!({"name": name}));
-                a
-            }
-            StoreError::Internal(_) => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", message)
-            }
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&self.status_body()).unwrap_or_default();
-        (
-            self.code,
-            [(header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response()
-    }
-}
+use crate::store::{Part, Store};
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -228,61 +77,6 @@ async fn readyz(State(st): State<Arc<ApiState>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting").into_response()
     }
-}
-
-/// Path of the read-only DHCP lease list.
-pub const LEASES_PATH: &str = "/apis/dhcp.bootplane.dev/v1alpha1/leases";
-
-/// `GET /apis/dhcp.bootplane.dev/v1alpha1/leases`: the DHCP server's leases.
-pub fn leases_router(
-    idx: crate::dhcp::leases::LeaseIndex,
-    subnets: Vec<crate::dhcp::settings::Subnet>,
-) -> Router {
-    // (subnet, its name, its pool size): the size counted once, not per request.
-    let subnets: Arc<Vec<_>> = Arc::new(
-        subnets
-            .into_iter()
-            .map(|s| {
-                let name = format!("{}/{}", s.network, s.prefix_len);
-                let size = s.pool_size();
-                (s, name, size)
-            })
-            .collect(),
-    );
-    Router::new().route(
-        LEASES_PATH,
-        get(move || {
-            let (idx, subnets) = (idx.clone(), subnets.clone());
-            async move {
-                let mut items = idx.all();
-                items.sort_by_key(|l| l.ip);
-                let pools = pool_usage(&subnets, &items, crate::sys::unix_now());
-                axum::Json(
-                    json!({"apiVersion": "dhcp.bootplane.dev/v1alpha1", "kind": "LeaseList",
-                    "pools": pools, "items": items}),
-                )
-            }
-        }),
-    )
-}
-
-/// Per configured subnet: its dynamic pool's size and how many active leases fall in it
-/// (`pools` of the lease list; the dashboard's pool usage).
-fn pool_usage(
-    subnets: &[(crate::dhcp::settings::Subnet, String, u64)],
-    leases: &[crate::dhcp::leases::Lease],
-    now: u64,
-) -> Vec<Value> {
-    subnets
-        .iter()
-        .map(|(s, name, size)| {
-            let used = leases
-                .iter()
-                .filter(|l| s.contains(l.ip) && l.active(now))
-                .count();
-            json!({"subnet": name, "size": size, "used": used})
-        })
-        .collect()
 }
 
 async fn dispatch_fallback(
@@ -531,7 +325,7 @@ async fn dispatch(
     req: Request,
 ) -> Response {
     let uri = req.uri().clone();
-    let id = req.extensions().get::<super::auth::Identity>().cloned();
+    let id = req.extensions().get::<super::authz::Identity>().cloned();
     let conn = req.extensions().get::<super::guard::ConnId>().map(|c| c.0);
     // A declared length over the limit is refused before any of the body is read;
     // an undeclared one (chunked) stops being read at the limit.
@@ -598,7 +392,7 @@ async fn handle(
     h: &HeaderMap,
     (path, query): (&str, Option<&str>),
     body: Bytes,
-    (id, conn): (Option<&super::auth::Identity>, Option<u64>),
+    (id, conn): (Option<&super::authz::Identity>, Option<u64>),
 ) -> ApiResult<Response> {
     let t = parse_path(&st.store, path)?;
     let q = query_map(query);
@@ -662,7 +456,7 @@ async fn handle(
             Ok(respond(h, StatusCode::OK, &o))
         }
         (Method::POST, None)
-            if rt.group == super::auth::GROUP && rt.plural == super::auth::TOKENS =>
+            if rt.group == super::tokens::GROUP && rt.plural == super::tokens::TOKENS =>
         {
             // The secret is made by the server and shown once (`auth::issue`).
             let obj = decode_body(st, h, body).await?;
@@ -863,44 +657,6 @@ fn line(kind: &str, obj: &Value) -> Bytes {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn pool_usage_counts_active_leases_per_configured_subnet() {
-        use crate::dhcp::leases::{Lease, LeaseState};
-        let d = crate::dhcp::DhcpConfig {
-            range: Some("10.9.0.100-10.9.0.149".into()),
-            ..Default::default()
-        };
-        let subnets = crate::dhcp::DhcpSettings::from_config(&d, "http://10.9.0.1:8080")
-            .unwrap()
-            .subnets;
-        let named: Vec<_> = subnets
-            .into_iter()
-            .map(|s| {
-                let n = format!("{}/{}", s.network, s.prefix_len);
-                let size = s.pool_size();
-                (s, n, size)
-            })
-            .collect();
-        let lease = |ip: [u8; 4], expires, state| Lease {
-            ip: ip.into(),
-            mac: [2, 0, 0, 0, 0, ip[3]],
-            hostname: None,
-            expires,
-            state,
-        };
-        let leases = [
-            lease([10, 9, 0, 100], 2000, LeaseState::Bound),
-            lease([10, 9, 0, 101], 500, LeaseState::Bound), // expired
-            lease([10, 9, 0, 102], 2000, LeaseState::Released),
-            lease([10, 8, 0, 5], 2000, LeaseState::Bound), // another network
-        ];
-        let p = pool_usage(&named, &leases, 1000);
-        assert_eq!(
-            p,
-            vec![json!({"subnet": "10.9.0.0/24", "size": 50, "used": 1})]
-        );
-    }
     use super::*;
     use crate::model::registry::Registry;
 

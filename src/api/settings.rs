@@ -71,7 +71,7 @@ pub struct ApiConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Custom roles (`[[api.roles]]`), beside the built-in ones (`api::auth`). Last:
     /// TOML writes tables after plain values.
-    pub roles: Vec<super::auth::RoleConfig>,
+    pub roles: Vec<super::authz::RoleConfig>,
 }
 
 impl Default for ApiConfig {
@@ -175,11 +175,23 @@ impl ApiConfig {
                 self.audit_keep
             );
         }
-        super::auth::Roles::new(&self.roles).map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;
+        super::authz::Roles::new(&self.roles).map_err(|e| anyhow::anyhow!("api.roles: {e}"))?;
         Ok(())
     }
 
     /// The listener's connection admission limits.
+    /// The TLS keys of `[api]`, as [`crate::tls::setup`] takes them.
+    pub fn tls_settings(&self) -> crate::tls::Settings {
+        crate::tls::Settings {
+            enabled: self.tls,
+            listen: self.listen,
+            names: self.tls_names.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            client_ca_file: self.client_ca_file.clone(),
+        }
+    }
+
     pub fn limits(&self) -> crate::listen::Limits {
         crate::listen::Limits {
             max_connections: self.max_connections,

@@ -1,5 +1,5 @@
 //! `bootplane cert issue|revoke|list`: client certificates for the API, made on the
-//! appliance with the CA in `<state_dir>/tls/` ([`crate::api::tls`]). `issue` writes a
+//! appliance with the CA in `<state_dir>/tls/` ([`crate::tls`]). `issue` writes a
 //! client bundle (certificate, key, CA) and records the certificate in `tls/issued`;
 //! `revoke` appends serials to `tls/revoked`, which the listener re-reads within a few
 //! seconds and refuses at the handshake from then on.
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Subcommand};
 
-use crate::api::tls;
+use crate::tls;
 
 #[derive(Subcommand)]
 pub enum CertCmd {

@@ -118,7 +118,7 @@ pub fn agent(ep: &config::Endpoint) -> Result<ureq::Agent> {
         (Some(c), Some(k)) => Some((c.bytes()?, k.bytes()?, c.name(), k.name())),
         _ => None,
     };
-    let cfg = crate::api::tls::client_config_pem(
+    let cfg = crate::tls::client_config_pem(
         &pem,
         client
             .as_ref()
@@ -599,13 +599,13 @@ pub fn power(a: PowerArgs) -> Result<u8> {
     let rt = resolve(Registry::global(), "server")?;
     if a.action == "reset" {
         let client = Client::new(&a.conn)?;
-        let key = crate::controller::server::RESET_ANNOTATION;
+        let key = crate::model::wire::RESET_ANNOTATION;
         client.request(
             "PATCH",
             &Client::path(&rt, None, Some(&a.target)),
             Some((
                 "application/merge-patch+json",
-                &serde_json::json!({"metadata": {"annotations": {key: crate::store::now()}}}),
+                &serde_json::json!({"metadata": {"annotations": {key: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)}}}),
             )),
         )?;
         println!("server.metal.ironcore.dev/{} reset requested", a.target);
@@ -640,7 +640,7 @@ pub fn power(a: PowerArgs) -> Result<u8> {
 
 /// `bootplane get leases`: the DHCP server's leases as a table (or JSON/YAML).
 fn get_leases(client: &Client, output: Option<&str>) -> Result<u8> {
-    let v = client.request("GET", crate::api::rest::LEASES_PATH, None)?;
+    let v = client.request("GET", crate::model::wire::LEASES_PATH, None)?;
     match output {
         Some("json") => println!("{}", serde_json::to_string_pretty(&v)?),
         Some("yaml") => print!("{}", serde_norway::to_string(&v)?),

@@ -120,7 +120,7 @@ fn server_path(kind: &str, server: &str) -> Result<String> {
     }
     Ok(format!(
         "{}/{kind}/{server}",
-        crate::api::preview::PREVIEW_PATH
+        crate::model::wire::PREVIEW_PATH
     ))
 }
 

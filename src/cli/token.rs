@@ -121,7 +121,7 @@ pub fn run(cmd: TokenCmd) -> Result<u8> {
                     let exp = s("/spec/expiresAt");
                     let used = t
                         .pointer("/metadata/annotations")
-                        .and_then(|a| a.get(crate::api::auth::LAST_USED))
+                        .and_then(|a| a.get(crate::model::wire::LAST_USED))
                         .and_then(Value::as_str)
                         .unwrap_or("");
                     vec![

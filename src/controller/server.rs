@@ -156,9 +156,7 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
 /// ([`super::APPROVAL_LABEL`]).
 pub const APPROVED: &str = "Approved";
 
-/// Annotation asking for a restart (`bootplane power reset SERVER` sets it): handed to
-/// the power driver once, then removed.
-pub const RESET_ANNOTATION: &str = "bootplane.dev/reset-requested";
+pub use crate::model::wire::RESET_ANNOTATION;
 
 /// Annotation holding the server's boot generation: `N` (a count of the boots
 /// bootplane ended or restarted), `N-off` once the current power-off is counted. Written

@@ -29,6 +29,7 @@
 //! replies to clients without an address, SO_REUSEADDR/SO_REUSEPORT so a proxy can
 //! share the port with the authoritative server of the segment.
 
+pub mod api;
 #[cfg(feature = "etcd")]
 pub mod cluster;
 pub mod core;

@@ -16,13 +16,13 @@
 //!
 //! Routes:
 //! - `/boot.iso`: the generic ISO; its script chains `<base_url>/boot.ipxe`, which finds
-//!   the machine by MAC/UUID as a PXE boot does ([`BootHttp::boot_iso_url`]);
+//!   the machine by MAC/UUID as a PXE boot does ([`BootHttp::boot_iso_url`](crate::http::BootHttp::boot_iso_url));
 //! - `/ipxe/boot.iso?server=NAME&token=T`: the machine's own ISO, whose script chains its
-//!   signed script URL ([`BootHttp::signed_script_url`]);
+//!   signed script URL ([`BootHttp::signed_script_url`](crate::http::BootHttp::signed_script_url));
 //! - `/ipxe/boot.efi?server=NAME&token=T`: `ipxe.efi` (assets directory, else Debian's
 //!   `/usr/lib/ipxe`), for a UEFI HTTP boot URI.
 //!
-//! The per-machine URLs come from [`BootHttp::signed_boot_url`] with a token of their own
+//! The per-machine URLs come from [`BootHttp::signed_boot_url`](crate::http::BootHttp::signed_boot_url) with a token of their own
 //! purpose ([`Purpose::BootIso`], [`Purpose::BootEfi`]): a script token fetches no ISO
 //! and an ISO token no script; like the others it dies with the boot it was minted for.
 //! A bad or expired token gets 403, an unknown server 404, a missing ISOLINUX/iPXE file
@@ -37,24 +37,18 @@
 //! takes about a millisecond, so it is done on the request's task.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::fat;
-use super::files::{FileBody, FileMeta};
-use super::handler::{bad_request, ranged_response, route, text, Query, Source};
+use super::files::FileMeta;
 use super::iso9660::{self, ElTorito, IsoFile};
-use super::metrics::RouteLabels;
 use super::settings::BootIsoConfig;
 use super::token::Purpose;
-use super::{BootHttp, MachineBoot, MachineId};
-use crate::model::meta::valid_object_name;
 use crate::sys::unix_now;
 
 /// A per-machine boot target (what a BMC's UEFI HTTP boot URI points at).
@@ -67,14 +61,14 @@ pub enum BootArtifact {
 }
 
 impl BootArtifact {
-    fn purpose(self) -> Purpose {
+    pub(super) fn purpose(self) -> Purpose {
         match self {
             BootArtifact::Iso => Purpose::BootIso,
             BootArtifact::Efi => Purpose::BootEfi,
         }
     }
 
-    fn path(self) -> &'static str {
+    pub(super) fn path(self) -> &'static str {
         match self {
             BootArtifact::Iso => "/ipxe/boot.iso",
             BootArtifact::Efi => "/ipxe/boot.efi",
@@ -104,9 +98,9 @@ struct Parts {
 }
 
 /// A built ISO with its validators.
-struct Image {
-    body: Bytes,
-    meta: FileMeta,
+pub(super) struct Image {
+    pub(super) body: Bytes,
+    pub(super) meta: FileMeta,
 }
 
 struct Cached {
@@ -116,7 +110,7 @@ struct Cached {
     image: Arc<Image>,
 }
 
-/// The boot ISO builder and its cache, held by [`BootHttp`].
+/// The boot ISO builder and its cache, held by [`BootHttp`](crate::http::BootHttp).
 pub struct BootIso {
     /// `Err`: why no ISO can be built (a file missing), said to whoever asks for one.
     parts: Result<Parts, String>,
@@ -126,7 +120,7 @@ pub struct BootIso {
 }
 
 impl BootIso {
-    /// No ISO: every request for one gets 503 (a [`BootHttp`] built without config).
+    /// No ISO: every request for one gets 503 (a [`BootHttp`](crate::http::BootHttp) built without config).
     pub fn unconfigured() -> BootIso {
         BootIso::with_parts(Err("boot iso not configured".into()))
     }
@@ -216,7 +210,7 @@ impl BootIso {
 
     /// The cached image under `key` if made for `boot_id` less than `fresh_for` seconds
     /// ago, else the one `script()` gives (built and cached).
-    fn cached(
+    pub(super) fn cached(
         &self,
         key: &str,
         boot_id: &str,
@@ -253,138 +247,6 @@ impl BootIso {
             },
         );
         Ok(image)
-    }
-}
-
-type Resp = Response<FileBody>;
-
-impl BootHttp {
-    /// Use `iso` for the ISO routes ([`BootHttp::from_config`] loads it from `[http.boot_iso]`).
-    pub fn with_boot_iso(mut self, iso: BootIso) -> BootHttp {
-        self.boot_iso = iso;
-        self
-    }
-
-    /// The generic boot ISO's URL (virtual media for any machine bootplane knows by MAC
-    /// or UUID).
-    pub fn boot_iso_url(&self) -> String {
-        format!("{}/boot.iso", self.base_url)
-    }
-
-    /// `server`'s own boot target URL (a UEFI HTTP boot URI or a virtual media image),
-    /// carrying a token for that artifact bound to the boot the index holds for it now.
-    pub fn signed_boot_url(&self, server: &str, artifact: BootArtifact) -> String {
-        let boot = self
-            .index
-            .lookup(&MachineId::Server(server.to_string()))
-            .map(|m| m.boot_id.clone())
-            .unwrap_or_default();
-        let t = self.signer.mint(
-            artifact.purpose(),
-            server,
-            &boot,
-            unix_now(),
-            self.token_ttl,
-        );
-        format!(
-            "{}{}?server={server}&token={t}",
-            self.base_url,
-            artifact.path()
-        )
-    }
-
-    /// `/boot.iso`, `/ipxe/boot.iso`, `/ipxe/boot.efi`.
-    pub(super) async fn boot_target<B>(
-        &self,
-        req: &Request<B>,
-        client: IpAddr,
-        server_out: &mut Option<Arc<MachineBoot>>,
-    ) -> Resp {
-        let artifact = match req.uri().path() {
-            "/boot.iso" => {
-                let url = format!("{}/boot.ipxe", self.base_url);
-                let img = self
-                    .boot_iso
-                    .cached("", "", u64::MAX, |_| chain_script(&url));
-                return self.iso_response(req, img);
-            }
-            "/ipxe/boot.iso" => BootArtifact::Iso,
-            _ => BootArtifact::Efi,
-        };
-        let q = match Query::parse(req.uri().query().unwrap_or("")) {
-            Ok(q) => q,
-            Err(msg) => return bad_request(&msg),
-        };
-        let Some(name) = q.server.as_deref() else {
-            return bad_request("missing server");
-        };
-        if !valid_object_name(name) {
-            return bad_request("malformed server name");
-        }
-        let Some(m) = self.index.lookup(&MachineId::Server(name.to_string())) else {
-            return text(StatusCode::NOT_FOUND, "unknown server\n");
-        };
-        *server_out = Some(m.clone());
-        let checked = match q.token.as_deref() {
-            None => Err("no token".to_string()),
-            Some(t) => self
-                .signer
-                .verify(t, artifact.purpose(), &m.server, &m.boot_id, unix_now())
-                .map_err(|e| e.to_string()),
-        };
-        if let Err(why) = checked {
-            let route = if artifact == BootArtifact::Iso {
-                route::ISO
-            } else {
-                route::EFI
-            };
-            self.metrics()
-                .identity_refused
-                .get_or_create(&RouteLabels { route })
-                .inc();
-            tracing::warn!(server = %m.server, client = %client, route, why = %why, "boot target refused");
-            return text(StatusCode::FORBIDDEN, &format!("forbidden: {why}\n"));
-        }
-        match artifact {
-            BootArtifact::Efi => self.asset(req, "ipxe.efi").await,
-            BootArtifact::Iso => {
-                let img = self
-                    .boot_iso
-                    .cached(&m.server, &m.boot_id, self.token_ttl / 2, |now| {
-                        let t = self.signer.mint(
-                            Purpose::Script,
-                            &m.server,
-                            &m.boot_id,
-                            now,
-                            self.token_ttl,
-                        );
-                        chain_script(&format!(
-                            "{}/ipxe/script?server={}&token={t}",
-                            self.base_url, m.server
-                        ))
-                    });
-                self.iso_response(req, img)
-            }
-        }
-    }
-
-    fn iso_response<B>(&self, req: &Request<B>, img: Result<Arc<Image>, String>) -> Resp {
-        let img = match img {
-            Ok(i) => i,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot build the boot iso");
-                return text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &format!("boot iso unavailable: {e}\n"),
-                );
-            }
-        };
-        ranged_response(
-            req,
-            &img.meta,
-            "application/x-iso9660-image",
-            Source::Bytes(img.body.clone()),
-        )
     }
 }
 

@@ -6,9 +6,10 @@ use crate::http::files::FileIo;
 use crate::http::handler::Settings;
 use crate::http::index::MemoryIndex;
 use crate::http::token::TokenSigner;
-use crate::http::{BootState, Metrics};
+use crate::http::{BootHttp, BootState, MachineBoot, Metrics};
 use crate::ipxe::DefaultAction;
 use http::header::{self, HeaderMap};
+use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 
 const BASE: &str = "http://10.0.0.1:8080";

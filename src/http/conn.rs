@@ -55,7 +55,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::files::{FileBody, RawPart};
-use super::server::Limits;
+use super::settings::Limits;
 use super::BootHttp;
 use crate::listen::{Expiry, Slot, SlowRate, Watchdog};
 use crate::shutdown::Shutdown;

@@ -24,9 +24,10 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::StatusCode;
 
-use super::handler::{bad_request, route, text, BootHttp, Resp};
 use super::metrics::{ResultLabels, RouteLabels};
+use super::respond::{bad_request, route, text, Resp};
 use super::token::Purpose;
+use super::BootHttp;
 use super::{BootFiles, BootState, InventoryReport, MachineBoot, MachineId};
 use crate::ipxe::DiscoveryScript;
 use crate::model::ident::{parse_mac, parse_uuid};
@@ -39,7 +40,7 @@ pub const MAX_INVENTORY_BYTES: usize = 256 << 10;
 /// How long the connection loop waits for a whole inventory body.
 pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// The route's path prefix.
-pub const PREFIX: &str = "/discovery/inventory/";
+pub use super::respond::INVENTORY_PREFIX as PREFIX;
 
 const MAX_NICS: usize = 64;
 const MAX_IPS: usize = 32;

@@ -2,7 +2,6 @@
 //! then one access log line and the metrics. Independent of the socket loop
 //! ([`super::server`]), so unit tests and fuzz targets call it without a socket.
 
-use std::borrow::Cow;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,11 +9,14 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
-use super::files::{self, Conditions, FileBody, FileIo, Plan, Root, StreamBudget};
+use super::files::{self, FileBody, FileIo, Root, StreamBudget};
 use super::metrics::RouteLabels;
+use super::respond::{
+    bad_request, header_value, ranged_response, route, strip_body, text, Query, Resp, Source,
+};
 use super::token::{Purpose, TokenSigner};
 use super::{BootEvent, BootIndex, BootState, MachineBoot, MachineId, Metrics};
 use crate::ipxe::{DefaultAction, MachineScript, Renderer};
@@ -85,20 +87,6 @@ struct CachedScript {
 
 /// Cached scripts beyond this are dropped wholesale (entries are per machine).
 const SCRIPT_CACHE_MAX: usize = 100_000;
-
-/// Route names used in metrics and logs.
-pub mod route {
-    pub const BOOT: &str = "boot_ipxe";
-    pub const SCRIPT: &str = "script";
-    pub const IGNITION: &str = "ignition";
-    pub const ASSETS: &str = "assets";
-    pub const ISO: &str = "boot_iso";
-    pub const EFI: &str = "boot_efi";
-    pub const INVENTORY: &str = "inventory";
-    pub const OTHER: &str = "other";
-}
-
-pub(super) type Resp = Response<FileBody>;
 
 impl BootHttp {
     pub fn new(
@@ -308,7 +296,7 @@ impl BootHttp {
             route::ISO
         } else if path == "/ipxe/boot.efi" {
             route::EFI
-        } else if path.starts_with(super::discovery::PREFIX) {
+        } else if path.starts_with(super::respond::INVENTORY_PREFIX) {
             route::INVENTORY
         } else {
             route::OTHER
@@ -316,7 +304,7 @@ impl BootHttp {
         let mut server: Option<Arc<MachineBoot>> = None;
         let resp = if route == route::INVENTORY {
             if req.method() == Method::POST {
-                let rest = &path[super::discovery::PREFIX.len()..];
+                let rest = &path[super::respond::INVENTORY_PREFIX.len()..];
                 self.inventory(rest, &body, client, &mut server)
             } else {
                 let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
@@ -717,138 +705,6 @@ impl BootHttp {
     }
 }
 
-/// Where a ranged response's bytes come from.
-pub(super) enum Source {
-    /// An open file, streamed under the listener's budget.
-    File(std::fs::File, Arc<files::StreamBudget>),
-    /// A body held in memory (several ranges get the whole body).
-    Bytes(Bytes),
-}
-
-/// The response for a file-like body: validators (ETag, Last-Modified), the
-/// conditionals and `Range` planned by [`files::plan`], `HEAD` without a body: the one
-/// builder for assets and boot ISOs.
-pub(super) fn ranged_response<B>(
-    req: &Request<B>,
-    meta: &files::FileMeta,
-    ctype: &'static str,
-    source: Source,
-) -> Resp {
-    let cond = Conditions::of(req.headers());
-    let plan = files::plan(req.method() == Method::GET, &cond, meta);
-    let head = req.method() == Method::HEAD;
-    let mut hm = HeaderMap::new();
-    hm.insert(header::ETAG, header_value(&meta.etag, "\"0\""));
-    hm.insert(
-        header::LAST_MODIFIED,
-        header_value(&meta.last_modified(), "Thu, 01 Jan 1970 00:00:00 GMT"),
-    );
-    hm.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    let len = meta.len;
-    let full = |hm: &mut HeaderMap, source: Source| {
-        hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-        hm.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-        let body = match source {
-            _ if len == 0 || head => FileBody::empty(),
-            Source::File(f, budget) => FileBody::range(f, 0, len - 1, budget),
-            Source::Bytes(b) => FileBody::bytes(b),
-        };
-        (StatusCode::OK, body)
-    };
-    let (status, body) = match (plan, source) {
-        (Plan::NotModified, _) => (StatusCode::NOT_MODIFIED, FileBody::empty()),
-        (Plan::PreconditionFailed, _) => {
-            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
-            (StatusCode::PRECONDITION_FAILED, FileBody::empty())
-        }
-        (Plan::Unsatisfiable, _) => {
-            hm.insert(
-                header::CONTENT_RANGE,
-                header_value(&format!("bytes */{len}"), "bytes */0"),
-            );
-            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(0u64));
-            (StatusCode::RANGE_NOT_SATISFIABLE, FileBody::empty())
-        }
-        (Plan::Full, source) => full(&mut hm, source),
-        (Plan::Partial(ranges), source) if ranges.len() == 1 => {
-            let (s, e) = ranges[0];
-            hm.insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
-            hm.insert(
-                header::CONTENT_RANGE,
-                header_value(&format!("bytes {s}-{e}/{len}"), "bytes */0"),
-            );
-            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(e - s + 1));
-            let body = match source {
-                Source::File(f, budget) => FileBody::range(f, s, e, budget),
-                Source::Bytes(b) => FileBody::bytes(b.slice(s as usize..=e as usize)),
-            };
-            (StatusCode::PARTIAL_CONTENT, body)
-        }
-        (Plan::Partial(ranges), Source::File(f, budget)) => {
-            let (body, boundary) = FileBody::multipart(f, &ranges, len, ctype, budget);
-            let n = http_body::Body::size_hint(&body).exact().unwrap_or(0);
-            hm.insert(
-                header::CONTENT_TYPE,
-                header_value(
-                    &format!("multipart/byteranges; boundary={boundary}"),
-                    "multipart/byteranges",
-                ),
-            );
-            hm.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-            (StatusCode::PARTIAL_CONTENT, body)
-        }
-        (Plan::Partial(_), source) => full(&mut hm, source),
-    };
-    let mut r = Response::new(body);
-    *r.status_mut() = status;
-    *r.headers_mut() = hm;
-    r
-}
-
-/// Query parameters of `/ipxe/script`. Empty values count as absent (iPXE expands an
-/// unset setting to nothing). Values borrow from the request unless percent-decoded.
-#[derive(Debug, Default)]
-pub(super) struct Query<'a> {
-    uuid: Option<Cow<'a, str>>,
-    mac: Option<Cow<'a, str>>,
-    pub(super) server: Option<Cow<'a, str>>,
-    pub(super) token: Option<Cow<'a, str>>,
-}
-
-impl<'a> Query<'a> {
-    pub(super) fn parse(q: &'a str) -> Result<Query<'a>, String> {
-        if q.len() > 2048 {
-            return Err("query too long".into());
-        }
-        let mut out = Query::default();
-        for pair in q.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_encoding::percent_decode_str(v)
-                .decode_utf8()
-                .map_err(|_| format!("query parameter {k} is not valid utf-8"))?;
-            let v = match v {
-                Cow::Borrowed(b) => Cow::Borrowed(b.trim()),
-                Cow::Owned(o) => Cow::Owned(o.trim().to_string()),
-            };
-            if v.is_empty() {
-                continue;
-            }
-            match k {
-                "uuid" => out.uuid = Some(v),
-                "mac" => out.mac = Some(v),
-                "server" => out.server = Some(v),
-                "token" => out.token = Some(v),
-                _ => {} // buildarch, platform: informational
-            }
-        }
-        Ok(out)
-    }
-}
-
-pub(super) fn header_value(s: &str, fallback: &'static str) -> HeaderValue {
-    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(fallback))
-}
-
 fn script_response(status: StatusCode, body: Bytes) -> Resp {
     let len = body.len() as u64;
     let mut r = Response::new(FileBody::bytes(body));
@@ -861,29 +717,6 @@ fn script_response(status: StatusCode, body: Bytes) -> Resp {
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
-}
-
-pub(super) fn text(status: StatusCode, msg: &str) -> Resp {
-    let mut r = Response::new(FileBody::bytes(Bytes::copy_from_slice(msg.as_bytes())));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r.headers_mut()
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(msg.len() as u64));
-    r
-}
-
-pub(super) fn bad_request(msg: &str) -> Resp {
-    let m: String = msg.chars().filter(|c| !c.is_control()).take(200).collect();
-    text(StatusCode::BAD_REQUEST, &format!("bad request: {m}\n"))
-}
-
-/// HEAD: same headers, no body.
-fn strip_body(r: Resp) -> Resp {
-    let (parts, _) = r.into_parts();
-    Response::from_parts(parts, FileBody::empty())
 }
 
 /// Read the token key, or create 32 random bytes (mode 0600) when the file is absent. A

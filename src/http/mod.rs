@@ -39,7 +39,9 @@ pub mod files;
 pub mod handler;
 pub mod index;
 pub mod iso9660;
+mod iso_routes;
 pub mod metrics;
+mod respond;
 pub mod server;
 pub mod settings;
 pub mod token;
@@ -202,7 +204,7 @@ pub async fn run(
     server::run_workers(
         listeners,
         app,
-        server::Limits::from_config(config),
+        settings::Limits::from_config(config),
         shutdown,
     )
     .await

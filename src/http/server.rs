@@ -19,58 +19,15 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 
+pub use super::settings::Limits;
 use super::{conn, BootHttp};
 use crate::listen::{self, Admission};
 use crate::shutdown::Shutdown;
-
-/// Smallest request head limit accepted (hyper's floor, kept for the same config).
-pub const MIN_HEADER_BYTES: usize = 8192;
-
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub max_connections: usize,
-    /// Connections one source (IPv4 address, IPv6 /64) may hold at once.
-    pub max_connections_per_source: usize,
-    /// Request head limit; at least [`MIN_HEADER_BYTES`].
-    pub max_header_bytes: usize,
-    /// A request head must be complete within this long of its first byte.
-    pub header_read_timeout: Duration,
-    /// How long a connection may wait for the first byte of a request: after the
-    /// accept and between keep-alive requests.
-    pub idle_timeout: Duration,
-    /// How long in-flight responses may run after shutdown begins.
-    pub drain_timeout: Duration,
-    /// A response below this average rate (bytes/s) after `send_rate_grace` is ended
-    /// ([`conn::ConnError::TooSlow`]); 0 = off.
-    pub min_send_rate: u64,
-    /// A response below this average rate after `send_rate_grace` may be evicted for a
-    /// new connection when the listener is full ([`listen::SlowRate`]); 0 = never.
-    pub slow_send_rate: u64,
-    /// How long a response runs before either rate applies.
-    pub send_rate_grace: Duration,
-}
-
-impl Limits {
-    pub fn from_config(c: &super::HttpConfig) -> Limits {
-        Limits {
-            max_connections: c.max_connections.max(1),
-            max_connections_per_source: c.max_connections_per_source.max(1),
-            max_header_bytes: c.max_header_bytes.max(MIN_HEADER_BYTES),
-            header_read_timeout: Duration::from_millis(c.header_read_timeout_ms.max(100)),
-            idle_timeout: Duration::from_millis(c.idle_timeout_ms.max(100)),
-            drain_timeout: Duration::from_secs(8),
-            min_send_rate: c.min_send_rate_bytes_per_sec,
-            slow_send_rate: c.slow_send_rate_bytes_per_sec,
-            send_rate_grace: Duration::from_millis(c.send_rate_grace_ms.max(1)),
-        }
-    }
-}
 
 impl Limits {
     /// The admission limits of the connection table.

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use bootplane::api::tls::Ca;
+use bootplane::tls::Ca;
 use support::bootplane::*;
 use support::require::require;
 
@@ -81,7 +81,7 @@ fn presented_serial(port: u16) -> String {
     c.stdin.take().unwrap().write_all(pem.as_bytes()).unwrap();
     let o = c.wait_with_output().unwrap();
     let s = String::from_utf8_lossy(&o.stdout);
-    bootplane::api::tls::normalize_serial(s.trim().trim_start_matches("serial=")).unwrap()
+    bootplane::tls::normalize_serial(s.trim().trim_start_matches("serial=")).unwrap()
 }
 
 fn cli(b: &Bootplane, args: &[&str]) -> Output {
@@ -763,7 +763,7 @@ async fn http2_streams_and_watches_per_connection_are_capped() {
         "api.max_watches_per_connection=3",
     ]);
     let pem = std::fs::read(b.dir.join("tls/ca.crt")).unwrap();
-    let mut cfg = bootplane::api::tls::client_config(&pem, None).unwrap();
+    let mut cfg = bootplane::tls::client_config(&pem, None).unwrap();
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", b.api_port))
         .await

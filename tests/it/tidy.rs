@@ -1,7 +1,8 @@
 //! Checks that span the repository rather than one module: what the docs say about the
 //! running program must match what it exports, the workspace's crates depend only on
 //! the layers below them, and the top-level modules of `src/` must import each other
-//! without a cycle, with `serve` imported by `src/main.rs` only.
+//! without a cycle and only down ARCHITECTURE.md's layers, with `serve` imported by
+//! `src/main.rs` only.
 
 use std::path::{Path, PathBuf};
 
@@ -527,7 +528,17 @@ fn lib_modules() -> std::collections::BTreeSet<String> {
         .lines()
         .filter_map(|l| {
             let l = l.trim().strip_prefix("pub ").unwrap_or(l.trim());
-            let name = l.strip_prefix("mod ")?.strip_suffix(';')?;
+            // `mod x;`, or a layer extracted into a crate of its own and named as a
+            // module again (`pub use bootplane_x as x;`).
+            let name = match l.strip_prefix("mod ") {
+                Some(m) => m.strip_suffix(';')?,
+                None => {
+                    l.strip_prefix("use ")?
+                        .strip_suffix(';')?
+                        .split_once(" as ")?
+                        .1
+                }
+            };
             Some(name.trim().to_string())
         })
         .collect()
@@ -619,6 +630,130 @@ fn top_level_modules_form_no_cycle_and_only_main_imports_serve() {
             "{at}: names `serve`, which only src/main.rs may import"
         ));
     }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Layer order (issue 33): ARCHITECTURE.md's layers as a table, and every `crate::` path
+// from a module to one of a higher layer (or, outside the peer layers, to another module
+// of its own layer) is an offence, named by file:line.
+// ---------------------------------------------------------------------------------------
+
+/// Every top-level module of `src/` with its layer (ARCHITECTURE.md, "The layer rule"):
+/// L0 base, L1 model, L2 store, L3 protocol cores and servers, L4 controllers, L5 the
+/// API and the CLI, L6 config and serve. A new module has to be placed here.
+const LAYERS: &[(&str, u8)] = &[
+    ("decode", 0),
+    ("listen", 0),
+    ("logging", 0),
+    ("net", 0),
+    ("shutdown", 0),
+    ("statedir", 0),
+    ("sys", 0),
+    ("tls", 0),
+    ("model", 1),
+    ("store", 2),
+    ("dhcp", 3),
+    ("http", 3),
+    ("ignition", 3),
+    ("image", 3),
+    ("ipxe", 3),
+    ("nfs", 3),
+    ("power", 3),
+    ("provision", 3),
+    ("redfish", 3),
+    ("tftp", 3),
+    ("controller", 4),
+    ("api", 5),
+    ("cli", 5),
+    ("config", 6),
+    ("serve", 6),
+];
+
+/// Layers whose modules may import one another (still without a cycle): the base
+/// helpers, the protocol modules (`http` renders with `ipxe`, `power` drives `redfish`,
+/// ...) and L6 (`serve` reads `config`; nothing but `main.rs` imports `serve`). In L5 the
+/// API and the CLI are not peers: what both need lives below them (`tls`, `model::wire`).
+const PEER_LAYERS: &[u8] = &[0, 3, 6];
+
+/// Every edge that goes up the layers, or sideways outside [`PEER_LAYERS`], as
+/// `file:line: from (Ln) imports to (Lm)`; a module missing from `layers` is an offence
+/// of its own.
+fn layer_offences(
+    edges: &Edges,
+    modules: &std::collections::BTreeSet<String>,
+    layers: &[(&str, u8)],
+    peers: &[u8],
+) -> Vec<String> {
+    let layer = |m: &str| layers.iter().find(|(n, _)| *n == m).map(|(_, l)| *l);
+    let mut out: Vec<String> = modules
+        .iter()
+        .filter(|m| layer(m).is_none())
+        .map(|m| format!("module `{m}` has no layer: add it to LAYERS in tests/tidy.rs"))
+        .collect();
+    for ((from, to), at) in edges {
+        let (Some(lf), Some(lt)) = (layer(from), layer(to)) else {
+            continue;
+        };
+        if lt > lf || (lt == lf && !peers.contains(&lf)) {
+            let how = if lt > lf {
+                "a higher layer"
+            } else {
+                "a module of its own layer"
+            };
+            for a in at {
+                out.push(format!("{a}: {from} (L{lf}) imports {to} (L{lt}), {how}"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn layer_check_finds_upward_and_sideways_imports() {
+    let files: Vec<(String, String)> = [
+        (
+            "src/low/mod.rs",
+            "use crate::high::X;\nuse crate::peer::Y;\n",
+        ),
+        ("src/peer.rs", "fn f() { crate::low::g() }\n"),
+        ("src/high.rs", "use crate::{low, mid, other};\n"),
+        ("src/other.rs", "use crate::high::Z;\n"),
+        ("src/stray.rs", "use crate::low::W;\n"),
+    ]
+    .iter()
+    .map(|(p, t)| (p.to_string(), t.to_string()))
+    .collect();
+    let modules = ["low", "peer", "high", "other", "stray", "mid"]
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    let edges = module_edges(&files, &modules);
+    let layers = [
+        ("low", 0),
+        ("peer", 0),
+        ("mid", 1),
+        ("high", 2),
+        ("other", 2),
+    ];
+    assert_eq!(
+        layer_offences(&edges, &modules, &layers, &[0]),
+        [
+            "module `stray` has no layer: add it to LAYERS in tests/tidy.rs",
+            "src/high.rs:1: high (L2) imports other (L2), a module of its own layer",
+            "src/low/mod.rs:1: low (L0) imports high (L2), a higher layer",
+            "src/other.rs:1: other (L2) imports high (L2), a module of its own layer",
+        ]
+    );
+}
+
+/// Issue 33: a module imports only modules of lower layers (or its peers in a peer
+/// layer), so the layers of ARCHITECTURE.md hold as a fact of the code.
+#[test]
+fn top_level_modules_import_only_lower_layers() {
+    let modules = lib_modules();
+    let edges = module_edges(&rust_files(&["src"]), &modules);
+    let problems = layer_offences(&edges, &modules, LAYERS, PEER_LAYERS);
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
 

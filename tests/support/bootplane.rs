@@ -59,7 +59,7 @@ pub fn api_agent_builder_with(
 ) -> ureq::AgentBuilder {
     let ca = state_dir.join("tls/ca.crt");
     let pem = std::fs::read(&ca).unwrap_or_else(|e| panic!("reading {}: {e}", ca.display()));
-    let cfg = bootplane::api::tls::client_config(&pem, client).unwrap();
+    let cfg = bootplane::tls::client_config(&pem, client).unwrap();
     ureq::AgentBuilder::new().tls_config(std::sync::Arc::new(cfg))
 }
 
@@ -75,7 +75,7 @@ pub type ApiStream = rustls::StreamOwned<rustls::ClientConnection, std::net::Tcp
 /// Open an [`ApiStream`] (the handshake happens on the first read or write).
 pub fn api_tls_stream(state_dir: &Path, port: u16) -> ApiStream {
     let pem = std::fs::read(state_dir.join("tls/ca.crt")).unwrap();
-    let cfg = bootplane::api::tls::client_config(&pem, None).unwrap();
+    let cfg = bootplane::tls::client_config(&pem, None).unwrap();
     let conn = rustls::ClientConnection::new(
         std::sync::Arc::new(cfg),
         rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),

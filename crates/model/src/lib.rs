@@ -15,3 +15,4 @@ pub mod registry;
 pub mod schema;
 pub mod selector;
 pub mod views;
+pub mod wire;

@@ -1,5 +1,7 @@
 //! Unit tests of `api::auth`: verb and resource derivation, role matching, tokens.
 use super::*;
+use crate::api::authz::{RoleConfig, Roles, RuleConfig};
+use axum::http::Method;
 
 fn attrs(m: &str, path: &str) -> Attrs {
     let (p, q) = match path.split_once('?') {

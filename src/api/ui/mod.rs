@@ -22,8 +22,8 @@ use axum::{Extension, Router};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::auth::{Attrs, Identity, VERBS};
-use super::rest::ApiState;
+use super::authz::{Attrs, Identity, VERBS};
+use super::state::ApiState;
 
 /// Where the dashboard lives.
 pub const PREFIX: &str = "/ui/";
@@ -184,7 +184,7 @@ fn resources(st: &ApiState) -> Vec<(String, String, Option<String>)> {
             ]
         })
         .collect();
-    for (name, group) in super::auth::NON_RESOURCES {
+    for (name, group) in super::authz::NON_RESOURCES {
         out.push((group.to_string(), name.to_string(), None));
     }
     out

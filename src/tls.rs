@@ -1,6 +1,9 @@
-//! TLS on the API listener: the appliance's own CA and server certificate, the client
-//! certificates it issues, their revocation, and the rustls server config the listener
-//! ([`crate::listen::router`]) runs the handshake with.
+//! TLS material for the API listener and its clients: the appliance's own CA and server
+//! certificate, the client certificates it issues, their revocation, the rustls server
+//! config the listener ([`crate::listen::router`]) runs the handshake with, and the
+//! client config the CLI and the tests connect with. A base module: the API (which
+//! sets it up from `[api]`, [`crate::api::ApiConfig::tls_settings`]) and the CLI
+//! (`bootplane cert`, its connection) both build on it.
 //!
 //! - **Files** (`<state_dir>/tls/`, every file 0600): `ca.crt`/`ca.key`, the CA created
 //!   on first start (ECDSA P-256, 10 years); `server.crt`/`server.key`, a server
@@ -32,7 +35,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::io::Write as _;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -51,8 +54,23 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 
-use super::ApiConfig;
 use crate::shutdown::Shutdown;
+
+/// What the listener's TLS is made from: `[api]`'s `tls`, `listen`, `tls_names`,
+/// `cert_file`, `key_file` and `client_ca_file` ([`crate::api::ApiConfig::tls_settings`]).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// False: plain HTTP ([`setup`] gives `None`).
+    pub enabled: bool,
+    /// The listen address (its IP, or every interface's when unspecified, is a name of
+    /// the generated server certificate).
+    pub listen: SocketAddr,
+    /// More names for the generated server certificate.
+    pub names: Vec<String>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub client_ca_file: Option<PathBuf>,
+}
 
 /// The directory under the state dir that holds the TLS files.
 pub const DIR: &str = "tls";
@@ -344,7 +362,7 @@ fn hostname() -> String {
 }
 
 /// The names and addresses the generated server certificate is for.
-pub fn server_names(cfg: &ApiConfig) -> BTreeSet<String> {
+pub fn server_names(cfg: &Settings) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = ["localhost", "127.0.0.1", "::1"]
         .into_iter()
         .map(String::from)
@@ -379,7 +397,7 @@ pub fn server_names(cfg: &ApiConfig) -> BTreeSet<String> {
     } else {
         names.insert(ip.to_string());
     }
-    names.extend(cfg.tls_names.iter().map(|n| n.to_ascii_lowercase()));
+    names.extend(cfg.names.iter().map(|n| n.to_ascii_lowercase()));
     names
 }
 
@@ -654,8 +672,8 @@ pub struct Tls {
 /// Prepare the API listener's TLS from `[api]` (blocking file I/O: call before the
 /// listener starts, off the runtime): the CA, the generated server certificate when no
 /// `cert_file` is given, the client verifier. None when `tls = false`.
-pub fn setup(cfg: &ApiConfig, state_dir: &Path) -> Result<Option<Tls>> {
-    if !cfg.tls {
+pub fn setup(cfg: &Settings, state_dir: &Path) -> Result<Option<Tls>> {
+    if !cfg.enabled {
         return Ok(None);
     }
     let ca = Ca::load_or_create(state_dir)?;
@@ -708,7 +726,7 @@ pub fn setup(cfg: &ApiConfig, state_dir: &Path) -> Result<Option<Tls>> {
 
 /// The generated server certificate: issued when absent, when its names are not
 /// `server_names(cfg)` or when it ends within [`RENEW_DAYS`].
-fn ensure_server_cert(ca: &Ca, cfg: &ApiConfig, cert: &Path, key: &Path) -> Result<()> {
+fn ensure_server_cert(ca: &Ca, cfg: &Settings, cert: &Path, key: &Path) -> Result<()> {
     let want = server_names(cfg);
     let current = std::fs::read(cert).ok().and_then(|pem| {
         let der = CertificateDer::pem_slice_iter(&pem).next()?.ok()?;
@@ -915,12 +933,19 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let ca = Ca::load_or_create(t.path()).unwrap();
         let (c, k) = (t.path().join("s.crt"), t.path().join("s.key"));
-        let mut cfg = ApiConfig::default();
+        let mut cfg = Settings {
+            enabled: true,
+            listen: "127.0.0.1:9090".parse().unwrap(),
+            names: Vec::new(),
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+        };
         ensure_server_cert(&ca, &cfg, &c, &k).unwrap();
         let first = std::fs::read(&c).unwrap();
         ensure_server_cert(&ca, &cfg, &c, &k).unwrap();
         assert_eq!(first, std::fs::read(&c).unwrap(), "kept");
-        cfg.tls_names = vec!["boot.example.com".into()];
+        cfg.names = vec!["boot.example.com".into()];
         ensure_server_cert(&ca, &cfg, &c, &k).unwrap();
         let der = CertificateDer::pem_slice_iter(&std::fs::read(&c).unwrap())
             .next()
