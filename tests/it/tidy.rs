@@ -667,6 +667,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("api", 5),
     ("cli", 5),
     ("config", 6),
+    ("metrics", 6),
     ("serve", 6),
 ];
 
