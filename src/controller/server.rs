@@ -183,7 +183,14 @@ pub fn boot_generation(server: &Server) -> (u64, bool) {
 /// [`SEALED_OFF`]), a power-on after it unseals.
 pub fn generation_after_power(server: &Server) -> Option<String> {
     let (n, off) = boot_generation(server);
+    let recorded = (server.metadata.annotations).contains_key(BOOT_GENERATION_ANNOTATION);
     match server.status.power_state {
+        // Off and never counted: no boot bootplane saw has ended (a reset always writes
+        // the annotation first), so a Server registered powered off costs no write.
+        Some(PowerState::Off) if !recorded => None,
+        // On and never counted: record generation 0, so the power-off that ends this
+        // boot is counted.
+        Some(PowerState::On) if !recorded => Some("0".to_string()),
         Some(PowerState::Off) if !off => Some(format!("{}{SEALED_OFF}", n.saturating_add(1))),
         Some(PowerState::On) if off => Some(n.to_string()),
         _ => None,
@@ -392,11 +399,17 @@ mod tests {
 
     #[test]
     fn a_power_off_is_counted_once_and_a_reset_always() {
-        // Never cycled, on: nothing to write.
+        // Never counted, on: generation 0 is recorded (once), so its power-off counts.
         assert_eq!(boot_generation(&server(None, "On")), (0, false));
-        assert_eq!(generation_after_power(&server(None, "On")), None);
-        // Seen off: the next generation, sealed; seen off again: nothing more.
-        let v = generation_after_power(&server(None, "Off")).unwrap();
+        assert_eq!(
+            generation_after_power(&server(None, "On")).as_deref(),
+            Some("0")
+        );
+        assert_eq!(generation_after_power(&server(Some("0"), "On")), None);
+        // Registered powered off: nothing to count, no write.
+        assert_eq!(generation_after_power(&server(None, "Off")), None);
+        // Seen off after a boot: the next generation, sealed; seen off again: nothing more.
+        let v = generation_after_power(&server(Some("0"), "Off")).unwrap();
         assert_eq!(v, "1-off");
         assert_eq!(boot_generation(&server(Some(&v), "Off")), (1, true));
         assert_eq!(generation_after_power(&server(Some(&v), "Off")), None);

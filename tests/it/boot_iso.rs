@@ -16,7 +16,7 @@
 //! the access log shows each VM's address fetching its script, and no firmware fetched
 //! `ipxe.efi` over the network (iPXE came from the CDs). The token for the
 //! ISO URL is minted here with bootplane's own signer from the state directory's key and
-//! the boot configuration's UID and generation, as `BootHttp::signed_boot_url` mints it.
+//! the boot configuration's UID and generation and the Server's boot generation, as `BootHttp::signed_boot_url` mints it.
 
 use crate::support;
 
@@ -268,11 +268,15 @@ fn generic_and_per_machine_iso_boot_and_fetch_their_scripts() {
         loop {
             let s = lab.sbc(claim);
             if s["status"]["state"] == "Ready" {
-                let m = &s["metadata"];
-                boot_ids.push(format!(
-                    "{}/{}",
-                    m["uid"].as_str().unwrap(),
-                    m["generation"]
+                // The boot id the index holds: the configuration's UID and generation
+                // and the Server's boot generation.
+                let server = claim.trim_end_matches("-claim");
+                let sv: Value =
+                    serde_json::from_str(&lab.cli(&["get", "server", server, "-o", "json"], None))
+                        .unwrap();
+                boot_ids.push(bootplane::controller::server::claimed_boot_id(
+                    &bootplane::model::views::read(&sv),
+                    &bootplane::model::views::read(&s),
                 ));
                 break;
             }

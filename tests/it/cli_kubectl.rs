@@ -294,7 +294,10 @@ fn label_and_annotate_need_overwrite_to_change_a_value() {
 
 #[test]
 fn edit_runs_the_editor_and_reports_errors() {
-    let b = Bootplane::start(&[]);
+    // No controllers: `edit` writes back with the resourceVersion it read (as kubectl
+    // does), and a reconcile of the new Server between the read and the write is a
+    // rightful Conflict (seen once in four runs), not what this test is about.
+    let b = Bootplane::start(&["--set", "controller.enabled=false"]);
     ok(b.cli_stdin(
         &["apply", "-f", "-"],
         Some(&server_yaml("e-1", &[("gone", "x")])),

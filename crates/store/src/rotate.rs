@@ -112,6 +112,7 @@ pub async fn run(
             .map(|(_, n)| n)
             .sum();
         if stale == 0 {
+            #[cfg(feature = "etcd")]
             if let super::Backend::Etcd(kv) = store.kv() {
                 // No legacy value left: the cluster's sealing marker ends them.
                 if let Err(e) = kv.settle_sealing().await {

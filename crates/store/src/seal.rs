@@ -393,6 +393,7 @@ pub(crate) struct Opened<'a> {
     /// The key it was sealed with; `None`: it was stored in clear.
     pub key: Option<Arc<str>>,
     /// A legacy envelope (`v1`, or `v2` bound to create revision 0): see the module doc.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
     pub legacy: bool,
 }
 
@@ -677,6 +678,7 @@ impl Sealing {
         self.marker.lock().unwrap().clone()
     }
 
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
     pub(crate) fn set_marker(&self, name: Arc<str>) {
         *self.marker.lock().unwrap() = Some(name);
     }
