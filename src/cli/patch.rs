@@ -589,9 +589,19 @@ pub fn edit(a: EditArgs) -> Result<u8> {
             if new == cur {
                 return Ok(None);
             }
-            // The read resourceVersion is kept unless the operator changed it: a
-            // change made by someone else meanwhile is a conflict, not lost.
-            client.request("PUT", &path, Some(("application/json", &new)))?;
+            // What the operator changed, as a merge patch (kubectl edit's two-way patch):
+            // fields a controller wrote since the read are kept, not a conflict. The
+            // resourceVersion is in the patch (a precondition) only when the operator
+            // changed it.
+            let (Some(was), Some(now)) = (cur.as_object(), new.as_object()) else {
+                bail!("the edited document is not a mapping");
+            };
+            let patch = super::apply::three_way(Some(was), now, was);
+            client.request(
+                "PATCH",
+                &path,
+                Some(("application/merge-patch+json", &Value::Object(patch))),
+            )?;
             Ok(Some(()))
         })();
         match outcome {

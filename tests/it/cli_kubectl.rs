@@ -294,10 +294,7 @@ fn label_and_annotate_need_overwrite_to_change_a_value() {
 
 #[test]
 fn edit_runs_the_editor_and_reports_errors() {
-    // No controllers: `edit` writes back with the resourceVersion it read (as kubectl
-    // does), and a reconcile of the new Server between the read and the write is a
-    // rightful Conflict (seen once in four runs), not what this test is about.
-    let b = Bootplane::start(&["--set", "controller.enabled=false"]);
+    let b = Bootplane::start(&[]);
     ok(b.cli_stdin(
         &["apply", "-f", "-"],
         Some(&server_yaml("e-1", &[("gone", "x")])),
@@ -318,6 +315,24 @@ fn edit_runs_the_editor_and_reports_errors() {
         get_server(&b, "e-1")["metadata"]["labels"],
         json!({"kept": "y"})
     );
+
+    // Someone else writes the object while the operator edits (a controller, another
+    // operator): the edit is a patch of what the operator changed, so both stay.
+    let concurrent = script(
+        "concurrent.sh",
+        &format!(
+            "BOOTPLANE_CLIENT_CONFIG=/dev/null {bin} annotate server e-1 other=z --server {api} \
+             --state-dir {dir} >/dev/null && sed -i 's/^    kept: y$/    kept: w/' \"$1\"",
+            bin = support::bootplane::bin(),
+            api = b.api,
+            dir = b.dir.display(),
+        ),
+    );
+    let out = ok(b.cli_env(&["edit", "server", "e-1"], None, &[("EDITOR", &concurrent)]));
+    assert_eq!(out.trim(), "server.metal.ironcore.dev/e-1 edited");
+    let s = get_server(&b, "e-1");
+    assert_eq!(s["metadata"]["labels"], json!({"kept": "w"}), "{s}");
+    assert_eq!(s["metadata"]["annotations"]["other"], "z", "{s}");
 
     // VISUAL when EDITOR is unset; no change is a cancel.
     let noop = script("noop.sh", "true");
