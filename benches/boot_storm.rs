@@ -453,9 +453,9 @@ impl Client {
     }
 }
 
-/// The DHCP option carrying a claimed machine's script token (bootplane's
-/// `dhcp::core::SCRIPT_TOKEN_OPTION`), which `boot.ipxe` sends on as `${224:uristring}`.
-const SCRIPT_TOKEN_OPTION: u8 = 224;
+/// The DHCP option carrying a claimed machine's script token, which `boot.ipxe` sends
+/// on as `${224:uristring}`.
+use bootplane::dhcp::core::SCRIPT_TOKEN_OPTION;
 
 /// iPXE's `uristring` setting type: every byte but RFC 3986 unreserved characters
 /// percent-encoded.

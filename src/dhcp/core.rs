@@ -160,8 +160,6 @@ pub struct Server {
     pub table: LeaseTable,
     /// Per-machine script tokens for iPXE clients ([`Server::with_machine_scripts`]).
     machine_scripts: Option<MachineScripts>,
-    /// The time of the packet being handled ([`Meta::now`]).
-    now: u64,
 }
 
 fn mac_of(req: &Message) -> Option<Mac> {
@@ -213,7 +211,6 @@ impl Server {
             server_ip,
             table,
             machine_scripts: None,
-            now: 0,
         }
     }
 
@@ -257,7 +254,6 @@ impl Server {
 
     /// Handle one decoded request.
     pub fn handle(&mut self, req: &Message, meta: &Meta) -> Outcome {
-        self.now = meta.now;
         let mut out = self.handle_request_kind(req, meta);
         if let Outcome::Reply(r) = &mut out {
             r.max_len = max_reply_len(req);
@@ -280,7 +276,7 @@ impl Server {
             return self.handle_pxe_port(req, meta, &client, mtype);
         }
         let mut out = match self.settings.mode {
-            DhcpMode::Proxy => self.handle_proxy(req, &client, mtype),
+            DhcpMode::Proxy => self.handle_proxy(req, &client, mtype, meta.now),
             DhcpMode::Authoritative => self.handle_authoritative(req, meta, mac, &client, mtype),
         };
         // A relay that sent from a port other than 67 (RFC 8357 style, or a load tool
@@ -296,7 +292,13 @@ impl Server {
 
     // ---- proxy mode ----------------------------------------------------------
 
-    fn handle_proxy(&mut self, req: &Message, client: &ClientInfo, mtype: MessageType) -> Outcome {
+    fn handle_proxy(
+        &mut self,
+        req: &Message,
+        client: &ClientInfo,
+        mtype: MessageType,
+        now: u64,
+    ) -> Outcome {
         if mtype != MessageType::Discover || !client.is_boot_client() {
             return Outcome::Drop(DropReason::Ignored);
         }
@@ -304,7 +306,7 @@ impl Server {
             return Outcome::Drop(DropReason::Ignored);
         };
         let mut m = self.base_reply(req, MessageType::Offer);
-        self.add_boot(&mut m, req, client, &boot, true);
+        self.add_boot(&mut m, (req, client, now), &boot, true);
         let (dest, broadcast) = self.dest_for(req, None, false);
         Outcome::Reply(Reply {
             msg: m,
@@ -334,8 +336,7 @@ impl Server {
         m.set_ciaddr(req.ciaddr());
         self.add_boot(
             &mut m,
-            req,
-            client,
+            (req, client, meta.now),
             &boot,
             self.settings.mode == DhcpMode::Proxy,
         );
@@ -402,7 +403,7 @@ impl Server {
                 m.set_yiaddr(ip);
                 self.add_lease_opts(&mut m, si, true);
                 if let Some(b) = self.boot_choice(client) {
-                    self.add_boot(&mut m, req, client, &b, false);
+                    self.add_boot(&mut m, (req, client, now), &b, false);
                 }
                 let (dest, broadcast) = self.dest_for(req, None, false);
                 Outcome::Reply(Reply {
@@ -443,7 +444,7 @@ impl Server {
                 let mut m = self.base_reply(req, MessageType::Ack);
                 m.set_ciaddr(ci);
                 self.add_lease_opts(&mut m, si, false);
-                self.ack_reply(m, req, client, ReplyKind::Inform)
+                self.ack_reply(m, (req, client, now), ReplyKind::Inform)
             }
             _ => Outcome::Drop(DropReason::Ignored),
         }
@@ -519,7 +520,7 @@ impl Server {
         m.set_yiaddr(wanted);
         m.set_ciaddr(ci);
         self.add_lease_opts(&mut m, si, true);
-        self.ack_reply(m, req, client, ReplyKind::Ack)
+        self.ack_reply(m, (req, client, now), ReplyKind::Ack)
     }
 
     /// The end of an ACK (or the ACK answering an INFORM) `m`: the client's boot options
@@ -527,12 +528,11 @@ impl Server {
     fn ack_reply(
         &self,
         mut m: Message,
-        req: &Message,
-        client: &ClientInfo,
+        (req, client, now): (&Message, &ClientInfo, u64),
         kind: ReplyKind,
     ) -> Outcome {
         if let Some(b) = self.boot_choice(client) {
-            self.add_boot(&mut m, req, client, &b, false);
+            self.add_boot(&mut m, (req, client, now), &b, false);
         }
         let ci = req.ciaddr();
         let unicast = (!ci.is_unspecified()).then_some(ci);
@@ -628,11 +628,12 @@ impl Server {
         }
     }
 
+    /// The boot options of `client`'s reply `m` to `req`, at `now` (unix seconds: a
+    /// machine's script token is minted then).
     fn add_boot(
         &self,
         m: &mut Message,
-        req: &Message,
-        client: &ClientInfo,
+        (req, client, now): (&Message, &ClientInfo, u64),
         boot: &BootChoice,
         proxy: bool,
     ) {
@@ -671,7 +672,7 @@ impl Server {
                 .machine_scripts
                 .as_ref()
                 .zip(mac_of(req))
-                .and_then(|(f, mac)| (f.0)(mac, self.now))
+                .and_then(|(f, mac)| (f.0)(mac, now))
                 .filter(|t| t.len() <= 255);
             if let Some(t) = token {
                 o.insert(DhcpOption::Unknown(UnknownOption::new(
