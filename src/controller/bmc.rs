@@ -71,7 +71,7 @@ pub struct BmcControllers {
 #[derive(Debug, Clone)]
 pub struct Discover {
     /// BMC addresses whose Servers need no approval (`discovery.approved_bmcs`).
-    pub approved: Vec<crate::nfs::ClientMatch>,
+    pub approved: crate::controller::discovery::settings::ApprovedBmcs,
     /// Most Servers naming one BMC (`discovery.max_systems_per_bmc`).
     pub max_systems: usize,
 }
@@ -220,8 +220,7 @@ impl BmcControllers {
                     Ok(o) => {
                         write_observed(&mut st, &o);
                         if let Some(d) = &self.discover {
-                            let ok = self.address(&bmc).and_then(|a| a.parse().ok());
-                            let ok = ok.is_some_and(|ip| d.approved.iter().any(|m| m.contains(ip)));
+                            let ok = self.address(&bmc).is_some_and(|a| d.approved.contains(&a));
                             let new = (&*bmc, !ok);
                             self.sync_systems(new, &client, &o.ids, &mut st).await?;
                         }

@@ -51,7 +51,7 @@ use crate::model::registry::ResourceType;
 use crate::model::views::{read, ConditionStatus, Endpoint};
 use crate::shutdown::Shutdown;
 use crate::store::modify::retry_if;
-use crate::store::{Store, StoreError};
+use crate::store::{Modified, Store, StoreError};
 
 /// Granted leases waiting for the intake (the DHCP loop drops and counts beyond this).
 pub const GRANT_QUEUE: usize = 1024;
@@ -159,7 +159,7 @@ pub struct Management {
     window: std::sync::Mutex<Window>,
     events: crate::store::events::Recorder,
     /// BMC addresses trusted without an operator's approval (`discovery.approved_bmcs`).
-    approved: Vec<crate::nfs::ClientMatch>,
+    approved: super::settings::ApprovedBmcs,
 }
 
 impl Management {
@@ -169,7 +169,7 @@ impl Management {
         db: MacDb,
         metrics: Metrics,
         cap: Cap,
-        approved: Vec<crate::nfs::ClientMatch>,
+        approved: super::settings::ApprovedBmcs,
     ) -> Arc<Management> {
         let reg = store.registry();
         Arc::new(Management {
@@ -264,7 +264,7 @@ impl Management {
                     "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "bootplane"}},
                     "spec": {"macAddress": MacFmt(&g.mac).to_string(), "ip": ip},
                 });
-                let pending = !self.approved_address(&ip);
+                let pending = !self.approved.contains(&ip);
                 if pending {
                     obj["metadata"]["labels"][APPROVAL_LABEL] = json!(APPROVAL_PENDING);
                 }
@@ -419,12 +419,6 @@ impl Management {
         Ok(Next::Done)
     }
 
-    /// Whether `ip` is in `discovery.approved_bmcs`.
-    fn approved_address(&self, ip: &str) -> bool {
-        ip.parse()
-            .is_ok_and(|ip| self.approved.iter().any(|m| m.contains(ip)))
-    }
-
     /// Whether the Endpoint may be sent credentials (not `pending`, or its address is
     /// approved); the condition [`APPROVED`] says so when it waits or waited.
     async fn approval(&self, ep: &Arc<Value>) -> Result<bool, StoreError> {
@@ -432,29 +426,30 @@ impl Management {
         let ip = view.spec.ip.as_deref().unwrap_or("");
         let pending =
             view.metadata.labels.get(APPROVAL_LABEL).map(String::as_str) == Some(APPROVAL_PENDING);
-        let ok = !pending || self.approved_address(ip);
+        let ok = !pending || self.approved.contains(ip);
         let waited = (view.status.conditions.iter()).any(|c| c.type_ == APPROVED);
         if ok && !waited {
             return Ok(true);
         }
-        let mut st = ep.get("status").cloned().unwrap_or_else(|| json!({}));
-        let changed = if ok {
-            let msg = "approved: the BMC is sent its credentials";
-            set_condition(&mut st, APPROVED, true, "Approved", msg)
+        let (reason, msg) = if ok {
+            (
+                "Approved",
+                "approved: the BMC is sent its credentials".to_string(),
+            )
         } else {
-            let msg = format!("the address {ip} is not in discovery.approved_bmcs: no credentials are sent to it (no BMC, no BMCSecret) until an operator changes the label {APPROVAL_LABEL} from {APPROVAL_PENDING} to approved");
-            let changed = set_condition(&mut st, APPROVED, false, "AwaitingApproval", &msg);
-            if changed {
-                self.events
-                    .warning(&self.t_endpoint, ep, "AwaitingApproval", msg);
-            }
-            changed
+            ("AwaitingApproval", format!("the address {ip} is not in discovery.approved_bmcs: no credentials are sent to it (no BMC, no BMCSecret) until an operator changes the label {APPROVAL_LABEL} from {APPROVAL_PENDING} to approved"))
         };
-        if changed {
-            match self.store.update_status(&self.t_endpoint, ep, st).await {
-                Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {}
-                Err(e) => return Err(e),
+        let set = |_: &Arc<Value>, st: &mut Value| set_condition(st, APPROVED, ok, reason, &msg);
+        match (self.store)
+            .modify_status(&self.t_endpoint, None, meta::name(ep), set)
+            .await
+        {
+            // The Event once, with the condition it explains.
+            Ok(Modified::Written { .. }) if !ok => {
+                (self.events).warning(&self.t_endpoint, ep, reason, msg.clone())
             }
+            Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
         }
         Ok(ok)
     }
@@ -508,7 +503,7 @@ mod tests {
             MacDb::parse(DB).unwrap(),
             Metrics::default(),
             CAP,
-            vec!["10.0.0.0/8".parse().unwrap()],
+            super::super::settings::ApprovedBmcs(vec!["10.0.0.0/8".parse().unwrap()]),
         );
         let get = |n: &str| store.get(&m.t_endpoint, None, n).unwrap();
         m.lease(&grant(1, [10, 0, 0, 5])).await;
@@ -594,7 +589,7 @@ mod tests {
             MacDb::parse(DB).unwrap(),
             Metrics::default(),
             cap,
-            Vec::new(),
+            Default::default(),
         );
         for i in 1..=5 {
             m.lease(&grant(i, [10, 0, 0, i])).await;
@@ -621,7 +616,7 @@ mod tests {
             MacDb::parse(DB).unwrap(),
             Metrics::default(),
             CAP,
-            vec!["10.1.0.0/24".parse().unwrap()],
+            super::super::settings::ApprovedBmcs(vec!["10.1.0.0/24".parse().unwrap()]),
         );
         let vendor = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
             "metadata": {"name": "vendor"}, "stringData": {"username": "root", "password": "calvin"}});

@@ -126,9 +126,8 @@ impl DiscoveryConfig {
     }
 
     /// `approved_bmcs`, parsed.
-    pub fn approved(&self) -> Result<Vec<crate::nfs::ClientMatch>> {
-        self.approved_bmcs
-            .iter()
+    pub fn approved(&self) -> Result<ApprovedBmcs> {
+        let list = (self.approved_bmcs.iter())
             .map(|a| {
                 a.parse().map_err(|_| {
                     anyhow::anyhow!(
@@ -136,7 +135,8 @@ impl DiscoveryConfig {
                     )
                 })
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok(ApprovedBmcs(list))
     }
 
     /// What the BMC reconciler registers Servers with: the approved addresses and the
@@ -159,6 +159,20 @@ impl DiscoveryConfig {
     /// Whether the management scope runs.
     pub fn management(&self) -> bool {
         self.enabled && self.dhcp.enabled
+    }
+}
+
+/// `discovery.approved_bmcs`, parsed: the BMC addresses (IPs or prefixes) trusted without
+/// an operator's approval, for Endpoints (credentials) and the Servers of their BMCs.
+#[derive(Debug, Clone, Default)]
+pub struct ApprovedBmcs(pub Vec<crate::nfs::ClientMatch>);
+
+impl ApprovedBmcs {
+    /// Whether `ip` (text, as an Endpoint or BMC spec holds it) is approved; text that is
+    /// not an address is not.
+    pub fn contains(&self, ip: &str) -> bool {
+        ip.parse()
+            .is_ok_and(|ip| self.0.iter().any(|m| m.contains(ip)))
     }
 }
 
@@ -193,9 +207,10 @@ mod tests {
         let c = parse("approved_bmcs = [\"10.10.0.0/24\", \"192.0.2.7\"]\nmax_new_endpoints = 5\n")
             .unwrap();
         let a = c.approved().unwrap();
-        assert!(a[0].contains("10.10.0.99".parse().unwrap()));
-        assert!(!a[0].contains("10.10.1.1".parse().unwrap()));
-        assert!(a[1].contains("192.0.2.7".parse().unwrap()));
+        assert!(a.contains("10.10.0.99"));
+        assert!(!a.contains("10.10.1.1"));
+        assert!(a.contains("192.0.2.7"));
+        assert!(!a.contains("bmc.example"));
         assert_eq!(c.cap().max, 5);
         let e = parse("approved_bmcs = [\"bmc.example\"]\n").unwrap_err();
         assert!(e.to_string().contains("approved_bmcs"), "{e}");
