@@ -522,8 +522,8 @@ impl Services {
         // iPXE on a known machine's MAC gets a token for its script (the boot listener
         // mints it, when `http.sign_ignition_urls` is on).
         let slot = self.boot_slot.clone();
-        let scripts = crate::dhcp::MachineScripts(Arc::new(move |mac, now| {
-            slot.get()?.machine_script_token(mac, now)
+        let scripts = crate::dhcp::MachineScripts(Arc::new(move |mac, addr, now| {
+            slot.get()?.machine_script_token(mac, addr, now)
         }));
         let scope = crate::dhcp::Scope {
             log_path: config.state_dir.join(crate::dhcp::LEASE_FILE),

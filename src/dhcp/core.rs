@@ -135,11 +135,16 @@ pub struct BootChoice {
 }
 
 /// Per-machine script tokens for iPXE (`http.sign_ignition_urls`): given the client's
-/// MAC and the time (unix seconds), a token for the script of the machine holding that
-/// MAC, minted for its current boot, or `None` (no such machine, or signed URLs off).
-/// `serve` builds it over the boot listener, so this layer does not depend on that one.
+/// MAC, the address the reply gives it (`yiaddr`, else its `ciaddr`; `None` in a proxy
+/// offer) and the time (unix seconds), a token for the script of the machine holding
+/// that MAC, minted for its current boot and bound to that address, or `None` (no such
+/// machine, or signed URLs off). `serve` builds it over the boot listener, so this layer
+/// does not depend on that one.
 #[derive(Clone)]
-pub struct MachineScripts(pub std::sync::Arc<dyn Fn(Mac, u64) -> Option<String> + Send + Sync>);
+#[allow(clippy::type_complexity)]
+pub struct MachineScripts(
+    pub std::sync::Arc<dyn Fn(Mac, Option<Ipv4Addr>, u64) -> Option<String> + Send + Sync>,
+);
 
 impl std::fmt::Debug for MachineScripts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -160,6 +165,15 @@ pub struct Server {
     pub table: LeaseTable,
     /// Per-machine script tokens for iPXE clients ([`Server::with_machine_scripts`]).
     machine_scripts: Option<MachineScripts>,
+}
+
+/// The address reply `m` to `req` leaves the client at: the one it leases (`yiaddr`),
+/// else the one the client has (`ciaddr`, an INFORM or a port-4011 request); `None` in a
+/// proxy offer, where another server gives the address.
+fn leased_to(m: &Message, req: &Message) -> Option<Ipv4Addr> {
+    [m.yiaddr(), req.ciaddr()]
+        .into_iter()
+        .find(|a| !a.is_unspecified())
 }
 
 fn mac_of(req: &Message) -> Option<Mac> {
@@ -638,6 +652,7 @@ impl Server {
         proxy: bool,
     ) {
         let next = self.next_server();
+        let leased = leased_to(m, req);
         m.set_siaddr(next);
         if boot.file.len() < 128 {
             m.set_fname_str(&boot.file);
@@ -672,7 +687,7 @@ impl Server {
                 .machine_scripts
                 .as_ref()
                 .zip(mac_of(req))
-                .and_then(|(f, mac)| (f.0)(mac, now))
+                .and_then(|(f, mac)| (f.0)(mac, leased, now))
                 .filter(|t| t.len() <= 255);
             if let Some(t) = token {
                 o.insert(DhcpOption::Unknown(UnknownOption::new(

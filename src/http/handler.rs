@@ -259,19 +259,25 @@ impl BootHttp {
         )
     }
 
-    /// The script token the DHCP reply to iPXE on `mac` carries (`http.sign_ignition_urls`;
+    /// The script token the DHCP reply to an iPXE client on `mac` carries (option 224;
     /// `boot.ipxe` sends it on to `/ipxe/script`): for the script of the Server holding
-    /// `mac`, minted at `now` (unix seconds) for its current boot. `None` without signed
-    /// URLs or when no Server holds `mac`.
-    pub fn machine_script_token(&self, mac: crate::model::ident::Mac, now: u64) -> Option<String> {
+    /// `mac`, minted at `now` (unix seconds) for its current boot, and bound to `addr`,
+    /// the address the reply leases it, when there is one (the reply may be broadcast:
+    /// bound, a copy read off the segment is no use from another address). `None`
+    /// without signed URLs or when no Server holds `mac`.
+    pub fn machine_script_token(
+        &self,
+        mac: crate::model::ident::Mac,
+        addr: Option<std::net::Ipv4Addr>,
+        now: u64,
+    ) -> Option<String> {
         if !self.sign_ignition_urls {
             return None;
         }
         let m = self.index.lookup(&MachineId::Mac(mac))?;
-        Some(
-            self.signer
-                .mint(Purpose::Script, &m.server, &m.boot_id, now, self.token_ttl),
-        )
+        let fields = (m.server.as_str(), m.boot_id.as_str());
+        let addr = addr.map(IpAddr::V4);
+        Some((self.signer).mint_for(Purpose::Script, fields, addr, now, self.token_ttl))
     }
 
     /// Handle one request from `client`.
@@ -453,8 +459,8 @@ impl BootHttp {
         // (docs/threat-model.md). Without signed URLs the machine's own address (or
         // its DHCP lease) is the identity.
         let ok = q.token.as_deref().map(|t| {
-            self.signer
-                .verify(t, Purpose::Script, &m.server, &m.boot_id, unix_now())
+            let fields = (m.server.as_str(), m.boot_id.as_str());
+            (self.signer).verify_from(t, Purpose::Script, fields, client, unix_now())
         });
         match ok {
             Some(Ok(())) => {}

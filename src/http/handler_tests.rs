@@ -73,8 +73,12 @@ async fn script_identity_and_tokens() {
     assert!(idx.events().is_empty());
     // The DHCP reply to the machine's MAC carries one, and /boot.ipxe sends it on.
     let mac = [0x52, 0x54, 0, 0xab, 0xcd, 0xef];
-    let token = a.machine_script_token(mac, unix_now()).unwrap();
-    assert_eq!(a.machine_script_token([2, 0, 0, 0, 0, 9], unix_now()), None);
+    let leased = Some("127.0.0.2".parse().unwrap());
+    let token = a.machine_script_token(mac, leased, unix_now()).unwrap();
+    assert_eq!(
+        a.machine_script_token([2, 0, 0, 0, 0, 9], leased, unix_now()),
+        None
+    );
     let chain = |token: &str| {
         format!("/ipxe/script?uuid=4C4C4544-0042-3510-8052-B4C04F4E4D32&mac=52-54-00-ab-cd-ef&buildarch=x86_64&platform=pcbios&token={token}")
     };
@@ -85,8 +89,19 @@ async fn script_identity_and_tokens() {
         "{body}"
     );
     assert_eq!(idx.events().len(), 1);
+    // Bound to the address its DHCP reply leased: read off the segment (replies to
+    // clients without an address are broadcast), it is no use from another address.
+    let (s, _) = get(&a, &chain(&token), "127.0.0.3").await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    // Without a leased address (a proxy offer) the token is unbound.
+    let unbound = a.machine_script_token(mac, None, unix_now()).unwrap();
+    let (s, _) = get(&a, &chain(&unbound), "127.0.0.3").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(idx.events().len(), 2);
     // A token minted long ago has expired.
-    let old = a.machine_script_token(mac, unix_now() - 3600).unwrap();
+    let old = a
+        .machine_script_token(mac, leased, unix_now() - 3600)
+        .unwrap();
     let (s, _) = get(&a, &chain(&old), "127.0.0.2").await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     // The token minted into the script opens the Ignition from any address.
@@ -126,7 +141,7 @@ async fn script_identity_and_tokens() {
     assert_eq!(s, StatusCode::OK);
     let t = a.metrics().encode();
     assert!(
-        t.contains("bootplane_http_identity_refused_total{route=\"script\"} 3"),
+        t.contains("bootplane_http_identity_refused_total{route=\"script\"} 4"),
         "{t}"
     );
 }

@@ -13,10 +13,15 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use std::net::IpAddr;
+
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
+
+/// The prefix of a token bound to an address ([`TokenSigner::mint_for`]).
+const BOUND: &str = "a";
 
 /// What a token grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +81,13 @@ impl TokenSigner {
         TokenSigner::new(&key)
     }
 
-    fn mac(&self, purpose: Purpose, server: &str, boot: &str, expiry: u64) -> HmacSha256 {
+    fn mac(
+        &self,
+        purpose: Purpose,
+        (server, boot): (&str, &str),
+        addr: Option<IpAddr>,
+        expiry: u64,
+    ) -> HmacSha256 {
         let mut mac = self.keyed.clone();
         mac.update(b"bootplane-v2|");
         mac.update(purpose.tag().as_bytes());
@@ -86,6 +97,13 @@ impl TokenSigner {
             mac.update(field.len().to_string().as_bytes());
             mac.update(b":");
             mac.update(field.as_bytes());
+        }
+        if let Some(a) = addr {
+            let a = a.to_canonical().to_string();
+            mac.update(b"|addr|");
+            mac.update(a.len().to_string().as_bytes());
+            mac.update(b":");
+            mac.update(a.as_bytes());
         }
         mac.update(b"|");
         mac.update(expiry.to_string().as_bytes());
@@ -102,12 +120,25 @@ impl TokenSigner {
         now: u64,
         ttl_secs: u64,
     ) -> String {
+        self.mint_for(purpose, (server, boot), None, now, ttl_secs)
+    }
+
+    /// [`TokenSigner::mint`], bound to source address `addr` when given: the token then
+    /// verifies only through [`TokenSigner::verify_from`] from that address.
+    pub fn mint_for(
+        &self,
+        purpose: Purpose,
+        (server, boot): (&str, &str),
+        addr: Option<IpAddr>,
+        now: u64,
+        ttl_secs: u64,
+    ) -> String {
         let expiry = now.saturating_add(ttl_secs);
-        let tag = self
-            .mac(purpose, server, boot, expiry)
+        let tag = (self.mac(purpose, (server, boot), addr, expiry))
             .finalize()
             .into_bytes();
-        format!("{expiry}.{}", URL_SAFE_NO_PAD.encode(tag))
+        let bound = if addr.is_some() { BOUND } else { "" };
+        format!("{bound}{expiry}.{}", URL_SAFE_NO_PAD.encode(tag))
     }
 
     /// Check a token for `server`, its current boot `boot` and `purpose` at time `now`
@@ -121,6 +152,34 @@ impl TokenSigner {
         boot: &str,
         now: u64,
     ) -> Result<(), TokenError> {
+        self.check(token, purpose, (server, boot), None, now)
+    }
+
+    /// [`TokenSigner::verify`] for a request from `client`: a token bound to an address
+    /// ([`TokenSigner::mint_for`]) verifies only from that address, an unbound one from
+    /// any.
+    pub fn verify_from(
+        &self,
+        token: &str,
+        purpose: Purpose,
+        (server, boot): (&str, &str),
+        client: IpAddr,
+        now: u64,
+    ) -> Result<(), TokenError> {
+        match token.strip_prefix(BOUND) {
+            Some(t) => self.check(t, purpose, (server, boot), Some(client), now),
+            None => self.check(token, purpose, (server, boot), None, now),
+        }
+    }
+
+    fn check(
+        &self,
+        token: &str,
+        purpose: Purpose,
+        fields: (&str, &str),
+        addr: Option<IpAddr>,
+        now: u64,
+    ) -> Result<(), TokenError> {
         let (exp, sig) = token.split_once('.').ok_or(TokenError::Malformed)?;
         if exp.is_empty() || exp.len() > 20 || !exp.bytes().all(|b| b.is_ascii_digit()) {
             return Err(TokenError::Malformed);
@@ -130,7 +189,7 @@ impl TokenSigner {
             .decode(sig)
             .map_err(|_| TokenError::Malformed)?;
         // Check the signature first so an attacker learns nothing from the expiry path.
-        self.mac(purpose, server, boot, expiry)
+        self.mac(purpose, fields, addr, expiry)
             .verify_slice(&sig)
             .map_err(|_| TokenError::BadSignature)?;
         if now > expiry {
@@ -190,6 +249,36 @@ mod tests {
             s.verify(&forged, Purpose::Ignition, "server-a", "uid-1/1", 1000),
             Err(TokenError::BadSignature)
         );
+        // Bound to an address: only from that address, and only through verify_from.
+        let at = |a: &str| a.parse::<IpAddr>().unwrap();
+        let b = s.mint_for(
+            Purpose::Script,
+            ("server-a", "u/1"),
+            Some(at("10.0.0.5")),
+            1000,
+            60,
+        );
+        assert!(b.starts_with("a1060."), "{b}");
+        let from =
+            |t: &str, a: &str| s.verify_from(t, Purpose::Script, ("server-a", "u/1"), at(a), 1000);
+        assert_eq!(from(&b, "10.0.0.5"), Ok(()));
+        assert_eq!(
+            from(&b, "::ffff:10.0.0.5"),
+            Ok(()),
+            "an IPv4-mapped source is the same"
+        );
+        assert_eq!(from(&b, "10.0.0.6"), Err(TokenError::BadSignature));
+        assert_eq!(
+            from(&b.replacen('a', "", 1), "10.0.0.5"),
+            Err(TokenError::BadSignature)
+        );
+        assert_eq!(
+            s.verify(&b, Purpose::Script, "server-a", "u/1", 1000),
+            Err(TokenError::Malformed)
+        );
+        // An unbound token verifies from any address.
+        let u = s.mint(Purpose::Script, "server-a", "u/1", 1000, 60);
+        assert_eq!(from(&u, "192.0.2.1"), Ok(()));
         for bad in [
             "",
             ".",

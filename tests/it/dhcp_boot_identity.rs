@@ -199,6 +199,14 @@ fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
         let (code, body) = curl_code(&lab, &from, &url);
         assert_eq!(code, 403, "script without a token from {from}: {body}");
     }
+    // The token is bound to the address the DHCP reply leased: read off the segment
+    // (replies to clients without an address are broadcast), it opens nothing from
+    // another address on the link.
+    let (code, _) = curl_code(&lab, &lab.addr(77), &signed);
+    assert_eq!(
+        code, 403,
+        "the leased address's script token from another address"
+    );
     let (code, body) = curl_code(&lab, &leased, &signed);
     assert_eq!(code, 200, "{body}");
     assert!(

@@ -599,10 +599,12 @@ fn authoritative_ipxe_gets_script_and_no_proxy_wait() {
 fn ipxe_on_a_known_mac_gets_its_machines_script_token() {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = seen.clone();
-    let scripts = MachineScripts(std::sync::Arc::new(move |mac: Mac, now: u64| {
-        log.lock().unwrap().push(now);
-        (mac == MAC).then(|| format!("{now}.tok"))
-    }));
+    let scripts = MachineScripts(std::sync::Arc::new(
+        move |mac: Mac, addr: Option<Ipv4Addr>, now: u64| {
+            log.lock().unwrap().push((addr, now));
+            (mac == MAC).then(|| format!("{now}.tok"))
+        },
+    ));
     let token = OptionCode::Unknown(SCRIPT_TOKEN_OPTION);
     for mode in ["authoritative", "proxy"] {
         let mut s = server(mode).with_machine_scripts(scripts.clone());
@@ -625,7 +627,16 @@ fn ipxe_on_a_known_mac_gets_its_machines_script_token() {
         assert_eq!(fname(&r.msg), "undionly.kpxe", "{mode}");
         assert!(bytes_opt(&r.msg, token).is_none(), "{mode}");
     }
-    assert!(seen.lock().unwrap().iter().all(|now| *now == 1_000_000));
+    // Minted for the packet's time, and bound to the address the reply leases (the
+    // offer's yiaddr); a proxy offer leases none.
+    let seen = seen.lock().unwrap();
+    assert!(seen.iter().all(|(_, now)| *now == 1_000_000));
+    assert!(
+        seen.iter()
+            .any(|(a, _)| a.is_some_and(|a| !a.is_unspecified())),
+        "{seen:?}"
+    );
+    assert!(seen.iter().any(|(a, _)| a.is_none()), "{seen:?}");
     // Without the hook (the management scope): no token.
     let r = reply(
         &mut server("authoritative"),
