@@ -10,6 +10,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase's wall time is printed as it ends and again in one line at the end.
+phases=()
+phase_start=$SECONDS
+phase() {
+  local took=$((SECONDS - phase_start))
+  phases+=("$1 ${took}s")
+  echo "phase: $1 took ${took}s"
+  phase_start=$SECONDS
+}
+
 mapfile -t pkgs < <(grep -v '^\s*#' scripts/test-packages.txt | awk 'NF {print $1}')
 missing=()
 for p in "${pkgs[@]}"; do
@@ -43,6 +53,7 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "installing cargo-nextest from crates.io"
   cargo install --locked cargo-nextest@0.9.143
 fi
+phase install
 
 # A clean clone gains nothing from incremental compilation, and its caches roughly double the
 # target dir (a CI run once failed with "No space left on device" while compiling the tests).
@@ -56,6 +67,7 @@ failed=()
 cargo nextest run --locked --no-fail-fast --manifest-path probe/Cargo.toml || failed+=("probe tests")
 # The tests' build first, so the fuzz targets' build can start beside the tests' run.
 cargo nextest run --locked --no-run "$@"
+phase build
 
 # The fuzz targets' build (nightly, cargo-fuzz, its own target dir under fuzz/) runs beside
 # the tests at the lowest priority: it takes the CPU the tests leave idle (a QEMU boot keeps
@@ -74,6 +86,7 @@ fi
 # Every test, each its own process; nextest's summary at its end lists each failure.
 # (nextest runs no doctests; the library has none, and tests/it/tidy.rs keeps it so.)
 cargo nextest run --locked --no-fail-fast "$@" || failed+=("tests (listed in the summary above)")
+phase tests
 df -h . | awk 'NR==2 {print "disk after the tests: " $4 " free of " $2}'
 du -sh "${CARGO_TARGET_DIR:-target}" 2>/dev/null | awk '{print "target dir: " $1}'
 if [[ -n $fuzz_pid ]]; then
@@ -81,6 +94,7 @@ if [[ -n $fuzz_pid ]]; then
   wait "$fuzz_pid" || build_rc=$?
   fuzz_pid=
   grep -v '^\s*Compiling ' "$fuzz_log" || true
+  phase "fuzz build (the rest of it after the tests)"
   if ((build_rc != 0)); then
     echo "fuzz: the targets' build failed (exit $build_rc)" >&2
     failed+=("fuzz build")
@@ -88,7 +102,9 @@ if [[ -n $fuzz_pid ]]; then
 fi
 if ((fuzz_secs > 0)) && [[ " ${failed[*]} " != *" fuzz build "* ]]; then
   scripts/fuzz.sh "$fuzz_secs" || failed+=("fuzz runs")
+  phase "fuzz runs"
 fi
+echo "phases: ${phases[*]} (total ${SECONDS}s)"
 if ((${#failed[@]})); then
   echo "scripts/test.sh: FAILED: ${failed[*]}" >&2
   for f in "${failed[@]}"; do echo "  failed: $f" >&2; done
