@@ -15,7 +15,9 @@
 # default 2048), FUZZ_TIMEOUT (seconds one input may take, default 10),
 # FUZZ_SANITIZER (cargo fuzz -s: none (default), address, ...), FUZZ_CGU (codegen units
 # per crate, default 16: a cold build takes minutes less on two cores than cargo-fuzz's
-# default of 1, for somewhat fewer runs per second; set 1 for long runs).
+# default of 1, for somewhat fewer runs per second; set 1 for long runs), FUZZ_OPT_LEVEL
+# (the targets' opt-level, default cargo-fuzz's 3; scripts/test.sh builds with 1: a cold
+# build in well under half the CPU time, for fewer runs per second in its 20-s smoke runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +34,11 @@ per_input=${FUZZ_TIMEOUT:-10}
 sanitizer=${FUZZ_SANITIZER:-none}
 jobs=${FUZZ_JOBS:-$(nproc)}
 cgu=${FUZZ_CGU:-16}
+# cargo-fuzz builds the release profile; cargo reads its opt-level from the environment.
+if [[ -n ${FUZZ_OPT_LEVEL:-} ]]; then
+  [[ $FUZZ_OPT_LEVEL =~ ^[0-3]$ ]] || { echo "fuzz: FUZZ_OPT_LEVEL must be 0-3" >&2; exit 2; }
+  export CARGO_PROFILE_RELEASE_OPT_LEVEL=$FUZZ_OPT_LEVEL
+fi
 
 # --- toolchain --------------------------------------------------------------------
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
