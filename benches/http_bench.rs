@@ -85,11 +85,12 @@ fn main() {
     let ours = Server::ours(dir.path());
     // With signed URLs a claimed machine's script needs the script token its DHCP reply
     // carries (option 224, sent on by boot.ipxe): minted here with the server's key for
-    // its boot, valid for the whole run.
-    let token = bootplane::http::token::TokenSigner::new(&TOKEN_KEY).mint(
+    // its boot and, as an authoritative reply's is, bound to the address it leased (wrk's
+    // 127.0.0.1), valid for the whole run.
+    let token = bootplane::http::token::TokenSigner::new(&TOKEN_KEY).mint_for(
         bootplane::http::token::Purpose::Script,
-        "server-a",
-        BOOT_ID,
+        ("server-a", BOOT_ID),
+        Some(std::net::Ipv4Addr::LOCALHOST.into()),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()

@@ -418,31 +418,30 @@ impl BootHttp {
             Ok(q) => q,
             Err(msg) => return bad_request(&msg),
         };
-        let mut ids = Vec::new();
-        if let Some(s) = q.server.as_deref() {
-            if !valid_object_name(s) {
-                return bad_request("malformed server name");
-            }
-            ids.push(MachineId::Server(s.to_string()));
-        }
-        if let Some(u) = q.uuid.as_deref() {
-            match parse_uuid(u) {
-                Ok(u) => ids.push(MachineId::Uuid(u)),
-                Err(e) => return bad_request(&e.to_string()),
-            }
-        }
-        let mut mac = None;
-        if let Some(m) = q.mac.as_deref() {
-            match parse_mac(m) {
-                Ok(m) => {
-                    mac = Some(m);
-                    ids.push(MachineId::Mac(m));
-                }
-                Err(e) => return bad_request(&e.to_string()),
-            }
-        }
-        ids.push(MachineId::Ip(client));
-        let Some(m) = ids.iter().find_map(|id| self.index.lookup(id)) else {
+        // Every identifier is checked before any is looked up: a malformed one is a 400
+        // whatever the others say. Looked up in this order, the first known one wins.
+        let server = match q.server.as_deref() {
+            Some(s) if !valid_object_name(s) => return bad_request("malformed server name"),
+            Some(s) => Some(MachineId::Server(s.to_string())),
+            None => None,
+        };
+        let uuid = match q.uuid.as_deref().map(parse_uuid) {
+            Some(Ok(u)) => Some(MachineId::Uuid(u)),
+            Some(Err(e)) => return bad_request(&e.to_string()),
+            None => None,
+        };
+        let mac = match q.mac.as_deref().map(parse_mac) {
+            Some(Ok(m)) => Some(m),
+            Some(Err(e)) => return bad_request(&e.to_string()),
+            None => None,
+        };
+        let ids = [
+            server,
+            uuid,
+            mac.map(MachineId::Mac),
+            Some(MachineId::Ip(client)),
+        ];
+        let Some(m) = ids.iter().flatten().find_map(|id| self.index.lookup(id)) else {
             let who = match (&q.uuid, mac) {
                 (Some(u), _) => format!("uuid {u}"),
                 (None, Some(m)) => format!("mac {}", MacFmt(&m)),
@@ -452,6 +451,7 @@ impl BootHttp {
             return self.default_script(&format!("unknown machine ({who})"));
         };
         *server_out = Some(m.clone());
+        let now = unix_now();
         // With signed URLs a token, when there is one, is always checked, and a script
         // that carries a secret of the machine (its Ignition token, its inventory
         // token) needs one whatever the source address: the machine gets it in its
@@ -460,7 +460,7 @@ impl BootHttp {
         // its DHCP lease) is the identity.
         let ok = q.token.as_deref().map(|t| {
             let fields = (m.server.as_str(), m.boot_id.as_str());
-            (self.signer).verify_from(t, Purpose::Script, fields, client, unix_now())
+            (self.signer).verify_from(t, Purpose::Script, fields, client, now)
         });
         match ok {
             Some(Ok(())) => {}
@@ -483,7 +483,7 @@ impl BootHttp {
             }
             None => {}
         }
-        let (body, machine_specific) = self.script_for(&m);
+        let (body, machine_specific) = self.script_for(&m, now);
         if machine_specific {
             self.record(&m.server, BootEvent::IpxeScriptFetched, client);
         }
@@ -492,10 +492,10 @@ impl BootHttp {
 
     /// The script `m` gets once its identity is established, and whether it is its own
     /// script (true) or the default one.
-    fn script_for(&self, m: &Arc<MachineBoot>) -> (Bytes, bool) {
+    fn script_for(&self, m: &Arc<MachineBoot>, now: u64) -> (Bytes, bool) {
         let default = |reason: &str| (self.default_script_body(reason), false);
         match (&m.state, &m.files) {
-            (BootState::Ready, Some(files)) => match self.cached_script(m, files) {
+            (BootState::Ready, Some(files)) => match self.cached_script(m, files, now) {
                 Ok(body) => (body, true),
                 Err(e) => {
                     tracing::error!(server = %m.server, error = %e, "rendering machine script");
@@ -533,7 +533,7 @@ impl BootHttp {
     /// (`bootplane render ipxe`). Records no boot progress. `None`: unknown server.
     pub fn preview_script(&self, name: &str) -> Option<Bytes> {
         let m = self.index.lookup(&MachineId::Server(name.to_string()))?;
-        Some(self.script_for(&m).0)
+        Some(self.script_for(&m, unix_now()).0)
     }
 
     /// The machine index this listener answers from.
@@ -546,8 +546,8 @@ impl BootHttp {
         &self,
         m: &Arc<MachineBoot>,
         files: &super::BootFiles,
+        now: u64,
     ) -> Result<Bytes, crate::ipxe::RenderError> {
-        let now = unix_now();
         let fresh_for = self.token_ttl / 2;
         {
             let cache = self.scripts.read().unwrap_or_else(|e| e.into_inner());
