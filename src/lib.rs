@@ -6,12 +6,13 @@
 pub mod api;
 pub mod cli;
 pub mod config;
-pub mod controller;
 pub mod metrics;
 pub mod serve;
 
 // The layers extracted into crates of their own (crates/), under their old module names so
-// `crate::model::...`, `crate::dhcp::...` and `bootplane::tls::...` paths read as before.
+// `crate::model::...`, `crate::dhcp::...`, `crate::controller::...` and `bootplane::tls::...`
+// paths read as before.
+pub use bootplane_controller as controller;
 pub use bootplane_model as model;
 pub use bootplane_proto::{
     decode, dhcp, http, ignition, image, ipxe, listen, logging, net, nfs, power, provision,

@@ -1001,6 +1001,7 @@ const CRATE_LAYERS: &[(&str, u8)] = &[
     ("bootplane-probe", 0),
     ("bootplane-store", 1),
     ("bootplane-proto", 2),
+    ("bootplane-controller", 3),
     ("bootplane", 9),
 ];
 
@@ -1254,7 +1255,7 @@ fn every_test_file_is_built_and_no_doctest_is_left_unrun() {
     assert!(p.is_empty(), "\n{}", p.join("\n"));
 }
 
-/// Files under `src/controller/` allowed to read objects through raw JSON pointers,
+/// Files under `crates/controller/src/` allowed to read objects through raw JSON pointers,
 /// with why: only a truly generic walk (any kind, any field) belongs here. Empty: every
 /// reconciler reads through `model::views`.
 const POINTERS_ALLOWED: &[(&str, &str)] = &[];
@@ -1280,15 +1281,15 @@ fn pointer_reads(files: &[(String, String)]) -> Vec<String> {
 #[test]
 fn pointer_scanner_skips_comments_and_strings() {
     let files = vec![(
-        "src/controller/x.rs".to_string(),
+        "crates/controller/src/x.rs".to_string(),
         "// s.pointer(\"/a\")\nlet m = \".pointer(\";\nlet v = s.pointer(\"/spec/ip\");\nv.pointer_mut(\"/a\");\n"
             .to_string(),
     )];
     assert_eq!(
         pointer_reads(&files),
         vec![
-            "src/controller/x.rs:3: let v = s.pointer(\"/spec/ip\");",
-            "src/controller/x.rs:4: v.pointer_mut(\"/a\");"
+            "crates/controller/src/x.rs:3: let v = s.pointer(\"/spec/ip\");",
+            "crates/controller/src/x.rs:4: v.pointer_mut(\"/a\");"
         ]
     );
 }
@@ -1297,7 +1298,7 @@ fn pointer_scanner_skips_comments_and_strings() {
 /// `model::views` (each field named once, states as enums), not raw JSON pointers.
 #[test]
 fn controllers_read_objects_through_typed_views() {
-    let mut problems = pointer_reads(&rust_files(&["src/controller"]));
+    let mut problems = pointer_reads(&rust_files(&["crates/controller/src"]));
     for (path, why) in POINTERS_ALLOWED {
         if !Path::new(env!("CARGO_MANIFEST_DIR")).join(path).exists() {
             problems.push(format!(
@@ -1307,7 +1308,7 @@ fn controllers_read_objects_through_typed_views() {
     }
     assert!(
         problems.is_empty(),
-        "raw JSON pointers in src/controller (read the object through a view of crate::model::views):\n{}",
+        "raw JSON pointers in crates/controller/src (read the object through a view of crate::model::views):\n{}",
         problems.join("\n")
     );
 }

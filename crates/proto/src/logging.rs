@@ -47,6 +47,7 @@ pub const MOVED_TARGETS: &[(&str, &str)] = &[
     ("bootplane::sys", "bootplane_proto::sys"),
     ("bootplane::tftp", "bootplane_proto::tftp"),
     ("bootplane::tls", "bootplane_proto::tls"),
+    ("bootplane::controller", "bootplane_controller"),
 ];
 
 /// The directives of a filter: split at the commas outside `[...]` and `{...}` (a span's
@@ -238,7 +239,11 @@ mod tests {
             ["bootplane_store[commit{a=1,b=2}]=debug"]
         );
         assert_eq!(moved_twins("bootplane::http"), ["bootplane_proto::http"]);
-        assert!(moved_twins("info,bootplane::controller=debug").is_empty());
+        assert!(moved_twins("info,bootplane::api=debug").is_empty());
+        assert_eq!(
+            moved_twins("bootplane::controller::bmc=debug"),
+            ["bootplane_controller::bmc=debug"]
+        );
         assert_eq!(
             directives(" a , b[s{x=1,y=2}]=info,,c "),
             ["a", "b[s{x=1,y=2}]=info", "c"]
