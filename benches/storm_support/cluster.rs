@@ -6,7 +6,7 @@
 //! 1. **1 embedded**: one appliance on its embedded store;
 //! 2. **2 on etcd**: two appliances on a 3-member etcd, both answering the machines'
 //!    segment (authoritative DHCP over the same pool, TFTP, boot HTTP), each with its
-//!    own address; leases are compare-and-swaps in etcd (`src/dhcp/cluster.rs`);
+//!    own address; leases are compare-and-swaps in etcd (`crates/proto/src/dhcp/cluster.rs`);
 //! 3. **2 on etcd, 1 killed**: as 2, and the appliance leading `metal` is SIGKILLed
 //!    when half of the machines have powered on (machine N/2's power-on does it).
 //!

@@ -1,5 +1,5 @@
 //! Two appliances' authoritative DHCP on one segment, their leases shared through etcd
-//! (issue 21, `src/dhcp/cluster.rs`), with real programs: a bridge in a namespace of its
+//! (issue 21, `crates/proto/src/dhcp/cluster.rs`), with real programs: a bridge in a namespace of its
 //! own (which also runs a single-member etcd on the bridge's address), two `bootplane
 //! serve` (`[store] backend = "etcd"`), each in its own namespace on the bridge with its
 //! own address, the same subnet and the same range, and busybox udhcpc clients, each on

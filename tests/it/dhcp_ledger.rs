@@ -1,4 +1,4 @@
-//! The DHCP lease ledger on a real etcd (`src/dhcp/cluster.rs`): two appliances'
+//! The DHCP lease ledger on a real etcd (`crates/proto/src/dhcp/cluster.rs`): two appliances'
 //! writers and ledgers on one scope. Asserted: on a 3-member cluster, two
 //! compare-and-swaps on one address, for two MACs, at once, through different members:
 //! exactly one wins, for each of 64 addresses, and the loser reads the winner's lease; the winner renews, the loser

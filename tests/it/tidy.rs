@@ -1,6 +1,7 @@
 //! Checks that span the repository rather than one module: what the docs say about the
 //! running program must match what it exports, the workspace's crates depend only on
-//! the layers below them, and the top-level modules of `src/` must import each other
+//! the layers below them, and the top-level modules of `src/` and of the layer crates
+//! that still hold several layers (`crates/proto/src/`: L0 and L3) must import each other
 //! without a cycle and only down ARCHITECTURE.md's layers, with `serve` imported by
 //! `src/main.rs` only.
 
@@ -367,9 +368,18 @@ fn root_refs(code: &str, root: &str) -> Vec<(String, usize)> {
     out
 }
 
-/// The top-level module a file under `src/` belongs to (`None` for the crate roots).
+/// The source trees whose top-level modules are layered by [`LAYERS`]: the `bootplane`
+/// package's and those of the layer crates that hold more than one layer (`bootplane-proto`:
+/// the L0 helpers and the L3 protocol modules, re-exported by `src/lib.rs` under their
+/// module names). A crate of one layer (model, store) needs no table: the compiler keeps it.
+const LAYERED_DIRS: [&str; 2] = ["src", "crates/proto/src"];
+
+/// The top-level module a file under one of [`LAYERED_DIRS`] belongs to (`None` for the
+/// crate roots).
 fn top_module(rel: &str) -> Option<String> {
-    let rest = rel.strip_prefix("src/")?;
+    let rest = LAYERED_DIRS
+        .iter()
+        .find_map(|d| rel.strip_prefix(d)?.strip_prefix('/'))?;
     match rest.split_once('/') {
         Some((dir, _)) => Some(dir.to_string()),
         None if rest == "lib.rs" || rest == "main.rs" => None,
@@ -377,7 +387,7 @@ fn top_module(rel: &str) -> Option<String> {
     }
 }
 
-/// `(from, to) → every file:line where from names to`, over the `src/` files given as
+/// `(from, to) → every file:line where from names to`, over the files given as
 /// (repository-relative path, text), for the top-level `modules`.
 type Edges = std::collections::BTreeMap<(String, String), Vec<String>>;
 
@@ -524,24 +534,36 @@ fn rust_files(dirs: &[&str]) -> Vec<(String, String)> {
 fn lib_modules() -> std::collections::BTreeSet<String> {
     let lib =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
-    strip_code(&lib)
-        .lines()
-        .filter_map(|l| {
-            let l = l.trim().strip_prefix("pub ").unwrap_or(l.trim());
-            // `mod x;`, or a layer extracted into a crate of its own and named as a
-            // module again (`pub use bootplane_x as x;`).
-            let name = match l.strip_prefix("mod ") {
-                Some(m) => m.strip_suffix(';')?,
-                None => {
-                    l.strip_prefix("use ")?
-                        .strip_suffix(';')?
-                        .split_once(" as ")?
-                        .1
-                }
-            };
-            Some(name.trim().to_string())
-        })
-        .collect()
+    lib_rs_modules(&lib)
+}
+
+/// The module names a crate root declares or re-exports: `mod x;`, a layer crate named as a
+/// module again (`pub use bootplane_x as x;`), and the modules of a layer crate re-exported
+/// under their own names (`pub use bootplane_x::{a, b};`, over several lines).
+fn lib_rs_modules(lib: &str) -> std::collections::BTreeSet<String> {
+    let code = strip_code(lib);
+    let mut out = std::collections::BTreeSet::new();
+    for item in code.split(';') {
+        let item = item.split_whitespace().collect::<Vec<_>>().join(" ");
+        let item = item.strip_prefix("pub ").unwrap_or(&item);
+        if let Some(m) = item.strip_prefix("mod ") {
+            out.insert(m.trim().to_string());
+        } else if let Some(u) = item.strip_prefix("use ") {
+            if let Some((_, name)) = u.split_once(" as ") {
+                out.insert(name.trim().to_string());
+            } else if let Some((_, group)) = u.split_once("::{") {
+                let group = group.trim_end().strip_suffix('}').unwrap_or(group);
+                out.extend(
+                    group
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|m| !m.is_empty())
+                        .map(str::to_string),
+                );
+            }
+        }
+    }
+    out
 }
 
 #[test]
@@ -568,6 +590,16 @@ fn layering_parser_reads_paths_and_groups() {
     );
     assert_eq!(top_module("src/config.rs").as_deref(), Some("config"));
     assert_eq!(top_module("src/lib.rs"), None);
+    assert_eq!(
+        top_module("crates/proto/src/tftp/engine.rs").as_deref(),
+        Some("tftp")
+    );
+    assert_eq!(top_module("crates/proto/src/lib.rs"), None);
+    assert_eq!(top_module("crates/store/src/kv/mod.rs"), None);
+    let lib = "//! doc\npub mod api;\nmod cli; // crate::x\npub use bootplane_model as model;\n\
+               pub use bootplane_proto::{\n    decode, dhcp,\n    tls,\n};\n";
+    let names: Vec<String> = lib_rs_modules(lib).into_iter().collect();
+    assert_eq!(names, ["api", "cli", "decode", "dhcp", "model", "tls"]);
 }
 
 #[test]
@@ -604,13 +636,14 @@ fn layering_check_finds_cycles_and_serve_imports() {
     assert!(cycles(&acyclic).is_empty());
 }
 
-/// Issue 18's acceptance: no import cycle between the top-level modules of `src/`, and
-/// `serve` (the composition root) named only by `src/main.rs`.
+/// Issue 18's acceptance: no import cycle between the top-level modules of `src/` (and
+/// those of `crates/proto/src/`), and `serve` (the composition root) named only by
+/// `src/main.rs`.
 #[test]
 fn top_level_modules_form_no_cycle_and_only_main_imports_serve() {
     let modules = lib_modules();
     assert!(modules.len() >= 10, "modules of src/lib.rs: {modules:?}");
-    let mut edges = module_edges(&rust_files(&["src"]), &modules);
+    let mut edges = module_edges(&rust_files(&LAYERED_DIRS), &modules);
     let mut problems = Vec::new();
     for (from, to, why) in ALLOWED_UNTIL_MERGED {
         if edges.remove(&(from.to_string(), to.to_string())).is_none() {
@@ -622,6 +655,7 @@ fn top_level_modules_form_no_cycle_and_only_main_imports_serve() {
     problems.extend(cycles(&edges));
     for at in serve_refs(&rust_files(&[
         "src",
+        "crates",
         "tests",
         "benches",
         "fuzz/fuzz_targets",
@@ -639,7 +673,8 @@ fn top_level_modules_form_no_cycle_and_only_main_imports_serve() {
 // of its own layer) is an offence, named by file:line.
 // ---------------------------------------------------------------------------------------
 
-/// Every top-level module of `src/` with its layer (ARCHITECTURE.md, "The layer rule"):
+/// Every top-level module of `src/` (and, re-exported by it, of the layer crates) with
+/// its layer (ARCHITECTURE.md, "The layer rule"):
 /// L0 base, L1 model, L2 store, L3 protocol cores and servers, L4 controllers, L5 the
 /// API and the CLI, L6 config and serve. A new module has to be placed here.
 const LAYERS: &[(&str, u8)] = &[
@@ -749,11 +784,13 @@ fn layer_check_finds_upward_and_sideways_imports() {
 }
 
 /// Issue 33: a module imports only modules of lower layers (or its peers in a peer
-/// layer), so the layers of ARCHITECTURE.md hold as a fact of the code.
+/// layer), so the layers of ARCHITECTURE.md hold as a fact of the code. Between crates
+/// the compiler keeps the rule; inside `bootplane-proto` (L0 and L3) and the `bootplane`
+/// package (L4 to L6) this table does.
 #[test]
 fn top_level_modules_import_only_lower_layers() {
     let modules = lib_modules();
-    let edges = module_edges(&rust_files(&["src"]), &modules);
+    let edges = module_edges(&rust_files(&LAYERED_DIRS), &modules);
     let problems = layer_offences(&edges, &modules, LAYERS, PEER_LAYERS);
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
@@ -963,6 +1000,8 @@ const CRATE_LAYERS: &[(&str, u8)] = &[
     ("bootplane-model", 0),
     ("bootplane-probe", 0),
     ("bootplane-store", 1),
+    ("bootplane-proto", 2),
+    ("bootplane-controller", 3),
     ("bootplane", 9),
 ];
 
@@ -1027,6 +1066,58 @@ fn upward_edges(members: &[(String, Vec<String>)], layers: &[(&str, u8)]) -> Vec
     problems
 }
 
+/// Log targets are module paths, so a module moved into a layer crate logs under a new
+/// one: every module `src/lib.rs` takes from a crate (not a `mod` of its own) has its old
+/// path in `logging::MOVED_TARGETS`, mapped to the crate's file that is that module, so a
+/// `[log] filter` naming `bootplane::<module>` keeps working.
+#[test]
+fn every_moved_module_keeps_its_log_target() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    let own: Vec<String> = strip_code(&lib)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim().strip_prefix("pub ").unwrap_or(l.trim());
+            Some(
+                l.strip_prefix("mod ")?
+                    .strip_suffix(';')?
+                    .trim()
+                    .to_string(),
+            )
+        })
+        .collect();
+    let mut problems = Vec::new();
+    for m in lib_rs_modules(&lib)
+        .into_iter()
+        .filter(|m| !own.contains(m))
+    {
+        let old = format!("bootplane::{m}");
+        let Some((_, new)) = bootplane::logging::MOVED_TARGETS
+            .iter()
+            .find(|(o, _)| *o == old)
+        else {
+            problems.push(format!("{old}: not in logging::MOVED_TARGETS"));
+            continue;
+        };
+        // `bootplane_x::a::b` is crates/x/src/a/b(.rs|/mod.rs); `bootplane_x` its lib.rs.
+        let mut parts = new.split("::");
+        let krate = parts.next().unwrap().trim_start_matches("bootplane_");
+        let mut path = root.join("crates").join(krate).join("src");
+        for p in parts {
+            path.push(p);
+        }
+        let found = if path.ends_with("src") {
+            path.join("lib.rs").is_file()
+        } else {
+            path.with_extension("rs").is_file() || path.join("mod.rs").is_file()
+        };
+        if !found {
+            problems.push(format!("{old} → {new}: no such module under crates/"));
+        }
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
 // ---------------------------------------------------------------------------------------
 // The test layout (issue 33): the integration tests are modules of one binary,
 // tests/it/main.rs, and `autotests = false` in Cargo.toml, so a file cargo does not find
@@ -1057,7 +1148,7 @@ fn test_layout_problems(files: &[(String, String)], cargo_toml: &str) -> Vec<Str
                      (autotests = false): make it a module of tests/it/main.rs"
                 ));
             }
-            ["src", ..] => {
+            ["src", ..] | ["crates", _, "src", ..] => {
                 let mut open = false;
                 for (i, l) in text.lines().enumerate() {
                     let t = l.trim_start();
@@ -1160,11 +1251,11 @@ fn test_layout_checker_finds_strays() {
 fn every_test_file_is_built_and_no_doctest_is_left_unrun() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cargo = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
-    let p = test_layout_problems(&rust_files(&["src", "tests"]), &cargo);
+    let p = test_layout_problems(&rust_files(&["src", "crates", "tests"]), &cargo);
     assert!(p.is_empty(), "\n{}", p.join("\n"));
 }
 
-/// Files under `src/controller/` allowed to read objects through raw JSON pointers,
+/// Files under `crates/controller/src/` allowed to read objects through raw JSON pointers,
 /// with why: only a truly generic walk (any kind, any field) belongs here. Empty: every
 /// reconciler reads through `model::views`.
 const POINTERS_ALLOWED: &[(&str, &str)] = &[];
@@ -1190,15 +1281,15 @@ fn pointer_reads(files: &[(String, String)]) -> Vec<String> {
 #[test]
 fn pointer_scanner_skips_comments_and_strings() {
     let files = vec![(
-        "src/controller/x.rs".to_string(),
+        "crates/controller/src/x.rs".to_string(),
         "// s.pointer(\"/a\")\nlet m = \".pointer(\";\nlet v = s.pointer(\"/spec/ip\");\nv.pointer_mut(\"/a\");\n"
             .to_string(),
     )];
     assert_eq!(
         pointer_reads(&files),
         vec![
-            "src/controller/x.rs:3: let v = s.pointer(\"/spec/ip\");",
-            "src/controller/x.rs:4: v.pointer_mut(\"/a\");"
+            "crates/controller/src/x.rs:3: let v = s.pointer(\"/spec/ip\");",
+            "crates/controller/src/x.rs:4: v.pointer_mut(\"/a\");"
         ]
     );
 }
@@ -1207,7 +1298,7 @@ fn pointer_scanner_skips_comments_and_strings() {
 /// `model::views` (each field named once, states as enums), not raw JSON pointers.
 #[test]
 fn controllers_read_objects_through_typed_views() {
-    let mut problems = pointer_reads(&rust_files(&["src/controller"]));
+    let mut problems = pointer_reads(&rust_files(&["crates/controller/src"]));
     for (path, why) in POINTERS_ALLOWED {
         if !Path::new(env!("CARGO_MANIFEST_DIR")).join(path).exists() {
             problems.push(format!(
@@ -1217,7 +1308,7 @@ fn controllers_read_objects_through_typed_views() {
     }
     assert!(
         problems.is_empty(),
-        "raw JSON pointers in src/controller (read the object through a view of crate::model::views):\n{}",
+        "raw JSON pointers in crates/controller/src (read the object through a view of crate::model::views):\n{}",
         problems.join("\n")
     );
 }

@@ -71,7 +71,7 @@ pub struct BmcControllers {
 #[derive(Debug, Clone)]
 pub struct Discover {
     /// BMC addresses whose Servers need no approval (`discovery.approved_bmcs`).
-    pub approved: crate::controller::discovery::settings::ApprovedBmcs,
+    pub approved: crate::discovery::settings::ApprovedBmcs,
     /// Most Servers naming one BMC (`discovery.max_systems_per_bmc`).
     pub max_systems: usize,
 }

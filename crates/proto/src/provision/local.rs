@@ -40,7 +40,7 @@ pub struct RetryPolicy {
     /// Retry after a timeout.
     pub on_timeout: bool,
     /// Non-zero exit codes that mean a transient failure. Default `[10]`: in
-    /// `bootplane provision`'s exit-code table (src/image/error.rs) 10 is "source cannot
+    /// `bootplane provision`'s exit-code table (`image::error`) 10 is "source cannot
     /// be opened or read" (NFS server restarting, network), and the streamer resumes from
     /// its checkpoint; integrity (13), target (20-22) and usage (2) failures are final.
     pub exit_codes: Vec<i32>,

@@ -41,17 +41,17 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::macdb::{Entry, MacDb};
-use crate::controller::queue::WorkQueue;
-use crate::controller::runtime::Runtime;
-use crate::controller::{controller_ref, set_condition, Next, APPROVAL_LABEL, APPROVAL_PENDING};
 use crate::dhcp::Grant;
 use crate::model::ident::{parse_mac, MacFmt};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::model::views::{read, ConditionStatus, Endpoint};
+use crate::queue::WorkQueue;
+use crate::runtime::Runtime;
 use crate::shutdown::Shutdown;
 use crate::store::modify::retry_if;
 use crate::store::{Modified, Store, StoreError};
+use crate::{controller_ref, set_condition, Next, APPROVAL_LABEL, APPROVAL_PENDING};
 
 /// Granted leases waiting for the intake (the DHCP loop drops and counts beyond this).
 pub const GRANT_QUEUE: usize = 1024;

@@ -28,12 +28,18 @@ pub const DISCOVERY_TEMPLATE: &str = "discovery.ipxe.j2";
 
 /// The shipped templates, used when the templates directory lacks a file.
 pub const BUILTIN_TEMPLATES: [(&str, &str); 4] = [
-    (BOOT_TEMPLATE, include_str!("../../ipxe/boot.ipxe.j2")),
-    (MACHINE_TEMPLATE, include_str!("../../ipxe/machine.ipxe.j2")),
-    (DEFAULT_TEMPLATE, include_str!("../../ipxe/default.ipxe.j2")),
+    (BOOT_TEMPLATE, include_str!("../../../../ipxe/boot.ipxe.j2")),
+    (
+        MACHINE_TEMPLATE,
+        include_str!("../../../../ipxe/machine.ipxe.j2"),
+    ),
+    (
+        DEFAULT_TEMPLATE,
+        include_str!("../../../../ipxe/default.ipxe.j2"),
+    ),
     (
         DISCOVERY_TEMPLATE,
-        include_str!("../../ipxe/discovery.ipxe.j2"),
+        include_str!("../../../../ipxe/discovery.ipxe.j2"),
     ),
 ];
 

@@ -14,10 +14,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{lenient, merge, read, status_of, NameRef, Provisioning, MAX_RESTARTS};
-use crate::controller::{Key, Next};
 use crate::model::views::{string_enum, ObjectMeta};
 use crate::provision::{JobError, JobState, JobStatus, NfsSource, ProvisionRequest};
 use crate::store::StoreError;
+use crate::{Key, Next};
 
 string_enum! {
     /// `ServerAction.status.state`.

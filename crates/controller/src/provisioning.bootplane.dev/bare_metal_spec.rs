@@ -8,10 +8,10 @@ use serde_json::json;
 use super::{
     merge, read, status_of, to_json, NameRef, Provisioning, IMAGE_LABEL, SERVER_FINALIZER,
 };
-use crate::controller::{controller_ref, Key, Next};
 use crate::model::meta;
 use crate::model::views::{string_enum, ObjectMeta};
 use crate::store::StoreError;
+use crate::{controller_ref, Key, Next};
 
 string_enum! {
     /// `BareMetalSpec.status.state`.

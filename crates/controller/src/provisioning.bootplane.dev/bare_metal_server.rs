@@ -22,11 +22,11 @@ use super::{
     merge, owned_object, read, rule_name, status_of, to_json, NameRef, Provisioning, IMAGE_LABEL,
     JOB_RULE_INDEX, SERVER_FINALIZER,
 };
-use crate::controller::{controller_ref, set_condition, Key, Next};
 use crate::model::views::{BareMetalServer, BareMetalServerState};
 use crate::nfs::Access;
 use crate::provision::{JobError, NfsSource};
 use crate::store::StoreError;
+use crate::{controller_ref, set_condition, Key, Next};
 
 /// The `BareMetalServer.status` fields the server controller sets (and the condition
 /// `Provisioned`).

@@ -1,6 +1,6 @@
 //! Tolerant parser for the JSON progress lines `bootplane provision` writes on stderr.
 //!
-//! The contract with the streamer (src/image) is deliberately loose, so either side can
+//! The contract with the streamer (`crate::image`) is deliberately loose, so either side can
 //! add fields without breaking the other:
 //!
 //! - one JSON object per line; lines that are not JSON objects (log lines, a TTY
@@ -15,7 +15,7 @@
 //! - numbers may be integers, floats or numeric strings; anything else (`null`), and
 //!   every unknown field (`eta`, `elapsed`, `code`, `class`, `sha256`, ...), is ignored.
 //!
-//! The streamer's own schema (src/image/progress.rs: `stage` open/resume/copy/
+//! The streamer's own schema (`image::progress`: `stage` open/resume/copy/
 //! finalize/done/error, `bytes`, `total` or null, `rate`, `eta`, `elapsed`, and on error
 //! `code`/`class`/`error`) is a subset of this; see the `streamer_lines` test.
 

@@ -13,11 +13,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{merge, read, status_of, to_json, NameRef, Provisioning, SpecRefs};
-use crate::controller::{set_condition, Key, Next};
 use crate::model::meta;
 use crate::model::views::{string_enum, ObjectMeta};
 use crate::nfs::{Access, ClientMatch, ExportRule, NfsError, Protocol};
 use crate::store::StoreError;
+use crate::{set_condition, Key, Next};
 
 string_enum! {
     /// `ExportPolicy.status.state` and `ExportPolicyRule.status.state`.

@@ -2,7 +2,7 @@
 //! certificate, the client certificates it issues, their revocation, the rustls server
 //! config the listener ([`crate::listen::router`]) runs the handshake with, and the
 //! client config the CLI and the tests connect with. A base module: the API (which
-//! sets it up from `[api]`, [`crate::api::ApiConfig::tls_settings`]) and the CLI
+//! sets it up from `[api]`, `bootplane::api::ApiConfig::tls_settings`) and the CLI
 //! (`bootplane cert`, its connection) both build on it.
 //!
 //! - **Files** (`<state_dir>/tls/`, every file 0600): `ca.crt`/`ca.key`, the CA created
@@ -57,7 +57,7 @@ use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureSc
 use crate::shutdown::Shutdown;
 
 /// What the listener's TLS is made from: `[api]`'s `tls`, `listen`, `tls_names`,
-/// `cert_file`, `key_file` and `client_ca_file` ([`crate::api::ApiConfig::tls_settings`]).
+/// `cert_file`, `key_file` and `client_ca_file` (`bootplane::api::ApiConfig::tls_settings`).
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// False: plain HTTP ([`setup`] gives `None`).

@@ -141,8 +141,8 @@ impl DiscoveryConfig {
 
     /// What the BMC reconciler registers Servers with: the approved addresses and the
     /// cap on Servers per BMC.
-    pub fn systems_policy(&self) -> Result<crate::controller::bmc::Discover> {
-        Ok(crate::controller::bmc::Discover {
+    pub fn systems_policy(&self) -> Result<crate::bmc::Discover> {
+        Ok(crate::bmc::Discover {
             approved: self.approved()?,
             max_systems: self.max_systems_per_bmc as usize,
         })

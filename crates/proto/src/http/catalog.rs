@@ -482,7 +482,7 @@ mod tests {
 
     #[test]
     fn shipped_catalog_parses() {
-        let c = Catalog::parse(include_str!("../../images/catalog.toml")).unwrap();
+        let c = Catalog::parse(include_str!("../../../../images/catalog.toml")).unwrap();
         assert!(c.get("os-image:latest").is_some());
     }
 }

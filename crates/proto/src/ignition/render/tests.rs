@@ -50,7 +50,7 @@ fn shipped_default_template_renders_with_and_without_labels() {
     let mut r = Renderer::new();
     r.add_template(Template::new(
         "default.bu",
-        include_str!("../../../ignition/default.bu"),
+        include_str!("../../../../../ignition/default.bu"),
     ))
     .unwrap();
     let out = r.render(Some("default.bu"), &facts(), None).unwrap();

@@ -7,6 +7,11 @@
 //! which are level-triggered and idempotent: they read the current objects, act,
 //! and write with compare-and-swap; a failed reconcile is retried with backoff, and
 //! a restart at any point just reconciles again from what is stored.
+//!
+//! The crate `bootplane-controller` (layer L4, ARCHITECTURE.md's crate map): it depends on
+//! the protocol layer, the store and the model, and nothing above it (the API, the CLI,
+//! config, serve) can be imported here. The `bootplane` package re-exports it as
+//! `bootplane::controller`.
 
 pub mod bmc;
 pub mod bootconfig;
@@ -23,6 +28,13 @@ pub mod settings;
 pub mod systems;
 
 pub use runtime::{queue, Next};
+
+// The layers below under their module names, for this crate's own paths
+// (`crate::store::Store`, `crate::http::BootIndex`); private, so they add nothing to
+// `bootplane::controller`'s API.
+use bootplane_model as model;
+use bootplane_proto::{dhcp, http, ignition, nfs, power, provision, redfish, shutdown, sys};
+use bootplane_store as store;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};

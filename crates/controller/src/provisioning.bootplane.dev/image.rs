@@ -15,10 +15,10 @@ use super::{
     export_name, image_label, merge, owned_object, read, status_of, to_json, NameRef, Provisioning,
     IMAGE_FINALIZER,
 };
-use crate::controller::{controller_ref, set_condition, Key, Next};
 use crate::model::meta;
 use crate::model::views::{condition, string_enum, Condition, ObjectMeta};
 use crate::store::StoreError;
+use crate::{controller_ref, set_condition, Key, Next};
 
 string_enum! {
     /// `Image.status.state`.
