@@ -384,7 +384,9 @@ fn put_title_case(out: &mut BytesMut, name: &[u8]) {
     }
 }
 
-fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+/// `n` in decimal, written into `buf` (no allocation: the response head and the token
+/// check on every request use it).
+pub(super) fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;
@@ -777,5 +779,8 @@ mod tests {
         assert!(s.ends_with("\r\n\r\n"));
         assert_eq!(itoa(0, &mut [0; 20]), b"0");
         assert_eq!(itoa(u64::MAX, &mut [0; 20]), b"18446744073709551615");
+        for v in [0, 1, 9, 10, 99, 100, 1_732_000_000, u64::MAX] {
+            assert_eq!(itoa(v, &mut [0; 20]), v.to_string().as_bytes(), "{v}");
+        }
     }
 }

@@ -16,6 +16,8 @@ use base64::Engine as _;
 use std::net::IpAddr;
 
 use hmac::{Hmac, Mac};
+
+use super::conn::itoa;
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -96,7 +98,7 @@ impl TokenSigner {
         // Length-prefixed: no choice of server and boot id can collide with another.
         let mut field = |name: &[u8], value: &[u8]| {
             mac.update(name);
-            mac.update(Decimal::new(value.len() as u64).as_bytes());
+            mac.update(itoa(value.len() as u64, &mut [0; 20]));
             mac.update(b":");
             mac.update(value);
         };
@@ -114,7 +116,7 @@ impl TokenSigner {
             field(b"|addr|", &buf[..n]);
         }
         mac.update(b"|");
-        mac.update(Decimal::new(expiry).as_bytes());
+        mac.update(itoa(expiry, &mut [0; 20]));
         mac
     }
 
@@ -212,32 +214,6 @@ impl TokenSigner {
     }
 }
 
-/// A `u64` in decimal, formatted on the stack.
-struct Decimal {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl Decimal {
-    fn new(mut v: u64) -> Decimal {
-        let mut buf = [0u8; 20];
-        let mut start = buf.len();
-        loop {
-            start -= 1;
-            buf[start] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        Decimal { buf, start }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,13 +255,6 @@ mod tests {
             ),
             Err(TokenError::Malformed)
         );
-    }
-
-    #[test]
-    fn decimal_is_what_to_string_writes() {
-        for v in [0, 1, 9, 10, 99, 100, 1_732_000_000, u64::MAX] {
-            assert_eq!(Decimal::new(v).as_bytes(), v.to_string().as_bytes(), "{v}");
-        }
     }
 
     #[test]
