@@ -485,6 +485,22 @@ mod tests {
         interval: Duration::from_secs(60),
     };
 
+    /// A store in a temporary directory and the intake over it, with `cap` and the
+    /// approved BMC prefixes `approved`.
+    fn intake(cap: Cap, approved: &[&str]) -> (tempfile::TempDir, Store, Arc<Management>) {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let approved = approved.iter().map(|a| a.parse().unwrap()).collect();
+        let m = Management::new(
+            store.clone(),
+            MacDb::parse(DB).unwrap(),
+            Metrics::default(),
+            cap,
+            super::super::settings::ApprovedBmcs(approved),
+        );
+        (d, store, m)
+    }
+
     fn grant(last: u8, ip: [u8; 4]) -> Grant {
         Grant {
             mac: [0x52, 0x54, 0, 0, 0, last],
@@ -496,15 +512,7 @@ mod tests {
 
     #[tokio::test]
     async fn leases_make_endpoints_whose_address_is_pinned_and_unknown_ones_are_counted() {
-        let d = tempfile::tempdir().unwrap();
-        let store = Store::open(d.path()).unwrap();
-        let m = Management::new(
-            store.clone(),
-            MacDb::parse(DB).unwrap(),
-            Metrics::default(),
-            CAP,
-            super::super::settings::ApprovedBmcs(vec!["10.0.0.0/8".parse().unwrap()]),
-        );
+        let (_d, store, m) = intake(CAP, &["10.0.0.0/8"]);
         let get = |n: &str| store.get(&m.t_endpoint, None, n).unwrap();
         m.lease(&grant(1, [10, 0, 0, 5])).await;
         let e = get("bmc-525400000001");
@@ -578,19 +586,11 @@ mod tests {
 
     #[tokio::test]
     async fn new_endpoints_are_capped_per_interval() {
-        let d = tempfile::tempdir().unwrap();
-        let store = Store::open(d.path()).unwrap();
         let cap = Cap {
             max: 2,
             interval: Duration::from_secs(3600),
         };
-        let m = Management::new(
-            store.clone(),
-            MacDb::parse(DB).unwrap(),
-            Metrics::default(),
-            cap,
-            Default::default(),
-        );
+        let (_d, store, m) = intake(cap, &[]);
         for i in 1..=5 {
             m.lease(&grant(i, [10, 0, 0, i])).await;
         }
@@ -609,15 +609,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_endpoint_outside_approved_bmcs_gets_no_credentials_until_approved() {
-        let d = tempfile::tempdir().unwrap();
-        let store = Store::open(d.path()).unwrap();
-        let m = Management::new(
-            store.clone(),
-            MacDb::parse(DB).unwrap(),
-            Metrics::default(),
-            CAP,
-            super::super::settings::ApprovedBmcs(vec!["10.1.0.0/24".parse().unwrap()]),
-        );
+        let (_d, store, m) = intake(CAP, &["10.1.0.0/24"]);
         let vendor = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "BMCSecret",
             "metadata": {"name": "vendor"}, "stringData": {"username": "root", "password": "calvin"}});
         store.create(&m.t_secret, vendor).await.unwrap();
