@@ -91,6 +91,25 @@ fn inventory_url(b: &Bootplane, name: &str) -> String {
         .to_string()
 }
 
+/// The inventory URL of `name`'s current discovery boot, once the listener accepts its
+/// token. The listener learns a new boot (its boot generation, written before the BMC is
+/// asked to start the machine) through the store's watch, a moment after the store has
+/// it; a real machine fetches its script seconds after power-on, a test at once. A body
+/// with an unknown field is then refused as malformed (400), not forbidden (403), and
+/// writes nothing.
+fn current_inventory_url(b: &Bootplane, name: &str, seed: u16, i: usize) -> String {
+    b.wait_for(
+        30,
+        &format!("an inventory URL of the current boot of {name}"),
+        || {
+            let u = inventory_url(b, name);
+            let mut probe = inventory(seed, i);
+            probe["extra"] = json!(1);
+            (post(&u, probe.to_string().as_bytes()).0 == 400).then_some(u)
+        },
+    )
+}
+
 /// A thread following Server `name` through a watch, returning the states its status
 /// showed, in order, once it is `Available`.
 fn watch_states(b: &Bootplane, name: &str) -> std::thread::JoinHandle<Vec<String>> {
@@ -249,7 +268,7 @@ fn systems_become_servers_boot_once_report_and_become_available() {
 
     // The simulated agent of each machine posts its inventory to its signed URL.
     for (i, n) in names.iter().enumerate() {
-        let url = inventory_url(&b, n);
+        let url = current_inventory_url(&b, n, 7, i);
         assert!(url.contains(&format!("/discovery/inventory/{n}/")), "{url}");
         let (c, body) = post(&url, inventory(7, i).to_string().as_bytes());
         assert_eq!(c, 202, "{body}");
@@ -416,14 +435,8 @@ fn bad_inventories_are_refused_counted_and_write_nothing() {
         (l.len() == 2 && l.iter().all(|s| s["status"]["state"] == "Discovery")).then_some(())
     });
     // Tokens are bound to the discovery boot (its boot generation moves on when the
-    // boot starts and when the Server is seen off): take the URL once the listener
-    // accepts its token (a malformed body is then 400, not 403; nothing is written).
-    let url = b.wait_for(30, "an inventory URL of the current discovery boot", || {
-        let u = inventory_url(&b, "bmc-x-1");
-        let mut probe = inventory(9, 0);
-        probe["extra"] = json!(1);
-        (post(&u, probe.to_string().as_bytes()).0 == 400).then_some(u)
-    });
+    // boot starts and when the Server is seen off).
+    let url = current_inventory_url(&b, "bmc-x-1", 9, 0);
     let other = inventory_url(&b, "bmc-x-2");
     let base = url.split("/discovery/").next().unwrap().to_string();
     let token = url.rsplit('/').next().unwrap().to_string();

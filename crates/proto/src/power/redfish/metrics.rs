@@ -27,6 +27,8 @@ pub struct Metrics {
     pub changes_observed: Counter,
     /// Servers whose power state the poll read.
     pub polls: Counter,
+    /// Poll answers dropped because the Server changed while the BMC was asked.
+    pub stale_observations: Counter,
 }
 
 impl Metrics {
@@ -51,6 +53,11 @@ impl Metrics {
             "power_polls",
             "server power states read by the poll",
             self.polls.clone(),
+        );
+        r.register(
+            "power_observations_dropped",
+            "poll answers dropped because the server changed while the BMC was asked",
+            self.stale_observations.clone(),
         );
     }
 }

@@ -273,8 +273,9 @@ impl Redfish {
                             op.failing = Some(e.reason());
                         }
                     }
-                    self.write_status(&name, |st| {
+                    self.write_status(&name, |_, st| {
                         set_condition(st, "PowerReady", false, e.reason(), &msg);
+                        true
                     })
                     .await;
                     let wait = rand::thread_rng().gen_range(delay / 2..=delay);
@@ -640,7 +641,7 @@ impl Redfish {
     /// Write the result of a finished operation, then forget it.
     async fn record_done(&self, name: &str, gen: u64, want: Action, note: Option<BootNote>) {
         if self.current(name, gen) {
-            self.write_status(name, |st| {
+            self.write_status(name, |_, st| {
                 st["powerState"] = json!(want.ends().as_str());
                 set_condition(
                     st,
@@ -654,6 +655,7 @@ impl Redfish {
                     let reason = if ok { "Set" } else { "ModeUnsupported" };
                     set_condition(st, "BootOverride", ok, reason, &n.message);
                 }
+                true
             })
             .await;
         }
@@ -664,21 +666,24 @@ impl Redfish {
         self.metrics.operations_active.set(ops.len() as i64);
     }
 
-    /// Read-modify-write of a Server's status (retried on conflicts).
-    async fn write_status(&self, name: &str, f: impl Fn(&mut Value)) {
+    /// Read-modify-write of a Server's status (retried on conflicts): `f` changes the
+    /// status of the Server as it is now, or returns false to leave it; whether it was
+    /// written.
+    async fn write_status(&self, name: &str, f: impl Fn(&Value, &mut Value) -> bool) -> bool {
         let r = (self.store)
-            .modify_status(&self.t_server, None, name, |_, st| {
-                f(st);
-                true
-            })
+            .modify_status(&self.t_server, None, name, |cur, st| f(cur, st))
             .await;
         match r {
             Ok(Modified::Written { before, after }) => {
                 let old = before.get("status");
                 (self.events).status_change(&self.t_server, &before, old, &after["status"]);
+                true
             }
-            Ok(Modified::Unchanged(_)) | Err(StoreError::NotFound { .. }) => {}
-            Err(e) => tracing::warn!(server = %name, "writing power status: {e}"),
+            Ok(Modified::Unchanged(_)) | Err(StoreError::NotFound { .. }) => false,
+            Err(e) => {
+                tracing::warn!(server = %name, "writing power status: {e}");
+                false
+            }
         }
     }
 
@@ -742,22 +747,50 @@ impl Redfish {
             Some(PowerState::Off) => Power::Off,
             _ => return,
         };
-        let recorded = server.pointer("/status/powerState").and_then(Value::as_str);
+        self.record_observed(&server, observed).await;
+    }
+
+    /// Record the power state `observed` of the Server read as `read` (before the BMC was
+    /// asked) when it differs from the state recorded then.
+    ///
+    /// **Invariant:** an observation never overwrites a later write. The answer may have
+    /// been read from the BMC before an operation changed the power and arrive after the
+    /// operation recorded its result (a loaded appliance, a slow BMC): it is written only
+    /// while the Server is still the version read before asking, with no operation
+    /// running, and is otherwise dropped (the next poll asks again). A stale `Off` would
+    /// end the boot just started (its boot generation moves on and its signed URLs die).
+    async fn record_observed(&self, read: &Value, observed: Power) {
+        let name = meta::name(read);
+        let recorded = read.pointer("/status/powerState").and_then(Value::as_str);
         if recorded == Some(observed.as_str()) || self.ops.lock().unwrap().contains_key(name) {
             return;
         }
-        tracing::info!(server = %name, observed = observed.as_str(), "power state changed outside bootplane");
-        self.metrics.changes_observed.inc();
+        let version = meta::resource_version(read);
         let msg = format!(
             "the BMC reports the server {}; it was {} (changed outside bootplane)",
             observed.as_str(),
             recorded.unwrap_or("unknown")
         );
-        self.write_status(name, |st| {
-            st["powerState"] = json!(observed.as_str());
-            set_condition(st, "PowerReady", false, "ChangedOutsideBootplane", &msg);
-        })
-        .await;
+        let stale = std::sync::atomic::AtomicBool::new(false);
+        let written = self
+            .write_status(name, |cur, st| {
+                let running = self.ops.lock().unwrap().contains_key(name);
+                if meta::resource_version(cur) != version || running {
+                    stale.store(true, Ordering::Relaxed);
+                    return false;
+                }
+                st["powerState"] = json!(observed.as_str());
+                set_condition(st, "PowerReady", false, "ChangedOutsideBootplane", &msg);
+                true
+            })
+            .await;
+        if written {
+            tracing::info!(server = %name, observed = observed.as_str(), "power state changed outside bootplane");
+            self.metrics.changes_observed.inc();
+        } else if stale.load(Ordering::Relaxed) {
+            tracing::debug!(server = %name, "power poll answer dropped: the server changed while the BMC was asked");
+            self.metrics.stale_observations.inc();
+        }
     }
 }
 
@@ -810,5 +843,98 @@ impl PowerDriver for PerServer {
         } else {
             self.default.reset(server)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Part;
+
+    struct NoTargets;
+    impl BootTargets for NoTargets {
+        fn http_boot_uri(&self, _: &str, _: HttpBootArtifact) -> Option<String> {
+            None
+        }
+        fn media_uri(&self, _: &str) -> Option<String> {
+            None
+        }
+        fn owns(&self, _: &str) -> bool {
+            false
+        }
+    }
+
+    async fn driver() -> (tempfile::TempDir, Store, Arc<Redfish>) {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let rt = store.registry().resolve("server").unwrap();
+        let s = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+                       "metadata": {"name": "s"},
+                       "spec": {"systemUUID": "4c4c4544-0042-3510-8052-b4c04f4e4d32"}});
+        let cur = store.create(&rt, s).await.unwrap();
+        store
+            .update_status(&rt, &cur, json!({"powerState": "On"}))
+            .await
+            .unwrap();
+        let r = Redfish::new(
+            store.clone(),
+            RedfishConfig::default(),
+            Arc::new(NoTargets),
+            Arc::default(),
+        )
+        .unwrap();
+        (d, store, r)
+    }
+
+    fn power(store: &Store) -> (String, Option<u64>) {
+        let rt = store.registry().resolve("server").unwrap();
+        let s = store.get(&rt, None, "s").unwrap();
+        let p = s.pointer("/status/powerState").and_then(Value::as_str);
+        (p.unwrap_or("").to_string(), meta::resource_version(&s))
+    }
+
+    #[tokio::test]
+    async fn an_observation_is_recorded_only_onto_the_version_it_was_asked_for() {
+        let (_d, store, r) = driver().await;
+        let rt = store.registry().resolve("server").unwrap();
+        // Read before the BMC is asked; meanwhile an operation records its result (the
+        // server changes); the answer (Off, read before the operation) arrives after.
+        let read = store.get(&rt, None, "s").unwrap();
+        let patch = json!({"metadata": {"annotations": {"bootplane.dev/boot-generation": "1"}}});
+        store
+            .patch(&rt, None, "s", &patch, Part::Main)
+            .await
+            .unwrap();
+        let before = power(&store);
+        r.record_observed(&read, Power::Off).await;
+        assert_eq!(power(&store), before, "a stale answer was written");
+        assert_eq!(r.metrics.stale_observations.get(), 1);
+        assert_eq!(r.metrics.changes_observed.get(), 0);
+
+        // An operation running for it: its answer is not recorded either.
+        let read = store.get(&rt, None, "s").unwrap();
+        r.ops.lock().unwrap().insert(
+            "s".into(),
+            Op {
+                want: Action::Reset,
+                gen: 1,
+                message: String::new(),
+                failing: None,
+            },
+        );
+        r.record_observed(&read, Power::Off).await;
+        assert_eq!(power(&store).0, "On");
+        r.ops.lock().unwrap().clear();
+
+        // The version it was asked for: recorded, with the reason.
+        let read = store.get(&rt, None, "s").unwrap();
+        r.record_observed(&read, Power::Off).await;
+        assert_eq!(power(&store).0, "Off");
+        assert_eq!(r.metrics.changes_observed.get(), 1);
+        let s = store.get(&rt, None, "s").unwrap();
+        assert!(s.to_string().contains("ChangedOutsideBootplane"), "{s}");
+        // The same answer again: nothing to write.
+        r.record_observed(&s, Power::Off).await;
+        assert_eq!(r.metrics.changes_observed.get(), 1);
     }
 }
