@@ -63,16 +63,11 @@ df -h . | awk 'NR==2 {print "disk before the build: " $4 " free of " $2}'
 # Every step that fails is named at the end; the run goes on to the next step.
 failed=()
 
-# The discovery agent is its own small crate (probe/, built static for the image).
-cargo nextest run --locked --no-fail-fast --manifest-path probe/Cargo.toml || failed+=("probe tests")
-# The tests' build first, so the fuzz targets' build can start beside the tests' run.
-cargo nextest run --locked --no-run "$@"
-phase build
-
 # The fuzz targets (nightly, cargo-fuzz, their own target dir under fuzz/) are built and
-# then run, FUZZ_SECS seconds each, beside the tests at the lowest priority: they take the
-# CPU the tests leave idle (a QEMU boot keeps one core, timers and sockets most of the
-# rest); what is left when the tests end runs at full speed. Built at opt-level 1
+# then run, FUZZ_SECS seconds each, beside the tests' build and run at the lowest priority:
+# they take the CPU those leave idle (the build's last crates compile one or two at a
+# time, a QEMU boot keeps one core, timers and sockets most of the rest); what is left
+# when the tests end runs at full speed. Built at opt-level 1
 # (FUZZ_OPT_LEVEL): a cold build in well under half the CPU time of cargo-fuzz's 3. An
 # input counts as hung after 60 s (FUZZ_TIMEOUT; 10 s alone): libFuzzer times an input by
 # the wall clock, and at nice 19 beside two busy cores a run can wait seconds for a core.
@@ -89,6 +84,11 @@ if ((fuzz_secs > 0)); then
   fuzz_pid=$!
   set +m
 fi
+
+# The discovery agent is its own small crate (probe/, built static for the image).
+cargo nextest run --locked --no-fail-fast --manifest-path probe/Cargo.toml || failed+=("probe tests")
+cargo nextest run --locked --no-run "$@"
+phase build
 
 # Every test, each its own process; nextest's summary at its end lists each failure.
 # (nextest runs no doctests; the library has none, and tests/it/tidy.rs keeps it so.)
