@@ -253,18 +253,15 @@ impl Recorder {
 pub(crate) fn transitions(old: Option<&Value>, new: &Value) -> Vec<(EventType, String, String)> {
     let mut out = Vec::new();
     // A claim's `phase` is not here: its `Bound` condition says the same, with why.
-    for field in ["state"] {
-        let before = old.and_then(|o| o.get(field)).and_then(Value::as_str);
-        let after = new.get(field).and_then(Value::as_str);
-        if let Some(a) = after {
-            if before != Some(a) {
-                let reason = "StateChanged";
-                let msg = match before {
-                    Some(b) if !b.is_empty() => format!("{field} {b} -> {a}"),
-                    _ => format!("{field} {a}"),
-                };
-                out.push((EventType::Normal, reason.to_string(), msg));
-            }
+    let field = "state";
+    let before = old.and_then(|o| o.get(field)).and_then(Value::as_str);
+    if let Some(a) = new.get(field).and_then(Value::as_str) {
+        if before != Some(a) {
+            let msg = match before {
+                Some(b) if !b.is_empty() => format!("{field} {b} -> {a}"),
+                _ => format!("{field} {a}"),
+            };
+            out.push((EventType::Normal, "StateChanged".to_string(), msg));
         }
     }
     let conds = |v: Option<&Value>| -> Vec<Value> {

@@ -46,10 +46,13 @@ fn applies(rt: &ResourceType) -> bool {
     rt.group == "metal.ironcore.dev" && rt.kind == "Server"
 }
 
+/// A Server's keys and the revision they were read at.
+type Seen = (Rev, Arc<Keys>);
+
 /// The Servers' keys as last seen, by store key, with the revision they were read at.
 #[derive(Default)]
 pub(super) struct Cache {
-    seen: Mutex<HashMap<Arc<str>, (Rev, Arc<Keys>)>>,
+    seen: Mutex<HashMap<Arc<str>, Seen>>,
 }
 
 impl<B: KvBackend> Store<B> {

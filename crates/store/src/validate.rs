@@ -201,7 +201,7 @@ fn check_event(map: &Map<String, Value>, causes: &mut Vec<FieldError>) {
         }
     }
     if let Some(c) = map.get("count") {
-        if !c.as_u64().is_some_and(|c| c >= 1) {
+        if c.as_u64().is_none_or(|c| c < 1) {
             causes.push(field(
                 "count",
                 Reason::Invalid,
@@ -211,9 +211,8 @@ fn check_event(map: &Map<String, Value>, causes: &mut Vec<FieldError>) {
     }
     for k in ["firstTimestamp", "lastTimestamp", "eventTime"] {
         if let Some(t) = map.get(k).filter(|t| !t.is_null()) {
-            if !t
-                .as_str()
-                .is_some_and(|t| chrono::DateTime::parse_from_rfc3339(t).is_ok())
+            if t.as_str()
+                .is_none_or(|t| chrono::DateTime::parse_from_rfc3339(t).is_err())
             {
                 causes.push(field(k, Reason::Invalid, "must be an RFC 3339 time"));
             }
