@@ -125,7 +125,7 @@ fn parse_opts() -> Opts {
         o.runs = v;
     }
     if let Some(v) = val("--storm-runs") {
-        o.storm_runs = (v as usize).max(1);
+        o.storm_runs = v.max(1);
     }
     if let Some(v) = val("--storm-window") {
         o.storm_window = v as u16;

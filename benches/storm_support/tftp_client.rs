@@ -426,13 +426,13 @@ fn run(rx: mpsc::Receiver<Job>, wake: RawFd) {
         }
         if now >= next_scan {
             next_scan = now + TICK;
-            for idx in 0..slab.len() {
-                let step = match slab[idx].as_mut() {
+            for (idx, entry) in slab.iter_mut().enumerate() {
+                let step = match entry.as_mut() {
                     Some(x) if now >= x.deadline => x.on_timeout(now),
                     _ => continue,
                 };
                 if let Step::Done(r) = step {
-                    let x = slab[idx].take().expect("present");
+                    let x = entry.take().expect("present");
                     free.push(idx);
                     finish(x, r);
                 }

@@ -152,7 +152,7 @@ fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
         leases
             .lines()
             .filter_map(|l| l.trim().strip_prefix(prefix))
-            .last()
+            .next_back()
             .and_then(|l| l.strip_suffix("\";"))
             .unwrap_or_else(|| panic!("no {prefix} in the lease:\n{leases}"))
             .to_string()
@@ -289,7 +289,7 @@ fn leases_are_listed_and_a_leased_address_is_the_machines_identity() {
         .script_log()
         .lines()
         .filter_map(|l| l.strip_prefix("BOUND "))
-        .last()
+        .next_back()
         .unwrap()
         .to_string();
     let (code, body) = curl_code(&lab, &bound, &again);

@@ -43,8 +43,10 @@ fn serve_from_config_uses_templates_catalog_and_key() {
         .local_addr()
         .unwrap()
         .port();
-    let mut cfg = Config::default();
-    cfg.state_dir = dir.path().join("state");
+    let mut cfg = Config {
+        state_dir: dir.path().join("state"),
+        ..Config::default()
+    };
     cfg.http.listen = format!("127.0.0.1:{port}").parse().unwrap();
     cfg.http.assets_dir = dir.path().to_path_buf();
     cfg.http.unknown_action = "discovery".into();

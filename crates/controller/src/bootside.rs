@@ -52,6 +52,10 @@ pub struct CatalogResolver {
 
 type SecretResult = Result<Arc<Value>, (String, String)>;
 
+/// A boot configuration's Ignition secret as last translated: its resourceVersion and
+/// the config, `None` when the configuration names no secret; or `(reason, message)`.
+type SecretConfig = Result<Option<(u64, Arc<Value>)>, (String, String)>;
+
 impl CatalogResolver {
     /// A resolver without Ignition templates (the claim's secret alone is served).
     pub fn new(catalog: Catalog, hasher: FileHasher) -> CatalogResolver {
@@ -213,11 +217,7 @@ impl CatalogResolver {
 
     /// The boot configuration's ignition secret, translated and validated (cached per
     /// resourceVersion): `(resourceVersion, config)`, or `None` when it names none.
-    fn secret_config(
-        &self,
-        store: &Store,
-        sbc: &Value,
-    ) -> Result<Option<(u64, Arc<Value>)>, (String, String)> {
+    fn secret_config(&self, store: &Store, sbc: &Value) -> SecretConfig {
         let ns = meta::namespace(sbc).unwrap_or("default");
         let Some(r) = read::<ServerBootConfiguration>(sbc)
             .spec
@@ -601,7 +601,7 @@ impl StoreBootIndex {
             );
         };
         let b: ServerBootConfiguration = read(&sbc);
-        *boot_id = super::server::claimed_boot_id(&sv, &b);
+        *boot_id = super::server::claimed_boot_id(sv, &b);
         match b.status.state {
             Some(BootConfigurationState::Ready) => {}
             Some(BootConfigurationState::Error) => {

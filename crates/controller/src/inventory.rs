@@ -55,7 +55,7 @@ pub fn boot_id(server: &Value) -> String {
 /// A Kubernetes quantity for `bytes`: the largest binary suffix that divides it exactly.
 pub fn quantity(bytes: u64) -> String {
     for (shift, suffix) in [(50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
-        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
             return format!("{}{suffix}", bytes >> shift);
         }
     }
@@ -164,7 +164,7 @@ fn merge_nics(status: &mut Value, inv: &Inventory, dynamic: &dyn Fn(IpAddr) -> b
         let ips = n
             .ips
             .iter()
-            .filter(|a| !a.parse().is_ok_and(|a| dynamic(a)))
+            .filter(|a| !a.parse().is_ok_and(dynamic))
             .cloned();
         let held = nics.iter_mut().find(|e| {
             parsed.is_some()

@@ -100,7 +100,7 @@ pub fn parse_prefix(s: &str) -> Result<Vec<u8>, String> {
     if separated && s.split([':', '-']).any(|p| p.len() != 2) {
         return Err("octets must be two hex digits each".into());
     }
-    if hex.is_empty() || hex.len() % 2 != 0 || hex.len() > 12 {
+    if hex.is_empty() || !hex.len().is_multiple_of(2) || hex.len() > 12 {
         return Err("must be 1 to 6 octets (aa:bb:cc or aabbcc)".into());
     }
     (0..hex.len())

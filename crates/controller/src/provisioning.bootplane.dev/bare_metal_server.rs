@@ -346,6 +346,15 @@ impl Provisioning {
     }
 }
 
+/// The Image a BareMetalServer names in its `IMAGE_LABEL` (empty when it has none).
+fn image_of(sv: &BareMetalServer) -> String {
+    sv.metadata
+        .labels
+        .get(IMAGE_LABEL)
+        .cloned()
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,13 +416,4 @@ mod tests {
             r#"{"bareMetalSpecRef":{"name":"m1"},"target":"/dev/dasda","actionRef":{"name":"m1-provision"},"nfs":{"server":"10.0.0.1","export":"/images/default/demo","path":"disk.img"},"exportPolicyRuleRef":{"name":"m1-provision"}}"#
         );
     }
-}
-
-/// The Image a BareMetalServer names in its `IMAGE_LABEL` (empty when it has none).
-fn image_of(sv: &BareMetalServer) -> String {
-    sv.metadata
-        .labels
-        .get(IMAGE_LABEL)
-        .cloned()
-        .unwrap_or_default()
 }

@@ -111,7 +111,7 @@ fn entry(d: &mut [u8], name: &[u8; 11], attr: u8, cluster: u16, size: u32) {
 fn set12(fat: &mut [u8], n: usize, v: u16) {
     let at = n * 3 / 2;
     let cur = u16::from_le_bytes([fat[at], fat[at + 1]]);
-    let new = if n % 2 == 0 {
+    let new = if n.is_multiple_of(2) {
         (cur & 0xF000) | (v & 0x0FFF)
     } else {
         (cur & 0x000F) | (v << 4)

@@ -511,7 +511,7 @@ mod tests {
             let alphabet = [2u64, 4, 16, 64, 256][(round / 4) % 5];
             let mut d = Vec::with_capacity(n);
             while d.len() < n {
-                if d.len() > 8 && rng(&mut seed) % 3 == 0 {
+                if d.len() > 8 && rng(&mut seed).is_multiple_of(3) {
                     // copy an earlier piece: repetitive text
                     let from = (rng(&mut seed) as usize) % d.len();
                     let len = 1 + (rng(&mut seed) as usize) % 300;
@@ -533,7 +533,7 @@ mod tests {
         let mut d = Vec::new();
         let (mut a, mut b) = (1usize, 1usize);
         for s in 0..25u8 {
-            d.extend(std::iter::repeat(s.wrapping_mul(37)).take(a));
+            d.extend(std::iter::repeat_n(s.wrapping_mul(37), a));
             (a, b) = (b, a + b);
             if d.len() > 60_000 {
                 break;

@@ -81,7 +81,7 @@ impl Manifest {
             return bad("manifest sha256 is not 64 hex digits".into());
         }
         if self.frame_size == 0
-            || self.frame_size % FRAME_ALIGN != 0
+            || !self.frame_size.is_multiple_of(FRAME_ALIGN)
             || self.frame_size > MAX_FRAME_SIZE
         {
             return bad(format!(

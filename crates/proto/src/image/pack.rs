@@ -84,7 +84,7 @@ pub fn pack(
     opts: &PackOptions,
 ) -> Result<Manifest> {
     if opts.frame_size == 0
-        || opts.frame_size % format::FRAME_ALIGN != 0
+        || !opts.frame_size.is_multiple_of(format::FRAME_ALIGN)
         || opts.frame_size > format::MAX_FRAME_SIZE
     {
         bail!("frame size must be a multiple of 1 MiB and at most 64 MiB");

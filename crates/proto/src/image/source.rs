@@ -253,9 +253,7 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains(&format!("127.0.0.1:{port}/disk.img")), "{msg}");
         assert!(!msg.contains("hunter2") && !msg.contains("s3cr3t"), "{msg}");
-        let e = fetch_small(&url, 1024)
-            .err()
-            .expect("nothing listens there");
+        let e = fetch_small(&url, 1024).expect_err("nothing listens there");
         let msg = e.to_string();
         assert!(!msg.contains("hunter2") && !msg.contains("s3cr3t"), "{msg}");
     }

@@ -276,11 +276,7 @@ mod tests {
             (t.username.as_str(), t.password.0.as_str()),
             ("admin", "pw")
         );
-        assert_eq!(
-            format!("{t:?}").contains("pw"),
-            false,
-            "the password prints"
-        );
+        assert!(!format!("{t:?}").contains("pw"), "the password prints");
         let (_, t) = server_target(&s, &server("b")).unwrap();
         assert_eq!(
             (t.base_url.as_str(), t.insecure),
