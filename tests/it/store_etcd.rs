@@ -301,6 +301,42 @@ async fn without_quorum_writes_get_unavailable_reads_go_on_and_it_recovers() {
     other.close();
 }
 
+/// A follower killed while the appliance holds a connection to it: writes sent on that
+/// connection before the client notices (broken pipe, connection reset) go to another
+/// member; none fails. Each round kills one follower and at once sends 32 creates side
+/// by side, so some are written into the dead member's socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_sent_to_a_member_as_it_dies_go_to_another() {
+    let mut c = EtcdCluster::start(3);
+    let s = open(&c, "/t9/").await;
+    let srv = rt("server");
+    let mut n = 0;
+    for round in 0..12 {
+        // Every member's connection in use before the kill.
+        for _ in 0..6 {
+            n += 1;
+            s.create(&srv, server(&format!("w{n}"))).await.unwrap();
+        }
+        let leader = c.leader().expect("an etcd leader");
+        let f = (0..3).find(|i| *i != leader).unwrap();
+        c.kill(f);
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..32 {
+            n += 1;
+            let (s, srv, name) = (s.clone(), srv.clone(), format!("w{n}"));
+            set.spawn(async move { s.create(&srv, server(&name)).await.map(|_| ()) });
+        }
+        while let Some(r) = set.join_next().await {
+            if let Err(e) = r.unwrap() {
+                panic!("round {round}: a write failed with one member of three down: {e}");
+            }
+        }
+        c.restart(f);
+        until(30, "the member back", || c.leader().is_some()).await;
+    }
+    s.close();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_into_etcd_and_back_keeps_every_object() {
     let c = EtcdCluster::start(1);
