@@ -452,8 +452,8 @@ fn vm_is_discovered_and_its_inventory_matches_its_configuration() {
 #[test]
 fn vm_whose_agent_cannot_reach_bootplane_stays_in_discovery_with_a_reason() {
     // The links are cut once the discovery kernel starts, which must be before the report
-    // timeout: about 25 s into the boot under TCG (printed below; the test beside this
-    // one reports its whole inventory in ~40 s), so 75 s leaves three times that; every
+    // timeout: about 30 s into the boot under TCG (the test prints it; the test beside
+    // this one reports its whole inventory in ~40 s), so 75 s leaves 2.5 times that; every
     // second above it is a second of the run's longest chain (the VM tests, one at a time).
     let lab = Lab::new(72, "report_timeout_secs = 75\nattempts = 1");
     let m = machine(&lab, "disc-b", 2);
