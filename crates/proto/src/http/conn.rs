@@ -212,8 +212,8 @@ pub async fn serve(
         let close = !keep_alive || has_body;
         let resp = app.handle_with_body(req, body, client).await;
         let (parts, mut body) = resp.into_parts();
-        let body_len = if is_head { 0 } else { body.remaining() };
-        write_head(&mut out, &parts, body_len, close);
+        // A HEAD is answered with the length its GET would have (RFC 9110, 9.3.2).
+        write_head(&mut out, &parts, body.remaining(), close);
         if !is_head {
             write_body(&stream, &mut out, &mut body, &mut pace).await?;
         }
@@ -384,9 +384,8 @@ fn put_title_case(out: &mut BytesMut, name: &[u8]) {
     }
 }
 
-/// `n` in decimal, written into `buf` (no allocation: the response head and the token
-/// check on every request use it).
-pub(super) fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+/// `n` in decimal, written into `buf` (no allocation: every response head uses it).
+fn itoa(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;

@@ -711,8 +711,9 @@ impl BootHttp {
     }
 }
 
+/// A script, or the text that stands for one. No `Content-Length` here: the connection
+/// writes the body's own (one header value fewer to allocate on the hottest route).
 fn script_response(status: StatusCode, body: Bytes) -> Resp {
-    let len = body.len() as u64;
     let mut r = Response::new(FileBody::bytes(body));
     *r.status_mut() = status;
     let h = r.headers_mut();
@@ -720,7 +721,6 @@ fn script_response(status: StatusCode, body: Bytes) -> Resp {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }

@@ -9,15 +9,15 @@
 //! is worthless for another, and a token dies with the boot it was minted for: once the
 //! claim is deleted, the configuration changed or the machine power-cycled by bootplane,
 //! the index holds another boot id and the old token no longer verifies. Verification is constant time
-//! (`hmac::verify_slice`).
+//! (the expected tag's text against the given, by `subtle`).
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use std::net::IpAddr;
 
 use hmac::{Hmac, Mac};
+use subtle::ConstantTimeEq as _;
 
-use super::conn::itoa;
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -90,34 +90,48 @@ impl TokenSigner {
         addr: Option<IpAddr>,
         expiry: u64,
     ) -> HmacSha256 {
-        // Every request to the script route checks a token: the MAC's input is written
-        // without an allocation (numbers and the address formatted on the stack).
-        let mut mac = self.keyed.clone();
-        mac.update(b"bootplane-v2|");
-        mac.update(purpose.tag().as_bytes());
+        // Every request to the script route checks a token: the MAC's input is gathered
+        // on the stack (numbers and the address formatted there, no allocation) and
+        // handed to the MAC in one piece, not a dozen small updates.
+        let mut input = MacInput::new(self.keyed.clone());
+        input.push(b"bootplane-v2|");
+        input.push(purpose.tag().as_bytes());
         // Length-prefixed: no choice of server and boot id can collide with another.
-        let mut field = |name: &[u8], value: &[u8]| {
-            mac.update(name);
-            mac.update(itoa(value.len() as u64, &mut [0; 20]));
-            mac.update(b":");
-            mac.update(value);
-        };
-        field(b"|", server.as_bytes());
-        field(b"|", boot.as_bytes());
+        input.field(b"|", server.as_bytes());
+        input.field(b"|", boot.as_bytes());
         if let Some(a) = addr {
-            let mut buf = [0u8; 64];
-            let n = {
-                use std::io::Write as _;
-                let mut w = &mut buf[..];
-                // An IPv6 address in text is at most 45 bytes: always fits.
-                let _ = write!(w, "{}", a.to_canonical());
-                64 - w.len()
-            };
-            field(b"|addr|", &buf[..n]);
+            match a.to_canonical() {
+                // Dotted quad by hand: core::fmt costs more than the rest of the check.
+                IpAddr::V4(v4) => {
+                    let [a, b, c, d] = v4.octets();
+                    let len = [a, b, c, d]
+                        .iter()
+                        .map(|&o| 1 + usize::from(o >= 10) + usize::from(o >= 100))
+                        .sum::<usize>()
+                        + 3;
+                    input.push(b"|addr|");
+                    input.decimal(len as u64);
+                    input.push(b":");
+                    input.decimal(a.into());
+                    for o in [b, c, d] {
+                        input.push(b".");
+                        input.decimal(o.into());
+                    }
+                }
+                v6 => {
+                    use std::io::Write as _;
+                    let mut buf = [0u8; 64];
+                    let mut w = &mut buf[..];
+                    // An IPv6 address in text is at most 45 bytes: always fits.
+                    let _ = write!(w, "{v6}");
+                    let n = 64 - w.len();
+                    input.field(b"|addr|", &buf[..n]);
+                }
+            }
         }
-        mac.update(b"|");
-        mac.update(itoa(expiry, &mut [0; 20]));
-        mac
+        input.push(b"|");
+        input.decimal(expiry);
+        input.finish()
     }
 
     /// Mint a token for `server`'s boot `boot` (its [`crate::http::MachineBoot::boot_id`]),
@@ -195,22 +209,125 @@ impl TokenSigner {
             return Err(TokenError::Malformed);
         }
         let expiry: u64 = exp.parse().map_err(|_| TokenError::Malformed)?;
-        // A SHA-256 tag is 32 bytes (43 characters); anything longer is not a token.
-        if sig.len() > 43 {
-            return Err(TokenError::Malformed);
-        }
-        let mut tag = [0u8; 33];
-        let n = URL_SAFE_NO_PAD
-            .decode_slice(sig, &mut tag)
+        // A SHA-256 tag is 32 bytes: 43 characters, nothing else is a token.
+        let sig: &[u8; TAG_CHARS] = sig
+            .as_bytes()
+            .try_into()
             .map_err(|_| TokenError::Malformed)?;
         // Check the signature first so an attacker learns nothing from the expiry path.
-        self.mac(purpose, fields, addr, expiry)
-            .verify_slice(&tag[..n])
-            .map_err(|_| TokenError::BadSignature)?;
+        // The expected tag is encoded and compared as text, in constant time (eight bytes
+        // at a time; encoding 32 bytes costs less than decoding 43 characters, and only
+        // the canonical encoding of the right tag matches).
+        let expected = self
+            .mac(purpose, fields, addr, expiry)
+            .finalize()
+            .into_bytes();
+        let mut encoded = [0u8; 48];
+        encoded[..TAG_CHARS].copy_from_slice(&encode_tag(&expected.into()));
+        let mut given = [0u8; 48];
+        given[..TAG_CHARS].copy_from_slice(sig);
+        if !bool::from(words(&given).ct_eq(&words(&encoded))) {
+            return Err(TokenError::BadSignature);
+        }
         if now > expiry {
             return Err(TokenError::Expired);
         }
         Ok(())
+    }
+}
+
+/// The length of a token's tag: 32 bytes in unpadded base64url.
+const TAG_CHARS: usize = 43;
+
+/// A 32-byte tag in unpadded base64url, as `URL_SAFE_NO_PAD` writes it (by hand: the
+/// general engine costs more than the comparison it feeds, on every script request).
+fn encode_tag(tag: &[u8; 32]) -> [u8; TAG_CHARS] {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = [0u8; TAG_CHARS];
+    let sextet = |n: u32, shift: u32| ALPHABET[((n >> shift) & 63) as usize];
+    // Ten groups of three bytes make forty characters; the last two bytes make three.
+    for (group, chars) in tag.chunks_exact(3).zip(out.chunks_exact_mut(4)) {
+        let n = u32::from(group[0]) << 16 | u32::from(group[1]) << 8 | u32::from(group[2]);
+        chars.copy_from_slice(&[sextet(n, 18), sextet(n, 12), sextet(n, 6), sextet(n, 0)]);
+    }
+    let n = u32::from(tag[30]) << 16 | u32::from(tag[31]) << 8;
+    out[40..].copy_from_slice(&[sextet(n, 18), sextet(n, 12), sextet(n, 6)]);
+    out
+}
+
+/// 48 bytes as six words, for a constant-time comparison a word at a time.
+fn words(b: &[u8; 48]) -> [u64; 6] {
+    std::array::from_fn(|i| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes")))
+}
+
+/// A MAC's input gathered in a stack buffer and handed over when full or finished.
+struct MacInput {
+    mac: HmacSha256,
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl MacInput {
+    fn new(mac: HmacSha256) -> MacInput {
+        MacInput {
+            mac,
+            buf: [0; 256],
+            len: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, bytes: &[u8]) {
+        match self.buf.get_mut(self.len..self.len + bytes.len()) {
+            Some(room) => {
+                room.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            None => self.spill(bytes),
+        }
+    }
+
+    #[cold]
+    fn spill(&mut self, bytes: &[u8]) {
+        self.mac.update(&self.buf[..self.len]);
+        self.len = 0;
+        if bytes.len() > self.buf.len() {
+            self.mac.update(bytes);
+        } else {
+            self.push(bytes);
+        }
+    }
+
+    /// `n` in decimal, written in place.
+    #[inline(always)]
+    fn decimal(&mut self, mut n: u64) {
+        let mut digits = 1;
+        let mut rest = n / 10;
+        while rest > 0 {
+            digits += 1;
+            rest /= 10;
+        }
+        if self.len + digits > self.buf.len() {
+            self.spill(&[]);
+        }
+        for i in (0..digits).rev() {
+            self.buf[self.len + i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        self.len += digits;
+    }
+
+    /// `name`, the length of `value` in decimal, `:` and `value`.
+    fn field(&mut self, name: &[u8], value: &[u8]) {
+        self.push(name);
+        self.decimal(value.len() as u64);
+        self.push(b":");
+        self.push(value);
+    }
+
+    fn finish(mut self) -> HmacSha256 {
+        self.mac.update(&self.buf[..self.len]);
+        self.mac
     }
 }
 
@@ -255,6 +372,60 @@ mod tests {
             ),
             Err(TokenError::Malformed)
         );
+    }
+
+    /// The hand-written tag encoding is the base64 crate's, for any tag.
+    #[test]
+    fn tags_encode_as_the_base64_crate_does() {
+        use rand::RngCore as _;
+        let mut rng = rand::thread_rng();
+        for i in 0..2000 {
+            let mut tag = [0u8; 32];
+            match i {
+                0 => {}
+                1 => tag = [0xff; 32],
+                _ => rng.fill_bytes(&mut tag),
+            }
+            assert_eq!(
+                encode_tag(&tag).as_slice(),
+                URL_SAFE_NO_PAD.encode(tag).as_bytes(),
+                "{tag:?}"
+            );
+        }
+    }
+
+    /// The stack-gathered input (split when a name outgrows the buffer, the dotted quad
+    /// written by hand) is the same MAC as the plain concatenation, for every length and
+    /// both address families.
+    #[test]
+    fn gathered_input_is_the_plain_input() {
+        let s = TokenSigner::new(b"0123456789abcdef0123456789abcdef");
+        let addrs: [Option<IpAddr>; 5] = [
+            None,
+            "0.0.0.0".parse().ok(),
+            "255.10.0.199".parse().ok(),
+            "fd00::1:2".parse().ok(),
+            "::ffff:10.1.2.3".parse().ok(),
+        ];
+        for len in [0, 1, 63, 200, 231, 232, 255, 256, 257, 600] {
+            let server = "s".repeat(len);
+            for addr in addrs {
+                let mut plain = format!("bootplane-v2|script|{}:{server}|3:b/1", server.len());
+                if let Some(a) = addr {
+                    let text = a.to_canonical().to_string();
+                    plain.push_str(&format!("|addr|{}:{text}", text.len()));
+                }
+                plain.push_str("|1060");
+                let mut want = s.keyed.clone();
+                want.update(plain.as_bytes());
+                let got = s.mac(Purpose::Script, (&server, "b/1"), addr, 1060);
+                assert_eq!(
+                    got.finalize().into_bytes(),
+                    want.finalize().into_bytes(),
+                    "{len} {addr:?}"
+                );
+            }
+        }
     }
 
     #[test]
