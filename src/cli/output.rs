@@ -15,6 +15,8 @@ use std::cmp::Ordering;
 use anyhow::{bail, Result};
 use serde_json::Value;
 
+use super::table::text;
+
 /// Longest template accepted (bytes).
 const MAX_TEMPLATE: usize = 4096;
 /// Deepest `{range}` nesting accepted.
@@ -336,14 +338,6 @@ fn eval_steps<'a>(steps: &[Step], start: &'a Value) -> Vec<&'a Value> {
     vals
 }
 
-/// A value as kubectl prints it: strings raw, everything else as JSON.
-pub fn text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
 fn render_nodes(nodes: &[Node], root: &Value, cur: &Value, out: &mut String) {
     for n in nodes {
         match n {
@@ -447,18 +441,6 @@ fn cmp_values(a: Option<&Value>, b: Option<&Value>) -> Ordering {
         }
         (Some(x), Some(y)) if class(a) == class(b) => text(x).cmp(&text(y)),
         _ => class(a).cmp(&class(b)),
-    }
-}
-
-/// `k=v,k2=v2` (sorted), or `<none>`: the `--show-labels` column.
-pub fn labels_cell(o: &Value) -> String {
-    match o.pointer("/metadata/labels").and_then(Value::as_object) {
-        Some(m) if !m.is_empty() => {
-            let mut kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={}", text(v))).collect();
-            kv.sort();
-            kv.join(",")
-        }
-        _ => "<none>".into(),
     }
 }
 
@@ -618,7 +600,7 @@ mod tests {
         );
         assert_eq!(c.render(&items, true), "a   x,y\nb   <none>\n");
         assert!(Columns::parse("NAME").is_err());
-        assert_eq!(labels_cell(&items[1]), "a=2,z=1");
-        assert_eq!(labels_cell(&items[0]), "<none>");
+        assert_eq!(super::super::table::labels_cell(&items[1]), "a=2,z=1");
+        assert_eq!(super::super::table::labels_cell(&items[0]), "<none>");
     }
 }

@@ -71,6 +71,26 @@ pub fn printable(s: &str, keep_lines: bool) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
+/// A value as kubectl prints it: strings raw, everything else as JSON.
+pub fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `k=v,k2=v2` (sorted), or `<none>`: the `--show-labels` column.
+pub fn labels_cell(o: &Value) -> String {
+    match o.pointer("/metadata/labels").and_then(Value::as_object) {
+        Some(m) if !m.is_empty() => {
+            let mut kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={}", text(v))).collect();
+            kv.sort();
+            kv.join(",")
+        }
+        _ => "<none>".into(),
+    }
+}
+
 fn cell(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "<none>".into(),
@@ -162,7 +182,7 @@ impl Table {
                 Col::Age => age(o
                     .pointer("/metadata/creationTimestamp")
                     .and_then(Value::as_str)),
-                Col::Labels => super::output::labels_cell(o),
+                Col::Labels => labels_cell(o),
             })
             .map(|c| printable(&c, false).into_owned())
             .collect()

@@ -78,4 +78,5 @@ mod tftp_bad_input;
 mod tftp_clients;
 mod tftp_loss;
 mod tidy;
+mod tidy_files;
 mod ui_browser;

@@ -210,7 +210,7 @@ const ALLOWED_UNTIL_MERGED: &[(&str, &str, &str)] = &[];
 
 /// Rust source with comments and the contents of string and character literals blanked
 /// (newlines kept, so line numbers stay), so that only code is searched for paths.
-fn strip_code(src: &str) -> String {
+pub(super) fn strip_code(src: &str) -> String {
     let c: Vec<char> = src.chars().collect();
     let blank = |ch: char| if ch == '\n' { '\n' } else { ' ' };
     let is_ident = |ch: char| ch.is_alphanumeric() || ch == '_';
@@ -389,7 +389,7 @@ fn top_module(rel: &str) -> Option<String> {
 
 /// `(from, to) → every file:line where from names to`, over the files given as
 /// (repository-relative path, text), for the top-level `modules`.
-type Edges = std::collections::BTreeMap<(String, String), Vec<String>>;
+pub(super) type Edges = std::collections::BTreeMap<(String, String), Vec<String>>;
 
 fn module_edges(files: &[(String, String)], modules: &std::collections::BTreeSet<String>) -> Edges {
     let mut edges = Edges::new();
@@ -411,7 +411,7 @@ fn module_edges(files: &[(String, String)], modules: &std::collections::BTreeSet
 
 /// One cycle per strongly connected component of more than one module, each as
 /// `a → b (file:line) → ... → a`, shortest through the component's first module.
-fn cycles(edges: &Edges) -> Vec<String> {
+pub(super) fn cycles(edges: &Edges) -> Vec<String> {
     use std::collections::{BTreeMap, BTreeSet, VecDeque};
     let mut next: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for (from, to) in edges.keys() {
@@ -503,7 +503,7 @@ fn serve_refs(files: &[(String, String)]) -> Vec<String> {
 }
 
 /// Every `.rs` file under `dirs` (relative to the crate root), as (relative path, text).
-fn rust_files(dirs: &[&str]) -> Vec<(String, String)> {
+pub(super) fn rust_files(dirs: &[&str]) -> Vec<(String, String)> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
         let Ok(rd) = std::fs::read_dir(dir) else {
             return;

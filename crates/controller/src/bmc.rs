@@ -67,14 +67,7 @@ pub struct BmcControllers {
     events: crate::store::events::Recorder,
 }
 
-/// How the BMCs' systems become Servers (`[discovery]`).
-#[derive(Debug, Clone)]
-pub struct Discover {
-    /// BMC addresses whose Servers need no approval (`discovery.approved_bmcs`).
-    pub approved: crate::discovery::settings::ApprovedBmcs,
-    /// Most Servers naming one BMC (`discovery.max_systems_per_bmc`).
-    pub max_systems: usize,
-}
+pub use crate::discovery::settings::Discover;
 
 /// What one look at a BMC found.
 #[derive(Default)]

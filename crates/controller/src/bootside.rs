@@ -557,7 +557,7 @@ impl StoreBootIndex {
     }
 
     /// What the server's boot configuration says it boots; `boot_id` is set to
-    /// [`super::server::claimed_boot_id`] when there is one (signed tokens are bound to it, so they die
+    /// [`super::powerstate::claimed_boot_id`] when there is one (signed tokens are bound to it, so they die
     /// with the claim, a change of the configuration or a power cycle).
     fn boot_state(
         &self,
@@ -601,7 +601,7 @@ impl StoreBootIndex {
             );
         };
         let b: ServerBootConfiguration = read(&sbc);
-        *boot_id = super::server::claimed_boot_id(sv, &b);
+        *boot_id = super::powerstate::claimed_boot_id(sv, &b);
         match b.status.state {
             Some(BootConfigurationState::Ready) => {}
             Some(BootConfigurationState::Error) => {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::server::record_power;
+use super::powerstate::record_power;
 use super::{set_condition, Controllers, Next};
 use crate::model::views::{condition, ConditionStatus, PowerState, Server, ServerState};
 use crate::power::Power;
@@ -99,7 +99,7 @@ async fn record_attempt(c: &Controllers, s: &Server, n: u32) -> Result<Arc<Value
         // the earlier attempts' die with the old one).
         "annotations": {
             ATTEMPT_ANNOTATION: format!("{n} {}", unix_now()),
-            super::server::BOOT_GENERATION_ANNOTATION: super::server::generation_before_reset(s),
+            super::powerstate::BOOT_GENERATION_ANNOTATION: super::powerstate::generation_before_reset(s),
         },
     }});
     c.store

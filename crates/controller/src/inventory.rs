@@ -43,12 +43,12 @@ pub const DISCOVERED: &str = "Discovered";
 pub const QUEUE: usize = 1024;
 
 /// The `boot_id` of a Server's discovery boot: its uid (new for a re-created Server)
-/// and its boot generation (new for each attempt, [`super::server::boot_generation`]).
+/// and its boot generation (new for each attempt, [`super::powerstate::boot_generation`]).
 pub fn boot_id(server: &Value) -> String {
     format!(
         "discovery/{}/{}",
         meta::uid(server),
-        super::server::boot_generation(&read(server)).0
+        super::powerstate::boot_generation(&read(server)).0
     )
 }
 

@@ -20,6 +20,7 @@ pub mod claim;
 pub mod discovery;
 pub mod firstboot;
 pub mod inventory;
+pub mod powerstate;
 #[path = "provisioning.bootplane.dev/mod.rs"]
 pub mod provisioning;
 pub mod runtime;

@@ -3,8 +3,9 @@
 //! the values they take and give.
 //!
 //! Two engines implement it: redb ([`super::kv::Kv`], one appliance) and etcd
-//! ([`super::etcd::EtcdKv`], several); [`Backend`] is the one the store runs on,
-//! chosen by `[store] backend`. What a backend must provide, as etcd does:
+//! ([`super::etcd::EtcdKv`], several); [`super::engine::Backend`] is the one the store
+//! runs on, chosen by `[store] backend`. Both engines build on this file, and it on
+//! neither. What a backend must provide, as etcd does:
 //! - one global revision, bumped once per committed transaction; each key records
 //!   the revision that created it and the one that last modified it (`mod_rev`);
 //! - `get` of a key and `range` of a prefix (in key order, with the revision read at);
@@ -17,17 +18,15 @@
 //!   (kube's etcd3 versioner; the redb engine writes it at commit, the etcd backend
 //!   stamps it on read).
 //!
-//! Cost: [`super::Store`] is generic over the backend (default [`Backend`], an enum
-//! of the two: one predictable branch per call, no boxing, no extra copy).
+//! Cost: [`super::Store`] is generic over the backend (default
+//! [`super::engine::Backend`], an enum of the two: one predictable branch per call, no
+//! boxing, no extra copy).
 
 use std::future::Future;
 use std::sync::Arc;
 
 use serde_json::Value;
 
-#[cfg(feature = "etcd")]
-use super::etcd::EtcdKv;
-use super::kv::{Kv, Watch};
 use super::seal::Sealing;
 
 /// A global revision (etcd's `revision`).
@@ -226,101 +225,4 @@ pub struct TxnResult {
     pub rev: Rev,
     pub kvs: Vec<Option<KeyValue>>,
     pub values: Vec<Option<Arc<Value>>>,
-}
-
-/// The engine a store runs on (`[store] backend`). Both serve reads and watches
-/// from the same in-memory state type, so they share the watch type.
-#[derive(Clone)]
-pub enum Backend {
-    Embedded(Kv),
-    #[cfg(feature = "etcd")]
-    Etcd(EtcdKv),
-}
-
-#[cfg(feature = "etcd")]
-impl Backend {
-    /// A clone whose every write also requires `fence` (etcd only: an embedded
-    /// store has one appliance and no elections, so it is returned as is).
-    pub fn fenced(&self, fence: super::etcd::Fence) -> Backend {
-        match self {
-            Backend::Embedded(k) => Backend::Embedded(k.clone()),
-            Backend::Etcd(e) => Backend::Etcd(e.fenced(fence)),
-        }
-    }
-}
-
-impl KvBackend for Backend {
-    type Watch = Watch;
-
-    #[inline]
-    fn revision(&self) -> Rev {
-        match self {
-            Backend::Embedded(k) => k.revision(),
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(e) => KvBackend::revision(e),
-        }
-    }
-
-    #[inline]
-    fn get(&self, key: &str) -> Option<KeyValue> {
-        match self {
-            Backend::Embedded(k) => k.get(key),
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(e) => KvBackend::get(e, key),
-        }
-    }
-
-    #[inline]
-    fn range(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
-        match self {
-            Backend::Embedded(k) => k.list(prefix),
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(e) => KvBackend::range(e, prefix),
-        }
-    }
-
-    #[inline]
-    fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, f: F) -> Rev {
-        match self {
-            Backend::Embedded(k) => k.scan(prefix, f),
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(e) => KvBackend::scan(e, prefix, f),
-        }
-    }
-
-    async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
-        let started = std::time::Instant::now();
-        let r = match self {
-            Backend::Embedded(k) => k.txn(ops).await,
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(e) => e.txn(ops).await,
-        };
-        super::metrics::global().observe(r.as_ref(), started.elapsed());
-        r
-    }
-
-    #[inline]
-    fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
-        match self {
-            Backend::Embedded(k) => k.watch(prefix, from),
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(e) => e.watch(prefix, from),
-        }
-    }
-
-    fn close(&self) {
-        match self {
-            Backend::Embedded(k) => k.close(),
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(e) => e.close(),
-        }
-    }
-
-    fn sealing(&self) -> &Sealing {
-        match self {
-            Backend::Embedded(k) => k.sealing(),
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(e) => e.sealing(),
-        }
-    }
 }

@@ -16,6 +16,7 @@
 //! read update against it ([`Store::update_status`], [`Store::update_from`]).
 
 pub mod backend;
+pub mod engine;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod events;
@@ -36,12 +37,12 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-pub use backend::Backend;
 use backend::{KvBackend, KvWatch};
 use bootplane_model::meta;
 use bootplane_model::registry::{Registry, ResourceType};
 use bootplane_model::schema::{FieldError, Reason};
 use bootplane_model::selector::Selector;
+pub use engine::Backend;
 use kv::{Compare, EventKind, Kv, KvError, Op, Rev};
 pub use modify::{retry_on_conflict, Modified};
 use validate::{err_invalid, field};

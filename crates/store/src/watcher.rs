@@ -37,8 +37,8 @@ use std::time::Duration;
 use futures::Stream;
 use serde_json::Value;
 
-use super::backend::Backend;
 use super::backend::{KvBackend, KvWatch};
+use super::engine::Backend;
 use super::kv::Rev;
 use super::{ObjectEvent, ObjectWatch, Objects, Store, StoreError};
 use bootplane_model::registry::ResourceType;

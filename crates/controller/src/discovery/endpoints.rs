@@ -62,12 +62,7 @@ pub const PINNED: &str = "AddressPinned";
 /// The condition saying whether an Endpoint may be sent credentials.
 pub const APPROVED: &str = "Approved";
 
-/// How many Endpoints discovery may create per interval.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cap {
-    pub max: u32,
-    pub interval: Duration,
-}
+pub use super::settings::Cap;
 
 /// The current interval of a [`Cap`]: when it began, how many were created in it, and
 /// whether its warning was logged.

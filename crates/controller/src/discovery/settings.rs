@@ -141,16 +141,16 @@ impl DiscoveryConfig {
 
     /// What the BMC reconciler registers Servers with: the approved addresses and the
     /// cap on Servers per BMC.
-    pub fn systems_policy(&self) -> Result<crate::bmc::Discover> {
-        Ok(crate::bmc::Discover {
+    pub fn systems_policy(&self) -> Result<Discover> {
+        Ok(Discover {
             approved: self.approved()?,
             max_systems: self.max_systems_per_bmc as usize,
         })
     }
 
     /// The cap on Endpoints created from management leases.
-    pub fn cap(&self) -> super::endpoints::Cap {
-        super::endpoints::Cap {
+    pub fn cap(&self) -> Cap {
+        Cap {
             max: self.max_new_endpoints,
             interval: std::time::Duration::from_secs(self.new_endpoints_interval_secs),
         }
@@ -174,6 +174,22 @@ impl ApprovedBmcs {
         ip.parse()
             .is_ok_and(|ip| self.0.iter().any(|m| m.contains(ip)))
     }
+}
+
+/// How the BMCs' systems become Servers (`[discovery]`).
+#[derive(Debug, Clone)]
+pub struct Discover {
+    /// BMC addresses whose Servers need no approval (`discovery.approved_bmcs`).
+    pub approved: ApprovedBmcs,
+    /// Most Servers naming one BMC (`discovery.max_systems_per_bmc`).
+    pub max_systems: usize,
+}
+
+/// How many Endpoints discovery may create per interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cap {
+    pub max: u32,
+    pub interval: std::time::Duration,
 }
 
 #[cfg(test)]

@@ -69,14 +69,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::core::Reply;
-use super::leases::{holds, may_replace, Change, Lease, LeaseIndex, LeaseState, LeaseTable};
+use super::leases::{
+    holds, may_replace, Change, Lease, LeaseIndex, LeaseState, LeaseTable, Verdict,
+};
 use super::metrics::Metrics;
 use crate::model::ident::{parse_mac, Mac, MacFmt};
 use crate::shutdown::Shutdown;
 use crate::store::settings::EtcdConfig;
 use crate::sys::unix_now;
-
-pub use super::ledger::Verdict;
 
 /// Seconds another MAC's lease keeps its address past its expiry: room for the
 /// appliances' clocks to disagree (they decide expiry each by their own clock).

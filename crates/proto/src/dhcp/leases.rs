@@ -571,6 +571,20 @@ impl LeaseTable {
     }
 }
 
+/// What becomes of an ACK once its commit has ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Its lease is durable: send it.
+    Send,
+    /// Another appliance's client holds the address: a NAK instead.
+    Nak,
+    /// etcd is unreachable and the mirror shows this client's lease with this many
+    /// seconds left: send it with that lease time.
+    Renewal(u32),
+    /// No answer (the client retransmits).
+    Drop,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,19 +25,7 @@ use crate::model::ident::Mac;
 #[cfg(not(feature = "etcd"))]
 pub enum MirrorMsg {}
 
-/// What becomes of an ACK once its commit has ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Its lease is durable: send it.
-    Send,
-    /// Another appliance's client holds the address: a NAK instead.
-    Nak,
-    /// etcd is unreachable and the mirror shows this client's lease with this many
-    /// seconds left: send it with that lease time.
-    Renewal(u32),
-    /// No answer (the client retransmits).
-    Drop,
-}
+pub use super::leases::Verdict;
 
 /// Where lease changes are made durable.
 pub enum Ledger {

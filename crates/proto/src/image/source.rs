@@ -1,11 +1,12 @@
-//! Image sources: a local path, `http://` (Range requests), `nfs://host/export/path`.
+//! Image sources: what a source is ([`Source`]), a local path and `http://` (Range
+//! requests); `nfs://host/export/path` is [`super::nfs`], and [`super::spec`] picks one for
+//! a spec.
 //!
 //! Every source is read sequentially from an offset (resume starts mid-file), so the
 //! interface is "length, and a reader from offset N".
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::{PResult, ProvisionError};
@@ -38,47 +39,6 @@ pub fn shown(spec: &str) -> String {
     let (authority, path) = rest.split_at(authority_end);
     let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     format!("{head}{host}{path}{query}")
-}
-
-/// Open a source by its spec (path or URL).
-pub fn open(spec: &str) -> PResult<Arc<dyn Source>> {
-    if spec.starts_with("http://") || spec.starts_with("https://") {
-        Ok(Arc::new(HttpSource::open(spec)?))
-    } else if spec.starts_with("nfs://") {
-        Ok(Arc::new(super::nfs::NfsSource::open(spec)?))
-    } else {
-        Ok(Arc::new(LocalSource::open(spec)?))
-    }
-}
-
-/// Read a small object (a manifest) at `spec`; `Ok(None)` when it does not exist.
-pub fn fetch_small(spec: &str, max: u64) -> PResult<Option<Vec<u8>>> {
-    if spec.starts_with("http://") || spec.starts_with("https://") {
-        return HttpSource::fetch_small(spec, max);
-    }
-    let src: Arc<dyn Source> = if spec.starts_with("nfs://") {
-        match super::nfs::NfsSource::open(spec) {
-            Ok(s) => Arc::new(s),
-            Err(ProvisionError::Source(m)) if m.contains("not found") => return Ok(None),
-            Err(e) => return Err(e),
-        }
-    } else {
-        match File::open(spec) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            _ => Arc::new(LocalSource::open(spec)?),
-        }
-    };
-    if src.len().is_some_and(|l| l > max) {
-        return Err(ProvisionError::Manifest(format!(
-            "{spec} is larger than {max} bytes"
-        )));
-    }
-    let mut v = Vec::new();
-    src.open_at(0)?
-        .take(max + 1)
-        .read_to_end(&mut v)
-        .map_err(|e| ProvisionError::Source(format!("reading {spec}: {e}")))?;
-    Ok(Some(v))
 }
 
 pub struct LocalSource {
@@ -172,7 +132,7 @@ impl HttpSource {
         })
     }
 
-    fn fetch_small(url: &str, max: u64) -> PResult<Option<Vec<u8>>> {
+    pub(super) fn fetch_small(url: &str, max: u64) -> PResult<Option<Vec<u8>>> {
         let shown = shown(url);
         match agent().get(url).call() {
             Ok(r) => {
@@ -253,7 +213,7 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains(&format!("127.0.0.1:{port}/disk.img")), "{msg}");
         assert!(!msg.contains("hunter2") && !msg.contains("s3cr3t"), "{msg}");
-        let e = fetch_small(&url, 1024).expect_err("nothing listens there");
+        let e = HttpSource::fetch_small(&url, 1024).expect_err("nothing listens there");
         let msg = e.to_string();
         assert!(!msg.contains("hunter2") && !msg.contains("s3cr3t"), "{msg}");
     }

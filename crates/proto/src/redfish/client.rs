@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use super::parse::{self, TaskProgress};
-use super::transport::{self, Auth, Failure, Req, Resp};
+use super::transport::{self, Auth, Counters, Failure, Line, Req, Resp};
 use super::types::*;
 
 /// Per-BMC request counters (tests and the benchmark read them).
@@ -109,13 +109,6 @@ impl AuthBudget {
         self.credentials = credentials;
         self.refused.clear();
     }
-}
-
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) requests: u64,
-    pub(super) in_flight: u64,
-    pub(super) max_in_flight: u64,
 }
 
 fn client(settings: &Settings, insecure: bool) -> Result<reqwest::Client, Error> {
@@ -217,6 +210,23 @@ const ROOT: &str = "/redfish/v1/";
 pub const MAX_NICS: usize = 64;
 
 impl Bmc {
+    /// What one attempt on this BMC needs (its client, limits and counters).
+    fn line(&self) -> Line<'_> {
+        let (pool, shared) = (&self.inner.pool, &self.inner.shared);
+        Line {
+            client: if self.inner.target.insecure {
+                &pool.insecure
+            } else {
+                &pool.verified
+            },
+            timeout: pool.settings.timeout,
+            base_url: &self.inner.target.base_url,
+            bmc_limit: &shared.limit,
+            global: &pool.global,
+            counters: &shared.counters,
+        }
+    }
+
     pub async fn service_root(&self) -> Result<ServiceRoot, Error> {
         let (v, _) = self.get(ROOT).await?;
         Ok(parse::service_root(&v))
@@ -625,7 +635,7 @@ impl Bmc {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let f = match transport::send(&self.inner, req, auth).await {
+            let f = match transport::send(self.line(), req, auth).await {
                 Ok(resp) => return Ok(resp),
                 Err(f) => f,
             };

@@ -11,9 +11,27 @@ use reqwest::header::{HeaderMap, ACCEPT, AUTHORIZATION, CONTENT_TYPE, IF_MATCH};
 use reqwest::Method;
 use serde_json::Value;
 
-use super::client::{BmcInner, Counters};
 use super::parse;
 use super::types::{Error, Password, Settings};
+
+/// Requests sent to one BMC and how many are in flight.
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) requests: u64,
+    pub(super) in_flight: u64,
+    pub(super) max_in_flight: u64,
+}
+
+/// What one attempt on a BMC needs: the HTTP client for its certificate policy, the
+/// request timeout, its address, the permits (per BMC, then global) and its counters.
+pub(super) struct Line<'a> {
+    pub(super) client: &'a reqwest::Client,
+    pub(super) timeout: Duration,
+    pub(super) base_url: &'a str,
+    pub(super) bmc_limit: &'a tokio::sync::Semaphore,
+    pub(super) global: &'a tokio::sync::Semaphore,
+    pub(super) counters: &'a std::sync::Mutex<Counters>,
+}
 
 /// The largest response body read; a bigger one is [`Error::Malformed`].
 pub(super) const MAX_BODY: usize = 1 << 20;
@@ -141,22 +159,17 @@ fn url_of(base: &str, path: &str) -> Result<String, Failure> {
 
 /// One attempt: permits (per BMC first, then global), counters, the request, the
 /// bounded body; a status >= 400 becomes a [`Failure`].
-pub(super) async fn send(bmc: &BmcInner, req: &Req<'_>, auth: &Auth) -> Result<Resp, Failure> {
-    let settings = &bmc.pool.settings;
-    let url = url_of(&bmc.target.base_url, req.path)?;
+pub(super) async fn send(line: Line<'_>, req: &Req<'_>, auth: &Auth) -> Result<Resp, Failure> {
+    let url = url_of(line.base_url, req.path)?;
     let closed = |_| fail(Error::Unreachable("client shut down".into()), false);
-    let _bmc_permit = bmc.shared.limit.acquire().await.map_err(closed)?;
-    let _global_permit = bmc.pool.global.acquire().await.map_err(closed)?;
-    let _in_flight = InFlight::enter(&bmc.shared.counters);
+    let _bmc_permit = line.bmc_limit.acquire().await.map_err(closed)?;
+    let _global_permit = line.global.acquire().await.map_err(closed)?;
+    let _in_flight = InFlight::enter(line.counters);
 
-    let client = if bmc.target.insecure {
-        &bmc.pool.insecure
-    } else {
-        &bmc.pool.verified
-    };
+    let client = line.client;
     let mut rb = client
         .request(req.method.clone(), url)
-        .timeout(settings.timeout)
+        .timeout(line.timeout)
         .header(ACCEPT, "application/json");
     match auth {
         Auth::None => {}
@@ -174,10 +187,10 @@ pub(super) async fn send(bmc: &BmcInner, req: &Req<'_>, auth: &Auth) -> Result<R
     let resp = rb
         .send()
         .await
-        .map_err(|e| transport_failure(&e, settings.timeout))?;
+        .map_err(|e| transport_failure(&e, line.timeout))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let body = read_bounded(resp, settings.timeout).await?;
+    let body = read_bounded(resp, line.timeout).await?;
     if status < 400 {
         return Ok(Resp {
             status,

@@ -49,6 +49,7 @@ use super::format::{self, Manifest};
 use super::hash::ResumableSha256;
 use super::progress::Progress;
 use super::source::{self, Source};
+use super::spec;
 use super::target::{Pool, PooledBuf, Target, TargetKind};
 
 mod checkpoint;
@@ -210,7 +211,7 @@ struct Plan {
 }
 
 fn plan(opts: &Options) -> PResult<Plan> {
-    let src = source::open(&opts.source)?;
+    let src = spec::open(&opts.source)?;
     let want = match &opts.sha256 {
         Some(h) => Some(format::parse_sha256(h).ok_or_else(|| {
             ProvisionError::Usage(format!("--sha256 {h:?} is not 64 hex digits"))
@@ -219,10 +220,10 @@ fn plan(opts: &Options) -> PResult<Plan> {
     };
     let mbytes = match &opts.manifest {
         Some(m) => Some(
-            source::fetch_small(m, 64 << 20)?
+            spec::fetch_small(m, 64 << 20)?
                 .ok_or_else(|| ProvisionError::Manifest(format!("{m} not found")))?,
         ),
-        None => source::fetch_small(&format!("{}.manifest.json", opts.source), 64 << 20)?,
+        None => spec::fetch_small(&format!("{}.manifest.json", opts.source), 64 << 20)?,
     };
     if let Some(b) = mbytes {
         let m = Manifest::parse(&b).map_err(|e| ProvisionError::Manifest(e.0))?;
