@@ -8,6 +8,10 @@
 //! must be shared across tests (a build cached under `CARGO_TARGET_TMPDIR`) is guarded
 //! by a file lock, never by a static alone (`support::data::cache_lock`).
 //!
+//! The modules that need the store on etcd (a cluster, the etcd engine, the DHCP ledger
+//! on etcd) build only with the `etcd` feature (the default), so `cargo check
+//! --no-default-features --all-targets` compiles without etcd's client.
+//!
 //! The one test that cannot live here: `tests/store_list_memory.rs` installs its own
 //! global allocator to count bytes, so it is a binary of its own.
 
@@ -22,11 +26,14 @@ mod boot_store;
 mod cli_config;
 mod cli_kubectl;
 mod cli_packaging;
+#[cfg(feature = "etcd")]
 mod cluster;
+#[cfg(feature = "etcd")]
 mod cluster_dhcp;
 mod controller_api;
 mod dhcp_boot_identity;
 mod dhcp_clients;
+#[cfg(feature = "etcd")]
 mod dhcp_ledger;
 mod dhcp_proxy;
 mod dhcp_store;
@@ -34,6 +41,7 @@ mod discovery_flow;
 mod discovery_image;
 mod discovery_mgmt;
 mod discovery_sushy;
+#[cfg(feature = "etcd")]
 mod e2e_cluster;
 mod e2e_discovery;
 mod e2e_firmware;
@@ -72,6 +80,7 @@ mod s390x_flow;
 mod secrets_at_rest;
 mod state_dir;
 mod status_validation;
+#[cfg(feature = "etcd")]
 mod store_etcd;
 mod tftp_abuse;
 mod tftp_bad_input;

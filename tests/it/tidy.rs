@@ -67,6 +67,7 @@ fn exported_names() -> Vec<String> {
             seal: &sealed,
             management: Some((&dhcp, &Default::default())),
             redfish: Some(&redfish),
+            #[cfg(feature = "etcd")]
             leader: Some((&Default::default(), &["metal"][..])),
         },
     );
