@@ -1003,6 +1003,8 @@ const CRATE_LAYERS: &[(&str, u8)] = &[
     ("bootplane-store", 1),
     ("bootplane-proto", 2),
     ("bootplane-controller", 3),
+    ("bootplane-api", 4),
+    ("bootplane-cli", 4),
     ("bootplane", 9),
 ];
 

@@ -1,4 +1,4 @@
-//! The web dashboard (`/ui/`, src/api/ui) in Debian's headless Chromium, driven through
+//! The web dashboard (`/ui/`, crates/api/src/ui) in Debian's headless Chromium, driven through
 //! chromedriver (tests/support/webdriver.rs): sign in with the bootstrap token, see the
 //! registered servers, apply a claim through the API and watch its row change without a
 //! reload, play a machine's boot against the boot listener (curl from the machine's

@@ -48,6 +48,8 @@ pub const MOVED_TARGETS: &[(&str, &str)] = &[
     ("bootplane::tftp", "bootplane_proto::tftp"),
     ("bootplane::tls", "bootplane_proto::tls"),
     ("bootplane::controller", "bootplane_controller"),
+    ("bootplane::api", "bootplane_api"),
+    ("bootplane::cli", "bootplane_cli"),
 ];
 
 /// The directives of a filter: split at the commas outside `[...]` and `{...}` (a span's
@@ -239,7 +241,11 @@ mod tests {
             ["bootplane_store[commit{a=1,b=2}]=debug"]
         );
         assert_eq!(moved_twins("bootplane::http"), ["bootplane_proto::http"]);
-        assert!(moved_twins("info,bootplane::api=debug").is_empty());
+        assert!(moved_twins("info,bootplane::serve=debug").is_empty());
+        assert_eq!(
+            moved_twins("bootplane::api::audit=debug"),
+            ["bootplane_api::audit=debug"]
+        );
         assert_eq!(
             moved_twins("bootplane::controller::bmc=debug"),
             ["bootplane_controller::bmc=debug"]

@@ -1,5 +1,8 @@
 //! The command-line client (`apply`, `get`, `delete`, `patch`, `label`, `annotate`,
-//! `edit`) that talks to the REST API, with kubectl's habits.
+//! `edit`) that talks to the REST API, with kubectl's habits (the `bootplane-cli` crate,
+//! the fifth layer beside the API: re-exported by the `bootplane` package as
+//! `bootplane::cli`; it builds on the model and the protocol crate only, and speaks to
+//! the API over HTTP, never through its code).
 //!
 //! It finds the API and its credentials from the flags, the client config's context
 //! ([`config`], kubeconfig-like) or the local state dir (`api-token`, `tls/ca.crt`): the
@@ -769,3 +772,7 @@ pub fn delete(a: DeleteArgs) -> Result<u8> {
     }
     Ok(if failed > 0 { 1 } else { 0 })
 }
+
+// The layers below, under the module names the CLI's files have always used.
+use bootplane_model as model;
+use bootplane_proto::{decode, ignition, provision, statedir, sys, tls};

@@ -1,6 +1,6 @@
 //! Unit tests of `api::auth`: verb and resource derivation, role matching, tokens.
 use super::*;
-use crate::api::authz::{RoleConfig, Roles, RuleConfig};
+use crate::authz::{RoleConfig, Roles, RuleConfig};
 use axum::http::Method;
 
 fn attrs(m: &str, path: &str) -> Attrs {
