@@ -1,5 +1,6 @@
 //! The few system calls the agent needs beyond files: uname (architecture),
-//! getifaddrs (IP addresses per interface), if_nametoindex, and the power-off.
+//! getifaddrs (IP addresses per interface), if_nametoindex, the power-off, and draining
+//! the console before PID 1 exits.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
@@ -72,6 +73,26 @@ pub fn interface_addresses() -> BTreeMap<String, Vec<String>> {
     // SAFETY: head came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
     out
+}
+
+/// The longest wait for the console to send what was written to it.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Wait until what this process wrote to its standard output and error has left the
+/// terminal they are (the serial console in the discovery image), for at most
+/// [`DRAIN_LIMIT`]: a console held by flow control must not keep a machine from
+/// rebooting. Nothing happens when they are not terminals.
+pub fn drain_console() {
+    let (done, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for fd in [1, 2] {
+            // SAFETY: tcdrain takes a descriptor only; on one that is not a terminal it
+            // fails (ENOTTY, EBADF) and does nothing.
+            unsafe { libc::tcdrain(fd) };
+        }
+        let _ = done.send(());
+    });
+    let _ = wait.recv_timeout(DRAIN_LIMIT);
 }
 
 /// Flush the file systems and power the machine off (PID 1 in the discovery image).
