@@ -649,9 +649,9 @@ impl Engine {
     }
 }
 
-/// Count how a transfer ended.
+/// Count how a transfer ended, then that it is no longer active: whoever sees the active
+/// gauge drop sees the outcome counted already.
 fn account(m: &Metrics, peer: SocketAddr, started: Instant, result: io::Result<Outcome>) {
-    m.transfers_active.dec();
     match result {
         Ok(Outcome::Complete) => {
             m.transfers_completed.inc();
@@ -682,6 +682,7 @@ fn account(m: &Metrics, peer: SocketAddr, started: Instant, result: io::Result<O
             }
         }
     }
+    m.transfers_active.dec();
 }
 
 fn epoll_ctl(ep: &OwnedFd, op: i32, fd: RawFd, events: i32, token: u64) -> io::Result<()> {
