@@ -274,7 +274,7 @@ fn generic_and_per_machine_iso_boot_and_fetch_their_scripts() {
                 let sv: Value =
                     serde_json::from_str(&lab.cli(&["get", "server", server, "-o", "json"], None))
                         .unwrap();
-                boot_ids.push(bootplane::controller::server::claimed_boot_id(
+                boot_ids.push(bootplane::controller::powerstate::claimed_boot_id(
                     &bootplane::model::views::read(&sv),
                     &bootplane::model::views::read(&s),
                 ));

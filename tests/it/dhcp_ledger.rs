@@ -17,8 +17,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use bootplane::dhcp::cluster::{self, Intent, Keys, Known, MirrorMsg, Outcome, Writer};
+use bootplane::dhcp::leases::Verdict;
 use bootplane::dhcp::leases::{Lease, LeaseIndex, LeaseState, LeaseTable};
-use bootplane::dhcp::ledger::Verdict;
 use bootplane::dhcp::settings::Subnet;
 use bootplane::dhcp::{Metrics, Reply, ReplyKind};
 use bootplane::shutdown::Coordinator;

@@ -368,7 +368,7 @@ impl Bootplane {
                     .and_then(Value::as_str)
                     .unwrap_or("default");
                 let sbc = self.get(&format!("{}/{n}", sbcs(ns)));
-                bootplane::controller::server::claimed_boot_id(
+                bootplane::controller::powerstate::claimed_boot_id(
                     &bootplane::model::views::read(&s),
                     &bootplane::model::views::read(&sbc),
                 )

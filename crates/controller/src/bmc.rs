@@ -67,7 +67,7 @@ pub struct BmcControllers {
     events: crate::store::events::Recorder,
 }
 
-pub use crate::discovery::settings::Discover;
+use crate::discovery::settings::Discover;
 
 /// What one look at a BMC found.
 #[derive(Default)]

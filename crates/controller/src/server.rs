@@ -25,10 +25,9 @@ use serde_json::{json, Value};
 
 use super::{claim_ref, set_condition, Controllers, Next};
 // The boot generation and the power answers live one room down (the first boot shares
-// them); re-exported here, where they are used most and were read before.
-pub use super::powerstate::{
-    boot_generation, claimed_boot_id, generation_after_power, generation_before_reset,
-    record_power, BOOT_GENERATION_ANNOTATION,
+// them).
+use super::powerstate::{
+    generation_after_power, generation_before_reset, record_power, BOOT_GENERATION_ANNOTATION,
 };
 use crate::model::views::{
     condition, read, BootConfigurationState, ConditionStatus, PowerState, ReclaimPolicy, Server,

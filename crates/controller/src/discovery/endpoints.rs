@@ -62,7 +62,7 @@ pub const PINNED: &str = "AddressPinned";
 /// The condition saying whether an Endpoint may be sent credentials.
 pub const APPROVED: &str = "Approved";
 
-pub use super::settings::Cap;
+use super::settings::Cap;
 
 /// The current interval of a [`Cap`]: when it began, how many were created in it, and
 /// whether its warning was logged.

@@ -25,7 +25,7 @@ use crate::model::ident::Mac;
 #[cfg(not(feature = "etcd"))]
 pub enum MirrorMsg {}
 
-pub use super::leases::Verdict;
+use super::leases::Verdict;
 
 /// Where lease changes are made durable.
 pub enum Ledger {

@@ -60,7 +60,8 @@ pub use self::settings::{DhcpConfig, DhcpMode, DhcpSettings, Reservation};
 
 use self::core::{PXE_PORT, SERVER_PORT};
 use self::grants::Reporter;
-use self::ledger::{Done, Ledger, Verdict};
+use self::leases::Verdict;
+use self::ledger::{Done, Ledger};
 use self::persist::LeaseLog;
 use crate::model::ident::Mac;
 use crate::shutdown::Shutdown;
