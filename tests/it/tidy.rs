@@ -308,65 +308,130 @@ pub(super) fn strip_code(src: &str) -> String {
     out
 }
 
+/// A path in stripped code: its segments from the root on (`crate`, `super`, `self` or a
+/// crate's name), where it starts, and its 1-based line.
+pub(super) struct PathRef {
+    pub(super) segs: Vec<String>,
+    pub(super) at: usize,
+    pub(super) line: usize,
+}
+
+/// Every path starting with one of `roots` in stripped code. A chain (`super::super::x`)
+/// is one path; a group (`root::{a, b::c, d::{..}, self}`) gives one path per member at
+/// depth 1, the prefix included: `[root, a]`, `[root, b, c]`, `[root, d]`, `[root]`.
+pub(super) fn path_refs(code: &str, roots: &[&str]) -> Vec<PathRef> {
+    let b = code.as_bytes();
+    let ident = |ch: u8| ch.is_ascii_alphanumeric() || ch == b'_';
+    let line = |at: usize| 1 + b[..at].iter().filter(|&&ch| ch == b'\n').count();
+    // Identifiers joined by `::` from `p`: (segments, end, whether a `{` follows).
+    let read_path = |mut p: usize| {
+        let mut segs = Vec::new();
+        loop {
+            while p < b.len() && b[p].is_ascii_whitespace() {
+                p += 1;
+            }
+            if b.get(p) == Some(&b'{') {
+                return (segs, p, true);
+            }
+            let s = p;
+            while p < b.len() && ident(b[p]) {
+                p += 1;
+            }
+            if s == p {
+                return (segs, p, false);
+            }
+            segs.push(code[s..p].to_string());
+            if !code[p..].starts_with("::") {
+                return (segs, p, false);
+            }
+            p += 2;
+        }
+    };
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < b.len() {
+        // A root starts a path when no identifier or `::` runs into it.
+        let starts = (at == 0 || !(ident(b[at - 1]) || b[at - 1] == b':'))
+            && roots
+                .iter()
+                .any(|r| code[at..].starts_with(r) && code[at + r.len()..].starts_with("::"));
+        if !starts {
+            at += 1;
+            continue;
+        }
+        let (prefix, end, group) = read_path(at);
+        if !group {
+            out.push(PathRef {
+                segs: prefix,
+                at,
+                line: line(at),
+            });
+            at = end;
+            continue;
+        }
+        // The members at depth 1: each starts right after the `{` or a comma.
+        let close = brace_end(b, end);
+        let mut p = end + 1;
+        while p < close {
+            let (member, e, nested) = read_path(p);
+            if !member.is_empty() {
+                let mut segs = prefix.clone();
+                if member[0] != "self" {
+                    segs.extend(member);
+                }
+                let at = p
+                    + (b[p..]
+                        .iter()
+                        .take_while(|c| c.is_ascii_whitespace())
+                        .count());
+                out.push(PathRef {
+                    segs,
+                    at,
+                    line: line(at),
+                });
+            }
+            // On to the comma after this member (past a nested group).
+            p = if nested {
+                brace_end(b, e) + 1
+            } else {
+                e.max(p + 1)
+            };
+            while p < close && b[p] != b',' {
+                p += 1;
+            }
+            p += 1;
+        }
+        at = close.max(at + 1);
+    }
+    out
+}
+
+/// The index of the `}` closing the `{` at `open` (the end of the code when none does).
+pub(super) fn brace_end(b: &[u8], open: usize) -> usize {
+    let mut depth = 0;
+    for (i, &ch) in b.iter().enumerate().skip(open) {
+        match ch {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i;
+                }
+            }
+            _ => {}
+        }
+    }
+    b.len()
+}
+
 /// The names following `ROOT::` in stripped code, with their 1-based lines: the first
 /// segment of every `ROOT::x::...` path and each top-level member of a
 /// `ROOT::{x, y::z, w::{..}}` group.
 fn root_refs(code: &str, root: &str) -> Vec<(String, usize)> {
-    let b = code.as_bytes();
-    let ident = |ch: u8| ch.is_ascii_alphanumeric() || ch == b'_';
-    let line = |at: usize| 1 + b[..at].iter().filter(|&&ch| ch == b'\n').count();
-    let read_ident = |mut p: usize| {
-        let s = p;
-        while p < b.len() && ident(b[p]) {
-            p += 1;
-        }
-        (code[s..p].to_string(), p)
-    };
-    let pat = format!("{root}::");
-    let mut out = Vec::new();
-    let mut from = 0;
-    while let Some(k) = code[from..].find(&pat) {
-        let at = from + k;
-        from = at + pat.len();
-        if at > 0 && ident(b[at - 1]) {
-            continue;
-        }
-        let mut p = from;
-        while p < b.len() && b[p].is_ascii_whitespace() {
-            p += 1;
-        }
-        if b.get(p) != Some(&b'{') {
-            let (name, _) = read_ident(p);
-            if !name.is_empty() {
-                out.push((name, line(p)));
-            }
-            continue;
-        }
-        // A group: the first identifier of each comma-separated item at depth 1.
-        let (mut depth, mut expect) = (0, true);
-        while p < b.len() {
-            match b[p] {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        break;
-                    }
-                }
-                b',' if depth == 1 => expect = true,
-                ch if ident(ch) && depth == 1 && expect => {
-                    let (name, end) = read_ident(p);
-                    out.push((name, line(p)));
-                    expect = false;
-                    p = end;
-                    continue;
-                }
-                _ => {}
-            }
-            p += 1;
-        }
-    }
-    out
+    path_refs(code, &[root])
+        .into_iter()
+        .filter_map(|r| Some((r.segs.get(1)?.clone(), r.line)))
+        .collect()
 }
 
 /// The source trees whose top-level modules are layered by [`LAYERS`]: the `bootplane`

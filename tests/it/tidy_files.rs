@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::tidy::{cycles, rust_files, strip_code, Edges};
+use super::tidy::{brace_end, cycles, path_refs, rust_files, strip_code, Edges};
 
 /// The source roots of the workspace's crates.
 const CRATE_ROOTS: [&str; 8] = [
@@ -45,38 +45,13 @@ fn module_of(root: &str, rel: &str) -> Vec<String> {
 }
 
 /// Every path after `crate::`, `super::` (repeated) or `self::` in stripped code, as the
-/// module path it names from `here`, with its 1-based line. A group
-/// (`super::{a, b::c}`) gives one path per member.
+/// module path it names from `here`, with its 1-based line (the lexing is tidy's
+/// [`path_refs`]; here each path is resolved from the module it stands in, inline
+/// `mod name { ... }` blocks included).
 fn paths_from(code: &str, here: &[String]) -> Vec<(Vec<String>, usize)> {
     let b = code.as_bytes();
     let ident = |ch: u8| ch.is_ascii_alphanumeric() || ch == b'_';
-    let line = |at: usize| 1 + b[..at].iter().filter(|&&ch| ch == b'\n').count();
-    // A path of identifiers joined by `::` from `p`: (segments, end, whether a `{` follows).
-    let read_path = |mut p: usize| {
-        let mut segs = Vec::new();
-        loop {
-            while p < b.len() && b[p].is_ascii_whitespace() {
-                p += 1;
-            }
-            if b.get(p) == Some(&b'{') {
-                return (segs, p, true);
-            }
-            let s = p;
-            while p < b.len() && ident(b[p]) {
-                p += 1;
-            }
-            if s == p {
-                return (segs, p, false);
-            }
-            segs.push(code[s..p].to_string());
-            if code[p..].starts_with("::") {
-                p += 2;
-            } else {
-                return (segs, p, false);
-            }
-        }
-    };
-    // Inline modules (`mod tests { ... }`): a path inside one starts from it.
+    // Inline modules (`mod tests { ... }`): (where the body opens, where it closes, name).
     let mut inline: Vec<(usize, usize, String)> = Vec::new();
     let mut from = 0;
     while let Some(k) = code[from..].find("mod ") {
@@ -85,36 +60,15 @@ fn paths_from(code: &str, here: &[String]) -> Vec<(Vec<String>, usize)> {
         if start > 0 && ident(b[start - 1]) {
             continue;
         }
-        let (name_end, name) = {
-            let mut p = from;
-            while p < b.len() && ident(b[p]) {
-                p += 1;
-            }
-            (p, code[from..p].to_string())
-        };
-        let mut p = name_end;
-        while p < b.len() && b[p].is_ascii_whitespace() {
-            p += 1;
+        let name_end = from + b[from..].iter().take_while(|&&c| ident(c)).count();
+        let open = name_end
+            + b[name_end..]
+                .iter()
+                .take_while(|c| c.is_ascii_whitespace())
+                .count();
+        if name_end > from && b.get(open) == Some(&b'{') {
+            inline.push((open, brace_end(b, open), code[from..name_end].to_string()));
         }
-        if name.is_empty() || b.get(p) != Some(&b'{') {
-            continue;
-        }
-        let mut depth = 0;
-        let mut end = p;
-        while end < b.len() {
-            match b[end] {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        break;
-                    }
-                }
-                _ => {}
-            }
-            end += 1;
-        }
-        inline.push((p, end, name));
     }
     let module_at = |at: usize| -> Vec<String> {
         let mut m = here.to_vec();
@@ -126,79 +80,28 @@ fn paths_from(code: &str, here: &[String]) -> Vec<(Vec<String>, usize)> {
         m
     };
     let mut out = Vec::new();
-    let mut at = 0;
-    while at < b.len() {
-        let starts = (at == 0 || !ident(b[at - 1]))
-            && ["crate::", "super::", "self::"]
-                .iter()
-                .any(|r| code[at..].starts_with(r));
-        if !starts {
-            at += 1;
-            continue;
-        }
-        let (segs, end, group) = read_path(at);
-        at = end.max(at + 1);
-        // The module the path starts from.
-        let mut base: Vec<String> = Vec::new();
-        let mut rest = segs.as_slice();
-        match rest.first().map(String::as_str) {
-            Some("crate") => rest = &rest[1..],
-            Some("self") => {
-                // `self` in `a.rs` is module `a`, in `a/mod.rs` module `a` too.
-                base = module_at(at);
+    for r in path_refs(code, &["crate", "super", "self"]) {
+        let mut rest = r.segs.as_slice();
+        let mut base = Vec::new();
+        match rest[0].as_str() {
+            "crate" => rest = &rest[1..],
+            // `self` in `a.rs` and in `a/mod.rs` is module `a`.
+            "self" => {
+                base = module_at(r.at);
                 rest = &rest[1..];
             }
-            Some("super") => {
-                base = module_at(at);
+            _ => {
+                base = module_at(r.at);
                 while rest.first().map(String::as_str) == Some("super") {
                     base.pop();
                     rest = &rest[1..];
                 }
             }
-            _ => continue,
         }
-        let prefix: Vec<String> = base.into_iter().chain(rest.iter().cloned()).collect();
-        if !group {
-            out.push((prefix, line(at.min(b.len() - 1))));
-            continue;
-        }
-        // Each member of the group at depth 1: its own path, from the prefix.
-        let (mut depth, mut p) = (0, end);
-        while p < b.len() {
-            match b[p] {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        break;
-                    }
-                }
-                ch if ident(ch) && depth == 1 && (b[p - 1] == b'{' || after_comma(b, p)) => {
-                    let (member, e, _) = read_path(p);
-                    let mut full = prefix.clone();
-                    if member.first().map(String::as_str) != Some("self") {
-                        full.extend(member);
-                    }
-                    out.push((full, line(p)));
-                    p = e;
-                    continue;
-                }
-                _ => {}
-            }
-            p += 1;
-        }
-        at = p.max(at);
+        base.extend(rest.iter().cloned());
+        out.push((base, r.line));
     }
     out
-}
-
-/// Whether the nearest non-space byte before `p` is a comma.
-fn after_comma(b: &[u8], p: usize) -> bool {
-    b[..p]
-        .iter()
-        .rev()
-        .find(|c| !c.is_ascii_whitespace())
-        .is_some_and(|&c| c == b',')
 }
 
 /// The file edges of one crate: `from file → to file` with where, over its files.
