@@ -435,7 +435,12 @@ fn bad_inventories_are_refused_counted_and_write_nothing() {
         (l.len() == 2 && l.iter().all(|s| s["status"]["state"] == "Discovery")).then_some(())
     });
     // Tokens are bound to the discovery boot (its boot generation moves on when the
-    // boot starts and when the Server is seen off).
+    // boot starts and when the Server is seen off): a token taken before the boot has
+    // started stops working when it does, so take it once the machine is on.
+    b.wait_for(30, "bmc-x-1 powered on with a one-time Pxe boot", || {
+        let st = fake.state(0);
+        (st.power == "On" && st.boot_target == "Pxe" && st.boot_enabled == "Once").then_some(())
+    });
     let url = current_inventory_url(&b, "bmc-x-1", 9, 0);
     let other = inventory_url(&b, "bmc-x-2");
     let base = url.split("/discovery/").next().unwrap().to_string();

@@ -98,6 +98,45 @@ fn check_servers(
     got
 }
 
+/// sushy-emulator's fake driver gives system `i` of every emulator the same NIC MAC:
+/// each MAC is recorded on one Server only, and every Server whose BMC reported a MAC
+/// another holds says so in `MACAddressesUnique` False, naming it.
+fn check_macs(lab: &Lab) {
+    let out = lab.cli(&["get", "servers", "-o", "json"], None);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let items = v["items"].as_array().unwrap();
+    let mut holders: BTreeMap<String, String> = BTreeMap::new();
+    let mut left_out = 0;
+    for s in items {
+        let name = s["metadata"]["name"].as_str().unwrap();
+        let nics = s["status"]["networkInterfaces"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for n in &nics {
+            let m = n["macAddress"].as_str().unwrap().to_string();
+            if let Some(other) = holders.insert(m.clone(), name.to_string()) {
+                panic!("{m} recorded on {other} and {name}");
+            }
+        }
+        let conds = s["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if let Some(c) = conds.iter().find(|c| c["type"] == "MACAddressesUnique") {
+            assert_eq!(c["status"], "False", "{s}");
+            assert_eq!(c["reason"], "MACAddressInUse", "{s}");
+            assert!(c["message"].as_str().unwrap().contains("52:54:00"), "{s}");
+            left_out += 1;
+        } else {
+            assert!(!nics.is_empty(), "{name} has no NICs and no condition: {s}");
+        }
+    }
+    // Each fake system has one NIC, its MAC a function of its index.
+    assert_eq!(holders.len(), PER_EMULATOR, "{holders:?}");
+    assert_eq!(left_out, items.len() - PER_EMULATOR);
+}
+
 #[test]
 fn three_hundred_systems_behind_six_discovered_bmcs_are_one_server_each() {
     require("busybox");
@@ -142,6 +181,7 @@ fn three_hundred_systems_behind_six_discovered_bmcs_are_one_server_each() {
     });
     std::thread::sleep(Duration::from_secs(3));
     let before = check_servers(&lab, &want);
+    check_macs(&lab);
     let eps = names(&lab.cli(&["get", "endpoints"], None));
     assert_eq!(eps.len(), EMULATORS, "{eps:?}");
     for (i, ip) in ips.iter().enumerate() {

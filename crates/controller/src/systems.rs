@@ -9,6 +9,9 @@
 //! (manufacturer, model, serial, BIOS version, power). The Server reconciler takes it from
 //! there (`Initial → Discovery`). A system the BMC no longer lists keeps its Server, whose
 //! condition `SystemPresent` turns False (reason `SystemGone`); listed again, True.
+//! A NIC whose MAC another Server holds is left out of the new Server's status (the
+//! store refuses two holders of a MAC), and its condition `MACAddressesUnique` False
+//! names the MAC and the holder.
 //!
 //! **A cap.** At most `max` (`discovery.max_systems_per_bmc`) Servers name one BMC:
 //! only the first `max` systems a BMC lists are read at all, and no Server is created
@@ -42,6 +45,9 @@ pub const BMC_LABEL: &str = "bootplane.dev/bmc";
 const READ_AHEAD: usize = 8;
 /// The condition saying whether the BMC still lists the Server's system.
 pub const PRESENT: &str = "SystemPresent";
+/// The condition set False on a new Server when NICs its BMC reports were left out
+/// because another Server holds their MAC.
+pub const MACS_UNIQUE: &str = "MACAddressesUnique";
 
 /// What the Servers in the store say about systems, kept by the BMC set's watch.
 #[derive(Default)]
@@ -359,31 +365,56 @@ async fn create(
     if pending {
         obj["metadata"]["labels"][APPROVAL_LABEL] = json!(APPROVAL_PENDING);
     }
+    // The status goes in with the object, in the one write: a reader (the Server
+    // reconciler, a client) never sees the Server without what the BMC said of it.
+    let mut status = initial_status(bmc, sys, nics);
+    drop_held_macs(store, t_server, meta::name(&obj), bmc, &mut status);
+    obj["status"] = status;
     let created = match store.create(t_server, obj).await {
         Ok(o) => o,
         Err(StoreError::AlreadyExists { .. }) => return Ok(false),
         Err(e) => return Err(e),
     };
-    let name = meta::name(&created).to_string();
+    let name = meta::name(&created);
     tracing::info!(server = %name, bmc, system = %sys.odata_id, uuid, awaiting_approval = pending, "discovered a server");
-    // The Server reconciler may write its first state in between: merge into whatever
-    // status is there by then (what the BMC says fills only what is absent).
-    let init = initial_status(bmc, sys, nics);
-    let msg = format!("BMC {bmc} lists system {}", sys.odata_id);
-    store
-        .modify_status(t_server, None, &name, |_, st| {
-            if let (Some(st), Some(init)) = (st.as_object_mut(), init.as_object()) {
-                for (k, v) in init {
-                    if k != "conditions" && !st.contains_key(k) {
-                        st.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-            set_condition(st, PRESENT, true, "ReportedByBMC", &msg);
-            true
-        })
-        .await?;
     Ok(true)
+}
+
+/// Leave out of a new Server's `status` the NICs whose MAC another Server holds (the
+/// store refuses a second holder), saying so in condition [`MACS_UNIQUE`] False: the
+/// Server is still registered, and the operator sees which MAC two systems report.
+fn drop_held_macs(store: &Store, t_server: &ResourceType, name: &str, bmc: &str, st: &mut Value) {
+    let Some(list) = st
+        .get_mut("networkInterfaces")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    let macs: Vec<_> = list
+        .iter()
+        .filter_map(|n| parse_mac(n["macAddress"].as_str()?).ok())
+        .collect();
+    let held = store.mac_holders(t_server, name, &macs);
+    if held.is_empty() {
+        return;
+    }
+    list.retain(|n| {
+        let mac = n["macAddress"].as_str().and_then(|m| parse_mac(m).ok());
+        !held.iter().any(|(h, _)| Some(*h) == mac)
+    });
+    if list.is_empty() {
+        st.as_object_mut().map(|m| m.remove("networkInterfaces"));
+    }
+    let which: Vec<String> = held
+        .iter()
+        .map(|(m, holder)| format!("{} (server {holder:?})", MacFmt(m)))
+        .collect();
+    let msg = format!(
+        "BMC {bmc} reports NICs whose MAC another server holds; not recorded: {}",
+        which.join(", ")
+    );
+    tracing::warn!(server = name, bmc, macs = %which.join(", "), "a discovered system reports MACs another server holds");
+    set_condition(st, MACS_UNIQUE, false, "MACAddressInUse", &msg);
 }
 
 /// Set `SystemPresent` on `server` (one status write, only when it changes).

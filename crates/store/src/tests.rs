@@ -551,3 +551,33 @@ async fn a_mac_or_uuid_belongs_to_one_server() {
     s.delete(&srv, None, "a", None).await.unwrap();
     s.update_status(&srv, &b, taken).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_racing_on_one_mac_leave_one_holder_and_holders_name_it() {
+    let (_d, s) = store();
+    let s = Arc::new(s);
+    let srv = rt("server");
+    for round in 0..20u8 {
+        let mac = format!("52:54:00:00:01:{round:02x}");
+        let tasks: Vec<_> = (0..8u8)
+            .map(|i| {
+                let (s, srv, mac) = (s.clone(), srv.clone(), mac.clone());
+                tokio::spawn(async move {
+                    let obj = json!({"metadata": {"name": format!("r{round}-{i}")},
+                        "spec": {"systemUUID": format!("4c4c4544-0000-0000-{round:04x}-0000000000{i:02x}")},
+                        "status": {"networkInterfaces": [{"name": "eth0", "macAddress": mac}]}});
+                    s.create(&srv, obj).await.is_ok()
+                })
+            })
+            .collect();
+        let mut won = 0;
+        for t in tasks {
+            won += t.await.unwrap() as usize;
+        }
+        assert_eq!(won, 1, "round {round}: {won} servers hold {mac}");
+        let m = bootplane_model::ident::parse_mac(&mac).unwrap();
+        let held = s.mac_holders(&srv, "someone-else", &[m, [2, 0, 0, 0, 0, 1]]);
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert!(held[0].1.starts_with(&format!("r{round}-")), "{held:?}");
+    }
+}

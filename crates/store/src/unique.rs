@@ -7,9 +7,14 @@
 //! Checked on every write of a Server that adds a key it did not hold before (most
 //! writes add none and cost nothing), against the store's listing, which both engines
 //! answer from memory. Each Server's keys are kept per stored revision, so a check
-//! parses only the Servers written since the previous one. Two writes racing on the
-//! same new key can both pass; the boot index then keeps both holders
-//! (the boot listener's index) and the next write that adds the key to either is refused.
+//! parses only the Servers written since the previous one.
+//!
+//! **Invariant:** a write adding a key holds [`Cache`]'s write lock from its check to
+//! the end of its commit, so two writes of one store racing on the same new key cannot
+//! both pass (one sees the other's commit). Stores sharing an etcd cluster check
+//! against their own copies of it, so two appliances racing can still both pass; the
+//! boot index then keeps both holders and the next write that adds the key to either
+//! is refused.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -53,47 +58,37 @@ type Seen = (Rev, Arc<Keys>);
 #[derive(Default)]
 pub(super) struct Cache {
     seen: Mutex<HashMap<Arc<str>, Seen>>,
+    /// Held by a write adding a key from its check to the end of its commit.
+    writing: Arc<tokio::sync::Mutex<()>>,
 }
+
+/// What a write that adds a key holds until its commit ends.
+pub(super) type Held = Option<tokio::sync::OwnedMutexGuard<()>>;
 
 impl<B: KvBackend> Store<B> {
     /// Refuse `new` (replacing `old`) when it adds a MAC or system UUID another
-    /// Server holds.
-    pub(super) fn check_unique(
+    /// Server holds. When it adds one, what it returns is to be held until the write's
+    /// commit has ended.
+    pub(super) async fn check_unique(
         &self,
         rt: &ResourceType,
         new: &Value,
         old: Option<&Value>,
-    ) -> Result<()> {
+    ) -> Result<Held> {
         if !applies(rt) {
-            return Ok(());
+            return Ok(None);
         }
         let mine = keys(new);
         let before = old.map(keys).unwrap_or_default();
         let added: Vec<Mac> = mine.macs.difference(&before.macs).copied().collect();
         let uuid = mine.uuid.filter(|u| before.uuid.as_ref() != Some(u));
         if added.is_empty() && uuid.is_none() {
-            return Ok(());
+            return Ok(None);
         }
+        let held = self.unique.writing.clone().lock_owned().await;
         let name = meta::name(new);
-        let own_key = rt.key(None, name);
-        let (kvs, _) = self.kv.range(&rt.prefix(None));
-        let mut seen = self.unique.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let mut live = HashSet::with_capacity(kvs.len());
         let mut taken = None;
-        for kv in &kvs {
-            live.insert(kv.key.clone());
-            let k = match seen.get(&kv.key) {
-                Some((rev, k)) if *rev == kv.mod_rev => k.clone(),
-                _ => {
-                    let k = Arc::new(keys(&kv.value()));
-                    seen.insert(kv.key.clone(), (kv.mod_rev, k.clone()));
-                    k
-                }
-            };
-            if taken.is_some() || *kv.key == *own_key {
-                continue;
-            }
-            let holder = || meta::name(&kv.value()).to_string();
+        self.each_other(rt, name, |k, holder| {
             if let Some(m) = added.iter().find(|m| k.macs.contains(*m)) {
                 taken = Some(format!(
                     "macAddress {} is already registered to server {:?}",
@@ -107,16 +102,65 @@ impl<B: KvBackend> Store<B> {
                     holder()
                 ));
             }
-        }
-        seen.retain(|k, _| live.contains(k));
+            taken.is_none()
+        });
         match taken {
             Some(message) => Err(StoreError::Conflict {
                 qualified: rt.qualified(),
                 name: name.to_string(),
                 message,
             }),
-            None => Ok(()),
+            None => Ok(Some(held)),
         }
+    }
+
+    /// Of `macs`, those a Server other than `name` holds now, each with the name of a
+    /// Server holding it (what a write of `name` adding them would be refused for).
+    pub fn mac_holders(&self, rt: &ResourceType, name: &str, macs: &[Mac]) -> Vec<(Mac, String)> {
+        let mut held = Vec::new();
+        if !applies(rt) || macs.is_empty() {
+            return held;
+        }
+        self.each_other(rt, name, |k, holder| {
+            for m in macs.iter().filter(|m| k.macs.contains(*m)) {
+                if !held.iter().any(|(h, _)| h == m) {
+                    held.push((*m, holder()));
+                }
+            }
+            held.len() < macs.len()
+        });
+        held
+    }
+
+    /// Call `f` with the keys of every Server but `name` (and a way to read its name)
+    /// until it returns false, refreshing the cache of keys on the way.
+    fn each_other(
+        &self,
+        rt: &ResourceType,
+        name: &str,
+        mut f: impl FnMut(&Keys, &dyn Fn() -> String) -> bool,
+    ) {
+        let own_key = rt.key(None, name);
+        let (kvs, _) = self.kv.range(&rt.prefix(None));
+        let mut seen = self.unique.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = HashSet::with_capacity(kvs.len());
+        let mut more = true;
+        for kv in &kvs {
+            live.insert(kv.key.clone());
+            let k = match seen.get(&kv.key) {
+                Some((rev, k)) if *rev == kv.mod_rev => k.clone(),
+                _ => {
+                    let k = Arc::new(keys(&kv.value()));
+                    seen.insert(kv.key.clone(), (kv.mod_rev, k.clone()));
+                    k
+                }
+            };
+            if !more || *kv.key == *own_key {
+                continue;
+            }
+            more = f(&k, &|| meta::name(&kv.value()).to_string());
+        }
+        seen.retain(|k, _| live.contains(k));
     }
 }
 
