@@ -31,7 +31,7 @@ use crate::store::{merge_patch, Part};
 const GROUP: &str = "metal.ironcore.dev";
 
 /// The write being admitted.
-pub enum Write<'a> {
+pub(crate) enum Write<'a> {
     /// POST: the whole new object.
     Create(&'a Value),
     /// PUT: the whole new object (replacing `name`).
@@ -63,7 +63,7 @@ enum Need {
 }
 
 /// Admit `w` on `rt` (`ns`/`name`) by `id`, or the 403 saying why not.
-pub fn admit(
+pub(crate) fn admit(
     st: &ApiState,
     id: Option<&Identity>,
     rt: &ResourceType,

@@ -34,7 +34,7 @@ use super::authz::Attrs;
 /// Lines that may wait for the writer.
 const QUEUE: usize = 4096;
 /// Sources whose 401s get a line of their own per interval; the others share one.
-pub const MAX_SOURCES: usize = 64;
+pub(crate) const MAX_SOURCES: usize = 64;
 
 /// Where and how the log is kept.
 #[derive(Clone, Debug)]
@@ -49,7 +49,7 @@ pub struct AuditSettings {
 }
 
 /// One request as the audit log records it.
-pub struct Event<'a> {
+pub(crate) struct Event<'a> {
     pub user: &'a str,
     pub groups: &'a [String],
     pub source: Option<SocketAddr>,
@@ -203,7 +203,7 @@ impl Audit {
 
     /// Record `e`: a 401 is added to its source's summary at once; any other line is
     /// queued, waiting for room when the writer is behind (never dropped).
-    pub async fn record(&self, e: &Event<'_>) {
+    pub(crate) async fn record(&self, e: &Event<'_>) {
         let line = || {
             let a = e.attrs;
             let result = match e.code {

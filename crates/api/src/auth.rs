@@ -41,7 +41,7 @@ use crate::tls::PeerCert;
 
 /// Why a request was not authenticated (the message of its 401).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum AuthnError {
+pub(crate) enum AuthnError {
     #[error("missing bearer token or client certificate")]
     Missing,
     #[error("invalid bearer token")]
@@ -52,7 +52,7 @@ pub enum AuthnError {
 
 /// Who presents `bearer` (the text after `Bearer `): the bootstrap token, or a named
 /// token found in the store, unexpired, whose secret hashes to the stored hash.
-pub fn authenticate_token(
+pub(crate) fn authenticate_token(
     store: &Store,
     bootstrap: &str,
     bearer: &str,
@@ -126,7 +126,11 @@ fn authenticate(st: &ApiState, req: &Request) -> Result<Identity, AuthnError> {
 /// JSON nor YAML is 415, and a request authenticated only by a client certificate that a
 /// browser sent from another site is 403 (a bearer token is not ambient: a page on
 /// another site cannot attach it).
-pub async fn middleware(State(st): State<Arc<ApiState>>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn middleware(
+    State(st): State<Arc<ApiState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     use http_body::Body as _;
     let attrs = Attrs::derive(req.method(), req.uri().path(), req.uri().query());
     let source = req
@@ -194,7 +198,7 @@ pub async fn middleware(State(st): State<Arc<ApiState>>, mut req: Request, next:
 /// without `ttlSeconds` it expires after [`DEFAULT_TTL_SECONDS`], `0` never);
 /// the secret is generated here, only its hash is stored, and the answer (201) is the
 /// stored object with the token in `status.token`, the only time it is shown.
-pub async fn issue(st: &ApiState, body: &Value) -> Result<Response, ApiError> {
+pub(crate) async fn issue(st: &ApiState, body: &Value) -> Result<Response, ApiError> {
     let name = body
         .pointer("/metadata/name")
         .and_then(Value::as_str)

@@ -13,20 +13,20 @@ use crate::model::registry::Registry;
 
 /// The authenticated caller, inserted as a request extension.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     pub user: String,
     /// A group named like a role grants that role.
     pub groups: Vec<String>,
 }
 
 /// The verbs of a rule, as kube derives them from the method, the path and `watch`.
-pub const VERBS: [&str; 7] = [
+pub(crate) const VERBS: [&str; 7] = [
     "get", "list", "watch", "create", "update", "patch", "delete",
 ];
 
 /// Names of API routes that are not stored resources, each with its API group
 /// (empty: no group).
-pub const NON_RESOURCES: [(&str, &str); 5] = [
+pub(crate) const NON_RESOURCES: [(&str, &str); 5] = [
     ("metrics", ""),
     ("discovery", ""),
     ("leases", "dhcp.bootplane.dev"),
@@ -36,7 +36,7 @@ pub const NON_RESOURCES: [(&str, &str); 5] = [
 
 /// What a request asks to do, derived from its method, path and query.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Attrs {
+pub(crate) struct Attrs {
     /// One of [`VERBS`], or the method in lower case when it maps to none (only a
     /// rule with verb `*` allows that).
     pub verb: String,
@@ -53,7 +53,7 @@ impl Attrs {
     /// Derive the attributes of a request the way kube's request-info resolver does:
     /// GET on a collection is `list` (`watch` with `watch=true`), on an object `get`;
     /// POST `create`, PUT `update`, PATCH `patch`, DELETE `delete`.
-    pub fn derive(method: &Method, path: &str, query: Option<&str>) -> Attrs {
+    pub(crate) fn derive(method: &Method, path: &str, query: Option<&str>) -> Attrs {
         let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
         let mut a = Attrs {
             verb: String::new(),
@@ -132,12 +132,12 @@ impl Attrs {
     }
 
     /// Whether the request would change something (POST, PUT, PATCH, DELETE).
-    pub fn is_write(&self) -> bool {
+    pub(crate) fn is_write(&self) -> bool {
         matches!(self.verb.as_str(), "create" | "update" | "patch" | "delete")
     }
 
     /// `resource[/sub]`, as the audit log and rules name it.
-    pub fn resource_path(&self) -> String {
+    pub(crate) fn resource_path(&self) -> String {
         match &self.sub {
             Some(s) => format!("{}/{s}", self.resource),
             None => self.resource.clone(),
@@ -147,7 +147,7 @@ impl Attrs {
     /// kube's forbidden message: `servers.metal.ironcore.dev "a" is forbidden: User "x"
     /// cannot delete resource "servers" in API group "metal.ironcore.dev" at the
     /// cluster scope`.
-    pub fn forbidden(&self, user: &str) -> ApiError {
+    pub(crate) fn forbidden(&self, user: &str) -> ApiError {
         let qualified = if self.group.is_empty() {
             self.resource.clone()
         } else {
@@ -448,12 +448,12 @@ impl Roles {
         Ok(Roles { roles })
     }
 
-    pub fn exists(&self, name: &str) -> bool {
+    pub(crate) fn exists(&self, name: &str) -> bool {
         self.roles.iter().any(|(n, _)| n == name)
     }
 
     /// Whether any role named by one of `id`'s groups allows `a`.
-    pub fn allows(&self, id: &Identity, a: &Attrs) -> bool {
+    pub(crate) fn allows(&self, id: &Identity, a: &Attrs) -> bool {
         self.roles
             .iter()
             .filter(|(n, _)| id.groups.iter().any(|g| g == n))

@@ -9,7 +9,7 @@ use crate::store::StoreError;
 
 /// An API failure, rendered as a kube `Status`.
 #[derive(Debug)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     pub code: StatusCode,
     pub reason: &'static str,
     pub message: String,
@@ -17,7 +17,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(
+        code: StatusCode,
+        reason: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             code,
             reason,
@@ -25,13 +29,13 @@ impl ApiError {
             details: None,
         }
     }
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
     }
-    pub fn not_found(message: impl Into<String>) -> ApiError {
+    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "NotFound", message)
     }
-    pub fn status_body(&self) -> Value {
+    pub(crate) fn status_body(&self) -> Value {
         let mut s = json!({
             "kind": "Status",
             "apiVersion": "v1",

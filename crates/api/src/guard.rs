@@ -14,7 +14,7 @@ use super::error::ApiError;
 
 /// A request body's declared syntax.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Media {
+pub(crate) enum Media {
     Json,
     Yaml,
     /// Anything else (`text/plain`, `application/x-www-form-urlencoded`, ...).
@@ -25,7 +25,7 @@ pub enum Media {
 /// `application/*+json` (merge-patch, json-patch, ...) are JSON; `application/yaml`,
 /// `application/x-yaml`, `text/yaml`, `text/x-yaml` and `application/*+yaml` are YAML;
 /// parameters (`; charset=utf-8`) are ignored.
-pub fn media(content_type: &str) -> Media {
+pub(crate) fn media(content_type: &str) -> Media {
     let essence = content_type
         .split(';')
         .next()
@@ -46,7 +46,7 @@ pub fn media(content_type: &str) -> Media {
 
 /// 415 for a request that has a body whose `Content-Type` is neither JSON nor YAML (no
 /// `Content-Type` at all is JSON, as kube has it).
-pub fn check_media(h: &HeaderMap, has_body: bool) -> Result<(), ApiError> {
+pub(crate) fn check_media(h: &HeaderMap, has_body: bool) -> Result<(), ApiError> {
     let Some(ct) = h.get(header::CONTENT_TYPE) else {
         return Ok(());
     };
@@ -71,7 +71,7 @@ pub fn check_media(h: &HeaderMap, has_body: bool) -> Result<(), ApiError> {
 /// `cross-site` or `same-site`, or `Origin` is present and is not this listener's own
 /// origin (`https://` + the request's host; `null`, an opaque origin, is never ours).
 /// Requests without either header (curl, the CLI, controllers) are not cross-site.
-pub fn cross_site(h: &HeaderMap, uri: &Uri) -> bool {
+pub(crate) fn cross_site(h: &HeaderMap, uri: &Uri) -> bool {
     let fetch_site = h
         .get("sec-fetch-site")
         .and_then(|v| v.to_str().ok())
@@ -103,7 +103,7 @@ pub fn cross_site(h: &HeaderMap, uri: &Uri) -> bool {
 
 /// 403 for a request authenticated only by a client certificate that a browser sent
 /// from another site ([`cross_site`]).
-pub fn cross_site_refusal(user: &str) -> ApiError {
+pub(crate) fn cross_site_refusal(user: &str) -> ApiError {
     ApiError::new(
         StatusCode::FORBIDDEN,
         "Forbidden",
@@ -133,7 +133,7 @@ struct Counts {
 /// An open watch; its counts go down when it is dropped (the stream ended or the
 /// client went away).
 #[derive(Debug)]
-pub struct WatchPermit {
+pub(crate) struct WatchPermit {
     owner: Arc<Watches>,
     user: String,
     conn: Option<u64>,
@@ -150,7 +150,11 @@ impl Watches {
     }
 
     /// Count a new watch of `user` on `conn`, or 429 when either is at its cap.
-    pub fn open(self: &Arc<Self>, user: &str, conn: Option<u64>) -> Result<WatchPermit, ApiError> {
+    pub(crate) fn open(
+        self: &Arc<Self>,
+        user: &str,
+        conn: Option<u64>,
+    ) -> Result<WatchPermit, ApiError> {
         let mut c = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let u = c.users.get(user).copied().unwrap_or(0);
         let k = conn.map(|k| c.conns.get(&k).copied().unwrap_or(0));

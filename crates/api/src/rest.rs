@@ -257,7 +257,7 @@ static DECODE_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(
 /// deeper than [`body::MAX_DEPTH`] is refused, and YAML aliases adding more than the
 /// body limit are refused before anything is built. Malformed input is 400, too much alias
 /// expansion 413.
-pub async fn decode_body(st: &ApiState, h: &HeaderMap, body: Bytes) -> ApiResult<Value> {
+pub(crate) async fn decode_body(st: &ApiState, h: &HeaderMap, body: Bytes) -> ApiResult<Value> {
     let format = body_format(h);
     let limits = body::Limits::new(st.max_body_bytes);
     let res = if format == Format::Json && body.len() <= INLINE_JSON_BYTES {

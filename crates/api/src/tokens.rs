@@ -10,15 +10,15 @@ use crate::model::registry::Registry;
 use crate::store::Store;
 
 /// The API group of `APIToken`.
-pub const GROUP: &str = "auth.bootplane.dev";
+pub(crate) const GROUP: &str = "auth.bootplane.dev";
 /// The plural of `APIToken`.
-pub const TOKENS: &str = "apitokens";
+pub(crate) const TOKENS: &str = "apitokens";
 /// The user of the bootstrap token (`[api] token` or `<state_dir>/api-token`).
-pub const BOOTSTRAP_USER: &str = "admin";
+pub(crate) const BOOTSTRAP_USER: &str = "admin";
 /// How named tokens start (the format's version).
-pub const TOKEN_PREFIX: &str = "bp1.";
+pub(crate) const TOKEN_PREFIX: &str = "bp1.";
 /// The longest lifetime a token may be created with (10 years).
-pub const MAX_TTL_SECONDS: u64 = 10 * 366 * 86_400;
+pub(crate) const MAX_TTL_SECONDS: u64 = 10 * 366 * 86_400;
 
 /// Constant-time equality of two byte strings (their lengths are not secret).
 pub(super) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
@@ -26,20 +26,20 @@ pub(super) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// `sha256:<hex>` of a token's secret part, as stored in `spec.secretHash`.
-pub fn secret_hash(secret: &str) -> String {
+pub(crate) fn secret_hash(secret: &str) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(secret.as_bytes())))
 }
 
 /// A name a token may have: a DNS label (no dots, so `bp1.NAME.SECRET` splits one way).
-pub fn valid_token_name(n: &str) -> bool {
+pub(crate) fn valid_token_name(n: &str) -> bool {
     crate::model::meta::valid_dns_label(n)
 }
 
 pub use crate::model::wire::LAST_USED;
 /// How often a token's [`LAST_USED`] is written at most.
-pub const LAST_USED_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const LAST_USED_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 /// The lifetime of a token made without `spec.ttlSeconds` (90 days); `0` asks for none.
-pub const DEFAULT_TTL_SECONDS: u64 = 90 * 86_400;
+pub(crate) const DEFAULT_TTL_SECONDS: u64 = 90 * 86_400;
 
 /// When each named token was last noted as used (in this process), so that a token's
 /// use costs a store write at most once a minute, not once a request.
@@ -52,7 +52,7 @@ impl TokenUse {
     /// `user` just authenticated with a bearer token: if it is a named token not noted
     /// within [`LAST_USED_EVERY`] (here, or in its stored annotation), write its
     /// [`LAST_USED`] in the background.
-    pub fn note(&self, store: &Store, user: &str) {
+    pub(crate) fn note(&self, store: &Store, user: &str) {
         let now = std::time::Instant::now();
         {
             let mut m = self.seen.lock().unwrap_or_else(|e| e.into_inner());

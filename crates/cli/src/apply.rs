@@ -18,7 +18,7 @@ use super::{obj_ref, read_documents, ApiFailure, Client, Conn};
 use crate::model::registry::{Registry, ResourceType};
 
 /// The annotation holding the manifest an object was last applied from (kubectl's).
-pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub(crate) const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// What `--dry-run` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -72,7 +72,7 @@ pub fn apply(a: ApplyArgs) -> Result<u8> {
 
 /// How one document is applied.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Opts {
+pub(crate) struct Opts {
     /// Send nothing; say what would happen.
     pub dry_run: bool,
     /// Apply only `status`, to the status subresource.
@@ -80,7 +80,7 @@ pub struct Opts {
 }
 
 /// Where a manifest lives: its type, namespace and name.
-pub fn locate<'a>(
+pub(crate) fn locate<'a>(
     reg: &Registry,
     doc: &'a Value,
 ) -> Result<(std::sync::Arc<ResourceType>, Option<&'a str>, &'a str)> {
@@ -113,7 +113,7 @@ pub fn apply_one(client: &Client, reg: &Registry, doc: &Value) -> Result<String>
 }
 
 /// [`apply_one`] with `--dry-run` / `--subresource=status`.
-pub fn apply_with(client: &Client, reg: &Registry, doc: &Value, o: Opts) -> Result<String> {
+pub(crate) fn apply_with(client: &Client, reg: &Registry, doc: &Value, o: Opts) -> Result<String> {
     let (rt, ns, name) = locate(reg, doc)?;
     let label = obj_ref(&rt, name);
     let dry = if o.dry_run { " (dry run)" } else { "" };
@@ -234,7 +234,7 @@ fn redacted(m: &Value) -> Value {
 
 /// The manifest as it is sent: without `status` (a subresource, applied with
 /// `--subresource=status`) and with [`LAST_APPLIED`] holding the manifest itself.
-pub fn with_last_applied(doc: &Value) -> Result<Value> {
+pub(crate) fn with_last_applied(doc: &Value) -> Result<Value> {
     let mut m = doc.clone();
     let obj = m.as_object_mut().context("manifest is not a mapping")?;
     obj.remove("status");
@@ -268,7 +268,7 @@ pub fn with_last_applied(doc: &Value) -> Result<Value> {
 /// `original` (the last-applied manifest) had and `modified` no longer has. Fields
 /// only `current` has (set by controllers or other clients) are kept. Empty when
 /// nothing would change.
-pub fn three_way(
+pub(crate) fn three_way(
     original: Option<&Map<String, Value>>,
     modified: &Map<String, Value>,
     current: &Map<String, Value>,

@@ -17,7 +17,7 @@ const EXTRA_KINDS: [&str; 4] = ["leases", "jobs", "events", "all"];
 
 /// Every resource name the CLI accepts: plurals, singulars, short names, plus
 /// [`EXTRA_KINDS`], sorted.
-pub fn resource_names() -> Vec<String> {
+pub(crate) fn resource_names() -> Vec<String> {
     let mut out: Vec<String> = EXTRA_KINDS.iter().map(|s| s.to_string()).collect();
     for t in &Registry::global().types {
         out.push(t.plural.clone());
@@ -31,7 +31,7 @@ pub fn resource_names() -> Vec<String> {
 
 /// `cmd` with the resource names as possible values of every subcommand's `kind`
 /// argument (for completion only: the parser keeps accepting anything).
-pub fn with_resource_values(mut cmd: clap::Command) -> clap::Command {
+pub(crate) fn with_resource_values(mut cmd: clap::Command) -> clap::Command {
     // clap keeps `&'static str` names (without its `string` feature): a few dozen short
     // strings, leaked once by a command that prints and exits.
     let names: Vec<&'static str> = resource_names()

@@ -33,7 +33,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 /// The API URL when nothing names one: the local appliance's default listener.
-pub const DEFAULT_SERVER: &str = "https://127.0.0.1:9090";
+pub(crate) const DEFAULT_SERVER: &str = "https://127.0.0.1:9090";
 /// A client config bigger than this is refused (a real one is a few KiB).
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// A CA, certificate, key or token file bigger than this is refused.
@@ -42,7 +42,7 @@ const MAX_CREDENTIAL_BYTES: u64 = 256 << 10;
 /// The client config file, kubeconfig-shaped.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct ClientConfig {
+pub(crate) struct ClientConfig {
     #[serde(rename = "apiVersion", default = "v1")]
     pub api_version: String,
     #[serde(default = "config_kind")]
@@ -66,7 +66,7 @@ fn config_kind() -> String {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct NamedCluster {
+pub(crate) struct NamedCluster {
     pub name: String,
     pub cluster: Cluster,
 }
@@ -74,7 +74,7 @@ pub struct NamedCluster {
 /// Where an appliance's API is and which CA its certificate chains to.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub server: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_authority: Option<PathBuf>,
@@ -85,7 +85,7 @@ pub struct Cluster {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct NamedUser {
+pub(crate) struct NamedUser {
     pub name: String,
     pub user: User,
 }
@@ -93,7 +93,7 @@ pub struct NamedUser {
 /// How a user proves who it is: a bearer token, or a client certificate and key.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct User {
+pub(crate) struct User {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     #[serde(default, alias = "tokenFile", skip_serializing_if = "Option::is_none")]
@@ -110,7 +110,7 @@ pub struct User {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct NamedContext {
+pub(crate) struct NamedContext {
     pub name: String,
     pub context: ContextRef,
 }
@@ -118,13 +118,13 @@ pub struct NamedContext {
 /// A context: one cluster with one user.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct ContextRef {
+pub(crate) struct ContextRef {
     pub cluster: String,
     pub user: String,
 }
 
 /// Where the CLI reads its client config: `explicit`, else the XDG config dir.
-pub fn config_path(explicit: Option<&Path>) -> Option<PathBuf> {
+pub(crate) fn config_path(explicit: Option<&Path>) -> Option<PathBuf> {
     if let Some(p) = explicit {
         return Some(p.to_path_buf());
     }
@@ -138,7 +138,7 @@ pub fn config_path(explicit: Option<&Path>) -> Option<PathBuf> {
 
 impl ClientConfig {
     /// An empty config (what a missing default file reads as).
-    pub fn empty() -> ClientConfig {
+    pub(crate) fn empty() -> ClientConfig {
         ClientConfig {
             api_version: v1(),
             kind: config_kind(),
@@ -147,7 +147,7 @@ impl ClientConfig {
     }
 
     /// Parse a config's text; `origin` names it in errors.
-    pub fn parse(text: &str, origin: &str) -> Result<ClientConfig> {
+    pub(crate) fn parse(text: &str, origin: &str) -> Result<ClientConfig> {
         let limits = crate::decode::Limits::new(MAX_CONFIG_BYTES as usize);
         crate::decode::scan_yaml(text, limits).with_context(|| format!("parsing {origin}"))?;
         let c: ClientConfig = if text.trim().is_empty() {
@@ -160,7 +160,7 @@ impl ClientConfig {
     }
 
     /// Read `path`; a missing file reads as empty when `must_exist` is false.
-    pub fn load(path: &Path, must_exist: bool) -> Result<ClientConfig> {
+    pub(crate) fn load(path: &Path, must_exist: bool) -> Result<ClientConfig> {
         let text = match read_bounded(path, MAX_CONFIG_BYTES) {
             Ok(t) => t,
             Err(e) if !must_exist && is_not_found(&e) => return Ok(ClientConfig::empty()),
@@ -172,7 +172,7 @@ impl ClientConfig {
     }
 
     /// Write to `path` (0600, parent 0700 when created) through a rename.
-    pub fn save(&self, path: &Path) -> Result<()> {
+    pub(crate) fn save(&self, path: &Path) -> Result<()> {
         use std::os::unix::fs::DirBuilderExt as _;
         self.check()?;
         let dir = path
@@ -237,16 +237,16 @@ impl ClientConfig {
         Ok(())
     }
 
-    pub fn cluster(&self, name: &str) -> Option<&Cluster> {
+    pub(crate) fn cluster(&self, name: &str) -> Option<&Cluster> {
         self.clusters
             .iter()
             .find(|c| c.name == name)
             .map(|c| &c.cluster)
     }
-    pub fn user(&self, name: &str) -> Option<&User> {
+    pub(crate) fn user(&self, name: &str) -> Option<&User> {
         self.users.iter().find(|u| u.name == name).map(|u| &u.user)
     }
-    pub fn context(&self, name: &str) -> Option<&ContextRef> {
+    pub(crate) fn context(&self, name: &str) -> Option<&ContextRef> {
         self.contexts
             .iter()
             .find(|c| c.name == name)
@@ -254,7 +254,7 @@ impl ClientConfig {
     }
 
     /// Add or replace the cluster `name`.
-    pub fn set_cluster(&mut self, name: &str, cluster: Cluster) {
+    pub(crate) fn set_cluster(&mut self, name: &str, cluster: Cluster) {
         match self.clusters.iter_mut().find(|c| c.name == name) {
             Some(c) => c.cluster = cluster,
             None => self.clusters.push(NamedCluster {
@@ -264,7 +264,7 @@ impl ClientConfig {
         }
     }
     /// Add or replace the user `name`.
-    pub fn set_user(&mut self, name: &str, user: User) {
+    pub(crate) fn set_user(&mut self, name: &str, user: User) {
         match self.users.iter_mut().find(|u| u.name == name) {
             Some(u) => u.user = user,
             None => self.users.push(NamedUser {
@@ -274,7 +274,7 @@ impl ClientConfig {
         }
     }
     /// Add or replace the context `name`.
-    pub fn set_context(&mut self, name: &str, context: ContextRef) {
+    pub(crate) fn set_context(&mut self, name: &str, context: ContextRef) {
         match self.contexts.iter_mut().find(|c| c.name == name) {
             Some(c) => c.context = context,
             None => self.contexts.push(NamedContext {
@@ -285,7 +285,7 @@ impl ClientConfig {
     }
 
     /// A copy safe to print: tokens, keys and embedded data replaced.
-    pub fn redacted(&self) -> ClientConfig {
+    pub(crate) fn redacted(&self) -> ClientConfig {
         let mut c = self.clone();
         for u in &mut c.users {
             if u.user.token.is_some() {
@@ -334,7 +334,7 @@ fn embedded(data: &str, what: &str) -> Result<Vec<u8>> {
 
 /// What the command line said about the connection (absent = not given).
 #[derive(Debug, Default, Clone)]
-pub struct Flags {
+pub(crate) struct Flags {
     pub server: Option<String>,
     pub token: Option<String>,
     pub ca_file: Option<PathBuf>,
@@ -349,7 +349,7 @@ pub struct Flags {
 
 /// A credential or CA as the client will use it.
 #[derive(Clone, PartialEq)]
-pub enum Pem {
+pub(crate) enum Pem {
     File(PathBuf),
     Data(Vec<u8>),
 }
@@ -365,7 +365,7 @@ impl std::fmt::Debug for Pem {
 
 impl Pem {
     /// How errors name it: the file, or that it is embedded in the client config.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self {
             Pem::File(p) => p.display().to_string(),
             Pem::Data(_) => "the client config's embedded data".into(),
@@ -373,7 +373,7 @@ impl Pem {
     }
 
     /// The PEM bytes (a file is read now, bounded).
-    pub fn bytes(&self) -> Result<Vec<u8>> {
+    pub(crate) fn bytes(&self) -> Result<Vec<u8>> {
         match self {
             Pem::File(p) => read_bounded(p, MAX_CREDENTIAL_BYTES),
             Pem::Data(d) => Ok(d.clone()),
@@ -383,7 +383,7 @@ impl Pem {
 
 /// Where the token comes from (read when the client is built).
 #[derive(Clone, PartialEq)]
-pub enum Token {
+pub(crate) enum Token {
     Value(String),
     File(PathBuf),
 }
@@ -398,7 +398,7 @@ impl std::fmt::Debug for Token {
 }
 
 impl Token {
-    pub fn read(&self) -> Result<String> {
+    pub(crate) fn read(&self) -> Result<String> {
         match self {
             Token::Value(v) => Ok(v.clone()),
             Token::File(p) => {
@@ -417,7 +417,7 @@ impl Token {
 
 /// What one command connects with: the result of flags over context over defaults.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     pub server: String,
     pub ca: Option<Pem>,
     pub token: Option<Token>,
@@ -428,7 +428,7 @@ pub struct Endpoint {
 }
 
 /// Flags over the chosen context over the local appliance's defaults.
-pub fn resolve(flags: &Flags) -> Result<Endpoint> {
+pub(crate) fn resolve(flags: &Flags) -> Result<Endpoint> {
     let path = config_path(flags.client_config.as_deref());
     let cfg = match &path {
         Some(p) => ClientConfig::load(p, flags.client_config.is_some())?,
@@ -438,7 +438,7 @@ pub fn resolve(flags: &Flags) -> Result<Endpoint> {
 }
 
 /// [`resolve`] on a config already read.
-pub fn resolve_with(cfg: &ClientConfig, flags: &Flags) -> Result<Endpoint> {
+pub(crate) fn resolve_with(cfg: &ClientConfig, flags: &Flags) -> Result<Endpoint> {
     let chosen = flags
         .context
         .clone()

@@ -29,7 +29,7 @@ pub struct DescribeArgs {
 
 /// The field selector naming the Events of one object (`involvedObject.*`), URL-encoded
 /// as a `fieldSelector=` query.
-pub fn events_query(rt: &ResourceType, ns: Option<&str>, name: &str) -> String {
+pub(crate) fn events_query(rt: &ResourceType, ns: Option<&str>, name: &str) -> String {
     let mut sel = format!("involvedObject.kind={},involvedObject.name={name}", rt.kind);
     if let (true, Some(ns)) = (rt.namespaced, ns) {
         sel.push_str(&format!(",involvedObject.namespace={ns}"));
@@ -41,7 +41,7 @@ pub fn events_query(rt: &ResourceType, ns: Option<&str>, name: &str) -> String {
 }
 
 /// `KIND/NAME` as `--for` takes it: the type and the name.
-pub fn parse_for(reg: &Registry, s: &str) -> Result<(std::sync::Arc<ResourceType>, String)> {
+pub(crate) fn parse_for(reg: &Registry, s: &str) -> Result<(std::sync::Arc<ResourceType>, String)> {
     let Some((k, n)) = s.split_once('/') else {
         bail!("--for takes KIND/NAME (e.g. serverclaim/web-1), got {s:?}");
     };
@@ -142,7 +142,7 @@ fn is_secret(rt: &ResourceType) -> bool {
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The whole description, as text.
-pub fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]) -> String {
+pub(crate) fn render(rt: &ResourceType, obj: &Value, owned: &[String], events: &[Value]) -> String {
     let mut out = String::new();
     summary(&mut out, rt, obj, owned);
     body(&mut out, rt, obj);

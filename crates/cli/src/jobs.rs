@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::Client;
 
 /// Print one job (`id`) or every job the runner knows.
-pub fn get(client: &Client, id: Option<&str>, output: Option<&str>) -> Result<u8> {
+pub(crate) fn get(client: &Client, id: Option<&str>, output: Option<&str>) -> Result<u8> {
     let path = crate::provision::api::JOBS_PATH;
     let v = match id {
         Some(id) => client.request(

@@ -78,7 +78,7 @@ pub struct Conn {
 
 impl Conn {
     /// The connection flags for [`config::resolve`].
-    pub fn flags(&self) -> config::Flags {
+    pub(crate) fn flags(&self) -> config::Flags {
         config::Flags {
             server: self.server.clone(),
             token: self.token.clone(),
@@ -94,7 +94,7 @@ impl Conn {
 
 /// An agent for `ep`: TLS trusting only its CA (with its client certificate when it has
 /// one) for `https://`, plain for `http://` (a loopback API with `[api] tls = false`).
-pub fn agent(ep: &config::Endpoint) -> Result<ureq::Agent> {
+pub(crate) fn agent(ep: &config::Endpoint) -> Result<ureq::Agent> {
     // Connecting is bounded; reads are not (a watch waits for events).
     let b = ureq::AgentBuilder::new().timeout_connect(std::time::Duration::from_secs(30));
     if ep.server.starts_with("http://") {
@@ -205,7 +205,7 @@ pub struct Client {
 
 /// An API failure as the server described it.
 #[derive(Debug)]
-pub struct ApiFailure {
+pub(crate) struct ApiFailure {
     pub code: u16,
     pub reason: String,
     pub message: String,
@@ -220,7 +220,7 @@ impl std::error::Error for ApiFailure {}
 
 impl Client {
     /// A client for the API `conn` names.
-    pub fn new(conn: &Conn) -> Result<Client> {
+    pub(crate) fn new(conn: &Conn) -> Result<Client> {
         let ep = config::resolve(&conn.flags())?;
         let token = match &ep.token {
             Some(t) => Some(t.read()?),
@@ -240,7 +240,7 @@ impl Client {
         }
     }
 
-    pub fn path(rt: &ResourceType, ns: Option<&str>, name: Option<&str>) -> String {
+    pub(crate) fn path(rt: &ResourceType, ns: Option<&str>, name: Option<&str>) -> String {
         let mut p = if rt.group.is_empty() {
             format!("/api/{}", rt.version)
         } else {
@@ -260,13 +260,18 @@ impl Client {
         p
     }
 
-    pub fn request(&self, method: &str, path: &str, body: Option<(&str, &Value)>) -> Result<Value> {
+    pub(crate) fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, &Value)>,
+    ) -> Result<Value> {
         let text = self.request_text(method, path, body)?;
         serde_json::from_str(&text).context("decoding response")
     }
 
     /// [`Client::request`] without decoding: the response body as text.
-    pub fn request_text(
+    pub(crate) fn request_text(
         &self,
         method: &str,
         path: &str,
@@ -303,7 +308,11 @@ impl Client {
     }
 
     /// Open a watch stream; yields one event per line.
-    pub fn watch(&self, path: &str, query: &str) -> Result<impl Iterator<Item = Result<Value>>> {
+    pub(crate) fn watch(
+        &self,
+        path: &str,
+        query: &str,
+    ) -> Result<impl Iterator<Item = Result<Value>>> {
         let url = format!("{}{}?watch=true{}", self.base, path, query);
         let r = self
             .authorize(self.agent.get(&url))
@@ -319,7 +328,7 @@ impl Client {
 
 /// Read every document from a file, a directory (its .yaml/.yml/.json files, sorted)
 /// or stdin (`-`).
-pub fn read_documents(spec: &str) -> Result<Vec<(String, Value)>> {
+pub(crate) fn read_documents(spec: &str) -> Result<Vec<(String, Value)>> {
     let mut out = Vec::new();
     let mut sources: Vec<(String, String)> = Vec::new();
     if spec == "-" {
@@ -364,7 +373,7 @@ const MAX_ALIAS_BYTES: usize = 8 << 20;
 /// Split multi-document YAML (or one JSON document) into values; empty documents are
 /// skipped. Bounded as API bodies are ([`crate::decode`]): nesting and alias
 /// expansion are checked before anything is built.
-pub fn parse_documents(text: &str) -> Result<Vec<Value>> {
+pub(crate) fn parse_documents(text: &str) -> Result<Vec<Value>> {
     let limits = crate::decode::Limits::new(MAX_ALIAS_BYTES);
     let docs = crate::decode::decode_yaml_documents(text, limits)?;
     if docs.iter().any(|v| !v.is_object()) {
@@ -379,7 +388,7 @@ fn resolve(reg: &Registry, kind: &str) -> Result<Arc<ResourceType>> {
 }
 
 /// The types `get all` lists.
-pub const ALL_KINDS: &[&str] = &[
+pub(crate) const ALL_KINDS: &[&str] = &[
     "servers",
     "serverclaims",
     "serverbootconfigurations",
@@ -390,7 +399,7 @@ pub const ALL_KINDS: &[&str] = &[
 ];
 
 /// `type.group/name`, as kubectl names an object (`server.metal.ironcore.dev/s1`).
-pub fn obj_ref(rt: &ResourceType, name: &str) -> String {
+pub(crate) fn obj_ref(rt: &ResourceType, name: &str) -> String {
     if rt.group.is_empty() {
         format!("{}/{name}", rt.singular)
     } else {

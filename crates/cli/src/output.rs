@@ -37,7 +37,7 @@ enum Step {
 
 /// A path: from the root (`$`) or the current object.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Path {
+pub(crate) struct Path {
     root: bool,
     steps: Vec<Step>,
 }
@@ -201,7 +201,7 @@ fn unescape(s: &str) -> String {
 }
 
 /// Parse one path expression (`.a.b[0]`, `$.items[*]`, `@`, `.a['b.c']`).
-pub fn parse_path(e: &str) -> Result<Path> {
+pub(crate) fn parse_path(e: &str) -> Result<Path> {
     let bad = |why: &str| anyhow::anyhow!("jsonpath expression {e:?}: {why}");
     let mut s = e.trim();
     let mut root = false;
@@ -445,7 +445,7 @@ fn cmp_values(a: Option<&Value>, b: Option<&Value>) -> Ordering {
 }
 
 /// How `get` prints, from `-o`.
-pub enum Output {
+pub(crate) enum Output {
     Table { wide: bool },
     Json,
     Yaml,
@@ -455,7 +455,7 @@ pub enum Output {
 }
 
 impl Output {
-    pub fn parse(o: Option<&str>) -> Result<Output> {
+    pub(crate) fn parse(o: Option<&str>) -> Result<Output> {
         Ok(match o {
             None => Output::Table { wide: false },
             Some("wide") => Output::Table { wide: true },

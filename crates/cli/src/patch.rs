@@ -110,7 +110,7 @@ fn is_status(e: &anyhow::Error, code: u16) -> bool {
 }
 
 /// Parse patch text: JSON, else YAML (one document), bounded.
-pub fn parse_patch(text: &str) -> Result<Value> {
+pub(crate) fn parse_patch(text: &str) -> Result<Value> {
     if text.len() > MAX_PATCH {
         bail!("the patch is larger than {MAX_PATCH} bytes");
     }
@@ -213,7 +213,7 @@ fn kind_of(v: &Value) -> &'static str {
 
 /// Check a JSON patch's shape whole (every operation's `op`, `path`, `value` or
 /// `from`) before anything is applied.
-pub fn check_ops(p: &Value) -> Result<Vec<Value>> {
+pub(crate) fn check_ops(p: &Value) -> Result<Vec<Value>> {
     let ops = p.as_array().ok_or_else(|| {
         anyhow::anyhow!("a json patch is a list of operations, not {}", kind_of(p))
     })?;
@@ -345,7 +345,7 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value> {
 
 /// Apply a JSON patch (RFC 6902) to `doc`: all of it, or (on an error naming the
 /// failing operation) none of it.
-pub fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<()> {
+pub(crate) fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<()> {
     let mut work = doc.clone();
     for (i, op) in ops.iter().enumerate() {
         let name = op.get("op").and_then(Value::as_str).unwrap_or("");

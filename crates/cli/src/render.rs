@@ -52,7 +52,7 @@ pub struct ApiConn {
 
 impl ApiConn {
     /// The same options as the other commands' [`super::Conn`].
-    pub fn conn(&self) -> super::Conn {
+    pub(crate) fn conn(&self) -> super::Conn {
         super::Conn {
             server: self.api.clone(),
             token: self.token.clone(),

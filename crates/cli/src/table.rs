@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::model::registry::ResourceType;
 
-pub struct Table {
+pub(crate) struct Table {
     headers: Vec<String>,
     cols: Vec<Col>,
     namespaced: bool,
@@ -26,7 +26,7 @@ enum Col {
 }
 
 /// Evaluate the JSONPath subset against `v`.
-pub fn jsonpath<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+pub(crate) fn jsonpath<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
     let mut cur = v;
     let mut rest = path.trim_start_matches('.');
     while !rest.is_empty() {
@@ -60,7 +60,7 @@ pub fn jsonpath<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
 /// range) shown as `?`, so text a machine, a BMC or another API client wrote cannot move
 /// the cursor, set the window title or hide lines. `keep_lines` keeps `\n` and `\t`
 /// (multi-line output); table cells keep neither.
-pub fn printable(s: &str, keep_lines: bool) -> std::borrow::Cow<'_, str> {
+pub(crate) fn printable(s: &str, keep_lines: bool) -> std::borrow::Cow<'_, str> {
     let bad = |c: char| c.is_control() && !(keep_lines && matches!(c, '\n' | '\t'));
     if !s.chars().any(bad) {
         return std::borrow::Cow::Borrowed(s);
@@ -72,7 +72,7 @@ pub fn printable(s: &str, keep_lines: bool) -> std::borrow::Cow<'_, str> {
 }
 
 /// A value as kubectl prints it: strings raw, everything else as JSON.
-pub fn text(v: &Value) -> String {
+pub(crate) fn text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -80,7 +80,7 @@ pub fn text(v: &Value) -> String {
 }
 
 /// `k=v,k2=v2` (sorted), or `<none>`: the `--show-labels` column.
-pub fn labels_cell(o: &Value) -> String {
+pub(crate) fn labels_cell(o: &Value) -> String {
     match o.pointer("/metadata/labels").and_then(Value::as_object) {
         Some(m) if !m.is_empty() => {
             let mut kv: Vec<String> = m.iter().map(|(k, v)| format!("{k}={}", text(v))).collect();
@@ -100,7 +100,7 @@ fn cell(v: Option<&Value>) -> String {
 }
 
 /// `5m`, `3h`, `2d` as kubectl prints ages.
-pub fn age(ts: Option<&str>) -> String {
+pub(crate) fn age(ts: Option<&str>) -> String {
     let Some(t) = ts.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok()) else {
         return "<unknown>".into();
     };
@@ -116,7 +116,7 @@ pub fn age(ts: Option<&str>) -> String {
 }
 
 impl Table {
-    pub fn new(rt: &ResourceType, wide: bool, all_namespaces: bool) -> Table {
+    pub(crate) fn new(rt: &ResourceType, wide: bool, all_namespaces: bool) -> Table {
         let mut headers = Vec::new();
         let mut cols = Vec::new();
         let namespaced = rt.namespaced && all_namespaces;
@@ -149,7 +149,7 @@ impl Table {
     }
 
     /// A LABELS column (`--show-labels`), last as kubectl's.
-    pub fn show_labels(mut self) -> Table {
+    pub(crate) fn show_labels(mut self) -> Table {
         self.headers.push("LABELS".into());
         self.cols.push(Col::Labels);
         self.widths.push("LABELS".len());
@@ -157,13 +157,13 @@ impl Table {
     }
 
     /// Names printed as `PREFIX/name` (`get all`).
-    pub fn name_prefix(mut self, p: &str) -> Table {
+    pub(crate) fn name_prefix(mut self, p: &str) -> Table {
         self.name_prefix = format!("{p}/");
         self
     }
 
     /// No header line (`--no-headers`).
-    pub fn no_headers(mut self, yes: bool) -> Table {
+    pub(crate) fn no_headers(mut self, yes: bool) -> Table {
         self.no_headers = yes;
         self.printed_header = yes;
         self
@@ -189,7 +189,7 @@ impl Table {
     }
 
     /// All rows, aligned, header first.
-    pub fn render(&self, items: &[Value]) -> String {
+    pub(crate) fn render(&self, items: &[Value]) -> String {
         let header = (!self.no_headers).then(|| self.headers.clone());
         let rows: Vec<Vec<String>> = header
             .into_iter()
@@ -200,7 +200,7 @@ impl Table {
     }
 
     /// One row for a watch stream (header before the first).
-    pub fn row_line(&mut self, o: &Value, deleted: bool) -> String {
+    pub(crate) fn row_line(&mut self, o: &Value, deleted: bool) -> String {
         let mut cells = self.cells(o);
         if deleted {
             if let Some(i) = self.cols.iter().position(|c| matches!(c, Col::Age)) {
@@ -222,7 +222,7 @@ impl Table {
 }
 
 /// Rows (header first) aligned in columns, one line each; cells through [`printable`].
-pub fn format_rows(rows: &[Vec<String>]) -> String {
+pub(crate) fn format_rows(rows: &[Vec<String>]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| r.iter().map(|c| printable(c, false).into_owned()).collect())

@@ -53,7 +53,7 @@ pub struct RevokeArgs {
 }
 
 /// `--ttl` as `spec.ttlSeconds`: `never` or `0` → 0 (no expiry), else [`parse_ttl`].
-pub fn ttl_seconds(s: &str) -> Result<u64> {
+pub(crate) fn ttl_seconds(s: &str) -> Result<u64> {
     match s.trim() {
         "never" | "0" => Ok(0),
         t => parse_ttl(t),
@@ -61,7 +61,7 @@ pub fn ttl_seconds(s: &str) -> Result<u64> {
 }
 
 /// `90m` → 5400: a positive number of s, m, h or d.
-pub fn parse_ttl(s: &str) -> Result<u64> {
+pub(crate) fn parse_ttl(s: &str) -> Result<u64> {
     let s = s.trim();
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = num

@@ -8,7 +8,7 @@ use crate::model::meta;
 use crate::model::views::BootConfigurationState;
 use crate::store::StoreError;
 
-pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
+pub(crate) async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     let (ns, name) = key;
     let b = match c.store.get(&c.t_sbc, Some(ns), name) {
         Ok(b) => b,

@@ -78,12 +78,12 @@ impl CatalogResolver {
     }
 
     /// The rendered-config cache (the boot index invalidates it from its watch).
-    pub fn renders(&self) -> &RenderCache {
+    pub(crate) fn renders(&self) -> &RenderCache {
         &self.renders
     }
 
     /// The image catalog in force.
-    pub fn catalog(&self) -> Arc<Catalog> {
+    pub(crate) fn catalog(&self) -> Arc<Catalog> {
         self.catalog
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -91,7 +91,7 @@ impl CatalogResolver {
     }
 
     /// Told each time the catalog or the templates are replaced.
-    pub fn subscribe_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub(crate) fn subscribe_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
     }
 
@@ -131,7 +131,7 @@ impl CatalogResolver {
     /// Re-reads the template directory when a file in it changed. Returns true when
     /// the set was replaced (every cached render is then dropped). A directory that no
     /// longer compiles keeps the previous set and logs why.
-    pub fn reload_templates_if_changed(&self) -> bool {
+    pub(crate) fn reload_templates_if_changed(&self) -> bool {
         let cur = self.template_set();
         if !cur.changed_on_disk() {
             return false;
@@ -153,7 +153,7 @@ impl CatalogResolver {
     /// The Ignition payload a boot configuration hands out (`None` when there is
     /// neither a template nor a secret). Without `format` the secret's `ignition` key
     /// is Ignition JSON, as boot-operator has it; `format: fcos` is Butane.
-    pub fn ignition_payload(
+    pub(crate) fn ignition_payload(
         &self,
         store: &Store,
         sbc: &Value,
@@ -267,7 +267,7 @@ fn labels(o: &Value) -> BTreeMap<String, String> {
 /// What a template may use about a machine, from its Server (and, when the Server
 /// names no claim, the boot configuration's own name and namespace, which are the
 /// claim's). MACs are lowercase colon-separated, the boot NIC (first listed) first.
-pub fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
+pub(crate) fn machine_facts(server: Option<&Value>, sbc: &Value) -> MachineFacts {
     let mut f = MachineFacts {
         name: read::<ServerBootConfiguration>(sbc).spec.server_ref.name,
         claim_name: Some(meta::name(sbc).to_string()),
@@ -369,7 +369,7 @@ const PROGRESS_BATCH: usize = 256;
 const COALESCE_MAX: usize = 4096;
 
 /// How often the Ignition template directory is checked for changes.
-pub const TEMPLATE_POLL: Duration = Duration::from_secs(2);
+pub(crate) const TEMPLATE_POLL: Duration = Duration::from_secs(2);
 
 /// Keeps a [`MemoryIndex`] equal to what the store says each machine should boot.
 pub struct StoreBootIndex {
@@ -499,7 +499,7 @@ impl StoreBootIndex {
     }
 
     /// Recompute one server's entry from the store.
-    pub fn refresh(&self, server: &str) {
+    pub(crate) fn refresh(&self, server: &str) {
         match self.store.get(&self.t_server, None, server) {
             Ok(s) => self.index(server, &s),
             Err(_) => {

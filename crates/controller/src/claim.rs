@@ -130,7 +130,7 @@ fn why_waiting(c: &Controllers, claim: &ServerClaim) -> (&'static str, String) {
     )
 }
 
-pub async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
+pub(crate) async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
     let (ns, name) = key;
     let claim = match c.store.get(&c.t_claim, Some(ns), name) {
         Ok(o) => o,

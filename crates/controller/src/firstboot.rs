@@ -29,7 +29,7 @@ use crate::store::{Part, StoreError};
 use crate::sys::unix_now;
 
 /// Annotation holding the discovery boot in progress: `"<attempt> <unix start>"`.
-pub const ATTEMPT_ANNOTATION: &str = "bootplane.dev/discovery-attempt";
+pub(crate) const ATTEMPT_ANNOTATION: &str = "bootplane.dev/discovery-attempt";
 
 /// The first-boot settings the Server reconciler needs (from `[discovery]`).
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ impl FirstBoot {
 }
 
 /// Whether a Server takes part in first boots: it names a BMC.
-pub fn has_bmc(s: &Server) -> bool {
+pub(crate) fn has_bmc(s: &Server) -> bool {
     s.spec.bmc_ref.is_some() || s.spec.bmc.is_some()
 }
 
@@ -69,7 +69,7 @@ fn attempt_of(s: &Server) -> Option<(u32, u64)> {
 
 /// What [`step`] decided beyond the status: when to look again, and a new value for the
 /// attempt annotation (`Some(None)`: remove it), written after the status.
-pub struct Step {
+pub(crate) struct Step {
     pub next: Next,
     pub attempt: Option<Option<String>>,
     /// The Server as stored after this step recorded a new attempt (before booting it):
@@ -108,7 +108,7 @@ async fn record_attempt(c: &Controllers, s: &Server, n: u32) -> Result<Arc<Value
 }
 
 /// Write the attempt annotation [`step`] asked for.
-pub async fn finish(c: &Controllers, s: &Server, step: &Step) -> Result<(), StoreError> {
+pub(crate) async fn finish(c: &Controllers, s: &Server, step: &Step) -> Result<(), StoreError> {
     let Some(v) = &step.attempt else {
         return Ok(());
     };
@@ -121,7 +121,7 @@ pub async fn finish(c: &Controllers, s: &Server, step: &Step) -> Result<(), Stor
 
 /// One step of the `Discovery` state for Server `s` (its status being built in `status`,
 /// written by the caller onto [`Step::base`] or `s`, then [`finish`]).
-pub async fn step(
+pub(crate) async fn step(
     c: &Controllers,
     fb: &FirstBoot,
     (s, sv): (&Value, &Server),

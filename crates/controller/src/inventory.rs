@@ -35,16 +35,16 @@ use crate::shutdown::Shutdown;
 use crate::store::{Modified, Part, Store, StoreError};
 
 /// Annotation holding the drives' serial numbers (`{"sda": "SERIAL", ...}` as JSON).
-pub const DRIVE_SERIALS_ANNOTATION: &str = "bootplane.dev/drive-serials";
+pub(crate) const DRIVE_SERIALS_ANNOTATION: &str = "bootplane.dev/drive-serials";
 /// The condition a report sets.
-pub const DISCOVERED: &str = "Discovered";
+pub(crate) const DISCOVERED: &str = "Discovered";
 /// Reports waiting for the writer; beyond it the listener answers 503 and the agent
 /// retries.
 pub const QUEUE: usize = 1024;
 
 /// The `boot_id` of a Server's discovery boot: its uid (new for a re-created Server)
 /// and its boot generation (new for each attempt, [`super::powerstate::boot_generation`]).
-pub fn boot_id(server: &Value) -> String {
+pub(crate) fn boot_id(server: &Value) -> String {
     format!(
         "discovery/{}/{}",
         meta::uid(server),

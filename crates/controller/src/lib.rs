@@ -58,10 +58,10 @@ pub use crate::model::meta::set_condition;
 pub use settings::ControllerConfig;
 
 /// `(namespace, name)`.
-pub type Key = (String, String);
+pub(crate) type Key = (String, String);
 
 /// Finalizer the claim reconciler puts on every ServerClaim.
-pub const CLAIM_FINALIZER: &str = "metal.ironcore.dev/serverclaim";
+pub(crate) const CLAIM_FINALIZER: &str = "metal.ironcore.dev/serverclaim";
 
 /// Decides whether a ServerBootConfiguration can be `Ready`: the boot side plugs in
 /// the image catalog and Ignition validation here.
@@ -94,7 +94,7 @@ pub struct Indexes {
 }
 
 /// How often a waiting claim's reason is worked out again.
-pub const EXPLAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const EXPLAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The label a Server discovered from a BMC not in `discovery.approved_bmcs` carries
 /// ([`APPROVAL_PENDING`]) until an operator approves it (any other value, or none): it is
@@ -104,12 +104,12 @@ pub const APPROVAL_LABEL: &str = "bootplane.dev/approval";
 pub const APPROVAL_PENDING: &str = "pending";
 
 /// Whether a Server waits for an operator's approval ([`APPROVAL_LABEL`]).
-pub fn awaiting_approval(s: &Server) -> bool {
+pub(crate) fn awaiting_approval(s: &Server) -> bool {
     s.metadata.labels.get(APPROVAL_LABEL).map(String::as_str) == Some(APPROVAL_PENDING)
 }
 
 /// Why a Server cannot be claimed now, or `None` when it can ([`is_claimable`]).
-pub fn unclaimable_reason(s: &Server) -> Option<String> {
+pub(crate) fn unclaimable_reason(s: &Server) -> Option<String> {
     if s.metadata.is_deleting() {
         return Some("being deleted".into());
     }
@@ -157,7 +157,7 @@ pub struct Controllers {
     pub events: Recorder,
 }
 
-pub fn is_claimable(s: &Server) -> bool {
+pub(crate) fn is_claimable(s: &Server) -> bool {
     s.status.state == Some(ServerState::Available)
         && !s.spec.unclaimable
         && s.status.power_state == Some(PowerState::Off)
@@ -168,13 +168,13 @@ pub fn is_claimable(s: &Server) -> bool {
 
 /// The part of a Server the claimable index keeps: `metadata.labels` and
 /// `spec.taints` (what a claim's selector and tolerations read).
-pub fn claimable_view(s: &Server) -> Arc<Candidate> {
+pub(crate) fn claimable_view(s: &Server) -> Arc<Candidate> {
     Arc::new(Candidate::of(s))
 }
 
 /// The claim a Server is bound to, `(namespace, name)`: `spec.serverClaimRef` when it
 /// names both.
-pub fn claim_ref(s: &Server) -> Option<Key> {
+pub(crate) fn claim_ref(s: &Server) -> Option<Key> {
     let r = s.spec.server_claim_ref.as_ref()?;
     Some((r.namespace.clone()?, r.name.clone()))
 }

@@ -13,13 +13,13 @@ use crate::power::Outcome;
 /// bootplane ended or restarted), `N-off` once the current power-off is counted. Written
 /// by this reconciler only (the `agent` role cannot write Servers); the boot index folds
 /// `N` into the boot id signed tokens are bound to.
-pub const BOOT_GENERATION_ANNOTATION: &str = "bootplane.dev/boot-generation";
+pub(crate) const BOOT_GENERATION_ANNOTATION: &str = "bootplane.dev/boot-generation";
 
 /// The suffix of a generation whose power-off is counted already.
 const SEALED_OFF: &str = "-off";
 
 /// `server`'s boot generation and whether its current power-off is counted in it.
-pub fn boot_generation(server: &Server) -> (u64, bool) {
+pub(crate) fn boot_generation(server: &Server) -> (u64, bool) {
     let v =
         (server.metadata.annotations.get(BOOT_GENERATION_ANNOTATION)).map_or("0", String::as_str);
     let (n, off) = match v.strip_suffix(SEALED_OFF) {
@@ -32,7 +32,7 @@ pub fn boot_generation(server: &Server) -> (u64, bool) {
 /// The generation annotation `server` needs for its recorded power state, when it
 /// differs from the one it has: a power-off seen is counted once (sealed with
 /// [`SEALED_OFF`]), a power-on after it unseals.
-pub fn generation_after_power(server: &Server) -> Option<String> {
+pub(crate) fn generation_after_power(server: &Server) -> Option<String> {
     let (n, off) = boot_generation(server);
     let recorded = (server.metadata.annotations).contains_key(BOOT_GENERATION_ANNOTATION);
     match server.status.power_state {
@@ -50,7 +50,7 @@ pub fn generation_after_power(server: &Server) -> Option<String> {
 
 /// The generation annotation before a reset of `server` is handed to the driver: the
 /// next one, unsealed (the server is on afterwards).
-pub fn generation_before_reset(server: &Server) -> String {
+pub(crate) fn generation_before_reset(server: &Server) -> String {
     boot_generation(server).0.saturating_add(1).to_string()
 }
 
@@ -62,7 +62,7 @@ pub fn claimed_boot_id(server: &Server, sbc: &ServerBootConfiguration) -> String
 
 /// A power driver's answer into `status`: `done` when it is applied, else `PowerReady`
 /// False with why (`Pending`, the driver's retry reason, or `err_reason` and the error).
-pub fn record_power(
+pub(crate) fn record_power(
     status: &mut Value,
     r: anyhow::Result<Outcome>,
     err_reason: &str,

@@ -36,7 +36,7 @@ use crate::model::views::{
 use crate::power::Power;
 use crate::store::{Part, StoreError};
 
-pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> {
+pub(crate) async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> {
     let s = match c.store.get(&c.t_server, None, name) {
         Ok(s) => s,
         Err(StoreError::NotFound { .. }) => return Ok(Next::Done),
@@ -160,7 +160,7 @@ pub async fn reconcile(c: &Controllers, name: &str) -> Result<Next, StoreError> 
 
 /// The condition of a discovered Server saying whether an operator approved it
 /// ([`super::APPROVAL_LABEL`]).
-pub const APPROVED: &str = "Approved";
+pub(crate) const APPROVED: &str = "Approved";
 
 pub use crate::model::wire::RESET_ANNOTATION;
 

@@ -40,18 +40,18 @@ use crate::store::{Store, StoreError};
 pub use super::{APPROVAL_LABEL, APPROVAL_PENDING};
 
 /// Label naming the BMC a discovered Server came from.
-pub const BMC_LABEL: &str = "bootplane.dev/bmc";
+pub(crate) const BMC_LABEL: &str = "bootplane.dev/bmc";
 /// New systems of one BMC read at once (the pool's per-BMC limit applies beneath).
 const READ_AHEAD: usize = 8;
 /// The condition saying whether the BMC still lists the Server's system.
-pub const PRESENT: &str = "SystemPresent";
+pub(crate) const PRESENT: &str = "SystemPresent";
 /// The condition set False on a new Server when NICs its BMC reports were left out
 /// because another Server holds their MAC.
-pub const MACS_UNIQUE: &str = "MACAddressesUnique";
+pub(crate) const MACS_UNIQUE: &str = "MACAddressesUnique";
 
 /// What the Servers in the store say about systems, kept by the BMC set's watch.
 #[derive(Default)]
-pub struct SystemIndex {
+pub(crate) struct SystemIndex {
     inner: Mutex<IndexInner>,
 }
 
@@ -69,7 +69,7 @@ struct IndexInner {
 
 impl SystemIndex {
     /// Note a Server's current state (or its deletion).
-    pub fn on_server(&self, s: &Value, deleted: bool) {
+    pub(crate) fn on_server(&self, s: &Value, deleted: bool) {
         let name = meta::name(s).to_string();
         let mut i = self.inner.lock().unwrap();
         if let Some(u) = i.uuid_of.remove(&name) {
@@ -117,7 +117,7 @@ impl SystemIndex {
 
 /// What one sync did (for the BMC's status message and the tests' logs).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Synced {
+pub(crate) struct Synced {
     pub created: usize,
     pub gone: usize,
     /// Systems skipped because they report no usable UUID.
@@ -137,10 +137,10 @@ enum Found {
 /// Per BMC, the systems already matched to a Server: `@odata.id` → UUID, so a poll that
 /// lists the same systems reads nothing more than the collection.
 #[derive(Default)]
-pub struct Seen(Mutex<HashMap<String, HashMap<String, String>>>);
+pub(crate) struct Seen(Mutex<HashMap<String, HashMap<String, String>>>);
 
 impl Seen {
-    pub fn forget(&self, bmc: &str) {
+    pub(crate) fn forget(&self, bmc: &str) {
         self.0.lock().unwrap().remove(bmc);
     }
 }
@@ -148,7 +148,7 @@ impl Seen {
 /// Make the store's Servers match the systems `client` (BMC `bmc`) lists as `ids`; new
 /// Servers wait for approval when `pending` ([`APPROVAL_LABEL`]); at most `max` Servers
 /// name the BMC.
-pub async fn sync(
+pub(crate) async fn sync(
     store: &Store,
     t_server: &ResourceType,
     (index, seen): (&SystemIndex, &Seen),
@@ -232,7 +232,7 @@ pub async fn sync(
 
 /// Why a sync stopped.
 #[derive(Debug, thiserror::Error)]
-pub enum SyncError {
+pub(crate) enum SyncError {
     #[error(transparent)]
     Redfish(#[from] redfish::Error),
     #[error(transparent)]
@@ -241,7 +241,7 @@ pub enum SyncError {
 
 /// The Server name for system `id` of `bmc`: `<bmc>-<id>` as an RFC 1123 name, or
 /// `<bmc>-system-<hash>` when the id leaves nothing usable or the name would be too long.
-pub fn server_name(bmc: &str, system_id: &str) -> String {
+pub(crate) fn server_name(bmc: &str, system_id: &str) -> String {
     let mut id: String = system_id
         .to_ascii_lowercase()
         .chars()
@@ -261,7 +261,7 @@ pub fn server_name(bmc: &str, system_id: &str) -> String {
 
 /// A label value from free text (≤ 63 characters of `[A-Za-z0-9._-]`, alphanumeric at
 /// both ends), or `None` when nothing usable is left.
-pub fn label_value(s: &str) -> Option<String> {
+pub(crate) fn label_value(s: &str) -> Option<String> {
     let v: String = s
         .trim()
         .chars()
@@ -304,7 +304,7 @@ pub fn server_object(bmc: &str, sys: &redfish::System, uuid: &str) -> Value {
 }
 
 /// The status a new Server starts with: what the BMC says of the system and its NICs.
-pub fn initial_status(
+pub(crate) fn initial_status(
     bmc: &str,
     sys: &redfish::System,
     nics: &[redfish::EthernetInterface],

@@ -45,7 +45,7 @@ use super::views::{
 
 /// What a field's value must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Check {
+pub(crate) enum Check {
     /// One of these strings, exactly.
     OneOf(&'static [&'static str]),
     /// A UUID ([`ident::parse_uuid`]).
@@ -60,7 +60,7 @@ pub enum Check {
 /// path from the object's root; a segment ending in `[]` is a list whose every item
 /// is followed (`status.networkInterfaces[].ips[]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Constraint {
+pub(crate) struct Constraint {
     pub group: &'static str,
     pub kind: &'static str,
     pub field: &'static str,

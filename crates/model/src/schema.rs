@@ -111,7 +111,7 @@ impl std::fmt::Display for FieldError {
 
 impl Schema {
     /// Compile patterns once. Call after deserializing.
-    pub fn prepare(&mut self) -> Result<(), String> {
+    pub(crate) fn prepare(&mut self) -> Result<(), String> {
         if let Some(p) = &self.pattern {
             self.compiled_pattern =
                 Some(regex::Regex::new(p).map_err(|e| format!("bad pattern {p:?}: {e}"))?);

@@ -159,7 +159,7 @@ pub struct FieldSelector {
 }
 
 impl FieldSelector {
-    pub const MAX_TERMS: usize = 16;
+    pub(crate) const MAX_TERMS: usize = 16;
 
     pub fn parse(s: &str) -> Result<FieldSelector, String> {
         let mut terms = Vec::new();

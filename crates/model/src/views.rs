@@ -45,7 +45,7 @@ macro_rules! string_enum {
         impl $name {
             /// The values bootplane knows, as written (the variants but `Other`).
             #[allow(dead_code)]
-            pub const VALUES: &'static [&'static str] = &[$(stringify!($var)),+];
+            pub(crate) const VALUES: &'static [&'static str] = &[$(stringify!($var)),+];
 
             pub fn as_str(&self) -> &str {
                 match self {

@@ -35,7 +35,7 @@ use unsafe_libyaml_norway as unsafe_libyaml;
 
 /// The deepest nesting accepted (a top-level mapping is depth 1). Kubernetes objects
 /// stay near 10; serde_json's own limit is 128.
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 /// What a document may cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,7 +174,7 @@ fn deeper_than(v: &Value, limit: usize) -> bool {
 
 /// Refuse JSON nested deeper than `max_depth` (one pass, strings skipped; anything
 /// else is left to the parser).
-pub fn scan_json(b: &[u8], max_depth: usize) -> Result<(), DecodeError> {
+pub(crate) fn scan_json(b: &[u8], max_depth: usize) -> Result<(), DecodeError> {
     let (mut depth, mut in_str, mut esc) = (0usize, false, false);
     let (mut line, mut line_start) = (1usize, 0usize);
     for (i, &c) in b.iter().enumerate() {

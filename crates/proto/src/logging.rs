@@ -201,7 +201,7 @@ fn fallback(filter: &str) -> EnvFilter {
 }
 
 /// Colour when stderr is a terminal and `NO_COLOR` is not set.
-pub fn ansi_on_stderr() -> bool {
+pub(crate) fn ansi_on_stderr() -> bool {
     std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 

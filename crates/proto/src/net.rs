@@ -21,7 +21,7 @@ pub fn raise_rcvbuf<F: AsFd>(sock: &F, bytes: usize) -> nix::Result<()> {
 ///
 /// The buffers are allocated once (zeroed, so the kernel maps a page only when a
 /// datagram lands on it); the kernel's headers are built on the stack of each call.
-pub struct RecvBatch {
+pub(crate) struct RecvBatch {
     bufs: Vec<u8>,
     slot: usize,
     addrs: Vec<libc::sockaddr_storage>,
@@ -29,11 +29,11 @@ pub struct RecvBatch {
 }
 
 /// Largest batch one [`RecvBatch`] takes.
-pub const RECV_BATCH_MAX: usize = 64;
+pub(crate) const RECV_BATCH_MAX: usize = 64;
 
 impl RecvBatch {
     /// Room for `n` (at most [`RECV_BATCH_MAX`]) datagrams of up to `slot` bytes each.
-    pub fn new(n: usize, slot: usize) -> RecvBatch {
+    pub(crate) fn new(n: usize, slot: usize) -> RecvBatch {
         let n = n.clamp(1, RECV_BATCH_MAX);
         RecvBatch {
             bufs: vec![0; n * slot],
@@ -46,7 +46,7 @@ impl RecvBatch {
 
     /// One non-blocking `recvmmsg` on `sock`: how many datagrams arrived (at least one;
     /// `WouldBlock` when none was queued).
-    pub fn recv<F: AsRawFd>(&mut self, sock: &F) -> io::Result<usize> {
+    pub(crate) fn recv<F: AsRawFd>(&mut self, sock: &F) -> io::Result<usize> {
         let n = self.addrs.len();
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
@@ -90,7 +90,7 @@ impl RecvBatch {
     /// The datagrams of the last [`recv`](Self::recv), in order: the bytes and the
     /// sender, or `None` for one cut short (larger than the slot) or from an address
     /// family that is not IP.
-    pub fn datagrams(&self) -> impl Iterator<Item = Option<(&[u8], SocketAddr)>> + '_ {
+    pub(crate) fn datagrams(&self) -> impl Iterator<Item = Option<(&[u8], SocketAddr)>> + '_ {
         self.got.iter().enumerate().map(|(k, &(len, truncated))| {
             if truncated {
                 return None;

@@ -19,9 +19,9 @@ use std::path::Path;
 use anyhow::{bail, Context as _, Result};
 
 /// Mode of the state directory.
-pub const DIR_MODE: u32 = 0o700;
+pub(crate) const DIR_MODE: u32 = 0o700;
 /// Mode of every file directly in it.
-pub const FILE_MODE: u32 = 0o600;
+pub(crate) const FILE_MODE: u32 = 0o600;
 
 /// Write `bytes` to `path` (a secret or a file holding one) through a 0600 temporary file
 /// beside it (named with this process's id, so two writers never share it), synced, then

@@ -73,16 +73,16 @@ pub struct Settings {
 }
 
 /// The directory under the state dir that holds the TLS files.
-pub const DIR: &str = "tls";
-pub const CA_CRT: &str = "ca.crt";
-pub const CA_KEY: &str = "ca.key";
-pub const SERVER_CRT: &str = "server.crt";
-pub const SERVER_KEY: &str = "server.key";
-pub const ISSUED: &str = "issued";
-pub const REVOKED: &str = "revoked";
+pub(crate) const DIR: &str = "tls";
+pub(crate) const CA_CRT: &str = "ca.crt";
+pub(crate) const CA_KEY: &str = "ca.key";
+pub(crate) const SERVER_CRT: &str = "server.crt";
+pub(crate) const SERVER_KEY: &str = "server.key";
+pub(crate) const ISSUED: &str = "issued";
+pub(crate) const REVOKED: &str = "revoked";
 
 /// How often the certificate, key and revocation files are checked for changes.
-pub const RELOAD_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const RELOAD_EVERY: Duration = Duration::from_secs(2);
 /// Validity of the generated CA.
 const CA_DAYS: i64 = 3650;
 /// Validity of a generated server certificate (the most browsers accept).
@@ -107,7 +107,7 @@ pub struct PeerCert {
 
 impl PeerCert {
     /// The fields of a DER certificate; None when it does not parse.
-    pub fn from_der(der: &[u8]) -> Option<PeerCert> {
+    pub(crate) fn from_der(der: &[u8]) -> Option<PeerCert> {
         let (_, c) = x509_parser::parse_x509_certificate(der).ok()?;
         let subject = c.subject();
         let cn = subject
@@ -362,7 +362,7 @@ fn hostname() -> String {
 }
 
 /// The names and addresses the generated server certificate is for.
-pub fn server_names(cfg: &Settings) -> BTreeSet<String> {
+pub(crate) fn server_names(cfg: &Settings) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = ["localhost", "127.0.0.1", "::1"]
         .into_iter()
         .map(String::from)
@@ -429,7 +429,7 @@ fn cert_names(der: &[u8]) -> Option<(BTreeSet<String>, i64)> {
 
 /// The certificate chain and key in two PEM files as rustls presents them; the key
 /// must be the certificate's.
-pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey> {
+pub(crate) fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey> {
     let cert_pem = read_bounded(cert, MAX_PEM_BYTES)?;
     let key_pem = read_bounded(key, MAX_PEM_BYTES)?;
     certified_key(
@@ -441,7 +441,7 @@ pub fn load_certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey> {
 }
 
 /// [`load_certified_key`] on PEM text; `cert_name`/`key_name` name them in errors.
-pub fn certified_key(
+pub(crate) fn certified_key(
     cert_pem: &[u8],
     key_pem: &[u8],
     cert_name: &str,
@@ -479,7 +479,7 @@ impl ResolvesServerCert for Resolver {
 
 /// The webpki client verifier with a revocation list checked after it accepted.
 #[derive(Debug)]
-pub struct Revocable {
+pub(crate) struct Revocable {
     inner: Arc<dyn ClientCertVerifier>,
     revoked: RwLock<Arc<HashSet<String>>>,
 }
@@ -606,7 +606,7 @@ pub fn read_issued(state_dir: &Path) -> Result<Vec<IssuedCert>> {
 }
 
 /// The revoked serials in `path` (normalized; malformed lines skipped).
-pub fn read_revoked_file(path: &Path) -> Result<HashSet<String>> {
+pub(crate) fn read_revoked_file(path: &Path) -> Result<HashSet<String>> {
     Ok(list_lines(path)?
         .iter()
         .filter_map(|l| normalize_serial(l.split_whitespace().next()?))

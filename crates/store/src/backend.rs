@@ -92,7 +92,7 @@ pub struct KeyValue {
 impl KeyValue {
     /// The value (field order kept): shared while hot, else parsed from
     /// [`KeyValue::raw`].
-    pub fn value(&self) -> Arc<Value> {
+    pub(crate) fn value(&self) -> Arc<Value> {
         match &self.hot {
             Some(v) => v.clone(),
             None => Arc::new(parse(&self.key, &self.raw)),
@@ -128,7 +128,7 @@ pub struct Event {
 }
 
 impl Event {
-    pub fn rev(&self) -> Rev {
+    pub(crate) fn rev(&self) -> Rev {
         self.kv.mod_rev
     }
 }
@@ -160,14 +160,14 @@ pub struct Op {
 }
 
 impl Op {
-    pub fn put(key: impl Into<String>, compare: Compare, value: Value) -> Op {
+    pub(crate) fn put(key: impl Into<String>, compare: Compare, value: Value) -> Op {
         Op {
             key: key.into(),
             compare,
             action: Action::Put(Arc::new(value)),
         }
     }
-    pub fn delete(key: impl Into<String>, compare: Compare) -> Op {
+    pub(crate) fn delete(key: impl Into<String>, compare: Compare) -> Op {
         Op {
             key: key.into(),
             compare,

@@ -22,7 +22,7 @@ pub enum Backend {
 impl Backend {
     /// A clone whose every write also requires `fence` (etcd only: an embedded
     /// store has one appliance and no elections, so it is returned as is).
-    pub fn fenced(&self, fence: super::etcd::Fence) -> Backend {
+    pub(crate) fn fenced(&self, fence: super::etcd::Fence) -> Backend {
         match self {
             Backend::Embedded(k) => Backend::Embedded(k.clone()),
             Backend::Etcd(e) => Backend::Etcd(e.fenced(fence)),

@@ -29,7 +29,7 @@ pub(crate) const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
 /// An aggregated Event is rewritten at most this often.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Events waiting for the writer, per recorder.
-pub const QUEUE: usize = 1024;
+pub(crate) const QUEUE: usize = 1024;
 /// Distinct events a recorder aggregates at once (the oldest are forgotten first).
 pub(crate) const MAX_TRACKED: usize = 4096;
 /// Longest `message` kept (longer ones are cut, as Kubernetes cuts at 1 KiB).
@@ -76,13 +76,13 @@ impl EventSettings {
 
 /// `Normal` or `Warning`, as core/v1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EventType {
+pub(crate) enum EventType {
     Normal,
     Warning,
 }
 
 impl EventType {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EventType::Normal => "Normal",
             EventType::Warning => "Warning",
@@ -92,7 +92,7 @@ impl EventType {
 
 /// The object an event is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ObjectRef {
+pub(crate) struct ObjectRef {
     pub api_version: String,
     pub kind: String,
     pub name: String,
@@ -102,7 +102,7 @@ pub struct ObjectRef {
 }
 
 impl ObjectRef {
-    pub fn of(rt: &ResourceType, obj: &Value) -> ObjectRef {
+    pub(crate) fn of(rt: &ResourceType, obj: &Value) -> ObjectRef {
         ObjectRef {
             api_version: rt.api_version(),
             kind: rt.kind.clone(),
@@ -226,7 +226,7 @@ impl Recorder {
     }
 
     /// Queue one event; never waits.
-    pub fn record(&self, object: ObjectRef, ty: EventType, reason: &str, message: String) {
+    pub(crate) fn record(&self, object: ObjectRef, ty: EventType, reason: &str, message: String) {
         let p = Pending {
             object,
             ty,

@@ -89,7 +89,7 @@ pub enum StoreError {
     Internal(String),
 }
 
-pub type Result<T> = std::result::Result<T, StoreError>;
+pub(crate) type Result<T> = std::result::Result<T, StoreError>;
 
 /// Which part of an object an update may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,10 +17,10 @@ use super::{Result, Store, StoreError};
 use bootplane_model::registry::ResourceType;
 
 /// How many times a read-modify-write is tried before its conflict is returned.
-pub const ATTEMPTS: usize = 8;
+pub(crate) const ATTEMPTS: usize = 8;
 
 /// Whether `e` is a `Conflict` (the object changed since it was read).
-pub fn is_conflict(e: &StoreError) -> bool {
+pub(crate) fn is_conflict(e: &StoreError) -> bool {
     matches!(e, StoreError::Conflict { .. })
 }
 

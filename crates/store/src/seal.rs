@@ -86,7 +86,7 @@ const TAG: usize = 16;
 /// provider that does not encrypt); no key may be called so.
 pub(crate) const IDENTITY: &str = "identity";
 /// How the ledger names a key whose object is in a legacy envelope (`KEY@v1`).
-pub(crate) const LEGACY_SUFFIX: &str = "@v1";
+pub const LEGACY_SUFFIX: &str = "@v1";
 /// Largest key file read.
 const MAX_FILE: u64 = 64 << 10;
 /// Most keys in a key file.
@@ -109,7 +109,7 @@ pub(crate) fn must_be_sealed(key: &str) -> bool {
 /// create revision (0: sealed by the write that creates the key, whose revision is
 /// not known before it commits) and `version` (1 for that write, +1 per put).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Binding {
+pub(crate) struct Binding {
     pub create_rev: u64,
     pub version: u64,
 }
@@ -117,6 +117,7 @@ pub struct Binding {
 impl Binding {
     /// The binding appliances of before gave the write that creates a key (its create
     /// revision not known): legacy, refused once the cluster's marker is written.
+    #[cfg(test)]
     pub const CREATE: Binding = Binding {
         create_rev: 0,
         version: 1,
@@ -138,7 +139,7 @@ impl Binding {
 
     /// Whether a value sealed with this binding may be the one etcd holds at `held`
     /// (the key's create revision and version as etcd reports them).
-    pub fn admits(&self, held: &Binding) -> bool {
+    pub(crate) fn admits(&self, held: &Binding) -> bool {
         self.version == held.version
             && (self.create_rev == held.create_rev || (self.create_rev == 0 && held.version == 1))
     }
@@ -146,7 +147,7 @@ impl Binding {
 
 /// The envelope a stored value was in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// Bound to the store key only (the embedded engine's; on etcd, written before
     /// the binding existed).
     V1,
@@ -515,14 +516,14 @@ impl Sealer {
     }
 
     /// The key file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.inner.path
     }
 
     /// Read the key file again when it changed since it was last read (or when
     /// `force`): `Ok(true)` when it was read. A file that no longer reads (missing,
     /// malformed, readable by others) leaves the keys as they were.
-    pub fn reload(&self, force: bool) -> anyhow::Result<bool> {
+    pub(crate) fn reload(&self, force: bool) -> anyhow::Result<bool> {
         let path = &self.inner.path;
         let md = std::fs::metadata(path)
             .with_context(|| format!("reading encryption key file {}", path.display()))?;
@@ -540,12 +541,12 @@ impl Sealer {
     }
 
     /// The key new writes are sealed with.
-    pub fn primary(&self) -> Arc<str> {
+    pub(crate) fn primary(&self) -> Arc<str> {
         self.ring().keys[0].name.clone()
     }
 
     /// Every key's name, the primary first.
-    pub fn key_names(&self) -> Vec<Arc<str>> {
+    pub(crate) fn key_names(&self) -> Vec<Arc<str>> {
         self.ring().keys.iter().map(|k| k.name.clone()).collect()
     }
 
@@ -660,7 +661,7 @@ pub struct Sealing {
 }
 
 impl Sealing {
-    pub fn new(sealer: Sealer) -> Sealing {
+    pub(crate) fn new(sealer: Sealer) -> Sealing {
         Sealing {
             sealer,
             ledger: Arc::default(),

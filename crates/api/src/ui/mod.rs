@@ -26,15 +26,15 @@ use super::authz::{Attrs, Identity, VERBS};
 use super::state::ApiState;
 
 /// Where the dashboard lives.
-pub const PREFIX: &str = "/ui/";
+pub(crate) const PREFIX: &str = "/ui/";
 
 /// `GET /api/whoami`: the caller's user, groups and allowed verbs per resource. Every
 /// authenticated caller may ask about itself (the auth middleware lets this path past
 /// authorization, as kube lets every user create a SelfSubjectRulesReview).
-pub const WHOAMI_PATH: &str = "/api/whoami";
+pub(crate) const WHOAMI_PATH: &str = "/api/whoami";
 
 /// The content security policy of every dashboard response.
-pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 img-src 'self' data:; connect-src 'self'; font-src 'self'; manifest-src 'self'; \
 base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
@@ -105,7 +105,7 @@ fn etags() -> &'static Vec<String> {
 }
 
 /// The dashboard's routes (no authentication: see the module doc).
-pub fn router() -> Router {
+pub(crate) fn router() -> Router {
     Router::new()
         .route("/ui", get(|| async { Redirect::permanent(PREFIX) }))
         .route(
@@ -194,7 +194,7 @@ fn resources(st: &ApiState) -> Vec<(String, String, Option<String>)> {
 /// "servers/status": [...], ...}}` with the verbs the caller's roles allow on each
 /// resource (any namespace, any name). The page shows action buttons only for what is
 /// allowed; the API decides again on every call.
-pub async fn whoami(
+pub(crate) async fn whoami(
     State(st): State<Arc<ApiState>>,
     Extension(id): Extension<Identity>,
 ) -> Response {

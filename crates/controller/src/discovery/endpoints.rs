@@ -58,9 +58,9 @@ pub const GRANT_QUEUE: usize = 1024;
 /// How soon an Endpoint whose default-credentials secret is missing is looked at again.
 const SECRET_RETRY: Duration = Duration::from_secs(10);
 /// The condition saying whether an Endpoint's `spec.ip` is its MAC's latest lease.
-pub const PINNED: &str = "AddressPinned";
+pub(crate) const PINNED: &str = "AddressPinned";
 /// The condition saying whether an Endpoint may be sent credentials.
-pub const APPROVED: &str = "Approved";
+pub(crate) const APPROVED: &str = "Approved";
 
 use super::settings::Cap;
 
@@ -136,7 +136,7 @@ pub fn load_db(path: Option<&std::path::Path>) -> anyhow::Result<MacDb> {
 }
 
 /// The Endpoint name of a MAC: `bmc-` and its 12 hex digits.
-pub fn endpoint_name(mac: &[u8; 6]) -> String {
+pub(crate) fn endpoint_name(mac: &[u8; 6]) -> String {
     let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
     format!("bmc-{hex}")
 }

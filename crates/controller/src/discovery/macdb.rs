@@ -19,13 +19,13 @@ use serde::Deserialize;
 use crate::model::ident::Mac;
 
 /// Largest database file read.
-pub const MAX_BYTES: usize = 1 << 20;
+pub(crate) const MAX_BYTES: usize = 1 << 20;
 /// Most entries in the database.
-pub const MAX_ENTRIES: usize = 10_000;
+pub(crate) const MAX_ENTRIES: usize = 10_000;
 
 /// Why the database was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum MacDbError {
+pub(crate) enum MacDbError {
     #[error("mac database is {0} bytes (at most {MAX_BYTES})")]
     TooLarge(usize),
     #[error("mac database has {0} entries (at most {MAX_ENTRIES})")]
@@ -42,13 +42,13 @@ pub enum MacDbError {
 
 /// The protocols a discovered BMC can be given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     Redfish,
     RedfishLocal,
 }
 
 impl Protocol {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Protocol::Redfish => "Redfish",
             Protocol::RedfishLocal => "RedfishLocal",
@@ -58,7 +58,7 @@ impl Protocol {
 
 /// One vendor's BMCs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// The prefix as octets (1..=6).
     pub prefix: Vec<u8>,
     pub manufacturer: String,
@@ -94,7 +94,7 @@ pub struct MacDb {
 }
 
 /// `aa:bb:cc`, `aa-bb-cc` or `aabbcc` → octets (1..=6).
-pub fn parse_prefix(s: &str) -> Result<Vec<u8>, String> {
+pub(crate) fn parse_prefix(s: &str) -> Result<Vec<u8>, String> {
     let hex: String = s.chars().filter(|c| !matches!(c, ':' | '-')).collect();
     let separated = hex.len() != s.len();
     if separated && s.split([':', '-']).any(|p| p.len() != 2) {
@@ -111,7 +111,7 @@ pub fn parse_prefix(s: &str) -> Result<Vec<u8>, String> {
 
 impl MacDb {
     /// Parses and checks the database text.
-    pub fn parse(text: &str) -> Result<MacDb, MacDbError> {
+    pub(crate) fn parse(text: &str) -> Result<MacDb, MacDbError> {
         if text.len() > MAX_BYTES {
             return Err(MacDbError::TooLarge(text.len()));
         }
@@ -158,7 +158,7 @@ impl MacDb {
     }
 
     /// The entry with the longest prefix of `mac`.
-    pub fn lookup(&self, mac: &Mac) -> Option<&Entry> {
+    pub(crate) fn lookup(&self, mac: &Mac) -> Option<&Entry> {
         (1..=6).rev().find_map(|n| self.entries.get(&mac[..n]))
     }
 

@@ -170,7 +170,7 @@ pub struct ApprovedBmcs(pub Vec<crate::nfs::ClientMatch>);
 impl ApprovedBmcs {
     /// Whether `ip` (text, as an Endpoint or BMC spec holds it) is approved; text that is
     /// not an address is not.
-    pub fn contains(&self, ip: &str) -> bool {
+    pub(crate) fn contains(&self, ip: &str) -> bool {
         ip.parse()
             .is_ok_and(|ip| self.0.iter().any(|m| m.contains(ip)))
     }

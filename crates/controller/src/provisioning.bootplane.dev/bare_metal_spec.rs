@@ -21,7 +21,7 @@ string_enum! {
 /// The fields of a `BareMetalSpec` the flow reads.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct BareMetalSpec {
+pub(crate) struct BareMetalSpec {
     pub metadata: ObjectMeta,
     pub spec: BareMetalSpecSpec,
     pub status: BareMetalSpecStatus,
@@ -30,7 +30,7 @@ pub struct BareMetalSpec {
 /// The fields of `BareMetalSpec.spec` the projected server gets.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-pub struct BareMetalSpecSpec {
+pub(crate) struct BareMetalSpecSpec {
     pub target: Option<String>,
     pub job_address: Option<String>,
     pub description: Option<String>,
@@ -38,7 +38,7 @@ pub struct BareMetalSpecSpec {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct BareMetalSpecStatus {
+pub(crate) struct BareMetalSpecStatus {
     /// UID of the server projected (set once it was).
     #[serde(rename = "serverUID")]
     pub server_uid: Option<String>,

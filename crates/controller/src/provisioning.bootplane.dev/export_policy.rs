@@ -27,7 +27,7 @@ string_enum! {
 /// The fields of an `ExportPolicy` the flow reads.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct ExportPolicy {
+pub(crate) struct ExportPolicy {
     pub metadata: ObjectMeta,
     pub spec: ExportPolicySpec,
     pub status: ExportPolicyStatus,
@@ -36,7 +36,7 @@ pub struct ExportPolicy {
 /// `ExportPolicy.spec`, as the Image reconciler writes it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-pub struct ExportPolicySpec {
+pub(crate) struct ExportPolicySpec {
     pub export_path: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub storage_volume_ref: Option<NameRef>,
@@ -44,7 +44,7 @@ pub struct ExportPolicySpec {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-pub struct ExportPolicyStatus {
+pub(crate) struct ExportPolicyStatus {
     /// Names of the rules in force on the backend.
     pub applied_rules: Vec<String>,
     pub message: String,
@@ -62,7 +62,7 @@ struct ExportPolicyStatusPatch {
 /// An `ExportPolicyRule`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct ExportPolicyRule {
+pub(crate) struct ExportPolicyRule {
     pub metadata: ObjectMeta,
     pub spec: ExportPolicyRuleSpec,
 }
@@ -70,7 +70,7 @@ pub struct ExportPolicyRule {
 /// `ExportPolicyRule.spec` (the server controller writes one per provisioning job).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-pub struct ExportPolicyRuleSpec {
+pub(crate) struct ExportPolicyRuleSpec {
     pub export_policy_ref: NameRef,
     pub index: u64,
     /// An address or a CIDR ([`ClientMatch`]).
@@ -127,7 +127,7 @@ pub fn backend_rules(objs: &[Arc<Value>]) -> NamedRules {
 
 impl Provisioning {
     /// Push every ExportPolicy in the store to the backend (start-up convergence).
-    pub async fn converge_exports(&self) {
+    pub(crate) async fn converge_exports(&self) {
         let (policies, _) = self.store.list(&self.t_policy, None, None);
         for p in policies {
             let key = (super::ns_of(&p), meta::name(&p).to_string());

@@ -43,7 +43,7 @@ string_enum! {
 /// The fields of an `Image` the flow reads.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct Image {
+pub(crate) struct Image {
     pub metadata: ObjectMeta,
     pub spec: ImageSpec,
     pub status: ImageStatus,
@@ -51,7 +51,7 @@ pub struct Image {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-pub struct ImageSpec {
+pub(crate) struct ImageSpec {
     /// The file, relative to `provision.images_dir`.
     pub source: String,
     pub sha256: Option<String>,
@@ -62,7 +62,7 @@ pub struct ImageSpec {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct ImageStatus {
+pub(crate) struct ImageStatus {
     pub state: Option<ImageState>,
     pub message: Option<String>,
     pub conditions: Vec<Condition>,
@@ -86,14 +86,14 @@ struct ImageStatusPatch {
 /// A `StorageVolume`: where an image's file is on NFS (the server controller reads it).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct StorageVolume {
+pub(crate) struct StorageVolume {
     pub spec: StorageVolumeSpec,
     pub status: StorageVolumeStatus,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
-pub struct StorageVolumeSpec {
+pub(crate) struct StorageVolumeSpec {
     pub nfs_server: String,
     pub export_path: String,
     /// The file inside the export.
@@ -107,7 +107,7 @@ pub struct StorageVolumeSpec {
 /// `StorageVolume.status`, written whole.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct StorageVolumeStatus {
+pub(crate) struct StorageVolumeStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<VolumeState>,
     pub message: String,

@@ -74,17 +74,17 @@ use crate::shutdown::Shutdown;
 use crate::store::{Part, Store, StoreError};
 
 /// API group of the flow's resources.
-pub const GROUP: &str = "provisioning.bootplane.dev";
+pub(crate) const GROUP: &str = "provisioning.bootplane.dev";
 /// Label linking a BareMetalSpec / BareMetalServer to its Image (value: the Image's name).
-pub const IMAGE_LABEL: &str = "provisioning.bootplane.dev/image-id";
+pub(crate) const IMAGE_LABEL: &str = "provisioning.bootplane.dev/image-id";
 /// Finalizer on Images: the export is removed from the backend before the Image goes.
-pub const IMAGE_FINALIZER: &str = "provisioning.bootplane.dev/export";
+pub(crate) const IMAGE_FINALIZER: &str = "provisioning.bootplane.dev/export";
 /// Finalizer on BareMetalServers: rule revoked and retention applied before it goes.
-pub const SERVER_FINALIZER: &str = "provisioning.bootplane.dev/server";
+pub(crate) const SERVER_FINALIZER: &str = "provisioning.bootplane.dev/server";
 /// Index of the rule the server controller creates for a provisioning job.
-pub const JOB_RULE_INDEX: u64 = 100;
+pub(crate) const JOB_RULE_INDEX: u64 = 100;
 /// How often an action whose job is lost is started again before it fails.
-pub const MAX_RESTARTS: u64 = 3;
+pub(crate) const MAX_RESTARTS: u64 = 3;
 
 /// What the flow's controllers need from the configuration.
 #[derive(Debug, Clone)]
@@ -128,7 +128,7 @@ pub struct NameRef {
 }
 
 impl NameRef {
-    pub fn new(name: &str) -> NameRef {
+    pub(crate) fn new(name: &str) -> NameRef {
         NameRef {
             name: name.to_string(),
         }
@@ -220,13 +220,13 @@ fn owned_object(rt: &ResourceType, ns: &str, name: &str, owner: Value, spec: Val
 }
 
 /// Export name of an image: `/images/<namespace>/<name>`.
-pub fn export_name(ns: &str, image: &str) -> String {
+pub(crate) fn export_name(ns: &str, image: &str) -> String {
     format!("/images/{ns}/{image}")
 }
 
 /// Rule name the server controller uses for a server's provisioning job (also the
 /// name of its ServerAction).
-pub fn rule_name(server: &str) -> String {
+pub(crate) fn rule_name(server: &str) -> String {
     format!("{server}-provision")
 }
 

@@ -25,7 +25,7 @@ string_enum! {
 }
 
 impl ActionState {
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         matches!(self, ActionState::Succeeded | ActionState::Failed)
     }
 }
@@ -169,7 +169,7 @@ fn job_state(s: JobState) -> ActionState {
 
 /// The job an action asks for, under its id: the action's UID, `-`, and the first 16
 /// hex digits of the request's [`ProvisionRequest::digest`].
-pub fn action_request(a: &ServerAction) -> ProvisionRequest {
+pub(crate) fn action_request(a: &ServerAction) -> ProvisionRequest {
     let spec = &a.spec;
     let mut req = ProvisionRequest {
         id: None,

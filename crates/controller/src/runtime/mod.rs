@@ -55,7 +55,7 @@ use crate::store::{Store, StoreError};
 use queue::WorkQueue;
 
 /// How long reconciles in flight at shutdown may take to finish.
-pub const DRAIN: Duration = Duration::from_secs(2);
+pub(crate) const DRAIN: Duration = Duration::from_secs(2);
 
 /// What a reconcile asks of the runtime afterwards.
 #[derive(Debug, PartialEq, Eq)]
@@ -71,7 +71,7 @@ type Handler<C> = Arc<dyn Fn(&C, &ResourceType, &Arc<Value>, bool) + Send + Sync
 type Start<C> = Box<dyn FnOnce(&Arc<C>, usize, &mut JoinSet<()>) + Send>;
 
 /// See the module doc.
-pub struct Runtime<C> {
+pub(crate) struct Runtime<C> {
     ctx: Arc<C>,
     store: Store,
     workers: usize,
@@ -83,7 +83,7 @@ pub struct Runtime<C> {
 impl<C: Send + Sync + 'static> Runtime<C> {
     /// A runtime for the controller set `ctx`, with `workers` (at least 1) tasks per
     /// reconciler.
-    pub fn new(ctx: Arc<C>, store: Store, workers: usize) -> Runtime<C> {
+    pub(crate) fn new(ctx: Arc<C>, store: Store, workers: usize) -> Runtime<C> {
         Runtime {
             ctx,
             store,
@@ -96,7 +96,7 @@ impl<C: Send + Sync + 'static> Runtime<C> {
 
     /// Follow each of `types` and hand every object listed and every change to
     /// `on_event(ctx, type, object, deleted)`.
-    pub fn watch<F>(
+    pub(crate) fn watch<F>(
         mut self,
         types: impl IntoIterator<Item = Arc<ResourceType>>,
         on_event: F,
@@ -113,7 +113,7 @@ impl<C: Send + Sync + 'static> Runtime<C> {
 
     /// Reconcile the keys of `queue` with `reconcile(ctx, key)`; `kind` names them in
     /// the logs.
-    pub fn reconciler<K, F, Fut>(
+    pub(crate) fn reconciler<K, F, Fut>(
         mut self,
         kind: &'static str,
         queue: Arc<WorkQueue<K>>,
@@ -150,7 +150,7 @@ impl<C: Send + Sync + 'static> Runtime<C> {
     }
 
     /// Run the watches and workers until `shutdown`, then drain (see the module doc).
-    pub async fn run(self, mut shutdown: Shutdown) {
+    pub(crate) async fn run(self, mut shutdown: Shutdown) {
         let mut watches = JoinSet::new();
         for (t, h) in self.watches {
             let (ctx, store) = (self.ctx.clone(), self.store.clone());

@@ -23,11 +23,11 @@ pub struct WorkQueue<K> {
     notify: Notify,
 }
 
-pub const BASE_DELAY: Duration = Duration::from_millis(5);
-pub const MAX_DELAY: Duration = Duration::from_secs(30);
+pub(crate) const BASE_DELAY: Duration = Duration::from_millis(5);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(30);
 
 impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(WorkQueue {
             inner: Mutex::new(Inner {
                 queue: VecDeque::new(),
@@ -43,7 +43,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// Queue `k` unless it is already queued; if it is being processed, queue it
     /// again once that finishes.
-    pub fn add(&self, k: K) {
+    pub(crate) fn add(&self, k: K) {
         let mut g = self.inner.lock().unwrap();
         if g.shutdown {
             return;
@@ -60,7 +60,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Queue `k` after `d`.
-    pub fn add_after(self: &Arc<Self>, k: K, d: Duration) {
+    pub(crate) fn add_after(self: &Arc<Self>, k: K, d: Duration) {
         let q = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(d).await;
@@ -69,7 +69,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Retry `k` after its backoff delay, which doubles with each failure.
-    pub fn add_rate_limited(self: &Arc<Self>, k: K) {
+    pub(crate) fn add_rate_limited(self: &Arc<Self>, k: K) {
         let n = {
             let mut g = self.inner.lock().unwrap();
             let n = g.failures.entry(k.clone()).or_insert(0);
@@ -80,12 +80,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Reset `k`'s backoff after a success.
-    pub fn forget(&self, k: &K) {
+    pub(crate) fn forget(&self, k: &K) {
         self.inner.lock().unwrap().failures.remove(k);
     }
 
     /// Next key to process; `None` after shutdown.
-    pub async fn get(&self) -> Option<K> {
+    pub(crate) async fn get(&self) -> Option<K> {
         loop {
             let notified = self.notify.notified();
             {
@@ -107,7 +107,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Mark `k` finished; re-queues it if it was added meanwhile.
-    pub fn done(&self, k: &K) {
+    pub(crate) fn done(&self, k: &K) {
         let mut g = self.inner.lock().unwrap();
         g.processing.remove(k);
         if g.dirty.remove(k) && g.queued.insert(k.clone()) {
@@ -125,13 +125,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.len() == 0
     }
 
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         self.inner.lock().unwrap().shutdown = true;
         self.notify.notify_waiters();
     }
 }
 
-pub fn backoff(failures: u32) -> Duration {
+pub(crate) fn backoff(failures: u32) -> Duration {
     BASE_DELAY
         .saturating_mul(1u32 << failures.min(20))
         .min(MAX_DELAY)

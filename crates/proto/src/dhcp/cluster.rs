@@ -82,7 +82,7 @@ use crate::sys::unix_now;
 /// appliances' clocks to disagree (they decide expiry each by their own clock).
 pub const SKEW_MARGIN_SECS: u64 = 5;
 /// Most lease Txns of one commit in flight at once.
-pub const TXN_CONCURRENCY: usize = 64;
+pub(crate) const TXN_CONCURRENCY: usize = 64;
 /// Compare-and-swap rounds per lease; each failed compare reads the key back.
 const CAS_ROUNDS: usize = 4;
 /// Mirror messages waiting for the DHCP loop.
@@ -90,7 +90,7 @@ const MIRROR_QUEUE: usize = 16;
 /// Keys per page of a listing.
 const PAGE: i64 = 1000;
 /// Least time a renewal granted from the mirror while etcd is unreachable carries.
-pub const MIN_DEGRADED_SECS: u64 = 10;
+pub(crate) const MIN_DEGRADED_SECS: u64 = 10;
 
 /// A lease as stored in etcd.
 #[derive(Debug, Serialize, Deserialize)]
@@ -163,11 +163,11 @@ impl Keys {
         }
     }
 
-    pub fn prefix(&self) -> &str {
+    pub(crate) fn prefix(&self) -> &str {
         &self.prefix
     }
 
-    pub fn key(&self, ip: Ipv4Addr) -> String {
+    pub(crate) fn key(&self, ip: Ipv4Addr) -> String {
         format!("{}{ip}", self.prefix)
     }
 
@@ -331,7 +331,7 @@ pub enum MirrorMsg {
 }
 
 /// Every key under the scope's prefix, one consistent revision, in pages.
-pub async fn list(kv: &mut KvClient, keys: &Keys, timeout: Duration) -> Result<MirrorMsg> {
+pub(crate) async fn list(kv: &mut KvClient, keys: &Keys, timeout: Duration) -> Result<MirrorMsg> {
     let prefix = keys.prefix().as_bytes().to_vec();
     let mut end = prefix.clone();
     *end.last_mut().expect("the prefix ends with '/'") += 1;
@@ -715,7 +715,7 @@ fn change_ip(c: &Change) -> Ipv4Addr {
 }
 
 /// The client MAC of a reply (chaddr, Ethernet).
-pub fn reply_mac(r: &Reply) -> Option<Mac> {
+pub(crate) fn reply_mac(r: &Reply) -> Option<Mac> {
     let c = r.msg.chaddr();
     let mut m = [0u8; 6];
     m.copy_from_slice(c.get(..6)?);

@@ -29,9 +29,9 @@ pub use super::overload::MIN_MESSAGE_LEN;
 use super::settings::{BootTarget, DhcpMode, DhcpSettings, Reservation};
 use crate::model::ident::Mac;
 
-pub const SERVER_PORT: u16 = 67;
-pub const CLIENT_PORT: u16 = 68;
-pub const PXE_PORT: u16 = 4011;
+pub(crate) const SERVER_PORT: u16 = 67;
+pub(crate) const CLIENT_PORT: u16 = 68;
+pub(crate) const PXE_PORT: u16 = 4011;
 
 /// Seconds a declined address stays parked.
 const DECLINE_HOLD_SECS: u64 = 600;
@@ -99,7 +99,7 @@ pub struct ClientInfo {
 }
 
 impl ClientInfo {
-    pub fn of(req: &Message) -> ClientInfo {
+    pub(crate) fn of(req: &Message) -> ClientInfo {
         let opts = req.opts();
         let class = match opts.get(OptionCode::ClassIdentifier) {
             Some(DhcpOption::ClassIdentifier(v)) => v.as_slice(),
@@ -121,14 +121,14 @@ impl ClientInfo {
         }
     }
 
-    pub fn is_boot_client(&self) -> bool {
+    pub(crate) fn is_boot_client(&self) -> bool {
         self.pxe || self.http || self.ipxe
     }
 }
 
 /// The boot answer chosen for a client.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BootChoice {
+pub(crate) struct BootChoice {
     pub file: String,
     /// Via TFTP from `next_server`; false = HTTP URL.
     pub tftp: bool,
@@ -230,18 +230,18 @@ impl Server {
 
     /// Give iPXE on a known machine's MAC a script token for that machine
     /// ([`SCRIPT_TOKEN_OPTION`]); every other client's reply is unchanged.
-    pub fn with_machine_scripts(mut self, m: MachineScripts) -> Server {
+    pub(crate) fn with_machine_scripts(mut self, m: MachineScripts) -> Server {
         self.machine_scripts = Some(m);
         self
     }
 
     /// Replace static reservations (hook for registered Servers' MACs).
-    pub fn set_reservations(&mut self, list: Vec<Reservation>) {
+    pub(crate) fn set_reservations(&mut self, list: Vec<Reservation>) {
         self.table.set_reservations(list);
     }
 
     /// Which boot file this client gets, if any.
-    pub fn boot_choice(&self, c: &ClientInfo) -> Option<BootChoice> {
+    pub(crate) fn boot_choice(&self, c: &ClientInfo) -> Option<BootChoice> {
         if c.ipxe {
             return Some(BootChoice {
                 file: self.settings.boot.script_url.clone(),
@@ -568,7 +568,7 @@ impl Server {
 
     /// The NAK that replaces `ack` when its lease could not be granted after all
     /// (another appliance holds the address: [`super::cluster`]); the client starts over.
-    pub fn nak_for(&self, ack: &Reply) -> Reply {
+    pub(crate) fn nak_for(&self, ack: &Reply) -> Reply {
         let a = &ack.msg;
         let mut m = Message::default();
         m.set_opcode(Opcode::BootReply)
@@ -725,7 +725,7 @@ impl Server {
 
 /// `ack` with its lease time (option 51) lowered to `secs`, and T1/T2 (58/59) with
 /// it: a renewal granted only up to what the lease already had ([`super::cluster`]).
-pub fn shorten_lease(ack: &mut Reply, secs: u32) {
+pub(crate) fn shorten_lease(ack: &mut Reply, secs: u32) {
     let o = ack.msg.opts_mut();
     o.insert(DhcpOption::AddressLeaseTime(secs));
     o.insert(DhcpOption::Renewal(secs / 2));
@@ -805,14 +805,14 @@ pub fn encode(m: &Message) -> Option<Vec<u8>> {
 
 /// Encode a reply within the client's size limit (`r.max_len`), overloading `file` /
 /// `sname` when needed; the second value counts options that fit nowhere.
-pub fn encode_reply(r: &Reply) -> Option<(Vec<u8>, usize)> {
+pub(crate) fn encode_reply(r: &Reply) -> Option<(Vec<u8>, usize)> {
     let f = super::overload::fit(encode(&r.msg)?, r.max_len);
     Some((f.bytes, f.dropped))
 }
 
 /// The largest reply `req`'s sender accepts (option 57, RFC 2132 9.10; see
 /// [`super::overload::max_len_for`]).
-pub fn max_reply_len(req: &Message) -> usize {
+pub(crate) fn max_reply_len(req: &Message) -> usize {
     let v = match req.opts().get(OptionCode::MaxMessageSize) {
         Some(DhcpOption::MaxMessageSize(n)) => Some(*n),
         _ => None,

@@ -84,7 +84,7 @@ impl LeaseIndex {
     }
 
     /// Every bound lease, sorted by address.
-    pub fn all(&self) -> Vec<Lease> {
+    pub(crate) fn all(&self) -> Vec<Lease> {
         let mut v: Vec<Lease> = match self.inner.read() {
             Ok(g) => g.by_ip.values().cloned().collect(),
             Err(_) => Vec::new(),
@@ -168,7 +168,7 @@ fn mac_hash(mac: &Mac) -> u32 {
 
 /// Does `l` still hold its address against other MACs at `now`, `margin` seconds of
 /// clock skew allowed for (a released lease never does; an offer only until it ends)?
-pub fn holds(l: &Lease, now: u64, margin: u64) -> bool {
+pub(crate) fn holds(l: &Lease, now: u64, margin: u64) -> bool {
     match l.state {
         LeaseState::Bound | LeaseState::Declined => l.expires.saturating_add(margin) > now,
         LeaseState::Offered => l.expires > now,
@@ -221,14 +221,14 @@ impl LeaseTable {
         self.shared.unwrap_or(0)
     }
 
-    pub fn subnets(&self) -> &[Subnet] {
+    pub(crate) fn subnets(&self) -> &[Subnet] {
         &self.subnets
     }
 
     /// Replace the static reservations (config now; registered Servers' MACs later).
     /// Existing dynamic leases on newly reserved addresses keep running until they expire
     /// or are released; they are not renewed to anyone but the reserved MAC.
-    pub fn set_reservations(&mut self, list: Vec<Reservation>) {
+    pub(crate) fn set_reservations(&mut self, list: Vec<Reservation>) {
         self.reservations = list.iter().map(|r| (r.mac, r.clone())).collect();
         self.reserved_ips = list.iter().map(|r| r.ip).collect();
         self.rebuild_free();
@@ -253,7 +253,7 @@ impl LeaseTable {
     }
 
     /// Load a persisted lease (startup), without journaling it.
-    pub fn load(&mut self, l: Lease) {
+    pub(crate) fn load(&mut self, l: Lease) {
         self.insert_lease(l);
     }
 
@@ -266,7 +266,7 @@ impl LeaseTable {
         self.by_ip.get(&ip)
     }
 
-    pub fn by_mac(&self, mac: &Mac) -> Option<&Lease> {
+    pub(crate) fn by_mac(&self, mac: &Mac) -> Option<&Lease> {
         self.by_mac.get(mac).and_then(|ip| self.by_ip.get(ip))
     }
 
@@ -275,22 +275,22 @@ impl LeaseTable {
     }
 
     /// The leases the lease log keeps (all but offers, which live in memory only).
-    pub fn persisted(&self) -> impl Iterator<Item = &Lease> {
+    pub(crate) fn persisted(&self) -> impl Iterator<Item = &Lease> {
         self.by_ip
             .values()
             .filter(|l| l.state != LeaseState::Offered)
     }
 
-    pub fn reservation(&self, mac: &Mac) -> Option<&Reservation> {
+    pub(crate) fn reservation(&self, mac: &Mac) -> Option<&Reservation> {
         self.reservations.get(mac)
     }
 
-    pub fn subnet_index_for(&self, ip: Ipv4Addr) -> Option<usize> {
+    pub(crate) fn subnet_index_for(&self, ip: Ipv4Addr) -> Option<usize> {
         self.subnets.iter().position(|s| s.contains(ip))
     }
 
     /// (active leases, pool size) per subnet, for the utilisation metric.
-    pub fn utilisation(&self, now: u64) -> Vec<(Ipv4Addr, u64, u64)> {
+    pub(crate) fn utilisation(&self, now: u64) -> Vec<(Ipv4Addr, u64, u64)> {
         self.subnets
             .iter()
             .map(|s| {
@@ -490,7 +490,7 @@ impl LeaseTable {
     }
 
     /// Hold `ip` for `mac` until `expires` (an offer; memory only).
-    pub fn offer(&mut self, ip: Ipv4Addr, mac: Mac, hostname: Option<String>, expires: u64) {
+    pub(crate) fn offer(&mut self, ip: Ipv4Addr, mac: Mac, hostname: Option<String>, expires: u64) {
         if let Some(l) = self.by_ip.get(&ip) {
             if l.mac == mac && l.state == LeaseState::Bound && l.expires >= expires {
                 return; // already bound for longer: keep it
@@ -509,7 +509,7 @@ impl LeaseTable {
     }
 
     /// Drop an unanswered offer for `mac` (it chose another server).
-    pub fn cancel_offer(&mut self, mac: &Mac) {
+    pub(crate) fn cancel_offer(&mut self, mac: &Mac) {
         if let Some(l) = self.by_mac(mac) {
             if l.state == LeaseState::Offered {
                 let ip = l.ip;
@@ -549,7 +549,7 @@ impl LeaseTable {
     }
 
     /// The client found `ip` in use: park it until `until`.
-    pub fn decline(&mut self, ip: Ipv4Addr, mac: &Mac, until: u64) -> bool {
+    pub(crate) fn decline(&mut self, ip: Ipv4Addr, mac: &Mac, until: u64) -> bool {
         match self.by_ip.get(&ip) {
             Some(l) if l.mac == *mac => {
                 let l = Lease {

@@ -23,12 +23,12 @@ use crate::model::ident::Mac;
 
 /// Without the etcd feature there is no cluster mirror: its message never comes.
 #[cfg(not(feature = "etcd"))]
-pub enum MirrorMsg {}
+pub(crate) enum MirrorMsg {}
 
 use super::leases::Verdict;
 
 /// Where lease changes are made durable.
-pub enum Ledger {
+pub(crate) enum Ledger {
     /// The lease log (absent while a write runs) at `path`.
     Log {
         log: Option<LeaseLog>,
@@ -39,7 +39,7 @@ pub enum Ledger {
 }
 
 /// A commit that ended.
-pub enum Done {
+pub(crate) enum Done {
     Log {
         log: LeaseLog,
         journal: Vec<Change>,
@@ -50,7 +50,7 @@ pub enum Done {
 }
 
 /// How a commit ended, for the verdicts of its ACKs.
-pub enum Settled {
+pub(crate) enum Settled {
     /// Every change is on disk (or none is).
     Log(bool),
     #[cfg(feature = "etcd")]
@@ -68,7 +68,7 @@ fn write_log(mut log: LeaseLog, journal: Vec<Change>) -> Done {
 
 impl Ledger {
     /// Whether a commit can start (the log is back from the last one).
-    pub fn can_begin(&self) -> bool {
+    pub(crate) fn can_begin(&self) -> bool {
         match self {
             Ledger::Log { log, .. } => log.is_some(),
             #[cfg(feature = "etcd")]
@@ -77,7 +77,7 @@ impl Ledger {
     }
 
     /// Whether new leases can be granted now (the log: always).
-    pub fn available(&self) -> bool {
+    pub(crate) fn available(&self) -> bool {
         match self {
             Ledger::Log { .. } => true,
             #[cfg(feature = "etcd")]
@@ -86,7 +86,7 @@ impl Ledger {
     }
 
     /// `changes` wait for the next commit.
-    pub fn queued(&mut self, changes: &[Change]) {
+    pub(crate) fn queued(&mut self, changes: &[Change]) {
         #[cfg(feature = "etcd")]
         if let Ledger::Cluster(c) = self {
             c.queued(changes);
@@ -96,7 +96,7 @@ impl Ledger {
     }
 
     /// Start the commit of `journal` (the log: on the blocking pool; etcd: a task).
-    pub fn begin(&mut self, journal: Vec<Change>) -> JoinHandle<Done> {
+    pub(crate) fn begin(&mut self, journal: Vec<Change>) -> JoinHandle<Done> {
         match self {
             Ledger::Log { log, .. } => {
                 let l = log.take().expect("guarded by can_begin");
@@ -111,7 +111,7 @@ impl Ledger {
     }
 
     /// The next message of the cluster's mirror (never, for the log).
-    pub async fn next_mirror(&mut self) -> MirrorMsg {
+    pub(crate) async fn next_mirror(&mut self) -> MirrorMsg {
         match self {
             Ledger::Log { .. } => std::future::pending().await,
             #[cfg(feature = "etcd")]
@@ -119,7 +119,7 @@ impl Ledger {
         }
     }
 
-    pub fn observe(&mut self, msg: MirrorMsg, table: &mut LeaseTable, index: &LeaseIndex) {
+    pub(crate) fn observe(&mut self, msg: MirrorMsg, table: &mut LeaseTable, index: &LeaseIndex) {
         #[cfg(feature = "etcd")]
         if let Ledger::Cluster(c) = self {
             c.observe(msg, table, index);
@@ -133,7 +133,7 @@ impl Ledger {
 
     /// A commit ended: publish its leases to `index` (and `table`, from etcd), count it;
     /// the log is compacted when due.
-    pub fn finish(
+    pub(crate) fn finish(
         &mut self,
         done: Done,
         table: &mut LeaseTable,
@@ -181,7 +181,7 @@ impl Ledger {
 
     /// The verdicts of `acks` (their commit ended as `settled`) at `now`, and whether a
     /// grant of `(address, MAC)` among them became durable.
-    pub fn verdicts(
+    pub(crate) fn verdicts(
         &self,
         settled: &Settled,
         acks: &[(Reply, u16)],
@@ -220,7 +220,7 @@ pub enum Granted {
 }
 
 impl Granted {
-    pub fn contains(&self, ip: Ipv4Addr, mac: Mac) -> bool {
+    pub(crate) fn contains(&self, ip: Ipv4Addr, mac: Mac) -> bool {
         match self {
             Granted::All(ok) => *ok,
             Granted::These(s) => s.contains(&(ip, mac)),

@@ -32,7 +32,7 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 9] = [
+    pub(crate) const ALL: [DropReason; 9] = [
         DropReason::Malformed,
         DropReason::NotRequest,
         DropReason::RateLimited,
@@ -96,7 +96,7 @@ impl Metrics {
         }
     }
 
-    pub fn drop(&self, reason: DropReason) {
+    pub(crate) fn drop(&self, reason: DropReason) {
         self.drops.get_or_create(&DropLabels { reason }).inc();
     }
 

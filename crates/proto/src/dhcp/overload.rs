@@ -37,12 +37,12 @@ pub const MIN_MESSAGE_LEN: usize = 548;
 /// IPv4 + UDP headers, which option 57 counts (as ISC dhcpd and dnsmasq read it).
 const IP_UDP_HEADERS: usize = 28;
 /// The largest reply we size for without fragmenting: an Ethernet MTU.
-pub const MAX_MESSAGE_LEN: usize = 1500 - IP_UDP_HEADERS;
+pub(crate) const MAX_MESSAGE_LEN: usize = 1500 - IP_UDP_HEADERS;
 
 /// The largest DHCP message (UDP payload) a client whose option 57 says `opt57`
 /// accepts: values below the RFC minimum 576 count as 576, the result is capped at an
 /// Ethernet frame. No option 57: [`MIN_MESSAGE_LEN`].
-pub fn max_len_for(opt57: Option<u16>) -> usize {
+pub(crate) fn max_len_for(opt57: Option<u16>) -> usize {
     match opt57 {
         Some(v) => (usize::from(v).max(576) - IP_UDP_HEADERS).min(MAX_MESSAGE_LEN),
         None => MIN_MESSAGE_LEN,
@@ -221,7 +221,7 @@ pub fn fit(encoded: Vec<u8>, max_len: usize) -> Fitted {
 /// Rewrite a request that uses option overload into the plain layout (see the module
 /// doc). Anything else, including malformed input, is returned as it is (the decoder
 /// then judges it).
-pub fn unfold(buf: &[u8]) -> Cow<'_, [u8]> {
+pub(crate) fn unfold(buf: &[u8]) -> Cow<'_, [u8]> {
     if buf.len() < COOKIE_END || buf[236..240] != MAGIC {
         return Cow::Borrowed(buf);
     }

@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 use super::leases::{Change, Lease, LeaseState};
 use crate::model::ident::{parse_mac, MacFmt};
 
-pub struct LeaseLog {
+pub(crate) struct LeaseLog {
     file: File,
     path: PathBuf,
     /// Records appended since the last compaction.
@@ -135,7 +135,11 @@ fn sync_dir(dir: &Path) -> Result<()> {
 impl LeaseLog {
     /// Open (creating) the log, replay it, cut a torn tail, compact, and return
     /// the live leases. Leases that ended more than `keep_expired_secs` before `now` are dropped.
-    pub fn open(path: &Path, now: u64, keep_expired_secs: u64) -> Result<(LeaseLog, Vec<Lease>)> {
+    pub(crate) fn open(
+        path: &Path,
+        now: u64,
+        keep_expired_secs: u64,
+    ) -> Result<(LeaseLog, Vec<Lease>)> {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut leases: HashMap<Ipv4Addr, Lease> = HashMap::new();
@@ -188,7 +192,7 @@ impl LeaseLog {
     }
 
     /// Append `changes` and fdatasync. Returns after the data is on disk.
-    pub fn append(&mut self, changes: &[Change]) -> std::io::Result<()> {
+    pub(crate) fn append(&mut self, changes: &[Change]) -> std::io::Result<()> {
         if changes.is_empty() {
             return Ok(());
         }
@@ -204,12 +208,12 @@ impl LeaseLog {
 
     /// Whether the log has grown enough that a rewrite pays off; `live` (the number of
     /// records a rewrite keeps, a scan of the table) is only asked once the log is large.
-    pub fn wants_compaction(&self, live: impl FnOnce() -> usize) -> bool {
+    pub(crate) fn wants_compaction(&self, live: impl FnOnce() -> usize) -> bool {
         self.appended > 100_000 && self.appended > 4 * live()
     }
 
     /// Rewrite the log with just `live` (crash-safe: temp file + rename).
-    pub fn compact(&mut self, live: &[Lease]) -> Result<()> {
+    pub(crate) fn compact(&mut self, live: &[Lease]) -> Result<()> {
         self.file = rewrite(&self.path, live)?;
         self.appended = 0;
         Ok(())

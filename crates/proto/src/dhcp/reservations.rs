@@ -39,7 +39,7 @@ use crate::store::Store;
 
 /// The reservations one Server object asks for (see the module doc for the fields);
 /// `appliance` is this appliance's address on the subnets (never reserved).
-pub fn from_server(
+pub(crate) fn from_server(
     obj: &Value,
     subnets: &[Subnet],
     appliance: Option<Ipv4Addr>,
@@ -74,7 +74,7 @@ pub fn from_server(
 
 /// Config reservations first, then the Servers' in name order; a MAC or an address
 /// already taken by an earlier entry is skipped (and logged).
-pub fn merge(
+pub(crate) fn merge(
     config: &[Reservation],
     servers: &BTreeMap<String, Vec<Reservation>>,
 ) -> Vec<Reservation> {
@@ -118,7 +118,7 @@ pub fn start(
 
 /// Watch the store's Servers and publish the merged reservation list (config first)
 /// whenever it changes. Ends on shutdown.
-pub fn watch_servers(
+pub(crate) fn watch_servers(
     store: Store,
     config: Vec<Reservation>,
     subnets: Vec<Subnet>,

@@ -221,16 +221,16 @@ pub struct Subnet {
 }
 
 impl Subnet {
-    pub fn mask(&self) -> Ipv4Addr {
+    pub(crate) fn mask(&self) -> Ipv4Addr {
         Ipv4Addr::from(prefix_mask(self.prefix_len))
     }
 
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+    pub(crate) fn contains(&self, ip: Ipv4Addr) -> bool {
         let m = prefix_mask(self.prefix_len);
         u32::from(ip) & m == u32::from(self.network) & m
     }
 
-    pub fn broadcast(&self) -> Ipv4Addr {
+    pub(crate) fn broadcast(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.network) | !prefix_mask(self.prefix_len))
     }
 
@@ -242,7 +242,7 @@ impl Subnet {
     }
 
     /// Number of addresses in the dynamic pool (ranges minus exclusions).
-    pub fn pool_size(&self) -> u64 {
+    pub(crate) fn pool_size(&self) -> u64 {
         let mut n = 0u64;
         for r in &self.ranges {
             for v in u32::from(r.0)..=u32::from(r.1) {
@@ -306,7 +306,7 @@ pub struct DhcpSettings {
     pub default_prefix_len: Option<u8>,
 }
 
-pub fn prefix_mask(len: u8) -> u32 {
+pub(crate) fn prefix_mask(len: u8) -> u32 {
     if len == 0 {
         0
     } else {
@@ -315,7 +315,7 @@ pub fn prefix_mask(len: u8) -> u32 {
 }
 
 /// `A-B` (inclusive) or a single address.
-pub fn parse_range(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), SettingsError> {
+pub(crate) fn parse_range(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), SettingsError> {
     let (a, b) = match s.split_once('-') {
         Some((a, b)) => (a.trim(), b.trim()),
         None => (s.trim(), s.trim()),

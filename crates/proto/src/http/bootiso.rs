@@ -77,11 +77,11 @@ impl BootArtifact {
 }
 
 /// ISOLINUX's configuration: boot iPXE with the chain script as its initrd, at once.
-pub const ISOLINUX_CFG: &str =
+pub(crate) const ISOLINUX_CFG: &str =
     "DEFAULT ipxe\nPROMPT 0\nTIMEOUT 0\nLABEL ipxe\n KERNEL ipxe.krn\n INITRD chain.ipx\n";
 
 /// The script inside an ISO: bring the network up, continue at `url`.
-pub fn chain_script(url: &str) -> String {
+pub(crate) fn chain_script(url: &str) -> String {
     format!("#!ipxe\ndhcp\nchain {url}\n")
 }
 
@@ -111,7 +111,7 @@ struct Cached {
 }
 
 /// The boot ISO builder and its cache, held by [`BootHttp`](crate::http::BootHttp).
-pub struct BootIso {
+pub(crate) struct BootIso {
     /// `Err`: why no ISO can be built (a file missing), said to whoever asks for one.
     parts: Result<Parts, String>,
     /// Timestamp of the ISOs' files and `Last-Modified` (start-up time).
@@ -121,13 +121,13 @@ pub struct BootIso {
 
 impl BootIso {
     /// No ISO: every request for one gets 503 (a [`BootHttp`](crate::http::BootHttp) built without config).
-    pub fn unconfigured() -> BootIso {
+    pub(crate) fn unconfigured() -> BootIso {
         BootIso::with_parts(Err("boot iso not configured".into()))
     }
 
     /// Read the files `cfg` names (at start-up). A missing one is logged as a warning
     /// and makes ISO requests fail with its name; the rest of the listener is unaffected.
-    pub fn load(cfg: &BootIsoConfig) -> BootIso {
+    pub(crate) fn load(cfg: &BootIsoConfig) -> BootIso {
         let read = |p: &Path, pkg: &str| {
             std::fs::read(p).map_err(|e| format!("{} ({pkg}): {e}", p.display()))
         };
@@ -147,7 +147,8 @@ impl BootIso {
         BootIso::with_parts(parts)
     }
 
-    /// From the files' bytes (tests, or a caller that has them already).
+    /// From the files' bytes (tests).
+    #[cfg(test)]
     pub fn from_bytes(
         isolinux_bin: Vec<u8>,
         ldlinux_c32: Vec<u8>,
@@ -171,7 +172,7 @@ impl BootIso {
     }
 
     /// The ISO image booting `script`.
-    pub fn image(&self, script: &str) -> Result<Vec<u8>, String> {
+    pub(crate) fn image(&self, script: &str) -> Result<Vec<u8>, String> {
         let p = self.parts.as_ref().map_err(Clone::clone)?;
         let files = [
             IsoFile {

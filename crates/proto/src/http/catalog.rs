@@ -199,7 +199,7 @@ impl Catalog {
         Ok(c)
     }
 
-    pub fn get(&self, reference: &str) -> Option<&ImageEntry> {
+    pub(crate) fn get(&self, reference: &str) -> Option<&ImageEntry> {
         self.images.iter().find(|i| i.reference == reference)
     }
 

@@ -61,9 +61,9 @@ use crate::listen::{Expiry, Slot, SlowRate, Watchdog};
 use crate::shutdown::Shutdown;
 
 /// More header fields than this get 431 (hyper's default too).
-pub const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADERS: usize = 100;
 /// A response write that makes no progress for this long closes the connection.
-pub const WRITE_STALL: Duration = Duration::from_secs(60);
+pub(crate) const WRITE_STALL: Duration = Duration::from_secs(60);
 /// Largest `sendfile` call; the task yields to others between calls when its budget
 /// is spent, so one fast download cannot starve the worker.
 const SENDFILE_MAX: usize = 8 << 20;
@@ -73,7 +73,7 @@ const OUT_BATCH: usize = 64 << 10;
 
 /// Why a connection ended early.
 #[derive(Debug, thiserror::Error)]
-pub enum ConnError {
+pub(crate) enum ConnError {
     #[error("request head not completed within the header read timeout")]
     HeaderTimeout,
     #[error("no request within the idle timeout")]
@@ -108,7 +108,7 @@ pub struct Head {
 /// the wait for a request (idle and header read timeouts) and ends the connection when
 /// it is evicted, and the connection reports on it when a head starts and while a
 /// request is being answered.
-pub async fn serve(
+pub(crate) async fn serve(
     mut stream: TcpStream,
     client: IpAddr,
     app: &BootHttp,

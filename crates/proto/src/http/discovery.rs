@@ -36,9 +36,9 @@ use crate::sys::unix_now;
 use bootplane_probe::Inventory;
 
 /// Largest inventory body taken (a 64-NIC, 256-disk, 1,024-CPU report is ~150 KiB).
-pub const MAX_INVENTORY_BYTES: usize = 256 << 10;
+pub(crate) const MAX_INVENTORY_BYTES: usize = 256 << 10;
 /// How long the connection loop waits for a whole inventory body.
-pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// The route's path prefix.
 pub use super::respond::INVENTORY_PREFIX as PREFIX;
 
@@ -59,7 +59,7 @@ enum Gate {
 
 /// Whether a request with a body to `path` is one whose body may be read (the
 /// connection loop then asks [`BootHttp::inventory_may_post`] first).
-pub fn takes_body(method: &http::Method, path: &str) -> bool {
+pub(crate) fn takes_body(method: &http::Method, path: &str) -> bool {
     method == http::Method::POST && path.starts_with(PREFIX)
 }
 
@@ -196,7 +196,7 @@ impl BootHttp {
     /// loop asks before it reads the body, and answers a refused post without reading
     /// it (through [`BootHttp::inventory`] with an empty body, which refuses it again,
     /// counted and logged). No side effects.
-    pub fn inventory_may_post(&self, path: &str, client: IpAddr) -> bool {
+    pub(crate) fn inventory_may_post(&self, path: &str, client: IpAddr) -> bool {
         let Some(rest) = path.strip_prefix(PREFIX) else {
             return false;
         };

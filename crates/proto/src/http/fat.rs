@@ -13,13 +13,13 @@ const ROOT_ENTRIES: usize = 512;
 const MAX_CLUSTERS: usize = 4084;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FatError {
+pub(crate) enum FatError {
     #[error("efi boot file of {0} bytes does not fit a FAT12 image")]
     TooLarge(usize),
 }
 
 /// A FAT12 image with `data` as `EFI/BOOT/BOOTX64.EFI`.
-pub fn esp_with_bootx64(data: &[u8]) -> Result<Vec<u8>, FatError> {
+pub(crate) fn esp_with_bootx64(data: &[u8]) -> Result<Vec<u8>, FatError> {
     let file_clusters = data.len().div_ceil(CLUSTER).max(1);
     let clusters = 2 + file_clusters;
     if clusters > MAX_CLUSTERS {

@@ -75,7 +75,7 @@ pub fn sanitize(raw: &str) -> Result<String, PathError> {
 
 /// A served root directory, canonicalized once.
 #[derive(Debug, Clone)]
-pub struct Root {
+pub(crate) struct Root {
     canonical: PathBuf,
 }
 
@@ -111,7 +111,7 @@ impl FileMeta {
 }
 
 impl Root {
-    pub fn new(dir: &Path) -> io::Result<Root> {
+    pub(crate) fn new(dir: &Path) -> io::Result<Root> {
         Ok(Root {
             canonical: std::fs::canonicalize(dir)?,
         })
@@ -119,7 +119,7 @@ impl Root {
 
     /// Open a sanitized relative path; `Ok(None)` when absent, a directory, or outside the
     /// root after resolving symlinks. Blocking (call from `spawn_blocking`).
-    pub fn open(&self, rel: &str) -> io::Result<Option<OpenFile>> {
+    pub(crate) fn open(&self, rel: &str) -> io::Result<Option<OpenFile>> {
         let joined = self.canonical.join(rel);
         let canonical = match std::fs::canonicalize(&joined) {
             Ok(p) => p,
@@ -143,7 +143,7 @@ impl Root {
 /// Open a trusted path (no root check; for fixed names such as the system iPXE
 /// binaries, which Debian ships as symlinks into /boot). `Ok(None)` when absent or not
 /// a regular file.
-pub fn open_file(canonical: PathBuf) -> io::Result<Option<OpenFile>> {
+pub(crate) fn open_file(canonical: PathBuf) -> io::Result<Option<OpenFile>> {
     use std::os::unix::fs::OpenOptionsExt as _;
     // O_NONBLOCK: opening a FIFO planted in the tree must not hang; no effect on files.
     let file = match std::fs::OpenOptions::new()
@@ -167,7 +167,7 @@ pub fn open_file(canonical: PathBuf) -> io::Result<Option<OpenFile>> {
 }
 
 /// Content type by file extension.
-pub fn content_type(path: &str) -> &'static str {
+pub(crate) fn content_type(path: &str) -> &'static str {
     let ext = path
         .rsplit_once('.')
         .map(|(_, e)| e.to_ascii_lowercase())
@@ -199,7 +199,7 @@ pub struct Conditions<'a> {
 
 impl<'a> Conditions<'a> {
     /// The conditional and range headers of a request.
-    pub fn of(h: &'a http::HeaderMap) -> Conditions<'a> {
+    pub(crate) fn of(h: &'a http::HeaderMap) -> Conditions<'a> {
         let get = |n: http::header::HeaderName| h.get(n).and_then(|v| v.to_str().ok());
         Conditions {
             if_match: get(http::header::IF_MATCH),
@@ -386,7 +386,7 @@ pub enum FileIo {
 
 /// Shared between all streams: adapts the chunk size to the number of streams.
 #[derive(Debug)]
-pub struct StreamBudget {
+pub(crate) struct StreamBudget {
     active: AtomicUsize,
     budget: usize,
     io: FileIo,
@@ -394,11 +394,11 @@ pub struct StreamBudget {
     pub bytes_out: AtomicU64,
 }
 
-pub const MIN_CHUNK: usize = 8 << 10;
-pub const MAX_CHUNK: usize = 1 << 20;
+pub(crate) const MIN_CHUNK: usize = 8 << 10;
+pub(crate) const MAX_CHUNK: usize = 1 << 20;
 
 impl StreamBudget {
-    pub fn new(budget_bytes: usize, io: FileIo) -> StreamBudget {
+    pub(crate) fn new(budget_bytes: usize, io: FileIo) -> StreamBudget {
         StreamBudget {
             active: AtomicUsize::new(0),
             budget: budget_bytes,
@@ -406,7 +406,7 @@ impl StreamBudget {
             bytes_out: AtomicU64::new(0),
         }
     }
-    pub fn active(&self) -> usize {
+    pub(crate) fn active(&self) -> usize {
         self.active.load(Ordering::Relaxed)
     }
     fn chunk(&self) -> usize {
@@ -429,7 +429,7 @@ pub struct FileBody {
 }
 
 impl FileBody {
-    pub fn empty() -> FileBody {
+    pub(crate) fn empty() -> FileBody {
         FileBody {
             parts: VecDeque::new(),
             file: None,
@@ -438,7 +438,7 @@ impl FileBody {
         }
     }
 
-    pub fn bytes(b: impl Into<Bytes>) -> FileBody {
+    pub(crate) fn bytes(b: impl Into<Bytes>) -> FileBody {
         let b = b.into();
         let remaining = b.len() as u64;
         let mut parts = VecDeque::new();
@@ -454,7 +454,7 @@ impl FileBody {
     }
 
     /// One inclusive range of `file`.
-    pub fn range(file: File, start: u64, end: u64, budget: Arc<StreamBudget>) -> FileBody {
+    pub(crate) fn range(file: File, start: u64, end: u64, budget: Arc<StreamBudget>) -> FileBody {
         let mut parts = VecDeque::new();
         parts.push_back(Part::File {
             pos: start,
@@ -464,7 +464,7 @@ impl FileBody {
     }
 
     /// `multipart/byteranges` over inclusive `ranges`; returns the body and its boundary.
-    pub fn multipart(
+    pub(crate) fn multipart(
         file: File,
         ranges: &[(u64, u64)],
         len: u64,
@@ -550,7 +550,7 @@ pub enum RawPart {
 
 impl FileBody {
     /// True when file parts should go out by `sendfile(2)` ([`FileIo::Sendfile`]).
-    pub fn wants_sendfile(&self) -> bool {
+    pub(crate) fn wants_sendfile(&self) -> bool {
         self.budget
             .as_ref()
             .is_some_and(|b| b.io == FileIo::Sendfile)
@@ -571,7 +571,7 @@ impl FileBody {
     }
 
     /// Next chunk of data (file parts read or mapped per [`FileIo`]); `None` at the end.
-    pub fn next_data(&mut self) -> Option<io::Result<Bytes>> {
+    pub(crate) fn next_data(&mut self) -> Option<io::Result<Bytes>> {
         let r = self.next_chunk();
         if let Some(Ok(b)) = &r {
             self.sent(b.len() as u64);
@@ -580,7 +580,7 @@ impl FileBody {
     }
 
     /// Account `n` body bytes as written.
-    pub fn sent(&mut self, n: u64) {
+    pub(crate) fn sent(&mut self, n: u64) {
         self.remaining = self.remaining.saturating_sub(n);
         if let Some(budget) = &self.budget {
             budget.bytes_out.fetch_add(n, Ordering::Relaxed);

@@ -25,9 +25,9 @@ use crate::model::meta::valid_object_name;
 use crate::sys::unix_now;
 
 /// Where iPXE binaries come from when the assets directory lacks them.
-pub const IPXE_SYSTEM_DIR: &str = "/usr/lib/ipxe";
+pub(crate) const IPXE_SYSTEM_DIR: &str = "/usr/lib/ipxe";
 /// The iPXE binaries served from [`IPXE_SYSTEM_DIR`] as a fallback.
-pub const IPXE_BINARIES: [&str; 3] = ["undionly.kpxe", "ipxe.efi", "snponly.efi"];
+pub(crate) const IPXE_BINARIES: [&str; 3] = ["undionly.kpxe", "ipxe.efi", "snponly.efi"];
 
 /// Everything [`BootHttp`] needs, explicit so tests can build one without a config file.
 pub struct Settings {
@@ -228,7 +228,7 @@ impl BootHttp {
     /// Serve each machine's Ignition once per boot (`http.ignition_once`): a second
     /// fetch is refused until the driver power-cycles the machine or its boot
     /// configuration changes.
-    pub fn with_ignition_once(mut self, once: bool) -> BootHttp {
+    pub(crate) fn with_ignition_once(mut self, once: bool) -> BootHttp {
         self.ignition_once = once;
         self
     }
@@ -237,7 +237,7 @@ impl BootHttp {
         &self.base_url
     }
 
-    pub fn metrics(&self) -> &Arc<Metrics> {
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
@@ -287,7 +287,12 @@ impl BootHttp {
 
     /// Handle one request whose body the connection loop read (only requests for which
     /// [`super::discovery::takes_body`] holds have one).
-    pub async fn handle_with_body<B>(&self, req: Request<B>, body: Bytes, client: IpAddr) -> Resp {
+    pub(crate) async fn handle_with_body<B>(
+        &self,
+        req: Request<B>,
+        body: Bytes,
+        client: IpAddr,
+    ) -> Resp {
         let start = Instant::now();
         let path = req.uri().path();
         let route = if path == "/boot.ipxe" {

@@ -29,7 +29,7 @@ const ROOT_LBA: u32 = 21;
 
 /// One file of the root directory.
 #[derive(Debug, Clone)]
-pub struct IsoFile<'a> {
+pub(crate) struct IsoFile<'a> {
     /// Its name, e.g. `isolinux.bin`; stored uppercase (`ISOLINUX.BIN;1`).
     pub name: &'a str,
     pub data: &'a [u8],
@@ -37,7 +37,7 @@ pub struct IsoFile<'a> {
 
 /// The El Torito boot entry.
 #[derive(Debug, Clone, Copy)]
-pub struct ElTorito<'a> {
+pub(crate) struct ElTorito<'a> {
     /// Name of the boot file (one of the image's files), loaded with no emulation.
     pub boot_file: &'a str,
     /// 512-byte sectors the BIOS loads (4 for ISOLINUX, as `-boot-load-size 4`).
@@ -51,7 +51,7 @@ pub struct ElTorito<'a> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IsoError {
+pub(crate) enum IsoError {
     #[error("iso file name {0:?} is not 1-30 characters of A-Z, 0-9, _ with at most one dot")]
     BadName(String),
     #[error("iso file name {0:?} appears twice")]
@@ -66,7 +66,7 @@ pub enum IsoError {
 
 /// Build the image: `volume_id` (up to 32 d-characters, uppercased), `files` in the
 /// root directory, an optional El Torito entry, all timestamps `unix_secs` (UTC).
-pub fn build(
+pub(crate) fn build(
     volume_id: &str,
     files: &[IsoFile<'_>],
     boot: Option<ElTorito<'_>>,

@@ -16,7 +16,7 @@ use crate::sys::unix_now;
 
 impl BootHttp {
     /// Use `iso` for the ISO routes ([`BootHttp::from_config`] loads it from `[http.boot_iso]`).
-    pub fn with_boot_iso(mut self, iso: BootIso) -> BootHttp {
+    pub(crate) fn with_boot_iso(mut self, iso: BootIso) -> BootHttp {
         self.boot_iso = iso;
         self
     }

@@ -70,7 +70,7 @@ struct Hot {
 }
 
 /// The outcomes of an inventory post (`bootplane_http_discovery_inventory_total`).
-pub const INVENTORY_RESULTS: [&str; 8] = [
+pub(crate) const INVENTORY_RESULTS: [&str; 8] = [
     "accepted",
     "forbidden",
     "malformed",
@@ -82,7 +82,7 @@ pub const INVENTORY_RESULTS: [&str; 8] = [
 ];
 
 /// Routes whose series are resolved at start (those of the boot listener).
-pub const HOT_ROUTES: [&str; 5] = ["boot_ipxe", "script", "ignition", "assets", "other"];
+pub(crate) const HOT_ROUTES: [&str; 5] = ["boot_ipxe", "script", "ignition", "assets", "other"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -142,7 +142,7 @@ impl Metrics {
     }
 
     /// Count one boot progress event (labelled by its condition type).
-    pub fn progress(&self, event: BootEvent) {
+    pub(crate) fn progress(&self, event: BootEvent) {
         match event {
             BootEvent::IpxeScriptFetched => self.hot.script_fetched.inc(),
             BootEvent::IgnitionDataFetched => self.hot.ignition_fetched.inc(),
@@ -199,7 +199,7 @@ impl Metrics {
         out
     }
 
-    pub fn observe(&self, route: &'static str, code: u16, bytes: u64, secs: f64) {
+    pub(crate) fn observe(&self, route: &'static str, code: u16, bytes: u64, secs: f64) {
         if let Some((_, ok, b, lat)) = self.hot.routes.iter().find(|r| r.0 == route) {
             if code == 200 {
                 ok.inc();

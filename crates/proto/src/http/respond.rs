@@ -18,14 +18,14 @@ pub const INVENTORY_PREFIX: &str = "/discovery/inventory/";
 
 /// Route names used in metrics and logs.
 pub mod route {
-    pub const BOOT: &str = "boot_ipxe";
-    pub const SCRIPT: &str = "script";
-    pub const IGNITION: &str = "ignition";
-    pub const ASSETS: &str = "assets";
-    pub const ISO: &str = "boot_iso";
-    pub const EFI: &str = "boot_efi";
-    pub const INVENTORY: &str = "inventory";
-    pub const OTHER: &str = "other";
+    pub(crate) const BOOT: &str = "boot_ipxe";
+    pub(crate) const SCRIPT: &str = "script";
+    pub(crate) const IGNITION: &str = "ignition";
+    pub(crate) const ASSETS: &str = "assets";
+    pub(crate) const ISO: &str = "boot_iso";
+    pub(crate) const EFI: &str = "boot_efi";
+    pub(crate) const INVENTORY: &str = "inventory";
+    pub(crate) const OTHER: &str = "other";
 }
 
 pub(super) type Resp = Response<FileBody>;

@@ -31,7 +31,7 @@ use crate::shutdown::Shutdown;
 
 impl Limits {
     /// The admission limits of the connection table.
-    pub fn admission(&self) -> listen::Limits {
+    pub(crate) fn admission(&self) -> listen::Limits {
         listen::Limits {
             max_connections: self.max_connections,
             max_per_source: self.max_connections_per_source,
@@ -42,7 +42,7 @@ impl Limits {
     }
 
     /// The minimum send rate (`None`: off).
-    pub fn min_rate(&self) -> Option<listen::SlowRate> {
+    pub(crate) fn min_rate(&self) -> Option<listen::SlowRate> {
         (self.min_send_rate > 0).then_some(listen::SlowRate {
             bytes_per_sec: self.min_send_rate,
             grace: self.send_rate_grace,

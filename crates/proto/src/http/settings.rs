@@ -257,7 +257,7 @@ impl Default for BootConfig {
 }
 
 /// Smallest request head limit accepted (hyper's floor, kept for the same config).
-pub const MIN_HEADER_BYTES: usize = 8192;
+pub(crate) const MIN_HEADER_BYTES: usize = 8192;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -284,7 +284,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn from_config(c: &HttpConfig) -> Limits {
+    pub(crate) fn from_config(c: &HttpConfig) -> Limits {
         Limits {
             max_connections: c.max_connections.max(1),
             max_connections_per_source: c.max_connections_per_source.max(1),

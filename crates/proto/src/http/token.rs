@@ -51,7 +51,7 @@ impl Purpose {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
+pub(crate) enum TokenError {
     #[error("malformed token")]
     Malformed,
     #[error("token expired")]
@@ -168,7 +168,7 @@ impl TokenSigner {
     /// Check a token for `server`, its current boot `boot` and `purpose` at time `now`
     /// (unix seconds). A token minted for another boot of the same server fails as a bad
     /// signature.
-    pub fn verify(
+    pub(crate) fn verify(
         &self,
         token: &str,
         purpose: Purpose,
@@ -182,7 +182,7 @@ impl TokenSigner {
     /// [`TokenSigner::verify`] for a request from `client`: a token bound to an address
     /// ([`TokenSigner::mint_for`]) verifies only from that address, an unbound one from
     /// any.
-    pub fn verify_from(
+    pub(crate) fn verify_from(
         &self,
         token: &str,
         purpose: Purpose,

@@ -22,7 +22,7 @@
 //! inputs) and against miniz_oxide level 1 output sizes, in this file.
 
 /// Largest input compressed here (one stored block holds at most 65,535 bytes).
-pub const MAX_INPUT: usize = 65_535;
+pub(crate) const MAX_INPUT: usize = 65_535;
 
 const MIN_MATCH: usize = 3;
 const MAX_MATCH: usize = 258;
@@ -80,7 +80,7 @@ enum Tok {
 }
 
 /// Raw DEFLATE of `data` (at most [`MAX_INPUT`] bytes; None for larger inputs).
-pub fn deflate(data: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn deflate(data: &[u8]) -> Option<Vec<u8>> {
     if data.len() > MAX_INPUT {
         return None;
     }

@@ -114,7 +114,7 @@ impl MarkedEventReceiver for Indexer {
 
 /// Line/column (1-based) of every key and sequence item of the first document in `src`,
 /// keyed by path (`storage.files[0].path`). Unparseable documents give a partial index.
-pub fn index(src: &str) -> HashMap<String, (usize, usize)> {
+pub(crate) fn index(src: &str) -> HashMap<String, (usize, usize)> {
     let mut ix = Indexer {
         stack: Vec::new(),
         segs: Vec::new(),
@@ -127,7 +127,7 @@ pub fn index(src: &str) -> HashMap<String, (usize, usize)> {
 }
 
 /// Fills in the line of each issue from `src`, using the longest indexed prefix of its path.
-pub fn annotate(src: &str, issues: &mut [super::Issue]) {
+pub(crate) fn annotate(src: &str, issues: &mut [super::Issue]) {
     if issues.iter().all(|i| i.line.is_some()) {
         return;
     }

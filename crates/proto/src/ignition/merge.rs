@@ -23,7 +23,7 @@ fn list_key(key: &str) -> Option<&'static [&'static str]> {
 }
 
 /// Merges `child` onto `parent` and returns the result.
-pub fn merge(parent: &Value, child: &Value) -> Value {
+pub(crate) fn merge(parent: &Value, child: &Value) -> Value {
     let mut out = parent.clone();
     merge_into(&mut out, child, "");
     if let (Some(a), Some(b)) = (

@@ -58,7 +58,7 @@ impl IgnVersion {
     ];
 
     /// The `ignition.version` string, e.g. `3.4.0`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             IgnVersion::V3_2 => "3.2.0",
             IgnVersion::V3_3 => "3.3.0",
@@ -68,7 +68,7 @@ impl IgnVersion {
     }
 
     /// Parses an `ignition.version` string; only the stable 3.2.0–3.5.0 are accepted.
-    pub fn parse(s: &str) -> Option<IgnVersion> {
+    pub(crate) fn parse(s: &str) -> Option<IgnVersion> {
         IgnVersion::ALL.into_iter().find(|v| v.as_str() == s)
     }
 }
@@ -90,7 +90,7 @@ pub struct Issue {
 }
 
 impl Issue {
-    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Issue {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Issue {
         Issue {
             path: path.into(),
             line: None,
@@ -178,7 +178,7 @@ fn join_issues(v: &[Issue]) -> String {
 /// A local file the caller supplies for Butane's `local` references (`contents.local`,
 /// `storage.trees`, `ssh_authorized_keys_local`, `contents_local`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LocalEntry {
+pub(crate) enum LocalEntry {
     File { data: Vec<u8>, executable: bool },
     Symlink { target: String },
     Dir,
@@ -197,7 +197,7 @@ impl FilesDir {
         FilesDir::default()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
@@ -230,12 +230,15 @@ impl FilesDir {
         self
     }
 
-    pub fn get(&self, rel: &str) -> Option<&LocalEntry> {
+    pub(crate) fn get(&self, rel: &str) -> Option<&LocalEntry> {
         self.entries.get(&clean_rel(rel))
     }
 
     /// Every entry strictly below `dir` (relative path from `dir`, entry), sorted.
-    pub fn under<'a>(&'a self, dir: &str) -> impl Iterator<Item = (&'a str, &'a LocalEntry)> + 'a {
+    pub(crate) fn under<'a>(
+        &'a self,
+        dir: &str,
+    ) -> impl Iterator<Item = (&'a str, &'a LocalEntry)> + 'a {
         let d = clean_rel(dir);
         let prefix = if d.is_empty() {
             String::new()

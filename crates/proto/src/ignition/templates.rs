@@ -19,11 +19,11 @@ use std::time::SystemTime;
 use super::render::{Renderer, Template};
 
 /// Label (on a ServerClaim or a Server) that names the Ignition template to use.
-pub const TEMPLATE_LABEL: &str = "bootplane.dev/ignition-template";
+pub(crate) const TEMPLATE_LABEL: &str = "bootplane.dev/ignition-template";
 /// Server label giving the machine's hostname (`hostname` variable; default: the name).
 pub const HOSTNAME_LABEL: &str = "bootplane.dev/hostname";
 /// Template extensions, in the order a bare name (`default`) is resolved.
-pub const EXTENSIONS: [&str; 5] = [".bu", ".yaml", ".yml", ".ign", ".json"];
+pub(crate) const EXTENSIONS: [&str; 5] = [".bu", ".yaml", ".yml", ".ign", ".json"];
 
 /// What identifies one state of the directory on disk.
 type Stamp = Vec<(PathBuf, u64, Option<SystemTime>)>;
@@ -125,7 +125,7 @@ impl TemplateSet {
     }
 
     /// A template by file name, or by name without extension.
-    pub fn find(&self, name: &str) -> Option<&Template> {
+    pub(crate) fn find(&self, name: &str) -> Option<&Template> {
         if let Some(t) = self.renderer.template(name) {
             return Some(t);
         }

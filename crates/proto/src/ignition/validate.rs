@@ -88,7 +88,7 @@ pub fn check(config: &Value, v: IgnVersion) -> Vec<Issue> {
 }
 
 /// `/storage/files/0/path` → `storage.files[0].path`.
-pub fn pointer_to_path(p: &str) -> String {
+pub(crate) fn pointer_to_path(p: &str) -> String {
     let mut out = String::new();
     for seg in p.split('/').filter(|s| !s.is_empty()) {
         let seg = seg.replace("~1", "/").replace("~0", "~");
@@ -119,7 +119,7 @@ fn s<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 }
 
 /// Checks a file/directory mode (decimal in JSON) is a valid permission set.
-pub fn check_mode(mode: i64) -> Result<(), String> {
+pub(crate) fn check_mode(mode: i64) -> Result<(), String> {
     if (0..=0o7777).contains(&mode) {
         Ok(())
     } else {
@@ -130,7 +130,7 @@ pub fn check_mode(mode: i64) -> Result<(), String> {
 }
 
 /// Checks a resource URL the way Ignition does: known scheme, parseable data URL.
-pub fn check_url(u: &str, v: IgnVersion) -> Result<(), String> {
+pub(crate) fn check_url(u: &str, v: IgnVersion) -> Result<(), String> {
     if let Some(rest) = u.strip_prefix("data:") {
         let Some((meta, data)) = rest.split_once(',') else {
             return Err(format!("invalid data url {}: missing ','", short(u)));
@@ -224,7 +224,7 @@ fn short(u: &str) -> String {
 }
 
 /// Checks a `verification.hash` value (`sha512-<128 hex>` or `sha256-<64 hex>`).
-pub fn check_hash(h: &str) -> Result<(), String> {
+pub(crate) fn check_hash(h: &str) -> Result<(), String> {
     let ok = match h.split_once('-') {
         Some(("sha512", hex)) => hex.len() == 128 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
         Some(("sha256", hex)) => hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
@@ -254,7 +254,7 @@ const UNIT_SUFFIXES: &[&str] = &[
 ];
 
 /// Checks a systemd unit name has a unit type suffix and no path separator.
-pub fn check_unit_name(n: &str) -> Result<(), String> {
+pub(crate) fn check_unit_name(n: &str) -> Result<(), String> {
     if n.contains('/')
         || !UNIT_SUFFIXES
             .iter()
@@ -339,7 +339,7 @@ fn dupes<'a>(
 }
 
 /// Ignition's semantic rules; appends issues with Ignition field paths.
-pub fn semantic(c: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
+pub(crate) fn semantic(c: &Value, v: IgnVersion, out: &mut Vec<Issue>) {
     if let Some(ign) = c.get("ignition") {
         if let Some(cfg) = ign.get("config") {
             if let Some(r) = cfg.get("replace") {

@@ -18,19 +18,19 @@
 
 use serde::{Deserialize, Serialize};
 
-pub const FORMAT: &str = "bootplane-image/1";
-pub const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
-pub const SEEKABLE_SKIPPABLE_MAGIC: u32 = 0x184D_2A5E;
-pub const SEEKABLE_FOOTER_MAGIC: u32 = 0x8F92_EAB1;
+pub(crate) const FORMAT: &str = "bootplane-image/1";
+pub(crate) const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+pub(crate) const SEEKABLE_SKIPPABLE_MAGIC: u32 = 0x184D_2A5E;
+pub(crate) const SEEKABLE_FOOTER_MAGIC: u32 = 0x8F92_EAB1;
 /// Default raw bytes per frame.
-pub const DEFAULT_FRAME_SIZE: u64 = 4 << 20;
+pub(crate) const DEFAULT_FRAME_SIZE: u64 = 4 << 20;
 /// Frames must be a multiple of this (so the held-back first MiB and O_DIRECT
 /// alignment fall on frame-internal boundaries).
-pub const FRAME_ALIGN: u64 = 1 << 20;
+pub(crate) const FRAME_ALIGN: u64 = 1 << 20;
 /// Largest frame accepted from a manifest (bounds memory use).
-pub const MAX_FRAME_SIZE: u64 = 64 << 20;
+pub(crate) const MAX_FRAME_SIZE: u64 = 64 << 20;
 /// Granularity of the zero-range map.
-pub const ZERO_GRAIN: usize = 64 << 10;
+pub(crate) const ZERO_GRAIN: usize = 64 << 10;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Frame {
@@ -58,7 +58,7 @@ pub struct Manifest {
 #[error("{0}")]
 pub struct ManifestError(pub String);
 
-pub fn parse_sha256(s: &str) -> Option<[u8; 32]> {
+pub(crate) fn parse_sha256(s: &str) -> Option<[u8; 32]> {
     let v = hex::decode(s.trim()).ok()?;
     v.try_into().ok()
 }
@@ -138,7 +138,7 @@ impl Manifest {
     }
 
     /// End of the last frame in the packed file (start of the seek table).
-    pub fn frames_end(&self) -> u64 {
+    pub(crate) fn frames_end(&self) -> u64 {
         self.frames
             .last()
             .map(|f| f.offset + f.compressed_size)
@@ -146,7 +146,7 @@ impl Manifest {
     }
 
     /// True when `[start, start+len)` lies inside one zero range.
-    pub fn is_zero(&self, start: u64, len: u64) -> bool {
+    pub(crate) fn is_zero(&self, start: u64, len: u64) -> bool {
         let i = self.zero_ranges.partition_point(|&(s, _)| s <= start);
         i > 0 && {
             let (s, l) = self.zero_ranges[i - 1];
@@ -156,7 +156,7 @@ impl Manifest {
 }
 
 /// The seekable-format seek table for frames of (compressed, raw) sizes, no checksums.
-pub fn seek_table(frames: &[(u32, u32)]) -> Vec<u8> {
+pub(crate) fn seek_table(frames: &[(u32, u32)]) -> Vec<u8> {
     let mut v = Vec::with_capacity(8 + frames.len() * 8 + 9);
     v.extend_from_slice(&SEEKABLE_SKIPPABLE_MAGIC.to_le_bytes());
     v.extend_from_slice(&((frames.len() * 8 + 9) as u32).to_le_bytes());
@@ -202,12 +202,12 @@ pub fn parse_seek_table(tail: &[u8]) -> Option<Vec<(u32, u32)>> {
 }
 
 /// True for a zstd frame or a zstd skippable frame magic.
-pub fn is_zstd_magic(b: &[u8]) -> bool {
+pub(crate) fn is_zstd_magic(b: &[u8]) -> bool {
     b.len() >= 4 && (b[..4] == ZSTD_MAGIC || (b[1..4] == [0x2a, 0x4d, 0x18] && b[0] & 0xf0 == 0x50))
 }
 
 /// Merge sorted zero ranges that touch.
-pub fn push_zero_range(v: &mut Vec<(u64, u64)>, start: u64, len: u64) {
+pub(crate) fn push_zero_range(v: &mut Vec<(u64, u64)>, start: u64, len: u64) {
     if let Some(last) = v.last_mut() {
         if last.0 + last.1 == start {
             last.1 += len;

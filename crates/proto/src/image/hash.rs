@@ -13,7 +13,7 @@ const H0: [u32; 8] = [
 
 /// Streaming SHA-256 with a serialisable midstate.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResumableSha256 {
+pub(crate) struct ResumableSha256 {
     h: [u32; 8],
     len: u64,
     pending: Vec<u8>,
@@ -39,7 +39,7 @@ fn compress(h: &mut [u32; 8], data: &[u8]) {
 }
 
 impl ResumableSha256 {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ResumableSha256 {
             h: H0,
             len: 0,
@@ -48,15 +48,11 @@ impl ResumableSha256 {
     }
 
     /// Bytes hashed so far.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn update(&mut self, mut data: &[u8]) {
+    pub(crate) fn update(&mut self, mut data: &[u8]) {
         self.len += data.len() as u64;
         if !self.pending.is_empty() {
             let take = (64 - self.pending.len()).min(data.len());
@@ -77,7 +73,7 @@ impl ResumableSha256 {
         self.pending.extend_from_slice(&data[whole..]);
     }
 
-    pub fn finalize(mut self) -> [u8; 32] {
+    pub(crate) fn finalize(mut self) -> [u8; 32] {
         let bits = self.len.wrapping_mul(8);
         let mut tail = std::mem::take(&mut self.pending);
         tail.push(0x80);
@@ -94,13 +90,13 @@ impl ResumableSha256 {
     }
 
     /// The state as a string `len:h0h1..h7:pendinghex`, for checkpoints.
-    pub fn save(&self) -> String {
+    pub(crate) fn save(&self) -> String {
         let words: String = self.h.iter().map(|w| format!("{w:08x}")).collect();
         format!("{}:{}:{}", self.len, words, hex::encode(&self.pending))
     }
 
     /// Parse a string made by [`save`](Self::save).
-    pub fn restore(s: &str) -> Option<Self> {
+    pub(crate) fn restore(s: &str) -> Option<Self> {
         let mut it = s.split(':');
         let len: u64 = it.next()?.parse().ok()?;
         let words = it.next()?;

@@ -306,13 +306,13 @@ fn getport(host: &str, prog: u32, vers: u32) -> PResult<u16> {
 
 /// Parsed `nfs://host[:port]/path`.
 #[derive(Debug, PartialEq, Eq)]
-pub struct NfsUrl {
+pub(crate) struct NfsUrl {
     pub host: String,
     pub port: Option<u16>,
     pub path: Vec<String>,
 }
 
-pub fn parse_url(url: &str) -> PResult<NfsUrl> {
+pub(crate) fn parse_url(url: &str) -> PResult<NfsUrl> {
     let bad = || ProvisionError::Usage(format!("{url:?} is not nfs://host[:port]/export/path"));
     let rest = url.strip_prefix("nfs://").ok_or_else(bad)?;
     let (hostport, path) = rest.split_once('/').ok_or_else(bad)?;
@@ -345,7 +345,7 @@ pub fn parse_url(url: &str) -> PResult<NfsUrl> {
     Ok(NfsUrl { host, port, path })
 }
 
-pub struct NfsSource {
+pub(crate) struct NfsSource {
     url: String,
     host: String,
     port: u16,
@@ -355,7 +355,7 @@ pub struct NfsSource {
 }
 
 impl NfsSource {
-    pub fn open(url: &str) -> PResult<Self> {
+    pub(crate) fn open(url: &str) -> PResult<Self> {
         let u = parse_url(url)?;
         let mport = getport(&u.host, MOUNT_PROG, 3)?;
         let port = match u.port {

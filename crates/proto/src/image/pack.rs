@@ -68,7 +68,7 @@ fn zero_runs(data: &[u8], base: u64) -> Vec<(u64, u64)> {
 /// Whether every byte of `c` is zero. Safe code: OR-folding fixed 64-byte blocks is
 /// vectorised by the compiler (several times faster than the `align_to::<u64>` loop it
 /// replaces, which needed `unsafe`), and a non-zero block still ends the scan early.
-pub fn is_all_zero(c: &[u8]) -> bool {
+pub(crate) fn is_all_zero(c: &[u8]) -> bool {
     let mut blocks = c.chunks_exact(64);
     blocks
         .by_ref()

@@ -40,7 +40,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub fn new(quiet: bool) -> Arc<Self> {
+    pub(crate) fn new(quiet: bool) -> Arc<Self> {
         Arc::new(Progress {
             bytes: AtomicU64::new(0),
             total: AtomicU64::new(u64::MAX),
@@ -55,11 +55,11 @@ impl Progress {
         })
     }
 
-    pub fn set_total(&self, t: Option<u64>) {
+    pub(crate) fn set_total(&self, t: Option<u64>) {
         self.total.store(t.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
-    pub fn set_stage(&self, s: &'static str) {
+    pub(crate) fn set_stage(&self, s: &'static str) {
         if let Ok(mut st) = self.stage.lock() {
             *st = s;
         }
@@ -74,7 +74,7 @@ impl Progress {
     }
 
     /// Change the stage without printing (the caller prints with extra keys).
-    pub fn set_stage_silent(&self, s: &'static str) {
+    pub(crate) fn set_stage_silent(&self, s: &'static str) {
         if let Ok(mut st) = self.stage.lock() {
             *st = s;
         }
@@ -118,7 +118,7 @@ impl Progress {
     }
 
     /// Print one progress record (extra keys appended).
-    pub fn emit(&self, extra: Option<serde_json::Map<String, serde_json::Value>>) {
+    pub(crate) fn emit(&self, extra: Option<serde_json::Map<String, serde_json::Value>>) {
         if self.quiet {
             return;
         }
@@ -173,7 +173,7 @@ impl Progress {
 
     /// Start the periodic reporter (every 500 ms); it stops as soon as
     /// [`finish`](Self::finish) is called.
-    pub fn spawn_ticker(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
+    pub(crate) fn spawn_ticker(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
         let me = self.clone();
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         if let Ok(mut g) = self.stop_tx.lock() {
@@ -191,7 +191,7 @@ impl Progress {
         })
     }
 
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Ok(mut g) = self.stop_tx.lock() {
             g.take();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::error::{PResult, ProvisionError};
 
 #[allow(clippy::len_without_is_empty)]
-pub trait Source: Send + Sync {
+pub(crate) trait Source: Send + Sync {
     fn describe(&self) -> String;
     /// Total length in bytes when the source knows it.
     fn len(&self) -> Option<u64>;
@@ -23,7 +23,7 @@ pub trait Source: Send + Sync {
 /// A source spec as it may appear in messages: an `http(s)://` URL loses its
 /// `user:password@` and its query (a signed URL's signature), which are credentials;
 /// paths and `nfs://` specs carry none and are shown as they are.
-pub fn shown(spec: &str) -> String {
+pub(crate) fn shown(spec: &str) -> String {
     let Some(scheme_end) = spec.find("://") else {
         return spec.to_string();
     };
@@ -41,13 +41,13 @@ pub fn shown(spec: &str) -> String {
     format!("{head}{host}{path}{query}")
 }
 
-pub struct LocalSource {
+pub(crate) struct LocalSource {
     path: String,
     len: u64,
 }
 
 impl LocalSource {
-    pub fn open(path: &str) -> PResult<Self> {
+    pub(crate) fn open(path: &str) -> PResult<Self> {
         let md = std::fs::metadata(path)
             .map_err(|e| ProvisionError::Source(format!("opening {path}: {e}")))?;
         let len = if md.file_type().is_file() {
@@ -82,7 +82,7 @@ impl Source for LocalSource {
     }
 }
 
-pub struct HttpSource {
+pub(crate) struct HttpSource {
     url: String,
     /// `url` without credentials, for messages ([`shown`]).
     shown: String,
@@ -112,7 +112,7 @@ fn http_err(url: &str, e: ureq::Error) -> ProvisionError {
 }
 
 impl HttpSource {
-    pub fn open(url: &str) -> PResult<Self> {
+    pub(crate) fn open(url: &str) -> PResult<Self> {
         let shown = shown(url);
         if url.starts_with("https://") {
             return Err(ProvisionError::Usage(format!(

@@ -11,7 +11,7 @@ use super::nfs::NfsSource;
 use super::source::{HttpSource, LocalSource, Source};
 
 /// Open a source by its spec (path or URL).
-pub fn open(spec: &str) -> PResult<Arc<dyn Source>> {
+pub(crate) fn open(spec: &str) -> PResult<Arc<dyn Source>> {
     if spec.starts_with("http://") || spec.starts_with("https://") {
         Ok(Arc::new(HttpSource::open(spec)?))
     } else if spec.starts_with("nfs://") {
@@ -22,7 +22,7 @@ pub fn open(spec: &str) -> PResult<Arc<dyn Source>> {
 }
 
 /// Read a small object (a manifest) at `spec`; `Ok(None)` when it does not exist.
-pub fn fetch_small(spec: &str, max: u64) -> PResult<Option<Vec<u8>>> {
+pub(crate) fn fetch_small(spec: &str, max: u64) -> PResult<Option<Vec<u8>>> {
     if spec.starts_with("http://") || spec.starts_with("https://") {
         return HttpSource::fetch_small(spec, max);
     }

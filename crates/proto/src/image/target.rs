@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex};
 
 use super::error::{PResult, ProvisionError};
 
-pub const ALIGN: usize = 4096;
+pub(crate) const ALIGN: usize = 4096;
 
 /// A heap buffer aligned to [`ALIGN`].
-pub struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     ptr: *mut u8,
     cap: usize,
 }
@@ -29,7 +29,7 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    pub fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         let cap = cap.div_ceil(ALIGN).max(1) * ALIGN;
         let layout = Layout::from_size_align(cap, ALIGN).expect("buffer layout");
         // SAFETY: layout has non-zero size.
@@ -39,14 +39,15 @@ impl AlignedBuf {
         }
         AlignedBuf { ptr, cap }
     }
+    #[cfg(test)]
     pub fn capacity(&self) -> usize {
         self.cap
     }
-    pub fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr is valid for cap initialised bytes.
         unsafe { std::slice::from_raw_parts(self.ptr, self.cap) }
     }
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and we hold &mut self.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.cap) }
     }
@@ -68,13 +69,13 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(size: usize) -> Self {
+    pub(crate) fn new(size: usize) -> Self {
         Pool {
             free: Arc::new(Mutex::new(Vec::new())),
             size,
         }
     }
-    pub fn get(&self) -> PooledBuf {
+    pub(crate) fn get(&self) -> PooledBuf {
         let b = self
             .free
             .lock()
@@ -88,7 +89,7 @@ impl Pool {
     }
 }
 
-pub struct PooledBuf {
+pub(crate) struct PooledBuf {
     buf: Option<AlignedBuf>,
     pool: Arc<Mutex<Vec<AlignedBuf>>>,
 }
@@ -115,7 +116,7 @@ impl Drop for PooledBuf {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TargetKind {
+pub(crate) enum TargetKind {
     Block,
     /// A regular file; `fresh` when it was new or empty (so it is sized to the image).
     File {
@@ -123,7 +124,7 @@ pub enum TargetKind {
     },
 }
 
-pub struct Target {
+pub(crate) struct Target {
     pub file: File,
     pub path: PathBuf,
     pub kind: TargetKind,
@@ -166,7 +167,7 @@ fn device_family(rdev: u64) -> Vec<(u64, u64)> {
 }
 
 /// Mount points (from a mountinfo text) of any of `devs`.
-pub fn mounted_on(mountinfo: &str, devs: &[(u64, u64)]) -> Option<String> {
+pub(crate) fn mounted_on(mountinfo: &str, devs: &[(u64, u64)]) -> Option<String> {
     for line in mountinfo.lines() {
         let f: Vec<&str> = line.split(' ').collect();
         if f.len() < 5 {
@@ -200,6 +201,7 @@ fn io_err(what: &str, path: &Path, e: impl std::fmt::Display) -> ProvisionError 
 
 impl Target {
     /// Open and check the target. `raw_size` is the image size when known.
+    #[cfg(test)]
     pub fn open(path: &Path, raw_size: Option<u64>) -> PResult<Target> {
         Target::open_with(path, raw_size, false)
     }
@@ -207,7 +209,11 @@ impl Target {
     /// [`Target::open`]; with `no_follow` a target that is a symbolic link is refused
     /// (it is opened with `O_NOFOLLOW`): the job runner passes the path it resolved and
     /// checked, and nothing may have put a link there since.
-    pub fn open_with(path: &Path, raw_size: Option<u64>, no_follow: bool) -> PResult<Target> {
+    pub(crate) fn open_with(
+        path: &Path,
+        raw_size: Option<u64>,
+        no_follow: bool,
+    ) -> PResult<Target> {
         let md = if no_follow {
             std::fs::symlink_metadata(path)
         } else {
@@ -318,7 +324,7 @@ impl Target {
     }
 
     /// Treat a file target as new (resuming a copy that started on a new file).
-    pub fn mark_fresh(&mut self) {
+    pub(crate) fn mark_fresh(&mut self) {
         if let TargetKind::File { .. } = self.kind {
             self.kind = TargetKind::File { fresh: true };
             self.size = u64::MAX;
@@ -327,7 +333,7 @@ impl Target {
 
     /// Size a fresh file target to the image (so an interrupted copy leaves a file of
     /// the image's size, which a resumed run accepts).
-    pub fn presize(&self, len: u64) -> PResult<()> {
+    pub(crate) fn presize(&self, len: u64) -> PResult<()> {
         if let TargetKind::File { fresh: true } = self.kind {
             self.file
                 .set_len(len)
@@ -336,7 +342,7 @@ impl Target {
         Ok(())
     }
 
-    pub fn check_fits(&self, end: u64) -> PResult<()> {
+    pub(crate) fn check_fits(&self, end: u64) -> PResult<()> {
         if end > self.size {
             return Err(ProvisionError::TooSmall(format!(
                 "{} holds {} bytes, the image needs {end}",
@@ -348,7 +354,7 @@ impl Target {
     }
 
     /// Positional write of the whole slice (aligned for O_DIRECT by the caller).
-    pub fn write_at(&self, buf: &[u8], off: u64) -> PResult<()> {
+    pub(crate) fn write_at(&self, buf: &[u8], off: u64) -> PResult<()> {
         if self.kind == TargetKind::Block {
             self.check_fits(off + buf.len() as u64)?;
         }
@@ -368,7 +374,7 @@ impl Target {
         })
     }
 
-    pub fn read_at(&self, buf: &mut [u8], off: u64) -> PResult<usize> {
+    pub(crate) fn read_at(&self, buf: &mut [u8], off: u64) -> PResult<usize> {
         let mut n = 0;
         while n < buf.len() {
             match self.file.read_at(&mut buf[n..], off + n as u64) {
@@ -381,7 +387,7 @@ impl Target {
         Ok(n)
     }
 
-    pub fn sync(&self) -> PResult<()> {
+    pub(crate) fn sync(&self) -> PResult<()> {
         self.file
             .sync_data()
             .map_err(|e| io_err("syncing", &self.path, e))
@@ -389,7 +395,7 @@ impl Target {
 
     /// For a file target, cut what the padded last block wrote past
     /// `max(original size, len)`; a fresh file ends exactly at `len`.
-    pub fn trim_file(&self, len: u64) -> PResult<()> {
+    pub(crate) fn trim_file(&self, len: u64) -> PResult<()> {
         if let TargetKind::File { fresh } = self.kind {
             let keep = if fresh { len } else { self.size.max(len) };
             let cur = self
@@ -408,7 +414,7 @@ impl Target {
 
     /// True when skipping a write leaves zeros: a fresh (sparse) file, or a block device
     /// after BLKZEROOUT of the range (done here).
-    pub fn zero_range(&self, off: u64, len: u64) -> PResult<bool> {
+    pub(crate) fn zero_range(&self, off: u64, len: u64) -> PResult<bool> {
         match self.kind {
             TargetKind::File { fresh: true } => Ok(true),
             TargetKind::File { fresh: false } => Ok(false),
@@ -421,7 +427,7 @@ impl Target {
     }
 
     /// Overwrite `[0, len)` with zeros and sync (the "not bootable" state).
-    pub fn zero_head(&self, len: u64) -> PResult<()> {
+    pub(crate) fn zero_head(&self, len: u64) -> PResult<()> {
         if len == 0 {
             return Ok(());
         }

@@ -21,13 +21,13 @@ use minijinja::{context, Environment};
 use serde::Serialize;
 
 /// Template names (also the file names looked up in the templates directory).
-pub const BOOT_TEMPLATE: &str = "boot.ipxe.j2";
-pub const MACHINE_TEMPLATE: &str = "machine.ipxe.j2";
-pub const DEFAULT_TEMPLATE: &str = "default.ipxe.j2";
-pub const DISCOVERY_TEMPLATE: &str = "discovery.ipxe.j2";
+pub(crate) const BOOT_TEMPLATE: &str = "boot.ipxe.j2";
+pub(crate) const MACHINE_TEMPLATE: &str = "machine.ipxe.j2";
+pub(crate) const DEFAULT_TEMPLATE: &str = "default.ipxe.j2";
+pub(crate) const DISCOVERY_TEMPLATE: &str = "discovery.ipxe.j2";
 
 /// The shipped templates, used when the templates directory lacks a file.
-pub const BUILTIN_TEMPLATES: [(&str, &str); 4] = [
+pub(crate) const BUILTIN_TEMPLATES: [(&str, &str); 4] = [
     (BOOT_TEMPLATE, include_str!("../../../../ipxe/boot.ipxe.j2")),
     (
         MACHINE_TEMPLATE,
@@ -44,7 +44,7 @@ pub const BUILTIN_TEMPLATES: [(&str, &str); 4] = [
 ];
 
 #[derive(Debug, thiserror::Error)]
-pub enum RenderError {
+pub(crate) enum RenderError {
     #[error("template {name}: {source}")]
     Template {
         name: String,
@@ -56,7 +56,7 @@ pub enum RenderError {
 
 /// What the per-machine script needs.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct MachineScript<'a> {
+pub(crate) struct MachineScript<'a> {
     pub server: &'a str,
     pub image: &'a str,
     pub arch: &'a str,
@@ -71,7 +71,7 @@ pub struct MachineScript<'a> {
 
 /// The values of `discovery.ipxe.j2`.
 #[derive(Debug, Serialize)]
-pub struct DiscoveryScript<'a> {
+pub(crate) struct DiscoveryScript<'a> {
     pub server: &'a str,
     pub image: &'a str,
     pub kernel_url: &'a str,
@@ -105,7 +105,7 @@ pub struct Renderer {
 
 impl Renderer {
     /// Compile templates. `overrides` (name, text) replace the built-in ones by name.
-    pub fn new(overrides: &[(String, String)]) -> Result<Renderer, RenderError> {
+    pub(crate) fn new(overrides: &[(String, String)]) -> Result<Renderer, RenderError> {
         let mut env = Environment::new();
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
         env.set_keep_trailing_newline(true);
@@ -144,13 +144,13 @@ impl Renderer {
     }
 
     /// The chainload script served at `/boot.ipxe`.
-    pub fn boot_script(&self, base_url: &str) -> Result<String, RenderError> {
+    pub(crate) fn boot_script(&self, base_url: &str) -> Result<String, RenderError> {
         check("base_url", base_url)?;
         self.render(BOOT_TEMPLATE, context! { base_url })
     }
 
     /// The script of a machine whose boot configuration is ready.
-    pub fn machine_script(&self, m: &MachineScript<'_>) -> Result<String, RenderError> {
+    pub(crate) fn machine_script(&self, m: &MachineScript<'_>) -> Result<String, RenderError> {
         for (field, v) in [
             ("server", m.server),
             ("image", m.image),
@@ -170,7 +170,7 @@ impl Renderer {
 
     /// The script of a Server in `Discovery`: boot the discovery image, whose agent posts
     /// the inventory to `inventory_url`.
-    pub fn discovery_script(&self, d: &DiscoveryScript<'_>) -> Result<String, RenderError> {
+    pub(crate) fn discovery_script(&self, d: &DiscoveryScript<'_>) -> Result<String, RenderError> {
         for (field, v) in [
             ("server", d.server),
             ("image", d.image),
@@ -188,7 +188,7 @@ impl Renderer {
 
     /// The script for a machine without a ready boot configuration. `reason` is shown
     /// with `echo`; it is reduced to safe printable characters first.
-    pub fn default_script(
+    pub(crate) fn default_script(
         &self,
         action: &DefaultAction,
         reason: &str,

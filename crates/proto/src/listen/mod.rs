@@ -77,7 +77,7 @@ impl Limits {
 /// module doc): its response has run longer than `grace` and sent fewer than
 /// `bytes_per_sec` times the time since then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlowRate {
+pub(crate) struct SlowRate {
     pub bytes_per_sec: u64,
     pub grace: Duration,
 }
@@ -86,7 +86,7 @@ impl SlowRate {
     /// Whether `sent` bytes in `elapsed` fall below the rate: `elapsed` is past the
     /// grace and `sent` is less than the rate times the time past it (the grace is an
     /// allowance, as TFTP's `min_rate_bytes_per_sec` has it). O(1), integer only.
-    pub fn behind(&self, sent: u64, elapsed: Duration) -> bool {
+    pub(crate) fn behind(&self, sent: u64, elapsed: Duration) -> bool {
         let Some(past) = elapsed.checked_sub(self.grace) else {
             return false;
         };
@@ -143,7 +143,7 @@ impl ConnMetrics {
 
 /// Why [`Admission::admit`] refused a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     #[error("connection limit reached and no connection is idle")]
     Full,
     #[error("the source holds its share of connections and none is idle")]
@@ -152,7 +152,7 @@ pub enum Refused {
 
 /// Why a [`Watchdog`] ended a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Expiry {
+pub(crate) enum Expiry {
     #[error("no request within the idle timeout")]
     Idle,
     #[error("request head not completed within the header read timeout")]
@@ -187,7 +187,7 @@ struct Table {
 }
 
 /// The part of an admitted connection the table and the evictor see.
-pub struct Slot {
+pub(crate) struct Slot {
     /// Phase (top two bits) and, when idle or reading a head, since when (ms after
     /// `base`);
     /// when busy, the number of requests in progress (HTTP/2 may have several).
@@ -219,7 +219,7 @@ fn ms_since(base: Instant) -> u64 {
 }
 
 /// The key a connection is counted under: an IPv4 address, or an IPv6 /64.
-pub fn source_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn source_key(ip: IpAddr) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V6(v6) => {
             let bits = u128::from(v6) & !((1u128 << 64) - 1);
@@ -244,14 +244,14 @@ impl Slot {
 
     /// A response starts being sent: from now its average rate may make the
     /// connection evictable (with a [`SlowRate`]). Cleared by [`Slot::end`].
-    pub fn pace_start(&self) {
+    pub(crate) fn pace_start(&self) {
         self.sent.store(0, Ordering::Relaxed);
         self.paced_since
             .store(ms_since(self.base) + 1, Ordering::Release);
     }
 
     /// `total` bytes of the current response have been handed to the socket.
-    pub fn pace_sent(&self, total: u64) {
+    pub(crate) fn pace_sent(&self, total: u64) {
         self.sent.store(total, Ordering::Relaxed);
     }
 
@@ -268,7 +268,7 @@ impl Slot {
     }
 
     /// The first bytes of a request head arrived (no-op unless idle).
-    pub fn head_started(&self) {
+    pub(crate) fn head_started(&self) {
         let s = self.state.load(Ordering::Relaxed);
         if s & PHASE == IDLE {
             let _ = self.state.compare_exchange(
@@ -282,7 +282,7 @@ impl Slot {
 
     /// A request head is complete: the connection is busy until [`Slot::end`].
     /// False if it was evicted (the caller closes it instead of answering).
-    pub fn begin(&self) -> bool {
+    pub(crate) fn begin(&self) -> bool {
         let mut s = self.state.load(Ordering::Relaxed);
         loop {
             let next = match s & PHASE {
@@ -301,7 +301,7 @@ impl Slot {
     }
 
     /// A response has been written: idle again once no other request is in progress.
-    pub fn end(&self) {
+    pub(crate) fn end(&self) {
         let mut s = self.state.load(Ordering::Relaxed);
         loop {
             let next = match s & PHASE {
@@ -321,7 +321,7 @@ impl Slot {
     }
 
     /// Wake the connection's [`Watchdog`] (after a change made outside its task).
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         self.waker.wake();
     }
 
@@ -344,7 +344,7 @@ impl Admission {
     }
 
     /// [`Admission::new`] where busy connections below `slow` are evictable too.
-    pub fn with_slow(
+    pub(crate) fn with_slow(
         name: &'static str,
         limits: Limits,
         metrics: ConnMetrics,
@@ -374,7 +374,7 @@ impl Admission {
     /// Admit a connection from `peer`, making room by evicting an idle connection when
     /// a limit is reached (see the module doc). The connection leaves the table when
     /// the returned [`Conn`] is dropped.
-    pub fn admit(&self, peer: IpAddr) -> Result<Conn, Refused> {
+    pub(crate) fn admit(&self, peer: IpAddr) -> Result<Conn, Refused> {
         let sh = &*self.shared;
         let source = source_key(peer);
         let slot = Arc::new(Slot::new(source, sh.base));
@@ -405,7 +405,7 @@ impl Admission {
     /// Accept the next connection on `listener` that [`Admission::admit`] lets in;
     /// refused ones are closed at once (and logged at most once a second). Accept
     /// errors (EMFILE and friends) back off briefly instead of spinning. Cancel-safe.
-    pub async fn accept(&self, listener: &TcpListener) -> (TcpStream, SocketAddr, Conn) {
+    pub(crate) async fn accept(&self, listener: &TcpListener) -> (TcpStream, SocketAddr, Conn) {
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(x) => x,
@@ -547,18 +547,18 @@ impl Table {
 }
 
 /// An admitted connection: holds its place in the table until dropped.
-pub struct Conn {
+pub(crate) struct Conn {
     shared: Arc<Shared>,
     slot: Arc<Slot>,
 }
 
 impl Conn {
-    pub fn slot(&self) -> &Arc<Slot> {
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
         &self.slot
     }
 
     /// The timer that ends this connection when it is idle or slow too long, or evicted.
-    pub fn watchdog(&self) -> Watchdog {
+    pub(crate) fn watchdog(&self) -> Watchdog {
         Watchdog {
             slot: self.slot.clone(),
             idle: self.shared.limits.idle_timeout,
@@ -584,7 +584,7 @@ impl Drop for Conn {
 /// it whenever the connection's task wakes (e.g. in the same `select!` as the
 /// connection's reads): a head that starts moves the deadline earlier, and the timer
 /// is re-armed on that poll. Changes made on another task must call [`Slot::wake`].
-pub struct Watchdog {
+pub(crate) struct Watchdog {
     slot: Arc<Slot>,
     idle: Duration,
     header: Duration,

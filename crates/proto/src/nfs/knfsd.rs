@@ -43,13 +43,13 @@ impl Default for KnfsdConfig {
     }
 }
 
-pub struct Knfsd {
+pub(crate) struct Knfsd {
     cfg: KnfsdConfig,
     lock: tokio::sync::Mutex<()>,
 }
 
 impl Knfsd {
-    pub fn new(cfg: KnfsdConfig) -> Self {
+    pub(crate) fn new(cfg: KnfsdConfig) -> Self {
         Knfsd {
             cfg,
             lock: tokio::sync::Mutex::new(()),
@@ -74,7 +74,7 @@ impl Knfsd {
     }
 
     /// `/etc/exports.d/bootplane-<name>.exports`
-    pub fn exports_file(&self, export: &str) -> PathBuf {
+    pub(crate) fn exports_file(&self, export: &str) -> PathBuf {
         self.cfg
             .exports_dir
             .join(format!("bootplane-{}.exports", Self::stem(export)))
@@ -155,7 +155,7 @@ fn remove(p: &Path) -> Result<(), NfsError> {
 
 /// The exports(5) text for one export, or `None` when no client may access it
 /// (then no line may exist, since a line without clients exports to everyone).
-pub fn render_exports(
+pub(crate) fn render_exports(
     export: &str,
     fs_path: &Path,
     rules: &[ExportRule],

@@ -91,7 +91,7 @@ impl ClientMatch {
         ClientMatch { addr, prefix }
     }
 
-    pub fn is_host(&self) -> bool {
+    pub(crate) fn is_host(&self) -> bool {
         self.prefix == if self.addr.is_ipv4() { 32 } else { 128 }
     }
 
@@ -209,7 +209,7 @@ impl ExportRule {
 
 /// Sort by index and reject duplicate indexes (two rules at one position would make
 /// the evaluation order ambiguous).
-pub fn normalize_rules(mut rules: Vec<ExportRule>) -> Result<Vec<ExportRule>, NfsError> {
+pub(crate) fn normalize_rules(mut rules: Vec<ExportRule>) -> Result<Vec<ExportRule>, NfsError> {
     rules.sort_by_key(|r| r.index);
     for w in rules.windows(2) {
         if w[0].index == w[1].index {
@@ -241,7 +241,7 @@ pub fn decide(rules: &[ExportRule], client: IpAddr, proto: Protocol) -> Access {
 /// Export names are absolute, normalised paths (`/images/ubuntu`): they become the
 /// NFSv4 pseudo path and appear in configuration files, so quoting characters and
 /// `..` are refused.
-pub fn validate_export_name(export: &str) -> Result<(), NfsError> {
+pub(crate) fn validate_export_name(export: &str) -> Result<(), NfsError> {
     let bad = |why: &str| NfsError::InvalidExport(export.to_string(), why.to_string());
     if !export.starts_with('/') || export == "/" {
         return Err(bad("must be an absolute path other than /"));

@@ -366,7 +366,7 @@ impl Client {
 }
 
 /// The ONTAP `export_rule` body for one rule.
-pub fn rule_json(r: &ExportRule) -> Value {
+pub(crate) fn rule_json(r: &ExportRule) -> Value {
     let ro = if r.access == Access::None {
         "never"
     } else {

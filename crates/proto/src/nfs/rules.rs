@@ -22,7 +22,7 @@ pub(crate) struct RuleDiff<'a, A> {
 
 impl<'a, A> RuleDiff<'a, A> {
     /// `same(desired, applied)` tells whether a rule in force is a desired rule.
-    pub fn new(
+    pub(crate) fn new(
         applied: &'a [A],
         desired: &'a [ExportRule],
         same: impl Fn(&ExportRule, &A) -> bool,
@@ -39,7 +39,7 @@ impl<'a, A> RuleDiff<'a, A> {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.stale.is_empty() && self.missing.is_empty()
     }
 }

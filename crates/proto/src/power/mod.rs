@@ -70,7 +70,7 @@ pub trait PowerDriver: Send + Sync {
 }
 
 /// Logs the wanted state and leaves confirmation to an operator.
-pub struct Manual;
+pub(crate) struct Manual;
 
 impl PowerDriver for Manual {
     fn name(&self) -> &'static str {
@@ -87,7 +87,7 @@ impl PowerDriver for Manual {
 }
 
 /// Confirms every request immediately.
-pub struct Instant;
+pub(crate) struct Instant;
 
 impl PowerDriver for Instant {
     fn name(&self) -> &'static str {
@@ -121,7 +121,7 @@ pub fn from_config(
 }
 
 /// The driver named in the config (drivers without settings).
-pub fn from_name(name: &str) -> anyhow::Result<Arc<dyn PowerDriver>> {
+pub(crate) fn from_name(name: &str) -> anyhow::Result<Arc<dyn PowerDriver>> {
     match name {
         "manual" => Ok(Arc::new(Manual)),
         "test" => Ok(Arc::new(Instant)),

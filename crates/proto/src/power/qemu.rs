@@ -38,7 +38,7 @@ use super::{Outcome, Power, PowerDriver};
 use crate::model::ident;
 
 /// Annotation (or label) on a Server choosing its firmware.
-pub const FIRMWARE_KEY: &str = "bootplane.dev/qemu-firmware";
+pub(crate) const FIRMWARE_KEY: &str = "bootplane.dev/qemu-firmware";
 
 /// `[power.qemu]`: how the qemu driver builds VMs.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -111,7 +111,7 @@ impl QemuConfig {
 
 /// Which firmware a VM boots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Firmware {
+pub(crate) enum Firmware {
     /// SeaBIOS with QEMU's iPXE NIC ROM.
     Bios,
     /// OVMF, its own PXE stack (NIC ROM removed).
@@ -121,7 +121,7 @@ pub enum Firmware {
 }
 
 impl Firmware {
-    pub fn parse(s: &str) -> Result<Firmware> {
+    pub(crate) fn parse(s: &str) -> Result<Firmware> {
         match s {
             "bios" => Ok(Firmware::Bios),
             "uefi" => Ok(Firmware::Uefi),
@@ -133,7 +133,7 @@ impl Firmware {
 
 /// Everything needed to start one VM (derived from a Server and the config).
 #[derive(Debug, Clone, PartialEq)]
-pub struct VmSpec {
+pub(crate) struct VmSpec {
     pub server: String,
     pub mac: String,
     /// `spec.systemUUID`, given to the VM as its SMBIOS UUID (iPXE's `${uuid}`).
@@ -144,7 +144,7 @@ pub struct VmSpec {
 }
 
 /// Read the VM description off a Server object.
-pub fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmSpec> {
+pub(crate) fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmSpec> {
     let name = crate::model::meta::name(server).to_string();
     if name.is_empty() || name.contains('/') || name.starts_with('.') {
         bail!("server name {name:?} cannot name a VM directory");
@@ -189,7 +189,7 @@ pub fn vm_spec(cfg: &QemuConfig, state_dir: &Path, server: &Value) -> Result<VmS
 }
 
 /// The QEMU command line for a VM (without the binary and the netns wrapper).
-pub fn qemu_args(cfg: &QemuConfig, vm: &VmSpec) -> Vec<String> {
+pub(crate) fn qemu_args(cfg: &QemuConfig, vm: &VmSpec) -> Vec<String> {
     let d = |f: &str| vm.dir.join(f).display().to_string();
     let mut a: Vec<String> = vec![
         "-name".into(),
@@ -266,7 +266,7 @@ enum Launch {
 }
 
 /// The driver: running VMs by server name.
-pub struct Qemu {
+pub(crate) struct Qemu {
     cfg: QemuConfig,
     state_dir: PathBuf,
     vms: Mutex<HashMap<String, Vm>>,
@@ -274,7 +274,7 @@ pub struct Qemu {
 }
 
 impl Qemu {
-    pub fn new(cfg: QemuConfig, state_dir: &Path) -> Result<Arc<Qemu>> {
+    pub(crate) fn new(cfg: QemuConfig, state_dir: &Path) -> Result<Arc<Qemu>> {
         cfg.validate()?;
         let (tx, rx) = mpsc::channel::<Launch>();
         // The launcher lives as long as the process (it ends when the driver is dropped
@@ -394,18 +394,6 @@ impl Qemu {
         let _ = vm.child.wait();
         let _ = self.ip(&["link", "del", &vm.spec.tap]);
         tracing::info!(server = %vm.spec.server, "qemu: VM stopped");
-    }
-
-    /// Is the VM for `server` running (for tests and status)?
-    pub fn is_running(&self, server: &str) -> bool {
-        let mut vms = match self.vms.lock() {
-            Ok(v) => v,
-            Err(_) => return false,
-        };
-        match vms.get_mut(server) {
-            Some(vm) => matches!(vm.child.try_wait(), Ok(None)),
-            None => false,
-        }
     }
 
     fn set(&self, server: &Value, want: Power) -> Result<Outcome> {

@@ -129,7 +129,7 @@ fn label_value(s: &str) -> String {
 }
 
 /// The Job name for a job id: `provision-<server>-<8 hex of sha256(id)>`.
-pub fn job_name(req: &ProvisionRequest, id: &str) -> String {
+pub(crate) fn job_name(req: &ProvisionRequest, id: &str) -> String {
     let h = hex::encode(&Sha256::digest(id.as_bytes())[..4]);
     format!(
         "provision-{}-{h}",
@@ -139,7 +139,7 @@ pub fn job_name(req: &ProvisionRequest, id: &str) -> String {
 
 /// Annotation carrying [`ProvisionRequest::digest`]: a Job found under the same name
 /// (409 on create) is taken only when it runs the same request.
-pub const REQUEST_ANNOTATION: &str = "bootplane.dev/request-sha256";
+pub(crate) const REQUEST_ANNOTATION: &str = "bootplane.dev/request-sha256";
 
 /// Render the `batch/v1` Job (pure).
 pub fn render_job(cfg: &KubernetesConfig, req: &ProvisionRequest, id: &str) -> Value {
@@ -214,7 +214,7 @@ pub fn render_job(cfg: &KubernetesConfig, req: &ProvisionRequest, id: &str) -> V
 }
 
 /// Map a Job object's status to a job state and reason.
-pub fn job_state(job: &Value) -> (JobState, Option<String>) {
+pub(crate) fn job_state(job: &Value) -> (JobState, Option<String>) {
     let st = &job["status"];
     if let Some(conds) = st.get("conditions").and_then(Value::as_array) {
         for c in conds {

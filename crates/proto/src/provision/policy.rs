@@ -109,7 +109,7 @@ fn dotted(s: &str) -> bool {
 
 /// `*` matches any run of characters but `/`, `?` one character but `/`; everything
 /// else matches itself.
-pub fn glob_match(pattern: &str, s: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, s: &str) -> bool {
     let (p, s) = (pattern.as_bytes(), s.as_bytes());
     let (mut pi, mut si) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
@@ -144,7 +144,7 @@ fn under_base(base: &str, source: &str) -> bool {
 
 /// Where the job checks its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Where {
+pub(crate) enum Where {
     /// On this host (the local runner): resolve it here.
     Here,
     /// Elsewhere (a node of a cluster): the path as written is all there is to check.
@@ -153,7 +153,7 @@ pub enum Where {
 
 /// The allow-lists with what they are checked against.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub(crate) struct Policy {
     pub jobs: JobsConfig,
     /// `provision.nfs_server`: NFS sources on it are the appliance's own exports.
     pub nfs_server: String,
@@ -167,7 +167,7 @@ fn forbidden(m: String) -> JobError {
 impl Policy {
     /// The request as the job should run it (with the target resolved where it is
     /// checked here), or why it may not run.
-    pub fn check(&self, req: &ProvisionRequest) -> Result<ProvisionRequest, JobError> {
+    pub(crate) fn check(&self, req: &ProvisionRequest) -> Result<ProvisionRequest, JobError> {
         req.validate()?;
         if req.sha256.is_none() {
             return Err(forbidden(
@@ -261,13 +261,13 @@ impl Policy {
 }
 
 /// A runner that starts only what [`Policy`] allows (see the module doc).
-pub struct Guarded {
+pub(crate) struct Guarded {
     inner: Arc<dyn JobRunner>,
     policy: Policy,
 }
 
 impl Guarded {
-    pub fn new(inner: Arc<dyn JobRunner>, policy: Policy) -> Guarded {
+    pub(crate) fn new(inner: Arc<dyn JobRunner>, policy: Policy) -> Guarded {
         Guarded { inner, policy }
     }
 }

@@ -207,7 +207,7 @@ pub(super) struct BmcInner {
 /// The Redfish service root every BMC serves.
 const ROOT: &str = "/redfish/v1/";
 /// Host NICs read per system; a BMC listing more is cut here.
-pub const MAX_NICS: usize = 64;
+pub(crate) const MAX_NICS: usize = 64;
 
 impl Bmc {
     /// What one attempt on this BMC needs (its client, limits and counters).

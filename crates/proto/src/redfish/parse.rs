@@ -114,7 +114,7 @@ pub fn system(v: &Value, odata_id: &str, etag: Option<String>) -> System {
     }
 }
 
-pub fn ethernet_interface(v: &Value) -> EthernetInterface {
+pub(crate) fn ethernet_interface(v: &Value) -> EthernetInterface {
     EthernetInterface {
         id: str_at(v, "Id").unwrap_or_default(),
         mac: str_at(v, "MACAddress")

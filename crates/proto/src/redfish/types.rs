@@ -166,7 +166,7 @@ pub enum ResetType {
 }
 
 impl ResetType {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ResetType::On => "On",
             ResetType::ForceOff => "ForceOff",

@@ -141,7 +141,7 @@ pub(super) struct Engines {
 
 impl Engines {
     /// Start `n` engine threads (at least one).
-    pub fn start(n: usize, metrics: Arc<Metrics>) -> io::Result<Engines> {
+    pub(crate) fn start(n: usize, metrics: Arc<Metrics>) -> io::Result<Engines> {
         // Built up in place: on an error, Drop stops the threads already running.
         let mut engines = Engines {
             workers: Vec::new(),
@@ -203,7 +203,7 @@ impl Engines {
 
     /// The engine a new transfer goes to: the one with the fewest transfers (a 64 MiB
     /// image and a burst of small files then spread evenly), ties taken in turn.
-    pub fn pick(&self) -> Assigned {
+    pub(crate) fn pick(&self) -> Assigned {
         let n = self.workers.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let idx = (0..n)
@@ -217,7 +217,7 @@ impl Engines {
 
     /// Hand a prepared transfer to engine `idx`. Gives the job back if the engine has
     /// stopped (the server is shutting down).
-    pub fn submit(&self, idx: usize, job: Box<Job>) -> Result<(), Box<Job>> {
+    pub(crate) fn submit(&self, idx: usize, job: Box<Job>) -> Result<(), Box<Job>> {
         match self.workers[idx % self.workers.len()].send(Msg::Start(job)) {
             Ok(()) => Ok(()),
             Err(Msg::Start(job)) => Err(job),
@@ -226,12 +226,12 @@ impl Engines {
     }
 
     /// Forward a packet that arrived on the listening port (single-port mode).
-    pub fn deliver(&self, idx: usize, peer: SocketAddr, pkt: Bytes) {
+    pub(crate) fn deliver(&self, idx: usize, peer: SocketAddr, pkt: Bytes) {
         let _ = self.workers[idx % self.workers.len()].send(Msg::Packet(peer, pkt));
     }
 
     /// End every transfer with an ERROR and wait for the threads.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         for w in &self.workers {
             let _ = w.send(Msg::Stop);
         }

@@ -49,7 +49,7 @@ pub enum FileError {
 
 /// The form a file is sent in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Form {
+pub(crate) enum Form {
     /// The bytes as stored.
     Octet,
     /// Converted to netascii (RFC 764): LF → CR LF, CR → CR NUL.
@@ -89,7 +89,7 @@ pub fn sanitize(name: &str) -> Result<Vec<String>, FileError> {
 
 /// Whether a path component is a MAC address (`aa:bb:cc:dd:ee:ff`, `aa-bb-...`,
 /// pxelinux's `01-aa-bb-...`, or 12 bare hex digits).
-pub fn is_mac(c: &str) -> bool {
+pub(crate) fn is_mac(c: &str) -> bool {
     let c = c.strip_prefix("01-").filter(|r| r.len() == 17).unwrap_or(c);
     let hex: String = c.chars().filter(|ch| *ch != ':' && *ch != '-').collect();
     let seps = c.len() - hex.len();
@@ -100,7 +100,7 @@ pub fn is_mac(c: &str) -> bool {
 
 /// File contents shared between transfers.
 #[derive(Clone, Debug)]
-pub enum FileData {
+pub(crate) enum FileData {
     Mem(Bytes),
     /// A large file, read as it is sent; the length it had when opened.
     File(Arc<File>, u64),
@@ -110,7 +110,7 @@ pub enum FileData {
 
 impl FileData {
     /// The bytes, when they are in memory (not for [`FileData::File`]).
-    pub fn bytes(&self) -> Option<&[u8]> {
+    pub(crate) fn bytes(&self) -> Option<&[u8]> {
         match self {
             FileData::Mem(b) => Some(b),
             FileData::File(..) => None,
@@ -126,7 +126,7 @@ impl FileData {
             FileData::Converted(v) => v.len() as u64,
         }
     }
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             FileData::File(_, len) => *len as usize,
             d => d.bytes().map_or(0, <[u8]>::len),
@@ -135,7 +135,7 @@ impl FileData {
 
     /// Fill `buf` with the bytes at `pos`: copied from memory, or read from the file.
     /// A file that no longer has them (truncated while served) is an `UnexpectedEof`.
-    pub fn read_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
+    pub(crate) fn read_at(&self, buf: &mut [u8], pos: u64) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         match self {
             FileData::File(f, _) => f.read_exact_at(buf, pos),
@@ -161,9 +161,6 @@ impl FileData {
         self.read_at(&mut v, 0)?;
         Ok(std::borrow::Cow::Owned(v))
     }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -187,7 +184,7 @@ impl Stamp {
 
 /// Resolves and loads files under one root.
 #[derive(Debug)]
-pub struct FileStore {
+pub(crate) struct FileStore {
     root: PathBuf,
     small_max: u64,
     cache_max: u64,
@@ -238,7 +235,7 @@ impl FileStore {
     /// `small_max`: files up to this size are held in memory; `cache_max`: total
     /// bytes of in-memory files kept (mappings of large files are cached too but
     /// cost only address space).
-    pub fn new(root: &Path, small_max: u64, cache_max: u64) -> anyhow::Result<FileStore> {
+    pub(crate) fn new(root: &Path, small_max: u64, cache_max: u64) -> anyhow::Result<FileStore> {
         use anyhow::Context as _;
         let root = root
             .canonicalize()
@@ -258,17 +255,13 @@ impl FileStore {
     }
 
     /// Largest file served in netascii form (16 MiB unless set).
-    pub fn with_netascii_max(mut self, max: u64) -> FileStore {
+    pub(crate) fn with_netascii_max(mut self, max: u64) -> FileStore {
         self.netascii_max = max;
         self
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// Resolve a request name to a canonical file path inside the root.
-    pub fn resolve(&self, name: &str) -> Result<PathBuf, FileError> {
+    pub(crate) fn resolve(&self, name: &str) -> Result<PathBuf, FileError> {
         let parts = sanitize(name)?;
         let full: PathBuf = parts.iter().collect();
         match self.check(&full) {
@@ -297,12 +290,13 @@ impl FileStore {
     }
 
     /// Resolve and load a file as stored.
+    #[cfg(test)]
     pub fn open(&self, name: &str) -> Result<FileData, FileError> {
         self.open_as(name, Form::Octet)
     }
 
     /// Resolve and load a file in `form`. Blocks (file I/O, conversion).
-    pub fn open_as(&self, name: &str, form: Form) -> Result<FileData, FileError> {
+    pub(crate) fn open_as(&self, name: &str, form: Form) -> Result<FileData, FileError> {
         let path = self.resolve(name)?;
         let (file, meta) = open_regular(&path)?;
         if form == Form::Netascii && meta.len() > self.netascii_max {
@@ -452,7 +446,7 @@ fn load(file: &File, meta: &std::fs::Metadata, small_max: u64) -> Result<FileDat
 }
 
 /// Convert bytes to netascii (RFC 764): LF → CR LF, CR → CR NUL.
-pub fn to_netascii(data: &[u8]) -> Vec<u8> {
+pub(crate) fn to_netascii(data: &[u8]) -> Vec<u8> {
     let extra = data.iter().filter(|&&b| b == b'\n' || b == b'\r').count();
     let mut out = Vec::with_capacity(data.len() + extra);
     for &b in data {
@@ -579,7 +573,7 @@ mod tests {
         std::fs::write(root.join("small"), b"changed!").unwrap();
         assert_eq!(s.open("small").unwrap().bytes().unwrap(), b"changed!");
         std::fs::write(root.join("empty"), b"").unwrap();
-        assert!(s.open("empty").unwrap().is_empty());
+        assert_eq!(s.open("empty").unwrap().len(), 0);
     }
 
     #[test]

@@ -157,7 +157,7 @@ impl TftpConfig {
     }
 
     /// Transfers one client may hold at once (`max_transfers_per_client`, 0 = half).
-    pub fn per_client_cap(&self) -> usize {
+    pub(crate) fn per_client_cap(&self) -> usize {
         match self.max_transfers_per_client {
             0 => (self.max_transfers / 2).max(1),
             n => n.min(self.max_transfers),

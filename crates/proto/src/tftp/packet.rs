@@ -6,10 +6,10 @@ use std::fmt;
 
 pub const OP_RRQ: u16 = 1;
 pub const OP_WRQ: u16 = 2;
-pub const OP_DATA: u16 = 3;
+pub(crate) const OP_DATA: u16 = 3;
 pub const OP_ACK: u16 = 4;
-pub const OP_ERROR: u16 = 5;
-pub const OP_OACK: u16 = 6;
+pub(crate) const OP_ERROR: u16 = 5;
+pub(crate) const OP_OACK: u16 = 6;
 
 /// TFTP error codes (RFC 1350 section 5, RFC 2347 for 8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +68,7 @@ pub enum ParseError {
 
 impl ParseError {
     /// The error code a server answers with, or `None` for a silent drop.
-    pub fn reply_code(&self) -> Option<ErrorCode> {
+    pub(crate) fn reply_code(&self) -> Option<ErrorCode> {
         match self {
             ParseError::Truncated | ParseError::BadString => None,
             ParseError::UnknownOpcode(_) | ParseError::BadMode(_) => {

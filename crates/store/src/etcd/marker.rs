@@ -22,9 +22,9 @@ use std::sync::Arc;
 use super::super::seal::{SealError, Sealing};
 
 /// The marker's store key (under the objects root; no resource type maps to it).
-pub const KEY: &str = "/bootplane.dev/sealing";
+pub(crate) const KEY: &str = "/bootplane.dev/sealing";
 /// The marker's plain text.
-pub const TEXT: &[u8] = b"legacy envelopes refused";
+pub(crate) const TEXT: &[u8] = b"legacy envelopes refused";
 
 /// A put of the marker seen (listing or watch): strict when it opens.
 pub(super) fn seen(sealing: &Sealing, value: &[u8]) {

@@ -86,7 +86,7 @@ pub struct Fence {
 }
 
 impl Fence {
-    pub fn new(key: Vec<u8>, create_rev: i64, lost: CancellationToken) -> Fence {
+    pub(crate) fn new(key: Vec<u8>, create_rev: i64, lost: CancellationToken) -> Fence {
         Fence {
             key,
             create_rev,
@@ -188,7 +188,7 @@ impl EtcdKv {
 
     /// A clone whose every transaction also requires `fence` (a controller group's
     /// leadership): see the module doc.
-    pub fn fenced(&self, fence: Fence) -> EtcdKv {
+    pub(crate) fn fenced(&self, fence: Fence) -> EtcdKv {
         EtcdKv {
             inner: self.inner.clone(),
             fence: Some(Arc::new(fence)),
@@ -196,7 +196,7 @@ impl EtcdKv {
     }
 
     /// The keys and the ledger of sealed objects.
-    pub fn sealing(&self) -> &Sealing {
+    pub(crate) fn sealing(&self) -> &Sealing {
         &self.inner.sealing
     }
 
@@ -213,7 +213,7 @@ impl EtcdKv {
         self.inner.known.fetch_max(urev(rev), Ordering::Relaxed);
     }
 
-    pub async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
+    pub(crate) async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(KvError::Closed);
         }
@@ -552,7 +552,7 @@ impl EtcdKv {
         }
     }
 
-    pub fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
+    pub(crate) fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
         let known = self.inner.known.load(Ordering::Relaxed);
         Watch::open(
             &self.inner.state,
@@ -565,7 +565,7 @@ impl EtcdKv {
 
     /// Stop following etcd: later transactions fail with `Closed`, watchers end.
     /// Blocking (waits for the mirror's task).
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.stop.cancel();
         let task = self.inner.task.lock().unwrap().take();

@@ -273,7 +273,7 @@ impl Kv {
     /// Open (or create) the store at `path`, loading every key into memory; sealed
     /// values are opened with `sealer` (one that no key opens fails the open, naming
     /// the object and the key name).
-    pub fn open(path: &Path, sealer: Sealer) -> Result<Kv, KvError> {
+    pub(crate) fn open(path: &Path, sealer: Sealer) -> Result<Kv, KvError> {
         let sealing = Sealing::new(sealer);
         // The store holds Secrets: create its file 0600 whatever the umask (redb
         // initialises an empty file; an existing file is left as it is).
@@ -333,31 +333,31 @@ impl Kv {
     }
 
     /// The keys and the ledger of sealed objects.
-    pub fn sealing(&self) -> &Sealing {
+    pub(crate) fn sealing(&self) -> &Sealing {
         &self.sealing
     }
 
     /// The current (latest committed) revision.
-    pub fn revision(&self) -> Rev {
+    pub(crate) fn revision(&self) -> Rev {
         self.state.read().unwrap().rev
     }
 
-    pub fn get(&self, key: &str) -> Option<KeyValue> {
+    pub(crate) fn get(&self, key: &str) -> Option<KeyValue> {
         self.state.read().unwrap().map.get(key).cloned()
     }
 
     /// Every key with `prefix`, in key order, and the revision the list was read at.
-    pub fn list(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
+    pub(crate) fn list(&self, prefix: &str) -> (Vec<KeyValue>, Rev) {
         self.state.read().unwrap().range(prefix)
     }
 
     /// Visit every key with `prefix` without cloning the list (read lock held).
-    pub fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, f: F) -> Rev {
+    pub(crate) fn scan<F: FnMut(&KeyValue)>(&self, prefix: &str, f: F) -> Rev {
         self.state.read().unwrap().scan(prefix, f)
     }
 
     /// Commit `ops` atomically (waits until durable).
-    pub async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
+    pub(crate) async fn txn(&self, ops: Vec<Op>) -> Result<TxnResult, KvError> {
         let (reply, rx) = oneshot::channel();
         let tx = self.tx.clone();
         let texts = prepare(&ops, &self.sealing.sealer, |_| None)?;
@@ -388,13 +388,13 @@ impl Kv {
     /// Watch keys with `prefix` for changes after revision `from`. A `from` after the
     /// current revision is refused (`FutureRevision`): nothing could say when, or
     /// whether, that revision will be written.
-    pub fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
+    pub(crate) fn watch(&self, prefix: &str, from: Rev) -> Result<Watch, KvError> {
         Watch::open(&self.state, &self.published, prefix, from, None)
     }
 
     /// Stop the writer after it has committed everything queued before this call,
     /// and close the database. Later transactions fail with [`KvError::Closed`].
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let (reply, rx) = oneshot::channel();
         if self.tx.send(Msg::Close(reply)).is_ok() {
             let _ = rx.blocking_recv();
@@ -476,7 +476,7 @@ impl Watch {
 
     /// The next event, in revision order. `Err(Lagged)` if this watcher fell more than
     /// [`EVENT_LOG_CAP`] events behind; `Err(Closed)` when the store shut down.
-    pub async fn next(&mut self) -> Result<Event, KvError> {
+    pub(crate) async fn next(&mut self) -> Result<Event, KvError> {
         loop {
             if let Some(e) = self.backlog.pop_front() {
                 return Ok(e);

@@ -133,7 +133,7 @@ pub struct IgnitionSecret {
 
 impl IgnitionSecret {
     /// From a Secret's decoded `data` map.
-    pub fn from_data(data: &BTreeMap<String, Vec<u8>>) -> Result<IgnitionSecret, Error> {
+    pub(crate) fn from_data(data: &BTreeMap<String, Vec<u8>>) -> Result<IgnitionSecret, Error> {
         let ign = data
             .get("ignition")
             .ok_or_else(|| Error::Secret("missing key \"ignition\"".into()))?;
@@ -264,18 +264,18 @@ impl Renderer {
         &self.files
     }
 
-    pub fn template(&self, name: &str) -> Option<&Template> {
+    pub(crate) fn template(&self, name: &str) -> Option<&Template> {
         self.templates.get(name)
     }
 
     /// How many templates are loaded.
-    pub fn template_count(&self) -> usize {
+    pub(crate) fn template_count(&self) -> usize {
         self.templates.len()
     }
 
     /// Loads every `*.bu`, `*.yaml`, `*.yml`, `*.ign`, `*.json` in `dir` as a template and
     /// `dir/files/` as the files dir (I/O happens here, at the edge, not while rendering).
-    pub fn load_dir(dir: &std::path::Path) -> anyhow::Result<Renderer> {
+    pub(crate) fn load_dir(dir: &std::path::Path) -> anyhow::Result<Renderer> {
         use anyhow::Context;
         let mut r = Renderer::new();
         let mut names: Vec<_> = std::fs::read_dir(dir)
@@ -308,7 +308,7 @@ impl Renderer {
     }
 
     /// Renders template `name` for `facts` into Ignition JSON (not yet merged).
-    pub fn render_template(&self, name: &str, facts: &MachineFacts) -> Result<Value, Error> {
+    pub(crate) fn render_template(&self, name: &str, facts: &MachineFacts) -> Result<Value, Error> {
         let t = self.templates.get(name).ok_or_else(|| Error::Template {
             name: name.into(),
             message: "no such template".into(),

@@ -64,9 +64,9 @@ pub(super) use read::read_full;
 use read::{decode_stream, decode_worker, read_framed, read_raw};
 
 /// Bytes at the start of the target written last.
-pub const HELD: u64 = 1 << 20;
+pub(crate) const HELD: u64 = 1 << 20;
 /// Chunk size for plain zstd and raw sources.
-pub const STREAM_CHUNK: u64 = 4 << 20;
+pub(crate) const STREAM_CHUNK: u64 = 4 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
 pub enum FrameSha {

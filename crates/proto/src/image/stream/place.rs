@@ -18,7 +18,7 @@ pub(super) struct Placement {
 impl Placement {
     /// The placement for the calling thread's allowed CPUs, or `None` with fewer than
     /// two (or when the kernel will not say).
-    pub fn plan() -> Option<Placement> {
+    pub(crate) fn plan() -> Option<Placement> {
         // SAFETY: cpu_set_t is plain old data; the calls get its exact size.
         unsafe {
             let mut before: libc::cpu_set_t = std::mem::zeroed();
@@ -52,7 +52,7 @@ impl Placement {
     }
 
     /// Confine the calling thread to `set`; best effort.
-    pub fn set(set: &libc::cpu_set_t) {
+    pub(crate) fn set(set: &libc::cpu_set_t) {
         // SAFETY: `set` is a valid cpu_set_t of the size given; 0 is the calling thread.
         unsafe {
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set);

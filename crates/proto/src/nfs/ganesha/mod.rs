@@ -172,7 +172,7 @@ impl Ganesha {
         })
     }
 
-    pub fn config_path(&self) -> PathBuf {
+    pub(crate) fn config_path(&self) -> PathBuf {
         self.dir.join("ganesha.conf")
     }
 
@@ -194,7 +194,7 @@ impl Ganesha {
     }
 
     /// Run until shutdown: start, restart (with backoff) if ganesha dies, stop at the end.
-    pub async fn supervise(&self, mut shutdown: crate::shutdown::Shutdown) {
+    pub(crate) async fn supervise(&self, mut shutdown: crate::shutdown::Shutdown) {
         let mut backoff = Duration::from_secs(1);
         loop {
             if let Err(e) = self.start().await {

@@ -702,7 +702,7 @@ impl Redfish {
     }
 
     /// One pass over the Servers with a BMC (no operation running for them).
-    pub async fn poll_once(&self) {
+    pub(crate) async fn poll_once(&self) {
         let names: Vec<String> = {
             let (objs, _) = self.store.list(&self.t_server, None, None);
             objs.filter(|s| has_bmc(s) && !meta::is_deleting(s))

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::redfish;
 
 /// Server annotation choosing the one-time network boot.
-pub const BOOT_MODE_ANNOTATION: &str = "bootplane.dev/boot-mode";
+pub(crate) const BOOT_MODE_ANNOTATION: &str = "bootplane.dev/boot-mode";
 /// BMC (or Server, for an inline `spec.bmc`) annotation: `"true"` skips TLS
 /// certificate verification for that BMC.
 pub const INSECURE_ANNOTATION: &str = "bootplane.dev/bmc-insecure-skip-verify";
@@ -25,7 +25,7 @@ pub enum BootMode {
 }
 
 impl BootMode {
-    pub fn parse(s: &str) -> Option<BootMode> {
+    pub(crate) fn parse(s: &str) -> Option<BootMode> {
         Some(match s {
             "None" => BootMode::None,
             "Pxe" => BootMode::Pxe,
@@ -34,7 +34,7 @@ impl BootMode {
             _ => return None,
         })
     }
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BootMode::None => "None",
             BootMode::Pxe => "Pxe",
@@ -131,7 +131,7 @@ impl RedfishConfig {
     }
 
     /// The client settings (reads the CA bundle).
-    pub fn client_settings(&self) -> anyhow::Result<redfish::Settings> {
+    pub(crate) fn client_settings(&self) -> anyhow::Result<redfish::Settings> {
         use anyhow::Context as _;
         let ca_pem = match &self.ca_bundle {
             Some(p) => Some(
