@@ -427,7 +427,7 @@ impl<B: KvBackend> Store<B> {
             }
         }
         validate::check(rt, &mut obj, None)?;
-        let _held = self.check_unique(rt, &obj, None).await?;
+        let _held = self.check_unique(rt, &obj, None)?;
         let m = obj["metadata"].as_object_mut().expect("checked");
         m.insert(
             "uid".into(),
@@ -541,7 +541,7 @@ impl<B: KvBackend> Store<B> {
             }
         }
         validate::check(rt, &mut new, Some(&cur))?;
-        let _held = self.check_unique(rt, &new, Some(&cur)).await?;
+        let _held = self.check_unique(rt, &new, Some(&cur))?;
         self.commit_update(rt, ns.as_deref(), &name, cur, cur_rv, new)
             .await
     }
@@ -569,7 +569,7 @@ impl<B: KvBackend> Store<B> {
             ));
         }
         validate::check(rt, &mut new, Some(cur))?;
-        let _held = self.check_unique(rt, &new, Some(cur)).await?;
+        let _held = self.check_unique(rt, &new, Some(cur))?;
         self.commit_update(rt, ns.as_deref(), &name, cur.clone(), cur_rv, new)
             .await
     }

@@ -581,3 +581,39 @@ async fn writes_racing_on_one_mac_leave_one_holder_and_holders_name_it() {
         assert!(held[0].1.starts_with(&format!("r{round}-")), "{held:?}");
     }
 }
+
+#[tokio::test]
+async fn a_key_being_added_is_refused_until_its_write_ends() {
+    let (_d, s) = store();
+    let srv = rt("server");
+    let obj = |n: &str, u: u8, mac: &str| {
+        json!({"metadata": {"name": n},
+            "spec": {"systemUUID": format!("4c4c4544-0000-0000-0000-0000000000{u:02x}")},
+            "status": {"networkInterfaces": [{"name": "eth0", "macAddress": mac}]}})
+    };
+    let held = s.check_unique(&srv, &obj("a", 1, "52:54:00:00:02:01"), None);
+    let held = held
+        .ok()
+        .flatten()
+        .expect("a write adding keys claims them");
+    let refused = |r: Result<Option<unique::Held>>| match r {
+        Err(StoreError::Conflict { message, .. }) => message,
+        Ok(_) => panic!("passed"),
+        Err(e) => panic!("{e:?}"),
+    };
+    let m = refused(s.check_unique(&srv, &obj("b", 2, "52:54:00:00:02:01"), None));
+    assert!(m.contains("being registered to server \"a\""), "{m}");
+    let m = refused(s.check_unique(&srv, &obj("b", 1, "52:54:00:00:02:02"), None));
+    assert!(m.contains("systemUUID"), "{m}");
+    // Other keys, and the same write's object again, pass beside it.
+    assert!(s
+        .check_unique(&srv, &obj("b", 2, "52:54:00:00:02:02"), None)
+        .is_ok());
+    assert!(s
+        .check_unique(&srv, &obj("a", 1, "52:54:00:00:02:01"), None)
+        .is_ok());
+    drop(held);
+    assert!(s
+        .check_unique(&srv, &obj("b", 2, "52:54:00:00:02:01"), None)
+        .is_ok());
+}

@@ -9,12 +9,13 @@
 //! answer from memory. Each Server's keys are kept per stored revision, so a check
 //! parses only the Servers written since the previous one.
 //!
-//! **Invariant:** a write adding a key holds [`Cache`]'s write lock from its check to
-//! the end of its commit, so two writes of one store racing on the same new key cannot
-//! both pass (one sees the other's commit). Stores sharing an etcd cluster check
-//! against their own copies of it, so two appliances racing can still both pass; the
-//! boot index then keeps both holders and the next write that adds the key to either
-//! is refused.
+//! **Invariant:** a write adding a key claims it (in [`Cache`]'s pending set, in the same
+//! critical section as its check) until its commit has ended, and a check refuses a key
+//! another write has claimed: two writes of one store racing on the same new key cannot
+//! both pass, and writes adding different keys still commit together (group commit).
+//! Stores sharing an etcd cluster check against their own copies of it, so two
+//! appliances racing can still both pass; the boot index then keeps both holders and the
+//! next write that adds the key to either is refused.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -54,64 +55,105 @@ fn applies(rt: &ResourceType) -> bool {
 /// A Server's keys and the revision they were read at.
 type Seen = (Rev, Arc<Keys>);
 
-/// The Servers' keys as last seen, by store key, with the revision they were read at.
+/// The Servers' keys as last seen, by store key, with the revision they were read at,
+/// and the keys writes in flight are adding.
 #[derive(Default)]
 pub(super) struct Cache {
     seen: Mutex<HashMap<Arc<str>, Seen>>,
-    /// Held by a write adding a key from its check to the end of its commit.
-    writing: Arc<tokio::sync::Mutex<()>>,
+    /// The keys each write in flight adds (by claim number), its Server's name, until
+    /// its commit has ended. Locked for a whole check, so it also orders the checks.
+    pending: Mutex<Pending>,
 }
 
-/// What a write that adds a key holds until its commit ends.
-pub(super) type Held = Option<tokio::sync::OwnedMutexGuard<()>>;
+#[derive(Default)]
+struct Pending {
+    next: u64,
+    claims: Vec<(u64, String, Keys)>,
+}
+
+/// The keys a write in flight adds, released when it is dropped (after the commit).
+pub(super) struct Held {
+    cache: Arc<Cache>,
+    id: u64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut p = self.cache.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.claims.retain(|(id, _, _)| *id != self.id);
+    }
+}
 
 impl<B: KvBackend> Store<B> {
     /// Refuse `new` (replacing `old`) when it adds a MAC or system UUID another
-    /// Server holds. When it adds one, what it returns is to be held until the write's
-    /// commit has ended.
-    pub(super) async fn check_unique(
+    /// Server holds or another write in flight is adding. When it adds one, what it
+    /// returns is to be held until the write's commit has ended.
+    pub(super) fn check_unique(
         &self,
         rt: &ResourceType,
         new: &Value,
         old: Option<&Value>,
-    ) -> Result<Held> {
+    ) -> Result<Option<Held>> {
         if !applies(rt) {
             return Ok(None);
         }
         let mine = keys(new);
         let before = old.map(keys).unwrap_or_default();
-        let added: Vec<Mac> = mine.macs.difference(&before.macs).copied().collect();
+        let added: HashSet<Mac> = mine.macs.difference(&before.macs).copied().collect();
         let uuid = mine.uuid.filter(|u| before.uuid.as_ref() != Some(u));
         if added.is_empty() && uuid.is_none() {
             return Ok(None);
         }
-        let held = self.unique.writing.clone().lock_owned().await;
         let name = meta::name(new);
+        let mut pending = self
+            .unique
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let clash = |k: &Keys| -> Option<String> {
+            if let Some(m) = added.iter().find(|m| k.macs.contains(*m)) {
+                Some(format!("macAddress {}", MacFmt(m)))
+            } else if uuid.is_some() && k.uuid == uuid {
+                Some(format!(
+                    "systemUUID {}",
+                    uuid.as_deref().unwrap_or_default()
+                ))
+            } else {
+                None
+            }
+        };
         let mut taken = None;
         self.each_other(rt, name, |k, holder| {
-            if let Some(m) = added.iter().find(|m| k.macs.contains(*m)) {
+            if let Some(what) = clash(k) {
                 taken = Some(format!(
-                    "macAddress {} is already registered to server {:?}",
-                    MacFmt(m),
-                    holder()
-                ));
-            } else if uuid.is_some() && k.uuid == uuid {
-                taken = Some(format!(
-                    "systemUUID {} is already registered to server {:?}",
-                    uuid.as_deref().unwrap_or_default(),
+                    "{what} is already registered to server {:?}",
                     holder()
                 ));
             }
             taken.is_none()
         });
-        match taken {
-            Some(message) => Err(StoreError::Conflict {
+        if taken.is_none() {
+            taken = (pending.claims.iter())
+                .filter(|(_, n, _)| n != name)
+                .find_map(|(_, n, k)| {
+                    clash(k).map(|w| format!("{w} is being registered to server {n:?}"))
+                });
+        }
+        if let Some(message) = taken {
+            return Err(StoreError::Conflict {
                 qualified: rt.qualified(),
                 name: name.to_string(),
                 message,
-            }),
-            None => Ok(Some(held)),
+            });
         }
+        let id = pending.next;
+        pending.next += 1;
+        let claim = Keys { macs: added, uuid };
+        pending.claims.push((id, name.to_string(), claim));
+        Ok(Some(Held {
+            cache: self.unique.clone(),
+            id,
+        }))
     }
 
     /// Of `macs`, those a Server other than `name` holds now, each with the name of a
