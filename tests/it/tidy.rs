@@ -916,24 +916,10 @@ fn fn_lengths(code: &str) -> Vec<(String, usize, usize)> {
         if b[open] == b';' {
             continue;
         }
-        let mut depth = 0;
-        let mut close = None;
-        for (i, &ch) in b.iter().enumerate().skip(open) {
-            match ch {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        close = Some(i);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let Some(close) = close else {
+        let close = brace_end(b, open);
+        if close >= b.len() {
             break;
-        };
+        }
         out.push((name, line(at), line(close) - line(at) + 1));
     }
     out
