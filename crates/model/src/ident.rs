@@ -26,10 +26,15 @@ pub enum IdError {
 
 /// Parse a UUID in any case, with or without hyphens/braces, to lowercase hyphenated.
 pub fn parse_uuid(s: &str) -> Result<String, IdError> {
-    let short: String = s.chars().take(64).collect();
-    uuid::Uuid::try_parse(s)
-        .map(|u| u.hyphenated().to_string())
-        .map_err(|_| IdError::Uuid(short))
+    // Every script request parses one: the error's copy of the input is made only for an
+    // error, and the text is written into a stack buffer, not through core::fmt.
+    match uuid::Uuid::try_parse(s) {
+        Ok(u) => Ok(u
+            .hyphenated()
+            .encode_lower(&mut uuid::Uuid::encode_buffer())
+            .to_owned()),
+        Err(_) => Err(IdError::Uuid(s.chars().take(64).collect())),
+    }
 }
 
 /// Parse `aa-bb-cc-dd-ee-ff`, `aa:bb:cc:dd:ee:ff` or `aabbccddeeff`.

@@ -136,22 +136,24 @@ impl<'a> Query<'a> {
         let mut out = Query::default();
         for pair in q.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_encoding::percent_decode_str(v)
-                .decode_utf8()
-                .map_err(|_| format!("query parameter {k} is not valid utf-8"))?;
-            let v = match v {
-                Cow::Borrowed(b) => Cow::Borrowed(b.trim()),
-                Cow::Owned(o) => Cow::Owned(o.trim().to_string()),
+            let slot = match k {
+                "uuid" => &mut out.uuid,
+                "mac" => &mut out.mac,
+                "server" => &mut out.server,
+                "token" => &mut out.token,
+                _ => continue, // buildarch, platform: informational, not decoded
             };
-            if v.is_empty() {
-                continue;
-            }
-            match k {
-                "uuid" => out.uuid = Some(v),
-                "mac" => out.mac = Some(v),
-                "server" => out.server = Some(v),
-                "token" => out.token = Some(v),
-                _ => {} // buildarch, platform: informational
+            // The query is already text: only a value with an escape in it is decoded
+            // (every script request parses one; iPXE's values rarely need escapes).
+            let v = match v.contains('%') {
+                false => Cow::Borrowed(v.trim()),
+                true => match percent_encoding::percent_decode_str(v).decode_utf8() {
+                    Ok(d) => Cow::Owned(d.trim().to_string()),
+                    Err(_) => return Err(format!("query parameter {k} is not valid utf-8")),
+                },
+            };
+            if !v.is_empty() {
+                *slot = Some(v);
             }
         }
         Ok(out)
@@ -183,4 +185,29 @@ pub(super) fn bad_request(msg: &str) -> Resp {
 pub(super) fn strip_body(r: Resp) -> Resp {
     let (parts, _) = r.into_parts();
     Response::from_parts(parts, FileBody::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_fields_are_trimmed_decoded_only_when_escaped_and_last_wins() {
+        let q = Query::parse("uuid=%20AbC%2d1%20&mac=52-54&&token=a1.x&mac=%3a&platform=%ff")
+            .unwrap();
+        assert_eq!(q.uuid.as_deref(), Some("AbC-1"));
+        assert!(matches!(q.mac, Some(Cow::Owned(ref m)) if m == ":"));
+        assert!(matches!(q.token, Some(Cow::Borrowed("a1.x"))));
+        assert_eq!(q.server, None);
+        // An empty value is no value; a key without `=` too.
+        let q = Query::parse("server=&uuid&mac=%20").unwrap();
+        assert_eq!((q.server, q.uuid, q.mac), (None, None, None));
+    }
+
+    #[test]
+    fn query_refuses_bad_escapes_in_fields_it_reads_and_long_queries() {
+        let e = Query::parse("buildarch=x86_64&uuid=%ff%fe").unwrap_err();
+        assert_eq!(e, "query parameter uuid is not valid utf-8");
+        assert_eq!(Query::parse(&"a".repeat(2049)).unwrap_err(), "query too long");
+    }
 }
