@@ -193,8 +193,8 @@ mod tests {
 
     #[test]
     fn query_fields_are_trimmed_decoded_only_when_escaped_and_last_wins() {
-        let q = Query::parse("uuid=%20AbC%2d1%20&mac=52-54&&token=a1.x&mac=%3a&platform=%ff")
-            .unwrap();
+        let q =
+            Query::parse("uuid=%20AbC%2d1%20&mac=52-54&&token=a1.x&mac=%3a&platform=%ff").unwrap();
         assert_eq!(q.uuid.as_deref(), Some("AbC-1"));
         assert!(matches!(q.mac, Some(Cow::Owned(ref m)) if m == ":"));
         assert!(matches!(q.token, Some(Cow::Borrowed("a1.x"))));
@@ -208,6 +208,9 @@ mod tests {
     fn query_refuses_bad_escapes_in_fields_it_reads_and_long_queries() {
         let e = Query::parse("buildarch=x86_64&uuid=%ff%fe").unwrap_err();
         assert_eq!(e, "query parameter uuid is not valid utf-8");
-        assert_eq!(Query::parse(&"a".repeat(2049)).unwrap_err(), "query too long");
+        assert_eq!(
+            Query::parse(&"a".repeat(2049)).unwrap_err(),
+            "query too long"
+        );
     }
 }
