@@ -76,6 +76,11 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Print the CustomResourceDefinitions of the kinds bootplane serves from CRDs
+    /// (metal-operator's for metal.ironcore.dev, bootplane's own for
+    /// provisioning.bootplane.dev), as one YAML stream: the same manifests a real
+    /// cluster takes (`bootplane crds | kubectl apply -f -`).
+    Crds,
     /// Print a shell completion script: `source <(bootplane completion bash)`, or save it
     /// as /usr/share/bash-completion/completions/bootplane (zsh: `_bootplane` on
     /// $fpath; fish: ~/.config/fish/completions/bootplane.fish).
@@ -189,6 +194,12 @@ fn run(cli: Cli) -> Result<u8> {
             use clap::CommandFactory;
             let mut out = std::io::stdout().lock();
             bootplane::cli::complete::completion(shell, Cli::command(), &mut out);
+            Ok(0)
+        }
+        Command::Crds => {
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            out.write_all(bootplane::model::registry::crds_yaml().as_bytes())?;
             Ok(0)
         }
         Command::Man { dir } => {

@@ -59,6 +59,8 @@ mod ignition_golden;
 mod ignition_serve;
 mod image_nfs;
 mod image_provision;
+mod kube_kubectl;
+mod kube_python;
 mod listener_limits;
 mod nfs_ganesha;
 mod nfs_ontap;

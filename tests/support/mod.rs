@@ -15,6 +15,8 @@
 //! - [`fakebmc`]: an in-process fake Redfish BMC with scripted faults and counters;
 //! - [`sushy`]: sushy-tools' `sushy-emulator` (from the test venv) as a Redfish peer;
 //! - [`mgmt`]: the management-network lab (simulated BMCs leasing from bootplane);
+//! - [`kube`]: real kubectls (this machine's v1.32, Debian's v1.20) with a kubeconfig
+//!   for a served bootplane;
 //! - [`etcd`]: a real etcd cluster on loopback (members killed and restarted on their
 //!   data dirs, all killed on drop) for the store on etcd, also inside a namespace;
 //! - [`etcd_solo`]: a single-member etcd inside a network namespace (the DHCP cluster lab);
@@ -39,6 +41,7 @@ pub mod etcd_solo;
 pub mod fakebmc;
 pub mod http;
 pub mod image;
+pub mod kube;
 pub mod libvirt;
 pub mod mgmt;
 pub mod netns;

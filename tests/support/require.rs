@@ -47,6 +47,9 @@ pub fn package_of(tool: &str) -> Option<&'static str> {
         "cc" => "gcc",
         "etcd" => "etcd-server",
         "etcdctl" => "etcd-client",
+        // google-cloud-cli's (v1.32 here); Debian's kubernetes-client (v1.20) is fetched
+        // by support::kube instead, its /usr/bin/kubectl would overwrite this one.
+        "kubectl" => "kubectl",
         "testssl" => "testssl.sh",
         _ => return None,
     })

@@ -151,17 +151,24 @@ pub(crate) async fn middleware(
             (r.into_response(), None)
         }
         Ok(id) => {
-            let refused = super::guard::check_media(req.headers(), has_body)
-                .err()
-                .or_else(|| {
-                    (!bearer && super::guard::cross_site(req.headers(), req.uri()))
-                        .then(|| super::guard::cross_site_refusal(&id.user))
-                });
+            // The self reviews read kube's protobuf too (client-go's typed clients send it).
+            let media = match super::reviews::is_self_review(req.uri().path()) {
+                true => Ok(()),
+                false => super::guard::check_media(req.headers(), has_body),
+            };
+            let refused = media.err().or_else(|| {
+                (!bearer && super::guard::cross_site(req.headers(), req.uri()))
+                    .then(|| super::guard::cross_site_refusal(&id.user))
+            });
             if let Some(e) = refused {
                 tracing::info!(user = %id.user, verb = %attrs.verb, resource = %attrs.resource_path(), code = e.code.as_u16(), "api request refused");
                 (e.into_response(), Some(id))
-            } else if !st.roles.allows(&id, &attrs) && req.uri().path() != super::ui::WHOAMI_PATH {
-                // Every authenticated caller may ask what it may do (the dashboard's whoami).
+            } else if !st.roles.allows(&id, &attrs)
+                && req.uri().path() != super::ui::WHOAMI_PATH
+                && !super::reviews::is_self_review(req.uri().path())
+            {
+                // Every authenticated caller may ask what it may do (the dashboard's
+                // whoami, kube's self reviews).
                 tracing::info!(user = %id.user, verb = %attrs.verb, resource = %attrs.resource_path(), "api request forbidden");
                 (attrs.forbidden(&id.user).into_response(), Some(id))
             } else {

@@ -68,7 +68,14 @@ impl Attrs {
                 a.resource = "metrics".into();
                 &[]
             }
-            ["apis"] | ["api"] => {
+            // What every client reads first ([`super::discovery`]).
+            ["apis"]
+            | ["api"]
+            | ["version"]
+            | ["api", _]
+            | ["apis", _]
+            | ["apis", _, _]
+            | ["openapi", ..] => {
                 a.resource = "discovery".into();
                 &[]
             }

@@ -8,12 +8,16 @@ pub mod admission;
 pub mod audit;
 pub mod auth;
 pub mod authz;
+pub mod discovery;
 pub mod error;
 pub mod guard;
+pub mod openapi;
 pub mod preview;
 pub mod rest;
+pub mod reviews;
 pub mod settings;
 pub mod state;
+pub mod table;
 pub mod tokens;
 pub mod ui;
 

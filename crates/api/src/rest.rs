@@ -6,7 +6,11 @@
 //! /apis/{group}/{version}/namespaces/{ns}/{plural}[/{name}[/status]]
 //! ```
 //!
-//! GET (one or list, `labelSelector=`, `fieldSelector=`), POST, PUT, PATCH (JSON merge patch), DELETE,
+//! Discovery (`/version`, `/api`, `/apis`, each group and group version) is
+//! [`super::discovery`]'s, `/openapi/v3` [`super::openapi`]'s; server-side printing (`as=Table`, `as=PartialObjectMetadata`)
+//! [`super::table`]'s.
+//!
+//! GET (one or list, `labelSelector=`, `fieldSelector=`), POST, PUT, PATCH (JSON merge patch or JSON patch), DELETE,
 //! and `?watch=true[&resourceVersion=R]` streaming newline-delimited JSON events
 //! (capped per identity and per connection, [`super::guard::Watches`]).
 //! Bodies are YAML when the `Content-Type` names YAML (`application/yaml`), JSON
@@ -48,9 +52,13 @@ pub fn router(state: Arc<ApiState>, extra: Option<Router>) -> Router {
     let mut authed: Router = Router::new()
         .route("/api/{*rest}", any(dispatch))
         .route(super::ui::WHOAMI_PATH, get(super::ui::whoami))
-        .route("/apis", get(discovery))
+        .route("/version", get(discover))
+        .route("/api", get(discover))
+        .route("/apis", get(discover))
+        .route("/openapi/{*rest}", get(discover))
         .route("/metrics", get(metrics))
         .with_state(state.clone());
+    authed = authed.merge(super::reviews::router(state.clone()));
     if let Some(x) = extra {
         authed = authed.merge(x);
     }
@@ -116,16 +124,20 @@ async fn metrics(State(st): State<Arc<ApiState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
-async fn discovery(State(st): State<Arc<ApiState>>) -> Response {
-    let res: Vec<Value> = st
-        .store
-        .registry()
-        .types
-        .iter()
-        .map(|t| json!({"name": t.plural, "singularName": t.singular, "kind": t.kind, "namespaced": t.namespaced,
-                        "group": t.group, "version": t.version, "shortNames": t.short_names}))
-        .collect();
-    axum::Json(json!({"kind": "APIResourceList", "resources": res})).into_response()
+/// `/version`, `/api`, `/apis` ([`super::discovery`]; the group and group-version
+/// documents come through [`dispatch`]) and `/openapi/...` ([`super::openapi`]).
+async fn discover(State(st): State<Arc<ApiState>>, headers: HeaderMap, req: Request) -> Response {
+    discovery_answer(&st, &headers, req.uri().path()).unwrap_or_else(|| {
+        ApiError::not_found("the server could not find the requested resource").into_response()
+    })
+}
+
+fn discovery_answer(st: &ApiState, h: &HeaderMap, path: &str) -> Option<Response> {
+    let text = |n| h.get(n).and_then(|v: &header::HeaderValue| v.to_str().ok());
+    let accept = text(header::ACCEPT).unwrap_or_default();
+    let reg = st.store.registry();
+    super::discovery::answer(reg, path, accept, text(header::HOST))
+        .or_else(|| super::openapi::answer(reg, path))
 }
 
 /// A parsed resource path.
@@ -185,10 +197,12 @@ fn parse_path(store: &Store, path: &str) -> ApiResult<Target> {
     Ok(Target { rt, ns, name, sub })
 }
 
+fn accept(h: &HeaderMap) -> &str {
+    (h.get(header::ACCEPT).and_then(|v| v.to_str().ok())).unwrap_or_default()
+}
+
 fn wants_yaml(h: &HeaderMap) -> bool {
-    h.get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("yaml"))
+    accept(h).contains("yaml")
 }
 
 fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
@@ -258,10 +272,26 @@ static DECODE_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(
 /// body limit are refused before anything is built. Malformed input is 400, too much alias
 /// expansion 413.
 pub(crate) async fn decode_body(st: &ApiState, h: &HeaderMap, body: Bytes) -> ApiResult<Value> {
+    decode_shaped(st, h, body, body::decode).await
+}
+
+/// [`decode_body`] of a body of any shape (a JSON patch is a list).
+async fn decode_any(st: &ApiState, h: &HeaderMap, body: Bytes) -> ApiResult<Value> {
+    decode_shaped(st, h, body, body::decode_value).await
+}
+
+type Decoder = fn(Format, &[u8], body::Limits) -> Result<Value, DecodeError>;
+
+async fn decode_shaped(
+    st: &ApiState,
+    h: &HeaderMap,
+    body: Bytes,
+    decode: Decoder,
+) -> ApiResult<Value> {
     let format = body_format(h);
     let limits = body::Limits::new(st.max_body_bytes);
     let res = if format == Format::Json && body.len() <= INLINE_JSON_BYTES {
-        body::decode(format, &body, limits)
+        decode(format, &body, limits)
     } else {
         let _slot = DECODE_SLOTS.acquire().await.map_err(|_| {
             ApiError::new(
@@ -270,7 +300,7 @@ pub(crate) async fn decode_body(st: &ApiState, h: &HeaderMap, body: Bytes) -> Ap
                 "decoder closed",
             )
         })?;
-        tokio::task::spawn_blocking(move || body::decode(format, &body, limits))
+        tokio::task::spawn_blocking(move || decode(format, &body, limits))
             .await
             .map_err(|e| {
                 ApiError::new(
@@ -325,6 +355,11 @@ async fn dispatch(
     req: Request,
 ) -> Response {
     let uri = req.uri().clone();
+    if matches!(method, Method::GET | Method::HEAD) {
+        if let Some(r) = discovery_answer(&st, &headers, uri.path()) {
+            return r;
+        }
+    }
     let id = req.extensions().get::<super::authz::Identity>().cloned();
     let conn = req.extensions().get::<super::guard::ConnId>().map(|c| c.0);
     // A declared length over the limit is refused before any of the body is read;
@@ -406,48 +441,14 @@ async fn handle(
     let admit =
         |name: Option<&str>, w| super::admission::admit(st, id, rt, t.ns.as_deref(), name, w, part);
     match (method.clone(), &t.name) {
-        (Method::GET, None) => {
-            let sel = match q.get("labelSelector") {
-                Some(s) => Some(Selector::parse(s).map_err(ApiError::bad_request)?),
-                None => None,
-            };
-            let fields = match q.get("fieldSelector") {
-                Some(s) => Some(FieldSelector::parse(s).map_err(ApiError::bad_request)?)
-                    .filter(|f| !f.is_empty()),
-                None => None,
-            };
-            if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                let user = id.map(|i| i.user.as_str()).unwrap_or_default();
-                let permit = st.watches.open(user, conn)?;
-                return watch(
-                    st,
-                    permit,
-                    rt.clone(),
-                    t.ns.clone(),
-                    (sel, fields),
-                    q.get("resourceVersion").cloned(),
-                );
-            }
-            if !wants_yaml(h) {
-                let (mut items, rev) = st.store.list_text(rt, t.ns.as_deref(), sel.as_ref());
-                if let Some(f) = &fields {
-                    items.retain(|t| text_matches(f, t));
-                }
-                return Ok(json_response(StatusCode::OK, list_text(rt, rev, &items)));
-            }
-            let (items, rev) = st.store.list(rt, t.ns.as_deref(), sel.as_ref());
-            let list = json!({
-                "apiVersion": rt.api_version(),
-                "kind": format!("{}List", rt.kind),
-                "metadata": {"resourceVersion": rev.to_string()},
-                "items": items
-                    .filter(|o| fields.as_ref().is_none_or(|f| f.matches(o)))
-                    .map(Arc::unwrap_or_clone)
-                    .collect::<Vec<_>>(),
-            });
-            Ok(respond(h, StatusCode::OK, &list))
-        }
+        (Method::GET, None) => list_or_watch(st, h, (&t, &q), (id, conn)),
         (Method::GET, Some(name)) => {
+            if let Some(form) = super::table::wanted(accept(h)) {
+                let o = Arc::unwrap_or_clone(st.store.get(rt, t.ns.as_deref(), name)?);
+                let include = q.get("includeObject").map(String::as_str);
+                let v = super::table::render(rt, form, (&[o], false), None, include)?;
+                return Ok(respond(h, StatusCode::OK, &v));
+            }
             if !wants_yaml(h) {
                 let text = st.store.get_text(rt, t.ns.as_deref(), name)?;
                 return Ok(json_response(StatusCode::OK, text.as_bytes().to_vec()));
@@ -490,15 +491,23 @@ async fn handle(
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            if ct.contains("strategic-merge-patch")
-                || ct.contains("json-patch")
-                || ct.contains("apply-patch")
-            {
+            if ct.contains("strategic-merge-patch") || ct.contains("apply-patch") {
                 return Err(ApiError::new(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "UnsupportedMediaType",
-                    format!("the body of the request was in an unknown format - accepted media types include: application/merge-patch+json (got {ct})"),
+                    format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json (got {ct})"),
                 ));
+            }
+            if ct.contains("json-patch") {
+                let ops = crate::model::jsonpatch::check_ops(&decode_any(st, h, body).await?)
+                    .map_err(ApiError::bad_request)?;
+                let ns = t.ns.as_deref();
+                let o = json_patch(st, (rt, ns, name), &ops, part, |new| {
+                    let w = super::admission::Write::Replace(new);
+                    super::admission::admit(st, id, rt, ns, Some(name), w, part)
+                })
+                .await?;
+                return Ok(respond(h, StatusCode::OK, &o));
             }
             let patch = decode_body(st, h, body).await?;
             admit(Some(name), super::admission::Write::Patch(&patch))?;
@@ -529,6 +538,109 @@ async fn handle(
     }
 }
 
+/// A JSON patch (RFC 6902) onto the stored object, written back as a compare-and-swap
+/// against the version it was applied to, and applied again to the newer version when
+/// another write came between (as kube does), a few times at most. An operation that
+/// fails (a `test`, a missing path) is 422 and changes nothing.
+async fn json_patch(
+    st: &ApiState,
+    (rt, ns, name): (&ResourceType, Option<&str>, &str),
+    ops: &[Value],
+    part: Part,
+    admit: impl Fn(&Value) -> ApiResult<()>,
+) -> ApiResult<Arc<Value>> {
+    const TRIES: usize = 5;
+    let mut tries = 0;
+    loop {
+        let cur = st.store.get(rt, ns, name)?;
+        let mut new = Value::clone(&cur);
+        crate::model::jsonpatch::apply(&mut new, ops).map_err(|e| {
+            // kubectl prints the causes: `The servers "a" is invalid: patch: ...`.
+            let mut err = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e.clone());
+            err.details = Some(json!({"name": name, "group": rt.group, "kind": rt.plural,
+                "causes": [{"reason": "FieldValueInvalid", "message": e, "field": "patch"}]}));
+            err
+        })?;
+        if meta::name(&new) != name {
+            return Err(ApiError::bad_request(
+                "a json patch may not change metadata.name",
+            ));
+        }
+        admit(&new)?;
+        match st.store.update_from(rt, cur, new, part).await {
+            Err(crate::store::StoreError::Conflict { .. }) if tries + 1 < TRIES => tries += 1,
+            r => return Ok(r?),
+        }
+    }
+}
+
+/// GET on a collection: a list (JSON written around the stored texts, YAML, or a
+/// server-side table) or, with `watch`, a watch.
+fn list_or_watch(
+    st: &ApiState,
+    h: &HeaderMap,
+    (t, q): (&Target, &std::collections::HashMap<String, String>),
+    (id, conn): (Option<&super::authz::Identity>, Option<u64>),
+) -> ApiResult<Response> {
+    let rt = &t.rt;
+    let sel = match q.get("labelSelector") {
+        Some(s) => Some(Selector::parse(s).map_err(ApiError::bad_request)?),
+        None => None,
+    };
+    let fields = match q.get("fieldSelector") {
+        Some(s) => {
+            Some(FieldSelector::parse(s).map_err(ApiError::bad_request)?).filter(|f| !f.is_empty())
+        }
+        None => None,
+    };
+    if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        let user = id.map(|i| i.user.as_str()).unwrap_or_default();
+        let permit = st.watches.open(user, conn)?;
+        let timeout = match q.get("timeoutSeconds") {
+            Some(s) => Some(s.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!("timeoutSeconds: not a number of seconds: {s:?}"))
+            })?),
+            None => None,
+        };
+        return watch(
+            st,
+            permit,
+            (rt.clone(), t.ns.clone()),
+            (sel, fields),
+            (q.get("resourceVersion").cloned(), timeout),
+            super::table::wanted(accept(h)),
+        );
+    }
+    if let Some(form) = super::table::wanted(accept(h)) {
+        let (items, rev) = st.store.list(rt, t.ns.as_deref(), sel.as_ref());
+        let items: Vec<Value> = items
+            .filter(|o| fields.as_ref().is_none_or(|f| f.matches(o)))
+            .map(Arc::unwrap_or_clone)
+            .collect();
+        let include = q.get("includeObject").map(String::as_str);
+        let v = super::table::render(rt, form, (&items, true), Some(rev.to_string()), include)?;
+        return Ok(respond(h, StatusCode::OK, &v));
+    }
+    if !wants_yaml(h) {
+        let (mut items, rev) = st.store.list_text(rt, t.ns.as_deref(), sel.as_ref());
+        if let Some(f) = &fields {
+            items.retain(|t| text_matches(f, t));
+        }
+        return Ok(json_response(StatusCode::OK, list_text(rt, rev, &items)));
+    }
+    let (items, rev) = st.store.list(rt, t.ns.as_deref(), sel.as_ref());
+    let list = json!({
+        "apiVersion": rt.api_version(),
+        "kind": format!("{}List", rt.kind),
+        "metadata": {"resourceVersion": rev.to_string()},
+        "items": items
+            .filter(|o| fields.as_ref().is_none_or(|f| f.matches(o)))
+            .map(Arc::unwrap_or_clone)
+            .collect::<Vec<_>>(),
+    });
+    Ok(respond(h, StatusCode::OK, &list))
+}
+
 fn set_namespace(rt: &ResourceType, obj: &mut Value, ns: Option<&str>) -> ApiResult<()> {
     if !obj.get("metadata").is_some_and(Value::is_object) {
         obj["metadata"] = json!({});
@@ -554,14 +666,20 @@ fn set_namespace(rt: &ResourceType, obj: &mut Value, ns: Option<&str>) -> ApiRes
 
 /// Stream watch events as newline-delimited JSON. Without a resourceVersion (or "0")
 /// the current objects come first as ADDED events, then changes, as kube does.
+/// With `form` (kubectl's `get -w` asks for tables) each event's object is a one-row
+/// `Table` ([`super::table`]) instead. The stream ends after `timeout_secs`
+/// (`timeoutSeconds`, as kube's; the client then watches again from the last version it saw).
 fn watch(
     st: &ApiState,
     permit: super::guard::WatchPermit,
-    rt: Arc<ResourceType>,
-    ns: Option<String>,
+    (rt, ns): (Arc<ResourceType>, Option<String>),
     (sel, fields): (Option<Selector>, Option<FieldSelector>),
-    rv: Option<String>,
+    (rv, timeout_secs): (Option<String>, Option<u64>),
+    form: Option<super::table::Form>,
 ) -> ApiResult<Response> {
+    // A day at most: far beyond any client's, and within what Instant can add.
+    let ends = timeout_secs
+        .map(|s| tokio::time::Instant::now() + std::time::Duration::from_secs(s.min(86_400)));
     let mut initial = Vec::new();
     let from = match rv.as_deref() {
         None | Some("") | Some("0") => {
@@ -578,16 +696,26 @@ fn watch(
     };
     let w = st.store.watch(&rt, ns.as_deref(), from)?;
     let sd = st.shutdown.child();
-    let head = futures::stream::iter(
-        initial
-            .into_iter()
-            .map(|o| Ok::<_, std::io::Error>(line_text("ADDED", &o))),
-    );
+    let printed = {
+        let rt = rt.clone();
+        move |kind: &str, o: &Value| -> Option<Bytes> {
+            let f = form?;
+            let t = super::table::render(&rt, f, (std::slice::from_ref(o), false), None, None);
+            Some(line(kind, &t.unwrap_or_else(|e| e.status_body())))
+        }
+    };
+    let head_printed = printed.clone();
+    let head = futures::stream::iter(initial.into_iter().map(move |o| {
+        let table = serde_json::from_str(&o)
+            .ok()
+            .and_then(|v| head_printed("ADDED", &v));
+        Ok::<_, std::io::Error>(table.unwrap_or_else(|| line_text("ADDED", &o)))
+    }));
     // The permit lives as long as the stream: the watch counts until it ends or the
     // client goes.
     let tail = futures::stream::unfold(
-        (w, sel, fields, sd, false, permit),
-        |(mut w, sel, fields, mut sd, done, permit)| async move {
+        (w, sel, fields, sd, false, permit, printed),
+        move |(mut w, sel, fields, mut sd, done, permit, printed)| async move {
             if done {
                 return None;
             }
@@ -595,6 +723,7 @@ fn watch(
                 let next = tokio::select! {
                     ev = w.next() => ev,
                     _ = sd.recv() => return None,
+                    _ = sleep_until(ends) => return None,
                 };
                 match next {
                     Ok(ev) => {
@@ -605,17 +734,18 @@ fn watch(
                         {
                             continue;
                         }
-                        let l = match &ev.text {
-                            Some(t) => line_text(ev.kind, t),
-                            None => line(ev.kind, &ev.object),
+                        let l = match (printed(ev.kind, &ev.object), &ev.text) {
+                            (Some(table), _) => table,
+                            (None, Some(t)) => line_text(ev.kind, t),
+                            (None, None) => line(ev.kind, &ev.object),
                         };
-                        return Some((Ok(l), (w, sel, fields, sd, false, permit)));
+                        return Some((Ok(l), (w, sel, fields, sd, false, permit, printed)));
                     }
                     Err(e) => {
                         let status = ApiError::from(e).status_body();
                         return Some((
                             Ok(line("ERROR", &status)),
-                            (w, sel, fields, sd, true, permit),
+                            (w, sel, fields, sd, true, permit, printed),
                         ));
                     }
                 }
@@ -639,6 +769,14 @@ fn text_matches(f: &FieldSelector, text: &str) -> bool {
 
 /// A watch event line around an object's stored text: the same bytes as [`line`]
 /// with the parsed object, without parsing or copying it into a `json!` value.
+/// Until `at`, or never.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 fn line_text(kind: &str, text: &str) -> Bytes {
     let mut v = Vec::with_capacity(text.len() + 32);
     v.extend_from_slice(b"{\"type\":");

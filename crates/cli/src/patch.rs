@@ -1,8 +1,8 @@
 //! `bootplane patch`, `label`, `annotate` and `edit`: changing one live object.
 //!
-//! `patch --type merge` sends a JSON merge patch (RFC 7396) as it is. The API takes
-//! only merge patches, so `patch --type json` (RFC 6902) is applied here
-//! ([`json_patch`]) to the object as read and written back with a PUT carrying the
+//! `patch --type merge` sends a JSON merge patch (RFC 7396) as it is. `patch --type
+//! json` (RFC 6902) is applied here ([`json_patch`], `model::jsonpatch`, which the API's
+//! own JSON patch uses too) to the object as read and written back with a PUT carrying the
 //! read `resourceVersion`: a compare-and-swap, retried on a conflict. A patch is
 //! parsed and checked whole before anything is sent, and a JSON patch is applied to a
 //! copy, so a bad one changes nothing. `label`/`annotate` refuse to change an existing
@@ -24,8 +24,6 @@ use crate::model::registry::{Registry, ResourceType};
 
 /// Most bytes of a patch (the API takes 3 MiB bodies).
 const MAX_PATCH: usize = 3 << 20;
-/// Most operations in one JSON patch.
-const MAX_OPS: usize = 10_000;
 /// Compare-and-swap attempts before giving up on a busy object.
 const CAS_TRIES: usize = 5;
 
@@ -211,176 +209,14 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
-/// Check a JSON patch's shape whole (every operation's `op`, `path`, `value` or
-/// `from`) before anything is applied.
+/// Check a JSON patch's shape whole ([`model::jsonpatch::check_ops`]).
 pub(crate) fn check_ops(p: &Value) -> Result<Vec<Value>> {
-    let ops = p.as_array().ok_or_else(|| {
-        anyhow::anyhow!("a json patch is a list of operations, not {}", kind_of(p))
-    })?;
-    if ops.len() > MAX_OPS {
-        bail!("the json patch has more than {MAX_OPS} operations");
-    }
-    for (i, op) in ops.iter().enumerate() {
-        let o = op
-            .as_object()
-            .ok_or_else(|| anyhow::anyhow!("json patch operation {i} is not a mapping"))?;
-        let name = o
-            .get("op")
-            .and_then(Value::as_str)
-            .ok_or_else(|| anyhow::anyhow!("json patch operation {i} has no \"op\""))?;
-        let path = o
-            .get("path")
-            .and_then(Value::as_str)
-            .ok_or_else(|| anyhow::anyhow!("json patch operation {i} ({name}) has no \"path\""))?;
-        pointer_tokens(path).with_context(|| format!("json patch operation {i} ({name})"))?;
-        match name {
-            "add" | "replace" | "test" => {
-                if !o.contains_key("value") {
-                    bail!("json patch operation {i} ({name} {path}) has no \"value\"");
-                }
-            }
-            "remove" => {}
-            "move" | "copy" => {
-                let from = o.get("from").and_then(Value::as_str).ok_or_else(|| {
-                    anyhow::anyhow!("json patch operation {i} ({name} {path}) has no \"from\"")
-                })?;
-                pointer_tokens(from)
-                    .with_context(|| format!("json patch operation {i} ({name})"))?;
-            }
-            other => bail!(
-                "json patch operation {i} has unknown op {other:?} \
-                 (expected add, remove, replace, move, copy or test)"
-            ),
-        }
-    }
-    Ok(ops.clone())
+    crate::model::jsonpatch::check_ops(p).map_err(anyhow::Error::msg)
 }
 
-/// A JSON pointer's (RFC 6901) reference tokens, unescaped.
-fn pointer_tokens(p: &str) -> Result<Vec<String>> {
-    if p.is_empty() {
-        return Ok(Vec::new());
-    }
-    let Some(rest) = p.strip_prefix('/') else {
-        bail!("path {p:?} is not a JSON pointer (it starts with /)");
-    };
-    Ok(rest
-        .split('/')
-        .map(|t| t.replace("~1", "/").replace("~0", "~"))
-        .collect())
-}
-
-fn index(tok: &str, len: usize, path: &str, allow_end: bool) -> Result<usize> {
-    if allow_end && tok == "-" {
-        return Ok(len);
-    }
-    let ok = !tok.is_empty()
-        && tok.bytes().all(|b| b.is_ascii_digit())
-        && (tok == "0" || !tok.starts_with('0'));
-    let i: usize = if ok { tok.parse().ok() } else { None }
-        .ok_or_else(|| anyhow::anyhow!("{path}: {tok:?} is not an array index"))?;
-    let max = if allow_end {
-        len
-    } else {
-        len.saturating_sub(1)
-    };
-    if i > max || (!allow_end && len == 0) {
-        bail!("{path}: index {i} is out of range (length {len})");
-    }
-    Ok(i)
-}
-
-fn get_mut<'a>(doc: &'a mut Value, toks: &[String], path: &str) -> Result<&'a mut Value> {
-    let mut cur = doc;
-    for t in toks {
-        cur = match cur {
-            Value::Object(m) => m
-                .get_mut(t)
-                .ok_or_else(|| anyhow::anyhow!("{path}: {t:?} not found"))?,
-            Value::Array(a) => {
-                let i = index(t, a.len(), path, false)?;
-                &mut a[i]
-            }
-            _ => bail!("{path}: {t:?} is below a value that is neither a mapping nor a list"),
-        };
-    }
-    Ok(cur)
-}
-
-fn add(doc: &mut Value, path: &str, v: Value) -> Result<()> {
-    let toks = pointer_tokens(path)?;
-    let Some((last, parent)) = toks.split_last() else {
-        *doc = v;
-        return Ok(());
-    };
-    match get_mut(doc, parent, path)? {
-        Value::Object(m) => {
-            m.insert(last.clone(), v);
-        }
-        Value::Array(a) => {
-            let i = index(last, a.len(), path, true)?;
-            a.insert(i, v);
-        }
-        _ => bail!("{path}: the parent is neither a mapping nor a list"),
-    }
-    Ok(())
-}
-
-fn remove(doc: &mut Value, path: &str) -> Result<Value> {
-    let toks = pointer_tokens(path)?;
-    let Some((last, parent)) = toks.split_last() else {
-        bail!("the whole document cannot be removed");
-    };
-    match get_mut(doc, parent, path)? {
-        Value::Object(m) => m
-            .shift_remove(last)
-            .ok_or_else(|| anyhow::anyhow!("{path}: {last:?} not found")),
-        Value::Array(a) => {
-            let i = index(last, a.len(), path, false)?;
-            Ok(a.remove(i))
-        }
-        _ => bail!("{path}: the parent is neither a mapping nor a list"),
-    }
-}
-
-/// Apply a JSON patch (RFC 6902) to `doc`: all of it, or (on an error naming the
-/// failing operation) none of it.
+/// Apply a checked JSON patch, all of it or none ([`model::jsonpatch::apply`]).
 pub(crate) fn json_patch(doc: &mut Value, ops: &[Value]) -> Result<()> {
-    let mut work = doc.clone();
-    for (i, op) in ops.iter().enumerate() {
-        let name = op.get("op").and_then(Value::as_str).unwrap_or("");
-        let path = op.get("path").and_then(Value::as_str).unwrap_or("");
-        let from = op.get("from").and_then(Value::as_str).unwrap_or("");
-        let value = op.get("value").cloned().unwrap_or(Value::Null);
-        let r = match name {
-            "add" => add(&mut work, path, value),
-            "remove" => remove(&mut work, path).map(|_| ()),
-            "replace" => get_mut(&mut work, &pointer_tokens(path)?, path).map(|t| *t = value),
-            "move" => {
-                if path.starts_with(&format!("{from}/")) {
-                    Err(anyhow::anyhow!(
-                        "cannot move {from} into its own child {path}"
-                    ))
-                } else {
-                    remove(&mut work, from).and_then(|v| add(&mut work, path, v))
-                }
-            }
-            "copy" => get_mut(&mut work, &pointer_tokens(from)?, from)
-                .map(|v| v.clone())
-                .and_then(|v| add(&mut work, path, v)),
-            "test" => get_mut(&mut work, &pointer_tokens(path)?, path).and_then(|t| {
-                if *t == value {
-                    Ok(())
-                } else {
-                    Err(anyhow::anyhow!("{path} is {t}, not {value}"))
-                }
-            }),
-            other => Err(anyhow::anyhow!("unknown op {other:?}")),
-        };
-        r.with_context(|| format!("json patch operation {i} ({name} {path}) failed"))?;
-    }
-    *doc = work;
-    Ok(())
+    crate::model::jsonpatch::apply(doc, ops).map_err(anyhow::Error::msg)
 }
 
 /// One `label`/`annotate` argument.

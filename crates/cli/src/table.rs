@@ -1,5 +1,5 @@
-//! kubectl-style aligned tables, with columns from the CRD's printer columns and a
-//! tiny JSONPath subset (`.a.b`, `.list[0]`, `.list[?(@.k=="v")].f`).
+//! kubectl-style aligned tables, with columns from the CRD's printer columns (their
+//! JSONPath subset is `model::printer`'s, which the API's server-side tables share).
 
 use serde_json::Value;
 
@@ -25,36 +25,7 @@ enum Col {
     Labels,
 }
 
-/// Evaluate the JSONPath subset against `v`.
-pub(crate) fn jsonpath<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
-    let mut cur = v;
-    let mut rest = path.trim_start_matches('.');
-    while !rest.is_empty() {
-        let end = rest.find(['.', '[']).unwrap_or(rest.len());
-        let (field, tail) = rest.split_at(end);
-        if !field.is_empty() {
-            cur = cur.get(field)?;
-        }
-        rest = tail;
-        if let Some(t) = rest.strip_prefix('[') {
-            let close = t.find(']')?;
-            let inner = &t[..close];
-            rest = &t[close + 1..];
-            if let Some(filter) = inner.strip_prefix("?(@.").and_then(|f| f.strip_suffix(')')) {
-                let (k, want) = filter.split_once("==")?;
-                let want = want.trim().trim_matches('"').trim_matches('\'');
-                cur = cur
-                    .as_array()?
-                    .iter()
-                    .find(|e| e.get(k.trim()).and_then(Value::as_str) == Some(want))?;
-            } else {
-                cur = cur.get(inner.parse::<usize>().ok()?)?;
-            }
-        }
-        rest = rest.trim_start_matches('.');
-    }
-    Some(cur)
-}
+use crate::model::printer::jsonpath;
 
 /// `s` made safe for a terminal: every control character (ESC, BEL, CR, DEL, the C1
 /// range) shown as `?`, so text a machine, a BMC or another API client wrote cannot move
@@ -259,18 +230,6 @@ fn line(cells: &[String], widths: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn jsonpath_subset() {
-        let v = json!({"status": {"conditions": [{"type": "A", "t": "1"}, {"type": "B", "t": "2"}]}, "l": [5]});
-        assert_eq!(
-            jsonpath(&v, ".status.conditions[?(@.type==\"B\")].t"),
-            Some(&json!("2"))
-        );
-        assert_eq!(jsonpath(&v, ".l[0]"), Some(&json!(5)));
-        assert_eq!(jsonpath(&v, ".status.missing"), None);
-    }
 
     #[test]
     fn cells_never_carry_control_characters() {

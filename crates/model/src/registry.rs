@@ -27,6 +27,49 @@ pub struct ResourceType {
     pub columns: Vec<(String, String)>,
     /// Columns added by `-o wide` (CRD columns with priority > 0, and ours).
     pub wide_columns: Vec<(String, String)>,
+    /// Every printer column with its type and priority, as a server-side `Table`
+    /// declares them after `Name` (the CRD's own, `Age` included, then ours).
+    pub printer_columns: Vec<PrinterColumn>,
+    /// The CRD's `names.categories` (`kubectl get all` style groupings).
+    pub categories: Vec<String>,
+    /// The CustomResourceDefinition this type comes from, as embedded.
+    pub crd: Option<&'static str>,
+}
+
+/// One column of `kubectl get`, as a CRD's `additionalPrinterColumns` declares it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PrinterColumn {
+    pub name: String,
+    /// `string`, `integer`, `number`, `boolean` or `date`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub format: String,
+    #[serde(default)]
+    pub description: String,
+    /// 0: always shown; more: only with `-o wide`.
+    #[serde(default)]
+    pub priority: i32,
+    pub json_path: String,
+}
+
+impl PrinterColumn {
+    fn new(name: &str, kind: &str, json_path: &str, priority: i32) -> PrinterColumn {
+        PrinterColumn {
+            name: name.into(),
+            kind: kind.into(),
+            format: String::new(),
+            description: String::new(),
+            priority,
+            json_path: json_path.into(),
+        }
+    }
+
+    /// The `Age` column kube adds to a CRD that declares none.
+    fn age() -> PrinterColumn {
+        PrinterColumn::new("Age", "date", ".metadata.creationTimestamp", 0)
+    }
 }
 
 impl ResourceType {
@@ -95,6 +138,8 @@ struct CrdNames {
     singular: Option<String>,
     #[serde(default)]
     short_names: Vec<String>,
+    #[serde(default)]
+    categories: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -115,15 +160,6 @@ struct CrdVersion {
 struct CrdSchema {
     #[serde(rename = "openAPIV3Schema")]
     open_api_v3_schema: Schema,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PrinterColumn {
-    name: String,
-    json_path: String,
-    #[serde(default)]
-    priority: i32,
 }
 
 /// Parse one CRD document into a resource type (storage version).
@@ -149,6 +185,10 @@ pub(crate) fn from_crd(yaml: &str) -> Result<ResourceType, String> {
             columns.push((c.name.to_uppercase(), c.json_path.clone()));
         }
     }
+    let mut printer_columns = v.additional_printer_columns.clone();
+    if printer_columns.is_empty() {
+        printer_columns.push(PrinterColumn::age());
+    }
     Ok(ResourceType {
         group: crd.spec.group,
         version: v.name.clone(),
@@ -170,6 +210,9 @@ pub(crate) fn from_crd(yaml: &str) -> Result<ResourceType, String> {
         schema,
         columns,
         wide_columns: wide,
+        printer_columns,
+        categories: crd.spec.names.categories,
+        crd: None,
     })
 }
 
@@ -194,6 +237,23 @@ const CRDS: &[&str] = &[
     include_str!("crds/provisioning.bootplane.dev_serveractions.yaml"),
 ];
 
+/// Every embedded CRD as one YAML stream, each document starting with `---`, in the
+/// registry's order (`bootplane crds`).
+pub fn crds_yaml() -> String {
+    let mut out = String::new();
+    for c in CRDS {
+        let c = c.trim_start();
+        if !c.starts_with("---") {
+            out.push_str("---\n");
+        }
+        out.push_str(c);
+        if !c.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out
+}
+
 impl Registry {
     /// The built-in registry (parsed once).
     pub fn global() -> &'static Registry {
@@ -214,6 +274,12 @@ impl Registry {
             status_subresource: false,
             columns: vec![("TYPE".into(), ".type".into())],
             wide_columns: vec![],
+            printer_columns: vec![
+                PrinterColumn::new("Type", "string", ".type", 0),
+                PrinterColumn::age(),
+            ],
+            categories: vec![],
+            crd: None,
         })];
         // What happened to an object and why (`store::events`); checked by
         // `store::validate`.
@@ -237,6 +303,18 @@ impl Registry {
                 ("MESSAGE".into(), ".message".into()),
             ],
             wide_columns: vec![("SOURCE".into(), ".source.component".into())],
+            printer_columns: vec![
+                PrinterColumn::new("Last Seen", "date", ".lastTimestamp", 0),
+                PrinterColumn::new("Type", "string", ".type", 0),
+                PrinterColumn::new("Reason", "string", ".reason", 0),
+                PrinterColumn::new("Kind", "string", ".involvedObject.kind", 0),
+                PrinterColumn::new("Object", "string", ".involvedObject.name", 0),
+                PrinterColumn::new("Count", "integer", ".count", 0),
+                PrinterColumn::new("Message", "string", ".message", 0),
+                PrinterColumn::new("Source", "string", ".source.component", 1),
+            ],
+            categories: vec![],
+            crd: None,
         }));
         // A named API token: its role, expiry and the SHA-256 of its secret
         // (`api::auth`); checked by `store::validate`.
@@ -255,24 +333,38 @@ impl Registry {
                 ("EXPIRES".into(), ".spec.expiresAt".into()),
             ],
             wide_columns: vec![],
+            printer_columns: vec![
+                PrinterColumn::new("Role", "string", ".spec.role", 0),
+                PrinterColumn::new("Expires", "string", ".spec.expiresAt", 0),
+                PrinterColumn::age(),
+            ],
+            categories: vec![],
+            crd: None,
         }));
         for c in CRDS {
             let mut t = from_crd(c)?;
-            if t.kind == "ServerBootConfiguration" {
-                t.wide_columns.push((
-                    "SCRIPT".into(),
-                    ".status.conditions[?(@.type==\"IPXEScriptFetched\")].lastTransitionTime"
-                        .into(),
-                ));
-                t.wide_columns.push((
-                    "IGNITION".into(),
-                    ".status.conditions[?(@.type==\"IgnitionDataFetched\")].lastTransitionTime"
-                        .into(),
-                ));
-            }
-            if t.kind == "Server" {
-                t.wide_columns
-                    .push(("CLAIM".into(), ".spec.serverClaimRef.name".into()));
+            t.crd = Some(c);
+            // bootplane's own wide columns, after the CRD's.
+            let ours: &[(&str, &str, &str)] = match t.kind.as_str() {
+                "ServerBootConfiguration" => &[
+                    (
+                        "Script",
+                        "date",
+                        ".status.conditions[?(@.type==\"IPXEScriptFetched\")].lastTransitionTime",
+                    ),
+                    (
+                        "Ignition",
+                        "date",
+                        ".status.conditions[?(@.type==\"IgnitionDataFetched\")].lastTransitionTime",
+                    ),
+                ],
+                "Server" => &[("Claim", "string", ".spec.serverClaimRef.name")],
+                _ => &[],
+            };
+            for (name, kind, path) in ours {
+                t.wide_columns.push((name.to_uppercase(), path.to_string()));
+                t.printer_columns
+                    .push(PrinterColumn::new(name, kind, path, 1));
             }
             types.push(Arc::new(t));
         }

@@ -107,6 +107,15 @@ pub enum DecodeError {
 
 /// Decode one document, which must be a mapping.
 pub fn decode(format: Format, body: &[u8], limits: Limits) -> Result<Value, DecodeError> {
+    let v = decode_value(format, body, limits)?;
+    if !v.is_object() {
+        return Err(DecodeError::NotObject);
+    }
+    Ok(v)
+}
+
+/// [`decode`] of a document of any shape (a JSON patch is a list).
+pub fn decode_value(format: Format, body: &[u8], limits: Limits) -> Result<Value, DecodeError> {
     let text = std::str::from_utf8(body).map_err(|_| DecodeError::NotUtf8)?;
     if text.trim().is_empty() {
         return Err(DecodeError::Empty);
@@ -137,9 +146,6 @@ pub fn decode(format: Format, body: &[u8], limits: Limits) -> Result<Value, Deco
             serde_norway::from_str(text).map_err(|e| syntax(format, e))?
         }
     };
-    if !v.is_object() {
-        return Err(DecodeError::NotObject);
-    }
     Ok(v)
 }
 
