@@ -1,5 +1,5 @@
-//! Fuzz the API's request bodies: bytes → `rest::body_format` + the bounded
-//! `decode::decode` that `rest::decode_body` runs (JSON, YAML, or no Content-Type,
+//! Fuzz the API's request bodies: bytes → `bodies::body_format` + the bounded
+//! `decode::decode` that `bodies::decode_body` runs (JSON, YAML, or no Content-Type,
 //! picked by the first byte) → what the store does with an object of a
 //! registered kind (schema defaults + validation against the embedded CRDs), a
 //! ServerClaim's `spec.serverSelector` as the claim controller reads it, and the body
@@ -8,7 +8,7 @@
 #![no_main]
 
 use bootplane::model::registry::Registry;
-use bootplane::api::rest::body_format;
+use bootplane::api::bodies::body_format;
 use bootplane::decode::{decode, Limits};
 use bootplane::model::selector::Selector;
 use bootplane::store::merge_patch;

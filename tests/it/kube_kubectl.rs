@@ -1,7 +1,8 @@
 //! The real kubectl against the real `bootplane serve`, over TLS with the state dir's CA
 //! and the admin token, unchanged (issue 34): discovery (`version`, `api-versions`,
 //! `api-resources`, aggregated for v1.32 and legacy for v1.20), server-side tables
-//! (`get`, `-o wide`, `-A`), `apply` (create, unchanged, configured), `label`,
+//! (`get`, `-o wide`, `-A`, `-w`), `apply` (create, unchanged, configured), server-side
+//! apply (conflicts, `--force-conflicts`, a field left out removed), `label`,
 //! `annotate`, `patch --type merge`, `get -l`, `-o jsonpath`, `explain` from the OpenAPI v3
 //! documents, `delete`, and the errors a real apiserver gives for a resource it does not
 //! serve. Outputs are asserted line by line.
@@ -260,6 +261,30 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
     let out = k.ok(&["get", "serverclaims", "-A", "-o", "name"], None);
     assert_eq!(out.lines().count(), 1, "{out}");
 
+    // Pages: kubectl follows `continue` (--chunk-size, 500 by default) to the same list.
+    let many: Vec<String> = (1..=5)
+        .map(|i| {
+            let uuid = format!("3c5d7e9f-1a2b-4c3d-8e4f-5a6b7c8d9e0{i}");
+            server_manifest(&format!("kube-p{i}"), &uuid)
+        })
+        .collect();
+    let list = many.join("\n");
+    assert_eq!(k.ok(&["apply", "-f", "-"], Some(&list)).lines().count(), 5);
+    let whole = k.ok(&["get", "servers", "-o", "name"], None);
+    assert!(whole.lines().count() >= 5, "{whole}");
+    assert_eq!(
+        k.ok(&["get", "servers", "-o", "name", "--chunk-size=2"], None),
+        whole
+    );
+    let page = b.get("/apis/metal.ironcore.dev/v1alpha1/servers?limit=2");
+    assert_eq!(page["items"].as_array().unwrap().len(), 2, "{page}");
+    assert!(page["metadata"]["continue"].is_string(), "{page}");
+    assert_eq!(
+        page["metadata"]["remainingItemCount"],
+        whole.lines().count() - 2
+    );
+    k.ok(&["delete", "servers", "-l", "rack=r1"], None);
+
     // explain reads the OpenAPI v3 document of the group version.
     let out = k.ok(&["explain", "server.spec.bmcRef"], None);
     let lines: Vec<&str> = out.lines().map(str::trim).collect();
@@ -275,6 +300,90 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
         lines.iter().any(|l| l.starts_with("name\t<string>")),
         "{out}"
     );
+
+    // Server-side apply: kubectl (manager "kubectl") makes a server; another manager
+    // applying another UUID conflicts, naming the field and its manager, and changes
+    // nothing; with --force-conflicts it takes the field over; kubectl applying again
+    // without the label and the UUID removes the label, and leaves the UUID it no longer
+    // owns.
+    let ssa = |args: &[&str], m: &str| {
+        let mut a = vec!["apply", "--server-side", "-f", "-"];
+        a.extend_from_slice(args);
+        k.run(&a, Some(m))
+    };
+    let s1 = server_manifest("kube-s", "7b3c1d2e-4f5a-4b6c-8d7e-9f0a1b2c3d4e");
+    let (code, out, err) = ssa(&[], &s1);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "server.metal.ironcore.dev/kube-s serverside-applied"),
+        "{err}"
+    );
+    let (code, out, err) = ssa(&[], &s1);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "server.metal.ironcore.dev/kube-s serverside-applied"),
+        "{err}"
+    );
+    let s2 = server_manifest("kube-s", "7b3c1d2e-4f5a-4b6c-8d7e-9f0a1b2c3d4f")
+        .replace(",\"labels\":{\"rack\":\"r1\"}", "");
+    let (code, _, err) = ssa(&["--field-manager=flux"], &s2);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("Apply failed with 1 conflict"), "{err}");
+    assert!(
+        err.contains("conflict with \"kubectl\": .spec.systemUUID"),
+        "{err}"
+    );
+    let uuid_of = || {
+        k.ok(
+            &[
+                "get",
+                "server",
+                "kube-s",
+                "-o",
+                "jsonpath={.spec.systemUUID}",
+            ],
+            None,
+        )
+    };
+    assert_eq!(uuid_of(), "7b3c1d2e-4f5a-4b6c-8d7e-9f0a1b2c3d4e");
+    let (code, _, err) = ssa(&["--field-manager=flux", "--force-conflicts"], &s2);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(uuid_of(), "7b3c1d2e-4f5a-4b6c-8d7e-9f0a1b2c3d4f");
+    let managers = k.ok(
+        &[
+            "get",
+            "server",
+            "kube-s",
+            "--show-managed-fields",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager}",
+        ],
+        None,
+    );
+    assert_eq!(managers, "kubectl flux");
+    let no_label = json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
+        "metadata": {"name": "kube-s"}, "spec": {}})
+    .to_string();
+    assert!(!s2.contains("rack"), "{s2}");
+    let (code, _, err) = ssa(&[], &no_label);
+    assert_eq!(code, 0, "{err}");
+    let labels = k.ok(
+        &[
+            "get",
+            "server",
+            "kube-s",
+            "-o",
+            "jsonpath={.metadata.labels}",
+        ],
+        None,
+    );
+    assert!(!labels.contains("rack"), "{labels}");
+    assert_eq!(
+        uuid_of(),
+        "7b3c1d2e-4f5a-4b6c-8d7e-9f0a1b2c3d4f",
+        "flux's field stays"
+    );
+    k.ok(&["delete", "server", "kube-s"], None);
 
     // `auth can-i` and `auth whoami` answer from bootplane's roles.
     let token = |name: &str, role: &str| {
@@ -304,6 +413,12 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
     ));
     assert!(!can(&agent, &["patch", "servers", "--subresource=status"]));
     assert!(!can(&agent, &["create", "secrets"]));
+    let list = viewer.ok(&["auth", "can-i", "--list"], None);
+    let line = (list.lines())
+        .find(|l| l.starts_with("servers.metal.ironcore.dev "))
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(line.trim_end().ends_with("[get list watch]"), "{list}");
+    assert!(!list.lines().any(|l| l.starts_with("secrets ")), "{list}");
     let who = viewer.ok(&["auth", "whoami"], None);
     assert_eq!(row(&who, "Username"), ["Username", "kube-viewer"], "{who}");
     assert_eq!(row(&who, "Groups"), ["Groups", "[viewer]"], "{who}");

@@ -297,6 +297,8 @@ struct Rule {
     /// `Some`: only requests in one of these namespaces (not cluster-scoped ones, not
     /// lists across namespaces).
     namespaces: Option<Vec<String>>,
+    /// As configured, for `SelfSubjectRulesReview`.
+    config: RuleConfig,
 }
 
 const ALL_VERBS: u16 = 0xffff;
@@ -336,6 +338,7 @@ impl Rule {
             verbs,
             resources,
             namespaces: c.namespaces.clone(),
+            config: c.clone(),
         })
     }
 
@@ -457,6 +460,15 @@ impl Roles {
 
     pub(crate) fn exists(&self, name: &str) -> bool {
         self.roles.iter().any(|(n, _)| n == name)
+    }
+
+    /// The rules, as configured, of every role named by one of `id`'s groups
+    /// (`SelfSubjectRulesReview`).
+    pub(crate) fn rules_of(&self, id: &Identity) -> Vec<&RuleConfig> {
+        (self.roles.iter())
+            .filter(|(n, _)| id.groups.iter().any(|g| g == n))
+            .flat_map(|(_, rules)| rules.iter().map(|r| &r.config))
+            .collect()
     }
 
     /// Whether any role named by one of `id`'s groups allows `a`.

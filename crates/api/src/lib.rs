@@ -5,13 +5,16 @@
 //! listener, and knows nothing of the CLI, config or serve above it.
 
 pub mod admission;
+pub mod apply;
 pub mod audit;
 pub mod auth;
 pub mod authz;
+pub mod bodies;
 pub mod discovery;
 pub mod error;
 pub mod guard;
 pub mod openapi;
+pub mod paging;
 pub mod preview;
 pub mod rest;
 pub mod reviews;

@@ -225,6 +225,7 @@ fn operation(t: &ResourceType, action: &str, schema: &str, params: &[Value]) -> 
             op["requestBody"] = body(&[
                 "application/merge-patch+json",
                 "application/json-patch+json",
+                "application/apply-patch+yaml",
             ])
         }
         _ => {}

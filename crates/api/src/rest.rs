@@ -10,7 +10,8 @@
 //! [`super::discovery`]'s, `/openapi/v3` [`super::openapi`]'s; server-side printing (`as=Table`, `as=PartialObjectMetadata`)
 //! [`super::table`]'s.
 //!
-//! GET (one or list, `labelSelector=`, `fieldSelector=`), POST, PUT, PATCH (JSON merge patch or JSON patch), DELETE,
+//! GET (one or list, `labelSelector=`, `fieldSelector=`), POST, PUT, PATCH (JSON merge patch, JSON patch, or
+//! server-side apply: [`super::apply`]), DELETE,
 //! and `?watch=true[&resourceVersion=R]` streaming newline-delimited JSON events
 //! (capped per identity and per connection, [`super::guard::Watches`]).
 //! Bodies are YAML when the `Content-Type` names YAML (`application/yaml`), JSON
@@ -34,9 +35,9 @@ use axum::routing::{any, get};
 use axum::Router;
 use serde_json::{json, Value};
 
+use super::bodies::{decode_any, decode_body};
 use super::error::ApiError;
 use super::state::ApiState;
-use crate::decode::{self as body, DecodeError, Format};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::model::selector::{FieldSelector, Selector};
@@ -245,84 +246,6 @@ fn respond(h: &HeaderMap, code: StatusCode, v: &Value) -> Response {
     }
 }
 
-/// A body's syntax by its `Content-Type`: YAML when it names YAML, JSON otherwise
-/// (also without one, as kube; the text is never sniffed).
-pub fn body_format(h: &HeaderMap) -> Format {
-    let ct = h
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if ct.to_ascii_lowercase().contains("yaml") {
-        Format::Yaml
-    } else {
-        Format::Json
-    }
-}
-
-/// JSON bodies up to this size are decoded on the runtime: a fraction of a
-/// millisecond (16 KiB of JSON took serde_json 0.2 to 0.5 ms here). Larger ones, and
-/// all YAML (libyaml takes 10 to 50 times as long per byte: 64 KiB nested to the depth
-/// limit took 45 ms), go to a blocking thread, a few at a time ([`DECODE_SLOTS`]).
-const INLINE_JSON_BYTES: usize = 8 << 10;
-/// Bodies decoded on blocking threads at once; more wait (asynchronously) for a slot.
-static DECODE_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
-
-/// Decode a request body as JSON or YAML (see [`body_format`]), bounded: nesting
-/// deeper than [`body::MAX_DEPTH`] is refused, and YAML aliases adding more than the
-/// body limit are refused before anything is built. Malformed input is 400, too much alias
-/// expansion 413.
-pub(crate) async fn decode_body(st: &ApiState, h: &HeaderMap, body: Bytes) -> ApiResult<Value> {
-    decode_shaped(st, h, body, body::decode).await
-}
-
-/// [`decode_body`] of a body of any shape (a JSON patch is a list).
-async fn decode_any(st: &ApiState, h: &HeaderMap, body: Bytes) -> ApiResult<Value> {
-    decode_shaped(st, h, body, body::decode_value).await
-}
-
-type Decoder = fn(Format, &[u8], body::Limits) -> Result<Value, DecodeError>;
-
-async fn decode_shaped(
-    st: &ApiState,
-    h: &HeaderMap,
-    body: Bytes,
-    decode: Decoder,
-) -> ApiResult<Value> {
-    let format = body_format(h);
-    let limits = body::Limits::new(st.max_body_bytes);
-    let res = if format == Format::Json && body.len() <= INLINE_JSON_BYTES {
-        decode(format, &body, limits)
-    } else {
-        let _slot = DECODE_SLOTS.acquire().await.map_err(|_| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ServiceUnavailable",
-                "decoder closed",
-            )
-        })?;
-        tokio::task::spawn_blocking(move || decode(format, &body, limits))
-            .await
-            .map_err(|e| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "InternalError",
-                    format!("decoding the request body: {e}"),
-                )
-            })?
-    };
-    res.map_err(|e| match e {
-        DecodeError::AliasExpansion { .. } => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "RequestEntityTooLarge",
-            e.to_string(),
-        ),
-        DecodeError::Syntax { format: "JSON", .. } => ApiError::bad_request(format!(
-            "{e} (YAML bodies need Content-Type: application/yaml)"
-        )),
-        e => ApiError::bad_request(e.to_string()),
-    })
-}
-
 /// 413 naming the body limit.
 fn too_large(limit: usize) -> ApiError {
     ApiError::new(
@@ -446,7 +369,7 @@ async fn handle(
             if let Some(form) = super::table::wanted(accept(h)) {
                 let o = Arc::unwrap_or_clone(st.store.get(rt, t.ns.as_deref(), name)?);
                 let include = q.get("includeObject").map(String::as_str);
-                let v = super::table::render(rt, form, (&[o], false), None, include)?;
+                let v = super::table::render(rt, form, (&[o], false), json!({}), include)?;
                 return Ok(respond(h, StatusCode::OK, &v));
             }
             if !wants_yaml(h) {
@@ -491,12 +414,25 @@ async fn handle(
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            if ct.contains("strategic-merge-patch") || ct.contains("apply-patch") {
+            if ct.contains("strategic-merge-patch")
+                || (ct.contains("apply-patch") && t.sub.is_some())
+            {
                 return Err(ApiError::new(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "UnsupportedMediaType",
-                    format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json (got {ct})"),
+                    format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (not on status) (got {ct})"),
                 ));
+            }
+            if ct.contains("apply-patch") {
+                let target = (&**rt, t.ns.as_deref(), name.as_str());
+                let (o, created) =
+                    super::apply::server_side_apply(st, (h, body), target, &q, id).await?;
+                let code = if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                };
+                return Ok(respond(h, code, &o));
             }
             if ct.contains("json-patch") {
                 let ops = crate::model::jsonpatch::check_ops(&decode_any(st, h, body).await?)
@@ -611,14 +547,37 @@ fn list_or_watch(
             super::table::wanted(accept(h)),
         );
     }
-    if let Some(form) = super::table::wanted(accept(h)) {
+    let paging = super::paging::Paging::from_query(q)?;
+    let form = super::table::wanted(accept(h));
+    if paging.is_some() || form.is_some() {
         let (items, rev) = st.store.list(rt, t.ns.as_deref(), sel.as_ref());
-        let items: Vec<Value> = items
-            .filter(|o| fields.as_ref().is_none_or(|f| f.matches(o)))
-            .map(Arc::unwrap_or_clone)
-            .collect();
-        let include = q.get("includeObject").map(String::as_str);
-        let v = super::table::render(rt, form, (&items, true), Some(rev.to_string()), include)?;
+        let items: Vec<Arc<Value>> =
+            (items.filter(|o| fields.as_ref().is_none_or(|f| f.matches(o)))).collect();
+        let mut meta = json!({"resourceVersion": rev.to_string()});
+        let items = match paging {
+            Some(p) => {
+                let page = p.page(items);
+                if let Some(next) = page.next {
+                    meta["continue"] = json!(next);
+                    meta["remainingItemCount"] = json!(page.remaining);
+                }
+                page.items
+            }
+            None => items,
+        };
+        let items: Vec<Value> = items.into_iter().map(Arc::unwrap_or_clone).collect();
+        let v = match form {
+            Some(form) => {
+                let include = q.get("includeObject").map(String::as_str);
+                super::table::render(rt, form, (&items, true), meta, include)?
+            }
+            None => json!({
+                "apiVersion": rt.api_version(),
+                "kind": format!("{}List", rt.kind),
+                "metadata": meta,
+                "items": items,
+            }),
+        };
         return Ok(respond(h, StatusCode::OK, &v));
     }
     if !wants_yaml(h) {
@@ -700,7 +659,7 @@ fn watch(
         let rt = rt.clone();
         move |kind: &str, o: &Value| -> Option<Bytes> {
             let f = form?;
-            let t = super::table::render(&rt, f, (std::slice::from_ref(o), false), None, None);
+            let t = super::table::render(&rt, f, (std::slice::from_ref(o), false), json!({}), None);
             Some(line(kind, &t.unwrap_or_else(|e| e.status_body())))
         }
     };

@@ -1,10 +1,12 @@
 //! The reviews a caller makes of itself, from bootplane's roles ([`super::authz`]):
 //! `SelfSubjectAccessReview` (`kubectl auth can-i VERB RESOURCE`: may I?) and
+//! `SelfSubjectRulesReview` (`kubectl auth can-i --list`: what may I?) and
 //! `SelfSubjectReview` (`kubectl auth whoami`: who am I?). Every authenticated caller
 //! may make them, whatever its role, as kube allows; nothing is stored.
 //!
 //! ```text
 //! POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews
+//! POST /apis/authorization.k8s.io/v1/selfsubjectrulesreviews
 //! POST /apis/authentication.k8s.io/v1/selfsubjectreviews
 //! ```
 //!
@@ -28,17 +30,19 @@ use super::error::ApiError;
 use super::state::ApiState;
 
 pub(crate) const ACCESS_REVIEWS: &str = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+pub(crate) const RULES_REVIEWS: &str = "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews";
 pub(crate) const SUBJECT_REVIEWS: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
 
 /// Whether `path` is one of the reviews every authenticated caller may make.
 pub(crate) fn is_self_review(path: &str) -> bool {
-    path == ACCESS_REVIEWS || path == SUBJECT_REVIEWS
+    [ACCESS_REVIEWS, RULES_REVIEWS, SUBJECT_REVIEWS].contains(&path)
 }
 
 /// The review routes (mounted behind authentication and audit).
 pub(crate) fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route(ACCESS_REVIEWS, post(access_review))
+        .route(RULES_REVIEWS, post(rules_review))
         .route(SUBJECT_REVIEWS, post(subject_review))
         .with_state(state)
 }
@@ -49,12 +53,9 @@ async fn access_review(
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let protobuf = (h.get(axum::http::header::CONTENT_TYPE))
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with(pb::MEDIA_TYPE));
-    let review = match protobuf {
+    let review = match is_protobuf(&h) {
         true => pb::access_review(&body),
-        false => super::rest::decode_body(&st, &h, body).await,
+        false => super::bodies::decode_body(&st, &h, body).await,
     };
     let review = match review {
         Ok(v) => v,
@@ -135,6 +136,87 @@ fn decide(roles: &super::authz::Roles, id: &Identity, review: &Value) -> Result<
     }))
 }
 
+async fn rules_review(
+    State(st): State<Arc<ApiState>>,
+    Extension(id): Extension<Identity>,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let review = match is_protobuf(&h) {
+        true => pb::rules_review(&body),
+        false => super::bodies::decode_body(&st, &h, body).await,
+    };
+    let ns = match review {
+        Ok(v) => (v.pointer("/spec/namespace").and_then(Value::as_str))
+            .unwrap_or("default")
+            .to_string(),
+        Err(e) => return e.into_response(),
+    };
+    let v = json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectRulesReview",
+        "metadata": {"creationTimestamp": null},
+        "spec": {"namespace": ns},
+        "status": rules(st.roles.rules_of(&id), &ns),
+    });
+    (StatusCode::CREATED, axum::Json(v)).into_response()
+}
+
+/// The rules that apply in namespace `ns`, as kube lists them: resources with their API
+/// groups, and the non-resource URLs (`/metrics`; discovery's `/api`, `/apis`, ...).
+fn rules(configs: Vec<&super::authz::RuleConfig>, ns: &str) -> Value {
+    let mut resource_rules = Vec::new();
+    let mut urls = Vec::new();
+    for c in configs {
+        if (c.namespaces.as_ref()).is_some_and(|l| !l.iter().any(|n| n == ns)) {
+            continue;
+        }
+        let mut by_group: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for r in &c.resources {
+            match r.as_str() {
+                "*" => {
+                    resource_rules
+                        .push(json!({"verbs": c.verbs, "apiGroups": ["*"], "resources": ["*"]}));
+                    urls.push(json!({"verbs": c.verbs, "nonResourceURLs": ["*"]}));
+                }
+                "metrics" => urls.push(json!({"verbs": c.verbs, "nonResourceURLs": ["/metrics"]})),
+                "discovery" => urls.push(json!({"verbs": c.verbs, "nonResourceURLs":
+                    ["/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*", "/version"]})),
+                r => {
+                    let (base, sub) = r.split_once('/').map_or((r, None), |(b, s)| (b, Some(s)));
+                    let (plural, group) = match base.split_once('.') {
+                        Some((p, g)) => (p, g.to_string()),
+                        None => (base, group_of(base)),
+                    };
+                    let name = sub.map_or(plural.to_string(), |s| format!("{plural}/{s}"));
+                    by_group.entry(group).or_default().push(name);
+                }
+            }
+        }
+        for (g, res) in by_group {
+            resource_rules.push(json!({"verbs": c.verbs, "apiGroups": [g], "resources": res}));
+        }
+    }
+    json!({"resourceRules": resource_rules, "nonResourceRules": urls, "incomplete": false})
+}
+
+/// The API group of a plural a rule names without one.
+fn group_of(plural: &str) -> String {
+    let reg = crate::model::registry::Registry::global();
+    match reg.types.iter().find(|t| t.plural == plural) {
+        Some(t) => t.group.clone(),
+        None => (super::authz::NON_RESOURCES.iter())
+            .find(|(r, _)| *r == plural)
+            .map_or("*".to_string(), |(_, g)| g.to_string()),
+    }
+}
+
+fn is_protobuf(h: &HeaderMap) -> bool {
+    (h.get(axum::http::header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with(pb::MEDIA_TYPE))
+}
+
 async fn subject_review(Extension(id): Extension<Identity>) -> Response {
     let v = json!({
         "apiVersion": "authentication.k8s.io/v1",
@@ -203,16 +285,43 @@ mod pb {
         pub verb: Option<String>,
     }
 
+    /// `SelfSubjectRulesReview` (`spec.namespace` only).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct RulesReview {
+        #[prost(message, optional, tag = "2")]
+        pub spec: Option<RulesSpec>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub(super) struct RulesSpec {
+        #[prost(string, optional, tag = "1")]
+        pub namespace: Option<String>,
+    }
+
+    /// The object inside kube's envelope.
+    fn raw(body: &[u8]) -> Result<Vec<u8>, ApiError> {
+        use prost::Message as _;
+        let bad = |what: &str| ApiError::bad_request(format!("protobuf body: {what}"));
+        let env = (body.strip_prefix(MAGIC)).ok_or_else(|| bad("no k8s envelope"))?;
+        let unknown = Unknown::decode(env).map_err(|e| bad(&e.to_string()))?;
+        Ok(unknown.raw.unwrap_or_default())
+    }
+
+    /// The rules review in `body` as JSON (`{"spec": {"namespace": ...}}`).
+    pub(super) fn rules_review(body: &[u8]) -> Result<Value, ApiError> {
+        use prost::Message as _;
+        let raw = raw(body)?;
+        let r = RulesReview::decode(raw.as_slice())
+            .map_err(|e| ApiError::bad_request(format!("protobuf body: {e}")))?;
+        Ok(json!({"spec": {"namespace": r.spec.and_then(|s| s.namespace)}}))
+    }
+
     /// The review in `body` as the JSON form [`super::decide`] reads.
     pub(super) fn access_review(body: &[u8]) -> Result<Value, ApiError> {
         use prost::Message as _;
-        let bad = |what: &str| ApiError::bad_request(format!("protobuf body: {what}"));
-        let env = body
-            .strip_prefix(MAGIC)
-            .ok_or_else(|| bad("no k8s envelope"))?;
-        let unknown = Unknown::decode(env).map_err(|e| bad(&e.to_string()))?;
-        let raw = unknown.raw.unwrap_or_default();
-        let review = Review::decode(raw.as_slice()).map_err(|e| bad(&e.to_string()))?;
+        let raw = raw(body)?;
+        let review = Review::decode(raw.as_slice())
+            .map_err(|e| ApiError::bad_request(format!("protobuf body: {e}")))?;
         let spec = review.spec.unwrap_or_default();
         let fields = |pairs: &[(&str, &Option<String>)]| -> Value {
             let m: Map<String, Value> = (pairs.iter())
@@ -312,6 +421,38 @@ mod tests {
         assert_eq!(d["status"]["allowed"], true);
         assert!(pb::access_review(b"{}").is_err(), "no envelope");
         assert!(pb::access_review(b"k8s\0\xff\xff").is_err(), "truncated");
+    }
+
+    #[test]
+    fn rules_as_kube_lists_them() {
+        let roles = Roles::new(&[]).unwrap();
+        let r = rules(roles.rules_of(&id("agent")), "default");
+        let res = r["resourceRules"].as_array().unwrap();
+        let metal = (res.iter())
+            .find(|r| {
+                r["apiGroups"] == json!(["metal.ironcore.dev"])
+                    && r["verbs"].as_array().unwrap().len() == 3
+            })
+            .unwrap();
+        assert_eq!(metal["verbs"], json!(["get", "list", "watch"]));
+        assert!(
+            metal["resources"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("servers")),
+            "{r}"
+        );
+        assert!(
+            res.iter()
+                .any(|x| x["resources"] == json!(["serveractions/status"])),
+            "{r}"
+        );
+        let urls = &r["nonResourceRules"][0]["nonResourceURLs"];
+        assert!(urls.as_array().unwrap().contains(&json!("/apis")), "{r}");
+        let admin = rules(roles.rules_of(&id("admin")), "default");
+        assert_eq!(admin["resourceRules"][0]["resources"], json!(["*"]));
+        let nobody = rules(roles.rules_of(&id("nobody")), "default");
+        assert!(nobody["resourceRules"].as_array().unwrap().is_empty());
     }
 
     #[test]

@@ -63,19 +63,15 @@ fn partial(o: &Value, v: &str) -> Value {
     })
 }
 
-/// The body for `items` (one object when `list` is false) in `form`; `rev` the list's
-/// resource version, `include_object` the query's `includeObject`.
+/// The body for `items` (one object when `list` is false) in `form`; `meta` the list's
+/// metadata (resource version, `continue`), `include_object` the query's `includeObject`.
 pub(crate) fn render(
     rt: &ResourceType,
     form: Form,
     (items, list): (&[Value], bool),
-    rev: Option<String>,
+    meta: Value,
     include_object: Option<&str>,
 ) -> Result<Value, ApiError> {
-    let meta = match rev {
-        Some(r) => json!({"resourceVersion": r}),
-        None => json!({}),
-    };
     match form {
         Form::Metadata(v) if list => Ok(json!({
             "kind": "PartialObjectMetadataList",
@@ -165,7 +161,7 @@ mod tests {
             &rt,
             Form::Table("v1"),
             (std::slice::from_ref(&o), true),
-            Some("7".into()),
+            json!({"resourceVersion": "7"}),
             None,
         )
         .unwrap();
@@ -201,7 +197,7 @@ mod tests {
             &rt,
             Form::Table("v1"),
             (std::slice::from_ref(&o), false),
-            None,
+            json!({}),
             Some("Object"),
         )
         .unwrap();
@@ -210,12 +206,19 @@ mod tests {
             &rt,
             Form::Table("v1"),
             (std::slice::from_ref(&o), false),
-            None,
+            json!({}),
             Some("None"),
         )
         .unwrap();
         assert!(none["rows"][0].get("object").is_none());
-        let e = render(&rt, Form::Table("v1"), (&[o], false), None, Some("All")).unwrap_err();
+        let e = render(
+            &rt,
+            Form::Table("v1"),
+            (&[o], false),
+            json!({}),
+            Some("All"),
+        )
+        .unwrap_err();
         assert_eq!(e.code, axum::http::StatusCode::BAD_REQUEST);
     }
 
@@ -227,7 +230,7 @@ mod tests {
             &rt,
             Form::Metadata("v1"),
             (std::slice::from_ref(&o), true),
-            Some("3".into()),
+            json!({"resourceVersion": "3"}),
             None,
         )
         .unwrap();
@@ -236,7 +239,7 @@ mod tests {
             l["items"][0],
             json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "a"}})
         );
-        let one = render(&rt, Form::Metadata("v1"), (&[o], false), None, None).unwrap();
+        let one = render(&rt, Form::Metadata("v1"), (&[o], false), json!({}), None).unwrap();
         assert_eq!(one["metadata"]["name"], "a");
         assert!(one.get("spec").is_none());
     }

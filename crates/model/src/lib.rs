@@ -7,6 +7,7 @@
 //! Imports nothing of the crate but itself: `store`, the protocol servers, the
 //! controllers and the REST API all build on it.
 
+pub mod apply;
 pub mod constraints;
 pub mod ident;
 pub mod jsonpatch;

@@ -24,7 +24,7 @@
 //!
 //! Only a YAML document that passes is decoded (with `serde_norway`), so the
 //! amplification is never allocated. The scans are linear; the REST API runs large
-//! bodies on a blocking thread (see `rest::decode_body`).
+//! bodies on a blocking thread (see `api::bodies::decode_body`).
 
 use std::ffi::CStr;
 use std::mem::MaybeUninit;

@@ -1,0 +1,129 @@
+//! Server-side apply on the REST API: `PATCH .../NAME?fieldManager=M[&force=true]` with
+//! `Content-Type: application/apply-patch+yaml` (`kubectl apply --server-side`, Flux,
+//! Argo CD). The fields and conflicts are [`crate::model::apply`]'s; here the request is
+//! checked, the object read, applied to and written back (created when there is none), as
+//! a compare-and-swap tried again when another write came between. Conflicts are 409
+//! with kube's message and one cause per field, so kubectl prints them as it does
+//! against a real apiserver.
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::state::ApiState;
+use crate::model::apply::{self, Request};
+use crate::model::registry::ResourceType;
+use crate::store::{Part, StoreError};
+
+/// Writes tried before giving up on a busy object.
+const TRIES: usize = 5;
+
+/// Apply the configuration in `body` to `rt` `name` (in `ns`): the stored object, and
+/// whether it was created.
+pub(crate) async fn server_side_apply(
+    st: &ApiState,
+    (h, body): (&HeaderMap, Bytes),
+    (rt, ns, name): (&ResourceType, Option<&str>, &str),
+    q: &std::collections::HashMap<String, String>,
+    id: Option<&super::authz::Identity>,
+) -> Result<(Value, bool), ApiError> {
+    let invalid = |msg: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", msg);
+    let manager = q
+        .get("fieldManager")
+        .map(String::as_str)
+        .unwrap_or_default();
+    if manager.is_empty() || manager.len() > 128 {
+        return Err(invalid(
+            "fieldManager: Required value: is required for apply patch (at most 128 characters)"
+                .into(),
+        ));
+    }
+    let force = match q.get("force").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "force: invalid value {other:?}"
+            )))
+        }
+    };
+    let mut config = super::bodies::decode_body(st, h, body).await?;
+    let api_version = config["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if api_version != rt.api_version() || config["kind"] != rt.kind.as_str() {
+        return Err(invalid(format!(
+            "apiVersion and kind must be {} {} (got {:?} {})",
+            rt.api_version(),
+            rt.kind,
+            api_version,
+            config["kind"]
+        )));
+    }
+    match config.pointer("/metadata/name").and_then(Value::as_str) {
+        Some(n) if n != name => {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )))
+        }
+        _ => config["metadata"]["name"] = json!(name),
+    }
+    if let Some(ns) = ns.filter(|_| rt.namespaced) {
+        config["metadata"]["namespace"] = json!(ns);
+    }
+    let now = crate::store::now();
+    let req = Request {
+        manager,
+        force,
+        api_version: &api_version,
+        now: &now,
+        status_subresource: rt.status_subresource,
+    };
+    for _ in 0..TRIES {
+        let live = match st.store.get(rt, ns, name) {
+            Ok(o) => Some(o),
+            Err(StoreError::NotFound { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let new =
+            apply::apply(live.as_deref(), &config, &req).map_err(|c| conflicts(rt, name, &c))?;
+        let w = match live {
+            None => super::admission::Write::Create(&new),
+            Some(_) => super::admission::Write::Replace(&new),
+        };
+        super::admission::admit(st, id, rt, ns, Some(name), w, Part::Main)?;
+        let written = match live {
+            None => st.store.create(rt, new).await.map(|o| (o, true)),
+            Some(cur) => st
+                .store
+                .update_from(rt, cur, new, Part::Main)
+                .await
+                .map(|o| (o, false)),
+        };
+        match written {
+            Err(StoreError::AlreadyExists { .. } | StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.into()),
+            Ok((o, created)) => return Ok((Value::clone(&o), created)),
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!("{} {name:?} kept changing: apply again", rt.qualified()),
+    ))
+}
+
+/// 409 naming each conflicting field and its manager, as kube's.
+fn conflicts(rt: &ResourceType, name: &str, c: &[apply::Conflict]) -> ApiError {
+    let mut e = ApiError::new(StatusCode::CONFLICT, "Conflict", apply::conflict_message(c));
+    let causes: Vec<Value> = (c.iter())
+        .map(|c| {
+            json!({"reason": "FieldManagerConflict", "message": format!("conflict with {:?}", c.manager),
+                   "field": c.field})
+        })
+        .collect();
+    e.details = Some(json!({"name": name, "group": rt.group, "kind": rt.plural, "causes": causes}));
+    e
+}
