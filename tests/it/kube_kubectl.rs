@@ -26,6 +26,35 @@ fn row<'a>(out: &'a str, first: &str) -> Vec<&'a str> {
         .unwrap_or_else(|| panic!("no line starting with {first:?} in\n{out}"))
 }
 
+/// The lines a running kubectl (a watch) prints, as they come.
+fn lines_of(p: &mut support::process::Proc) -> std::sync::mpsc::Receiver<String> {
+    let stdout = p.child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for l in std::io::BufReader::new(stdout).lines() {
+            if tx.send(l.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The lines from `rx` up to the first for which `want` holds (30 s at most).
+fn until(rx: &std::sync::mpsc::Receiver<String>, want: impl Fn(&str) -> bool) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut seen: Vec<String> = Vec::new();
+    while !seen.last().is_some_and(|l| want(l)) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => seen.push(l),
+            Err(e) => panic!("no such line from kubectl ({e}): {seen:?}"),
+        }
+    }
+    seen
+}
+
 fn server_manifest(name: &str, uuid: &str) -> String {
     json!({
         "apiVersion": "metal.ironcore.dev/v1alpha1",
@@ -285,6 +314,96 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
     );
     k.ok(&["delete", "servers", "-l", "rack=r1"], None);
 
+    // A claim binds: `get -w` shows its row turn Bound, `wait --for=jsonpath` returns,
+    // and its events are listed by `--field-selector involvedObject.name=`.
+    let free = support::api::server("kube-free", json!({"pool": "kube"}), "Recycle");
+    let (code, body) = b.call("POST", support::api::SERVERS, Some(&free));
+    assert_eq!(code, 201, "{body}");
+    let mut w = k.spawn(&["get", "serverclaims", "-w"]);
+    let lines = lines_of(&mut w);
+    let claim = support::api::claim(
+        "kube-claim",
+        Some(json!({"matchLabels": {"pool": "kube"}})),
+        None,
+    );
+    k.ok(&["apply", "-f", "-"], Some(&claim.to_string()));
+    let out = k.ok(
+        &[
+            "wait",
+            "serverclaim/kube-claim",
+            "--for=jsonpath={.status.phase}=Bound",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    assert_eq!(
+        out.trim(),
+        "serverclaim.metal.ironcore.dev/kube-claim condition met"
+    );
+    let bound = until(&lines, |l| {
+        l.starts_with("kube-claim ") && l.contains(" Bound ")
+    });
+    assert!(bound[0].starts_with("NAME "), "{bound:?}");
+    drop(w);
+    // The binding's event may be written just after the status that says Bound.
+    let events = || {
+        k.ok(
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=kube-claim",
+            ],
+            None,
+        )
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut ev = events();
+    while ev.lines().count() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        ev = events();
+    }
+    assert!(ev.lines().count() >= 2, "no event of kube-claim: {ev}");
+    assert!(ev.lines().skip(1).all(|l| l.contains("kube-claim")), "{ev}");
+    // edit: the editor (a sed script) adds a label; kubectl sends the difference.
+    let dir = tempfile::tempdir().unwrap();
+    let editor = dir.path().join("edit.sh");
+    std::fs::write(
+        &editor,
+        "#!/bin/sh\nsed -i 's/^  name: kube-claim$/  name: kube-claim\\n  labels:\\n    edited: \"yes\"/' \"$1\"\n",
+    )
+    .unwrap();
+    let exec = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+    std::fs::set_permissions(&editor, exec).unwrap();
+    let o = std::process::Command::new(&k.bin)
+        .args(["edit", "serverclaim", "kube-claim"])
+        .env("KUBECONFIG", &k.config)
+        .env("HOME", dir.path())
+        .env("KUBE_EDITOR", &editor)
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(
+        out.trim(),
+        "serverclaim.metal.ironcore.dev/kube-claim edited",
+        "{err}"
+    );
+    let labels = k.ok(
+        &[
+            "get",
+            "serverclaim",
+            "kube-claim",
+            "-o",
+            "jsonpath={.metadata.labels.edited}",
+        ],
+        None,
+    );
+    assert_eq!(labels, "yes");
+    k.ok(&["delete", "serverclaim", "kube-claim"], None);
+
     // explain reads the OpenAPI v3 document of the group version.
     let out = k.ok(&["explain", "server.spec.bmcRef"], None);
     let lines: Vec<&str> = out.lines().map(str::trim).collect();
@@ -384,6 +503,31 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
         "flux's field stays"
     );
     k.ok(&["delete", "server", "kube-s"], None);
+    // Malformed applies: the Status a real apiserver gives, and nothing stored.
+    let apply_raw = |query: &str, body: &str| {
+        let path = format!("/apis/metal.ironcore.dev/v1alpha1/servers/kube-x{query}");
+        match (b.req("PATCH", &path))
+            .set("Content-Type", "application/apply-patch+yaml")
+            .send_string(body)
+        {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(c, _)) => c,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let good = "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {name: kube-x}\nspec: {systemUUID: 5d6e7f80-1a2b-4c3d-9e4f-5a6b7c8d9e0f}\n";
+    assert_eq!(apply_raw("", good), 422, "no fieldManager");
+    assert_eq!(apply_raw("?fieldManager=t", "metadata: x\n"), 422);
+    assert_eq!(
+        apply_raw("?fieldManager=t", "kind: Server\napiVersion: v9\n"),
+        422
+    );
+    assert_eq!(apply_raw("?fieldManager=t", "{: ["), 400);
+    assert_eq!(apply_raw("?fieldManager=t&force=maybe", good), 400);
+    let (code, _, _) = k.run(&["get", "server", "kube-x"], None);
+    assert_eq!(code, 1, "nothing stored");
+    assert_eq!(apply_raw("?fieldManager=t", good), 201);
+    k.ok(&["delete", "server", "kube-x"], None);
 
     // `auth can-i` and `auth whoami` answer from bootplane's roles.
     let token = |name: &str, role: &str| {
@@ -426,29 +570,12 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
     // `get -w`: the watch's events come as one-row tables; a server created meanwhile
     // shows up as a row of its own.
     let mut w = k.spawn(&["get", "servers", "-w"]);
-    let stdout = w.child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead as _;
-        for l in std::io::BufReader::new(stdout).lines() {
-            if tx.send(l.unwrap_or_default()).is_err() {
-                break;
-            }
-        }
-    });
-    // kubectl prints the (empty) list's header only once it has a row: the watch is
-    // open once it has listed, which the server's log cannot tell; so create until seen.
+    let lines = lines_of(&mut w);
+    // Created before the watch has listed or after, the server is a row either way (in
+    // the list or as an event).
     let m = server_manifest("kube-w", "2f8a7c39-1b6d-4e6a-9d3b-6f1e0c2a4b5f");
     k.ok(&["apply", "-f", "-"], Some(&m));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut seen = Vec::new();
-    while !seen.iter().any(|l: &String| l.starts_with("kube-w ")) {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(l) => seen.push(l),
-            Err(e) => panic!("no kube-w row from kubectl get -w ({e}): {seen:?}"),
-        }
-    }
+    let seen = until(&lines, |l| l.starts_with("kube-w "));
     assert!(seen[0].starts_with("NAME "), "{seen:?}");
     drop(w);
     k.ok(&["delete", "server", "kube-w"], None);

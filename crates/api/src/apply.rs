@@ -49,6 +49,9 @@ pub(crate) async fn server_side_apply(
         }
     };
     let mut config = super::bodies::decode_body(st, h, body).await?;
+    if config.get("metadata").is_some_and(|m| !m.is_object()) {
+        return Err(invalid("metadata: must be a mapping".into()));
+    }
     let api_version = config["apiVersion"]
         .as_str()
         .unwrap_or_default()
