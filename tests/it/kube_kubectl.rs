@@ -259,7 +259,13 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
         "{v}"
     );
     common(&k, &[]);
+}
 
+/// metal-operator's samples, pages, a claim's binding, its events and an edit (v1.32).
+#[test]
+fn kubectl_1_32_samples_pages_and_a_claim() {
+    let b = Bootplane::start(&[]);
+    let k = kubectl_for(&b, &system_kubectl());
     // metal-operator's samples, as its repository ships them, apply unchanged: created,
     // then unchanged; but for the two with `stringData`, which bootplane keeps as `data`
     // (sealed, as kube keeps a Secret's), so the second apply sends it again: configured
@@ -403,23 +409,13 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
     );
     assert_eq!(labels, "yes");
     k.ok(&["delete", "serverclaim", "kube-claim"], None);
+}
 
-    // explain reads the OpenAPI v3 document of the group version.
-    let out = k.ok(&["explain", "server.spec.bmcRef"], None);
-    let lines: Vec<&str> = out.lines().map(str::trim).collect();
-    assert!(lines.contains(&"GROUP:      metal.ironcore.dev"), "{out}");
-    assert!(lines.contains(&"KIND:       Server"), "{out}");
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.starts_with("FIELD: bmcRef <Object>")),
-        "{out}"
-    );
-    assert!(
-        lines.iter().any(|l| l.starts_with("name\t<string>")),
-        "{out}"
-    );
-
+/// Server-side apply with kubectl v1.32: conflicts, force, removal, malformed applies.
+#[test]
+fn kubectl_1_32_server_side_apply() {
+    let b = Bootplane::start(&[]);
+    let k = kubectl_for(&b, &system_kubectl());
     // Server-side apply: kubectl (manager "kubectl") makes a server; another manager
     // applying another UUID conflicts, naming the field and its manager, and changes
     // nothing; with --force-conflicts it takes the field over; kubectl applying again
@@ -528,6 +524,28 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
     assert_eq!(code, 1, "nothing stored");
     assert_eq!(apply_raw("?fieldManager=t", good), 201);
     k.ok(&["delete", "server", "kube-x"], None);
+}
+
+/// `explain`, `auth`, `get -w` and server-side validation with kubectl v1.32.
+#[test]
+fn kubectl_1_32_explain_auth_watch_and_validation() {
+    let b = Bootplane::start(&[]);
+    let k = kubectl_for(&b, &system_kubectl());
+    // explain reads the OpenAPI v3 document of the group version.
+    let out = k.ok(&["explain", "server.spec.bmcRef"], None);
+    let lines: Vec<&str> = out.lines().map(str::trim).collect();
+    assert!(lines.contains(&"GROUP:      metal.ironcore.dev"), "{out}");
+    assert!(lines.contains(&"KIND:       Server"), "{out}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("FIELD: bmcRef <Object>")),
+        "{out}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("name\t<string>")),
+        "{out}"
+    );
 
     // `auth can-i` and `auth whoami` answer from bootplane's roles.
     let token = |name: &str, role: &str| {
