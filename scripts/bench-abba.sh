@@ -9,8 +9,9 @@
 # e.g. scripts/bench-abba.sh 68a3e2b 10 /tmp/abba http_bench \
 #        'iPXE script requests/s: bootplane (\d+)' -- --size-mib 64 --secs 8 --rounds 1
 #
-# OLD_REV is built in a git worktree under target/abba-old (its own target dir), this
-# tree into target/abba-cur, both with `cargo bench --no-run`. Each run's output is kept
+# OLD_REV is built in a git worktree under $ABBA_DIR (default /var/tmp/bootplane-abba,
+# outside this checkout so cargo does not take this workspace for the old one's) with its
+# own target dir, this tree into target/abba-cur, both with `cargo bench --no-run`. Each run's output is kept
 # in OUTDIR/BENCH-N-{old,cur}.txt. A run waits 5 s after the one before, so one's tail
 # does not load the next. Run nothing else meanwhile.
 set -euo pipefail
@@ -22,22 +23,30 @@ while [[ $# -gt 0 && $1 != -- ]]; do metrics+=("$1"); shift; done
 [[ ${1:-} == -- ]] && shift
 mkdir -p "$out"
 root=$PWD
-wt=$root/target/abba-old/src
+abba=${ABBA_DIR:-/var/tmp/bootplane-abba}
+wt=$abba/src
+mkdir -p "$abba"
 if [[ ! -d $wt ]]; then
   git worktree add --detach "$wt" "$old_rev" >/dev/null
 else
   git -C "$wt" checkout -q --detach "$old_rev"
 fi
-build() { # DIR TARGET_DIR: the bench binary's path
-  (cd "$1" && CARGO_TARGET_DIR=$2 cargo bench --bench "$bench" --no-run --message-format=json 2>/dev/null) |
-    python3 -c 'import json,sys
-for l in sys.stdin:
+build() { # DIR TARGET_DIR: the bench binary's path (the build's errors on failure)
+  local json=$abba/build.json
+  if ! (cd "$1" && CARGO_TARGET_DIR=$2 cargo bench --bench "$bench" --no-run --message-format=json) \
+    >"$json" 2>"$abba/build.log"; then
+    echo "building $bench in $1 failed:" >&2
+    tail -20 "$abba/build.log" >&2
+    return 1
+  fi
+  python3 -c 'import json,sys
+for l in open(sys.argv[2]):
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
-        print(m["executable"])' "$bench" | tail -1
+        print(m["executable"])' "$bench" "$json" | tail -1
 }
 declare -A bin dir n
-bin[old]=$(build "$wt" "$root/target/abba-old/target")
+bin[old]=$(build "$wt" "$abba/target")
 bin[cur]=$(build "$root" "$root/target/abba-cur")
 dir[old]=$wt dir[cur]=$root n[old]=0 n[cur]=0
 echo "old $old_rev ${bin[old]}"
