@@ -142,7 +142,10 @@ pub fn patch(a: PatchArgs) -> Result<u8> {
     let ops = match a.patch_type {
         PatchType::Merge => {
             if !p.is_object() {
-                bail!("a merge patch is a mapping, not {}", kind_of(&p));
+                bail!(
+                    "a merge patch is a mapping, not {}",
+                    crate::model::jsonpatch::kind_of(&p)
+                );
             }
             None
         }
@@ -196,17 +199,6 @@ pub fn patch(a: PatchArgs) -> Result<u8> {
         }
     }
     Ok(0)
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "a mapping",
-    }
 }
 
 /// Check a JSON patch's shape whole ([`model::jsonpatch::check_ops`]).

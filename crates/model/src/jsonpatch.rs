@@ -7,8 +7,13 @@ use serde_json::Value;
 
 /// Most operations in one JSON patch.
 pub const MAX_OPS: usize = 10_000;
+/// Most bytes (as JSON text) all `copy` operations of one patch may add: each copy can
+/// double a document, so a short patch of copies would otherwise grow one past any memory
+/// (kube bounds the same, as `AccumulatedCopySizeLimit`).
+pub const MAX_COPY_BYTES: usize = 3 << 20;
 
-fn kind_of(v: &Value) -> &'static str {
+/// `v`'s kind in words, for messages (`a mapping`, `a list`, ...).
+pub fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -171,6 +176,7 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
 /// failing operation) none of it.
 pub fn apply(doc: &mut Value, ops: &[Value]) -> Result<(), String> {
     let mut work = doc.clone();
+    let mut copied = 0usize;
     for (i, op) in ops.iter().enumerate() {
         let name = op.get("op").and_then(Value::as_str).unwrap_or("");
         let path = op.get("path").and_then(Value::as_str).unwrap_or("");
@@ -188,7 +194,15 @@ pub fn apply(doc: &mut Value, ops: &[Value]) -> Result<(), String> {
                 }
             }
             "copy" => get_mut(&mut work, &pointer_tokens(from)?, from)
-                .map(|v| v.clone())
+                .and_then(|v| {
+                    copied = copied.saturating_add(json_len(v, MAX_COPY_BYTES - copied + 1));
+                    match copied > MAX_COPY_BYTES {
+                        true => Err(format!(
+                            "the copies of this patch add more than {MAX_COPY_BYTES} bytes"
+                        )),
+                        false => Ok(v.clone()),
+                    }
+                })
                 .and_then(|v| add(&mut work, path, v)),
             "test" => get_mut(&mut work, &pointer_tokens(path)?, path).and_then(|t| {
                 if *t == value {
@@ -203,4 +217,56 @@ pub fn apply(doc: &mut Value, ops: &[Value]) -> Result<(), String> {
     }
     *doc = work;
     Ok(())
+}
+
+/// The length of `v` as JSON text, counted up to `cap` (no more is written).
+fn json_len(v: &Value, cap: usize) -> usize {
+    struct Count(usize, usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            match self.0 > self.1 {
+                true => Err(std::io::ErrorKind::Other.into()),
+                false => Ok(b.len()),
+            }
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0, cap);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn copies_that_double_the_document_are_bounded() {
+        let mut doc = json!({"a": "x".repeat(1 << 16)});
+        let before = doc.clone();
+        // Each round copies 64 KiB twice: 40 rounds copy 5 MiB, past the bound.
+        let ops: Vec<Value> = (0..40)
+            .flat_map(|i| {
+                [
+                    json!({"op": "copy", "from": "/a", "path": format!("/b{i}")}),
+                    json!({"op": "add", "path": "/a", "value": [{"op": "x"}]}),
+                    json!({"op": "copy", "from": format!("/b{i}"), "path": "/a/0"}),
+                ]
+            })
+            .collect();
+        let ops = check_ops(&Value::Array(ops)).unwrap();
+        let e = apply(&mut doc, &ops).unwrap_err();
+        assert!(e.contains("more than 3145728 bytes"), "{e}");
+        assert_eq!(doc, before, "nothing applied");
+        // Small copies pass.
+        let ok = check_ops(&json!([{"op": "copy", "from": "/a", "path": "/c"}])).unwrap();
+        apply(&mut doc, &ok).unwrap();
+        assert_eq!(doc["c"], doc["a"]);
+        assert_eq!(json_len(&json!({"k": [1, 2]}), 100), 11);
+        assert!(json_len(&doc, 10) <= 10 + (1 << 16) + 8);
+    }
 }
