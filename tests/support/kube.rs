@@ -18,6 +18,9 @@ pub struct Kubectl {
     pub bin: PathBuf,
     home: tempfile::TempDir,
     pub config: PathBuf,
+    /// The API's URL and the CA it is trusted by (for [`Kubectl::with_token`]).
+    server: String,
+    ca: PathBuf,
 }
 
 impl Kubectl {
@@ -31,23 +34,14 @@ impl Kubectl {
             bin: bin.to_path_buf(),
             home,
             config,
+            server: server.to_string(),
+            ca: ca.to_path_buf(),
         }
     }
 
     /// The same kubectl and server with another token (its own caches).
     pub fn with_token(&self, token: &str) -> Kubectl {
-        let text = std::fs::read_to_string(&self.config).unwrap();
-        let (server, ca) = {
-            let field = |k: &str| {
-                text.lines()
-                    .find_map(|l| l.trim().strip_prefix(k))
-                    .unwrap()
-                    .trim()
-                    .to_string()
-            };
-            (field("server:"), field("certificate-authority:"))
-        };
-        Kubectl::new(&self.bin, &server, Path::new(&ca), token)
+        Kubectl::new(&self.bin, &self.server, &self.ca, token)
     }
 
     /// `kubectl ARGS` with `stdin`, within 60 s: (exit code, stdout, stderr).
