@@ -97,13 +97,9 @@ impl Table {
         }
         headers.push("NAME".into());
         cols.push(Col::Name);
-        for (h, p) in rt.columns.iter().chain(if wide {
-            rt.wide_columns.iter()
-        } else {
-            [].iter()
-        }) {
-            headers.push(h.clone());
-            cols.push(Col::Path(p.clone()));
+        for (h, p) in rt.cli_columns(wide) {
+            headers.push(h);
+            cols.push(Col::Path(p.to_string()));
         }
         headers.push("AGE".into());
         cols.push(Col::Age);

@@ -23,10 +23,6 @@ pub struct ResourceType {
     /// Whole-object schema (apiVersion, kind, metadata, spec, status).
     pub schema: Option<Schema>,
     pub status_subresource: bool,
-    /// `(header, jsonPath)` pairs, from the CRD's additionalPrinterColumns.
-    pub columns: Vec<(String, String)>,
-    /// Columns added by `-o wide` (CRD columns with priority > 0, and ours).
-    pub wide_columns: Vec<(String, String)>,
     /// Every printer column with its type and priority, as a server-side `Table`
     /// declares them after `Name` (the CRD's own, `Age` included, then ours).
     pub printer_columns: Vec<PrinterColumn>,
@@ -87,6 +83,18 @@ impl ResourceType {
         } else {
             &self.group
         }
+    }
+
+    /// `(HEADER, jsonPath)` of the columns the CLI's tables show between NAME and AGE
+    /// (which it prints itself): the priority-0 printer columns but `Age`, then, with
+    /// `wide`, the others.
+    pub fn cli_columns(&self, wide: bool) -> Vec<(String, &str)> {
+        fn col(c: &PrinterColumn) -> (String, &str) {
+            (c.name.to_uppercase(), c.json_path.as_str())
+        }
+        let normal = (self.printer_columns.iter()).filter(|c| c.priority == 0 && c.name != "Age");
+        let more = (self.printer_columns.iter()).filter(|c| wide && c.priority > 0);
+        normal.chain(more).map(col).collect()
     }
 
     /// Store key of one object.
@@ -176,15 +184,6 @@ pub(crate) fn from_crd(yaml: &str) -> Result<ResourceType, String> {
     if let Some(s) = &mut schema {
         s.prepare()?;
     }
-    let mut columns = Vec::new();
-    let mut wide = Vec::new();
-    for c in &v.additional_printer_columns {
-        if c.priority > 0 {
-            wide.push((c.name.to_uppercase(), c.json_path.clone()));
-        } else if c.name != "Age" {
-            columns.push((c.name.to_uppercase(), c.json_path.clone()));
-        }
-    }
     let mut printer_columns = v.additional_printer_columns.clone();
     if printer_columns.is_empty() {
         printer_columns.push(PrinterColumn::age());
@@ -208,8 +207,6 @@ pub(crate) fn from_crd(yaml: &str) -> Result<ResourceType, String> {
             .and_then(|s| s.get("status"))
             .is_some(),
         schema,
-        columns,
-        wide_columns: wide,
         printer_columns,
         categories: crd.spec.names.categories,
         crd: None,
@@ -272,8 +269,6 @@ impl Registry {
             namespaced: true,
             schema: None,
             status_subresource: false,
-            columns: vec![("TYPE".into(), ".type".into())],
-            wide_columns: vec![],
             printer_columns: vec![
                 PrinterColumn::new("Type", "string", ".type", 0),
                 PrinterColumn::age(),
@@ -293,16 +288,6 @@ impl Registry {
             namespaced: true,
             schema: None,
             status_subresource: false,
-            columns: vec![
-                ("LAST SEEN".into(), ".lastTimestamp".into()),
-                ("TYPE".into(), ".type".into()),
-                ("REASON".into(), ".reason".into()),
-                ("KIND".into(), ".involvedObject.kind".into()),
-                ("OBJECT".into(), ".involvedObject.name".into()),
-                ("COUNT".into(), ".count".into()),
-                ("MESSAGE".into(), ".message".into()),
-            ],
-            wide_columns: vec![("SOURCE".into(), ".source.component".into())],
             printer_columns: vec![
                 PrinterColumn::new("Last Seen", "date", ".lastTimestamp", 0),
                 PrinterColumn::new("Type", "string", ".type", 0),
@@ -328,11 +313,6 @@ impl Registry {
             namespaced: false,
             schema: None,
             status_subresource: false,
-            columns: vec![
-                ("ROLE".into(), ".spec.role".into()),
-                ("EXPIRES".into(), ".spec.expiresAt".into()),
-            ],
-            wide_columns: vec![],
             printer_columns: vec![
                 PrinterColumn::new("Role", "string", ".spec.role", 0),
                 PrinterColumn::new("Expires", "string", ".spec.expiresAt", 0),
@@ -362,7 +342,6 @@ impl Registry {
                 _ => &[],
             };
             for (name, kind, path) in ours {
-                t.wide_columns.push((name.to_uppercase(), path.to_string()));
                 t.printer_columns
                     .push(PrinterColumn::new(name, kind, path, 1));
             }
