@@ -672,3 +672,138 @@ fn crds_prints_every_served_crd() {
         "metal-operator's CRD as embedded"
     );
 }
+
+/// `kubectl diff` (client-side and `--server-side`) and `--dry-run=server` with kubectl
+/// v1.32: the changes shown line by line from bootplane's dry-run answers, and nothing
+/// stored by any of them.
+#[test]
+fn kubectl_1_32_diff_and_server_dry_run() {
+    let b = Bootplane::start(&[]);
+    let k = kubectl_for(&b, &system_kubectl());
+    let rev = || {
+        let r = (b.req("GET", "/apis/metal.ironcore.dev/v1alpha1/servers")).call();
+        let v: serde_json::Value =
+            serde_json::from_str(&r.unwrap().into_string().unwrap()).unwrap();
+        v["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let diffs = |out: &str| -> Vec<String> {
+        (out.lines())
+            .filter(|l| l.starts_with(['+', '-']) && !l.starts_with("+++") && !l.starts_with("---"))
+            .filter(|l| !l.contains("generation:") && !l.contains("resourceVersion:"))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    let a = server_manifest("kube-d", "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d");
+    let before = rev();
+    // A new object: diff shows all of it (exit 1: differences), the dry-run create
+    // answers as a create would; neither stores it.
+    let (code, out, err) = k.run(&["diff", "-f", "-"], Some(&a));
+    assert_eq!(code, 1, "{out}{err}");
+    let d = diffs(&out);
+    for want in [
+        "+ name: kube-d",
+        "+ systemUUID: 1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d",
+        "+ rack: r1",
+    ] {
+        assert!(d.iter().any(|l| l == want), "{want:?} not in {d:?}\n{out}");
+    }
+    assert!(d.iter().all(|l| l.starts_with('+')), "{d:?}");
+    let out = k.ok(&["apply", "--dry-run=server", "-f", "-"], Some(&a));
+    assert_eq!(
+        out.trim(),
+        "server.metal.ironcore.dev/kube-d created (server dry run)"
+    );
+    let (code, _, err) = k.run(&["get", "server", "kube-d"], None);
+    assert_eq!(code, 1, "nothing stored: {err}");
+    assert_eq!(rev(), before, "no write at all");
+    k.ok(&["apply", "-f", "-"], Some(&a));
+    // No change: no difference (exit 0, nothing printed).
+    let (code, out, err) = k.run(&["diff", "-f", "-"], Some(&a));
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    // A changed UUID and label: exactly those lines, client-side (a merge patch tried
+    // with dryRun=All) and server-side (an apply tried with dryRun=All).
+    let changed = server_manifest("kube-d", "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5e")
+        .replace("\"r1\"", "\"r2\"");
+    let stored = rev();
+    for flags in [&[][..], &["--server-side", "--force-conflicts"][..]] {
+        let mut args = vec!["diff", "-f", "-"];
+        args.extend_from_slice(flags);
+        let (code, out, err) = k.run(&args, Some(&changed));
+        assert_eq!(code, 1, "{flags:?}: {out}{err}");
+        let mut d = diffs(&out);
+        d.sort();
+        assert_eq!(
+            d,
+            [
+                "+ rack: r2",
+                "+ systemUUID: 1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5e",
+                "- rack: r1",
+                "- systemUUID: 1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d",
+            ],
+            "{flags:?}\n{out}"
+        );
+    }
+    let out = k.ok(&["delete", "server", "kube-d", "--dry-run=server"], None);
+    assert_eq!(
+        out.trim(),
+        "server.metal.ironcore.dev \"kube-d\" deleted (server dry run)"
+    );
+    let out = k.ok(
+        &[
+            "patch",
+            "server",
+            "kube-d",
+            "--dry-run=server",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"add","path":"/spec/power","value":"On"}]"#,
+        ],
+        None,
+    );
+    // (kubectl v1.32's `patch` prints no dry-run suffix.)
+    assert_eq!(out.trim(), "server.metal.ironcore.dev/kube-d patched");
+    assert_eq!(rev(), stored, "the diffs and dry runs wrote nothing");
+    let uuid = k.ok(
+        &[
+            "get",
+            "server",
+            "kube-d",
+            "-o",
+            "jsonpath={.spec.systemUUID}",
+        ],
+        None,
+    );
+    assert_eq!(uuid, "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d");
+    // Bad input: a dryRun value kube does not know is 400, as kube's; a token cannot
+    // be issued as a trial.
+    let status = |method: &str, path: &str, body: &str| match b
+        .req(method, path)
+        .set("Content-Type", "application/json")
+        .send_string(body)
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(c, _)) => c,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(
+        status(
+            "DELETE",
+            "/apis/metal.ironcore.dev/v1alpha1/servers/kube-d?dryRun=Some",
+            ""
+        ),
+        400
+    );
+    assert_eq!(
+        status(
+            "POST",
+            "/apis/auth.bootplane.dev/v1alpha1/apitokens?dryRun=All",
+            "{}"
+        ),
+        400
+    );
+    assert_eq!(rev(), stored);
+}

@@ -21,8 +21,9 @@ const TRIES: usize = 5;
 
 /// Apply the configuration in `body` to `rt` `name` (in `ns`): the stored object, and
 /// whether it was created.
+/// `store` is `st`'s or its dry-run clone (`dryRun=All`).
 pub(crate) async fn server_side_apply(
-    st: &ApiState,
+    (st, store): (&ApiState, &crate::store::Store),
     (h, body): (&HeaderMap, Bytes),
     (rt, ns, name): (&ResourceType, Option<&str>, &str),
     q: &std::collections::HashMap<String, String>,
@@ -85,7 +86,7 @@ pub(crate) async fn server_side_apply(
         status_subresource: rt.status_subresource,
     };
     for _ in 0..TRIES {
-        let live = match st.store.get(rt, ns, name) {
+        let live = match store.get(rt, ns, name) {
             Ok(o) => Some(o),
             Err(StoreError::NotFound { .. }) => None,
             Err(e) => return Err(e.into()),
@@ -98,9 +99,8 @@ pub(crate) async fn server_side_apply(
         };
         super::admission::admit(st, id, rt, ns, Some(name), w, Part::Main)?;
         let written = match live {
-            None => st.store.create(rt, new).await.map(|o| (o, true)),
-            Some(cur) => st
-                .store
+            None => store.create(rt, new).await.map(|o| (o, true)),
+            Some(cur) => store
                 .update_from(rt, cur, new, Part::Main)
                 .await
                 .map(|o| (o, false)),

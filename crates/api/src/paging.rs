@@ -81,6 +81,66 @@ fn key(o: &Value) -> String {
     )
 }
 
+/// Which state a list asked for (`resourceVersion`, `resourceVersionMatch`), checked
+/// against the store's revision `current`. bootplane serves lists from the current
+/// state only: one that asks for a version not newer than it (unset, `0`,
+/// `NotOlderThan`) gets it; one newer than `current` is 504 (kube's "Too large
+/// resource version"); one that asks for an older state exactly is 410 Expired (the
+/// client lists again without it), as kube's for a compacted one.
+pub(crate) fn check_version(
+    q: &std::collections::HashMap<String, String>,
+    current: crate::store::backend::Rev,
+) -> Result<(), ApiError> {
+    use axum::http::StatusCode;
+    let invalid = |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", m);
+    let rv = q.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let exact = match q.get("resourceVersionMatch").map(String::as_str) {
+        None | Some("") => false,
+        Some("NotOlderThan") => false,
+        Some("Exact") => true,
+        Some(m) => {
+            return Err(ApiError::bad_request(format!(
+                "resourceVersionMatch: unsupported value {m:?}: \"Exact\" or \"NotOlderThan\""
+            )))
+        }
+    };
+    let matched = q.get("resourceVersionMatch").is_some_and(|m| !m.is_empty());
+    if matched && rv.is_empty() {
+        return Err(invalid("resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".into()));
+    }
+    if rv.is_empty() || rv == "0" {
+        if exact {
+            return Err(invalid("resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into()));
+        }
+        return Ok(());
+    }
+    if q.get("continue").is_some_and(|c| !c.is_empty()) {
+        return Err(ApiError::bad_request(
+            "resourceVersion: a list with a continue token may not give one",
+        ));
+    }
+    let asked: crate::store::backend::Rev = rv
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?;
+    if asked > current {
+        return Err(crate::store::StoreError::TooLargeResourceVersion {
+            requested: asked,
+            current,
+        }
+        .into());
+    }
+    if exact && asked != current {
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            "Expired",
+            format!(
+                "too old resource version: {asked} ({current}): only the current state is kept"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn decode(token: &str) -> Result<String, ApiError> {
     let bad = || ApiError::bad_request("continue: invalid token (list again without it)");
     if token.len() > MAX_TOKEN {
@@ -153,5 +213,47 @@ mod tests {
         }
         let long = "A".repeat(MAX_TOKEN + 1);
         assert!(Paging::from_query(&q(&[("continue", &long)])).is_err());
+    }
+
+    #[test]
+    fn versions_a_list_may_ask_for() {
+        use axum::http::StatusCode as C;
+        let code = |pairs: &[(&str, &str)]| check_version(&q(pairs), 10).err().map(|e| e.code);
+        assert_eq!(code(&[]), None);
+        assert_eq!(code(&[("resourceVersion", "0")]), None);
+        assert_eq!(code(&[("resourceVersion", "7")]), None);
+        assert_eq!(
+            code(&[
+                ("resourceVersion", "7"),
+                ("resourceVersionMatch", "NotOlderThan")
+            ]),
+            None
+        );
+        assert_eq!(
+            code(&[("resourceVersion", "10"), ("resourceVersionMatch", "Exact")]),
+            None
+        );
+        assert_eq!(
+            code(&[("resourceVersion", "7"), ("resourceVersionMatch", "Exact")]),
+            Some(C::GONE)
+        );
+        assert_eq!(code(&[("resourceVersion", "11")]), Some(C::GATEWAY_TIMEOUT));
+        assert_eq!(
+            code(&[("resourceVersionMatch", "Exact")]),
+            Some(C::UNPROCESSABLE_ENTITY)
+        );
+        assert_eq!(
+            code(&[("resourceVersion", "0"), ("resourceVersionMatch", "Exact")]),
+            Some(C::UNPROCESSABLE_ENTITY)
+        );
+        assert_eq!(code(&[("resourceVersion", "x")]), Some(C::BAD_REQUEST));
+        assert_eq!(
+            code(&[("resourceVersion", "1"), ("resourceVersionMatch", "Newest")]),
+            Some(C::BAD_REQUEST)
+        );
+        assert_eq!(
+            code(&[("resourceVersion", "1"), ("continue", "abc")]),
+            Some(C::BAD_REQUEST)
+        );
     }
 }

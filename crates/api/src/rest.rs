@@ -332,6 +332,22 @@ async fn dispatch(
 }
 
 /// Whether reading a body failed on the size limit (not the connection).
+/// `dryRun`: absent, or `All` (kube's one value; it may be given more than once).
+fn dry_run(query: Option<&str>) -> ApiResult<bool> {
+    let mut dry = false;
+    for (k, v) in url_pairs(query.unwrap_or_default()) {
+        if k == "dryRun" {
+            if v != "All" {
+                return Err(ApiError::bad_request(format!(
+                    "dryRun: unsupported value {v:?}: the one supported value is \"All\""
+                )));
+            }
+            dry = true;
+        }
+    }
+    Ok(dry)
+}
+
 fn is_length_limit(e: &axum::Error) -> bool {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(x) = src {
@@ -363,6 +379,14 @@ async fn handle(
     // Credentials go only where they belong (see `admission`).
     let admit =
         |name: Option<&str>, w| super::admission::admit(st, id, rt, t.ns.as_deref(), name, w, part);
+    let dry = dry_run(query)?;
+    let dry_store;
+    let store = if dry {
+        dry_store = st.store.dry_run();
+        &dry_store
+    } else {
+        &st.store
+    };
     match (method.clone(), &t.name) {
         (Method::GET, None) => list_or_watch(st, h, (&t, &q), (id, conn)),
         (Method::GET, Some(name)) => {
@@ -383,6 +407,11 @@ async fn handle(
             if rt.group == super::tokens::GROUP && rt.plural == super::tokens::TOKENS =>
         {
             // The secret is made by the server and shown once (`auth::issue`).
+            if dry {
+                return Err(ApiError::bad_request(
+                    "dryRun: a token is issued or not: it cannot be tried",
+                ));
+            }
             let obj = decode_body(st, h, body).await?;
             super::auth::issue(st, &obj).await
         }
@@ -390,7 +419,7 @@ async fn handle(
             let mut obj = decode_body(st, h, body).await?;
             set_namespace(rt, &mut obj, t.ns.as_deref())?;
             admit(None, super::admission::Write::Create(&obj))?;
-            let o = st.store.create(rt, obj).await?;
+            let o = store.create(rt, obj).await?;
             Ok(respond(h, StatusCode::CREATED, &o))
         }
         (Method::PUT, Some(name)) => {
@@ -406,7 +435,7 @@ async fn handle(
                 None => obj["metadata"]["name"] = Value::String(name.clone()),
             }
             admit(Some(name), super::admission::Write::Replace(&obj))?;
-            let o = st.store.update(rt, obj, part).await?;
+            let o = store.update(rt, obj, part).await?;
             Ok(respond(h, StatusCode::OK, &o))
         }
         (Method::PATCH, Some(name)) => {
@@ -426,7 +455,7 @@ async fn handle(
             if ct.contains("apply-patch") {
                 let target = (&**rt, t.ns.as_deref(), name.as_str());
                 let (o, created) =
-                    super::apply::server_side_apply(st, (h, body), target, &q, id).await?;
+                    super::apply::server_side_apply((st, store), (h, body), target, &q, id).await?;
                 let code = if created {
                     StatusCode::CREATED
                 } else {
@@ -438,7 +467,7 @@ async fn handle(
                 let ops = crate::model::jsonpatch::check_ops(&decode_any(st, h, body).await?)
                     .map_err(ApiError::bad_request)?;
                 let ns = t.ns.as_deref();
-                let o = json_patch(st, (rt, ns, name), &ops, part, |new| {
+                let o = json_patch(store, (rt, ns, name), &ops, part, |new| {
                     let w = super::admission::Write::Replace(new);
                     super::admission::admit(st, id, rt, ns, Some(name), w, part)
                 })
@@ -447,23 +476,36 @@ async fn handle(
             }
             let patch = decode_body(st, h, body).await?;
             admit(Some(name), super::admission::Write::Patch(&patch))?;
-            let o = st
-                .store
-                .patch(rt, t.ns.as_deref(), name, &patch, part)
-                .await?;
+            let o = store.patch(rt, t.ns.as_deref(), name, &patch, part).await?;
             Ok(respond(h, StatusCode::OK, &o))
         }
         (Method::DELETE, Some(name)) => {
-            let pre = if body.is_empty() {
-                None
+            // DeleteOptions: kubectl sends `dryRun` here rather than on the query.
+            let opts = if body.is_empty() {
+                Value::Null
             } else {
-                decode_body(st, h, body)
-                    .await?
-                    .pointer("/preconditions/resourceVersion")
-                    .and_then(Value::as_str)
-                    .and_then(|s| s.parse().ok())
+                decode_body(st, h, body).await?
             };
-            let o = st.store.delete(rt, t.ns.as_deref(), name, pre).await?;
+            let pre = (opts.pointer("/preconditions/resourceVersion"))
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse().ok());
+            let in_body = match opts.get("dryRun") {
+                None | Some(Value::Null) => false,
+                Some(Value::Array(v)) if v.iter().all(|x| x == "All") => !v.is_empty(),
+                Some(other) => {
+                    return Err(ApiError::bad_request(format!(
+                        "dryRun: unsupported value {other}: the one supported value is \"All\""
+                    )))
+                }
+            };
+            let o = if in_body && !dry {
+                st.store
+                    .dry_run()
+                    .delete(rt, t.ns.as_deref(), name, pre)
+                    .await?
+            } else {
+                store.delete(rt, t.ns.as_deref(), name, pre).await?
+            };
             Ok(respond(h, StatusCode::OK, &o))
         }
         (m, _) => Err(ApiError::new(
@@ -479,7 +521,7 @@ async fn handle(
 /// another write came between (as kube does), a few times at most. An operation that
 /// fails (a `test`, a missing path) is 422 and changes nothing.
 async fn json_patch(
-    st: &ApiState,
+    store: &crate::store::Store,
     (rt, ns, name): (&ResourceType, Option<&str>, &str),
     ops: &[Value],
     part: Part,
@@ -488,7 +530,7 @@ async fn json_patch(
     const TRIES: usize = 5;
     let mut tries = 0;
     loop {
-        let cur = st.store.get(rt, ns, name)?;
+        let cur = store.get(rt, ns, name)?;
         let mut new = Value::clone(&cur);
         crate::model::jsonpatch::apply(&mut new, ops).map_err(|e| {
             // kubectl prints the causes: `The servers "a" is invalid: patch: ...`.
@@ -503,7 +545,7 @@ async fn json_patch(
             ));
         }
         admit(&new)?;
-        match st.store.update_from(rt, cur, new, part).await {
+        match store.update_from(rt, cur, new, part).await {
             Err(crate::store::StoreError::Conflict { .. }) if tries + 1 < TRIES => tries += 1,
             r => return Ok(r?),
         }
@@ -531,22 +573,18 @@ fn list_or_watch(
     };
     if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
         let user = id.map(|i| i.user.as_str()).unwrap_or_default();
+        let ask = WatchAsk::from_query(q)?;
         let permit = st.watches.open(user, conn)?;
-        let timeout = match q.get("timeoutSeconds") {
-            Some(s) => Some(s.parse::<u64>().map_err(|_| {
-                ApiError::bad_request(format!("timeoutSeconds: not a number of seconds: {s:?}"))
-            })?),
-            None => None,
-        };
         return watch(
             st,
             permit,
             (rt.clone(), t.ns.clone()),
             (sel, fields),
-            (q.get("resourceVersion").cloned(), timeout),
+            ask,
             super::table::wanted(accept(h)),
         );
     }
+    super::paging::check_version(q, st.store.revision())?;
     let paging = super::paging::Paging::from_query(q)?;
     let form = super::table::wanted(accept(h));
     if paging.is_some() || form.is_some() {
@@ -623,35 +661,101 @@ fn set_namespace(rt: &ResourceType, obj: &mut Value, ns: Option<&str>) -> ApiRes
     }
 }
 
+/// What a watch asked for besides its selectors (see [`watch`]).
+struct WatchAsk {
+    rv: Option<String>,
+    timeout_secs: Option<u64>,
+    bookmarks: bool,
+    /// `sendInitialEvents`: `None` when not given.
+    initial: Option<bool>,
+}
+
+impl WatchAsk {
+    fn from_query(q: &std::collections::HashMap<String, String>) -> ApiResult<WatchAsk> {
+        let flag = |k: &str| -> ApiResult<Option<bool>> {
+            match q.get(k).map(String::as_str) {
+                None => Ok(None),
+                Some("true" | "1") => Ok(Some(true)),
+                Some("false" | "0" | "") => Ok(Some(false)),
+                Some(v) => Err(ApiError::bad_request(format!("{k}: not a boolean: {v:?}"))),
+            }
+        };
+        let timeout_secs = match q.get("timeoutSeconds") {
+            Some(s) => Some(s.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!("timeoutSeconds: not a number of seconds: {s:?}"))
+            })?),
+            None => None,
+        };
+        let ask = WatchAsk {
+            rv: q.get("resourceVersion").cloned(),
+            timeout_secs,
+            bookmarks: flag("allowWatchBookmarks")?.unwrap_or(false),
+            initial: flag("sendInitialEvents")?,
+        };
+        // As kube's validation of a watch's ListOptions.
+        if ask.initial.is_some() {
+            let invalid = |m: &str| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", m);
+            if q.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
+                return Err(invalid("sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless resourceVersionMatch is set to NotOlderThan"));
+            }
+            if !ask.bookmarks && ask.initial == Some(true) {
+                return Err(invalid("allowWatchBookmarks: Forbidden: allowWatchBookmarks must be true when sendInitialEvents is true"));
+            }
+        }
+        Ok(ask)
+    }
+}
+
+/// Idle time after which a watch that allows bookmarks gets one (kube: about a minute).
+const BOOKMARK_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Stream watch events as newline-delimited JSON. Without a resourceVersion (or "0")
-/// the current objects come first as ADDED events, then changes, as kube does.
+/// the current objects come first as ADDED events, then changes, as kube does; with
+/// `sendInitialEvents=true` (the streaming list of client-go and kube-rs) they come
+/// from any resourceVersion and end with a BOOKMARK annotated
+/// `k8s.io/initial-events-end`, and with `sendInitialEvents=false` never. With
+/// `allowWatchBookmarks` a BOOKMARK carrying the last revision the watch has passed
+/// (delivered or filtered out) comes after a minute without events and before the
+/// stream ends, so the client resumes from there instead of an older version.
 /// With `form` (kubectl's `get -w` asks for tables) each event's object is a one-row
-/// `Table` ([`super::table`]) instead. The stream ends after `timeout_secs`
-/// (`timeoutSeconds`, as kube's; the client then watches again from the last version it saw).
+/// `Table` ([`super::table`]) instead. The stream ends after `timeoutSeconds` (as
+/// kube's; the client then watches again from the last version it saw).
 fn watch(
     st: &ApiState,
     permit: super::guard::WatchPermit,
     (rt, ns): (Arc<ResourceType>, Option<String>),
     (sel, fields): (Option<Selector>, Option<FieldSelector>),
-    (rv, timeout_secs): (Option<String>, Option<u64>),
+    ask: WatchAsk,
     form: Option<super::table::Form>,
 ) -> ApiResult<Response> {
     // A day at most: far beyond any client's, and within what Instant can add.
-    let ends = timeout_secs
+    let ends = (ask.timeout_secs)
         .map(|s| tokio::time::Instant::now() + std::time::Duration::from_secs(s.min(86_400)));
+    let given = match ask.rv.as_deref() {
+        None | Some("") | Some("0") => None,
+        Some(r) => Some(
+            r.parse::<crate::store::backend::Rev>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {r:?}")))?,
+        ),
+    };
+    let wants_initial = ask.initial.unwrap_or(given.is_none());
     let mut initial = Vec::new();
-    let from = match rv.as_deref() {
-        None | Some("") | Some("0") => {
-            let (mut items, rev) = st.store.list_text(&rt, ns.as_deref(), sel.as_ref());
-            if let Some(f) = &fields {
-                items.retain(|t| text_matches(f, t));
+    let from = if wants_initial {
+        if let Some(r) = given.filter(|r| *r > st.store.revision()) {
+            return Err(crate::store::StoreError::TooLargeResourceVersion {
+                requested: r,
+                current: st.store.revision(),
             }
-            initial = items;
-            rev
+            .into());
         }
-        Some(r) => r
-            .parse()
-            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {r:?}")))?,
+        let (mut items, rev) = st.store.list_text(&rt, ns.as_deref(), sel.as_ref());
+        if let Some(f) = &fields {
+            items.retain(|t| text_matches(f, t));
+        }
+        initial = items;
+        rev
+    } else {
+        given.unwrap_or_else(|| st.store.revision())
     };
     let w = st.store.watch(&rt, ns.as_deref(), from)?;
     let sd = st.shutdown.child();
@@ -664,53 +768,99 @@ fn watch(
         }
     };
     let head_printed = printed.clone();
-    let head = futures::stream::iter(initial.into_iter().map(move |o| {
-        let table = serde_json::from_str(&o)
-            .ok()
-            .and_then(|v| head_printed("ADDED", &v));
-        Ok::<_, std::io::Error>(table.unwrap_or_else(|| line_text("ADDED", &o)))
-    }));
+    let mut head: Vec<Bytes> = (initial.into_iter())
+        .map(|o| {
+            let table = serde_json::from_str(&o)
+                .ok()
+                .and_then(|v| head_printed("ADDED", &v));
+            table.unwrap_or_else(|| line_text("ADDED", &o))
+        })
+        .collect();
+    let bookmark = {
+        let rt = rt.clone();
+        move |rev: crate::store::backend::Rev, end_of_initial: bool| {
+            let mut m = json!({"resourceVersion": rev.to_string()});
+            if end_of_initial {
+                m["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+            }
+            line(
+                "BOOKMARK",
+                &json!({"apiVersion": rt.api_version(), "kind": rt.kind, "metadata": m}),
+            )
+        }
+    };
+    if ask.initial == Some(true) {
+        head.push(bookmark(from, true));
+    }
+    let head = futures::stream::iter(head.into_iter().map(Ok::<_, std::io::Error>));
     // The permit lives as long as the stream: the watch counts until it ends or the
     // client goes.
-    let tail = futures::stream::unfold(
-        (w, sel, fields, sd, false, permit, printed),
-        move |(mut w, sel, fields, mut sd, done, permit, printed)| async move {
-            if done {
+    let tail = Tail {
+        w,
+        sel,
+        fields,
+        sd,
+        done: false,
+        _permit: permit,
+        passed: from,
+        marked: from,
+        bookmarks: ask.bookmarks,
+    };
+    let tail = futures::stream::unfold(tail, move |mut t| {
+        let printed = printed.clone();
+        let bookmark = bookmark.clone();
+        async move {
+            if t.done {
                 return None;
             }
             loop {
+                let idle = tokio::time::sleep(BOOKMARK_EVERY);
                 let next = tokio::select! {
-                    ev = w.next() => ev,
-                    _ = sd.recv() => return None,
-                    _ = sleep_until(ends) => return None,
+                    ev = t.w.next() => ev,
+                    _ = t.sd.recv() => return None,
+                    _ = sleep_until(ends) => {
+                        // The last word: where to resume.
+                        t.done = true;
+                        if t.bookmarks && t.passed > t.marked {
+                            return Some((Ok(bookmark(t.passed, false)), t));
+                        }
+                        return None;
+                    }
+                    _ = idle, if t.bookmarks => {
+                        if t.passed > t.marked {
+                            t.marked = t.passed;
+                            return Some((Ok(bookmark(t.passed, false)), t));
+                        }
+                        continue;
+                    }
                 };
                 match next {
                     Ok(ev) => {
-                        if sel
+                        t.passed = t.passed.max(ev.rev);
+                        if t.sel
                             .as_ref()
                             .is_some_and(|s| !s.matches(meta::labels(&ev.object)))
-                            || fields.as_ref().is_some_and(|f| !f.matches(&ev.object))
+                            || t.fields.as_ref().is_some_and(|f| !f.matches(&ev.object))
                         {
                             continue;
                         }
+                        t.marked = t.passed;
                         let l = match (printed(ev.kind, &ev.object), &ev.text) {
                             (Some(table), _) => table,
-                            (None, Some(t)) => line_text(ev.kind, t),
+                            (None, Some(text)) => line_text(ev.kind, text),
                             (None, None) => line(ev.kind, &ev.object),
                         };
-                        return Some((Ok(l), (w, sel, fields, sd, false, permit, printed)));
+                        return Some((Ok(l), t));
                     }
                     Err(e) => {
                         let status = ApiError::from(e).status_body();
-                        return Some((
-                            Ok(line("ERROR", &status)),
-                            (w, sel, fields, sd, true, permit, printed),
-                        ));
+                        t.done = true;
+                        return Some((Ok(line("ERROR", &status)), t));
                     }
                 }
             }
-        },
-    );
+        }
+    });
     let stream = futures::StreamExt::chain(head, tail);
     Ok(Response::builder()
         .status(StatusCode::OK)
@@ -718,6 +868,21 @@ fn watch(
         .header("transfer-encoding", "chunked")
         .body(Body::from_stream(stream))
         .expect("valid response"))
+}
+
+/// A watch's state between events.
+struct Tail<W> {
+    w: W,
+    sel: Option<Selector>,
+    fields: Option<FieldSelector>,
+    sd: crate::shutdown::Shutdown,
+    done: bool,
+    _permit: super::guard::WatchPermit,
+    /// The last revision the watch has passed (delivered or filtered out).
+    passed: crate::store::backend::Rev,
+    /// The last revision the client was told of (an event or a bookmark).
+    marked: crate::store::backend::Rev,
+    bookmarks: bool,
 }
 
 /// Whether a stored object's text passes a field selector (parsed here: only lists

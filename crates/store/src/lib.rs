@@ -219,6 +219,8 @@ pub struct Store<B = Backend> {
     reg: &'static Registry,
     /// Servers' MACs and UUIDs for the uniqueness check ([`unique`]).
     unique: Arc<unique::Cache>,
+    /// Writes are checked and answered but not committed ([`Store::dry_run`]).
+    dry: bool,
 }
 
 impl Store {
@@ -277,6 +279,53 @@ impl<B: KvBackend> Store<B> {
             kv,
             reg: Registry::global(),
             unique: Default::default(),
+            dry: false,
+        }
+    }
+
+    /// A clone whose writes are checked as they would be (schema, uniqueness, the
+    /// compare-and-swap's version, the size limit) and answered with the object they
+    /// would store, which is not written: kube's `dryRun=All` (`kubectl diff`,
+    /// `--dry-run=server`). A dry create's object has its uid and timestamps but no
+    /// resourceVersion; a dry update's keeps the stored one. Secrets are measured
+    /// against the size limit unsealed (sealing adds a few dozen bytes).
+    pub fn dry_run(&self) -> Store<B> {
+        Store {
+            dry: true,
+            ..self.clone()
+        }
+    }
+
+    /// Whether this is a [`Store::dry_run`] clone.
+    pub fn is_dry_run(&self) -> bool {
+        self.dry
+    }
+
+    /// The checks a dry write stands in for the engine's: the size limit and, with
+    /// `at`, that the key is still at that revision (`Some(0)`: that it is absent).
+    fn dry_check(&self, rt: &ResourceType, key: &str, v: &Value, at: Option<Rev>) -> Result<()> {
+        let name = v
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let size = serde_json::to_vec(v).map(|t| t.len()).unwrap_or(usize::MAX);
+        if size > backend::MAX_VALUE_BYTES {
+            return Err(StoreError::TooLarge {
+                qualified: rt.qualified(),
+                name: name.into(),
+                size,
+                limit: backend::MAX_VALUE_BYTES,
+            });
+        }
+        match (at, self.kv.get(key)) {
+            (Some(0), Some(_)) => Err(StoreError::AlreadyExists {
+                qualified: rt.qualified(),
+                name: name.into(),
+            }),
+            (Some(rev), found) if rev != 0 && found.as_ref().is_none_or(|kv| kv.mod_rev != rev) => {
+                Err(Self::conflict(rt, name))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -440,6 +489,10 @@ impl<B: KvBackend> Store<B> {
         m.remove("deletionGracePeriodSeconds");
         let name = meta::name(&obj).to_string();
         let key = rt.key(meta::namespace(&obj), &name);
+        if self.dry {
+            self.dry_check(rt, &key, &obj, Some(0))?;
+            return Ok(Arc::new(obj));
+        }
         match self.kv.txn(vec![Op::put(key, Compare::Absent, obj)]).await {
             Ok(mut r) => Ok(r.values.pop().flatten().expect("put returns its value")),
             Err(KvError::AlreadyExists { .. }) => Err(StoreError::AlreadyExists {
@@ -596,6 +649,10 @@ impl<B: KvBackend> Store<B> {
             new["metadata"]["generation"] = Value::from(g + 1);
         }
         let key = rt.key(ns, name);
+        if self.dry {
+            self.dry_check(rt, &key, &new, Some(cur_rv))?;
+            return Ok(Arc::new(new));
+        }
         if meta::is_deleting(&new) && meta::finalizers(&new).is_empty() {
             self.remove(rt, &cur, name).await?;
             return Ok(Arc::new(new));
@@ -672,6 +729,9 @@ impl<B: KvBackend> Store<B> {
                 let mut marked = (*cur).clone();
                 marked["metadata"]["deletionTimestamp"] = Value::String(now());
                 marked["metadata"]["deletionGracePeriodSeconds"] = Value::from(0);
+                if self.dry {
+                    return Ok(Arc::new(marked));
+                }
                 let key = rt.key(Self::namespace_of(rt, ns), name);
                 match self
                     .kv
@@ -688,6 +748,9 @@ impl<B: KvBackend> Store<B> {
                     }
                     Err(e) => return Err(map_kv(e)),
                 }
+            }
+            if self.dry {
+                return Ok(cur);
             }
             match self.remove(rt, &cur, name).await {
                 Err(StoreError::Conflict { .. }) => continue,

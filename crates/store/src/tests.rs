@@ -617,3 +617,94 @@ async fn a_key_being_added_is_refused_until_its_write_ends() {
         .check_unique(&srv, &obj("b", 2, "52:54:00:00:02:01"), None)
         .is_ok());
 }
+
+#[tokio::test]
+async fn dry_run_writes_are_checked_answered_and_not_stored() {
+    let (_d, s) = store();
+    let dry = s.dry_run();
+    assert!(dry.is_dry_run() && !s.is_dry_run());
+    let srv = rt("server");
+    let uuid = "4c4c4544-0000-0000-0000-0000000000d1";
+    let rev = s.revision();
+    // Create: the object as it would be (defaults, uid), nothing stored.
+    let o = dry
+        .create(
+            &srv,
+            json!({"metadata": {"name": "d"}, "spec": {"systemUUID": uuid}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(o["spec"]["reclaimPolicy"], "Recycle");
+    assert!(o["metadata"].get("resourceVersion").is_none(), "{o}");
+    assert!(matches!(
+        s.get(&srv, None, "d"),
+        Err(StoreError::NotFound { .. })
+    ));
+    // Invalid input is refused as a real write would be.
+    let err = (dry.create(
+        &srv,
+        json!({"metadata": {"name": "d"}, "spec": {"systemUUID": 5}}),
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Invalid { .. }), "{err}");
+    let big = json!({"metadata": {"name": "big"}, "stringData": {"k": "x".repeat(1200 << 10)}});
+    let err = dry.create(&rt("secret"), big).await.unwrap_err();
+    assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+    let real = s
+        .create(
+            &srv,
+            json!({"metadata": {"name": "d"}, "spec": {"systemUUID": uuid}}),
+        )
+        .await
+        .unwrap();
+    let after_create = s.revision();
+    assert_eq!(after_create, rev + 1, "the dry writes committed nothing");
+    let err = (dry.create(
+        &srv,
+        json!({"metadata": {"name": "d"}, "spec": {"systemUUID": uuid}}),
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err}");
+    // Update and patch: the new object with the stored version; a stale version conflicts.
+    let mut upd = (*real).clone();
+    upd["spec"]["power"] = json!("On");
+    let o = dry.update(&srv, upd.clone(), Part::Main).await.unwrap();
+    assert_eq!(
+        (
+            o["spec"]["power"].as_str(),
+            &o["metadata"]["resourceVersion"]
+        ),
+        (Some("On"), &real["metadata"]["resourceVersion"])
+    );
+    assert_eq!(o["metadata"]["generation"], 2);
+    let o = dry
+        .patch(
+            &srv,
+            None,
+            "d",
+            &json!({"spec": {"power": "Off"}}),
+            Part::Main,
+        )
+        .await
+        .unwrap();
+    assert_eq!(o["spec"]["power"], "Off");
+    s.patch(
+        &srv,
+        None,
+        "d",
+        &json!({"metadata": {"labels": {"a": "b"}}}),
+        Part::Main,
+    )
+    .await
+    .unwrap();
+    let err = dry.update(&srv, upd, Part::Main).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+    // Delete: answered, still there.
+    let gone = dry.delete(&srv, None, "d", None).await.unwrap();
+    assert_eq!(meta::name(&gone), "d");
+    let kept = s.get(&srv, None, "d").unwrap();
+    assert!(kept["spec"].get("power").is_none() && kept["metadata"]["labels"]["a"] == "b");
+    assert_eq!(s.revision(), after_create + 1, "only the one real patch");
+}
