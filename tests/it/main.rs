@@ -61,6 +61,7 @@ mod image_nfs;
 mod image_provision;
 mod kube_kubectl;
 mod kube_python;
+mod kube_rs;
 mod listener_limits;
 mod nfs_ganesha;
 mod nfs_ontap;

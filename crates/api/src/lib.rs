@@ -23,6 +23,7 @@ pub mod state;
 pub mod table;
 pub mod tokens;
 pub mod ui;
+pub mod watch;
 
 pub use settings::ApiConfig;
 
