@@ -326,10 +326,16 @@ fn kubectl_1_32_samples_pages_and_a_claim() {
     let page = b.get("/apis/metal.ironcore.dev/v1alpha1/servers?limit=2&labelSelector=rack%3Dr1");
     assert_eq!(page["items"].as_array().unwrap().len(), 2, "{page}");
     assert!(page["metadata"]["continue"].is_string(), "{page}");
-    assert_eq!(
-        page["metadata"]["remainingItemCount"],
-        whole.lines().count() - 2
+    // With a selector the count of what is left is unknown (kube leaves it out too);
+    // without, it is there (at least the three of the five not on the page: servers
+    // the samples' BMC may bring between two lists are not counted on).
+    assert!(
+        page["metadata"].get("remainingItemCount").is_none(),
+        "{page}"
     );
+    let page = b.get("/apis/metal.ironcore.dev/v1alpha1/servers?limit=2");
+    let left = page["metadata"]["remainingItemCount"].as_u64();
+    assert!(left.is_some_and(|n| n >= 3), "{page}");
     k.ok(&["delete", "servers", "-l", "rack=r1"], None);
 
     // A claim binds: `get -w` shows its row turn Bound, `wait --for=jsonpath` returns,

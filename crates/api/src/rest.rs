@@ -390,7 +390,7 @@ async fn handle(
         (Method::GET, None) => list_or_watch(st, h, (&t, &q), (id, conn)),
         (Method::GET, Some(name)) => {
             if let Some(form) = super::table::wanted(accept(h)) {
-                let o = Arc::unwrap_or_clone(st.store.get(rt, t.ns.as_deref(), name)?);
+                let o = st.store.get(rt, t.ns.as_deref(), name)?;
                 let include = q.get("includeObject").map(String::as_str);
                 let v = super::table::render(rt, form, (&[o], false), json!({}), include)?;
                 return Ok(respond(h, StatusCode::OK, &v));
@@ -594,32 +594,31 @@ fn list_or_watch(
     let paging = super::paging::Paging::from_query(q)?;
     let form = super::table::wanted(accept(h));
     if paging.is_some() || form.is_some() {
-        let (items, rev) = st.store.list(rt, t.ns.as_deref(), sel.as_ref());
-        let items: Vec<Arc<Value>> =
-            (items.filter(|o| fields.as_ref().is_none_or(|f| f.matches(o)))).collect();
-        let mut meta = json!({"resourceVersion": rev.to_string()});
-        let items = match paging {
-            Some(p) => {
-                let page = p.page(items);
-                if let Some(next) = page.next {
-                    meta["continue"] = json!(next);
-                    meta["remainingItemCount"] = json!(page.remaining);
-                }
-                page.items
+        let (limit, after) = paging.map_or((None, None), |p| (p.limit, p.after));
+        let keep = fields.as_ref().map(|f| move |o: &Value| f.matches(o));
+        let page = st.store.list_page(
+            rt,
+            (t.ns.as_deref(), sel.as_ref()),
+            (after.as_deref(), limit.unwrap_or(usize::MAX)),
+            keep.as_ref().map(|k| k as &dyn Fn(&Value) -> bool),
+        );
+        let mut meta = json!({"resourceVersion": page.rev.to_string()});
+        if let Some(next) = &page.next {
+            meta["continue"] = json!(super::paging::token(next));
+            if let Some(n) = page.remaining {
+                meta["remainingItemCount"] = json!(n);
             }
-            None => items,
-        };
-        let items: Vec<Value> = items.into_iter().map(Arc::unwrap_or_clone).collect();
+        }
         let v = match form {
             Some(form) => {
                 let include = q.get("includeObject").map(String::as_str);
-                super::table::render(rt, form, (&items, true), meta, include)?
+                super::table::render(rt, form, (&page.items, true), meta, include)?
             }
             None => json!({
                 "apiVersion": rt.api_version(),
                 "kind": format!("{}List", rt.kind),
                 "metadata": meta,
-                "items": items,
+                "items": page.items.iter().map(|o| Value::clone(o)).collect::<Vec<_>>(),
             }),
         };
         return Ok(respond(h, StatusCode::OK, &v));

@@ -65,10 +65,10 @@ fn partial(o: &Value, v: &str) -> Value {
 
 /// The body for `items` (one object when `list` is false) in `form`; `meta` the list's
 /// metadata (resource version, `continue`), `include_object` the query's `includeObject`.
-pub(crate) fn render(
+pub(crate) fn render<T: std::borrow::Borrow<Value>>(
     rt: &ResourceType,
     form: Form,
-    (items, list): (&[Value], bool),
+    (items, list): (&[T], bool),
     meta: Value,
     include_object: Option<&str>,
 ) -> Result<Value, ApiError> {
@@ -77,9 +77,12 @@ pub(crate) fn render(
             "kind": "PartialObjectMetadataList",
             "apiVersion": format!("meta.k8s.io/{v}"),
             "metadata": meta,
-            "items": items.iter().map(|o| partial(o, v)).collect::<Vec<_>>(),
+            "items": items.iter().map(|o| partial(o.borrow(), v)).collect::<Vec<_>>(),
         })),
-        Form::Metadata(v) => Ok(items.first().map(|o| partial(o, v)).unwrap_or_default()),
+        Form::Metadata(v) => Ok(items
+            .first()
+            .map(|o| partial(o.borrow(), v))
+            .unwrap_or_default()),
         Form::Table(v) => {
             let include = include(include_object)?;
             Ok(table(rt, v, items, meta, include))
@@ -87,7 +90,13 @@ pub(crate) fn render(
     }
 }
 
-fn table(rt: &ResourceType, v: &str, items: &[Value], meta: Value, include: &str) -> Value {
+fn table<T: std::borrow::Borrow<Value>>(
+    rt: &ResourceType,
+    v: &str,
+    items: &[T],
+    meta: Value,
+    include: &str,
+) -> Value {
     let now = chrono::Utc::now().timestamp();
     let mut columns = vec![json!({
         "name": "Name",
@@ -108,6 +117,7 @@ fn table(rt: &ResourceType, v: &str, items: &[Value], meta: Value, include: &str
     let rows: Vec<Value> = items
         .iter()
         .map(|o| {
+            let o = o.borrow();
             let name = o.pointer("/metadata/name").cloned().unwrap_or(Value::Null);
             let mut cells = vec![name];
             cells.extend(rt.printer_columns.iter().map(|c| printer::cell(c, o, now)));

@@ -24,12 +24,15 @@ pub mod kv;
 pub mod metrics;
 pub mod migrate;
 pub mod modify;
+mod page;
 pub mod rotate;
 pub mod seal;
 pub mod settings;
 mod unique;
 mod validate;
 pub mod watcher;
+
+pub use page::Page;
 
 use std::collections::HashSet;
 use std::path::Path;

@@ -708,3 +708,62 @@ async fn dry_run_writes_are_checked_answered_and_not_stored() {
     assert!(kept["spec"].get("power").is_none() && kept["metadata"]["labels"]["a"] == "b");
     assert_eq!(s.revision(), after_create + 1, "only the one real patch");
 }
+
+#[tokio::test]
+async fn pages_in_key_order_parse_only_what_they_show() {
+    let (_d, s) = store();
+    let claim = rt("serverclaim");
+    for (ns, n) in [("b", "x"), ("a", "z"), ("a-b", "y"), ("a", "y"), ("b", "w")] {
+        let o = json!({"metadata": {"name": n, "namespace": ns, "labels": {"n": n}},
+            "spec": {"image": "i", "power": "On"}});
+        s.create(&claim, o).await.unwrap();
+    }
+    let names = |p: &Page| -> Vec<String> {
+        (p.items.iter())
+            .map(|o| format!("{}/{}", meta::namespace(o).unwrap(), meta::name(o)))
+            .collect()
+    };
+    // Every namespace, two to a page, until the last.
+    let mut all = Vec::new();
+    let mut after = None;
+    let mut pages = 0;
+    loop {
+        let p = s.list_page(&claim, (None, None), (after.as_deref(), 2), None);
+        all.extend(names(&p));
+        pages += 1;
+        match p.next {
+            Some(n) => {
+                assert_eq!(p.remaining, Some(5 - all.len()));
+                after = Some(n);
+            }
+            None => break assert_eq!(p.remaining, None),
+        }
+    }
+    assert_eq!(pages, 3);
+    let mut sorted = all.clone();
+    sorted.sort_by_key(|k| {
+        claim.key(
+            k.split_once('/').map(|(a, _)| a),
+            k.split_once('/').unwrap().1,
+        )
+    });
+    assert_eq!(all, sorted, "key order");
+    assert_eq!(all.len(), 5);
+    // One namespace; a selector and a filter: no count, pages end at their last match.
+    let p = s.list_page(&claim, (Some("a"), None), (None, 10), None);
+    assert_eq!(names(&p), ["a/y", "a/z"]);
+    let sel = Selector::parse("n in (y,w)").unwrap();
+    let p = s.list_page(&claim, (None, Some(&sel)), (None, 1), None);
+    // ("a-b/" sorts before "a/": the keys' order, '-' before '/'.)
+    assert_eq!((names(&p), p.remaining), (vec!["a-b/y".to_string()], None));
+    let next = p.next.unwrap();
+    let keep = |o: &Value| meta::namespace(o) != Some("a");
+    let p = s.list_page(&claim, (None, Some(&sel)), (Some(&next), 1), Some(&keep));
+    assert_eq!(names(&p), ["b/w"]);
+    assert!(p.next.is_none());
+    // A token past the end, or any text: an empty page or the objects after it.
+    let p = s.list_page(&claim, (None, None), (Some("zz"), 5), None);
+    assert!(p.items.is_empty() && p.next.is_none());
+    let p = s.list_page(&claim, (None, None), (Some("../.."), 5), None);
+    assert_eq!(p.items.len(), 5);
+}
