@@ -390,25 +390,9 @@ fn kubectl_1_32_samples_pages_and_a_claim() {
     assert!(ev.lines().count() >= 2, "no event of kube-claim: {ev}");
     assert!(ev.lines().skip(1).all(|l| l.contains("kube-claim")), "{ev}");
     // edit: the editor (a sed script) adds a label; kubectl sends the difference.
-    let dir = tempfile::tempdir().unwrap();
-    let editor = dir.path().join("edit.sh");
-    std::fs::write(
-        &editor,
-        "#!/bin/sh\nsed -i 's/^  name: kube-claim$/  name: kube-claim\\n  labels:\\n    edited: \"yes\"/' \"$1\"\n",
-    )
-    .unwrap();
-    let exec = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
-    std::fs::set_permissions(&editor, exec).unwrap();
-    let o = std::process::Command::new(&k.bin)
-        .args(["edit", "serverclaim", "kube-claim"])
-        .env("KUBECONFIG", &k.config)
-        .env("HOME", dir.path())
-        .env("KUBE_EDITOR", &editor)
-        .output()
-        .unwrap();
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
+    let (_, out, err) = k.edit(
+        &["serverclaim", "kube-claim"],
+        "s/^  name: kube-claim$/  name: kube-claim\\n  labels:\\n    edited: \"yes\"/",
     );
     assert_eq!(
         out.trim(),

@@ -62,6 +62,7 @@ mod image_provision;
 mod kube_kubectl;
 mod kube_python;
 mod kube_rs;
+mod kube_secrets;
 mod listener_limits;
 mod nfs_ganesha;
 mod nfs_ontap;

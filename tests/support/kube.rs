@@ -87,6 +87,36 @@ impl Kubectl {
         super::process::Proc::spawn(c)
     }
 
+    /// `kubectl edit ARGS` with an editor that runs `sed -i SCRIPT` on the file kubectl
+    /// opens, within 60 s: (exit code, stdout, stderr).
+    pub fn edit(&self, args: &[&str], sed: &str) -> (i32, String, String) {
+        let editor = self.home.path().join("edit.sh");
+        let quoted = sed.replace('\'', "'\\''");
+        std::fs::write(&editor, format!("#!/bin/sh\nsed -i '{quoted}' \"$1\"\n")).unwrap();
+        let exec = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+        std::fs::set_permissions(&editor, exec).unwrap();
+        let mut c = Command::new(&self.bin);
+        c.arg("edit")
+            .args(args)
+            .env("KUBECONFIG", &self.config)
+            .env("HOME", self.home.path())
+            .env("KUBE_EDITOR", &editor)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c.spawn().unwrap();
+        let o = wait_output(
+            child,
+            Duration::from_secs(60),
+            &format!("kubectl edit {args:?}"),
+        );
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
     /// [`Kubectl::run`], which must succeed: its stdout.
     pub fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
         let (code, out, err) = self.run(args, stdin);

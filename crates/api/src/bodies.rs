@@ -39,12 +39,23 @@ static DECODE_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(
 /// deeper than [`body::MAX_DEPTH`] is refused, and YAML aliases adding more than the
 /// body limit are refused before anything is built. Malformed input is 400, too much alias
 /// expansion 413.
+/// kube's protobuf is read for the kinds [`super::kubepb`] knows (a v1 Secret).
 pub(crate) async fn decode_body(st: &ApiState, h: &HeaderMap, body: Bytes) -> ApiResult<Value> {
+    if super::kubepb::is_protobuf(h) {
+        return Ok(super::kubepb::decode_object(&body)?);
+    }
     decode_shaped(st, h, body, body::decode).await
 }
 
-/// [`decode_body`] of a body of any shape (a JSON patch is a list).
+/// [`decode_body`] of a body of any shape (a JSON patch is a list); never protobuf.
 pub(crate) async fn decode_any(st: &ApiState, h: &HeaderMap, body: Bytes) -> ApiResult<Value> {
+    if super::kubepb::is_protobuf(h) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            "a patch is JSON or YAML, not protobuf",
+        ));
+    }
     decode_shaped(st, h, body, body::decode_value).await
 }
 

@@ -1,5 +1,5 @@
 //! Request checks of the API listener that are not roles: which body media types are
-//! accepted (JSON and YAML only: 415 for `text/plain`, forms and the rest, the types a
+//! accepted (JSON, YAML and kube's protobuf only: 415 for `text/plain`, forms and the rest, the types a
 //! cross-site HTML form or a `no-cors` fetch can send), whether a request authenticated
 //! by nothing but its TLS client certificate comes from another site (`Origin`,
 //! `Sec-Fetch-Site`; refused, as the browser attaches the certificate on its own), and
@@ -17,6 +17,8 @@ use super::error::ApiError;
 pub(crate) enum Media {
     Json,
     Yaml,
+    /// kube's protobuf (`application/vnd.kubernetes.protobuf`, [`super::kubepb`]).
+    Protobuf,
     /// Anything else (`text/plain`, `application/x-www-form-urlencoded`, ...).
     Other,
 }
@@ -37,6 +39,7 @@ pub(crate) fn media(content_type: &str) -> Media {
     };
     match (top, sub) {
         ("application", "json") => Media::Json,
+        ("application", "vnd.kubernetes.protobuf") => Media::Protobuf,
         ("application", s) if s.ends_with("+json") && s.len() > 5 => Media::Json,
         ("application", "yaml" | "x-yaml") | ("text", "yaml" | "x-yaml") => Media::Yaml,
         ("application", s) if s.ends_with("+yaml") && s.len() > 5 => Media::Yaml,
@@ -44,8 +47,8 @@ pub(crate) fn media(content_type: &str) -> Media {
     }
 }
 
-/// 415 for a request that has a body whose `Content-Type` is neither JSON nor YAML (no
-/// `Content-Type` at all is JSON, as kube has it).
+/// 415 for a request that has a body whose `Content-Type` is neither JSON, YAML nor
+/// kube's protobuf (no `Content-Type` at all is JSON, as kube has it).
 pub(crate) fn check_media(h: &HeaderMap, has_body: bool) -> Result<(), ApiError> {
     let Some(ct) = h.get(header::CONTENT_TYPE) else {
         return Ok(());
@@ -62,7 +65,7 @@ pub(crate) fn check_media(h: &HeaderMap, has_body: bool) -> Result<(), ApiError>
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "UnsupportedMediaType",
         format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/merge-patch+json (got {shown})"
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/merge-patch+json, application/vnd.kubernetes.protobuf (got {shown})"
         ),
     ))
 }

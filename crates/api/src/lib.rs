@@ -13,6 +13,7 @@ pub mod bodies;
 pub mod discovery;
 pub mod error;
 pub mod guard;
+pub mod kubepb;
 pub mod openapi;
 pub mod paging;
 pub mod preview;

@@ -442,9 +442,11 @@ async fn handle(
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            if ct.contains("strategic-merge-patch")
-                || (ct.contains("apply-patch") && t.sub.is_some())
-            {
+            // Strategic merge patches only for the core kinds (no custom kind has a
+            // strategy: kube answers 415 for them too, and kubectl then sends a merge
+            // patch).
+            let smp = ct.contains("strategic-merge-patch");
+            if (smp && !rt.group.is_empty()) || (ct.contains("apply-patch") && t.sub.is_some()) {
                 return Err(ApiError::new(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "UnsupportedMediaType",
@@ -462,11 +464,20 @@ async fn handle(
                 };
                 return Ok(respond(h, code, &o));
             }
-            if ct.contains("json-patch") {
-                let ops = crate::model::jsonpatch::check_ops(&decode_any(st, h, body).await?)
-                    .map_err(ApiError::bad_request)?;
+            if ct.contains("json-patch") || smp {
+                let doc = decode_any(st, h, body).await?;
+                let ops = match smp {
+                    true => None,
+                    false => Some(
+                        crate::model::jsonpatch::check_ops(&doc).map_err(ApiError::bad_request)?,
+                    ),
+                };
+                let change = |o: &mut Value| match &ops {
+                    Some(ops) => crate::model::jsonpatch::apply(o, ops),
+                    None => crate::model::smp::apply(o, &doc),
+                };
                 let ns = t.ns.as_deref();
-                let o = json_patch(store, (rt, ns, name), &ops, part, |new| {
+                let o = patch_with(store, (rt, ns, name), part, change, |new| {
                     let w = super::admission::Write::Replace(new);
                     super::admission::admit(st, id, rt, ns, Some(name), w, part)
                 })
@@ -522,15 +533,16 @@ async fn delete(
     })
 }
 
-/// A JSON patch (RFC 6902) onto the stored object, written back as a compare-and-swap
-/// against the version it was applied to, and applied again to the newer version when
-/// another write came between (as kube does), a few times at most. An operation that
-/// fails (a `test`, a missing path) is 422 and changes nothing.
-async fn json_patch(
+/// A patch (`change`: a JSON patch, RFC 6902, or a strategic merge patch) onto the stored
+/// object, written back as a compare-and-swap against the version it was applied to,
+/// and applied again to the newer version when another write came between (as kube
+/// does), a few times at most. A patch that fails (a `test`, a missing path, an unknown
+/// directive) is 422 and changes nothing.
+async fn patch_with(
     store: &crate::store::Store,
     (rt, ns, name): (&ResourceType, Option<&str>, &str),
-    ops: &[Value],
     part: Part,
+    change: impl Fn(&mut Value) -> Result<(), String>,
     admit: impl Fn(&Value) -> ApiResult<()>,
 ) -> ApiResult<Arc<Value>> {
     const TRIES: usize = 5;
@@ -538,7 +550,7 @@ async fn json_patch(
     loop {
         let cur = store.get(rt, ns, name)?;
         let mut new = Value::clone(&cur);
-        crate::model::jsonpatch::apply(&mut new, ops).map_err(|e| {
+        change(&mut new).map_err(|e| {
             // kubectl prints the causes: `The servers "a" is invalid: patch: ...`.
             let mut err = ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e.clone());
             err.details = Some(json!({"name": name, "group": rt.group, "kind": rt.plural,
@@ -547,7 +559,7 @@ async fn json_patch(
         })?;
         if meta::name(&new) != name {
             return Err(ApiError::bad_request(
-                "a json patch may not change metadata.name",
+                "a patch may not change metadata.name",
             ));
         }
         admit(&new)?;

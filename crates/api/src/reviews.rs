@@ -12,7 +12,7 @@
 //!
 //! The bodies are JSON or YAML, or kube's protobuf (`application/vnd.kubernetes.protobuf`,
 //! what client-go's typed clients, kubectl's among them, send for built-in kinds): the
-//! envelope and the fields a review reads are decoded with `prost` ([`pb`]); the answer
+//! envelope ([`super::kubepb`]) and the fields a review reads are decoded with `prost`; the answer
 //! is JSON, which those clients also accept.
 
 use std::sync::Arc;
@@ -53,7 +53,7 @@ async fn access_review(
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let review = match is_protobuf(&h) {
+    let review = match crate::kubepb::is_protobuf(&h) {
         true => pb::access_review(&body),
         false => super::bodies::decode_body(&st, &h, body).await,
     };
@@ -142,7 +142,7 @@ async fn rules_review(
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let review = match is_protobuf(&h) {
+    let review = match crate::kubepb::is_protobuf(&h) {
         true => pb::rules_review(&body),
         false => super::bodies::decode_body(&st, &h, body).await,
     };
@@ -211,12 +211,6 @@ fn group_of(plural: &str) -> String {
     }
 }
 
-fn is_protobuf(h: &HeaderMap) -> bool {
-    (h.get(axum::http::header::CONTENT_TYPE))
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with(pb::MEDIA_TYPE))
-}
-
 async fn subject_review(Extension(id): Extension<Identity>) -> Response {
     let v = json!({
         "apiVersion": "authentication.k8s.io/v1",
@@ -232,17 +226,6 @@ mod pb {
     use serde_json::{json, Map, Value};
 
     use super::ApiError;
-
-    pub(super) const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
-    /// What starts every protobuf-encoded kube object.
-    const MAGIC: &[u8] = b"k8s\0";
-
-    /// `runtime.Unknown`: the envelope; `raw` holds the object.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub(super) struct Unknown {
-        #[prost(bytes = "vec", optional, tag = "2")]
-        pub raw: Option<Vec<u8>>,
-    }
 
     /// `SelfSubjectAccessReview` (`spec` only).
     #[derive(Clone, PartialEq, prost::Message)]
@@ -298,13 +281,9 @@ mod pb {
         pub namespace: Option<String>,
     }
 
-    /// The object inside kube's envelope.
+    /// The object inside kube's envelope ([`crate::kubepb`]).
     fn raw(body: &[u8]) -> Result<Vec<u8>, ApiError> {
-        use prost::Message as _;
-        let bad = |what: &str| ApiError::bad_request(format!("protobuf body: {what}"));
-        let env = (body.strip_prefix(MAGIC)).ok_or_else(|| bad("no k8s envelope"))?;
-        let unknown = Unknown::decode(env).map_err(|e| bad(&e.to_string()))?;
-        Ok(unknown.raw.unwrap_or_default())
+        Ok(crate::kubepb::open(body).map_err(ApiError::from)?.1)
     }
 
     /// The rules review in `body` as JSON (`{"spec": {"namespace": ...}}`).
@@ -353,11 +332,7 @@ mod pb {
 
     #[cfg(test)]
     pub(super) fn encode(review: &Review) -> Vec<u8> {
-        use prost::Message as _;
-        let env = Unknown {
-            raw: Some(review.encode_to_vec()),
-        };
-        [MAGIC, &env.encode_to_vec()].concat()
+        crate::kubepb::encode("authorization.k8s.io/v1", "SelfSubjectAccessReview", review)
     }
 }
 

@@ -17,5 +17,6 @@ pub mod printer;
 pub mod registry;
 pub mod schema;
 pub mod selector;
+pub mod smp;
 pub mod views;
 pub mod wire;
