@@ -65,9 +65,8 @@ fn server_manifest(name: &str, uuid: &str) -> String {
     .to_string()
 }
 
-/// What both kubectls must do the same way; `apply` takes `apply_flags` (kubectl v1.20
-/// validates on its side from OpenAPI v2 as protobuf, which bootplane does not serve:
-/// `--validate=false` there; v1.32 leaves validation to the server).
+/// What both kubectls must do the same way; `apply` takes `apply_flags` (none: v1.20
+/// validates on its side from the OpenAPI v2 document, v1.32 leaves it to the server).
 fn common(k: &Kubectl, apply_flags: &[&str]) {
     let apply = |stdin: &str| {
         let mut a = vec!["apply", "-f", "-"];
@@ -616,7 +615,29 @@ fn debian_kubectl_1_20_drives_bootplane_unchanged() {
     let b = Bootplane::start(&[]);
     let k = kubectl_for(&b, &debian_kubectl());
     assert_eq!(k.minor(), 20);
-    common(&k, &["--validate=false"]);
+    // v1.20 validates on its side, from the OpenAPI v2 document as protobuf.
+    common(&k, &[]);
+    let bad = server_manifest("kube-v", "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b")
+        .replace("systemUUID", "systemUUUID");
+    let (code, _, err) = k.run(&["apply", "-f", "-"], Some(&bad));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("error validating data"), "{err}");
+    assert!(err.contains("unknown field \"systemUUUID\""), "{err}");
+    let (code, _, _) = k.run(&["get", "server", "kube-v"], None);
+    assert_eq!(code, 1, "nothing stored");
+    // explain from the same document.
+    let out = k.ok(&["explain", "server.spec.bmcRef"], None);
+    let words: Vec<String> = (out.lines())
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    for want in [
+        "KIND: Server",
+        "VERSION: metal.ironcore.dev/v1alpha1",
+        "RESOURCE: bmcRef <Object>",
+        "name <string>",
+    ] {
+        assert!(words.iter().any(|w| w == want), "{want:?} not in\n{out}");
+    }
 }
 
 /// `bootplane crds`: the CRD of every kind served from one, metal-operator's as

@@ -15,6 +15,7 @@ pub mod error;
 pub mod guard;
 pub mod kubepb;
 pub mod openapi;
+pub mod openapi_v2;
 pub mod paging;
 pub mod preview;
 pub mod rest;

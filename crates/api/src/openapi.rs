@@ -68,6 +68,19 @@ pub(crate) fn answer(reg: &'static Registry, path: &str) -> Option<Response> {
     })
 }
 
+/// Every kind's schema (and its list's) by name, from all the group versions' documents
+/// (what the OpenAPI v2 document is converted from).
+pub(crate) fn schemas(reg: &'static Registry) -> Map<String, Value> {
+    let mut all = Map::new();
+    for d in docs(reg) {
+        let doc: Value = serde_json::from_slice(&d.text).unwrap_or_default();
+        if let Some(Value::Object(m)) = doc.pointer("/components/schemas") {
+            all.extend(m.clone());
+        }
+    }
+    all
+}
+
 fn docs(reg: &'static Registry) -> &'static [Doc] {
     static DOCS: OnceLock<(usize, Vec<Doc>)> = OnceLock::new();
     let (owner, docs) = DOCS.get_or_init(|| (reg as *const Registry as usize, build(reg)));

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Discovery (`/version`, `/api`, `/apis`, each group and group version) is
-//! [`super::discovery`]'s, `/openapi/v3` [`super::openapi`]'s; server-side printing (`as=Table`, `as=PartialObjectMetadata`)
+//! [`super::discovery`]'s, `/openapi/v3` [`super::openapi`]'s, `/openapi/v2` [`super::openapi_v2`]'s; server-side printing (`as=Table`, `as=PartialObjectMetadata`)
 //! [`super::table`]'s.
 //!
 //! GET (one or list, `labelSelector=`, `fieldSelector=`), POST, PUT, PATCH (JSON merge patch, JSON patch, or
@@ -137,6 +137,7 @@ fn discovery_answer(st: &ApiState, h: &HeaderMap, path: &str) -> Option<Response
     let accept = text(header::ACCEPT).unwrap_or_default();
     let reg = st.store.registry();
     super::discovery::answer(reg, path, accept, text(header::HOST))
+        .or_else(|| super::openapi_v2::answer(reg, path, accept))
         .or_else(|| super::openapi::answer(reg, path))
 }
 
