@@ -777,7 +777,16 @@ fn kubectl_1_32_diff_and_server_dry_run() {
     );
     // (kubectl v1.32's `patch` prints no dry-run suffix.)
     assert_eq!(out.trim(), "server.metal.ironcore.dev/kube-d patched");
-    assert_eq!(rev(), stored, "the diffs and dry runs wrote nothing");
+    // Orphaning dependents is refused (bootplane removes them with their owner), not
+    // ignored; the object stays.
+    let (code, _, err) = k.run(&["delete", "server", "kube-d", "--cascade=orphan"], None);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("Unsupported value: \"Orphan\""), "{err}");
+    assert_eq!(
+        rev(),
+        stored,
+        "the diffs, dry runs and refusals wrote nothing"
+    );
     let uuid = k.ok(
         &[
             "get",

@@ -503,7 +503,8 @@ async fn handle(
 }
 
 /// DELETE of one object, with the DeleteOptions in `body`: a `preconditions`
-/// resourceVersion, and `dryRun` (kubectl sends it here rather than on the query).
+/// resourceVersion, `propagationPolicy`, and `dryRun` (kubectl sends it here rather
+/// than on the query).
 async fn delete(
     st: &ApiState,
     (store, dry): (&crate::store::Store, bool),
@@ -518,6 +519,22 @@ async fn delete(
     let pre = (opts.pointer("/preconditions/resourceVersion"))
         .and_then(Value::as_str)
         .and_then(|s| s.parse().ok());
+    // Dependents go with their owner, in the same transaction: what Background and
+    // Foreground come to once done. Orphaning them is refused rather than ignored.
+    let policy = opts.get("propagationPolicy").and_then(Value::as_str);
+    if !matches!(policy, None | Some("Background" | "Foreground" | "Orphan")) {
+        return Err(ApiError::bad_request(format!(
+            "propagationPolicy: unsupported value {:?}: \"Background\", \"Foreground\" or \"Orphan\"",
+            policy.unwrap_or_default()
+        )));
+    }
+    if policy == Some("Orphan") || opts.get("orphanDependents") == Some(&Value::Bool(true)) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "propagationPolicy: Unsupported value: \"Orphan\": bootplane removes an object's dependents with it (Background, Foreground)",
+        ));
+    }
     let in_body = match opts.get("dryRun") {
         None | Some(Value::Null) => false,
         Some(Value::Array(v)) if v.iter().all(|x| x == "All") => !v.is_empty(),
