@@ -109,6 +109,8 @@ fn merge(target: &mut Value, patch: &Value, path: &str) -> Result<(), String> {
 
 /// A merged list: primitives added when absent (`key` None), objects merged into the
 /// element with the same `key` value or appended, or removed with `$patch: delete`.
+/// Linear in the two lists (an index of the target's elements, not a search per patch
+/// element: a patch of tens of thousands of elements must not cost their square).
 fn merge_list(
     target: &mut Value,
     items: &[Value],
@@ -119,27 +121,51 @@ fn merge_list(
         *target = Value::Array(Vec::new());
     }
     let list = target.as_array_mut().expect("array");
-    for item in items {
-        let Some(key) = key else {
-            if !list.contains(item) {
-                list.push(item.clone());
-            }
-            continue;
-        };
-        let id = item
-            .get(key)
-            .ok_or_else(|| format!("{at}: an element without {key}"))?;
-        let pos = list.iter().position(|x| x.get(key) == Some(id));
-        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
-        match (pos, delete) {
-            (Some(i), true) => {
-                list.remove(i);
-            }
-            (None, true) => {}
-            (Some(i), false) => merge(&mut list[i], item, at)?,
-            (None, false) => list.push(strip(item)),
+    // Each element's identity as its JSON text (the value itself, or its key's value).
+    let id_of = |v: &Value| -> Option<String> {
+        match key {
+            None => Some(v.to_string()),
+            Some(k) => v.get(k).map(Value::to_string),
+        }
+    };
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (i, v) in list.iter().enumerate() {
+        if let Some(id) = id_of(v) {
+            index.entry(id).or_insert(i);
         }
     }
+    let mut deleted = vec![false; list.len()];
+    for item in items {
+        let id =
+            id_of(item).ok_or_else(|| format!("{at}: an element without {}", key.unwrap_or("")))?;
+        let delete = key.is_some() && item.get("$patch").and_then(Value::as_str) == Some("delete");
+        match (index.get(&id).copied(), delete) {
+            (Some(i), true) => {
+                if let Some(d) = deleted.get_mut(i) {
+                    *d = true;
+                }
+                index.remove(&id);
+            }
+            (None, true) => {}
+            (Some(i), false) if key.is_some() => merge(&mut list[i], item, at)?,
+            (Some(_), false) => {}
+            (None, false) => {
+                index.insert(id, list.len());
+                list.push(if key.is_some() {
+                    strip(item)
+                } else {
+                    item.clone()
+                });
+                deleted.push(false);
+            }
+        }
+    }
+    let mut n = 0;
+    list.retain(|_| {
+        let keep = !deleted[n];
+        n += 1;
+        keep
+    });
     Ok(())
 }
 
@@ -220,6 +246,29 @@ mod tests {
             patched(t, json!({"spec": {"xs": [3]}})),
             json!({"spec": {"xs": [3]}})
         );
+    }
+
+    #[test]
+    fn long_merged_lists_merge_by_identity() {
+        let n = 20_000;
+        let refs: Vec<Value> = (0..n)
+            .map(|i| json!({"uid": i.to_string(), "name": "o"}))
+            .collect();
+        let fins: Vec<Value> = (0..n).map(|i| json!(format!("f/{i}"))).collect();
+        let mut t =
+            json!({"metadata": {"ownerReferences": refs.clone(), "finalizers": fins.clone()}});
+        let mut p_refs: Vec<Value> = refs
+            .iter()
+            .map(|r| json!({"uid": r["uid"], "$patch": "delete"}))
+            .collect();
+        p_refs.push(json!({"uid": "new", "name": "n"}));
+        let p = json!({"metadata": {"ownerReferences": p_refs, "finalizers": fins}});
+        apply(&mut t, &p).unwrap();
+        assert_eq!(
+            t["metadata"]["ownerReferences"],
+            json!([{"uid": "new", "name": "n"}])
+        );
+        assert_eq!(t["metadata"]["finalizers"].as_array().unwrap().len(), n);
     }
 
     #[test]
