@@ -34,7 +34,9 @@ pub(crate) fn answer(reg: &'static Registry, path: &str, accept: &str) -> Option
         ),
         false => ("application/json", json),
     };
-    Some((StatusCode::OK, [(header::CONTENT_TYPE, ct)], body.clone()).into_response())
+    // Built once and kept: each answer shares the bytes instead of copying them.
+    let body = axum::body::Bytes::from_static(body.as_slice());
+    Some((StatusCode::OK, [(header::CONTENT_TYPE, ct)], body).into_response())
 }
 
 /// The document as JSON and as protobuf, built once.
