@@ -151,11 +151,9 @@ pub(crate) async fn middleware(
             (r.into_response(), None)
         }
         Ok(id) => {
-            // The self reviews read kube's protobuf too (client-go's typed clients send it).
-            let media = match super::reviews::is_self_review(req.uri().path()) {
-                true => Ok(()),
-                false => super::guard::check_media(req.headers(), has_body),
-            };
+            // kube's protobuf passes here for every route (the guard's `Media::Protobuf`);
+            // what cannot read it answers 415 itself (`kubepb`).
+            let media = super::guard::check_media(req.headers(), has_body);
             let refused = media.err().or_else(|| {
                 (!bearer && super::guard::cross_site(req.headers(), req.uri()))
                     .then(|| super::guard::cross_site_refusal(&id.user))
