@@ -67,7 +67,7 @@ fn server_manifest(name: &str, uuid: &str) -> String {
 
 /// What both kubectls must do the same way; `apply` takes `apply_flags` (none: v1.20
 /// validates on its side from the OpenAPI v2 document, v1.32 leaves it to the server).
-fn common(k: &Kubectl, apply_flags: &[&str]) {
+fn common(b: &Bootplane, k: &Kubectl, apply_flags: &[&str]) {
     let apply = |stdin: &str| {
         let mut a = vec!["apply", "-f", "-"];
         a.extend_from_slice(apply_flags);
@@ -197,6 +197,54 @@ fn common(k: &Kubectl, apply_flags: &[&str]) {
         y.contains("note: hello") && y.contains("kind: Server"),
         "{y}"
     );
+    // Every write is recorded as its manager's (kubectl names each command's), the fields
+    // it changed taken from the others: the label's first writer lost its only field to
+    // the patch, so its entry is gone.
+    // (kubectl ≥ 1.21 leaves them out of its output unless asked; 1.20 shows them.)
+    let modern = k.minor() >= 21;
+    assert!(
+        !modern || !y.contains("managedFields"),
+        "kubectl leaves them out: {y}"
+    );
+    let mut get = vec!["get", "server", "kube-a", "-o", "json"];
+    if modern {
+        get.push("--show-managed-fields");
+    }
+    let full: serde_json::Value = serde_json::from_str(&k.ok(&get, None)).unwrap();
+    let managers: Vec<String> = (full["metadata"]["managedFields"].as_array().unwrap().iter())
+        .map(|e| {
+            format!(
+                "{}:{}",
+                e["manager"].as_str().unwrap(),
+                e["operation"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        managers,
+        [
+            "kubectl-client-side-apply:Update",
+            "kubectl-annotate:Update",
+            "kubectl-patch:Update"
+        ],
+        "{full:#}"
+    );
+    let patched = &full["metadata"]["managedFields"][2]["fieldsV1"]["f:metadata"];
+    assert_eq!(patched, &json!({"f:labels": {"f:env": {}, "f:jp": {}}}));
+    let (code, y, err) = b.cli(&["get", "server", "kube-a", "-o", "yaml"]);
+    assert!(code == 0 && !y.contains("managedFields"), "{y}{err}");
+    let (code, y, err) = b.cli(&[
+        "get",
+        "server",
+        "kube-a",
+        "-o",
+        "yaml",
+        "--show-managed-fields",
+    ]);
+    assert!(
+        code == 0 && y.contains("manager: kubectl-annotate"),
+        "{y}{err}"
+    );
 
     // A namespaced kind across namespaces: kubectl adds NAMESPACE from each row's metadata.
     let secret = json!({"apiVersion": "v1", "kind": "Secret",
@@ -257,7 +305,7 @@ fn kubectl_1_32_drives_bootplane_unchanged() {
             .contains("+bootplane-"),
         "{v}"
     );
-    common(&k, &[]);
+    common(&b, &k, &[]);
 }
 
 /// metal-operator's samples, pages, a claim's binding, its events and an edit (v1.32).
@@ -616,7 +664,7 @@ fn debian_kubectl_1_20_drives_bootplane_unchanged() {
     let k = kubectl_for(&b, &debian_kubectl());
     assert_eq!(k.minor(), 20);
     // v1.20 validates on its side, from the OpenAPI v2 document as protobuf.
-    common(&k, &[]);
+    common(&b, &k, &[]);
     let bad = server_manifest("kube-v", "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b")
         .replace("systemUUID", "systemUUUID");
     let (code, _, err) = k.run(&["apply", "-f", "-"], Some(&bad));

@@ -26,7 +26,7 @@ use super::state::ApiState;
 use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::power::redfish::{scheme_of, INSECURE_ANNOTATION};
-use crate::store::{merge_patch, Part};
+use crate::store::Part;
 
 const GROUP: &str = "metal.ironcore.dev";
 
@@ -34,10 +34,8 @@ const GROUP: &str = "metal.ironcore.dev";
 pub(crate) enum Write<'a> {
     /// POST: the whole new object.
     Create(&'a Value),
-    /// PUT: the whole new object (replacing `name`).
+    /// PUT or PATCH: the whole new object (replacing `name`), patches applied.
     Replace(&'a Value),
-    /// PATCH: an RFC 7386 merge patch onto the stored object.
-    Patch(&'a Value),
 }
 
 /// Where an object sends a BMCSecret's credentials.
@@ -81,13 +79,6 @@ pub(crate) fn admit(
     let old = name.and_then(|n| st.store.get(rt, ns, n).ok());
     let new = match w {
         Write::Create(o) | Write::Replace(o) => o.clone(),
-        Write::Patch(p) => {
-            // Patching something absent is the store's 404.
-            let Some(old) = &old else { return Ok(()) };
-            let mut n = (**old).clone();
-            merge_patch(&mut n, p);
-            n
-        }
     };
     let old = old.as_deref();
     let mut needs = needs(&rt.plural, old, &new);

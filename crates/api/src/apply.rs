@@ -118,6 +118,91 @@ pub(crate) async fn server_side_apply(
     ))
 }
 
+/// The manager of a write other than an apply: `fieldManager` (1 to 128 printable
+/// characters) or, as kube, the client's user agent up to its first `/` (`kubectl`,
+/// `python`), at most 128 characters.
+pub(crate) fn manager(
+    q: &std::collections::HashMap<String, String>,
+    h: &HeaderMap,
+) -> Result<String, ApiError> {
+    if let Some(m) = q.get("fieldManager") {
+        if m.is_empty() || m.chars().count() > 128 || m.chars().any(char::is_control) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                "fieldManager: Invalid value: must be 1 to 128 printable characters",
+            ));
+        }
+        return Ok(m.clone());
+    }
+    let agent = (h.get(axum::http::header::USER_AGENT))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|a| a.split('/').next())
+        .map(|a| {
+            a.chars()
+                .filter(|c| !c.is_control())
+                .take(128)
+                .collect::<String>()
+        })
+        .filter(|a| !a.is_empty());
+    Ok(agent.unwrap_or_else(|| "unknown".into()))
+}
+
+/// Record a write other than an apply in `new`'s `managedFields`
+/// ([`apply::record_update`]), with `new` as the store will keep it: a write of the main
+/// part keeps the stored status (where the kind has the subresource), a status write the
+/// stored rest.
+pub(crate) fn record(
+    rt: &ResourceType,
+    cur: Option<&Value>,
+    new: &mut Value,
+    part: Part,
+    manager: &str,
+) {
+    let status = part == Part::Status;
+    let mut full = match (part, cur) {
+        (Part::Status, Some(cur)) => {
+            let mut f = cur.clone();
+            if let Some(m) = f.as_object_mut() {
+                match new.get("status") {
+                    Some(s) => m.insert("status".into(), s.clone()),
+                    None => m.shift_remove("status"),
+                };
+            }
+            if let Some(m) = new.pointer("/metadata/managedFields") {
+                f["metadata"]["managedFields"] = m.clone();
+            }
+            f
+        }
+        _ => new.clone(),
+    };
+    if !status && rt.status_subresource {
+        if let Some(m) = full.as_object_mut() {
+            match cur.and_then(|c| c.get("status")) {
+                Some(s) => m.insert("status".into(), s.clone()),
+                None => m.shift_remove("status"),
+            };
+        }
+    }
+    let now = crate::store::now();
+    let api_version = rt.api_version();
+    let u = apply::Update {
+        manager,
+        api_version: &api_version,
+        now: &now,
+        status_subresource: rt.status_subresource,
+        status,
+    };
+    apply::record_update(cur, &mut full, &u);
+    let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    match full.pointer("/metadata/managedFields") {
+        Some(m) => meta.insert("managedFields".into(), m.clone()),
+        None => meta.shift_remove("managedFields"),
+    };
+}
+
 /// 409 naming each conflicting field and its manager, as kube's.
 fn conflicts(rt: &ResourceType, name: &str, c: &[apply::Conflict]) -> ApiError {
     let mut e = ApiError::new(StatusCode::CONFLICT, "Conflict", apply::conflict_message(c));

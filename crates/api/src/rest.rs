@@ -418,6 +418,7 @@ async fn handle(
         (Method::POST, None) => {
             let mut obj = decode_body(st, h, body).await?;
             set_namespace(rt, &mut obj, t.ns.as_deref())?;
+            super::apply::record(rt, None, &mut obj, part, &super::apply::manager(&q, h)?);
             admit(None, super::admission::Write::Create(&obj))?;
             let o = store.create(rt, obj).await?;
             Ok(respond(h, StatusCode::CREATED, &o))
@@ -435,7 +436,27 @@ async fn handle(
                 None => obj["metadata"]["name"] = Value::String(name.clone()),
             }
             admit(Some(name), super::admission::Write::Replace(&obj))?;
-            let o = store.update(rt, obj, part).await?;
+            let manager = super::apply::manager(&q, h)?;
+            let ns = t.ns.as_deref();
+            // Without a resourceVersion a replace applies to whatever is stored; the
+            // managers are recorded against the version it replaces.
+            let pinned = meta::resource_version(&obj).is_some();
+            let o = patch_with(
+                store,
+                (rt, ns, name),
+                part,
+                &manager,
+                |o| {
+                    let keep = o["metadata"]["resourceVersion"].take();
+                    *o = obj.clone();
+                    if !pinned {
+                        o["metadata"]["resourceVersion"] = keep;
+                    }
+                    Ok(())
+                },
+                |_| Ok(()),
+            )
+            .await?;
             Ok(respond(h, StatusCode::OK, &o))
         }
         (Method::PATCH, Some(name)) => {
@@ -465,29 +486,8 @@ async fn handle(
                 };
                 return Ok(respond(h, code, &o));
             }
-            if ct.contains("json-patch") || smp {
-                let doc = decode_any(st, h, body).await?;
-                let ops = match smp {
-                    true => None,
-                    false => Some(
-                        crate::model::jsonpatch::check_ops(&doc).map_err(ApiError::bad_request)?,
-                    ),
-                };
-                let change = |o: &mut Value| match &ops {
-                    Some(ops) => crate::model::jsonpatch::apply(o, ops),
-                    None => crate::model::smp::apply(o, &doc),
-                };
-                let ns = t.ns.as_deref();
-                let o = patch_with(store, (rt, ns, name), part, change, |new| {
-                    let w = super::admission::Write::Replace(new);
-                    super::admission::admit(st, id, rt, ns, Some(name), w, part)
-                })
-                .await?;
-                return Ok(respond(h, StatusCode::OK, &o));
-            }
-            let patch = decode_body(st, h, body).await?;
-            admit(Some(name), super::admission::Write::Patch(&patch))?;
-            let o = store.patch(rt, t.ns.as_deref(), name, &patch, part).await?;
+            let ns = t.ns.as_deref();
+            let o = patch(st, store, (h, body, smp), (rt, ns, name), part, (&q, id)).await?;
             Ok(respond(h, StatusCode::OK, &o))
         }
         (Method::DELETE, Some(name)) => {
@@ -500,6 +500,55 @@ async fn handle(
             format!("method {m} is not supported on {path}"),
         )),
     }
+}
+
+/// PATCH other than an apply: a JSON patch (RFC 6902), a strategic merge patch (`smp`:
+/// the core kinds) or a merge patch (RFC 7386), through [`patch_with`].
+async fn patch(
+    st: &ApiState,
+    store: &Store,
+    (h, body, smp): (&HeaderMap, Bytes, bool),
+    (rt, ns, name): (&ResourceType, Option<&str>, &str),
+    part: Part,
+    (q, id): (
+        &std::collections::HashMap<String, String>,
+        Option<&super::authz::Identity>,
+    ),
+) -> ApiResult<Arc<Value>> {
+    enum Kind {
+        Json(Vec<Value>),
+        Strategic(Value),
+        Merge(Value),
+    }
+    let json_patch = (h.get(header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.contains("json-patch"));
+    let patch = if json_patch {
+        let doc = decode_any(st, h, body).await?;
+        Kind::Json(crate::model::jsonpatch::check_ops(&doc).map_err(ApiError::bad_request)?)
+    } else if smp {
+        Kind::Strategic(decode_any(st, h, body).await?)
+    } else {
+        let doc = decode_body(st, h, body).await?;
+        if !doc.is_object() {
+            return Err(ApiError::bad_request("merge patch must be a JSON object"));
+        }
+        Kind::Merge(doc)
+    };
+    let change = |o: &mut Value| match &patch {
+        Kind::Json(ops) => crate::model::jsonpatch::apply(o, ops),
+        Kind::Strategic(doc) => crate::model::smp::apply(o, doc),
+        Kind::Merge(doc) => {
+            crate::store::merge_patch(o, doc);
+            Ok(())
+        }
+    };
+    let manager = super::apply::manager(q, h)?;
+    patch_with(store, (rt, ns, name), part, &manager, change, |new| {
+        let w = super::admission::Write::Replace(new);
+        super::admission::admit(st, id, rt, ns, Some(name), w, part)
+    })
+    .await
 }
 
 /// DELETE of one object, with the DeleteOptions in `body`: a `preconditions`
@@ -551,15 +600,18 @@ async fn delete(
     })
 }
 
-/// A patch (`change`: a JSON patch, RFC 6902, or a strategic merge patch) onto the stored
-/// object, written back as a compare-and-swap against the version it was applied to,
-/// and applied again to the newer version when another write came between (as kube
-/// does), a few times at most. A patch that fails (a `test`, a missing path, an unknown
+/// A write onto the stored object (`change`: a merge, JSON (RFC 6902) or strategic merge
+/// patch, or a replace), recorded as `manager`'s in `managedFields`, written back as a
+/// compare-and-swap against the version it was applied to, and applied again to the
+/// newer version when another write came between (as kube does), a few times at most;
+/// not when the write names a resourceVersion other than the stored one (a stale
+/// client: 409 at once). A patch that fails (a `test`, a missing path, an unknown
 /// directive) is 422 and changes nothing.
 async fn patch_with(
     store: &crate::store::Store,
     (rt, ns, name): (&ResourceType, Option<&str>, &str),
     part: Part,
+    manager: &str,
     change: impl Fn(&mut Value) -> Result<(), String>,
     admit: impl Fn(&Value) -> ApiResult<()>,
 ) -> ApiResult<Arc<Value>> {
@@ -581,8 +633,12 @@ async fn patch_with(
             ));
         }
         admit(&new)?;
+        let stale = meta::resource_version(&new) != meta::resource_version(&cur);
+        super::apply::record(rt, Some(&cur), &mut new, part, manager);
         match store.update_from(rt, cur, new, part).await {
-            Err(crate::store::StoreError::Conflict { .. }) if tries + 1 < TRIES => tries += 1,
+            Err(crate::store::StoreError::Conflict { .. }) if !stale && tries + 1 < TRIES => {
+                tries += 1
+            }
             r => return Ok(r?),
         }
     }

@@ -169,6 +169,10 @@ pub struct GetArgs {
     /// Print tables (and custom columns) without their header line.
     #[arg(long = "no-headers")]
     pub no_headers: bool,
+    /// Keep `metadata.managedFields` (who wrote which field) in json, yaml and
+    /// jsonpath output; left out otherwise, as kubectl does.
+    #[arg(long = "show-managed-fields")]
+    pub show_managed_fields: bool,
     #[command(flatten)]
     pub conn: Conn,
 }
@@ -486,7 +490,8 @@ pub fn get(a: GetArgs) -> Result<u8> {
         let path = Client::path(&rt, ns, a.name.as_deref());
         if a.watch {
             let t = table(&rt, matches!(out, Output::Table { wide: true }));
-            return watch(&client, &rt, ns, &q, a.name.as_deref(), &out, t);
+            let show = a.show_managed_fields;
+            return watch(&client, &rt, ns, &q, (a.name.as_deref(), show), &out, t);
         }
         let full = if q.is_empty() || a.name.is_some() {
             path
@@ -494,6 +499,9 @@ pub fn get(a: GetArgs) -> Result<u8> {
             format!("{path}?{q}")
         };
         let mut v = client.request("GET", &full, None)?;
+        if !a.show_managed_fields {
+            output::hide_managed_fields(&mut v);
+        }
         let single = a.name.is_some();
         let mut items: Vec<Value> = match v.get("items").and_then(Value::as_array) {
             Some(items) => items.clone(),
@@ -558,7 +566,7 @@ fn watch(
     rt: &ResourceType,
     ns: Option<&str>,
     q: &str,
-    name: Option<&str>,
+    (name, show_managed_fields): (Option<&str>, bool),
     out: &output::Output,
     mut t: table::Table,
 ) -> Result<u8> {
@@ -570,7 +578,12 @@ fn watch(
         format!("&{q}")
     };
     for ev in client.watch(&path, &query)? {
-        let ev = ev?;
+        let mut ev = ev?;
+        if !show_managed_fields {
+            if let Some(o) = ev.get_mut("object") {
+                output::hide_managed_fields(o);
+            }
+        }
         let obj = ev.get("object").cloned().unwrap_or(Value::Null);
         let obj_name = obj.pointer("/metadata/name").and_then(Value::as_str);
         if name.is_some() && obj_name != name {

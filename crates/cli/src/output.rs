@@ -444,6 +444,20 @@ fn cmp_values(a: Option<&Value>, b: Option<&Value>) -> Ordering {
     }
 }
 
+/// Leave out `metadata.managedFields` of an object or of a list's items (kubectl's
+/// default; `--show-managed-fields` keeps them).
+pub(crate) fn hide_managed_fields(v: &mut Value) {
+    let drop = |o: &mut Value| {
+        if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.shift_remove("managedFields");
+        }
+    };
+    match v.get_mut("items").and_then(Value::as_array_mut) {
+        Some(items) => items.iter_mut().for_each(drop),
+        None => drop(v),
+    }
+}
+
 /// How `get` prints, from `-o`.
 pub(crate) enum Output {
     Table { wide: bool },

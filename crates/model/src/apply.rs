@@ -289,6 +289,132 @@ pub fn apply(
     Ok(obj)
 }
 
+/// Who wrote an object other than by apply (create, replace, merge, JSON or strategic
+/// patch, `kubectl label`), for [`record_update`].
+pub struct Update<'a> {
+    /// `fieldManager`, or the first word of the client's user agent, as kube's.
+    pub manager: &'a str,
+    /// The group/version the object was written as.
+    pub api_version: &'a str,
+    /// RFC 3339.
+    pub now: &'a str,
+    /// The kind has a status subresource.
+    pub status_subresource: bool,
+    /// The write was to the status subresource: only `status` is recorded, in an entry
+    /// of its own (`subresource: status`).
+    pub status: bool,
+}
+
+/// The fields a write of one part owns: the object's own (not `status` when the kind
+/// has the subresource) or, for a status write, `status`'s leaves.
+fn part_fields(v: &Value, u: &Update<'_>) -> BTreeSet<Path> {
+    if u.status {
+        let mut out = BTreeSet::new();
+        if let Some(s) = v.get("status") {
+            leaves(s, &mut vec!["status".to_string()], &mut out);
+        }
+        return out;
+    }
+    fields(v, u.status_subresource)
+}
+
+/// Record in `new`'s `metadata.managedFields` a write other than an apply that turned
+/// `old` (`None`: a create) into `new`, as kube does (`operation: Update`): the fields it
+/// set or changed move to the writer's entry (from any other manager: an update is never
+/// a conflict), fields no longer in the object leave every entry, an entry left with no
+/// field goes, and a write that changed no field changes no entry. The entries start
+/// from `new`'s own when the writer sent others than `old` holds (`kubectl apply
+/// --server-side` migrating client-side ownership does), else from `old`'s.
+pub fn record_update(old: Option<&Value>, new: &mut Value, u: &Update<'_>) {
+    let mf = |v: Option<&Value>| {
+        v.and_then(|v| v.pointer("/metadata/managedFields"))
+            .cloned()
+    };
+    let (was, sent) = (mf(old), mf(Some(new)));
+    let base = match sent {
+        Some(Value::Array(a)) if !a.is_empty() && Some(Value::Array(a.clone())) != was => a,
+        _ => match was {
+            Some(Value::Array(a)) => a,
+            _ => Vec::new(),
+        },
+    };
+    let now_fields = part_fields(new, u);
+    let changed: BTreeSet<Path> = (now_fields.iter())
+        .filter(|p| old.and_then(|o| get(o, p)) != get(new, p))
+        .cloned()
+        .collect();
+    let sub = if u.status { Some("status") } else { None };
+    let is_mine = |e: &Value| {
+        e["manager"] == u.manager
+            && e["operation"] == "Update"
+            && e.get("subresource").and_then(Value::as_str) == sub
+    };
+    // A leaf still in the object (any part: the other part's entries keep theirs).
+    let present = |p: &Path| get(new, p).is_some_and(|v| !v.is_object());
+    let base: Vec<Value> = base
+        .into_iter()
+        .filter(|e| e.get("manager").is_some())
+        .collect();
+    let mut managed = Vec::with_capacity(base.len() + 1);
+    let mut own: BTreeSet<Path> = BTreeSet::new();
+    let mut moved = false;
+    for e in &base {
+        let held = from_fields_v1(&e["fieldsV1"]);
+        if is_mine(e) {
+            own.extend(held.into_iter().filter(|p| present(p)));
+            continue;
+        }
+        let kept: BTreeSet<Path> = (held.iter())
+            .filter(|p| present(p) && !changed.iter().any(|c| related(p, c)))
+            .cloned()
+            .collect();
+        if kept.len() == held.len() {
+            managed.push(e.clone());
+            continue;
+        }
+        moved = true;
+        if !kept.is_empty() {
+            let mut e = e.clone();
+            e["fieldsV1"] = to_fields_v1(&kept);
+            managed.push(e);
+        }
+    }
+    let had = base
+        .iter()
+        .find(|e| is_mine(e))
+        .map(|e| from_fields_v1(&e["fieldsV1"]));
+    own.extend(changed.iter().cloned());
+    if changed.is_empty() && !moved && own == had.unwrap_or_default() {
+        // Nothing changed hands: the entries stay exactly as they were.
+        managed = base;
+    } else if !own.is_empty() {
+        let mut entry = json!({
+            "manager": u.manager,
+            "operation": "Update",
+            "apiVersion": u.api_version,
+            "time": u.now,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": to_fields_v1(&own),
+        });
+        if let Some(s) = sub {
+            entry["subresource"] = json!(s);
+        }
+        managed.push(entry);
+    }
+    // A write without a metadata mapping is the store's to refuse.
+    let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    match managed.is_empty() {
+        true => {
+            meta.shift_remove("managedFields");
+        }
+        false => {
+            meta.insert("managedFields".into(), Value::Array(managed));
+        }
+    }
+}
+
 /// kube's message for conflicts: `Apply failed with 1 conflict: conflict with "m": .spec.x`.
 pub fn conflict_message(conflicts: &[Conflict]) -> String {
     let n = conflicts.len();
@@ -428,6 +554,119 @@ mod tests {
         let after = apply(Some(&live), &empty, &req("two", false)).unwrap();
         assert_eq!(after["spec"]["systemUUID"], "u1");
         assert!(fields(&empty, true).is_empty());
+    }
+
+    fn upd(manager: &str, status: bool) -> Update<'_> {
+        Update {
+            manager,
+            api_version: "metal.ironcore.dev/v1alpha1",
+            now: "2026-11-28T01:00:00Z",
+            status_subresource: true,
+            status,
+        }
+    }
+
+    fn entries(o: &Value) -> Vec<(String, String, BTreeSet<Path>)> {
+        (o["metadata"]["managedFields"]
+            .as_array()
+            .into_iter()
+            .flatten())
+        .map(|e| {
+            (
+                e["manager"].as_str().unwrap().to_string(),
+                e["operation"].as_str().unwrap().to_string(),
+                from_fields_v1(&e["fieldsV1"]),
+            )
+        })
+        .collect()
+    }
+
+    fn path(s: &str) -> Path {
+        s.split('.').map(String::from).collect()
+    }
+
+    #[test]
+    fn updates_take_the_fields_they_change_and_removed_fields_leave_every_entry() {
+        let mut created = config("u1", json!({"l": "1", "k": "2"}));
+        created.as_object_mut().unwrap().remove("status");
+        record_update(None, &mut created, &upd("kubectl-create", false));
+        let e = entries(&created);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(
+            (e[0].0.as_str(), e[0].1.as_str()),
+            ("kubectl-create", "Update")
+        );
+        assert_eq!(e[0].2, fields(&created, true));
+
+        // kubectl label changes one label and removes another: the changed one moves,
+        // the removed one leaves every entry, the rest stays the creator's.
+        let mut labelled = created.clone();
+        labelled["metadata"]["labels"] = json!({"l": "9"});
+        record_update(Some(&created), &mut labelled, &upd("kubectl-label", false));
+        let e = entries(&labelled);
+        assert_eq!(e.len(), 2, "{e:?}");
+        let l = path("metadata.labels.l");
+        assert!(!e[0].2.contains(&l) && !e[0].2.contains(&path("metadata.labels.k")));
+        assert!(e[0].2.contains(&path("spec.systemUUID")), "{e:?}");
+        assert_eq!(e[1].2, BTreeSet::from([l.clone()]));
+        assert_eq!(
+            labelled["metadata"]["managedFields"][1]["time"],
+            "2026-11-28T01:00:00Z"
+        );
+
+        // A write that changes nothing changes no entry (not even a time).
+        let mut same = labelled.clone();
+        record_update(Some(&labelled), &mut same, &upd("other", false));
+        assert_eq!(same, labelled);
+
+        // An apply of another value conflicts with an updater's field, as kube's.
+        let mut cfg = config("u1", json!({"l": "3"}));
+        cfg.as_object_mut().unwrap().remove("spec");
+        let c = apply(Some(&labelled), &cfg, &req("flux", false)).unwrap_err();
+        assert_eq!(
+            (c[0].manager.as_str(), c[0].field.as_str()),
+            ("kubectl-label", ".metadata.labels.l")
+        );
+
+        // An updater that loses its last field loses its entry.
+        let mut taken = labelled.clone();
+        taken["metadata"]["labels"]["l"] = json!("10");
+        record_update(Some(&labelled), &mut taken, &upd("kubectl-edit", false));
+        let names: Vec<_> = entries(&taken).into_iter().map(|e| e.0).collect();
+        assert_eq!(names, ["kubectl-create", "kubectl-edit"]);
+    }
+
+    #[test]
+    fn status_writes_have_entries_of_their_own_and_sent_entries_are_a_reset() {
+        let mut obj = config("u1", json!({}));
+        obj["status"] = json!({"state": "Initial"});
+        let mut created = obj.clone();
+        record_update(None, &mut created, &upd("c", false));
+        let mut st = created.clone();
+        st["status"]["state"] = json!("Available");
+        record_update(Some(&created), &mut st, &upd("server-controller", true));
+        let mf = &st["metadata"]["managedFields"];
+        assert_eq!(mf.as_array().unwrap().len(), 2, "{mf}");
+        assert_eq!(mf[1]["subresource"], "status");
+        assert_eq!(
+            from_fields_v1(&mf[1]["fieldsV1"]),
+            BTreeSet::from([path("status.state")])
+        );
+        assert_eq!(
+            mf[0], created["metadata"]["managedFields"][0],
+            "the main entry stays"
+        );
+
+        // Entries the writer sent, other than the stored ones, are the start: `[{}]`
+        // clears them, and an update changing nothing then leaves none.
+        let mut reset = st.clone();
+        reset["metadata"]["managedFields"] = json!([{}]);
+        record_update(Some(&st), &mut reset, &upd("c", false));
+        assert!(reset["metadata"].get("managedFields").is_none(), "{reset}");
+        // A body without metadata is left for the store to refuse.
+        let mut bad = json!({"metadata": "x"});
+        record_update(Some(&st), &mut bad, &upd("c", false));
+        assert_eq!(bad, json!({"metadata": "x"}));
     }
 
     #[test]

@@ -568,7 +568,14 @@ impl<B: KvBackend> Store<B> {
             }
             Part::Status => {
                 let mut obj = obj;
-                with_status(&cur, obj.as_object_mut().and_then(|m| m.remove("status")))
+                let mut n = with_status(&cur, obj.as_object_mut().and_then(|m| m.remove("status")));
+                // Who wrote the status is recorded (the API's managedFields) with it.
+                if let Some(mf) = obj.pointer_mut("/metadata/managedFields").map(Value::take) {
+                    if let Some(m) = n.get_mut("metadata").and_then(Value::as_object_mut) {
+                        m.insert("managedFields".into(), mf);
+                    }
+                }
+                n
             }
         };
         // Server-owned metadata is kept from the stored object.
