@@ -84,8 +84,16 @@ impl From<StoreError> for ApiError {
                 ApiError::new(StatusCode::BAD_REQUEST, "BadRequest", message)
             }
             StoreError::Gone(_) => ApiError::new(StatusCode::GONE, "Expired", message),
-            // etcd unreachable or without quorum: nothing was written (or, after a
-            // timeout, it is unknown whether it was); reads go on from the mirror.
+            // A write that reached etcd and got no answer: it may apply yet. kube's
+            // 504 `Timeout` ("may still be processing the request"), not a 503, so a
+            // client reads again instead of taking it for "nothing happened".
+            StoreError::OutcomeUnknown(_) => {
+                let mut a = ApiError::new(StatusCode::GATEWAY_TIMEOUT, "Timeout", message);
+                a.details = Some(json!({"retryAfterSeconds": 1}));
+                a
+            }
+            // etcd unreachable, or this appliance fenced: nothing was written; reads go
+            // on from the mirror.
             StoreError::Unavailable(_) => {
                 let mut a = ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,

@@ -213,11 +213,23 @@ pub(crate) struct ApiFailure {
     pub code: u16,
     pub reason: String,
     pub message: String,
+    /// The request was a write (not GET): a 503 or 504 says what became of it.
+    pub write: bool,
 }
 
 impl std::fmt::Display for ApiFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Error from server ({}): {}", self.reason, self.message)
+        write!(f, "Error from server ({}): {}", self.reason, self.message)?;
+        match (self.write, self.code) {
+            // kube's 504 Timeout: the write reached the store and got no answer.
+            (true, 504) => write!(
+                f,
+                "\nthe change may have been applied, or may still be: read the object again \
+                 (bootplane get) before retrying it"
+            ),
+            (true, 503) => write!(f, "\nnothing was changed: retry once the store is back"),
+            _ => Ok(()),
+        }
     }
 }
 impl std::error::Error for ApiFailure {}
@@ -294,6 +306,7 @@ impl Client {
                 let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
                 Err(ApiFailure {
                     code,
+                    write: method != "GET",
                     reason: v
                         .get("reason")
                         .and_then(Value::as_str)
@@ -798,3 +811,42 @@ pub fn delete(a: DeleteArgs) -> Result<u8> {
 // The layers below, under the module names the CLI's files have always used.
 use bootplane_model as model;
 use bootplane_proto::{decode, ignition, provision, statedir, sys, tls};
+
+#[cfg(test)]
+mod tests {
+    use super::ApiFailure;
+
+    fn failure(code: u16, reason: &str, write: bool) -> String {
+        let f = ApiFailure {
+            code,
+            reason: reason.into(),
+            message: "m".into(),
+            write,
+        };
+        f.to_string()
+    }
+
+    #[test]
+    fn a_failed_write_says_whether_it_may_still_apply() {
+        let unknown = failure(504, "Timeout", true);
+        assert!(
+            unknown.starts_with("Error from server (Timeout): m\n"),
+            "{unknown}"
+        );
+        assert!(unknown.contains("read the object again"), "{unknown}");
+        let refused = failure(503, "ServiceUnavailable", true);
+        assert!(
+            refused.ends_with("nothing was changed: retry once the store is back"),
+            "{refused}"
+        );
+        // A read has nothing to re-read.
+        assert_eq!(
+            failure(504, "Timeout", false),
+            "Error from server (Timeout): m"
+        );
+        assert_eq!(
+            failure(409, "Conflict", true),
+            "Error from server (Conflict): m"
+        );
+    }
+}

@@ -783,7 +783,9 @@ impl StoreBootIndex {
                         Ok(()) => None,
                         // The store cannot take writes now (etcd without quorum): kept, and
                         // written once it can (the conditions are the machine's history).
-                        Err(StoreError::Unavailable(_)) => Some((server, events)),
+                        Err(StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_)) => {
+                            Some((server, events))
+                        }
                         Err(e) => {
                             tracing::warn!(server, error = %e, "recording boot progress");
                             None

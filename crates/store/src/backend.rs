@@ -202,10 +202,16 @@ pub enum KvError {
     Lagged,
     #[error("store is closed")]
     Closed,
-    /// The backend cannot commit now (etcd unreachable or without quorum); nothing
-    /// was written, or (on a timeout) it is unknown whether it was.
+    /// The backend cannot commit now (etcd unreachable, or refusing the request
+    /// before it was sent to a member): nothing was written.
     #[error("{0}")]
     Unavailable(String),
+    /// The request reached etcd (or may have) and no answer came: it timed out (no
+    /// quorum: etcd's leader holds it and may commit it once a quorum is back), or its
+    /// connection broke and a second send found the objects changed. Whether it was
+    /// applied is unknown; reading again tells.
+    #[error("{0}")]
+    OutcomeUnknown(String),
     /// The write was fenced: this appliance no longer holds the leadership it wrote
     /// under (see [`super::etcd`]).
     #[error("this appliance is no longer the leader of its controller group")]

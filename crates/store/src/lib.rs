@@ -88,6 +88,11 @@ pub enum StoreError {
     /// this appliance's leadership fenced): retry later (503).
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A write that reached etcd got no answer in time (or its connection broke under
+    /// it): it may have been applied, or may still be (504 `Timeout`, as kube's). Read
+    /// the object again before retrying.
+    #[error("store did not answer in time: {0}: the write may have been applied, or may still be; read it again before retrying")]
+    OutcomeUnknown(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -185,6 +190,7 @@ fn map_kv(e: KvError) -> StoreError {
             limit,
         },
         e @ (KvError::Unavailable(_) | KvError::Fenced) => StoreError::Unavailable(e.to_string()),
+        KvError::OutcomeUnknown(m) => StoreError::OutcomeUnknown(m),
         other => StoreError::Internal(other.to_string()),
     }
 }

@@ -38,7 +38,9 @@
 //!
 //! Failure: every request to etcd is bounded by `request_timeout_ms`; with no
 //! quorum the client's `require_leader` makes members refuse at once. Such a write
-//! fails with [`KvError::Unavailable`] (503 at the API); reads go on from the mirror.
+//! fails with [`KvError::Unavailable`] when it was not sent (503 at the API: nothing was
+//! written) or [`KvError::OutcomeUnknown`] when it was and no answer came in time (504
+//! `Timeout`: it may apply yet; read again); reads go on from the mirror.
 
 pub mod client;
 pub mod election;

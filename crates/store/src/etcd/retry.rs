@@ -11,6 +11,12 @@ pub(super) fn unavailable(e: impl Into<Unreachable>) -> KvError {
     KvError::Unavailable(format!("etcd: {}", e.into().0))
 }
 
+/// A request that reached etcd (or may have) without an answer: see
+/// [`KvError::OutcomeUnknown`].
+pub(super) fn unanswered(e: impl Into<Unreachable>) -> KvError {
+    KvError::OutcomeUnknown(format!("etcd: {}", e.into().0))
+}
+
 /// An etcd failure as one short line (a gRPC status' code and message, not the
 /// transport's whole error chain).
 pub(super) struct Unreachable(String);
@@ -97,7 +103,9 @@ where
     loop {
         let left = end.saturating_duration_since(tokio::time::Instant::now());
         match tokio::time::timeout(left, f()).await {
-            Err(_) => return Err(unavailable("request timed out (no quorum?)")),
+            // In flight when the time ran out: etcd may have it (a leader without a
+            // quorum keeps it and commits it once the quorum is back).
+            Err(_) => return Err(unanswered("request timed out (no quorum?)")),
             Ok(Ok(value)) => return Ok(Answer { value, after_break }),
             Ok(Err(e))
                 if (not_sent(&e) || broken_connection(&e))
@@ -107,7 +115,9 @@ where
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(200));
             }
-            Ok(Err(e)) => return Err(unavailable(e)),
+            // Refused before any member took it: nothing was applied.
+            Ok(Err(e)) if not_sent(&e) && !after_break => return Err(unavailable(e)),
+            Ok(Err(e)) => return Err(unanswered(e)),
         }
     }
 }
@@ -115,7 +125,7 @@ where
 /// The error of a guarded write that failed its guard after an earlier try broke under
 /// it: that try may have been the write that changed the key.
 pub(super) fn outcome_unknown() -> KvError {
-    unavailable(
+    unanswered(
         "the connection to an etcd member broke while the write was sent, and sent again it \
          found the objects changed: whether the first send applied it is unknown, read them again",
     )
