@@ -114,6 +114,8 @@ pub async fn run(config: Config, reload: Reload) -> Result<()> {
         tftp_metrics: Arc::new(crate::tftp::Metrics::default()),
         redfish_metrics: Arc::default(),
         mgmt_dhcp_metrics: crate::dhcp::Metrics::default(),
+        mgmt_leases: LeaseIndex::default(),
+        mgmt_wake: Default::default(),
         discovery_metrics: Default::default(),
         ready: Default::default(),
         reloads: Default::default(),
@@ -255,6 +257,10 @@ struct Services {
     redfish_metrics: Arc<crate::power::redfish::metrics::Metrics>,
     /// The management DHCP scope's and the Endpoint intake's (`[discovery.dhcp]`).
     mgmt_dhcp_metrics: crate::dhcp::Metrics,
+    /// The management scope's leases (on etcd, the cluster's), which the Endpoint
+    /// intake reads, and what wakes it when a lease is granted here.
+    mgmt_leases: LeaseIndex,
+    mgmt_wake: Arc<tokio::sync::Notify>,
     discovery_metrics: crate::controller::discovery::endpoints::Metrics,
     /// `bootplane_store_leader{group}` (etcd backend).
     #[cfg(feature = "etcd")]
@@ -287,6 +293,8 @@ struct Controllers {
     boot_slot: BootSlot,
     redfish_metrics: Arc<crate::power::redfish::metrics::Metrics>,
     power_metrics: crate::power::metrics::Metrics,
+    /// The Endpoint intake and reconciler of the management network (`[discovery.dhcp]`).
+    management: Option<crate::controller::discovery::endpoints::Inputs>,
 }
 
 impl Services {
@@ -431,6 +439,22 @@ impl Services {
     /// The controller groups: here, or (etcd) each under its leader election. With
     /// the controllers off, only the NFS backend runs (on every appliance).
     fn start_controller_groups(&mut self, config: &Config) -> Result<()> {
+        let management = match config.discovery.management() {
+            false => None,
+            true => {
+                let d = &config.discovery;
+                let db = crate::controller::discovery::endpoints::load_db(d.mac_db.as_deref())?;
+                tracing::info!(prefixes = db.len(), "management network discovery on");
+                Some(crate::controller::discovery::endpoints::Inputs {
+                    db: Arc::new(db),
+                    metrics: self.discovery_metrics.clone(),
+                    cap: d.cap(),
+                    approved: d.approved()?,
+                    leases: self.mgmt_leases.clone(),
+                    wake: self.mgmt_wake.clone(),
+                })
+            }
+        };
         let c = Arc::new(Controllers {
             config: config.clone(),
             resolver: self.resolver.clone(),
@@ -438,6 +462,7 @@ impl Services {
             boot_slot: self.boot_slot.clone(),
             redfish_metrics: self.redfish_metrics.clone(),
             power_metrics: self.power_metrics.clone(),
+            management,
         });
         #[cfg(feature = "etcd")]
         if let crate::store::Backend::Etcd(e) = self.store.kv() {
@@ -545,11 +570,11 @@ impl Services {
     }
 
     /// The management scope (`[discovery.dhcp]`: a second DHCP server on its own
-    /// interface and lease log) and the Endpoint → BMC reconcilers its leases feed.
+    /// interface and lease log), whose leases the Endpoint intake reads (in the `metal`
+    /// controller group); each lease granted here wakes it.
     fn start_management(&mut self, config: &Config) -> Result<()> {
-        use crate::controller::discovery::endpoints::{load_db, GRANT_QUEUE};
+        use crate::controller::discovery::endpoints::{wake_on_grants, GRANT_QUEUE};
         let d = &config.discovery;
-        let db = load_db(d.mac_db.as_deref())?;
         let settings = crate::dhcp::DhcpSettings::from_config(&d.dhcp, &config.public_http_url())
             .context("discovery.dhcp")?;
         let (tx, rx) = tokio::sync::mpsc::channel(GRANT_QUEUE);
@@ -560,22 +585,15 @@ impl Services {
             machine_scripts: None,
         };
         let (metrics, s) = (self.mgmt_dhcp_metrics.clone(), self.coord.handle());
+        let index = self.mgmt_leases.clone();
         self.tasks.spawn(async move {
-            crate::dhcp::run_scope(settings, scope, metrics, LeaseIndex::default(), None, s)
+            crate::dhcp::run_scope(settings, scope, metrics, index, None, s)
                 .await
                 .context("management dhcp server")
         });
-        tracing::info!(prefixes = db.len(), "management network discovery on");
-        let mgmt = crate::controller::discovery::Management::new(
-            self.store.clone(),
-            db,
-            self.discovery_metrics.clone(),
-            d.cap(),
-            d.approved()?,
-        );
-        let (s, workers) = (self.coord.handle(), config.controller.workers);
+        let (wake, s) = (self.mgmt_wake.clone(), self.coord.handle());
         self.tasks.spawn(async move {
-            mgmt.run(rx, workers, s).await;
+            wake_on_grants(rx, wake, s).await;
             Ok(())
         });
         Ok(())
@@ -696,6 +714,16 @@ impl Controllers {
         tasks: &mut JoinSet<Result<()>>,
     ) -> Result<()> {
         let config = &self.config;
+        // The management network's Endpoints: one intake for the cluster (this group's
+        // leader's), whether or not the other controllers run.
+        if let Some(inputs) = &self.management {
+            let mgmt = crate::controller::discovery::Management::new(store.clone(), inputs.clone());
+            let (s, workers) = (coord.handle(), config.controller.workers);
+            tasks.spawn(async move {
+                mgmt.run(workers, s).await;
+                Ok(())
+            });
+        }
         if !config.controller.enabled {
             return Ok(());
         }

@@ -10,6 +10,10 @@
 //!   mirrors) show all 200;
 //! - etcd frozen: a client renewing is ACKed for what its lease has left, a new client
 //!   gets no lease; etcd back: the new client is leased.
+//! - the management scope (`[discovery.dhcp]`) on both: every BMC lease, whichever
+//!   appliance granted it, becomes one Endpoint, all made by the `metal` group's leader
+//!   (its `bootplane_discovery_endpoints_created_total` counts them all, the other's 0);
+//!   the leader killed, the other takes over and turns new leases into Endpoints.
 
 use crate::support;
 
@@ -109,6 +113,25 @@ impl Lab {
 
     /// Both appliances: the same range and lease time, leases in etcd.
     fn start(&mut self, lease_time: u32, request_timeout_ms: u64) {
+        self.start_scope(lease_time, request_timeout_ms, None);
+    }
+
+    /// [`Lab::start`] with the scope `[dhcp]`, or with `mac_db` (a MAC-prefix database)
+    /// the management scope `[discovery.dhcp]` (no BMC approved: Endpoints only, nothing
+    /// is sent to a device).
+    fn start_scope(&mut self, lease_time: u32, request_timeout_ms: u64, mac_db: Option<&str>) {
+        let scope = match mac_db {
+            None => "[dhcp]".to_string(),
+            Some(db) => {
+                let macs = self.path("macs.yaml");
+                std::fs::write(&macs, db).unwrap();
+                format!(
+                    "[controller]\npower_driver = \"test\"\n[discovery]\nenabled = true\n\
+                     first_boot = false\nmac_db = {:?}\napproved_bmcs = []\n[discovery.dhcp]",
+                    macs.display().to_string()
+                )
+            }
+        };
         for (i, name) in ["a", "b"].iter().enumerate() {
             let cfg = format!(
                 r#"state_dir = "{state}"
@@ -121,7 +144,8 @@ prefix = "{PREFIX}"
 name = "{name}"
 request_timeout_ms = {request_timeout_ms}
 dial_timeout_ms = 1000
-[dhcp]
+lease_ttl_secs = 3
+{scope}
 enabled = true
 interface = "eth0"
 mode = "authoritative"
@@ -417,4 +441,119 @@ fn while_etcd_is_frozen_renewals_get_what_is_left_and_new_clients_wait() {
     eprintln!("leased {:.1?} after etcd came back", t0.elapsed());
     assert_ne!(lab.leases()["c1"].1, ip0);
     drop(c0);
+}
+
+/// The Endpoints appliance `i` lists.
+fn endpoints(lab: &Lab, i: usize) -> Vec<serde_json::Value> {
+    let state = lab.path(&format!("state-{}", ["a", "b"][i]));
+    let token = read(&state.join("api-token")).trim().to_string();
+    let agent = support::api_agent(&state);
+    let text = lab.apps[i].run(move || {
+        agent
+            .get("https://127.0.0.1:9090/apis/metal.ironcore.dev/v1alpha1/endpoints")
+            .set("Authorization", &format!("Bearer {token}"))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap()
+    });
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["items"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn management_leases_become_endpoints_once_on_the_metal_leader() {
+    require("busybox");
+    const N: usize = 12;
+    let mut lab = Lab::new(N + 4);
+    let db = "macPrefixes:\n- {macPrefix: \"02:c1:00\", manufacturer: T, protocol: Redfish, port: 443, defaultCredentialsSecret: none}\n";
+    lab.start_scope(600, 2000, Some(db));
+    let lease_all = |lab: &Lab, range: std::ops::Range<usize>| {
+        let cmds = range.clone().map(|i| lab.udhcpc(i, true, 30)).collect();
+        for (c, i) in lab.spawn_in_clients(cmds).into_iter().zip(range) {
+            let out = wait_output(c, Duration::from_secs(90), &format!("udhcpc c{i}"));
+            assert!(out.status.success(), "c{i}: {out:?}\n{}", lab.logs());
+        }
+    };
+    lease_all(&lab, 0..N);
+    let leases = lab.leases();
+    // Whichever appliance granted a lease (each answers DISCOVERs), one made every Endpoint.
+    for i in 0..2 {
+        wait_for(
+            Duration::from_secs(20),
+            || endpoints(&lab, i).len() == N,
+            || {
+                format!(
+                    "appliance {i} lists {} endpoints\n{}",
+                    endpoints(&lab, i).len(),
+                    lab.logs()
+                )
+            },
+        );
+    }
+    for e in endpoints(&lab, 0) {
+        let theirs = e["spec"]["macAddress"].as_str().unwrap();
+        let i = (0..N).find(|i| mac(*i) == theirs).expect("a client's MAC");
+        assert_eq!(
+            e["spec"]["ip"].as_str(),
+            Some(leases[&format!("c{i}")].1.as_str()),
+            "{e}"
+        );
+        assert_eq!(
+            e["metadata"]["labels"]["bootplane.dev/approval"], "pending",
+            "{e}"
+        );
+    }
+    let created = |m: &str| metric(m, "bootplane_discovery_endpoints_created_total") as usize;
+    let leader_of = |m: &str| {
+        m.lines()
+            .any(|l| l.starts_with("bootplane_store_leader{group=\"metal\"} 1"))
+    };
+    let (ma, mb) = (lab.metrics(0), lab.metrics(1));
+    let leader = match (leader_of(&ma), leader_of(&mb)) {
+        (true, false) => 0,
+        (false, true) => 1,
+        other => panic!("one metal leader, not {other:?}"),
+    };
+    assert_eq!(
+        (created(&ma), created(&mb)),
+        if leader == 0 { (N, 0) } else { (0, N) }
+    );
+    let mut granted: HashMap<String, usize> = HashMap::new();
+    for (_, v) in lab
+        .etcd
+        .get_prefix(Some(&lab.sw), &format!("{PREFIX}dhcp/management/"))
+    {
+        let rec: serde_json::Value = serde_json::from_str(&v).unwrap();
+        *granted
+            .entry(rec["appliance"].as_str().unwrap_or("?").to_string())
+            .or_default() += 1;
+    }
+    eprintln!("{N} management leases, granted by appliance {granted:?}, made {N} Endpoints on the metal leader ({})", ["a", "b"][leader]);
+
+    // The leader killed: the other leads once its lease ends and takes new leases.
+    lab.bps[leader].kill9();
+    let other = 1 - leader;
+    wait_for(
+        Duration::from_secs(30),
+        || leader_of(&lab.metrics(other)),
+        || format!("appliance {other} did not take over\n{}", lab.logs()),
+    );
+    lease_all(&lab, N..N + 4);
+    wait_for(
+        Duration::from_secs(20),
+        || endpoints(&lab, other).len() == N + 4,
+        || {
+            format!(
+                "{} endpoints after the failover\n{}",
+                endpoints(&lab, other).len(),
+                lab.logs()
+            )
+        },
+    );
+    assert_eq!(
+        created(&lab.metrics(other)),
+        4,
+        "the new leader made only the new ones"
+    );
 }

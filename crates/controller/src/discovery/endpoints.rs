@@ -28,21 +28,33 @@
 //! that is skipped (`bootplane_discovery_capped_total`, one warning per interval) and
 //! taken at its next renewal.
 //!
+//! **The intake reads the scope's leases**, not the DHCP loop's reports: every
+//! [`INTAKE_EVERY`] (and at once after a lease granted here) it takes each active lease
+//! of the management scope's [`LeaseIndex`] not seen since it last changed (a renewal
+//! changes its expiry, and is seen again: the same address writes nothing). With the
+//! store on etcd that index holds every appliance's leases (the DHCP ledger's mirror),
+//! and [`Management`] runs in the `metal` controller group: on the group's leader only,
+//! writing through its fenced store, so one appliance takes the cluster's BMC leases,
+//! one cap counts them and one reconciler writes BMCs; a new leader reads every lease
+//! once when its term begins.
+//!
 //! Unknown prefixes are counted (`bootplane_discovery_unknown_mac_total`) and logged once
 //! at debug level. Nothing here reads or writes a credential except the copy of the
 //! default secret's `data`, which never reaches a log, a condition or a metric.
 
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use super::macdb::{Entry, MacDb};
-use crate::dhcp::Grant;
-use crate::model::ident::{parse_mac, MacFmt};
+use crate::dhcp::{Grant, LeaseIndex};
+use crate::model::ident::{parse_mac, Mac, MacFmt};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::model::views::{read, ConditionStatus, Endpoint};
@@ -53,8 +65,11 @@ use crate::store::modify::retry_if;
 use crate::store::{Modified, Store, StoreError};
 use crate::{controller_ref, set_condition, Next, APPROVAL_LABEL, APPROVAL_PENDING};
 
-/// Granted leases waiting for the intake (the DHCP loop drops and counts beyond this).
+/// Granted leases waiting to wake the intake (the DHCP loop drops and counts beyond this).
 pub const GRANT_QUEUE: usize = 1024;
+/// How often the intake reads the scope's leases when no local grant wakes it: how late
+/// a lease granted by another appliance (or one whose report was dropped) is taken.
+pub const INTAKE_EVERY: Duration = Duration::from_secs(1);
 /// How soon an Endpoint whose default-credentials secret is missing is looked at again.
 const SECRET_RETRY: Duration = Duration::from_secs(10);
 /// The condition saying whether an Endpoint's `spec.ip` is its MAC's latest lease.
@@ -155,20 +170,67 @@ pub struct Management {
     events: crate::store::events::Recorder,
     /// BMC addresses trusted without an operator's approval (`discovery.approved_bmcs`).
     approved: super::settings::ApprovedBmcs,
+    /// The management scope's leases (on etcd: the cluster's).
+    leases: LeaseIndex,
+    /// Told when this appliance granted a lease ([`wake_on_grants`]).
+    wake: Arc<Notify>,
+    /// The leases taken since they last changed (MAC, address, expiry), at most one
+    /// per lease the index holds.
+    taken: std::sync::Mutex<HashSet<(Mac, Ipv4Addr, u64)>>,
+    /// MACs of an unknown prefix counted (once each while the index holds a lease of
+    /// theirs: a renewal is not another unknown device).
+    unknown: std::sync::Mutex<HashSet<Mac>>,
+}
+
+/// What a [`Management`] is made of besides its store, built once at start and shared by
+/// every term of leadership.
+#[derive(Clone)]
+pub struct Inputs {
+    pub db: Arc<MacDb>,
+    pub metrics: Metrics,
+    pub cap: Cap,
+    pub approved: super::settings::ApprovedBmcs,
+    pub leases: LeaseIndex,
+    pub wake: Arc<Notify>,
+}
+
+/// Wake the intake for each lease this appliance's management scope grants, until
+/// shutdown (or the DHCP loop ends): the reports only say "look now".
+pub async fn wake_on_grants(
+    mut grants: mpsc::Receiver<Grant>,
+    wake: Arc<Notify>,
+    shutdown: Shutdown,
+) {
+    let mut stop = shutdown.child();
+    loop {
+        tokio::select! {
+            _ = stop.recv() => break,
+            g = grants.recv() => match g {
+                Some(_) => wake.notify_one(),
+                None => break,
+            },
+        }
+    }
 }
 
 impl Management {
     /// Needs a tokio runtime (its Event recorder's task).
-    pub fn new(
-        store: Store,
-        db: MacDb,
-        metrics: Metrics,
-        cap: Cap,
-        approved: super::settings::ApprovedBmcs,
-    ) -> Arc<Management> {
+    pub fn new(store: Store, inputs: Inputs) -> Arc<Management> {
+        let Inputs {
+            db,
+            metrics,
+            cap,
+            approved,
+            leases,
+            wake,
+        } = inputs;
         let reg = store.registry();
         Arc::new(Management {
             approved,
+            leases,
+            wake,
+            taken: Default::default(),
+            unknown: Default::default(),
             events: crate::store::events::Recorder::spawn(store.clone(), "bootplane-discovery"),
             cap,
             window: std::sync::Mutex::new(Window {
@@ -180,30 +242,24 @@ impl Management {
             t_bmc: reg.resolve("bmc").expect("bmc type"),
             t_secret: reg.resolve("bmcsecret").expect("bmcsecret type"),
             store,
-            db: Arc::new(db),
+            db,
             metrics,
             queue: WorkQueue::new(),
         })
     }
 
     /// Runs the lease intake and the Endpoint reconciler until shutdown.
-    pub async fn run(
-        self: Arc<Self>,
-        mut grants: mpsc::Receiver<Grant>,
-        workers: usize,
-        shutdown: Shutdown,
-    ) {
+    pub async fn run(self: Arc<Self>, workers: usize, shutdown: Shutdown) {
         let intake = {
             let me = self.clone();
             let mut stop = shutdown.child();
             async move {
                 loop {
+                    me.intake().await;
                     tokio::select! {
                         _ = stop.recv() => break,
-                        g = grants.recv() => match g {
-                            Some(g) => me.lease(&g).await,
-                            None => break,
-                        },
+                        _ = me.wake.notified() => {}
+                        _ = tokio::time::sleep(INTAKE_EVERY) => {}
                     }
                 }
             }
@@ -224,12 +280,43 @@ impl Management {
         tokio::join!(intake, reconcilers);
     }
 
-    /// One granted lease: its Endpoint created, or its IP updated.
-    async fn lease(&self, g: &Grant) {
+    /// Take every active lease of the scope not taken since it last changed.
+    async fn intake(&self) {
+        let now = crate::sys::unix_now();
+        let leases: Vec<_> = (self.leases.all().into_iter())
+            .filter(|l| l.active(now) && l.state == crate::dhcp::LeaseState::Bound)
+            .collect();
+        let key = |l: &crate::dhcp::Lease| (l.mac, l.ip, l.expires);
+        let current: HashSet<_> = leases.iter().map(key).collect();
+        self.taken.lock().unwrap().retain(|k| current.contains(k));
+        let macs: HashSet<Mac> = leases.iter().map(|l| l.mac).collect();
+        self.unknown.lock().unwrap().retain(|m| macs.contains(m));
+        for l in &leases {
+            if self.taken.lock().unwrap().contains(&key(l)) {
+                continue;
+            }
+            let g = Grant {
+                mac: l.mac,
+                ip: l.ip,
+                hostname: l.hostname.clone(),
+                vendor_class: None,
+            };
+            if self.lease(&g).await {
+                self.taken.lock().unwrap().insert(key(l));
+            }
+        }
+    }
+
+    /// One granted lease: its Endpoint created, or its IP updated. Whether it was
+    /// taken (`false`: capped, or the write failed; the next look tries again).
+    async fn lease(&self, g: &Grant) -> bool {
         let Some(entry) = self.db.lookup(&g.mac) else {
+            if !self.unknown.lock().unwrap().insert(g.mac) {
+                return true;
+            }
             self.metrics.unknown_mac.inc();
             tracing::debug!(mac = %MacFmt(&g.mac), ip = %g.ip, vendor_class = ?g.vendor_class, "management lease with an unknown mac prefix; ignored");
-            return;
+            return true;
         };
         // Another writer in between (the Endpoint changed, or was created meanwhile):
         // read again and redo.
@@ -239,19 +326,24 @@ impl Management {
                 StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }
             )
         };
-        if let Err(e) = retry_if(3, raced, || self.upsert_endpoint(g, entry)).await {
-            tracing::warn!(mac = %MacFmt(&g.mac), error = %e, "writing the endpoint failed");
+        match retry_if(3, raced, || self.upsert_endpoint(g, entry)).await {
+            Ok(taken) => taken,
+            Err(e) => {
+                tracing::warn!(mac = %MacFmt(&g.mac), error = %e, "writing the endpoint failed");
+                false
+            }
         }
     }
 
-    async fn upsert_endpoint(&self, g: &Grant, entry: &Entry) -> Result<(), StoreError> {
+    /// Whether the lease was taken (`false`: over the cap).
+    async fn upsert_endpoint(&self, g: &Grant, entry: &Entry) -> Result<bool, StoreError> {
         let name = endpoint_name(&g.mac);
         let ip = g.ip.to_string();
         match self.store.get(&self.t_endpoint, None, &name) {
-            Ok(cur) => self.observe_lease(&cur, &ip).await,
+            Ok(cur) => self.observe_lease(&cur, &ip).await.map(|()| true),
             Err(StoreError::NotFound { .. }) => {
                 if !self.take_slot() {
-                    return Ok(());
+                    return Ok(false);
                 }
                 let mut obj = json!({
                     "apiVersion": self.t_endpoint.api_version(),
@@ -266,7 +358,7 @@ impl Management {
                 self.store.create(&self.t_endpoint, obj).await?;
                 self.metrics.endpoints_created.inc();
                 tracing::info!(endpoint = %name, %ip, manufacturer = %entry.manufacturer, awaiting_approval = pending, "endpoint created from a management lease");
-                Ok(())
+                Ok(true)
             }
             Err(e) => Err(e),
         }
@@ -486,14 +578,74 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = Store::open(d.path()).unwrap();
         let approved = approved.iter().map(|a| a.parse().unwrap()).collect();
-        let m = Management::new(
-            store.clone(),
-            MacDb::parse(DB).unwrap(),
-            Metrics::default(),
+        let inputs = Inputs {
+            db: Arc::new(MacDb::parse(DB).unwrap()),
+            metrics: Metrics::default(),
             cap,
-            super::super::settings::ApprovedBmcs(approved),
+            approved: super::super::settings::ApprovedBmcs(approved),
+            leases: LeaseIndex::default(),
+            wake: Arc::default(),
+        };
+        (d, store.clone(), Management::new(store, inputs))
+    }
+
+    fn lease_of(last: u8, ip: [u8; 4], expires: u64) -> crate::dhcp::Lease {
+        crate::dhcp::Lease {
+            ip: ip.into(),
+            mac: [0x52, 0x54, 0, 0, 0, last],
+            hostname: None,
+            expires,
+            state: crate::dhcp::LeaseState::Bound,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_intake_takes_each_lease_of_the_index_once_until_it_changes() {
+        use crate::dhcp::leases::Change;
+        let cap = Cap {
+            max: 1,
+            interval: Duration::from_secs(3600),
+        };
+        let (_d, store, m) = intake(cap, &["10.0.0.0/8"]);
+        let later = crate::sys::unix_now() + 600;
+        // Leases in the scope's index, however they got there (on etcd: granted by any
+        // appliance); an expired one is not taken.
+        m.leases.apply(&[
+            Change::Put(lease_of(1, [10, 0, 0, 5], later)),
+            Change::Put(lease_of(2, [10, 0, 0, 6], later)),
+            Change::Put(lease_of(3, [10, 0, 0, 7], 1)),
+        ]);
+        m.intake().await;
+        let names = || -> Vec<String> {
+            let (items, _) = store.list(&m.t_endpoint, None, None);
+            items.map(|o| meta::name(&o).to_string()).collect()
+        };
+        assert_eq!(
+            names(),
+            ["bmc-525400000001"],
+            "one slot: the second is capped"
         );
-        (d, store, m)
+        assert_eq!(m.metrics.capped.get(), 1);
+        // Looked at again: the taken lease is not read again, the capped one is retried.
+        m.intake().await;
+        assert_eq!(m.metrics.capped.get(), 2);
+        let past = std::time::Instant::now().checked_sub(Duration::from_secs(3600));
+        m.window.lock().unwrap().start = past.expect("a monotonic clock an hour old");
+        m.intake().await;
+        assert_eq!(names(), ["bmc-525400000001", "bmc-525400000002"]);
+        // A renewal (a new expiry) at another address is seen: the move is recorded.
+        m.leases.apply(&[
+            Change::Forget([10, 0, 0, 5].into()),
+            Change::Put(lease_of(1, [10, 0, 0, 9], later + 60)),
+        ]);
+        m.intake().await;
+        let e = store.get(&m.t_endpoint, None, "bmc-525400000001").unwrap();
+        assert_eq!(e["status"]["leaseIP"], "10.0.0.9", "{e}");
+        assert_eq!(
+            m.taken.lock().unwrap().len(),
+            2,
+            "one per lease the index holds"
+        );
     }
 
     fn grant(last: u8, ip: [u8; 4]) -> Grant {
@@ -533,6 +685,9 @@ mod tests {
         // Unknown prefix: counted, nothing written.
         let mut other = grant(2, [10, 0, 0, 7]);
         other.mac[0] = 0x02;
+        m.lease(&other).await;
+        assert_eq!(m.metrics.unknown_mac.get(), 1);
+        // Its renewal is the same unknown device: not counted again.
         m.lease(&other).await;
         assert_eq!(m.metrics.unknown_mac.get(), 1);
         assert_eq!(m.metrics.endpoints_created.get(), 1);

@@ -84,7 +84,7 @@ impl LeaseIndex {
     }
 
     /// Every bound lease, sorted by address.
-    pub(crate) fn all(&self) -> Vec<Lease> {
+    pub fn all(&self) -> Vec<Lease> {
         let mut v: Vec<Lease> = match self.inner.read() {
             Ok(g) => g.by_ip.values().cloned().collect(),
             Err(_) => Vec::new(),
@@ -101,8 +101,9 @@ impl LeaseIndex {
         self.len() == 0
     }
 
-    /// Apply persisted changes (called by the DHCP loop only).
-    pub(crate) fn apply(&self, changes: &[Change]) {
+    /// Apply persisted changes: the DHCP loop publishes its own once durable and the
+    /// ledger's mirror other appliances' (nothing else writes an index in production).
+    pub fn apply(&self, changes: &[Change]) {
         let Ok(mut g) = self.inner.write() else {
             return;
         };
