@@ -65,7 +65,7 @@ enum Command {
     #[command(subcommand)]
     Config(bootplane::cli::config::ConfigCmd),
     /// The store itself (`bootplane store migrate --to etcd|embedded`; on etcd, the
-    /// cluster's secrets keyring: `keygen`, `join`, `admit`, `rotate`, `keys`).
+    /// cluster's secrets keyring: `keygen`, `join`, `admit`, `rotate`, `keys`, `remove`).
     #[command(subcommand)]
     Store(StoreCmd),
     /// The discovery agent: print or post this machine's inventory (see docs/discovery.md;
@@ -137,6 +137,17 @@ enum StoreCmd {
     Rotate(RotateArgs),
     /// List the keyring's members and pending join requests (with fingerprints).
     Keys(KeyringArgs),
+    /// Take appliance NAME out of the keyring (its wrapping and join request): later
+    /// rotations no longer wrap the keys for it. Rotate after removing one.
+    Remove(RemoveArgs),
+}
+
+#[derive(Args)]
+struct RemoveArgs {
+    /// The appliance's name (its `store.etcd.name`).
+    name: String,
+    #[command(flatten)]
+    flags: ConfigFlags,
 }
 
 #[derive(Args)]
@@ -325,6 +336,7 @@ fn keyring(c: StoreCmd) -> Result<u8> {
         StoreCmd::Keygen(a) | StoreCmd::Join(a) | StoreCmd::Keys(a) => a.flags.clone(),
         StoreCmd::Admit(a) => a.flags.clone(),
         StoreCmd::Rotate(a) => a.flags.clone(),
+        StoreCmd::Remove(a) => a.flags.clone(),
     };
     let cfg = flags.resolve()?;
     init_logging(&cfg);
@@ -386,6 +398,13 @@ fn keyring(c: StoreCmd) -> Result<u8> {
                     r.keys.join(", "),
                     r.members.join(", ")
                 );
+            }
+            StoreCmd::Remove(a) => {
+                if k::remove(store, &a.name).await? {
+                    println!("removed {} from the cluster's keyring; run `bootplane store rotate` so that new writes use a key it never had", a.name);
+                } else {
+                    println!("{} has no wrapping or join request in the cluster's keyring", a.name);
+                }
             }
             StoreCmd::Keys(_) => {
                 let r = k::keys(store).await?;

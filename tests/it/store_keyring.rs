@@ -5,7 +5,8 @@
 //! rotate` re-seals everything under the new key on both, which still read it; `rotate
 //! --drop-old` once nothing is under the old key; and a ring sealed to an appliance's
 //! public key by someone who can write etcd (sealed boxes are anonymous) is refused
-//! by the running appliance and at its next start (the pin).
+//! by the running appliance and at its next start (the pin), and by a rotation until
+//! that appliance is removed from the keyring.
 
 use crate::support;
 
@@ -263,6 +264,31 @@ fn appliances_join_by_admission_and_rotate_the_cluster_key_together() {
     }
 
     forged_ring_is_refused(&etcd, &prefix, b, &b_dir, &b_args);
+
+    // A rotation wraps the keys only for public keys the keyring endorsed: b's record is
+    // the forged one now, so it is refused, naming b; once b is removed, it goes on.
+    let (code, _, err) = store(&a_dir, &a_args, &["rotate"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("record for b is not endorsed"), "{err}");
+    let (code, _, err) = store(&a_dir, &a_args, &["remove", "a"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("this appliance"), "{err}");
+    let out = store_ok(&a_dir, &a_args, &["remove", "b"]);
+    assert!(out.contains("removed b"), "{out}");
+    let out = store_ok(&a_dir, &a_args, &["rotate"]);
+    assert!(
+        out.contains("generation 4") && out.contains("wrapped for a;"),
+        "{out}"
+    );
+    a.wait_for(10, "a to take generation 4", || {
+        a.log()
+            .lines()
+            .any(|l| l.contains("keyring changed") && l.contains("generation=4"))
+            .then_some(())
+    });
+    assert_eq!(password(&a).as_deref(), Some(PASSWORD));
+    let listed = store_ok(&a_dir, &a_args, &["keys"]);
+    assert!(!listed.lines().any(|l| l.starts_with("b\t")), "{listed}");
 }
 
 /// A ring of someone's own sealed to b's public key and put into etcd around bootplane

@@ -531,6 +531,29 @@ pub async fn admit(
     })
 }
 
+/// `bootplane store remove NAME`: NAME's wrapping and join request deleted, so later
+/// rotations no longer wrap the keys for its identity. `false` when it had neither.
+pub async fn remove(cfg: &StoreConfig, name: &str) -> anyhow::Result<bool> {
+    check_name(name)?;
+    if name == cfg.etcd.member_name() {
+        bail!("{name} is this appliance: remove it from another appliance of the cluster");
+    }
+    let client = client::connect(&cfg.etcd).await?;
+    let k = Keys::new(&cfg.etcd);
+    let r = client
+        .kv_client()
+        .txn(Txn::new().and_then([
+            TxnOp::delete(k.member(name), None),
+            TxnOp::delete(k.request(name), None),
+        ]))
+        .await
+        .context("deleting from etcd")?;
+    Ok(r.op_responses().iter().any(|o| match o {
+        etcd_client::TxnOpResponse::Delete(d) => d.deleted() > 0,
+        _ => false,
+    }))
+}
+
 fn check_name(name: &str) -> anyhow::Result<()> {
     let cfg = EtcdConfig {
         name: Some(name.into()),
