@@ -289,6 +289,12 @@ fn appliances_join_by_admission_and_rotate_the_cluster_key_together() {
     assert_eq!(password(&a).as_deref(), Some(PASSWORD));
     let listed = store_ok(&a_dir, &a_args, &["keys"]);
     assert!(!listed.lines().any(|l| l.starts_with("b\t")), "{listed}");
+    // A restart takes the keys from etcd again (its pin agrees), no key file made.
+    let mut a = a;
+    a.stop();
+    a.spawn();
+    assert_eq!(password(&a).as_deref(), Some(PASSWORD));
+    assert!(a.log().contains("keys from the cluster's keyring"));
 }
 
 /// A ring of someone's own sealed to b's public key and put into etcd around bootplane

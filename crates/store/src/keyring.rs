@@ -129,6 +129,21 @@ pub fn same_fingerprint(a: &str, b: &str) -> bool {
     norm(a) == norm(b)
 }
 
+/// Whether `member`'s requested public key `pk` has the fingerprint `given` (what the
+/// operator read on `member`).
+pub fn check_fingerprint(member: &str, pk: &PublicKey, given: &str) -> Result<(), KeyringError> {
+    let requested = fingerprint(pk);
+    if same_fingerprint(&requested, given) {
+        Ok(())
+    } else {
+        Err(KeyringError::FingerprintMismatch {
+            member: member.into(),
+            requested,
+            given: given.into(),
+        })
+    }
+}
+
 fn hex_of(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -706,6 +721,18 @@ mod tests {
         assert_eq!(fp.len(), 39, "{fp}");
         assert!(same_fingerprint(&fp, &fp.to_uppercase().replace('-', ":")));
         assert!(!same_fingerprint(&fp, &Identity::random().fingerprint()));
+        check_fingerprint("b", &a.public(), &fp.to_uppercase()).unwrap();
+        let other = Identity::random().fingerprint();
+        let e = check_fingerprint("b", &a.public(), &other).unwrap_err();
+        assert_eq!(
+            e,
+            KeyringError::FingerprintMismatch {
+                member: "b".into(),
+                requested: fp.clone(),
+                given: other.clone()
+            }
+        );
+        assert!(e.to_string().contains("nothing was changed"), "{e}");
         assert!(!format!("{a:?}").contains(&b64().encode(a.secret.to_bytes())));
     }
 

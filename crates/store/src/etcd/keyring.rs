@@ -36,8 +36,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::client;
 use crate::keyring::{
-    fingerprint, parse_record, parse_request, request, same_fingerprint, unwrap, wrap, Identity,
-    KeyringError, Pin, Ring, IDENTITY_FILE, PIN_FILE,
+    check_fingerprint, fingerprint, parse_record, parse_request, request, unwrap, wrap, Identity,
+    Pin, Ring, IDENTITY_FILE, PIN_FILE,
 };
 use crate::seal::{read_raw_key_file, Sealer, SEALED_PREFIXES};
 use crate::settings::{EtcdConfig, StoreConfig};
@@ -499,15 +499,7 @@ pub async fn admit(
         );
     };
     let pk = parse_request(&req, name)?;
-    let requested = fingerprint(&pk);
-    if !same_fingerprint(&requested, fp) {
-        return Err(KeyringError::FingerprintMismatch {
-            member: name.into(),
-            requested,
-            given: fp.into(),
-        }
-        .into());
-    }
+    check_fingerprint(name, &pk, fp)?;
     let txn = Txn::new()
         .when([
             Compare::mod_revision(k.member(&local.me), CompareOp::Equal, my_rev),
