@@ -90,11 +90,12 @@ async fn get(client: &etcd_client::Client, key: &str) -> anyhow::Result<Option<(
         .map(|kv| (kv.value().to_vec(), kv.mod_revision())))
 }
 
-/// Every key under `prefix`: (name after the prefix, value, mod revision).
+/// Every key under `prefix`: (name after the prefix, value, mod revision), and the
+/// revision they were read at.
 async fn list(
     client: &etcd_client::Client,
     prefix: &str,
-) -> anyhow::Result<Vec<(String, Vec<u8>, i64)>> {
+) -> anyhow::Result<(Vec<(String, Vec<u8>, i64)>, i64)> {
     let opts = GetOptions::new()
         .with_range(prefix_end(prefix))
         .with_limit(MAX_MEMBERS + 1);
@@ -106,13 +107,16 @@ async fn list(
     if r.kvs().len() as i64 > MAX_MEMBERS {
         bail!("more than {MAX_MEMBERS} keys under {prefix}: refused");
     }
-    Ok(r.kvs()
+    let at = r.header().map(|h| h.revision()).unwrap_or(0);
+    let all = r
+        .kvs()
         .iter()
         .filter_map(|kv| {
             let name = kv.key_str().ok()?.strip_prefix(prefix)?.to_string();
             Some((name, kv.value().to_vec(), kv.mod_revision()))
         })
-        .collect())
+        .collect();
+    Ok((all, at))
 }
 
 /// Whether the cluster has a keyring (`keygen` ran, or any member has a wrapping).
@@ -589,8 +593,10 @@ pub async fn rotate(
     } else {
         ring.rotated()?
     };
-    let members = list(&client, &k.members()).await?;
-    let mut when = Vec::with_capacity(members.len());
+    let (members, at) = list(&client, &k.members()).await?;
+    // No member added or changed since the listing (an admit meanwhile would keep the
+    // older ring), and each as read.
+    let mut when = vec![Compare::mod_revision(k.members(), CompareOp::Less, at + 1).with_prefix()];
     let mut then = Vec::with_capacity(members.len());
     let mut names = Vec::with_capacity(members.len());
     for (name, value, rev) in &members {
@@ -674,7 +680,7 @@ pub async fn keys(cfg: &StoreConfig) -> anyhow::Result<Listing> {
     let client = client::connect(&cfg.etcd).await?;
     let k = Keys::new(&cfg.etcd);
     let mut out = Listing::default();
-    for (name, value, _) in list(&client, &k.members()).await? {
+    for (name, value, _) in list(&client, &k.members()).await?.0 {
         match parse_record(&value, &name) {
             Ok(r) => out
                 .members
@@ -682,7 +688,7 @@ pub async fn keys(cfg: &StoreConfig) -> anyhow::Result<Listing> {
             Err(e) => out.members.push((name, format!("({e})"), String::new())),
         }
     }
-    for (name, value, _) in list(&client, &k.requests()).await? {
+    for (name, value, _) in list(&client, &k.requests()).await?.0 {
         let fp = parse_request(&value, &name)
             .map(|pk| fingerprint(&pk))
             .unwrap_or_else(|e| format!("({e})"));
