@@ -6,7 +6,9 @@
 //! --drop-old` once nothing is under the old key; and a ring sealed to an appliance's
 //! public key by someone who can write etcd (sealed boxes are anonymous) is refused
 //! by the running appliance and at its next start (the pin), and by a rotation until
-//! that appliance is removed from the keyring.
+//! that appliance is removed from the keyring. At the library level: a mirror opened
+//! with keys read before a rotation lists a value under the new key by reading its
+//! keyring record again.
 
 use crate::support;
 
@@ -327,4 +329,91 @@ fn forged_ring_is_refused(
     b.stop();
     let err = refused_start(b_dir, b_args);
     assert!(err.contains("shares no key"), "{err}");
+}
+
+/// A mirror opened with keys read before a rotation (an appliance starting while
+/// another rotates) lists a value sealed with the new key: it reads its keyring
+/// record again and lists again instead of refusing to start. At the library level,
+/// so the order is forced: b's keys are read, then the rotation, then a re-seals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_reads_its_keyring_again_before_a_value_under_a_newer_key() {
+    use bootplane::model::registry::Registry;
+    use bootplane::store::etcd::{keyring as k, EtcdKv};
+    use bootplane::store::settings::{BackendKind, EtcdConfig, StoreConfig};
+    use bootplane::store::{Backend, Part, Store};
+    let etcd = EtcdCluster::start(1);
+    let prefix = format!("/bp-keyring-lib-{}/", std::process::id());
+    let cfg = |name: &str| StoreConfig {
+        backend: BackendKind::Etcd,
+        etcd: EtcdConfig {
+            endpoints: etcd.endpoints(),
+            prefix: prefix.clone(),
+            name: Some(name.into()),
+            request_timeout_ms: 2_000,
+            dial_timeout_ms: 500,
+            ..EtcdConfig::default()
+        },
+        ..StoreConfig::default()
+    };
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    k::keygen(&cfg("a"), da.path()).await.unwrap();
+    let joined = k::join(&cfg("b"), db.path()).await.unwrap();
+    assert!(!joined.already);
+    k::admit(&cfg("a"), da.path(), "b", &joined.fingerprint)
+        .await
+        .unwrap();
+    let a = Store::from_config(&cfg("a"), da.path()).await.unwrap();
+    let secret = Registry::global().resolve("secret").unwrap();
+    a.create(
+        &secret,
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s", "namespace": "default"},
+            "stringData": {"password": PASSWORD}}),
+    )
+    .await
+    .unwrap();
+    // b's keys: generation 1.
+    let (b_sealer, b_follower) = k::sealer_for(&cfg("b"), db.path()).await.unwrap();
+    assert!(b_sealer.is_cluster() && b_follower.is_some());
+    let r = k::rotate(&cfg("a"), da.path(), false).await.unwrap();
+    assert_eq!((r.generation, r.keys[0].as_str()), (2, "key2"));
+    // a takes generation 2; its writes are sealed with key2.
+    let key = format!("{prefix}objects/core/secrets/default/s");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let cur = (*a.get(&secret, Some("default"), "s").unwrap()).clone();
+        let mut upd = cur.clone();
+        upd["metadata"]["labels"] = json!({"n": format!("{}", rand_label())});
+        a.update(&secret, upd, Part::Main).await.unwrap();
+        if sealed_with(&etcd, &key) == "key2" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a never sealed with key2"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // b's mirror, with its generation-1 keys: the listing meets key2, b reads its
+    // record again (generation 2) and lists again.
+    let b = EtcdKv::open_keyed(&cfg("b").etcd, b_sealer.clone(), b_follower)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let b = Store::with_backend(Backend::Etcd(b));
+    let got = b.get(&secret, Some("default"), "s").unwrap();
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(got["data"]["password"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(raw, PASSWORD.as_bytes());
+    for s in [a, b] {
+        tokio::task::spawn_blocking(move || s.close())
+            .await
+            .unwrap();
+    }
+}
+
+fn rand_label() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
 }
