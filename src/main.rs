@@ -298,11 +298,14 @@ fn run(cli: Cli) -> Result<u8> {
                 .build()?;
             rt.block_on(async {
                 use bootplane::store::{etcd::EtcdKv, seal::Sealer, Backend, Store};
-                // Both engines read and write through the same keys: objects are
-                // decrypted as read and encrypted again as written.
+                // Objects are decrypted as read and encrypted again as written: the
+                // embedded store with the key file's keys, etcd with the cluster's
+                // keyring when it has one (else the same key file).
                 let sealer = Sealer::load(&cfg.store.key_file(&cfg.state_dir))?;
-                let embedded = Store::open_with(&cfg.state_dir, sealer.clone())?;
-                let etcd = EtcdKv::open(&cfg.store.etcd, sealer).await?;
+                let embedded = Store::open_with(&cfg.state_dir, sealer)?;
+                let (keys, _) =
+                    bootplane::store::etcd::keyring::sealer_for(&cfg.store, &cfg.state_dir).await?;
+                let etcd = EtcdKv::open(&cfg.store.etcd, keys).await?;
                 let etcd = Store::with_backend(Backend::Etcd(etcd));
                 let (from, to, what) = match a.to {
                     MigrateTo::Etcd => (&embedded, &etcd, "into etcd"),

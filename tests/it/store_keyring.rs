@@ -297,6 +297,33 @@ fn appliances_join_by_admission_and_rotate_the_cluster_key_together() {
     a.spawn();
     assert_eq!(password(&a).as_deref(), Some(PASSWORD));
     assert!(a.log().contains("keys from the cluster's keyring"));
+    // `store migrate --to embedded` reads etcd with the keyring's keys and seals the
+    // embedded store with the key file's.
+    a.stop();
+    let out = Command::new(bin())
+        .args(["store", "migrate", "--to", "embedded", "--state-dir"])
+        .arg(&a_dir)
+        .args(&a_args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("into the embedded store"),
+        "{err}"
+    );
+    let sealer = bootplane::store::seal::Sealer::load(&a_dir.join("secrets.key")).unwrap();
+    let embedded = bootplane::store::Store::open_with(&a_dir, sealer).unwrap();
+    let secret = bootplane::model::registry::Registry::global()
+        .resolve("secret")
+        .unwrap();
+    let got = embedded
+        .get(&secret, Some("default"), "keyring-secret")
+        .unwrap();
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(got["data"]["password"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(raw, PASSWORD.as_bytes());
+    embedded.close();
 }
 
 /// A ring of someone's own sealed to b's public key and put into etcd around bootplane
