@@ -411,6 +411,10 @@ fn keyring(c: StoreCmd) -> Result<u8> {
             }
             StoreCmd::Keys(_) => {
                 let r = k::keys(store).await?;
+                if r.members.is_empty() && r.requests.is_empty() {
+                    println!("the cluster has no keyring: each appliance reads its key file (`bootplane store keygen` makes one)");
+                    return anyhow::Ok(());
+                }
                 println!("MEMBER\tFINGERPRINT\tENDORSED BY");
                 for (n, fp, by) in &r.members {
                     println!("{n}\t{fp}\t{by}");
