@@ -637,7 +637,12 @@ async fn sealed_under_older_keys(
     cfg: &StoreConfig,
     primary: &str,
 ) -> anyhow::Result<usize> {
-    let mut older = 0;
+    // The cluster's sealing marker too (re-sealed by the same background pass).
+    let marker = format!("{}objects{}", cfg.etcd.prefix, super::marker::KEY);
+    let mut older = match get(client, &marker).await? {
+        Some((v, _)) => usize::from(crate::seal::sealed_key_name(&v) != Some(primary)),
+        None => 0,
+    };
     for p in SEALED_PREFIXES {
         let prefix = format!("{}objects{p}", cfg.etcd.prefix);
         let mut from = prefix.clone().into_bytes();
