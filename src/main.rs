@@ -64,7 +64,8 @@ enum Command {
     /// The client config: clusters, users, contexts (`bootplane config use-context NAME`).
     #[command(subcommand)]
     Config(bootplane::cli::config::ConfigCmd),
-    /// The store itself (`bootplane store migrate --to etcd|embedded`).
+    /// The store itself (`bootplane store migrate --to etcd|embedded`; on etcd, the
+    /// cluster's secrets keyring: `keygen`, `join`, `admit`, `rotate`, `keys`, `remove`).
     #[command(subcommand)]
     Store(StoreCmd),
     /// The discovery agent: print or post this machine's inventory (see docs/discovery.md;
@@ -121,6 +122,59 @@ enum StoreCmd {
     /// (`[store.etcd]`), or back; the destination must be empty. Stop every appliance
     /// first (docs/cluster.md).
     Migrate(MigrateArgs),
+    /// On the first appliance of a cluster on etcd: make this appliance's identity and
+    /// the cluster's secrets keyring in etcd (adopting the key file's keys when it
+    /// exists), wrapped for this appliance. Refused when the cluster has a keyring.
+    Keygen(KeyringArgs),
+    /// On a new appliance: make its identity and ask to join the cluster's keyring;
+    /// prints the `admit` command to run on an appliance of the cluster.
+    Join(KeyringArgs),
+    /// On an appliance of the cluster: wrap the keyring for appliance NAME, whose join
+    /// request must have the fingerprint `store join` printed there.
+    Admit(AdmitArgs),
+    /// On an appliance of the cluster: put a new key first in the keyring, for every
+    /// appliance; each re-seals the Secrets in the background.
+    Rotate(RotateArgs),
+    /// List the keyring's members and pending join requests (with fingerprints).
+    Keys(KeyringArgs),
+    /// Take appliance NAME out of the keyring (its wrapping and join request): later
+    /// rotations no longer wrap the keys for it. Rotate after removing one.
+    Remove(RemoveArgs),
+}
+
+#[derive(Args)]
+struct RemoveArgs {
+    /// The appliance's name (its `store.etcd.name`).
+    name: String,
+    #[command(flatten)]
+    flags: ConfigFlags,
+}
+
+#[derive(Args)]
+struct KeyringArgs {
+    #[command(flatten)]
+    flags: ConfigFlags,
+}
+
+#[derive(Args)]
+struct AdmitArgs {
+    /// The joining appliance's name (its `store.etcd.name`).
+    name: String,
+    /// The fingerprint `bootplane store join` printed on that appliance.
+    #[arg(long)]
+    fingerprint: String,
+    #[command(flatten)]
+    flags: ConfigFlags,
+}
+
+#[derive(Args)]
+struct RotateArgs {
+    /// Instead of adding a key: keep only the first one (refused while any sealed
+    /// object is still under an older key).
+    #[arg(long)]
+    drop_old: bool,
+    #[command(flatten)]
+    flags: ConfigFlags,
 }
 
 #[derive(Args)]
@@ -244,11 +298,14 @@ fn run(cli: Cli) -> Result<u8> {
                 .build()?;
             rt.block_on(async {
                 use bootplane::store::{etcd::EtcdKv, seal::Sealer, Backend, Store};
-                // Both engines read and write through the same keys: objects are
-                // decrypted as read and encrypted again as written.
+                // Objects are decrypted as read and encrypted again as written: the
+                // embedded store with the key file's keys, etcd with the cluster's
+                // keyring when it has one (else the same key file).
                 let sealer = Sealer::load(&cfg.store.key_file(&cfg.state_dir))?;
-                let embedded = Store::open_with(&cfg.state_dir, sealer.clone())?;
-                let etcd = EtcdKv::open(&cfg.store.etcd, sealer).await?;
+                let embedded = Store::open_with(&cfg.state_dir, sealer)?;
+                let (keys, _) =
+                    bootplane::store::etcd::keyring::sealer_for(&cfg.store, &cfg.state_dir).await?;
+                let etcd = EtcdKv::open(&cfg.store.etcd, keys).await?;
                 let etcd = Store::with_backend(Backend::Etcd(etcd));
                 let (from, to, what) = match a.to {
                     MigrateTo::Etcd => (&embedded, &etcd, "into etcd"),
@@ -263,12 +320,113 @@ fn run(cli: Cli) -> Result<u8> {
             })?;
             Ok(0)
         }
+        #[cfg(feature = "etcd")]
+        Command::Store(c) => keyring(c),
         #[cfg(not(feature = "etcd"))]
-        Command::Store(StoreCmd::Migrate(_)) => {
-            anyhow::bail!("store migrate: this bootplane was built without the etcd feature")
+        Command::Store(_) => {
+            anyhow::bail!("store: this bootplane was built without the etcd feature")
         }
         Command::Probe { args } => Ok(bootplane_probe::cli::run(&args).clamp(0, 255) as u8),
     }
+}
+
+/// The keyring's subcommands (`bootplane store keygen|join|admit|rotate|keys`).
+#[cfg(feature = "etcd")]
+fn keyring(c: StoreCmd) -> Result<u8> {
+    use bootplane::store::etcd::keyring as k;
+    let flags = match &c {
+        StoreCmd::Migrate(_) => unreachable!("dispatched before"),
+        StoreCmd::Keygen(a) | StoreCmd::Join(a) | StoreCmd::Keys(a) => a.flags.clone(),
+        StoreCmd::Admit(a) => a.flags.clone(),
+        StoreCmd::Rotate(a) => a.flags.clone(),
+        StoreCmd::Remove(a) => a.flags.clone(),
+    };
+    let cfg = flags.resolve()?;
+    init_logging(&cfg);
+    if cfg.store.backend != bootplane::store::settings::BackendKind::Etcd {
+        anyhow::bail!(
+            "the secrets keyring is for appliances on etcd: this config has store.backend = \"embedded\" (its key file is {})",
+            cfg.store.key_file(&cfg.state_dir).display()
+        );
+    }
+    let (store, dir) = (&cfg.store, cfg.state_dir.as_path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        match c {
+            StoreCmd::Migrate(_) => unreachable!("dispatched before"),
+            StoreCmd::Keygen(_) => {
+                bootplane::statedir::prepare(dir, &[])?;
+                let r = k::keygen(store, dir).await?;
+                match &r.adopted {
+                    Some(p) => println!(
+                        "the cluster's keyring holds the keys of {} ({}); this appliance ({}) is its first member",
+                        p.display(),
+                        r.keys.join(", "),
+                        r.member
+                    ),
+                    None => println!(
+                        "the cluster's keyring holds a new key ({}); this appliance ({}) is its first member",
+                        r.keys.join(", "),
+                        r.member
+                    ),
+                }
+                println!("fingerprint: {}", r.fingerprint);
+                println!("add an appliance: `bootplane store join` on it, then the `admit` it prints here");
+            }
+            StoreCmd::Join(_) => {
+                bootplane::statedir::prepare(dir, &[])?;
+                let r = k::join(store, dir).await?;
+                println!("fingerprint: {}", r.fingerprint);
+                if r.already {
+                    println!("{} is a member of the cluster's keyring already", r.member);
+                } else {
+                    println!("asked to join the cluster's keyring as {}; on an appliance of the cluster, run:", r.member);
+                    println!("  {}", r.admit_command());
+                }
+            }
+            StoreCmd::Admit(a) => {
+                let r = k::admit(store, dir, &a.name, &a.fingerprint).await?;
+                println!(
+                    "admitted {} (keyring generation {}): it may start now",
+                    r.member, r.generation
+                );
+            }
+            StoreCmd::Rotate(a) => {
+                let r = k::rotate(store, dir, a.drop_old).await?;
+                println!(
+                    "keyring generation {}: keys {}; wrapped for {}; each appliance re-seals in the background",
+                    r.generation,
+                    r.keys.join(", "),
+                    r.members.join(", ")
+                );
+            }
+            StoreCmd::Remove(a) => {
+                if k::remove(store, &a.name).await? {
+                    println!("removed {} from the cluster's keyring; run `bootplane store rotate` so that new writes use a key it never had", a.name);
+                } else {
+                    println!("{} has no wrapping or join request in the cluster's keyring", a.name);
+                }
+            }
+            StoreCmd::Keys(_) => {
+                let r = k::keys(store).await?;
+                if r.members.is_empty() && r.requests.is_empty() {
+                    println!("the cluster has no keyring: each appliance reads its key file (`bootplane store keygen` makes one)");
+                    return anyhow::Ok(());
+                }
+                println!("MEMBER\tFINGERPRINT\tENDORSED BY");
+                for (n, fp, by) in &r.members {
+                    println!("{n}\t{fp}\t{by}");
+                }
+                for (n, fp) in &r.requests {
+                    println!("{n}\t{fp}\t(join requested: bootplane store admit {n} --fingerprint {fp})");
+                }
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(0)
 }
 
 #[cfg(test)]

@@ -86,6 +86,8 @@ mod state_dir;
 mod status_validation;
 #[cfg(feature = "etcd")]
 mod store_etcd;
+#[cfg(feature = "etcd")]
+mod store_keyring;
 mod tftp_abuse;
 mod tftp_bad_input;
 mod tftp_clients;

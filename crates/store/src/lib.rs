@@ -20,6 +20,7 @@ pub mod engine;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod events;
+pub mod keyring;
 pub mod kv;
 pub mod metrics;
 pub mod migrate;
@@ -255,17 +256,21 @@ impl Store {
     }
 
     /// Open the store `[store]` names: the embedded one in `state_dir`, or etcd
-    /// (connected, mirror loaded), with the key file it names.
+    /// (connected, mirror loaded), with the key file it names (on etcd: or the
+    /// cluster's keyring, see [`etcd::keyring`]).
     pub async fn from_config(
         cfg: &settings::StoreConfig,
         state_dir: &Path,
     ) -> anyhow::Result<Store> {
-        let sealer = seal::Sealer::load(&cfg.key_file(state_dir))?;
         match cfg.backend {
-            settings::BackendKind::Embedded => Store::open_with(state_dir, sealer),
+            settings::BackendKind::Embedded => {
+                Store::open_with(state_dir, seal::Sealer::load(&cfg.key_file(state_dir))?)
+            }
             #[cfg(feature = "etcd")]
             settings::BackendKind::Etcd => {
-                let kv = etcd::EtcdKv::open(&cfg.etcd, sealer).await?;
+                // The key file, or the cluster's keyring (etcd::keyring).
+                let (sealer, keyring) = etcd::keyring::sealer_for(cfg, state_dir).await?;
+                let kv = etcd::EtcdKv::open_keyed(&cfg.etcd, sealer, keyring).await?;
                 Ok(Store::with_backend(Backend::Etcd(kv)))
             }
             #[cfg(not(feature = "etcd"))]

@@ -119,7 +119,13 @@ pub async fn run(
                     tracing::warn!(error = %e, "writing the cluster's sealing marker failed; retrying later");
                 }
             }
-            if pending {
+            if pending && sealer.is_cluster() {
+                tracing::info!(
+                    key = %primary,
+                    "every Secret and BMCSecret is encrypted with key {primary}: once every appliance says so, `bootplane store rotate --drop-old` removes the older keys from the cluster's keyring"
+                );
+                pending = false;
+            } else if pending {
                 tracing::info!(
                     key = %primary,
                     "every Secret and BMCSecret is encrypted with key {primary}: the older keys may be removed from the key file"

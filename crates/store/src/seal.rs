@@ -248,51 +248,109 @@ fn valid_name(n: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
 }
 
+/// One key's name and bytes, as a key file or the cluster's keyring holds it (the
+/// keyring wraps these for each appliance). `Debug` shows the name only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RawKey {
+    pub name: String,
+    pub secret: [u8; 32],
+}
+
+impl std::fmt::Debug for RawKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RawKey({:?})", self.name)
+    }
+}
+
+/// Check a list of keys: 1 to [`MAX_KEYS`], valid names, no name twice. Errors name
+/// the key (by position or name), never its secret.
+pub(crate) fn check_keys(keys: &[RawKey]) -> anyhow::Result<()> {
+    if keys.is_empty() {
+        bail!("it holds no [[keys]]");
+    }
+    if keys.len() > MAX_KEYS {
+        bail!("it holds {} keys, more than {MAX_KEYS}", keys.len());
+    }
+    for (i, k) in keys.iter().enumerate() {
+        if !valid_name(&k.name) {
+            bail!(
+                "key {} has name {:?}: names are 1-64 characters of [A-Za-z0-9-._], not {IDENTITY:?}",
+                i + 1,
+                k.name
+            );
+        }
+        if keys[..i].iter().any(|o| o.name == k.name) {
+            bail!("key name {:?} appears twice", k.name);
+        }
+    }
+    Ok(())
+}
+
+/// Most keys a key file or the cluster's keyring may hold.
+pub(crate) const MAX_RING_KEYS: usize = MAX_KEYS;
+
 impl Keyring {
+    /// The keyring of checked keys (the first seals).
+    pub(crate) fn from_raw(raw: &[RawKey]) -> anyhow::Result<Keyring> {
+        check_keys(raw)?;
+        Ok(Keyring {
+            keys: raw
+                .iter()
+                .map(|k| Key {
+                    name: Arc::from(k.name.as_str()),
+                    aead: XChaCha20Poly1305::new_from_slice(&k.secret).expect("32 bytes"),
+                })
+                .collect(),
+        })
+    }
+
     /// Parse a key file's text; errors name the key (by position or name), never
     /// its secret.
     fn parse(text: &str) -> anyhow::Result<Keyring> {
-        // toml's error quotes the offending line, which may hold a secret: not shown.
-        let file: KeyFile = toml::from_str(text).map_err(|e| {
-            let at = e.span().map(|s| text[..s.start].lines().count().max(1));
-            anyhow::anyhow!(
-                "not a key file (expected [[keys]] tables with name and secret){}",
-                at.map(|l| format!(", near line {l}")).unwrap_or_default()
-            )
-        })?;
-        if file.keys.is_empty() {
-            bail!("it holds no [[keys]]");
-        }
-        if file.keys.len() > MAX_KEYS {
-            bail!("it holds {} keys, more than {MAX_KEYS}", file.keys.len());
-        }
-        let mut keys: Vec<Key> = Vec::with_capacity(file.keys.len());
-        for (i, e) in file.keys.iter().enumerate() {
-            if !valid_name(&e.name) {
-                bail!(
+        Keyring::from_raw(&raw_keys(text)?)
+    }
+}
+
+/// A key file's keys; errors name the key (by position or name), never its secret.
+pub(crate) fn raw_keys(text: &str) -> anyhow::Result<Vec<RawKey>> {
+    // toml's error quotes the offending line, which may hold a secret: not shown.
+    let file: KeyFile = toml::from_str(text).map_err(|e| {
+        let at = e.span().map(|s| text[..s.start].lines().count().max(1));
+        anyhow::anyhow!(
+            "not a key file (expected [[keys]] tables with name and secret){}",
+            at.map(|l| format!(", near line {l}")).unwrap_or_default()
+        )
+    })?;
+    if file.keys.is_empty() {
+        bail!("it holds no [[keys]]");
+    }
+    if file.keys.len() > MAX_KEYS {
+        bail!("it holds {} keys, more than {MAX_KEYS}", file.keys.len());
+    }
+    let mut keys = Vec::with_capacity(file.keys.len());
+    for (i, e) in file.keys.iter().enumerate() {
+        if !valid_name(&e.name) {
+            bail!(
                     "key {} has name {:?}: names are 1-64 characters of [A-Za-z0-9-._], not {IDENTITY:?}",
                     i + 1,
                     e.name
                 );
-            }
-            if keys.iter().any(|k| *k.name == e.name) {
-                bail!("key name {:?} appears twice", e.name);
-            }
-            let raw = base64::engine::general_purpose::STANDARD
-                .decode(e.secret.trim())
-                .ok()
-                .filter(|b| b.len() == 32)
-                .ok_or_else(|| {
-                    anyhow::anyhow!("key {:?}: secret is not 32 bytes in base64", e.name)
-                })?;
-            keys.push(Key {
-                name: Arc::from(e.name.as_str()),
-                aead: XChaCha20Poly1305::new_from_slice(&raw).expect("32 bytes"),
-            });
         }
-        Ok(Keyring { keys })
+        let secret: [u8; 32] = base64::engine::general_purpose::STANDARD
+            .decode(e.secret.trim())
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| anyhow::anyhow!("key {:?}: secret is not 32 bytes in base64", e.name))?;
+        keys.push(RawKey {
+            name: e.name.clone(),
+            secret,
+        });
     }
+    check_keys(&keys)?;
+    Ok(keys)
+}
 
+impl Keyring {
     /// `plain` sealed with the first key: v1 (bound to `key`), or v2 when `binding`.
     fn seal(&self, key: &str, binding: Option<&Binding>, plain: &[u8]) -> Vec<u8> {
         use rand::RngCore as _;
@@ -387,6 +445,17 @@ impl Keyring {
     }
 }
 
+/// The name of the key a sealed stored value names in its envelope (in clear), `None`
+/// for a value that is not sealed (or not readably).
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
+pub(crate) fn sealed_key_name(stored: &[u8]) -> Option<&str> {
+    let body = stored
+        .strip_prefix(MAGIC)
+        .or_else(|| stored.strip_prefix(MAGIC_V2))?;
+    let colon = body.iter().take(65).position(|b| *b == b':')?;
+    std::str::from_utf8(&body[..colon]).ok()
+}
+
 /// What a stored value opened to.
 pub(crate) struct Opened<'a> {
     /// The plain text.
@@ -406,7 +475,11 @@ pub struct Sealer {
 }
 
 struct Inner {
+    /// The key file; with the cluster's keyring, this appliance's identity file.
     path: PathBuf,
+    /// The keys come from the cluster's keyring in etcd (`super::keyring`), swapped in
+    /// by [`Sealer::replace`]; the key file is not read.
+    cluster: bool,
     ring: RwLock<Arc<Keyring>>,
     /// The file's (mtime, size, inode) when it was last read.
     seen: Mutex<(i64, i64, u64, u64)>,
@@ -427,39 +500,58 @@ fn file_stamp(md: &std::fs::Metadata) -> (i64, i64, u64, u64) {
 
 /// Read the key file, refusing one that group or others may access.
 fn read_key_file(path: &Path) -> anyhow::Result<(Keyring, (i64, i64, u64, u64))> {
+    let (text, stamp) = read_key_text(path)?;
+    let ring =
+        Keyring::parse(&text).with_context(|| format!("encryption key file {}", path.display()))?;
+    Ok((ring, stamp))
+}
+
+/// The keys of the key file at `path` (checked as [`Sealer::load`] does; not created).
+pub fn read_raw_key_file(path: &Path) -> anyhow::Result<Vec<RawKey>> {
+    let (text, _) = read_key_text(path)?;
+    raw_keys(&text).with_context(|| format!("encryption key file {}", path.display()))
+}
+
+/// A private file's text (at most `max` bytes), refusing one that group or others
+/// may access or that another uid owns; `what` names it in errors.
+pub(crate) fn read_private(
+    path: &Path,
+    what: &str,
+    max: u64,
+) -> anyhow::Result<(String, (i64, i64, u64, u64))> {
     use std::io::Read as _;
-    let f = std::fs::File::open(path)
-        .with_context(|| format!("opening encryption key file {}", path.display()))?;
+    let f =
+        std::fs::File::open(path).with_context(|| format!("opening {what} {}", path.display()))?;
     let md = f
         .metadata()
-        .with_context(|| format!("reading encryption key file {}", path.display()))?;
+        .with_context(|| format!("reading {what} {}", path.display()))?;
     let mode = md.mode() & 0o7777;
     if mode & 0o077 != 0 {
         bail!(
-            "encryption key file {} has mode {mode:04o}: group or others may read it; make it 0600 (chmod 600) and restart",
+            "{what} {} has mode {mode:04o}: group or others may read it; make it 0600 (chmod 600) and restart",
             path.display()
         );
     }
     if md.uid() != nix::unistd::geteuid().as_raw() {
         bail!(
-            "encryption key file {} belongs to uid {}, not to the uid running bootplane",
+            "{what} {} belongs to uid {}, not to the uid running bootplane",
             path.display(),
             md.uid()
         );
     }
     let mut text = String::new();
-    f.take(MAX_FILE + 1)
+    f.take(max + 1)
         .read_to_string(&mut text)
-        .with_context(|| format!("reading encryption key file {}", path.display()))?;
-    if text.len() as u64 > MAX_FILE {
-        bail!(
-            "encryption key file {} is over {MAX_FILE} bytes",
-            path.display()
-        );
+        .with_context(|| format!("reading {what} {}", path.display()))?;
+    if text.len() as u64 > max {
+        bail!("{what} {} is over {max} bytes", path.display());
     }
-    let ring =
-        Keyring::parse(&text).with_context(|| format!("encryption key file {}", path.display()))?;
-    Ok((ring, file_stamp(&md)))
+    Ok((text, file_stamp(&md)))
+}
+
+/// The key file's text and stamp.
+fn read_key_text(path: &Path) -> anyhow::Result<(String, (i64, i64, u64, u64))> {
+    read_private(path, "encryption key file", MAX_FILE)
 }
 
 /// A new key file's text: one random 256-bit key named `key1`.
@@ -509,21 +601,60 @@ impl Sealer {
         Ok(Sealer {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
+                cluster: false,
                 ring: RwLock::new(Arc::new(ring)),
                 seen: Mutex::new(seen),
             }),
         })
     }
 
-    /// The key file.
+    /// The keys of the cluster's keyring (unwrapped with the identity at `identity`,
+    /// which [`Sealer::path`] then names); [`Sealer::reload`] reads no file.
+    pub fn from_keys(keys: &[RawKey], identity: &Path) -> anyhow::Result<Sealer> {
+        Ok(Sealer {
+            inner: Arc::new(Inner {
+                path: identity.to_path_buf(),
+                cluster: true,
+                ring: RwLock::new(Arc::new(Keyring::from_raw(keys)?)),
+                seen: Mutex::new((0, 0, 0, 0)),
+            }),
+        })
+    }
+
+    /// Swap in the keys of a newer keyring (a cluster-wide rotation).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd keyring's
+    pub(crate) fn replace(&self, keys: &[RawKey]) -> anyhow::Result<()> {
+        let ring = Keyring::from_raw(keys)?;
+        *self.inner.ring.write().unwrap() = Arc::new(ring);
+        Ok(())
+    }
+
+    /// Whether the keys come from the cluster's keyring (not a key file).
+    pub fn is_cluster(&self) -> bool {
+        self.inner.cluster
+    }
+
+    /// The key file (the identity file with the cluster's keyring).
     pub(crate) fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// The name of the key a sealed stored value names, when it is one this sealer
+    /// does not hold (a value sealed after a rotation this appliance has not seen yet).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // the etcd engine's
+    pub(crate) fn unknown_key(&self, stored: &[u8]) -> Option<String> {
+        let name = sealed_key_name(stored)?;
+        let ring = self.ring();
+        (!ring.keys.iter().any(|k| &*k.name == name)).then(|| name.to_string())
     }
 
     /// Read the key file again when it changed since it was last read (or when
     /// `force`): `Ok(true)` when it was read. A file that no longer reads (missing,
     /// malformed, readable by others) leaves the keys as they were.
     pub(crate) fn reload(&self, force: bool) -> anyhow::Result<bool> {
+        if self.inner.cluster {
+            return Ok(false);
+        }
         let path = &self.inner.path;
         let md = std::fs::metadata(path)
             .with_context(|| format!("reading encryption key file {}", path.display()))?;
@@ -686,256 +817,4 @@ impl Sealing {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ring(names: &[&str]) -> Keyring {
-        let mut text = String::new();
-        for n in names {
-            // The same name gives the same key bytes.
-            let secret = base64::engine::general_purpose::STANDARD
-                .encode([n.len() as u8 + n.as_bytes()[1]; 32]);
-            text.push_str(&format!(
-                "[[keys]]\nname = \"{n}\"\nsecret = \"{secret}\"\n"
-            ));
-        }
-        Keyring::parse(&text).unwrap()
-    }
-
-    const KEY: &str = "/core/secrets/default/s";
-    const PLAIN: &[u8] = br#"{"kind":"Secret","stringData":{"password":"hunter2"}}"#;
-
-    #[test]
-    fn round_trip_names_the_key_and_hides_the_text() {
-        let r = ring(&["k1"]);
-        let sealed = r.seal(KEY, None, PLAIN);
-        assert!(sealed.starts_with(b"bootplane:enc:xchacha20poly1305:v1:k1:"));
-        assert!(!sealed.windows(7).any(|w| w == b"hunter2"));
-        let (plain, name, legacy) = r
-            .open(KEY, Format::V1, &sealed[MAGIC.len()..], None)
-            .unwrap();
-        assert!(legacy, "v1 is a legacy envelope");
-        assert_eq!((plain.as_slice(), &*name), (PLAIN, "k1"));
-        // Two seals of the same text differ (a fresh nonce each).
-        assert_ne!(sealed, r.seal(KEY, None, PLAIN));
-    }
-
-    #[test]
-    fn older_keys_still_open_and_the_first_seals() {
-        let old = ring(&["k1"]);
-        let sealed = old.seal(KEY, None, PLAIN);
-        let both = ring(&["k2", "k1"]);
-        assert_eq!(
-            &*both
-                .open(KEY, Format::V1, &sealed[MAGIC.len()..], None)
-                .unwrap()
-                .1,
-            "k1"
-        );
-        let resealed = both.seal(KEY, None, PLAIN);
-        assert!(resealed.starts_with(b"bootplane:enc:xchacha20poly1305:v1:k2:"));
-    }
-
-    #[test]
-    fn wrong_key_tampering_unknown_key_and_another_object_are_errors() {
-        let r = ring(&["k1"]);
-        let sealed = r.seal(KEY, None, PLAIN);
-        let body = &sealed[MAGIC.len()..];
-        // A key of the same name but other bytes.
-        let other = Keyring::parse(&format!(
-            "[[keys]]\nname = \"k1\"\nsecret = \"{}\"\n",
-            base64::engine::general_purpose::STANDARD.encode([9u8; 32])
-        ))
-        .unwrap();
-        let e = other.open(KEY, Format::V1, body, None).unwrap_err();
-        assert!(
-            matches!(e, SealError::Decrypt { ref name, .. } if name == "k1"),
-            "{e}"
-        );
-        let mut tampered = body.to_vec();
-        let last = tampered.len() - 20;
-        tampered[last] ^= 1;
-        assert!(matches!(
-            r.open(KEY, Format::V1, &tampered, None).unwrap_err(),
-            SealError::Decrypt { .. }
-        ));
-        let e = ring(&["k7"]).open(KEY, Format::V1, body, None).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "/core/secrets/default/s is encrypted with key \"k1\", which the key file does not have"
-        );
-        // Bound to its object: the same bytes under another key do not open.
-        assert!(matches!(
-            r.open("/core/secrets/default/t", Format::V1, body, None)
-                .unwrap_err(),
-            SealError::Decrypt { .. }
-        ));
-        assert!(matches!(
-            r.open(KEY, Format::V1, b"k1:short", None).unwrap_err(),
-            SealError::Malformed { .. }
-        ));
-    }
-
-    #[test]
-    fn v2_is_bound_to_the_etcd_version_so_an_older_value_put_back_is_refused() {
-        let d = tempfile::tempdir().unwrap();
-        let s = Sealer::load(&d.path().join("secrets.key")).unwrap();
-        let at = |create_rev, version| Binding {
-            create_rev,
-            version,
-        };
-        // Created (version 1, create revision not known yet), then updated twice.
-        let (v1, _) = s.seal(KEY, Some(&Binding::CREATE), PLAIN);
-        assert!(v1.starts_with(b"bootplane:enc:xchacha20poly1305:v2:"));
-        let (v2, _) = s.seal(KEY, Some(&at(40, 2)), b"{\"n\":2}");
-        let (v3, _) = s.seal(KEY, Some(&at(40, 3)), b"{\"n\":3}");
-        let open = |b: &[u8], held| s.open(KEY, b, Some(&held)).map(|o| o.text.to_vec());
-        assert_eq!(open(&v1, at(40, 1)).unwrap(), PLAIN);
-        // Bound to no create revision (appliances of before): legacy; bound: not.
-        assert!(s.open(KEY, &v1, Some(&at(40, 1))).unwrap().legacy);
-        assert!(!s.open(KEY, &v2, Some(&at(40, 2))).unwrap().legacy);
-        // A create bound to its real create revision: a re-created key (a new create
-        // revision, version 1 again) does not take it back.
-        let (made, _) = s.seal(KEY, Some(&at(40, 1)), PLAIN);
-        assert_eq!(open(&made, at(40, 1)).unwrap(), PLAIN);
-        assert!(!s.open(KEY, &made, Some(&at(40, 1))).unwrap().legacy);
-        assert!(matches!(
-            open(&made, at(90, 1)).unwrap_err(),
-            SealError::Replayed { .. }
-        ));
-        assert_eq!(open(&v3, at(40, 3)).unwrap(), b"{\"n\":3}");
-        assert!(!s.open(KEY, &v3, Some(&at(40, 3))).unwrap().legacy);
-        // An older value put back: etcd's version moved on (every put bumps it).
-        let e = open(&v2, at(40, 4)).unwrap_err();
-        assert_eq!(
-            e,
-            SealError::Replayed {
-                key: KEY.into(),
-                sealed: 2,
-                held: 4
-            }
-        );
-        assert!(
-            e.to_string().contains(KEY) && e.to_string().contains("put back"),
-            "{e}"
-        );
-        assert!(open(&v1, at(40, 5)).is_err());
-        // Deleted and re-created with puts up to the old version: a new create revision.
-        assert!(matches!(
-            open(&v2, at(77, 2)).unwrap_err(),
-            SealError::Replayed { .. }
-        ));
-        // Another object's key, or the binding in the header edited to match: no.
-        assert!(matches!(
-            s.open("/core/secrets/default/t", &v3, Some(&at(40, 3)))
-                .err(),
-            Some(SealError::Decrypt { .. })
-        ));
-        let mut forged = v2.clone();
-        let at_binding = MAGIC_V2.len() + s.primary().len() + 1;
-        forged[at_binding + 15] = 4;
-        assert!(matches!(
-            open(&forged, at(40, 4)).unwrap_err(),
-            SealError::Decrypt { .. }
-        ));
-        // The embedded engine (no versions) opens v2 with its own binding, and v1 as
-        // before; a v1 value on etcd opens and says so (the reseal pass rewrites it).
-        assert!(!s.open(KEY, &v2, None).unwrap().legacy);
-        let (old, _) = s.seal(KEY, None, PLAIN);
-        let o = s.open(KEY, &old, Some(&at(40, 9))).unwrap();
-        assert_eq!((&*o.text, o.legacy), (PLAIN, true));
-        // v2's associated data is not v1's: a v2 body relabelled v1 does not open.
-        let mut relabelled = MAGIC.to_vec();
-        relabelled.extend_from_slice(&v3[MAGIC_V2.len()..]);
-        assert!(s.open(KEY, &relabelled, None).is_err());
-        assert!(
-            is_sealed("/auth.bootplane.dev/apitokens/t")
-                && must_be_sealed("/auth.bootplane.dev/apitokens/t")
-        );
-        assert!(!must_be_sealed(KEY));
-    }
-
-    #[test]
-    fn key_files_are_checked_without_showing_secrets() {
-        let bad = |text: &str, says: &str| {
-            let e = format!("{:#}", Keyring::parse(text).unwrap_err());
-            assert!(e.contains(says), "{e}");
-            assert!(!e.contains("c2VjcmV0"), "{e}");
-        };
-        bad("", "no [[keys]]");
-        bad("keys = []", "no [[keys]]");
-        bad(
-            "[[keys]]\nname = \"a\"\nsecret = \"c2VjcmV0\"\n",
-            "not 32 bytes",
-        );
-        bad(
-            "[[keys]]\nname = \"a b\"\nsecret = \"c2VjcmV0\"\n",
-            "names are",
-        );
-        bad(
-            "[[keys]]\nname = \"identity\"\nsecret = \"c2VjcmV0\"\n",
-            "names are",
-        );
-        bad(
-            "[[keys]]\nnom = \"a\"\nsecret = \"c2VjcmV0\"\n",
-            "not a key file",
-        );
-        let k = base64::engine::general_purpose::STANDARD.encode([1u8; 32]);
-        bad(
-            &format!("[[keys]]\nname = \"a\"\nsecret = \"{k}\"\n[[keys]]\nname = \"a\"\nsecret = \"{k}\"\n"),
-            "twice",
-        );
-        assert!(!format!("{:?}", ring(&["k1"])).contains(&k));
-    }
-
-    #[test]
-    fn the_file_is_created_private_refused_when_readable_and_reloaded() {
-        use std::os::unix::fs::PermissionsExt as _;
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("secrets.key");
-        let s = Sealer::load(&path).unwrap();
-        let md = std::fs::metadata(&path).unwrap();
-        assert_eq!(md.permissions().mode() & 0o777, 0o600);
-        assert_eq!(s.key_names().len(), 1);
-        let first = s.primary();
-        let (sealed, name) = s.seal(KEY, None, PLAIN);
-        assert_eq!(name, first);
-        let file = std::fs::read_to_string(&path).unwrap();
-        let secret = file
-            .lines()
-            .find_map(|l| l.strip_prefix("secret = "))
-            .unwrap();
-        assert!(!format!("{s:?}").contains(secret.trim_matches('"')));
-        // Loading again reads the same key.
-        assert_eq!(
-            &*Sealer::load(&path)
-                .unwrap()
-                .open(KEY, &sealed, None)
-                .unwrap()
-                .text,
-            PLAIN
-        );
-        // A new key first: reloaded, seals with it, still opens the old.
-        let text = std::fs::read_to_string(&path).unwrap();
-        let new = format!(
-            "[[keys]]\nname = \"key2\"\nsecret = \"{}\"\n{text}",
-            base64::engine::general_purpose::STANDARD.encode([5u8; 32])
-        );
-        std::fs::write(&path, new).unwrap();
-        assert!(s.reload(false).unwrap());
-        assert!(!s.reload(false).unwrap(), "unchanged: not read again");
-        assert_eq!(&*s.primary(), "key2");
-        assert_eq!(
-            s.open(KEY, &sealed, None).unwrap().key.as_deref(),
-            Some(&*first)
-        );
-        // Readable by others: refused, naming the file; the keys stay.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = format!("{:#}", Sealer::load(&path).unwrap_err());
-        assert!(e.contains("secrets.key") && e.contains("0644"), "{e}");
-        assert!(s.reload(true).is_err());
-        assert_eq!(&*s.primary(), "key2");
-        // A value in clear passes through, with no key.
-        assert!(s.open(KEY, PLAIN, None).unwrap().key.is_none());
-    }
-}
+mod tests;

@@ -26,7 +26,9 @@ pub struct StoreConfig {
     pub backend: BackendKind,
     /// The keys Secrets and BMCSecrets are encrypted with at rest (default
     /// `<state_dir>/secrets.key`, created on first start); see [`super::seal`].
-    /// With etcd, every appliance needs the same file.
+    /// With etcd: once the cluster has a keyring (`bootplane store keygen`), the keys
+    /// come from it instead (`etcd::keyring`); before, every appliance needs
+    /// the same file.
     pub encryption_key_file: Option<PathBuf>,
     pub etcd: EtcdConfig,
 }

@@ -44,6 +44,7 @@
 
 pub mod client;
 pub mod election;
+pub mod keyring;
 pub mod marker;
 mod retry;
 
@@ -115,7 +116,10 @@ struct Inner {
     known: AtomicU64,
     closed: AtomicBool,
     stop: CancellationToken,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The mirror's task and the keyring follower's.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The cluster's keyring, when the keys come from it ([`keyring`]).
+    keyring: Option<Arc<keyring::Follower>>,
     request_timeout: Duration,
     /// The keys Secrets are sealed with (the values etcd holds are encrypted), and
     /// which key each is stored under.
@@ -155,17 +159,39 @@ impl EtcdKv {
     /// says so and stops: an appliance does not start on an empty mirror), or when
     /// a sealed value opens with no key of `sealer`'s (naming the object and the key).
     pub async fn open(cfg: &EtcdConfig, sealer: Sealer) -> anyhow::Result<EtcdKv> {
+        EtcdKv::open_keyed(cfg, sealer, None).await
+    }
+
+    /// [`EtcdKv::open`] with the keys from the cluster's keyring, followed by
+    /// `keyring` ([`keyring::sealer_for`]).
+    pub async fn open_keyed(
+        cfg: &EtcdConfig,
+        sealer: Sealer,
+        keyring: Option<Arc<keyring::Follower>>,
+    ) -> anyhow::Result<EtcdKv> {
         use anyhow::Context as _;
         let sealing = Sealing::new(sealer);
         let client = client::connect(cfg).await?;
         let root = format!("{}objects", cfg.prefix);
         let request_timeout = Duration::from_millis(cfg.request_timeout_ms);
         let versions = Versions::default();
-        let listing = list(&client, &root, &sealing, &versions);
-        let (map, rev) = tokio::time::timeout(request_timeout * 2, listing)
-            .await
-            .map_err(|_| unavailable("timed out"))
-            .and_then(|r| r)
+        let listing = || {
+            let l = list(&client, &root, &sealing, &versions);
+            async move {
+                tokio::time::timeout(request_timeout * 2, l)
+                    .await
+                    .map_err(|_| unavailable("timed out"))
+                    .and_then(|r| r)
+            }
+        };
+        let mut listed = listing().await;
+        // A value sealed with a key rotated in since the keyring was read: read it again.
+        if let (Err(KvError::Sealed(e)), Some(k)) = (&listed, &keyring) {
+            if e.key_name().is_some() && k.refresh().await.unwrap_or(false) {
+                listed = listing().await;
+            }
+        }
+        let (map, rev) = listed
             .with_context(|| format!("listing {root} from etcd at {}", cfg.endpoints.join(",")))?;
         tracing::info!(objects = map.len(), rev, "store mirror loaded from etcd");
         let state = Arc::new(RwLock::new(State::new(map, rev)));
@@ -178,13 +204,18 @@ impl EtcdKv {
             known: AtomicU64::new(rev),
             closed: AtomicBool::new(false),
             stop: CancellationToken::new(),
-            task: Mutex::new(None),
+            tasks: Mutex::new(Vec::new()),
+            keyring,
             request_timeout,
             sealing,
             versions,
         });
         let task = tokio::spawn(follow(inner.clone(), events));
-        *inner.task.lock().unwrap() = Some(task);
+        inner.tasks.lock().unwrap().push(task);
+        if let Some(k) = &inner.keyring {
+            let task = tokio::spawn(k.clone().run(inner.stop.clone()));
+            inner.tasks.lock().unwrap().push(task);
+        }
         Ok(EtcdKv { inner, fence: None })
     }
 
@@ -570,8 +601,8 @@ impl EtcdKv {
     pub(crate) fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.stop.cancel();
-        let task = self.inner.task.lock().unwrap().take();
-        if let Some(t) = task {
+        let tasks = std::mem::take(&mut *self.inner.tasks.lock().unwrap());
+        for t in tasks {
             let _ = futures::executor::block_on(t);
         }
     }
@@ -822,6 +853,20 @@ async fn watch_from(inner: &Inner, events: &watch::Sender<Rev>, from: Rev) -> Re
         }
         if let Some(h) = resp.header() {
             inner.known.fetch_max(urev(h.revision()), Ordering::Relaxed);
+        }
+        // A value sealed with a key this appliance does not hold yet: another
+        // appliance took a rotated keyring first; read this one's before applying.
+        if let Some(k) = &inner.keyring {
+            let sealer = &inner.sealing.sealer;
+            if let Some(name) = resp
+                .events()
+                .iter()
+                .filter_map(|e| e.kv())
+                .find_map(|kv| sealer.unknown_key(kv.value()))
+            {
+                tracing::info!(key = %name, "a sealed value names a key this appliance does not hold: reading its keyring record");
+                k.refreshed().await;
+            }
         }
         apply(inner, events, resp.events());
     }
