@@ -3,7 +3,7 @@
 # Installs the Debian packages the tests need (scripts/test-packages.txt) when missing,
 # and the pinned PyPI tools (scripts/test-python.txt) into /opt/bootplane-test-venv,
 # then runs every unit, integration and end-to-end test, then every fuzz target for
-# FUZZ_SECS seconds each (default 20; 0 skips them; scripts/fuzz.sh, docs/fuzzing.md).
+# FUZZ_SECS seconds each (default 10; 0 skips them; scripts/fuzz.sh, docs/fuzzing.md).
 # The tests run under cargo-nextest (.config/nextest.toml): a process per test, every test
 # even after a failure; the run still fails, and the failures are listed at the end.
 # Arguments go to `cargo nextest run` (e.g. `-E 'test(/^tftp_/)'`; docs/testing.md). Needs root for apt and for the network-namespace tests.
@@ -71,7 +71,7 @@ failed=()
 # (FUZZ_OPT_LEVEL): a cold build in well under half the CPU time of cargo-fuzz's 3. An
 # input counts as hung after 60 s (FUZZ_TIMEOUT; 10 s alone): libFuzzer times an input by
 # the wall clock, and at nice 19 beside two busy cores a run can wait seconds for a core.
-fuzz_secs=${FUZZ_SECS:-20}
+fuzz_secs=${FUZZ_SECS:-10}
 fuzz_pid=
 fuzz_log=$(mktemp -t bootplane-fuzz.XXXXXX)
 trap '[[ -n $fuzz_pid ]] && kill -- -"$fuzz_pid" 2>/dev/null; rm -f "$fuzz_log"' EXIT
