@@ -188,8 +188,6 @@ impl Identity {
     /// Read the identity file, or create it (0600, a new key pair) when it does not
     /// exist; `true` when created.
     pub fn load_or_create(path: &Path) -> anyhow::Result<(Identity, bool)> {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
         if std::fs::symlink_metadata(path).is_ok() {
             return Ok((Identity::load(path)?, false));
         }
@@ -200,24 +198,9 @@ impl Identity {
              {IDENTITY_MAGIC} {}\n",
             b64().encode(secret.to_bytes())
         );
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-        {
-            Ok(mut f) => {
-                f.write_all(text.as_bytes())
-                    .and_then(|()| f.sync_all())
-                    .with_context(|| format!("writing store identity file {}", path.display()))?;
-                Ok((Identity { secret }, true))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                Ok((Identity::load(path)?, false))
-            }
-            Err(e) => {
-                Err(e).with_context(|| format!("creating store identity file {}", path.display()))
-            }
+        match super::seal::create_private(path, &text, "store identity file")? {
+            true => Ok((Identity { secret }, true)),
+            false => Ok((Identity::load(path)?, false)),
         }
     }
 

@@ -569,33 +569,35 @@ fn generated() -> String {
     )
 }
 
+/// Create `path` 0600 with `text`, written and synced, unless it exists: whether this
+/// call created it (`false`: another process did first). `what` names the file in errors.
+pub(crate) fn create_private(path: &Path, text: &str, what: &str) -> anyhow::Result<bool> {
+    use std::io::Write as _;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(mut f) => {
+            f.write_all(text.as_bytes())
+                .and_then(|()| f.sync_all())
+                .with_context(|| format!("writing {what} {}", path.display()))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("creating {what} {}", path.display())),
+    }
+}
+
 impl Sealer {
     /// Read the key file at `path`, creating it (0600, one random key) when it does
     /// not exist. Refuses a file group or others may read, naming it.
     pub fn load(path: &Path) -> anyhow::Result<Sealer> {
-        if std::fs::symlink_metadata(path).is_err() {
-            use std::io::Write as _;
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-            {
-                Ok(mut f) => {
-                    f.write_all(generated().as_bytes())
-                        .and_then(|()| f.sync_all())
-                        .with_context(|| {
-                            format!("writing encryption key file {}", path.display())
-                        })?;
-                    tracing::info!(path = %path.display(), "created the encryption key file for secrets at rest");
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    return Err(e).with_context(|| {
-                        format!("creating encryption key file {}", path.display())
-                    })
-                }
-            }
+        if std::fs::symlink_metadata(path).is_err()
+            && create_private(path, &generated(), "encryption key file")?
+        {
+            tracing::info!(path = %path.display(), "created the encryption key file for secrets at rest");
         }
         let (ring, seen) = read_key_file(path)?;
         Ok(Sealer {
