@@ -229,15 +229,15 @@ lease_time_secs = {lease_time}
         m
     }
 
-    /// `/metrics` of appliance `i`.
-    fn metrics(&self, i: usize) -> String {
-        let token = read(&self.path(&format!("state-{}/api-token", ["a", "b"][i])))
-            .trim()
-            .to_string();
-        let agent = support::api_agent(&self.path(&format!("state-{}", ["a", "b"][i])));
+    /// GET `path` on appliance `i`'s API (from inside its namespace), the body.
+    fn api_get(&self, i: usize, path: &str) -> String {
+        let state = self.path(&format!("state-{}", ["a", "b"][i]));
+        let token = read(&state.join("api-token")).trim().to_string();
+        let agent = support::api_agent(&state);
+        let url = format!("https://127.0.0.1:9090{path}");
         self.apps[i].run(move || {
             agent
-                .get("https://127.0.0.1:9090/metrics")
+                .get(&url)
                 .set("Authorization", &format!("Bearer {token}"))
                 .call()
                 .unwrap()
@@ -246,23 +246,20 @@ lease_time_secs = {lease_time}
         })
     }
 
+    /// `/metrics` of appliance `i`.
+    fn metrics(&self, i: usize) -> String {
+        self.api_get(i, "/metrics")
+    }
+
+    /// The items of the list at `path` on appliance `i`.
+    fn items(&self, i: usize, path: &str) -> Vec<serde_json::Value> {
+        let v: serde_json::Value = serde_json::from_str(&self.api_get(i, path)).unwrap();
+        v["items"].as_array().cloned().unwrap_or_default()
+    }
+
     /// The bound leases appliance `i` lists (its index: its own and its mirror's).
     fn listed(&self, i: usize) -> Vec<serde_json::Value> {
-        let token = read(&self.path(&format!("state-{}/api-token", ["a", "b"][i])))
-            .trim()
-            .to_string();
-        let agent = support::api_agent(&self.path(&format!("state-{}", ["a", "b"][i])));
-        let text = self.apps[i].run(move || {
-            agent
-                .get("https://127.0.0.1:9090/apis/dhcp.bootplane.dev/v1alpha1/leases")
-                .set("Authorization", &format!("Bearer {token}"))
-                .call()
-                .unwrap()
-                .into_string()
-                .unwrap()
-        });
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        v["items"].as_array().cloned().unwrap_or_default()
+        self.items(i, "/apis/dhcp.bootplane.dev/v1alpha1/leases")
     }
 
     fn logs(&self) -> String {
@@ -445,20 +442,7 @@ fn while_etcd_is_frozen_renewals_get_what_is_left_and_new_clients_wait() {
 
 /// The Endpoints appliance `i` lists.
 fn endpoints(lab: &Lab, i: usize) -> Vec<serde_json::Value> {
-    let state = lab.path(&format!("state-{}", ["a", "b"][i]));
-    let token = read(&state.join("api-token")).trim().to_string();
-    let agent = support::api_agent(&state);
-    let text = lab.apps[i].run(move || {
-        agent
-            .get("https://127.0.0.1:9090/apis/metal.ironcore.dev/v1alpha1/endpoints")
-            .set("Authorization", &format!("Bearer {token}"))
-            .call()
-            .unwrap()
-            .into_string()
-            .unwrap()
-    });
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["items"].as_array().cloned().unwrap_or_default()
+    lab.items(i, "/apis/metal.ironcore.dev/v1alpha1/endpoints")
 }
 
 #[test]

@@ -512,6 +512,33 @@ fn wait_console(lab: &Lab, vm: &Vm, serial: &[&str], limit: Duration) {
     }
 }
 
+/// Poll the domain's definition until a cdrom is on it with boot order 1 (sushy writes
+/// the cdrom and then its boot order as two definitions, so one read can land between
+/// them), within a minute: the cdrom's source file.
+fn cdrom_first(lab: &Lab, vm: &Vm) -> String {
+    let seen = std::cell::RefCell::new(None);
+    wait_for(
+        Duration::from_secs(60),
+        || {
+            let now = cdrom_of(lab, vm);
+            let done = matches!(now, Some((_, true)));
+            *seen.borrow_mut() = now;
+            done
+        },
+        || {
+            format!(
+                "no cdrom first in the boot order (last seen: {:?}): {:?}\n\
+                 --- sushy ---\n{}\n--- bootplane ---\n{}",
+                seen.borrow(),
+                lab.get_json("servers", &vm.name),
+                tail(&lab.sushy.log(), 10),
+                tail(&lab.log(), 30)
+            )
+        },
+    );
+    seen.into_inner().expect("the cdrom seen above").0
+}
+
 /// Whether `path` is an ISO 9660 image (the primary volume descriptor at 32 KiB).
 fn is_iso(path: &str) -> bool {
     std::fs::read(path).is_ok_and(|b| b.len() > 0x8006 && &b[0x8001..0x8006] == b"CD001")
@@ -547,23 +574,7 @@ fn driver_virtual_media_cd() {
     // machine on; sushy uploaded it as a volume of the daemon's pool. (The eject comes
     // once the script was fetched, tens of seconds into the boot under TCG.)
     let media = format!("{}/VirtualMedia/Cd", vm.system());
-    let seen = std::cell::RefCell::new(None);
-    wait_for(
-        Duration::from_secs(60),
-        || {
-            let now = cdrom_of(&lab, &vm);
-            let done = matches!(now, Some((_, true)));
-            *seen.borrow_mut() = now;
-            done
-        },
-        || {
-            format!(
-                "no inserted cdrom first in the boot order (last seen: {:?})",
-                seen.borrow()
-            )
-        },
-    );
-    let (src, _) = seen.into_inner().expect("the cdrom seen above");
+    let src = cdrom_first(&lab, &vm);
     assert!(
         src.starts_with(lab.path("libvirt/pool").to_str().unwrap()),
         "{src}"
@@ -601,27 +612,7 @@ fn driver_uefi_http_boot_uri() {
     // driver's PATCH is still being answered: poll the definition until it shows both,
     // with a deadline. One read as soon as the cdrom appeared could land between the
     // two writes and see the cdrom without the boot order (a clean-clone CI run did).
-    let seen = std::cell::RefCell::new(None);
-    wait_for(
-        Duration::from_secs(60),
-        || {
-            let now = cdrom_of(&lab, &vm);
-            let done = matches!(now, Some((_, true)));
-            *seen.borrow_mut() = now;
-            done
-        },
-        || {
-            format!(
-                "no cdrom from HttpBootUri first in the boot order (last seen: {:?}): {:?}\n\
-                 --- sushy ---\n{}\n--- bootplane ---\n{}",
-                seen.borrow(),
-                lab.get_json("servers", &vm.name),
-                tail(&lab.sushy.log(), 10),
-                tail(&lab.log(), 30)
-            )
-        },
-    );
-    let (src, _) = seen.into_inner().expect("the cdrom seen above");
+    let src = cdrom_first(&lab, &vm);
     assert!(
         is_iso(&src),
         "HttpBootUri's content is not an ISO image: {src}"

@@ -92,13 +92,8 @@ fn assert_readable(b: &Bootplane) {
     assert!(text.contains(&b64) || text.contains(MARKER), "{m}");
 }
 
-/// `bootplane_store_secrets_by_key{key="KEY"}` from `/metrics`, None when absent.
 fn by_key(b: &Bootplane, key: &str) -> Option<i64> {
-    let text = b.req("GET", "/metrics").call().ok()?.into_string().ok()?;
-    let want = format!("bootplane_store_secrets_by_key{{key=\"{key}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(want.as_str()))
-        .and_then(|v| v.trim().parse().ok())
+    b.secrets_by_key(key)
 }
 
 fn apply(b: &Bootplane) {

@@ -86,13 +86,8 @@ fn start(dir: &Path, extra: &[String]) -> Bootplane {
     Bootplane::start_in(dir, &extra.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
-/// `bootplane_store_secrets_by_key{key="KEY"}` of `b`, None when absent.
 fn by_key(b: &Bootplane, key: &str) -> Option<i64> {
-    let text = b.req("GET", "/metrics").call().ok()?.into_string().ok()?;
-    let want = format!("bootplane_store_secrets_by_key{{key=\"{key}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(want.as_str()))
-        .and_then(|v| v.trim().parse().ok())
+    b.secrets_by_key(key)
 }
 
 /// The Secret's password as `b` serves it, None until it does.

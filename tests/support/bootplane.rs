@@ -294,6 +294,21 @@ impl Bootplane {
         )
     }
 
+    /// `bootplane_store_secrets_by_key{key="KEY"}` from `/metrics`, None when absent (or
+    /// `/metrics` does not answer).
+    pub fn secrets_by_key(&self, key: &str) -> Option<i64> {
+        let text = self
+            .req("GET", "/metrics")
+            .call()
+            .ok()?
+            .into_string()
+            .ok()?;
+        let want = format!("bootplane_store_secrets_by_key{{key=\"{key}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(want.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     pub fn req(&self, method: &str, path: &str) -> ureq::Request {
         self.agent
             .request(method, &format!("{}{}", self.api, path))
