@@ -493,6 +493,12 @@ fn management_leases_become_endpoints_once_on_the_metal_leader() {
         m.lines()
             .any(|l| l.starts_with("bootplane_store_leader{group=\"metal\"} 1"))
     };
+    // The counter goes up just after the create it counts, which a list may show first.
+    wait_for(
+        Duration::from_secs(10),
+        || created(&lab.metrics(0)) + created(&lab.metrics(1)) >= N,
+        || "the creates are not all counted".into(),
+    );
     let (ma, mb) = (lab.metrics(0), lab.metrics(1));
     let leader = match (leader_of(&ma), leader_of(&mb)) {
         (true, false) => 0,
@@ -534,6 +540,11 @@ fn management_leases_become_endpoints_once_on_the_metal_leader() {
                 lab.logs()
             )
         },
+    );
+    wait_for(
+        Duration::from_secs(10),
+        || created(&lab.metrics(other)) >= 4,
+        || "the new leader's creates are not all counted".into(),
     );
     assert_eq!(
         created(&lab.metrics(other)),
