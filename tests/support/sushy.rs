@@ -87,12 +87,13 @@ pub struct Sushy {
     prefix: Vec<String>,
 }
 
+/// A free port below the kernel's ephemeral range ([`super::etcd::free_ports`]): a port
+/// from bind(0), released until sushy binds it, can meanwhile be taken by another
+/// emulator or an outgoing connection; sushy then exits and the readiness probe is
+/// answered by whoever holds the port (a suite run's `find_system` found another test
+/// emulator's systems there).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    super::etcd::free_ports(1)[0]
 }
 
 fn py_str(s: &str) -> String {
@@ -266,6 +267,16 @@ impl Sushy {
         let start = Instant::now();
         loop {
             if self.answers(&addr) {
+                // An emulator that could not bind exits at once: whoever answered was
+                // another process on the port.
+                std::thread::sleep(Duration::from_millis(300));
+                if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                    panic!(
+                        "sushy-emulator exited ({status}) while port {} answered (another process holds it):\n{}",
+                        self.port,
+                        self.log()
+                    );
+                }
                 return;
             }
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
