@@ -29,6 +29,9 @@ use support::netns::{enter_thread, Netns};
 use support::process::{must, read, wait_for, wait_output, Proc};
 use support::require::require;
 
+use bootplane::dhcp::members::owner;
+use bootplane::model::ident::parse_mac;
+
 /// The segment's first three octets.
 const NET: &str = "10.196.9";
 const PREFIX: &str = "/bp-cluster/";
@@ -328,6 +331,9 @@ fn two_appliances_lease_200_clients_with_no_address_twice() {
         let rec: serde_json::Value = serde_json::from_str(value).unwrap();
         assert_eq!(rec["mac"], mac(i), "{key}: {value}");
         assert_eq!(rec["state"], "bound", "{key}: {value}");
+        // granted by the client's owner: one appliance answers each DISCOVER
+        let owner = owner(["a", "b"], &parse_mac(&mac(i)).unwrap());
+        assert_eq!(rec["appliance"].as_str(), owner, "{key}: {value}");
         *by.entry(rec["appliance"].as_str().unwrap().to_string())
             .or_insert(0) += 1;
     }
@@ -438,6 +444,93 @@ fn while_etcd_is_frozen_renewals_get_what_is_left_and_new_clients_wait() {
     eprintln!("leased {:.1?} after etcd came back", t0.elapsed());
     assert_ne!(lab.leases()["c1"].1, ip0);
     drop(c0);
+}
+
+/// The client indexes `0..` whose MAC appliance `name` owns while both are live.
+fn owned_by(name: &str) -> impl Iterator<Item = usize> + '_ {
+    (0..).filter(move |&i| owner(["a", "b"], &parse_mac(&mac(i)).unwrap()) == Some(name))
+}
+
+#[test]
+fn a_killed_appliances_clients_are_answered_by_the_other_before_they_give_up() {
+    require("busybox");
+    require("nft");
+    let mine: Vec<usize> = owned_by("a").take(2).collect();
+    let (c1, c2) = (mine[0], mine[1]);
+    let mut lab = Lab::new(c2 + 1);
+    lab.start(600, 2000);
+    wait_for(
+        Duration::from_secs(10),
+        || (0..2).all(|i| metric(&lab.metrics(i), "bootplane_dhcp_cluster_members") == 2.0),
+        || format!("the appliances do not see each other\n{}", lab.logs()),
+    );
+
+    // a OFFERs to c1 (b leaves a's client to it), but never hears c1's REQUEST
+    // (option 53 = 3 where udhcpc puts it, first: UDP header 8 + BOOTP 236 + cookie 4 bytes)
+    let drop_requests = "table inet t {\n chain input {\n  type filter hook input priority 0;\n  \
+                         udp dport 67 @th,1984,24 0x350103 counter drop\n }\n}\n";
+    let rules = lab.path("drop-requests.nft");
+    std::fs::write(&rules, drop_requests).unwrap();
+    lab.apps[0].exec(&["nft", "-f", rules.to_str().unwrap()]);
+    // udhcpc: 3 REQUESTs 3 s apart, then it would start over with a DISCOVER
+    let mut cmd = lab.udhcpc(c1, true, 3);
+    cmd.args(["-T", "3"]);
+    let child = lab.spawn_in_clients(vec![cmd]).remove(0);
+    wait_for(
+        Duration::from_secs(10),
+        || {
+            let rules = must(
+                "ip",
+                &["netns", "exec", &lab.apps[0].name, "nft", "list", "ruleset"],
+            );
+            !rules.contains("counter packets 0 ")
+        },
+        || format!("c1's REQUEST never reached a\n{}", lab.logs()),
+    );
+
+    // a dies; c1's next REQUEST, naming a, is ACKed by b as a
+    lab.bps[0].kill9();
+    let killed = Instant::now();
+    // and c2, a's client too, DISCOVERs now: b answers once a's membership lapsed
+    let mut cmd = lab.udhcpc(c2, true, 6);
+    cmd.args(["-T", "2"]);
+    let child2 = lab.spawn_in_clients(vec![cmd]).remove(0);
+    for (c, child) in [(c1, child), (c2, child2)] {
+        let out = wait_output(child, Duration::from_secs(30), &format!("udhcpc c{c}"));
+        assert!(
+            out.status.success(),
+            "c{c} not leased: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            lab.logs()
+        );
+        let said = String::from_utf8_lossy(&out.stderr).to_string();
+        eprintln!("c{c} leased {:.1?} after a was killed", killed.elapsed());
+        if c == c1 {
+            // the lease came as from a, the server c1 had chosen (udhcpc prints the
+            // ACK's server identifier), not from a new DISCOVER
+            assert!(said.contains(&format!("obtained from {NET}.2,")), "{said}");
+        }
+    }
+    let mb = lab.metrics(1);
+    assert_eq!(metric(&mb, "bootplane_dhcp_cluster_members"), 1.0);
+    assert!(
+        metric(&mb, "bootplane_dhcp_cluster_stand_ins_total") >= 1.0,
+        "c1 was not answered on a's behalf (it started over with a DISCOVER?)"
+    );
+    let leases = lab.leases();
+    let records = lab
+        .etcd
+        .get_prefix(Some(&lab.sw), &format!("{PREFIX}dhcp/boot/"));
+    for c in [c1, c2] {
+        let ip = &leases[&format!("c{c}")].1;
+        let key = format!("{PREFIX}dhcp/boot/{ip}");
+        let (_, value) = records.iter().find(|(k, _)| *k == key).unwrap();
+        let rec: serde_json::Value = serde_json::from_str(value).unwrap();
+        assert_eq!(
+            (rec["mac"].as_str(), rec["appliance"].as_str()),
+            (Some(mac(c).as_str()), Some("b"))
+        );
+    }
 }
 
 /// The Endpoints appliance `i` lists.

@@ -24,6 +24,7 @@ use dhcproto::v4::{
 };
 
 use super::leases::{AllocError, LeaseTable};
+use super::members::View;
 use super::metrics::DropReason;
 pub use super::overload::MIN_MESSAGE_LEN;
 use super::settings::{BootTarget, DhcpMode, DhcpSettings, Reservation};
@@ -165,6 +166,9 @@ pub struct Server {
     pub table: LeaseTable,
     /// Per-machine script tokens for iPXE clients ([`Server::with_machine_scripts`]).
     machine_scripts: Option<MachineScripts>,
+    /// The appliances sharing the scope (leases in etcd): who answers which client
+    /// ([`super::members`]); `None`: this server answers everyone.
+    members: Option<View>,
 }
 
 /// The address reply `m` to `req` leaves the client at: the one it leases (`yiaddr`),
@@ -225,7 +229,19 @@ impl Server {
             server_ip,
             table,
             machine_scripts: None,
+            members: None,
         }
+    }
+
+    /// The appliances sharing this scope as they are now ([`super::members`]).
+    pub(crate) fn set_members(&mut self, view: View) {
+        self.members = Some(view);
+    }
+
+    /// This server answers `mac`'s DISCOVER and INIT-REBOOT: it owns the client among
+    /// the live members, or serves alone.
+    fn owns(&self, mac: &Mac) -> bool {
+        self.members.as_ref().is_none_or(|v| v.mine(mac))
     }
 
     /// Give iPXE on a known machine's MAC a script token for that machine
@@ -396,6 +412,9 @@ impl Server {
         let now = meta.now;
         match mtype {
             MessageType::Discover => {
+                if !self.owns(&mac) {
+                    return Outcome::Drop(DropReason::OtherMember);
+                }
                 let Some(si) = self.subnet_for(req) else {
                     return Outcome::Drop(DropReason::NoSubnet);
                 };
@@ -480,14 +499,29 @@ impl Server {
     ) -> Outcome {
         let now = meta.now;
         let sid = server_id(req);
-        if let Some(s) = sid {
-            if s != self.server_ip {
-                // The client chose another server: drop our offer.
-                self.table.cancel_offer(&mac);
-                return Outcome::Drop(DropReason::Ignored);
-            }
-        }
         let ci = req.ciaddr();
+        // The identifier the answer carries: ours, or a dead member's we stand in for.
+        let mut answer_as = self.server_ip;
+        match sid {
+            Some(s) if s != self.server_ip => {
+                if !self
+                    .members
+                    .as_ref()
+                    .is_some_and(|v| v.stands_in_for(s, &mac))
+                {
+                    // The client chose another server: drop our offer.
+                    self.table.cancel_offer(&mac);
+                    return Outcome::Drop(DropReason::Ignored);
+                }
+                answer_as = s;
+            }
+            // INIT-REBOOT: the client's owner answers it (renewals and rebinds, with
+            // `ciaddr`, are answered by whoever hears them).
+            None if ci.is_unspecified() && !self.owns(&mac) => {
+                return Outcome::Drop(DropReason::OtherMember);
+            }
+            _ => {}
+        }
         let wanted = match requested_ip(req) {
             Some(ip) => ip,
             None if !ci.is_unspecified() => ci,
@@ -514,6 +548,7 @@ impl Server {
                 return Outcome::Drop(DropReason::Ignored);
             }
             let mut m = self.base_reply(req, MessageType::Nak);
+            m.opts_mut().insert(DhcpOption::ServerIdentifier(answer_as));
             m.opts_mut().insert(DhcpOption::Message(
                 "requested address not available".into(),
             ));
@@ -531,6 +566,7 @@ impl Server {
         self.table
             .bind(wanted, mac, host, now + u64::from(lease_time));
         let mut m = self.base_reply(req, MessageType::Ack);
+        m.opts_mut().insert(DhcpOption::ServerIdentifier(answer_as));
         m.set_yiaddr(wanted);
         m.set_ciaddr(ci);
         self.add_lease_opts(&mut m, si, true);
@@ -579,7 +615,12 @@ impl Server {
             .set_chaddr(a.chaddr());
         let o = m.opts_mut();
         o.insert(DhcpOption::MessageType(MessageType::Nak));
-        o.insert(DhcpOption::ServerIdentifier(self.server_ip));
+        // The ACK's identifier: ours, or the dead member's it stood in for.
+        let sid = match a.opts().get(OptionCode::ServerIdentifier) {
+            Some(DhcpOption::ServerIdentifier(s)) => *s,
+            _ => self.server_ip,
+        };
+        o.insert(DhcpOption::ServerIdentifier(sid));
         o.insert(DhcpOption::Message(
             "address taken by another server".into(),
         ));
@@ -820,5 +861,7 @@ pub(crate) fn max_reply_len(req: &Message) -> usize {
     super::overload::max_len_for(v)
 }
 
+#[cfg(test)]
+mod member_tests;
 #[cfg(test)]
 mod tests;

@@ -29,10 +29,12 @@ pub enum DropReason {
     /// etcd (the leases shared with other appliances) is unreachable: no new address
     /// is offered ([`super::cluster`]).
     LedgerUnavailable,
+    /// Another live appliance sharing the scope owns the client ([`super::members`]).
+    OtherMember,
 }
 
 impl DropReason {
-    pub(crate) const ALL: [DropReason; 9] = [
+    pub(crate) const ALL: [DropReason; 10] = [
         DropReason::Malformed,
         DropReason::NotRequest,
         DropReason::RateLimited,
@@ -42,6 +44,7 @@ impl DropReason {
         DropReason::PersistFailed,
         DropReason::SendFailed,
         DropReason::LedgerUnavailable,
+        DropReason::OtherMember,
     ];
 }
 
@@ -86,6 +89,10 @@ pub struct Metrics {
     pub cluster_degraded_acks: Counter,
     /// Listings of the scope's leases in etcd (start, watch compacted or broken).
     pub cluster_relists: Counter,
+    /// ACKs and NAKs sent on behalf of a dead member ([`super::members`]).
+    pub cluster_stand_ins: Counter,
+    /// Live appliances sharing the scope, this one included.
+    pub cluster_members: Gauge,
 }
 
 impl Metrics {
@@ -159,6 +166,16 @@ impl Metrics {
             "cluster_relists",
             "listings of the scope's leases in etcd (start, watch compacted or broken)",
             self.cluster_relists.clone(),
+        );
+        r.register(
+            "cluster_stand_ins",
+            "ACKs and NAKs sent on behalf of a dead appliance (a REQUEST that named it)",
+            self.cluster_stand_ins.clone(),
+        );
+        r.register(
+            "cluster_members",
+            "live appliances sharing the scope's leases, this one included",
+            self.cluster_members.clone(),
         );
     }
 }

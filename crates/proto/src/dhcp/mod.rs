@@ -36,6 +36,7 @@ pub mod core;
 pub mod grants;
 pub mod leases;
 pub mod ledger;
+pub mod members;
 pub mod metrics;
 pub mod overload;
 pub mod persist;
@@ -288,6 +289,13 @@ fn queue_datagram(data: &[u8], from: SocketAddr, port: u16, batch: &mut Vec<Pack
     }
 }
 
+/// `r` carries another server's identifier: sent on a dead member's behalf.
+fn stood_in(r: &Reply, server_ip: Ipv4Addr) -> bool {
+    use dhcproto::v4::{DhcpOption, OptionCode};
+    matches!(r.msg.opts().get(OptionCode::ServerIdentifier),
+        Some(DhcpOption::ServerIdentifier(s)) if *s != server_ip)
+}
+
 /// One request through the rate limit, the decoder and the server at `now` (the batch's
 /// clock readings): the reply to send and the port to send it from, if any (drops and
 /// silences are counted here).
@@ -321,6 +329,9 @@ fn handle_packet(
         Outcome::Reply(r) => {
             if r.kind == ReplyKind::Ack {
                 reporter.acked(&msg, &r);
+            }
+            if matches!(r.kind, ReplyKind::Ack | ReplyKind::Nak) && stood_in(&r, server.server_ip) {
+                metrics.cluster_stand_ins.inc();
             }
             return Some((r, p.port));
         }
@@ -513,6 +524,62 @@ async fn open_ledger(
     }
 }
 
+/// With leases shared in etcd: this appliance registered as a member of the scope and
+/// the members listed into `server` ([`members`]); the receiver of later views. `None`
+/// when shutdown came first; `Some(None)` when the scope is not shared.
+#[allow(clippy::type_complexity)]
+async fn join_members(
+    shared: Option<Shared>,
+    server: &mut Server,
+    metrics: &Metrics,
+    shutdown: &mut Shutdown,
+) -> Result<Option<Option<tokio::sync::watch::Receiver<members::View>>>> {
+    let Some(sh) = shared else {
+        return Ok(Some(None));
+    };
+    #[cfg(not(feature = "etcd"))]
+    {
+        let _ = (sh, server, metrics, shutdown);
+        Ok(Some(None))
+    }
+    #[cfg(feature = "etcd")]
+    {
+        let me = members::etcd::Me {
+            name: sh.etcd.member_name(),
+            ip: server.server_ip,
+            ttl: server.settings.member_ttl,
+        };
+        let Some(mut rx) = members::etcd::start(&sh.etcd, &sh.scope, me, shutdown).await? else {
+            return Ok(None);
+        };
+        let view = rx.borrow_and_update().clone();
+        tracing::info!(scope = %sh.scope, live = ?view.live().collect::<Vec<_>>(), "dhcp members listed");
+        metrics.cluster_members.set(view.live().count() as i64);
+        server.set_members(view);
+        Ok(Some(Some(rx)))
+    }
+}
+
+/// A new view of the members (`changed`: the watch's news) applied to `server`.
+fn members_changed(
+    changed: std::result::Result<(), tokio::sync::watch::error::RecvError>,
+    members: &mut Option<tokio::sync::watch::Receiver<members::View>>,
+    server: &mut Server,
+    metrics: &Metrics,
+) {
+    match changed {
+        Ok(()) => {
+            if let Some(rx) = members.as_mut() {
+                let view = rx.borrow_and_update().clone();
+                metrics.cluster_members.set(view.live().count() as i64);
+                server.set_members(view);
+            }
+        }
+        // The follower stopped (shutdown): keep the last view.
+        Err(_) => *members = None,
+    }
+}
+
 /// A change of the reservations (`changed`: the watch's news) applied to `server`.
 fn reservations_changed(
     changed: std::result::Result<(), tokio::sync::watch::error::RecvError>,
@@ -606,8 +673,13 @@ pub async fn run_scope(
         None => scope.log_path.display().to_string(),
     };
     let m = (&index, &metrics);
+    let shared = scope.shared.clone();
     let opened = open_ledger(scope.log_path, scope.shared, &mut server, m, &mut shutdown).await?;
     let Some((ledger, loaded)) = opened else {
+        return Ok(());
+    };
+    let Some(mut members) = join_members(shared, &mut server, &metrics, &mut shutdown).await?
+    else {
         return Ok(());
     };
 
@@ -651,6 +723,12 @@ pub async fn run_scope(
                     None => std::future::pending().await,
                 }
             } => reservations_changed(changed, &mut reservations, &mut server),
+            changed = async {
+                match members.as_mut() {
+                    Some(rx) => rx.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => members_changed(changed, &mut members, &mut server, &metrics),
             done = inflight_done(&mut p.inflight), if p.inflight.is_some() => {
                 p.inflight = None;
                 let (server, index, reporter, metrics) = (&mut server, &index, &mut reporter, &metrics);

@@ -102,6 +102,9 @@ pub struct DhcpConfig {
     /// Group-commit window: least milliseconds between the starts of two lease-log
     /// commits (default 2; 0 = commit as soon as the previous one is done).
     pub commit_window_ms: Option<u64>,
+    /// With leases in etcd: the TTL of this appliance's membership lease (2-30 s,
+    /// default 3); a killed appliance's clients go to the others within it.
+    pub member_ttl_secs: Option<u64>,
 }
 
 impl DhcpConfig {
@@ -110,6 +113,9 @@ impl DhcpConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.enabled && self.interface.is_none() {
             bail!("dhcp.enabled needs dhcp.interface");
+        }
+        if self.member_ttl_secs.is_some_and(|t| !(2..=30).contains(&t)) {
+            bail!("dhcp.member_ttl_secs must be between 2 and 30");
         }
         if self.mode == DhcpMode::Authoritative
             && self.enabled
@@ -304,6 +310,8 @@ pub struct DhcpSettings {
     pub commit_window: std::time::Duration,
     /// Prefix length for the `range` shorthand when the interface does not tell.
     pub default_prefix_len: Option<u8>,
+    /// With leases in etcd: the membership lease's TTL ([`super::members`]).
+    pub member_ttl: std::time::Duration,
 }
 
 pub(crate) fn prefix_mask(len: u8) -> u32 {
@@ -504,6 +512,9 @@ impl DhcpSettings {
                 raw.commit_window_ms.unwrap_or(2).min(100),
             ),
             default_prefix_len: raw.prefix_len,
+            member_ttl: std::time::Duration::from_secs(
+                raw.member_ttl_secs.unwrap_or(3).clamp(2, 30),
+            ),
         })
     }
 }
