@@ -17,9 +17,9 @@
 //! store; 2 appliances on a 3-member etcd both answering the machines' segment; the
 //! same 2 with the `metal` leader SIGKILLed when half of the machines have powered on.
 //! It prints failures by stage, time to complete, median and spread per scenario and
-//! of the per-round ratio, and every goal, met or not. There, a machine whose boot
-//! fails at a stage starts over from DHCP once (`--boot-retries`, default 1 there, 0
-//! elsewhere), as firmware retries its boot sequence.
+//! of the per-round ratio, and every goal, met or not. A machine whose boot fails at a
+//! stage may start over from DHCP, as firmware retries its boot sequence
+//! (`--boot-retries N`, default 0: a failed stage is a failed machine).
 //!
 //! Each machine is a tokio task in this process that behaves like PXE firmware and
 //! iPXE (its TFTP transfer is driven by a small epoll client engine, see
@@ -118,7 +118,7 @@ struct Args {
     cluster: bool,
     /// Rounds of each cluster scenario.
     rounds: usize,
-    /// Whole-boot retries per machine (default 0, 1 with `--cluster`).
+    /// Whole-boot retries per machine (default 0).
     boot_retries: Option<u32>,
     /// The TFTP windowsize the simulated firmware offers (1: lockstep, the default;
     /// `--firmware windowsize`: 8, as firmware with RFC 7440 support).
@@ -400,6 +400,8 @@ struct Result1 {
     absorbed: Vec<(Stage, String)>,
     /// The address the machine booted with.
     ip: Option<Ipv4Addr>,
+    /// When its boot ended (booted or failed).
+    ended: Instant,
 }
 
 /// Replies to the shared port-68 socket, by xid.
@@ -538,12 +540,14 @@ fn dhcp_msg(
 }
 
 /// One DHCP exchange step: send `pkt`, wait for a reply of `want` (or NAK) with the
-/// client's retransmission schedule ([`Client::timers`]).
+/// client's retransmission schedule ([`Client::timers`]). With `chosen` (a REQUEST to
+/// that server) only replies carrying its server identifier count, as iPXE, EDK2 and
+/// busybox udhcpc take them.
 async fn exchange(
     ctx: &Ctx,
     rx: &mut mpsc::UnboundedReceiver<Message>,
     (pkt, client): (&[u8], Client),
-    want: MessageType,
+    (want, chosen): (MessageType, Option<Ipv4Addr>),
     retx: &mut u32,
 ) -> Result<Message, String> {
     let dst = SocketAddr::from((Ipv4Addr::BROADCAST, 67));
@@ -561,6 +565,7 @@ async fn exchange(
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Err(_) => break,
                 Ok(None) => return Err("receiver gone".into()),
+                Ok(Some(m)) if chosen.is_some_and(|c| server_of(&m) != Some(c)) => continue,
                 Ok(Some(m)) => match m.opts().msg_type() {
                     Some(t) if t == want => return Ok(m),
                     Some(MessageType::Nak) => return Err("nak".into()),
@@ -573,6 +578,14 @@ async fn exchange(
         "no {want:?} after 4 tries ({} s)",
         timers.iter().sum::<u64>()
     ))
+}
+
+/// A reply's server identifier (option 54).
+fn server_of(m: &Message) -> Option<Ipv4Addr> {
+    match m.opts().get(OptionCode::ServerIdentifier) {
+        Some(DhcpOption::ServerIdentifier(s)) => Some(*s),
+        _ => None,
+    }
 }
 
 struct Lease {
@@ -600,7 +613,7 @@ async fn dhcp(ctx: &Ctx, m: &Machine, client: Client, retx: &mut u32) -> Result<
                     &dhcp_msg(m, client, xid, MessageType::Discover, None),
                     client,
                 ),
-                MessageType::Offer,
+                (MessageType::Offer, None),
                 retx,
             )
             .await?;
@@ -615,7 +628,8 @@ async fn dhcp(ctx: &Ctx, m: &Machine, client: Client, retx: &mut u32) -> Result<
                 MessageType::Request,
                 Some((offer.yiaddr(), sid)),
             );
-            match exchange(ctx, &mut rx, (&req, client), MessageType::Ack, retx).await {
+            let want = (MessageType::Ack, Some(sid));
+            match exchange(ctx, &mut rx, (&req, client), want, retx).await {
                 Ok(ack) => {
                     let file = match ack.opts().get(OptionCode::BootfileName) {
                         Some(DhcpOption::BootfileName(f)) => String::from_utf8_lossy(f)
@@ -825,6 +839,7 @@ async fn boot(ctx: Arc<Ctx>, m: Machine, base: HttpBase, retries: u32) -> Result
             }
             _ => {
                 r.total = start.elapsed();
+                r.ended = Instant::now();
                 r.retransmits = retx;
                 r.absorbed = absorbed;
                 return r;
@@ -850,6 +865,7 @@ async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
         retransmits: retx,
         absorbed: Vec::new(),
         ip: None,
+        ended: Instant::now(),
     };
     let lease = match dhcp(ctx, m, Client::Firmware, &mut retx).await {
         Ok(l) => l,
@@ -864,10 +880,6 @@ async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
         );
     }
     lap(Stage::Dhcp, &mut stage);
-    let http_base = match base {
-        HttpBase::Fixed(b) => b.clone(),
-        HttpBase::FromLease => format!("http://{}:{HTTP_PORT}", lease.tftp),
-    };
     match tftp(ctx, &lease, &mut retx).await {
         Ok(n) if n == BOOT_FILE_SIZE => {}
         Ok(n) => return fail(Stage::Tftp, format!("got {n} bytes"), stage, retx),
@@ -882,6 +894,14 @@ async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
         Err(e) => return fail(Stage::IpxeDhcp, e, stage, retx),
     };
     lap(Stage::IpxeDhcp, &mut stage);
+    // iPXE chains the file its ACK names: the answering appliance's script URL.
+    let http_base = match base {
+        HttpBase::Fixed(b) => b.clone(),
+        HttpBase::FromLease => match ipxe.file.strip_suffix("/boot.ipxe") {
+            Some(b) if b.starts_with("http://") => b.to_string(),
+            _ => format!("http://{}:{HTTP_PORT}", ipxe.tftp),
+        },
+    };
     let mut http = Http {
         local: ipxe.ip,
         conn: None,
@@ -952,6 +972,7 @@ async fn boot_once(ctx: &Ctx, m: &Machine, base: &HttpBase) -> Result1 {
         retransmits: retx,
         absorbed: Vec::new(),
         ip: Some(ipxe.ip),
+        ended: Instant::now(),
     }
 }
 
@@ -1055,6 +1076,7 @@ fn storm(a: &StormArgs, at_half: Option<AtHalf>) -> StormResult {
                     retransmits: 0,
                     absorbed: Vec::new(),
                     ip: None,
+                    ended: Instant::now(),
                 }),
                 Err(_) => results.push(Result1 {
                     ok: false,
@@ -1064,6 +1086,7 @@ fn storm(a: &StormArgs, at_half: Option<AtHalf>) -> StormResult {
                     retransmits: 0,
                     absorbed: Vec::new(),
                     ip: None,
+                    ended: Instant::now(),
                 }),
             }
         }
