@@ -250,15 +250,35 @@ fn drive_reserved(
     status: &mut Value,
     power: Option<&PowerState>,
 ) -> Result<(), StoreError> {
-    let (ns, bn) = sv
-        .spec
+    let (ns, bn) = boot_configuration_of(sv);
+    let sbc_state = (c.store.get(&c.t_sbc, Some(ns), bn).ok())
+        .and_then(|b| read::<ServerBootConfiguration>(&b).status.state);
+    if let Some(want) = reserved_conditions(sv, status, sbc_state.as_ref(), power) {
+        apply_power(c, s, status, want);
+    }
+    Ok(())
+}
+
+/// The namespace and name of the claimed server's boot configuration.
+fn boot_configuration_of(sv: &Server) -> (&str, &str) {
+    sv.spec
         .boot_configuration_ref
         .as_ref()
         .map_or(("default", ""), |r| {
             (r.namespace.as_deref().unwrap_or("default"), r.name.as_str())
-        });
-    let sbc_state = (c.store.get(&c.t_sbc, Some(ns), bn).ok())
-        .and_then(|b| read::<ServerBootConfiguration>(&b).status.state);
+        })
+}
+
+/// The conditions of a claimed server whose boot configuration is in `sbc_state`, set
+/// in `status`; the power to apply, when the server is not powered as it should be
+/// (the caller applies it, which sets `PowerReady`).
+fn reserved_conditions(
+    sv: &Server,
+    status: &mut Value,
+    sbc_state: Option<&BootConfigurationState>,
+    power: Option<&PowerState>,
+) -> Option<Power> {
+    let (ns, bn) = boot_configuration_of(sv);
     let want = Power::parse(sv.spec.power.as_ref().map_or("Off", PowerState::as_str))
         .unwrap_or(Power::Off);
     let power = power.map_or("", PowerState::as_str);
@@ -272,16 +292,15 @@ fn drive_reserved(
                 &format!("ServerBootConfiguration {ns}/{bn} is Ready"),
             );
             if power != want.as_str() {
-                apply_power(c, s, status, want);
-            } else {
-                set_condition(
-                    status,
-                    "PowerReady",
-                    true,
-                    "InState",
-                    &format!("server is powered {}", want.as_str()),
-                );
+                return Some(want);
             }
+            set_condition(
+                status,
+                "PowerReady",
+                true,
+                "InState",
+                &format!("server is powered {}", want.as_str()),
+            );
         }
         other => {
             set_condition(
@@ -291,17 +310,36 @@ fn drive_reserved(
                 "Waiting",
                 &format!(
                     "waiting for ServerBootConfiguration {ns}/{bn} to become Ready (now {})",
-                    other
-                        .as_ref()
-                        .map_or("absent", BootConfigurationState::as_str)
+                    other.map_or("absent", BootConfigurationState::as_str)
                 ),
             );
             if want == Power::Off && power != "Off" {
-                apply_power(c, s, status, Power::Off);
+                return Some(Power::Off);
             }
         }
     }
-    Ok(())
+    None
+}
+
+/// The status an Available server takes when a claim binds it (`sv`, its spec already
+/// naming the claim and boot configuration) and its boot configuration is in
+/// `sbc_state`: what this reconciler would write over its next two passes, so the
+/// binding can write it at once. `None` when the server must be powered first (the
+/// reconciler does that, through its driver).
+pub(crate) fn status_when_bound(
+    s: &Value,
+    sv: &Server,
+    sbc_state: Option<&BootConfigurationState>,
+) -> Option<Value> {
+    if sv.status.state != Some(ServerState::Available) || super::awaiting_approval(sv) {
+        return None;
+    }
+    let mut status = s.get("status").cloned().unwrap_or_else(|| json!({}));
+    status["state"] = json!(ServerState::Reserved);
+    match reserved_conditions(sv, &mut status, sbc_state, sv.status.power_state.as_ref()) {
+        Some(_) => None,
+        None => Some(status),
+    }
 }
 
 fn apply_power(c: &Controllers, s: &Value, status: &mut Value, want: Power) {

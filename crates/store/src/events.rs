@@ -5,7 +5,8 @@
 //!
 //! A [`Recorder`] never blocks its caller: events go into a bounded queue (full: the
 //! event is dropped and counted in `bootplane_events_dropped_total`) and one task per
-//! recorder writes them. The same (object, type, reason, message) again within
+//! recorder writes them, the new Events waiting (up to [`BATCH`]) in one transaction
+//! ([`Store::write_all`]: one revision on etcd however many reconciles recorded them). The same (object, type, reason, message) again within
 //! [`AGGREGATE_WINDOW`] bumps `count` and `lastTimestamp` of the Event already written
 //! instead of writing a new one (Kubernetes' aggregation), at most one write per
 //! Event per [`FLUSH_EVERY`]. [`collect`] keeps the store's Events bounded: older than
@@ -20,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::{now, Part, Store, StoreError};
+use super::{now, Part, Store, StoreError, Write};
 use bootplane_model::meta;
 use bootplane_model::registry::ResourceType;
 
@@ -30,6 +31,8 @@ pub(crate) const AGGREGATE_WINDOW: Duration = Duration::from_secs(600);
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Events waiting for the writer, per recorder.
 pub(crate) const QUEUE: usize = 1024;
+/// New Events written in one transaction at most.
+pub(crate) const BATCH: usize = 128;
 /// Distinct events a recorder aggregates at once (the oldest are forgotten first).
 pub(crate) const MAX_TRACKED: usize = 4096;
 /// Longest `message` kept (longer ones are cut, as Kubernetes cuts at 1 KiB).
@@ -360,11 +363,18 @@ async fn write_loop(store: Store, component: &'static str, mut rx: mpsc::Receive
     let mut agg: HashMap<AggKey, Entry> = HashMap::new();
     let mut tick = tokio::time::interval(FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut batch = Vec::with_capacity(BATCH);
     loop {
         tokio::select! {
-            p = rx.recv() => {
-                let Some(p) = p else { break };
-                take(&store, &rt, component, &mut agg, p).await;
+            n = rx.recv_many(&mut batch, BATCH) => {
+                if n == 0 {
+                    break;
+                }
+                let new: Vec<Value> = batch
+                    .drain(..)
+                    .filter_map(|p| take(component, &mut agg, p))
+                    .collect();
+                write_new(&store, &rt, new).await;
             }
             _ = tick.tick() => {
                 flush(&store, &rt, component, &mut agg, false).await;
@@ -374,13 +384,8 @@ async fn write_loop(store: Store, component: &'static str, mut rx: mpsc::Receive
     flush(&store, &rt, component, &mut agg, true).await;
 }
 
-async fn take(
-    store: &Store,
-    rt: &ResourceType,
-    component: &'static str,
-    agg: &mut HashMap<AggKey, Entry>,
-    p: Pending,
-) {
+/// Aggregate `p`: counted on an Event already written (`None`), or a new Event to write.
+fn take(component: &'static str, agg: &mut HashMap<AggKey, Entry>, p: Pending) -> Option<Value> {
     let key = AggKey {
         object: p.object,
         ty: p.ty,
@@ -394,7 +399,7 @@ async fn take(
             e.last = at;
             e.seen = Instant::now();
             e.dirty = true;
-            return;
+            return None;
         }
     }
     if agg.len() >= MAX_TRACKED {
@@ -409,8 +414,9 @@ async fn take(
         written: Instant::now(),
         dirty: false,
     };
-    write_new(store, rt, component, &key, &e).await;
+    let obj = event_object(component, &key, &e);
     agg.insert(key, e);
+    Some(obj)
 }
 
 /// Drop the least recently seen entries (a tenth of the map), writing any pending count.
@@ -438,10 +444,26 @@ fn event_object(component: &str, key: &AggKey, e: &Entry) -> Value {
     })
 }
 
-async fn write_new(store: &Store, rt: &ResourceType, component: &str, key: &AggKey, e: &Entry) {
-    metrics().written.inc();
-    if let Err(err) = store.create(rt, event_object(component, key, e)).await {
-        tracing::debug!(error = %err, reason = %key.reason, "event not written");
+/// Write new Events: one transaction for all (one revision on etcd, off every
+/// reconciler's path); when it is refused (a name taken), one by one.
+async fn write_new(store: &Store, rt: &ResourceType, events: Vec<Value>) {
+    if events.is_empty() {
+        return;
+    }
+    metrics().written.inc_by(events.len() as u64);
+    if events.len() > 1 {
+        let writes = events
+            .iter()
+            .map(|e| Write::Create(rt, e.clone()))
+            .collect();
+        if store.write_all(writes).await.is_ok() {
+            return;
+        }
+    }
+    for e in events {
+        if let Err(err) = store.create(rt, e).await {
+            tracing::debug!(error = %err, "event not written");
+        }
     }
 }
 
@@ -472,7 +494,9 @@ async fn flush(
         {
             Ok(_) => {}
             // Collected meanwhile: write it again.
-            Err(StoreError::NotFound { .. }) => write_new(store, rt, component, key, e).await,
+            Err(StoreError::NotFound { .. }) => {
+                write_new(store, rt, vec![event_object(component, key, e)]).await
+            }
             Err(err) => tracing::debug!(error = %err, "event count not written"),
         }
     }

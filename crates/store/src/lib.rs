@@ -29,11 +29,13 @@ mod page;
 pub mod rotate;
 pub mod seal;
 pub mod settings;
+mod together;
 mod unique;
 mod validate;
 pub mod watcher;
 
 pub use page::Page;
+pub use together::Write;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -491,16 +493,7 @@ impl<B: KvBackend> Store<B> {
         }
         validate::check(rt, &mut obj, None)?;
         let _held = self.check_unique(rt, &obj, None)?;
-        let m = obj["metadata"].as_object_mut().expect("checked");
-        m.insert(
-            "uid".into(),
-            Value::String(uuid::Uuid::new_v4().to_string()),
-        );
-        m.insert("creationTimestamp".into(), Value::String(now()));
-        m.insert("generation".into(), Value::from(1));
-        m.remove("resourceVersion");
-        m.remove("deletionTimestamp");
-        m.remove("deletionGracePeriodSeconds");
+        stamp_created(&mut obj);
         let name = meta::name(&obj).to_string();
         let key = rt.key(meta::namespace(&obj), &name);
         if self.dry {
@@ -871,6 +864,20 @@ impl<B: KvBackend> Store<B> {
             .filter(|u| uids.contains(u))
             .collect()
     }
+}
+
+/// The server-owned metadata of a new object (checked: `metadata` is an object).
+fn stamp_created(obj: &mut Value) {
+    let m = obj["metadata"].as_object_mut().expect("checked");
+    m.insert(
+        "uid".into(),
+        Value::String(uuid::Uuid::new_v4().to_string()),
+    );
+    m.insert("creationTimestamp".into(), Value::String(now()));
+    m.insert("generation".into(), Value::from(1));
+    m.remove("resourceVersion");
+    m.remove("deletionTimestamp");
+    m.remove("deletionGracePeriodSeconds");
 }
 
 fn spec_changed(a: &Value, b: &Value) -> bool {
