@@ -13,9 +13,12 @@
 //! Bound, and p50/p99 of each claim's apply→Bound latency (apply = the POST being
 //! sent, Bound = the watch event carrying `status.phase: Bound`), the appliance's CPU
 //! and memory. Then per side the median and spread (min–max) of bound/s and p99, the
-//! ratio etcd/embedded, and the goals: embedded, 10,000 bound within 10 s with p99 ≤
-//! 2 s (2-core machine); etcd, every claim bound and p99 ≤ 5 s (each write is a Raft
-//! round trip with an fsync on three members sharing the same two cores and disk).
+//! ratio etcd/embedded, and issue 35's goals: embedded, 10,000 bound within 5 s with p99
+//! ≤ 1 s (2-core machine); etcd, every claim bound with p99 ≤ 5 s, at most 3 etcd
+//! revisions per bound claim, and claims/s at least 0.8 of what etcd alone allows at
+//! that many writes per claim (its guarded-Txn rate measured on the same cluster in the
+//! same round; each write is a Raft round trip with an fsync on three members sharing
+//! the same two cores and disk).
 
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -167,22 +170,44 @@ fn main() {
             e.1
         );
     }
+    // Issue 35's goals (10,000 claims on this 2-core machine).
     for (side, rs) in &results {
         let all = rs.iter().all(|r| r.bound == count);
-        let (goal, ok) = match *side {
-            "embedded" => (
-                "every claim bound, all within 10 s, p99 <= 2 s (each round)",
-                all && rs.iter().all(|r| r.total_s <= 10.0 && r.p99 <= 2.0),
-            ),
-            _ => (
-                "every claim bound, p99 <= 5 s (each round)",
-                all && rs.iter().all(|r| r.p99 <= 5.0),
-            ),
-        };
-        println!(
-            "goal {side}: {goal}: {}",
-            if ok { "met" } else { "NOT met" }
-        );
+        let mut goals = Vec::new();
+        match *side {
+            "embedded" => goals.push((
+                "every claim bound, all within 5 s, p99 <= 1 s (each round)".to_string(),
+                all && rs.iter().all(|r| r.total_s <= 5.0 && r.p99 <= 1.0),
+            )),
+            _ => {
+                goals.push((
+                    "every claim bound, p99 <= 5 s (each round)".to_string(),
+                    all && rs.iter().all(|r| r.p99 <= 5.0),
+                ));
+                goals.push((
+                    "at most 3 revisions per bound claim (each round)".to_string(),
+                    rs.iter()
+                        .all(|r| r.writes_per_claim.is_some_and(|w| w <= 3.0)),
+                ));
+                let share: Vec<f64> = rs
+                    .iter()
+                    .filter_map(|r| r.ceiling.map(|c| r.per_s / c))
+                    .collect();
+                goals.push((
+                    format!(
+                        "claims/s >= 0.8 of etcd's own guarded-Txn limit (median {:.2})",
+                        median(share.clone())
+                    ),
+                    !share.is_empty() && median(share) >= 0.8,
+                ));
+            }
+        }
+        for (goal, ok) in goals {
+            println!(
+                "goal {side}: {goal}: {}",
+                if ok { "met" } else { "NOT met" }
+            );
+        }
     }
 }
 
