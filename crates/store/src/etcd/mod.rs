@@ -46,6 +46,7 @@ pub mod client;
 pub mod election;
 pub mod keyring;
 pub mod marker;
+mod mirrored;
 mod retry;
 
 use std::collections::{BTreeMap, HashMap};
@@ -66,8 +67,9 @@ use super::backend::{
 };
 use super::kv::text::{prepare, stamp};
 use super::kv::{compare, Garbage, State, Watch};
-use super::seal::{is_sealed, must_be_sealed, Binding, SealError, Sealer, Sealing, LEGACY_SUFFIX};
+use super::seal::{is_sealed, Binding, Sealer, Sealing};
 use super::settings::EtcdConfig;
+use mirrored::{left_out, mirror_kv, refused, OwnWrites};
 use retry::{outcome_unknown, retrying, unavailable, Answer};
 
 /// Keys read per page when listing (a page stays well under gRPC's message limit).
@@ -126,6 +128,8 @@ struct Inner {
     sealing: Sealing,
     /// Each sealed key's (mod revision, etcd version) as the mirror holds it.
     versions: Versions,
+    /// This appliance's committed puts, until their watch events take them.
+    own: OwnWrites,
 }
 
 /// Each sealed key's (mod revision, etcd version) in the mirror: what the next write
@@ -209,6 +213,7 @@ impl EtcdKv {
             request_timeout,
             sealing,
             versions,
+            own: OwnWrites::default(),
         });
         let task = tokio::spawn(follow(inner.clone(), events));
         inner.tasks.lock().unwrap().push(task);
@@ -356,6 +361,11 @@ impl EtcdKv {
                 }
             }
         }
+        for (kv, v) in kvs.iter().zip(&values) {
+            if let (Some(kv), Some(v)) = (kv, v) {
+                self.inner.own.note(kv, v);
+            }
+        }
         // Read-your-writes: the mirror shows this revision before the caller goes on.
         let mut seen = self.inner.published.clone();
         let caught_up =
@@ -366,6 +376,7 @@ impl EtcdKv {
                 "committed to etcd, but the mirror has not caught up yet"
             );
         }
+        (self.inner.own).forget(kvs.iter().flatten().map(|kv| &kv.key), rev);
         Ok(TxnResult { rev, kvs, values })
     }
 
@@ -608,109 +619,6 @@ impl EtcdKv {
     }
 }
 
-/// One etcd key/value as the mirror keeps it: the key without the root, the value
-/// opened (when sealed: noted in the ledger, see [`super::seal`]), parsed (checked:
-/// etcd may hold anything) and stamped with its mod revision. `parsed`: keep the
-/// parsed value next to the text (for a watch event, which controllers read next;
-/// not for a listing, which would hold every object parsed). A sealed value no key
-/// opens is an error (noted in the ledger under its key's name).
-fn mirror_kv(
-    root: &str,
-    kv: &etcd_client::KeyValue,
-    parsed: bool,
-    sealing: &Sealing,
-    versions: &Versions,
-) -> Result<Option<KeyValue>, SealError> {
-    let Some(key) = kv.key_str().ok().and_then(|k| k.strip_prefix(root)) else {
-        return Ok(None);
-    };
-    if key == marker::KEY {
-        marker::seen(sealing, kv.value());
-        return Ok(None);
-    }
-    let sealed = is_sealed(key);
-    let held = Binding {
-        create_rev: urev(kv.create_revision()),
-        version: urev(kv.version()),
-    };
-    let opened = match sealing.sealer.open(key, kv.value(), Some(&held)) {
-        Ok(o) if o.key.is_none() && must_be_sealed(key) => {
-            return Err(SealError::Unsealed { key: key.into() })
-        }
-        Ok(o) if o.legacy && sealing.strict() => return Err(SealError::Legacy { key: key.into() }),
-        Ok(o) => o,
-        Err(e) => {
-            if let Some(name) = e.key_name() {
-                sealing.ledger.note(&Arc::from(key), Some(Arc::from(name)));
-            }
-            return Err(e);
-        }
-    };
-    let mut v: Value = match serde_json::from_slice(&opened.text) {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::error!(key, error = %e, "etcd value is not JSON; ignored");
-            return Ok(None);
-        }
-    };
-    let rev = urev(kv.mod_revision());
-    stamp(&mut v, rev);
-    let raw = Arc::from(v.to_string());
-    let key: Arc<str> = Arc::from(key);
-    if sealed {
-        // A legacy value counts as stale (`key1@v1`): the reseal pass binds it.
-        let name = match (opened.key, opened.legacy) {
-            (Some(n), true) => Some(Arc::from(format!("{n}{LEGACY_SUFFIX}"))),
-            (n, _) => n,
-        };
-        sealing.ledger.note(&key, name);
-        versions
-            .lock()
-            .unwrap()
-            .insert(key.clone(), (rev, held.version));
-    }
-    Ok(Some(KeyValue {
-        key,
-        raw,
-        create_rev: urev(kv.create_revision()),
-        mod_rev: rev,
-        hot: parsed.then(|| Arc::new(v)),
-    }))
-}
-
-/// Whether a value that did not open is only left out of the mirror (written around
-/// bootplane: replayed, or an APIToken in clear) rather than failing a listing.
-fn left_out(e: &SealError) -> bool {
-    matches!(e, SealError::Replayed { .. } | SealError::Unsealed { .. }) || marker::is_legacy(e)
-}
-
-/// Log a value [`mirror_kv`] refused.
-fn refused(e: &SealError) {
-    match e {
-        SealError::Unsealed { .. } => tracing::error!(
-            error = %e,
-            "an APIToken in clear in etcd (written before tokens were sealed, or by someone who can write etcd) is not accepted: create a new token (`bootplane token create`) and delete this key from etcd"
-        ),
-        SealError::Legacy { .. } => tracing::error!(
-            error = %e,
-            "a sealed value in a legacy envelope was put back after every value was re-sealed: not served; check who can write etcd, then write the object again or delete its key from etcd"
-        ),
-        SealError::Replayed {
-            sealed: 1, held: 1, ..
-        } => tracing::warn!(
-            error = %e,
-            "a sealed value at version 1 is bound to another create revision: a deleted key's first value put back (not served), or another appliance's create, bound again at once"
-        ),
-        SealError::Replayed { .. } => tracing::error!(
-            error = %e,
-            "a sealed object etcd holds was rolled back to an older value: not served (this appliance keeps the value it had); check who can write etcd, then write the object again or delete its key from etcd"
-        ),
-        _ => {
-            tracing::error!(error = %e, "a sealed object etcd holds does not open: left out of this appliance's mirror until its key is in the key file")
-        }
-    }
-}
-
 /// Every key under `root` at one revision, a page at a time; the ledger is rebuilt.
 async fn list(
     client: &etcd_client::Client,
@@ -895,7 +803,8 @@ fn apply(inner: &Inner, events: &watch::Sender<Rev>, evs: &[etcd_client::Event])
                 let Some(kv) = e.kv() else { continue };
                 match e.event_type() {
                     EventType::Put => {
-                        let m = mirror_kv(&inner.root, kv, true, &inner.sealing, &inner.versions)
+                        let with = (&inner.sealing, &inner.versions);
+                        let m = mirrored::event_kv(&inner.root, kv, &inner.own, with)
                             .unwrap_or_else(|e| {
                                 refused(&e);
                                 None
