@@ -269,6 +269,15 @@ fn claim_deletion_recycles_or_retains_the_server() {
         let sbc = b.get(&format!("{}/claim-{name}", sbcs("default")));
         assert_eq!(sbc["spec"]["serverRef"]["name"], name);
         assert_eq!(sbc["metadata"]["ownerReferences"][0]["kind"], "ServerClaim");
+        // The binding was one write: the claim (finalizer, serverRef, Bound) and its boot
+        // configuration, with its status, at one revision, and nothing written after.
+        let bound = b.get(&cpath);
+        assert_eq!(
+            bound["metadata"]["resourceVersion"], sbc["metadata"]["resourceVersion"],
+            "{bound}\n{sbc}"
+        );
+        assert!(sbc["status"]["state"].is_string(), "{sbc}");
+        assert_eq!(bound["spec"]["serverRef"]["name"], name);
         let (c, v) = b.call("DELETE", &cpath, None);
         assert_eq!(c, 200, "{v}");
         b.wait_for(20, "claim gone", || {

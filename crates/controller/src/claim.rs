@@ -160,7 +160,12 @@ pub(crate) async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreE
         Some(s) => s,
         None => match bind(c, key, (&claim, &cv)).await? {
             // Server, claim, boot configuration and their status written at once.
-            Some(Binding::Whole) => return Ok(Next::Done),
+            Some(Binding::Whole) => {
+                let mut idx = c.idx.lock().unwrap();
+                idx.waiting.remove(key);
+                idx.explained.remove(key);
+                return Ok(Next::Done);
+            }
             Some(Binding::Server(s)) => s,
             None => {
                 let explain = {
