@@ -37,7 +37,7 @@ mod support;
 
 use support::api::bmc_objects;
 use support::bootplane::Bootplane;
-use support::fakebmc::{uuid_of, FakeBmc};
+use support::fakebmc::{uuid_for, FakeBmc};
 
 #[path = "support/args.rs"]
 mod args;
@@ -70,10 +70,11 @@ fn round(
     let per = count.div_ceil(bmcs);
     let fakes: Vec<FakeBmc> = rt.block_on(async {
         let mut v = Vec::new();
-        for _ in 0..bmcs {
+        for k in 0..bmcs {
             v.push(
                 FakeBmc::builder()
                     .systems(per)
+                    .seed(k as u16)
                     .credentials("admin", "bench-password")
                     .power_delay(power_delay)
                     .delay(latency)
@@ -98,7 +99,7 @@ fn round(
         let (k, j) = (i / per, i % per);
         servers.push(json!({"apiVersion": "metal.ironcore.dev/v1alpha1", "kind": "Server",
             "metadata": {"name": format!("srv-{i:05}"), "labels": {"pool": "bench"}},
-            "spec": {"systemUUID": uuid_of(j).to_lowercase(), "bmcRef": {"name": format!("bmc-{k:04}")}},
+            "spec": {"systemUUID": uuid_for(k as u16, j).to_lowercase(), "bmcRef": {"name": format!("bmc-{k:04}")}},
             "status": {"state": "Available", "powerState": "Off"}}));
     }
     post_all(
