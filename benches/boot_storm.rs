@@ -541,7 +541,7 @@ fn dhcp_msg(
 
 /// One DHCP exchange step: send `pkt`, wait for a reply of `want` (or NAK) with the
 /// client's retransmission schedule ([`Client::timers`]). With `chosen` (a REQUEST to
-/// that server) only replies carrying its server identifier count, as iPXE, EDK2 and
+/// that server) only replies carrying its server identifier count, as iPXE and
 /// busybox udhcpc take them.
 async fn exchange(
     ctx: &Ctx,

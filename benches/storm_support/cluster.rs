@@ -23,7 +23,7 @@
 //! `/boot.ipxe`, script, Ignition); here each one fetches TFTP from the appliance that
 //! ACKed its firmware's DHCP (next-server) and HTTP from the script URL of the one that
 //! ACKed iPXE's, as iPXE chains it, and takes an ACK or NAK only from the server it
-//! chose (option 54), as iPXE, EDK2 and udhcpc do. One appliance answers each DISCOVER
+//! chose (option 54), as iPXE does (udhcpc for NAKs). One appliance answers each DISCOVER
 //! (the MAC's owner, `crates/proto/src/dhcp/members.rs`); a REQUEST naming a killed
 //! appliance is answered by the owner among the live on its behalf. A machine whose
 //! boot fails at a stage (its retries of that stage spent) fails, unless

@@ -19,7 +19,7 @@
 //!   owner among the live answers it *on the dead member's behalf*: an ACK from the
 //!   shared ledger (the usual compare-and-swap), or a NAK, either with the dead member's
 //!   identifier, because clients take an answer only from the server they chose (iPXE
-//!   drops any other ACK, busybox udhcpc any other NAK, EDK2 both). Its `siaddr` and boot
+//!   drops any other ACK, busybox udhcpc any other NAK). Its `siaddr` and boot
 //!   URLs are the answering appliance's own, so the boot goes on there. A REQUEST naming
 //!   a live member, or an address that never was a member (another DHCP server on the
 //!   segment), is left to that server, as before.
