@@ -538,22 +538,7 @@ impl<B: KvBackend> Store<B> {
         obj: Value,
         part: Part,
     ) -> Result<Arc<Value>> {
-        let name = meta::name(&obj).to_string();
-        let ns = Self::namespace_of(rt, meta::namespace(&obj)).map(String::from);
-        if meta::name(&cur) != name
-            || Self::namespace_of(rt, meta::namespace(&cur)) != ns.as_deref()
-        {
-            return Err(StoreError::BadRequest(format!(
-                "update of {name:?} from another object ({:?})",
-                meta::name(&cur)
-            )));
-        }
-        let cur_rv = meta::resource_version(&cur).unwrap_or(0);
-        if let Some(rv) = meta::resource_version(&obj) {
-            if rv != cur_rv {
-                return Err(Self::conflict(rt, &name));
-            }
-        }
+        let (name, ns, cur_rv) = Self::same_object(rt, &cur, &obj)?;
         let mut new = match part {
             Part::Main => {
                 let mut n = obj;
@@ -582,35 +567,34 @@ impl<B: KvBackend> Store<B> {
                 n
             }
         };
-        // Server-owned metadata is kept from the stored object.
-        if !new.get("metadata").is_some_and(Value::is_object) {
-            return Err(err_invalid(
-                rt,
-                &name,
-                vec![field("metadata", Reason::Required, "Required value")],
-            ));
-        }
-        for f in [
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "generation",
-        ] {
-            let m = new["metadata"].as_object_mut().expect("object");
-            match cur["metadata"].get(f) {
-                Some(v) => {
-                    m.insert(f.into(), v.clone());
-                }
-                None => {
-                    m.remove(f);
-                }
-            }
-        }
+        keep_server_metadata(rt, &name, &cur, &mut new)?;
         validate::check(rt, &mut new, Some(&cur))?;
         let _held = self.check_unique(rt, &new, Some(&cur))?;
         self.commit_update(rt, ns.as_deref(), &name, cur, cur_rv, new)
             .await
+    }
+
+    /// `obj` names the object `cur` is (name and namespace), and pins no other
+    /// resourceVersion than `cur`'s: its name, namespace and `cur`'s revision.
+    fn same_object(
+        rt: &ResourceType,
+        cur: &Value,
+        obj: &Value,
+    ) -> Result<(String, Option<String>, Rev)> {
+        let name = meta::name(obj).to_string();
+        let ns = Self::namespace_of(rt, meta::namespace(obj)).map(String::from);
+        if meta::name(cur) != name || Self::namespace_of(rt, meta::namespace(cur)) != ns.as_deref()
+        {
+            return Err(StoreError::BadRequest(format!(
+                "update of {name:?} from another object ({:?})",
+                meta::name(cur)
+            )));
+        }
+        let cur_rv = meta::resource_version(cur).unwrap_or(0);
+        if meta::resource_version(obj).is_some_and(|rv| rv != cur_rv) {
+            return Err(Self::conflict(rt, &name));
+        }
+        Ok((name, ns, cur_rv))
     }
 
     /// Replace the status of `cur`, an object as read from this store, with `status`:
@@ -651,16 +635,8 @@ impl<B: KvBackend> Store<B> {
         cur_rv: Rev,
         mut new: Value,
     ) -> Result<Arc<Value>> {
-        new["metadata"]["resourceVersion"] = Value::String(cur_rv.to_string());
-        if new == *cur {
+        if !next_version(&cur, cur_rv, &mut new) {
             return Ok(cur);
-        }
-        if spec_changed(&cur, &new) {
-            let g = cur
-                .pointer("/metadata/generation")
-                .and_then(Value::as_i64)
-                .unwrap_or(1);
-            new["metadata"]["generation"] = Value::from(g + 1);
         }
         let key = rt.key(ns, name);
         if self.dry {
@@ -864,6 +840,49 @@ impl<B: KvBackend> Store<B> {
             .filter(|u| uids.contains(u))
             .collect()
     }
+}
+
+/// `new`, replacing `cur`, keeps the metadata the server owns (uid, creation, deletion,
+/// generation) from `cur`; `new` without a `metadata` object is invalid.
+fn keep_server_metadata(rt: &ResourceType, name: &str, cur: &Value, new: &mut Value) -> Result<()> {
+    let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return Err(err_invalid(
+            rt,
+            name,
+            vec![field("metadata", Reason::Required, "Required value")],
+        ));
+    };
+    for f in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+    ] {
+        match cur["metadata"].get(f) {
+            Some(v) => m.insert(f.into(), v.clone()),
+            None => m.remove(f),
+        };
+    }
+    Ok(())
+}
+
+/// `new` (checked) as the version after `cur` (at `cur_rv`): its resourceVersion
+/// `cur`'s, its generation one up when the spec changed. `false` when it is `cur`
+/// unchanged (nothing to write).
+fn next_version(cur: &Value, cur_rv: Rev, new: &mut Value) -> bool {
+    new["metadata"]["resourceVersion"] = Value::String(cur_rv.to_string());
+    if *new == *cur {
+        return false;
+    }
+    if spec_changed(cur, new) {
+        let g = cur
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        new["metadata"]["generation"] = Value::from(g + 1);
+    }
+    true
 }
 
 /// The server-owned metadata of a new object (checked: `metadata` is an object).

@@ -13,8 +13,11 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::kv::{Compare, KvError, Op};
-use super::{map_write, meta, spec_changed, stamp_created, validate, Result, Store, StoreError};
+use super::kv::{Action, Compare, KvError, Op};
+use super::{
+    keep_server_metadata, map_write, meta, next_version, stamp_created, validate, Result, Store,
+    StoreError,
+};
 use crate::backend::KvBackend;
 use bootplane_model::registry::ResourceType;
 
@@ -27,181 +30,107 @@ pub enum Write<'a> {
     Replace(&'a ResourceType, Arc<Value>, Value),
 }
 
-/// A write made ready: its op, or the object unchanged (no op).
-enum Ready<'a> {
-    Op {
-        rt: &'a ResourceType,
-        name: String,
-        op: Op,
-    },
-    Unchanged(Arc<Value>),
-}
-
 impl<B: KvBackend> Store<B> {
     /// Commit every write in one transaction; the objects as stored, in order. Nothing
     /// is written when any write is refused (`Conflict` for a replacement whose object
     /// changed, `AlreadyExists` for a creation whose name is taken, naming that object).
     pub async fn write_all(&self, writes: Vec<Write<'_>>) -> Result<Vec<Arc<Value>>> {
-        let mut ready = Vec::with_capacity(writes.len());
+        // The ops, who each one writes (for errors), and per write its result when
+        // known already (unchanged) or `None` (the next op's value).
+        let (mut ops, mut who, mut out) = (Vec::new(), Vec::new(), Vec::new());
         let mut held = Vec::new();
         for w in writes {
-            ready.push(match w {
+            let (rt, name, op) = match w {
                 Write::Create(rt, mut obj) => {
                     validate::check(rt, &mut obj, None)?;
                     held.push(self.check_unique(rt, &obj, None)?);
                     stamp_created(&mut obj);
                     let name = meta::name(&obj).to_string();
                     let key = rt.key(meta::namespace(&obj), &name);
-                    Ready::Op {
-                        rt,
-                        name,
-                        op: Op::put(key, Compare::Absent, obj),
+                    (rt, name, Op::put(key, Compare::Absent, obj))
+                }
+                Write::Replace(rt, cur, obj) => {
+                    match self.ready_replace(rt, &cur, obj, &mut held)? {
+                        Some((name, op)) => (rt, name, op),
+                        None => {
+                            out.push(Some(cur));
+                            continue;
+                        }
                     }
                 }
-                Write::Replace(rt, cur, obj) => self.ready_replace(rt, cur, obj, &mut held)?,
-            });
-        }
-        if self.dry {
-            for r in &ready {
-                if let Ready::Op { rt, op, .. } = r {
-                    if let super::kv::Action::Put(v) = &op.action {
-                        let at = match op.compare {
-                            Compare::ModRev(rv) => Some(rv),
-                            _ => Some(0),
-                        };
-                        self.dry_check(rt, &op.key, v, at)?;
-                    }
+            };
+            if self.dry {
+                if let Action::Put(v) = &op.action {
+                    let at = match op.compare {
+                        Compare::ModRev(rv) => rv,
+                        _ => 0,
+                    };
+                    self.dry_check(rt, &op.key, v, Some(at))?;
+                    out.push(Some(v.clone()));
                 }
+                continue;
             }
-            return Ok(ready
-                .into_iter()
-                .map(|r| match r {
-                    Ready::Op { op, .. } => match op.action {
-                        super::kv::Action::Put(v) => v,
-                        super::kv::Action::Delete => Arc::new(Value::Null),
-                    },
-                    Ready::Unchanged(v) => v,
-                })
-                .collect());
+            ops.push(op);
+            who.push((rt, name));
+            out.push(None);
         }
-        let ops: Vec<Op> = ready
-            .iter()
-            .filter_map(|r| match r {
-                Ready::Op { op, .. } => Some(op.clone()),
-                Ready::Unchanged(_) => None,
-            })
-            .collect();
         if ops.is_empty() {
-            return Ok(ready
-                .into_iter()
-                .filter_map(|r| match r {
-                    Ready::Unchanged(v) => Some(v),
-                    Ready::Op { .. } => None,
-                })
-                .collect());
+            return Ok(out.into_iter().flatten().collect());
         }
+        let keys: Vec<String> = ops.iter().map(|o| o.key.clone()).collect();
         let named = |key: &str| {
-            ready.iter().find_map(|r| match r {
-                Ready::Op { rt, name, op } if op.key == key => Some((*rt, name.clone())),
-                _ => None,
-            })
-        };
-        let first = || {
-            ready.iter().find_map(|r| match r {
-                Ready::Op { rt, name, .. } => Some((*rt, name.clone())),
-                _ => None,
-            })
+            let i = keys.iter().position(|k| k == key).unwrap_or(0);
+            who[i].clone()
         };
         let result = self.kv.txn(ops).await;
         drop(held);
         let mut values = match result {
             Ok(r) => r.values.into_iter(),
             Err(KvError::AlreadyExists { key }) => {
-                let (rt, name) = named(&key).or_else(first).expect("an op");
+                let (rt, name) = named(&key);
                 return Err(StoreError::AlreadyExists {
                     qualified: rt.qualified(),
                     name,
                 });
             }
             Err(KvError::Conflict { key, .. } | KvError::NotFound { key }) => {
-                let (rt, name) = named(&key).or_else(first).expect("an op");
+                let (rt, name) = named(&key);
                 return Err(Self::conflict(rt, &name));
             }
             Err(e) => {
-                let (rt, name) = first().expect("an op");
-                return Err(map_write(rt, &name, e));
+                let (rt, name) = &who[0];
+                return Err(map_write(rt, name, e));
             }
         };
-        Ok(ready
+        Ok(out
             .into_iter()
-            .map(|r| match r {
-                Ready::Op { .. } => values.next().flatten().expect("a put returns its value"),
-                Ready::Unchanged(v) => v,
-            })
+            .map(|v| v.unwrap_or_else(|| values.next().flatten().expect("a put returns its value")))
             .collect())
     }
 
-    /// A replacement checked and stamped as [`Store::update_from`] does.
-    fn ready_replace<'a>(
+    /// A replacement checked and stamped as [`Store::update_from`] does: its name and op,
+    /// `None` when it changes nothing.
+    fn ready_replace(
         &self,
-        rt: &'a ResourceType,
-        cur: Arc<Value>,
+        rt: &ResourceType,
+        cur: &Arc<Value>,
         mut new: Value,
         held: &mut Vec<Option<super::unique::Held>>,
-    ) -> Result<Ready<'a>> {
-        let name = meta::name(&new).to_string();
-        let ns = Self::namespace_of(rt, meta::namespace(&new)).map(String::from);
-        if meta::name(&cur) != name
-            || Self::namespace_of(rt, meta::namespace(&cur)) != ns.as_deref()
-        {
-            return Err(StoreError::BadRequest(format!(
-                "update of {name:?} from another object ({:?})",
-                meta::name(&cur)
-            )));
-        }
-        let cur_rv = meta::resource_version(&cur).unwrap_or(0);
-        if meta::resource_version(&new).is_some_and(|rv| rv != cur_rv) {
-            return Err(Self::conflict(rt, &name));
-        }
-        let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
-            return Err(StoreError::BadRequest(format!("{name}: no metadata")));
-        };
-        for f in [
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "generation",
-        ] {
-            match cur["metadata"].get(f) {
-                Some(v) => m.insert(f.into(), v.clone()),
-                None => m.remove(f),
-            };
-        }
-        validate::check(rt, &mut new, Some(&cur))?;
-        held.push(self.check_unique(rt, &new, Some(&cur))?);
-        new["metadata"]["resourceVersion"] = Value::String(cur_rv.to_string());
-        if new == *cur {
-            return Ok(Ready::Unchanged(cur));
+    ) -> Result<Option<(String, Op)>> {
+        let (name, ns, cur_rv) = Self::same_object(rt, cur, &new)?;
+        keep_server_metadata(rt, &name, cur, &mut new)?;
+        validate::check(rt, &mut new, Some(cur))?;
+        held.push(self.check_unique(rt, &new, Some(cur))?);
+        if !next_version(cur, cur_rv, &mut new) {
+            return Ok(None);
         }
         if meta::is_deleting(&new) && meta::finalizers(&new).is_empty() {
             return Err(StoreError::BadRequest(format!(
                 "{name}: a write of several objects cannot remove one (its last finalizer)"
             )));
         }
-        if spec_changed(&cur, &new) {
-            let g = cur
-                .pointer("/metadata/generation")
-                .and_then(Value::as_i64)
-                .unwrap_or(1);
-            new["metadata"]["generation"] = Value::from(g + 1);
-        }
         let key = rt.key(ns.as_deref(), &name);
-        Ok(Ready::Op {
-            rt,
-            name,
-            op: Op::put(key, Compare::ModRev(cur_rv), new),
-        })
+        Ok(Some((name, Op::put(key, Compare::ModRev(cur_rv), new))))
     }
 }
 
