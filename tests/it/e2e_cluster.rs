@@ -232,22 +232,20 @@ fn machine_boots_while_the_appliance_serving_it_is_killed_and_the_leader_paused(
     };
 
     // A first (API only), and A leads metal before the others exist.
-    let mut kv = etcd_sets(&etcd, a.name);
-    kv.extend([
-        format!("state_dir={:?}", a.state.display().to_string()),
+    let start = |p: &mut Appliance, extra: Vec<String>, ready: &[&str]| {
+        let mut kv = etcd_sets(&etcd, p.name);
+        kv.push(format!("state_dir={:?}", p.state.display().to_string()));
+        kv.extend(extra);
+        p.proc = Some(serve_in_with(&lab.ns, &config, &sets(kv), &p.log, ready));
+    };
+    let extra = vec![
         "api.listen=\"127.0.0.1:9091\"".to_string(),
         format!("http.listen=\"{a_ip}:8080\""),
         format!("http.public_url=\"http://{a_ip}:8080\""),
         "dhcp.enabled=false".to_string(),
         "tftp.enabled=false".to_string(),
-    ]);
-    a.proc = Some(serve_in_with(
-        &lab.ns,
-        &config,
-        &sets(kv),
-        &a.log,
-        &["bootplane started"],
-    ));
+    ];
+    start(&mut a, extra, &["bootplane started"]);
     wait_for(
         Duration::from_secs(30),
         || a.leads(&lab.ns, "metal") == Some(true),
@@ -260,34 +258,19 @@ fn machine_boots_while_the_appliance_serving_it_is_killed_and_the_leader_paused(
         "tftp server listening",
         "bootplane started",
     ];
-    let mut kv = etcd_sets(&etcd, first.name);
-    kv.extend([
-        format!("state_dir={:?}", first.state.display().to_string()),
-        format!("dhcp.server_ip=\"{first_ip}\""),
-    ]);
-    first.proc = Some(serve_in_with(
-        &lab.ns,
-        &config,
-        &sets(kv),
-        &first.log,
+    start(
+        &mut first,
+        vec![format!("dhcp.server_ip=\"{first_ip}\"")],
         &ready,
-    ));
-    let mut kv = etcd_sets(&etcd, second.name);
-    kv.extend([
-        format!("state_dir={:?}", second.state.display().to_string()),
+    );
+    let extra = vec![
         "api.listen=\"127.0.0.1:9092\"".to_string(),
         format!("http.listen=\"{second_ip}:8080\""),
         format!("http.public_url=\"http://{second_ip}:8080\""),
         format!("tftp.listen=\"{second_ip}:69\""),
         format!("dhcp.server_ip=\"{second_ip}\""),
-    ]);
-    second.proc = Some(serve_in_with(
-        &lab.ns,
-        &config,
-        &sets(kv),
-        &second.log,
-        &ready,
-    ));
+    ];
+    start(&mut second, extra, &ready);
     for p in [&first, &second] {
         wait_for(
             Duration::from_secs(30),

@@ -526,21 +526,20 @@ async fn open_ledger(
 
 /// With leases shared in etcd: this appliance registered as a member of the scope and
 /// the members listed into `server` ([`members`]); the receiver of later views. `None`
-/// when shutdown came first; `Some(None)` when the scope is not shared.
-#[allow(clippy::type_complexity)]
+/// when the scope is not shared, or shutdown came first (`shutdown` says which).
 async fn join_members(
     shared: Option<Shared>,
     server: &mut Server,
     metrics: &Metrics,
     shutdown: &mut Shutdown,
-) -> Result<Option<Option<tokio::sync::watch::Receiver<members::View>>>> {
+) -> Result<Option<tokio::sync::watch::Receiver<members::View>>> {
     let Some(sh) = shared else {
-        return Ok(Some(None));
+        return Ok(None);
     };
     #[cfg(not(feature = "etcd"))]
     {
         let _ = (sh, server, metrics, shutdown);
-        Ok(Some(None))
+        Ok(None)
     }
     #[cfg(feature = "etcd")]
     {
@@ -556,7 +555,7 @@ async fn join_members(
         tracing::info!(scope = %sh.scope, live = ?view.live().collect::<Vec<_>>(), "dhcp members listed");
         metrics.cluster_members.set(view.live().count() as i64);
         server.set_members(view);
-        Ok(Some(Some(rx)))
+        Ok(Some(rx))
     }
 }
 
@@ -678,10 +677,10 @@ pub async fn run_scope(
     let Some((ledger, loaded)) = opened else {
         return Ok(());
     };
-    let Some(mut members) = join_members(shared, &mut server, &metrics, &mut shutdown).await?
-    else {
+    let mut members = join_members(shared, &mut server, &metrics, &mut shutdown).await?;
+    if shutdown.is_shutdown() {
         return Ok(());
-    };
+    }
 
     let s67 = udp_socket(&iface, SERVER_PORT)?;
     let s4011 = if mode == DhcpMode::Proxy {

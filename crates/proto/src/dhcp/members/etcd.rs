@@ -158,8 +158,7 @@ pub async fn start(
     };
     tx.send_replace(roster.view(&me));
     tokio::spawn(follow(
-        client,
-        keys,
+        (client, keys, timeout),
         me,
         (roster, rev),
         tx,
@@ -186,29 +185,30 @@ async fn list(client: &Client, keys: &Keys, timeout: Duration, roster: &mut Rost
 
 /// Watch from `rev + 1`, publishing a view per change; list again after an error.
 async fn follow(
-    client: Client,
-    keys: Keys,
+    (client, keys, timeout): (Client, Keys, Duration),
     me: Me,
     (mut roster, mut rev): (Roster, i64),
     tx: watch::Sender<View>,
     mut shutdown: Shutdown,
 ) {
-    let timeout = Duration::from_millis(500).max(me.ttl / 3);
     loop {
         let r = tokio::select! {
             _ = shutdown.recv() => return,
-            r = watch_from(&client, &keys, rev, &mut roster, (&me, &tx)) => r,
+            r = watch_from(&client, (&keys, timeout), rev, &mut roster, (&me, &tx)) => r,
         };
         if tx.is_closed() {
             return;
         }
         tracing::debug!(error = %format!("{:#}", r.err().unwrap_or_else(|| anyhow::anyhow!("ended"))), "dhcp member watch broke; listing again");
         loop {
-            tokio::select! {
+            let listed = tokio::select! {
                 _ = shutdown.recv() => return,
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            }
-            if let Ok(r) = list(&client, &keys, timeout, &mut roster).await {
+                r = async {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    list(&client, &keys, timeout, &mut roster).await
+                } => r,
+            };
+            if let Ok(r) = listed {
                 rev = r;
                 tx.send_replace(roster.view(&me));
                 break;
@@ -220,7 +220,7 @@ async fn follow(
 /// One watch of the member keys from `rev + 1`, until it breaks.
 async fn watch_from(
     client: &Client,
-    keys: &Keys,
+    (keys, timeout): (&Keys, Duration),
     rev: i64,
     roster: &mut Roster,
     (me, tx): (&Me, &watch::Sender<View>),
@@ -229,7 +229,9 @@ async fn watch_from(
         .with_prefix()
         .with_start_revision(rev + 1);
     let mut w = client.watch_client();
-    let mut stream = w.watch(keys.prefix.clone(), Some(opts)).await?;
+    let mut stream = tokio::time::timeout(timeout, w.watch(keys.prefix.clone(), Some(opts)))
+        .await
+        .context("watching dhcp members in etcd: timed out")??;
     loop {
         let Some(resp) = stream.message().await? else {
             bail!("the etcd watch ended");
