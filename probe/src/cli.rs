@@ -4,6 +4,8 @@
 //! `--url` or the kernel command line (`bootplane.inventory=`), and with `--poweroff`
 //! powers the machine off once bootplane has accepted it.
 //!
+//! `bootplane probe wipe ...` is [`crate::wipe::run`] (its own arguments and exit status).
+//!
 //! Exit status: 0 accepted (or printed, or `--help`), 1 refused (4xx) or deadline passed,
 //! 2 usage.
 
@@ -15,7 +17,7 @@ use crate::inventory::Inventory;
 
 /// Usage text.
 pub const USAGE: &str = "usage: bootplane probe [--url URL] [--root DIR] [--lldp-wait SECS] \
-[--deadline SECS] [--print] [--poweroff]";
+[--deadline SECS] [--print] [--poweroff]\n       bootplane probe wipe --help";
 
 /// Default LLDP listen window.
 pub const DEFAULT_LLDP_WAIT: u64 = 10;
@@ -88,6 +90,13 @@ fn read_cmdline() -> String {
 
 /// Run the command; returns the exit status.
 pub fn run(args: &[String]) -> i32 {
+    let rest = match args.first().map(String::as_str) {
+        Some("probe") => &args[1..],
+        _ => args,
+    };
+    if rest.first().map(String::as_str) == Some("wipe") {
+        return crate::wipe::run(&rest[1..]);
+    }
     let a = match parse_args(args) {
         Ok(a) => a,
         Err(e) if e.is_empty() => {
