@@ -27,16 +27,27 @@ fuzz_target!(|data: &[u8]| {
         Scheme::Mbr => 4,
         Scheme::None => 0,
     };
-    assert!(t.parts.len() <= most, "{:?}: {} parts", t.scheme, t.parts.len());
+    assert!(
+        t.parts.len() <= most,
+        "{:?}: {} parts",
+        t.scheme,
+        t.parts.len()
+    );
     for p in &t.parts {
-        assert!(p.len > 0 && p.start.checked_add(p.len).is_some_and(|e| e <= size), "{p:?} in {size}");
+        assert!(
+            p.len > 0 && p.start.checked_add(p.len).is_some_and(|e| e <= size),
+            "{p:?} in {size}"
+        );
     }
     let r = parttable::plan(size, &t.parts);
     for w in r.windows(2) {
         assert!(w[0].end < w[1].start, "{r:?}");
     }
     for x in &r {
-        assert!(!x.is_empty() && x.end <= size && x.start % parttable::ALIGN == 0, "{x:?}");
+        assert!(
+            !x.is_empty() && x.end <= size && x.start % parttable::ALIGN == 0,
+            "{x:?}"
+        );
     }
     if size > 0 {
         assert_eq!(r.first().map(|x| x.start), Some(0));

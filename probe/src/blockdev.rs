@@ -151,7 +151,7 @@ pub fn check(path: &Path) -> Result<Checked, String> {
         {
             return Err(format!("{}: {n} is mounted on {}", path.display(), m.2));
         }
-        if swaps.iter().any(|s| *s == dev_path) {
+        if swaps.contains(&dev_path) {
             return Err(format!("{}: {n} is in use as swap", path.display()));
         }
     }
@@ -325,11 +325,16 @@ pub fn open(c: Checked) -> Result<Dev, String> {
         .open(p)
         .ok();
     let (size, sector) = if block {
-        let size = ioctl_u64(&file, BLKGETSIZE64).map_err(|e| format!("size of {}: {e}", p.display()))?;
-        let sector = ioctl_u64(&file, BLKSSZGET).map(|s| s as u32 as u64).unwrap_or(512);
+        let size =
+            ioctl_u64(&file, BLKGETSIZE64).map_err(|e| format!("size of {}: {e}", p.display()))?;
+        let sector = ioctl_u64(&file, BLKSSZGET)
+            .map(|s| s as u32 as u64)
+            .unwrap_or(512);
         (size, sector.clamp(512, 65536))
     } else {
-        let m = file.metadata().map_err(|e| format!("{}: {e}", p.display()))?;
+        let m = file
+            .metadata()
+            .map_err(|e| format!("{}: {e}", p.display()))?;
         (m.len(), 512)
     };
     Ok(Dev {
@@ -505,7 +510,11 @@ pub fn nonzero(b: &[u8]) -> Option<usize> {
         }
         at += 64;
     }
-    chunks.remainder().iter().position(|&x| x != 0).map(|i| at + i)
+    chunks
+        .remainder()
+        .iter()
+        .position(|&x| x != 0)
+        .map(|i| at + i)
 }
 
 /// The whole-disk name of a block device's sysfs directory when it is an NVMe namespace

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::http::{self, Outcome};
 use crate::inventory::Inventory;
+pub use crate::sys::{cmdline_value, read_cmdline};
 
 /// Usage text.
 pub const USAGE: &str = "usage: bootplane probe [--url URL] [--root DIR] [--lldp-wait SECS] \
@@ -22,9 +23,7 @@ pub const USAGE: &str = "usage: bootplane probe [--url URL] [--root DIR] [--lldp
 /// Default LLDP listen window.
 pub const DEFAULT_LLDP_WAIT: u64 = 10;
 /// Default time to keep retrying the post.
-pub const DEFAULT_DEADLINE: u64 = 600;
-/// Longest `/proc/cmdline` read.
-const MAX_CMDLINE: usize = 64 * 1024;
+pub const DEFAULT_DEADLINE: u64 = http::DEFAULT_DEADLINE;
 
 /// Parsed arguments.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -71,21 +70,6 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
         }
     }
     Ok(a)
-}
-
-/// The value of `key=` on a kernel command line (the last one wins, as in the kernel).
-pub fn cmdline_value(cmdline: &str, key: &str) -> Option<String> {
-    cmdline
-        .split_ascii_whitespace()
-        .filter_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-        .next_back()
-        .map(|v| v.trim_matches('"').to_string())
-}
-
-fn read_cmdline() -> String {
-    crate::collect::read_capped(std::path::Path::new("/proc/cmdline"), MAX_CMDLINE)
-        .map(|v| String::from_utf8_lossy(&v).into_owned())
-        .unwrap_or_default()
 }
 
 /// Run the command; returns the exit status.
@@ -243,6 +227,9 @@ mod tests {
         }
         assert_eq!(run(&s(&["--nope"])), 2);
         assert_eq!(run(&s(&["probe", "--help"])), 0);
+        // `wipe` goes to the wipe command, as `bootplane probe wipe ...` calls it.
+        assert_eq!(run(&s(&["probe", "wipe", "--bogus"])), 2);
+        assert_eq!(run(&s(&["wipe", "--help"])), 0);
     }
 
     #[test]

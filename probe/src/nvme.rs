@@ -110,11 +110,24 @@ pub fn current_lbaf(ns: &[u8]) -> u8 {
 fn admin(f: &File, cmd: &mut AdminCmd) -> Result<(), String> {
     // SAFETY: cmd is a valid nvme_admin_cmd; any data buffer it names (addr, data_len)
     // is owned by the caller and outlives the call.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), NVME_IOCTL_ADMIN_CMD as _, cmd as *mut AdminCmd) };
+    let r = unsafe {
+        libc::ioctl(
+            f.as_raw_fd(),
+            NVME_IOCTL_ADMIN_CMD as _,
+            cmd as *mut AdminCmd,
+        )
+    };
     match r {
         0 => Ok(()),
-        r if r < 0 => Err(format!("nvme admin 0x{:02x}: {}", cmd.opcode, std::io::Error::last_os_error())),
-        status => Err(format!("nvme admin 0x{:02x}: status 0x{status:x}", cmd.opcode)),
+        r if r < 0 => Err(format!(
+            "nvme admin 0x{:02x}: {}",
+            cmd.opcode,
+            std::io::Error::last_os_error()
+        )),
+        status => Err(format!(
+            "nvme admin 0x{:02x}: status 0x{status:x}",
+            cmd.opcode
+        )),
     }
 }
 
@@ -132,19 +145,31 @@ pub fn probe(f: &File) -> Result<(Caps, u32), String> {
     // SAFETY: NVME_IOCTL_ID takes no argument and returns the namespace ID.
     let nsid = unsafe { libc::ioctl(f.as_raw_fd(), NVME_IOCTL_ID as _) };
     if nsid <= 0 {
-        return Err(format!("nvme namespace id: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "nvme namespace id: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     let id = identify_data(f, CNS_CONTROLLER, 0)?;
     Ok((controller_caps(&id), nsid as u32))
 }
 
 /// Format the namespace with user data erase, keeping its LBA format.
-pub fn format_user_data_erase(f: &File, caps: Caps, nsid: u32, timeout_ms: u32) -> Result<(), String> {
+pub fn format_user_data_erase(
+    f: &File,
+    caps: Caps,
+    nsid: u32,
+    timeout_ms: u32,
+) -> Result<(), String> {
     if !caps.format {
         return Err("the controller does not support format nvm".into());
     }
     let ns = identify_data(f, CNS_NAMESPACE, nsid)?;
-    let target = if caps.format_all_namespaces { NSID_ALL } else { nsid };
+    let target = if caps.format_all_namespaces {
+        NSID_ALL
+    } else {
+        nsid
+    };
     let mut cmd = format_nvm(target, current_lbaf(&ns), timeout_ms);
     admin(f, &mut cmd)
 }
@@ -158,7 +183,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<AdminCmd>(), 72);
         // The ioctl number encodes that size: _IOWR('N', 0x41, 72 bytes).
         let dir_rw = 3u64 << 30;
-        assert_eq!(NVME_IOCTL_ADMIN_CMD as u64, dir_rw | (72 << 16) | (b'N' as u64) << 8 | 0x41);
+        assert_eq!(
+            NVME_IOCTL_ADMIN_CMD,
+            dir_rw | (72 << 16) | (b'N' as u64) << 8 | 0x41
+        );
         let c = AdminCmd::default();
         let base = &c as *const AdminCmd as usize;
         assert_eq!(&c.addr as *const u64 as usize - base, 24);
@@ -184,7 +212,10 @@ mod tests {
     #[test]
     fn identify_and_its_fields() {
         let c = identify(CNS_CONTROLLER, 0, 0x1000);
-        assert_eq!((c.opcode, c.cdw10, c.data_len, c.addr), (0x06, 1, 4096, 0x1000));
+        assert_eq!(
+            (c.opcode, c.cdw10, c.data_len, c.addr),
+            (0x06, 1, 4096, 0x1000)
+        );
         let mut id = vec![0u8; 4096];
         assert_eq!(controller_caps(&id), Caps::default());
         id[256] = 0b0000_0110; // OACS: format nvm, firmware

@@ -31,11 +31,11 @@ fn gpt_disk(size: u64, parts: &[(u64, u64)], count: u32, esize: u32) -> Vec<u8> 
         h[..8].copy_from_slice(b"EFI PART");
         h[8..12].copy_from_slice(&0x0001_0000u32.to_le_bytes());
         h[12..16].copy_from_slice(&92u32.to_le_bytes());
-        h[24..32].copy_from_slice(&(my as u64).to_le_bytes());
-        h[32..40].copy_from_slice(&(alt as u64).to_le_bytes());
+        h[24..32].copy_from_slice(&my.to_le_bytes());
+        h[32..40].copy_from_slice(&alt.to_le_bytes());
         h[40..48].copy_from_slice(&(2 + arr_sectors).to_le_bytes());
         h[48..56].copy_from_slice(&(backup_entries - 1).to_le_bytes());
-        h[72..80].copy_from_slice(&(entries as u64).to_le_bytes());
+        h[72..80].copy_from_slice(&entries.to_le_bytes());
         h[80..84].copy_from_slice(&count.to_le_bytes());
         h[84..88].copy_from_slice(&esize.to_le_bytes());
         h[88..92].copy_from_slice(&crc32(&arr).to_le_bytes());
@@ -102,17 +102,30 @@ fn corrupt_primary_uses_the_backup() {
         }
     );
     assert_eq!(t.parts.len(), 1);
-    assert!(t.notes.iter().any(|n| n.contains("header crc")), "{:?}", t.notes);
+    assert!(
+        t.notes.iter().any(|n| n.contains("header crc")),
+        "{:?}",
+        t.notes
+    );
     // Entries corrupt in the primary only.
     let mut d = gpt_disk(8 * MIB, &[(2048, 4095)], 128, 128);
     d[1024 + 40] ^= 1;
     let t = parse_all(&d);
-    assert_eq!(t.parts, vec![Part { start: MIB, len: MIB }]);
+    assert_eq!(
+        t.parts,
+        vec![Part {
+            start: MIB,
+            len: MIB
+        }]
+    );
     assert!(matches!(t.scheme, Scheme::Gpt { backup: true, .. }));
     // The primary wiped entirely (first MiB zero): still the backup.
     let mut d = gpt_disk(8 * MIB, &[(2048, 4095)], 128, 128);
     d[..MIB as usize].fill(0);
-    assert!(matches!(parse_all(&d).scheme, Scheme::Gpt { backup: true, .. }));
+    assert!(matches!(
+        parse_all(&d).scheme,
+        Scheme::Gpt { backup: true, .. }
+    ));
 }
 
 #[test]
@@ -124,7 +137,11 @@ fn both_corrupt_is_no_table() {
     let t = parse_all(&d);
     assert_eq!(t.scheme, Scheme::None);
     assert!(t.parts.is_empty());
-    assert!(t.notes.iter().any(|n| n.contains("protective")), "{:?}", t.notes);
+    assert!(
+        t.notes.iter().any(|n| n.contains("protective")),
+        "{:?}",
+        t.notes
+    );
 }
 
 #[test]
@@ -133,7 +150,11 @@ fn hostile_headers_are_refused() {
     let d = gpt_disk(8 * MIB, &[(2048, 4095)], 256, 128);
     let t = parse_all(&d);
     assert_eq!(t.scheme, Scheme::None);
-    assert!(t.notes.iter().any(|n| n.contains("256 entries")), "{:?}", t.notes);
+    assert!(
+        t.notes.iter().any(|n| n.contains("256 entries")),
+        "{:?}",
+        t.notes
+    );
     // Entry sizes that are not 128..=4096 multiples of 8.
     for esize in [64u32, 132, 8192] {
         let d = gpt_disk(8 * MIB, &[(2048, 4095)], 4, esize);
@@ -152,7 +173,11 @@ fn plain_mbr() {
     let mut d = vec![0u8; 64 * MIB as usize];
     d[510] = 0x55;
     d[511] = 0xAA;
-    let entries = [(0x83u8, 2048u32, 4096u32), (0x05, 8192, 8192), (0x0c, 1 << 30, 10)];
+    let entries = [
+        (0x83u8, 2048u32, 4096u32),
+        (0x05, 8192, 8192),
+        (0x0c, 1 << 30, 10),
+    ];
     for (i, (kind, s, n)) in entries.into_iter().enumerate() {
         let e = 446 + i * 16;
         d[e + 4] = kind;
@@ -221,7 +246,13 @@ fn four_k_sectors() {
             lba: 4096
         }
     );
-    assert_eq!(t.parts, vec![Part { start: 2048 * 4096, len: 2048 * 4096 }]);
+    assert_eq!(
+        t.parts,
+        vec![Part {
+            start: 2048 * 4096,
+            len: 2048 * 4096
+        }]
+    );
 }
 
 #[test]
@@ -260,25 +291,47 @@ fn plan_covers_ends_and_mirrors() {
     for w in r.windows(2) {
         assert!(w[0].end < w[1].start);
     }
-    assert!(r.iter().all(|x| x.start % ALIGN == 0 && x.end <= size && !x.is_empty()));
+    assert!(r
+        .iter()
+        .all(|x| x.start % ALIGN == 0 && x.end <= size && !x.is_empty()));
 }
 
 #[test]
 fn plan_small_and_odd_devices() {
     assert!(plan(0, &[]).is_empty());
-    assert_eq!(plan(5000, &[]), vec![Range { start: 0, end: 5000 }]);
+    assert_eq!(
+        plan(5000, &[]),
+        vec![Range {
+            start: 0,
+            end: 5000
+        }]
+    );
     assert_eq!(
         plan(3 * MIB, &[]),
-        vec![Range { start: 0, end: MIB }, Range { start: 2 * MIB, end: 3 * MIB }]
+        vec![
+            Range { start: 0, end: MIB },
+            Range {
+                start: 2 * MIB,
+                end: 3 * MIB
+            }
+        ]
     );
     // A partition with an unaligned start and one past the end.
     let r = plan(
         8 * MIB,
         &[
-            Part { start: 4 * MIB + 512, len: 4096 },
-            Part { start: 7 * MIB, len: u64::MAX },
+            Part {
+                start: 4 * MIB + 512,
+                len: 4096,
+            },
+            Part {
+                start: 7 * MIB,
+                len: u64::MAX,
+            },
         ],
     );
-    assert!(r.iter().any(|x| x.start == 4 * MIB && x.end >= 4 * MIB + 4608));
+    assert!(r
+        .iter()
+        .any(|x| x.start == 4 * MIB && x.end >= 4 * MIB + 4608));
     assert!(r.iter().all(|x| x.end <= 8 * MIB));
 }

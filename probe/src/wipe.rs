@@ -23,9 +23,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::blockdev::{self, Aligned, Checked, Dev, BUF};
-use crate::cli::cmdline_value;
 use crate::http::{self, Outcome};
 use crate::parttable::{self, Range};
+use crate::sys::{cmdline_value, read_cmdline};
 pub use crate::wipe_report::{DiskWipe, Method, Policy, WipeReport};
 
 /// Usage text.
@@ -132,7 +132,7 @@ impl Clock {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         if last.elapsed() >= Duration::from_secs(1) {
             *last = Instant::now();
-            let pct = if total == 0 { 100 } else { done * 100 / total };
+            let pct = (done * 100).checked_div(total).unwrap_or(100);
             eprintln!(
                 "bootplane probe wipe: {dev}: {what} {pct}% ({} of {} MiB)",
                 done >> 20,
@@ -151,12 +151,6 @@ impl Clock {
 
 fn log(m: &str) {
     eprintln!("bootplane probe wipe: {m}");
-}
-
-fn read_cmdline() -> String {
-    crate::collect::read_capped(Path::new("/proc/cmdline"), 64 * 1024)
-        .map(|v| String::from_utf8_lossy(&v).into_owned())
-        .unwrap_or_default()
 }
 
 /// Run the command (the arguments after `wipe`); returns the exit status.
@@ -204,9 +198,11 @@ pub fn run(args: &[String]) -> i32 {
     if let Some(url) = url {
         let deadline = clock
             .left()
-            .map_or(Duration::from_secs(crate::cli::DEFAULT_DEADLINE), |l| l.max(MIN_POST));
+            .map_or(Duration::from_secs(http::DEFAULT_DEADLINE), |l| {
+                l.max(MIN_POST)
+            });
         log(&format!("posting the report to {}:{}", url.host, url.port));
-        match http::post(&url, body.as_bytes(), deadline, |m| log(m)) {
+        match http::post(&url, body.as_bytes(), deadline, log) {
             Outcome::Accepted(c) => {
                 log(&format!("report accepted ({c})"));
                 if a.poweroff {
@@ -219,7 +215,10 @@ pub fn run(args: &[String]) -> i32 {
                 code = code.max(1);
             }
             Outcome::GaveUp(why) => {
-                log(&format!("gave up posting the report after {}s: {why}", deadline.as_secs()));
+                log(&format!(
+                    "gave up posting the report after {}s: {why}",
+                    deadline.as_secs()
+                ));
                 code = code.max(1);
             }
         }
@@ -265,10 +264,13 @@ pub fn wipe(devices: &[PathBuf], all: bool, policy: Policy, clock: &Clock) -> (W
         let d = wipe_one(c, policy, clock);
         match &d.error {
             None => log(&format!(
-                "{}: {} by {:?}, {} bytes verified in {:.1}s",
+                "{}: {} wipe by {}, {} bytes verified in {:.1}s",
                 d.device,
                 policy.as_str(),
-                d.method,
+                d.method
+                    .and_then(|m| serde_json::to_value(m).ok())
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
                 d.bytes_verified,
                 d.seconds
             )),
@@ -315,7 +317,13 @@ fn metadata(dev: &Dev, d: &mut DiskWipe, clock: &Clock) -> Result<(), String> {
     let size = dev.size;
     let w = parttable::WINDOW.min(size);
     let head = read(dev, Range { start: 0, end: w })?;
-    let tail = read(dev, Range { start: size - w, end: size })?;
+    let tail = read(
+        dev,
+        Range {
+            start: size - w,
+            end: size,
+        },
+    )?;
     let table = parttable::parse(&head, &tail, size);
     log(&format!(
         "{}: {:?} partition table, {} partitions",
@@ -334,8 +342,9 @@ fn metadata(dev: &Dev, d: &mut DiskWipe, clock: &Clock) -> Result<(), String> {
     let mut done = 0;
     for r in &ranges {
         let name = d.device.clone();
-        d.bytes_written +=
-            dev.write_zeros(*r, &zeros, &mut |n| clock.progress(&name, "zeroing", done + n, total))?;
+        d.bytes_written += dev.write_zeros(*r, &zeros, &mut |n| {
+            clock.progress(&name, "zeroing", done + n, total)
+        })?;
         done += r.len();
         d.ranges_zeroed += 1;
     }
@@ -370,7 +379,10 @@ fn fail(d: &mut DiskWipe, at: u64) -> String {
 /// The `full` policy: make every byte zero, then read the whole device back (once
 /// more after a `BLKZEROOUT` when a discard left non-zero blocks the samples missed).
 fn full(dev: &Dev, d: &mut DiskWipe, clock: &Clock) -> Result<(), String> {
-    let whole = Range { start: 0, end: dev.size };
+    let whole = Range {
+        start: 0,
+        end: dev.size,
+    };
     d.ranges_zeroed = 1;
     let method = zero_everything(dev, d, clock)?;
     d.method = Some(method);
@@ -400,7 +412,10 @@ fn full(dev: &Dev, d: &mut DiskWipe, clock: &Clock) -> Result<(), String> {
 
 /// Zero the whole device by the best method it offers; which one was used.
 fn zero_everything(dev: &Dev, d: &mut DiskWipe, clock: &Clock) -> Result<Method, String> {
-    let whole = Range { start: 0, end: dev.size };
+    let whole = Range {
+        start: 0,
+        end: dev.size,
+    };
     if !dev.is_block() {
         return match dev.punch_hole() {
             Ok(()) => Ok(Method::PunchHole),
@@ -430,7 +445,9 @@ fn nvme_format(dev: &Dev, clock: &Clock) -> Result<(), String> {
     let timeout = clock
         .left()
         .map_or(0, |l| l.as_millis().min(u32::MAX as u128) as u32);
-    log(&format!("nvme namespace {nsid}: format nvm with user data erase"));
+    log(&format!(
+        "nvme namespace {nsid}: format nvm with user data erase"
+    ));
     crate::nvme::format_user_data_erase(dev.file(), caps, nsid, timeout)
 }
 
@@ -443,14 +460,25 @@ fn discard_checked(dev: &Dev, d: &mut DiskWipe, clock: &Clock) -> Result<Method,
     let (mut discarded, mut zeroed) = (0u64, 0u64);
     let mut off = 0;
     while off < size {
-        let r = Range { start: off, end: (off + step).min(size) };
+        let r = Range {
+            start: off,
+            end: (off + step).min(size),
+        };
         clock.progress(&d.device, "discarding", off, size)?;
         if let Err(e) = dev.discard(r) {
             if off == 0 {
                 let m = format!("discard: {e}; zeroing out instead");
                 log(&format!("{}: {m}", d.device));
                 d.notes.push(m);
-                return zero_out(dev, Range { start: 0, end: size }, d, clock);
+                return zero_out(
+                    dev,
+                    Range {
+                        start: 0,
+                        end: size,
+                    },
+                    d,
+                    clock,
+                );
             }
             return Err(format!("discard at {off}: {e}"));
         }
@@ -466,7 +494,10 @@ fn discard_checked(dev: &Dev, d: &mut DiskWipe, clock: &Clock) -> Result<Method,
         (_, 0) => Method::Discard,
         (0, _) => Method::Zeroout,
         _ => {
-            d.notes.push(format!("{zeroed} of {} GiB chunks did not read as zero after discard", discarded + zeroed));
+            d.notes.push(format!(
+                "{zeroed} of {} GiB chunks did not read as zero after discard",
+                discarded + zeroed
+            ));
             Method::DiscardZeroout
         }
     })
@@ -477,7 +508,10 @@ fn samples_zero(dev: &Dev, r: Range, buf: &mut Aligned) -> Result<bool, String> 
     let span = r.len().saturating_sub(SAMPLE);
     for i in 0..SAMPLES {
         let at = r.start + (span * i / (SAMPLES - 1)) / dev.sector * dev.sector;
-        let s = Range { start: at, end: (at + SAMPLE).min(r.end) };
+        let s = Range {
+            start: at,
+            end: (at + SAMPLE).min(r.end),
+        };
         if dev.first_nonzero(s, buf, &mut |_| Ok(()))?.is_some() {
             return Ok(false);
         }
@@ -490,13 +524,24 @@ fn zero_out(dev: &Dev, r: Range, d: &mut DiskWipe, clock: &Clock) -> Result<Meth
     let step = CHUNK / dev.sector * dev.sector;
     let mut off = r.start;
     while off < r.end {
-        let c = Range { start: off, end: (off + step).min(r.end) };
+        let c = Range {
+            start: off,
+            end: (off + step).min(r.end),
+        };
         clock.progress(&d.device, "zeroing out", off - r.start, r.len())?;
         if let Err(e) = dev.zeroout(c) {
             let m = format!("zeroout at {off}: {e}; overwriting");
             log(&format!("{}: {m}", d.device));
             d.notes.push(m);
-            return overwrite(dev, Range { start: off, end: r.end }, d, clock);
+            return overwrite(
+                dev,
+                Range {
+                    start: off,
+                    end: r.end,
+                },
+                d,
+                clock,
+            );
         }
         off = c.end;
     }
@@ -530,7 +575,10 @@ fn verify_all(dev: &Dev, name: &str, clock: &Clock) -> Result<Option<u64>, Strin
                     let mut buf = Aligned::zeroed(BUF);
                     let mut off = w * step;
                     while off < size && off < first_bad.load(Ordering::Relaxed) {
-                        let r = Range { start: off, end: (off + step).min(size) };
+                        let r = Range {
+                            start: off,
+                            end: (off + step).min(size),
+                        };
                         if let Some(at) = dev.first_nonzero(r, &mut buf, &mut |_| Ok(()))? {
                             first_bad.fetch_min(at, Ordering::Relaxed);
                             return Ok(());
@@ -545,7 +593,10 @@ fn verify_all(dev: &Dev, name: &str, clock: &Clock) -> Result<Option<u64>, Strin
             .collect();
         workers
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a verification reader panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a verification reader panicked".into()))
+            })
             .collect()
     });
     let bad = first_bad.load(Ordering::Relaxed);
