@@ -328,3 +328,50 @@ put("probe_parsers", "lldp_frame", LLDP_HDR + b"\x88\xcc" + tlv(1, b"\x04\x02\x1
     + tlv(6, b"Switch OS 4.2") + b"\0\0")
 put("probe_parsers", "lldp_vlan_frame", LLDP_HDR + b"\x81\x00\x00\x0a\x88\xcc"
     + tlv(1, b"\x05\x01\x0a\x00\x00\x01") + tlv(2, b"\x03\x01\x02\x03\x04\x05\x06") + b"\0\0")
+
+
+# --- wipe: partition tables (8-byte little-endian device size, then the device's bytes,
+# used as both its head and its tail): a GPT with primary and backup, the same with a
+# corrupt primary, a plain MBR with an extended entry, 4096-byte sectors -------------
+def gpt_disk(sectors, parts, lba=512, count=128, esize=128):
+    import zlib
+    d = bytearray(sectors * lba)
+    d[446 + 4] = 0xEE
+    d[446 + 8:446 + 16] = struct.pack("<II", 1, 0xFFFFFFFF)
+    d[510:512] = b"\x55\xaa"
+    arr = bytearray(count * esize)
+    for i, (s, l) in enumerate(parts):
+        e = i * esize
+        arr[e:e + 16] = b"\xaf" * 16
+        arr[e + 16:e + 32] = bytes([i + 1]) * 16
+        arr[e + 32:e + 48] = struct.pack("<QQ", s, l)
+    arr_lbas = -(-len(arr) // lba)
+    backup_entries = sectors - 1 - arr_lbas
+    for my, alt, entries in [(1, sectors - 1, 2), (sectors - 1, 1, backup_entries)]:
+        h = bytearray(92)
+        h[0:8] = b"EFI PART"
+        h[8:16] = struct.pack("<II", 0x00010000, 92)
+        h[24:56] = struct.pack("<QQQQ", my, alt, 2 + arr_lbas, backup_entries - 1)
+        h[72:92] = struct.pack("<QIII", entries, count, esize, zlib.crc32(bytes(arr)))
+        h[16:20] = struct.pack("<I", zlib.crc32(bytes(h)))
+        d[my * lba:my * lba + 92] = h
+        d[entries * lba:entries * lba + len(arr)] = arr
+    return d
+
+
+def sized(d):
+    return struct.pack("<Q", len(d)) + bytes(d)
+
+
+GPT = gpt_disk(48, [(6, 20), (21, 40)], count=16)
+put("wipe_parttable", "gpt", sized(GPT))
+BAD = bytearray(GPT)
+BAD[512 + 40] ^= 1
+put("wipe_parttable", "gpt_corrupt_primary", sized(BAD))
+put("wipe_parttable", "gpt_4k", sized(gpt_disk(12, [(4, 8)], lba=4096, count=4)))
+MBR = bytearray(8 * 1024)
+MBR[510:512] = b"\x55\xaa"
+for i, (kind, s, n) in enumerate([(0x83, 2, 4), (0x05, 6, 8), (0x0C, 1 << 30, 10)]):
+    MBR[446 + i * 16 + 4] = kind
+    MBR[446 + i * 16 + 8:446 + i * 16 + 16] = struct.pack("<II", s, n)
+put("wipe_parttable", "mbr_extended", sized(MBR))

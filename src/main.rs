@@ -73,7 +73,8 @@ enum Command {
     #[command(disable_help_flag = true)]
     Probe {
         /// Passed to the agent: [--url URL] [--root DIR] [--lldp-wait S] [--deadline S]
-        /// [--print] [--poweroff].
+        /// [--print] [--poweroff]; or `wipe (--device DEV ... | --all) --policy
+        /// metadata|full [--report URL] [--deadline S] [--poweroff]` (docs/wipe.md).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },

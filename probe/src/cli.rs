@@ -4,6 +4,8 @@
 //! `--url` or the kernel command line (`bootplane.inventory=`), and with `--poweroff`
 //! powers the machine off once bootplane has accepted it.
 //!
+//! `bootplane probe wipe ...` is [`crate::wipe::run`] (its own arguments and exit status).
+//!
 //! Exit status: 0 accepted (or printed, or `--help`), 1 refused (4xx) or deadline passed,
 //! 2 usage.
 
@@ -12,17 +14,16 @@ use std::time::Duration;
 
 use crate::http::{self, Outcome};
 use crate::inventory::Inventory;
+pub use crate::sys::{cmdline_value, read_cmdline};
 
 /// Usage text.
 pub const USAGE: &str = "usage: bootplane probe [--url URL] [--root DIR] [--lldp-wait SECS] \
-[--deadline SECS] [--print] [--poweroff]";
+[--deadline SECS] [--print] [--poweroff]\n       bootplane probe wipe --help";
 
 /// Default LLDP listen window.
 pub const DEFAULT_LLDP_WAIT: u64 = 10;
 /// Default time to keep retrying the post.
-pub const DEFAULT_DEADLINE: u64 = 600;
-/// Longest `/proc/cmdline` read.
-const MAX_CMDLINE: usize = 64 * 1024;
+pub const DEFAULT_DEADLINE: u64 = http::DEFAULT_DEADLINE;
 
 /// Parsed arguments.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -71,23 +72,15 @@ pub fn parse_args(args: &[String]) -> Result<Args, String> {
     Ok(a)
 }
 
-/// The value of `key=` on a kernel command line (the last one wins, as in the kernel).
-pub fn cmdline_value(cmdline: &str, key: &str) -> Option<String> {
-    cmdline
-        .split_ascii_whitespace()
-        .filter_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-        .next_back()
-        .map(|v| v.trim_matches('"').to_string())
-}
-
-fn read_cmdline() -> String {
-    crate::collect::read_capped(std::path::Path::new("/proc/cmdline"), MAX_CMDLINE)
-        .map(|v| String::from_utf8_lossy(&v).into_owned())
-        .unwrap_or_default()
-}
-
 /// Run the command; returns the exit status.
 pub fn run(args: &[String]) -> i32 {
+    let rest = match args.first().map(String::as_str) {
+        Some("probe") => &args[1..],
+        _ => args,
+    };
+    if rest.first().map(String::as_str) == Some("wipe") {
+        return crate::wipe::run(&rest[1..]);
+    }
     let a = match parse_args(args) {
         Ok(a) => a,
         Err(e) if e.is_empty() => {
@@ -234,6 +227,9 @@ mod tests {
         }
         assert_eq!(run(&s(&["--nope"])), 2);
         assert_eq!(run(&s(&["probe", "--help"])), 0);
+        // `wipe` goes to the wipe command, as `bootplane probe wipe ...` calls it.
+        assert_eq!(run(&s(&["probe", "wipe", "--bogus"])), 2);
+        assert_eq!(run(&s(&["wipe", "--help"])), 0);
     }
 
     #[test]

@@ -53,12 +53,22 @@ pub fn read_smbios(root: &Path) -> Option<smbios::Smbios> {
     Some(smbios::parse(&table, version))
 }
 
+/// The system UUID: SMBIOS type 1's, else the kernel's `product_uuid` (lowercase).
+fn uuid_of(sm: &smbios::Smbios, root: &Path) -> Option<String> {
+    sm.uuid.clone().or_else(|| {
+        attr(&root.join("sys/class/dmi/id/product_uuid")).map(|u| u.to_ascii_lowercase())
+    })
+}
+
+/// The system UUID as [`inventory`] reads it (empty when there is none).
+pub fn system_uuid(root: &Path) -> String {
+    uuid_of(&read_smbios(root).unwrap_or_default(), root).unwrap_or_default()
+}
+
 /// Everything readable from `root` (no IPs, no LLDP, no architecture).
 pub fn inventory(root: &Path) -> Inventory {
     let sm = read_smbios(root).unwrap_or_default();
-    let uuid = sm.uuid.clone().or_else(|| {
-        attr(&root.join("sys/class/dmi/id/product_uuid")).map(|u| u.to_ascii_lowercase())
-    });
+    let uuid = uuid_of(&sm, root);
     let cpus = if sm.processors.is_empty() {
         cpuinfo_packages(root)
     } else {
@@ -155,7 +165,7 @@ pub fn disks(root: &Path) -> Vec<Disk> {
 }
 
 /// The serial: `serial` (virtio-blk), `device/serial` (NVMe), or SCSI VPD page 0x80.
-fn disk_serial(d: &Path) -> Option<String> {
+pub fn disk_serial(d: &Path) -> Option<String> {
     attr(&d.join("serial"))
         .or_else(|| attr(&d.join("device/serial")))
         .or_else(|| {

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 pub const MAX_HEAD: usize = 8192;
 /// Longest response body kept (for a refusal's reason).
 pub const MAX_BODY: usize = 1024;
+/// Default time to keep retrying a post (the inventory's, the wipe report's).
+pub const DEFAULT_DEADLINE: u64 = 600;
 /// One attempt's connect/read/write timeout.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(15);
 

@@ -9,14 +9,23 @@
 //! - [`collect`]: the sysfs/procfs collectors, reading from a root directory;
 //! - [`lldp`]: the LLDP frame parser and listener;
 //! - [`http`]: the bounded HTTP POST with retries;
-//! - [`cli`]: the `bootplane probe` command.
+//! - [`cli`]: the `bootplane probe` command;
+//! - [`wipe`]: `bootplane probe wipe`, erasing disks by policy and reading them back
+//!   ([`parttable`]: the partition-table reader and range planner, [`blockdev`]: the
+//!   devices and their I/O, [`nvme`]: Format NVM; [`WipeReport`]: what it reports).
 
+pub mod blockdev;
 pub mod cli;
 pub mod collect;
 pub mod http;
 pub mod inventory;
 pub mod lldp;
+pub mod nvme;
+pub mod parttable;
 pub mod smbios;
 pub mod sys;
+pub mod wipe;
+pub mod wipe_report;
 
 pub use inventory::{Cpu, Disk, Inventory, Neighbor, Nic, SystemInfo};
+pub use wipe_report::{DiskWipe, Method, Policy, WipeReport};

@@ -1,10 +1,13 @@
 //! The few system calls the agent needs beyond files: uname (architecture),
-//! getifaddrs (IP addresses per interface), if_nametoindex, the power-off, and draining
-//! the console before PID 1 exits.
+//! getifaddrs (IP addresses per interface), if_nametoindex, the power-off, draining
+//! the console before PID 1 exits, and the kernel command line (`bootplane.*=` values).
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// Longest `/proc/cmdline` read.
+const MAX_CMDLINE: usize = 64 * 1024;
 
 /// Most addresses read from getifaddrs.
 const MAX_ADDRS: usize = 4096;
@@ -109,4 +112,20 @@ pub fn power_off() {
             );
         }
     }
+}
+
+/// The value of `key=` on a kernel command line (the last one wins, as in the kernel).
+pub fn cmdline_value(cmdline: &str, key: &str) -> Option<String> {
+    cmdline
+        .split_ascii_whitespace()
+        .filter_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .next_back()
+        .map(|v| v.trim_matches('"').to_string())
+}
+
+/// This boot's kernel command line (empty when unreadable).
+pub fn read_cmdline() -> String {
+    crate::collect::read_capped(std::path::Path::new("/proc/cmdline"), MAX_CMDLINE)
+        .map(|v| String::from_utf8_lossy(&v).into_owned())
+        .unwrap_or_default()
 }
