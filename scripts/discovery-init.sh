@@ -2,7 +2,8 @@
 # /init of bootplane's discovery initramfs (packed by scripts/make-discovery-image.sh):
 # busybox sh as PID 1. Mounts proc/sys/dev, loads the NIC and disk modules in dependency
 # order, brings every physical NIC up with a short DHCP on each, then hands over to the
-# agent, which posts the inventory to bootplane.inventory= and powers the machine off.
+# agent, which posts the inventory to bootplane.inventory= (a discovery boot) or wipes every
+# disk and posts what it did to bootplane.wipe= (a cleanup boot), and powers the machine off.
 # If the agent fails (refused, or bootplane unreachable until its deadline) PID 1 exits
 # and the kernel panics; with panic=-1 on the cmdline the machine reboots at once.
 /bin/busybox mkdir -p /usr/share/udhcpc
@@ -47,4 +48,9 @@ done
 wait
 ip -brief addr 2>/dev/null || ip addr
 
+# A cleanup boot (bootplane.wipe= on the command line, docs/wipe.md) wipes every disk by
+# bootplane.wipe_policy= and reports; any other boot is a discovery boot.
+if grep -q 'bootplane\.wipe=' /proc/cmdline; then
+  exec /bin/bootplane probe wipe --poweroff
+fi
 exec /bin/bootplane probe --poweroff

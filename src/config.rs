@@ -49,6 +49,8 @@ pub struct Config {
     pub power: crate::power::PowerConfig,
     /// Discovery (`[discovery]`, see `crate::controller::discovery`).
     pub discovery: crate::controller::discovery::DiscoveryConfig,
+    /// Wiping released Servers (`[cleanup]`, see `crate::controller::cleanup`).
+    pub cleanup: crate::controller::cleanup::CleanupConfig,
     /// The store's engine (`[store]`, see `crate::store::settings`).
     pub store: crate::store::settings::StoreConfig,
     /// Events kept in the store (`[events]`, see `crate::store::events`).
@@ -70,6 +72,7 @@ impl Default for Config {
             provision: crate::provision::ProvisionConfig::default(),
             power: crate::power::PowerConfig::default(),
             discovery: Default::default(),
+            cleanup: Default::default(),
             store: Default::default(),
             events: Default::default(),
         }
@@ -285,6 +288,7 @@ impl Config {
         }
         self.power.redfish.validate()?;
         self.discovery.validate()?;
+        self.cleanup.validate()?;
         self.store.validate()?;
         self.events.validate()?;
         if self.dhcp.enabled

@@ -496,26 +496,37 @@ impl Services {
     /// The boot listener over the store-backed boot index.
     fn start_boot_http(&mut self, config: &Config) -> Result<()> {
         let dhcp_leases = config.dhcp.enabled.then(|| self.leases.clone());
-        // First boots: the discovery image's script and the agent's inventory, written by
-        // the inventory writer.
+        // Agent boots: first boots (the discovery image's script and the agent's
+        // inventory) and cleanups (the agent wipes, reports), both reports written by
+        // the report writer.
         let d = &config.discovery;
-        let discovery = (d.enabled && d.first_boot).then(|| {
-            let (tx, rx) = tokio::sync::mpsc::channel(crate::controller::inventory::QUEUE);
+        let first_boots = d.enabled && d.first_boot;
+        // A Server or a claim may ask for a wipe whatever the default, so the cleanup
+        // agent is served whenever the controller runs.
+        let wipes = config.controller.enabled;
+        let agent = (first_boots || wipes).then(|| {
+            let (tx, rx) = tokio::sync::mpsc::channel(crate::controller::reports::QUEUE);
             let (store, s) = (self.store.clone(), self.coord.handle());
             // Addresses of the dynamic pools are not registered from inventories.
             let pools = dhcp_pools(config);
             self.tasks.spawn(async move {
-                crate::controller::inventory::run(store, rx, pools, s).await;
+                crate::controller::reports::run(store, rx, pools, s).await;
                 Ok(())
             });
-            (d.image.clone(), tx)
+            crate::controller::bootside::AgentImages {
+                discovery: first_boots.then(|| d.image.clone()),
+                cleanup: wipes.then(|| {
+                    crate::controller::cleanup::Cleanup::agent_image(&config.cleanup, d).to_string()
+                }),
+                reports: tx,
+            }
         });
         let index = crate::controller::bootside::StoreBootIndex::start(
             self.store.clone(),
             self.resolver.clone(),
             config.public_http_url(),
             dhcp_leases,
-            discovery,
+            agent,
             self.coord.handle(),
         );
         let app = Arc::new(
@@ -759,7 +770,13 @@ impl Controllers {
             store.clone(),
             power,
             self.resolver.clone(),
-            crate::controller::firstboot::FirstBoot::from_config(&config.discovery),
+            (
+                crate::controller::firstboot::FirstBoot::from_config(&config.discovery),
+                Some(crate::controller::cleanup::Cleanup::from_config(
+                    &config.cleanup,
+                    &config.discovery,
+                )),
+            ),
             crate::store::events::Recorder::spawn(store.clone(), "bootplane-controller"),
         );
         let s = coord.handle();

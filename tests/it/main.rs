@@ -23,6 +23,7 @@ mod api_bodies;
 mod api_tls;
 mod boot_iso;
 mod boot_store;
+mod cleanup_flow;
 mod cli_config;
 mod cli_kubectl;
 mod cli_packaging;

@@ -23,14 +23,14 @@ use support::require::require_tools;
 
 const MIB: u64 = 1 << 20;
 /// Size of the partitioned test disks (xfs needs a 300 MiB file system).
-const DISK: u64 = 1024 * MIB;
+pub(crate) const DISK: u64 = 1024 * MIB;
 const MARK: &[u8] = b"TENANT-DATA-MARKER-5f1c";
 
 /// A sparse backing file, removed on drop.
-struct Backing(PathBuf);
+pub(crate) struct Backing(pub(crate) PathBuf);
 
 impl Backing {
-    fn new(test: &str, size: u64) -> Backing {
+    pub(crate) fn new(test: &str, size: u64) -> Backing {
         let p = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("probe-wipe-{test}-{}.img", std::process::id()));
         let f = std::fs::File::create(&p).unwrap();
@@ -46,12 +46,12 @@ impl Drop for Backing {
 }
 
 /// A loop device (with partition scanning) over a backing file, detached on drop.
-struct Loop {
-    dev: String,
+pub(crate) struct Loop {
+    pub(crate) dev: String,
 }
 
 impl Loop {
-    fn new(backing: &Backing, read_only: bool) -> Loop {
+    pub(crate) fn new(backing: &Backing, read_only: bool) -> Loop {
         let file = backing.0.to_str().unwrap();
         let mut args = vec!["--find", "--show", "--partscan"];
         if read_only {
@@ -116,7 +116,7 @@ fn partition(target: &str, p1: u32, p2: u32) -> Vec<(u64, u64)> {
 }
 
 /// A partitioned loop disk with ext4, vfat and xfs and the three markers.
-fn tenant_disk(test: &str) -> (Backing, Loop, Vec<(u64, u64)>) {
+pub(crate) fn tenant_disk(test: &str) -> (Backing, Loop, Vec<(u64, u64)>) {
     require_tools(&[
         "losetup",
         "sgdisk",
@@ -164,7 +164,7 @@ fn write_markers(file: &Path, size: u64) {
 }
 
 /// Which markers the file still holds (start, middle, end).
-fn markers(file: &Path, size: u64) -> [bool; 3] {
+pub(crate) fn markers(file: &Path, size: u64) -> [bool; 3] {
     let f = std::fs::File::open(file).unwrap();
     marker_offsets(size).map(|at| {
         let mut b = vec![0u8; MARK.len()];
@@ -175,7 +175,7 @@ fn markers(file: &Path, size: u64) -> [bool; 3] {
 
 /// Every signature wipefs and blkid find on the device, its partition nodes (those that
 /// still exist) and at each partition's old offset.
-fn probe_signatures(dev: &str, parts: &[(u64, u64)]) -> Vec<String> {
+pub(crate) fn probe_signatures(dev: &str, parts: &[(u64, u64)]) -> Vec<String> {
     let mut found = Vec::new();
     let mut targets = vec![dev.to_string()];
     for n in 1..=parts.len() {
@@ -210,13 +210,13 @@ fn probe_signatures(dev: &str, parts: &[(u64, u64)]) -> Vec<String> {
     found
 }
 
-fn wipe(args: &[&str]) -> Output {
+pub(crate) fn wipe(args: &[&str]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_bootplane"));
     c.args(["probe", "wipe"]).args(args);
     run_cmd(&mut c, 600)
 }
 
-fn report(o: &Output) -> WipeReport {
+pub(crate) fn report(o: &Output) -> WipeReport {
     let out = String::from_utf8_lossy(&o.stdout);
     let last = out
         .lines()
@@ -225,7 +225,7 @@ fn report(o: &Output) -> WipeReport {
     serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last:?}"))
 }
 
-fn explain(o: &Output) -> String {
+pub(crate) fn explain(o: &Output) -> String {
     format!(
         "status {:?}\nstdout: {}\nstderr: {}",
         o.status.code(),

@@ -91,6 +91,14 @@ fn ignition(slot: &BootSlot, server: &str) -> Response {
             format!("server {server} is in Discovery: it boots the discovery image, no Ignition"),
         )
         .into_response(),
+        (BootState::Cleanup(_), _) => ApiError::new(
+            StatusCode::CONFLICT,
+            "InCleanup",
+            format!(
+                "server {server} is in Cleanup: it boots the agent to wipe its disks, no Ignition"
+            ),
+        )
+        .into_response(),
         (BootState::NotClaimed, _) => ApiError::new(
             StatusCode::CONFLICT,
             "NotClaimed",

@@ -387,9 +387,9 @@ pub struct StoreBootIndex {
     /// DHCP leases (when bootplane's DHCP server runs): a machine's leased address
     /// counts as its own for the identity check.
     leases: Option<crate::dhcp::leases::LeaseIndex>,
-    /// First boots (`[discovery]`): the discovery image's catalog reference and the
-    /// queue to the inventory writer ([`super::inventory`]).
-    discovery: Option<(String, mpsc::Sender<crate::http::InventoryReport>)>,
+    /// Agent boots (first boots, cleanups): their images and the queue to the report
+    /// writer ([`super::reports::run`]).
+    agent: Option<AgentImages>,
     t_server: Arc<ResourceType>,
     t_sbc: Arc<ResourceType>,
     /// `ScriptServed` / `IgnitionServed` on the Server, once per boot configuration
@@ -399,6 +399,15 @@ pub struct StoreBootIndex {
     /// server, so each power-off or reset counts as one power cycle however many
     /// versions carry it.
     resets: Mutex<HashMap<String, (String, String)>>,
+}
+
+/// What agent boots the boot side serves: the discovery image (first boots, when on),
+/// the cleanup agent's image (when releases may wipe), and the queue to the writer of
+/// the agents' reports.
+pub struct AgentImages {
+    pub discovery: Option<String>,
+    pub cleanup: Option<String>,
+    pub reports: mpsc::Sender<crate::http::AgentReport>,
 }
 
 impl BootIndex for StoreBootIndex {
@@ -456,9 +465,9 @@ impl BootIndex for StoreBootIndex {
         let _ = self.progress.send(key);
     }
 
-    fn record_inventory(&self, report: crate::http::InventoryReport) -> bool {
-        match &self.discovery {
-            Some((_, tx)) => tx.try_send(report).is_ok(),
+    fn record_report(&self, report: crate::http::AgentReport) -> bool {
+        match &self.agent {
+            Some(a) => a.reports.try_send(report).is_ok(),
             None => false,
         }
     }
@@ -471,7 +480,7 @@ impl StoreBootIndex {
         resolver: Arc<CatalogResolver>,
         base_url: String,
         leases: Option<crate::dhcp::leases::LeaseIndex>,
-        discovery: Option<(String, mpsc::Sender<crate::http::InventoryReport>)>,
+        agent: Option<AgentImages>,
         shutdown: Shutdown,
     ) -> Arc<StoreBootIndex> {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -485,7 +494,7 @@ impl StoreBootIndex {
             progress: tx,
             queued: Default::default(),
             leases,
-            discovery,
+            agent,
             t_server: reg.resolve("server").expect("server"),
             t_sbc: reg.resolve("sbc").expect("sbc"),
             resets: Default::default(),
@@ -556,6 +565,30 @@ impl StoreBootIndex {
         });
     }
 
+    /// An agent boot in `state` of the agent image `image` (no files when the catalog
+    /// lacks it: the default script then says so).
+    fn agent_boot(
+        &self,
+        image: &str,
+        state: BootState,
+    ) -> (BootState, Option<BootFiles>, Option<IgnitionData>) {
+        match self
+            .resolver
+            .hasher
+            .resolve(&self.resolver.catalog(), image)
+        {
+            Ok(Ok(r)) => (state, Some(r.boot_files(&self.base_url)), None),
+            Ok(Err(e)) => {
+                tracing::warn!(image, error = %e, "agent image not in the catalog");
+                (state, None, None)
+            }
+            Err(e) => {
+                tracing::warn!(image, error = %e, "reading the agent image");
+                (state, None, None)
+            }
+        }
+    }
+
     /// What the server's boot configuration says it boots; `boot_id` is set to
     /// [`super::powerstate::claimed_boot_id`] when there is one (signed tokens are bound to it, so they die
     /// with the claim, a change of the configuration or a power cycle).
@@ -564,28 +597,18 @@ impl StoreBootIndex {
         (s, sv): (&Value, &Server),
         boot_id: &mut String,
     ) -> (BootState, Option<BootFiles>, Option<IgnitionData>) {
-        if let Some((image, _)) = &self.discovery {
-            if sv.status.state == Some(ServerState::Discovery) {
-                *boot_id = super::inventory::boot_id(s);
-                return match self
-                    .resolver
-                    .hasher
-                    .resolve(&self.resolver.catalog(), image)
-                {
-                    Ok(Ok(r)) => (
-                        BootState::Discovery,
-                        Some(r.boot_files(&self.base_url)),
-                        None,
-                    ),
-                    Ok(Err(e)) => {
-                        tracing::warn!(image, error = %e, "discovery image not in the catalog");
-                        (BootState::Discovery, None, None)
-                    }
-                    Err(e) => {
-                        tracing::warn!(image, error = %e, "reading the discovery image");
-                        (BootState::Discovery, None, None)
-                    }
-                };
+        if let Some(a) = &self.agent {
+            match (&sv.status.state, &a.discovery, &a.cleanup) {
+                (Some(ServerState::Discovery), Some(image), _) => {
+                    *boot_id = super::inventory::boot_id(s);
+                    return self.agent_boot(image, BootState::Discovery);
+                }
+                (Some(ServerState::Cleanup), _, Some(image)) => {
+                    *boot_id = super::cleanup::boot_id(s);
+                    let policy = super::cleanup::wipe_policy(sv);
+                    return self.agent_boot(image, BootState::Cleanup(policy));
+                }
+                _ => {}
             }
         }
         let Some(r) = &sv.spec.boot_configuration_ref else {

@@ -544,7 +544,9 @@ async fn ensure_boot_configuration(
 }
 
 /// Claim deletion: remove the boot configuration, release the server (the server
-/// reconciler powers it off and applies its reclaim policy), drop the finalizer.
+/// reconciler wipes it by the cleanup policy, the claim's annotation
+/// `bootplane.dev/cleanup-policy` included, powers it off and applies its reclaim
+/// policy), drop the finalizer.
 async fn finalize(
     c: &Controllers,
     key: &Key,
@@ -557,8 +559,17 @@ async fn finalize(
         Err(e) => return Err(e),
     }
     if let Some(s) = find_bound(c, key, cv) {
-        let patch =
-            json!({"spec": {"serverClaimRef": null, "bootConfigurationRef": null, "power": "Off"}});
+        // The tenant's wipe policy goes with the server (the claim is about to be gone);
+        // the server's cleanup applies the stronger of it and its own.
+        let asked = cv
+            .metadata
+            .annotations
+            .get(super::cleanup::POLICY_ANNOTATION)
+            .filter(|p| super::cleanup::WipePolicy::parse(p).is_some());
+        let patch = json!({
+            "metadata": {"annotations": {super::cleanup::CLAIM_POLICY_ANNOTATION: asked}},
+            "spec": {"serverClaimRef": null, "bootConfigurationRef": null, "power": "Off"},
+        });
         c.store
             .patch(&c.t_server, None, meta::name(&s), &patch, Part::Main)
             .await?;

@@ -1,20 +1,23 @@
-//! First boot (the metalprobe role): a new Server with a BMC goes `Initial → Discovery →
-//! Available` through the discovery image.
+//! Agent boots: a Server booted into bootplane's agent image (the discovery image) until
+//! its agent reports. Two tasks use it: first boot (the metalprobe role, `Initial →
+//! Discovery → Available`, the agent posts the inventory) and cleanup (`Reserved →
+//! Cleanup → Available`, the agent wipes the disks and posts what it did,
+//! [`super::cleanup`]).
 //!
-//! - `Initial` (with a BMC, `[discovery] enabled` and `first_boot`) → `Discovery`.
-//! - `Discovery`, no inventory yet: boot it through the power driver (one-time network
-//!   boot + power on, the driver's [`crate::power::PowerDriver::reset`]); the boot side
-//!   serves the discovery image with a signed inventory URL. The attempt and its start are
-//!   kept in the annotation [`ATTEMPT_ANNOTATION`] (`"<n> <unix start>"`). A boot that has
-//!   not reported within `report_timeout_secs` is powered off, and the next one starts
-//!   `retry_backoff_secs × 2^(n-1)` later; after `attempts` boots the Server stays in
-//!   `Discovery`, powered off, with `Discovered` False, reason `InventoryTimeout` (remove
-//!   the annotation to start over).
-//! - `Discovery` with `Discovered` True (the inventory was written,
-//!   [`super::inventory`]): power off, then `Available`.
+//! - No boot yet: boot it through the power driver (one-time network boot + power on, the
+//!   driver's [`crate::power::PowerDriver::reset`]); the boot side serves the agent image
+//!   with a signed report URL. The attempt and its start are kept in the task's
+//!   annotation ([`Task::annotation`], `"<n> <unix start>"`). A boot that has not
+//!   reported within the report timeout is powered off, and the next one starts
+//!   `retry_backoff × 2^(n-1)` later; after `attempts` boots the Server is left powered
+//!   off with the task's condition False, reason [`Task::timeout_reason`] (discovery
+//!   stays in `Discovery`; cleanup goes to `Error`, never `Available`).
+//! - The task's condition True (the report was written, [`super::inventory`] or
+//!   [`super::cleanup`]): power off, then `Available`.
 //!
 //! Conditions: `Discovered` (False `Booting`/`Waiting`/`InventoryTimeout`, True
-//! `InventoryReported`); power through `PowerReady` as everywhere else.
+//! `InventoryReported`), `Cleaned` ([`super::cleanup`]); power through `PowerReady` as
+//! everywhere else.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +26,8 @@ use serde_json::{json, Value};
 
 use super::powerstate::record_power;
 use super::{set_condition, Controllers, Next};
-use crate::model::views::{condition, ConditionStatus, PowerState, Server, ServerState};
+use crate::model::views::ServerState;
+use crate::model::views::{condition, ConditionStatus, PowerState, Server};
 use crate::power::Power;
 use crate::store::{Part, StoreError};
 use crate::sys::unix_now;
@@ -31,7 +35,33 @@ use crate::sys::unix_now;
 /// Annotation holding the discovery boot in progress: `"<attempt> <unix start>"`.
 pub(crate) const ATTEMPT_ANNOTATION: &str = "bootplane.dev/discovery-attempt";
 
-/// The first-boot settings the Server reconciler needs (from `[discovery]`).
+/// What an agent boot is for: its annotation, its condition and how it is named.
+pub(crate) struct Task {
+    /// Holds the boot in progress (`"<attempt> <unix start>"`).
+    pub annotation: &'static str,
+    /// The condition the agent's report turns True.
+    pub condition: &'static str,
+    /// The boot's name in messages (`discovery`, `cleanup`).
+    pub what: &'static str,
+    /// What the agent sends (`inventory`, `wipe report`).
+    pub report: &'static str,
+    /// The condition's reason once every attempt timed out.
+    pub timeout_reason: &'static str,
+    /// The state then (`None`: stays where it is).
+    pub gave_up: Option<ServerState>,
+}
+
+/// First boot: the agent posts the inventory.
+pub(crate) const DISCOVERY: Task = Task {
+    annotation: ATTEMPT_ANNOTATION,
+    condition: super::inventory::DISCOVERED,
+    what: "discovery",
+    report: "inventory",
+    timeout_reason: "InventoryTimeout",
+    gave_up: None,
+};
+
+/// How agent boots are timed (`[discovery]` for first boots, `[cleanup]` for wipes).
 #[derive(Debug, Clone)]
 pub struct FirstBoot {
     pub report_timeout: Duration,
@@ -54,15 +84,15 @@ pub(crate) fn has_bmc(s: &Server) -> bool {
     s.spec.bmc_ref.is_some() || s.spec.bmc.is_some()
 }
 
-/// Whether the inventory was reported (`Discovered` True).
-fn discovered(s: &Server) -> bool {
-    condition(&s.status.conditions, super::inventory::DISCOVERED)
+/// Whether the task's report was written (its condition True).
+fn reported(task: &Task, s: &Server) -> bool {
+    condition(&s.status.conditions, task.condition)
         .is_some_and(|c| c.status == ConditionStatus::True)
 }
 
-/// `(attempt, started)` from the annotation.
-fn attempt_of(s: &Server) -> Option<(u32, u64)> {
-    let a = s.metadata.annotations.get(ATTEMPT_ANNOTATION)?;
+/// `(attempt, started)` from the task's annotation.
+fn attempt_of(task: &Task, s: &Server) -> Option<(u32, u64)> {
+    let a = s.metadata.annotations.get(task.annotation)?;
     let (n, t) = a.split_once(' ')?;
     Some((n.parse().ok()?, t.parse().ok()?))
 }
@@ -87,18 +117,23 @@ impl Step {
     }
 }
 
-/// Record discovery attempt `n` (started now) before its boot is asked for: a reconcile
+/// Record attempt `n` (started now) before its boot is asked for: a reconcile
 /// retried after a failed status write then sees the attempt under way instead of
 /// booting the machine a second time. Pinned to `s`'s resourceVersion: the status built
 /// from `s` may only go onto the version right after it (a conflict retries the
 /// reconcile, nothing booted yet).
-async fn record_attempt(c: &Controllers, s: &Server, n: u32) -> Result<Arc<Value>, StoreError> {
+async fn record_attempt(
+    c: &Controllers,
+    task: &Task,
+    s: &Server,
+    n: u32,
+) -> Result<Arc<Value>, StoreError> {
     let patch = json!({"metadata": {
         "resourceVersion": s.metadata.resource_version,
-        // A discovery boot is a reset: a new boot generation (its inventory token and
-        // the earlier attempts' die with the old one).
+        // An agent boot is a reset: a new boot generation (its report token and the
+        // earlier attempts' die with the old one).
         "annotations": {
-            ATTEMPT_ANNOTATION: format!("{n} {}", unix_now()),
+            task.annotation: format!("{n} {}", unix_now()),
             super::powerstate::BOOT_GENERATION_ANNOTATION: super::powerstate::generation_before_reset(s),
         },
     }});
@@ -108,46 +143,52 @@ async fn record_attempt(c: &Controllers, s: &Server, n: u32) -> Result<Arc<Value
 }
 
 /// Write the attempt annotation [`step`] asked for.
-pub(crate) async fn finish(c: &Controllers, s: &Server, step: &Step) -> Result<(), StoreError> {
+pub(crate) async fn finish(
+    c: &Controllers,
+    task: &Task,
+    s: &Server,
+    step: &Step,
+) -> Result<(), StoreError> {
     let Some(v) = &step.attempt else {
         return Ok(());
     };
-    let patch = json!({"metadata": {"annotations": {ATTEMPT_ANNOTATION: v}}});
+    let patch = json!({"metadata": {"annotations": {task.annotation: v}}});
     c.store
         .patch(&c.t_server, None, &s.metadata.name, &patch, Part::Main)
         .await
         .map(|_| ())
 }
 
-/// One step of the `Discovery` state for Server `s` (its status being built in `status`,
+/// One step of `task`'s agent boot for Server `s` (its status being built in `status`,
 /// written by the caller onto [`Step::base`] or `s`, then [`finish`]).
 pub(crate) async fn step(
     c: &Controllers,
-    fb: &FirstBoot,
+    (task, fb): (&Task, &FirstBoot),
     (s, sv): (&Value, &Server),
     status: &mut Value,
 ) -> Result<Step, StoreError> {
     // `status` is still `sv`'s, but for the `Approved` condition.
     let off = sv.status.power_state == Some(PowerState::Off);
-    if discovered(sv) {
+    if reported(task, sv) {
         if !off {
-            power_off(c, s, status);
+            power_off(c, task, s, status);
             return Ok(Step::next(Next::Done));
         }
         status["state"] = json!(ServerState::Available);
         return Ok(Step {
             next: Next::Done,
-            attempt: attempt_of(sv).map(|_| None),
+            attempt: attempt_of(task, sv).map(|_| None),
             base: None,
         });
     }
     let now = unix_now();
     let timeout = fb.report_timeout.as_secs();
-    match attempt_of(sv) {
+    let what = task.what;
+    match attempt_of(task, sv) {
         None => {
             // A fresh start: make sure it is off first, so the boot is a clean one.
-            let base = record_attempt(c, sv, 1).await?;
-            boot(c, &base, status, 1);
+            let base = record_attempt(c, task, sv, 1).await?;
+            boot(c, task, &base, status, 1);
             Ok(Step {
                 next: Next::After(fb.report_timeout),
                 attempt: None,
@@ -158,27 +199,31 @@ pub(crate) async fn step(
             let left = started + timeout - now;
             set_condition(
                 status,
-                super::inventory::DISCOVERED,
+                task.condition,
                 false,
                 "Booting",
                 &format!(
-                    "discovery boot {n} of {}: waiting up to {left} s more for the agent's inventory",
-                    fb.attempts
+                    "{what} boot {n} of {}: waiting up to {left} s more for the agent's {}",
+                    fb.attempts, task.report
                 ),
             );
             Ok(Step::next(Next::After(Duration::from_secs(left + 1))))
         }
         Some((n, started)) if n >= fb.attempts => {
             if !off {
-                power_off(c, s, status);
+                power_off(c, task, s, status);
+            }
+            if let Some(st) = &task.gave_up {
+                status["state"] = json!(st);
             }
             set_condition(
                 status,
-                super::inventory::DISCOVERED,
+                task.condition,
                 false,
-                "InventoryTimeout",
+                task.timeout_reason,
                 &format!(
-                    "no inventory after {n} discovery boot(s) of {timeout} s each (the last began at unix {started}); check that the machine network-boots and reaches the boot listener, then remove annotation {ATTEMPT_ANNOTATION} to try again"
+                    "no {} after {n} {what} boot(s) of {timeout} s each (the last began at unix {started}); check that the machine network-boots and reaches the boot listener, then remove annotation {} to try again",
+                    task.report, task.annotation
                 ),
             );
             Ok(Step::next(Next::Done))
@@ -191,15 +236,15 @@ pub(crate) async fn step(
             let next_at = started + timeout + backoff;
             if now < next_at {
                 if !off {
-                    power_off(c, s, status);
+                    power_off(c, task, s, status);
                 }
                 set_condition(
                     status,
-                    super::inventory::DISCOVERED,
+                    task.condition,
                     false,
                     "Waiting",
                     &format!(
-                        "discovery boot {n} of {} reported nothing within {timeout} s; boot {} in {} s",
+                        "{what} boot {n} of {} reported nothing within {timeout} s; boot {} in {} s",
                         fb.attempts,
                         n + 1,
                         next_at - now
@@ -209,8 +254,8 @@ pub(crate) async fn step(
                     next_at - now + 1,
                 ))));
             }
-            let base = record_attempt(c, sv, n + 1).await?;
-            boot(c, &base, status, n + 1);
+            let base = record_attempt(c, task, sv, n + 1).await?;
+            boot(c, task, &base, status, n + 1);
             Ok(Step {
                 next: Next::After(fb.report_timeout),
                 attempt: None,
@@ -220,32 +265,30 @@ pub(crate) async fn step(
     }
 }
 
-/// Start discovery boot `n`: the driver's reset (one-time network boot, then on or
+/// Start agent boot `n`: the driver's reset (one-time network boot, then on or
 /// restart).
-fn boot(c: &Controllers, s: &Value, status: &mut Value, n: u32) {
+fn boot(c: &Controllers, task: &Task, s: &Value, status: &mut Value, n: u32) {
     let driver = c.power.name_for(s);
-    let msg = format!("discovery boot {n}: one-time network boot through the {driver} driver");
-    set_condition(status, super::inventory::DISCOVERED, false, "Booting", &msg);
+    let msg = format!(
+        "{} boot {n}: one-time network boot through the {driver} driver",
+        task.what
+    );
+    set_condition(status, task.condition, false, "Booting", &msg);
     record_power(status, c.power.reset(s), "ResetFailed", |st| {
         st["powerState"] = json!("On");
         set_condition(st, "PowerReady", true, "Reset", &msg);
     });
 }
 
-fn power_off(c: &Controllers, s: &Value, status: &mut Value) {
+pub(crate) fn power_off(c: &Controllers, task: &Task, s: &Value, status: &mut Value) {
+    let msg = format!("powered off after {}", task.what);
     record_power(
         status,
         c.power.set_power(s, Power::Off),
         "DriverError",
         |st| {
             st["powerState"] = json!("Off");
-            set_condition(
-                st,
-                "PowerReady",
-                true,
-                "Applied",
-                "powered off after discovery",
-            );
+            set_condition(st, "PowerReady", true, "Applied", &msg);
         },
     );
 }

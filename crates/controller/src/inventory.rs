@@ -22,25 +22,20 @@ use std::net::IpAddr;
 
 use bootplane_probe::Inventory;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use super::set_condition;
 use crate::dhcp::settings::Subnet;
-use crate::http::InventoryReport;
+use crate::http::AgentReport;
 use crate::model::ident::{parse_mac, MacFmt};
 use crate::model::meta;
 use crate::model::registry::ResourceType;
 use crate::model::views::{read, Server, ServerState};
-use crate::shutdown::Shutdown;
 use crate::store::{Modified, Part, Store, StoreError};
 
 /// Annotation holding the drives' serial numbers (`{"sda": "SERIAL", ...}` as JSON).
 pub(crate) const DRIVE_SERIALS_ANNOTATION: &str = "bootplane.dev/drive-serials";
 /// The condition a report sets.
 pub(crate) const DISCOVERED: &str = "Discovered";
-/// Reports waiting for the writer; beyond it the listener answers 503 and the agent
-/// retries.
-pub const QUEUE: usize = 1024;
 
 /// The `boot_id` of a Server's discovery boot: its uid (new for a re-created Server)
 /// and its boot generation (new for each attempt, [`super::powerstate::boot_generation`]).
@@ -226,34 +221,12 @@ fn merge_nics(status: &mut Value, inv: &Inventory, dynamic: &dyn Fn(IpAddr) -> b
     status["networkInterfaces"] = json!(nics);
 }
 
-/// Write reports as they come until shutdown (each Server's in turn; a failure is logged,
-/// the agent is not told: it was already answered 202, and the Server stays in
-/// `Discovery` to be booted again).
-/// Write the reports `rx` brings until shutdown; addresses inside `pools`' dynamic
-/// ranges are not registered.
-pub async fn run(
-    store: Store,
-    mut rx: mpsc::Receiver<InventoryReport>,
-    pools: Vec<Subnet>,
-    mut shutdown: Shutdown,
-) {
-    let t_server = store.registry().resolve("server").expect("server type");
-    let events = crate::store::events::Recorder::spawn(store.clone(), "bootplane-inventory");
-    loop {
-        let r = tokio::select! {
-            r = rx.recv() => match r { Some(r) => r, None => return },
-            _ = shutdown.recv() => return,
-        };
-        if let Err(e) = write(&store, &t_server, &r, &pools, &events).await {
-            tracing::warn!(server = %r.server, error = %e, "writing an inventory report");
-        }
-    }
-}
-
-async fn write(
+/// Write one inventory report onto its Server (for the discovery boot under way; any
+/// other is dropped).
+pub(crate) async fn write(
     store: &Store,
     t: &ResourceType,
-    r: &InventoryReport,
+    (r, inv): (&AgentReport, &bootplane_probe::Inventory),
     pools: &[Subnet],
     events: &crate::store::events::Recorder,
 ) -> Result<(), StoreError> {
@@ -275,7 +248,7 @@ async fn write(
     }
     let mut annotations = read::<Server>(&s).metadata.annotations;
     let before = annotations.clone();
-    apply(&mut json!({}), &mut annotations, &r.inventory, &dynamic);
+    apply(&mut json!({}), &mut annotations, inv, &dynamic);
     if annotations != before {
         let patch = json!({"metadata": {
             "annotations": {DRIVE_SERIALS_ANNOTATION: annotations.get(DRIVE_SERIALS_ANNOTATION)},
@@ -283,7 +256,6 @@ async fn write(
         store.patch(t, None, &r.server, &patch, Part::Main).await?;
     }
     // ...then the status, read again and redone on a conflict.
-    let inv = &r.inventory;
     let msg = format!(
         "inventory reported from {}: {} NIC(s), {} disk(s), {} CPU(s), {} memory",
         r.client,

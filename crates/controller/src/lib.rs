@@ -17,12 +17,14 @@ pub mod bmc;
 pub mod bootconfig;
 pub mod bootside;
 pub mod claim;
+pub mod cleanup;
 pub mod discovery;
 pub mod firstboot;
 pub mod inventory;
 pub mod powerstate;
 #[path = "provisioning.bootplane.dev/mod.rs"]
 pub mod provisioning;
+pub mod reports;
 pub mod runtime;
 pub mod server;
 pub mod settings;
@@ -153,6 +155,8 @@ pub struct Controllers {
     pub t_secret: Arc<ResourceType>,
     /// First boots of Servers with a BMC (`[discovery]`), when on.
     pub first_boot: Option<firstboot::FirstBoot>,
+    /// Wiping released Servers (`[cleanup]`); `None`: releases never wipe.
+    pub cleanup: Option<cleanup::Cleanup>,
     /// Events: claims binding or waiting, state, power and condition changes.
     pub events: Recorder,
 }
@@ -184,7 +188,7 @@ impl Controllers {
         store: Store,
         power: Arc<dyn PowerDriver>,
         resolver: Arc<dyn BootResolver>,
-        first_boot: Option<firstboot::FirstBoot>,
+        (first_boot, cleanup): (Option<firstboot::FirstBoot>, Option<cleanup::Cleanup>),
         events: Recorder,
     ) -> Arc<Controllers> {
         let reg = store.registry();
@@ -200,6 +204,7 @@ impl Controllers {
             t_sbc: reg.resolve("serverbootconfiguration").expect("sbc type"),
             t_secret: reg.resolve("secret").expect("secret type"),
             first_boot,
+            cleanup,
             events,
             store,
         })

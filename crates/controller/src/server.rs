@@ -13,7 +13,9 @@
 //!   `BootConfigurationReady` says why not), then apply `spec.power` through the power
 //!   driver (condition `PowerReady` says what is pending);
 //! - `Reserved` without a claim (claim deleted), or whose claim no longer exists →
-//!   power off, then `Available` (reclaimPolicy `Recycle`) or `Released` (`Retain`);
+//!   `Cleanup` when its disks are to be wiped ([`super::cleanup`]: the agent wipes, then
+//!   off and `Available`, or `Error`), else power off, then `Available` (reclaimPolicy
+//!   `Recycle`) or `Released` (`Retain`);
 //! - annotation `bootplane.dev/reset-requested` → the power driver's reset, once;
 //! - the boot generation (annotation `bootplane.dev/boot-generation`,
 //!   [`super::powerstate`])
@@ -121,12 +123,34 @@ pub(crate) async fn reconcile(c: &Controllers, name: &str) -> Result<Next, Store
         }
         Some(Discovery) if first_boot.is_some() && !claimed => {
             let fb = first_boot.unwrap();
-            step = Some(super::firstboot::step(c, fb, (&s, &sv), &mut status).await?);
+            let task = &super::firstboot::DISCOVERY;
+            step = Some((
+                super::firstboot::step(c, (task, fb), (&s, &sv), &mut status).await?,
+                task,
+            ));
         }
         Some(Available) if claimed => {
             status["state"] = json!(Reserved);
         }
-        Some(Reserved) if !claimed => release(c, (&s, &sv), &mut status, power.as_ref())?,
+        Some(Reserved) if !claimed => match wipe_policy(c, &sv) {
+            Some(p) => {
+                let base = super::cleanup::begin(c, &sv, p, &mut status).await?;
+                let st = super::firstboot::Step {
+                    next: Next::Done,
+                    attempt: None,
+                    base: Some(base),
+                };
+                step = Some((st, &super::cleanup::CLEANUP));
+            }
+            None => release(c, (&s, &sv), &mut status, power.as_ref())?,
+        },
+        Some(Cleanup) if !claimed && c.cleanup.is_some() => {
+            let cl = c.cleanup.as_ref().unwrap();
+            step = Some((
+                super::cleanup::step(c, cl, (&s, &sv), &mut status).await?,
+                &super::cleanup::CLEANUP,
+            ));
+        }
         Some(Reserved) => drive_reserved(c, (&s, &sv), &mut status, power.as_ref())?,
         _ => {
             // Available without claim, Released, Error, Parked, Initial: an unclaimed
@@ -140,7 +164,7 @@ pub(crate) async fn reconcile(c: &Controllers, name: &str) -> Result<Next, Store
     // reconcile never boots twice): the status goes onto that newer version.
     let base = step
         .as_ref()
-        .and_then(|st| st.base.clone())
+        .and_then(|(st, _)| st.base.clone())
         .unwrap_or_else(|| s.clone());
     if Some(&status) != base.get("status") {
         c.store
@@ -150,12 +174,22 @@ pub(crate) async fn reconcile(c: &Controllers, name: &str) -> Result<Next, Store
             .status_change(&c.t_server, &base, base.get("status"), &status);
     }
     match step {
-        Some(step) => {
-            super::firstboot::finish(c, &sv, &step).await?;
+        Some((step, task)) => {
+            super::firstboot::finish(c, task, &sv, &step).await?;
             Ok(step.next)
         }
         None => Ok(Next::Done),
     }
+}
+
+/// The agent's policy for releasing `sv` from its claim: `None` keeps today's release
+/// (power off, then `Available` or `Released`): `reclaimPolicy: Retain` (the data stays
+/// for its owner), no `[cleanup]`, or a policy of `none`.
+fn wipe_policy(c: &Controllers, sv: &Server) -> Option<bootplane_probe::Policy> {
+    if sv.spec.reclaim_policy == Some(ReclaimPolicy::Retain) {
+        return None;
+    }
+    c.cleanup.as_ref()?.policy_for(sv).agent()
 }
 
 /// The condition of a discovered Server saying whether an operator approved it

@@ -245,7 +245,8 @@ mod tests {
                 "Reserved",
                 "Released",
                 "Error",
-                "Maintenance"
+                "Maintenance",
+                "Cleanup"
             ]
         );
         assert_eq!(
@@ -338,7 +339,7 @@ mod tests {
         assert_eq!(e[0].reason, Reason::NotSupported);
         assert_eq!(
             e[0].message,
-            "Unsupported value: \"Availble\": supported values: \"Initial\", \"Discovery\", \"Available\", \"Reserved\", \"Released\", \"Error\", \"Maintenance\""
+            "Unsupported value: \"Availble\": supported values: \"Initial\", \"Discovery\", \"Available\", \"Reserved\", \"Released\", \"Error\", \"Maintenance\", \"Cleanup\""
         );
         let e = errs(
             "Server",

@@ -88,8 +88,9 @@ macro_rules! string_enum {
 pub use crate::string_enum;
 
 string_enum! {
-    /// `Server.status.state` (no state yet is `None`).
-    ServerState { Initial, Discovery, Available, Reserved, Released, Error, Maintenance }
+    /// `Server.status.state` (no state yet is `None`). `Cleanup` is metal-operator's
+    /// designed state between a released claim and `Available` (its disks are wiped).
+    ServerState { Initial, Discovery, Available, Reserved, Released, Error, Maintenance, Cleanup }
 }
 
 string_enum! {

@@ -189,8 +189,12 @@ pub(crate) async fn serve(
         if has_body && super::discovery::takes_body(req.method(), req.uri().path()) {
             let len = content_length.unwrap_or(0) as usize;
             if chunked || len > super::discovery::MAX_INVENTORY_BYTES {
-                app.metrics()
-                    .inventory
+                let family = if req.uri().path().starts_with(super::respond::WIPE_PREFIX) {
+                    &app.metrics().wipe
+                } else {
+                    &app.metrics().inventory
+                };
+                family
                     .get_or_create(&super::metrics::ResultLabels {
                         result: "too_large",
                     })
@@ -204,7 +208,7 @@ pub(crate) async fn serve(
             }
             // Who may post is known from the head: anyone else is answered without the
             // body being read (it stays `has_body`, so the connection then closes).
-            if app.inventory_may_post(req.uri().path(), client) {
+            if app.agent_may_post(req.uri().path(), client) {
                 body = read_body(&mut stream, &mut rbuf, len).await?;
                 has_body = false;
             }

@@ -28,7 +28,7 @@ use super::metrics::{ResultLabels, RouteLabels};
 use super::respond::{bad_request, route, text, Resp};
 use super::token::Purpose;
 use super::BootHttp;
-use super::{BootFiles, BootState, InventoryReport, MachineBoot, MachineId};
+use super::{AgentReport, BootFiles, BootState, MachineBoot, MachineId, Report};
 use crate::ipxe::DiscoveryScript;
 use crate::model::ident::{parse_mac, parse_uuid};
 use crate::model::meta::valid_object_name;
@@ -50,17 +50,19 @@ const MAX_CPUS: usize = 1024;
 const MAX_TEXT: usize = 256;
 const MAX_NAME: usize = 64;
 
-/// Why [`BootHttp::inventory_gate`] refused a post.
-enum Gate {
+/// Why [`BootHttp::agent_gate`] refused a post.
+pub(super) enum Gate {
     Malformed,
     Unknown,
     Forbidden(Arc<MachineBoot>, String),
 }
 
-/// Whether a request with a body to `path` is one whose body may be read (the
-/// connection loop then asks [`BootHttp::inventory_may_post`] first).
+/// Whether a request with a body to `path` is one whose body may be read (an agent's
+/// inventory or wipe report; the connection loop then asks
+/// [`BootHttp::agent_may_post`] first).
 pub(crate) fn takes_body(method: &http::Method, path: &str) -> bool {
-    method == http::Method::POST && path.starts_with(PREFIX)
+    method == http::Method::POST
+        && (path.starts_with(PREFIX) || path.starts_with(super::respond::WIPE_PREFIX))
 }
 
 /// Why an inventory is refused (the 422's message).
@@ -190,22 +192,30 @@ impl BootHttp {
         Ok(Bytes::from(self.renderer.discovery_script(&d)?))
     }
 
-    /// Whether a `POST` to `path` (the inventory route) from `client` passes the checks
-    /// that need no body: a well-formed name of a known Server, the machine's own
-    /// address or a valid inventory token, the Server in `Discovery`. The connection
-    /// loop asks before it reads the body, and answers a refused post without reading
-    /// it (through [`BootHttp::inventory`] with an empty body, which refuses it again,
-    /// counted and logged). No side effects.
-    pub(crate) fn inventory_may_post(&self, path: &str, client: IpAddr) -> bool {
-        let Some(rest) = path.strip_prefix(PREFIX) else {
-            return false;
-        };
-        matches!(self.inventory_gate(rest, client), Ok(m) if m.state == BootState::Discovery)
+    /// Whether a `POST` to `path` (the inventory or wipe route) from `client` passes the
+    /// checks that need no body: a well-formed name of a known Server, the machine's own
+    /// address or a valid token of the route's purpose, the Server in the route's state
+    /// (`Discovery`, `Cleanup`). The connection loop asks before it reads the body, and
+    /// answers a refused post without reading it (through the route's handler with an
+    /// empty body, which refuses it again, counted and logged). No side effects.
+    pub(crate) fn agent_may_post(&self, path: &str, client: IpAddr) -> bool {
+        if let Some(rest) = path.strip_prefix(PREFIX) {
+            return matches!(self.agent_gate(Purpose::Inventory, rest, client), Ok(m) if m.state == BootState::Discovery);
+        }
+        if let Some(rest) = path.strip_prefix(super::respond::WIPE_PREFIX) {
+            return matches!(self.agent_gate(Purpose::Wipe, rest, client), Ok(m) if matches!(m.state, BootState::Cleanup(_)));
+        }
+        false
     }
 
-    /// The identity part of the inventory checks: the Server named in `rest` when the
-    /// post comes from the machine (its address, or a valid token in `rest`).
-    fn inventory_gate(&self, rest: &str, client: IpAddr) -> Result<Arc<MachineBoot>, Gate> {
+    /// The identity part of an agent's post: the Server named in `rest` when the post
+    /// comes from the machine (its address, or a valid token of `purpose` in `rest`).
+    pub(super) fn agent_gate(
+        &self,
+        purpose: Purpose,
+        rest: &str,
+        client: IpAddr,
+    ) -> Result<Arc<MachineBoot>, Gate> {
         let (name, token) = match rest.split_once('/') {
             Some((n, t)) => (n, Some(t)),
             None => (rest, None),
@@ -220,7 +230,7 @@ impl BootHttp {
             let why = match token {
                 Some(t) => self
                     .signer
-                    .verify(t, Purpose::Inventory, &m.server, &m.boot_id, unix_now())
+                    .verify(t, purpose, &m.server, &m.boot_id, unix_now())
                     .err()
                     .map(|e| e.to_string()),
                 None => Some("source address not the machine's and no token".into()),
@@ -240,7 +250,7 @@ impl BootHttp {
         client: IpAddr,
         server_out: &mut Option<Arc<MachineBoot>>,
     ) -> Resp {
-        let m = match self.inventory_gate(rest, client) {
+        let m = match self.agent_gate(Purpose::Inventory, rest, client) {
             Ok(m) => m,
             Err(Gate::Malformed) => {
                 self.count("malformed");
@@ -315,13 +325,13 @@ impl BootHttp {
                 );
             }
         }
-        let report = InventoryReport {
+        let report = AgentReport {
             server: m.server.clone(),
             boot_id: m.boot_id.clone(),
             client,
-            inventory: inv,
+            report: Report::Inventory(inv),
         };
-        if !self.index.record_inventory(report) {
+        if !self.index.record_report(report) {
             self.count("busy");
             let mut r = text(StatusCode::SERVICE_UNAVAILABLE, "busy, retry\n");
             r.headers_mut()

@@ -309,14 +309,19 @@ impl BootHttp {
             route::EFI
         } else if path.starts_with(super::respond::INVENTORY_PREFIX) {
             route::INVENTORY
+        } else if path.starts_with(super::respond::WIPE_PREFIX) {
+            route::WIPE
         } else {
             route::OTHER
         };
         let mut server: Option<Arc<MachineBoot>> = None;
-        let resp = if route == route::INVENTORY {
-            if req.method() == Method::POST {
+        let resp = if route == route::INVENTORY || route == route::WIPE {
+            if req.method() == Method::POST && route == route::INVENTORY {
                 let rest = &path[super::respond::INVENTORY_PREFIX.len()..];
                 self.inventory(rest, &body, client, &mut server)
+            } else if req.method() == Method::POST {
+                let rest = &path[super::respond::WIPE_PREFIX.len()..];
+                self.wipe_report(rest, &body, client, &mut server)
             } else {
                 let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
                 r.headers_mut()
@@ -361,7 +366,9 @@ impl BootHttp {
             let p = req.uri().path();
             let p = match route {
                 route::IGNITION => p.splitn(4, '/').take(3).collect::<Vec<_>>().join("/"),
-                route::INVENTORY => p.splitn(5, '/').take(4).collect::<Vec<_>>().join("/"),
+                route::INVENTORY | route::WIPE => {
+                    p.splitn(5, '/').take(4).collect::<Vec<_>>().join("/")
+                }
                 _ => p.to_string(),
             };
             let shown: String = p.chars().take(200).collect();
@@ -474,7 +481,10 @@ impl BootHttp {
             }
             Some(Err(_)) => {}
             None if self.sign_ignition_urls
-                && matches!(m.state, BootState::Ready | BootState::Discovery) =>
+                && matches!(
+                    m.state,
+                    BootState::Ready | BootState::Discovery | BootState::Cleanup(_)
+                ) =>
             {
                 return self.refuse(route::SCRIPT, &m, client, "no token")
             }
@@ -521,6 +531,19 @@ impl BootHttp {
             },
             (BootState::Discovery, None) => default(&format!(
                 "{} is in Discovery but the discovery image is not available",
+                m.server
+            )),
+            (BootState::Cleanup(policy), Some(files)) => {
+                match self.cleanup_script(m, files, *policy) {
+                    Ok(body) => (body, true),
+                    Err(e) => {
+                        tracing::error!(server = %m.server, error = %e, "rendering cleanup script");
+                        default(&format!("cannot render the cleanup script of {}", m.server))
+                    }
+                }
+            }
+            (BootState::Cleanup(_), None) => default(&format!(
+                "{} is in Cleanup but the agent image is not available",
                 m.server
             )),
             (BootState::Error(r), _) => {

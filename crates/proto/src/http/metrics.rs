@@ -53,6 +53,8 @@ pub struct Metrics {
     /// Inventory posts by outcome (`accepted`, `forbidden`, `malformed`, `invalid`,
     /// `too_large`, `conflict`, `unknown`, `busy`).
     pub inventory: Family<ResultLabels, Counter>,
+    /// Wipe reports by outcome (`bootplane_http_discovery_wipe_total`, the same results).
+    pub wipe: Family<ResultLabels, Counter>,
     /// Open, refused, evicted and timed-out connections ([`crate::listen::Admission`]).
     pub connections: crate::listen::ConnMetrics,
     /// Connections that ended with a protocol error or a header read timeout.
@@ -80,6 +82,15 @@ pub(crate) const INVENTORY_RESULTS: [&str; 8] = [
     "unknown",
     "busy",
 ];
+
+/// A family with every agent-report outcome at 0.
+fn results() -> Family<ResultLabels, Counter> {
+    let f: Family<ResultLabels, Counter> = Family::default();
+    for result in INVENTORY_RESULTS {
+        let _ = f.get_or_create(&ResultLabels { result });
+    }
+    f
+}
 
 /// Routes whose series are resolved at start (those of the boot listener).
 pub(crate) const HOT_ROUTES: [&str; 5] = ["boot_ipxe", "script", "ignition", "assets", "other"];
@@ -126,15 +137,10 @@ impl Metrics {
             latency,
             boot_progress,
             identity_refused: Family::default(),
-            inventory: {
-                // Every outcome exported from the start (at 0), so rates and alerts work
-                // before the first discovery.
-                let f: Family<ResultLabels, Counter> = Family::default();
-                for result in INVENTORY_RESULTS {
-                    let _ = f.get_or_create(&ResultLabels { result });
-                }
-                f
-            },
+            // Every outcome exported from the start (at 0), so rates and alerts work
+            // before the first discovery or cleanup.
+            inventory: results(),
+            wipe: results(),
             connections: crate::listen::ConnMetrics::default(),
             connection_errors: Counter::default(),
             hot: std::sync::Arc::new(hot),
@@ -181,6 +187,11 @@ impl Metrics {
             "discovery_inventory",
             "Discovery agents' inventory posts by outcome",
             self.inventory.clone(),
+        );
+        r.register(
+            "discovery_wipe",
+            "Cleanup agents' wipe reports by outcome",
+            self.wipe.clone(),
         );
         self.connections.register(r);
         r.register(

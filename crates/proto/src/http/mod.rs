@@ -11,7 +11,8 @@
 //! - `/boot.iso`, `/ipxe/boot.iso?server=&token=`, `/ipxe/boot.efi?server=&token=`: what
 //!   a BMC is pointed at for virtual media and UEFI HTTP boot ([`bootiso`]).
 //! - `POST /discovery/inventory/<server>[/<token>]`: the discovery agent's inventory
-//!   report ([`discovery`]), the one route that reads a request body.
+//!   report ([`discovery`]), and `POST /discovery/wipe/<server>[/<token>]`: the cleanup
+//!   agent's wipe report ([`wipe`]), the two routes that read a request body.
 //!
 //! Identity: a script or Ignition payload is given only to the machine it belongs to: the
 //! URL must carry a valid signed, expiring token ([`token`]) minted for that machine's
@@ -45,6 +46,7 @@ mod respond;
 pub mod server;
 pub mod settings;
 pub mod token;
+pub mod wipe;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -81,6 +83,9 @@ pub enum BootState {
     /// The Server is in `Discovery`: it boots the discovery image (`files`) and its agent
     /// posts the inventory.
     Discovery,
+    /// The Server is in `Cleanup`: it boots the agent image (`files`), whose agent wipes
+    /// every disk by this policy and posts what it did ([`wipe`]).
+    Cleanup(bootplane_probe::Policy),
 }
 
 /// Kernel, initrd and rootfs URLs plus the default command line of the claimed image.
@@ -129,15 +134,24 @@ pub struct MachineBoot {
     pub ignition: Option<IgnitionData>,
 }
 
-/// What the discovery agent of a Server in `Discovery` reported, checked
-/// ([`discovery::check`]) and identified.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InventoryReport {
+/// What the agent of a Server in `Discovery` or `Cleanup` reported, checked
+/// ([`discovery::check`], [`wipe::check`]) and identified.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentReport {
     pub server: String,
     /// The `boot_id` of the entry it was accepted for.
     pub boot_id: String,
     pub client: IpAddr,
-    pub inventory: bootplane_probe::Inventory,
+    pub report: Report,
+}
+
+/// The body of an [`AgentReport`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// `POST /discovery/inventory/...` from a Server in `Discovery`.
+    Inventory(bootplane_probe::Inventory),
+    /// `POST /discovery/wipe/...` from a Server in `Cleanup`.
+    Wipe(bootplane_probe::WipeReport),
 }
 
 /// A boot progress step recorded on the ServerBootConfiguration's status.
@@ -165,9 +179,9 @@ pub trait BootIndex: Send + Sync {
     fn lookup(&self, id: &MachineId) -> Option<Arc<MachineBoot>>;
     /// Note that `server` fetched its script or Ignition from `client`.
     fn record_progress(&self, server: &str, event: BootEvent, client: IpAddr);
-    /// Hand over a checked inventory report (queue it; never write inline). `false`
-    /// when it cannot be taken now (queue full, or no writer): the agent retries.
-    fn record_inventory(&self, _report: InventoryReport) -> bool {
+    /// Hand over a checked agent report (queue it; never write inline). `false` when it
+    /// cannot be taken now (queue full, or no writer): the agent retries.
+    fn record_report(&self, _report: AgentReport) -> bool {
         false
     }
     /// Whether `client` is one of `m`'s own addresses (the identity check). By default

@@ -15,6 +15,9 @@ use super::files::{self, Conditions, FileBody, Plan};
 /// Where discovered machines post their inventory: `INVENTORY_PREFIX<server>/<token>`
 /// ([`super::discovery`]).
 pub const INVENTORY_PREFIX: &str = "/discovery/inventory/";
+/// Where machines in `Cleanup` post their wipe report: `WIPE_PREFIX<server>/<token>`
+/// ([`super::wipe`]).
+pub const WIPE_PREFIX: &str = "/discovery/wipe/";
 
 /// Route names used in metrics and logs.
 pub mod route {
@@ -25,6 +28,7 @@ pub mod route {
     pub(crate) const ISO: &str = "boot_iso";
     pub(crate) const EFI: &str = "boot_efi";
     pub(crate) const INVENTORY: &str = "inventory";
+    pub(crate) const WIPE: &str = "wipe";
     pub(crate) const OTHER: &str = "other";
 }
 

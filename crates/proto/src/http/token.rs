@@ -36,6 +36,8 @@ pub enum Purpose {
     BootEfi,
     /// The discovery agent's inventory post (`/discovery/inventory/<server>/<token>`).
     Inventory,
+    /// The cleanup agent's wipe report (`/discovery/wipe/<server>/<token>`).
+    Wipe,
 }
 
 impl Purpose {
@@ -46,6 +48,7 @@ impl Purpose {
             Purpose::BootIso => "boot-iso",
             Purpose::BootEfi => "boot-efi",
             Purpose::Inventory => "inventory",
+            Purpose::Wipe => "wipe",
         }
     }
 }

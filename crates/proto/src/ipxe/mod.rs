@@ -1,6 +1,6 @@
 //! iPXE script rendering from editable templates (pure, no I/O).
 //!
-//! Four templates, each a minijinja template with an iPXE body:
+//! Five templates, each a minijinja template with an iPXE body:
 //! - `boot.ipxe.j2`: the chainload script served at `/boot.ipxe`; it sends iPXE on to
 //!   its per-machine script with `${uuid}`, `${net0/mac:hexhyp}`, `${buildarch}` and
 //!   `${platform}` URL-encoded by iPXE itself (`:uristring`).
@@ -10,6 +10,8 @@
 //!   disk, a retry loop, or a discovery image. It is always a runnable iPXE script.
 //! - `discovery.ipxe.j2`: a known Server in `Discovery`: the discovery image with the
 //!   signed URL its agent posts the inventory to (`bootplane.inventory=`).
+//! - `cleanup.ipxe.j2`: a known Server in `Cleanup`: the same agent image with the wipe
+//!   policy and the signed URL its agent posts the wipe report to (`bootplane.wipe=`).
 //!
 //! The shipped versions live in `ipxe/` and are compiled in as defaults; the HTTP
 //! listener loads operator-edited copies from `boot.ipxe_templates` at start-up and hands
@@ -25,9 +27,10 @@ pub(crate) const BOOT_TEMPLATE: &str = "boot.ipxe.j2";
 pub(crate) const MACHINE_TEMPLATE: &str = "machine.ipxe.j2";
 pub(crate) const DEFAULT_TEMPLATE: &str = "default.ipxe.j2";
 pub(crate) const DISCOVERY_TEMPLATE: &str = "discovery.ipxe.j2";
+pub(crate) const CLEANUP_TEMPLATE: &str = "cleanup.ipxe.j2";
 
 /// The shipped templates, used when the templates directory lacks a file.
-pub(crate) const BUILTIN_TEMPLATES: [(&str, &str); 4] = [
+pub(crate) const BUILTIN_TEMPLATES: [(&str, &str); 5] = [
     (BOOT_TEMPLATE, include_str!("../../../../ipxe/boot.ipxe.j2")),
     (
         MACHINE_TEMPLATE,
@@ -40,6 +43,10 @@ pub(crate) const BUILTIN_TEMPLATES: [(&str, &str); 4] = [
     (
         DISCOVERY_TEMPLATE,
         include_str!("../../../../ipxe/discovery.ipxe.j2"),
+    ),
+    (
+        CLEANUP_TEMPLATE,
+        include_str!("../../../../ipxe/cleanup.ipxe.j2"),
     ),
 ];
 
@@ -79,6 +86,20 @@ pub(crate) struct DiscoveryScript<'a> {
     pub cmdline: &'a str,
     pub inventory_url: &'a str,
     pub lldp_wait: u32,
+    pub console: &'a str,
+    pub base_url: &'a str,
+}
+
+/// The values of `cleanup.ipxe.j2`.
+#[derive(Debug, Serialize)]
+pub(crate) struct CleanupScript<'a> {
+    pub server: &'a str,
+    pub image: &'a str,
+    pub kernel_url: &'a str,
+    pub initrd_url: &'a str,
+    pub cmdline: &'a str,
+    pub wipe_url: &'a str,
+    pub policy: &'a str,
     pub console: &'a str,
     pub base_url: &'a str,
 }
@@ -184,6 +205,25 @@ impl Renderer {
             check(field, v)?;
         }
         self.render(DISCOVERY_TEMPLATE, minijinja::Value::from_serialize(d))
+    }
+
+    /// The script of a Server in `Cleanup`: boot the agent image, whose agent wipes the
+    /// disks by `policy` and posts its report to `wipe_url`.
+    pub(crate) fn cleanup_script(&self, d: &CleanupScript<'_>) -> Result<String, RenderError> {
+        for (field, v) in [
+            ("server", d.server),
+            ("image", d.image),
+            ("kernel_url", d.kernel_url),
+            ("initrd_url", d.initrd_url),
+            ("cmdline", d.cmdline),
+            ("wipe_url", d.wipe_url),
+            ("policy", d.policy),
+            ("console", d.console),
+            ("base_url", d.base_url),
+        ] {
+            check(field, v)?;
+        }
+        self.render(CLEANUP_TEMPLATE, minijinja::Value::from_serialize(d))
     }
 
     /// The script for a machine without a ready boot configuration. `reason` is shown
