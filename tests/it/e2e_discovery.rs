@@ -294,15 +294,24 @@ fn machine(lab: &Lab, name: &str, last: u8) -> Machine {
             (b'a' + k as u8) as char
         ));
     }
+    define(lab, (name, &m.uuid), &m.macs, &disks, "");
+    m
+}
+
+/// Define domain `name` (`uuid`): SeaBIOS with its console on COM1 into
+/// `<name>.serial.log`, a virtio NIC on `br0` per MAC, `disks` (libvirt XML), `qemu`
+/// (a `<qemu:commandline>` body for devices libvirt 9 does not model, e.g. NVMe),
+/// a virtio-scsi controller, 2 vCPUs, 1 GiB, SMBIOS system facts.
+fn define(lab: &Lab, (name, uuid): (&str, &str), macs: &[String], disks: &str, qemu: &str) {
     let mut nics = String::new();
-    for mac in &m.macs {
+    for mac in macs {
         nics.push_str(&format!(
             "<interface type='bridge'><source bridge='br0'/><mac address='{mac}'/><model type='virtio'/></interface>\n"
         ));
     }
     let serial = lab.path(&format!("{name}.serial.log"));
     let xml = format!(
-        r#"<domain type='qemu'>
+        r#"<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
   <name>{name}</name>
   <uuid>{uuid}</uuid>
   <memory unit='MiB'>1024</memory>
@@ -334,13 +343,12 @@ fn machine(lab: &Lab, name: &str, last: u8) -> Machine {
     </serial>
     <memballoon model='none'/>
   </devices>
+  <qemu:commandline>{qemu}</qemu:commandline>
 </domain>
 "#,
-        uuid = m.uuid,
         serial = serial.display(),
     );
     lab.libvirt.define_xml(name, &xml);
-    m
 }
 
 fn condition(o: &Value, ty: &str) -> Value {
@@ -512,4 +520,161 @@ fn vm_whose_agent_cannot_reach_bootplane_stays_in_discovery_with_a_reason() {
         s["status"]["networkInterfaces"][0]["ip"].is_null(),
         "an inventory was written: {s:#}"
     );
+}
+
+/// A tenant's marker at the start, the middle and the end of a disk image file.
+const TENANT_MARK: &[u8] = b"TENANT-SECRET-e2e-cleanup";
+
+fn mark_offsets(size: u64) -> [u64; 3] {
+    [
+        4096,
+        size / 2 + 12345,
+        size - 4096 - TENANT_MARK.len() as u64,
+    ]
+}
+
+#[test]
+fn vm_released_from_its_claim_has_its_virtio_and_nvme_disks_wiped_before_it_is_available() {
+    // No first boot: the Server is registered Available by the operator, so the one VM
+    // boot of this test is the cleanup's.
+    let lab = Lab::new(
+        73,
+        "first_boot = false\n[cleanup]\npolicy = \"metadata\"\nreport_timeout_secs = 420\nattempts = 1",
+    );
+    let (name, n) = ("wipe-a", lab.net);
+    let uuid = format!("4c4c4544-00d1-00d1-00{n:02x}-000000000003");
+    let mac = format!("52:54:00:d3:{n:02x}:03");
+    let size: u64 = 64 << 20;
+    let (vda, nvme) = (lab.path("wipe-a-vda.img"), lab.path("wipe-a-nvme.img"));
+    for f in [&vda, &nvme] {
+        let file = std::fs::File::create(f).unwrap();
+        file.set_len(size).unwrap();
+        for at in mark_offsets(size) {
+            std::os::unix::fs::FileExt::write_all_at(&file, TENANT_MARK, at).unwrap();
+        }
+    }
+    let disks = format!(
+        "<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{}'/>\
+         <target dev='vda' bus='virtio'/><serial>SER-wipe-vda</serial></disk>",
+        vda.display()
+    );
+    let qemu = format!(
+        "<qemu:arg value='-drive'/><qemu:arg value='file={},if=none,id=nvm0,format=raw'/>\
+         <qemu:arg value='-device'/><qemu:arg value='nvme,serial=SER-wipe-nvme,drive=nvm0'/>",
+        nvme.display()
+    );
+    define(
+        &lab,
+        (name, &uuid),
+        std::slice::from_ref(&mac),
+        &disks,
+        &qemu,
+    );
+    lab.add_bmc();
+    lab.wait_server(
+        name,
+        &uuid,
+        Duration::from_secs(60),
+        "Server registered",
+        |s| s["status"]["state"] == "Initial",
+    );
+    let server = format!("sushy-{uuid}");
+    // The operator registers it, and a tenant claims it asking for a full wipe at release.
+    let out = bootplane_cli(
+        &lab.ns,
+        &lab.path("state"),
+        &["apply", "--subresource=status", "-f", "-"],
+        Some(&format!(
+            "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {{name: {server}}}\n\
+             status: {{state: Available}}\n"
+        )),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    lab.wait_server(
+        name,
+        &uuid,
+        Duration::from_secs(60),
+        "Server Available and off",
+        |s| s["status"]["state"] == "Available" && s["status"]["powerState"] == "Off",
+    );
+    lab.apply(&format!(
+        "apiVersion: metal.ironcore.dev/v1alpha1\nkind: ServerClaim\n\
+         metadata: {{name: tenant, namespace: default, annotations: {{bootplane.dev/cleanup-policy: full}}}}\n\
+         spec: {{power: \"Off\", image: \"{IMAGE}\", serverRef: {{name: {server}}}}}\n"
+    ));
+    lab.wait_server(
+        name,
+        &uuid,
+        Duration::from_secs(60),
+        "Server Reserved",
+        |s| s["status"]["state"] == "Reserved",
+    );
+    // The tenant lets go: Cleanup, the agent boots, wipes both disks (full: the tenant
+    // asked for more than the Server's metadata), reads them back, reports, powers off.
+    let out = bootplane_cli(
+        &lab.ns,
+        &lab.path("state"),
+        &["delete", "serverclaim", "tenant", "-n", "default"],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    lab.wait_server(
+        name,
+        &uuid,
+        Duration::from_secs(60),
+        "Server in Cleanup",
+        |s| s["status"]["state"] == "Cleanup",
+    );
+    let s = lab.wait_server(
+        name,
+        &uuid,
+        Duration::from_secs(480),
+        "Server Available after its wipe",
+        |s| s["status"]["state"] == "Available" || s["status"]["state"] == "Error",
+    );
+    lab.keep_logs(name);
+    assert_eq!(
+        s["status"]["state"],
+        "Available",
+        "{s:#}\n{}",
+        tail_lines(&lab.serial(name), 40)
+    );
+    let c = condition(&s, "Cleaned");
+    assert_eq!(c["reason"], "Verified", "{s:#}");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("2 disk(s) wiped (full)"),
+        "{c}"
+    );
+    assert_eq!(s["status"]["powerState"], "Off", "{s:#}");
+    wait_for(
+        Duration::from_secs(60),
+        || lab.libvirt.state(name) == "shut off",
+        || "the VM was not powered off".into(),
+    );
+    let last: Value = serde_json::from_str(
+        s["metadata"]["annotations"]["bootplane.dev/last-wipe"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let devices: Vec<&str> = last["disks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["device"].as_str().unwrap())
+        .collect();
+    assert!(
+        devices.contains(&"/dev/vda") && devices.contains(&"/dev/nvme0n1"),
+        "{last}"
+    );
+    // Read from the host: no marker left, every byte zero.
+    for f in [&vda, &nvme] {
+        let data = std::fs::read(f).unwrap();
+        assert_eq!(data.len() as u64, size);
+        let first = data.iter().position(|b| *b != 0);
+        assert_eq!(first, None, "{}: a non-zero byte at {first:?}", f.display());
+    }
 }
