@@ -560,7 +560,7 @@ fn vm_released_from_its_claim_has_its_virtio_and_nvme_disks_wiped_before_it_is_a
     );
     let qemu = format!(
         "<qemu:arg value='-drive'/><qemu:arg value='file={},if=none,id=nvm0,format=raw'/>\
-         <qemu:arg value='-device'/><qemu:arg value='nvme,serial=SER-wipe-nvme,drive=nvm0'/>",
+         <qemu:arg value='-device'/><qemu:arg value='nvme,serial=SER-wipe-nvme,drive=nvm0,bus=pci.0,addr=0x1f'/>",
         nvme.display()
     );
     define(
