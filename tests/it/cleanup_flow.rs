@@ -214,14 +214,8 @@ fn a_released_server_is_available_only_after_the_agent_wiped_and_read_back_its_d
         ),
         1.0
     );
-    let (c, body) = post(
-        &url,
-        &String::from_utf8_lossy(o.stdout.trim_ascii_end())
-            .lines()
-            .last()
-            .unwrap()
-            .to_string(),
-    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let (c, body) = post(&url, out.lines().last().unwrap());
     // The same report again: its token died with the cleanup boot.
     assert_eq!(c, 403, "{body}");
     // Claimable again.
