@@ -13,9 +13,23 @@
 //! # rootfs = { path = "os-image/root.squashfs", sha256 = "<64 hex>" }
 //! ```
 //!
-//! Resolution is pure ([`Catalog::resolve`] over [`FileFacts`]); the one I/O step,
-//! hashing files, is [`FileHasher`], which caches each file's digest by (size, mtime) so
-//! a reconcile loop does not re-read gigabytes.
+//! A `[[disk]]` entry is a disk image a claim installs onto the machine's own disk through
+//! the agent (docs/install.md): the packed image (`bootplane image pack`), its manifest
+//! beside it (`<path>.manifest.json`), and the raw image's SHA-256, pinned here: the
+//! manifest must say the same, and the agent verifies the streamed bytes against it.
+//!
+//! ```toml
+//! [[disk]]
+//! ref = "debian-12:disk"
+//! path = "debian-12/disk.img.zst"
+//! sha256 = "<64 hex: the raw image>"
+//! root_device_hints = { size = ">= 8" }   # optional, Ironic's rootDeviceHints
+//! ```
+//!
+//! Resolution is pure ([`Catalog::resolve`] over [`FileFacts`], [`Catalog::resolve_disk`]
+//! over a manifest reader); the I/O steps, hashing files and reading manifests, are
+//! [`FileHasher`]'s, which caches each file's digest by (size, mtime) so a reconcile loop
+//! does not re-read gigabytes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -54,11 +68,34 @@ fn default_arch() -> String {
     "amd64".into()
 }
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+/// A disk image a claim installs onto the machine's disk (`[[disk]]`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DiskEntry {
+    #[serde(rename = "ref")]
+    pub reference: String,
+    #[serde(default = "default_arch")]
+    pub arch: String,
+    /// The packed image, catalog-relative; its manifest is `<path>.manifest.json`.
+    pub path: String,
+    /// The raw image's SHA-256.
+    pub sha256: String,
+    /// Ironic's `rootDeviceHints` (the agent's matcher checks them); a Server's
+    /// annotation `bootplane.dev/root-device-hints` replaces them.
+    #[serde(default)]
+    pub root_device_hints: Option<toml::Table>,
+}
+
+/// Most bytes of root-device hints (as JSON) passed to the agent.
+pub const MAX_HINTS_BYTES: usize = 1024;
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Catalog {
     #[serde(default, rename = "image")]
     pub images: Vec<ImageEntry>,
+    #[serde(default, rename = "disk")]
+    pub disks: Vec<DiskEntry>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +112,8 @@ pub enum CatalogError {
     BadDigest { image: String, role: &'static str },
     #[error("image {0} is listed twice")]
     Duplicate(String),
+    #[error("disk image {image}: root_device_hints: {why}")]
+    BadHints { image: String, why: String },
 }
 
 /// Why an image cannot be booted; the message is what the boot configuration's `Error`
@@ -88,6 +127,12 @@ pub enum ImageError {
         image: String,
         role: &'static str,
         path: String,
+    },
+    #[error("disk image {image}: manifest {path}: {why}")]
+    BadManifest {
+        image: String,
+        path: String,
+        why: String,
     },
     #[error("image {image}: {role} file {path} has sha256 {actual}, catalog says {expected}")]
     ChecksumMismatch {
@@ -106,6 +151,7 @@ impl ImageError {
             ImageError::UnknownImage(_) => "UnknownImage",
             ImageError::MissingFile { .. } => "MissingFile",
             ImageError::ChecksumMismatch { .. } => "ChecksumMismatch",
+            ImageError::BadManifest { .. } => "BadManifest",
         }
     }
 }
@@ -152,6 +198,41 @@ fn encode_path(p: &str) -> String {
     percent_encoding::utf8_percent_encode(p, SET).to_string()
 }
 
+/// A disk image ready to install: where the agent fetches it and what it must hash to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedDisk {
+    pub reference: String,
+    /// Catalog-relative path of the packed image.
+    pub path: String,
+    /// The raw image's SHA-256 (lowercase).
+    pub sha256: String,
+    pub raw_size: u64,
+    /// The catalog's root-device hints as compact JSON (`{}` when none).
+    pub root_device_hints: String,
+}
+
+impl ResolvedDisk {
+    /// The packed image's URL under `<base_url>/assets/images/`.
+    pub fn image_url(&self, base_url: &str) -> String {
+        format!(
+            "{}/assets/images/{}",
+            base_url.trim_end_matches('/'),
+            encode_path(&self.path)
+        )
+    }
+}
+
+/// What a disk image's manifest says (the fields resolution checks).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct ManifestFacts {
+    pub format: String,
+    pub sha256: String,
+    pub raw_size: u64,
+}
+
+/// Largest manifest read (a 1 TiB image in 4 MiB frames lists 262,144 frames).
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+
 /// What is known about one catalog file: absent, or present with this digest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileFact {
@@ -176,6 +257,12 @@ impl Catalog {
         let c: Catalog = toml::from_str(text)
             .map_err(|e| CatalogError::Parse(e.to_string().trim_end().to_string()))?;
         let mut seen = std::collections::HashSet::new();
+        for d in &c.disks {
+            if !seen.insert(d.reference.as_str()) {
+                return Err(CatalogError::Duplicate(d.reference.clone()));
+            }
+            check_disk(d)?;
+        }
         for img in &c.images {
             if !seen.insert(img.reference.as_str()) {
                 return Err(CatalogError::Duplicate(img.reference.clone()));
@@ -201,6 +288,68 @@ impl Catalog {
 
     pub(crate) fn get(&self, reference: &str) -> Option<&ImageEntry> {
         self.images.iter().find(|i| i.reference == reference)
+    }
+
+    /// The disk image `reference`, when it is one.
+    pub fn disk(&self, reference: &str) -> Option<&DiskEntry> {
+        self.disks.iter().find(|d| d.reference == reference)
+    }
+
+    /// Ready to install (the manifest beside the packed image names the pinned raw
+    /// SHA-256) or why not. `manifest` reads `<path>.manifest.json`: `None` when absent,
+    /// `Some(Err(why))` when it does not parse.
+    pub fn resolve_disk(
+        &self,
+        reference: &str,
+        manifest: &dyn Fn(&str) -> Option<Result<ManifestFacts, String>>,
+    ) -> Result<ResolvedDisk, ImageError> {
+        let d = self
+            .disk(reference)
+            .ok_or_else(|| ImageError::UnknownImage(reference.to_string()))?;
+        let mpath = format!("{}.manifest.json", d.path);
+        let bad = |why: String| ImageError::BadManifest {
+            image: d.reference.clone(),
+            path: mpath.clone(),
+            why,
+        };
+        let m = match manifest(&mpath) {
+            None => {
+                return Err(ImageError::MissingFile {
+                    image: d.reference.clone(),
+                    role: "manifest",
+                    path: mpath,
+                })
+            }
+            Some(Err(why)) => return Err(bad(why)),
+            Some(Ok(m)) => m,
+        };
+        if m.format != "bootplane-image/1" {
+            return Err(bad(format!(
+                "format {:?}, expected \"bootplane-image/1\"",
+                m.format
+            )));
+        }
+        if !m.sha256.eq_ignore_ascii_case(&d.sha256) {
+            return Err(ImageError::ChecksumMismatch {
+                image: d.reference.clone(),
+                role: "disk",
+                path: d.path.clone(),
+                expected: d.sha256.to_ascii_lowercase(),
+                actual: m.sha256.to_ascii_lowercase(),
+            });
+        }
+        let hints = d
+            .root_device_hints
+            .as_ref()
+            .map(|t| serde_json::to_string(t).unwrap_or_else(|_| "{}".into()))
+            .unwrap_or_else(|| "{}".into());
+        Ok(ResolvedDisk {
+            reference: d.reference.clone(),
+            path: d.path.clone(),
+            sha256: d.sha256.to_ascii_lowercase(),
+            raw_size: m.raw_size,
+            root_device_hints: hints,
+        })
     }
 
     /// Ready (every file present with the listed digest) or the first thing missing.
@@ -252,6 +401,51 @@ impl ImageEntry {
         }
         v
     }
+}
+
+/// A `[[disk]]` entry's path, digest and hints (bounded: they go on a kernel command line).
+fn check_disk(d: &DiskEntry) -> Result<(), CatalogError> {
+    if !safe_relative(&d.path) {
+        return Err(CatalogError::BadPath {
+            image: d.reference.clone(),
+            role: "disk",
+            path: d.path.clone(),
+        });
+    }
+    if d.sha256.len() != 64 || !d.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(CatalogError::BadDigest {
+            image: d.reference.clone(),
+            role: "disk",
+        });
+    }
+    if let Some(h) = &d.root_device_hints {
+        let bad = |why: &str| CatalogError::BadHints {
+            image: d.reference.clone(),
+            why: why.to_string(),
+        };
+        const KEYS: [&str; 9] = [
+            "name",
+            "wwn",
+            "serial",
+            "vendor",
+            "model",
+            "size",
+            "rotational",
+            "by_path",
+            "hctl",
+        ];
+        if let Some(k) = h.keys().find(|k| !KEYS.contains(&k.as_str())) {
+            return Err(bad(&format!(
+                "unknown hint {k:?} (known: {})",
+                KEYS.join(", ")
+            )));
+        }
+        let json = serde_json::to_string(h).map_err(|e| bad(&e.to_string()))?;
+        if json.len() > MAX_HINTS_BYTES {
+            return Err(bad(&format!("longer than {MAX_HINTS_BYTES} bytes")));
+        }
+    }
+    Ok(())
 }
 
 /// A catalog path the boot listener can serve under `/assets/images/` (the rules of
@@ -337,6 +531,32 @@ impl FileHasher {
     }
 }
 
+impl FileHasher {
+    /// Resolve disk image `reference` against its manifest on disk.
+    pub fn resolve_disk(
+        &self,
+        catalog: &Catalog,
+        reference: &str,
+    ) -> Result<ResolvedDisk, ImageError> {
+        let read = |rel: &str| -> Option<Result<ManifestFacts, String>> {
+            if !safe_relative(rel) {
+                return None;
+            }
+            let path = self.root.join(rel);
+            let meta = std::fs::metadata(&path).ok().filter(|m| m.is_file())?;
+            if meta.len() > MAX_MANIFEST_BYTES {
+                return Some(Err(format!("larger than {MAX_MANIFEST_BYTES} bytes")));
+            }
+            Some(
+                std::fs::read(&path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string())),
+            )
+        };
+        catalog.resolve_disk(reference, &read)
+    }
+}
+
 /// Read and parse `<dir>/catalog.toml` (an absent file is an empty catalog).
 pub fn load(dir: &Path) -> anyhow::Result<Catalog> {
     use anyhow::Context as _;
@@ -392,6 +612,65 @@ mod tests {
         let f = r.boot_files("http://h:1/");
         assert_eq!(f.kernel_url, "http://h:1/assets/images/os/vmlinuz");
         assert_eq!(f.rootfs_url, "");
+    }
+
+    #[test]
+    fn disk_images_resolve_against_their_manifest() {
+        let disk = format!(
+            "[[disk]]\nref = \"deb:disk\"\npath = \"deb/disk.zst\"\nsha256 = \"{A}\"\nroot_device_hints = {{ size = \">= 8\", rotational = false }}\n"
+        );
+        let c = Catalog::parse(&disk).unwrap();
+        let m = |sha: &str| {
+            let sha = sha.to_string();
+            move |p: &str| {
+                assert_eq!(p, "deb/disk.zst.manifest.json");
+                Some(Ok(ManifestFacts {
+                    format: "bootplane-image/1".into(),
+                    sha256: sha.clone(),
+                    raw_size: 1 << 30,
+                }))
+            }
+        };
+        let r = c.resolve_disk("deb:disk", &m(A)).unwrap();
+        assert_eq!(r.raw_size, 1 << 30);
+        assert_eq!(r.root_device_hints, r#"{"rotational":false,"size":">= 8"}"#);
+        assert_eq!(
+            r.image_url("http://h:1"),
+            "http://h:1/assets/images/deb/disk.zst"
+        );
+        let e = c.resolve_disk("deb:disk", &m(B)).unwrap_err();
+        assert_eq!(e.reason(), "ChecksumMismatch");
+        let e = c.resolve_disk("deb:disk", &|_| None).unwrap_err();
+        assert_eq!(e.reason(), "MissingFile");
+        assert!(
+            e.to_string()
+                .contains("manifest file deb/disk.zst.manifest.json"),
+            "{e}"
+        );
+        let e = c
+            .resolve_disk("deb:disk", &|_| Some(Err("eof".into())))
+            .unwrap_err();
+        assert_eq!(e.reason(), "BadManifest");
+        assert!(c.resolve_disk("os:1", &m(A)).is_err());
+        // Bad entries are named.
+        let bad = |t: String| Catalog::parse(&t).unwrap_err().to_string();
+        assert!(bad(format!(
+            "[[disk]]\nref = \"d\"\npath = \"../x\"\nsha256 = \"{A}\"\n"
+        ))
+        .contains("disk path"));
+        assert!(
+            bad("[[disk]]\nref = \"d\"\npath = \"x\"\nsha256 = \"12\"\n".into())
+                .contains("disk sha256")
+        );
+        assert!(bad(format!("[[disk]]\nref = \"d\"\npath = \"x\"\nsha256 = \"{A}\"\nroot_device_hints = {{ colour = \"red\" }}\n")).contains("unknown hint"));
+        let long = "s".repeat(2000);
+        assert!(bad(format!("[[disk]]\nref = \"d\"\npath = \"x\"\nsha256 = \"{A}\"\nroot_device_hints = {{ serial = \"{long}\" }}\n")).contains("longer than"));
+        // A disk and an image may not share a reference.
+        let both = format!("{disk}{}", text().replace("os-image:latest", "deb:disk"));
+        assert!(Catalog::parse(&both)
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
     }
 
     #[test]
