@@ -150,11 +150,18 @@ fn boot_resolver(config: &Config) -> Result<Arc<CatalogResolver>> {
                 config.boot.ignition_templates.display()
             )
         })?;
-    Ok(Arc::new(CatalogResolver::with_templates(
-        catalog,
-        crate::http::catalog::FileHasher::new(&config.boot.images_dir),
-        templates,
-    )))
+    // Disk images are installed through the agent image (the cleanup's, by default the
+    // discovery image).
+    let agent =
+        crate::controller::cleanup::Cleanup::agent_image(&config.cleanup, &config.discovery);
+    Ok(Arc::new(
+        CatalogResolver::with_templates(
+            catalog,
+            crate::http::catalog::FileHasher::new(&config.boot.images_dir),
+            templates,
+        )
+        .with_agent_image(agent),
+    ))
 }
 
 /// The boot listener's signed per-machine URLs, for the Redfish driver's one-time

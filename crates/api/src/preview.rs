@@ -73,13 +73,19 @@ fn ignition(slot: &BootSlot, server: &str) -> Response {
         return unknown(server).into_response();
     };
     match (&m.state, &m.ignition) {
-        (BootState::Ready, Some(ign)) => (
+        (BootState::Ready | BootState::Install(_), Some(ign)) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, ign.content_type.clone())],
             ign.data.clone(),
         )
             .into_response(),
-        (BootState::Ready, None) => ApiError::new(
+        (BootState::LocalBoot, _) => ApiError::new(
+            StatusCode::CONFLICT,
+            "Installed",
+            format!("server {server} boots its installed disk image from disk: it read its Ignition at install"),
+        )
+        .into_response(),
+        (BootState::Ready | BootState::Install(_), None) => ApiError::new(
             StatusCode::NOT_FOUND,
             "NoIgnition",
             format!("server {server} has neither an ignition template nor an ignition secret"),

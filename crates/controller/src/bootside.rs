@@ -17,7 +17,7 @@ use super::{set_condition, BootResolver};
 use crate::http::catalog::{Catalog, FileHasher};
 use crate::http::index::MemoryIndex;
 use crate::http::{
-    BootEvent, BootFiles, BootIndex, BootState, IgnitionData, MachineBoot, MachineId,
+    BootEvent, BootFiles, BootIndex, BootState, IgnitionData, InstallPlan, MachineBoot, MachineId,
 };
 use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
 use crate::ignition::{MachineFacts, RenderCache, RenderKey};
@@ -48,6 +48,8 @@ pub struct CatalogResolver {
     secrets: Mutex<HashMap<(String, String), (u64, SecretResult)>>,
     templates: RwLock<Arc<TemplateSet>>,
     renders: RenderCache,
+    /// The agent image's catalog reference (disk images are installed through it).
+    agent_image: String,
 }
 
 type SecretResult = Result<Arc<Value>, (String, String)>;
@@ -74,7 +76,51 @@ impl CatalogResolver {
             secrets: Mutex::new(HashMap::new()),
             templates: RwLock::new(Arc::new(templates)),
             renders: RenderCache::new(),
+            agent_image: String::new(),
         }
+    }
+
+    /// With `image` as the agent image disk images are installed through.
+    pub fn with_agent_image(mut self, image: &str) -> CatalogResolver {
+        self.agent_image = image.to_string();
+        self
+    }
+
+    /// How a claim on disk image `image` is installed, or why it cannot be (the disk
+    /// image or the agent image does not resolve); `None` when `image` is no disk image.
+    fn install_plan(
+        &self,
+        image: &str,
+        base_url: &str,
+    ) -> Option<Result<(InstallPlan, BootFiles), (String, String)>> {
+        let catalog = self.catalog();
+        catalog.disk(image)?;
+        let plan = self
+            .hasher
+            .resolve_disk(&catalog, image)
+            .map_err(|e| (e.reason().to_string(), e.to_string()))
+            .and_then(|d| {
+                let files = match self.hasher.resolve(&catalog, &self.agent_image) {
+                    Ok(Ok(r)) => r.boot_files(base_url),
+                    Ok(Err(e)) => {
+                        return Err((
+                            "AgentImage".to_string(),
+                            format!("disk image {image} installs through the agent image: {e}"),
+                        ))
+                    }
+                    Err(e) => {
+                        return Err(("ImageIOError".into(), format!("reading image files: {e}")))
+                    }
+                };
+                let plan = InstallPlan {
+                    image: d.reference.clone(),
+                    image_url: d.image_url(base_url),
+                    sha256: d.sha256.clone(),
+                    root_device_hints: d.root_device_hints.clone(),
+                };
+                Ok((plan, files))
+            });
+        Some(plan)
     }
 
     /// The rendered-config cache (the boot index invalidates it from its watch).
@@ -308,6 +354,10 @@ impl BootResolver for CatalogResolver {
         if image.is_empty() {
             return Err(("NoImage".into(), "spec.image is empty".into()));
         }
+        if let Some(plan) = self.install_plan(image, "") {
+            plan?;
+            return self.ignition_payload(store, sbc).map(|_| ());
+        }
         match self.hasher.resolve(&self.catalog(), image) {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err((e.reason().into(), e.to_string())),
@@ -358,6 +408,18 @@ fn translate_secret(ns: &str, name: &str, secret: &Value) -> Result<Value, (Stri
 fn valid_uuid(s: &str) -> Option<String> {
     crate::model::ident::parse_uuid(s).ok()
 }
+
+/// Whether boot configuration `b`'s disk image is installed (`Installed` True, written by
+/// the install report for this generation of it).
+fn installed(b: &ServerBootConfiguration) -> bool {
+    condition(&b.status.conditions, INSTALLED).is_some_and(|c| {
+        c.status == crate::model::views::ConditionStatus::True
+            && c.observed_generation == Some(b.metadata.generation)
+    })
+}
+
+/// The boot configuration's condition an install report sets.
+pub const INSTALLED: &str = "Installed";
 
 /// Pause before boot-progress writes the store refused as unavailable are tried again.
 const PROGRESS_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -635,6 +697,17 @@ impl StoreBootIndex {
             _ => return (BootState::NotClaimed, None, None),
         }
         let image = b.spec.image.as_str();
+        if let Some(plan) = self.resolver.install_plan(image, &self.base_url) {
+            if installed(&b) {
+                return (BootState::LocalBoot, None, None);
+            }
+            return match plan
+                .and_then(|p| Ok((p, self.resolver.ignition_payload(&self.store, &sbc)?)))
+            {
+                Ok(((plan, files), ign)) => (BootState::Install(Arc::new(plan)), Some(files), ign),
+                Err((_, msg)) => (BootState::Error(msg), None, None),
+            };
+        }
         let files = match self
             .resolver
             .hasher

@@ -483,7 +483,10 @@ impl BootHttp {
             None if self.sign_ignition_urls
                 && matches!(
                     m.state,
-                    BootState::Ready | BootState::Discovery | BootState::Cleanup(_)
+                    BootState::Ready
+                        | BootState::Discovery
+                        | BootState::Cleanup(_)
+                        | BootState::Install(_)
                 ) =>
             {
                 return self.refuse(route::SCRIPT, &m, client, "no token")
@@ -546,6 +549,34 @@ impl BootHttp {
                 "{} is in Cleanup but the agent image is not available",
                 m.server
             )),
+            (BootState::Install(plan), Some(files)) => {
+                match self.install_script(m, files, plan, now) {
+                    Ok(body) => (body, true),
+                    Err(e) => {
+                        tracing::error!(server = %m.server, error = %e, "rendering install script");
+                        default(&format!("cannot render the install script of {}", m.server))
+                    }
+                }
+            }
+            (BootState::Install(_), None) => default(&format!(
+                "{} is to install its disk image but the agent image is not available",
+                m.server
+            )),
+            (BootState::LocalBoot, _) => {
+                let reason = format!(
+                    "{}: its disk image is installed, booting from disk",
+                    m.server
+                );
+                let body = self
+                    .renderer
+                    .default_script(&DefaultAction::Exit, &reason, &self.base_url, &self.console)
+                    .map(Bytes::from)
+                    .unwrap_or_else(|e| {
+                        tracing::error!(server = %m.server, error = %e, "rendering local boot script");
+                        self.default_script_body(&reason)
+                    });
+                (body, true)
+            }
             (BootState::Error(r), _) => {
                 tracing::info!(server = %m.server, reason = %r, "boot configuration in error, serving default script");
                 default(&format!(
@@ -669,7 +700,9 @@ impl BootHttp {
             None => {}
         }
         match (&m.state, &m.ignition) {
-            (BootState::Ready, Some(_)) if self.ignition_once && !self.index.take_ignition(&m) => {
+            (BootState::Ready | BootState::Install(_), Some(_))
+                if self.ignition_once && !self.index.take_ignition(&m) =>
+            {
                 self.refuse(
                     route::IGNITION,
                     &m,
@@ -677,7 +710,7 @@ impl BootHttp {
                     "ignition already served in this boot",
                 )
             }
-            (BootState::Ready, Some(ign)) => {
+            (BootState::Ready | BootState::Install(_), Some(ign)) => {
                 self.record(&m.server, BootEvent::IgnitionDataFetched, client);
                 let mut r = Response::new(FileBody::bytes(ign.data.clone()));
                 let h = r.headers_mut();

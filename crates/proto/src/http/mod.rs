@@ -39,6 +39,7 @@ pub mod fat;
 pub mod files;
 pub mod handler;
 pub mod index;
+pub mod install;
 pub mod iso9660;
 mod iso_routes;
 pub mod metrics;
@@ -86,6 +87,24 @@ pub enum BootState {
     /// The Server is in `Cleanup`: it boots the agent image (`files`), whose agent wipes
     /// every disk by this policy and posts what it did ([`wipe`]).
     Cleanup(bootplane_probe::Policy),
+    /// The claim's image is a disk image not yet installed: the machine boots the agent
+    /// image (`files`), whose agent installs it ([`install`]); Ignition as for `Ready`.
+    Install(Arc<InstallPlan>),
+    /// The claim's disk image is installed: the machine boots from its own disk (the
+    /// script exits to the firmware's next boot device).
+    LocalBoot,
+}
+
+/// What an install boot installs: the catalog's disk image and how to choose the disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallPlan {
+    /// The disk image's catalog reference.
+    pub image: String,
+    pub image_url: String,
+    /// The raw image's SHA-256 the agent must verify.
+    pub sha256: String,
+    /// Root-device hints as compact JSON (`{}`: the agent's default choice).
+    pub root_device_hints: String,
 }
 
 /// Kernel, initrd and rootfs URLs plus the default command line of the claimed image.

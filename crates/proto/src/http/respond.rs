@@ -18,6 +18,9 @@ pub const INVENTORY_PREFIX: &str = "/discovery/inventory/";
 /// Where machines in `Cleanup` post their wipe report: `WIPE_PREFIX<server>/<token>`
 /// ([`super::wipe`]).
 pub const WIPE_PREFIX: &str = "/discovery/wipe/";
+/// Where machines installing a disk image post their report: `INSTALL_PREFIX<server>/<token>`
+/// ([`super::install`]).
+pub const INSTALL_PREFIX: &str = "/discovery/install/";
 
 /// Route names used in metrics and logs.
 pub mod route {
@@ -29,6 +32,7 @@ pub mod route {
     pub(crate) const EFI: &str = "boot_efi";
     pub(crate) const INVENTORY: &str = "inventory";
     pub(crate) const WIPE: &str = "wipe";
+    pub(crate) const INSTALL: &str = "install";
     pub(crate) const OTHER: &str = "other";
 }
 

@@ -38,6 +38,8 @@ pub enum Purpose {
     Inventory,
     /// The cleanup agent's wipe report (`/discovery/wipe/<server>/<token>`).
     Wipe,
+    /// The install agent's report (`/discovery/install/<server>/<token>`).
+    Install,
 }
 
 impl Purpose {
@@ -49,6 +51,7 @@ impl Purpose {
             Purpose::BootEfi => "boot-efi",
             Purpose::Inventory => "inventory",
             Purpose::Wipe => "wipe",
+            Purpose::Install => "install",
         }
     }
 }

@@ -1,6 +1,6 @@
 //! iPXE script rendering from editable templates (pure, no I/O).
 //!
-//! Five templates, each a minijinja template with an iPXE body:
+//! Six templates, each a minijinja template with an iPXE body:
 //! - `boot.ipxe.j2`: the chainload script served at `/boot.ipxe`; it sends iPXE on to
 //!   its per-machine script with `${uuid}`, `${net0/mac:hexhyp}`, `${buildarch}` and
 //!   `${platform}` URL-encoded by iPXE itself (`:uristring`).
@@ -12,6 +12,9 @@
 //!   signed URL its agent posts the inventory to (`bootplane.inventory=`).
 //! - `cleanup.ipxe.j2`: a known Server in `Cleanup`: the same agent image with the wipe
 //!   policy and the signed URL its agent posts the wipe report to (`bootplane.wipe=`).
+//! - `install.ipxe.j2`: a claimed Server whose image is a disk image not yet installed:
+//!   the agent image with the disk image's URL, SHA-256 and root-device hints, the claim's
+//!   Ignition URL and the signed URL its agent posts the install report to.
 //!
 //! The shipped versions live in `ipxe/` and are compiled in as defaults; the HTTP
 //! listener loads operator-edited copies from `boot.ipxe_templates` at start-up and hands
@@ -28,9 +31,10 @@ pub(crate) const MACHINE_TEMPLATE: &str = "machine.ipxe.j2";
 pub(crate) const DEFAULT_TEMPLATE: &str = "default.ipxe.j2";
 pub(crate) const DISCOVERY_TEMPLATE: &str = "discovery.ipxe.j2";
 pub(crate) const CLEANUP_TEMPLATE: &str = "cleanup.ipxe.j2";
+pub(crate) const INSTALL_TEMPLATE: &str = "install.ipxe.j2";
 
 /// The shipped templates, used when the templates directory lacks a file.
-pub(crate) const BUILTIN_TEMPLATES: [(&str, &str); 5] = [
+pub(crate) const BUILTIN_TEMPLATES: [(&str, &str); 6] = [
     (BOOT_TEMPLATE, include_str!("../../../../ipxe/boot.ipxe.j2")),
     (
         MACHINE_TEMPLATE,
@@ -47,6 +51,10 @@ pub(crate) const BUILTIN_TEMPLATES: [(&str, &str); 5] = [
     (
         CLEANUP_TEMPLATE,
         include_str!("../../../../ipxe/cleanup.ipxe.j2"),
+    ),
+    (
+        INSTALL_TEMPLATE,
+        include_str!("../../../../ipxe/install.ipxe.j2"),
     ),
 ];
 
@@ -100,6 +108,24 @@ pub(crate) struct CleanupScript<'a> {
     pub cmdline: &'a str,
     pub wipe_url: &'a str,
     pub policy: &'a str,
+    pub console: &'a str,
+    pub base_url: &'a str,
+}
+
+/// The values of `install.ipxe.j2`.
+#[derive(Debug, Serialize)]
+pub(crate) struct InstallScript<'a> {
+    pub server: &'a str,
+    pub image: &'a str,
+    pub kernel_url: &'a str,
+    pub initrd_url: &'a str,
+    pub cmdline: &'a str,
+    pub install_url: &'a str,
+    pub disk_image: &'a str,
+    pub disk_url: &'a str,
+    pub disk_sha256: &'a str,
+    pub root_hints: &'a str,
+    pub ignition_url: &'a str,
     pub console: &'a str,
     pub base_url: &'a str,
 }
@@ -224,6 +250,29 @@ impl Renderer {
             check(field, v)?;
         }
         self.render(CLEANUP_TEMPLATE, minijinja::Value::from_serialize(d))
+    }
+
+    /// The script of a claimed Server whose disk image is to be installed: boot the agent
+    /// image, whose agent installs it and posts its report to `install_url`.
+    pub(crate) fn install_script(&self, d: &InstallScript<'_>) -> Result<String, RenderError> {
+        for (field, v) in [
+            ("server", d.server),
+            ("image", d.image),
+            ("kernel_url", d.kernel_url),
+            ("initrd_url", d.initrd_url),
+            ("cmdline", d.cmdline),
+            ("install_url", d.install_url),
+            ("disk_image", d.disk_image),
+            ("disk_url", d.disk_url),
+            ("disk_sha256", d.disk_sha256),
+            ("root_hints", d.root_hints),
+            ("ignition_url", d.ignition_url),
+            ("console", d.console),
+            ("base_url", d.base_url),
+        ] {
+            check(field, v)?;
+        }
+        self.render(INSTALL_TEMPLATE, minijinja::Value::from_serialize(d))
     }
 
     /// The script for a machine without a ready boot configuration. `reason` is shown
