@@ -1,11 +1,12 @@
 //! The ServerBootConfiguration reconciler (boot side): decides `Ready` or `Error`
-//! through the configured [`super::BootResolver`] and records why.
+//! through the configured [`super::BootResolver`] and records why (a disk image the agent
+//! failed to install keeps it in `Error`, [`super::install`]).
 
 use serde_json::json;
 
 use super::{set_condition, Controllers, Key, Next};
 use crate::model::meta;
-use crate::model::views::BootConfigurationState;
+use crate::model::views::{read, BootConfigurationState, ServerBootConfiguration};
 use crate::store::StoreError;
 
 pub(crate) async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreError> {
@@ -20,7 +21,21 @@ pub(crate) async fn reconcile(c: &Controllers, key: &Key) -> Result<Next, StoreE
     }
     let mut status = b.get("status").cloned().unwrap_or_else(|| json!({}));
     let mut next = Next::Done;
+    let install_failed = super::install::failed(&read::<ServerBootConfiguration>(&b));
     match c.resolver.resolve(&c.store, &b) {
+        // The agent could not install its disk image: it stays in Error, saying why,
+        // until the claim is deleted or the configuration changes.
+        Ok(()) if install_failed.is_some() => {
+            status["state"] = json!(BootConfigurationState::Error);
+            let why = install_failed.unwrap_or_default();
+            set_condition(
+                &mut status,
+                "Ready",
+                false,
+                super::install::INSTALL_FAILED,
+                &why,
+            );
+        }
         Ok(()) => {
             status["state"] = json!(BootConfigurationState::Ready);
             set_condition(

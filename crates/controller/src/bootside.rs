@@ -412,14 +412,11 @@ fn valid_uuid(s: &str) -> Option<String> {
 /// Whether boot configuration `b`'s disk image is installed (`Installed` True, written by
 /// the install report for this generation of it).
 fn installed(b: &ServerBootConfiguration) -> bool {
-    condition(&b.status.conditions, INSTALLED).is_some_and(|c| {
+    condition(&b.status.conditions, super::install::INSTALLED).is_some_and(|c| {
         c.status == crate::model::views::ConditionStatus::True
             && c.observed_generation == Some(b.metadata.generation)
     })
 }
-
-/// The boot configuration's condition an install report sets.
-pub const INSTALLED: &str = "Installed";
 
 /// Pause before boot-progress writes the store refused as unavailable are tried again.
 const PROGRESS_RETRY: std::time::Duration = std::time::Duration::from_secs(1);

@@ -20,6 +20,7 @@ pub mod claim;
 pub mod cleanup;
 pub mod discovery;
 pub mod firstboot;
+pub mod install;
 pub mod inventory;
 pub mod powerstate;
 #[path = "provisioning.bootplane.dev/mod.rs"]
