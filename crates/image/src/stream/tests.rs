@@ -26,8 +26,7 @@ fn library_round_trip_and_resume_from_a_checkpoint() {
         level: 1,
         threads: 2,
     };
-    let m = crate::pack::pack(&raw, &img, &crate::pack::manifest_path(&img), &opts)
-        .unwrap();
+    let m = crate::pack::pack(&raw, &img, &crate::pack::manifest_path(&img), &opts).unwrap();
     let out = d.path().join("out");
     let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
     assert_eq!(o.resumed_from, 0);
