@@ -4,7 +4,8 @@
 //! `--url` or the kernel command line (`bootplane.inventory=`), and with `--poweroff`
 //! powers the machine off once bootplane has accepted it.
 //!
-//! `bootplane probe wipe ...` is [`crate::wipe::run`] (its own arguments and exit status).
+//! `bootplane probe wipe ...` is [`crate::wipe::run`] and `bootplane probe install ...`
+//! [`crate::install::run`] (their own arguments and exit status).
 //!
 //! Exit status: 0 accepted (or printed, or `--help`), 1 refused (4xx) or deadline passed,
 //! 2 usage.
@@ -18,7 +19,8 @@ pub use crate::sys::{cmdline_value, read_cmdline};
 
 /// Usage text.
 pub const USAGE: &str = "usage: bootplane probe [--url URL] [--root DIR] [--lldp-wait SECS] \
-[--deadline SECS] [--print] [--poweroff]\n       bootplane probe wipe --help";
+[--deadline SECS] [--print] [--poweroff]\n       bootplane probe wipe --help\n       \
+bootplane probe install --help";
 
 /// Default LLDP listen window.
 pub const DEFAULT_LLDP_WAIT: u64 = 10;
@@ -80,6 +82,9 @@ pub fn run(args: &[String]) -> i32 {
     };
     if rest.first().map(String::as_str) == Some("wipe") {
         return crate::wipe::run(&rest[1..]);
+    }
+    if rest.first().map(String::as_str) == Some("install") {
+        return crate::install::run(&rest[1..]);
     }
     let a = match parse_args(args) {
         Ok(a) => a,

@@ -114,6 +114,22 @@ pub fn power_off() {
     }
 }
 
+/// Flush the file systems and reboot (after `bootplane probe install`). Returns only
+/// when the kernel refused (not privileged).
+pub fn reboot() {
+    // SAFETY: sync and reboot take no pointers; reboot needs CAP_SYS_BOOT and fails
+    // cleanly (EPERM) without it.
+    unsafe {
+        libc::sync();
+        if libc::reboot(libc::RB_AUTOBOOT) != 0 {
+            eprintln!(
+                "bootplane probe: reboot: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 /// The value of `key=` on a kernel command line (the last one wins, as in the kernel).
 pub fn cmdline_value(cmdline: &str, key: &str) -> Option<String> {
     cmdline

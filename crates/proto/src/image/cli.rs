@@ -10,6 +10,26 @@ use clap::{Args, Subcommand};
 
 use super::stream::FrameSha;
 
+/// `--frame-sha256`: the streamer's [`FrameSha`] as a clap value (the image crate has no clap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum FrameShaArg {
+    /// On when the machine has at least 4 cores.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl From<FrameShaArg> for FrameSha {
+    fn from(a: FrameShaArg) -> FrameSha {
+        match a {
+            FrameShaArg::Auto => FrameSha::Auto,
+            FrameShaArg::On => FrameSha::On,
+            FrameShaArg::Off => FrameSha::Off,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum ImageCmd {
     /// Pack a raw image into bootplane's framed zstd format with a manifest.
@@ -52,8 +72,8 @@ pub struct ProvisionArgs {
     #[arg(long)]
     pub sha256: Option<String>,
     /// Check each frame's SHA-256 from the manifest in parallel (auto: with 4+ cores).
-    #[arg(long, value_enum, default_value_t = FrameSha::Auto)]
-    pub frame_sha256: FrameSha,
+    #[arg(long, value_enum, default_value_t = FrameShaArg::Auto)]
+    pub frame_sha256: FrameShaArg,
     /// Skip writing all-zero ranges where the target reads back zeros (new file, BLKZEROOUT).
     #[arg(long)]
     pub zero_skip: bool,
@@ -130,7 +150,7 @@ pub fn run_provision(a: ProvisionArgs) -> anyhow::Result<i32> {
         target: a.target,
         manifest: a.manifest,
         sha256: a.sha256,
-        frame_sha256: a.frame_sha256,
+        frame_sha256: a.frame_sha256.into(),
         zero_skip: a.zero_skip,
         resume: !a.no_resume,
         checkpoint: a.checkpoint,
@@ -140,6 +160,7 @@ pub fn run_provision(a: ProvisionArgs) -> anyhow::Result<i32> {
         pin_hash: !a.no_pin,
         quiet: a.quiet,
         no_follow_target: a.no_follow_target,
+        schemes: vec![super::nfs::SCHEME],
     };
     match super::stream::provision(&opts) {
         Ok(_) => Ok(0),

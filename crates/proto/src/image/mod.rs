@@ -1,21 +1,13 @@
-//! Image pipeline: the packed image format, `bootplane image pack`, and the
-//! verified streamer behind `bootplane provision` (read → decode → verify → write).
+//! Image pipeline: the packed image format, `bootplane image pack`, and the verified
+//! streamer behind `bootplane provision` (read → decode → verify → write).
 //!
-//! - [`format`]: independent zstd frames + seek table + JSON manifest.
-//! - [`pack`]: packing with one compressor per core.
-//! - [`stream`]: the provisioning pipeline, its safety rules and resume.
-//! - [`source`] / [`nfs`]: local, `http://` and `nfs://` sources; [`spec`] picks one.
-//! - [`target`]: O_DIRECT block-device/file targets and their checks.
-//! - [`progress`]: progress bar / JSON lines (schema in that module).
-//! - [`error`]: failure classes and their exit codes.
+//! The format, packing and the streamer are the `bootplane-image` crate (shared with the
+//! agent's `bootplane probe install`), re-exported here under their old paths; this
+//! module adds what only the appliance's binary needs:
+//!
+//! - [`cli`]: `bootplane image ...` and `bootplane provision`'s arguments (clap);
+//! - [`nfs`]: the `nfs://` source, given to the streamer as a [`spec::Scheme`].
+pub use bootplane_image::{error, format, hash, pack, progress, source, spec, stream, target};
+
 pub mod cli;
-pub mod error;
-pub mod format;
-pub mod hash;
 pub mod nfs;
-pub mod pack;
-pub mod progress;
-pub mod source;
-pub mod spec;
-pub mod stream;
-pub mod target;

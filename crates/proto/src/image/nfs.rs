@@ -15,7 +15,11 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use super::error::{PResult, ProvisionError};
+use super::source::Source;
+use super::spec::Scheme;
 
 const PMAP_PROG: u32 = 100000;
 const MOUNT_PROG: u32 = 100005;
@@ -345,6 +349,16 @@ pub(crate) fn parse_url(url: &str) -> PResult<NfsUrl> {
     Ok(NfsUrl { host, port, path })
 }
 
+/// The `nfs://` scheme, for [`super::stream::Options::schemes`].
+pub const SCHEME: Scheme = Scheme {
+    prefix: "nfs://",
+    open: open_source,
+};
+
+fn open_source(url: &str) -> PResult<Arc<dyn Source>> {
+    Ok(Arc::new(NfsSource::open(url)?))
+}
+
 pub(crate) struct NfsSource {
     url: String,
     host: String,
@@ -422,7 +436,7 @@ impl NfsSource {
     }
 }
 
-impl super::source::Source for NfsSource {
+impl Source for NfsSource {
     fn describe(&self) -> String {
         self.url.clone()
     }

@@ -17,10 +17,7 @@ fn read_exact_or(r: &mut dyn Read, buf: &mut [u8], what: impl Fn() -> String) ->
 }
 
 /// Read until `buf` is full or the source ends; returns the bytes read.
-pub(in crate::image) fn read_full<R: Read + ?Sized>(
-    r: &mut R,
-    buf: &mut [u8],
-) -> std::io::Result<usize> {
+pub(crate) fn read_full<R: Read + ?Sized>(r: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..]) {

@@ -68,7 +68,7 @@ pub(crate) const HELD: u64 = 1 << 20;
 /// Chunk size for plain zstd and raw sources.
 pub(crate) const STREAM_CHUNK: u64 = 4 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FrameSha {
     /// On when the machine has at least 4 cores.
     #[default]
@@ -96,6 +96,9 @@ pub struct Options {
     pub quiet: bool,
     /// Refuse a target that is a symbolic link (`O_NOFOLLOW`).
     pub no_follow_target: bool,
+    /// Source kinds beyond local paths and `http(s)://` (`bootplane provision` adds
+    /// `nfs://`); none by default.
+    pub schemes: Vec<spec::Scheme>,
 }
 
 impl Options {
@@ -115,6 +118,7 @@ impl Options {
             pin_hash: true,
             quiet: true,
             no_follow_target: false,
+            schemes: Vec::new(),
         }
     }
 }
@@ -211,7 +215,7 @@ struct Plan {
 }
 
 fn plan(opts: &Options) -> PResult<Plan> {
-    let src = spec::open(&opts.source)?;
+    let src = spec::open(&opts.source, &opts.schemes)?;
     let want = match &opts.sha256 {
         Some(h) => Some(format::parse_sha256(h).ok_or_else(|| {
             ProvisionError::Usage(format!("--sha256 {h:?} is not 64 hex digits"))
@@ -220,10 +224,14 @@ fn plan(opts: &Options) -> PResult<Plan> {
     };
     let mbytes = match &opts.manifest {
         Some(m) => Some(
-            spec::fetch_small(m, 64 << 20)?
+            spec::fetch_small(m, 64 << 20, &opts.schemes)?
                 .ok_or_else(|| ProvisionError::Manifest(format!("{m} not found")))?,
         ),
-        None => spec::fetch_small(&format!("{}.manifest.json", opts.source), 64 << 20)?,
+        None => spec::fetch_small(
+            &format!("{}.manifest.json", opts.source),
+            64 << 20,
+            &opts.schemes,
+        )?,
     };
     if let Some(b) = mbytes {
         let m = Manifest::parse(&b).map_err(|e| ProvisionError::Manifest(e.0))?;

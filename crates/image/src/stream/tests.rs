@@ -21,13 +21,12 @@ fn library_round_trip_and_resume_from_a_checkpoint() {
     let v = data(5 * (1 << 20) + 333);
     std::fs::write(&raw, &v).unwrap();
     let img = d.path().join("img.zst");
-    let opts = crate::image::pack::PackOptions {
+    let opts = crate::pack::PackOptions {
         frame_size: 1 << 20,
         level: 1,
         threads: 2,
     };
-    let m = crate::image::pack::pack(&raw, &img, &crate::image::pack::manifest_path(&img), &opts)
-        .unwrap();
+    let m = crate::pack::pack(&raw, &img, &crate::pack::manifest_path(&img), &opts).unwrap();
     let out = d.path().join("out");
     let o = provision(&Options::new(img.to_str().unwrap(), &out)).unwrap();
     assert_eq!(o.resumed_from, 0);

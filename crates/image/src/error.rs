@@ -46,7 +46,7 @@ pub enum ProvisionError {
 }
 
 impl ProvisionError {
-    pub(crate) fn exit_code(&self) -> i32 {
+    pub fn exit_code(&self) -> i32 {
         match self {
             ProvisionError::Internal(_) => 1,
             ProvisionError::Usage(_) => 2,
@@ -63,7 +63,7 @@ impl ProvisionError {
     }
 
     /// Short stable name for JSON progress lines.
-    pub(crate) fn class(&self) -> &'static str {
+    pub fn class(&self) -> &'static str {
         match self {
             ProvisionError::Internal(_) => "internal",
             ProvisionError::Usage(_) => "usage",
@@ -80,4 +80,4 @@ impl ProvisionError {
     }
 }
 
-pub(crate) type PResult<T> = Result<T, ProvisionError>;
+pub type PResult<T> = Result<T, ProvisionError>;

@@ -71,7 +71,7 @@ pub(super) fn check_checkpoint_paths(ckpt: &Path) -> PResult<()> {
                     p.display()
                 )))
             }
-            Ok(m) if m.uid() != nix::unistd::geteuid().as_raw() => {
+            Ok(m) if m.uid() != unsafe { libc::geteuid() } => {
                 return Err(ProvisionError::Checkpoint(format!(
                     "{what} {} belongs to uid {}, not to this user; refusing to use it",
                     p.display(),

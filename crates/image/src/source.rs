@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::error::{PResult, ProvisionError};
 
 #[allow(clippy::len_without_is_empty)]
-pub(crate) trait Source: Send + Sync {
+pub trait Source: Send + Sync {
     fn describe(&self) -> String;
     /// Total length in bytes when the source knows it.
     fn len(&self) -> Option<u64>;
@@ -23,7 +23,7 @@ pub(crate) trait Source: Send + Sync {
 /// A source spec as it may appear in messages: an `http(s)://` URL loses its
 /// `user:password@` and its query (a signed URL's signature), which are credentials;
 /// paths and `nfs://` specs carry none and are shown as they are.
-pub(crate) fn shown(spec: &str) -> String {
+pub fn shown(spec: &str) -> String {
     let Some(scheme_end) = spec.find("://") else {
         return spec.to_string();
     };
