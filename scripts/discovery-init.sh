@@ -49,8 +49,15 @@ wait
 ip -brief addr 2>/dev/null || ip addr
 
 # A cleanup boot (bootplane.wipe= on the command line, docs/wipe.md) wipes every disk by
-# bootplane.wipe_policy= and reports; any other boot is a discovery boot.
+# bootplane.wipe_policy= and reports; any boot neither a cleanup nor an install is a
+# discovery boot.
 if grep -q 'bootplane\.wipe=' /proc/cmdline; then
   exec /bin/bootplane probe wipe --poweroff
+fi
+# An install boot (bootplane.install=, docs/install.md) streams the claim's disk image
+# onto the disk the root-device hints choose, writes its Ignition, reports, and reboots
+# into the installed system.
+if grep -q 'bootplane\.install=' /proc/cmdline; then
+  exec /bin/bootplane probe install --reboot
 fi
 exec /bin/bootplane probe --poweroff

@@ -60,18 +60,21 @@ impl Partition {
 }
 
 /// Ask the kernel to re-read `disk`'s partition table, retrying while it is busy;
-/// EINVAL (a loop device without partition scanning) is not an error.
+/// EINVAL (a loop device without partition scanning) is not an error. Where the kernel
+/// then shows none of the partitions the table lists (partition scanning off: a loop
+/// device attached without it, some containers), they are added one by one
+/// ([`add_partitions`], as `partx --add` does).
 pub fn reread(disk: &Path) -> Result<(), String> {
     let f = File::open(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
     let start = Instant::now();
     loop {
         // SAFETY: BLKRRPART takes no argument.
         if unsafe { libc::ioctl(f.as_raw_fd(), BLKRRPART as _, 0) } == 0 {
-            return Ok(());
+            return add_partitions(disk, &f);
         }
         let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
-            Some(libc::EINVAL) => return Ok(()),
+            Some(libc::EINVAL) => return add_partitions(disk, &f),
             Some(libc::EBUSY) if start.elapsed() < SETTLE => {
                 std::thread::sleep(Duration::from_millis(200))
             }
@@ -83,6 +86,94 @@ pub fn reread(disk: &Path) -> Result<(), String> {
             }
         }
     }
+}
+
+/// `BLKPG` (`_IO(0x12, 105)`) and its add operation.
+const BLKPG: libc::c_ulong = 0x1269;
+const BLKPG_ADD_PARTITION: libc::c_int = 1;
+
+/// `struct blkpg_partition` (linux/blkpg.h): offsets and length in bytes.
+#[repr(C)]
+struct BlkpgPartition {
+    start: libc::c_longlong,
+    length: libc::c_longlong,
+    pno: libc::c_int,
+    devname: [libc::c_char; 64],
+    volname: [libc::c_char; 64],
+}
+
+/// `struct blkpg_ioctl_arg`.
+#[repr(C)]
+struct BlkpgIoctlArg {
+    op: libc::c_int,
+    flags: libc::c_int,
+    datalen: libc::c_int,
+    data: *mut libc::c_void,
+}
+
+/// When the kernel shows no partition of `disk` but its table lists some, add them with
+/// `BLKPG_ADD_PARTITION` (numbered in table order); nothing when the kernel already
+/// shows any.
+fn add_partitions(disk: &Path, f: &File) -> Result<(), String> {
+    let shown = sysfs_dir(disk)
+        .ok()
+        .and_then(|d| std::fs::read_dir(&d).ok().map(|r| (d, r)))
+        .is_some_and(|(d, r)| {
+            r.flatten()
+                .any(|e| d.join(e.file_name()).join("partition").exists())
+        });
+    if shown {
+        return Ok(());
+    }
+    let size = std::fs::File::open(disk)
+        .and_then(|mut g| g.seek(SeekFrom::End(0)))
+        .map_err(|e| format!("{}: {e}", disk.display()))?;
+    let read = |off: u64, len: u64| -> Result<Vec<u8>, String> {
+        let mut g = File::open(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
+        g.seek(SeekFrom::Start(off)).map_err(|e| e.to_string())?;
+        let mut b = vec![0u8; len as usize];
+        g.read_exact(&mut b)
+            .map_err(|e| format!("{}: {e}", disk.display()))?;
+        Ok(b)
+    };
+    let w = crate::parttable::WINDOW.min(size);
+    let table = crate::parttable::parse(&read(0, w)?, &read(size - w, w)?, size);
+    for (i, p) in table.parts.iter().enumerate() {
+        let mut part = BlkpgPartition {
+            start: p.start as libc::c_longlong,
+            length: p.len as libc::c_longlong,
+            pno: (i + 1) as libc::c_int,
+            devname: [0; 64],
+            volname: [0; 64],
+        };
+        let mut arg = BlkpgIoctlArg {
+            op: BLKPG_ADD_PARTITION,
+            flags: 0,
+            datalen: std::mem::size_of::<BlkpgPartition>() as libc::c_int,
+            data: (&mut part as *mut BlkpgPartition).cast(),
+        };
+        // SAFETY: BLKPG reads `arg` and the partition it points to, both alive here.
+        if unsafe { libc::ioctl(f.as_raw_fd(), BLKPG as _, &mut arg) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // EBUSY: the kernel has that partition already.
+            if e.raw_os_error() != Some(libc::EBUSY) {
+                return Err(format!(
+                    "adding partition {} of {}: {e}",
+                    i + 1,
+                    disk.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `disk`'s directory in sysfs.
+fn sysfs_dir(disk: &Path) -> Result<PathBuf, String> {
+    let meta = std::fs::metadata(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
+    let rdev = meta.rdev();
+    let link = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
+    std::fs::canonicalize(&link).map_err(|e| format!("{link}: {e}"))
 }
 
 /// The file system type and label in the first bytes of a partition.

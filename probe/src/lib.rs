@@ -35,6 +35,6 @@ pub mod sys;
 pub mod wipe;
 pub mod wipe_report;
 
-pub use inventory::{Cpu, Disk, Inventory, Neighbor, Nic, SystemInfo};
 pub use install_report::{IgnitionWritten, InstallReport};
+pub use inventory::{Cpu, Disk, Inventory, Neighbor, Nic, SystemInfo};
 pub use wipe_report::{DiskWipe, Method, Policy, WipeReport};

@@ -61,12 +61,20 @@ fn claimed(b: &Bootplane, name: &str, mac: &str, annotations: Value, claim_ann: 
 }
 
 /// The real agent, `bootplane probe wipe ARGS`, on a machine whose SMBIOS system UUID is
-/// `uuid` (a private mount namespace with a tmpfs over `/sys/class` holding
-/// `dmi/id/product_uuid`; the agent's block device checks read `/sys/block` and
-/// `/sys/dev`, which stay).
+/// `uuid` ([`agent_as`]).
 fn agent(uuid: &str, args: &[&str]) -> Output {
-    let script = "mount -t tmpfs none /sys/class && mkdir -p /sys/class/dmi/id && \
-                  echo \"$0\" > /sys/class/dmi/id/product_uuid && exec \"$1\" probe wipe \"${@:2}\"";
+    agent_as(uuid, "wipe", args)
+}
+
+/// The real agent, `bootplane probe COMMAND ARGS`, on a machine whose SMBIOS system UUID
+/// is `uuid`: a private mount namespace with a tmpfs over `/sys/class` holding
+/// `dmi/id/product_uuid` and the real `/sys/class/block` bound back in (the agent reads
+/// partitions there; its other block device checks read `/sys/block` and `/sys/dev`).
+pub(crate) fn agent_as(uuid: &str, command: &str, args: &[&str]) -> Output {
+    let script = "d=$(mktemp -d) && mount --bind /sys/class \"$d\" && \
+                  mount -t tmpfs none /sys/class && mkdir -p /sys/class/dmi/id /sys/class/block && \
+                  mount --bind \"$d/block\" /sys/class/block && \
+                  echo \"$0\" > /sys/class/dmi/id/product_uuid && exec \"$1\" probe \"${@:2}\"";
     let mut c = Command::new("unshare");
     c.args([
         "--mount",
@@ -78,6 +86,7 @@ fn agent(uuid: &str, args: &[&str]) -> Output {
         uuid,
     ])
     .arg(env!("CARGO_BIN_EXE_bootplane"))
+    .arg(command)
     .args(args);
     support::process::run_cmd(&mut c, 600)
 }

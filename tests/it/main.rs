@@ -60,6 +60,7 @@ mod ignition_golden;
 mod ignition_serve;
 mod image_nfs;
 mod image_provision;
+mod install_flow;
 mod kube_kubectl;
 mod kube_python;
 mod kube_rs;

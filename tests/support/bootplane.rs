@@ -124,6 +124,17 @@ impl Bootplane {
         b
     }
 
+    /// The image catalog's directory (`catalog.toml` and the files it lists).
+    pub fn images_dir(&self) -> PathBuf {
+        self.aux.join("images")
+    }
+
+    /// SIGHUP: the catalog and templates are read again.
+    pub fn reload(&self) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    }
+
     /// A private image catalog with `os-image:latest` (small real files with their
     /// SHA-256), so boot configurations can become Ready.
     fn write_images(&self) -> PathBuf {

@@ -17,7 +17,7 @@ use super::{set_condition, BootResolver};
 use crate::http::catalog::{Catalog, FileHasher};
 use crate::http::index::MemoryIndex;
 use crate::http::{
-    BootEvent, BootFiles, BootIndex, BootState, IgnitionData, InstallPlan, MachineBoot, MachineId,
+    BootEvent, BootFiles, BootIndex, BootState, IgnitionData, MachineBoot, MachineId,
 };
 use crate::ignition::templates::{TemplateSet, HOSTNAME_LABEL};
 use crate::ignition::{MachineFacts, RenderCache, RenderKey};
@@ -86,41 +86,9 @@ impl CatalogResolver {
         self
     }
 
-    /// How a claim on disk image `image` is installed, or why it cannot be (the disk
-    /// image or the agent image does not resolve); `None` when `image` is no disk image.
-    fn install_plan(
-        &self,
-        image: &str,
-        base_url: &str,
-    ) -> Option<Result<(InstallPlan, BootFiles), (String, String)>> {
-        let catalog = self.catalog();
-        catalog.disk(image)?;
-        let plan = self
-            .hasher
-            .resolve_disk(&catalog, image)
-            .map_err(|e| (e.reason().to_string(), e.to_string()))
-            .and_then(|d| {
-                let files = match self.hasher.resolve(&catalog, &self.agent_image) {
-                    Ok(Ok(r)) => r.boot_files(base_url),
-                    Ok(Err(e)) => {
-                        return Err((
-                            "AgentImage".to_string(),
-                            format!("disk image {image} installs through the agent image: {e}"),
-                        ))
-                    }
-                    Err(e) => {
-                        return Err(("ImageIOError".into(), format!("reading image files: {e}")))
-                    }
-                };
-                let plan = InstallPlan {
-                    image: d.reference.clone(),
-                    image_url: d.image_url(base_url),
-                    sha256: d.sha256.clone(),
-                    root_device_hints: d.root_device_hints.clone(),
-                };
-                Ok((plan, files))
-            });
-        Some(plan)
+    /// The agent image's catalog reference.
+    pub(crate) fn agent_image(&self) -> &str {
+        &self.agent_image
     }
 
     /// The rendered-config cache (the boot index invalidates it from its watch).
@@ -354,7 +322,11 @@ impl BootResolver for CatalogResolver {
         if image.is_empty() {
             return Err(("NoImage".into(), "spec.image is empty".into()));
         }
-        if let Some(plan) = self.install_plan(image, "") {
+        if let Some(plan) = super::install::plan(
+            (&self.catalog(), &self.hasher, &self.agent_image),
+            image,
+            "",
+        ) {
             plan?;
             return self.ignition_payload(store, sbc).map(|_| ());
         }
@@ -407,15 +379,6 @@ fn translate_secret(ns: &str, name: &str, secret: &Value) -> Result<Value, (Stri
 
 fn valid_uuid(s: &str) -> Option<String> {
     crate::model::ident::parse_uuid(s).ok()
-}
-
-/// Whether boot configuration `b`'s disk image is installed (`Installed` True, written by
-/// the install report for this generation of it).
-fn installed(b: &ServerBootConfiguration) -> bool {
-    condition(&b.status.conditions, super::install::INSTALLED).is_some_and(|c| {
-        c.status == crate::model::views::ConditionStatus::True
-            && c.observed_generation == Some(b.metadata.generation)
-    })
 }
 
 /// Pause before boot-progress writes the store refused as unavailable are tried again.
@@ -694,8 +657,16 @@ impl StoreBootIndex {
             _ => return (BootState::NotClaimed, None, None),
         }
         let image = b.spec.image.as_str();
-        if let Some(plan) = self.resolver.install_plan(image, &self.base_url) {
-            if installed(&b) {
+        if let Some(plan) = super::install::plan(
+            (
+                &self.resolver.catalog(),
+                &self.resolver.hasher,
+                self.resolver.agent_image(),
+            ),
+            image,
+            &self.base_url,
+        ) {
+            if super::install::installed(&b) {
                 return (BootState::LocalBoot, None, None);
             }
             return match plan

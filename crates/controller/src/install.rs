@@ -17,7 +17,8 @@
 use serde_json::{json, Value};
 
 use super::set_condition;
-use crate::http::AgentReport;
+use crate::http::catalog::{Catalog, FileHasher};
+use crate::http::{AgentReport, BootFiles, InstallPlan};
 use crate::model::registry::ResourceType;
 use crate::model::views::{read, BootConfigurationState, Server, ServerBootConfiguration};
 use crate::store::{Modified, Store, StoreError};
@@ -32,6 +33,79 @@ pub const INSTALL_FAILED: &str = "InstallFailed";
 pub struct Verdict {
     pub ok: bool,
     pub message: String,
+}
+
+/// What install report `i` (posted from `client`) says, as the condition will.
+pub fn verdict(i: &bootplane_probe::InstallReport, client: std::net::IpAddr) -> Verdict {
+    let device = i.device.as_deref().unwrap_or("no device");
+    if i.ok {
+        let ignition = i.ignition.as_ref().map_or(String::new(), |g| {
+            format!(
+                ", Ignition in {} ({}) at {}",
+                g.partition, g.found_by, g.path
+            )
+        });
+        return Verdict {
+            ok: true,
+            message: format!(
+                "{} installed on {device} ({}; {} bytes, sha256 {} verified{ignition}), reported from {client}",
+                i.image,
+                if i.chosen_by.is_empty() { "named".to_string() } else { i.chosen_by.join(", ") },
+                i.bytes_written,
+                i.sha256.as_deref().unwrap_or("?"),
+            ),
+        };
+    }
+    Verdict {
+        ok: false,
+        message: format!(
+            "install of {} on {device} failed: {} (the disk's first MiB is left zero: it does not boot)",
+            i.image,
+            i.error.as_deref().unwrap_or("the agent reported failure")
+        ),
+    }
+}
+
+/// How a claim on disk image `image` is installed, or why it cannot be (the disk image or
+/// the agent image does not resolve); `None` when `image` is no disk image.
+pub(crate) fn plan(
+    (catalog, hasher, agent_image): (&Catalog, &FileHasher, &str),
+    image: &str,
+    base_url: &str,
+) -> Option<Result<(InstallPlan, BootFiles), (String, String)>> {
+    catalog.disk(image)?;
+    let plan = hasher
+        .resolve_disk(catalog, image)
+        .map_err(|e| (e.reason().to_string(), e.to_string()))
+        .and_then(|d| {
+            let files = match hasher.resolve(catalog, agent_image) {
+                Ok(Ok(agent)) => agent.boot_files(base_url),
+                Ok(Err(e)) => {
+                    return Err((
+                        "AgentImage".to_string(),
+                        format!("disk image {image} installs through the agent image: {e}"),
+                    ))
+                }
+                Err(e) => return Err(("ImageIOError".into(), format!("reading image files: {e}"))),
+            };
+            let plan = InstallPlan {
+                image: d.reference.clone(),
+                image_url: d.image_url(base_url),
+                sha256: d.sha256.clone(),
+                root_device_hints: d.root_device_hints.clone(),
+            };
+            Ok((plan, files))
+        });
+    Some(plan)
+}
+
+/// Whether boot configuration `b`'s disk image is installed (`Installed` True, written by
+/// the install report for this generation of it).
+pub(crate) fn installed(b: &ServerBootConfiguration) -> bool {
+    crate::model::views::condition(&b.status.conditions, INSTALLED).is_some_and(|c| {
+        c.status == crate::model::views::ConditionStatus::True
+            && c.observed_generation == Some(b.metadata.generation)
+    })
 }
 
 /// Set condition `ty` and its `observedGeneration` (the configuration's `generation`).

@@ -1,6 +1,7 @@
 //! The writer of the agents' reports (the boot listener checks identity and shape and
-//! queues; this writes, off the request path): inventories ([`super::inventory`]) and
-//! wipe reports ([`super::cleanup`]), one at a time, in the order they came.
+//! queues; this writes, off the request path): inventories ([`super::inventory`]), wipe
+//! reports ([`super::cleanup`]) and install reports ([`super::install`]), one at a time,
+//! in the order they came.
 
 use tokio::sync::mpsc;
 
@@ -24,6 +25,7 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) {
     let t_server = store.registry().resolve("server").expect("server type");
+    let t_sbc = store.registry().resolve("sbc").expect("sbc type");
     let events = crate::store::events::Recorder::spawn(store.clone(), "bootplane-inventory");
     loop {
         let r = tokio::select! {
@@ -35,6 +37,10 @@ pub async fn run(
                 super::inventory::write(&store, &t_server, (&r, inv), &pools, &events).await
             }
             Report::Wipe(w) => super::cleanup::write(&store, &t_server, &r, w, &events).await,
+            Report::Install(i) => {
+                let v = super::install::verdict(i, r.client);
+                super::install::write(&store, (&t_server, &t_sbc), &r, &v, &events).await
+            }
         };
         if let Err(e) = written {
             tracing::warn!(server = %r.server, error = %e, "writing an agent's report");

@@ -189,8 +189,11 @@ pub(crate) async fn serve(
         if has_body && super::discovery::takes_body(req.method(), req.uri().path()) {
             let len = content_length.unwrap_or(0) as usize;
             if chunked || len > super::discovery::MAX_INVENTORY_BYTES {
-                let family = if req.uri().path().starts_with(super::respond::WIPE_PREFIX) {
+                let path = req.uri().path();
+                let family = if path.starts_with(super::respond::WIPE_PREFIX) {
                     &app.metrics().wipe
+                } else if path.starts_with(super::respond::INSTALL_PREFIX) {
+                    &app.metrics().install
                 } else {
                     &app.metrics().inventory
                 };

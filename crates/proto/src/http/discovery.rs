@@ -62,7 +62,9 @@ pub(super) enum Gate {
 /// [`BootHttp::agent_may_post`] first).
 pub(crate) fn takes_body(method: &http::Method, path: &str) -> bool {
     method == http::Method::POST
-        && (path.starts_with(PREFIX) || path.starts_with(super::respond::WIPE_PREFIX))
+        && (path.starts_with(PREFIX)
+            || path.starts_with(super::respond::WIPE_PREFIX)
+            || path.starts_with(super::respond::INSTALL_PREFIX))
 }
 
 /// Why an inventory is refused (the 422's message).
@@ -204,6 +206,9 @@ impl BootHttp {
         }
         if let Some(rest) = path.strip_prefix(super::respond::WIPE_PREFIX) {
             return matches!(self.agent_gate(Purpose::Wipe, rest, client), Ok(m) if matches!(m.state, BootState::Cleanup(_)));
+        }
+        if let Some(rest) = path.strip_prefix(super::respond::INSTALL_PREFIX) {
+            return matches!(self.agent_gate(Purpose::Install, rest, client), Ok(m) if matches!(m.state, BootState::Install(_)));
         }
         false
     }

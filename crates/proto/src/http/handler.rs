@@ -311,17 +311,22 @@ impl BootHttp {
             route::INVENTORY
         } else if path.starts_with(super::respond::WIPE_PREFIX) {
             route::WIPE
+        } else if path.starts_with(super::respond::INSTALL_PREFIX) {
+            route::INSTALL
         } else {
             route::OTHER
         };
         let mut server: Option<Arc<MachineBoot>> = None;
-        let resp = if route == route::INVENTORY || route == route::WIPE {
+        let resp = if route == route::INVENTORY || route == route::WIPE || route == route::INSTALL {
             if req.method() == Method::POST && route == route::INVENTORY {
                 let rest = &path[super::respond::INVENTORY_PREFIX.len()..];
                 self.inventory(rest, &body, client, &mut server)
-            } else if req.method() == Method::POST {
+            } else if req.method() == Method::POST && route == route::WIPE {
                 let rest = &path[super::respond::WIPE_PREFIX.len()..];
                 self.wipe_report(rest, &body, client, &mut server)
+            } else if req.method() == Method::POST {
+                let rest = &path[super::respond::INSTALL_PREFIX.len()..];
+                self.install_report(rest, &body, client, &mut server)
             } else {
                 let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
                 r.headers_mut()
@@ -366,7 +371,7 @@ impl BootHttp {
             let p = req.uri().path();
             let p = match route {
                 route::IGNITION => p.splitn(4, '/').take(3).collect::<Vec<_>>().join("/"),
-                route::INVENTORY | route::WIPE => {
+                route::INVENTORY | route::WIPE | route::INSTALL => {
                     p.splitn(5, '/').take(4).collect::<Vec<_>>().join("/")
                 }
                 _ => p.to_string(),

@@ -55,6 +55,8 @@ pub struct Metrics {
     pub inventory: Family<ResultLabels, Counter>,
     /// Wipe reports by outcome (`bootplane_http_discovery_wipe_total`, the same results).
     pub wipe: Family<ResultLabels, Counter>,
+    /// Install reports by outcome (`bootplane_http_discovery_install_total`).
+    pub install: Family<ResultLabels, Counter>,
     /// Open, refused, evicted and timed-out connections ([`crate::listen::Admission`]).
     pub connections: crate::listen::ConnMetrics,
     /// Connections that ended with a protocol error or a header read timeout.
@@ -141,6 +143,7 @@ impl Metrics {
             // before the first discovery or cleanup.
             inventory: results(),
             wipe: results(),
+            install: results(),
             connections: crate::listen::ConnMetrics::default(),
             connection_errors: Counter::default(),
             hot: std::sync::Arc::new(hot),
@@ -192,6 +195,11 @@ impl Metrics {
             "discovery_wipe",
             "Cleanup agents' wipe reports by outcome",
             self.wipe.clone(),
+        );
+        r.register(
+            "discovery_install",
+            "Install agents' reports by outcome",
+            self.install.clone(),
         );
         self.connections.register(r);
         r.register(

@@ -11,8 +11,9 @@
 //! - `/boot.iso`, `/ipxe/boot.iso?server=&token=`, `/ipxe/boot.efi?server=&token=`: what
 //!   a BMC is pointed at for virtual media and UEFI HTTP boot ([`bootiso`]).
 //! - `POST /discovery/inventory/<server>[/<token>]`: the discovery agent's inventory
-//!   report ([`discovery`]), and `POST /discovery/wipe/<server>[/<token>]`: the cleanup
-//!   agent's wipe report ([`wipe`]), the two routes that read a request body.
+//!   report ([`discovery`]), `POST /discovery/wipe/<server>[/<token>]`: the cleanup
+//!   agent's wipe report ([`wipe`]), and `POST /discovery/install/<server>[/<token>]`: the
+//!   install agent's report ([`install`]), the routes that read a request body.
 //!
 //! Identity: a script or Ignition payload is given only to the machine it belongs to: the
 //! URL must carry a valid signed, expiring token ([`token`]) minted for that machine's
@@ -171,6 +172,8 @@ pub enum Report {
     Inventory(bootplane_probe::Inventory),
     /// `POST /discovery/wipe/...` from a Server in `Cleanup`.
     Wipe(bootplane_probe::WipeReport),
+    /// `POST /discovery/install/...` from a Server installing its disk image.
+    Install(bootplane_probe::InstallReport),
 }
 
 /// A boot progress step recorded on the ServerBootConfiguration's status.
