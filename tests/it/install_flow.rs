@@ -346,6 +346,27 @@ fn bad_install_reports_are_refused_and_counted() {
         let line = format!("bootplane_http_discovery_install_total{{result=\"{result}\"}}");
         assert_eq!(metric(&b, &line), n, "{line}");
     }
+    // The Server's own root-device hints replace the catalog's; malformed ones are the
+    // reason it is not served an install script.
+    let annotate = |hints: &str| {
+        let (c, v) = b.call(
+            "PATCH",
+            &format!("{SERVERS}/inst-c"),
+            Some(&json!({"metadata": {"annotations": {"bootplane.dev/root-device-hints": hints}}})),
+        );
+        assert_eq!(c, 200, "{v}");
+    };
+    annotate(r#"{"serial": "DISK-7"}"#);
+    b.wait_for(30, "the Server's hints in the script", || {
+        let s = script(&b, "inst-c");
+        s.contains("bootplane.root_hints=%7B%22serial%22%3A%22DISK%2D7%22%7D")
+            .then_some(())
+    });
+    annotate(r#"{"colour": "red"}"#);
+    b.wait_for(30, "the malformed hints named", || {
+        let s = script(&b, "inst-c");
+        (s.contains("bootplane.dev/root-device-hints") && s.contains("unknown hint")).then_some(())
+    });
     let v = sbc(&b, "inst-c");
     assert!(
         !v["status"]["conditions"]

@@ -669,6 +669,7 @@ impl StoreBootIndex {
             if super::install::installed(&b) {
                 return (BootState::LocalBoot, None, None);
             }
+            let plan = plan.and_then(|p| super::install::with_server_hints(p, sv));
             return match plan
                 .and_then(|p| Ok((p, self.resolver.ignition_payload(&self.store, &sbc)?)))
             {

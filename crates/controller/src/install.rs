@@ -25,6 +25,8 @@ use crate::store::{Modified, Store, StoreError};
 
 /// The boot configuration's condition an install report sets.
 pub const INSTALLED: &str = "Installed";
+/// On a Server: its root-device hints (JSON), replacing the catalog entry's.
+pub const HINTS_ANNOTATION: &str = "bootplane.dev/root-device-hints";
 /// Its reason when the install failed (the boot configuration stays in `Error`).
 pub const INSTALL_FAILED: &str = "InstallFailed";
 
@@ -97,6 +99,23 @@ pub(crate) fn plan(
             Ok((plan, files))
         });
     Some(plan)
+}
+
+/// A Server's own root-device hints (annotation [`HINTS_ANNOTATION`], a JSON object of
+/// Ironic's keys) in place of the catalog's; a malformed one is the reason it cannot boot.
+pub(crate) fn with_server_hints(
+    (mut plan, files): (InstallPlan, BootFiles),
+    sv: &crate::model::views::Server,
+) -> Result<(InstallPlan, BootFiles), (String, String)> {
+    if let Some(text) = sv.metadata.annotations.get(HINTS_ANNOTATION) {
+        plan.root_device_hints = crate::http::catalog::hints_json(text).map_err(|why| {
+            (
+                "BadRootDeviceHints".to_string(),
+                format!("annotation {HINTS_ANNOTATION}: {why}"),
+            )
+        })?;
+    }
+    Ok((plan, files))
 }
 
 /// Whether boot configuration `b`'s disk image is installed (`Installed` True, written by

@@ -403,6 +403,40 @@ impl ImageEntry {
     }
 }
 
+/// The root-device hint keys the agent knows (Ironic's `rootDeviceHints`).
+const HINT_KEYS: [&str; 9] = [
+    "name",
+    "wwn",
+    "serial",
+    "vendor",
+    "model",
+    "size",
+    "rotational",
+    "by_path",
+    "hctl",
+];
+
+/// Root-device hints given as JSON text (a Server's annotation): a JSON object of known
+/// keys, at most [`MAX_HINTS_BYTES`] compact; the compact JSON, or why not.
+pub fn hints_json(text: &str) -> Result<String, String> {
+    if text.len() > 4 * MAX_HINTS_BYTES {
+        return Err(format!("longer than {MAX_HINTS_BYTES} bytes"));
+    }
+    let v: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON object: {e}"))?;
+    if let Some(k) = v.keys().find(|k| !HINT_KEYS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown hint {k:?} (known: {})",
+            HINT_KEYS.join(", ")
+        ));
+    }
+    let json = serde_json::to_string(&v).map_err(|e| e.to_string())?;
+    if json.len() > MAX_HINTS_BYTES {
+        return Err(format!("longer than {MAX_HINTS_BYTES} bytes"));
+    }
+    Ok(json)
+}
+
 /// A `[[disk]]` entry's path, digest and hints (bounded: they go on a kernel command line).
 fn check_disk(d: &DiskEntry) -> Result<(), CatalogError> {
     if !safe_relative(&d.path) {
@@ -423,21 +457,10 @@ fn check_disk(d: &DiskEntry) -> Result<(), CatalogError> {
             image: d.reference.clone(),
             why: why.to_string(),
         };
-        const KEYS: [&str; 9] = [
-            "name",
-            "wwn",
-            "serial",
-            "vendor",
-            "model",
-            "size",
-            "rotational",
-            "by_path",
-            "hctl",
-        ];
-        if let Some(k) = h.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        if let Some(k) = h.keys().find(|k| !HINT_KEYS.contains(&k.as_str())) {
             return Err(bad(&format!(
                 "unknown hint {k:?} (known: {})",
-                KEYS.join(", ")
+                HINT_KEYS.join(", ")
             )));
         }
         let json = serde_json::to_string(h).map_err(|e| bad(&e.to_string()))?;
@@ -665,6 +688,18 @@ mod tests {
         assert!(bad(format!("[[disk]]\nref = \"d\"\npath = \"x\"\nsha256 = \"{A}\"\nroot_device_hints = {{ colour = \"red\" }}\n")).contains("unknown hint"));
         let long = "s".repeat(2000);
         assert!(bad(format!("[[disk]]\nref = \"d\"\npath = \"x\"\nsha256 = \"{A}\"\nroot_device_hints = {{ serial = \"{long}\" }}\n")).contains("longer than"));
+        // A Server's hints: a bounded object of known keys.
+        assert_eq!(
+            hints_json(r#"{ "serial": "S1" }"#).unwrap(),
+            r#"{"serial":"S1"}"#
+        );
+        assert!(hints_json(r#"{"colour": 1}"#)
+            .unwrap_err()
+            .contains("unknown hint"));
+        assert!(hints_json("[1]").unwrap_err().contains("not a JSON object"));
+        assert!(hints_json(&format!(r#"{{"serial": "{long}"}}"#))
+            .unwrap_err()
+            .contains("longer"));
         // A disk and an image may not share a reference.
         let both = format!("{disk}{}", text().replace("os-image:latest", "deb:disk"));
         assert!(Catalog::parse(&both)
