@@ -148,6 +148,7 @@ pub(crate) async fn middleware(
             // anyone who can connect flood the journal.
             tracing::debug!(path = %req.uri().path(), source = ?source, reason = %e, "api request not authenticated");
             let r = ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized", e.to_string());
+            drain(req, has_body).await;
             (r.into_response(), None)
         }
         Ok(id) => {
@@ -160,6 +161,7 @@ pub(crate) async fn middleware(
             });
             if let Some(e) = refused {
                 tracing::info!(user = %id.user, verb = %attrs.verb, resource = %attrs.resource_path(), code = e.code.as_u16(), "api request refused");
+                drain(req, has_body).await;
                 (e.into_response(), Some(id))
             } else if !st.roles.allows(&id, &attrs)
                 && req.uri().path() != super::ui::WHOAMI_PATH
@@ -168,6 +170,7 @@ pub(crate) async fn middleware(
                 // Every authenticated caller may ask what it may do (the dashboard's
                 // whoami, kube's self reviews).
                 tracing::info!(user = %id.user, verb = %attrs.verb, resource = %attrs.resource_path(), "api request forbidden");
+                drain(req, has_body).await;
                 (attrs.forbidden(&id.user).into_response(), Some(id))
             } else {
                 if named {
@@ -196,6 +199,23 @@ pub(crate) async fn middleware(
             .await;
     }
     resp
+}
+
+/// Most of a refused request's body read before answering, and how long it may take.
+const DRAIN_BYTES: usize = 64 << 10;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Read (and drop) a small body of a request refused before anything read it, so the
+/// connection can carry the client's next request: a connection whose request body is
+/// left unread is closed after the answer, and a client that sent its next request on
+/// it meanwhile gets no answer (Go's `net/http` server drains the same way, up to 256
+/// KiB). A body larger than [`DRAIN_BYTES`] or slower than [`DRAIN_TIME`] is left, and
+/// that connection closes.
+async fn drain(req: Request, has_body: bool) {
+    if has_body {
+        let body = axum::body::to_bytes(req.into_body(), DRAIN_BYTES);
+        let _ = tokio::time::timeout(DRAIN_TIME, body).await;
+    }
 }
 
 /// `POST /apis/auth.bootplane.dev/v1alpha1/apitokens`: make a token. The body names it
