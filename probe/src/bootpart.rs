@@ -10,6 +10,9 @@
 //!
 //! Reading the labels and the GPT entries is done here on the bytes (no `blkid` in the
 //! agent); what is read is bounded (the first 64 KiB of a partition, 128 GPT entries).
+//! When the kernel shows no partition after `BLKRRPART` but the disk has a GPT (a kernel
+//! without GPT support, as some minimal VM kernels are), the partitions are added from
+//! it with `BLKPG`, as `partx --add` does.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -109,9 +112,22 @@ pub fn fs_label(head: &[u8]) -> Option<(&'static str, Option<String>)> {
     None
 }
 
-/// The partition numbers (1-based) whose GPT type is the ESP, from the disk's primary
-/// GPT (`sector`-byte LBAs); empty without one.
-fn esp_numbers(disk: &Path, sector: u64) -> Vec<u32> {
+/// A used entry of the disk's primary GPT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GptEntry {
+    /// 1-based, the kernel's partition number.
+    pub number: u32,
+    pub esp: bool,
+    /// The partition name (UTF-16LE in the entry).
+    pub name: String,
+    /// In bytes.
+    pub start: u64,
+    pub len: u64,
+}
+
+/// The used entries of `disk`'s primary GPT (`sector`-byte LBAs); empty without one.
+/// Bounded: at most 128 entries of 128..=4096 bytes.
+pub fn gpt_entries(disk: &Path, sector: u64) -> Vec<GptEntry> {
     let read = |off: u64, len: usize| -> Option<Vec<u8>> {
         let mut f = File::open(disk).ok()?;
         f.seek(SeekFrom::Start(off)).ok()?;
@@ -125,9 +141,11 @@ fn esp_numbers(disk: &Path, sector: u64) -> Vec<u32> {
     if &h[..8] != b"EFI PART" {
         return Vec::new();
     }
-    let u32_at = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
-    let lba = u64::from_le_bytes(h[72..80].try_into().unwrap_or_default());
-    let (count, size) = (u32_at(80).min(128), u32_at(84));
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let u64_at =
+        |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+    let lba = u64_at(&h, 72);
+    let (count, size) = (u32_at(&h, 80).min(128), u32_at(&h, 84));
     if !(128..=4096).contains(&size) {
         return Vec::new();
     }
@@ -135,13 +153,104 @@ fn esp_numbers(disk: &Path, sector: u64) -> Vec<u32> {
         return Vec::new();
     };
     (0..count)
-        .filter(|i| e[(i * size) as usize..][..16] == ESP_TYPE)
-        .map(|i| i + 1)
+        .filter_map(|i| {
+            let b = &e[(i * size) as usize..][..128];
+            if b[..16].iter().all(|&x| x == 0) {
+                return None;
+            }
+            let (first, last) = (u64_at(b, 32), u64_at(b, 40));
+            let units: Vec<u16> = b[56..128]
+                .chunks(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .take_while(|&u| u != 0)
+                .collect();
+            Some(GptEntry {
+                number: i + 1,
+                esp: b[..16] == ESP_TYPE,
+                name: String::from_utf16_lossy(&units),
+                start: first.checked_mul(sector)?,
+                len: last
+                    .checked_sub(first)?
+                    .checked_add(1)?
+                    .checked_mul(sector)?,
+            })
+        })
         .collect()
 }
 
+/// `struct blkpg_partition` of <linux/blkpg.h>.
+#[repr(C)]
+struct BlkpgPartition {
+    start: i64,
+    length: i64,
+    pno: libc::c_int,
+    devname: [u8; 64],
+    volname: [u8; 64],
+}
+
+/// `struct blkpg_ioctl_arg` of <linux/blkpg.h>.
+#[repr(C)]
+struct BlkpgArg {
+    op: libc::c_int,
+    flags: libc::c_int,
+    datalen: libc::c_int,
+    data: *mut BlkpgPartition,
+}
+
+const BLKPG: libc::c_ulong = 0x1269;
+const BLKPG_ADD_PARTITION: libc::c_int = 1;
+
+/// Add `entries` as partitions of `disk` (`BLKPG_ADD_PARTITION`, what `partx --add`
+/// does): for a kernel that did not read the GPT itself (one built without
+/// `CONFIG_EFI_PARTITION`, a loop device whose scan found nothing).
+fn add_partitions(disk: &Path, entries: &[GptEntry]) -> Result<(), String> {
+    let f = File::open(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
+    for e in entries {
+        let mut p = BlkpgPartition {
+            start: e.start as i64,
+            length: e.len as i64,
+            pno: e.number as libc::c_int,
+            devname: [0; 64],
+            volname: [0; 64],
+        };
+        let mut arg = BlkpgArg {
+            op: BLKPG_ADD_PARTITION,
+            flags: 0,
+            datalen: std::mem::size_of::<BlkpgPartition>() as libc::c_int,
+            data: &mut p,
+        };
+        // SAFETY: arg and the partition it points to live across the call, laid out as
+        // <linux/blkpg.h> declares them.
+        if unsafe { libc::ioctl(f.as_raw_fd(), BLKPG as _, &mut arg) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EBUSY) {
+                return Err(format!(
+                    "adding partition {} of {}: {err}",
+                    e.number,
+                    disk.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The names of `sysfs`'s partition subdirectories.
+fn sysfs_partitions(sysfs: &Path) -> Result<Vec<String>, String> {
+    let mut names: Vec<String> = std::fs::read_dir(sysfs)
+        .map_err(|e| format!("{}: {e}", sysfs.display()))?
+        .flatten()
+        .take(crate::collect::MAX_ENTRIES)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| sysfs.join(n).join("partition").exists())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 /// The partitions of `disk` (a whole block device), waiting up to [`SETTLE`] for their
-/// device nodes.
+/// device nodes; when the kernel shows none but the disk has a GPT, they are added
+/// from it first.
 pub fn partitions(disk: &Path) -> Result<Vec<Partition>, String> {
     let meta = std::fs::metadata(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
     if !meta.file_type().is_block_device() {
@@ -153,26 +262,29 @@ pub fn partitions(disk: &Path) -> Result<Vec<Partition>, String> {
     let sector = attr(&sysfs.join("queue/logical_block_size"))
         .and_then(|s| s.parse().ok())
         .unwrap_or(512);
-    let esps = esp_numbers(disk, sector);
+    let gpt = gpt_entries(disk, sector);
+    let mut names = sysfs_partitions(&sysfs)?;
+    if names.is_empty() && !gpt.is_empty() {
+        add_partitions(disk, &gpt)?;
+        names = sysfs_partitions(&sysfs)?;
+    }
     let mut parts = Vec::new();
-    let mut names: Vec<String> = std::fs::read_dir(&sysfs)
-        .map_err(|e| format!("{}: {e}", sysfs.display()))?
-        .flatten()
-        .take(crate::collect::MAX_ENTRIES)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| sysfs.join(n).join("partition").exists())
-        .collect();
-    names.sort();
     for n in names {
         let d = sysfs.join(&n);
         let number = attr(&d.join("partition"))
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
+        let entry = gpt.iter().find(|e| e.number == number);
         let uevent = std::fs::read_to_string(d.join("uevent")).unwrap_or_default();
-        let partname = uevent
-            .lines()
-            .find_map(|l| l.strip_prefix("PARTNAME="))
-            .map(str::to_string);
+        let partname = entry
+            .map(|e| e.name.clone())
+            .filter(|n| !n.is_empty())
+            .or_else(|| {
+                uevent
+                    .lines()
+                    .find_map(|l| l.strip_prefix("PARTNAME="))
+                    .map(str::to_string)
+            });
         let dev = format!("/dev/{}", n.replace('!', "/"));
         let start = Instant::now();
         while !Path::new(&dev).exists() && start.elapsed() < SETTLE {
@@ -192,7 +304,7 @@ pub fn partitions(disk: &Path) -> Result<Vec<Partition>, String> {
             partname,
             fstype,
             label,
-            esp: esps.contains(&number),
+            esp: entry.is_some_and(|e| e.esp),
         });
     }
     Ok(parts)
