@@ -3,7 +3,8 @@
 # busybox sh as PID 1. Mounts proc/sys/dev, loads the NIC and disk modules in dependency
 # order, brings every physical NIC up with a short DHCP on each, then hands over to the
 # agent, which posts the inventory to bootplane.inventory= (a discovery boot) or wipes every
-# disk and posts what it did to bootplane.wipe= (a cleanup boot), and powers the machine off.
+# disk and posts what it did to bootplane.wipe= (a cleanup boot), and powers the machine off,
+# or installs an image and reboots (bootplane.install=, an install boot).
 # If the agent fails (refused, or bootplane unreachable until its deadline) PID 1 exits
 # and the kernel panics; with panic=-1 on the cmdline the machine reboots at once.
 /bin/busybox mkdir -p /usr/share/udhcpc
@@ -49,8 +50,13 @@ wait
 ip -brief addr 2>/dev/null || ip addr
 
 # A cleanup boot (bootplane.wipe= on the command line, docs/wipe.md) wipes every disk by
-# bootplane.wipe_policy= and reports; any other boot is a discovery boot.
+# bootplane.wipe_policy= and reports; an install boot (bootplane.install=, docs/install.md)
+# writes bootplane.image= to the disk bootplane.root_hints= picks, reports and reboots;
+# any other boot is a discovery boot.
 if grep -q 'bootplane\.wipe=' /proc/cmdline; then
   exec /bin/bootplane probe wipe --poweroff
+fi
+if grep -q 'bootplane\.install=' /proc/cmdline; then
+  exec /bin/bootplane probe install --reboot
 fi
 exec /bin/bootplane probe --poweroff
