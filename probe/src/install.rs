@@ -18,6 +18,9 @@
 //!    the kernel's `bootplane.install=`); `--reboot`/`--poweroff` only once it was
 //!    accepted.
 //!
+//! Setting the next boot to the disk (a UEFI boot entry, Redfish's one-time `Hdd`) is the
+//! server's job once it has accepted the report; the agent leaves the firmware alone.
+//!
 //! Exit status: 0 installed (and the report accepted, when posted); 1 the install failed
 //! (source, verification, target I/O, Ignition, the deadline) or the report was not
 //! accepted, and then the chosen device's first MiB is zero, so it does not look
