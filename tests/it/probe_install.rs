@@ -509,18 +509,9 @@ fn probe_install_killed_mid_copy_resumes_to_the_right_bytes() {
     let tb = Backing::new("install-reset", 256 * MIB);
     scribble_head(&tb.0);
     let t = Loop::new(&tb, false);
-    let ck = checkpoint("reset");
     let url = format!("{}/os.img.zst", srv.url);
-    let args = [
-        "probe",
-        "install",
-        "--image",
-        &url,
-        "--device",
-        &t.dev,
-        "--checkpoint",
-        &ck,
-    ];
+    // No --checkpoint: the agent keeps it on the device, where a reset leaves it.
+    let args = ["probe", "install", "--image", &url, "--device", &t.dev];
     let mut child = Command::new(env!("CARGO_BIN_EXE_bootplane"))
         .args(args)
         .stdout(Stdio::null())
@@ -528,8 +519,10 @@ fn probe_install_killed_mid_copy_resumes_to_the_right_bytes() {
         .spawn()
         .unwrap();
     // Wait until the copy stalls with a checkpoint behind it, then "reset".
+    let at = bootplane::image::stream::TARGET_CKPT_OFF;
+    let magic = bootplane::image::stream::TARGET_CKPT_MAGIC;
     let start = Instant::now();
-    while !(srv.sent.load(Ordering::SeqCst) >= 20 * MIB && Path::new(&ck).exists()) {
+    while !(srv.sent.load(Ordering::SeqCst) >= 20 * MIB && read_range(&tb.0, at, 16) == magic) {
         assert!(
             start.elapsed() < Duration::from_secs(120),
             "no checkpoint after 20 MiB"
@@ -538,10 +531,18 @@ fn probe_install_killed_mid_copy_resumes_to_the_right_bytes() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    // The first MiB is zero but for the checkpoint block: nothing bootable in it.
+    let head = read_range(&tb.0, 0, MIB);
+    let (before, block, after) = (
+        &head[..at as usize],
+        &head[at as usize..][..4096],
+        &head[at as usize + 4096..],
+    );
     assert!(
-        read_range(&tb.0, 0, MIB).iter().all(|&b| b == 0),
+        before.iter().chain(after).all(|&b| b == 0),
         "first MiB not zero after the kill"
     );
+    assert!(block.starts_with(magic), "no checkpoint block");
     srv.stall.store(false, Ordering::SeqCst);
     let o = run_cmd(
         Command::new(env!("CARGO_BIN_EXE_bootplane")).args(args),
@@ -556,5 +557,6 @@ fn probe_install_killed_mid_copy_resumes_to_the_right_bytes() {
         read_range(&tb.0, 0, IMAGE) == raw,
         "the device does not hold the image"
     );
-    assert!(!Path::new(&ck).exists(), "checkpoint left behind");
+    // The image's own first MiB replaced the checkpoint block.
+    assert!(read_range(&tb.0, at, 16) != magic, "checkpoint left behind");
 }
