@@ -375,3 +375,17 @@ for i, (kind, s, n) in enumerate([(0x83, 2, 4), (0x05, 6, 8), (0x0C, 1 << 30, 10
     MBR[446 + i * 16 + 4] = kind
     MBR[446 + i * 16 + 8:446 + i * 16 + 16] = struct.pack("<II", s, n)
 put("wipe_parttable", "mbr_extended", sized(MBR))
+
+# root_hints: Ironic's and Metal3's root device hints, every size operator, the kernel
+# command line's %-encoded form, and a refused unknown key.
+for name, doc in [
+    ("size_eq", '{"size": "== 1"}'),
+    ("size_int", '{"size": 100}'),
+    ("size_ge_rot", '{"size": ">= 10", "rotational": false}'),
+    ("name", '{"name": "/dev/sda"}'),
+    ("ids", '{"wwn": "0x5000c500a1b2c3d4", "serial": "S1", "vendor": "ATA", "model": "QEMU"}'),
+    ("by_path", '{"by_path": "/dev/disk/by-path/10", "size": "!= 1"}'),
+    ("cmdline_encoded", "%7B%22size%22%3A%22%3C%2020%22%7D"),
+    ("unknown_key", '{"serail": "x"}'),
+]:
+    put("root_hints", name, doc)

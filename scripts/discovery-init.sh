@@ -3,7 +3,8 @@
 # busybox sh as PID 1. Mounts proc/sys/dev, loads the NIC and disk modules in dependency
 # order, brings every physical NIC up with a short DHCP on each, then hands over to the
 # agent, which posts the inventory to bootplane.inventory= (a discovery boot) or wipes every
-# disk and posts what it did to bootplane.wipe= (a cleanup boot), and powers the machine off.
+# disk and posts what it did to bootplane.wipe= (a cleanup boot), and powers the machine off,
+# or installs an image and reboots (bootplane.install=, an install boot).
 # If the agent fails (refused, or bootplane unreachable until its deadline) PID 1 exits
 # and the kernel panics; with panic=-1 on the cmdline the machine reboots at once.
 /bin/busybox mkdir -p /usr/share/udhcpc

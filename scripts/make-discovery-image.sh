@@ -28,9 +28,11 @@ for t in cargo apt-get apt-cache dpkg-deb python3 file ldd sha256sum; do
   command -v "$t" >/dev/null || die "$t is not installed"
 done
 
-# Modules for common NICs and disks (their dependencies come from each .modinfo), and the
-# packet socket LLDP listens on when the kernel has it as a module.
-modules="e1000 e1000e igb ixgbe virtio_net virtio_pci virtio_blk virtio_scsi sd_mod nvme ahci af_packet ${EXTRA_MODULES:-}"
+# Modules for common NICs and disks (their dependencies come from each .modinfo), the
+# packet socket LLDP listens on when the kernel has it as a module, and the file systems
+# `bootplane probe install` writes the Ignition config into (ext4, vfat with Debian's
+# default codepage 437 and iocharset ascii; docs/install.md).
+modules="e1000 e1000e igb ixgbe virtio_net virtio_pci virtio_blk virtio_scsi sd_mod nvme ahci af_packet ext4 vfat nls_cp437 nls_ascii ${EXTRA_MODULES:-}"
 
 # --- the agent, static ----------------------------------------------------------------
 echo "make-discovery-image: building the static agent"

@@ -356,7 +356,7 @@ impl Dev {
     fn pick(&self, off: u64, len: u64) -> &File {
         let a = self.sector.max(512);
         match &self.direct {
-            Some(d) if off % a == 0 && len % a == 0 => d,
+            Some(d) if off.is_multiple_of(a) && len.is_multiple_of(a) => d,
             _ => &self.file,
         }
     }

@@ -10,6 +10,9 @@
 //!
 //! Reading the labels and the GPT entries is done here on the bytes (no `blkid` in the
 //! agent); what is read is bounded (the first 64 KiB of a partition, 128 GPT entries).
+//! When the kernel shows no partition after `BLKRRPART` but the disk has a GPT (a kernel
+//! without GPT support, as some minimal VM kernels are), the partitions are added from
+//! it with `BLKPG`, as `partx --add` does.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -60,21 +63,18 @@ impl Partition {
 }
 
 /// Ask the kernel to re-read `disk`'s partition table, retrying while it is busy;
-/// EINVAL (a loop device without partition scanning) is not an error. Where the kernel
-/// then shows none of the partitions the table lists (partition scanning off: a loop
-/// device attached without it, some containers), they are added one by one
-/// ([`add_partitions`], as `partx --add` does).
+/// EINVAL (a loop device without partition scanning) is not an error.
 pub fn reread(disk: &Path) -> Result<(), String> {
     let f = File::open(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
     let start = Instant::now();
     loop {
         // SAFETY: BLKRRPART takes no argument.
         if unsafe { libc::ioctl(f.as_raw_fd(), BLKRRPART as _, 0) } == 0 {
-            return add_partitions(disk, &f);
+            return Ok(());
         }
         let e = std::io::Error::last_os_error();
         match e.raw_os_error() {
-            Some(libc::EINVAL) => return add_partitions(disk, &f),
+            Some(libc::EINVAL) => return Ok(()),
             Some(libc::EBUSY) if start.elapsed() < SETTLE => {
                 std::thread::sleep(Duration::from_millis(200))
             }
@@ -86,94 +86,6 @@ pub fn reread(disk: &Path) -> Result<(), String> {
             }
         }
     }
-}
-
-/// `BLKPG` (`_IO(0x12, 105)`) and its add operation.
-const BLKPG: libc::c_ulong = 0x1269;
-const BLKPG_ADD_PARTITION: libc::c_int = 1;
-
-/// `struct blkpg_partition` (linux/blkpg.h): offsets and length in bytes.
-#[repr(C)]
-struct BlkpgPartition {
-    start: libc::c_longlong,
-    length: libc::c_longlong,
-    pno: libc::c_int,
-    devname: [libc::c_char; 64],
-    volname: [libc::c_char; 64],
-}
-
-/// `struct blkpg_ioctl_arg`.
-#[repr(C)]
-struct BlkpgIoctlArg {
-    op: libc::c_int,
-    flags: libc::c_int,
-    datalen: libc::c_int,
-    data: *mut libc::c_void,
-}
-
-/// When the kernel shows no partition of `disk` but its table lists some, add them with
-/// `BLKPG_ADD_PARTITION` (numbered in table order); nothing when the kernel already
-/// shows any.
-fn add_partitions(disk: &Path, f: &File) -> Result<(), String> {
-    let shown = sysfs_dir(disk)
-        .ok()
-        .and_then(|d| std::fs::read_dir(&d).ok().map(|r| (d, r)))
-        .is_some_and(|(d, r)| {
-            r.flatten()
-                .any(|e| d.join(e.file_name()).join("partition").exists())
-        });
-    if shown {
-        return Ok(());
-    }
-    let size = std::fs::File::open(disk)
-        .and_then(|mut g| g.seek(SeekFrom::End(0)))
-        .map_err(|e| format!("{}: {e}", disk.display()))?;
-    let read = |off: u64, len: u64| -> Result<Vec<u8>, String> {
-        let mut g = File::open(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
-        g.seek(SeekFrom::Start(off)).map_err(|e| e.to_string())?;
-        let mut b = vec![0u8; len as usize];
-        g.read_exact(&mut b)
-            .map_err(|e| format!("{}: {e}", disk.display()))?;
-        Ok(b)
-    };
-    let w = crate::parttable::WINDOW.min(size);
-    let table = crate::parttable::parse(&read(0, w)?, &read(size - w, w)?, size);
-    for (i, p) in table.parts.iter().enumerate() {
-        let mut part = BlkpgPartition {
-            start: p.start as libc::c_longlong,
-            length: p.len as libc::c_longlong,
-            pno: (i + 1) as libc::c_int,
-            devname: [0; 64],
-            volname: [0; 64],
-        };
-        let mut arg = BlkpgIoctlArg {
-            op: BLKPG_ADD_PARTITION,
-            flags: 0,
-            datalen: std::mem::size_of::<BlkpgPartition>() as libc::c_int,
-            data: (&mut part as *mut BlkpgPartition).cast(),
-        };
-        // SAFETY: BLKPG reads `arg` and the partition it points to, both alive here.
-        if unsafe { libc::ioctl(f.as_raw_fd(), BLKPG as _, &mut arg) } != 0 {
-            let e = std::io::Error::last_os_error();
-            // EBUSY: the kernel has that partition already.
-            if e.raw_os_error() != Some(libc::EBUSY) {
-                return Err(format!(
-                    "adding partition {} of {}: {e}",
-                    i + 1,
-                    disk.display()
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `disk`'s directory in sysfs.
-fn sysfs_dir(disk: &Path) -> Result<PathBuf, String> {
-    let meta = std::fs::metadata(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
-    let rdev = meta.rdev();
-    let link = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
-    std::fs::canonicalize(&link).map_err(|e| format!("{link}: {e}"))
 }
 
 /// The file system type and label in the first bytes of a partition.
@@ -200,9 +112,22 @@ pub fn fs_label(head: &[u8]) -> Option<(&'static str, Option<String>)> {
     None
 }
 
-/// The partition numbers (1-based) whose GPT type is the ESP, from the disk's primary
-/// GPT (`sector`-byte LBAs); empty without one.
-fn esp_numbers(disk: &Path, sector: u64) -> Vec<u32> {
+/// A used entry of the disk's primary GPT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GptEntry {
+    /// 1-based, the kernel's partition number.
+    pub number: u32,
+    pub esp: bool,
+    /// The partition name (UTF-16LE in the entry).
+    pub name: String,
+    /// In bytes.
+    pub start: u64,
+    pub len: u64,
+}
+
+/// The used entries of `disk`'s primary GPT (`sector`-byte LBAs); empty without one.
+/// Bounded: at most 128 entries of 128..=4096 bytes.
+pub fn gpt_entries(disk: &Path, sector: u64) -> Vec<GptEntry> {
     let read = |off: u64, len: usize| -> Option<Vec<u8>> {
         let mut f = File::open(disk).ok()?;
         f.seek(SeekFrom::Start(off)).ok()?;
@@ -216,9 +141,11 @@ fn esp_numbers(disk: &Path, sector: u64) -> Vec<u32> {
     if &h[..8] != b"EFI PART" {
         return Vec::new();
     }
-    let u32_at = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
-    let lba = u64::from_le_bytes(h[72..80].try_into().unwrap_or_default());
-    let (count, size) = (u32_at(80).min(128), u32_at(84));
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let u64_at =
+        |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+    let lba = u64_at(&h, 72);
+    let (count, size) = (u32_at(&h, 80).min(128), u32_at(&h, 84));
     if !(128..=4096).contains(&size) {
         return Vec::new();
     }
@@ -226,13 +153,104 @@ fn esp_numbers(disk: &Path, sector: u64) -> Vec<u32> {
         return Vec::new();
     };
     (0..count)
-        .filter(|i| e[(i * size) as usize..][..16] == ESP_TYPE)
-        .map(|i| i + 1)
+        .filter_map(|i| {
+            let b = &e[(i * size) as usize..][..128];
+            if b[..16].iter().all(|&x| x == 0) {
+                return None;
+            }
+            let (first, last) = (u64_at(b, 32), u64_at(b, 40));
+            let units: Vec<u16> = b[56..128]
+                .chunks(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .take_while(|&u| u != 0)
+                .collect();
+            Some(GptEntry {
+                number: i + 1,
+                esp: b[..16] == ESP_TYPE,
+                name: String::from_utf16_lossy(&units),
+                start: first.checked_mul(sector)?,
+                len: last
+                    .checked_sub(first)?
+                    .checked_add(1)?
+                    .checked_mul(sector)?,
+            })
+        })
         .collect()
 }
 
+/// `struct blkpg_partition` of <linux/blkpg.h>.
+#[repr(C)]
+struct BlkpgPartition {
+    start: i64,
+    length: i64,
+    pno: libc::c_int,
+    devname: [u8; 64],
+    volname: [u8; 64],
+}
+
+/// `struct blkpg_ioctl_arg` of <linux/blkpg.h>.
+#[repr(C)]
+struct BlkpgArg {
+    op: libc::c_int,
+    flags: libc::c_int,
+    datalen: libc::c_int,
+    data: *mut BlkpgPartition,
+}
+
+const BLKPG: libc::c_ulong = 0x1269;
+const BLKPG_ADD_PARTITION: libc::c_int = 1;
+
+/// Add `entries` as partitions of `disk` (`BLKPG_ADD_PARTITION`, what `partx --add`
+/// does): for a kernel that did not read the GPT itself (one built without
+/// `CONFIG_EFI_PARTITION`, a loop device whose scan found nothing).
+fn add_partitions(disk: &Path, entries: &[GptEntry]) -> Result<(), String> {
+    let f = File::open(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
+    for e in entries {
+        let mut p = BlkpgPartition {
+            start: e.start as i64,
+            length: e.len as i64,
+            pno: e.number as libc::c_int,
+            devname: [0; 64],
+            volname: [0; 64],
+        };
+        let mut arg = BlkpgArg {
+            op: BLKPG_ADD_PARTITION,
+            flags: 0,
+            datalen: std::mem::size_of::<BlkpgPartition>() as libc::c_int,
+            data: &mut p,
+        };
+        // SAFETY: arg and the partition it points to live across the call, laid out as
+        // <linux/blkpg.h> declares them.
+        if unsafe { libc::ioctl(f.as_raw_fd(), BLKPG as _, &mut arg) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EBUSY) {
+                return Err(format!(
+                    "adding partition {} of {}: {err}",
+                    e.number,
+                    disk.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The names of `sysfs`'s partition subdirectories.
+fn sysfs_partitions(sysfs: &Path) -> Result<Vec<String>, String> {
+    let mut names: Vec<String> = std::fs::read_dir(sysfs)
+        .map_err(|e| format!("{}: {e}", sysfs.display()))?
+        .flatten()
+        .take(crate::collect::MAX_ENTRIES)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| sysfs.join(n).join("partition").exists())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 /// The partitions of `disk` (a whole block device), waiting up to [`SETTLE`] for their
-/// device nodes.
+/// device nodes; when the kernel shows none but the disk has a GPT, they are added
+/// from it first.
 pub fn partitions(disk: &Path) -> Result<Vec<Partition>, String> {
     let meta = std::fs::metadata(disk).map_err(|e| format!("{}: {e}", disk.display()))?;
     if !meta.file_type().is_block_device() {
@@ -244,26 +262,29 @@ pub fn partitions(disk: &Path) -> Result<Vec<Partition>, String> {
     let sector = attr(&sysfs.join("queue/logical_block_size"))
         .and_then(|s| s.parse().ok())
         .unwrap_or(512);
-    let esps = esp_numbers(disk, sector);
+    let gpt = gpt_entries(disk, sector);
+    let mut names = sysfs_partitions(&sysfs)?;
+    if names.is_empty() && !gpt.is_empty() {
+        add_partitions(disk, &gpt)?;
+        names = sysfs_partitions(&sysfs)?;
+    }
     let mut parts = Vec::new();
-    let mut names: Vec<String> = std::fs::read_dir(&sysfs)
-        .map_err(|e| format!("{}: {e}", sysfs.display()))?
-        .flatten()
-        .take(crate::collect::MAX_ENTRIES)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| sysfs.join(n).join("partition").exists())
-        .collect();
-    names.sort();
     for n in names {
         let d = sysfs.join(&n);
         let number = attr(&d.join("partition"))
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
+        let entry = gpt.iter().find(|e| e.number == number);
         let uevent = std::fs::read_to_string(d.join("uevent")).unwrap_or_default();
-        let partname = uevent
-            .lines()
-            .find_map(|l| l.strip_prefix("PARTNAME="))
-            .map(str::to_string);
+        let partname = entry
+            .map(|e| e.name.clone())
+            .filter(|n| !n.is_empty())
+            .or_else(|| {
+                uevent
+                    .lines()
+                    .find_map(|l| l.strip_prefix("PARTNAME="))
+                    .map(str::to_string)
+            });
         let dev = format!("/dev/{}", n.replace('!', "/"));
         let start = Instant::now();
         while !Path::new(&dev).exists() && start.elapsed() < SETTLE {
@@ -283,7 +304,7 @@ pub fn partitions(disk: &Path) -> Result<Vec<Partition>, String> {
             partname,
             fstype,
             label,
-            esp: esps.contains(&number),
+            esp: entry.is_some_and(|e| e.esp),
         });
     }
     Ok(parts)

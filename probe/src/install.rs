@@ -9,14 +9,17 @@
 //! 3. The image is streamed by `bootplane-image`'s streamer, the one `bootplane
 //!    provision` runs: verified against its SHA-256 (the manifest's pin, or `--sha256`),
 //!    `O_DIRECT`, the first MiB zeroed first and written last, resumable from its
-//!    checkpoint (a file, `/tmp/bootplane-install-NAME.checkpoint` unless
-//!    `--checkpoint`: the agent has no persistent state, so a rerun in the same boot
-//!    resumes and a reset starts over, on a disk whose first MiB is still zero).
+//!    checkpoint, which the agent (no persistent state) keeps on the device itself, in
+//!    a block of the held first MiB (`stream::TARGET_CKPT_OFF`), so an install resumes
+//!    after a reset too; `--checkpoint FILE` keeps it in a file instead.
 //! 4. The config is written into the installed system's boot partition
 //!    ([`crate::bootpart`]).
 //! 5. The last stdout line is the [`InstallReport`], also posted to `--report URL` (or
 //!    the kernel's `bootplane.install=`); `--reboot`/`--poweroff` only once it was
 //!    accepted.
+//!
+//! Setting the next boot to the disk (a UEFI boot entry, Redfish's one-time `Hdd`) is the
+//! server's job once it has accepted the report; the agent leaves the firmware alone.
 //!
 //! Exit status: 0 installed (and the report accepted, when posted); 1 the install failed
 //! (source, verification, target I/O, Ignition, the deadline) or the report was not
@@ -286,11 +289,10 @@ fn install(a: &Args, image: &str, report: &mut InstallReport) -> i32 {
     let mut opts = Options::new(image, &device);
     opts.sha256 = a.sha256.clone();
     opts.quiet = false;
-    opts.checkpoint = Some(
-        a.checkpoint
-            .clone()
-            .unwrap_or_else(|| default_checkpoint(&device)),
-    );
+    // The checkpoint on the device itself (the agent has no persistent state), unless
+    // --checkpoint names a file.
+    opts.checkpoint = a.checkpoint.clone();
+    opts.checkpoint_on_target = a.checkpoint.is_none();
     match stream::provision(&opts) {
         Ok(o) => {
             report.sha256 = Some(o.sha256.clone());
@@ -326,16 +328,6 @@ fn install(a: &Args, image: &str, report: &mut InstallReport) -> i32 {
         }
     }
     0
-}
-
-/// The checkpoint of a copy to `device` unless `--checkpoint` says: in the agent's
-/// `/tmp` (it has no persistent state).
-fn default_checkpoint(device: &Path) -> PathBuf {
-    let name = device
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "disk".into());
-    std::env::temp_dir().join(format!("bootplane-install-{name}.checkpoint"))
 }
 
 /// The target and why: `--device`, or the one disk matching the hints; checked for use.
@@ -434,15 +426,23 @@ fn write_ignition(device: &Path, config: &[u8]) -> Result<IgnitionWritten, Strin
     })
 }
 
-/// Make the first MiB of `device` zero (and synced): a failed install must not look
-/// bootable, whatever was on the disk before.
+/// Make the first MiB of `device` zero (and synced) but for the streamer's checkpoint
+/// block (`stream::TARGET_CKPT_OFF`, 4 KiB, no signature of anything bootable): a failed
+/// install must not look bootable, whatever was on the disk before, and an interrupted
+/// one keeps its place.
 pub fn zero_head(device: &Path) -> Result<(), String> {
     let dev = blockdev::open(blockdev::check(device)?)?;
-    let r = Range {
-        start: 0,
-        end: HEAD.min(dev.size),
-    };
-    dev.write_zeros(r, &Aligned::zeroed(HEAD as usize), &mut |_| Ok(()))?;
+    let ckpt = stream::TARGET_CKPT_OFF;
+    let zeros = Aligned::zeroed(HEAD as usize);
+    for (start, end) in [(0, ckpt), (ckpt + 4096, HEAD)] {
+        let r = Range {
+            start: start.min(dev.size),
+            end: end.min(dev.size),
+        };
+        if r.end > r.start {
+            dev.write_zeros(r, &zeros, &mut |_| Ok(()))?;
+        }
+    }
     dev.sync()?;
     if dev.is_block() {
         let _ = dev.reread_partitions();

@@ -148,3 +148,51 @@ fn reads_ext4_and_fat_labels() {
     assert_eq!(fs_label(&fat), Some(("vfat", None)));
     assert_eq!(fs_label(&[0u8; 100]), None);
 }
+
+#[test]
+fn reads_gpt_entries_names_and_the_esp_type() {
+    use crate::bootpart::gpt_entries;
+    let p = std::env::temp_dir().join(format!("bootplane-gpt-{}.img", std::process::id()));
+    let mut disk = vec![0u8; 64 << 10];
+    let h = &mut disk[512..1024];
+    h[..8].copy_from_slice(b"EFI PART");
+    h[72..80].copy_from_slice(&2u64.to_le_bytes());
+    h[80..84].copy_from_slice(&4u32.to_le_bytes());
+    h[84..88].copy_from_slice(&128u32.to_le_bytes());
+    let mut entry = |i: usize, ty: [u8; 16], first: u64, last: u64, name: &str| {
+        let e = &mut disk[1024 + i * 128..][..128];
+        e[..16].copy_from_slice(&ty);
+        e[32..40].copy_from_slice(&first.to_le_bytes());
+        e[40..48].copy_from_slice(&last.to_le_bytes());
+        for (k, u) in name.encode_utf16().enumerate() {
+            e[56 + 2 * k..58 + 2 * k].copy_from_slice(&u.to_le_bytes());
+        }
+    };
+    let esp = [
+        0x28, 0x73, 0x2a, 0xc1, 0x1f, 0xf8, 0xd2, 0x11, 0xba, 0x4b, 0x00, 0xa0, 0xc9, 0x3e, 0xc9,
+        0x3b,
+    ];
+    entry(0, esp, 2048, 4095, "EFI-SYSTEM");
+    entry(2, [7; 16], 4096, 8191, "boot");
+    std::fs::write(&p, &disk).unwrap();
+    let got = gpt_entries(&p, 512);
+    let _ = std::fs::remove_file(&p);
+    let view: Vec<_> = got
+        .iter()
+        .map(|e| (e.number, e.esp, e.name.as_str(), e.start, e.len))
+        .collect();
+    assert_eq!(
+        view,
+        vec![
+            (1, true, "EFI-SYSTEM", 2048 * 512, 2048 * 512),
+            (3, false, "boot", 4096 * 512, 4096 * 512)
+        ]
+    );
+    // No GPT, or an entry size out of bounds: nothing.
+    disk[512 + 84..512 + 88].copy_from_slice(&8192u32.to_le_bytes());
+    std::fs::write(&p, &disk).unwrap();
+    assert!(gpt_entries(&p, 512).is_empty());
+    std::fs::write(&p, vec![0u8; 4096]).unwrap();
+    assert!(gpt_entries(&p, 512).is_empty());
+    let _ = std::fs::remove_file(&p);
+}

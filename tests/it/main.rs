@@ -69,6 +69,7 @@ mod listener_limits;
 mod nfs_ganesha;
 mod nfs_ontap;
 mod ops;
+mod probe_install;
 mod probe_wipe;
 mod proptest_dhcp;
 mod proptest_image;

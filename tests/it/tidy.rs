@@ -1050,7 +1050,8 @@ fn every_source_file_has_a_module_doc() {
 /// `(package, layer)`: 0 = depends on no other member.
 const CRATE_LAYERS: &[(&str, u8)] = &[
     ("bootplane-model", 0),
-    ("bootplane-probe", 0),
+    ("bootplane-image", 0),
+    ("bootplane-probe", 1),
     ("bootplane-store", 1),
     ("bootplane-proto", 2),
     ("bootplane-controller", 3),

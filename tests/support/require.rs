@@ -29,6 +29,7 @@ pub fn package_of(tool: &str) -> Option<&'static str> {
         "mkfs.ext4" => "e2fsprogs",
         "mkfs.xfs" => "xfsprogs",
         "mkfs.vfat" => "dosfstools",
+        "mcopy" | "mtype" | "mdir" => "mtools",
         "sgdisk" => "gdisk",
         "wipefs" | "blkid" | "blkdiscard" | "partx" => "util-linux",
         "cmp" => "diffutils",

@@ -133,3 +133,160 @@ pub(super) fn write_checkpoint(ckpt: &Path, data: &[u8]) -> std::io::Result<()> 
     }
     std::fs::rename(&tmp, ckpt)
 }
+
+/// Where a copy's checkpoint is kept: a file (`--checkpoint`, or [`default_checkpoint`]),
+/// or the target itself ([`Options::checkpoint_on_target`]).
+pub(super) enum Store {
+    File(PathBuf),
+    Target,
+}
+
+/// Offset of the on-target checkpoint: a block inside the held first MiB, which is zero
+/// (but for this block) until the verified image's own first MiB replaces it, so it
+/// survives a reset and never outlives a finished copy. No partition table, boot sector
+/// or file system signature lives at this offset.
+pub const TARGET_CKPT_OFF: u64 = HELD - (64 << 10);
+/// Size of the on-target checkpoint block (one 4 KiB block: aligned for `O_DIRECT`).
+const TARGET_CKPT_LEN: usize = 4096;
+/// The block's first bytes; then the JSON's length (u32, little-endian) and the JSON.
+pub const TARGET_CKPT_MAGIC: &[u8; 16] = b"BOOTPLANE-CKPT01";
+
+/// The on-target checkpoint block holding `data` (a serialized [`Checkpoint`]).
+pub(super) fn target_block(data: &[u8]) -> PResult<AlignedBuf> {
+    if data.len() > TARGET_CKPT_LEN - 20 {
+        return Err(ProvisionError::Internal(format!(
+            "a checkpoint of {} bytes does not fit its block",
+            data.len()
+        )));
+    }
+    let mut b = AlignedBuf::new(TARGET_CKPT_LEN);
+    let s = b.as_mut_slice();
+    s[..16].copy_from_slice(TARGET_CKPT_MAGIC);
+    s[16..20].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    s[20..20 + data.len()].copy_from_slice(data);
+    Ok(b)
+}
+
+/// Write the on-target checkpoint block and sync it.
+pub(super) fn write_target_checkpoint(target: &Target, data: &[u8]) -> PResult<()> {
+    let b = target_block(data)?;
+    target.write_at(&b.as_slice()[..TARGET_CKPT_LEN], TARGET_CKPT_OFF)?;
+    target.sync()
+}
+
+/// The checkpoint in the target's checkpoint block; `None` when there is none.
+pub(super) fn read_target_checkpoint(target: &Target) -> Option<Checkpoint> {
+    let mut b = AlignedBuf::new(TARGET_CKPT_LEN);
+    let got = target
+        .read_at(&mut b.as_mut_slice()[..TARGET_CKPT_LEN], TARGET_CKPT_OFF)
+        .ok()?;
+    let s = &b.as_slice()[..got];
+    if got < 20 || &s[..16] != TARGET_CKPT_MAGIC {
+        return None;
+    }
+    let len = u32::from_le_bytes([s[16], s[17], s[18], s[19]]) as usize;
+    serde_json::from_slice(s.get(20..20 + len)?).ok()
+}
+
+/// Where a copy's checkpoints go and what happens to them when it fails or finishes.
+pub(super) struct Keeper {
+    store: Store,
+    /// Checkpoints are written (on the target: only when the head is the whole held MiB,
+    /// so the block is inside what the image's first MiB replaces).
+    on_target: bool,
+    /// The last checkpoint written to the target (rewritten after the head is zeroed on a
+    /// failure that keeps it).
+    last: Mutex<Option<Vec<u8>>>,
+    lock: Mutex<()>,
+}
+
+impl Keeper {
+    /// The store for `opts`; a file checkpoint's paths are checked here, before the
+    /// target is touched.
+    pub(super) fn new(opts: &Options) -> PResult<Keeper> {
+        let store = match opts.checkpoint_on_target {
+            true => Store::Target,
+            false => Store::File(
+                opts.checkpoint
+                    .clone()
+                    .unwrap_or_else(|| default_checkpoint(&opts.target)),
+            ),
+        };
+        if let Store::File(p) = &store {
+            check_checkpoint_paths(p)?;
+        }
+        Ok(Keeper {
+            store,
+            on_target: false,
+            last: Mutex::new(None),
+            lock: Mutex::new(()),
+        })
+    }
+
+    /// The checkpoint there is, if any.
+    pub(super) fn read(&self, target: &Target) -> Option<Checkpoint> {
+        match &self.store {
+            Store::File(p) => read_checkpoint(p),
+            Store::Target => read_target_checkpoint(target),
+        }
+    }
+
+    /// Once the held head's size is known: an image smaller than the held MiB gets no
+    /// on-target checkpoint.
+    pub(super) fn arm(&mut self, head: u64) {
+        self.on_target = matches!(self.store, Store::Target) && head == HELD;
+    }
+
+    /// Write `c` (a file renamed into place, or the target's block, synced).
+    pub(super) fn write(&self, target: &Target, c: &Checkpoint) -> PResult<()> {
+        let _g = self.lock.lock();
+        let data = serde_json::to_vec(c).map_err(|e| ProvisionError::Internal(e.to_string()))?;
+        match &self.store {
+            Store::File(p) => write_checkpoint(p, &data)
+                .map_err(|e| ProvisionError::Checkpoint(format!("writing {}: {e}", p.display()))),
+            Store::Target if self.on_target => {
+                write_target_checkpoint(target, &data)?;
+                *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(data);
+                Ok(())
+            }
+            Store::Target => Ok(()),
+        }
+    }
+
+    /// Whether checkpoints go to the target's block.
+    pub(super) fn on_target(&self) -> bool {
+        self.on_target
+    }
+
+    /// After a failure (the head already zeroed): a checkpoint that cannot be trusted
+    /// (integrity, manifest, checkpoint mismatch) is dropped; any other failure keeps it
+    /// (the target's block is written again).
+    pub(super) fn failed(&self, target: &Target, e: &ProvisionError) {
+        let drop_it = matches!(
+            e,
+            ProvisionError::Integrity(_)
+                | ProvisionError::Manifest(_)
+                | ProvisionError::Checkpoint(_)
+        );
+        match &self.store {
+            Store::File(p) if drop_it => {
+                let _ = std::fs::remove_file(p);
+            }
+            Store::Target if !drop_it => {
+                let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                if let Some(d) = last {
+                    let _ = write_target_checkpoint(target, &d);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// After a verified copy: a file checkpoint is removed (the image's own first MiB
+    /// already replaced an on-target one).
+    pub(super) fn done(&self) {
+        if let Store::File(p) = &self.store {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}

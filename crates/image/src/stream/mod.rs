@@ -29,6 +29,11 @@
 //! it may live in a world-writable directory (`/var/tmp` for devices), so a symlink at
 //! either path is refused (exit 23), the temporary file is created `O_EXCL | O_NOFOLLOW`
 //! (mode 0600) and renamed over the checkpoint, and the checkpoint is read `O_NOFOLLOW`.
+//! With [`Options::checkpoint_on_target`] (the agent's install: no persistent state) the
+//! checkpoint is a 4 KiB block inside the held first MiB of the target itself
+//! ([`TARGET_CKPT_OFF`], starting [`TARGET_CKPT_MAGIC`]): the head is zero but for that
+//! block until the image's own first MiB replaces it, so a copy resumes after a reset, and
+//! a failure that drops the checkpoint (integrity, manifest, mismatch) zeroes it too.
 //! Per-frame SHA-256 is on by default with 4+ cores (`--frame-sha256`); with
 //! fewer cores it would cost the serial hash its core, and zstd's per-frame checksum plus
 //! the whole-image SHA-256 already reject any corruption before the first MiB is written.
@@ -50,15 +55,14 @@ use super::hash::ResumableSha256;
 use super::progress::Progress;
 use super::source::{self, Source};
 use super::spec;
-use super::target::{Pool, PooledBuf, Target, TargetKind};
+use super::target::{AlignedBuf, Pool, PooledBuf, Target, TargetKind};
 
 mod checkpoint;
 mod place;
 mod read;
 
-use checkpoint::{
-    check_checkpoint_paths, default_checkpoint, read_checkpoint, write_checkpoint, Checkpoint,
-};
+use checkpoint::{read_target_checkpoint, write_target_checkpoint, Checkpoint, Keeper};
+pub use checkpoint::{TARGET_CKPT_MAGIC, TARGET_CKPT_OFF};
 use place::Placement;
 pub(super) use read::read_full;
 use read::{decode_stream, decode_worker, read_framed, read_raw};
@@ -87,6 +91,10 @@ pub struct Options {
     pub zero_skip: bool,
     pub resume: bool,
     pub checkpoint: Option<PathBuf>,
+    /// Keep the checkpoint on the target itself, in a block of the held first MiB
+    /// ([`TARGET_CKPT_OFF`]), instead of a file: for a machine with no persistent state
+    /// (the agent's install), so a copy resumes after a reset. `checkpoint` is ignored.
+    pub checkpoint_on_target: bool,
     pub max_rate: Option<u64>,
     pub decoders: Option<usize>,
     pub writers: usize,
@@ -112,6 +120,7 @@ impl Options {
             zero_skip: false,
             resume: true,
             checkpoint: None,
+            checkpoint_on_target: false,
             max_rate: None,
             decoders: None,
             writers: 3,
@@ -770,7 +779,16 @@ fn plan_or_clear_target(opts: &Options) -> PResult<Plan> {
             && opts.target.exists()
         {
             if let Ok(t) = Target::open_with(&opts.target, None, opts.no_follow_target) {
+                // An on-target checkpoint survives a source that is down for now (it is
+                // checked against the image and the target before it is used).
+                let keep = (opts.checkpoint_on_target && !matches!(e, ProvisionError::Manifest(_)))
+                    .then(|| read_target_checkpoint(&t))
+                    .flatten()
+                    .and_then(|c| serde_json::to_vec(&c).ok());
                 let _ = t.zero_head(HELD);
+                if let Some(k) = keep {
+                    let _ = write_target_checkpoint(&t, &k);
+                }
             }
         }
     })
@@ -781,14 +799,14 @@ fn plan_or_clear_target(opts: &Options) -> PResult<Plan> {
 fn resume_point(
     opts: &Options,
     plan: &Plan,
-    ckpt_path: &Path,
+    keeper: &Keeper,
     image_hex: &str,
     target: &mut Target,
 ) -> (u64, ResumableSha256) {
     let mut start = 0u64;
     let mut hasher = ResumableSha256::new();
     if opts.resume {
-        let usable = read_checkpoint(ckpt_path).filter(|c| {
+        let usable = keeper.read(target).filter(|c| {
             c.version == 1
                 && c.image_sha256 == image_hex
                 && c.chunk_size == plan.chunk
@@ -841,12 +859,8 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         Kind::Zstd => zstd_min_size(plan.src.as_ref()),
         _ => plan.raw_size,
     };
-    let ckpt_path = opts
-        .checkpoint
-        .clone()
-        .unwrap_or_else(|| default_checkpoint(&opts.target));
     // Before the target is touched: a refused checkpoint path changes nothing.
-    check_checkpoint_paths(&ckpt_path)?;
+    let mut keeper = Keeper::new(opts)?;
     let mut target = Target::open_with(&opts.target, min_size, opts.no_follow_target)?;
     let fresh_at_start = target.kind == (TargetKind::File { fresh: true });
     if fresh_at_start {
@@ -854,8 +868,9 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     }
     let image_hex = hex::encode(plan.expected);
 
-    let (start, hasher) = resume_point(opts, &plan, &ckpt_path, &image_hex, &mut target);
+    let (start, hasher) = resume_point(opts, &plan, &keeper, &image_hex, &mut target);
     let head = plan.raw_size.map(|r| r.min(HELD)).unwrap_or(HELD);
+    keeper.arm(head);
     target.zero_head(head)?;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -876,7 +891,6 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         abort: AtomicBool::new(false),
         cpu: Default::default(),
     };
-    let ckpt_lock = Mutex::new(());
     let target = target;
     let ckpt = |done: u64, state: &str| -> PResult<()> {
         let c = Checkpoint {
@@ -887,12 +901,12 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
             hash_state: state.to_string(),
             target_fresh: fresh_at_start,
         };
-        let _g = ckpt_lock.lock();
-        let data = serde_json::to_vec(&c).map_err(|e| ProvisionError::Internal(e.to_string()))?;
-        write_checkpoint(&ckpt_path, &data).map_err(|e| {
-            ProvisionError::Checkpoint(format!("writing {}: {e}", ckpt_path.display()))
-        })
+        keeper.write(&target, &c)
     };
+    // A resumed run's on-target checkpoint was zeroed with the head: put it back.
+    if start > 0 && keeper.on_target() {
+        ckpt(start, &hasher.save())?;
+    }
 
     let mut seqr = Seq {
         plan: &plan,
@@ -917,14 +931,7 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
         .collect();
     let fail = |e: ProvisionError| -> ProvisionError {
         let _ = target.zero_head(head);
-        if matches!(
-            e,
-            ProvisionError::Integrity(_)
-                | ProvisionError::Manifest(_)
-                | ProvisionError::Checkpoint(_)
-        ) {
-            let _ = std::fs::remove_file(&ckpt_path);
-        }
+        keeper.failed(&target, &e);
         e
     };
     if let Some(e) = sh.err.lock().ok().and_then(|mut g| g.take()) {
@@ -956,7 +963,7 @@ fn provision_inner(opts: &Options, progress: &Arc<Progress>) -> PResult<Outcome>
     if let Err(e) = write_held_head(&target, &seqr.held, raw_size) {
         return Err(fail(e));
     }
-    let _ = std::fs::remove_file(&ckpt_path);
+    keeper.done();
     progress.bytes.store(raw_size, Ordering::Relaxed);
     Ok(Outcome {
         raw_size,

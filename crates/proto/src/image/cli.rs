@@ -89,6 +89,11 @@ pub struct ProvisionArgs {
     /// Checkpoint file (default: TARGET.bootplane-checkpoint, or /var/tmp/bootplane-DEV.checkpoint for devices).
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
+    /// Keep the checkpoint on the target, in a block of its held first MiB, instead of a
+    /// file (survives a reset of a machine with no persistent state; what the agent's
+    /// `bootplane probe install` does).
+    #[arg(long, conflicts_with = "checkpoint")]
+    pub checkpoint_on_target: bool,
     /// Limit the copy to this many bytes per second (spare a shared source).
     #[arg(long)]
     pub max_rate: Option<u64>,
@@ -154,6 +159,7 @@ pub fn run_provision(a: ProvisionArgs) -> anyhow::Result<i32> {
         zero_skip: a.zero_skip,
         resume: !a.no_resume,
         checkpoint: a.checkpoint,
+        checkpoint_on_target: a.checkpoint_on_target,
         max_rate: a.max_rate,
         decoders: a.decoders,
         writers: a.writers,
