@@ -30,9 +30,10 @@ done
 
 # Modules for common NICs and disks (their dependencies come from each .modinfo), the
 # packet socket LLDP listens on when the kernel has it as a module, and the file systems
-# `bootplane probe install` writes the Ignition config into (ext4, vfat with Debian's
-# default codepage 437 and iocharset ascii; docs/install.md).
-modules="e1000 e1000e igb ixgbe virtio_net virtio_pci virtio_blk virtio_scsi sd_mod nvme ahci af_packet ext4 vfat nls_cp437 nls_ascii ${EXTRA_MODULES:-}"
+# `bootplane probe install` writes the Ignition config into (ext4 with the crc32c it asks
+# the crypto API for, which no `depends=` names; vfat with Debian's default codepage 437
+# and iocharset ascii; docs/install.md).
+modules="e1000 e1000e igb ixgbe virtio_net virtio_pci virtio_blk virtio_scsi sd_mod nvme ahci af_packet crc32c_generic ext4 vfat nls_cp437 nls_ascii ${EXTRA_MODULES:-}"
 
 # --- the agent, static ----------------------------------------------------------------
 echo "make-discovery-image: building the static agent"

@@ -678,3 +678,146 @@ fn vm_released_from_its_claim_has_its_virtio_and_nvme_disks_wiped_before_it_is_a
         assert_eq!(first, None, "{}: a non-zero byte at {first:?}", f.display());
     }
 }
+
+#[test]
+fn vm_claimed_on_a_disk_image_installs_it_through_the_agent_image_and_reboots() {
+    // No first boot, no wipe: the one VM boot of this test is the install's.
+    let lab = Lab::new(
+        77,
+        "first_boot = false\n[cleanup]\npolicy = \"none\"\nreport_timeout_secs = 420",
+    );
+    let images = lab.path("images");
+    let (raw, sha) = crate::install_flow::disk_image(&images, "e2e");
+    let cat = images.join("catalog.toml");
+    let mut catalog = std::fs::read_to_string(&cat).unwrap();
+    catalog.push_str(&format!(
+        "\n[[disk]]\nref = \"deb:disk\"\npath = \"disk/disk.img.zst\"\nsha256 = \"{sha}\"\nroot_device_hints = {{ size = \">= 0\" }}\n"
+    ));
+    std::fs::write(&cat, catalog).unwrap();
+    assert_eq!(
+        unsafe { libc::kill(lab.bp.as_ref().unwrap().pid(), libc::SIGHUP) },
+        0
+    );
+    let (name, n) = ("inst-a", lab.net);
+    let uuid = format!("4c4c4544-00d1-00d1-00{n:02x}-000000000004");
+    let mac = format!("52:54:00:d4:{n:02x}:04");
+    // The machine's disk, holding a previous tenant's bytes.
+    let vda = lab.path("inst-a-vda.img");
+    std::fs::write(&vda, vec![0xa5u8; 256 << 20]).unwrap();
+    let disks = format!(
+        "<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{}'/>\
+         <target dev='vda' bus='virtio'/><serial>SER-inst-vda</serial></disk>",
+        vda.display()
+    );
+    define(&lab, (name, &uuid), std::slice::from_ref(&mac), &disks, "");
+    lab.add_bmc();
+    lab.wait_server(
+        name,
+        &uuid,
+        Duration::from_secs(60),
+        "Server registered",
+        |s| s["status"]["state"] == "Initial",
+    );
+    let server = format!("sushy-{uuid}");
+    let out = bootplane_cli(
+        &lab.ns,
+        &lab.path("state"),
+        &["apply", "--subresource=status", "-f", "-"],
+        Some(&format!(
+            "apiVersion: metal.ironcore.dev/v1alpha1\nkind: Server\nmetadata: {{name: {server}}}\n\
+             status: {{state: Available}}\n"
+        )),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    lab.wait_server(
+        name,
+        &uuid,
+        Duration::from_secs(60),
+        "Server Available and off",
+        |s| s["status"]["state"] == "Available" && s["status"]["powerState"] == "Off",
+    );
+    let ign = crate::install_flow::IGNITION.replace('"', "\\\"");
+    lab.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: inst-ign, namespace: default}}\n\
+         stringData: {{ignition: \"{ign}\"}}\n---\n\
+         apiVersion: metal.ironcore.dev/v1alpha1\nkind: ServerClaim\n\
+         metadata: {{name: tenant, namespace: default}}\n\
+         spec: {{power: \"On\", image: \"deb:disk\", serverRef: {{name: {server}}}, ignitionSecretRef: {{name: inst-ign}}}}\n"
+    ));
+    // Installed: the agent image booted, wrote the image and the Ignition, reported.
+    let deadline = Instant::now() + Duration::from_secs(480);
+    let sbc = loop {
+        let v = lab.get_json("serverbootconfigurations", "tenant");
+        let installed = v.as_ref().is_some_and(|v| {
+            v["status"]["conditions"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|c| c["type"] == "Installed"))
+        });
+        if installed {
+            break v.unwrap();
+        }
+        if Instant::now() > deadline {
+            lab.keep_logs(name);
+            panic!(
+                "no install report: {v:#?}\n--- console ---\n{}\n--- bootplane ---\n{}",
+                tail_lines(&lab.serial(name), 60),
+                tail_lines(&lab.log(), 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    lab.keep_logs(name);
+    let c = condition(&sbc, "Installed");
+    assert_eq!(
+        c["status"],
+        "True",
+        "{sbc:#}\n{}",
+        tail_lines(&lab.serial(name), 40)
+    );
+    let msg = c["message"].as_str().unwrap();
+    assert!(msg.contains("/dev/vda") && msg.contains(&sha), "{msg}");
+    // The agent rebooted the machine, which is now told to boot its disk.
+    wait_for(
+        Duration::from_secs(120),
+        || lab.serial(name).contains("booting from disk"),
+        || {
+            format!(
+                "no local boot after the install:\n{}",
+                tail_lines(&lab.serial(name), 40)
+            )
+        },
+    );
+    let _ = lab.libvirt.virsh(&["destroy", name]);
+    // From the host: the disk holds the image's tables and ESP, and the Ignition.
+    let want = std::fs::read(&raw.0).unwrap();
+    let got = std::fs::read(&vda).unwrap();
+    let esp_end = 17 << 20;
+    assert!(
+        got[..esp_end] == want[..esp_end],
+        "the disk does not hold the image"
+    );
+    // (A Backing removes its file on drop: this one is forgotten, the lab's dir goes.)
+    let backing = crate::probe_wipe::Backing(vda.clone());
+    let lp = crate::probe_wipe::Loop::new(&backing, true);
+    let _ = Command::new("partx").args(["-a", &lp.dev]).status();
+    let dump = support::process::tool(
+        "debugfs",
+        &["-R", "cat /ignition/config.ign", &format!("{}p2", lp.dev)],
+    );
+    // The claim's Ignition as bootplane serves it: the secret's file, merged with the
+    // lab's templates (the hostname).
+    let ign: Value = serde_json::from_slice(&dump.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&dump.stdout)));
+    let paths: Vec<&str> = ign["storage"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["path"].as_str())
+        .collect();
+    assert!(
+        paths.contains(&"/etc/installed-by") && paths.contains(&"/etc/hostname"),
+        "{ign}"
+    );
+    drop(lp);
+    std::mem::forget(backing);
+}

@@ -26,12 +26,12 @@ use support::require::require_tools;
 
 const RENDER: &str = "/apis/boot.bootplane.dev/v1alpha1/render/ipxe";
 const MIB: u64 = 1 << 20;
-const IGNITION: &str = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/installed-by","contents":{"source":"data:,bootplane"}}]}}"#;
+pub(crate) const IGNITION: &str = r#"{"ignition":{"version":"3.4.0"},"storage":{"files":[{"path":"/etc/installed-by","contents":{"source":"data:,bootplane"}}]}}"#;
 
 /// A 64 MiB raw disk image: GPT with an ESP and an ext4 partition named and labelled
 /// `boot` holding a marker file; packed with the real `bootplane image pack` into the
 /// catalog directory as `disk/disk.img.zst` (+ manifest). The raw image and its SHA-256.
-fn disk_image(images: &Path, test: &str) -> (Backing, String) {
+pub(crate) fn disk_image(images: &Path, test: &str) -> (Backing, String) {
     require_tools(&["sgdisk", "mkfs.ext4", "mkfs.vfat", "losetup"]);
     let raw = Backing::new(&format!("install-{test}-raw"), 64 * MIB);
     let f = raw.0.to_str().unwrap();
