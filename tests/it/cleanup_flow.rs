@@ -199,6 +199,8 @@ fn a_released_server_is_available_only_after_the_agent_wiped_and_read_back_its_d
         "{s}"
     );
     assert_eq!(s["status"]["powerState"], "Off", "{s}");
+    let ev = crate::install_flow::event(&b, ("Server", "wipe-a"), "Verified");
+    assert_eq!(ev, "Normal");
     let last: Value = serde_json::from_str(
         s["metadata"]["annotations"]["bootplane.dev/last-wipe"]
             .as_str()
@@ -268,6 +270,8 @@ fn a_disk_that_refuses_writes_leaves_the_server_in_error_with_the_reason() {
         msg.contains(&lp.dev) && msg.contains("device is read-only"),
         "{msg}"
     );
+    let ev = crate::install_flow::event(&b, ("Server", "wipe-ro"), "WipeFailed");
+    assert_eq!(ev, "Warning");
     b.wait_for(10, "powered off", || {
         (server(&b, "wipe-ro")["status"]["powerState"] == "Off").then_some(())
     });

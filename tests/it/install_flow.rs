@@ -226,6 +226,10 @@ fn a_claim_on_a_disk_image_is_installed_by_the_agent_and_then_boots_its_disk() {
         "{msg}"
     );
     assert_eq!(b2["status"]["state"], "Ready", "{b2}");
+    assert_eq!(
+        event(&b, ("ServerBootConfiguration", "inst-a"), "Installed"),
+        "Normal"
+    );
     // Now the machine is told to boot its disk.
     let s = b.wait_for(30, "the local boot script", || {
         let s = script(&b, "inst-a");
@@ -294,6 +298,10 @@ fn an_image_that_does_not_hash_to_its_pin_leaves_no_bootable_disk_and_says_why()
     assert!(
         c["message"].as_str().unwrap().contains("does not boot"),
         "{c}"
+    );
+    assert_eq!(
+        event(&b, ("ServerBootConfiguration", "inst-b"), "InstallFailed"),
+        "Warning"
     );
     // The disk does not look bootable: its first MiB is zero.
     let got = std::fs::read(&disk.0).unwrap();
@@ -376,6 +384,20 @@ fn bad_install_reports_are_refused_and_counted() {
             .any(|c| c["type"] == "Installed"),
         "{v}"
     );
+}
+
+/// Wait for an Event about `kind` `name` with `reason` (the recorder writes in batches);
+/// its `type`.
+pub(crate) fn event(b: &Bootplane, (kind, name): (&str, &str), reason: &str) -> String {
+    b.wait_for(30, &format!("a {reason} Event for {kind} {name}"), || {
+        let l = b.get(&format!(
+            "/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3D{name}"
+        ));
+        l["items"].as_array()?.iter().find_map(|e| {
+            (e["involvedObject"]["kind"] == kind && e["reason"] == reason)
+                .then(|| e["type"].as_str().unwrap_or("").to_string())
+        })
+    })
 }
 
 fn post(url: &str, body: &str) -> (u16, String) {
