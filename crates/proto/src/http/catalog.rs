@@ -486,6 +486,9 @@ fn safe_relative(p: &str) -> bool {
 pub struct FileHasher {
     root: PathBuf,
     cache: Mutex<HashMap<PathBuf, (u64, SystemTime, String)>>,
+    /// Disk image manifests read, by (size, mtime): the boot side resolves a claimed
+    /// disk image on every refresh of its Server, and a manifest may be megabytes.
+    manifests: Mutex<HashMap<PathBuf, (u64, SystemTime, Result<ManifestFacts, String>)>>,
 }
 
 impl FileHasher {
@@ -493,6 +496,7 @@ impl FileHasher {
         FileHasher {
             root: root.into(),
             cache: Mutex::new(HashMap::new()),
+            manifests: Mutex::new(HashMap::new()),
         }
     }
 
@@ -567,14 +571,22 @@ impl FileHasher {
             }
             let path = self.root.join(rel);
             let meta = std::fs::metadata(&path).ok().filter(|m| m.is_file())?;
-            if meta.len() > MAX_MANIFEST_BYTES {
-                return Some(Err(format!("larger than {MAX_MANIFEST_BYTES} bytes")));
+            let key = (meta.len(), meta.modified().ok()?);
+            let mut cache = self.manifests.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((len, mtime, facts)) = cache.get(&path) {
+                if (*len, *mtime) == key {
+                    return Some(facts.clone());
+                }
             }
-            Some(
+            let facts = if meta.len() > MAX_MANIFEST_BYTES {
+                Err(format!("larger than {MAX_MANIFEST_BYTES} bytes"))
+            } else {
                 std::fs::read(&path)
                     .map_err(|e| e.to_string())
-                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string())),
-            )
+                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            };
+            cache.insert(path, (key.0, key.1, facts.clone()));
+            Some(facts)
         };
         catalog.resolve_disk(reference, &read)
     }

@@ -153,7 +153,7 @@ fn name_ok(field: &str, v: &str) -> Result<(), String> {
     text_ok(field, Some(v), MAX_NAME)
 }
 
-fn text_ok(field: &str, v: Option<&str>, max: usize) -> Result<(), String> {
+pub(super) fn text_ok(field: &str, v: Option<&str>, max: usize) -> Result<(), String> {
     let Some(v) = v else { return Ok(()) };
     if v.len() > max {
         return Err(format!("{field}: longer than {max} bytes"));

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::StatusCode;
 
-use super::discovery::Gate;
+use super::discovery::{text_ok, Gate};
 use super::metrics::{ResultLabels, RouteLabels};
 use super::respond::{bad_request, route, text, Resp, INSTALL_PREFIX};
 use super::token::Purpose;
@@ -59,13 +59,7 @@ pub fn check(r: &InstallReport) -> Result<(), String> {
         ),
     ];
     for (f, v) in texts {
-        let Some(v) = v else { continue };
-        if v.len() > MAX_TEXT {
-            return Err(format!("{f}: longer than {MAX_TEXT} bytes"));
-        }
-        if v.chars().any(char::is_control) {
-            return Err(format!("{f}: contains a control character"));
-        }
+        text_ok(f, v, MAX_TEXT)?;
     }
     if r.chosen_by.len() > MAX_HINTS {
         return Err(format!(
@@ -73,11 +67,8 @@ pub fn check(r: &InstallReport) -> Result<(), String> {
             r.chosen_by.len()
         ));
     }
-    if r.chosen_by
-        .iter()
-        .any(|h| h.len() > MAX_TEXT || h.chars().any(char::is_control))
-    {
-        return Err("chosenBy: an entry too long or with a control character".into());
+    for (i, h) in r.chosen_by.iter().enumerate() {
+        text_ok(&format!("chosenBy[{i}]"), Some(h), MAX_TEXT)?;
     }
     if !r.seconds.is_finite() || r.seconds < 0.0 {
         return Err("seconds: not a duration".into());

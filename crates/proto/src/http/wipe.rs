@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::StatusCode;
 
-use super::discovery::Gate;
+use super::discovery::{text_ok, Gate};
 use super::metrics::{ResultLabels, RouteLabels};
 use super::respond::{bad_request, route, text, Resp, WIPE_PREFIX};
 use super::token::Purpose;
@@ -78,17 +78,6 @@ pub fn check(r: &WipeReport) -> Result<(), String> {
     // A run that says it succeeded must have verified every disk it names.
     if r.ok && (r.error.is_some() || r.disks.iter().any(|d| !d.verified)) {
         return Err("ok is true but a disk is not verified or the run failed".into());
-    }
-    Ok(())
-}
-
-fn text_ok(field: &str, v: Option<&str>, max: usize) -> Result<(), String> {
-    let Some(v) = v else { return Ok(()) };
-    if v.len() > max {
-        return Err(format!("{field}: longer than {max} bytes"));
-    }
-    if v.chars().any(char::is_control) {
-        return Err(format!("{field}: contains a control character"));
     }
     Ok(())
 }
