@@ -230,6 +230,9 @@ pub struct ManifestFacts {
     pub raw_size: u64,
 }
 
+/// A manifest as last read: its size, mtime and what it said (or why it did not parse).
+type ManifestEntry = (u64, SystemTime, Result<ManifestFacts, String>);
+
 /// Largest manifest read (a 1 TiB image in 4 MiB frames lists 262,144 frames).
 const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
@@ -488,7 +491,7 @@ pub struct FileHasher {
     cache: Mutex<HashMap<PathBuf, (u64, SystemTime, String)>>,
     /// Disk image manifests read, by (size, mtime): the boot side resolves a claimed
     /// disk image on every refresh of its Server, and a manifest may be megabytes.
-    manifests: Mutex<HashMap<PathBuf, (u64, SystemTime, Result<ManifestFacts, String>)>>,
+    manifests: Mutex<HashMap<PathBuf, ManifestEntry>>,
 }
 
 impl FileHasher {

@@ -164,6 +164,33 @@ pub(super) fn text_ok(field: &str, v: Option<&str>, max: usize) -> Result<(), St
     Ok(())
 }
 
+/// One of the agents' report routes: what its token is for, its route label and its
+/// outcome counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AgentRoute {
+    Inventory,
+    Wipe,
+    Install,
+}
+
+impl AgentRoute {
+    fn purpose(self) -> Purpose {
+        match self {
+            AgentRoute::Inventory => Purpose::Inventory,
+            AgentRoute::Wipe => Purpose::Wipe,
+            AgentRoute::Install => Purpose::Install,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            AgentRoute::Inventory => route::INVENTORY,
+            AgentRoute::Wipe => route::WIPE,
+            AgentRoute::Install => route::INSTALL,
+        }
+    }
+}
+
 impl BootHttp {
     /// The discovery script of `m` (a Server in `Discovery` booting `files`), with a fresh
     /// signed inventory URL.
@@ -255,30 +282,10 @@ impl BootHttp {
         client: IpAddr,
         server_out: &mut Option<Arc<MachineBoot>>,
     ) -> Resp {
-        let m = match self.agent_gate(Purpose::Inventory, rest, client) {
+        let m = match self.admit(AgentRoute::Inventory, rest, client, server_out) {
             Ok(m) => m,
-            Err(Gate::Malformed) => {
-                self.count("malformed");
-                return bad_request("malformed server name");
-            }
-            Err(Gate::Unknown) => {
-                self.count("unknown");
-                return text(StatusCode::NOT_FOUND, "no such server\n");
-            }
-            Err(Gate::Forbidden(m, why)) => {
-                *server_out = Some(m.clone());
-                self.count("forbidden");
-                self.metrics
-                    .identity_refused
-                    .get_or_create(&RouteLabels {
-                        route: route::INVENTORY,
-                    })
-                    .inc();
-                tracing::warn!(server = %m.server, client = %client, why, "inventory refused by the identity check");
-                return text(StatusCode::FORBIDDEN, "forbidden\n");
-            }
+            Err(resp) => return *resp,
         };
-        *server_out = Some(m.clone());
         if m.state != BootState::Discovery {
             self.count("conflict");
             return text(
@@ -336,23 +343,73 @@ impl BootHttp {
             client,
             report: Report::Inventory(inv),
         };
-        if !self.index.record_report(report) {
-            self.count("busy");
-            let mut r = text(StatusCode::SERVICE_UNAVAILABLE, "busy, retry\n");
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-            return r;
-        }
-        self.count("accepted");
-        tracing::info!(server = %m.server, client = %client, "inventory accepted");
-        text(StatusCode::ACCEPTED, "accepted\n")
+        self.queue(AgentRoute::Inventory, report)
     }
 
     fn count(&self, result: &'static str) {
-        self.metrics
-            .inventory
-            .get_or_create(&ResultLabels { result })
-            .inc();
+        self.count_agent(AgentRoute::Inventory, result);
+    }
+
+    /// Count one outcome of agent route `r`.
+    pub(super) fn count_agent(&self, r: AgentRoute, result: &'static str) {
+        let family = match r {
+            AgentRoute::Inventory => &self.metrics.inventory,
+            AgentRoute::Wipe => &self.metrics.wipe,
+            AgentRoute::Install => &self.metrics.install,
+        };
+        family.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// The identity part of a post to agent route `r` (the Server named in `rest`, from
+    /// its machine), or the answer refusing it, counted and logged.
+    pub(super) fn admit(
+        &self,
+        r: AgentRoute,
+        rest: &str,
+        client: IpAddr,
+        server_out: &mut Option<Arc<MachineBoot>>,
+    ) -> Result<Arc<MachineBoot>, Box<Resp>> {
+        match self.agent_gate(r.purpose(), rest, client) {
+            Ok(m) => {
+                *server_out = Some(m.clone());
+                Ok(m)
+            }
+            Err(Gate::Malformed) => {
+                self.count_agent(r, "malformed");
+                Err(Box::new(bad_request("malformed server name")))
+            }
+            Err(Gate::Unknown) => {
+                self.count_agent(r, "unknown");
+                Err(Box::new(text(StatusCode::NOT_FOUND, "no such server\n")))
+            }
+            Err(Gate::Forbidden(m, why)) => {
+                *server_out = Some(m.clone());
+                self.count_agent(r, "forbidden");
+                let route = r.label();
+                self.metrics
+                    .identity_refused
+                    .get_or_create(&RouteLabels { route })
+                    .inc();
+                tracing::warn!(server = %m.server, client = %client, route, why, "agent report refused by the identity check");
+                Err(Box::new(text(StatusCode::FORBIDDEN, "forbidden\n")))
+            }
+        }
+    }
+
+    /// Hand a checked report of route `r` to the writer: 202, or 503 with `Retry-After`
+    /// while its queue is full.
+    pub(super) fn queue(&self, r: AgentRoute, report: AgentReport) -> Resp {
+        let (server, client) = (report.server.clone(), report.client);
+        if !self.index.record_report(report) {
+            self.count_agent(r, "busy");
+            let mut resp = text(StatusCode::SERVICE_UNAVAILABLE, "busy, retry\n");
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+            return resp;
+        }
+        self.count_agent(r, "accepted");
+        tracing::info!(server = %server, client = %client, route = r.label(), "agent report accepted");
+        text(StatusCode::ACCEPTED, "accepted\n")
     }
 }
 

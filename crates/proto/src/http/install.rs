@@ -18,12 +18,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
 use http::StatusCode;
 
-use super::discovery::{text_ok, Gate};
-use super::metrics::{ResultLabels, RouteLabels};
-use super::respond::{bad_request, route, text, Resp, INSTALL_PREFIX};
+use super::discovery::{text_ok, AgentRoute};
+use super::respond::{bad_request, text, Resp, INSTALL_PREFIX};
 use super::token::Purpose;
 use super::{AgentReport, BootFiles, BootHttp, BootState, InstallPlan, MachineBoot, Report};
 use crate::ipxe::InstallScript;
@@ -137,30 +135,10 @@ impl BootHttp {
         client: IpAddr,
         server_out: &mut Option<Arc<MachineBoot>>,
     ) -> Resp {
-        let m = match self.agent_gate(Purpose::Install, rest, client) {
+        let m = match self.admit(AgentRoute::Install, rest, client, server_out) {
             Ok(m) => m,
-            Err(Gate::Malformed) => {
-                self.count_install("malformed");
-                return bad_request("malformed server name");
-            }
-            Err(Gate::Unknown) => {
-                self.count_install("unknown");
-                return text(StatusCode::NOT_FOUND, "no such server\n");
-            }
-            Err(Gate::Forbidden(m, why)) => {
-                *server_out = Some(m.clone());
-                self.count_install("forbidden");
-                self.metrics
-                    .identity_refused
-                    .get_or_create(&RouteLabels {
-                        route: route::INSTALL,
-                    })
-                    .inc();
-                tracing::warn!(server = %m.server, client = %client, why, "install report refused by the identity check");
-                return text(StatusCode::FORBIDDEN, "forbidden\n");
-            }
+            Err(resp) => return *resp,
         };
-        *server_out = Some(m.clone());
         let BootState::Install(plan) = &m.state else {
             self.count_install("conflict");
             return text(
@@ -208,30 +186,17 @@ impl BootHttp {
                 );
             }
         }
-        let ok = report.ok;
         let report = AgentReport {
             server: m.server.clone(),
             boot_id: m.boot_id.clone(),
             client,
             report: Report::Install(report),
         };
-        if !self.index.record_report(report) {
-            self.count_install("busy");
-            let mut r = text(StatusCode::SERVICE_UNAVAILABLE, "busy, retry\n");
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-            return r;
-        }
-        self.count_install("accepted");
-        tracing::info!(server = %m.server, client = %client, ok, "install report accepted");
-        text(StatusCode::ACCEPTED, "accepted\n")
+        self.queue(AgentRoute::Install, report)
     }
 
     fn count_install(&self, result: &'static str) {
-        self.metrics
-            .install
-            .get_or_create(&ResultLabels { result })
-            .inc();
+        self.count_agent(AgentRoute::Install, result);
     }
 }
 

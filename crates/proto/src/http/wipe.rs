@@ -18,12 +18,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
 use http::StatusCode;
 
-use super::discovery::{text_ok, Gate};
-use super::metrics::{ResultLabels, RouteLabels};
-use super::respond::{bad_request, route, text, Resp, WIPE_PREFIX};
+use super::discovery::{text_ok, AgentRoute};
+use super::respond::{bad_request, text, Resp, WIPE_PREFIX};
 use super::token::Purpose;
 use super::{AgentReport, BootFiles, BootHttp, BootState, MachineBoot, Report};
 use crate::ipxe::CleanupScript;
@@ -121,28 +119,10 @@ impl BootHttp {
         client: IpAddr,
         server_out: &mut Option<Arc<MachineBoot>>,
     ) -> Resp {
-        let m = match self.agent_gate(Purpose::Wipe, rest, client) {
+        let m = match self.admit(AgentRoute::Wipe, rest, client, server_out) {
             Ok(m) => m,
-            Err(Gate::Malformed) => {
-                self.count_wipe("malformed");
-                return bad_request("malformed server name");
-            }
-            Err(Gate::Unknown) => {
-                self.count_wipe("unknown");
-                return text(StatusCode::NOT_FOUND, "no such server\n");
-            }
-            Err(Gate::Forbidden(m, why)) => {
-                *server_out = Some(m.clone());
-                self.count_wipe("forbidden");
-                self.metrics
-                    .identity_refused
-                    .get_or_create(&RouteLabels { route: route::WIPE })
-                    .inc();
-                tracing::warn!(server = %m.server, client = %client, why, "wipe report refused by the identity check");
-                return text(StatusCode::FORBIDDEN, "forbidden\n");
-            }
+            Err(resp) => return *resp,
         };
-        *server_out = Some(m.clone());
         let BootState::Cleanup(policy) = m.state else {
             self.count_wipe("conflict");
             return text(
@@ -190,30 +170,17 @@ impl BootHttp {
                 );
             }
         }
-        let ok = report.ok;
         let report = AgentReport {
             server: m.server.clone(),
             boot_id: m.boot_id.clone(),
             client,
             report: Report::Wipe(report),
         };
-        if !self.index.record_report(report) {
-            self.count_wipe("busy");
-            let mut r = text(StatusCode::SERVICE_UNAVAILABLE, "busy, retry\n");
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-            return r;
-        }
-        self.count_wipe("accepted");
-        tracing::info!(server = %m.server, client = %client, ok, "wipe report accepted");
-        text(StatusCode::ACCEPTED, "accepted\n")
+        self.queue(AgentRoute::Wipe, report)
     }
 
     fn count_wipe(&self, result: &'static str) {
-        self.metrics
-            .wipe
-            .get_or_create(&ResultLabels { result })
-            .inc();
+        self.count_agent(AgentRoute::Wipe, result);
     }
 }
 
